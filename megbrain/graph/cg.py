@@ -1,0 +1,136 @@
+"""ComputingGraph: owns vars and operators, inserts (and deduplicates) operators, compiles."""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Callable, Sequence
+
+from ..errors import GraphError, MegBrainError
+from .operator import OperatorNodeBase
+from .options import GraphOptions
+from .static_infer import InferPending, Inferer, init_infer_types
+from .var import VarNode
+
+__all__ = ["ComputingGraph"]
+
+_graph_ids = itertools.count(1)
+
+
+class ComputingGraph:
+    """A computing graph: a DAG of operators connected by vars.
+
+    Operators are inserted with :meth:`insert_opr`, which deduplicates identical operators,
+    decides static-inference types and checks shapes as far as they are statically known.
+    :meth:`compile` turns output specs into an :class:`~megbrain.graph.executor.AsyncExecutable`;
+    only the most recently compiled one may run.
+    """
+
+    def __init__(self, options: GraphOptions | None = None):
+        self.id = next(_graph_ids)
+        self.options = options if options is not None else GraphOptions()
+        self.user_data: dict = {}
+        #: ``UserInputVars``: id(host tensor) -> the Host2DeviceCopy var the user made for it
+        self.user_input_vars: dict = {}
+        self.oprs: list[OperatorNodeBase] = []
+        self._dedup: dict[tuple, OperatorNodeBase] = {}
+        self._id_counter = itertools.count(1)
+        #: callables ``f(opr)`` run on every inserted operator (priority / tracker scopes)
+        self.opr_insert_hooks: list[Callable[[OperatorNodeBase], None]] = []
+        #: rewrite hooks ``f(graph, opr) -> list[VarNode] | None`` run before insertion
+        #: (graph_opt_level 1 simplifications); a non-None result replaces the operator
+        self.insert_rewriters: list[Callable] = []
+        self.current_exec = None
+        self._exec_ref = None
+        self.eager_evaluator = None
+
+    def _next_id(self) -> int:
+        return next(self._id_counter)
+
+    def __repr__(self) -> str:
+        return f"<CompGraph #{self.id} at {id(self):#x}>"
+
+    # ---- insertion ------------------------------------------------------------------------
+    def insert_opr(self, opr: OperatorNodeBase) -> list[VarNode]:
+        """Insert ``opr`` (or find its existing twin) and return its outputs."""
+        for v in opr.inputs:
+            if not isinstance(v, VarNode):
+                raise GraphError(f"{opr.type_name}: input {v!r} is not a var")
+            if v.graph is not self:
+                raise GraphError(
+                    f"{opr.type_name}: input var {v.name!r} belongs to another graph "
+                    f"(#{v.graph.id}, this is #{self.id})"
+                )
+        for rw in self.insert_rewriters:
+            replaced = rw(self, opr)
+            if replaced is not None:
+                return replaced
+        key = None
+        if opr.dedup and not opr.has_side_effect:
+            key = opr.hash_key()
+            twin = self._dedup.get(key)
+            if twin is not None:
+                return twin.outputs
+        opr.graph = self
+        in_dtypes = [v.dtype for v in opr.inputs]
+        dtypes = opr.infer_dtypes(in_dtypes)
+        cn = opr.infer_comp_node()
+        opr.id = self._next_id()
+        opr.name = opr.config.name_value or opr.default_name()
+        outputs = []
+        for i, dt in enumerate(dtypes):
+            vname = opr.name if len(dtypes) == 1 else f"{opr.name}:{i}"
+            outputs.append(VarNode(self, opr, i, dt, cn, vname))
+        opr.outputs = outputs
+        init_infer_types(opr)
+        self._check_static(opr)
+        for hook in self.opr_insert_hooks:
+            hook(opr)
+        self.oprs.append(opr)
+        if key is not None:
+            self._dedup[key] = opr
+        if self.eager_evaluator is not None:
+            self.eager_evaluator.on_insert(opr)
+        return outputs
+
+    def _check_static(self, opr: OperatorNodeBase) -> None:
+        """Run shape inference now when it is possible, so bad shapes fail at insertion."""
+        if not all(v.shape_static for v in opr.outputs):
+            return
+        try:
+            Inferer().shape(opr.outputs[0])
+        except InferPending:
+            pass  # an input without a value yet: checked when it first runs
+
+    # ---- compile ---------------------------------------------------------------------------
+    def compile(self, outspec: Sequence[tuple[VarNode, Callable | None]]):
+        """Compile ``[(var, callback or None), ...]`` into an AsyncExecutable.
+
+        Compiling invalidates the previously compiled function of this graph.
+        """
+        from .executor import AsyncExecutable
+
+        if self.current_exec is not None:
+            self.current_exec._invalidate()
+        func = AsyncExecutable(self, list(outspec))
+        self.current_exec = func
+        return func
+
+    def compile_multi_part(self, specs: Sequence[Sequence[tuple[VarNode, Callable | None]]]):
+        """Compile parts that run in order, each reusing what earlier parts computed."""
+        raise MegBrainError("compile_multi_part is not implemented yet")
+
+    def api_graph(self):
+        """The graph object handed to users (the API's CompGraph subclasses this class)."""
+        return self
+
+    def var_by_id(self, var_id: int) -> VarNode | None:
+        for o in self.oprs:
+            for v in o.outputs:
+                if v.id == var_id:
+                    return v
+        return None
+
+    @property
+    def weakref(self):
+        return weakref.ref(self)

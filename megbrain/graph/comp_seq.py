@@ -1,0 +1,72 @@
+"""The comp seq: the operators a set of outputs needs, in a topological order honouring
+operator priorities (smaller runs earlier; ties by creation order)."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from .operator import OperatorNodeBase
+from .var import VarNode
+
+__all__ = ["data_inputs", "dep_vars", "topo_order"]
+
+
+def data_inputs(opr: OperatorNodeBase) -> list[VarNode]:
+    """Inputs whose values must be computed before ``opr`` runs.
+
+    Inputs used only for static inference (Reshape's target shape, GetVarShape's source) are
+    skipped when what they provide is statically inferable.
+    """
+    out = []
+    for i, v in enumerate(opr.inputs):
+        if i in opr.static_only_inputs and v.value_static:
+            continue
+        if i in opr.shape_only_inputs and v.shape_static:
+            continue
+        out.append(v)
+    return out
+
+
+def dep_vars(opr: OperatorNodeBase, extra_vardeps: dict) -> list[VarNode]:
+    """Every var that must be computed before ``opr``: data inputs plus extra deps."""
+    deps = data_inputs(opr) + list(opr.extra_deps)
+    if extra_vardeps:
+        for v in opr.inputs:
+            deps.extend(extra_vardeps.get(v, ()))
+    return deps
+
+
+def topo_order(dest: Iterable[VarNode], extra_vardeps: dict | None = None) -> list:
+    """Operators needed to compute ``dest`` (and the ``extra_vardeps`` of any var needed)."""
+    extra_vardeps = extra_vardeps or {}
+    deps: dict[OperatorNodeBase, list[OperatorNodeBase]] = {}
+    stack = []
+    for v in dest:
+        stack.append(v.owner)
+        stack.extend(d.owner for d in extra_vardeps.get(v, ()))
+    while stack:
+        opr = stack.pop()
+        if opr in deps:
+            continue
+        dv = dep_vars(opr, extra_vardeps)
+        for out in opr.outputs:
+            dv.extend(extra_vardeps.get(out, ()))
+        deps[opr] = list(dict.fromkeys(d.owner for d in dv if d.owner is not opr))
+        stack.extend(deps[opr])
+    nr_pending = {o: len(d) for o, d in deps.items()}
+    receivers: dict[OperatorNodeBase, list] = {o: [] for o in deps}
+    for o, ds in deps.items():
+        for d in ds:
+            receivers[d].append(o)
+    heap = [(o.priority, o.id, o) for o, n in nr_pending.items() if n == 0]
+    heapq.heapify(heap)
+    seq = []
+    while heap:
+        _, _, o = heapq.heappop(heap)
+        seq.append(o)
+        for r in receivers[o]:
+            nr_pending[r] -= 1
+            if nr_pending[r] == 0:
+                heapq.heappush(heap, (r.priority, r.id, r))
+    return seq

@@ -1,0 +1,488 @@
+"""AsyncExecutable: the compiled function (DESIGN.md section 3, steps 3-6).
+
+Compiling fixes the comp seq. A *plan* (static shapes, memory, the bound program) is built
+before the first run and rebuilt only when a watched source changes (an input's shape, a
+volatile shared tensor's buffer, an input value that shape inference read). Running the
+plan is a loop over prebound closures: no lookups, allocation or inference.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import GraphError, MegBrainError
+from .comp_seq import data_inputs, topo_order
+from .mem_plan import StaticAllocator
+from .static_infer import Inferer
+from .var import VarNode
+
+__all__ = ["AsyncExecutable"]
+
+
+class _Plan:
+    """Everything derived from the current static shapes: arrays and bound steps."""
+
+    def __init__(self):
+        self.arrays: dict[VarNode, np.ndarray] = {}
+        self.static_values: dict[VarNode, np.ndarray] = {}
+        self.dynamic: set = set()
+        self.states: list = []  # (opr, state) of watched sources
+        self.steps: list[Callable[[], None]] = []
+        self.step_oprs: list = []
+        self.node_steps: dict = {}  # comp node -> [(fn, opr)] for threaded runs
+        self.events: list[threading.Event] = []
+        self.sizes: dict = {}  # comp node -> arena bytes
+        self.lower_bound: dict = {}
+        self.arenas: dict = {}
+        self.chunks: dict = {}  # root var -> (comp node, offset, nbytes)
+        #: var -> ("fwd", out index) | ("inplace", input index) | ("alloc", seq position)
+        self.decisions: dict = {}
+
+
+class AsyncExecutable:
+    """A compiled function of a :class:`~megbrain.graph.cg.ComputingGraph`.
+
+    ``execute()`` enqueues one run and returns; ``wait()`` blocks until it is done and raises
+    the first error of the run as :class:`~megbrain.errors.MegBrainError` naming the operator.
+    """
+
+    def __init__(self, graph, outspec: list[tuple[VarNode, Callable | None]]):
+        self.graph = graph
+        self.outspec = outspec
+        for v, _ in outspec:
+            if v.graph is not graph:
+                raise GraphError(f"output var {v.name!r} does not belong to graph #{graph.id}")
+        opts = graph.options
+        self.seq = topo_order([v for v, _ in outspec], opts.extra_vardeps)
+        self._valid = True
+        self._plan: _Plan | None = None
+        self._error: BaseException | None = None
+        self._running = False
+        self._threads_pending: list = []
+        self._lock = threading.Lock()
+        self.prev_exec_time = 0.0
+        self._slots: dict[VarNode, np.ndarray] = {}
+        cns = {o.comp_node for o in self.seq}
+        level = opts.async_exec_level
+        self.comp_nodes = sorted(cns, key=str)
+        self._threaded = level != 0 and (
+            (len(cns) > 1 and level & 1) or level & 0b110
+        ) and not all(getattr(cn, "is_inline", False) for cn in cns)
+        if opts.allocate_static_mem_after_graph_compile:
+            self._ensure_plan()
+
+    # ---- public ---------------------------------------------------------------------------
+    def execute(self) -> AsyncExecutable:
+        """Start one run (asynchronous when dispatched to comp node workers)."""
+        if not self._valid:
+            raise GraphError(
+                "this function has been invalidated: only the most recently compiled function "
+                "of a graph can be executed"
+            )
+        if self._running:
+            self.wait()
+        plan = self._ensure_plan()
+        self._running = True
+        if self._threaded:
+            self._run_threaded(plan)
+        else:
+            t0 = time.perf_counter()
+            steps = plan.steps
+            i = 0
+            try:
+                for i in range(len(steps)):  # noqa: B007 - i names the failing step
+                    steps[i]()
+            except BaseException as exc:  # noqa: BLE001 - surfaced by wait()
+                self._error = self._wrap_error(plan.step_oprs[i], exc)
+            self._slots.clear()
+            self.prev_exec_time = time.perf_counter() - t0
+        return self
+
+    def wait(self) -> AsyncExecutable:
+        """Block until the current run finishes; re-raise its first error."""
+        if self._running:
+            for cn in self._threads_pending:
+                cn.sync()
+            self._threads_pending = []
+            self._running = False
+            self._slots.clear()
+        err, self._error = self._error, None
+        if err is not None:
+            raise err
+        return self
+
+    def iter_opr_seq(self):
+        return iter(self.seq)
+
+    def get_rt_static_source_deps(self) -> list:
+        """Source operators whose current shape or value static inference depends on."""
+        return [o for o in self.seq if not o.inputs]
+
+    def clear_device_memory(self) -> None:
+        """Free the static memory arena; the next run allocates it again."""
+        self.wait()
+        if self._plan is not None:
+            self._plan = None
+
+    def update_static_alloc_plan_and_get_size(self) -> dict:
+        """``{comp_node: bytes}`` of the static plan, computed without allocating."""
+        plan = self._build_plan(allocate=False)
+        return dict(plan.sizes)
+
+    def static_alloc_lower_bound(self) -> dict:
+        """``{comp_node: bytes}``: the most bytes simultaneously live in the static plan."""
+        plan = self._build_plan(allocate=False)
+        return dict(plan.lower_bound)
+
+    def var_arrays(self) -> dict[VarNode, np.ndarray]:
+        """The arrays of the current plan (for memory introspection)."""
+        return dict(self._ensure_plan().arrays)
+
+    def to_json(self) -> dict:
+        return {
+            "graph": self.graph.id,
+            "seq": [o.to_json() for o in self.seq],
+            "vars": {
+                v.id: {"name": v.name, "dtype": str(v.dtype), "owner": o.id}
+                for o in self.seq
+                for v in o.outputs
+            },
+            "outputs": [v.id for v, _ in self.outspec],
+        }
+
+    def _invalidate(self) -> None:
+        if self._running:
+            try:
+                self.wait()
+            except MegBrainError:
+                pass
+        self._valid = False
+        self._plan = None
+
+    # ---- planning -------------------------------------------------------------------------
+    def _ensure_plan(self) -> _Plan:
+        plan = self._plan
+        if plan is not None:
+            for opr, watch_value, state in plan.states:
+                if opr.runtime_state(watch_value) != state:
+                    plan = None
+                    break
+            else:
+                return plan
+        self._plan = plan = self._build_plan(allocate=True)
+        return plan
+
+    def _build_plan(self, allocate: bool) -> _Plan:
+        opts = self.graph.options
+        plan = _Plan()
+        inf = Inferer()
+        seq = self.seq
+        # static shapes and the values static inference reads
+        for opr in seq:
+            for v in opr.outputs:
+                if v.shape_static:
+                    inf.shape(v)
+            for i, v in enumerate(opr.inputs):
+                if i in opr.static_only_inputs and v.value_static:
+                    plan.static_values[v] = inf.value(v)
+        for opr in seq:
+            if opr.has_runtime_state or opr in inf.watch_shape or opr in inf.watch_value:
+                wv = opr in inf.watch_value
+                plan.states.append((opr, wv, opr.runtime_state(wv)))
+        # readers: last position at which each var is read
+        last_read: dict[VarNode, int] = {}
+        for pos, opr in enumerate(seq):
+            for v in data_inputs(opr):
+                last_read[v] = pos
+        for v, _ in self.outspec:
+            last_read[v] = max(last_read.get(v, -1), self._pos_of(v))
+        mem_opt = opts.seq_opt.enable_mem_plan_opt and not opts.force_dynamic_alloc
+        decisions = plan.decisions
+        root: dict[VarNode, VarNode | None] = {}
+        group: dict[VarNode, list[VarNode]] = {}
+        arrays = plan.arrays
+
+        def in_arrays(opr):
+            return [
+                arrays.get(v, plan.static_values.get(v)) if v not in plan.dynamic else None
+                for v in opr.inputs
+            ]
+
+        # walk 1: forwarding, in-place and chunk decisions on fresh arrays
+        for pos, opr in enumerate(seq):
+            ins = data_inputs(opr)
+            if any(v in plan.dynamic for v in ins) or not all(
+                v.shape_static for v in opr.outputs
+            ):
+                plan.dynamic.update(opr.outputs)
+                continue
+            iarr = in_arrays(opr)
+            views = opr.fwd_views(iarr) if (mem_opt or not opr.inputs) else None
+            for k, out in enumerate(opr.outputs):
+                shape, dt = inf.shape(out), out.dtype
+                view = views[k] if views is not None else None
+                if view is not None:
+                    src = self._view_source(opr, iarr, view)
+                    decisions[out] = ("fwd", k)
+                    arrays[out] = view
+                    root[out] = None if src is None else root.get(src)
+                    if root[out] is not None:
+                        group[root[out]].append(out)
+                    continue
+                ip = opr.inplace_input() if (mem_opt and k == 0) else None
+                if ip is not None and self._can_inplace(opr, ip, shape, dt, pos, arrays, root,
+                                                        group, last_read):
+                    src = opr.inputs[ip]
+                    decisions[out] = ("inplace", ip)
+                    arrays[out] = arrays[src]
+                    root[out] = root[src]
+                    group[root[out]].append(out)
+                    continue
+                decisions[out] = ("alloc", pos)
+                arrays[out] = np.empty(shape, dt)
+                root[out] = out
+                group[out] = [out]
+        # the static memory plan: one arena per comp node
+        reuse = opts.seq_opt.enable_mem_reuse_alloc and not opts.force_dynamic_alloc
+        allocs: dict = {}
+        for r, members in group.items():
+            cn = r.comp_node
+            end = max(last_read.get(m, decisions[r][1]) for m in members) + 1
+            begin = decisions[r][1]
+            nbytes = arrays[r].nbytes
+            alloc = allocs.setdefault(cn, StaticAllocator(getattr(cn, "mem_align", 64)))
+            alloc.add(begin, max(end, begin + 1), nbytes, r)
+        for cn, alloc in allocs.items():
+            alloc.solve()
+            plan.lower_bound[cn] = alloc.tot_alloc_lower_bound()
+            plan.sizes[cn] = alloc.tot_alloc() if reuse else sum(
+                arrays[r].nbytes for r in group if r.comp_node == cn)
+        if not allocate:
+            return plan
+        if reuse:
+            for cn, alloc in allocs.items():
+                arena = np.empty(alloc.tot_alloc(), np.uint8)
+                plan.arenas[cn] = arena
+                for r in group:
+                    if r.comp_node == cn:
+                        off = alloc.offset(r)
+                        nb = arrays[r].nbytes
+                        plan.chunks[r] = (cn, off, nb)
+            # walk 2: place chunks in the arenas and redo views over them
+            for opr in seq:
+                if opr.outputs[0] in plan.dynamic:
+                    continue
+                iarr = None
+                for k, out in enumerate(opr.outputs):
+                    kind, arg = decisions[out]
+                    if kind == "alloc":
+                        cn, off, nb = plan.chunks[out]
+                        old = arrays[out]
+                        arrays[out] = (
+                            plan.arenas[cn][off : off + nb].view(old.dtype).reshape(old.shape)
+                        )
+                    elif kind == "inplace":
+                        arrays[out] = arrays[opr.inputs[arg]]
+                    else:
+                        if iarr is None:
+                            iarr = in_arrays(opr)
+                            views = opr.fwd_views(iarr)
+                        arrays[out] = views[arg]
+        self._bind_program(plan)
+        return plan
+
+    def _pos_of(self, var: VarNode) -> int:
+        for pos, opr in enumerate(self.seq):
+            if opr is var.owner:
+                return pos
+        return -1
+
+    @staticmethod
+    def _view_source(opr, iarr, view) -> VarNode | None:
+        for v, a in zip(opr.inputs, iarr):
+            if a is not None and np.may_share_memory(a, view):
+                return v
+        return None
+
+    @staticmethod
+    def _can_inplace(opr, ip, shape, dt, pos, arrays, root, group, last_read) -> bool:
+        src = opr.inputs[ip]
+        r = root.get(src)
+        if r is None or src not in arrays:
+            return False
+        a = arrays[src]
+        if a.shape != tuple(shape) or a.dtype != dt or not a.flags.c_contiguous:
+            return False
+        if not a.flags.writeable:
+            return False
+        return all(last_read.get(m, -1) <= pos for m in group[r])
+
+    # ---- binding --------------------------------------------------------------------------
+    def _bind_program(self, plan: _Plan) -> None:
+        arrays, slots = plan.arrays, self._slots
+        callbacks: dict[VarNode, list] = {}
+        for v, cb in self.outspec:
+            if cb is not None:
+                callbacks.setdefault(v, []).append(cb)
+        steps, step_oprs = [], []
+        per_node: dict = {}
+        for opr in self.seq:
+            fn = None
+            if opr.outputs[0] in plan.dynamic:
+                fn = self._dynamic_step(opr, plan)
+            elif opr.has_side_effect or not all(
+                plan.decisions[o][0] == "fwd" for o in opr.outputs
+            ):
+                ins = [
+                    arrays.get(v, plan.static_values.get(v))
+                    if v not in plan.dynamic
+                    else None
+                    for v in opr.inputs
+                ]
+                fn = opr.bind(ins, [arrays[o] for o in opr.outputs])
+            node = per_node.setdefault(opr.comp_node, [])
+            if fn is not None:
+                steps.append(fn)
+                step_oprs.append(opr)
+                node.append((fn, opr))
+            for out in opr.outputs:
+                for cb in callbacks.get(out, ()):
+                    if out in plan.dynamic:
+                        step = _slot_callback(cb, slots, out)
+                    else:
+                        step = _static_callback(cb, arrays[out])
+                    steps.append(step)
+                    step_oprs.append(opr)
+                    node.append((step, opr))
+        plan.steps, plan.step_oprs, plan.node_steps = steps, step_oprs, per_node
+        if self._threaded:
+            self._add_cross_node_sync(plan)
+
+    def _dynamic_step(self, opr, plan: _Plan) -> Callable[[], None]:
+        slots, arrays, static_values = self._slots, plan.arrays, plan.static_values
+        inputs = opr.inputs
+
+        def run():
+            ins = []
+            for v in inputs:
+                a = slots.get(v)
+                if a is None:
+                    a = arrays.get(v)
+                    if a is None:
+                        a = static_values.get(v)
+                ins.append(a)
+            in_shapes = [None if a is None else a.shape for a in ins]
+            in_values = {i: ins[i] for i in opr.value_deps}
+            shapes = opr.infer_shapes(in_shapes, in_values)
+            views = opr.fwd_views(ins)
+            outs = []
+            for k, (shp, v) in enumerate(zip(shapes, opr.outputs)):
+                view = None if views is None else views[k]
+                outs.append(view if view is not None else np.empty(tuple(shp), v.dtype))
+            if views is None or any(x is None for x in views):
+                opr.bind(ins, outs)()
+            for v, a in zip(opr.outputs, outs):
+                slots[v] = a
+
+        return run
+
+    def _add_cross_node_sync(self, plan: _Plan) -> None:
+        """Make each comp node wait for vars it reads from another node (one Event per var)."""
+        events: dict[VarNode, threading.Event] = {}
+        waits: dict = {}
+        for opr in self.seq:
+            for v in data_inputs(opr):
+                if v.comp_node != opr.comp_node:
+                    ev = events.setdefault(v, threading.Event())
+                    waits.setdefault(opr, []).append(ev)
+        node_steps: dict = {}
+        by_opr: dict = {}
+        for lst in plan.node_steps.values():
+            for fn, opr in lst:
+                by_opr.setdefault(opr, []).append(fn)
+        for opr in self.seq:
+            lst = node_steps.setdefault(opr.comp_node, [])
+            for ev in waits.get(opr, ()):
+                lst.append((_waiter(ev, self), opr))
+            for fn in by_opr.get(opr, ()):
+                lst.append((fn, opr))
+            for o in opr.outputs:
+                ev = events.get(o)
+                if ev is not None:
+                    lst.append((ev.set, opr))
+        plan.node_steps = node_steps
+        plan.events = list(events.values())
+
+    def _run_threaded(self, plan: _Plan) -> None:
+        for ev in plan.events:
+            ev.clear()
+        self._abort = False
+        t0 = time.perf_counter()
+        self._t0 = t0
+        self._t_end = t0
+        pending = []
+        for cn, lst in plan.node_steps.items():
+            if not lst:
+                continue
+            cn.dispatch(self._node_task, lst, plan)
+            pending.append(cn)
+        self._threads_pending = pending
+
+    def _node_task(self, lst, plan: _Plan) -> None:
+        opr = None
+        try:
+            for fn, opr in lst:
+                if self._abort:
+                    break
+                fn()
+        except _Aborted:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - surfaced by wait()
+            with self._lock:
+                self._abort = True
+                if self._error is None:
+                    self._error = self._wrap_error(opr, exc)
+            for ev in plan.events:
+                ev.set()
+        with self._lock:
+            self._t_end = max(self._t_end, time.perf_counter())
+            self.prev_exec_time = self._t_end - self._t0
+
+    @staticmethod
+    def _wrap_error(opr, exc: BaseException) -> BaseException:
+        if isinstance(exc, MegBrainError) and opr is not None and opr.name in str(exc):
+            return exc
+        if opr is None:
+            return exc
+        err = MegBrainError(
+            f"error while executing operator {opr.type_name} {opr.name!r}: "
+            f"{type(exc).__name__}: {exc}",
+            tracker=opr.tracker,
+        )
+        err.__cause__ = exc
+        return err
+
+
+def _static_callback(cb, arr):
+    return lambda: cb(arr)
+
+
+def _slot_callback(cb, slots, var):
+    return lambda: cb(slots[var])
+
+
+def _waiter(ev: threading.Event, func: AsyncExecutable):
+    def wait():
+        ev.wait()
+        if func._abort:
+            raise _Aborted()
+
+    return wait
+
+
+class _Aborted(Exception):
+    pass

@@ -1,0 +1,319 @@
+"""The operator contract (DESIGN.md section 2): base class, params, config and registry."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import GraphError, MegBrainError
+from .var import InferType, VarNode
+
+__all__ = [
+    "OPR_REGISTRY",
+    "OperatorNodeBase",
+    "OperatorNodeConfig",
+    "ParamBase",
+    "register_opr",
+    "fmt_shape",
+]
+
+#: registry name -> operator class; the name the serializer writes.
+OPR_REGISTRY: dict[str, type[OperatorNodeBase]] = {}
+
+
+def register_opr(cls: type[OperatorNodeBase]) -> type[OperatorNodeBase]:
+    """Class decorator: register ``cls`` under ``cls.type_name`` (default: the class name)."""
+    if "type_name" not in cls.__dict__:
+        cls.type_name = cls.__name__
+    if cls.type_name in OPR_REGISTRY and OPR_REGISTRY[cls.type_name] is not cls:
+        raise MegBrainError(f"operator {cls.type_name} registered twice")
+    OPR_REGISTRY[cls.type_name] = cls
+    return cls
+
+
+def fmt_shape(shape) -> str:
+    """``(2, 3)`` -> ``{2,3}``, MegBrain's shape notation; None -> ``<dynamic>``."""
+    if shape is None:
+        return "<dynamic>"
+    return "{" + ",".join(str(int(s)) for s in shape) + "}"
+
+
+class ParamBase:
+    """Base of operator param records: frozen dataclasses whose enum fields accept names.
+
+    A subclass lists its enum fields in ``_choices = {"field": ("NAME0", "NAME1", ...)}``; a
+    value may then be given as the name in any case, as an int index, or as an object with a
+    ``.name``. The stored value is the upper-case name, so params are hashable and JSON-able.
+    """
+
+    _choices: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    def __post_init__(self):
+        for fname, names in self._choices.items():
+            v = getattr(self, fname)
+            if hasattr(v, "name") and not isinstance(v, str):
+                v = v.name
+            if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+                if not 0 <= int(v) < len(names):
+                    raise MegBrainError(
+                        f"{type(self).__qualname__}: {fname}={v} out of range 0..{len(names) - 1}"
+                    )
+                v = names[int(v)]
+            if not isinstance(v, str) or v.upper() not in names:
+                raise MegBrainError(
+                    f"{type(self).__qualname__}: invalid {fname}={v!r}; expected one of "
+                    f"{', '.join(names)}"
+                )
+            object.__setattr__(self, fname, v.upper())
+
+    def to_json(self) -> dict:
+        """The param as a JSON-serializable dict."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, np.dtype):
+                v = v.name
+            elif isinstance(v, tuple):
+                v = list(v)
+            out[f.name] = v
+        return out
+
+
+class OperatorNodeConfig:
+    """Per-operator configuration: name, comp node(s) and output dtype (SPEC.md 2.4).
+
+    The setters return ``self`` so they chain, as in the reference binding.
+    """
+
+    def __init__(self, name: str | None = None, comp_node=None, output_dtype=None):
+        self._name = name
+        self._comp_nodes: tuple = ()
+        self._output_dtype = None
+        if comp_node is not None:
+            self.comp_node(comp_node)
+        if output_dtype is not None:
+            self.output_dtype(output_dtype)
+
+    def name(self, name: str) -> OperatorNodeConfig:
+        self._name = str(name)
+        return self
+
+    def comp_node(self, cn) -> OperatorNodeConfig:
+        from ..device import CompNode
+
+        self._comp_nodes = (CompNode.load(cn),)
+        return self
+
+    def comp_node_arr(self, cns: Sequence) -> OperatorNodeConfig:
+        from ..device import CompNode
+
+        self._comp_nodes = tuple(CompNode.load(c) for c in cns)
+        return self
+
+    def require_comp_node(self):
+        """The single comp node of this config; raises unless exactly one is set."""
+        if len(self._comp_nodes) != 1:
+            raise MegBrainError(
+                f"operator config requires exactly one comp node, got {len(self._comp_nodes)}"
+            )
+        return self._comp_nodes[0]
+
+    def output_dtype(self, dtype) -> OperatorNodeConfig:
+        from ..dtype import canonize_dtype
+
+        self._output_dtype = canonize_dtype(dtype)
+        return self
+
+    @property
+    def name_value(self) -> str | None:
+        return self._name
+
+    @property
+    def comp_nodes(self) -> tuple:
+        return self._comp_nodes
+
+    @property
+    def dtype_value(self):
+        return self._output_dtype
+
+    def hash_key(self) -> tuple:
+        return (self._comp_nodes, None if self._output_dtype is None else str(self._output_dtype))
+
+
+class OperatorNodeBase:
+    """Base class of every operator.
+
+    Subclasses set ``type_name`` (via :func:`register_opr`), ``Param`` and override:
+
+    * :meth:`infer_dtypes` -- output dtypes from input dtypes (default: input 0's dtype);
+    * :meth:`infer_shapes` -- static shape inference from input shapes, plus the values of the
+      inputs listed in ``value_deps``;
+    * :meth:`bind` -- return a zero-argument closure computing into the given output arrays;
+    * optionally :meth:`fwd_views` -- outputs that are read-only views of inputs (no memory,
+      no work at run time), :meth:`inplace_input`, :meth:`infer_value` and :meth:`grad`.
+
+    Class attributes describing how inputs are used:
+
+    * ``value_deps``: inputs whose *values* the shape inference needs;
+    * ``static_only_inputs``: inputs that :meth:`bind` never reads (their value only decides
+      the output shape), so they are not computed at run time when statically inferable;
+    * ``shape_only_inputs``: inputs of which only the shape is used (GetVarShape);
+    * ``value_inferable``: whether outputs' values may be inferred by running the kernel on
+      inferred input values (False for random or side-effecting operators);
+    * ``dynamic_output_shape``: the output shape is only known after running (CondTake);
+    * ``dedup``: whether an identical insertion returns the existing operator.
+    """
+
+    type_name: ClassVar[str] = ""
+    Param: ClassVar[type | None] = None
+    value_deps: ClassVar[tuple[int, ...]] = ()
+    static_only_inputs: ClassVar[tuple[int, ...]] = ()
+    shape_only_inputs: ClassVar[tuple[int, ...]] = ()
+    value_inferable: ClassVar[bool] = True
+    dynamic_output_shape: ClassVar[bool] = False
+    dedup: ClassVar[bool] = True
+    nr_outputs: ClassVar[int] = 1
+    #: operators writing into memory they do not own (AddUpdate): never pruned or deduplicated
+    has_side_effect: ClassVar[bool] = False
+    #: sources whose buffers may change between runs: the executor compares
+    #: :meth:`runtime_state` before each run and re-plans when it changed
+    has_runtime_state: ClassVar[bool] = False
+
+    def __init__(self, inputs: Sequence[VarNode], param=None, config: OperatorNodeConfig = None):
+        self.inputs: list[VarNode] = list(inputs)
+        self.param = param
+        self.config = config if config is not None else OperatorNodeConfig()
+        self.outputs: list[VarNode] = []
+        self.graph = None
+        self.id = -1
+        self.name = ""
+        self.priority = 0
+        self.tracker = None
+        self.extra_deps: list[VarNode] = []
+
+    # ---- hooks for subclasses -------------------------------------------------------------
+    def infer_dtypes(self, in_dtypes: list[np.dtype]) -> list[np.dtype]:
+        """Output dtypes. Default: every output has input 0's dtype (or the config dtype)."""
+        dt = self.config.dtype_value
+        if dt is None:
+            if not in_dtypes:
+                raise MegBrainError(f"{self.type_name}: output dtype must be given")
+            dt = in_dtypes[0]
+        return [dt] * self.nr_outputs
+
+    def infer_comp_node(self):
+        """The comp node outputs live on: the config's, else input 0's."""
+        if self.config.comp_nodes:
+            return self.config.comp_nodes[0]
+        if not self.inputs:
+            raise MegBrainError(f"{self.type_name}: comp node must be given for a source opr")
+        return self.inputs[0].comp_node
+
+    def infer_shapes(self, in_shapes: list[tuple], in_values: dict[int, np.ndarray]) -> list:
+        """Output shapes from input shapes (and values of ``value_deps``)."""
+        raise NotImplementedError
+
+    def bind(self, ins: list[np.ndarray], outs: list[np.ndarray]) -> Callable[[], None]:
+        """A closure computing the outputs into ``outs`` from ``ins`` (run on every execution)."""
+        raise NotImplementedError
+
+    def fwd_views(self, ins: list[np.ndarray]) -> list[np.ndarray | None] | None:
+        """Outputs that are views of inputs (memory forwarding); None where not forwarded."""
+        return None
+
+    def inplace_input(self) -> int | None:
+        """Index of an input output 0 may overwrite when it is that memory's last reader."""
+        return None
+
+    def infer_value(self, in_values: list[np.ndarray], out_shapes: list[tuple]) -> list:
+        """Static value inference; default: run the kernel on the inferred input values."""
+        outs = [np.empty(s, d) for s, d in zip(out_shapes, self.out_dtypes)]
+        views = self.fwd_views(in_values)
+        if views is not None and all(v is not None for v in views):
+            return [np.array(v) for v in views]
+        self.bind(in_values, outs)()
+        return outs
+
+    def grad(self, wrt_idx: int, out_grads: list):
+        """Symbolic gradient w.r.t. input ``wrt_idx``; None means no gradient (zero)."""
+        raise MegBrainError(f"operator {self.type_name} ({self.name}) has no gradient")
+
+    def source_infer(self) -> list[tuple[InferType, InferType]]:
+        """For operators without inputs: (shape type, value type) of each output."""
+        return [(InferType.CONST, InferType.CONST)] * self.nr_outputs
+
+    def runtime_state(self, watch_value: bool = False):
+        """What a plan bound into closures from this source (shape, buffer, watched value).
+
+        May raise to refuse a change (a non-volatile SharedDeviceTensor).
+        """
+        return None
+
+    def default_name(self) -> str:
+        """The operator name when the config gives none."""
+        mode = getattr(self.param, "mode", None)
+        head = str(mode) if isinstance(mode, str) else self.type_name
+        args = ",".join(v.name for v in self.inputs)
+        if len(args) > 48:
+            args = args[:45] + "..."
+        return f"{head}({args})"
+
+    # ---- helpers --------------------------------------------------------------------------
+    @property
+    def out_dtypes(self) -> list[np.dtype]:
+        return [v.dtype for v in self.outputs]
+
+    @property
+    def comp_node(self):
+        return self.outputs[0].comp_node if self.outputs else self.infer_comp_node()
+
+    def hash_key(self) -> tuple:
+        """Identity for deduplication: type, param and inputs (and comp node / dtype config)."""
+        return (
+            type(self),
+            self.param,
+            tuple(v.id for v in self.inputs),
+            tuple(v.id for v in self.extra_deps),
+            self.config.hash_key(),
+        )
+
+    def error(self, msg: str, cls=MegBrainError) -> MegBrainError:
+        """An error naming this operator and its inputs' shapes and dtypes."""
+        from . import static_infer
+
+        parts = []
+        for i, v in enumerate(self.inputs):
+            try:
+                shp = fmt_shape(static_infer.infer_shape(v))
+            except Exception:  # noqa: BLE001 - describing the error must not raise
+                shp = "<unknown>"
+            parts.append(f"  input {i}: {v.name} {shp} {v.dtype}")
+        desc = "\n".join(parts)
+        full = f"{self.type_name} {self.name!r}: {msg}" + (f"\n{desc}" if desc else "")
+        err = cls(full)
+        err.tracker = self.tracker
+        return err
+
+    def check_input_count(self, n: int | tuple[int, int]):
+        lo, hi = (n, n) if isinstance(n, int) else n
+        if not lo <= len(self.inputs) <= hi:
+            raise GraphError(
+                f"{self.type_name}: expected {n} inputs, got {len(self.inputs)}"
+            )
+
+    def __repr__(self) -> str:
+        return f"Operator(id={self.id},name={self.name})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": self.type_name,
+            "name": self.name,
+            "param": self.param.to_json() if isinstance(self.param, ParamBase) else None,
+            "inputs": [v.id for v in self.inputs],
+            "outputs": [v.id for v in self.outputs],
+            "priority": self.priority,
+        }

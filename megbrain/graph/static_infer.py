@@ -1,0 +1,191 @@
+"""Static inference of var shapes and values (MegBrain's StaticInferManager).
+
+Infer types are fixed when an operator is inserted (:func:`init_infer_types`); shapes and values
+are evaluated on demand by :class:`Inferer`, iteratively (deep graphs do not hit the recursion
+limit). CONST results are cached on the var; RT_STATIC ones are recomputed per query, and an
+``Inferer`` records which source operators' shapes and values a query read, so a compiled
+function knows what to watch for re-planning.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import MegBrainError
+from .var import InferType, VarNode
+
+__all__ = [
+    "DynamicShapeError",
+    "InferPending",
+    "Inferer",
+    "infer_shape",
+    "infer_value",
+    "init_infer_types",
+]
+
+CONST, RT_STATIC, MISSING = InferType.CONST, InferType.RT_STATIC, InferType.MISSING
+
+
+class DynamicShapeError(MegBrainError):
+    """Asked for a static shape or value that can only be known by running the graph."""
+
+
+class InferPending(DynamicShapeError):
+    """A source (e.g. an input without a value yet) can not answer; try again before running."""
+
+
+def init_infer_types(opr) -> None:
+    """Decide the shape and value infer types of ``opr``'s outputs from its inputs."""
+    if not opr.inputs:
+        for v, (st, vt) in zip(opr.outputs, opr.source_infer()):
+            v.shape_type, v.value_type = st, vt
+        return
+    shape_t = CONST
+    for i, v in enumerate(opr.inputs):
+        shape_t = max(shape_t, v.shape_type)
+        if i in opr.value_deps:
+            shape_t = max(shape_t, v.value_type)
+    if opr.dynamic_output_shape:
+        shape_t = MISSING
+    if opr.value_inferable and shape_t != MISSING:
+        value_t = CONST
+        for i, v in enumerate(opr.inputs):
+            value_t = max(value_t, v.shape_type if i in opr.shape_only_inputs else v.value_type)
+    else:
+        value_t = MISSING
+    for v in opr.outputs:
+        v.shape_type, v.value_type = InferType(shape_t), InferType(value_t)
+
+
+class Inferer:
+    """One round of static inference; memoizes within the round and records watched sources."""
+
+    def __init__(self):
+        self.shapes: dict[VarNode, tuple] = {}
+        self.values: dict[VarNode, np.ndarray] = {}
+        #: source operators whose current shape / value an answer depended on
+        self.watch_shape: set = set()
+        self.watch_value: set = set()
+
+    # dependencies of one request: a list of (var, want_value)
+    @staticmethod
+    def _deps(var: VarNode, want_value: bool):
+        opr = var.owner
+        deps = []
+        for i, inp in enumerate(opr.inputs):
+            deps.append((inp, False))
+            if want_value:
+                if i not in opr.shape_only_inputs:
+                    deps.append((inp, True))
+            elif i in opr.value_deps:
+                deps.append((inp, True))
+        return deps
+
+    def _have(self, var: VarNode, want_value: bool) -> bool:
+        if want_value:
+            return var in self.values or var.const_value is not None
+        return var in self.shapes or var.const_shape is not None
+
+    def shape(self, var: VarNode) -> tuple:
+        """The static shape of ``var``; raises DynamicShapeError when it is not inferable."""
+        if var.const_shape is not None:
+            return var.const_shape
+        got = self.shapes.get(var)
+        if got is None:
+            self._run(var, False)
+            got = self.shapes[var] if var.const_shape is None else var.const_shape
+        return got
+
+    def value(self, var: VarNode) -> np.ndarray:
+        """The static value of ``var`` (do not modify it); raises when not inferable."""
+        if var.const_value is not None:
+            return var.const_value
+        got = self.values.get(var)
+        if got is None:
+            self._run(var, True)
+            got = self.values[var] if var.const_value is None else var.const_value
+        return got
+
+    def _check(self, var: VarNode, want_value: bool):
+        t = var.value_type if want_value else var.shape_type
+        if t == MISSING:
+            what = "value" if want_value else "shape"
+            raise DynamicShapeError(
+                f"{what} of var {var.name!r} (produced by {var.owner.type_name} "
+                f"{var.owner.name!r}) can not be statically inferred"
+            )
+
+    def _run(self, root: VarNode, root_value: bool) -> None:
+        self._check(root, root_value)
+        stack = [(root, root_value, False)]
+        while stack:
+            var, want_value, expanded = stack.pop()
+            if self._have(var, want_value):
+                continue
+            if not expanded:
+                self._check(var, want_value)
+                stack.append((var, want_value, True))
+                for dep in self._deps(var, want_value):
+                    if not self._have(*dep):
+                        stack.append((dep[0], dep[1], False))
+                continue
+            self._compute(var.owner, want_value)
+
+    def _compute(self, opr, want_value: bool) -> None:
+        ins = opr.inputs
+        if not ins:
+            for v in opr.outputs:
+                if v.shape_type == RT_STATIC:
+                    self.watch_shape.add(opr)
+                if want_value and v.value_type == RT_STATIC:
+                    self.watch_value.add(opr)
+        in_shapes = [self.shape(v) for v in ins]
+        if want_value:
+            in_values = [
+                None if i in opr.shape_only_inputs else self.value(v) for i, v in enumerate(ins)
+            ]
+            shapes = self._out_shapes(opr, in_shapes)
+            vals = opr.infer_value(in_values, shapes)
+            for v, val in zip(opr.outputs, vals):
+                val = np.asarray(val)
+                if val.dtype != v.dtype:
+                    val = val.astype(v.dtype)
+                val.flags.writeable = False
+                if v.value_type == CONST:
+                    v.const_value = val
+                else:
+                    self.values[v] = val
+        else:
+            self._out_shapes(opr, in_shapes)
+
+    def _out_shapes(self, opr, in_shapes) -> list[tuple]:
+        if all(self._have(v, False) for v in opr.outputs):
+            return [self.shape(v) for v in opr.outputs]
+        in_values = {i: self.value(opr.inputs[i]) for i in opr.value_deps}
+        shapes = opr.infer_shapes(in_shapes, in_values)
+        shapes = [tuple(int(s) for s in shp) for shp in shapes]
+        for v, shp in zip(opr.outputs, shapes):
+            if v.shape_type == CONST:
+                v.const_shape = shp
+            else:
+                self.shapes[v] = shp
+        return shapes
+
+
+def infer_shape(var: VarNode) -> tuple:
+    """The static shape of ``var`` now (raises DynamicShapeError when not inferable)."""
+    return Inferer().shape(var)
+
+
+def infer_value(var: VarNode) -> np.ndarray | None:
+    """A copy of the statically inferred value of ``var``, or None when not inferable.
+
+    Follows ``get_symvar_inferred_value``: only CONST and RT_STATIC values are answered, and a
+    failure while inferring yields None.
+    """
+    if var.value_type == MISSING:
+        return None
+    try:
+        return np.array(Inferer().value(var))
+    except MegBrainError:
+        return None

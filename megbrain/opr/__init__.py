@@ -1,0 +1,16 @@
+"""``mgb.opr``: the operators, one module per family, and their functions."""
+
+from . import basic_arith, io
+from .base import SymbolVar, canonize_input_vars, create_opr, insert_opr, make_opr_config
+from .basic_arith import (
+    elem,
+    elemwise,
+    fill_retain_dtype,
+    mean,
+    reduce_,
+    reduce_general,
+    sqrt,
+    square,
+    typecvt,
+)
+from .io import copy, host2device_copy, make_immutable, shared_device_tensor

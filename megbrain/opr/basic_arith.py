@@ -1,0 +1,272 @@
+"""Arithmetic operators: Elemwise (every MegDNN mode), TypeCvt and Reduce, with their
+``mgb.opr`` functions (``elemwise``, ``elem.<mode>``, ``typecvt``, ``reduce_``, ``mean``...)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dtype import canonize_dtype, is_lowbit, is_quantize
+from ..errors import ConversionError, MegBrainError
+from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..graph.operator import fmt_shape
+from ..kernels import elemwise as ew_kernels
+from ..kernels import reduce as reduce_kernels
+from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+
+__all__ = [
+    "Elemwise",
+    "TypeCvt",
+    "Reduce",
+    "elemwise",
+    "elem",
+    "typecvt",
+    "reduce_",
+    "reduce_general",
+    "mean",
+    "square",
+    "sqrt",
+    "fill_retain_dtype",
+    "broadcast_shapes",
+]
+
+ELEMWISE_MODES = tuple(ew_kernels.MODES)
+REDUCE_MODES = ("SUM", "SUM_SQR", "PRODUCT", "MIN", "MAX", "MEAN")
+
+
+def broadcast_shapes(opr: OperatorNodeBase, shapes) -> tuple:
+    """NumPy broadcasting of ``shapes``; an error naming ``opr`` and the shapes otherwise."""
+    try:
+        return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    except ValueError:
+        raise opr.error(
+            "shapes can not be broadcast together: " + ", ".join(fmt_shape(s) for s in shapes)
+        ) from None
+
+
+@dataclass(frozen=True)
+class ElemwiseParam(ParamBase):
+    mode: str = "ADD"
+    _choices = {"mode": ELEMWISE_MODES}
+
+
+@register_opr
+class Elemwise(OperatorNodeBase):
+    """Elementwise computation with NumPy broadcasting; every input has the same dtype."""
+
+    Param = ElemwiseParam
+
+    def infer_dtypes(self, in_dtypes):
+        mode = self.param.mode
+        n = ew_kernels.arity(mode)
+        if len(in_dtypes) != n:
+            raise self.error(f"mode {mode} takes {n} inputs, got {len(in_dtypes)}")
+        if any(d != in_dtypes[0] for d in in_dtypes):
+            raise self.error(
+                f"mode {mode}: inputs must share one dtype, got "
+                + ", ".join(str(d) for d in in_dtypes)
+            )
+        try:
+            ew_kernels.check_mode(mode, in_dtypes[0])
+        except ValueError as exc:
+            raise self.error(str(exc)) from None
+        return [in_dtypes[0]]
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [broadcast_shapes(self, in_shapes)]
+
+    def bind(self, ins, outs):
+        return ew_kernels.bind(self.param.mode, ins, outs[0])
+
+    def inplace_input(self):
+        return 0
+
+
+@dataclass(frozen=True)
+class TypeCvtParam(ParamBase):
+    dtype: np.dtype = np.dtype(np.float32)
+
+
+@register_opr
+class TypeCvt(OperatorNodeBase):
+    """Converts the dtype of its input."""
+
+    Param = TypeCvtParam
+
+    def infer_dtypes(self, in_dtypes):
+        return [self.param.dtype]
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [in_shapes[0]]
+
+    def bind(self, ins, outs):
+        return ew_kernels.typecvt_bind(ins[0], outs[0])
+
+    def fwd_views(self, ins):
+        # same dtype: the conversion is the identity
+        if ins[0] is not None and ins[0].dtype == self.param.dtype:
+            return [ins[0]]
+        return None
+
+    def default_name(self):
+        return f"TypeCvt[{self.param.dtype}]({self.inputs[0].name})"
+
+
+@dataclass(frozen=True)
+class ReduceParam(ParamBase):
+    mode: str = "SUM"
+    #: the reduced axis (kept with size 1); None reduces everything to shape (1,) or, with a
+    #: second input, to the target shape given by that input's value
+    axis: int | None = None
+    _choices = {"mode": REDUCE_MODES}
+
+
+@register_opr
+class Reduce(OperatorNodeBase):
+    """Reduction over one axis (kept as size 1), everything, or to a target shape."""
+
+    Param = ReduceParam
+    value_deps = (1,)
+    static_only_inputs = (1,)
+
+    def infer_shapes(self, in_shapes, in_values):
+        src = in_shapes[0]
+        axis = self.param.axis
+        if len(self.inputs) == 2:
+            tshape = tuple(int(x) for x in np.asarray(in_values[1]).reshape(-1))
+            if len(tshape) != len(src) or any(t not in (1, s) for t, s in zip(tshape, src)):
+                raise self.error(
+                    f"can not reduce {fmt_shape(src)} to target shape {fmt_shape(tshape)}"
+                )
+            return [tshape]
+        if axis is None:
+            return [(1,)]
+        if not -len(src) <= axis < len(src):
+            raise self.error(f"axis {axis} out of range for shape {fmt_shape(src)}")
+        axis %= len(src)
+        return [src[:axis] + (1,) + src[axis + 1 :]]
+
+    def bind(self, ins, outs):
+        if len(self.inputs) == 2:
+            return reduce_kernels.bind_reduce_to_shape(self.param.mode, ins[0], outs[0])
+        axis = self.param.axis
+        if axis is not None:
+            axis %= ins[0].ndim
+        return reduce_kernels.bind_reduce(self.param.mode, ins[0], outs[0], axis)
+
+    def default_name(self):
+        return f"{self.param.mode}({self.inputs[0].name})"
+
+
+# ---- functions ---------------------------------------------------------------------------
+def elemwise(*inputs, mode="ADD", name=None, comp_node=None, config=None, comp_graph=None):
+    """Elementwise ``mode`` over ``inputs`` with broadcasting (registry name ``Elemwise``)."""
+    if len(inputs) == 1 and isinstance(inputs[0], (list, tuple)):
+        inputs = tuple(inputs[0])
+    cfg = _merge_config(name, comp_node, config)
+    param = ElemwiseParam(mode)
+    vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
+    return insert_opr(Elemwise(vars_, param, cfg))[0]
+
+
+class _ElemNamespace:
+    """``mgb.opr.elem.<mode>(*inputs)`` is ``elemwise(*inputs, mode=<MODE>)``."""
+
+    def __getattr__(self, name: str):
+        mode = name.upper()
+        if mode not in ELEMWISE_MODES:
+            raise AttributeError(f"no elemwise mode {name!r}")
+        return functools.partial(elemwise, mode=mode)
+
+    def __dir__(self):
+        return [m.lower() for m in ELEMWISE_MODES]
+
+
+elem = _ElemNamespace()
+
+
+def typecvt(src, target_dtype, *, name=None, comp_node=None, config=None) -> SymbolVar:
+    """Convert ``src`` to ``target_dtype`` (registry name ``TypeCvt``)."""
+    cfg = _merge_config(name, comp_node, config)
+    (v,) = canonize_input_vars([src], config=cfg)
+    return insert_opr(TypeCvt([v], TypeCvtParam(canonize_dtype(target_dtype)), cfg))[0]
+
+
+def reduce_general(src, *, mode="SUM", axis=None, target_shape=None, name=None,
+                   comp_node=None, config=None) -> SymbolVar:
+    """A Reduce operator: over ``axis`` (kept as size 1), to ``target_shape``, or to (1,)."""
+    cfg = _merge_config(name, comp_node, config)
+    inputs = [src]
+    if target_shape is not None:
+        from .tensor_manip import shape_to_var
+
+        (sv,) = canonize_input_vars([src], config=cfg)
+        inputs.append(shape_to_var(target_shape, sv))
+    vars_ = canonize_input_vars(inputs, config=cfg)
+    return insert_opr(Reduce(vars_, ReduceParam(mode, axis), cfg))[0]
+
+
+def reduce_(src, mode, axis=None, keepdims=False, *, name=None, comp_node=None, config=None):
+    """Reduce ``src`` with ``mode`` over ``axis`` (None: everything, giving shape (1,)).
+
+    Without ``keepdims`` the reduced axis is removed.
+    """
+    if axis is None:
+        return reduce_general(src, mode=mode, name=name, comp_node=comp_node, config=config)
+    axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
+    out = src
+    (sv,) = canonize_input_vars([src])
+    ndim = len(_static_ndim(sv))
+    axes = sorted({a % ndim for a in axes}, reverse=True)
+    for a in axes:
+        out = reduce_general(out, mode=mode, axis=a, name=name, comp_node=comp_node,
+                             config=config)
+    if not keepdims:
+        from .tensor_manip import remove_axis
+
+        out = remove_axis(out, axes)
+    return out
+
+
+def _static_ndim(v) -> tuple:
+    from ..graph import infer_shape
+
+    try:
+        return infer_shape(v)
+    except MegBrainError:
+        raise MegBrainError(
+            f"reduce over an axis needs the static ndim of {v.name!r}, which is unknown"
+        ) from None
+
+
+def mean(src, axis=None, keepdims=False, **kw) -> SymbolVar:
+    """Arithmetic mean over ``axis`` (None: everything)."""
+    return reduce_(src, "MEAN", axis, keepdims, **kw)
+
+
+def square(x) -> SymbolVar:
+    """``x ** 2``."""
+    return elemwise(x, x, mode="MUL")
+
+
+def sqrt(x) -> SymbolVar:
+    """``x ** 0.5``."""
+    return elemwise(x, 0.5, mode="POW")
+
+
+def fill_retain_dtype(var, value) -> SymbolVar:
+    """A var with ``var``'s shape and dtype filled with the scalar ``value`` (SPEC.md 1.9)."""
+    if np.ndim(value) != 0:
+        raise ConversionError(f"fill_retain_dtype: value must be a scalar, got {value!r}")
+    (v,) = canonize_input_vars([var])
+    dt = v.dtype
+    if is_quantize(dt) or is_lowbit(dt) or getattr(dt, "metadata", None):
+        raise ConversionError(f"fill_retain_dtype: unsupported value dtype {dt}")
+    value = int(value) if np.issubdtype(dt, np.integer) else float(value)
+    from .io import make_immutable
+    from .tensor_manip import broadcast, get_var_shape
+
+    const = make_immutable(v.comp_node, v.graph, np.array(value, dtype=dt).reshape(1))
+    return broadcast(const, get_var_shape(SymbolVar(v)))

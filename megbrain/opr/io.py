@@ -1,0 +1,261 @@
+"""I/O operators: Host2DeviceCopy, SharedDeviceTensor, VolatileSharedDeviceTensor,
+ImmutableTensor and Copy (cross comp node)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..device import CompNode
+from ..dtype import canonize_dtype, convert_array, to_mgb_supported_dtype
+from ..errors import MegBrainError
+from ..graph import InferPending, InferType, OperatorNodeBase, ParamBase, register_opr
+from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+
+__all__ = [
+    "Host2DeviceCopy",
+    "SharedDeviceTensor",
+    "VolatileSharedDeviceTensor",
+    "ImmutableTensor",
+    "Copy",
+    "host2device_copy",
+    "shared_device_tensor",
+    "make_immutable",
+    "copy",
+]
+
+CONST, RT_STATIC, MISSING = InferType.CONST, InferType.RT_STATIC, InferType.MISSING
+
+
+def _tensor_array(t) -> np.ndarray | None:
+    if t.empty():
+        return None
+    return t.as_ndarray()
+
+
+class _SourceOpr(OperatorNodeBase):
+    """A source: no inputs, its output comes from a tensor it holds."""
+
+    def __init__(self, tensor, param, config):
+        super().__init__([], param, config)
+        self.tensor = tensor
+
+    def infer_comp_node(self):
+        if self.config.comp_nodes:
+            return self.config.comp_nodes[0]
+        return self.tensor.comp_node
+
+    def infer_dtypes(self, in_dtypes):
+        return [self.tensor.dtype]
+
+    def infer_shapes(self, in_shapes, in_values):
+        if self.tensor.empty():
+            raise InferPending(f"{self.type_name} {self.name!r}: the tensor has no value yet")
+        return [tuple(self.tensor.shape)]
+
+    def infer_value(self, in_values, out_shapes):
+        arr = _tensor_array(self.tensor)
+        if arr is None:
+            raise InferPending(f"{self.type_name} {self.name!r}: the tensor has no value yet")
+        return [np.array(arr)]
+
+    def default_name(self) -> str:
+        return f"{self.type_name}{self.id}"
+
+
+@dataclass(frozen=True)
+class H2DParam(ParamBase):
+    tensor_id: int
+    enable_value_infer: bool = True
+
+
+@register_opr
+class Host2DeviceCopy(_SourceOpr):
+    """Copies a host tensor (the graph's runtime input) to the device before each run."""
+
+    Param = H2DParam
+    has_runtime_state = True
+
+    def source_infer(self):
+        return [(RT_STATIC, RT_STATIC if self.param.enable_value_infer else MISSING)]
+
+    def runtime_state(self, watch_value=False):
+        t = self.tensor
+        if t.empty():
+            raise MegBrainError(
+                f"Host2DeviceCopy {self.name!r}: input {self.outputs[0].name!r} has no value; "
+                "set it before running the function"
+            )
+        arr = t.as_ndarray()
+        state = (arr.shape, arr.__array_interface__["data"][0], arr.strides)
+        if watch_value:
+            state += (arr.tobytes(),)
+        return state
+
+    def bind(self, ins, outs):
+        return functools.partial(np.copyto, outs[0], self.tensor.as_ndarray())
+
+
+@dataclass(frozen=True)
+class SharedParam(ParamBase):
+    tensor_id: int
+
+
+@register_opr
+class SharedDeviceTensor(_SourceOpr):
+    """A device tensor shared with the caller; its buffer and shape are fixed after compile."""
+
+    Param = SharedParam
+    has_runtime_state = True
+
+    def __init__(self, tensor, param, config):
+        super().__init__(tensor, param, config)
+        self._state0 = self._state()
+
+    def _state(self):
+        arr = _tensor_array(self.tensor)
+        if arr is None:
+            return None
+        return (arr.shape, arr.__array_interface__["data"][0])
+
+    def source_infer(self):
+        return [(CONST, RT_STATIC)]
+
+    def runtime_state(self, watch_value=False):
+        st = self._state()
+        if st != self._state0:
+            raise MegBrainError(
+                f"SharedDeviceTensor {self.name!r}: the shared tensor's buffer or shape changed "
+                f"after compile (shape {self._state0[0] if self._state0 else None} -> "
+                f"{st[0] if st else None}); use a volatile shared tensor for that"
+            )
+        if watch_value:
+            st = st + (self.tensor.as_ndarray().tobytes(),)
+        return st
+
+    def fwd_views(self, ins):
+        return [self.tensor.as_ndarray()]
+
+
+@register_opr
+class VolatileSharedDeviceTensor(_SourceOpr):
+    """A shared device tensor whose buffer and shape may change between runs."""
+
+    Param = SharedParam
+    has_runtime_state = True
+
+    def source_infer(self):
+        return [(RT_STATIC, RT_STATIC)]
+
+    def runtime_state(self, watch_value=False):
+        arr = _tensor_array(self.tensor)
+        if arr is None:
+            raise MegBrainError(f"VolatileSharedDeviceTensor {self.name!r}: tensor is empty")
+        st = (arr.shape, arr.__array_interface__["data"][0], arr.strides)
+        if watch_value:
+            st += (arr.tobytes(),)
+        return st
+
+    def fwd_views(self, ins):
+        return [self.tensor.as_ndarray()]
+
+
+@dataclass(frozen=True)
+class ImmutableParam(ParamBase):
+    digest: str
+    shape: tuple
+    dtype: str
+
+
+@register_opr
+class ImmutableTensor(OperatorNodeBase):
+    """A constant: shape and value are CONST; identical constants are deduplicated."""
+
+    Param = ImmutableParam
+
+    def __init__(self, value: np.ndarray, comp_node, config):
+        value = np.array(value, copy=True)
+        value.flags.writeable = False
+        param = ImmutableParam(
+            hashlib.blake2b(value.tobytes(), digest_size=16).hexdigest(),
+            value.shape,
+            str(value.dtype),
+        )
+        super().__init__([], param, config)
+        self.value = value
+        self.cn = comp_node
+
+    def infer_comp_node(self):
+        return self.config.comp_nodes[0] if self.config.comp_nodes else self.cn
+
+    def hash_key(self):
+        return super().hash_key() + (self.cn,)
+
+    def infer_dtypes(self, in_dtypes):
+        return [self.value.dtype]
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [self.value.shape]
+
+    def infer_value(self, in_values, out_shapes):
+        return [self.value]
+
+    def fwd_views(self, ins):
+        return [self.value]
+
+    def default_name(self) -> str:
+        if self.value.size == 1:
+            return f"const<{self.value.reshape(-1)[0].item()!r}>"
+        return f"const{self.value.shape}"
+
+
+@register_opr
+class Copy(OperatorNodeBase):
+    """Copies a var to another comp node (or the same one)."""
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [in_shapes[0]]
+
+    def bind(self, ins, outs):
+        return functools.partial(np.copyto, outs[0], ins[0])
+
+    def grad(self, wrt_idx, out_grads):
+        from .base import SymbolVar
+
+        return copy(SymbolVar(out_grads[0]), comp_node=self.inputs[0].comp_node).node
+
+
+def host2device_copy(graph, host_tensor, *, enable_value_infer=True, name=None, config=None):
+    """A Host2DeviceCopy var reading ``host_tensor`` on every run."""
+    cfg = _merge_config(name, None, config)
+    opr = Host2DeviceCopy(host_tensor, H2DParam(id(host_tensor), bool(enable_value_infer)), cfg)
+    return SymbolVar(graph.insert_opr(opr)[0])
+
+
+def shared_device_tensor(graph, dev_tensor, *, volatile=False, name=None, config=None):
+    """A (Volatile)SharedDeviceTensor var aliasing ``dev_tensor``."""
+    cfg = _merge_config(name, None, config)
+    cls = VolatileSharedDeviceTensor if volatile else SharedDeviceTensor
+    return SymbolVar(graph.insert_opr(cls(dev_tensor, SharedParam(id(dev_tensor)), cfg))[0])
+
+
+def make_immutable(comp_node, comp_graph, value, *, dtype=None, name=None, config=None):
+    """An ImmutableTensor holding ``value`` (constant, deduplicated, value-inferable)."""
+    if dtype is not None:
+        arr = convert_array(value, canonize_dtype(dtype))
+    else:
+        arr = np.asarray(value)
+        arr = convert_array(arr, to_mgb_supported_dtype(arr.dtype))
+    cfg = _merge_config(name, None, config)
+    graph = comp_graph
+    return SymbolVar(graph.insert_opr(ImmutableTensor(arr, CompNode.load(comp_node), cfg))[0])
+
+
+def copy(src, *, comp_node=None, name=None, config=None) -> SymbolVar:
+    """Copy ``src`` to ``comp_node`` (cross comp node copy)."""
+    cfg = _merge_config(name, comp_node, config)
+    (v,) = canonize_input_vars([src], config=cfg)
+    return insert_opr(Copy([v], None, cfg))[0]
