@@ -6,6 +6,25 @@
 from __future__ import annotations
 
 from . import dtype
+from .api import (
+    AsyncExec,
+    CompGraph,
+    CompGraphCallbackValueProxy,
+    FuncOutputSaver,
+    ProxySharedNDAndSymbolVar,
+    SharedND,
+    SharedNDLazyInitializer,
+    SharedScalar,
+    _HostSharedND,
+    callback_lazycopy,
+    comp_graph,
+    copy_output,
+    make_arg,
+    make_immutable,
+    make_shared,
+)
+from .device import CompNode, add_device_map, as_comp_node, del_device_map
+from .dtype import to_mgb_supported_dtype
 from .errors import (
     AssertionError,  # noqa: A004
     ConversionError,
@@ -13,5 +32,50 @@ from .errors import (
     MegBrainError,
     SerializationError,
 )
+from .graph import OperatorNodeConfig
+from .opr.base import SymbolVar, make_opr_config
+from .opr.basic_arith import fill_retain_dtype
+from . import opr  # noqa: E402  (after the API objects it canonizes)
+from .api import cgtools, config  # noqa: E402
+
+comp_node = as_comp_node
 
 __version__ = "0.1.0"
+version_info = (0, 1, 0, False)
+
+__all__ = [
+    "AssertionError",
+    "AsyncExec",
+    "CompGraph",
+    "CompGraphCallbackValueProxy",
+    "CompNode",
+    "ConversionError",
+    "FuncOutputSaver",
+    "GraphError",
+    "MegBrainError",
+    "OperatorNodeConfig",
+    "ProxySharedNDAndSymbolVar",
+    "SerializationError",
+    "SharedND",
+    "SharedNDLazyInitializer",
+    "SharedScalar",
+    "SymbolVar",
+    "_HostSharedND",
+    "add_device_map",
+    "as_comp_node",
+    "callback_lazycopy",
+    "cgtools",
+    "config",
+    "comp_graph",
+    "comp_node",
+    "copy_output",
+    "del_device_map",
+    "dtype",
+    "fill_retain_dtype",
+    "make_arg",
+    "make_immutable",
+    "make_opr_config",
+    "make_shared",
+    "opr",
+    "to_mgb_supported_dtype",
+]

@@ -1,6 +1,6 @@
 """``mgb.opr``: the operators, one module per family, and their functions."""
 
-from . import basic_arith, io
+from . import basic_arith, blas, io
 from .base import SymbolVar, canonize_input_vars, create_opr, insert_opr, make_opr_config
 from .basic_arith import (
     elem,
@@ -13,4 +13,5 @@ from .basic_arith import (
     square,
     typecvt,
 )
+from .blas import batched_matrix_mul, dot, matrix_mul
 from .io import copy, host2device_copy, make_immutable, shared_device_tensor

@@ -83,17 +83,22 @@ class Host2DeviceCopy(_SourceOpr):
         return [(RT_STATIC, RT_STATIC if self.param.enable_value_infer else MISSING)]
 
     def runtime_state(self, watch_value=False):
+        # the storage object and layout change whenever the host tensor is re-allocated,
+        # borrowed or reshaped; same-shape value copies keep both (cheap to compare)
         t = self.tensor
-        if t.empty():
-            raise MegBrainError(
-                f"Host2DeviceCopy {self.name!r}: input {self.outputs[0].name!r} has no value; "
-                "set it before running the function"
-            )
-        arr = t.as_ndarray()
-        state = (arr.shape, arr.__array_interface__["data"][0], arr.strides)
         if watch_value:
-            state += (arr.tobytes(),)
-        return state
+            if t.empty():
+                self._raise_empty()
+            return (t.storage, t.layout, t.as_ndarray().tobytes())
+        if t.storage.size == 0:
+            self._raise_empty()
+        return (t.storage, t.layout)
+
+    def _raise_empty(self):
+        raise MegBrainError(
+            f"Host2DeviceCopy {self.name!r}: input {self.outputs[0].name!r} has no value; "
+            "set it before running the function"
+        )
 
     def bind(self, ins, outs):
         return functools.partial(np.copyto, outs[0], self.tensor.as_ndarray())

@@ -1,0 +1,265 @@
+"""Output callbacks (SPEC.md 1.3, 1.4, 2.5): value proxies, eager/lazy callback wrappers,
+``copy_output``, ``callback_lazycopy`` and ``FuncOutputSaver``."""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+import warnings
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from ..device.worker import Worker
+from ..errors import MegBrainError
+
+__all__ = [
+    "CompGraphCallbackValueProxy",
+    "callback_lazycopy",
+    "copy_output",
+    "FuncOutputSaver",
+    "SharedNDLazyInitializer",
+    "CallbackWorker",
+    "make_graph_callback",
+]
+
+
+class CompGraphCallbackValueProxy:
+    """The value handed to an output callback; valid only while the callback runs.
+
+    Its buffer is reused by the next run, so it must not escape the callback; pass it to
+    ``SharedND.set_value`` to copy device to device without a host round trip.
+    """
+
+    __slots__ = ("_dev", "_hv", "_comp_node", "_active", "_eager", "_value_used", "_done")
+
+    def __init__(self, comp_node):
+        self._dev: np.ndarray | None = None
+        self._hv: np.ndarray | None = None
+        self._comp_node = comp_node
+        self._active = False
+        self._eager = False
+        self._value_used = False
+        self._done = threading.Event()
+        self._done.set()
+
+    def setup(self, dev_value: np.ndarray, eager_copy: bool) -> None:
+        # wait until the previous callback on this proxy has finished
+        self._done.wait()
+        self._done.clear()
+        self._dev = dev_value
+        self._eager = eager_copy
+        if eager_copy:
+            hv = self._hv
+            if hv is None or hv.shape != dev_value.shape or hv.dtype != dev_value.dtype:
+                hv = self._hv = np.empty(dev_value.shape, dev_value.dtype)
+            np.copyto(hv, dev_value)
+            self._value_used = False
+        else:
+            self._value_used = True
+        self._active = True
+
+    def on_finished(self) -> None:
+        unread = self._eager and not self._value_used
+        self._dev = None
+        self._active = False
+        self._done.set()
+        if unread:
+            warnings.warn("computing graph callback did not read the value", stacklevel=2)
+
+    def _check(self):
+        if not self._active:
+            raise MegBrainError(
+                "CompGraphCallbackValueProxy used outside its callback: the value is only "
+                "valid while the callback runs"
+            )
+
+    @property
+    def eager_copied(self) -> bool:
+        return self._eager
+
+    @property
+    def dev_value(self) -> np.ndarray:
+        """The device array (for device-to-device copies into a SharedND)."""
+        self._check()
+        self._value_used = True
+        return self._dev if self._dev is not None else self._hv
+
+    @property
+    def shape(self) -> tuple:
+        self._check()
+        return (self._dev if self._dev is not None else self._hv).shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        self._check()
+        return (self._dev if self._dev is not None else self._hv).dtype
+
+    @property
+    def comp_node(self):
+        self._check()
+        return self._comp_node
+
+    def get_value(self, *, borrow_mem: bool = False) -> np.ndarray:
+        """The value as an ndarray: a copy unless ``borrow_mem`` (then valid until next run)."""
+        self._check()
+        self._value_used = True
+        src = self._hv if self._eager else self._dev
+        return src if borrow_mem else np.array(src)
+
+    @property
+    def dev_ptr(self) -> int:
+        self._check()
+        return self._dev.__array_interface__["data"][0]
+
+    pubapi_dev_tensor_ptr = dev_ptr
+
+
+class callback_lazycopy:  # noqa: N801 - reference name
+    """Mark a compile callback as lazy: no eager device-to-host copy, called inline."""
+
+    def __init__(self, func):
+        if not callable(func):
+            raise TypeError(f"callback_lazycopy needs a callable, got {func!r}")
+        self.func = func
+
+    def __call__(self, *args, **kwargs):
+        return self.func(*args, **kwargs)
+
+
+class copy_output:  # noqa: N801 - reference name
+    """An outspec item whose value goes into the function's return value."""
+
+    def __init__(self, symvar, *, borrow_mem: bool = False):
+        self.symvar = symvar
+        self.borrow_mem = borrow_mem
+
+
+class FuncOutputSaver:
+    """Stores the value of an output on every run; :meth:`get` returns it."""
+
+    def __init__(self, borrow_mem: bool = False):
+        self.borrow_mem = borrow_mem
+        self._value = None
+        self._buf = None
+
+    def __call__(self, v) -> None:
+        self._value = v.get_value(borrow_mem=self.borrow_mem)
+
+    def save_array(self, arr: np.ndarray) -> None:
+        """Fast path used by the function itself: one copy straight from device memory."""
+        if self.borrow_mem:
+            buf = self._buf
+            if buf is None or buf.shape != arr.shape or buf.dtype != arr.dtype:
+                buf = self._buf = np.empty(arr.shape, arr.dtype)
+            np.copyto(buf, arr)
+            self._value = buf
+        else:
+            self._value = arr.copy()
+
+    def get(self) -> np.ndarray:
+        if self._value is None:
+            raise MegBrainError("output value not available (maybe due to unwaited async func)")
+        return self._value
+
+
+class SharedNDLazyInitializer(ABC):
+    """Supplies the shape and (later) the value of a SharedND on first use."""
+
+    @abstractmethod
+    def get_shape(self) -> tuple:
+        """The shape of the value."""
+
+    @abstractmethod
+    def get_value(self) -> np.ndarray:
+        """The value."""
+
+
+class CallbackWorker:
+    """The per-function thread running eager-copy callbacks (``AsyncExec::Core`` worker)."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._worker: Worker | None = None
+        self._pending = 0
+        self._cv = threading.Condition()
+        self.error: BaseException | None = None
+
+    def dispatch(self, fn, *args) -> None:
+        if self._worker is None:
+            self._worker = Worker(f"mgb-cb-{self._name}")
+        with self._cv:
+            self._pending += 1
+        self._worker.put((self._run, (fn, args)))
+
+    def _run(self, fn, args):
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - surfaced by wait()
+            if self.error is None:
+                self.error = exc
+        finally:
+            with self._cv:
+                self._pending -= 1
+                self._cv.notify_all()
+
+    def wait(self) -> None:
+        """Drain: block until every dispatched callback has finished."""
+        if not self._pending:
+            return
+        t0 = time.monotonic()
+        with self._cv:
+            while self._pending:
+                self._cv.wait(timeout=2.0)
+                if self._pending and time.monotonic() - t0 > 2.0:
+                    warnings.warn(
+                        f"wait for callbacks for more than {time.monotonic() - t0:.3f} secs",
+                        stacklevel=2,
+                    )
+
+    def take_error(self) -> BaseException | None:
+        err, self.error = self.error, None
+        return err
+
+    def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+
+
+def make_graph_callback(user_cb, var, worker: CallbackWorker, nr_vars: int = 1):
+    """Wrap a user callback into the ``f(array)`` the graph executor calls.
+
+    ``callback_lazycopy`` callbacks run inline with a proxy over the device value; others
+    copy the value eagerly and run on ``worker``.
+    """
+    lazy = isinstance(user_cb, callback_lazycopy)
+    fn = user_cb.func if lazy else user_cb
+    proxy = CompGraphCallbackValueProxy(var.comp_node)
+    name = var.name
+
+    def call_py(p):
+        try:
+            fn(p)
+        except BaseException as exc:
+            raise MegBrainError(
+                f"error in callback of var {name!r}: {type(exc).__name__}: {exc}\n"
+                + "".join(traceback.format_exception(exc))
+            ) from exc
+        finally:
+            p.on_finished()
+
+    if lazy:
+
+        def graph_cb(arr):
+            proxy.setup(arr, False)
+            call_py(proxy)
+
+    else:
+
+        def graph_cb(arr):
+            proxy.setup(arr, True)
+            worker.dispatch(call_py, proxy)
+
+    return graph_cb

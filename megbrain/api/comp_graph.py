@@ -1,0 +1,360 @@
+"""The binding's CompGraph and AsyncExec (SPEC.md 1.5, 1.6, 2.1 ``comp_graph``)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import warnings
+from collections.abc import Sequence
+
+from ..errors import GraphError, MegBrainError
+from ..graph import ComputingGraph, GraphOptions
+from ..opr.base import SymbolVar, as_var
+from .callback import CallbackWorker, FuncOutputSaver, copy_output, make_graph_callback
+
+__all__ = ["CompGraph", "AsyncExec", "comp_graph"]
+
+
+class CompGraph(ComputingGraph):
+    """A computing graph as users see it: options, user data, compile."""
+
+    def __init__(self, options: GraphOptions | None = None):
+        super().__init__(options)
+        self._released = False
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, CompGraph) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(("CompGraph", self.id))
+
+    def __repr__(self) -> str:
+        return f"<CompGraph #{self.id} at {id(self):#x}>"
+
+    def set_option(self, name: str, val):
+        """Set graph option ``name`` (SPEC.md section 3); returns the old value."""
+        return self.options.set(name, val)
+
+    def is_eager(self) -> bool:
+        return bool(self.options.eager_evaluation)
+
+    def release(self) -> int:
+        """Drop the graph's compiled state; returns 1 (the owner reference released)."""
+        if self.current_exec is not None:
+            self.current_exec._invalidate()
+            self.current_exec = None
+        self._released = True
+        return 1
+
+    def get(self):
+        if self._released:
+            raise MegBrainError("CompGraph has been destructed")
+        return self
+
+    # ---- compile ---------------------------------------------------------------------------
+    def compile(self, inputs, outspec, *, copy: bool = False, optimize_for_inference=False):
+        """Compile ``outspec`` into an :class:`AsyncExec` (SPEC.md 1.6).
+
+        Parameters
+        ----------
+        inputs:
+            Input vars in positional-argument order, or None for keyword arguments only.
+        outspec:
+            A ``copy_output``, or a list of ``copy_output``, bare vars (compute only) and
+            ``(var, callback)`` pairs.
+        """
+        if copy or self.is_eager() or optimize_for_inference:
+            if copy or self.is_eager():
+                raise MegBrainError("compile(copy=True) needs graph copying (not implemented)")
+            raise MegBrainError("optimize_for_inference is not implemented yet")
+        expand_single = isinstance(outspec, copy_output)
+        items = [outspec] if expand_single else list(outspec)
+        func = AsyncExec(self)
+        spec = []
+        savers: dict = {}
+        copied = []
+        for item in items:
+            if isinstance(item, copy_output):
+                v = _var_of(item.symvar)
+                key = (v, item.borrow_mem)
+                saver = savers.get(key)
+                if saver is None:
+                    saver = savers[key] = FuncOutputSaver(item.borrow_mem)
+                    spec.append((v, saver.save_array))
+                copied.append((v, saver))
+            elif isinstance(item, (tuple, list)) and len(item) == 2 and callable(item[1]):
+                v = _var_of(item[0])
+                spec.append((v, make_graph_callback(item[1], v, func._cb_worker)))
+            else:
+                v = _var_of(item)
+                spec.append((v, None))
+        func._bind(self.compile_graph_level(spec), copied, expand_single)
+        if inputs is not None:
+            func.inputs = inputs
+        return func
+
+    def compile_graph_level(self, spec):
+        return ComputingGraph.compile(self, spec)
+
+    def compile_outonly(self, outputs, *, inputs=None):
+        """Compile with every var of ``outputs`` copied out."""
+        if isinstance(outputs, (list, tuple)):
+            return self.compile(inputs, [copy_output(v) for v in outputs])
+        return self.compile(inputs, copy_output(outputs))
+
+    def compile_multi_part(self, io_specs):
+        raise MegBrainError("compile_multi_part is not implemented yet")
+
+    # forwarders to the module functions
+    def make_shared(self, comp_node, **kw):
+        from .shared import make_shared
+
+        return make_shared(comp_node, comp_graph=self, **kw)
+
+    def make_immutable(self, comp_node, value, **kw):
+        from .shared import make_immutable
+
+        return make_immutable(comp_node, self, value, **kw)
+
+    def make_arg(self, comp_node, **kw):
+        from .shared import make_arg
+
+        return make_arg(comp_node, self, **kw)
+
+    def clear_device_memory(self) -> None:
+        if self.current_exec is not None:
+            self.current_exec.clear_device_memory()
+
+
+def _var_of(x):
+    v = as_var(x)
+    if v is None:
+        raise TypeError(f"expect a SymbolVar in outspec, got {x!r}")
+    return v
+
+
+class AsyncExec:
+    """A compiled function. Only the most recently compiled AsyncExec of a graph can be used.
+
+    Calling it sets the inputs (positional in :attr:`inputs` order, or keyword by var name),
+    runs, waits (unless :meth:`disable_auto_wait`) and returns the ``copy_output`` values.
+    """
+
+    def __init__(self, graph: CompGraph):
+        self.graph = graph
+        self.callbefore_func = None
+        self.callback_func = None
+        self._func = None
+        self._cb_worker = CallbackWorker(f"func{id(self):x}")
+        self._inputs = None  # list of (var, host proxy)
+        self._inputs_explicit = False
+        self._savers: list = []
+        self._available: tuple = ()
+        self._expand_single = False
+        self._auto_wait = True
+        self._borrow_on_cpu = False
+        self._warned_keys = False
+
+    def _bind(self, func, copied, expand_single):
+        self._func = func
+        self._var2output_saver = dict(copied)
+        self._savers = [s for _, s in copied]
+        self._available = tuple(SymbolVar(v) for v, _ in copied)
+        self._expand_single = expand_single and len(copied) == 1
+
+    def __del__(self):
+        try:
+            self._cb_worker.stop()
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass
+
+    # ---- inputs ----------------------------------------------------------------------------
+    def _find_mutable_input(self) -> set:
+        """The user input vars (made by make_arg) that this function actually reads."""
+        found = set()
+        for opr in self._func.iter_opr_seq():
+            if opr.type_name == "Host2DeviceCopy":
+                var = self.graph.user_input_vars.get(id(opr.tensor))
+                if var is not None:
+                    found.add(SymbolVar(var))
+        return found
+
+    @property
+    def inputs(self) -> tuple:
+        if self._inputs is None:
+            self._set_inputs(sorted(self._find_mutable_input(), key=lambda v: v.id), False)
+        return tuple(v for v, _ in self._inputs)
+
+    @inputs.setter
+    def inputs(self, vars_):
+        if vars_ is None:
+            self._inputs = None
+            self._inputs_explicit = False
+            return
+        needed = self._find_mutable_input()
+        given = [SymbolVar(_var_of(v)) for v in vars_]
+        extra = [v for v in given if v not in needed]
+        if extra:
+            raise TypeError(
+                f"vars {[v.name for v in extra]} are not inputs of this function; "
+                f"its inputs are {sorted(v.name for v in needed)}"
+            )
+        missing = needed - set(given)
+        if missing:
+            raise AssertionError(
+                f"inputs {sorted(v.name for v in missing)} are needed by the function but "
+                "not given"
+            )
+        self._set_inputs(given, True)
+
+    def _set_inputs(self, vars_, explicit):
+        from .shared import _HostSharedND
+
+        names = [v.name for v in vars_]
+        if len(set(names)) != len(names):
+            raise AssertionError(f"duplicated input names: {names}")
+        pairs = []
+        for v in vars_:
+            proxy = _HostSharedND.make_proxy(v)
+            proxy.enable_borrow_on_cpu(self._borrow_on_cpu)
+            pairs.append((v, proxy))
+        self._inputs = pairs
+        self._inputs_explicit = explicit
+
+    def enable_borrow_on_cpu(self, flag: bool = True) -> None:
+        """Let inputs on CPU borrow the caller's arrays instead of copying them."""
+        self._borrow_on_cpu = bool(flag)
+        if self._inputs is not None:
+            for _, p in self._inputs:
+                p.enable_borrow_on_cpu(flag)
+
+    def _setup_args(self, args, kwargs):
+        if args:
+            if not self._inputs_explicit:
+                raise MegBrainError(
+                    "positional arguments are only allowed when inputs were given at compile"
+                )
+            pairs = self._inputs
+            if len(args) != len(pairs):
+                raise TypeError(f"function takes {len(pairs)} inputs, got {len(args)}")
+            borrow = self._auto_wait
+            for (_, proxy), val in zip(pairs, args):
+                proxy.set_value(val, borrow=borrow)
+        if kwargs:
+            if self._inputs is None:
+                self.inputs  # noqa: B018 - computes the inputs
+            by_name = {v.name: p for v, p in self._inputs}
+            missing = set(by_name) - set(kwargs)
+            if missing and not args:
+                raise AssertionError(f"missing inputs: {sorted(missing)}")
+            extra = set(kwargs) - set(by_name)
+            if extra and not self._warned_keys:
+                self._warned_keys = True
+                warnings.warn(f"extra inputs ignored: {sorted(extra)}", stacklevel=3)
+            for k, val in kwargs.items():
+                p = by_name.get(k)
+                if p is not None:
+                    p.set_value(val, borrow=self._auto_wait)
+
+    # ---- run -------------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        if self.callbefore_func is not None:
+            self.callbefore_func()
+        if args or kwargs:
+            self._setup_args(args, kwargs)
+        self._func.execute()
+        if self.callback_func is not None:
+            self.callback_func()
+        if not self._auto_wait:
+            return list(self._savers) if self._savers else None
+        self.wait()
+        if not self._savers:
+            return None
+        if self._expand_single:
+            return self._savers[0].get()
+        return [s.get() for s in self._savers]
+
+    def execute(self) -> AsyncExec:
+        """Start a run without setting inputs."""
+        self._func.execute()
+        return self
+
+    def wait(self) -> AsyncExec:
+        """Drain callbacks, then wait for the device; re-raise the first error."""
+        self._cb_worker.wait()
+        try:
+            self._func.wait()
+        finally:
+            err = self._cb_worker.take_error()
+        if err is not None:
+            raise err if isinstance(err, MegBrainError) else MegBrainError(str(err))
+        return self
+
+    def disable_auto_wait(self) -> None:
+        """``__call__`` returns without waiting; outputs are FuncOutputSaver objects."""
+        self._auto_wait = False
+
+    @property
+    def prev_exec_time(self) -> float:
+        return self._func.prev_exec_time
+
+    @property
+    def available_outputs(self) -> tuple:
+        return self._available
+
+    @property
+    def outputs(self) -> tuple:
+        return tuple(SymbolVar(v) for v in self._var2output_saver)
+
+    @outputs.setter
+    def outputs(self, vars_: Sequence):
+        savers = []
+        for v in vars_:
+            node = _var_of(v)
+            if node not in self._var2output_saver:
+                raise GraphError(f"var {node.name!r} is not a copy_output of this function")
+            savers.append(self._var2output_saver[node])
+        self._savers = savers
+        self._expand_single = False
+
+    def dump(self) -> dict:
+        """The internal graph and execution sequence as JSON."""
+        return self._func.to_json()
+
+    def clear_device_memory(self) -> None:
+        self.wait()
+        self._func.clear_device_memory()
+
+    def update_static_alloc_plan_and_get_size(self) -> dict:
+        """``{comp_node: bytes}`` of the static memory plan, without allocating."""
+        return self._func.update_static_alloc_plan_and_get_size()
+
+
+def comp_graph(*, extra_opts: dict | None = None, check_env_var: bool = True) -> CompGraph:
+    """Create a :class:`CompGraph` (SPEC.md 2.1).
+
+    With ``check_env_var``, ``MGB_COMP_GRAPH_OPT="k=v;k2=v2"`` adds options (``extra_opts``
+    win, with a warning) and ``MGB_COMP_GRAPH_USER_DATA="k=pyexpr;..."`` fills user_data.
+    """
+    opts = dict(extra_opts or {})
+    cg = CompGraph()
+    if check_env_var:
+        env = os.environ.get("MGB_COMP_GRAPH_OPT")
+        if env:
+            for item in filter(None, env.split(";")):
+                k, _, v = item.partition("=")
+                k = k.strip()
+                if k in opts:
+                    warnings.warn(
+                        f"option {k} from MGB_COMP_GRAPH_OPT overridden by extra_opts",
+                        stacklevel=2,
+                    )
+                opts.setdefault(k, v.strip())
+        env = os.environ.get("MGB_COMP_GRAPH_USER_DATA")
+        if env:
+            for item in filter(None, env.split(";")):
+                k, _, v = item.partition("=")
+                cg.user_data[k.strip()] = ast.literal_eval(v.strip())
+    for k, v in opts.items():
+        cg.set_option(k, v)
+    return cg

@@ -1,0 +1,504 @@
+"""Shared tensors of the binding (SPEC.md 1.1, 1.2, 1.7, 2.1): SharedND, _HostSharedND,
+SharedScalar, ProxySharedNDAndSymbolVar and make_shared / make_arg / make_immutable."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+
+from ..device import CPU, CompNode, as_comp_node
+from ..dtype import canonize_dtype, convert_array, to_mgb_supported_dtype
+from ..errors import ConversionError, MegBrainError
+from ..opr import io
+from ..opr.base import SymbolVar, as_var
+from ..tensor import DeviceTensorND, HostTensorND, Slice
+from .callback import CompGraphCallbackValueProxy, SharedNDLazyInitializer
+
+__all__ = [
+    "SharedND",
+    "_HostSharedND",
+    "SharedScalar",
+    "ProxySharedNDAndSymbolVar",
+    "make_shared",
+    "make_arg",
+    "make_immutable",
+]
+
+_EAGER_COPY_WARN = (
+    "copy from eager-copied CompGraphCallbackValueProxy into SharedND; "
+    "consider using callback_lazycopy"
+)
+
+
+class SharedND:
+    """A device tensor shared between Python and graphs (``SharedDeviceTensor``).
+
+    Parameters
+    ----------
+    comp_node:
+        Where the tensor lives.
+    dtype:
+        Element dtype (any dtype megbrain supports).
+    """
+
+    def __init__(self, comp_node, dtype=np.float32):
+        self._dev = DeviceTensorND(as_comp_node(comp_node), dtype=canonize_dtype(dtype))
+        self._copy_sync = True
+        self._refkeeper = None
+        self._lazy_init: SharedNDLazyInitializer | None = None
+
+    # ---- state -----------------------------------------------------------------------------
+    @property
+    def dev_tensor(self) -> DeviceTensorND:
+        return self._dev
+
+    @property
+    def shape(self) -> tuple:
+        if self._lazy_init is not None and not self._dev.shape_valid():
+            return tuple(self._lazy_init.get_shape())
+        return tuple(self._dev.shape) if self._dev.shape_valid() else ()
+
+    @property
+    def comp_node(self) -> CompNode:
+        return self._dev.comp_node
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dev.dtype
+
+    @property
+    def lazy_initializer(self):
+        return self._lazy_init
+
+    @lazy_initializer.setter
+    def lazy_initializer(self, init):
+        if self._dev.shape_valid():
+            raise MegBrainError("lazy_initializer can only be set on an uninitialized SharedND")
+        self._lazy_init = init
+
+    def _apply_lazy_init(self):
+        init = self._lazy_init
+        if init is not None and not self._dev.shape_valid():
+            self._lazy_init = None
+            self.set_value(init.get_value())
+
+    @property
+    def dev_ptr(self) -> int:
+        return self._dev.raw_ptr
+
+    pubapi_dev_tensor_ptr = dev_ptr
+
+    # ---- values ----------------------------------------------------------------------------
+    def _set_init_shape(self, shape):
+        if self._dev.shape_valid():
+            raise MegBrainError("_set_init_shape: the SharedND already has a shape")
+        self._dev.resize(shape)
+
+    def resize(self, *shape) -> SharedND:
+        """Resize (data not initialised); ``resize(2, 3)`` or ``resize((2, 3))``."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = tuple(shape[0])
+        self._dev.resize(shape)
+        return self
+
+    def reset_zero(self) -> None:
+        self._dev.sync()
+        self._dev.as_ndarray()[...] = 0
+
+    def _set_copy_sync(self, flag: bool) -> None:
+        self._copy_sync = bool(flag)
+
+    def set_value(self, w, *, sync=True, inplace=False, share=False) -> SharedND:
+        """Set the value from an array, another SharedND or a callback value proxy."""
+        if w is self:
+            return self
+        if share:
+            if not isinstance(w, CompGraphCallbackValueProxy):
+                raise MegBrainError("set_value(share=True) needs a CompGraphCallbackValueProxy")
+            if w.eager_copied:
+                warnings.warn(_EAGER_COPY_WARN, stacklevel=2)
+            arr = w.dev_value
+            self._dev = DeviceTensorND.from_ndarray(arr, self.comp_node, borrow=True)
+            return self
+        self._set_copy_sync(sync)
+        if isinstance(w, CompGraphCallbackValueProxy):
+            if w.eager_copied:
+                warnings.warn(_EAGER_COPY_WARN, stacklevel=2)
+            self._copy_from_array(w.dev_value)
+            return self
+        if isinstance(w, SharedND):
+            w._apply_lazy_init()
+            self.copy_from_shared_sub(w, -3 if inplace else -2, -1, -1, -1)
+            return self
+        if inplace:
+            raise MegBrainError("set_value(inplace=True) is only allowed from a SharedND")
+        self._lazy_init = None
+        self._copy_from_array(w)
+        return self
+
+    def _copy_from_array(self, arr) -> None:
+        arr = np.asarray(arr)
+        dt = self._dev.dtype
+        if arr.dtype != dt or not arr.flags.c_contiguous:
+            arr = convert_array(arr, dt) if arr.dtype != dt else np.ascontiguousarray(arr)
+        if arr.ndim == 0:
+            arr = arr.reshape(1)
+        dev = self._dev
+        if dev.shape_valid() and tuple(dev.shape) == arr.shape and dev.comp_node.is_inline:
+            np.copyto(dev.as_ndarray(), arr)
+            return
+        host = HostTensorND.from_ndarray(arr, self.comp_node, borrow=True)
+        dev.copy_from(host)
+        if self._copy_sync:
+            dev.sync()
+            self._refkeeper = None
+        else:
+            self._refkeeper = host
+
+    def get_value(self) -> np.ndarray | None:
+        """A copy of the value, or None when the tensor is empty."""
+        self._apply_lazy_init()
+        if not self._dev.shape_valid():
+            return None
+        return self._dev.to_ndarray()
+
+    def copy_from_shared_sub(self, rhs: SharedND, axis: int, begin, end, step) -> None:
+        """Copy from ``rhs``: axis -3 whole tensor in place, -2 whole (may resize), else a
+        slice of ``rhs`` along ``axis``."""
+        _check_peer(self, rhs, "copy_from_shared_sub")
+        if axis == -3:
+            self._dev.copy_from_fixlayout(rhs._dev)
+        elif axis == -2:
+            self._dev.copy_from(rhs._dev)
+        else:
+            spec = Slice(begin, end, step).apply(rhs._dev.layout, axis)
+            self._dev.copy_from(rhs._dev.sub(spec))
+        if self._copy_sync:
+            self._dev.sync()
+
+    def copy_to_sub_from_shared(self, axis: int, begin, end, step, rhs: SharedND) -> None:
+        """Write ``rhs`` into the slice of self along ``axis``; always syncs."""
+        _check_peer(self, rhs, "copy_to_sub_from_shared")
+        spec = Slice(begin, end, step).apply(self._dev.layout, axis)
+        self._dev.sub(spec).copy_from_fixlayout(rhs._dev).sync()
+
+    def share_memory_from(self, rhs: SharedND, offset: int) -> None:
+        """Alias ``rhs``'s memory from element ``offset`` on, keeping self's layout."""
+        if rhs is self:
+            raise MegBrainError("share_memory_from: can not share memory with itself")
+        _check_peer(self, rhs, "share_memory_from")
+        st = rhs._dev.storage.sub(rhs.dtype.itemsize * int(offset))
+        self._dev.reset(st, self._dev.layout)
+
+    def reset_dev_tensor(self, rhs: SharedND) -> None:
+        """Share ``rhs``'s storage and layout."""
+        if rhs is self:
+            raise MegBrainError("reset_dev_tensor: can not reset from itself")
+        _check_peer(self, rhs, "reset_dev_tensor")
+        self._dev.reset(rhs._dev.storage, rhs._dev.layout)
+
+    # ---- graph -----------------------------------------------------------------------------
+    def symvar(self, comp_graph, name=None, *, volatile=False) -> SymbolVar:
+        """This tensor as a var of ``comp_graph`` (volatile: buffer/shape may change)."""
+        self._apply_lazy_init()
+        if not self._dev.shape_valid():
+            raise MegBrainError("initial shape must be available")
+        return io.shared_device_tensor(comp_graph, self._dev, volatile=volatile, name=name)
+
+    _as_sym_var = None  # SharedND is canonized through symvar()
+
+    @staticmethod
+    def _from_symvar(symvar) -> SharedND:
+        v = as_var(symvar)
+        opr = v.owner
+        if opr.type_name not in ("SharedDeviceTensor", "VolatileSharedDeviceTensor"):
+            raise MegBrainError(f"cannot convert from {opr.type_name}")
+        snd = SharedND.__new__(SharedND)
+        snd._dev, snd._copy_sync, snd._refkeeper, snd._lazy_init = opr.tensor, True, None, None
+        return snd
+
+    # ---- pickling --------------------------------------------------------------------------
+    def __getstate__(self):
+        return {"value": self.get_value(), "comp_node": self.comp_node, "dtype": self.dtype}
+
+    def __setstate__(self, state):
+        self.__init__(state["comp_node"], state["dtype"])
+        if state["value"] is not None:
+            self.set_value(state["value"])
+
+    def __repr__(self) -> str:
+        return f"SharedND(shape={self.shape}, dtype={self.dtype}, comp_node={self.comp_node})"
+
+
+def _check_peer(a: SharedND, b: SharedND, what: str) -> None:
+    if not isinstance(b, SharedND):
+        raise MegBrainError(f"{what}: expected a SharedND, got {type(b).__name__}")
+    if a.dtype != b.dtype or a.comp_node != b.comp_node:
+        raise MegBrainError(
+            f"{what}: dtype/comp node mismatch: {a.dtype}@{a.comp_node} vs "
+            f"{b.dtype}@{b.comp_node}"
+        )
+
+
+class _HostSharedND:
+    """A host tensor feeding a ``Host2DeviceCopy`` (a graph's runtime input)."""
+
+    def __init__(self, comp_node, dtype=np.float32):
+        self._tensor = HostTensorND(as_comp_node(comp_node), dtype=canonize_dtype(dtype))
+        self._borrow_on_cpu = False
+        self._proxied_opr = None
+        self._borrowed_ptr = None
+        self._view = (None, None, None)  # (storage, layout, ndarray) cache of the host array
+
+    @property
+    def tensor(self) -> HostTensorND:
+        return self._tensor
+
+    @staticmethod
+    def make_proxy(var) -> _HostSharedND:
+        """A _HostSharedND whose tensor *is* the host data of ``var``'s Host2DeviceCopy."""
+        v = as_var(var)
+        opr = v.owner
+        if opr.type_name != "Host2DeviceCopy":
+            raise MegBrainError(f"make_proxy: {v.name!r} is produced by {opr.type_name}")
+        p = _HostSharedND.__new__(_HostSharedND)
+        p._tensor, p._borrow_on_cpu, p._proxied_opr = opr.tensor, False, opr
+        p._borrowed_ptr = None
+        p._view = (None, None, None)
+        return p
+
+    def __repr__(self) -> str:
+        if self._proxied_opr is not None:
+            return f"<HostSharedND proxy at {id(self):#x} for {self._proxied_opr.name}>"
+        return f"<HostSharedND at {id(self):#x}>"
+
+    def _get_dtype(self) -> np.dtype:
+        return self._tensor.dtype
+
+    def enable_borrow_on_cpu(self, flag: bool) -> None:
+        self._borrow_on_cpu = bool(flag)
+
+    def as_sym_var(self, cg, enable_static_infer=True, name=None) -> SymbolVar:
+        if self._tensor.empty():
+            cg.options.allocate_static_mem_after_graph_compile = False
+        var = io.host2device_copy(cg, self._tensor, enable_value_infer=enable_static_infer,
+                                  name=name)
+        cg.user_input_vars[id(self._tensor)] = var.node
+        return var
+
+    def symvar(self, comp_graph, name=None, *, enable_static_infer=None) -> SymbolVar:
+        if enable_static_infer is None:
+            enable_static_infer = True
+        return self.as_sym_var(comp_graph, enable_static_infer, name)
+
+    def _resize(self, shape) -> None:
+        self._tensor.resize(shape)
+
+    def set_value(self, w, *, borrow: bool = False) -> _HostSharedND:
+        """Set the host value; ``borrow`` shares ``w``'s memory (off on CPU unless enabled)."""
+        t = self._tensor
+        st, lay, view = self._view
+        if (
+            st is t.storage
+            and lay is t.layout
+            and type(w) is np.ndarray
+            and w.shape == view.shape
+            and w.dtype == view.dtype
+            and not (borrow and self._borrow_on_cpu)
+        ):
+            np.copyto(view, w)  # the hot path: same shape and dtype, copy into own storage
+            return self
+        self._set_value_slow(w, borrow)
+        if t.shape_valid() and self._borrowed_ptr is None:
+            self._view = (t.storage, t.layout, t.as_ndarray())
+        else:
+            self._view = (None, None, None)
+        return self
+
+    def _set_value_slow(self, w, borrow: bool) -> None:
+        t = self._tensor
+        dt = t.dtype
+        if type(w) is np.ndarray:
+            if w.size >= 1024 and (w.dtype != dt or not w.flags.c_contiguous):
+                warnings.warn(
+                    f"set_value: converting input of dtype {w.dtype} to {dt} "
+                    "(or making it contiguous) is slow", stacklevel=2)
+        else:
+            w0 = w
+            w = np.ascontiguousarray(w, dtype=dt) if not hasattr(w, "dtype") else np.asarray(w)
+            if w.size >= 1024 and not os.environ.get("MGB_DISABLE_SET_VALUE_WARN"):
+                warnings.warn(f"set_value from {type(w0).__name__} of size {w.size} is slow",
+                              stacklevel=2)
+        if w.dtype != dt:
+            w = convert_array(w, dt)
+        if w.ndim == 0:
+            w = w.reshape(1)
+        cn = t.comp_node
+        if borrow and cn.device_type == CPU and not self._borrow_on_cpu:
+            borrow = False
+        if borrow and w.flags.c_contiguous:
+            src = HostTensorND.from_ndarray(w, cn, borrow=True)
+            t.reset(src.storage, src.layout)
+            self._borrowed_ptr = t.raw_ptr
+            return
+        if self._borrowed_ptr is not None:
+            # never write into the caller's borrowed array: own fresh storage again
+            if t.raw_ptr == self._borrowed_ptr:
+                fresh = HostTensorND(cn, w.shape, dt)
+                t.reset(fresh.storage, fresh.layout)
+            self._borrowed_ptr = None
+        if t.shape_valid() and tuple(t.shape) == w.shape and not t.empty():
+            np.copyto(t.as_ndarray(), w)
+            return
+        t.resize(w.shape)
+        np.copyto(t.as_ndarray(), w)
+
+    def get_value(self) -> np.ndarray | None:
+        t = self._tensor
+        if t.empty() or not t.shape_valid():
+            return None
+        return t.as_ndarray().copy()
+
+
+class SharedScalar:
+    """A scalar whose updates reach compiled functions without recompiling (SPEC.md 1.7)."""
+
+    def __init__(self, val):
+        arr = np.asarray(val)
+        if arr.size != 1:
+            raise MegBrainError(f"SharedScalar needs a scalar, got shape {arr.shape}")
+        self._value = convert_array(arr.reshape(1), to_mgb_supported_dtype(arr.dtype))
+        self._locked = False
+        self._dev_copies: dict = {}
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._value.dtype
+
+    @property
+    def dtype_locked(self) -> bool:
+        return self._locked
+
+    def lock_dtype(self) -> None:
+        self._locked = True
+
+    def set(self, val) -> None:
+        """Set the value; every device copy follows at once."""
+        arr = np.asarray(val)
+        if arr.size != 1:
+            raise MegBrainError(f"SharedScalar needs a scalar, got shape {arr.shape}")
+        if self._locked:
+            if to_mgb_supported_dtype(arr.dtype) != self.dtype and not (
+                arr.dtype.kind == self.dtype.kind
+            ):
+                raise MegBrainError(
+                    f"dtype for SharedScalar has been locked as {self.dtype}, but attempt to "
+                    f"set it to {arr.dtype}"
+                )
+            self._value[0] = arr.reshape(-1)[0]
+        else:
+            self._value = convert_array(arr.reshape(1), to_mgb_supported_dtype(arr.dtype))
+        for dev in self._dev_copies.values():
+            dev.sync()
+            np.copyto(dev.as_ndarray(), self._value)
+
+    _set = set
+
+    def get(self):
+        return self._value[0]
+
+    def _get(self) -> np.ndarray:
+        return self._value.copy()
+
+    def _as_sym_var(self, graph, comp_node) -> SymbolVar:
+        """Lock the dtype and return a SharedDeviceTensor var of this scalar on comp_node."""
+        self._locked = True
+        cn = as_comp_node(comp_node)
+        dev = self._dev_copies.get(cn)
+        if dev is None or dev.dtype != self.dtype:
+            dev = DeviceTensorND(cn, (1,), self.dtype)
+            np.copyto(dev.as_ndarray(), self._value)
+            self._dev_copies[cn] = dev
+        return io.shared_device_tensor(graph, dev, name=f"SharedScalar@{id(self):#x}")
+
+    def __getstate__(self):
+        return {"value": self._value.copy(), "locked": self._locked}
+
+    def __setstate__(self, state):
+        self._value = state["value"]
+        self._locked = state["locked"]
+        self._dev_copies = {}
+
+    def __repr__(self) -> str:
+        return f"SharedScalar({self.get()})"
+
+
+class ProxySharedNDAndSymbolVar(SymbolVar):
+    """A SymbolVar from ``snd.symvar(...)`` that also gets and sets the tensor's value."""
+
+    __slots__ = ("_snd",)
+
+    def __init__(self, snd, comp_graph, name=None, **kw):
+        super().__init__(snd.symvar(comp_graph, name, **kw))
+        self._snd = snd
+
+    def set_value(self, v, **kw):
+        self._snd.set_value(v, **kw)
+        self._reeval_if_eager_eval()
+        return self
+
+    def get_value(self):
+        return self._snd.get_value()
+
+    def reset_zero(self):
+        self._snd.reset_zero()
+
+    def _reeval_if_eager_eval(self):
+        ev = self.node.graph.eager_evaluator
+        if ev is not None:
+            ev.reeval(self.node)
+
+
+def make_shared(comp_node, *, dtype=None, shape=None, value=None, comp_graph=None, name=None,
+                volatile=None):
+    """A device SharedND, or with ``comp_graph`` its ProxySharedNDAndSymbolVar (SPEC.md 2.1)."""
+    if value is not None and shape is not None:
+        raise MegBrainError("make_shared: value and shape are mutually exclusive")
+    if dtype is None:
+        dtype = to_mgb_supported_dtype(np.asarray(value).dtype) if value is not None else (
+            np.float32)
+    snd = SharedND(comp_node, dtype)
+    if value is not None:
+        snd.set_value(value)
+    elif shape is not None:
+        snd._set_init_shape(shape)
+    if comp_graph is None:
+        if name is not None or volatile is not None:
+            raise MegBrainError("make_shared: name and volatile need comp_graph")
+        return snd
+    return ProxySharedNDAndSymbolVar(snd, comp_graph, name, volatile=bool(volatile))
+
+
+def make_arg(comp_node, comp_graph, *, dtype=np.float32, shape=None, name=None, value=None,
+             enable_static_infer=True):
+    """A runtime input: a _HostSharedND feeding a Host2DeviceCopy (SPEC.md 2.1)."""
+    if value is not None:
+        value = np.asarray(value)
+        if dtype is None:
+            dtype = to_mgb_supported_dtype(value.dtype)
+    hsnd = _HostSharedND(comp_node, np.float32 if dtype is None else dtype)
+    if value is not None:
+        hsnd.set_value(value)
+    elif shape is not None:
+        hsnd._resize(shape)
+    return ProxySharedNDAndSymbolVar(hsnd, comp_graph, name,
+                                     enable_static_infer=enable_static_infer)
+
+
+def make_immutable(comp_node, comp_graph, value, *, dtype=None, name=None) -> SymbolVar:
+    """A constant var (ImmutableTensor), deduplicated and value-inferable."""
+    if isinstance(value, (str, bytes)):
+        raise ConversionError(f"make_immutable: unsupported value {value!r}")
+    return io.make_immutable(comp_node, comp_graph, value, dtype=dtype, name=name)

@@ -1,0 +1,251 @@
+"""Linear algebra operators: MatrixMul, BatchedMatrixMul and Dot (SPEC.md 4.3), with their
+``mgb.opr`` functions ``matrix_mul``, ``batched_matrix_mul`` and ``dot``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dtype import is_bfloat16, is_quantize
+from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..graph.operator import fmt_shape
+from ..kernels import blas as blas_kernels
+from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+
+__all__ = [
+    "MatrixMul",
+    "BatchedMatrixMul",
+    "Dot",
+    "MatrixMulParam",
+    "matrix_mul",
+    "batched_matrix_mul",
+    "dot",
+]
+
+COMPUTE_MODES = ("DEFAULT", "FLOAT32")
+#: MegDNN's formats; only DEFAULT (row-major matrices) is implemented
+FORMATS = ("DEFAULT", "MK4", "MK8", "MK4_DOT")
+_I32 = np.dtype(np.int32)
+#: integer operand dtypes whose product is accumulated in int32 (MegDNN's Int8/Int16 matmul)
+_WIDENED_INTS = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
+
+
+@dataclass(frozen=True)
+class MatrixMulParam(ParamBase):
+    """Param of MatrixMul and BatchedMatrixMul.
+
+    ``compute_mode=FLOAT32`` asks float16 operands to be multiplied in float32; the kernels
+    always do so, so both modes give the same result.
+    """
+
+    transposeA: bool = False
+    transposeB: bool = False
+    compute_mode: str = "DEFAULT"
+    format: str = "DEFAULT"
+    _choices = {"compute_mode": COMPUTE_MODES, "format": FORMATS}
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "transposeA", bool(self.transposeA))
+        object.__setattr__(self, "transposeB", bool(self.transposeB))
+
+
+def _deduce_dtype(opr: OperatorNodeBase, in_dtypes: list[np.dtype]) -> np.dtype:
+    """MegDNN's ``MatrixMulForward::deduce_dtype``: floats keep their dtype, int8/int16 give
+    int32; a dtype given in the config must be the deduced one."""
+    a, b = in_dtypes
+    if a != b:
+        raise opr.error(f"operands must share one dtype, got {a} and {b}")
+    if is_quantize(a) or not (a.kind in "iuf" or is_bfloat16(a)):
+        raise opr.error(f"unsupported operand dtype {a}")
+    deduced = _I32 if a in _WIDENED_INTS else a
+    want = opr.config.dtype_value
+    if want is not None and want != deduced:
+        raise opr.error(f"unsupported output dtype {want} for operands of dtype {a}")
+    return deduced
+
+
+class _MatMulBase(OperatorNodeBase):
+    """Shared dtype and format checks of MatrixMul and BatchedMatrixMul."""
+
+    Param = MatrixMulParam
+    ndim: int = 2
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) != 2:
+            raise self.error(f"expected 2 inputs, got {len(in_dtypes)}")
+        if self.param.format != "DEFAULT":
+            raise self.error(f"format {self.param.format} is not supported")
+        return [_deduce_dtype(self, in_dtypes)]
+
+    def _shape_error(self, a, b, why: str):
+        p = self.param
+        return self.error(
+            f"{why}: shapes {fmt_shape(a)} and {fmt_shape(b)} "
+            f"(transposeA={p.transposeA}, transposeB={p.transposeB})"
+        )
+
+    def infer_shapes(self, in_shapes, in_values):
+        a, b = (tuple(s) for s in in_shapes)
+        nd = self.ndim
+        if len(a) != nd or len(b) != nd:
+            raise self._shape_error(a, b, f"operands must be {nd}-d")
+        p = self.param
+        m, k = (a[-1], a[-2]) if p.transposeA else (a[-2], a[-1])
+        k2, n = (b[-1], b[-2]) if p.transposeB else (b[-2], b[-1])
+        if k != k2:
+            raise self._shape_error(a, b, f"inner dimensions differ ({k} vs {k2})")
+        if nd == 3 and a[0] != b[0]:
+            raise self._shape_error(a, b, f"batch sizes differ ({a[0]} vs {b[0]})")
+        return [a[:-2] + (m, n)]
+
+
+@register_opr
+class MatrixMul(_MatMulBase):
+    """``op(A) @ op(B)`` for 2-d ``A`` (m, k) and ``B`` (k, n), op transposing when asked."""
+
+    def bind(self, ins, outs):
+        p = self.param
+        return blas_kernels.bind_matmul(ins[0], ins[1], outs[0], p.transposeA, p.transposeB)
+
+
+@register_opr
+class BatchedMatrixMul(_MatMulBase):
+    """``op(A[i]) @ op(B[i])`` for 3-d batches of matrices, batch first."""
+
+    ndim = 3
+
+    def bind(self, ins, outs):
+        p = self.param
+        return blas_kernels.bind_batched_matmul(
+            ins[0], ins[1], outs[0], p.transposeA, p.transposeB
+        )
+
+
+@register_opr
+class Dot(OperatorNodeBase):
+    """The dot product of two 1-d vectors, shape (1,); a (1,) vector broadcasts."""
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) != 2:
+            raise self.error(f"expected 2 inputs, got {len(in_dtypes)}")
+        return [_deduce_dtype(self, in_dtypes)]
+
+    def infer_shapes(self, in_shapes, in_values):
+        a, b = (tuple(s) for s in in_shapes)
+        if len(a) != 1 or len(b) != 1 or (a != b and (1,) not in (a, b)):
+            raise self.error(
+                f"operands must be 1-d vectors of one length (or of length 1), got shapes "
+                f"{fmt_shape(a)} and {fmt_shape(b)}"
+            )
+        return [(1,)]
+
+    def bind(self, ins, outs):
+        return blas_kernels.bind_dot(ins[0], ins[1], outs[0])
+
+
+# ---- functions ---------------------------------------------------------------------------
+def _make_matmul(cls, a, b, transposeA, transposeB, compute_mode, format, dtype, name,
+                 comp_node, config, comp_graph) -> SymbolVar:
+    cfg = _merge_config(name, comp_node, config, dtype)
+    vars_ = canonize_input_vars([a, b], comp_graph=comp_graph, config=cfg)
+    param = MatrixMulParam(transposeA, transposeB, compute_mode, format)
+    return insert_opr(cls(vars_, param, cfg))[0]
+
+
+def matrix_mul(
+    a,
+    b,
+    transposeA: bool = False,
+    transposeB: bool = False,
+    *,
+    compute_mode: str = "DEFAULT",
+    format: str = "DEFAULT",
+    dtype=None,
+    name: str | None = None,
+    comp_node=None,
+    config=None,
+    comp_graph=None,
+) -> SymbolVar:
+    """Matrix product ``op(a) @ op(b)`` of 2-d vars (registry name ``MatrixMul``).
+
+    Parameters
+    ----------
+    a, b : SymbolVar or array_like
+        The (m, k) and (k, n) operands (before transposition), of one dtype.
+    transposeA, transposeB : bool
+        Whether to use the transpose of ``a`` / ``b``.
+    compute_mode : {"DEFAULT", "FLOAT32"}
+        FLOAT32 multiplies float16 operands in float32.
+    format : {"DEFAULT"}
+        The matrix layout; only DEFAULT is supported.
+    dtype : dtype-like, optional
+        The output dtype; int8/int16 operands give int32 (the default for them).
+    name, comp_node, config, comp_graph
+        The operator config, as for every ``mgb.opr`` function.
+
+    Returns
+    -------
+    SymbolVar
+        The (m, n) product.
+    """
+    return _make_matmul(MatrixMul, a, b, transposeA, transposeB, compute_mode, format, dtype,
+                        name, comp_node, config, comp_graph)
+
+
+def batched_matrix_mul(
+    a,
+    b,
+    transposeA: bool = False,
+    transposeB: bool = False,
+    *,
+    compute_mode: str = "DEFAULT",
+    format: str = "DEFAULT",
+    dtype=None,
+    name: str | None = None,
+    comp_node=None,
+    config=None,
+    comp_graph=None,
+) -> SymbolVar:
+    """Batched matrix product of 3-d vars, batch first (registry name ``BatchedMatrixMul``).
+
+    Parameters
+    ----------
+    a, b : SymbolVar or array_like
+        The (batch, m, k) and (batch, k, n) operands (before transposition).
+    transposeA, transposeB : bool
+        Whether to transpose every matrix of ``a`` / ``b``.
+    compute_mode, format, dtype, name, comp_node, config, comp_graph
+        As for :func:`matrix_mul`.
+
+    Returns
+    -------
+    SymbolVar
+        The (batch, m, n) products.
+    """
+    return _make_matmul(BatchedMatrixMul, a, b, transposeA, transposeB, compute_mode, format,
+                        dtype, name, comp_node, config, comp_graph)
+
+
+def dot(a, b, *, dtype=None, name: str | None = None, comp_node=None, config=None,
+        comp_graph=None) -> SymbolVar:
+    """Dot product of two 1-d vars, of shape (1,) (registry name ``Dot``).
+
+    Parameters
+    ----------
+    a, b : SymbolVar or array_like
+        1-d vectors of one length and dtype; a vector of length 1 broadcasts.
+    dtype : dtype-like, optional
+        The output dtype; int8/int16 operands give int32.
+    name, comp_node, config, comp_graph
+        The operator config, as for every ``mgb.opr`` function.
+
+    Returns
+    -------
+    SymbolVar
+        The (1,) dot product.
+    """
+    cfg = _merge_config(name, comp_node, config, dtype)
+    vars_ = canonize_input_vars([a, b], comp_graph=comp_graph, config=cfg)
+    return insert_opr(Dot(vars_, None, cfg))[0]

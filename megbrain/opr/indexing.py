@@ -1,0 +1,349 @@
+"""Basic indexing operators: Subtensor (a view), SetSubtensor and IncrSubtensor, plus the
+``__getitem__`` conversion of SymbolVar (helper.py ``cvt_getitem_to_idx_desc``, SPEC.md 4.6).
+
+The index is a tuple of axis descs in the param; the begin/end/step/index values are extra
+int inputs (ImmutableTensors for Python ints), so shapes are static when they are inferable.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import MegBrainError
+from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..graph.operator import fmt_shape
+from ..graph.static_infer import DynamicShapeError, infer_shape, infer_value
+from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
+
+__all__ = [
+    "Subtensor",
+    "SetSubtensor",
+    "IncrSubtensor",
+    "SubtensorIndexError",
+    "subtensor_getitem",
+    "set_subtensor",
+    "incr_subtensor",
+]
+
+
+class SubtensorIndexError(MegBrainError, IndexError):
+    """An index out of range for the indexed shape."""
+
+
+@dataclass(frozen=True)
+class SubtensorParam(ParamBase):
+    #: ``((axis, kind, has_begin, has_end, has_step, has_idx), ...)``, kind ``"interval"`` or
+    #: ``"index"``; the present values are the operator's index inputs, in this order
+    descs: tuple = ()
+
+    def __post_init__(self):
+        super().__post_init__()
+        descs = tuple(
+            (int(a), str(k), bool(b), bool(e), bool(s), bool(i)) for a, k, b, e, s, i in self.descs
+        )
+        for d in descs:
+            interval = d[1] == "interval" and not d[5]
+            index = d[1] == "index" and d[5] and not any(d[2:5])
+            if not (interval or index):
+                raise MegBrainError(f"bad Subtensor axis desc {d!r}")
+        if len({d[0] for d in descs}) != len(descs):
+            raise MegBrainError(f"Subtensor: an axis is indexed twice in {descs!r}")
+        object.__setattr__(self, "descs", descs)
+
+    @property
+    def nr_values(self) -> int:
+        return sum(sum(d[2:]) for d in self.descs)
+
+
+class _IndexedOpr(OperatorNodeBase):
+    """Shared by the Subtensor family: index inputs start at ``_first_index``."""
+
+    Param = SubtensorParam
+    _first_index = 1
+
+    def __init__(self, inputs, param=None, config=None):
+        super().__init__(inputs, param, config)
+        idx = tuple(range(self._first_index, len(self.inputs)))
+        self.static_only_inputs = idx
+        if len(idx) != param.nr_values:
+            raise MegBrainError(
+                f"{self.type_name}: {param.nr_values} index inputs expected, got {len(idx)}"
+            )
+
+    def infer_dtypes(self, in_dtypes):
+        for d, v in zip(in_dtypes[self._first_index :], self.inputs[self._first_index :]):
+            if d.kind not in "iu":
+                raise self.error(f"index var {v.name!r} must be an int var, got {d}")
+        return super().infer_dtypes(in_dtypes)
+
+    def _index(self, shape: tuple, vals: list) -> tuple:
+        """The NumPy basic index of the descs applied to ``shape`` with index ``vals``."""
+        ndim = len(shape)
+        idx = [slice(None)] * ndim
+        it = iter(vals)
+        for axis, kind, *has in self.param.descs:
+            ax = axis + ndim if axis < 0 else axis
+            if not 0 <= ax < ndim:
+                raise self.error(
+                    f"axis {axis} out of range for shape {fmt_shape(shape)}", SubtensorIndexError
+                )
+            got = [self._scalar(next(it)) if h else None for h in has]
+            if kind == "index":
+                i = got[3]
+                if not -shape[ax] <= i < shape[ax]:
+                    raise self.error(
+                        f"index {i} out of range for axis {ax} of shape {fmt_shape(shape)}",
+                        SubtensorIndexError,
+                    )
+                idx[ax] = i
+            else:
+                if got[2] == 0:
+                    raise self.error(f"slice step must not be 0 (axis {ax})")
+                idx[ax] = slice(*got[:3])
+        return (*idx, Ellipsis)
+
+    def _scalar(self, val) -> int:
+        arr = np.asarray(val)
+        if arr.size != 1 or arr.dtype.kind not in "iu":
+            raise self.error(f"index value must be one int, got {arr.dtype} {fmt_shape(arr.shape)}")
+        return int(arr.reshape(-1)[0])
+
+    def _sub(self, arr: np.ndarray, ins: list) -> np.ndarray:
+        """The view of ``arr`` the index selects; shape (1,) when every axis is indexed."""
+        view = arr[self._index(arr.shape, ins[self._first_index :])]
+        return view.reshape(1) if view.ndim == 0 else view
+
+
+@register_opr
+class Subtensor(_IndexedOpr):
+    """``src[idx]`` with slices and integer indices: a view of ``src``."""
+
+    def __init__(self, inputs, param=None, config=None):
+        super().__init__(inputs, param, config)
+        self.value_deps = self.static_only_inputs
+
+    def infer_shapes(self, in_shapes, in_values):
+        shape = in_shapes[0]
+        idx = self._index(shape, [in_values[i] for i in self.value_deps])
+        out = np.empty(shape, np.bool_)  # only strides 0 would do too; shapes are small here
+        return [self._sub_shape(out, idx)]
+
+    @staticmethod
+    def _sub_shape(arr, idx):
+        view = arr[idx]
+        return view.shape if view.ndim else (1,)
+
+    def fwd_views(self, ins):
+        return [self._sub(ins[0], ins)]
+
+    def bind(self, ins, outs):
+        out, src = outs[0], ins[0]
+        first = self._first_index
+
+        def run():
+            np.copyto(out, self._sub(src, [src, *ins[first:]]))
+
+        return run
+
+    def default_name(self):
+        return f"subtensor({self.inputs[0].name})"
+
+
+class _ModifySubtensor(_IndexedOpr):
+    """(src, value, index...): a copy of ``src`` with the selected part modified by ``value``
+    (broadcast to the part's shape); may overwrite ``src`` in place."""
+
+    _first_index = 2
+
+    def _modify(self, sub: np.ndarray, value: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) < 2 or in_dtypes[1] != in_dtypes[0]:
+            raise self.error(
+                "value must have the dtype of src, got "
+                + ", ".join(str(d) for d in in_dtypes[:2])
+            )
+        return super().infer_dtypes(in_dtypes)
+
+    def infer_shapes(self, in_shapes, in_values):
+        shape = in_shapes[0]
+        # check the value's shape now when the index values are static
+        idx_vars = self.inputs[self._first_index :]
+        if all(v.value_static for v in idx_vars):
+            try:
+                vals = [infer_value(v) for v in idx_vars]
+            except DynamicShapeError:
+                vals = [None]
+            if all(v is not None for v in vals):
+                sub = Subtensor._sub_shape(np.empty(shape, np.bool_), self._index(shape, vals))
+                self._check_value(sub, in_shapes[1])
+        return [shape]
+
+    def _check_value(self, sub_shape, value_shape):
+        try:
+            np.broadcast_shapes(value_shape, sub_shape)
+        except ValueError:
+            ok = False
+        else:
+            ok = np.broadcast_shapes(value_shape, sub_shape) == tuple(sub_shape)
+        if not ok:
+            raise self.error(
+                f"value shape {fmt_shape(value_shape)} can not be broadcast to the "
+                f"subtensor shape {fmt_shape(sub_shape)}"
+            )
+
+    def inplace_input(self):
+        return 0
+
+    def bind(self, ins, outs):
+        out, src, value = outs[0], ins[0], ins[1]
+        same = out is src or (
+            out.__array_interface__["data"][0] == src.__array_interface__["data"][0]
+            and out.strides == src.strides
+            and out.shape == src.shape
+        )
+
+        def run():
+            if not same:
+                np.copyto(out, src)
+            sub = self._sub(out, ins)
+            self._check_value(sub.shape, value.shape)
+            self._modify(sub, value)
+
+        return run
+
+
+@register_opr
+class SetSubtensor(_ModifySubtensor):
+    """``src`` with ``src[idx] = value``."""
+
+    def _modify(self, sub, value):
+        sub[...] = value
+
+    def default_name(self):
+        return f"set_subtensor({self.inputs[0].name},{self.inputs[1].name})"
+
+
+@register_opr
+class IncrSubtensor(_ModifySubtensor):
+    """``src`` with ``src[idx] += value``."""
+
+    def _modify(self, sub, value):
+        np.add(sub, value, out=sub)
+
+    def default_name(self):
+        return f"incr_subtensor({self.inputs[0].name},{self.inputs[1].name})"
+
+
+# ---- __getitem__ conversion ----------------------------------------------------------------
+def _cvt_getitem(src: SymbolVar, idx, allow_newaxis: bool = True):
+    """``(src with newaxes added, descs, index vars)`` of ``src[idx]``.
+
+    Follows ``cvt_getitem_to_idx_desc``: axes after an Ellipsis are negative; ``None`` adds an
+    axis to the input before indexing; a full slice ``:`` produces no desc.
+    """
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    node = src.node
+    try:
+        shape = infer_shape(node)
+    except DynamicShapeError:
+        shape = None
+    consuming = [i for i in idx if i is not None and i is not Ellipsis]
+    if sum(i is Ellipsis for i in idx) > 1:
+        raise IndexError("only one ellipsis is allowed")
+    if shape is not None and len(consuming) > len(shape):
+        raise IndexError(
+            f"too many indices ({len(consuming)}) for var {node.name!r} of shape "
+            f"{fmt_shape(shape)}"
+        )
+
+    def as_index_var(v):
+        var = as_var(v)
+        if var is not None:
+            if var.dtype.kind not in "iu":
+                raise IndexError(f"index var {var.name!r} must be an int var, got {var.dtype}")
+            return var
+        if isinstance(v, (bool, np.bool_)):
+            raise IndexError(f"bad index {v!r}: boolean indexing is not supported")
+        try:
+            i = operator.index(v)
+        except TypeError:
+            raise IndexError(
+                f"bad index {v!r}: Subtensor takes ints, slices, int vars, None and ...; "
+                "use advanced_indexing for arrays"
+            ) from None
+        from .io import make_immutable
+
+        return make_immutable(node.comp_node, node.graph, np.array([i], np.int32)).node
+
+    descs, values, new_axes = [], [], []
+    cur = -1
+    for pos, item in enumerate(idx):
+        cur += 1
+        if item is None:
+            if cur >= 0:
+                new_axes.append(cur)
+            continue
+        if item is Ellipsis:
+            cur = -1
+            for later in idx[:pos:-1]:
+                if later is None:
+                    new_axes.append(cur)
+                cur -= 1
+            continue
+        if isinstance(item, slice):
+            parts = (item.start, item.stop, item.step)
+            if all(p is None for p in parts):
+                continue
+            descs.append((cur, "interval", *(p is not None for p in parts), False))
+            values.extend(as_index_var(p) for p in parts if p is not None)
+        else:
+            descs.append((cur, "index", False, False, False, True))
+            values.append(as_index_var(item))
+    if new_axes:
+        if not allow_newaxis:
+            raise IndexError("newaxis is not allowed here")
+        from .tensor_manip import add_axis
+
+        src = add_axis(src, new_axes)
+    return src, tuple(descs), values
+
+
+def subtensor_getitem(var, idx, *, name=None, comp_node=None, config=None) -> SymbolVar:
+    """``var[idx]`` (``SymbolVar.__getitem__``): ints, slices with int or int-var bounds, int
+    vars, ``None`` (a new axis) and one ``...``; every axis indexed gives shape (1,)."""
+    cfg = _merge_config(name, comp_node, config)
+    (v,) = canonize_input_vars([var], config=cfg)
+    src, descs, values = _cvt_getitem(SymbolVar(v), idx)
+    if not descs:
+        return src
+    return insert_opr(Subtensor([src.node, *values], SubtensorParam(descs), cfg))[0]
+
+
+class _ModifyIndexer:
+    """``obj[idx]`` builds the modifying operator (SPEC.md 4.6 ``obj(src, ...)[idx]``)."""
+
+    def __init__(self, cls, src, value, cfg):
+        self._cls, self._src, self._value, self._cfg = cls, src, value, cfg
+
+    def __getitem__(self, idx) -> SymbolVar:
+        src, value = canonize_input_vars([self._src, self._value], config=self._cfg)
+        _, descs, values = _cvt_getitem(SymbolVar(src), idx, allow_newaxis=False)
+        opr = self._cls([src, value, *values], SubtensorParam(descs), self._cfg)
+        return insert_opr(opr)[0]
+
+
+def set_subtensor(src, value, *, name=None, comp_node=None, config=None) -> _ModifyIndexer:
+    """``set_subtensor(src, value)[idx]``: ``src`` with ``src[idx] = value`` (SetSubtensor)."""
+    return _ModifyIndexer(SetSubtensor, src, value, _merge_config(name, comp_node, config))
+
+
+def incr_subtensor(src, value, *, name=None, comp_node=None, config=None) -> _ModifyIndexer:
+    """``incr_subtensor(src, value)[idx]``: ``src`` with ``src[idx] += value``
+    (IncrSubtensor)."""
+    return _ModifyIndexer(IncrSubtensor, src, value, _merge_config(name, comp_node, config))

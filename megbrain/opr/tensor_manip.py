@@ -1,0 +1,521 @@
+"""Shape manipulation operators: GetVarShape, Reshape, Broadcast, Dimshuffle, AxisAddRemove
+and Concat (SPEC.md 4.6), with their ``mgb.opr`` functions and ``shape_to_var``.
+
+Reshape, Broadcast, Dimshuffle and AxisAddRemove forward read-only views of their input
+(no memory, no work at run time); they copy only when a view is impossible.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import GraphError, MegBrainError
+from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..graph.operator import fmt_shape
+from ..graph.static_infer import DynamicShapeError, infer_shape
+from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
+
+__all__ = [
+    "GetVarShape",
+    "Reshape",
+    "Broadcast",
+    "Dimshuffle",
+    "AxisAddRemove",
+    "Concat",
+    "get_var_shape",
+    "reshape",
+    "broadcast",
+    "dimshuffle",
+    "add_axis",
+    "remove_axis",
+    "concat",
+    "shape_to_var",
+]
+
+_INT32 = np.dtype(np.int32)
+
+
+def _shape_value(opr: OperatorNodeBase, val, what: str = "target shape") -> tuple[int, ...]:
+    """The int tuple held by a 1-d shape var value."""
+    arr = np.asarray(val)
+    if arr.dtype.kind not in "iu" or arr.ndim > 1:
+        raise opr.error(f"{what} must be a 1-d int var, got {arr.dtype} {fmt_shape(arr.shape)}")
+    return tuple(int(x) for x in arr.reshape(-1))
+
+
+class _ViewOpr(OperatorNodeBase):
+    """An operator whose output is a view of input 0 (or, for Reshape, a copy if it must)."""
+
+    def _view(self, ins: list[np.ndarray]) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def fwd_views(self, ins):
+        view = self._view(ins)
+        return None if view is None else [view]
+
+    def bind(self, ins, outs):
+        out, src = outs[0], ins[0]
+        view = self._view(ins)
+        if view is None:  # a reshape of memory that can not be viewed: copy element order
+            return functools.partial(np.copyto, out.reshape(src.shape), src)
+        return functools.partial(np.copyto, out, view)
+
+
+# ---- GetVarShape ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GetVarShapeParam(ParamBase):
+    #: None: the whole shape; else the size of that axis, as shape (1,)
+    axis: int | None = None
+
+
+@register_opr
+class GetVarShape(_ViewOpr):
+    """The shape of its input as an int32 1-d var (only the input's shape is read)."""
+
+    Param = GetVarShapeParam
+    shape_only_inputs = (0,)
+
+    def infer_dtypes(self, in_dtypes):
+        return [_INT32]
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [self._value(in_shapes[0]).shape]
+
+    def _value(self, shape) -> np.ndarray:
+        axis = self.param.axis
+        if axis is None:
+            return np.array(shape, _INT32)
+        if not -len(shape) <= axis < len(shape):
+            raise self.error(f"axis {axis} out of range for shape {fmt_shape(shape)}")
+        return np.array([shape[axis]], _INT32)
+
+    def _view(self, ins):
+        # the input array when it is there (dynamic shapes), else its static shape
+        shape = ins[0].shape if ins[0] is not None else infer_shape(self.inputs[0])
+        val = self._value(shape)
+        val.flags.writeable = False
+        return val
+
+    def infer_value(self, in_values, out_shapes):
+        return [self._view([None])]
+
+    def default_name(self):
+        return f"shape_of({self.inputs[0].name})"
+
+
+# ---- Reshape / Broadcast -------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReshapeParam(ParamBase):
+    #: the axis of the target shape computed from the element count (a -1 in NumPy)
+    unspec_axis: int | None = None
+
+
+class _TargetShapeOpr(_ViewOpr):
+    """(src, target shape var): the target's value decides the output shape."""
+
+    value_deps = (1,)
+    static_only_inputs = (1,)
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) != 2:
+            raise self.error(f"expected 2 inputs (src, target shape), got {len(in_dtypes)}")
+        if in_dtypes[1].kind not in "iu":
+            raise self.error(f"target shape must be an int var, got {in_dtypes[1]}")
+        return super().infer_dtypes(in_dtypes)
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [self._target(in_shapes[0], _shape_value(self, in_values[1]))]
+
+    def _view(self, ins):
+        return self._make_view(ins[0], self._target(ins[0].shape, _shape_value(self, ins[1])))
+
+    def _target(self, src: tuple, tshape: tuple) -> tuple:
+        raise NotImplementedError
+
+    def _make_view(self, src: np.ndarray, shape: tuple) -> np.ndarray | None:
+        raise NotImplementedError
+
+
+@register_opr
+class Reshape(_TargetShapeOpr):
+    """Reshape to the target shape (a view when the memory allows, else a copy)."""
+
+    Param = ReshapeParam
+
+    def _target(self, src, tshape):
+        total = math.prod(src)
+        ua = self.param.unspec_axis
+        if ua is not None:
+            if not -len(tshape) <= ua < len(tshape):
+                raise self.error(
+                    f"unspec_axis {ua} out of range for target shape {fmt_shape(tshape)}"
+                )
+            ua %= len(tshape)
+            rest = math.prod(s for i, s in enumerate(tshape) if i != ua)
+            if rest <= 0 or total % rest or any(s < 0 for s in tshape):
+                shown = "{" + ",".join("?" if i == ua else str(s) for i, s in enumerate(tshape))
+                raise self.error(
+                    f"can not reshape {fmt_shape(src)} to {shown}}} (unspec_axis={ua})"
+                )
+            return tshape[:ua] + (total // rest,) + tshape[ua + 1 :]
+        if any(s < 0 for s in tshape) or math.prod(tshape) != total:
+            raise self.error(
+                f"can not reshape {fmt_shape(src)} ({total} elements) to {fmt_shape(tshape)}"
+            )
+        return tshape
+
+    def _make_view(self, src, shape):
+        try:
+            return np.reshape(src, shape, copy=False)
+        except ValueError:
+            return None
+
+    def default_name(self):
+        return f"reshape({self.inputs[0].name})"
+
+
+@register_opr
+class Broadcast(_TargetShapeOpr):
+    """Broadcast to the target shape with NumPy rules (a read-only zero-stride view)."""
+
+    def _target(self, src, tshape):
+        ok = len(src) <= len(tshape) and all(
+            s in (1, t) for s, t in zip(src[::-1], tshape[::-1])
+        )
+        if not ok or any(t < 0 for t in tshape):
+            raise self.error(f"can not broadcast {fmt_shape(src)} to {fmt_shape(tshape)}")
+        return tshape
+
+    def _make_view(self, src, shape):
+        return np.broadcast_to(src, shape)
+
+    def default_name(self):
+        return f"broadcast({self.inputs[0].name})"
+
+
+# ---- Dimshuffle / AxisAddRemove ------------------------------------------------------------
+@dataclass(frozen=True)
+class DimshuffleParam(ParamBase):
+    #: input axis of each output axis; -1 adds an axis of size 1
+    pattern: tuple = ()
+    #: the input's ndim
+    ndim: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "pattern", tuple(int(i) for i in self.pattern))
+        for i in self.pattern:
+            if not -1 <= i < self.ndim:
+                raise GraphError(f"bad Dimshuffle pattern {self.pattern} for ndim {self.ndim}")
+
+
+@register_opr
+class Dimshuffle(_ViewOpr):
+    """Permute axes, add size-1 axes (-1 in the pattern) and drop unlisted size-1 axes."""
+
+    Param = DimshuffleParam
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [self._layout(in_shapes[0], (0,) * len(in_shapes[0]))[0]]
+
+    def _layout(self, shape, strides):
+        p = self.param
+        if len(shape) != p.ndim:
+            raise self.error(
+                f"input ndim mismatch: pattern {p.pattern} expects ndim {p.ndim}, "
+                f"got shape {fmt_shape(shape)}"
+            )
+        for i, s in enumerate(shape):
+            if i not in p.pattern and s != 1:
+                raise self.error(f"non-1 axis {i} of shape {fmt_shape(shape)} is discarded")
+        oshp = tuple(1 if i < 0 else shape[i] for i in p.pattern)
+        ostr = tuple(0 if i < 0 else strides[i] for i in p.pattern)
+        return oshp, ostr
+
+    def _view(self, ins):
+        src = ins[0]
+        shape, strides = self._layout(src.shape, src.strides)
+        dup = len({i for i in self.param.pattern if i >= 0}) != sum(
+            i >= 0 for i in self.param.pattern
+        )
+        return np.lib.stride_tricks.as_strided(
+            src, shape, strides, writeable=bool(src.flags.writeable and not dup)
+        )
+
+    def default_name(self):
+        return f"dimshuffle({self.inputs[0].name})"
+
+
+@dataclass(frozen=True)
+class AxisAddRemoveParam(ParamBase):
+    #: ``(("add" | "remove", axis), ...)`` applied in order; a negative axis counts from the
+    #: end of the shape it applies to (for "add", of the shape after adding)
+    desc: tuple = ()
+
+    def __post_init__(self):
+        super().__post_init__()
+        desc = tuple((str(m).lower(), int(a)) for m, a in self.desc)
+        if not desc or any(m not in ("add", "remove") for m, _ in desc):
+            raise GraphError(f"bad AxisAddRemove desc {self.desc!r}")
+        object.__setattr__(self, "desc", desc)
+
+
+@register_opr
+class AxisAddRemove(_ViewOpr):
+    """Add or remove size-1 axes; removing the only axis of shape (1,) keeps (1,)."""
+
+    Param = AxisAddRemoveParam
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [self._out_shape(in_shapes[0])]
+
+    def _out_shape(self, shape):
+        out = list(shape)
+        for method, axis in self.param.desc:
+            n = len(out) + (method == "add")
+            ax = axis + n if axis < 0 else axis
+            if not 0 <= ax < n or (method == "remove" and out[ax] != 1):
+                raise self.error(
+                    f"can not {method} axis {axis} {'to' if method == 'add' else 'from'} "
+                    f"shape {fmt_shape(out)} (input shape {fmt_shape(shape)})"
+                )
+            if method == "add":
+                out.insert(ax, 1)
+            elif len(out) > 1:
+                del out[ax]
+        return tuple(out)
+
+    def _view(self, ins):
+        return np.reshape(ins[0], self._out_shape(ins[0].shape), copy=False)
+
+    def default_name(self):
+        return f"axis_add_rm({self.inputs[0].name})"
+
+
+# ---- Concat --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ConcatParam(ParamBase):
+    axis: int = 0
+
+
+@register_opr
+class Concat(OperatorNodeBase):
+    """Concatenate inputs of one dtype along ``axis``."""
+
+    Param = ConcatParam
+
+    def infer_dtypes(self, in_dtypes):
+        if not in_dtypes:
+            raise self.error("needs at least one input")
+        if any(d != in_dtypes[0] for d in in_dtypes):
+            raise self.error(
+                "inputs must share one dtype, got " + ", ".join(str(d) for d in in_dtypes)
+            )
+        return super().infer_dtypes(in_dtypes)
+
+    def infer_comp_node(self):
+        cns = {v.comp_node for v in self.inputs}
+        if not self.config.comp_nodes and len(cns) > 1:
+            raise self.error("inputs are on different comp nodes: the target must be given")
+        return super().infer_comp_node()
+
+    def infer_shapes(self, in_shapes, in_values):
+        ref = in_shapes[0]
+        axis = self.param.axis
+        if not -len(ref) <= axis < len(ref):
+            raise self.error(f"axis {axis} out of range for shape {fmt_shape(ref)}")
+        axis %= len(ref)
+        for s in in_shapes:
+            if len(s) != len(ref) or any(
+                a != b for i, (a, b) in enumerate(zip(s, ref)) if i != axis
+            ):
+                raise self.error(
+                    f"shapes do not match except on axis {axis}: "
+                    + ", ".join(fmt_shape(x) for x in in_shapes)
+                )
+        return [ref[:axis] + (sum(s[axis] for s in in_shapes),) + ref[axis + 1 :]]
+
+    def bind(self, ins, outs):
+        axis = self.param.axis % outs[0].ndim
+        return functools.partial(np.concatenate, ins, axis, out=outs[0])
+
+    def default_name(self):
+        return f"concat({','.join(v.name for v in self.inputs)})"
+
+
+# ---- functions -----------------------------------------------------------------------------
+def _src_var(src, cfg):
+    (v,) = canonize_input_vars([src], config=cfg)
+    return v
+
+
+def get_var_shape(
+    src, axis: int | None = None, *, name=None, comp_node=None, config=None
+) -> SymbolVar:
+    """The shape of ``src`` (or of one axis, as shape (1,)) as an int32 var (GetVarShape)."""
+    cfg = _merge_config(name, comp_node, config)
+    v = _src_var(src, cfg)
+    param = GetVarShapeParam(None if axis is None else int(axis))
+    return insert_opr(GetVarShape([v], param, cfg))[0]
+
+
+def shape_to_var(shape, ref_var) -> SymbolVar:
+    """One int32 1-d var holding ``shape`` (helper.py ``cvt_to_shape_desc``).
+
+    Parameters
+    ----------
+    shape:
+        An int, a sequence of ints, a SymbolVar, or a sequence mixing ints and int vars of
+        shape (1,) (e.g. ``x.shape[0]``); mixed parts are concatenated.
+    ref_var:
+        A var giving the graph and comp node of the constants made.
+    """
+    ref = as_var(ref_var)
+    if ref is None:
+        raise GraphError(f"shape_to_var: ref_var must be a var, got {ref_var!r}")
+    if as_var(shape) is not None:
+        return SymbolVar(as_var(shape))
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    if isinstance(shape, np.ndarray):
+        shape = shape.reshape(-1).tolist()
+    if not isinstance(shape, Sequence):
+        raise GraphError(f"bad shape {shape!r}: expected ints or int vars")
+
+    def const(ints):
+        from .io import make_immutable
+
+        return make_immutable(ref.comp_node, ref.graph, np.array(ints, _INT32).reshape(-1))
+
+    parts, ints = [], []
+    for s in shape:
+        var = as_var(s)
+        if var is None:
+            ints.append(_as_int(s))
+            continue
+        if ints:
+            parts.append(const(ints))
+            ints = []
+        if var.dtype.kind not in "iu":
+            raise GraphError(f"shape element {var.name!r} must be an int var, got {var.dtype}")
+        try:
+            static = infer_shape(var)
+        except DynamicShapeError:
+            static = None
+        parts.append(SymbolVar(var) if static == (1,) else reshape(var, (1,)))
+    if ints or not parts:
+        parts.append(const(ints))
+    if len(parts) == 1:
+        return parts[0]
+    if any(p.dtype != _INT32 for p in parts):
+        from .basic_arith import typecvt
+
+        parts = [p if p.dtype == _INT32 else typecvt(p, _INT32) for p in parts]
+    return concat(parts, axis=0)
+
+
+def _as_int(s) -> int:
+    try:
+        return int(s.__index__())
+    except (AttributeError, TypeError):
+        raise GraphError(f"bad shape element {s!r}: expected an int or an int var") from None
+
+
+def reshape(
+    src, target_shape, unspec_axis: int | None = None, *, name=None, comp_node=None, config=None
+) -> SymbolVar:
+    """Reshape ``src`` to ``target_shape`` (registry name ``Reshape``).
+
+    ``target_shape`` is an int, a sequence of ints and int vars, or an int var; a -1 entry
+    becomes ``unspec_axis``, the axis whose size follows from the element count.
+    """
+    cfg = _merge_config(name, comp_node, config)
+    v = _src_var(src, cfg)
+    if as_var(target_shape) is None:
+        if isinstance(target_shape, (int, np.integer)):
+            target_shape = (target_shape,)
+        target_shape = list(target_shape)
+        for i, s in enumerate(target_shape):
+            if as_var(s) is None and _as_int(s) == -1:
+                if unspec_axis is not None:
+                    raise GraphError(
+                        f"reshape: more than one unknown axis in target shape {target_shape}"
+                    )
+                unspec_axis = i
+                target_shape[i] = 1
+    tshp = shape_to_var(target_shape, v)
+    owner = tshp.node.owner
+    if (
+        unspec_axis is None
+        and isinstance(owner, GetVarShape)
+        and owner.param.axis is None
+        and owner.inputs[0] is v
+    ):
+        return SymbolVar(v)  # reshape to its own shape
+    param = ReshapeParam(None if unspec_axis is None else int(unspec_axis))
+    return insert_opr(Reshape([v, tshp.node], param, cfg))[0]
+
+
+def broadcast(src, target_shape, *, name=None, comp_node=None, config=None) -> SymbolVar:
+    """Broadcast ``src`` to ``target_shape`` (ints, int vars or a mix; ``Broadcast``)."""
+    cfg = _merge_config(name, comp_node, config)
+    v = _src_var(src, cfg)
+    tshp = shape_to_var(target_shape, v)
+    owner = tshp.node.owner
+    if isinstance(owner, GetVarShape) and owner.param.axis is None and owner.inputs[0] is v:
+        return SymbolVar(v)
+    return insert_opr(Broadcast([v, tshp.node], None, cfg))[0]
+
+
+def dimshuffle(
+    src, pattern: Sequence, ndim: int = 0, *, name=None, comp_node=None, config=None
+) -> SymbolVar:
+    """Permute the axes of ``src`` by ``pattern``; ``'x'`` adds an axis of size 1.
+
+    ``ndim`` is the input ndim; 0 means ``max(pattern) + 1``. Input axes missing from the
+    pattern must have size 1.
+    """
+    cfg = _merge_config(name, comp_node, config)
+    v = _src_var(src, cfg)
+    pat = tuple(-1 if p == "x" else _as_int(p) for p in pattern)
+    if not ndim:
+        ndim = max(pat, default=-1) + 1
+    return insert_opr(Dimshuffle([v], DimshuffleParam(pat, int(ndim)), cfg))[0]
+
+
+def _axis_list(axis) -> list[int]:
+    if isinstance(axis, (int, np.integer)):
+        return [int(axis)]
+    return [_as_int(a) for a in axis]
+
+
+def add_axis(src, axis, *, name=None, comp_node=None, config=None) -> SymbolVar:
+    """Add size-1 axes at ``axis`` (an int or a list, applied in order; ``AxisAddRemove``)."""
+    cfg = _merge_config(name, comp_node, config)
+    v = _src_var(src, cfg)
+    desc = tuple(("add", a) for a in _axis_list(axis))
+    return insert_opr(AxisAddRemove([v], AxisAddRemoveParam(desc), cfg))[0]
+
+
+def remove_axis(src, axis, *, name=None, comp_node=None, config=None) -> SymbolVar:
+    """Remove size-1 axes ``axis`` (an int or a list, applied in order; ``AxisAddRemove``)."""
+    cfg = _merge_config(name, comp_node, config)
+    v = _src_var(src, cfg)
+    desc = tuple(("remove", a) for a in _axis_list(axis))
+    return insert_opr(AxisAddRemove([v], AxisAddRemoveParam(desc), cfg))[0]
+
+
+def concat(*inputs, axis: int, name=None, comp_node=None, config=None) -> SymbolVar:
+    """Concatenate ``inputs`` (vars or a list of them) along ``axis`` (``Concat``)."""
+    if len(inputs) == 1 and isinstance(inputs[0], (list, tuple)):
+        inputs = tuple(inputs[0])
+    if not inputs:
+        raise MegBrainError("concat: needs at least one input")
+    cfg = _merge_config(name, comp_node, config)
+    vars_ = canonize_input_vars(inputs, config=cfg)
+    return insert_opr(Concat(vars_, ConcatParam(int(axis)), cfg))[0]
