@@ -37,6 +37,7 @@ from .opr.base import SymbolVar, make_opr_config
 from .opr.basic_arith import fill_retain_dtype
 from . import opr  # noqa: E402  (after the API objects it canonizes)
 from .api import cgtools, config  # noqa: E402
+from .api.functions import _add_update_fastpath, current_grad_target, grad  # noqa: E402
 
 comp_node = as_comp_node
 
@@ -72,6 +73,8 @@ __all__ = [
     "del_device_map",
     "dtype",
     "fill_retain_dtype",
+    "grad",
+    "current_grad_target",
     "make_arg",
     "make_immutable",
     "make_opr_config",

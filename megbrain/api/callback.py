@@ -13,6 +13,7 @@ import numpy as np
 
 from ..device.worker import Worker
 from ..errors import MegBrainError
+from ..opr.value_proxy import CompGraphCallbackValueProxy
 
 __all__ = [
     "CompGraphCallbackValueProxy",
@@ -23,97 +24,6 @@ __all__ = [
     "CallbackWorker",
     "make_graph_callback",
 ]
-
-
-class CompGraphCallbackValueProxy:
-    """The value handed to an output callback; valid only while the callback runs.
-
-    Its buffer is reused by the next run, so it must not escape the callback; pass it to
-    ``SharedND.set_value`` to copy device to device without a host round trip.
-    """
-
-    __slots__ = ("_dev", "_hv", "_comp_node", "_active", "_eager", "_value_used", "_done")
-
-    def __init__(self, comp_node):
-        self._dev: np.ndarray | None = None
-        self._hv: np.ndarray | None = None
-        self._comp_node = comp_node
-        self._active = False
-        self._eager = False
-        self._value_used = False
-        self._done = threading.Event()
-        self._done.set()
-
-    def setup(self, dev_value: np.ndarray, eager_copy: bool) -> None:
-        # wait until the previous callback on this proxy has finished
-        self._done.wait()
-        self._done.clear()
-        self._dev = dev_value
-        self._eager = eager_copy
-        if eager_copy:
-            hv = self._hv
-            if hv is None or hv.shape != dev_value.shape or hv.dtype != dev_value.dtype:
-                hv = self._hv = np.empty(dev_value.shape, dev_value.dtype)
-            np.copyto(hv, dev_value)
-            self._value_used = False
-        else:
-            self._value_used = True
-        self._active = True
-
-    def on_finished(self) -> None:
-        unread = self._eager and not self._value_used
-        self._dev = None
-        self._active = False
-        self._done.set()
-        if unread:
-            warnings.warn("computing graph callback did not read the value", stacklevel=2)
-
-    def _check(self):
-        if not self._active:
-            raise MegBrainError(
-                "CompGraphCallbackValueProxy used outside its callback: the value is only "
-                "valid while the callback runs"
-            )
-
-    @property
-    def eager_copied(self) -> bool:
-        return self._eager
-
-    @property
-    def dev_value(self) -> np.ndarray:
-        """The device array (for device-to-device copies into a SharedND)."""
-        self._check()
-        self._value_used = True
-        return self._dev if self._dev is not None else self._hv
-
-    @property
-    def shape(self) -> tuple:
-        self._check()
-        return (self._dev if self._dev is not None else self._hv).shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        self._check()
-        return (self._dev if self._dev is not None else self._hv).dtype
-
-    @property
-    def comp_node(self):
-        self._check()
-        return self._comp_node
-
-    def get_value(self, *, borrow_mem: bool = False) -> np.ndarray:
-        """The value as an ndarray: a copy unless ``borrow_mem`` (then valid until next run)."""
-        self._check()
-        self._value_used = True
-        src = self._hv if self._eager else self._dev
-        return src if borrow_mem else np.array(src)
-
-    @property
-    def dev_ptr(self) -> int:
-        self._check()
-        return self._dev.__array_interface__["data"][0]
-
-    pubapi_dev_tensor_ptr = dev_ptr
 
 
 class callback_lazycopy:  # noqa: N801 - reference name

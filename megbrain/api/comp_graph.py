@@ -70,6 +70,7 @@ class CompGraph(ComputingGraph):
         expand_single = isinstance(outspec, copy_output)
         items = [outspec] if expand_single else list(outspec)
         func = AsyncExec(self)
+        items = _expand_virtual_grads(items)
         spec = []
         savers: dict = {}
         copied = []
@@ -124,6 +125,32 @@ class CompGraph(ComputingGraph):
     def clear_device_memory(self) -> None:
         if self.current_exec is not None:
             self.current_exec.clear_device_memory()
+
+
+def _expand_virtual_grads(items):
+    """Replace VirtualGrad vars in the outspec items by real gradients."""
+    from ..opr.grad import expand_virtual_grads
+
+    slots = []
+    for item in items:
+        if isinstance(item, copy_output):
+            slots.append(_var_of(item.symvar))
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and callable(item[1]):
+            slots.append(_var_of(item[0]))
+        else:
+            slots.append(_var_of(item))
+    new = expand_virtual_grads(slots)
+    if all(a is b for a, b in zip(new, slots)):
+        return items
+    out = []
+    for item, v in zip(items, new):
+        if isinstance(item, copy_output):
+            out.append(copy_output(SymbolVar(v), borrow_mem=item.borrow_mem))
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and callable(item[1]):
+            out.append((SymbolVar(v), item[1]))
+        else:
+            out.append(SymbolVar(v))
+    return out
 
 
 def _var_of(x):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 
+from ..errors import GraphError
 from .operator import OperatorNodeBase
 from .var import VarNode
 
@@ -54,6 +55,7 @@ def topo_order(dest: Iterable[VarNode], extra_vardeps: dict | None = None) -> li
             dv.extend(extra_vardeps.get(out, ()))
         deps[opr] = list(dict.fromkeys(d.owner for d in dv if d.owner is not opr))
         stack.extend(deps[opr])
+    _order_overwrites(deps)
     nr_pending = {o: len(d) for o, d in deps.items()}
     receivers: dict[OperatorNodeBase, list] = {o: [] for o in deps}
     for o, ds in deps.items():
@@ -70,3 +72,35 @@ def topo_order(dest: Iterable[VarNode], extra_vardeps: dict | None = None) -> li
             if nr_pending[r] == 0:
                 heapq.heappush(heap, (r.priority, r.id, r))
     return seq
+
+
+def _order_overwrites(deps: dict) -> None:
+    """Make every reader of a var updated in place (AddUpdate) run before the update."""
+    writers = [(o, o.overwrites()) for o in deps if o.overwrites() is not None]
+    if not writers:
+        return
+    for w, var in writers:
+        for r in list(deps):
+            if r is w or var not in r.inputs:
+                continue
+            if _reaches(deps, r, w):
+                raise GraphError(
+                    f"operator {r.type_name} {r.name!r} reads both the old value of "
+                    f"{var.name!r} and its value updated by {w.type_name} {w.name!r}"
+                )
+            if r not in deps[w]:
+                deps[w].append(r)
+
+
+def _reaches(deps: dict, start, goal) -> bool:
+    """Whether ``start`` depends (transitively) on ``goal``."""
+    stack, seen = [start], set()
+    while stack:
+        o = stack.pop()
+        for d in deps.get(o, ()):
+            if d is goal:
+                return True
+            if d not in seen:
+                seen.add(d)
+                stack.append(d)
+    return False

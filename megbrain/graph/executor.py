@@ -376,7 +376,7 @@ class AsyncExecutable:
                         a = static_values.get(v)
                 ins.append(a)
             in_shapes = [None if a is None else a.shape for a in ins]
-            in_values = {i: ins[i] for i in opr.value_deps}
+            in_values = {i: ins[i] for i in opr.value_deps if i < len(ins)}
             shapes = opr.infer_shapes(in_shapes, in_values)
             views = opr.fwd_views(ins)
             outs = []

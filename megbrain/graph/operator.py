@@ -245,6 +245,26 @@ class OperatorNodeBase:
         """For operators without inputs: (shape type, value type) of each output."""
         return [(InferType.CONST, InferType.CONST)] * self.nr_outputs
 
+    def overwrites(self) -> VarNode | None:
+        """An input whose memory this operator updates in place (AddUpdate's dest).
+
+        The comp seq runs every other reader of that var first, and refuses an operator that
+        would read both the old and the updated value.
+        """
+        return None
+
+    def clone(self, inputs: list[VarNode]) -> OperatorNodeBase:
+        """A copy of this operator (same param, config and state) over ``inputs``."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.inputs = list(inputs)
+        new.outputs = []
+        new.graph = None
+        new.id = -1
+        new.name = "" if self.config.name_value is None else self.name
+        new.extra_deps = list(self.extra_deps)
+        return new
+
     def runtime_state(self, watch_value: bool = False):
         """What a plan bound into closures from this source (shape, buffer, watched value).
 

@@ -161,7 +161,7 @@ class Inferer:
     def _out_shapes(self, opr, in_shapes) -> list[tuple]:
         if all(self._have(v, False) for v in opr.outputs):
             return [self.shape(v) for v in opr.outputs]
-        in_values = {i: self.value(opr.inputs[i]) for i in opr.value_deps}
+        in_values = {i: self.value(opr.inputs[i]) for i in opr.value_deps if i < len(opr.inputs)}
         shapes = opr.infer_shapes(in_shapes, in_values)
         shapes = [tuple(int(s) for s in shp) for shp in shapes]
         for v, shp in zip(opr.outputs, shapes):

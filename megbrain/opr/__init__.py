@@ -15,3 +15,15 @@ from .basic_arith import (
 )
 from .blas import batched_matrix_mul, dot, matrix_mul
 from .io import copy, host2device_copy, make_immutable, shared_device_tensor
+from .utility import (
+    add_update,
+    assert_equal,
+    callback_injector,
+    identity,
+    mark_no_broadcast_elemwise,
+    set_grad,
+    virtual_dep,
+    virtual_grad,
+    virtual_loss,
+    zero_grad,
+)

@@ -83,6 +83,9 @@ class Elemwise(OperatorNodeBase):
     def inplace_input(self):
         return 0
 
+    def grad(self, wrt_idx, out_grads):
+        return _elemwise_grad_method(self, wrt_idx, out_grads)
+
 
 @dataclass(frozen=True)
 class TypeCvtParam(ParamBase):
@@ -112,6 +115,9 @@ class TypeCvt(OperatorNodeBase):
 
     def default_name(self):
         return f"TypeCvt[{self.param.dtype}]({self.inputs[0].name})"
+
+    def grad(self, wrt_idx, out_grads):
+        return _typecvt_grad(self, wrt_idx, out_grads)
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,9 @@ class Reduce(OperatorNodeBase):
 
     def default_name(self):
         return f"{self.param.mode}({self.inputs[0].name})"
+
+    def grad(self, wrt_idx, out_grads):
+        return _reduce_grad(self, wrt_idx, out_grads)
 
 
 # ---- functions ---------------------------------------------------------------------------
@@ -270,3 +279,149 @@ def fill_retain_dtype(var, value) -> SymbolVar:
 
     const = make_immutable(v.comp_node, v.graph, np.array(value, dtype=dt).reshape(1))
     return broadcast(const, get_var_shape(SymbolVar(v)))
+
+
+# ---- gradients ---------------------------------------------------------------------------
+def _ew(mode, *args):
+    return elemwise(*args, mode=mode)
+
+
+def _elemwise_grad(opr: Elemwise, i: int, og):
+    """The gradient of Elemwise w.r.t. input ``i`` before reducing broadcast axes."""
+    from .grad import sv
+
+    mode = opr.param.mode
+    x = [sv(v) for v in opr.inputs]
+    y = sv(opr.outputs[0])
+    a = x[0]
+    b = x[1] if len(x) > 1 else None
+    unary = {
+        "RELU": lambda: _ew("SWITCH_GT0", a, og),
+        "ABS": lambda: _ew("ABS_GRAD", a, og),
+        "NEGATE": lambda: -og,
+        "EXP": lambda: og * y,
+        "EXPM1": lambda: og * _ew("EXP", a),
+        "LOG": lambda: og / a,
+        "LOG1P": lambda: og / (a + 1),
+        "SIN": lambda: og * _ew("COS", a),
+        "COS": lambda: -og * _ew("SIN", a),
+        "ASIN": lambda: og / sqrt(1 - a * a),
+        "ACOS": lambda: -og / sqrt(1 - a * a),
+        "SIGMOID": lambda: _ew("SIGMOID_GRAD", y, og),
+        "TANH": lambda: _ew("TANH_GRAD", y, og),
+        "FAST_TANH": lambda: _ew("FAST_TANH_GRAD", a, og),
+        "H_SWISH": lambda: _ew("H_SWISH_GRAD", a, og),
+        "ERF": lambda: og * (2 / np.sqrt(np.pi)) * _ew("EXP", -(a * a)),
+        "ERFC": lambda: og * (-2 / np.sqrt(np.pi)) * _ew("EXP", -(a * a)),
+        "ERFINV": lambda: og * (np.sqrt(np.pi) / 2) * _ew("EXP", y * y),
+        "ERFCINV": lambda: og * (-np.sqrt(np.pi) / 2) * _ew("EXP", y * y),
+        "CEIL": lambda: None,
+        "FLOOR": lambda: None,
+        "ROUND": lambda: None,
+    }
+    if mode in unary:
+        return unary[mode]()
+    if mode in ("LT", "LEQ", "EQ", "SHL", "SHR", "RMULH", "FLOOR_DIV"):
+        return None
+    if mode == "ADD":
+        return og
+    if mode == "SUB":
+        return og if i == 0 else -og
+    if mode == "MUL":
+        return og * x[1 - i]
+    if mode == "TRUE_DIV":
+        return og / b if i == 0 else -og * a / (b * b)
+    if mode == "POW":
+        if i == 0:
+            return og * b * _ew("POW", a, b - 1)
+        return og * _ew("LOG", a) * y
+    if mode == "MAX":
+        return og * (_ew("LEQ", b, a) if i == 0 else _ew("LT", a, b))
+    if mode == "MIN":
+        return og * (_ew("LEQ", a, b) if i == 0 else _ew("LT", b, a))
+    if mode == "MOD":
+        if i == 0:
+            return og
+        raise opr.error("MOD has no gradient with respect to the divisor")
+    if mode == "LOG_SUM_EXP":
+        return og * _ew("SIGMOID", x[i] - x[1 - i])
+    if mode == "ATAN2":
+        den = a * a + b * b
+        return og * b / den if i == 0 else -og * a / den
+    if mode == "FUSE_ADD_RELU":
+        return _ew("SWITCH_GT0", y, og)
+    if mode == "FUSE_ADD_SIGMOID":
+        return _ew("SIGMOID_GRAD", y, og)
+    if mode == "FUSE_ADD_TANH":
+        return _ew("TANH_GRAD", y, og)
+    if mode == "FUSE_ADD_H_SWISH":
+        return _ew("H_SWISH_GRAD", a + b, og)
+    if mode == "SWITCH_GT0":
+        return None if i == 0 else _ew("SWITCH_GT0", a, og)
+    if mode == "ABS_GRAD":
+        return None if i == 0 else _ew("ABS_GRAD", a, og)
+    if mode == "SIGMOID_GRAD":
+        return og * b * (1 - 2 * a) if i == 0 else _ew("SIGMOID_GRAD", a, og)
+    if mode == "TANH_GRAD":
+        return og * b * (-2 * a) if i == 0 else _ew("TANH_GRAD", a, og)
+    if mode == "H_SWISH_GRAD":
+        if i == 1:
+            return _ew("H_SWISH_GRAD", a, og)
+        inside = _ew("LT", a, 3.0) * _ew("LT", -3.0, a)
+        return og * b * inside * (1.0 / 3.0)
+    if mode == "FUSE_MUL_ADD3":
+        return og * x[1 - i] if i < 2 else og
+    if mode == "FUSE_MUL_ADD4":
+        return og * x[i ^ 1]
+    if mode == "COND_LEQ_MOV":
+        return None if i < 2 else og * _ew("LEQ", a, b)
+    raise opr.error(f"mode {mode} has no gradient")
+
+
+def _elemwise_grad_method(self, wrt_idx, out_grads):
+    from .grad import reduce_to_input, sv
+
+    og = out_grads[0]
+    if og is None or not np.issubdtype(self.inputs[wrt_idx].dtype, np.floating):
+        return None
+    g = _elemwise_grad(self, wrt_idx, sv(og))
+    if g is None:
+        return None
+    return reduce_to_input(g, self.inputs[wrt_idx])
+
+
+
+def _typecvt_grad(self, wrt_idx, out_grads):
+    from .grad import sv
+
+    src = self.inputs[0]
+    if out_grads[0] is None or not np.issubdtype(src.dtype, np.floating):
+        return None
+    return typecvt(sv(out_grads[0]), src.dtype).node
+
+
+
+def _reduce_grad(self, wrt_idx, out_grads):
+    from .grad import sv
+    from .tensor_manip import broadcast, get_var_shape
+
+    if wrt_idx != 0 or out_grads[0] is None:
+        return None
+    x, y, og = sv(self.inputs[0]), sv(self.outputs[0]), sv(out_grads[0])
+    shp = get_var_shape(x)
+    mode = self.param.mode
+    bog = broadcast(og, shp)
+    if mode == "SUM":
+        return bog.node
+    if mode == "SUM_SQR":
+        return (bog * x * 2).node
+    if mode == "MEAN":
+        nx = reduce_general(typecvt(shp, x.dtype), mode="PRODUCT")
+        ny = reduce_general(typecvt(get_var_shape(y), x.dtype), mode="PRODUCT")
+        return (bog * (ny / nx)).node
+    if mode in ("MAX", "MIN"):
+        return (bog * elemwise(x, broadcast(y, shp), mode="EQ")).node
+    if mode == "PRODUCT":
+        return (broadcast(og * y, shp) / x).node
+    raise self.error(f"Reduce mode {mode} has no gradient")
+

@@ -1,0 +1,80 @@
+"""Top-level graph functions of ``mgb`` (SPEC.md 1.9, 2.1): grad, current_grad_target,
+the add_update fast path."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import MegBrainError
+from ..opr import grad as _grad_mod
+from ..opr.base import SymbolVar, as_var
+from ..opr.utility import virtual_grad
+from ..opr.value_proxy import CompGraphCallbackValueProxy
+
+__all__ = ["grad", "current_grad_target", "_add_update_fastpath"]
+
+
+def grad(target, wrt, warn_mid_wrt=True, use_virtual_grad=None, return_zero_for_nodep=True):
+    """Symbolic gradient of the scalar ``target`` w.r.t. ``wrt`` (a var or a list of vars).
+
+    ``use_virtual_grad`` (default: ``|graph_opt_level| >= 2``) returns VirtualGrad vars that
+    compile expands into the real gradient after the forward graph is optimized; it can not
+    return None for a var the target does not depend on.
+    """
+    t = as_var(target)
+    if t is None:
+        raise TypeError(f"grad: target must be a SymbolVar, got {target!r}")
+    single = not isinstance(wrt, (list, tuple))
+    wrts = [wrt] if single else list(wrt)
+    if use_virtual_grad is None:
+        use_virtual_grad = abs(t.graph.options.graph_opt_level) >= 2
+    if use_virtual_grad:
+        if not return_zero_for_nodep:
+            raise MegBrainError("grad: VirtualGrad requires return_zero_for_nodep=True")
+        res = [virtual_grad(SymbolVar(t), w) for w in wrts]
+    else:
+        nodes = _grad_mod.grad(t, wrts, warn_mid_wrt, return_zero_for_nodep)
+        res = [None if n is None else SymbolVar(n) for n in nodes]
+    return res[0] if single else res
+
+
+def current_grad_target(comp_graph) -> SymbolVar | None:
+    """The target of the gradient being computed (inside SetGrad callbacks)."""
+    t = _grad_mod.current_grad_target(comp_graph)
+    return None if t is None else SymbolVar(t)
+
+
+def _add_update_fastpath(dest, delta, alpha=1.0, beta=1.0, bias=0.0) -> None:
+    """``dest = alpha*dest + beta*delta + bias`` on device tensors, outside any graph."""
+    from .shared import SharedND
+
+    if not isinstance(dest, SharedND):
+        raise MegBrainError("_add_update_fastpath: dest must be a SharedND")
+    if isinstance(delta, SharedND):
+        if delta.comp_node != dest.comp_node:
+            raise MegBrainError(
+                f"_add_update_fastpath: comp node mismatch {dest.comp_node} vs {delta.comp_node}"
+            )
+        delta._dev.sync()
+        d = delta._dev.as_ndarray()
+    elif isinstance(delta, CompGraphCallbackValueProxy):
+        d = delta.dev_value
+    else:
+        raise MegBrainError("_add_update_fastpath: delta must be a SharedND or a value proxy")
+    if d.dtype != dest.dtype:
+        raise MegBrainError(
+            f"_add_update_fastpath: dtype mismatch: dest {dest.dtype}, delta {d.dtype}"
+        )
+    dest._dev.sync()
+    out = dest._dev.as_ndarray()
+    try:
+        d = np.broadcast_to(d, out.shape)
+    except ValueError:
+        raise MegBrainError(
+            f"_add_update_fastpath: delta shape {d.shape} can not broadcast to {out.shape}"
+        ) from None
+    if alpha == 0 and beta == 1 and bias == 0:
+        np.copyto(out, d)
+        return
+    res = out * alpha + d * beta + bias if alpha != 0 else d * beta + bias
+    np.copyto(out, res, casting="unsafe")

@@ -1,0 +1,182 @@
+"""Symbolic differentiation (``cg::grad``): reverse accumulation over operators' ``grad``.
+
+Each operator's ``grad(wrt_idx, out_grads)`` returns a var (or None for a zero gradient)
+built from other operators, so gradients of gradients work wherever those have gradients.
+Contributions to a var used many times are summed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+from ..errors import GraphError, MegBrainError
+from ..graph import VarNode
+from ..graph.static_infer import DynamicShapeError, infer_shape
+from .base import SymbolVar
+
+__all__ = ["grad", "current_grad_target", "reduce_to_input", "sv"]
+
+
+def sv(v) -> SymbolVar:
+    """The SymbolVar of a VarNode (grad methods mix both)."""
+    return v if isinstance(v, SymbolVar) else SymbolVar(v)
+
+
+def current_grad_target(graph) -> VarNode | None:
+    """The target of the gradient being built in ``graph`` (for SetGrad callbacks)."""
+    stack = getattr(graph, "_grad_target_stack", None)
+    return stack[-1] if stack else None
+
+
+def _static_shape(v: VarNode):
+    try:
+        return infer_shape(v)
+    except DynamicShapeError:
+        return None
+
+
+def reduce_to_input(g, inp: VarNode) -> VarNode:
+    """Sum a gradient ``g`` (of a broadcast result) back to ``inp``'s shape."""
+    from .basic_arith import reduce_general
+    from .tensor_manip import get_var_shape, reshape
+
+    g = sv(g)
+    gs, xs = _static_shape(g.node), _static_shape(inp)
+    if gs is not None and xs is not None:
+        if gs == xs:
+            return g.node
+        if len(gs) > len(xs):
+            lead = (1,) * (len(gs) - len(xs)) + tuple(xs)
+            r = reduce_general(g, mode="SUM", target_shape=lead)
+            return reshape(r, xs).node
+    return reduce_general(g, mode="SUM", target_shape=get_var_shape(sv(inp))).node
+
+
+def _ancestors(target: VarNode) -> list:
+    """Operators ``target`` depends on, in topological order (inputs first)."""
+    order, seen = [], set()
+    stack = [(target.owner, False)]
+    while stack:
+        opr, done = stack.pop()
+        if done:
+            order.append(opr)
+            continue
+        if opr in seen:
+            continue
+        seen.add(opr)
+        stack.append((opr, True))
+        for v in opr.inputs:
+            if v.owner not in seen:
+                stack.append((v.owner, False))
+    return order
+
+
+def _accumulate(parts: list[VarNode]) -> VarNode:
+    from .basic_arith import elemwise
+
+    if len(parts) == 1:
+        return parts[0]
+    acc = sv(parts[0])
+    for p in parts[1:]:
+        acc = elemwise(acc, sv(p), mode="ADD")
+    return acc.node
+
+
+def grad(
+    target,
+    wrt,
+    warn_mid_wrt: bool = True,
+    return_zero_for_nodep: bool = True,
+) -> list[VarNode | None]:
+    """Gradients of the scalar ``target`` with respect to each var of ``wrt``.
+
+    A wrt the target does not depend on gets zeros (``return_zero_for_nodep``) or None.
+    """
+    from .basic_arith import fill_retain_dtype
+
+    target = sv(target).node
+    wrts = [sv(w).node for w in (wrt if isinstance(wrt, Sequence) else [wrt])]
+    graph = target.graph
+    for w in wrts:
+        if w.graph is not graph:
+            raise GraphError(f"grad: wrt {w.name!r} belongs to another graph")
+    tshape = _static_shape(target)
+    if tshape is not None and int(_prod(tshape)) != 1:
+        raise MegBrainError(
+            f"grad: target {target.name!r} must be a scalar, got shape {tshape}"
+        )
+    if warn_mid_wrt:
+        for w in wrts:
+            if w.owner.inputs:
+                warnings.warn(
+                    f"grad: wrt {w.name!r} is an intermediate var ({w.owner.type_name})",
+                    stacklevel=2,
+                )
+    order = _ancestors(target)
+    wrt_set = set(wrts)
+    depends: dict[VarNode, bool] = {}
+    for opr in order:
+        d = any(depends.get(v, v in wrt_set) for v in opr.inputs)
+        for v in opr.outputs:
+            depends[v] = d or v in wrt_set
+    stack = graph.__dict__.setdefault("_grad_target_stack", [])
+    stack.append(target)
+    try:
+        grads: dict[VarNode, list[VarNode]] = {
+            target: [fill_retain_dtype(sv(target), 1).node]
+        }
+        for opr in reversed(order):
+            if not any(o in grads for o in opr.outputs):
+                continue
+            out_grads = [
+                _accumulate(grads[o]) if o in grads else None for o in opr.outputs
+            ]
+            for o, g in zip(opr.outputs, out_grads):
+                if g is not None:
+                    grads[o] = [g]
+            for i, inp in enumerate(opr.inputs):
+                if not depends.get(inp, inp in wrt_set):
+                    continue
+                g = opr.grad(i, out_grads)
+                if g is None:
+                    continue
+                g = sv(g).node
+                grads.setdefault(inp, []).append(g)
+    finally:
+        stack.pop()
+    result = []
+    for w in wrts:
+        parts = grads.get(w)
+        if parts:
+            result.append(_accumulate(parts))
+        elif return_zero_for_nodep:
+            result.append(fill_retain_dtype(sv(w), 0).node)
+        else:
+            result.append(None)
+    return result
+
+
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def expand_virtual_grads(dest: list[VarNode]) -> list[VarNode]:
+    """Replace every VirtualGrad that ``dest`` depends on by the real gradient."""
+    from ..graph.replace import dep_oprs, replace_vars
+
+    vgs = [o for o in dep_oprs(dest) if o.type_name == "VirtualGrad"]
+    if not vgs:
+        return dest
+    by_target: dict[VarNode, list] = {}
+    for o in vgs:
+        by_target.setdefault(o.inputs[0], []).append(o)
+    varmap = {}
+    for target, oprs in by_target.items():
+        real = grad(target, [o.inputs[1] for o in oprs], warn_mid_wrt=False)
+        for o, g in zip(oprs, real):
+            varmap[o.outputs[0]] = g
+    return replace_vars(dest, varmap)

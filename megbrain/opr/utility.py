@@ -1,0 +1,374 @@
+"""Graph utility operators (SPEC.md 4.8): AddUpdate, SetGrad, VirtualGrad, VirtualLoss,
+VirtualDep, CallbackInjector, AssertEqual, MarkNoBroadcastElemwise and Identity."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import AssertionError as MgbAssertionError
+from ..errors import GraphError, MegBrainError
+from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..graph.operator import fmt_shape
+from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .value_proxy import CompGraphCallbackValueProxy
+
+__all__ = [
+    "AddUpdate",
+    "add_update",
+    "set_grad",
+    "zero_grad",
+    "virtual_grad",
+    "virtual_loss",
+    "virtual_dep",
+    "callback_injector",
+    "assert_equal",
+    "mark_no_broadcast_elemwise",
+    "identity",
+]
+
+
+class _Forward(OperatorNodeBase):
+    """Output 0 is input 0 (a read-only view); the gradient passes through."""
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [in_shapes[0]]
+
+    def fwd_views(self, ins):
+        return [ins[0]]
+
+    def bind(self, ins, outs):
+        return lambda: np.copyto(outs[0], ins[0])
+
+    def grad(self, wrt_idx, out_grads):
+        return out_grads[0] if wrt_idx == 0 else None
+
+
+@register_opr
+class Identity(_Forward):
+    """Passes its input through; blocks graph optimizations across it."""
+
+
+@register_opr
+class MarkNoBroadcastElemwise(_Forward):
+    """Passes its input through, marking it as never broadcast in elemwise fusion."""
+
+
+@register_opr
+class VirtualDep(_Forward):
+    """Output is input 0, computed after every other input."""
+
+
+@dataclass(frozen=True)
+class SetGradParam(ParamBase):
+    getter_id: int
+
+
+@register_opr
+class SetGrad(_Forward):
+    """Output is the input; its gradient is whatever ``grad_getter`` returns."""
+
+    Param = SetGradParam
+    dedup = False
+
+    def __init__(self, inputs, getter, config):
+        super().__init__(inputs, SetGradParam(id(getter)), config)
+        self.getter = getter
+
+    def grad(self, wrt_idx, out_grads):
+        g = self.getter
+        if g is None:
+            return None
+        try:
+            nargs = len(inspect.signature(g).parameters)
+        except (TypeError, ValueError):
+            nargs = 1
+        res = g(self.graph.api_graph()) if nargs else g()
+        if res is None:
+            return None
+        if not isinstance(res, SymbolVar):
+            raise GraphError(f"SetGrad {self.name!r}: grad getter must return a SymbolVar")
+        return res.node
+
+
+@register_opr
+class VirtualGrad(OperatorNodeBase):
+    """The gradient of input 0 (target) w.r.t. input 1, expanded before compiling."""
+
+    value_inferable = False
+
+    def infer_dtypes(self, in_dtypes):
+        return [in_dtypes[1]]
+
+    def infer_comp_node(self):
+        return self.inputs[1].comp_node
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [in_shapes[1]]
+
+    def bind(self, ins, outs):
+        raise MegBrainError(
+            f"VirtualGrad {self.name!r} must be expanded by the graph optimizer before running"
+        )
+
+
+@register_opr
+class VirtualLoss(OperatorNodeBase):
+    """A scalar whose gradient w.r.t. ``ys[i]`` is ``y_grads[i]`` (inputs: ys then grads)."""
+
+    value_inferable = False
+
+    def infer_shapes(self, in_shapes, in_values):
+        n = len(in_shapes) // 2
+        for i in range(n):
+            if tuple(in_shapes[i]) != tuple(in_shapes[n + i]):
+                raise self.error(
+                    f"y {i} has shape {fmt_shape(in_shapes[i])} but its grad has "
+                    f"{fmt_shape(in_shapes[n + i])}"
+                )
+        return [(1,)]
+
+    def bind(self, ins, outs):
+        out = outs[0]
+        return lambda: out.fill(0)
+
+    def grad(self, wrt_idx, out_grads):
+        n = len(self.inputs) // 2
+        return self.inputs[n + wrt_idx] if wrt_idx < n else None
+
+
+@dataclass(frozen=True)
+class CallbackParam(ParamBase):
+    cb_id: int
+
+
+@register_opr
+class CallbackInjector(_Forward):
+    """Output is input 0; calls the callback with value proxies of all inputs on each run."""
+
+    Param = CallbackParam
+    has_side_effect = True
+
+    def __init__(self, inputs, cb, config):
+        super().__init__(inputs, CallbackParam(id(cb)), config)
+        self.cb = cb
+
+    def bind(self, ins, outs):
+        proxies = [CompGraphCallbackValueProxy(v.comp_node) for v in self.inputs]
+        cb, single = self.cb, len(ins) == 1
+
+        def run():
+            for p, a in zip(proxies, ins):
+                p.setup(a, False)
+            try:
+                cb(proxies[0] if single else list(proxies))
+            finally:
+                for p in proxies:
+                    p.on_finished()
+
+        return run
+
+
+@dataclass(frozen=True)
+class AssertEqualParam(ParamBase):
+    maxerr: float = 1e-4
+    verbose: bool = False
+
+
+@register_opr
+class AssertEqual(OperatorNodeBase):
+    """Output is ``get``; raises when ``max|expect - get| / max(1, |expect|)`` > maxerr."""
+
+    Param = AssertEqualParam
+    has_side_effect = True
+
+    def infer_dtypes(self, in_dtypes):
+        return [in_dtypes[1]]
+
+    def infer_shapes(self, in_shapes, in_values):
+        if tuple(in_shapes[0]) != tuple(in_shapes[1]):
+            raise self.error(
+                f"shape mismatch: expect {fmt_shape(in_shapes[0])}, get {fmt_shape(in_shapes[1])}"
+            )
+        return [in_shapes[1]]
+
+    def fwd_views(self, ins):
+        return [ins[1]]
+
+    def bind(self, ins, outs):
+        expect, get = ins
+        maxerr, verbose, name = self.param.maxerr, self.param.verbose, self.name
+
+        def run():
+            e = expect.astype(np.float64)
+            g = get.astype(np.float64)
+            err = np.abs(e - g) / np.maximum(1.0, np.abs(e))
+            worst = float(err.max()) if err.size else 0.0
+            if not worst <= maxerr:
+                msg = f"AssertEqual {name!r}: max error {worst:.6g} > {maxerr:.6g}"
+                if verbose:
+                    msg += f"\nexpect={expect}\nget={get}"
+                raise MgbAssertionError(msg)
+
+        return run
+
+    def grad(self, wrt_idx, out_grads):
+        return out_grads[0] if wrt_idx == 1 else None
+
+
+@register_opr
+class AddUpdate(OperatorNodeBase):
+    """``dest := alpha*dest + beta*delta + bias`` in place; output is the updated dest.
+
+    Inputs: dest (a shared tensor), delta (broadcast to dest), then (1,)-shaped alpha, beta,
+    bias and disable vars (SharedScalars, so they can change without recompiling).
+    """
+
+    has_side_effect = True
+
+    def overwrites(self):
+        return self.inputs[0]
+
+    def infer_shapes(self, in_shapes, in_values):
+        dest, delta = in_shapes[0], in_shapes[1]
+        try:
+            ok = np.broadcast_shapes(tuple(delta), tuple(dest)) == tuple(dest)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise self.error(
+                f"delta of shape {fmt_shape(delta)} can not be broadcast to dest "
+                f"{fmt_shape(dest)}"
+            )
+        return [dest]
+
+    def fwd_views(self, ins):
+        return [ins[0]]
+
+    def bind(self, ins, outs):
+        dest, delta, alpha, beta, bias, disable = ins
+        tmp = np.empty(dest.shape, dest.dtype)
+
+        def run():
+            if disable[0]:
+                return
+            a, b, c = alpha[0], beta[0], bias[0]
+            if a == 0:
+                if b == 1:
+                    np.copyto(dest, delta)
+                else:
+                    np.multiply(delta, b, out=dest, casting="unsafe")
+            else:
+                if a != 1:
+                    np.multiply(dest, a, out=dest, casting="unsafe")
+                if b == 1:
+                    np.add(dest, delta, out=dest, casting="unsafe")
+                elif b != 0:
+                    np.multiply(delta, b, out=tmp, casting="unsafe")
+                    np.add(dest, tmp, out=dest)
+            if c != 0:
+                np.add(dest, c, out=dest, casting="unsafe")
+
+        return run
+
+    def default_name(self):
+        return f"AddUpdate({self.inputs[0].name})"
+
+
+# ---- functions ---------------------------------------------------------------------------
+def add_update(dest, delta, alpha=1.0, beta=1.0, bias=0.0, disable=0, *, name=None,
+               comp_node=None, config=None) -> SymbolVar:
+    """``dest := dest*alpha + delta*beta + bias`` in place (``disable`` skips at run time).
+
+    ``dest`` must be a shared tensor var (from ``make_shared``). Coefficients given as
+    SharedScalar can change between runs without recompiling.
+    """
+    cfg = _merge_config(name, comp_node, config)
+    (d,) = canonize_input_vars([dest], config=cfg)
+    if d.owner.type_name not in ("SharedDeviceTensor", "VolatileSharedDeviceTensor"):
+        raise GraphError(
+            f"add_update: dest {d.name!r} must be a shared tensor (from make_shared), got a "
+            f"var produced by {d.owner.type_name}"
+        )
+    from .io import make_immutable
+
+    coefs = []
+    for c in (alpha, beta, bias, disable):
+        if isinstance(c, (int, float, np.number)):
+            c = make_immutable(d.comp_node, d.graph, np.array([c], dtype=d.dtype))
+        coefs.append(c)
+    (dl,) = canonize_input_vars([SymbolVar(d), delta], config=cfg)[1:]
+    cvars = canonize_input_vars([SymbolVar(d), *coefs], config=cfg)[1:]
+    for cv, nm in zip(cvars, ("alpha", "beta", "bias", "disable")):
+        if cv.shape_static:
+            from ..graph import infer_shape
+
+            if int(np.prod(infer_shape(cv))) != 1:
+                raise GraphError(f"add_update: {nm} must be a scalar")
+    return insert_opr(AddUpdate([d, dl, *cvars], None, cfg))[0]
+
+
+def set_grad(src, grad_getter: Callable | None, *, name=None, config=None) -> SymbolVar:
+    """The output is ``src``; its gradient is ``grad_getter(graph)`` (None: zero)."""
+    cfg = _merge_config(name, None, config)
+    (v,) = canonize_input_vars([src], config=cfg)
+    return insert_opr(SetGrad([v], grad_getter, cfg))[0]
+
+
+def zero_grad(src, **kw) -> SymbolVar:
+    """``set_grad(src, None)``: blocks the gradient."""
+    return set_grad(src, None, **kw)
+
+
+def virtual_grad(target, wrt, *, name=None, config=None) -> SymbolVar:
+    """A VirtualGrad var: the gradient, expanded at compile after forward optimization."""
+    cfg = _merge_config(name, None, config)
+    vs = canonize_input_vars([target, wrt], config=cfg)
+    return insert_opr(VirtualGrad(vs, None, cfg))[0]
+
+
+def virtual_loss(ys, y_grads, *, name=None, config=None) -> SymbolVar:
+    """A scalar loss whose gradient w.r.t. ``ys[i]`` is ``y_grads[i]``."""
+    ys, y_grads = list(ys), list(y_grads)
+    if len(ys) != len(y_grads):
+        raise GraphError("virtual_loss: ys and y_grads differ in length")
+    cfg = _merge_config(name, None, config)
+    vs = canonize_input_vars(ys + y_grads, config=cfg)
+    return insert_opr(VirtualLoss(vs, None, cfg))[0]
+
+
+def virtual_dep(symvars, *, name=None, config=None) -> SymbolVar:
+    """``symvars[0]``, computed after all the others."""
+    cfg = _merge_config(name, None, config)
+    vs = canonize_input_vars(list(symvars), config=cfg)
+    return insert_opr(VirtualDep(vs, None, cfg))[0]
+
+
+def callback_injector(src, cb, *, name=None, config=None) -> SymbolVar:
+    """Call ``cb(proxy)`` (a list of proxies when ``src`` is a list) each time it runs."""
+    cfg = _merge_config(name, None, config)
+    srcs = list(src) if isinstance(src, (list, tuple)) else [src]
+    vs = canonize_input_vars(srcs, config=cfg)
+    return insert_opr(CallbackInjector(vs, cb, cfg))[0]
+
+
+def assert_equal(expect, get, maxerr=1e-4, verbose=False, *, name=None, config=None):
+    """``get``, checked at run time to equal ``expect`` within ``maxerr``."""
+    cfg = _merge_config(name, None, config)
+    vs = canonize_input_vars([expect, get], config=cfg)
+    return insert_opr(AssertEqual(vs, AssertEqualParam(float(maxerr), bool(verbose)), cfg))[0]
+
+
+def mark_no_broadcast_elemwise(src, *, name=None, config=None) -> SymbolVar:
+    cfg = _merge_config(name, None, config)
+    return insert_opr(MarkNoBroadcastElemwise(canonize_input_vars([src], config=cfg), None,
+                                              cfg))[0]
+
+
+def identity(src, *, name=None, config=None) -> SymbolVar:
+    """``src`` unchanged; blocks the optimizer."""
+    cfg = _merge_config(name, None, config)
+    return insert_opr(Identity(canonize_input_vars([src], config=cfg), None, cfg))[0]
