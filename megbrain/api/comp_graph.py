@@ -63,14 +63,29 @@ class CompGraph(ComputingGraph):
             A ``copy_output``, or a list of ``copy_output``, bare vars (compute only) and
             ``(var, callback)`` pairs.
         """
-        if copy or self.is_eager() or optimize_for_inference:
-            if copy or self.is_eager():
-                raise MegBrainError("compile(copy=True) needs graph copying (not implemented)")
+        if optimize_for_inference:
             raise MegBrainError("optimize_for_inference is not implemented yet")
+        from ..opr.grad import expand_virtual_grads
+
         expand_single = isinstance(outspec, copy_output)
         items = [outspec] if expand_single else list(outspec)
-        func = AsyncExec(self)
-        items = _expand_virtual_grads(items)
+        target, trans = self, {}
+        if copy or self.is_eager():
+            # compile a non-eager copy; this graph's current function stays valid
+            opts = self.options.copy()
+            opts.eager_evaluation = False
+            target = CompGraph(opts)
+            holder = {}
+
+            def copier(vs):
+                new, holder["trans"] = _copy_into(self, target, vs)
+                return new
+
+            items = _map_item_vars(items, copier)
+            trans = holder.get("trans", {})
+        items = _map_item_vars(items, expand_virtual_grads)
+        func = AsyncExec(target)
+        func._input_trans = trans
         spec = []
         savers: dict = {}
         copied = []
@@ -89,7 +104,7 @@ class CompGraph(ComputingGraph):
             else:
                 v = _var_of(item)
                 spec.append((v, None))
-        func._bind(self.compile_graph_level(spec), copied, expand_single)
+        func._bind(target.compile_graph_level(spec), copied, expand_single)
         if inputs is not None:
             func.inputs = inputs
         return func
@@ -123,24 +138,35 @@ class CompGraph(ComputingGraph):
         return make_arg(comp_node, self, **kw)
 
     def clear_device_memory(self) -> None:
+        """Free the static memory of the current function (the next run re-allocates)."""
         if self.current_exec is not None:
             self.current_exec.clear_device_memory()
 
+    def get_mem_allocation_info(self) -> str:
+        """JSON: every var of the current function with its size and address."""
+        import json
 
-def _expand_virtual_grads(items):
-    """Replace VirtualGrad vars in the outspec items by real gradients."""
-    from ..opr.grad import expand_virtual_grads
+        if self.current_exec is None:
+            return json.dumps([])
+        return json.dumps(self.current_exec.mem_alloc_info())
 
-    slots = []
-    for item in items:
-        if isinstance(item, copy_output):
-            slots.append(_var_of(item.symvar))
-        elif isinstance(item, (tuple, list)) and len(item) == 2 and callable(item[1]):
-            slots.append(_var_of(item[0]))
-        else:
-            slots.append(_var_of(item))
-    new = expand_virtual_grads(slots)
-    if all(a is b for a, b in zip(new, slots)):
+    def share_device_memory_with(self, other: CompGraph) -> None:
+        """Accepted for compatibility: each function owns its arena here (no sharing)."""
+
+
+def _item_var(item):
+    if isinstance(item, copy_output):
+        return _var_of(item.symvar)
+    if isinstance(item, (tuple, list)) and len(item) == 2 and callable(item[1]):
+        return _var_of(item[0])
+    return _var_of(item)
+
+
+def _map_item_vars(items, mapper):
+    """Apply ``mapper(list of VarNode) -> list of VarNode`` to the vars of outspec items."""
+    old = [_item_var(it) for it in items]
+    new = mapper(old)
+    if all(a is b for a, b in zip(new, old)):
         return items
     out = []
     for item, v in zip(items, new):
@@ -151,6 +177,21 @@ def _expand_virtual_grads(items):
         else:
             out.append(SymbolVar(v))
     return out
+
+
+def _copy_into(src: CompGraph, dst: CompGraph, vars_):
+    """Copy the subgraph of ``vars_`` into ``dst``; returns (new vars, new->original inputs)."""
+    from ..graph.replace import replace_vars
+
+    new = replace_vars(vars_, {}, graph=dst)
+    trans = {}
+    for opr in dst.all_oprs():
+        if opr.type_name == "Host2DeviceCopy":
+            orig = src.user_input_vars.get(id(opr.tensor))
+            if orig is not None:
+                dst.user_input_vars[id(opr.tensor)] = opr.outputs[0]
+                trans[opr.outputs[0]] = orig
+    return new, trans
 
 
 def _var_of(x):
@@ -181,6 +222,8 @@ class AsyncExec:
         self._auto_wait = True
         self._borrow_on_cpu = False
         self._warned_keys = False
+        #: input var of a copied graph -> the user's original input var
+        self._input_trans: dict = {}
 
     def _bind(self, func, copied, expand_single):
         self._func = func
@@ -203,7 +246,7 @@ class AsyncExec:
             if opr.type_name == "Host2DeviceCopy":
                 var = self.graph.user_input_vars.get(id(opr.tensor))
                 if var is not None:
-                    found.add(SymbolVar(var))
+                    found.add(SymbolVar(self._input_trans.get(var, var)))
         return found
 
     @property

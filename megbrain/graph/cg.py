@@ -31,7 +31,7 @@ class ComputingGraph:
         self.options = options if options is not None else GraphOptions()
         self.user_data: dict = {}
         #: ``UserInputVars``: id(host tensor) -> the Host2DeviceCopy var the user made for it
-        self.user_input_vars: dict = {}
+        self.user_input_vars: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.oprs: list[OperatorNodeBase] = []
         self._dedup: dict[tuple, OperatorNodeBase] = {}
         self._id_counter = itertools.count(1)
@@ -72,11 +72,11 @@ class ComputingGraph:
             if twin is not None:
                 return twin.outputs
         opr.graph = self
+        opr.id = self._next_id()
+        opr.name = opr.config.name_value or opr.default_name()
         in_dtypes = [v.dtype for v in opr.inputs]
         dtypes = opr.infer_dtypes(in_dtypes)
         cn = opr.infer_comp_node()
-        opr.id = self._next_id()
-        opr.name = opr.config.name_value or opr.default_name()
         outputs = []
         for i, dt in enumerate(dtypes):
             vname = opr.name if len(dtypes) == 1 else f"{opr.name}:{i}"
@@ -86,12 +86,30 @@ class ComputingGraph:
         self._check_static(opr)
         for hook in self.opr_insert_hooks:
             hook(opr)
-        self.oprs.append(opr)
+        if self.options.eager_evaluation:
+            self._eager().on_insert(opr)  # raises before the operator is registered
+            self._weak_oprs.add(opr)
+        else:
+            self.oprs.append(opr)
         if key is not None:
             self._dedup[key] = opr
-        if self.eager_evaluator is not None:
-            self.eager_evaluator.on_insert(opr)
         return outputs
+
+    def _eager(self):
+        """The eager evaluator; switching to eager mode makes the graph hold oprs weakly."""
+        ev = self.eager_evaluator
+        if ev is None:
+            from .eager import EagerEvaluator
+
+            ev = self.eager_evaluator = EagerEvaluator(self)
+            self._dedup = weakref.WeakValueDictionary(self._dedup)
+            self._weak_oprs = weakref.WeakSet()
+        return ev
+
+    def all_oprs(self) -> list[OperatorNodeBase]:
+        """Every live operator, in insertion order."""
+        weak = list(getattr(self, "_weak_oprs", ()))
+        return self.oprs + sorted(weak, key=lambda o: o.id)
 
     def _check_static(self, opr: OperatorNodeBase) -> None:
         """Run shape inference now when it is possible, so bad shapes fail at insertion."""
@@ -125,7 +143,7 @@ class ComputingGraph:
         return self
 
     def var_by_id(self, var_id: int) -> VarNode | None:
-        for o in self.oprs:
+        for o in self.all_oprs():
             for v in o.outputs:
                 if v.id == var_id:
                     return v

@@ -138,6 +138,27 @@ class AsyncExecutable:
         plan = self._build_plan(allocate=False)
         return dict(plan.lower_bound)
 
+    def mem_alloc_info(self) -> list[dict]:
+        """Each var of the current plan: id, name, comp node, bytes, address and kind
+        ("static" planned, "forward" a view of another var, "inplace", or "dynamic")."""
+        plan = self._ensure_plan()
+        out = []
+        for opr in self.seq:
+            for v in opr.outputs:
+                arr = plan.arrays.get(v)
+                kind = "dynamic" if arr is None else {
+                    "alloc": "static", "fwd": "forward", "inplace": "inplace"
+                }[plan.decisions[v][0]]
+                out.append({
+                    "id": v.id,
+                    "name": v.name,
+                    "comp_node": str(v.comp_node),
+                    "size": 0 if arr is None else int(arr.nbytes),
+                    "addr": 0 if arr is None else int(arr.__array_interface__["data"][0]),
+                    "kind": kind,
+                })
+        return out
+
     def var_arrays(self) -> dict[VarNode, np.ndarray]:
         """The arrays of the current plan (for memory introspection)."""
         return dict(self._ensure_plan().arrays)

@@ -47,6 +47,7 @@ class VarNode:
         "const_shape",
         "const_value",
         "name_given",
+        "eager_value",
         "__weakref__",
     )
 
@@ -71,6 +72,8 @@ class VarNode:
         self.value_type = InferType.MISSING
         self.const_shape: tuple | None = None
         self.const_value: np.ndarray | None = None
+        #: the value computed at insertion in an eager graph
+        self.eager_value: np.ndarray | None = None
 
     def __repr__(self) -> str:
         return f"VarNode(id={self.id},name={self.name})"

@@ -27,3 +27,13 @@ from .utility import (
     virtual_loss,
     zero_grad,
 )
+from .indexing import incr_subtensor, set_subtensor
+from .tensor_manip import (
+    add_axis,
+    broadcast,
+    concat,
+    dimshuffle,
+    get_var_shape,
+    remove_axis,
+    reshape,
+)

@@ -27,6 +27,7 @@ __all__ = [
     "copy",
 ]
 
+_WIDE_DTYPES = (np.dtype(np.float64), np.dtype(np.int64))
 CONST, RT_STATIC, MISSING = InferType.CONST, InferType.RT_STATIC, InferType.MISSING
 
 
@@ -52,12 +53,12 @@ class _SourceOpr(OperatorNodeBase):
         return [self.tensor.dtype]
 
     def infer_shapes(self, in_shapes, in_values):
-        if self.tensor.empty():
+        if not self.tensor.shape_valid():
             raise InferPending(f"{self.type_name} {self.name!r}: the tensor has no value yet")
         return [tuple(self.tensor.shape)]
 
     def infer_value(self, in_values, out_shapes):
-        arr = _tensor_array(self.tensor)
+        arr = self.tensor.as_ndarray() if self.tensor.shape_valid() else None
         if arr is None:
             raise InferPending(f"{self.type_name} {self.name!r}: the tensor has no value yet")
         return [np.array(arr)]
@@ -87,10 +88,10 @@ class Host2DeviceCopy(_SourceOpr):
         # borrowed or reshaped; same-shape value copies keep both (cheap to compare)
         t = self.tensor
         if watch_value:
-            if t.empty():
+            if not t.shape_valid():
                 self._raise_empty()
             return (t.storage, t.layout, t.as_ndarray().tobytes())
-        if t.storage.size == 0:
+        if not t.shape_valid():
             self._raise_empty()
         return (t.storage, t.layout)
 
@@ -250,7 +251,12 @@ def shared_device_tensor(graph, dev_tensor, *, volatile=False, name=None, config
 def make_immutable(comp_node, comp_graph, value, *, dtype=None, name=None, config=None):
     """An ImmutableTensor holding ``value`` (constant, deduplicated, value-inferable)."""
     if dtype is not None:
-        arr = convert_array(value, canonize_dtype(dtype))
+        dt = np.dtype(dtype)
+        if dt in _WIDE_DTYPES:
+            # 64-bit vars exist inside graphs built below the API (float64 gradient checks)
+            arr = np.asarray(value, dtype=dt)
+        else:
+            arr = convert_array(value, canonize_dtype(dtype))
     else:
         arr = np.asarray(value)
         arr = convert_array(arr, to_mgb_supported_dtype(arr.dtype))

@@ -1,0 +1,71 @@
+"""Eager evaluation: each operator is run as soon as it is inserted (``eager_evaluation``).
+
+Values live on the vars (``VarNode.eager_value``) and the graph keeps operators only through
+weak references, so a loop that builds fresh operators every iteration frees them once the
+user drops their vars. Re-evaluation after a source changes (``reeval``) re-runs only the
+operators that depend on it, in insertion order (which is topological).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from .var import VarNode
+
+__all__ = ["EagerEvaluator"]
+
+
+class EagerEvaluator:
+    """Runs operators of an eager graph at insertion and on demand."""
+
+    def __init__(self, graph):
+        self.graph = weakref.ref(graph)
+        #: var -> weak references to the operators reading it
+        self.receivers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def on_insert(self, opr) -> None:
+        """Evaluate ``opr`` now; raises (and the caller drops ``opr``) on failure."""
+        self.evaluate(opr)
+        for v in opr.inputs:
+            self.receivers.setdefault(v, []).append(weakref.ref(opr))
+
+    @staticmethod
+    def evaluate(opr) -> None:
+        ins = [v.eager_value for v in opr.inputs]
+        in_shapes = [a.shape for a in ins]
+        in_values = {i: ins[i] for i in opr.value_deps if i < len(ins)}
+        shapes = opr.infer_shapes(in_shapes, in_values)
+        views = opr.fwd_views(ins)
+        outs = []
+        for k, (shp, v) in enumerate(zip(shapes, opr.outputs)):
+            view = None if views is None else views[k]
+            outs.append(view if view is not None else np.empty(tuple(shp), v.dtype))
+        if opr.has_side_effect or views is None or any(x is None for x in views):
+            opr.bind(ins, outs)()
+        for v, a in zip(opr.outputs, outs):
+            v.eager_value = a
+
+    def reeval(self, var: VarNode) -> None:
+        """Re-run ``var``'s operator and every operator depending on it."""
+        todo = {var.owner}
+        frontier = [var.owner]
+        while frontier:
+            opr = frontier.pop()
+            for out in opr.outputs:
+                for ref in self.receivers.get(out, ()):
+                    r = ref()
+                    if r is not None and r not in todo:
+                        todo.add(r)
+                        frontier.append(r)
+        for opr in sorted(todo, key=lambda o: o.id):
+            self.evaluate(opr)
+
+    def value_proxy(self, var: VarNode):
+        """A (lazy, always active) value proxy over the var's current value."""
+        from ..opr.value_proxy import CompGraphCallbackValueProxy
+
+        p = CompGraphCallbackValueProxy(var.comp_node)
+        p.setup(var.eager_value, False)
+        return p
