@@ -50,14 +50,26 @@ class AsyncExecutable:
     the first error of the run as :class:`~megbrain.errors.MegBrainError` naming the operator.
     """
 
-    def __init__(self, graph, outspec: list[tuple[VarNode, Callable | None]]):
+    def __init__(self, graph, outspec: list[tuple[VarNode, Callable | None]], parts=None):
         self.graph = graph
-        self.outspec = outspec
-        for v, _ in outspec:
+        #: the output specs of each part (one part unless compiled with compile_multi_part)
+        self.parts = [list(p) for p in parts] if parts is not None else [list(outspec)]
+        self.outspec = [item for p in self.parts for item in p]
+        for v, _ in self.outspec:
             if v.graph is not graph:
                 raise GraphError(f"output var {v.name!r} does not belong to graph #{graph.id}")
         opts = graph.options
-        self.seq = topo_order([v for v, _ in outspec], opts.extra_vardeps)
+        # each part runs what its outputs need beyond what earlier parts computed
+        self.seq, self.part_bounds = [], []
+        done: set = set()
+        for part in self.parts:
+            start = len(self.seq)
+            for opr in topo_order([v for v, _ in part], opts.extra_vardeps):
+                if opr not in done:
+                    done.add(opr)
+                    self.seq.append(opr)
+            self.part_bounds.append((start, len(self.seq)))
+        self._next_part = 0
         self._valid = True
         self._plan: _Plan | None = None
         self._error: BaseException | None = None
@@ -76,8 +88,11 @@ class AsyncExecutable:
             self._ensure_plan()
 
     # ---- public ---------------------------------------------------------------------------
-    def execute(self) -> AsyncExecutable:
-        """Start one run (asynchronous when dispatched to comp node workers)."""
+    def execute(self, part: int = 0) -> AsyncExecutable:
+        """Start one run of ``part`` (asynchronous when dispatched to comp node workers).
+
+        Parts run in order; running part 0 again starts a new sequence.
+        """
         if not self._valid:
             raise GraphError(
                 "this function has been invalidated: only the most recently compiled function "
@@ -85,20 +100,33 @@ class AsyncExecutable:
             )
         if self._running:
             self.wait()
-        plan = self._ensure_plan()
+        nparts = len(self.parts)
+        if part != 0 and part != self._next_part:
+            raise GraphError(
+                f"multi-part function: part {part} executed out of order; "
+                f"expected part {self._next_part} (or 0 to restart)"
+            )
+        if part == 0:
+            self._slots.clear()
+            plan = self._ensure_plan()
+        else:
+            plan = self._plan
+        self._next_part = (part + 1) % nparts
         self._running = True
         if self._threaded:
-            self._run_threaded(plan)
+            self._run_threaded(plan, part)
         else:
             t0 = time.perf_counter()
-            steps = plan.steps
+            steps = plan.steps[part]
             i = 0
             try:
                 for i in range(len(steps)):  # noqa: B007 - i names the failing step
                     steps[i]()
             except BaseException as exc:  # noqa: BLE001 - surfaced by wait()
-                self._error = self._wrap_error(plan.step_oprs[i], exc)
-            self._slots.clear()
+                self._error = self._wrap_error(plan.step_oprs[part][i], exc)
+                self._next_part = 0
+            if self._next_part == 0:
+                self._slots.clear()  # dynamic memory is freed after the last part
             self.prev_exec_time = time.perf_counter() - t0
         return self
 
@@ -109,7 +137,8 @@ class AsyncExecutable:
                 cn.sync()
             self._threads_pending = []
             self._running = False
-            self._slots.clear()
+            if self._next_part == 0:
+                self._slots.clear()
         err, self._error = self._error, None
         if err is not None:
             raise err
@@ -219,8 +248,9 @@ class AsyncExecutable:
         for pos, opr in enumerate(seq):
             for v in data_inputs(opr):
                 last_read[v] = pos
-        for v, _ in self.outspec:
-            last_read[v] = max(last_read.get(v, -1), self._pos_of(v))
+        for k, part in enumerate(self.parts):
+            for v, _ in part:
+                last_read[v] = max(last_read.get(v, -1), self._pos_of(v), self.part_bounds[k][0])
         mem_opt = opts.seq_opt.enable_mem_plan_opt and not opts.force_dynamic_alloc
         decisions = plan.decisions
         root: dict[VarNode, VarNode | None] = {}
@@ -286,7 +316,8 @@ class AsyncExecutable:
             return plan
         if reuse:
             for cn, alloc in allocs.items():
-                arena = np.empty(alloc.tot_alloc(), np.uint8)
+                arena = cn.alloc(alloc.tot_alloc()) if hasattr(cn, "alloc") else np.empty(
+                    alloc.tot_alloc(), np.uint8)
                 plan.arenas[cn] = arena
                 for r in group:
                     if r.comp_node == cn:
@@ -344,44 +375,62 @@ class AsyncExecutable:
 
     # ---- binding --------------------------------------------------------------------------
     def _bind_program(self, plan: _Plan) -> None:
+        """Bind every operator into a step list per part (and per comp node if threaded)."""
         arrays, slots = plan.arrays, self._slots
-        callbacks: dict[VarNode, list] = {}
-        for v, cb in self.outspec:
-            if cb is not None:
-                callbacks.setdefault(v, []).append(cb)
-        steps, step_oprs = [], []
-        per_node: dict = {}
-        for opr in self.seq:
-            fn = None
-            if opr.outputs[0] in plan.dynamic:
-                fn = self._dynamic_step(opr, plan)
-            elif opr.has_side_effect or not all(
-                plan.decisions[o][0] == "fwd" for o in opr.outputs
-            ):
-                ins = [
-                    arrays.get(v, plan.static_values.get(v))
-                    if v not in plan.dynamic
-                    else None
-                    for v in opr.inputs
-                ]
-                fn = opr.bind(ins, [arrays[o] for o in opr.outputs])
-            node = per_node.setdefault(opr.comp_node, [])
-            if fn is not None:
+        plan.steps, plan.step_oprs, plan.node_steps = [], [], []
+        for k, part in enumerate(self.parts):
+            start, end = self.part_bounds[k]
+            callbacks: dict[VarNode, list] = {}
+            early = []  # outputs computed by an earlier part: called at this part's start
+            for v, cb in part:
+                if cb is None:
+                    continue
+                if self._pos_of(v) < start:
+                    early.append((v, cb))
+                else:
+                    callbacks.setdefault(v, []).append(cb)
+            steps, step_oprs, per_node = [], [], {}
+
+            def add(fn, opr):
                 steps.append(fn)
                 step_oprs.append(opr)
-                node.append((fn, opr))
-            for out in opr.outputs:
-                for cb in callbacks.get(out, ()):
-                    if out in plan.dynamic:
-                        step = _slot_callback(cb, slots, out)
-                    else:
-                        step = _static_callback(cb, arrays[out])
-                    steps.append(step)
-                    step_oprs.append(opr)
-                    node.append((step, opr))
-        plan.steps, plan.step_oprs, plan.node_steps = steps, step_oprs, per_node
+                per_node.setdefault(opr.comp_node, []).append((fn, opr))
+
+            for v, cb in early:
+                add(self._callback_step(cb, v, plan), v.owner)
+            for opr in self.seq[start:end]:
+                fn = None
+                if opr.outputs[0] in plan.dynamic:
+                    fn = self._dynamic_step(opr, plan)
+                elif opr.has_side_effect or not all(
+                    plan.decisions[o][0] == "fwd" for o in opr.outputs
+                ):
+                    ins = [
+                        arrays.get(v, plan.static_values.get(v))
+                        if v not in plan.dynamic
+                        else None
+                        for v in opr.inputs
+                    ]
+                    fn = opr.bind(ins, [arrays[o] for o in opr.outputs])
+                if fn is not None:
+                    add(fn, opr)
+                elif self._threaded:
+                    per_node.setdefault(opr.comp_node, [])
+                for out in opr.outputs:
+                    for cb in callbacks.get(out, ()):
+                        add(self._callback_step(cb, out, plan), opr)
+            plan.steps.append(steps)
+            plan.step_oprs.append(step_oprs)
+            plan.node_steps.append(per_node)
         if self._threaded:
-            self._add_cross_node_sync(plan)
+            plan.events = []
+            for k in range(len(self.parts)):
+                self._add_cross_node_sync(plan, k)
+
+    def _callback_step(self, cb, var: VarNode, plan: _Plan):
+        if var in plan.dynamic:
+            return _slot_callback(cb, self._slots, var)
+        return _static_callback(cb, plan.arrays[var])
 
     def _dynamic_step(self, opr, plan: _Plan) -> Callable[[], None]:
         slots, arrays, static_values = self._slots, plan.arrays, plan.static_values
@@ -411,21 +460,24 @@ class AsyncExecutable:
 
         return run
 
-    def _add_cross_node_sync(self, plan: _Plan) -> None:
+    def _add_cross_node_sync(self, plan: _Plan, part: int) -> None:
         """Make each comp node wait for vars it reads from another node (one Event per var)."""
         events: dict[VarNode, threading.Event] = {}
         waits: dict = {}
-        for opr in self.seq:
+        start, end = self.part_bounds[part]
+        seq = self.seq[start:end]
+        in_part = set(seq)
+        for opr in seq:
             for v in data_inputs(opr):
-                if v.comp_node != opr.comp_node:
+                if v.comp_node != opr.comp_node and v.owner in in_part:
                     ev = events.setdefault(v, threading.Event())
                     waits.setdefault(opr, []).append(ev)
         node_steps: dict = {}
         by_opr: dict = {}
-        for lst in plan.node_steps.values():
+        for lst in plan.node_steps[part].values():
             for fn, opr in lst:
                 by_opr.setdefault(opr, []).append(fn)
-        for opr in self.seq:
+        for opr in seq:
             lst = node_steps.setdefault(opr.comp_node, [])
             for ev in waits.get(opr, ()):
                 lst.append((_waiter(ev, self), opr))
@@ -435,25 +487,26 @@ class AsyncExecutable:
                 ev = events.get(o)
                 if ev is not None:
                     lst.append((ev.set, opr))
-        plan.node_steps = node_steps
-        plan.events = list(events.values())
+        plan.node_steps[part] = node_steps
+        plan.events.append(list(events.values()))
 
-    def _run_threaded(self, plan: _Plan) -> None:
-        for ev in plan.events:
+    def _run_threaded(self, plan: _Plan, part: int) -> None:
+        events = plan.events[part]
+        for ev in events:
             ev.clear()
         self._abort = False
         t0 = time.perf_counter()
         self._t0 = t0
         self._t_end = t0
         pending = []
-        for cn, lst in plan.node_steps.items():
+        for cn, lst in plan.node_steps[part].items():
             if not lst:
                 continue
-            cn.dispatch(self._node_task, lst, plan)
+            cn.dispatch(self._node_task, lst, events)
             pending.append(cn)
         self._threads_pending = pending
 
-    def _node_task(self, lst, plan: _Plan) -> None:
+    def _node_task(self, lst, events) -> None:
         opr = None
         try:
             for fn, opr in lst:
@@ -467,7 +520,8 @@ class AsyncExecutable:
                 self._abort = True
                 if self._error is None:
                     self._error = self._wrap_error(opr, exc)
-            for ev in plan.events:
+                self._next_part = 0
+            for ev in events:
                 ev.set()
         with self._lock:
             self._t_end = max(self._t_end, time.perf_counter())

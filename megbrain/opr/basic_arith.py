@@ -277,7 +277,7 @@ def fill_retain_dtype(var, value) -> SymbolVar:
     from .io import make_immutable
     from .tensor_manip import broadcast, get_var_shape
 
-    const = make_immutable(v.comp_node, v.graph, np.array(value, dtype=dt).reshape(1))
+    const = make_immutable(v.comp_node, v.graph, np.array(value, dtype=dt).reshape(1), dtype=dt)
     return broadcast(const, get_var_shape(SymbolVar(v)))
 
 

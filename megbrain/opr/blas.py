@@ -118,9 +118,7 @@ class BatchedMatrixMul(_MatMulBase):
 
     def bind(self, ins, outs):
         p = self.param
-        return blas_kernels.bind_batched_matmul(
-            ins[0], ins[1], outs[0], p.transposeA, p.transposeB
-        )
+        return blas_kernels.bind_batched_matmul(ins[0], ins[1], outs[0], p.transposeA, p.transposeB)
 
 
 @register_opr
@@ -146,11 +144,9 @@ class Dot(OperatorNodeBase):
 
 
 # ---- functions ---------------------------------------------------------------------------
-def _make_matmul(cls, a, b, transposeA, transposeB, compute_mode, format, dtype, name,
-                 comp_node, config, comp_graph) -> SymbolVar:
+def _insert(cls, inputs, param, dtype, name, comp_node, config, comp_graph) -> SymbolVar:
     cfg = _merge_config(name, comp_node, config, dtype)
-    vars_ = canonize_input_vars([a, b], comp_graph=comp_graph, config=cfg)
-    param = MatrixMulParam(transposeA, transposeB, compute_mode, format)
+    vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
     return insert_opr(cls(vars_, param, cfg))[0]
 
 
@@ -190,8 +186,8 @@ def matrix_mul(
     SymbolVar
         The (m, n) product.
     """
-    return _make_matmul(MatrixMul, a, b, transposeA, transposeB, compute_mode, format, dtype,
-                        name, comp_node, config, comp_graph)
+    param = MatrixMulParam(transposeA, transposeB, compute_mode, format)
+    return _insert(MatrixMul, [a, b], param, dtype, name, comp_node, config, comp_graph)
 
 
 def batched_matrix_mul(
@@ -224,12 +220,13 @@ def batched_matrix_mul(
     SymbolVar
         The (batch, m, n) products.
     """
-    return _make_matmul(BatchedMatrixMul, a, b, transposeA, transposeB, compute_mode, format,
-                        dtype, name, comp_node, config, comp_graph)
+    param = MatrixMulParam(transposeA, transposeB, compute_mode, format)
+    return _insert(BatchedMatrixMul, [a, b], param, dtype, name, comp_node, config, comp_graph)
 
 
-def dot(a, b, *, dtype=None, name: str | None = None, comp_node=None, config=None,
-        comp_graph=None) -> SymbolVar:
+def dot(
+    a, b, *, dtype=None, name: str | None = None, comp_node=None, config=None, comp_graph=None
+) -> SymbolVar:
     """Dot product of two 1-d vars, of shape (1,) (registry name ``Dot``).
 
     Parameters
@@ -246,6 +243,4 @@ def dot(a, b, *, dtype=None, name: str | None = None, comp_node=None, config=Non
     SymbolVar
         The (1,) dot product.
     """
-    cfg = _merge_config(name, comp_node, config, dtype)
-    vars_ = canonize_input_vars([a, b], comp_graph=comp_graph, config=cfg)
-    return insert_opr(Dot(vars_, None, cfg))[0]
+    return _insert(Dot, [a, b], None, dtype, name, comp_node, config, comp_graph)

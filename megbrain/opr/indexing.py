@@ -3,6 +3,8 @@
 
 The index is a tuple of axis descs in the param; the begin/end/step/index values are extra
 int inputs (ImmutableTensors for Python ints), so shapes are static when they are inferable.
+Gradients reuse the same param and index inputs: Subtensor's is an IncrSubtensor into zeros,
+the modifying operators' are Subtensor (and SetSubtensor) of the output gradient.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import numpy as np
 from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
-from ..graph.static_infer import DynamicShapeError, infer_shape, infer_value
+from ..graph.static_infer import DynamicShapeError, infer_shape
+from ..graph.static_infer import infer_value as static_value
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 
 __all__ = [
@@ -56,6 +59,12 @@ class SubtensorParam(ParamBase):
     @property
     def nr_values(self) -> int:
         return sum(sum(d[2:]) for d in self.descs)
+
+
+def _sub_shape(shape: tuple, idx: tuple) -> tuple:
+    """The shape ``idx`` selects from ``shape`` (indexing a zero-stride dummy array)."""
+    view = np.broadcast_to(np.empty((), np.bool_), shape)[idx]
+    return view.shape if view.ndim else (1,)
 
 
 class _IndexedOpr(OperatorNodeBase):
@@ -116,6 +125,13 @@ class _IndexedOpr(OperatorNodeBase):
         view = arr[self._index(arr.shape, ins[self._first_index :])]
         return view.reshape(1) if view.ndim == 0 else view
 
+    def _same_index(self, cls, *vars_) -> SymbolVar:
+        """``cls`` over ``vars_`` followed by this operator's index inputs and param."""
+        from .grad import sv
+
+        nodes = [sv(v).node for v in vars_] + self.inputs[self._first_index :]
+        return insert_opr(cls(nodes, self.param))[0]
+
 
 @register_opr
 class Subtensor(_IndexedOpr):
@@ -128,25 +144,26 @@ class Subtensor(_IndexedOpr):
     def infer_shapes(self, in_shapes, in_values):
         shape = in_shapes[0]
         idx = self._index(shape, [in_values[i] for i in self.value_deps])
-        out = np.empty(shape, np.bool_)  # only strides 0 would do too; shapes are small here
-        return [self._sub_shape(out, idx)]
-
-    @staticmethod
-    def _sub_shape(arr, idx):
-        view = arr[idx]
-        return view.shape if view.ndim else (1,)
+        return [_sub_shape(shape, idx)]
 
     def fwd_views(self, ins):
         return [self._sub(ins[0], ins)]
 
     def bind(self, ins, outs):
         out, src = outs[0], ins[0]
-        first = self._first_index
 
         def run():
-            np.copyto(out, self._sub(src, [src, *ins[first:]]))
+            np.copyto(out, self._sub(src, ins))
 
         return run
+
+    def grad(self, wrt_idx, out_grads):
+        from .basic_arith import fill_retain_dtype
+
+        if wrt_idx != 0 or out_grads[0] is None:
+            return None  # index inputs are not differentiable
+        zeros = fill_retain_dtype(SymbolVar(self.inputs[0]), 0)
+        return self._same_index(IncrSubtensor, zeros, out_grads[0]).node
 
     def default_name(self):
         return f"subtensor({self.inputs[0].name})"
@@ -164,8 +181,7 @@ class _ModifySubtensor(_IndexedOpr):
     def infer_dtypes(self, in_dtypes):
         if len(in_dtypes) < 2 or in_dtypes[1] != in_dtypes[0]:
             raise self.error(
-                "value must have the dtype of src, got "
-                + ", ".join(str(d) for d in in_dtypes[:2])
+                "value must have the dtype of src, got " + ", ".join(str(d) for d in in_dtypes[:2])
             )
         return super().infer_dtypes(in_dtypes)
 
@@ -175,11 +191,11 @@ class _ModifySubtensor(_IndexedOpr):
         idx_vars = self.inputs[self._first_index :]
         if all(v.value_static for v in idx_vars):
             try:
-                vals = [infer_value(v) for v in idx_vars]
+                vals = [static_value(v) for v in idx_vars]
             except DynamicShapeError:
                 vals = [None]
             if all(v is not None for v in vals):
-                sub = Subtensor._sub_shape(np.empty(shape, np.bool_), self._index(shape, vals))
+                sub = _sub_shape(shape, self._index(shape, vals))
                 self._check_value(sub, in_shapes[1])
         return [shape]
 
@@ -216,6 +232,21 @@ class _ModifySubtensor(_IndexedOpr):
 
         return run
 
+    def _src_grad(self, og):
+        raise NotImplementedError
+
+    def grad(self, wrt_idx, out_grads):
+        """src: by :meth:`_src_grad`; value: the indexed part of the output gradient,
+        summed over the axes ``value`` was broadcast along."""
+        from .grad import reduce_to_input
+
+        og = out_grads[0]
+        if og is None or wrt_idx >= self._first_index:
+            return None  # index inputs are not differentiable
+        if wrt_idx == 0:
+            return self._src_grad(og)
+        return reduce_to_input(self._same_index(Subtensor, og), self.inputs[1])
+
 
 @register_opr
 class SetSubtensor(_ModifySubtensor):
@@ -223,6 +254,14 @@ class SetSubtensor(_ModifySubtensor):
 
     def _modify(self, sub, value):
         sub[...] = value
+
+    def _src_grad(self, og):
+        # the overwritten part of src does not reach the output
+        from .io import make_immutable
+
+        src = self.inputs[0]
+        zero = make_immutable(src.comp_node, src.graph, np.zeros(1, src.dtype), dtype=src.dtype)
+        return self._same_index(SetSubtensor, og, zero).node
 
     def default_name(self):
         return f"set_subtensor({self.inputs[0].name},{self.inputs[1].name})"
@@ -234,6 +273,9 @@ class IncrSubtensor(_ModifySubtensor):
 
     def _modify(self, sub, value):
         np.add(sub, value, out=sub)
+
+    def _src_grad(self, og):
+        return og
 
     def default_name(self):
         return f"incr_subtensor({self.inputs[0].name},{self.inputs[1].name})"
@@ -258,8 +300,7 @@ def _cvt_getitem(src: SymbolVar, idx, allow_newaxis: bool = True):
         raise IndexError("only one ellipsis is allowed")
     if shape is not None and len(consuming) > len(shape):
         raise IndexError(
-            f"too many indices ({len(consuming)}) for var {node.name!r} of shape "
-            f"{fmt_shape(shape)}"
+            f"too many indices ({len(consuming)}) for var {node.name!r} of shape {fmt_shape(shape)}"
         )
 
     def as_index_var(v):

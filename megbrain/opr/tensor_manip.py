@@ -2,7 +2,8 @@
 and Concat (SPEC.md 4.6), with their ``mgb.opr`` functions and ``shape_to_var``.
 
 Reshape, Broadcast, Dimshuffle and AxisAddRemove forward read-only views of their input
-(no memory, no work at run time); they copy only when a view is impossible.
+(no memory, no work at run time); they copy only when a view is impossible. Their gradients
+are built from the same operators (and Subtensor, Reduce), so gradients of gradients work.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..errors import GraphError, MegBrainError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
+from ..graph.var import InferType
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 
 __all__ = [
@@ -104,6 +106,9 @@ class GetVarShape(_ViewOpr):
     def infer_value(self, in_values, out_shapes):
         return [self._view([None])]
 
+    def grad(self, wrt_idx, out_grads):
+        return None  # a shape is not differentiable
+
     def default_name(self):
         return f"shape_of({self.inputs[0].name})"
 
@@ -156,12 +161,11 @@ class Reshape(_TargetShapeOpr):
                     f"unspec_axis {ua} out of range for target shape {fmt_shape(tshape)}"
                 )
             ua %= len(tshape)
-            rest = math.prod(s for i, s in enumerate(tshape) if i != ua)
-            if rest <= 0 or total % rest or any(s < 0 for s in tshape):
-                shown = "{" + ",".join("?" if i == ua else str(s) for i, s in enumerate(tshape))
-                raise self.error(
-                    f"can not reshape {fmt_shape(src)} to {shown}}} (unspec_axis={ua})"
-                )
+            others = [s for i, s in enumerate(tshape) if i != ua]  # the value at ua is ignored
+            rest = math.prod(others)
+            if rest <= 0 or total % rest or min(others, default=0) < 0:
+                shown = ",".join("?" if i == ua else str(s) for i, s in enumerate(tshape))
+                raise self.error(f"can not reshape {fmt_shape(src)} to {{{shown}}}")
             return tshape[:ua] + (total // rest,) + tshape[ua + 1 :]
         if any(s < 0 for s in tshape) or math.prod(tshape) != total:
             raise self.error(
@@ -175,6 +179,11 @@ class Reshape(_TargetShapeOpr):
         except ValueError:
             return None
 
+    def grad(self, wrt_idx, out_grads):
+        if wrt_idx != 0 or out_grads[0] is None:
+            return None  # the target shape is not differentiable
+        return reshape(out_grads[0], get_var_shape(self.inputs[0])).node
+
     def default_name(self):
         return f"reshape({self.inputs[0].name})"
 
@@ -184,15 +193,20 @@ class Broadcast(_TargetShapeOpr):
     """Broadcast to the target shape with NumPy rules (a read-only zero-stride view)."""
 
     def _target(self, src, tshape):
-        ok = len(src) <= len(tshape) and all(
-            s in (1, t) for s, t in zip(src[::-1], tshape[::-1])
-        )
+        ok = len(src) <= len(tshape) and all(s in (1, t) for s, t in zip(src[::-1], tshape[::-1]))
         if not ok or any(t < 0 for t in tshape):
             raise self.error(f"can not broadcast {fmt_shape(src)} to {fmt_shape(tshape)}")
         return tshape
 
     def _make_view(self, src, shape):
         return np.broadcast_to(src, shape)
+
+    def grad(self, wrt_idx, out_grads):
+        from .grad import reduce_to_input
+
+        if wrt_idx != 0 or out_grads[0] is None:
+            return None
+        return reduce_to_input(out_grads[0], self.inputs[0])
 
     def default_name(self):
         return f"broadcast({self.inputs[0].name})"
@@ -247,6 +261,17 @@ class Dimshuffle(_ViewOpr):
             src, shape, strides, writeable=bool(src.flags.writeable and not dup)
         )
 
+    def grad(self, wrt_idx, out_grads):
+        """The inverse dimshuffle: added axes (size 1) are dropped, dropped ones re-added."""
+        p = self.param
+        if out_grads[0] is None:
+            return None
+        kept = [i for i in p.pattern if i >= 0]
+        if len(set(kept)) != len(kept):
+            raise self.error(f"pattern {p.pattern} repeats an axis: no gradient")
+        inv = tuple(p.pattern.index(i) if i in kept else "x" for i in range(p.ndim))
+        return dimshuffle(out_grads[0], inv, len(p.pattern)).node
+
     def default_name(self):
         return f"dimshuffle({self.inputs[0].name})"
 
@@ -292,6 +317,26 @@ class AxisAddRemove(_ViewOpr):
 
     def _view(self, ins):
         return np.reshape(ins[0], self._out_shape(ins[0].shape), copy=False)
+
+    def grad(self, wrt_idx, out_grads):
+        """The inverse: the steps reversed with add and remove swapped (a negative axis
+        names the same position either way). Removing the only axis keeps shape (1,), which
+        has no inverse step: then, or when the input ndim is unknown, reshape instead."""
+        og, src = out_grads[0], self.inputs[0]
+        if og is None:
+            return None
+        try:
+            ndim = len(infer_shape(src))
+        except DynamicShapeError:
+            ndim = None
+        inverse = []
+        for method, axis in self.param.desc:
+            if ndim is None or (method == "remove" and ndim == 1):
+                return reshape(og, get_var_shape(src)).node
+            ndim += 1 if method == "add" else -1
+            inverse.append(("remove" if method == "add" else "add", axis))
+        param = AxisAddRemoveParam(tuple(reversed(inverse)))
+        return insert_opr(AxisAddRemove([SymbolVar(og).node], param))[0].node
 
     def default_name(self):
         return f"axis_add_rm({self.inputs[0].name})"
@@ -343,6 +388,41 @@ class Concat(OperatorNodeBase):
     def bind(self, ins, outs):
         axis = self.param.axis % outs[0].ndim
         return functools.partial(np.concatenate, ins, axis, out=outs[0])
+
+    def grad(self, wrt_idx, out_grads):
+        """The slice of the output gradient along ``axis`` that input ``wrt_idx`` filled.
+
+        The offsets are sums of the inputs' sizes on ``axis`` (GetVarShape), so a changed or
+        dynamic input shape is followed; constant when every input shape is CONST.
+        """
+        from .indexing import subtensor_getitem
+
+        og = out_grads[0]
+        if og is None:
+            return None
+        if len(self.inputs) == 1:
+            return og
+        axis = self.param.axis
+
+        def size(v):
+            if v.shape_type == InferType.CONST:
+                return infer_shape(v)[axis]
+            return get_var_shape(v, axis)
+
+        begin = None
+        for v in self.inputs[:wrt_idx]:
+            n = size(v)
+            begin = n if begin is None else begin + n
+        end = None
+        if wrt_idx + 1 < len(self.inputs):
+            end = size(self.inputs[wrt_idx])
+            if begin is not None:
+                end = begin + end
+        if axis >= 0:
+            idx = (slice(None),) * axis + (slice(begin, end),)
+        else:
+            idx = (Ellipsis, slice(begin, end)) + (slice(None),) * (-axis - 1)
+        return subtensor_getitem(og, idx).node
 
     def default_name(self):
         return f"concat({','.join(v.name for v in self.inputs)})"

@@ -1,0 +1,162 @@
+"""BLAS kernels (MatrixMul, BatchedMatrixMul, Dot), bound once and run into ``out``.
+
+Transposes are views prepared at bind time; float16/bfloat16 compute in float32, and int8/int16
+operands multiply in int32 when ``out`` is int32.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["bind_batched_matmul", "bind_dot", "bind_matmul"]
+
+_partial = functools.partial
+_F32 = np.dtype(np.float32)
+_I32 = np.dtype(np.int32)
+_LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+_SMALL_INTS = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
+
+
+def _compute_dtype(name: str, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.dtype:
+    if a.dtype != b.dtype:
+        raise ValueError(f"{name}: operands of different dtypes {a.dtype.name}, {b.dtype.name}")
+    dtype = a.dtype
+    if dtype in _LOW_FLOATS:
+        return _F32
+    if dtype in _SMALL_INTS and out.dtype == _I32:
+        return _I32
+    if dtype.kind not in "iuf":
+        raise ValueError(f"{name}: unsupported dtype {dtype.name}")
+    return dtype
+
+
+def _bind(name: str, fn, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    """``fn(a, b, out)`` with operands and result converted to the compute dtype if needed."""
+    dtype = _compute_dtype(name, a, b, out)
+    steps = []
+    operands = []
+    for x in (a, b):
+        if x.dtype != dtype:
+            x32 = np.empty(x.shape, dtype)
+            steps.append(_partial(np.copyto, x32, x, "unsafe"))
+            x = x32
+        operands.append(x)
+    res = out if out.dtype == dtype else np.empty(out.shape, dtype)
+    steps.append(_partial(fn, *operands, res))
+    if res is not out:
+        steps.append(_partial(np.copyto, out, res, "unsafe"))
+    if len(steps) == 1:
+        return steps[0]
+    steps = tuple(steps)
+
+    def run() -> None:
+        for step in steps:
+            step()
+
+    return run
+
+
+def bind_matmul(
+    a: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray,
+    transpose_a: bool = False,
+    transpose_b: bool = False,
+) -> Callable[[], None]:
+    """Bind ``out = op(a) @ op(b)`` for 2-d matrices, op transposing when asked.
+
+    Parameters
+    ----------
+    a, b : numpy.ndarray
+        2-d operands of one dtype.
+    out : numpy.ndarray
+        The (m, n) result.
+    transpose_a, transpose_b : bool
+        Whether to use the transpose of ``a`` / ``b``.
+
+    Returns
+    -------
+    Callable[[], None]
+        A zero-argument callable computing the product into ``out``.
+    """
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"MatrixMul: operands must be 2-d, got shapes {a.shape} and {b.shape}")
+    x = a.T if transpose_a else a
+    y = b.T if transpose_b else b
+    if x.shape[1] != y.shape[0] or out.shape != (x.shape[0], y.shape[1]):
+        raise ValueError(
+            f"MatrixMul: shapes {a.shape} and {b.shape} (transpose_a={transpose_a}, "
+            f"transpose_b={transpose_b}) do not give output shape {out.shape}"
+        )
+    return _bind("MatrixMul", np.matmul, x, y, out)
+
+
+def bind_batched_matmul(
+    a: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray,
+    transpose_a: bool = False,
+    transpose_b: bool = False,
+) -> Callable[[], None]:
+    """Bind ``out[i] = op(a[i]) @ op(b[i])`` for 3-d batches of matrices, batch first.
+
+    Parameters
+    ----------
+    a, b : numpy.ndarray
+        3-d operands of one dtype with the same batch size.
+    out : numpy.ndarray
+        The (batch, m, n) result.
+    transpose_a, transpose_b : bool
+        Whether to transpose every matrix of ``a`` / ``b``.
+
+    Returns
+    -------
+    Callable[[], None]
+        A zero-argument callable computing the products into ``out``.
+    """
+    if a.ndim != 3 or b.ndim != 3:
+        raise ValueError(
+            f"BatchedMatrixMul: operands must be 3-d, got shapes {a.shape} and {b.shape}"
+        )
+    x = a.swapaxes(1, 2) if transpose_a else a
+    y = b.swapaxes(1, 2) if transpose_b else b
+    expected = (x.shape[0], x.shape[1], y.shape[2])
+    if x.shape[0] != y.shape[0] or x.shape[2] != y.shape[1] or out.shape != expected:
+        raise ValueError(
+            f"BatchedMatrixMul: shapes {a.shape} and {b.shape} (transpose_a={transpose_a}, "
+            f"transpose_b={transpose_b}) do not give output shape {out.shape}"
+        )
+    return _bind("BatchedMatrixMul", np.matmul, x, y, out)
+
+
+def bind_dot(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    """Bind the dot product of two 1-d vectors into ``out`` of shape (1,).
+
+    A vector of shape (1,) broadcasts against the other, as MegBrain's Dot allows.
+
+    Parameters
+    ----------
+    a, b : numpy.ndarray
+        1-d operands of one dtype.
+    out : numpy.ndarray
+        The (1,) result.
+
+    Returns
+    -------
+    Callable[[], None]
+        A zero-argument callable computing the dot product into ``out``.
+    """
+    if a.ndim != 1 or b.ndim != 1 or out.shape != (1,):
+        raise ValueError(f"Dot: shapes {a.shape} and {b.shape} (1-d) into {out.shape}")
+    if a.shape != b.shape:
+        if a.shape == (1,):
+            a = np.broadcast_to(a, b.shape)
+        elif b.shape == (1,):
+            b = np.broadcast_to(b, a.shape)
+        else:
+            raise ValueError(f"Dot: vectors of different lengths, shapes {a.shape} and {b.shape}")
+    return _bind("Dot", np.dot, a, b, out.reshape(()))

@@ -1,0 +1,146 @@
+"""Reduce kernels (SUM, SUM_SQR, PRODUCT, MIN, MAX, MEAN), bound once and run into ``out``.
+
+Reduced axes are kept with size 1 in ``out``. Integers accumulate in their own dtype (wrapping
+like C), float16 and bfloat16 in float32.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["REDUCE_MODES", "bind_reduce", "bind_reduce_to_shape"]
+
+_partial = functools.partial
+_F32 = np.dtype(np.float32)
+_LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+#: mode name -> the ufunc whose ``reduce`` does the work
+REDUCE_MODES: dict[str, np.ufunc] = {
+    "SUM": np.add,
+    "SUM_SQR": np.add,
+    "PRODUCT": np.multiply,
+    "MIN": np.minimum,
+    "MAX": np.maximum,
+    "MEAN": np.add,
+}
+
+
+def _chain(steps: Sequence[Callable[[], object]]) -> Callable[[], None]:
+    if len(steps) == 1:
+        return steps[0]
+    steps = tuple(steps)
+
+    def run() -> None:
+        for step in steps:
+            step()
+
+    return run
+
+
+def _bind(mode: str, src: np.ndarray, out: np.ndarray, view: np.ndarray, axes: tuple[int, ...]):
+    """Reduce ``src`` over ``axes`` into ``view``, a view of ``out`` with src's ndim."""
+    try:
+        ufunc = REDUCE_MODES[mode.upper()]
+    except (KeyError, AttributeError):
+        raise ValueError(f"unknown Reduce mode {mode!r}") from None
+    mode = mode.upper()
+    dtype = src.dtype
+    if not (dtype.kind in "iuf" or dtype in _LOW_FLOATS):
+        raise ValueError(f"Reduce mode {mode} does not support dtype {dtype.name}")
+    acc = _F32 if dtype in _LOW_FLOATS else dtype
+    count = math.prod(src.shape[a] for a in axes)
+    if count == 0 and mode in ("MIN", "MAX", "MEAN") and view.size:
+        raise ValueError(f"Reduce mode {mode}: reducing {src.shape} over empty axes {axes}")
+    steps = []
+    if mode == "SUM_SQR":
+        sq = np.empty(src.shape, acc)
+        if acc == dtype:
+            steps.append(_partial(np.square, src, sq))
+        else:
+            steps += [_partial(np.copyto, sq, src, "unsafe"), _partial(np.square, sq, sq)]
+        src = sq
+    res = view if view.dtype == acc else np.empty(view.shape, acc)
+    # dtype=acc: NumPy would otherwise sum small integers in int64, float16 in float16
+    steps.append(_partial(ufunc.reduce, src, axes, acc, res, True))
+    if mode == "MEAN":
+        n = acc.type(count)
+        if acc.kind == "f":
+            steps.append(_partial(np.true_divide, res, n, res))
+        else:  # C integer division truncates toward zero
+            rem = np.empty(res.shape, acc)
+            steps += [
+                _partial(np.fmod, res, n, rem),
+                _partial(np.subtract, res, rem, res),
+                _partial(np.floor_divide, res, n, res),
+            ]
+    if res is not view:
+        steps.append(_partial(np.copyto, view, res, "unsafe"))
+    return _chain(steps)
+
+
+def bind_reduce(
+    mode: str, src: np.ndarray, out: np.ndarray, axis: int | None
+) -> Callable[[], None]:
+    """Bind a reduction over one axis, or over everything.
+
+    Parameters
+    ----------
+    mode : str
+        SUM, SUM_SQR, PRODUCT, MIN, MAX or MEAN, in any case.
+    src : numpy.ndarray
+        The input.
+    out : numpy.ndarray
+        The output: src's shape with ``axis`` set to 1, or shape (1,) when ``axis`` is None.
+    axis : int or None
+        The reduced axis (negative counts from the end), or None to reduce everything.
+
+    Returns
+    -------
+    Callable[[], None]
+        A zero-argument callable computing the reduction into ``out``.
+    """
+    if axis is None:
+        if out.size != 1:
+            raise ValueError(f"Reduce {mode}: output shape {out.shape} for a full reduction")
+        return _bind(mode, src, out, out.reshape((1,) * src.ndim), tuple(range(src.ndim)))
+    if not -src.ndim <= axis < src.ndim:
+        raise ValueError(f"Reduce {mode}: axis {axis} out of range for shape {src.shape}")
+    axis %= src.ndim
+    expected = src.shape[:axis] + (1,) + src.shape[axis + 1 :]
+    if out.shape != expected:
+        raise ValueError(
+            f"Reduce {mode}: output shape {out.shape} for input shape {src.shape} and axis "
+            f"{axis}, expected {expected}"
+        )
+    return _bind(mode, src, out, out, (axis,))
+
+
+def bind_reduce_to_shape(mode: str, src: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    """Bind a reduction of ``src`` to ``out.shape`` under broadcasting rules (used by grads).
+
+    Parameters
+    ----------
+    mode : str
+        SUM, SUM_SQR, PRODUCT, MIN, MAX or MEAN, in any case.
+    src : numpy.ndarray
+        The input.
+    out : numpy.ndarray
+        The output, whose shape broadcasts to src's: every dim equal to src's or 1 (reduced);
+        missing leading dims count as 1.
+
+    Returns
+    -------
+    Callable[[], None]
+        A zero-argument callable computing the reduction into ``out``.
+    """
+    extra = src.ndim - out.ndim
+    target = (1,) * extra + out.shape
+    if extra < 0 or any(t not in (1, s) for t, s in zip(target, src.shape)):
+        raise ValueError(f"Reduce {mode}: can not reduce shape {src.shape} to {out.shape}")
+    axes = tuple(i for i, (t, s) in enumerate(zip(target, src.shape)) if t != s)
+    return _bind(mode, src, out, out.reshape(target), axes)
