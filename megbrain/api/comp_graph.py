@@ -86,24 +86,7 @@ class CompGraph(ComputingGraph):
         items = _map_item_vars(items, expand_virtual_grads)
         func = AsyncExec(target)
         func._input_trans = trans
-        spec = []
-        savers: dict = {}
-        copied = []
-        for item in items:
-            if isinstance(item, copy_output):
-                v = _var_of(item.symvar)
-                key = (v, item.borrow_mem)
-                saver = savers.get(key)
-                if saver is None:
-                    saver = savers[key] = FuncOutputSaver(item.borrow_mem)
-                    spec.append((v, saver.save_array))
-                copied.append((v, saver))
-            elif isinstance(item, (tuple, list)) and len(item) == 2 and callable(item[1]):
-                v = _var_of(item[0])
-                spec.append((v, make_graph_callback(item[1], v, func._cb_worker)))
-            else:
-                v = _var_of(item)
-                spec.append((v, None))
+        spec, copied = _process_outspec(func, items)
         func._bind(target.compile_graph_level(spec), copied, expand_single)
         if inputs is not None:
             func.inputs = inputs
@@ -119,7 +102,31 @@ class CompGraph(ComputingGraph):
         return self.compile(inputs, copy_output(outputs))
 
     def compile_multi_part(self, io_specs):
-        raise MegBrainError("compile_multi_part is not implemented yet")
+        """Compile ``[(inputs, outspec), ...]`` into AsyncExecs that must run in order.
+
+        Each part runs only what its outputs need and reuses values computed by earlier
+        parts; running part 0 again starts a new sequence.
+        """
+        from ..opr.grad import expand_virtual_grads
+
+        if self.is_eager():
+            raise MegBrainError("compile_multi_part is not supported on eager graphs")
+        funcs, specs, extra = [], [], []
+        for inputs, outspec in io_specs:
+            expand_single = isinstance(outspec, copy_output)
+            items = [outspec] if expand_single else list(outspec)
+            items = _map_item_vars(items, expand_virtual_grads)
+            func = AsyncExec(self)
+            spec, copied = _process_outspec(func, items)
+            funcs.append(func)
+            specs.append(spec)
+            extra.append((copied, expand_single, inputs))
+        parts = ComputingGraph.compile_multi_part(self, specs)
+        for func, part, (copied, expand_single, inputs) in zip(funcs, parts, extra):
+            func._bind(part, copied, expand_single)
+            if inputs is not None:
+                func.inputs = inputs
+        return funcs
 
     # forwarders to the module functions
     def make_shared(self, comp_node, **kw):
@@ -152,6 +159,26 @@ class CompGraph(ComputingGraph):
 
     def share_device_memory_with(self, other: CompGraph) -> None:
         """Accepted for compatibility: each function owns its arena here (no sharing)."""
+
+
+def _process_outspec(func: AsyncExec, items):
+    """Graph-level ``[(var, callback)]`` and the copy_output savers of outspec ``items``."""
+    spec, savers, copied = [], {}, []
+    for item in items:
+        if isinstance(item, copy_output):
+            v = _var_of(item.symvar)
+            key = (v, item.borrow_mem)
+            saver = savers.get(key)
+            if saver is None:
+                saver = savers[key] = FuncOutputSaver(item.borrow_mem)
+                spec.append((v, saver.save_array))
+            copied.append((v, saver))
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and callable(item[1]):
+            v = _var_of(item[0])
+            spec.append((v, make_graph_callback(item[1], v, func._cb_worker)))
+        else:
+            spec.append((_var_of(item), None))
+    return spec, copied
 
 
 def _item_var(item):

@@ -6,7 +6,7 @@ import itertools
 import weakref
 from collections.abc import Callable, Sequence
 
-from ..errors import GraphError, MegBrainError
+from ..errors import GraphError
 from .operator import OperatorNodeBase
 from .options import GraphOptions
 from .static_infer import InferPending, Inferer, init_infer_types
@@ -135,8 +135,20 @@ class ComputingGraph:
         return func
 
     def compile_multi_part(self, specs: Sequence[Sequence[tuple[VarNode, Callable | None]]]):
-        """Compile parts that run in order, each reusing what earlier parts computed."""
-        raise MegBrainError("compile_multi_part is not implemented yet")
+        """Compile parts that run in order, each reusing what earlier parts computed.
+
+        Returns one :class:`~megbrain.graph.executor.PartExecutable` per spec; they share
+        one comp seq and memory plan, and compiling again invalidates all of them.
+        """
+        from .executor import AsyncExecutable, PartExecutable
+
+        if len(specs) < 1:
+            raise GraphError("compile_multi_part needs at least one part")
+        if self.current_exec is not None:
+            self.current_exec._invalidate()
+        core = AsyncExecutable(self, [], parts=[list(s) for s in specs])
+        self.current_exec = core
+        return [PartExecutable(core, k) for k in range(len(specs))]
 
     def api_graph(self):
         """The graph object handed to users (the API's CompGraph subclasses this class)."""

@@ -20,7 +20,7 @@ from .mem_plan import StaticAllocator
 from .static_infer import Inferer
 from .var import VarNode
 
-__all__ = ["AsyncExecutable"]
+__all__ = ["AsyncExecutable", "PartExecutable"]
 
 
 class _Plan:
@@ -561,3 +561,50 @@ def _waiter(ev: threading.Event, func: AsyncExecutable):
 
 class _Aborted(Exception):
     pass
+
+
+class PartExecutable:
+    """One part of a multi-part function: runs its slice of the shared comp seq."""
+
+    def __init__(self, core: AsyncExecutable, part: int):
+        self.core = core
+        self.part = part
+
+    def execute(self) -> PartExecutable:
+        self.core.execute(self.part)
+        return self
+
+    def wait(self) -> PartExecutable:
+        self.core.wait()
+        return self
+
+    @property
+    def prev_exec_time(self) -> float:
+        return self.core.prev_exec_time
+
+    @property
+    def graph(self):
+        return self.core.graph
+
+    def iter_opr_seq(self):
+        start, end = self.core.part_bounds[self.part]
+        return iter(self.core.seq[start:end])
+
+    def to_json(self) -> dict:
+        d = self.core.to_json()
+        start, end = self.core.part_bounds[self.part]
+        d["seq"] = d["seq"][start:end]
+        d["part"] = self.part
+        return d
+
+    def clear_device_memory(self) -> None:
+        self.core.clear_device_memory()
+
+    def update_static_alloc_plan_and_get_size(self) -> dict:
+        return self.core.update_static_alloc_plan_and_get_size()
+
+    def mem_alloc_info(self) -> list[dict]:
+        return self.core.mem_alloc_info()
+
+    def _invalidate(self) -> None:
+        self.core._invalidate()
