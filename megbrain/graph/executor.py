@@ -218,7 +218,10 @@ class AsyncExecutable:
         plan = self._plan
         if plan is not None:
             for opr, watch_value, state in plan.states:
-                if opr.runtime_state(watch_value) != state:
+                cur = opr.runtime_state(watch_value)
+                if cur != state:
+                    if not opr.replan_on_change:
+                        raise opr.state_change_error(state, cur)
                     plan = None
                     break
             else:

@@ -181,6 +181,8 @@ class OperatorNodeBase:
     #: sources whose buffers may change between runs: the executor compares
     #: :meth:`runtime_state` before each run and re-plans when it changed
     has_runtime_state: ClassVar[bool] = False
+    #: False: a changed runtime state is an error (:meth:`state_change_error`), not a re-plan
+    replan_on_change: ClassVar[bool] = True
 
     def __init__(self, inputs: Sequence[VarNode], param=None, config: OperatorNodeConfig = None):
         self.inputs: list[VarNode] = list(inputs)
@@ -271,6 +273,10 @@ class OperatorNodeBase:
         May raise to refuse a change (a non-volatile SharedDeviceTensor).
         """
         return None
+
+    def state_change_error(self, old, new) -> MegBrainError:
+        """The error raised when a source with ``replan_on_change=False`` changed."""
+        return MegBrainError(f"{self.type_name} {self.name!r}: runtime state changed")
 
     def default_name(self) -> str:
         """The operator name when the config gives none."""

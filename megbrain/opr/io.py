@@ -117,30 +117,24 @@ class SharedDeviceTensor(_SourceOpr):
     Param = SharedParam
     has_runtime_state = True
 
-    def __init__(self, tensor, param, config):
-        super().__init__(tensor, param, config)
-        self._state0 = self._state()
-
-    def _state(self):
-        arr = _tensor_array(self.tensor)
-        if arr is None:
-            return None
-        return (arr.shape, arr.__array_interface__["data"][0])
+    replan_on_change = False
 
     def source_infer(self):
         return [(CONST, RT_STATIC)]
 
     def runtime_state(self, watch_value=False):
-        st = self._state()
-        if st != self._state0:
-            raise MegBrainError(
-                f"SharedDeviceTensor {self.name!r}: the shared tensor's buffer or shape changed "
-                f"after compile (shape {self._state0[0] if self._state0 else None} -> "
-                f"{st[0] if st else None}); use a volatile shared tensor for that"
-            )
-        if watch_value:
-            st = st + (self.tensor.as_ndarray().tobytes(),)
+        arr = _tensor_array(self.tensor)
+        st = None if arr is None else (arr.shape, arr.__array_interface__["data"][0])
+        if watch_value and arr is not None:
+            st = st + (arr.tobytes(),)
         return st
+
+    def state_change_error(self, old, new) -> MegBrainError:
+        return MegBrainError(
+            f"SharedDeviceTensor {self.name!r}: the shared tensor's buffer or shape changed "
+            f"after compile (shape {old[0] if old else None} -> {new[0] if new else None}); "
+            "restore it, or use a volatile shared tensor"
+        )
 
     def fwd_views(self, ins):
         return [self.tensor.as_ndarray()]
