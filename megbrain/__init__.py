@@ -37,7 +37,12 @@ from .opr.base import SymbolVar, make_opr_config
 from .opr.basic_arith import fill_retain_dtype
 from . import opr  # noqa: E402  (after the API objects it canonizes)
 from .api import cgtools, config  # noqa: E402
-from .api.functions import _add_update_fastpath, current_grad_target, grad  # noqa: E402
+from .api.functions import (  # noqa: E402
+    _add_update_fastpath,
+    current_grad_target,
+    get_graph_optimizer_replaced_var,
+    grad,
+)
 
 comp_node = as_comp_node
 

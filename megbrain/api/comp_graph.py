@@ -7,6 +7,7 @@ import os
 import warnings
 from collections.abc import Sequence
 
+from .. import gopt
 from ..errors import GraphError, MegBrainError
 from ..graph import ComputingGraph, GraphOptions
 from ..opr.base import SymbolVar, as_var
@@ -21,6 +22,7 @@ class CompGraph(ComputingGraph):
     def __init__(self, options: GraphOptions | None = None):
         super().__init__(options)
         self._released = False
+        gopt.install(self)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, CompGraph) and other.id == self.id
@@ -84,6 +86,7 @@ class CompGraph(ComputingGraph):
             items = _map_item_vars(items, copier)
             trans = holder.get("trans", {})
         items = _map_item_vars(items, expand_virtual_grads)
+        items = _map_item_vars(items, lambda vs: gopt.optimize_for_compile(target, vs))
         func = AsyncExec(target)
         func._input_trans = trans
         spec, copied = _process_outspec(func, items)
@@ -116,6 +119,7 @@ class CompGraph(ComputingGraph):
             expand_single = isinstance(outspec, copy_output)
             items = [outspec] if expand_single else list(outspec)
             items = _map_item_vars(items, expand_virtual_grads)
+            items = _map_item_vars(items, lambda vs: gopt.optimize_for_compile(self, vs))
             func = AsyncExec(self)
             spec, copied = _process_outspec(func, items)
             funcs.append(func)

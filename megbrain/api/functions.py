@@ -11,7 +11,12 @@ from ..opr.base import SymbolVar, as_var
 from ..opr.utility import virtual_grad
 from ..opr.value_proxy import CompGraphCallbackValueProxy
 
-__all__ = ["grad", "current_grad_target", "_add_update_fastpath"]
+__all__ = [
+    "grad",
+    "current_grad_target",
+    "_add_update_fastpath",
+    "get_graph_optimizer_replaced_var",
+]
 
 
 def grad(target, wrt, warn_mid_wrt=True, use_virtual_grad=None, return_zero_for_nodep=True):
@@ -78,3 +83,10 @@ def _add_update_fastpath(dest, delta, alpha=1.0, beta=1.0, bias=0.0) -> None:
         return
     res = out * alpha + d * beta + bias if alpha != 0 else d * beta + bias
     np.copyto(out, res, casting="unsafe")
+
+
+def get_graph_optimizer_replaced_var(src) -> SymbolVar:
+    """The var the graph optimizer put in place of ``src`` (``src`` itself if none)."""
+    from ..gopt import get_replaced_var
+
+    return SymbolVar(get_replaced_var(as_var(src)))
