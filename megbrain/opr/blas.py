@@ -109,6 +109,9 @@ class MatrixMul(_MatMulBase):
         p = self.param
         return blas_kernels.bind_matmul(ins[0], ins[1], outs[0], p.transposeA, p.transposeB)
 
+    def grad(self, wrt_idx, out_grads):
+        return _matmul_grad(self, wrt_idx, out_grads, matrix_mul)
+
 
 @register_opr
 class BatchedMatrixMul(_MatMulBase):
@@ -119,6 +122,9 @@ class BatchedMatrixMul(_MatMulBase):
     def bind(self, ins, outs):
         p = self.param
         return blas_kernels.bind_batched_matmul(ins[0], ins[1], outs[0], p.transposeA, p.transposeB)
+
+    def grad(self, wrt_idx, out_grads):
+        return _matmul_grad(self, wrt_idx, out_grads, batched_matrix_mul)
 
 
 @register_opr
@@ -141,6 +147,39 @@ class Dot(OperatorNodeBase):
 
     def bind(self, ins, outs):
         return blas_kernels.bind_dot(ins[0], ins[1], outs[0])
+
+    def grad(self, wrt_idx, out_grads):
+        from .grad import reduce_to_input, sv
+
+        og = out_grads[0]
+        if og is None or not np.issubdtype(self.inputs[wrt_idx].dtype, np.floating):
+            return None
+        from .base import static_shape_or_none
+        from .tensor_manip import broadcast, get_var_shape
+
+        x, other = self.inputs[wrt_idx], sv(self.inputs[1 - wrt_idx])
+        g = sv(og) * other
+        if static_shape_or_none(other.node) == (1,) and static_shape_or_none(x) != (1,):
+            return broadcast(g, get_var_shape(sv(x))).node  # a length-1 operand broadcast
+        return reduce_to_input(g, x)
+
+
+def _matmul_grad(opr, wrt_idx, out_grads, mm):
+    """Gradients of ``C = op(A) @ op(B)``: each is one more (batched) matmul of dC."""
+    from .grad import sv
+
+    og = out_grads[0]
+    if og is None or not np.issubdtype(opr.inputs[wrt_idx].dtype, np.floating):
+        return None
+    a, b, dc = sv(opr.inputs[0]), sv(opr.inputs[1]), sv(og)
+    ta, tb = opr.param.transposeA, opr.param.transposeB
+    if wrt_idx == 0:
+        if ta:
+            return mm(b, dc, transposeA=tb, transposeB=True).node
+        return mm(dc, b, transposeB=not tb).node
+    if tb:
+        return mm(dc, a, transposeA=True, transposeB=ta).node
+    return mm(a, dc, transposeA=not ta).node
 
 
 # ---- functions ---------------------------------------------------------------------------

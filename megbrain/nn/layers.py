@@ -1,0 +1,212 @@
+"""Layers: Linear, Conv2d, BatchNorm, activations, pooling, Dropout, Flatten."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import megbrain as mgb
+
+from . import init
+from .module import Buffer, Module, Parameter, _add_state_update
+
+__all__ = [
+    "Linear",
+    "Conv2d",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "ReLU",
+    "Sigmoid",
+    "Tanh",
+    "MaxPool2d",
+    "AvgPool2d",
+    "Dropout",
+    "Flatten",
+]
+
+
+def _param_var(p, x):
+    """The var of parameter ``p`` in the graph of ``x``."""
+    return p.symvar(x.owner_graph)
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+class Linear(Module):
+    """``y = x @ W.T + b`` with W of shape (out_features, in_features)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, rng=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = Parameter(init.kaiming_uniform((out_features, in_features), rng=rng))
+        if bias:
+            bound = 1 / math.sqrt(in_features)
+            b = (rng or init.default_rng()).uniform(-bound, bound, out_features)
+            self.bias = Parameter(b.astype(np.float32))
+        else:
+            self.bias = None
+
+    def forward(self, x):
+        y = mgb.opr.matrix_mul(x, _param_var(self.weight, x), transposeB=True)
+        if self.bias is not None:
+            y = y + _param_var(self.bias, x).reshape(1, self.out_features)
+        return y
+
+
+class Conv2d(Module):
+    """2-D convolution over NCHW input, weight (out, in/groups, kh, kw)."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 dilation=1, groups=1, bias=True, rng=None):
+        super().__init__()
+        kh, kw = _pair(kernel_size)
+        self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
+        self.groups, self.out_channels = groups, out_channels
+        shape = (out_channels, in_channels // groups, kh, kw)
+        self.weight = Parameter(init.kaiming_uniform(shape, rng=rng))
+        if bias:
+            bound = 1 / math.sqrt(in_channels // groups * kh * kw)
+            b = (rng or init.default_rng()).uniform(-bound, bound, (1, out_channels, 1, 1))
+            self.bias = Parameter(b.astype(np.float32))
+        else:
+            self.bias = None
+
+    def forward(self, x):
+        w = _param_var(self.weight, x)
+        if self.groups > 1:
+            oc, icg, kh, kw = self.weight.shape
+            w = w.reshape(self.groups, oc // self.groups, icg, kh, kw)
+        y = mgb.opr.convolution(
+            x, w,
+            pad_h=self.padding[0], pad_w=self.padding[1],
+            stride_h=self.stride[0], stride_w=self.stride[1],
+            dilate_h=self.dilation[0], dilate_w=self.dilation[1],
+            sparse="GROUP" if self.groups > 1 else "DENSE",
+        )
+        if self.bias is not None:
+            y = y + _param_var(self.bias, x)
+        return y
+
+
+class _BatchNorm(Module):
+    """Batch normalization; running statistics are updated in place while training."""
+
+    _axes: tuple = ()
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
+                 affine: bool = True):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.weight = Parameter(np.ones(num_features, np.float32)) if affine else None
+        self.bias = Parameter(np.zeros(num_features, np.float32)) if affine else None
+        self.running_mean = Buffer(np.zeros(num_features, np.float32))
+        self.running_var = Buffer(np.ones(num_features, np.float32))
+
+    def _bshape(self, ndim: int) -> tuple:
+        shape = [1] * ndim
+        shape[1] = self.num_features
+        return tuple(shape)
+
+    def forward(self, x):
+        ndim = len(x.imm_shape)
+        bshape = self._bshape(ndim)
+        axes = [a for a in range(ndim) if a != 1]
+        if self.training:
+            mean = x.mean(axis=axes, keepdims=True)
+            centered = x - mean
+            var = (centered * centered).mean(axis=axes, keepdims=True)
+            n = int(np.prod([x.imm_shape[a] for a in axes]))
+            g = x.owner_graph
+            m = self.momentum
+            _add_state_update(g, mgb.opr.add_update(
+                self.running_mean.symvar(g), mean.reshape(self.num_features),
+                alpha=1 - m, beta=m))
+            _add_state_update(g, mgb.opr.add_update(
+                self.running_var.symvar(g), var.reshape(self.num_features),
+                alpha=1 - m, beta=m * n / max(n - 1, 1)))
+        else:
+            mean = _param_var(self.running_mean, x).reshape(*bshape)
+            centered = x - mean
+            var = _param_var(self.running_var, x).reshape(*bshape)
+        y = centered / mgb.opr.sqrt(var + self.eps)
+        if self.weight is not None:
+            y = y * _param_var(self.weight, x).reshape(*bshape) + _param_var(
+                self.bias, x).reshape(*bshape)
+        return y
+
+
+class BatchNorm1d(_BatchNorm):
+    """BatchNorm over (N, C) or (N, C, L) input."""
+
+
+class BatchNorm2d(_BatchNorm):
+    """BatchNorm over (N, C, H, W) input."""
+
+
+class ReLU(Module):
+    def forward(self, x):
+        return mgb.opr.elem.relu(x)
+
+
+class Sigmoid(Module):
+    def forward(self, x):
+        return mgb.opr.elem.sigmoid(x)
+
+
+class Tanh(Module):
+    def forward(self, x):
+        return mgb.opr.elem.tanh(x)
+
+
+class _Pool2d(Module):
+    mode = "MAX"
+
+    def __init__(self, kernel_size, stride=None, padding=0):
+        super().__init__()
+        self.kernel = _pair(kernel_size)
+        self.stride = _pair(stride if stride is not None else kernel_size)
+        self.padding = _pair(padding)
+
+    def forward(self, x):
+        return mgb.opr.pooling(
+            x, mode=self.mode,
+            window_h=self.kernel[0], window_w=self.kernel[1],
+            stride_h=self.stride[0], stride_w=self.stride[1],
+            pad_h=self.padding[0], pad_w=self.padding[1],
+        )
+
+
+class MaxPool2d(_Pool2d):
+    mode = "MAX"
+
+
+class AvgPool2d(_Pool2d):
+    mode = "AVERAGE_COUNT_EXCLUDE_PADDING"
+
+
+class Dropout(Module):
+    """Zeroes elements with probability ``p`` while training (seeded), scales by 1/(1-p)."""
+
+    def __init__(self, p: float = 0.5, seed: int = 0):
+        super().__init__()
+        if not 0 <= p < 1:
+            raise mgb.MegBrainError(f"Dropout: p must be in [0, 1), got {p}")
+        self.p, self.seed = p, seed
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        u = mgb.opr.uniform_rng(x.shape, seed=self.seed)
+        keep = mgb.opr.elemwise(self.p, u, mode="LT")
+        return x * keep * (1.0 / (1 - self.p))
+
+
+class Flatten(Module):
+    """(N, ...) -> (N, prod(...))."""
+
+    def forward(self, x):
+        shp = x.imm_shape
+        return x.reshape(shp[0], int(np.prod(shp[1:])))
