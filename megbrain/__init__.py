@@ -42,6 +42,8 @@ from .api.functions import (  # noqa: E402
     current_grad_target,
     get_graph_optimizer_replaced_var,
     grad,
+    inter_graph_trans_var,
+    mark_as_input,
 )
 
 comp_node = as_comp_node

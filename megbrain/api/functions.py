@@ -16,6 +16,8 @@ __all__ = [
     "current_grad_target",
     "_add_update_fastpath",
     "get_graph_optimizer_replaced_var",
+    "inter_graph_trans_var",
+    "mark_as_input",
 ]
 
 
@@ -90,3 +92,27 @@ def get_graph_optimizer_replaced_var(src) -> SymbolVar:
     from ..gopt import get_replaced_var
 
     return SymbolVar(get_replaced_var(as_var(src)))
+
+
+def inter_graph_trans_var(dest_graph, src) -> SymbolVar:
+    """The var of ``dest_graph`` (a copy of ``src``'s graph) that corresponds to ``src``."""
+    table = getattr(dest_graph, "inter_graph_trans", None)
+    if table is None:
+        raise MegBrainError(f"trans func on graph {dest_graph!r} has not been setup")
+    v = as_var(src)
+    if v.graph is dest_graph:
+        return SymbolVar(v)
+    got = table.get(v)
+    if got is None:
+        raise MegBrainError(f"var {v.name!r} has no counterpart in graph {dest_graph!r}")
+    return SymbolVar(got)
+
+
+def mark_as_input(comp_graph, var) -> None:
+    """Register a Host2DeviceCopy var of ``comp_graph`` as a user input of functions."""
+    v = as_var(var)
+    if v.graph is not comp_graph:
+        raise MegBrainError(f"mark_as_input: var {v.name!r} belongs to another graph")
+    if v.owner.type_name != "Host2DeviceCopy":
+        raise MegBrainError(f"mark_as_input: var {v.name!r} is produced by {v.owner.type_name}")
+    comp_graph.user_input_vars[id(v.owner.tensor)] = v

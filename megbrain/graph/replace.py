@@ -30,14 +30,22 @@ def dep_oprs(dest: Iterable[VarNode]) -> list:
     return order
 
 
-def replace_vars(dest: Iterable[VarNode], varmap: Mapping[VarNode, VarNode], graph=None):
+def replace_vars(
+    dest: Iterable[VarNode],
+    varmap: Mapping[VarNode, VarNode],
+    graph=None,
+    memo: dict | None = None,
+):
     """New vars for ``dest`` where each key of ``varmap`` is replaced by its value.
 
     Operators are cloned over their new inputs and inserted into ``graph`` (default: the
-    graph of the dest vars), which deduplicates unchanged structure.
+    graph of the dest vars), which deduplicates unchanged structure. ``memo``, when given,
+    is filled with every old var -> new var mapping made (for inter-graph translation).
     """
     dest = list(dest)
-    memo: dict[VarNode, VarNode] = dict(varmap)
+    if memo is None:
+        memo = {}
+    memo.update(varmap)
     for k, v in memo.items():
         if k.dtype != v.dtype:
             raise GraphError(

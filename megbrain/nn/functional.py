@@ -23,8 +23,7 @@ def softmax(logits, axis: int = 1):
 
 def cross_entropy(logits, onehot):
     """Mean softmax cross-entropy of (N, K) logits against (N, K) one-hot targets."""
-    n = logits.imm_shape[0]
-    return -(log_softmax(logits) * onehot).sum() * (1.0 / n)
+    return -(log_softmax(logits) * onehot).sum(axis=1).mean()
 
 
 def mse_loss(pred, target):

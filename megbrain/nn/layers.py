@@ -209,4 +209,4 @@ class Flatten(Module):
 
     def forward(self, x):
         shp = x.imm_shape
-        return x.reshape(shp[0], int(np.prod(shp[1:])))
+        return x.reshape(-1, int(np.prod(shp[1:])))
