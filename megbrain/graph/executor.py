@@ -242,10 +242,18 @@ class AsyncExecutable:
             for i, v in enumerate(opr.inputs):
                 if i in opr.static_only_inputs and v.value_static:
                     plan.static_values[v] = inf.value(v)
-        for opr in seq:
-            if opr.has_runtime_state or opr in inf.watch_shape or opr in inf.watch_value:
-                wv = opr in inf.watch_value
-                plan.states.append((opr, wv, opr.runtime_state(wv)))
+        # sources read only through static inference (a Reshape target fed by an input)
+        # are not in the seq but must be watched as well
+        watched = [
+            o for o in seq if o.has_runtime_state or o in inf.watch_shape or o in inf.watch_value
+        ]
+        in_seq = set(seq)
+        watched += sorted(
+            (o for o in inf.watch_shape | inf.watch_value if o not in in_seq), key=lambda o: o.id
+        )
+        for opr in watched:
+            wv = opr in inf.watch_value
+            plan.states.append((opr, wv, opr.runtime_state(wv)))
         # readers: last position at which each var is read
         last_read: dict[VarNode, int] = {}
         for pos, opr in enumerate(seq):

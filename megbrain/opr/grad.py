@@ -8,6 +8,8 @@ Contributions to a var used many times are summed.
 from __future__ import annotations
 
 import warnings
+
+import numpy as np
 from collections.abc import Sequence
 
 from ..errors import GraphError, MegBrainError
@@ -37,19 +39,30 @@ def _static_shape(v: VarNode):
 
 
 def reduce_to_input(g, inp: VarNode) -> VarNode:
-    """Sum a gradient ``g`` (of a broadcast result) back to ``inp``'s shape."""
+    """Sum a gradient ``g`` (of a broadcast result) back to ``inp``'s shape.
+
+    Static shortcuts are taken only for CONST shapes: RT_STATIC shapes may change between
+    runs, so the reduction then follows the shapes symbolically.
+    """
+    from ..graph import InferType
     from .basic_arith import reduce_general
-    from .tensor_manip import get_var_shape, reshape
+    from .io import make_immutable
+    from .tensor_manip import concat, get_var_shape, reshape
 
     g = sv(g)
+    const = g.node.shape_type == InferType.CONST and inp.shape_type == InferType.CONST
     gs, xs = _static_shape(g.node), _static_shape(inp)
-    if gs is not None and xs is not None:
-        if gs == xs:
-            return g.node
-        if len(gs) > len(xs):
-            lead = (1,) * (len(gs) - len(xs)) + tuple(xs)
-            r = reduce_general(g, mode="SUM", target_shape=lead)
+    if const and gs == xs:
+        return g.node
+    if gs is not None and xs is not None and len(gs) > len(xs):
+        k = len(gs) - len(xs)
+        if const:
+            r = reduce_general(g, mode="SUM", target_shape=(1,) * k + tuple(xs))
             return reshape(r, xs).node
+        ones = make_immutable(inp.comp_node, inp.graph, np.ones(k, np.int32))
+        xshape = get_var_shape(sv(inp))
+        r = reduce_general(g, mode="SUM", target_shape=concat([ones, xshape], axis=0))
+        return reshape(r, xshape).node
     return reduce_general(g, mode="SUM", target_shape=get_var_shape(sv(inp))).node
 
 
