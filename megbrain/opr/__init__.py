@@ -37,3 +37,6 @@ from .tensor_manip import (
     remove_axis,
     reshape,
 )
+from . import dnn_image, dnn_norm
+from .dnn_image import resize, roi_align, roi_pooling, warp_perspective
+from .dnn_norm import batch_norm, batch_norm_no_statistic, lrn

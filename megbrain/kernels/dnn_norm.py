@@ -1,0 +1,184 @@
+"""Normalization kernels (MegDNN's BNForward/BNBackward and LRN forward/backward), bound once
+to their arrays and run into the given outputs.
+
+Low-precision floats (float16, bfloat16) are computed in float32; float32 and float64 in their
+own precision.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = [
+    "bn_reduce_axes",
+    "bind_bn_forward",
+    "bind_bn_backward",
+    "bind_lrn_forward",
+    "bind_lrn_backward",
+]
+
+
+def _ct(*arrays: np.ndarray) -> np.dtype:
+    """The compute dtype: float64 if any operand is float64, else float32."""
+    if any(a.dtype == np.float64 for a in arrays):
+        return np.dtype(np.float64)
+    return np.dtype(np.float32)
+
+
+def _cast(a: np.ndarray, ct: np.dtype) -> np.ndarray:
+    return a if a.dtype == ct else a.astype(ct)
+
+
+def _store(out: np.ndarray, val) -> None:
+    np.copyto(out, val, casting="unsafe")
+
+
+def bn_reduce_axes(x_shape: tuple, param_shape: tuple) -> tuple[int, ...]:
+    """The axes BatchNorm reduces over: those where the param (scale) has size 1."""
+    del x_shape
+    return tuple(i for i, s in enumerate(param_shape) if s == 1)
+
+
+def bind_bn_forward(
+    x: np.ndarray,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    mean: np.ndarray | None,
+    var: np.ndarray | None,
+    out_mean: np.ndarray,
+    out_var: np.ndarray,
+    save_mean: np.ndarray,
+    save_inv_var: np.ndarray,
+    y: np.ndarray,
+    *,
+    training: bool,
+    epsilon: float,
+    avg_factor: float,
+) -> Callable[[], None]:
+    """Batch normalization over the axes where ``scale`` has size 1.
+
+    TRAINING: batch statistics normalize ``x``; ``save_mean``/``save_inv_var`` receive the batch
+    mean and ``1/sqrt(var + eps)`` (biased variance) and, when ``mean``/``var`` are given,
+    ``out_mean``/``out_var`` receive ``old*(1-avg_factor) + batch*avg_factor`` where the variance
+    is the unbiased one (``n/(n-1)``; ``n == 1`` gives inf/nan as in MegDNN). INFERENCE: ``mean``
+    and ``var`` normalize ``x``; ``save_mean``/``save_inv_var`` receive them as used.
+    """
+    axes = bn_reduce_axes(x.shape, scale.shape)
+    n = math.prod(x.shape[i] for i in axes)
+    ct = _ct(x, scale)
+    eps, f = float(epsilon), float(avg_factor)
+    has_stats = mean is not None and out_mean.size > 0
+
+    def run_training() -> None:
+        xc = _cast(x, ct)
+        m = xc.mean(axis=axes, keepdims=True)
+        d = xc - m
+        v = np.mean(d * d, axis=axes, keepdims=True)
+        inv = 1.0 / np.sqrt(v + eps)
+        _store(save_mean, m)
+        _store(save_inv_var, inv)
+        if has_stats:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                unbiased = v * (n / (n - 1) if n > 1 else np.inf)
+            _store(out_mean, _cast(mean, ct) * (1 - f) + m * f)
+            _store(out_var, _cast(var, ct) * (1 - f) + unbiased * f)
+        d *= inv * _cast(scale, ct)
+        d += _cast(bias, ct)
+        _store(y, d)
+
+    def run_inference() -> None:
+        xc = _cast(x, ct)
+        inv = 1.0 / np.sqrt(_cast(var, ct) + eps)
+        _store(save_mean, mean)
+        _store(save_inv_var, inv)
+        d = xc - _cast(mean, ct)
+        d *= inv * _cast(scale, ct)
+        d += _cast(bias, ct)
+        _store(y, d)
+
+    return run_training if training else run_inference
+
+
+def bind_bn_backward(
+    x: np.ndarray,
+    dy: np.ndarray,
+    save_mean: np.ndarray,
+    save_inv_var: np.ndarray,
+    scale: np.ndarray,
+    d_scale: np.ndarray,
+    d_bias: np.ndarray,
+    dx: np.ndarray,
+) -> Callable[[], None]:
+    """The gradient of TRAINING-mode batch normalization w.r.t. scale, bias and x."""
+    axes = bn_reduce_axes(x.shape, scale.shape)
+    n = math.prod(x.shape[i] for i in axes)
+    ct = _ct(x, scale)
+
+    def run() -> None:
+        mu, ivar = _cast(save_mean, ct), _cast(save_inv_var, ct)
+        xmu = _cast(x, ct) - mu
+        g = _cast(dy, ct)
+        _store(d_bias, g.sum(axis=axes, keepdims=True))
+        _store(d_scale, (g * xmu).sum(axis=axes, keepdims=True) * ivar)
+        dxhat = g * _cast(scale, ct)
+        dvar = (dxhat * xmu).sum(axis=axes, keepdims=True) * (-0.5 * ivar**3)
+        dmu = dxhat.sum(axis=axes, keepdims=True) * -ivar
+        dxhat *= ivar
+        dxhat += xmu * (2.0 * dvar / n)
+        dxhat += dmu / n
+        _store(dx, dxhat)
+
+    return run
+
+
+def _window_sum(sq: np.ndarray, half: int) -> np.ndarray:
+    """``out[:, c] = sum(sq[:, max(0, c-half) : c+half+1])`` along axis 1."""
+    out = sq.copy()
+    nc = sq.shape[1]
+    for k in range(1, min(half, nc - 1) + 1):
+        out[:, k:] += sq[:, :-k]
+        out[:, :-k] += sq[:, k:]
+    return out
+
+
+def bind_lrn_forward(
+    src: np.ndarray, dst: np.ndarray, *, n: int, k: float, alpha: float, beta: float
+) -> Callable[[], None]:
+    """``dst = src * (k + alpha * sum_{window of n channels} src**2) ** -beta`` (NCHW)."""
+    ct, half = _ct(src), n // 2
+
+    def run() -> None:
+        s = _cast(src, ct)
+        t = _window_sum(s * s, half)
+        t *= alpha
+        t += k
+        _store(dst, s * t ** (-beta))
+
+    return run
+
+
+def bind_lrn_backward(
+    src: np.ndarray,
+    diff: np.ndarray,
+    grad: np.ndarray,
+    *,
+    n: int,
+    k: float,
+    alpha: float,
+    beta: float,
+) -> Callable[[], None]:
+    """The gradient of LRN w.r.t. its input, given the output gradient ``diff``."""
+    ct, half = _ct(src), n // 2
+
+    def run() -> None:
+        s, h = _cast(src, ct), _cast(diff, ct)
+        t = _window_sum(s * s, half)
+        t *= alpha
+        t += k
+        cross = _window_sum(h * s * t ** (-beta - 1.0), half)
+        _store(grad, h * t ** (-beta) - (2.0 * alpha * beta) * s * cross)
+
+    return run

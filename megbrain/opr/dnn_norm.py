@@ -1,0 +1,379 @@
+"""Normalization operators (SPEC.md 4.4): BatchNorm and LRN with their backward operators, and
+the ``mgb.opr`` functions ``batch_norm``, ``batch_norm_no_statistic`` and ``lrn``.
+
+Running statistics: MegBrain's BatchNorm in TRAINING mode overwrites its running_mean and
+running_variance inputs (shared tensors) in place, its outputs 0 and 1 being those very
+buffers. Here outputs 0 and 1 are fresh vars holding the *updated* statistics
+(``old*(1-avg_factor) + batch*avg_factor``) and the inputs are left untouched: the operator
+contract lets an operator overwrite only one input (``overwrites()``), and BatchNorm would need
+two. The training layer applies them with ``add_update(running_mean, out[0], alpha=0, beta=1)``
+(same for the variance); the comp seq then runs BatchNorm before the updates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dtype import is_bfloat16
+from ..errors import GraphError
+from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..graph.operator import fmt_shape
+from ..kernels import dnn_norm as kern
+from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+
+__all__ = [
+    "BNParam",
+    "BatchNorm",
+    "BatchNormBackward",
+    "LRNParam",
+    "LRN",
+    "LRNBackward",
+    "batch_norm",
+    "batch_norm_no_statistic",
+    "lrn",
+]
+
+PARAM_DIMS = ("DIM_11HW", "DIM_1CHW", "DIM_1C11")
+FWD_MODES = ("TRAINING", "INFERENCE")
+
+
+def _is_float(dt: np.dtype) -> bool:
+    return (dt.kind == "f" and not dt.metadata) or is_bfloat16(dt)
+
+
+def _check_float(opr: OperatorNodeBase, what: str, dt: np.dtype) -> None:
+    if not _is_float(dt):
+        raise opr.error(f"{what} must be a float var, got {dt}")
+
+
+@dataclass(frozen=True)
+class BNParam(ParamBase):
+    """Param of BatchNorm (MegDNN's ``BN``).
+
+    ``param_dim`` names the shape of scale, bias and the statistics; as in MegDNN's CPU kernel,
+    the statistics are taken over the axes where scale has size 1.
+    """
+
+    param_dim: str = "DIM_11HW"
+    fwd_mode: str = "TRAINING"
+    epsilon: float = 1e-4
+    avg_factor: float = 1.0
+    _choices = {"param_dim": PARAM_DIMS, "fwd_mode": FWD_MODES}
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+        object.__setattr__(self, "avg_factor", float(self.avg_factor))
+
+
+@register_opr
+class BatchNorm(OperatorNodeBase):
+    """Batch normalization of a 4-d ``x``; inputs (x, scale, bias[, running_mean, running_var]).
+
+    Outputs in MegBrain order: running_mean, running_var (the updated statistics; shape (0,)
+    without statistics or in INFERENCE mode), save_mean, save_inv_var (``1/sqrt(var + eps)``)
+    and y. INFERENCE normalizes with the given running statistics, which save_mean and
+    save_inv_var then echo.
+    """
+
+    Param = BNParam
+
+    @property
+    def _has_stats(self) -> bool:
+        return len(self.inputs) == 5 and self.param.fwd_mode == "TRAINING"
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) not in (3, 5):
+            raise self.error(f"expected 3 or 5 inputs, got {len(in_dtypes)}")
+        if len(in_dtypes) == 3 and self.param.fwd_mode == "INFERENCE":
+            raise self.error("INFERENCE mode needs running_mean and running_variance")
+        _check_float(self, "x", in_dtypes[0])
+        _check_float(self, "scale", in_dtypes[1])
+        for i, what in enumerate(
+            ("bias", "running_mean", "running_variance")[: len(in_dtypes) - 2]
+        ):
+            if in_dtypes[i + 2] != in_dtypes[1]:
+                raise self.error(
+                    f"{what} must have scale's dtype {in_dtypes[1]}, got {in_dtypes[i + 2]}"
+                )
+        return [in_dtypes[1]] * 4 + [in_dtypes[0]]
+
+    def infer_shapes(self, in_shapes, in_values):
+        x, p = tuple(in_shapes[0]), tuple(in_shapes[1])
+        if len(x) != 4:
+            raise self.error(f"x must be 4-d, got {fmt_shape(x)}")
+        if len(p) != 4 or any(s not in (1, xs) for s, xs in zip(p, x)):
+            raise self.error(
+                f"scale of shape {fmt_shape(p)} does not match x {fmt_shape(x)} "
+                f"({self.param.param_dim}: every axis must be 1 or x's size)"
+            )
+        names = ("bias", "running_mean", "running_variance")
+        for what, s in zip(names, in_shapes[2:]):
+            if tuple(s) != p:
+                raise self.error(f"{what} has shape {fmt_shape(s)}, scale has {fmt_shape(p)}")
+        stats = p if self._has_stats else (0,)
+        return [stats, stats, p, p, x]
+
+    def bind(self, ins, outs):
+        mean, var = (ins[3], ins[4]) if len(ins) == 5 else (None, None)
+        return kern.bind_bn_forward(
+            ins[0],
+            ins[1],
+            ins[2],
+            mean,
+            var,
+            *outs,
+            training=self.param.fwd_mode == "TRAINING",
+            epsilon=self.param.epsilon,
+            avg_factor=self.param.avg_factor,
+        )
+
+    def default_name(self):
+        return f"batch_norm({self.inputs[0].name})"
+
+    def grad(self, wrt_idx, out_grads):
+        if self.param.fwd_mode != "TRAINING":
+            raise self.error("batch norm could only take grad in TRAINING mode")
+        if wrt_idx > 2 or out_grads[4] is None:
+            return None  # MegBrain differentiates y only; the statistics get no gradient
+        x, scale = self.inputs[0], self.inputs[1]
+        save_mean, save_inv_var = self.outputs[2], self.outputs[3]
+        bwd = BatchNormBackward([x, out_grads[4], save_mean, save_inv_var, scale], self.param, None)
+        d_scale, d_bias, dx = insert_opr(bwd)
+        return (dx, d_scale, d_bias)[wrt_idx].node
+
+
+@register_opr
+class BatchNormBackward(OperatorNodeBase):
+    """Inputs (x, y_grad, save_mean, save_inv_var, scale); outputs (scale_grad, bias_grad,
+    x_grad) of TRAINING-mode batch normalization."""
+
+    Param = BNParam
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) != 5:
+            raise self.error(f"expected 5 inputs, got {len(in_dtypes)}")
+        return [in_dtypes[4], in_dtypes[4], in_dtypes[0]]
+
+    def infer_shapes(self, in_shapes, in_values):
+        p = tuple(in_shapes[4])
+        if tuple(in_shapes[1]) != tuple(in_shapes[0]):
+            raise self.error(
+                f"y_grad {fmt_shape(in_shapes[1])} differs from x {fmt_shape(in_shapes[0])}"
+            )
+        return [p, p, tuple(in_shapes[0])]
+
+    def bind(self, ins, outs):
+        return kern.bind_bn_backward(*ins, *outs)
+
+    def default_name(self):
+        return f"batch_norm_bwd({self.inputs[0].name})"
+
+
+@dataclass(frozen=True)
+class LRNParam(ParamBase):
+    """Param of LRN: window ``n`` (odd) channels, ``(k + alpha * sum x**2) ** -beta``."""
+
+    n: int = 5
+    k: float = 2.0
+    alpha: float = 1e-4
+    beta: float = 0.75
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "n", int(self.n))
+        for f in ("k", "alpha", "beta"):
+            object.__setattr__(self, f, float(getattr(self, f)))
+
+
+class _LRNBase(OperatorNodeBase):
+    Param = LRNParam
+
+    def default_name(self):
+        return f"{self.type_name.lower()}({self.inputs[0].name})"
+
+    def _kw(self) -> dict:
+        p = self.param
+        return {"n": p.n, "k": p.k, "alpha": p.alpha, "beta": p.beta}
+
+    def infer_dtypes(self, in_dtypes):
+        for i, dt in enumerate(in_dtypes):
+            _check_float(self, f"input {i}", dt)
+        if any(d != in_dtypes[0] for d in in_dtypes):
+            raise self.error("inputs must share one dtype: " + ", ".join(map(str, in_dtypes)))
+        if self.param.n <= 0 or self.param.n % 2 == 0:
+            raise self.error(f"window n must be a positive odd number, got {self.param.n}")
+        return [in_dtypes[0]]
+
+    def infer_shapes(self, in_shapes, in_values):
+        src = tuple(in_shapes[0])
+        if len(src) != 4:
+            raise self.error(f"src must be 4-d (NCHW), got {fmt_shape(src)}")
+        for s in in_shapes[1:]:
+            if tuple(s) != src:
+                raise self.error(f"shape {fmt_shape(s)} differs from src {fmt_shape(src)}")
+        return [src]
+
+
+@register_opr
+class LRN(_LRNBase):
+    """Local response normalization across channels of an NCHW var."""
+
+    def bind(self, ins, outs):
+        return kern.bind_lrn_forward(ins[0], outs[0], **self._kw())
+
+    def grad(self, wrt_idx, out_grads):
+        if out_grads[0] is None:
+            return None
+        bwd = LRNBackward([self.inputs[0], self.outputs[0], out_grads[0]], self.param, None)
+        return insert_opr(bwd)[0].node
+
+
+@register_opr
+class LRNBackward(_LRNBase):
+    """Inputs (src, dst, dst_grad); output src_grad of LRN."""
+
+    def bind(self, ins, outs):
+        return kern.bind_lrn_backward(ins[0], ins[2], outs[0], **self._kw())
+
+
+# ---- functions ---------------------------------------------------------------------------
+def batch_norm(
+    x,
+    scale,
+    bias,
+    running_mean=None,
+    running_variance=None,
+    *,
+    param_dim: str = "DIM_11HW",
+    fwd_mode: str = "TRAINING",
+    epsilon: float = 1e-4,
+    avg_factor: float = 1.0,
+    name: str | None = None,
+    comp_node=None,
+    config=None,
+    comp_graph=None,
+) -> list[SymbolVar]:
+    """Batch normalization (registry name ``BatchNorm``), cuDNN-like.
+
+    Parameters
+    ----------
+    x : SymbolVar
+        The 4-d input.
+    scale, bias : SymbolVar or array_like
+        Of the param shape: 1 on the reduced axes, x's size elsewhere (``(1, C, 1, 1)`` for
+        ``DIM_1C11``).
+    running_mean, running_variance : SymbolVar, optional
+        The running statistics (both or neither). Without them this is
+        :func:`batch_norm_no_statistic`.
+    param_dim : {"DIM_11HW", "DIM_1CHW", "DIM_1C11"}
+        The param shape's name.
+    fwd_mode : {"TRAINING", "INFERENCE"}
+        Batch statistics (TRAINING) or the running ones (INFERENCE).
+    epsilon : float
+        Added to the variance.
+    avg_factor : float
+        Weight of the batch statistics in the running update
+        ``new = old * (1 - avg_factor) + batch * avg_factor`` (the variance unbiased).
+    name, comp_node, config, comp_graph
+        The operator config, as for every ``mgb.opr`` function.
+
+    Returns
+    -------
+    list of SymbolVar
+        In TRAINING mode with statistics: ``[running_mean, running_variance, save_mean,
+        save_inv_variance, y]``, the first two being the *updated* statistics, which the
+        caller applies with ``add_update`` (see the module docstring). Otherwise MegBrain
+        drops the two empty outputs: ``[save_mean, save_inv_variance, y]``.
+    """
+    if (running_mean is None) != (running_variance is None):
+        raise GraphError("batch_norm: give both running_mean and running_variance, or neither")
+    cfg = _merge_config(name, comp_node, config)
+    inputs = [x, scale, bias]
+    if running_mean is not None:
+        inputs += [running_mean, running_variance]
+    vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
+    param = BNParam(param_dim, fwd_mode, epsilon, avg_factor)
+    outs = insert_opr(BatchNorm(vars_, param, cfg))
+    if len(vars_) == 5 and param.fwd_mode == "TRAINING":
+        return outs
+    return outs[2:]
+
+
+def batch_norm_no_statistic(
+    x,
+    scale,
+    bias,
+    *,
+    param_dim: str = "DIM_11HW",
+    fwd_mode: str = "TRAINING",
+    epsilon: float = 1e-4,
+    avg_factor: float = 1.0,
+    name: str | None = None,
+    comp_node=None,
+    config=None,
+    comp_graph=None,
+) -> list[SymbolVar]:
+    """Batch normalization without running statistics (registry name ``BatchNorm``).
+
+    Parameters are those of :func:`batch_norm`; INFERENCE mode is an error (it needs running
+    statistics).
+
+    Returns
+    -------
+    list of SymbolVar
+        ``[save_mean, save_inv_variance, y]``.
+    """
+    return batch_norm(
+        x,
+        scale,
+        bias,
+        param_dim=param_dim,
+        fwd_mode=fwd_mode,
+        epsilon=epsilon,
+        avg_factor=avg_factor,
+        name=name,
+        comp_node=comp_node,
+        config=config,
+        comp_graph=comp_graph,
+    )
+
+
+def lrn(
+    src,
+    *,
+    n: int = 5,
+    k: float = 2.0,
+    alpha: float = 1e-4,
+    beta: float = 0.75,
+    name: str | None = None,
+    comp_node=None,
+    config=None,
+    comp_graph=None,
+) -> SymbolVar:
+    """Local response normalization across channels (registry name ``LRN``).
+
+    ``y[:, c] = x[:, c] * (k + alpha * sum(x[:, c'] ** 2)) ** -beta`` over the channels
+    ``c'`` within ``n // 2`` of ``c``.
+
+    Parameters
+    ----------
+    src : SymbolVar
+        A 4-d float NCHW var.
+    n : int
+        The (odd) window size.
+    k, alpha, beta : float
+        The normalization constants.
+    name, comp_node, config, comp_graph
+        The operator config, as for every ``mgb.opr`` function.
+
+    Returns
+    -------
+    SymbolVar
+        Of ``src``'s shape and dtype.
+    """
+    cfg = _merge_config(name, comp_node, config)
+    vars_ = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
+    return insert_opr(LRN(vars_, LRNParam(n, k, alpha, beta), cfg))[0]
