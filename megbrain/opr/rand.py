@@ -1,0 +1,146 @@
+"""Random operators (SPEC.md 4.7): UniformRNG and GaussianRNG, with ``uniform_rng`` and
+``gaussian_rng``.
+
+Each operator owns a generator seeded from its param when it first runs, so a fresh graph
+with the same seed gives the same sequence and successive runs advance it (as MegBrain's
+per-operator megdnn RNG state). Random operators are never deduplicated nor value-inferred.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph import register_opr
+from .base import SymbolVar, _merge_config, insert_opr
+from .gen import DTypeParam, ShapeSourceOpr, shape_input
+
+__all__ = ["UniformRNG", "GaussianRNG", "uniform_rng", "gaussian_rng"]
+
+
+@dataclass(frozen=True)
+class UniformRNGParam(DTypeParam):
+    seed: int = 0
+    dtype: np.dtype = np.dtype(np.float32)
+
+
+@dataclass(frozen=True)
+class GaussianRNGParam(DTypeParam):
+    seed: int = 0
+    mean: float = 0.0
+    std: float = 1.0
+    dtype: np.dtype = np.dtype(np.float32)
+
+
+class _RNGBase(ShapeSourceOpr):
+    """(shape): random values of that shape, from this operator's own generator."""
+
+    value_inferable = False
+    dedup = False
+
+    def infer_dtypes(self, in_dtypes):
+        dt = super().infer_dtypes(in_dtypes)[0]
+        if dt.kind != "f":
+            raise self.error(f"output dtype must be a float dtype, got {dt}")
+        return [dt]
+
+    def generator(self) -> np.random.Generator:
+        """This operator's generator, seeded from the param on first use."""
+        rng = self.__dict__.get("_rng")
+        if rng is None:
+            rng = self._rng = np.random.Generator(np.random.PCG64(self.param.seed))
+        return rng
+
+    def clone(self, inputs):
+        new = super().clone(inputs)
+        new.__dict__.pop("_rng", None)  # a copied graph starts from the seed
+        return new
+
+    def _fill(self, rng: np.random.Generator, out: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def bind(self, ins, outs):
+        out = outs[0]
+        return lambda: self._fill(self.generator(), out)
+
+
+def _native(out: np.ndarray):
+    """(array to draw into, whether to cast into ``out`` afterwards)."""
+    if out.dtype in (np.float32, np.float64) and out.flags.c_contiguous:
+        return out, False
+    return np.empty(out.shape, np.float32), True
+
+
+@register_opr
+class UniformRNG(_RNGBase):
+    """Uniform values in (0, 1]."""
+
+    Param = UniformRNGParam
+
+    def _fill(self, rng, out):
+        buf, cast = _native(out)
+        rng.random(dtype=buf.dtype, out=buf)
+        np.subtract(1, buf, out=buf)  # [0, 1) -> (0, 1]
+        if cast:
+            np.copyto(out, buf, casting="unsafe")
+
+
+@register_opr
+class GaussianRNG(_RNGBase):
+    """Normal values of the param's mean and standard deviation."""
+
+    Param = GaussianRNGParam
+
+    def _fill(self, rng, out):
+        buf, cast = _native(out)
+        rng.standard_normal(dtype=buf.dtype, out=buf)
+        p = self.param
+        buf *= p.std
+        buf += p.mean
+        if cast:
+            np.copyto(out, buf, casting="unsafe")
+
+
+def uniform_rng(
+    shape,
+    seed: int = 0,
+    *,
+    dtype="float32",
+    name=None,
+    comp_node=None,
+    config=None,
+    comp_graph=None,
+) -> SymbolVar:
+    """Uniform random values in (0, 1] (registry name ``UniformRNG``).
+
+    Parameters
+    ----------
+    shape : ints, SymbolVar, or ints and int vars mixed
+        The output shape; plain ints need ``comp_graph`` and ``comp_node``.
+    seed : int
+        The seed: a fresh graph with the same seed gives the same values.
+    """
+    cfg = _merge_config(name, comp_node, config)
+    sv = shape_input(shape, cfg, comp_graph)
+    return insert_opr(UniformRNG([sv], UniformRNGParam(int(seed), dtype), cfg))[0]
+
+
+def gaussian_rng(
+    shape,
+    seed: int = 0,
+    mean: float = 0,
+    std: float = 1,
+    *,
+    dtype="float32",
+    name=None,
+    comp_node=None,
+    config=None,
+    comp_graph=None,
+) -> SymbolVar:
+    """Normal random values with ``mean`` and ``std`` (registry name ``GaussianRNG``); see
+    :func:`uniform_rng` for ``shape`` and ``seed``."""
+    cfg = _merge_config(name, comp_node, config)
+    sv = shape_input(shape, cfg, comp_graph)
+    param = GaussianRNGParam(int(seed), float(mean), float(std), dtype)
+    return insert_opr(GaussianRNG([sv], param, cfg))[0]
