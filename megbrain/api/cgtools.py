@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable
 
+from ..errors import MegBrainError
 from ..opr.base import SymbolVar, as_var
 from ..opr.operator_handle import Operator
 
@@ -15,6 +16,9 @@ __all__ = [
     "get_opr_type",
     "get_oprs_seq",
     "graph_traversal",
+    "replace_vars",
+    "replace_oprs",
+    "set_priority_to_id",
 ]
 
 
@@ -59,7 +63,10 @@ def graph_traversal(outputs: Iterable):
     """BFS from ``outputs``' owner operators.
 
     Returns ``(map_oprs, map_vars, var2oprs, opr2receivers, indegree2opr, opr2indegree)``
-    keyed by ids, as in the reference.
+    keyed by ids, as in the reference: ``map_oprs`` opr id -> :class:`Operator`,
+    ``map_vars`` var id -> var (every output and input seen), ``var2oprs`` var id ->
+    ``[(reader opr id, input index)]``, ``opr2receivers`` opr id -> reader opr ids (once per
+    input edge), ``indegree2opr`` number of inputs -> opr ids and ``opr2indegree``.
     """
     map_oprs, map_vars = collections.defaultdict(set), collections.defaultdict(set)
     var2oprs = collections.defaultdict(list)
@@ -74,8 +81,8 @@ def graph_traversal(outputs: Iterable):
         map_oprs[opr.id] = Operator(opr)
         for v in opr.outputs:
             map_vars[v.id] = SymbolVar(v)
-        for inp in opr.inputs:
-            var2oprs[inp.id].append(opr.id)
+        for idx, inp in enumerate(opr.inputs):
+            var2oprs[inp.id].append((opr.id, idx))
             opr2receivers[inp.owner.id].append(opr.id)
             map_vars[inp.id] = SymbolVar(inp)
             queue.append(inp.owner)
@@ -122,8 +129,47 @@ def get_oprs_seq(outputs, prune_reshape: bool = False) -> list[Operator]:
             if o in needed:
                 continue
             needed.add(o)
-            ins = o.inputs[:1] if o.type_name in ("Reshape", "Broadcast") else o.inputs
+            ins = o.inputs[:1] if o.type_name == "Reshape" else o.inputs
             stack.extend(v.owner for v in ins)
         order = [o for o in order if o in needed]
     return [Operator(o) for o in order if o.type_name != "ImmutableTensor"]
 
+
+def replace_vars(dst, varmap) -> list[SymbolVar]:
+    """New vars for ``dst`` with their dependencies substituted (``cg::replace_vars``).
+
+    ``varmap`` is a dict or a list of ``(old, new)`` pairs of vars.
+    """
+    from ..graph.replace import replace_vars as _replace
+
+    pairs = varmap.items() if isinstance(varmap, dict) else varmap
+    vmap = {as_var(k): as_var(v) for k, v in pairs}
+    return [SymbolVar(v) for v in _replace([as_var(v) for v in _as_list(dst)], vmap)]
+
+
+def replace_oprs(dst, oprmap) -> list[SymbolVar]:
+    """New vars for ``dst`` with operators substituted (``cg::replace_oprs``).
+
+    ``oprmap`` maps :class:`Operator` to :class:`Operator` (a dict or a list of pairs); the
+    outputs of each old operator are replaced by those of the new one.
+    """
+    pairs = oprmap.items() if isinstance(oprmap, dict) else oprmap
+    varmap = []
+    for old, new in pairs:
+        old_outs, new_outs = old.opr.outputs, new.opr.outputs
+        if len(old_outs) != len(new_outs):
+            raise MegBrainError(
+                f"replace_oprs: {old.name!r} has {len(old_outs)} outputs but its replacement "
+                f"{new.name!r} has {len(new_outs)}"
+            )
+        varmap.extend(zip(old_outs, new_outs))
+    return replace_vars(dst, varmap)
+
+
+def set_priority_to_id(dest_vars) -> None:
+    """Give every operator ``dest_vars`` depend on whose priority is 0 priority = its id."""
+    from ..graph.replace import dep_oprs
+
+    for opr in dep_oprs([as_var(v) for v in _as_list(dest_vars)]):
+        if opr.priority == 0:
+            opr.priority = opr.id

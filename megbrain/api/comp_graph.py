@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import os
 import warnings
 from collections.abc import Sequence
@@ -71,6 +70,7 @@ class CompGraph(ComputingGraph):
 
         expand_single = isinstance(outspec, copy_output)
         items = [outspec] if expand_single else list(outspec)
+        user_outs = _user_copy_outputs(items)
         target, trans = self, {}
         if copy or self.is_eager():
             # compile a non-eager copy; this graph's current function stays valid
@@ -90,7 +90,7 @@ class CompGraph(ComputingGraph):
         func = AsyncExec(target)
         func._input_trans = trans
         spec, copied = _process_outspec(func, items)
-        func._bind(target.compile_graph_level(spec), copied, expand_single)
+        func._bind(target.compile_graph_level(spec), copied, expand_single, user_outs)
         if inputs is not None:
             func.inputs = inputs
         return func
@@ -118,16 +118,17 @@ class CompGraph(ComputingGraph):
         for inputs, outspec in io_specs:
             expand_single = isinstance(outspec, copy_output)
             items = [outspec] if expand_single else list(outspec)
+            user_outs = _user_copy_outputs(items)
             items = _map_item_vars(items, expand_virtual_grads)
             items = _map_item_vars(items, lambda vs: gopt.optimize_for_compile(self, vs))
             func = AsyncExec(self)
             spec, copied = _process_outspec(func, items)
             funcs.append(func)
             specs.append(spec)
-            extra.append((copied, expand_single, inputs))
+            extra.append((copied, expand_single, inputs, user_outs))
         parts = ComputingGraph.compile_multi_part(self, specs)
-        for func, part, (copied, expand_single, inputs) in zip(funcs, parts, extra):
-            func._bind(part, copied, expand_single)
+        for func, part, (copied, expand_single, inputs, user_outs) in zip(funcs, parts, extra):
+            func._bind(part, copied, expand_single, user_outs)
             if inputs is not None:
                 func.inputs = inputs
         return funcs
@@ -185,6 +186,11 @@ def _process_outspec(func: AsyncExec, items):
     return spec, copied
 
 
+def _user_copy_outputs(items) -> list:
+    """The user's vars of the copy_output items, before any graph copy or optimization."""
+    return [_var_of(it.symvar) for it in items if isinstance(it, copy_output)]
+
+
 def _item_var(item):
     if isinstance(item, copy_output):
         return _var_of(item.symvar)
@@ -214,7 +220,8 @@ def _copy_into(src: CompGraph, dst: CompGraph, vars_):
     """Copy the subgraph of ``vars_`` into ``dst``; returns (new vars, new->original inputs)."""
     from ..graph.replace import replace_vars
 
-    new = replace_vars(vars_, {}, graph=dst)
+    memo = dst.__dict__.setdefault("inter_graph_trans", {})
+    new = replace_vars(vars_, {}, graph=dst, memo=memo)
     trans = {}
     for opr in dst.all_oprs():
         if opr.type_name == "Host2DeviceCopy":
@@ -249,6 +256,7 @@ class AsyncExec:
         self._inputs_explicit = False
         self._savers: list = []
         self._available: tuple = ()
+        self._output_vars: list = []
         self._expand_single = False
         self._auto_wait = True
         self._borrow_on_cpu = False
@@ -256,11 +264,17 @@ class AsyncExec:
         #: input var of a copied graph -> the user's original input var
         self._input_trans: dict = {}
 
-    def _bind(self, func, copied, expand_single):
+    def _bind(self, func, copied, expand_single, user_outs=None):
+        """``copied``: ``[(compiled var, saver)]`` per copy_output item; ``user_outs``: the
+        user's vars of those items (they differ after a graph copy or an optimization)."""
         self._func = func
+        if user_outs is None or len(user_outs) != len(copied):
+            user_outs = [v for v, _ in copied]
         self._var2output_saver = dict(copied)
+        self._var2output_saver.update(zip(user_outs, (s for _, s in copied)))
         self._savers = [s for _, s in copied]
-        self._available = tuple(SymbolVar(v) for v, _ in copied)
+        self._output_vars = [SymbolVar(v) for v in user_outs]
+        self._available = tuple(dict.fromkeys(self._output_vars))
         self._expand_single = expand_single and len(copied) == 1
 
     def __del__(self):
@@ -303,8 +317,7 @@ class AsyncExec:
         missing = needed - set(given)
         if missing:
             raise AssertionError(
-                f"inputs {sorted(v.name for v in missing)} are needed by the function but "
-                "not given"
+                f"inputs {sorted(v.name for v in missing)} are needed by the function but not given"
             )
         self._set_inputs(given, True)
 
@@ -362,7 +375,15 @@ class AsyncExec:
         if self.callbefore_func is not None:
             self.callbefore_func()
         if args or kwargs:
-            self._setup_args(args, kwargs)
+            if not self._auto_wait:
+                self._func.wait()  # the previous run may still be reading the inputs
+            pairs = self._inputs
+            if not kwargs and self._inputs_explicit and len(args) == len(pairs):
+                borrow = self._auto_wait  # the hot path: positional inputs
+                for (_, proxy), val in zip(pairs, args):
+                    proxy.set_value(val, borrow=borrow)
+            else:
+                self._setup_args(args, kwargs)
         self._func.execute()
         if self.callback_func is not None:
             self.callback_func()
@@ -381,11 +402,15 @@ class AsyncExec:
         return self
 
     def wait(self) -> AsyncExec:
-        """Drain callbacks, then wait for the device; re-raise the first error."""
-        self._cb_worker.wait()
+        """Wait for the run and drain its callbacks; re-raise the first error.
+
+        The device is waited for first: a run dispatches its eager callbacks while it runs,
+        so draining the callback worker before the run ended could miss the last ones.
+        """
         try:
             self._func.wait()
         finally:
+            self._cb_worker.wait()
             err = self._cb_worker.take_error()
         if err is not None:
             raise err if isinstance(err, MegBrainError) else MegBrainError(str(err))
@@ -405,7 +430,8 @@ class AsyncExec:
 
     @property
     def outputs(self) -> tuple:
-        return tuple(SymbolVar(v) for v in self._var2output_saver)
+        """The vars whose values a call returns, in order (settable: reorder/duplicate)."""
+        return tuple(self._output_vars)
 
     @outputs.setter
     def outputs(self, vars_: Sequence):
@@ -416,6 +442,7 @@ class AsyncExec:
                 raise GraphError(f"var {node.name!r} is not a copy_output of this function")
             savers.append(self._var2output_saver[node])
         self._savers = savers
+        self._output_vars = [SymbolVar(_var_of(v)) for v in vars_]
         self._expand_single = False
 
     def dump(self) -> dict:
@@ -435,27 +462,30 @@ def comp_graph(*, extra_opts: dict | None = None, check_env_var: bool = True) ->
     """Create a :class:`CompGraph` (SPEC.md 2.1).
 
     With ``check_env_var``, ``MGB_COMP_GRAPH_OPT="k=v;k2=v2"`` adds options (``extra_opts``
-    win, with a warning) and ``MGB_COMP_GRAPH_USER_DATA="k=pyexpr;..."`` fills user_data.
+    win; a warning lists what was taken from the env) and
+    ``MGB_COMP_GRAPH_USER_DATA="k=pyexpr;..."`` fills user_data with the evaluated
+    expressions, as the reference does.
     """
     opts = dict(extra_opts or {})
     cg = CompGraph()
     if check_env_var:
         env = os.environ.get("MGB_COMP_GRAPH_OPT")
         if env:
+            from_env = {}
             for item in filter(None, env.split(";")):
                 k, _, v = item.partition("=")
-                k = k.strip()
-                if k in opts:
-                    warnings.warn(
-                        f"option {k} from MGB_COMP_GRAPH_OPT overridden by extra_opts",
-                        stacklevel=2,
-                    )
-                opts.setdefault(k, v.strip())
+                from_env[k.strip()] = v.strip()
+                opts.setdefault(k.strip(), v.strip())
+            warnings.warn(
+                f"set comp graph option from env MGB_COMP_GRAPH_OPT: {from_env}"
+                + (f" (extra_opts take precedence: {extra_opts})" if extra_opts else ""),
+                stacklevel=2,
+            )
         env = os.environ.get("MGB_COMP_GRAPH_USER_DATA")
         if env:
             for item in filter(None, env.split(";")):
                 k, _, v = item.partition("=")
-                cg.user_data[k.strip()] = ast.literal_eval(v.strip())
+                cg.user_data[k.strip()] = eval(v.strip(), {})  # noqa: S307 - as the reference
     for k, v in opts.items():
         cg.set_option(k, v)
     return cg

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
+import weakref
 
 from ..device import comp_node as _cn
 from ..errors import MegBrainError
@@ -36,8 +36,19 @@ _default_type = ["CUDA"]
 
 
 def set_device_map(logical_dev, physical_dev, device_type=None) -> None:
-    """Map logical device ``logical_dev`` to ``physical_dev`` (ints or strings like 'gpu3')."""
-    _cn.set_device_map(device_type or _default_type[0], logical_dev, physical_dev)
+    """Map logical device ``logical_dev`` to ``physical_dev`` (ints or strings like 'gpu3').
+
+    The device type defaults to that of a ``'cpuN'``/``'gpuN'`` string argument, else to
+    ``'CUDA'`` or whatever :func:`set_default_device` last set.
+    """
+    if device_type is None:
+        for d in (logical_dev, physical_dev):
+            if isinstance(d, str) and d[:3] in ("cpu", "gpu"):
+                device_type = "CPU" if d.startswith("cpu") else "CUDA"
+                break
+        else:
+            device_type = _default_type[0]
+    _cn.set_device_map(device_type, logical_dev, physical_dev)
 
 
 def set_default_device(physical_dev, device_type=None) -> None:
@@ -79,34 +90,72 @@ def add_extra_vardep(var, dep) -> None:
     v.graph.options.extra_vardeps.setdefault(v, []).append(d)
 
 
-def _scoped_hook(comp_graph, hook):
-    @contextlib.contextmanager
-    def scope():
-        comp_graph.opr_insert_hooks.append(hook)
-        try:
-            yield
-        finally:
-            comp_graph.opr_insert_hooks.remove(hook)
+class _GraphPropertyBase:
+    """A context manager setting a property on the operators inserted into a graph.
 
-    return scope()
+    Each graph keeps one stack per property class: only the innermost scope applies, and
+    leaving it restores the enclosing one.
+    """
+
+    _stacks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __init__(self, comp_graph, prop):
+        self._graph = comp_graph
+        self._prop = prop
+
+    @staticmethod
+    def _apply(opr, prop) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        per_graph = self._stacks.setdefault(self._graph, {})
+        entry = per_graph.get(type(self))
+        if entry is None:
+            stack: list = []
+            apply = type(self)._apply
+
+            def hook(opr):
+                apply(opr, stack[-1])
+
+            entry = per_graph[type(self)] = (stack, hook)
+            self._graph.opr_insert_hooks.append(hook)
+        entry[0].append(self._prop)
+        return self
+
+    def __exit__(self, *exc):
+        per_graph = self._stacks[self._graph]
+        stack, hook = per_graph[type(self)]
+        stack.pop()
+        if not stack:
+            self._graph.opr_insert_hooks.remove(hook)
+            del per_graph[type(self)]
+        return False
 
 
-def opr_priority_scope(comp_graph, priority: int):
-    """Operators inserted in the scope get ``priority`` (or min(old, priority) if set)."""
+class opr_priority_scope(_GraphPropertyBase):  # noqa: N801 - reference name
+    """Operators inserted in the scope get ``priority`` (or min(old, priority) if set).
 
-    def hook(opr):
-        opr.priority = priority if opr.priority == 0 else min(opr.priority, priority)
+    Smaller runs earlier; see :data:`LOWEST_PRIORITY` and :data:`HIGHEST_PRIORITY`.
+    """
 
-    return _scoped_hook(comp_graph, hook)
+    def __init__(self, comp_graph, priority: int):
+        super().__init__(comp_graph, int(priority))
+
+    @staticmethod
+    def _apply(opr, prop) -> None:
+        opr.priority = prop if opr.priority == 0 else min(opr.priority, prop)
 
 
-def exc_opr_tracker_scope(comp_graph, tracker):
-    """Operators inserted in the scope carry ``tracker``; their errors expose it."""
+class exc_opr_tracker_scope(_GraphPropertyBase):  # noqa: N801 - reference name
+    """Operators inserted in the scope carry ``tracker``; their errors expose it as
+    ``MegBrainError.tracker``."""
 
-    def hook(opr):
-        opr.tracker = tracker
+    def __init__(self, comp_graph, tracker):
+        super().__init__(comp_graph, tracker)
 
-    return _scoped_hook(comp_graph, hook)
+    @staticmethod
+    def _apply(opr, prop) -> None:
+        opr.tracker = prop
 
 
 def get_opr_tracker(cg, var_id: int):

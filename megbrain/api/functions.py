@@ -57,17 +57,27 @@ def _add_update_fastpath(dest, delta, alpha=1.0, beta=1.0, bias=0.0) -> None:
 
     if not isinstance(dest, SharedND):
         raise MegBrainError("_add_update_fastpath: dest must be a SharedND")
+    dest._apply_lazy_init()
+    if not dest.dev_tensor.shape_valid():
+        raise MegBrainError("_add_update_fastpath: dest is empty")
     if isinstance(delta, SharedND):
-        if delta.comp_node != dest.comp_node:
-            raise MegBrainError(
-                f"_add_update_fastpath: comp node mismatch {dest.comp_node} vs {delta.comp_node}"
-            )
-        delta._dev.sync()
-        d = delta._dev.as_ndarray()
+        delta._apply_lazy_init()
+        if not delta.dev_tensor.shape_valid():
+            raise MegBrainError("_add_update_fastpath: delta is empty")
+        dcn = delta.comp_node
     elif isinstance(delta, CompGraphCallbackValueProxy):
-        d = delta.dev_value
+        dcn = delta.comp_node
     else:
         raise MegBrainError("_add_update_fastpath: delta must be a SharedND or a value proxy")
+    if dcn != dest.comp_node:
+        raise MegBrainError(
+            f"_add_update_fastpath: comp node mismatch: dest on {dest.comp_node}, delta on {dcn}"
+        )
+    if isinstance(delta, SharedND):
+        delta.dev_tensor.sync()
+        d = delta.dev_tensor.as_ndarray()
+    else:
+        d = delta.dev_value
     if d.dtype != dest.dtype:
         raise MegBrainError(
             f"_add_update_fastpath: dtype mismatch: dest {dest.dtype}, delta {d.dtype}"

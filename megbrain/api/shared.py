@@ -26,6 +26,8 @@ __all__ = [
     "make_immutable",
 ]
 
+_copyto = np.copyto
+
 _EAGER_COPY_WARN = (
     "copy from eager-copied CompGraphCallbackValueProxy into SharedND; "
     "consider using callback_lazycopy"
@@ -126,7 +128,7 @@ class SharedND:
         if isinstance(w, CompGraphCallbackValueProxy):
             if w.eager_copied:
                 warnings.warn(_EAGER_COPY_WARN, stacklevel=2)
-            self._copy_from_array(w.dev_value)
+            self._copy_from_proxy(w)
             return self
         if isinstance(w, SharedND):
             w._apply_lazy_init()
@@ -137,6 +139,28 @@ class SharedND:
         self._lazy_init = None
         self._copy_from_array(w)
         return self
+
+    def _copy_from_proxy(self, proxy: CompGraphCallbackValueProxy) -> None:
+        """Copy a callback value now, on the calling thread.
+
+        The proxy's memory belongs to the running function and may be reused as soon as the
+        callback returns, and a lazy callback may run on this tensor's own comp node worker
+        (where a dispatched copy would only run after the whole run), so the copy is done
+        here rather than enqueued. An eager proxy is copied from its host copy, taken when
+        the value was produced.
+        """
+        src = proxy.get_value(borrow_mem=True)
+        dev = self._dev
+        if src.dtype != dev.dtype:
+            raise MegBrainError(
+                f"set_value: callback value of dtype {src.dtype} can not be copied into a "
+                f"SharedND of dtype {dev.dtype}"
+            )
+        self._lazy_init = None
+        if not (dev.shape_valid() and tuple(dev.shape) == src.shape):
+            dev.resize(src.shape)
+        self.comp_node.impl.copy(dev.as_ndarray(), src)
+        self._refkeeper = None
 
     def _copy_from_array(self, arr) -> None:
         arr = np.asarray(arr)
@@ -237,8 +261,7 @@ def _check_peer(a: SharedND, b: SharedND, what: str) -> None:
         raise MegBrainError(f"{what}: expected a SharedND, got {type(b).__name__}")
     if a.dtype != b.dtype or a.comp_node != b.comp_node:
         raise MegBrainError(
-            f"{what}: dtype/comp node mismatch: {a.dtype}@{a.comp_node} vs "
-            f"{b.dtype}@{b.comp_node}"
+            f"{what}: dtype/comp node mismatch: {a.dtype}@{a.comp_node} vs {b.dtype}@{b.comp_node}"
         )
 
 
@@ -250,7 +273,8 @@ class _HostSharedND:
         self._borrow_on_cpu = False
         self._proxied_opr = None
         self._borrowed_ptr = None
-        self._view = (None, None, None)  # (storage, layout, ndarray) cache of the host array
+        #: (storage, layout, ndarray, shape, dtype) of the host array, for the hot path
+        self._view = None
 
     @property
     def tensor(self) -> HostTensorND:
@@ -266,7 +290,7 @@ class _HostSharedND:
         p = _HostSharedND.__new__(_HostSharedND)
         p._tensor, p._borrow_on_cpu, p._proxied_opr = opr.tensor, False, opr
         p._borrowed_ptr = None
-        p._view = (None, None, None)
+        p._view = None
         return p
 
     def __repr__(self) -> str:
@@ -283,8 +307,9 @@ class _HostSharedND:
     def as_sym_var(self, cg, enable_static_infer=True, name=None) -> SymbolVar:
         if self._tensor.empty():
             cg.options.allocate_static_mem_after_graph_compile = False
-        var = io.host2device_copy(cg, self._tensor, enable_value_infer=enable_static_infer,
-                                  name=name)
+        var = io.host2device_copy(
+            cg, self._tensor, enable_value_infer=enable_static_infer, name=name
+        )
         cg.user_input_vars[id(self._tensor)] = var.node
         return var
 
@@ -294,43 +319,60 @@ class _HostSharedND:
         return self.as_sym_var(comp_graph, enable_static_infer, name)
 
     def _resize(self, shape) -> None:
-        self._tensor.resize(shape)
+        """Resize (data not initialised); borrowed storage is first replaced by our own."""
+        t = self._tensor
+        if self._borrowed_ptr is not None:
+            fresh = HostTensorND(t.comp_node, shape, t.dtype)
+            t.reset(fresh.storage, fresh.layout)
+            self._borrowed_ptr = None
+        else:
+            t.resize(shape)
+        self._view = None
 
     def set_value(self, w, *, borrow: bool = False) -> _HostSharedND:
         """Set the host value; ``borrow`` shares ``w``'s memory (off on CPU unless enabled)."""
         t = self._tensor
-        st, lay, view = self._view
-        if (
-            st is t.storage
-            and lay is t.layout
-            and type(w) is np.ndarray
-            and w.shape == view.shape
-            and w.dtype == view.dtype
-            and not (borrow and self._borrow_on_cpu)
-        ):
-            np.copyto(view, w)  # the hot path: same shape and dtype, copy into own storage
-            return self
+        cache = self._view
+        if cache is not None and type(w) is np.ndarray:
+            # the hot path (every call of a compiled function): same shape and dtype, copied
+            # into our own storage; valid while the tensor keeps the cached storage/layout
+            st, lay, view, shape, dt = cache
+            if (
+                t._storage is st
+                and t._layout is lay
+                and w.shape == shape
+                and (w.dtype is dt or w.dtype == dt)
+                and not (borrow and self._borrow_on_cpu)
+                and (w.size < 1024 or w.flags.c_contiguous)
+            ):
+                _copyto(view, w)
+                return self
         self._set_value_slow(w, borrow)
         if t.shape_valid() and self._borrowed_ptr is None:
-            self._view = (t.storage, t.layout, t.as_ndarray())
+            view = t.as_ndarray()
+            self._view = (t.storage, t.layout, view, view.shape, view.dtype)
         else:
-            self._view = (None, None, None)
+            self._view = None
         return self
 
     def _set_value_slow(self, w, borrow: bool) -> None:
+        io.clear_shape_only(self._tensor)
         t = self._tensor
         dt = t.dtype
         if type(w) is np.ndarray:
             if w.size >= 1024 and (w.dtype != dt or not w.flags.c_contiguous):
                 warnings.warn(
                     f"set_value: converting input of dtype {w.dtype} to {dt} "
-                    "(or making it contiguous) is slow", stacklevel=2)
+                    "(or making it contiguous) is slow",
+                    stacklevel=2,
+                )
         else:
             w0 = w
             w = np.ascontiguousarray(w, dtype=dt) if not hasattr(w, "dtype") else np.asarray(w)
             if w.size >= 1024 and not os.environ.get("MGB_DISABLE_SET_VALUE_WARN"):
-                warnings.warn(f"set_value from {type(w0).__name__} of size {w.size} is slow",
-                              stacklevel=2)
+                warnings.warn(
+                    f"set_value from {type(w0).__name__} of size {w.size} is slow", stacklevel=2
+                )
         if w.dtype != dt:
             w = convert_array(w, dt)
         if w.ndim == 0:
@@ -461,14 +503,16 @@ class ProxySharedNDAndSymbolVar(SymbolVar):
             ev.reeval(self.node)
 
 
-def make_shared(comp_node, *, dtype=None, shape=None, value=None, comp_graph=None, name=None,
-                volatile=None):
+def make_shared(
+    comp_node, *, dtype=None, shape=None, value=None, comp_graph=None, name=None, volatile=None
+):
     """A device SharedND, or with ``comp_graph`` its ProxySharedNDAndSymbolVar (SPEC.md 2.1)."""
     if value is not None and shape is not None:
         raise MegBrainError("make_shared: value and shape are mutually exclusive")
     if dtype is None:
-        dtype = to_mgb_supported_dtype(np.asarray(value).dtype) if value is not None else (
-            np.float32)
+        dtype = (
+            to_mgb_supported_dtype(np.asarray(value).dtype) if value is not None else (np.float32)
+        )
     snd = SharedND(comp_node, dtype)
     if value is not None:
         snd.set_value(value)
@@ -481,20 +525,34 @@ def make_shared(comp_node, *, dtype=None, shape=None, value=None, comp_graph=Non
     return ProxySharedNDAndSymbolVar(snd, comp_graph, name, volatile=bool(volatile))
 
 
-def make_arg(comp_node, comp_graph, *, dtype=np.float32, shape=None, name=None, value=None,
-             enable_static_infer=True):
+def make_arg(
+    comp_node,
+    comp_graph,
+    *,
+    dtype=np.float32,
+    shape=None,
+    name=None,
+    value=None,
+    enable_static_infer=True,
+):
     """A runtime input: a _HostSharedND feeding a Host2DeviceCopy (SPEC.md 2.1)."""
     if value is not None:
         value = np.asarray(value)
         if dtype is None:
             dtype = to_mgb_supported_dtype(value.dtype)
+        if shape is not None and tuple(shape) != value.shape:
+            raise MegBrainError(
+                f"make_arg: shape {tuple(shape)} differs from the value's shape {value.shape}"
+            )
     hsnd = _HostSharedND(comp_node, np.float32 if dtype is None else dtype)
     if value is not None:
         hsnd.set_value(value)
     elif shape is not None:
         hsnd._resize(shape)
-    return ProxySharedNDAndSymbolVar(hsnd, comp_graph, name,
-                                     enable_static_infer=enable_static_infer)
+        io.mark_shape_only(hsnd.tensor)
+    return ProxySharedNDAndSymbolVar(
+        hsnd, comp_graph, name, enable_static_infer=enable_static_infer
+    )
 
 
 def make_immutable(comp_node, comp_graph, value, *, dtype=None, name=None) -> SymbolVar:

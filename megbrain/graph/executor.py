@@ -258,7 +258,11 @@ class AsyncExecutable:
         last_read: dict[VarNode, int] = {}
         for pos, opr in enumerate(seq):
             for v in data_inputs(opr):
-                last_read[v] = pos
+                # a reader on another comp node runs at an unknown time relative to the
+                # producer's node: keep the memory for the whole run
+                last_read[v] = len(seq) if v.comp_node != opr.comp_node else max(
+                    last_read.get(v, -1), pos
+                )
         for k, part in enumerate(self.parts):
             for v, _ in part:
                 last_read[v] = max(last_read.get(v, -1), self._pos_of(v), self.part_bounds[k][0])
@@ -541,6 +545,8 @@ class AsyncExecutable:
     @staticmethod
     def _wrap_error(opr, exc: BaseException) -> BaseException:
         if isinstance(exc, MegBrainError) and opr is not None and opr.name in str(exc):
+            if exc.tracker is None:
+                exc.tracker = opr.tracker
             return exc
         if opr is None:
             return exc

@@ -67,6 +67,21 @@ class _SourceOpr(OperatorNodeBase):
         return f"{self.type_name}{self.id}"
 
 
+#: ids of host tensors given a shape hint but no value yet (make_arg(shape=...)): their value
+#: is not inferable until set (the reference defers inference to the first value)
+_SHAPE_ONLY: set[int] = set()
+
+
+def mark_shape_only(tensor) -> None:
+    """``tensor`` has a shape but no meaningful value yet."""
+    _SHAPE_ONLY.add(id(tensor))
+
+
+def clear_shape_only(tensor) -> None:
+    """``tensor`` now holds a real value."""
+    _SHAPE_ONLY.discard(id(tensor))
+
+
 @dataclass(frozen=True)
 class H2DParam(ParamBase):
     tensor_id: int
@@ -82,6 +97,11 @@ class Host2DeviceCopy(_SourceOpr):
 
     def source_infer(self):
         return [(RT_STATIC, RT_STATIC if self.param.enable_value_infer else MISSING)]
+
+    def infer_value(self, in_values, out_shapes):
+        if id(self.tensor) in _SHAPE_ONLY:
+            raise InferPending(f"Host2DeviceCopy {self.name!r}: the input has no value yet")
+        return super().infer_value(in_values, out_shapes)
 
     def runtime_state(self, watch_value=False):
         # the storage object and layout change whenever the host tensor is re-allocated,
