@@ -66,7 +66,6 @@ class CompGraph(ComputingGraph):
         """
         if optimize_for_inference:
             raise MegBrainError("optimize_for_inference is not implemented yet")
-        from ..opr.grad import expand_virtual_grads
 
         expand_single = isinstance(outspec, copy_output)
         items = [outspec] if expand_single else list(outspec)
@@ -85,8 +84,7 @@ class CompGraph(ComputingGraph):
 
             items = _map_item_vars(items, copier)
             trans = holder.get("trans", {})
-        items = _map_item_vars(items, expand_virtual_grads)
-        items = _map_item_vars(items, lambda vs: gopt.optimize_for_compile(target, vs))
+        items = _optimize_and_expand(target, items)
         func = AsyncExec(target)
         func._input_trans = trans
         spec, copied = _process_outspec(func, items)
@@ -110,7 +108,6 @@ class CompGraph(ComputingGraph):
         Each part runs only what its outputs need and reuses values computed by earlier
         parts; running part 0 again starts a new sequence.
         """
-        from ..opr.grad import expand_virtual_grads
 
         if self.is_eager():
             raise MegBrainError("compile_multi_part is not supported on eager graphs")
@@ -119,8 +116,7 @@ class CompGraph(ComputingGraph):
             expand_single = isinstance(outspec, copy_output)
             items = [outspec] if expand_single else list(outspec)
             user_outs = _user_copy_outputs(items)
-            items = _map_item_vars(items, expand_virtual_grads)
-            items = _map_item_vars(items, lambda vs: gopt.optimize_for_compile(self, vs))
+            items = _optimize_and_expand(self, items)
             func = AsyncExec(self)
             spec, copied = _process_outspec(func, items)
             funcs.append(func)
@@ -189,6 +185,18 @@ def _process_outspec(func: AsyncExec, items):
 def _user_copy_outputs(items) -> list:
     """The user's vars of the copy_output items, before any graph copy or optimization."""
     return [_var_of(it.symvar) for it in items if isinstance(it, copy_output)]
+
+
+def _optimize_and_expand(graph, items):
+    """Optimize the forward graph, expand VirtualGrads over it, then optimize the result
+    (the gradient is built from the optimized forward graph, as in the reference)."""
+    from ..opr.grad import expand_virtual_grads
+
+    items = _map_item_vars(items, lambda vs: gopt.optimize_for_compile(graph, vs))
+    expanded = _map_item_vars(items, expand_virtual_grads)
+    if expanded is items:
+        return items
+    return _map_item_vars(expanded, lambda vs: gopt.optimize_for_compile(graph, vs))
 
 
 def _item_var(item):
