@@ -49,6 +49,8 @@ def _canonize(dtype_like: Any) -> np.dtype:
 
 
 def _same_dtype(a: np.dtype | None, b: np.dtype | None) -> bool:
+    if a is None or b is None:
+        return a is b
     return a is b or (a == b and a.metadata == b.metadata)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import re
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -486,13 +487,20 @@ def as_comp_node(desc: str | CompNode) -> CompNode:
     raise ConversionError(f"can not convert {desc!r} ({type(desc).__name__}) to a comp node")
 
 
-def finalize() -> None:
-    """Stop every worker thread without waiting; pending work is dropped.
+def finalize(timeout: float = 2.0) -> None:
+    """Stop every worker thread: pending work is dropped, running tasks may finish.
 
-    Runs at interpreter exit. Comp nodes stay usable: a later dispatch starts a new worker.
+    Runs at interpreter exit. It waits at most ``timeout`` seconds in all for the tasks that
+    are running to return, because a kernel still running in a daemon thread while the
+    process exits can deadlock native libraries (OpenBLAS joins its own threads in its
+    exit handler and hangs if a multi-threaded BLAS call is in flight); longer tasks are
+    abandoned. Comp nodes stay usable: a later dispatch starts a new worker.
     """
-    for impl in list(_impls.values()):
-        impl.stop()
+    workers = [w for w in (impl.stop() for impl in list(_impls.values())) if w is not None]
+    deadline = time.monotonic() + timeout
+    for w in workers:
+        if not w.on_thread():
+            w.join(max(0.0, deadline - time.monotonic()))
 
 
 _mgb_global_finalize = finalize

@@ -6,6 +6,7 @@ One implementation object exists per physical locator ``(type, dev, stream)``; e
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -109,8 +110,10 @@ class CompNodeImpl:
         """``(total, free)`` bytes of the node's memory."""
         raise NotImplementedError
 
-    def stop(self) -> None:
-        """Release threads and other resources (called by ``finalize``)."""
+    def stop(self) -> Worker | None:
+        """Drop pending work and release threads (called by ``finalize``); returns the
+        worker still finishing its running task, if any, for ``finalize`` to join."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.locator})"
@@ -132,8 +135,6 @@ class CpuCompNodeImpl(CompNodeImpl):
 
     @classmethod
     def device_count(cls) -> int:
-        import os
-
         return os.cpu_count() or 1
 
     def alloc(self, nbytes: int) -> np.ndarray:
@@ -173,11 +174,12 @@ class CpuCompNodeImpl(CompNodeImpl):
     def mem_status_bytes(self) -> tuple[int, int]:
         return host_mem_status()
 
-    def stop(self) -> None:
+    def stop(self) -> Worker | None:
         with self._start_lock:
             worker, self._worker = self._worker, None
         if worker is not None:
             worker.stop()
+        return worker
 
 
 class CpuDefaultCompNodeImpl(CpuCompNodeImpl):
@@ -206,7 +208,7 @@ class CpuDefaultCompNodeImpl(CpuCompNodeImpl):
             raise exc
 
     def stop(self) -> None:
-        pass
+        return None
 
 
 _BACKENDS: dict[int, type[CompNodeImpl]] = {CPU: CpuCompNodeImpl}

@@ -63,6 +63,11 @@ class Worker:
         self._stopped = True
         self._queue.put(None)
 
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait (at most ``timeout`` seconds) for the thread to end; True if it ended."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     def is_alive(self) -> bool:
         """Whether the thread is still running."""
         return self._thread.is_alive()

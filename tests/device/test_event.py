@@ -199,6 +199,8 @@ def test_finalize_stops_workers_and_nodes_stay_usable():
 
 
 def test_script_with_pending_work_exits_at_once():
+    # cpu0 is inside a multi-threaded BLAS call at exit (which deadlocks OpenBLAS's exit
+    # handler unless finalize lets it return); cpu1 is inside a long sleep (abandoned).
     script = textwrap.dedent(
         """
         import time
@@ -206,18 +208,21 @@ def test_script_with_pending_work_exits_at_once():
         from megbrain.device import CompNode
         a, b = CompNode.load("cpu0"), CompNode.load("cpu1")
         x = np.ones((256, 256), np.float32)
+        big = np.ones((3000, 3000), np.float32)
         for cn in (a, b):
             cn.dispatch(np.matmul, x, x)
             cn.sync()
-            cn.dispatch(time.sleep, 30)
-            for _ in range(100):
-                cn.dispatch(np.matmul, x, x)
+        b.dispatch(time.sleep, 30)
+        for _ in range(50):
+            a.dispatch(np.matmul, big, big)
+            b.dispatch(np.matmul, x, x)
+        time.sleep(0.1)
         print("done")
         """
     )
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=20
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "done"
