@@ -1,7 +1,16 @@
 """Graph optimizer: rewrites registered by name and applied in a readable preset order."""
 
+from . import jit  # noqa: F401  (registers the jit_fusion pass)
+from .inference import (
+    INFERENCE_PASSES,
+    INFERENCE_PRESET,
+    optimize_for_inference,
+    optimize_nodes_for_inference,
+)
 from .passes import (
     PASSES,
+    PRESET,
+    Rewriter,
     arith_simplify_on_insert,
     get_replaced_var,
     install,
@@ -10,10 +19,17 @@ from .passes import (
 )
 
 __all__ = [
+    "INFERENCE_PASSES",
+    "INFERENCE_PRESET",
     "PASSES",
+    "PRESET",
+    "Rewriter",
     "arith_simplify_on_insert",
     "get_replaced_var",
     "install",
     "optimize_for_compile",
+    "optimize_for_inference",
+    "optimize_nodes_for_inference",
     "register_pass",
 ]
+from . import sublinear  # noqa: E402, F401 - registers the sublinear_memory pass last

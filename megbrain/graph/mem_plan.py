@@ -1,24 +1,148 @@
-"""Static memory planning: place chunks with known lifetimes in one arena per comp node.
+"""Static memory planning (DESIGN.md section 3 step 4): place chunks with known lifetimes in
+one arena per comp node.
 
 The allocator interface mirrors MegBrain's ``StaticMemAlloc``: ``add(begin, end, size, key)``
 registers a chunk live over the half-open step interval ``[begin, end)``;
-``add_overwrite_spec(src, dst, offset)`` says chunk ``dst`` lives inside ``src`` at ``offset``
-(in-place reuse); ``solve()`` assigns offsets; ``tot_alloc()`` is the arena size and
-``tot_alloc_lower_bound()`` the most bytes simultaneously live, which no plan can beat.
-The algorithm is "greedy by size": chunks in decreasing size, each at the lowest offset
-that does not collide with an already placed chunk whose lifetime overlaps.
+``add_overwrite_spec(src, dst, offset)`` says chunk ``dst`` lives inside ``src`` from byte
+``offset`` on (in-place reuse: ``dst`` is written by the last reader of ``src``); ``solve()``
+assigns offsets; ``tot_alloc()`` is the arena size and ``tot_alloc_lower_bound()`` the most
+bytes simultaneously live, which no placement can beat.
+
+Placement is a swappable *solver* (:data:`SOLVERS`), ``f(begins, ends, sizes) -> offsets``
+over the root chunks (overwrite specs are merged into their source before). Each solver is a
+greedy interval packer: chunks in some order, each put in a gap (lowest fitting, or the
+tightest) left by the already placed chunks whose lifetimes overlap its own. The default,
+``"best"``, runs several orderings and keeps the smallest arena, stopping as soon as one
+reaches the lower bound.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Hashable
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 
-__all__ = ["StaticAllocator", "align_up"]
+import numpy as np
+
+__all__ = ["SOLVERS", "StaticAllocator", "align_up", "interval_lower_bound", "overlaps", "pack"]
 
 
 def align_up(n: int, align: int) -> int:
+    """``n`` rounded up to a multiple of ``align``."""
     return (n + align - 1) // align * align
+
+
+def interval_lower_bound(begins: Sequence[int], ends: Sequence[int], sizes: Sequence[int]) -> int:
+    """The most bytes live at one step: the maximum over steps of the sizes live there."""
+    events = sorted(
+        [(e, -s) for e, s in zip(ends, sizes)] + [(b, s) for b, s in zip(begins, sizes)]
+    )  # at equal steps the ends (negative) come first: [b, e) intervals
+    cur = best = 0
+    for _, delta in events:
+        cur += delta
+        best = max(best, cur)
+    return best
+
+
+def overlaps(begins: Sequence[int], ends: Sequence[int]) -> list[list[int]]:
+    """For each chunk, the other chunks whose lifetimes intersect its own."""
+    b = np.asarray(begins, np.int64)
+    e = np.asarray(ends, np.int64)
+    order = np.argsort(b, kind="stable")
+    out: list[list[int]] = [[] for _ in range(len(b))]
+    bs = b[order]
+    for i in range(len(b)):
+        # chunks beginning before i ends, among which those ending after i begins
+        cand = order[: np.searchsorted(bs, e[i], "left")]
+        hit = cand[e[cand] > b[i]]
+        out[i] = [j for j in hit.tolist() if j != i]
+    return out
+
+
+def pack(
+    sizes: Sequence[int],
+    conflicts: Sequence[Sequence[int]],
+    order: Sequence[int],
+    best_fit: bool = False,
+) -> list[int]:
+    """Place chunks one by one in ``order``; returns the offset of each chunk.
+
+    A chunk goes into a gap between the already placed chunks it ``conflicts`` with (those
+    whose lifetimes overlap its own): the lowest gap that fits (first fit) or the smallest
+    one (``best_fit``), else on top of them.
+    """
+    offsets = [-1] * len(sizes)
+    for i in order:
+        size = sizes[i]
+        busy = sorted((offsets[j], offsets[j] + sizes[j]) for j in conflicts[i] if offsets[j] >= 0)
+        top, off, off_room = 0, -1, 0
+        for lo, hi in busy:
+            room = lo - top
+            if room >= size and (off < 0 or room < off_room):
+                off, off_room = top, room
+                if not best_fit:
+                    break
+            top = max(top, hi)
+        offsets[i] = top if off < 0 else off
+    return offsets
+
+
+def _by_size(b, e, s):
+    return sorted(range(len(s)), key=lambda i: (-s[i], b[i], i))
+
+
+def _by_area(b, e, s):
+    return sorted(range(len(s)), key=lambda i: (-s[i] * (e[i] - b[i]), b[i], i))
+
+
+def _by_length(b, e, s):
+    return sorted(range(len(s)), key=lambda i: (b[i] - e[i], -s[i], i))
+
+
+def _by_begin(b, e, s):
+    return sorted(range(len(s)), key=lambda i: (b[i], -s[i], i))
+
+
+def _solver(ordering, best_fit: bool) -> Callable:
+    def solve(b, e, s, conflicts=None):
+        if conflicts is None:
+            conflicts = overlaps(b, e)
+        return pack(s, conflicts, ordering(b, e, s), best_fit)
+
+    solve.__name__ = f"{ordering.__name__[4:]}_{'best' if best_fit else 'first'}_fit"
+    return solve
+
+
+def _solve_best(b, e, s, conflicts=None):
+    """Every other solver in turn; the smallest arena wins (first to reach the bound stops)."""
+    bound = interval_lower_bound(b, e, s)
+    if conflicts is None:
+        conflicts = overlaps(b, e)
+    best, best_tot = None, None
+    for name, fn in SOLVERS.items():
+        if name == "best":
+            continue
+        offs = fn(b, e, s, conflicts)
+        tot = max((o + z for o, z in zip(offs, s)), default=0)
+        if best_tot is None or tot < best_tot:
+            best, best_tot = offs, tot
+            if tot <= bound:
+                break
+    return best if best is not None else []
+
+
+#: solver name -> ``f(begins, ends, sizes, conflicts=None) -> offsets`` (``conflicts``: the
+#: result of :func:`overlaps`, shared between solvers); ``StaticAllocator(solver=name)``
+SOLVERS: dict[str, Callable] = {
+    fn.__name__: fn
+    for fn in (
+        _solver(_by_size, True),
+        _solver(_by_size, False),
+        _solver(_by_area, True),
+        _solver(_by_length, True),
+        _solver(_by_begin, False),
+    )
+}
+SOLVERS["best"] = _solve_best
 
 
 @dataclass
@@ -29,15 +153,28 @@ class _Chunk:
     size: int
     offset: int = -1
     parent: _Chunk | None = None
-    parent_offset: int = 0
-    children: list = field(default_factory=list)
+    parent_offset: int = 0  # byte offset inside ``parent``
 
 
 class StaticAllocator:
-    """Greedy-by-size interval allocator (see the module docstring)."""
+    """Offsets for chunks with known lifetimes in one arena (see the module docstring).
 
-    def __init__(self, align: int = 64):
+    Parameters
+    ----------
+    align : int
+        Every root chunk starts at a multiple of ``align`` (the comp node's ``mem_align``);
+        sizes are rounded up to it.
+    solver : str
+        A name in :data:`SOLVERS`; ``"best"`` (the default) tries them all.
+    """
+
+    def __init__(self, align: int = 64, solver: str = "best"):
+        if align <= 0:
+            raise ValueError(f"alignment must be positive, got {align}")
+        if solver not in SOLVERS:
+            raise ValueError(f"unknown solver {solver!r}; expected one of {sorted(SOLVERS)}")
         self.align = align
+        self.solver = solver
         self._chunks: dict[Hashable, _Chunk] = {}
         self._tot = 0
         self._solved = False
@@ -56,55 +193,62 @@ class StaticAllocator:
     def add_overwrite_spec(self, src: Hashable, dst: Hashable, offset: int) -> None:
         """Chunk ``dst`` reuses the memory of ``src`` from byte ``offset`` on.
 
-        ``dst`` must start when ``src`` ends (its last reader writes ``dst``) and fit in it.
+        ``dst`` must fit in ``src`` and start no earlier than the last step of ``src`` (the
+        last reader of ``src`` writes ``dst``); both then share one placement.
         """
-        s, d = self._root(self._chunks[src]), self._chunks[dst]
-        if d.size + offset > s.size:
-            raise ValueError(f"overwrite {dst!r} (+{offset}, {d.size}B) exceeds {src!r}")
+        s, d = self._chunks[src], self._chunks[dst]
+        if d.parent is not None:
+            raise ValueError(f"chunk {dst!r} already overwrites another chunk")
+        if offset < 0 or d.size + offset > s.size:
+            raise ValueError(
+                f"overwrite {dst!r} (+{offset}, {d.size}B) does not fit in {src!r} ({s.size}B)"
+            )
+        if d.begin + 1 < s.end:
+            raise ValueError(
+                f"overwrite {dst!r} [{d.begin}, {d.end}) starts before {src!r} "
+                f"[{s.begin}, {s.end}) is dead"
+            )
+        r = s
+        while r is not d and r.parent is not None:
+            r = r.parent
+        if r is d:
+            raise ValueError(f"overwrite {src!r} -> {dst!r} makes a cycle")
         d.parent, d.parent_offset = s, offset
-        s.children.append(d)
-        s.end = max(s.end, d.end)
-        s.begin = min(s.begin, d.begin)
         self._solved = False
 
-    @staticmethod
-    def _root(c: _Chunk) -> _Chunk:
-        while c.parent is not None:
-            c = c.parent
-        return c
-
-    def solve(self) -> None:
-        """Assign every chunk an offset."""
-        roots = [c for c in self._chunks.values() if c.parent is None]
-        roots.sort(key=lambda c: (-c.size, c.begin))
-        placed: list[_Chunk] = []
-        tot = 0
-        for c in roots:
-            busy = sorted(
-                (p.offset, p.offset + p.size)
-                for p in placed
-                if p.begin < c.end and c.begin < p.end
-            )
-            off = 0
-            for lo, hi in busy:
-                if off + c.size <= lo:
-                    break
-                off = max(off, hi)
-            c.offset = off
-            placed.append(c)
-            tot = max(tot, off + c.size)
-        for c in self._chunks.values():
-            if c.parent is not None:
-                c.offset = self._root(c).offset + self._offset_in_root(c)
-        self._tot = tot
-        self._solved = True
-
-    def _offset_in_root(self, c: _Chunk) -> int:
+    def _root(self, c: _Chunk) -> tuple[_Chunk, int]:
         off = 0
         while c.parent is not None:
             off += c.parent_offset
             c = c.parent
-        return off
+        return c, off
+
+    def _roots(self) -> dict[Hashable, list[int]]:
+        """Root key -> [begin, end, size]: each root spans the lifetimes of its overwriters."""
+        spans: dict[Hashable, list[int]] = {}
+        for c in self._chunks.values():
+            r, _ = self._root(c)
+            sp = spans.get(r.key)
+            if sp is None:
+                spans[r.key] = [c.begin, c.end, r.size]
+            else:
+                sp[0], sp[1] = min(sp[0], c.begin), max(sp[1], c.end)
+        return spans
+
+    def solve(self) -> None:
+        """Assign every chunk an offset."""
+        spans = self._roots()
+        keys = list(spans)
+        b = [spans[k][0] for k in keys]
+        e = [spans[k][1] for k in keys]
+        s = [spans[k][2] for k in keys]
+        offs = SOLVERS[self.solver](b, e, s)
+        root_off = dict(zip(keys, offs))
+        for c in self._chunks.values():
+            r, off = self._root(c)
+            c.offset = root_off[r.key] + off
+        self._tot = max((o + z for o, z in zip(offs, s)), default=0)
+        self._solved = True
 
     def offset(self, key: Hashable) -> int:
         """The solved byte offset of chunk ``key``."""
@@ -120,14 +264,7 @@ class StaticAllocator:
 
     def tot_alloc_lower_bound(self) -> int:
         """The most bytes simultaneously live: no placement can use less."""
-        events = []
-        for c in self._chunks.values():
-            if c.parent is None:
-                events.append((c.begin, c.size))
-                events.append((c.end, -c.size))
-        events.sort(key=lambda e: (e[0], e[1]))
-        cur = best = 0
-        for _, delta in events:
-            cur += delta
-            best = max(best, cur)
-        return best
+        spans = self._roots().values()
+        return interval_lower_bound(
+            [sp[0] for sp in spans], [sp[1] for sp in spans], [sp[2] for sp in spans]
+        )
