@@ -1,34 +1,42 @@
 """Optimizer passes (SPEC.md section 3 ``graph_opt_level``; DESIGN.md section 3 step 2).
 
 * level 1: arithmetic simplification while the graph is built (``x*1``, ``x+0``, ``x/x``,
-  double negation), :func:`arith_simplify_on_insert`;
-* level 2: global passes before compile, in the order of :data:`PRESET` (constant folding,
-  redundant TypeCvt removal), :func:`optimize_for_compile`;
+  double negation, elementwise operators over constants), :func:`arith_simplify_on_insert`;
+* level 2: global passes before compile, in the order of :data:`PRESET`, read top to bottom
+  below: common subexpression merging, chain reordering, constant folding, redundant TypeCvt
+  removal (then the JIT fusion and sublinear memory passes of their own modules);
+  :func:`optimize_for_compile` runs them;
 * a negative level runs the same passes and checks each replaced output against the
   unoptimized one at run time (AssertEqual).
 
 A pass is ``f(graph, dest_vars) -> {old var: new var}``; passes are small registered
-functions, so the optimizer is data (see STYLE.md).
+functions, so the optimizer is data (see STYLE.md). Most are a *rule* applied by
+:class:`Rewriter`, the one rewrite engine: a topological sweep that rebuilds each operator
+over its replaced inputs and offers it to the rule.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from ..graph import InferType, VarNode
+from ..errors import GraphError
+from ..graph import InferType, OperatorNodeConfig, VarNode
 from ..graph.replace import dep_oprs, replace_vars
 from ..graph.static_infer import DynamicShapeError, Inferer, infer_shape
 from ..opr.base import SymbolVar
-from ..opr.basic_arith import fill_retain_dtype
+from ..opr.basic_arith import elemwise, fill_retain_dtype
 from ..opr.io import ImmutableTensor
 
 __all__ = [
     "PASSES",
     "PRESET",
+    "Rewriter",
+    "VarMap",
     "register_pass",
+    "run_passes",
     "optimize_for_compile",
     "arith_simplify_on_insert",
     "install",
@@ -42,6 +50,11 @@ PASSES: dict[str, Callable] = {}
 PRESET: list[str] = []
 
 _FOLD_MAX_BYTES = 1 << 20
+#: Elemwise modes whose two operands may be swapped
+_COMMUTATIVE = frozenset(
+    {"ADD", "MUL", "MAX", "MIN", "EQ", "LOG_SUM_EXP", "FUSE_ADD_RELU", "FUSE_ADD_SIGMOID",
+     "FUSE_ADD_TANH", "FUSE_ADD_H_SWISH"}
+)  # fmt: skip
 
 
 def register_pass(name: str, preset: bool = True):
@@ -54,10 +67,6 @@ def register_pass(name: str, preset: bool = True):
         return fn
 
     return deco
-
-
-def _const(v: VarNode):
-    return v.const_value if v.value_type == InferType.CONST else None
 
 
 def _shape(v: VarNode):
@@ -74,15 +83,147 @@ def _is_scalar_const(v: VarNode, value: float) -> bool:
     return c.size >= 1 and bool(np.all(c == value))
 
 
+# ---- the rewrite engine ------------------------------------------------------------------
+class VarMap(dict):
+    """``{old var: new var}`` of a pass; ``reasons`` holds the rewrites a rule made (the
+    rest are operators rebuilt over replaced inputs), which log_level 2 prints."""
+
+    def __init__(self):
+        super().__init__()
+        self.reasons: dict[VarNode, str] = {}
+
+
+class Rewriter:
+    """One topological sweep over the operators ``dest`` depends on (``SubGraph::Rewriter``).
+
+    :meth:`apply` rebuilds each operator over its replaced inputs (inserting deduplicates and
+    simplifies), then offers the rebuilt operator to ``rule``, which returns replacement vars
+    for its outputs (None entries keep an output) or None. Rules look at the rebuilt
+    structure; :meth:`readers_of` answers for rebuilt vars with the readers of the original.
+    """
+
+    def __init__(self, graph, dest: Iterable[VarNode], *, allow_dtype_change: bool = False):
+        self.graph = graph
+        self.dest = list(dest)
+        self.oprs = dep_oprs(self.dest)
+        self.varmap = VarMap()
+        self.allow_dtype_change = allow_dtype_change
+        self._orig: dict[VarNode, VarNode] = {}
+        self._readers: dict | None = None
+
+    def get(self, v: VarNode) -> VarNode:
+        """The current replacement of original var ``v``."""
+        return self.varmap.get(v, v)
+
+    @property
+    def readers(self) -> dict:
+        """Original var -> its reading operators; a destination var has a ``None`` reader."""
+        if self._readers is None:
+            r: dict = {}
+            for o in self.oprs:
+                for v in o.inputs:
+                    r.setdefault(v, []).append(o)
+                for v in o.extra_deps:
+                    r.setdefault(v, []).append(o)
+            for v in self.dest:
+                r.setdefault(v, []).append(None)
+            for deps in self.graph.options.extra_vardeps.values():
+                for d in deps:
+                    r.setdefault(d, []).append(None)
+            self._readers = r
+        return self._readers
+
+    def original(self, v: VarNode) -> VarNode:
+        """The original var ``v`` was rebuilt from (``v`` itself if none)."""
+        return self._orig.get(v, v)
+
+    def readers_of(self, v: VarNode) -> list:
+        """Readers of ``v`` (or of the original var ``v`` was rebuilt from)."""
+        return self.readers.get(self._orig.get(v, v), [])
+
+    def sole_reader(self, v: VarNode) -> bool:
+        """Whether exactly one operator reads ``v`` (once) and it is no destination."""
+        rs = self.readers_of(v)
+        return len(rs) == 1 and rs[0] is not None and v not in self.graph.options.extra_vardeps
+
+    def replace(self, old: VarNode, new: VarNode, reason: str | None = None) -> None:
+        """Record ``old -> new`` (``old`` an original var)."""
+        if old is new:
+            return
+        if old.dtype != new.dtype and not self.allow_dtype_change:
+            raise GraphError(
+                f"gopt: {old.name!r} ({old.dtype}) replaced by {new.name!r} ({new.dtype})"
+            )
+        self.varmap[old] = new
+        self._orig[new] = self._orig.get(old, old)
+        if reason is not None:
+            self.varmap.reasons[old] = reason
+
+    def rebuild(self, opr) -> list[VarNode]:
+        """``opr``'s outputs over its replaced inputs (``opr.outputs`` when none changed)."""
+        ins = [self.get(v) for v in opr.inputs]
+        extra = [self.get(v) for v in opr.extra_deps]
+        if all(a is b for a, b in zip(ins, opr.inputs)) and all(
+            a is b for a, b in zip(extra, opr.extra_deps)
+        ):
+            return opr.outputs
+        new = opr.clone(ins)
+        new.extra_deps = extra
+        return self.graph.insert_opr(new)
+
+    def apply(self, rule: Callable | None, reason: str) -> VarMap:
+        """Sweep once with ``rule(rebuilt opr) -> list | None``; returns the var map."""
+        for opr in self.oprs:
+            outs = self.rebuild(opr)
+            for old, new in zip(opr.outputs, outs):
+                self.replace(old, new)
+            cur = outs[0].owner
+            if rule is None or cur.type_name != opr.type_name or cur.outputs != outs:
+                continue  # simplified into another operator at insertion
+            got = rule(cur)
+            if got is not None:
+                for old, new in zip(opr.outputs, got):
+                    if new is not None:
+                        self.replace(old, new, reason)
+        self._carry_extra_vardeps()
+        return self.varmap
+
+    def _carry_extra_vardeps(self) -> None:
+        extra = self.graph.options.extra_vardeps
+        for k in [k for k in extra if k in self.varmap]:
+            extra.setdefault(self.varmap[k], []).extend(self.get(d) for d in extra[k])
+
+
+def combine(mode: str, vars_: list[VarNode]) -> VarNode:
+    """``vars_[0] <mode> vars_[1] <mode> ...`` as Elemwise operators (left to right)."""
+    out = SymbolVar(vars_[0])
+    for v in vars_[1:]:
+        out = elemwise(out, SymbolVar(v), mode=mode)
+    return out.node
+
+
 # ---- level 1: at insertion ---------------------------------------------------------------
 def arith_simplify_on_insert(graph, opr):
     """Simplify an Elemwise about to be inserted; returns replacement outputs or None."""
-    if abs(graph.options.graph_opt_level) < 1 or opr.type_name != "Elemwise":
+    if abs(graph.options.graph_opt_level) < 1 or opr.type_name not in ("Elemwise", "TypeCvt"):
         return None
+    out = _fold_immutable(graph, opr)
+    if out is None and opr.type_name == "Elemwise":
+        out = _simplify_elemwise(opr)
+    if out is None:
+        return None
+    if graph.options.log_level >= 2:
+        logger.info("gopt: %s simplified to %s", opr.default_name(), out.name)
+    return [out]
+
+
+def _simplify_elemwise(opr) -> VarNode | None:
     mode, ins = opr.param.mode, opr.inputs
     out = None
-    if mode == "NEGATE" and ins[0].owner.type_name == "Elemwise" and (
-        ins[0].owner.param.mode == "NEGATE"
+    if (
+        mode == "NEGATE"
+        and ins[0].owner.type_name == "Elemwise"
+        and (ins[0].owner.param.mode == "NEGATE")
     ):
         out = ins[0].owner.inputs[0]
     elif len(ins) == 2:
@@ -104,11 +245,28 @@ def arith_simplify_on_insert(graph, opr):
                 return None
             if tuple(np.broadcast_shapes(sa, sb)) != _shape(out):
                 return None
-    if out is None:
+    return out
+
+
+def _fold_immutable(graph, opr) -> VarNode | None:
+    """An Elemwise or TypeCvt over ImmutableTensors only becomes the ImmutableTensor of its
+    value (a constant subexpression); None when it can not be computed now."""
+    ins = opr.inputs
+    if not ins or not all(v.owner.type_name == "ImmutableTensor" for v in ins):
         return None
-    if graph.options.log_level >= 2:
-        logger.info("gopt: %s simplified to %s", opr.default_name(), out.name)
-    return [out]
+    vals = [v.owner.value for v in ins]
+    try:
+        with np.errstate(all="ignore"):
+            (dt,) = opr.infer_dtypes([v.dtype for v in ins])
+            (shape,) = opr.infer_shapes([a.shape for a in vals], {})
+            if dt.metadata or int(np.prod(shape)) * dt.itemsize > _FOLD_MAX_BYTES:
+                return None
+            out = np.empty(shape, dt)
+            opr.bind(vals, [out])()
+        cn = opr.infer_comp_node()
+    except Exception:  # noqa: BLE001 - insert normally: the error is raised there, or at run
+        return None
+    return graph.insert_opr(ImmutableTensor(out, cn, OperatorNodeConfig()))[0]
 
 
 def install(graph) -> None:
@@ -117,11 +275,85 @@ def install(graph) -> None:
         graph.insert_rewriters.append(arith_simplify_on_insert)
 
 
-# ---- level 2: before compile -------------------------------------------------------------
+# ---- level 2: before compile, in PRESET order --------------------------------------------
+@register_pass("merge_common_subexpr")
+def merge_common_subexpr(graph, dest):
+    """Operators equal up to the order of commutative operands (which insertion-time
+    deduplication does not see) are merged into the first one."""
+    seen: dict = {}
+
+    def rule(opr):
+        if opr.has_side_effect or not opr.dedup:
+            return None
+        key = opr.hash_key()
+        if opr.type_name == "Elemwise" and opr.param.mode in _COMMUTATIVE:
+            key = (key[0], key[1], tuple(sorted(key[2])), *key[3:])
+        twin = seen.setdefault(key, opr)
+        return None if twin is opr else twin.outputs
+
+    return Rewriter(graph, dest).apply(rule, "common subexpression")
+
+
+def reorder_chains(rw: Rewriter, is_const: Callable[[VarNode], bool], reason: str) -> VarMap:
+    """In each maximal ADD or MUL chain, gather the terms ``is_const`` accepts into one
+    subexpression: ``(x + c1) + c2 -> x + (c1 + c2)``, which folding then computes once."""
+
+    def absorbed(v: VarNode, mode: str) -> bool:
+        rs = rw.readers_of(v)
+        return (
+            rw.sole_reader(v)
+            and rs[0].type_name == "Elemwise"
+            and rs[0].param.mode == mode
+            and not rs[0].extra_deps
+        )
+
+    def terms(opr, mode: str) -> list[VarNode]:
+        out, stack = [], list(reversed(opr.inputs))
+        while stack:
+            v = stack.pop()
+            o = v.owner
+            if (
+                o.type_name == "Elemwise"
+                and o.param.mode == mode
+                and not o.extra_deps
+                and rw.sole_reader(v)
+            ):
+                stack.extend(reversed(o.inputs))
+            else:
+                out.append(v)
+        return out
+
+    def rule(opr):
+        if opr.type_name != "Elemwise" or opr.param.mode not in ("ADD", "MUL") or opr.extra_deps:
+            return None
+        mode = opr.param.mode
+        if absorbed(opr.outputs[0], mode):
+            return None  # not the root of its chain
+        ts = terms(opr, mode)
+        consts = [t for t in ts if is_const(t)]
+        if len(consts) < 2 or len(consts) == len(ts):
+            return None
+        others = combine(mode, [t for t in ts if not is_const(t)])
+        new = combine(mode, [others, combine(mode, consts)])
+        if _shape(new) != _shape(opr.outputs[0]):
+            return None
+        return [new]
+
+    return rw.apply(rule, reason)
+
+
+@register_pass("reorder_arith_chain")
+def reorder_arith_chain(graph, dest):
+    """``(x + c1) + c2 -> x + (c1 + c2)`` (and MUL) for constant ``c1``, ``c2``."""
+    return reorder_chains(
+        Rewriter(graph, dest), lambda v: v.value_type == InferType.CONST, "arith chain reorder"
+    )
+
+
 @register_pass("fold_constants")
 def fold_constants(graph, dest):
     """Replace computed vars with a CONST value by ImmutableTensors of that value."""
-    varmap = {}
+    varmap = VarMap()
     inf = Inferer()
     for opr in dep_oprs(dest):
         if not opr.inputs or opr.has_side_effect or opr.type_name == "ImmutableTensor":
@@ -134,25 +366,46 @@ def fold_constants(graph, dest):
             val = inf.value(v)
             if val.nbytes > _FOLD_MAX_BYTES:
                 continue
-            new = graph.insert_opr(ImmutableTensor(val, v.comp_node, _cfg()))[0]
+            new = graph.insert_opr(ImmutableTensor(val, v.comp_node, OperatorNodeConfig()))[0]
             varmap[v] = new
+            varmap.reasons[v] = "constant folding"
     return varmap
 
 
 @register_pass("remove_redundant_typecvt")
 def remove_redundant_typecvt(graph, dest):
     """TypeCvt to the dtype its input already has is the identity."""
-    return {
-        o.outputs[0]: o.inputs[0]
-        for o in dep_oprs(dest)
-        if o.type_name == "TypeCvt" and o.inputs[0].dtype == o.outputs[0].dtype
-    }
+    varmap = VarMap()
+    for o in dep_oprs(dest):
+        if o.type_name == "TypeCvt" and o.inputs[0].dtype == o.outputs[0].dtype:
+            varmap[o.outputs[0]] = o.inputs[0]
+            varmap.reasons[o.outputs[0]] = "redundant TypeCvt"
+    return varmap
 
 
-def _cfg():
-    from ..graph import OperatorNodeConfig
-
-    return OperatorNodeConfig()
+# ---- running passes ----------------------------------------------------------------------
+def run_passes(graph, dest: list[VarNode], names: Iterable[str], table: dict, *args):
+    """Apply ``table[name](graph, dest, *args)`` for each name in order; record and log the
+    replacements. Returns the new dest vars."""
+    cur = list(dest)
+    summary = []
+    for name in names:
+        got = table[name](graph, cur, *args)
+        varmap = {k: v for k, v in got.items() if k is not v} if got else {}
+        if not varmap:
+            continue
+        if graph.options.log_level >= 2:
+            reasons = getattr(got, "reasons", None)
+            for k in reasons or varmap:
+                why = reasons[k] if reasons else name
+                logger.info("gopt %s: replace %s -> %s (%s)", name, k.name, varmap[k].name, why)
+        new = replace_vars(cur, varmap)
+        _record(graph, varmap, zip(cur, new))
+        summary.append(f"{name} {len(varmap)}")
+        cur = new
+    if summary and graph.options.log_level >= 1:
+        logger.info("gopt: vars replaced per pass: %s", ", ".join(summary))
+    return cur
 
 
 def optimize_for_compile(graph, dest: list[VarNode]) -> list[VarNode]:
@@ -161,18 +414,7 @@ def optimize_for_compile(graph, dest: list[VarNode]) -> list[VarNode]:
     level = graph.options.graph_opt_level
     if abs(level) < 2:
         return dest
-    cur = list(dest)
-    for name in PRESET:
-        varmap = PASSES[name](graph, cur)
-        varmap = {k: v for k, v in varmap.items() if k is not v}
-        if not varmap:
-            continue
-        if graph.options.log_level >= 2:
-            for k, v in varmap.items():
-                logger.info("gopt %s: %s -> %s", name, k.name, v.name)
-        new = replace_vars(cur, varmap)
-        _record(graph, cur, new, varmap)
-        cur = new
+    cur = run_passes(graph, dest, PRESET, PASSES)
     if level < 0:
         from ..opr.utility import assert_equal
 
@@ -183,21 +425,23 @@ def optimize_for_compile(graph, dest: list[VarNode]) -> list[VarNode]:
     return cur
 
 
-def _record(graph, old, new, varmap):
+def _record(graph, varmap: dict, pairs) -> None:
     table = graph.__dict__.setdefault("gopt_replaced", {})
-    for k, v in list(varmap.items()) + list(zip(old, new)):
+    table.update(varmap)
+    for k, v in pairs:
         if k is not v:
             table[k] = v
-    # keep chains resolved: a -> b -> c becomes a -> c
-    for k in list(table):
-        v = table[k]
-        seen = set()
-        while v in table and v not in seen:
-            seen.add(v)
-            v = table[v]
-        table[k] = v
 
 
 def get_replaced_var(src: VarNode) -> VarNode:
-    """The var that replaced ``src`` in the latest optimization (``src`` if none)."""
-    return getattr(src.graph, "gopt_replaced", {}).get(src, src)
+    """The var that finally replaced ``src`` in the graph optimizer (``src`` if none)."""
+    table = getattr(src.graph, "gopt_replaced", None)
+    if not table:
+        return src
+    v, seen = src, {src}
+    while v in table:
+        v = table[v]
+        if v in seen:
+            break
+        seen.add(v)
+    return v

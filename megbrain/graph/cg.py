@@ -73,6 +73,8 @@ class ComputingGraph:
                 return twin.outputs
         opr.graph = self
         opr.id = self._next_id()
+        if opr.order_key < 0:
+            opr.order_key = opr.id
         opr.name = opr.config.name_value or opr.default_name()
         in_dtypes = [v.dtype for v in opr.inputs]
         dtypes = opr.infer_dtypes(in_dtypes)

@@ -61,17 +61,24 @@ def topo_order(dest: Iterable[VarNode], extra_vardeps: dict | None = None) -> li
     for o, ds in deps.items():
         for d in ds:
             receivers[d].append(o)
-    heap = [(o.priority, o.id, o) for o, n in nr_pending.items() if n == 0]
+    heap = [_order(o) for o, n in nr_pending.items() if n == 0]
     heapq.heapify(heap)
     seq = []
     while heap:
-        _, _, o = heapq.heappop(heap)
+        o = heapq.heappop(heap)[-1]
         seq.append(o)
         for r in receivers[o]:
             nr_pending[r] -= 1
             if nr_pending[r] == 0:
-                heapq.heappush(heap, (r.priority, r.id, r))
+                heapq.heappush(heap, _order(r))
     return seq
+
+
+def _order(opr) -> tuple:
+    """Heap key: priority first; then in-place updates as soon as they are ready (their
+    destination's readers are already done, and the delta's memory is freed early); then
+    the creation order of the operator a rewrite cloned this one from."""
+    return (opr.priority, opr.overwrites() is None, opr.order_key, opr.id, opr)
 
 
 def _order_overwrites(deps: dict) -> None:

@@ -22,14 +22,14 @@ class EagerEvaluator:
 
     def __init__(self, graph):
         self.graph = weakref.ref(graph)
-        #: var -> weak references to the operators reading it
+        #: var -> the operators reading it (both held weakly)
         self.receivers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def on_insert(self, opr) -> None:
         """Evaluate ``opr`` now; raises (and the caller drops ``opr``) on failure."""
         self.evaluate(opr)
         for v in opr.inputs:
-            self.receivers.setdefault(v, []).append(weakref.ref(opr))
+            self.receivers.setdefault(v, weakref.WeakSet()).add(opr)
 
     @staticmethod
     def evaluate(opr) -> None:
@@ -54,9 +54,8 @@ class EagerEvaluator:
         while frontier:
             opr = frontier.pop()
             for out in opr.outputs:
-                for ref in self.receivers.get(out, ()):
-                    r = ref()
-                    if r is not None and r not in todo:
+                for r in list(self.receivers.get(out, ())):
+                    if r not in todo:
                         todo.add(r)
                         frontier.append(r)
         for opr in sorted(todo, key=lambda o: o.id):

@@ -8,6 +8,7 @@ plan is a loop over prebound closures: no lookups, allocation or inference.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ class _Plan:
         self.chunks: dict = {}  # root var -> (comp node, offset, nbytes)
         #: var -> ("fwd", out index) | ("inplace", input index) | ("alloc", seq position)
         self.decisions: dict = {}
+        self.last_read: dict = {}
 
 
 class AsyncExecutable:
@@ -278,16 +280,20 @@ class AsyncExecutable:
                 for v in opr.inputs
             ]
 
+        self._mark_dynamic(plan, last_read)
+        plan.last_read = last_read
         # walk 1: forwarding, in-place and chunk decisions on fresh arrays
         for pos, opr in enumerate(seq):
-            ins = data_inputs(opr)
-            if any(v in plan.dynamic for v in ins) or not all(
-                v.shape_static for v in opr.outputs
-            ):
-                plan.dynamic.update(opr.outputs)
+            if opr.outputs[0] in plan.dynamic:
                 continue
             iarr = in_arrays(opr)
-            views = opr.fwd_views(iarr) if (mem_opt or not opr.inputs) else None
+            # side-effect operators (AddUpdate) define their output as a view of the input
+            # they update, whatever the planning options
+            views = (
+                opr.fwd_views(iarr)
+                if (mem_opt or not opr.inputs or opr.has_side_effect)
+                else None
+            )
             for k, out in enumerate(opr.outputs):
                 shape, dt = inf.shape(out), out.dtype
                 view = views[k] if views is not None else None
@@ -362,6 +368,31 @@ class AsyncExecutable:
         self._bind_program(plan)
         return plan
 
+    def _mark_dynamic(self, plan: _Plan, last_read: dict) -> None:
+        """Decide which vars are allocated at run time, and keep static memory that dynamic
+        vars may view alive until those views' last reader."""
+        force = self.graph.options.force_dynamic_alloc
+        dyn = plan.dynamic
+        for opr in self.seq:
+            if (
+                (force and (opr.inputs or opr.fwd_views([]) is None))
+                or any(v in dyn for v in data_inputs(opr))
+                or not all(v.shape_static for v in opr.outputs)
+            ):
+                dyn.update(opr.outputs)
+        # a dynamic output may be a view of any input: extend the inputs' lifetimes to the
+        # last read of the outputs (and of further dynamic views of them)
+        ext: dict[VarNode, int] = {}
+        for opr in reversed(self.seq):
+            if opr.outputs[0] not in dyn:
+                continue
+            end = max(ext.get(o, last_read.get(o, -1)) for o in opr.outputs)
+            for v in data_inputs(opr):
+                if v in dyn:
+                    ext[v] = max(ext.get(v, last_read.get(v, -1)), end)
+                else:
+                    last_read[v] = max(last_read.get(v, -1), end)
+
     def _pos_of(self, var: VarNode) -> int:
         for pos, opr in enumerate(self.seq):
             if opr is var.owner:
@@ -393,6 +424,15 @@ class AsyncExecutable:
         """Bind every operator into a step list per part (and per comp node if threaded)."""
         arrays, slots = plan.arrays, self._slots
         plan.steps, plan.step_oprs, plan.node_steps = [], [], []
+        # dynamic vars are dropped after their last reader (views keep their base alive)
+        free_after: dict = {}
+        nseq = len(self.seq)
+        for v in plan.dynamic:
+            pos = plan.last_read.get(v, -1)
+            if pos < 0:
+                pos = self._pos_of(v)
+            if pos < nseq:
+                free_after.setdefault(self.seq[pos], []).append(v)
         for k, part in enumerate(self.parts):
             start, end = self.part_bounds[k]
             callbacks: dict[VarNode, list] = {}
@@ -434,6 +474,8 @@ class AsyncExecutable:
                 for out in opr.outputs:
                     for cb in callbacks.get(out, ()):
                         add(self._callback_step(cb, out, plan), opr)
+                for v in free_after.get(opr, ()):
+                    add(functools.partial(slots.pop, v, None), opr)
             plan.steps.append(steps)
             plan.step_oprs.append(step_oprs)
             plan.node_steps.append(per_node)
@@ -468,7 +510,7 @@ class AsyncExecutable:
             for k, (shp, v) in enumerate(zip(shapes, opr.outputs)):
                 view = None if views is None else views[k]
                 outs.append(view if view is not None else np.empty(tuple(shp), v.dtype))
-            if views is None or any(x is None for x in views):
+            if opr.has_side_effect or views is None or any(x is None for x in views):
                 opr.bind(ins, outs)()
             for v, a in zip(opr.outputs, outs):
                 slots[v] = a

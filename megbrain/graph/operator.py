@@ -195,6 +195,8 @@ class OperatorNodeBase:
         self.priority = 0
         self.tracker = None
         self.extra_deps: list[VarNode] = []
+        #: position in the comp seq order among equal priorities; clones keep the original's
+        self.order_key = -1
 
     # ---- hooks for subclasses -------------------------------------------------------------
     def infer_dtypes(self, in_dtypes: list[np.dtype]) -> list[np.dtype]:

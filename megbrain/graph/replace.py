@@ -43,9 +43,14 @@ def replace_vars(
     is filled with every old var -> new var mapping made (for inter-graph translation).
     """
     dest = list(dest)
+    ndest = len(dest)
     if memo is None:
         memo = {}
     memo.update(varmap)
+    src_graph = dest[0].graph if dest else None
+    vardeps = src_graph.options.extra_vardeps if src_graph is not None else {}
+    if vardeps:
+        dest = _with_extra_deps(dest, vardeps)
     for k, v in memo.items():
         if k.dtype != v.dtype:
             raise GraphError(
@@ -67,4 +72,31 @@ def replace_vars(
         outs = g.insert_opr(new)
         for old, nv in zip(opr.outputs, outs):
             memo[old] = nv
-    return [memo.get(v, v) for v in dest]
+    if vardeps:
+        # carry add_extra_vardep over to the replacements (as replace_vars_internal does)
+        target_extra = (graph or src_graph).options.extra_vardeps
+        for v, deps in list(vardeps.items()):
+            nv = memo.get(v)
+            if nv is not None and nv is not v:
+                lst = target_extra.setdefault(nv, [])
+                for d in deps:
+                    nd = memo.get(d, d)
+                    if nd not in lst and nd.graph is nv.graph:
+                        lst.append(nd)
+    return [memo.get(v, v) for v in dest[:ndest]]
+
+
+def _with_extra_deps(dest: list[VarNode], extra: dict) -> list[VarNode]:
+    """``dest`` plus every extra dep of a var reachable from it (until closed)."""
+    out, seen = list(dest), set(dest)
+    while True:
+        added = False
+        for opr in dep_oprs(out):
+            for v in list(opr.inputs) + list(opr.outputs):
+                for d in extra.get(v, ()):
+                    if d not in seen:
+                        seen.add(d)
+                        out.append(d)
+                        added = True
+        if not added:
+            return out

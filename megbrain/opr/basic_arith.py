@@ -383,6 +383,12 @@ def _elemwise_grad(opr: Elemwise, i: int, og):
         return og * x[i ^ 1]
     if mode == "COND_LEQ_MOV":
         return None if i < 2 else og * _ew("LEQ", a, b)
+    if mode == "FAST_TANH_GRAD":
+        if i == 1:
+            return _ew("FAST_TANH_GRAD", a, og)
+        sq = a * a
+        p = sq + 3.0
+        return og * b * (48.0 / 9.0) * a * (sq - 9.0) / (p * p * p)
     raise opr.error(f"mode {mode} has no gradient")
 
 

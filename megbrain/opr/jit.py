@@ -40,6 +40,15 @@ class JITExecutor(OperatorNodeBase):
     """Computes a fused elementwise expression of its inputs with one compiled kernel."""
 
     Param = JITExecutorParam
+    #: the unfused var computing the same over the same inputs (set by the fusion pass), or
+    #: None; the gradient is taken through it
+    source: VarNode | None = None
+
+    def clone(self, inputs):
+        new = super().clone(inputs)
+        if any(a is not b for a, b in zip(inputs, self.inputs)):
+            new.source = None  # the unfused graph reads the old inputs
+        return new
 
     def infer_dtypes(self, in_dtypes):
         if not in_dtypes or any(d != in_dtypes[0] for d in in_dtypes):
@@ -47,7 +56,7 @@ class JITExecutor(OperatorNodeBase):
         if in_dtypes[0] not in _FLOATS:
             raise self.error(f"only float32 and float16 can be fused, got {in_dtypes[0]}")
         try:
-            jit_codegen._check(self.param.expr, len(in_dtypes), self.param.reduce)
+            jit_codegen.check_expr(self.param.expr, len(in_dtypes), self.param.reduce)
         except ValueError as exc:
             raise self.error(str(exc)) from None
         return [in_dtypes[0]]
@@ -95,8 +104,8 @@ class JITExecutor(OperatorNodeBase):
         return f"JIT[{len(self.param.expr)}]({args})"
 
     def grad(self, wrt_idx, out_grads):
-        """The gradient of the unfused graph: the original operators are rebuilt over the
-        inputs (deduplication finds them again) and differentiated one by one."""
+        """The gradient of the unfused graph (:func:`expand`): its operators between the
+        inputs and the result are differentiated one by one, as ``cg::grad`` would."""
         from .grad import sv
 
         og = out_grads[0]
@@ -106,7 +115,7 @@ class JITExecutor(OperatorNodeBase):
         leaves = set(self.inputs)
         oprs, seen = [], set()
         stack = [y.owner]
-        while stack:  # the rebuilt operators between the inputs and y, outputs first
+        while stack:  # the unfused operators between the inputs and y
             opr = stack.pop()
             if opr in seen or opr.outputs[0] in leaves:
                 continue
@@ -140,9 +149,15 @@ def _sum(parts: list[VarNode]) -> VarNode:
 
 
 def expand(opr: JITExecutor) -> VarNode:
-    """The unfused graph of ``opr``: its Elemwise (and Reduce) operators over its inputs."""
+    """The unfused graph of ``opr``: its Elemwise (and Reduce) operators over its inputs.
+
+    The var the fusion pass replaced when it is known, else the operators rebuilt.
+    """
     from .basic_arith import elemwise, reduce_general
     from .io import make_immutable
+
+    if opr.source is not None:
+        return opr.source
 
     x = [SymbolVar(v) for v in opr.inputs]
     dtype = opr.inputs[0].dtype

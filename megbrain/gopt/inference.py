@@ -1,0 +1,588 @@
+"""``optimize_for_inference`` (SPEC.md 2.1): the inference passes, applied in the order of
+:data:`INFERENCE_PRESET`, read top to bottom:
+
+1. ``expand_batch_norm``: BatchNorm in INFERENCE mode becomes ``x * k + b``, ``k`` and ``b``
+   computed from its parameters;
+2. ``normalize_affine_chain``: a chain of ADD/SUB/MUL/TRUE_DIV/NEGATE applying parameters to
+   one var becomes ``x * K + B`` (this is how the elementwise batch normalization of
+   ``nn.BatchNorm2d`` in eval mode, ``(x - mean) / sqrt(var + eps) * gamma + beta``, and a
+   convolution's own bias reach their folded form);
+3. ``fold_conv_scale``: ``convolution(x, w) * K`` with a per-output-channel parameter ``K``
+   becomes ``convolution(x, w * K)``;
+4. ``param_fuse``: every var computed only from parameters (SharedDeviceTensor, which
+   SharedScalar vars are too) and constants becomes a new SharedDeviceTensor holding its
+   value now (ImmutableTensor when it depends on constants only);
+5. ``fuse_conv_bias_nonlinearity`` (flag): ``act(convolution(x, w) + b)`` becomes ConvBias;
+6. ``fuse_conv_bias_with_z`` (flag): ``convolution(x, w) + z`` with ``z`` of the output's
+   shape becomes ConvBias with ``z`` as its bias;
+7. ``convert_f16_io`` (``f16_io_comp`` / ``f16_io_f32_comp``): float32 vars become float16,
+   the outputs are converted back to float32;
+8. ``param_fuse`` again: the parameters converted to float16 and the ConvBias biases.
+
+A pass is ``f(graph, dest, options) -> {old var: new var}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..errors import MegBrainError
+from ..graph import InferType, OperatorNodeConfig, VarNode
+from ..graph.static_infer import Inferer
+from ..opr.base import SymbolVar, as_var
+from ..opr.basic_arith import elemwise, typecvt
+from ..opr.dnn import ConvBias, ConvBiasParam, ConvolutionParam
+from ..opr.io import ImmutableTensor, make_immutable, shared_device_tensor
+from ..opr.tensor_manip import broadcast, reshape
+from .passes import Rewriter, VarMap, _record, _shape, combine, run_passes
+
+__all__ = [
+    "INFERENCE_PASSES",
+    "INFERENCE_PRESET",
+    "InferenceOptions",
+    "optimize_for_inference",
+    "LAYOUT_FLAGS",
+]
+
+#: the layout flags of the reference; none is implemented (convolution is NCHW only)
+LAYOUT_FLAGS = (
+    "use_nhwcd4", "use_nchw32", "use_nchw4", "use_nchw88", "use_nchw44", "use_nchw44_dot",
+    "use_chwn4",
+)  # fmt: skip
+
+_F16, _F32 = np.dtype(np.float16), np.dtype(np.float32)
+_SOURCES = ("SharedDeviceTensor", "ImmutableTensor")
+_AFFINE = ("ADD", "SUB", "MUL", "TRUE_DIV", "NEGATE")
+#: Elemwise activation -> ConvBias nonlineMode; FUSE_ADD_<act> -> the same with a bias
+_ACT = {"RELU": "RELU", "SIGMOID": "SIGMOID", "H_SWISH": "H_SWISH"}
+_ADD_ACT = {"ADD": "IDENTITY", "FUSE_ADD_RELU": "RELU", "FUSE_ADD_SIGMOID": "SIGMOID",
+            "FUSE_ADD_H_SWISH": "H_SWISH"}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceOptions:
+    """The options of :func:`optimize_for_inference` that select passes."""
+
+    f16_io_f32_comp: bool = False
+    f16_io_comp: bool = False
+    fuse_conv_bias_nonlinearity: bool = False
+    fuse_conv_bias_with_z: bool = False
+
+
+INFERENCE_PASSES: dict[str, Callable] = {}
+#: pass name -> the option that enables it (absent: always on)
+_FLAG_OF: dict[str, Callable[[InferenceOptions], bool]] = {}
+
+INFERENCE_PRESET: list[str] = [
+    "expand_batch_norm",
+    "normalize_affine_chain",
+    "fold_conv_scale",
+    "param_fuse",
+    "fuse_conv_bias_nonlinearity",
+    "fuse_conv_bias_with_z",
+    "convert_f16_io",
+    "param_fuse",
+]
+
+
+def register_inference_pass(name: str, enabled: Callable[[InferenceOptions], bool] | None = None):
+    """Register an inference pass ``f(graph, dest, options) -> varmap`` under ``name``;
+    ``enabled(options)`` decides whether it runs."""
+
+    def deco(fn):
+        INFERENCE_PASSES[name] = fn
+        if enabled is not None:
+            _FLAG_OF[name] = enabled
+        return fn
+
+    return deco
+
+
+# ---- what is a parameter -----------------------------------------------------------------
+class ParamOnly:
+    """Whether a var is computed from parameters and constants only (memoized per opr).
+
+    Sources qualify when they are SharedDeviceTensor (not volatile) or ImmutableTensor;
+    other operators when they are deterministic, side-effect free and all their inputs
+    qualify (an input read for its shape only qualifies by a CONST shape).
+    """
+
+    def __init__(self):
+        self.memo: dict = {}
+
+    def __call__(self, v: VarNode) -> bool:
+        return self.opr(v.owner)
+
+    def opr(self, root) -> bool:
+        memo = self.memo
+        stack = [root]
+        while stack:
+            o = stack[-1]
+            if o in memo:
+                stack.pop()
+                continue
+            if not o.inputs:
+                memo[o] = o.type_name in _SOURCES
+                stack.pop()
+                continue
+            if (
+                o.has_side_effect
+                or not o.value_inferable
+                or o.extra_deps
+                or any(v.value_type == InferType.MISSING for v in o.outputs)
+            ):
+                memo[o] = False
+                stack.pop()
+                continue
+            deps = [
+                v.owner
+                for i, v in enumerate(o.inputs)
+                if not (i in o.shape_only_inputs and v.shape_type == InferType.CONST)
+            ]
+            todo = [d for d in deps if d not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            memo[o] = all(memo[d] for d in deps)
+            stack.pop()
+        return memo[root]
+
+
+def _channel_dim(shape, oc: int) -> int | None:
+    """C when ``shape`` broadcasts against (N, oc, H, W) as (1, C, 1, 1) with C in {1, oc}."""
+    if shape is None or len(shape) > 4:
+        return None
+    s = (1,) * (4 - len(shape)) + tuple(shape)
+    if s[0] != 1 or s[2] != 1 or s[3] != 1 or s[1] not in (1, oc):
+        return None
+    return s[1]
+
+
+def _sv(v: VarNode) -> SymbolVar:
+    return SymbolVar(v)
+
+
+def _const(like: VarNode, value: float) -> VarNode:
+    return make_immutable(like.comp_node, like.graph, np.array([value], like.dtype)).node
+
+
+def _is_conv(v: VarNode, rw: Rewriter) -> bool:
+    o = v.owner
+    return (
+        o.type_name == "Convolution" and o.param.format == "NCHW" and rw.sole_reader(v)
+        and not o.extra_deps
+    )  # fmt: skip
+
+
+# ---- 1. BatchNorm in inference mode ------------------------------------------------------
+@register_inference_pass("expand_batch_norm")
+def expand_batch_norm(graph, dest, options):
+    """``y = (x - mean) / sqrt(var + eps) * scale + bias`` becomes ``x * k + b`` with
+    ``k = scale / sqrt(var + eps)`` and ``b = bias - mean * k``."""
+
+    def rule(opr):
+        if opr.type_name != "BatchNorm" or opr.param.fwd_mode != "INFERENCE":
+            return None
+        x, scale, bias, mean, var = opr.inputs
+        y = opr.outputs[4]
+        k = _sv(scale) / mgb_sqrt(_sv(var) + opr.param.epsilon)
+        b = _sv(bias) - _sv(mean) * k
+        if k.dtype != x.dtype:
+            k, b = typecvt(k, x.dtype), typecvt(b, x.dtype)
+        new = (_sv(x) * k + b).node
+        if _shape(new) != _shape(y):
+            return None
+        return [None, None, None, None, new]
+
+    return Rewriter(graph, dest).apply(rule, "BatchNorm folded into x * k + b")
+
+
+def mgb_sqrt(x: SymbolVar) -> SymbolVar:
+    """``x ** 0.5``."""
+    return elemwise(x, 0.5, mode="POW")
+
+
+# ---- 2. affine chains --------------------------------------------------------------------
+@register_inference_pass("normalize_affine_chain")
+def normalize_affine_chain(graph, dest, options):
+    """A chain applying parameters ``p`` to one var ``x`` through ADD, SUB, MUL, TRUE_DIV
+    (by ``p``) and NEGATE becomes ``x * K + B``, K and B computed from the parameters."""
+    rw = Rewriter(graph, dest)
+    is_param = ParamOnly()
+
+    def step(opr):
+        """(carrier index, param var) when ``opr`` applies a parameter to one var."""
+        if opr.type_name != "Elemwise" or opr.param.mode not in _AFFINE or opr.extra_deps:
+            return None
+        if opr.outputs[0].dtype.kind != "f":
+            return None
+        if opr.param.mode == "NEGATE":
+            return (0, None) if not is_param(opr.inputs[0]) else None
+        a, b = opr.inputs
+        pa, pb = is_param(a), is_param(b)
+        if pa == pb or (opr.param.mode == "TRUE_DIV" and pa):
+            return None
+        return (1, a) if pa else (0, b)
+
+    def absorbed(v: VarNode) -> bool:
+        rs = rw.readers_of(v)
+        if not rw.sole_reader(v):
+            return False
+        st = step(rs[0])
+        return st is not None and rs[0].inputs[st[0]] is rw.original(v)
+
+    def rule(opr):
+        if step(opr) is None or absorbed(opr.outputs[0]):
+            return None
+        chain, node = [], opr
+        while True:
+            ci, p = step(node)
+            chain.append((node.param.mode, ci, p))
+            x = node.inputs[ci]
+            if step(x.owner) is None or not rw.sole_reader(x):
+                break
+            node = x.owner
+        if len(chain) == 1 and chain[0][0] in ("ADD", "MUL"):
+            return None  # already x * K or x + B
+        k = b = None  # y = x * k + b; None is 1 and 0
+        for mode, ci, p in reversed(chain):
+            if mode == "ADD":
+                b = p if b is None else combine("ADD", [b, p])
+            elif mode == "SUB" and ci == 0:
+                b = _neg(p) if b is None else combine("SUB", [b, p])
+            elif mode == "SUB":  # p - y
+                k = _const(x, -1.0) if k is None else _neg(k)
+                b = p if b is None else combine("SUB", [p, b])
+            elif mode == "MUL":
+                k = p if k is None else combine("MUL", [k, p])
+                b = None if b is None else combine("MUL", [b, p])
+            elif mode == "TRUE_DIV":
+                k = combine("TRUE_DIV", [_const(x, 1.0) if k is None else k, p])
+                b = None if b is None else combine("TRUE_DIV", [b, p])
+            else:  # NEGATE
+                k = _const(x, -1.0) if k is None else _neg(k)
+                b = None if b is None else _neg(b)
+        new = x
+        if k is not None:
+            new = combine("MUL", [new, k])
+        if b is not None:
+            new = combine("ADD", [new, b])
+        if _shape(new) != _shape(opr.outputs[0]):
+            return None
+        return [new]
+
+    return rw.apply(rule, "affine chain normalized to x * K + B")
+
+
+def _neg(v: VarNode) -> VarNode:
+    return elemwise(_sv(v), mode="NEGATE").node
+
+
+# ---- 3. per-channel scale into the convolution's filter ----------------------------------
+@register_inference_pass("fold_conv_scale")
+def fold_conv_scale(graph, dest, options):
+    """``convolution(x, w) * K`` with K a per-output-channel parameter becomes
+    ``convolution(x, w * K)`` (K reshaped along the filter's output channels)."""
+    rw = Rewriter(graph, dest)
+    is_param = ParamOnly()
+
+    def rule(opr):
+        if opr.type_name != "Elemwise" or opr.param.mode != "MUL" or opr.extra_deps:
+            return None
+        for c, k in (opr.inputs, opr.inputs[::-1]):
+            if _is_conv(c, rw) and is_param(k) and is_param(c.owner.inputs[1]):
+                break
+        else:
+            return None
+        conv = c.owner
+        src, w = conv.inputs
+        oc = _shape(c)[1]
+        ch = _channel_dim(_shape(k), oc)
+        wshape = _shape(w)
+        if ch is None or wshape is None:
+            return None
+        if conv.param.sparse == "GROUP":
+            kshape = (wshape[0], wshape[1], 1, 1, 1) if ch == oc else (1,) * 5
+        else:
+            kshape = (ch, 1, 1, 1)
+        new_w = (_sv(w) * reshape(_sv(k), kshape)).node
+        new = graph.insert_opr(conv.clone([src, new_w]))[0]
+        if _shape(new) != _shape(opr.outputs[0]):
+            return None
+        return [new]
+
+    return rw.apply(rule, "per-channel scale folded into the convolution filter")
+
+
+# ---- 4. ParamFuse ------------------------------------------------------------------------
+@register_inference_pass("param_fuse")
+def param_fuse(graph, dest, options):
+    """Each var computed from parameters only and read by other computation (or an output)
+    becomes a new SharedDeviceTensor holding its current value (ImmutableTensor when its
+    value is CONST)."""
+    rw = Rewriter(graph, dest)
+    is_param = ParamOnly()
+    inf = Inferer()
+
+    def rule(opr):
+        if not opr.inputs or not is_param.opr(opr):
+            return None
+        out = []
+        for v in opr.outputs:
+            if all(r is not None and is_param.opr(r) for r in rw.readers_of(v)):
+                out.append(None)  # read only by other parameter computation
+                continue
+            out.append(_param_var(graph, v, np.array(inf.value(v))))
+        return out
+
+    return rw.apply(rule, "parameters fused")
+
+
+def _param_var(graph, v: VarNode, val: np.ndarray) -> VarNode:
+    name = f"fuse({v.name})"
+    if len(name) > 64:
+        name = name[:60] + "...)"
+    dev = None
+    if v.value_type != InferType.CONST:
+        from ..tensor import DeviceTensorND
+
+        try:
+            dev = DeviceTensorND.from_ndarray(val, comp_node=v.comp_node, dtype=v.dtype)
+        except MegBrainError:  # a dtype device tensors do not take (float64 below the API)
+            dev = None
+    if dev is None:
+        cfg = OperatorNodeConfig(name=name)
+        return graph.insert_opr(ImmutableTensor(val, v.comp_node, cfg))[0]
+    return shared_device_tensor(graph, dev, name=name).node
+
+
+# ---- 5. ConvBias fusion ------------------------------------------------------------------
+def _conv_bias(conv, bias: VarNode, mode: str) -> VarNode:
+    fields = {f.name: getattr(conv.param, f.name) for f in dataclasses.fields(ConvolutionParam)}
+    param = ConvBiasParam(**fields, nonlineMode=mode)
+    src, w = conv.inputs
+    return conv.graph.insert_opr(ConvBias([src, w, bias], param, conv.config))[0]
+
+
+def _per_channel_bias(b: VarNode, oc: int) -> VarNode | None:
+    """``b`` as the (1, OC, 1, 1) bias of ConvBias, or None when it is not per channel."""
+    shape = _shape(b)
+    ch = _channel_dim(shape, oc)
+    if ch is None:
+        return None
+    if tuple(shape) == (1, oc, 1, 1):
+        return b
+    return broadcast(reshape(_sv(b), (1, ch, 1, 1)), (1, oc, 1, 1)).node
+
+
+@register_inference_pass("fuse_conv_bias_nonlinearity", lambda o: o.fuse_conv_bias_nonlinearity)
+def fuse_conv_bias_nonlinearity(graph, dest, options):
+    """``act(convolution(x, w) + b)`` with a per-channel ``b`` becomes ``ConvBias`` (act is
+    RELU, SIGMOID, H_SWISH or none; a FUSE_ADD_<act> is matched too)."""
+    rw = Rewriter(graph, dest)
+
+    def rule(opr):
+        if opr.type_name != "Elemwise" or opr.extra_deps:
+            return None
+        mode = opr.param.mode
+        if mode in _ADD_ACT:
+            for c, b in (opr.inputs, opr.inputs[::-1]):
+                if _is_conv(c, rw):
+                    bias = _per_channel_bias(b, _shape(c)[1])
+                    if bias is not None:
+                        return [_conv_bias(c.owner, bias, _ADD_ACT[mode])]
+            return None
+        if mode in _ACT:
+            (c,) = opr.inputs
+            o = c.owner
+            if (
+                o.type_name == "ConvBias"
+                and o.param.nonlineMode == "IDENTITY"
+                and (rw.sole_reader(c) and not o.extra_deps)
+            ):
+                src, w, bias = o.inputs
+                return [_conv_bias_from(o, [src, w, bias], _ACT[mode])]
+            if _is_conv(c, rw):
+                zero = make_immutable(
+                    c.comp_node, graph, np.zeros((1, _shape(c)[1], 1, 1), c.dtype)
+                ).node
+                return [_conv_bias(o, zero, _ACT[mode])]
+        return None
+
+    return rw.apply(rule, "convolution, bias and nonlinearity fused into ConvBias")
+
+
+def _conv_bias_from(cb, inputs, mode: str) -> VarNode:
+    param = dataclasses.replace(cb.param, nonlineMode=mode)
+    return cb.graph.insert_opr(ConvBias(list(inputs), param, cb.config))[0]
+
+
+# ---- 6. ConvBias with z ------------------------------------------------------------------
+@register_inference_pass("fuse_conv_bias_with_z", lambda o: o.fuse_conv_bias_with_z)
+def fuse_conv_bias_with_z(graph, dest, options):
+    """``act(convolution(x, w) + z)`` with ``z`` of the output's shape becomes ConvBias with
+    ``z`` as its (full-shape) bias."""
+    rw = Rewriter(graph, dest)
+
+    def rule(opr):
+        if opr.type_name != "Elemwise" or opr.param.mode not in _ADD_ACT or opr.extra_deps:
+            return None
+        for c, z in (opr.inputs, opr.inputs[::-1]):
+            if _is_conv(c, rw) and _shape(z) is not None and _shape(z) == _shape(c):
+                return [_conv_bias(c.owner, z, _ADD_ACT[opr.param.mode])]
+        return None
+
+    return rw.apply(rule, "convolution and z fused into ConvBias")
+
+
+# ---- 7. float16 --------------------------------------------------------------------------
+@register_inference_pass("convert_f16_io", lambda o: o.f16_io_comp or o.f16_io_f32_comp)
+def convert_f16_io(graph, dest, options):
+    """Every float32 var becomes float16: float32 sources and the outputs of operators that
+    can not take float16 are converted by TypeCvt, TypeCvt to float32 converts to float16,
+    and with ``f16_io_f32_comp`` convolutions and matrix multiplications compute in float32
+    (``compute_mode=FLOAT32``). Outputs are converted back to their dtype."""
+    rw = Rewriter(graph, dest, allow_dtype_change=True)
+    f32_comp = options.f16_io_f32_comp
+
+    def to16(v: VarNode) -> VarNode:
+        return typecvt(_sv(v), _F16).node if v.dtype == _F32 else v
+
+    for opr in rw.oprs:
+        ins = [rw.get(v) for v in opr.inputs]
+        if opr.type_name == "TypeCvt" and opr.param.dtype == _F32:
+            outs = [typecvt(_sv(ins[0]), _F16).node]
+        else:
+            outs = _rebuild_f16(rw, opr, ins, f32_comp)
+        for old, new in zip(opr.outputs, outs):
+            rw.replace(old, to16(new), "float32 computed in float16")
+    varmap = VarMap()
+    for v in dest:
+        new = rw.get(v)
+        if new.dtype != v.dtype:
+            new = typecvt(_sv(new), v.dtype).node
+        if new is not v:
+            varmap[v] = new
+            varmap.reasons[v] = "float16 output converted back"
+    return varmap
+
+
+def _rebuild_f16(rw: Rewriter, opr, ins: list[VarNode], f32_comp: bool) -> list[VarNode]:
+    param = opr.param
+    if f32_comp and dataclasses.is_dataclass(param) and hasattr(param, "compute_mode"):
+        param = dataclasses.replace(param, compute_mode="FLOAT32")
+    extra = [rw.get(v) for v in opr.extra_deps]
+    if (
+        param is opr.param
+        and all(a is b for a, b in zip(ins, opr.inputs))
+        and all(a is b for a, b in zip(extra, opr.extra_deps))
+    ):
+        return opr.outputs
+    new = opr.clone(ins)
+    new.param, new.extra_deps = param, extra
+    try:
+        return rw.graph.insert_opr(new)
+    except MegBrainError:
+        # the operator does not take float16: run it on float32 inputs
+        ins32 = [
+            typecvt(_sv(a), _F32).node if a.dtype == _F16 and b.dtype == _F32 else a
+            for a, b in zip(ins, opr.inputs)
+        ]
+        new = opr.clone(ins32)
+        new.extra_deps = extra
+        return rw.graph.insert_opr(new)
+
+
+# ---- the entry point ---------------------------------------------------------------------
+def optimize_for_inference(
+    output_vars,
+    *,
+    f16_io_f32_comp: bool = False,
+    f16_io_comp: bool = False,
+    use_nhwcd4: bool = False,
+    fuse_conv_bias_nonlinearity: bool = False,
+    use_nchw32: bool = False,
+    fuse_conv_bias_with_z: bool = False,
+    use_nchw4: bool = False,
+    use_nchw88: bool = False,
+    use_nchw44: bool = False,
+    use_nchw44_dot: bool = False,
+    use_chwn4: bool = False,
+) -> list[SymbolVar]:
+    """Optimize the graph of ``output_vars`` for inference (SPEC.md 2.1).
+
+    Parameters
+    ----------
+    output_vars : SymbolVar or sequence of SymbolVar
+        The outputs to optimize (all in one graph).
+    f16_io_f32_comp : bool
+        Compute in float16 vars, with float32 accumulation in convolution and matmul.
+    f16_io_comp : bool
+        Compute in float16 vars throughout.
+    fuse_conv_bias_nonlinearity : bool
+        Fuse convolution, per-channel bias and activation into ConvBias.
+    fuse_conv_bias_with_z : bool
+        Fuse convolution plus a tensor of its output's shape into ConvBias.
+    use_nhwcd4, use_nchw32, use_nchw4, use_nchw88, use_nchw44, use_nchw44_dot, use_chwn4 : bool
+        Layout transforms of the reference. At most one may be set; none is implemented
+        here (convolution computes NCHW only), so setting one raises MegBrainError.
+
+    Returns
+    -------
+    list of SymbolVar
+        The optimized vars, one per output var, in order and with the same dtypes.
+        Parameters are read now: later updates of the original shared tensors do not
+        reach the folded ones.
+    """
+    flags = {
+        "use_nhwcd4": use_nhwcd4, "use_nchw32": use_nchw32, "use_nchw4": use_nchw4,
+        "use_nchw88": use_nchw88, "use_nchw44": use_nchw44, "use_nchw44_dot": use_nchw44_dot,
+        "use_chwn4": use_chwn4,
+    }  # fmt: skip
+    layouts = [k for k in LAYOUT_FLAGS if flags[k]]
+    if len(layouts) > 1:
+        raise MegBrainError(
+            f"optimize_for_inference: at most one layout flag may be set, got {', '.join(layouts)}"
+        )
+    if layouts:
+        raise MegBrainError(
+            f"optimize_for_inference: {layouts[0]} is not implemented "
+            "(convolution supports only the NCHW format here)"
+        )
+    if f16_io_f32_comp and f16_io_comp:
+        raise MegBrainError(
+            "optimize_for_inference: f16_io_f32_comp and f16_io_comp are mutually exclusive"
+        )
+    options = InferenceOptions(
+        f16_io_f32_comp=bool(f16_io_f32_comp),
+        f16_io_comp=bool(f16_io_comp),
+        fuse_conv_bias_nonlinearity=bool(fuse_conv_bias_nonlinearity),
+        fuse_conv_bias_with_z=bool(fuse_conv_bias_with_z),
+    )
+    single = as_var(output_vars) is not None
+    dest = [_var(v) for v in ([output_vars] if single else list(output_vars))]
+    if not dest:
+        return []
+    graph = dest[0].graph
+    for v in dest:
+        if v.graph is not graph:
+            raise MegBrainError(f"optimize_for_inference: var {v.name!r} belongs to another graph")
+    names = [n for n in INFERENCE_PRESET if _FLAG_OF.get(n, lambda o: True)(options)]
+    new = run_passes(graph, dest, names, INFERENCE_PASSES, options)
+    _record(graph, {}, zip(dest, new))
+    return [SymbolVar(v) for v in new]
+
+
+def _var(x) -> VarNode:
+    v = as_var(x)
+    if v is None:
+        raise TypeError(f"optimize_for_inference: expect SymbolVars, got {x!r}")
+    return v
+
+
+def optimize_nodes_for_inference(vars_: Sequence[VarNode], **kw) -> list[VarNode]:
+    """:func:`optimize_for_inference` on VarNodes (for ``CompGraph.compile``)."""
+    return [v.node for v in optimize_for_inference(list(vars_), **kw)]

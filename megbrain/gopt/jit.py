@@ -1,0 +1,210 @@
+"""JIT fusion pass (SPEC.md section 3 ``graph_opt.jit``): maximal subgraphs of float Elemwise
+operators (closed, at jit level 2, by a Reduce) become one :class:`~megbrain.opr.jit.JITExecutor`.
+
+A subgraph grows from its output towards its inputs: an Elemwise joins the subgraph of its
+readers when all of them are in that subgraph and its output is needed nowhere else (not a
+destination var, not read by another operator, not an extra var dependency). So every
+intermediate result is private to the subgraph, which has exactly one output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import MegBrainError
+from ..graph import InferType, OperatorNodeConfig, VarNode
+from ..graph.replace import dep_oprs
+from ..graph.static_infer import infer_shape
+from ..kernels.jit_codegen import FUSABLE_MODES, REDUCE_MODES
+from ..opr.jit import JITExecutor, JITExecutorParam
+from .passes import register_pass
+
+__all__ = ["jit_fusion", "fuse_elemwise", "jit_level"]
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def jit_level(graph) -> int:
+    """The effective JIT level: ``graph_opt.jit``, or 1 at ``|graph_opt_level| >= 3``."""
+    opts = graph.options
+    level = int(opts.graph_opt.jit)
+    if level == 0 and abs(opts.graph_opt_level) >= 3:
+        level = 1
+    return level
+
+
+@register_pass("jit_fusion")
+def jit_fusion(graph, dest: list[VarNode]) -> dict:
+    """The pass: fuse when the JIT level is at least 1 (with reductions at 2)."""
+    level = jit_level(graph)
+    if level < 1:
+        return {}
+    if any(o.type_name == "VirtualGrad" for o in dep_oprs(dest)):
+        # before the gradients are expanded: the backward will read forward intermediates,
+        # so fuse in the pass that runs after the expansion (MegBrain's ``after_grad``)
+        return {}
+    return fuse_elemwise(graph, dest, with_reduce=level >= 2)
+
+
+def _fusable(opr) -> bool:
+    return (
+        opr.type_name == "Elemwise"
+        and opr.param.mode in FUSABLE_MODES
+        and opr.outputs[0].dtype in _FLOATS
+        and not opr.extra_deps
+    )
+
+
+def _closing_reduce(opr) -> bool:
+    return (
+        opr.type_name == "Reduce"
+        and len(opr.inputs) == 1
+        and opr.param.mode in REDUCE_MODES
+        and opr.outputs[0].dtype in _FLOATS
+        and not opr.extra_deps
+    )
+
+
+def _shape(v: VarNode):
+    try:
+        return infer_shape(v)
+    except MegBrainError:
+        return None
+
+
+def fuse_elemwise(graph, dest: list[VarNode], with_reduce: bool = False) -> dict:
+    """``{old var: new var}`` replacing each fusable subgraph of ``dest``'s graph.
+
+    Operators reading a replaced var are rebuilt here too (in one topological sweep), so
+    that subgraphs reading other subgraphs' outputs read the fused results.
+    """
+    oprs = dep_oprs(dest)
+    readers: dict[VarNode, list] = {}
+    for o in oprs:
+        for v in list(o.inputs) + list(o.extra_deps):
+            readers.setdefault(v, []).append(o)
+    external = set(dest)
+    for k, deps in graph.options.extra_vardeps.items():
+        external.add(k)
+        external.update(deps)
+
+    # grow subgraphs from outputs to inputs: member -> its subgraph's root
+    root_of: dict = {}
+    members: dict = {}
+    for o in reversed(oprs):
+        if not _fusable(o):
+            continue
+        out = o.outputs[0]
+        rs = readers.get(out, [])
+        roots = {root_of.get(r) for r in rs}
+        if out not in external and rs and len(roots) == 1 and None not in roots:
+            root = roots.pop()
+            if root.outputs[0].dtype == out.dtype and root.comp_node == o.comp_node:
+                root_of[o] = root
+                members[root].append(o)
+                continue
+        root_of[o] = o
+        members[o] = [o]
+
+    # a Reduce closing a subgraph whose result only it reads
+    closing: dict = {}
+    if with_reduce:
+        for o in oprs:
+            if not _closing_reduce(o):
+                continue
+            src = o.inputs[0]
+            root = src.owner
+            if members.get(root) is None or src in external or readers.get(src) != [o]:
+                continue
+            axis = o.param.axis
+            if axis is not None:
+                shp = _shape(src)
+                if shp is None or not -len(shp) <= axis < len(shp):
+                    continue
+                axis %= len(shp)
+            if root.comp_node == o.comp_node:
+                closing[root] = (o, (o.param.mode, axis))
+
+    # the subgraphs worth a kernel: two operators at least, and a non-constant input
+    plans: dict = {}
+    for root, group in members.items():
+        red = closing.get(root)
+        if len(group) >= 2 or red is not None:
+            group = group[::-1]  # collected outputs first: now topological, root last
+            plan = _plan(group, None if red is None else red[1])
+            if plan is not None:
+                plans[root] = plan
+    skip = {m for root in plans for m in members[root] if m is not root}
+    skip.update(closing[root][0] for root in plans if root in closing)
+
+    # one topological sweep: fused roots become JITExecutors, their readers are rebuilt
+    memo: dict[VarNode, VarNode] = {}
+    for o in oprs:
+        if o in skip:
+            continue
+        if o in plans:
+            leaves, param = plans[o]
+            cfg = OperatorNodeConfig(comp_node=o.comp_node)
+            inputs = [memo.get(v, v) for v in leaves]
+            new = graph.insert_opr(JITExecutor(inputs, param, cfg))[0]
+            red = closing.get(o)
+            old = (o if red is None else red[0]).outputs[0]
+            if all(a is b for a, b in zip(inputs, leaves)) and new.owner.source is None:
+                new.owner.source = old  # its gradient is the unfused graph's
+            memo[old] = new
+            continue
+        ins = [memo.get(v, v) for v in o.inputs]
+        extra = [memo.get(v, v) for v in o.extra_deps]
+        if all(a is b for a, b in zip(ins, o.inputs)) and all(
+            a is b for a, b in zip(extra, o.extra_deps)
+        ):
+            continue
+        new_opr = o.clone(ins)
+        new_opr.extra_deps = extra
+        for old, nv in zip(o.outputs, graph.insert_opr(new_opr)):
+            memo[old] = nv
+    return memo
+
+
+def _plan(group: list, reduce) -> tuple | None:
+    """(leaf vars, param) of the JITExecutor computing ``group`` (topological, root last);
+    None when every input would be an inlined constant."""
+    root = group[-1]
+    index = {m.outputs[0]: j for j, m in enumerate(group)}
+    out_shape = _shape(root.outputs[0])
+    leaves: list[VarNode] = []
+    consts: dict[VarNode, float] = {}
+    for m in group:
+        for v in m.inputs:
+            if v in index or v in leaves or v in consts:
+                continue
+            c = _scalar_const(v, out_shape)
+            if c is not None:
+                consts[v] = c
+            else:
+                leaves.append(v)
+    if not leaves:
+        return None
+    pos = {v: k for k, v in enumerate(leaves)}
+    expr = []
+    for m in group:
+        args = []
+        for v in m.inputs:
+            if v in index:
+                args.append(("t", index[v]))
+            elif v in consts:
+                args.append(("c", consts[v]))
+            else:
+                args.append(("i", pos[v]))
+        expr.append((m.param.mode, tuple(args)))
+    return leaves, JITExecutorParam(tuple(expr), reduce)
+
+
+def _scalar_const(v: VarNode, out_shape) -> float | None:
+    """The value of a one-element constant that can be inlined without changing the shape."""
+    if v.value_type != InferType.CONST or v.owner.type_name != "ImmutableTensor":
+        return None
+    val = v.owner.value
+    if val.size != 1 or out_shape is None or val.ndim > len(out_shape):
+        return None
+    return float(val.reshape(-1)[0])

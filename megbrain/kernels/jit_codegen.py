@@ -1,0 +1,860 @@
+"""Fused elementwise kernels: an expression of Elemwise modes -> Numba source -> a cached callable.
+
+An *expression* is a tuple of nodes ``(mode, args)`` evaluated in order; each arg is
+``("i", k)`` (input ``k``), ``("t", j)`` (the result of node ``j``) or ``("c", value)`` (a
+scalar constant); the last node is the result. :func:`bind` compiles (or fetches) a kernel for
+the arrays' layout and returns a zero-argument callable computing the result into ``out``;
+an optional closing reduction ``(mode, axis)`` reduces it on the way (SUM/MEAN/MAX/MIN).
+
+Kernels compute in float32 (float16 goes through float32 scratch: Numba has no CPU float16),
+follow the semantics of :mod:`megbrain.kernels.elemwise` op by op, and use vectorizable
+approximations for exp/log/tanh/erf/sigmoid (DESIGN.md section 8). Compiled kernels are
+cached in memory and on disk: each kernel's source is written once to a module named by its
+hash under :func:`cache_dir` and compiled by Numba with ``cache=True``, so another process
+loads the machine code instead of compiling. Numba is imported on the first compile only.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import math
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from . import elemwise as ew
+
+__all__ = [
+    "FUSABLE_MODES",
+    "REDUCE_MODES",
+    "STATS",
+    "bind",
+    "cache_dir",
+    "check_expr",
+    "full_shape",
+    "interpret",
+    "kernel_source",
+    "reduced_shape",
+]
+
+_F32 = np.dtype(np.float32)
+_F16 = np.dtype(np.float16)
+REDUCE_MODES = ("SUM", "MEAN", "MAX", "MIN")
+#: elements from which an elementwise kernel runs in parallel (prange over the outer loop)
+PARALLEL_MIN_SIZE = 1 << 18
+#: counters: kernels compiled by Numba, loaded from the disk cache, found in memory
+STATS = {"compiled": 0, "disk_loads": 0, "memory_hits": 0}
+
+_lock = threading.RLock()
+_kernels: dict[tuple, Callable] = {}  # (source hash, argument layout key) -> entry point
+_modules: dict[str, object] = {}  # source hash -> imported generated module
+_tmp_dir: Path | None = None
+_parallel_ok: bool | None = None  # decided on the first Numba import
+
+# ---- helpers emitted into generated modules -----------------------------------------------
+# name -> (source, helpers it calls). Literals are float32 (``F``) or int32 (``I``) so that
+# nothing is promoted to float64/int64; selects use ``|``, not ``or`` (no branches), so that
+# the loops vectorize.
+_HELPERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "_i2f": (
+        """
+@intrinsic
+def _i2f(typingctx, i):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], _llir.FloatType())
+    return types.float32(types.int32), codegen
+""",
+        (),
+    ),
+    "_f2i": (
+        """
+@intrinsic
+def _f2i(typingctx, f):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], _llir.IntType(32))
+    return types.int32(types.float32), codegen
+""",
+        (),
+    ),
+    # Cephes expf: exp(x) = 2^n exp(r), r = x - n ln2 (Cody-Waite), 2^n as two exponent
+    # fields so that subnormal results come out right; ~1.5 ulp.
+    "_exp": (
+        """
+@njit(**_OPTS)
+def _exp(x):
+    xc = x if x < F(89.0) else F(89.0)
+    xc = xc if xc > F(-104.0) else F(-104.0)
+    n = np.floor(xc * F(1.4426950408889634) + F(0.5))
+    r = xc - n * F(0.693359375)
+    r = r - n * F(-2.12194440e-4)
+    p = F(1.9875691500e-4)
+    p = p * r + F(1.3981999507e-3)
+    p = p * r + F(8.3334519073e-3)
+    p = p * r + F(4.1665795894e-2)
+    p = p * r + F(1.6666665459e-1)
+    p = p * r + F(5.0000001201e-1)
+    p = p * (r * r) + r + F(1.0)
+    ni = I(n)
+    n1 = ni >> I(1)
+    n2 = ni - n1
+    res = p * _i2f((n1 + I(127)) << I(23)) * _i2f((n2 + I(127)) << I(23))
+    res = F(np.inf) if x > F(88.72283905206835) else res
+    res = F(0.0) if x < F(-103.97208) else res
+    return x if x != x else res
+""",
+        ("_i2f",),
+    ),
+    # Cephes logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) by a degree-9 polynomial.
+    "_log": (
+        """
+@njit(**_OPTS)
+def _log(x):
+    sub = x < F(1.1754943508222875e-38)
+    xs = x * F(8388608.0) if sub else x
+    bits = _f2i(xs)
+    e = ((bits >> I(23)) & I(255)) - I(126)
+    e = e - I(23) if sub else e
+    m = _i2f((bits & I(-2139095041)) | I(1056964608))
+    small = m < F(0.7071067811865476)
+    fe = F(e) - (F(1.0) if small else F(0.0))
+    m = (m + m - F(1.0)) if small else (m - F(1.0))
+    z = m * m
+    y = F(7.0376836292e-2)
+    y = y * m - F(1.1514610310e-1)
+    y = y * m + F(1.1676998740e-1)
+    y = y * m - F(1.2420140846e-1)
+    y = y * m + F(1.4249322787e-1)
+    y = y * m - F(1.6668057665e-1)
+    y = y * m + F(2.0000714765e-1)
+    y = y * m - F(2.4999993993e-1)
+    y = y * m + F(3.3333331174e-1)
+    y = y * m * z
+    y = y + F(-2.12194440e-4) * fe
+    y = y - F(0.5) * z
+    r = m + y + F(0.693359375) * fe
+    r = F(-np.inf) if x == F(0.0) else r
+    r = F(np.nan) if x < F(0.0) else r
+    r = x if x == F(np.inf) else r
+    return x if x != x else r
+""",
+        ("_i2f", "_f2i"),
+    ),
+    # Eigen's rational tanh on [-7.9053, 7.9053] (tanh is +-1 in float32 beyond).
+    "_tanh": (
+        """
+@njit(**_OPTS)
+def _tanh(x):
+    xc = x if x < F(7.90531110763549805) else F(7.90531110763549805)
+    xc = xc if xc > F(-7.90531110763549805) else F(-7.90531110763549805)
+    x2 = xc * xc
+    p = F(-2.76076847742355e-16)
+    p = p * x2 + F(2.00018790482477e-13)
+    p = p * x2 + F(-8.60467152213735e-11)
+    p = p * x2 + F(5.12229709037114e-08)
+    p = p * x2 + F(1.48572235717979e-05)
+    p = p * x2 + F(6.37261928875436e-04)
+    p = p * x2 + F(4.89352455891786e-03)
+    p = p * xc
+    q = F(1.19825839466702e-06)
+    q = q * x2 + F(1.18534705686654e-04)
+    q = q * x2 + F(2.26843463243900e-03)
+    q = q * x2 + F(4.89352518554385e-03)
+    r = p / q
+    return x if (abs(x) < F(0.0004)) | (x != x) else r
+""",
+        (),
+    ),
+    # Eigen's rational erf on [-4, 4] (erf is +-1 in float32 beyond).
+    "_erf": (
+        """
+@njit(**_OPTS)
+def _erf(x):
+    xc = x if x < F(4.0) else F(4.0)
+    xc = xc if xc > F(-4.0) else F(-4.0)
+    x2 = xc * xc
+    p = F(-2.72614225801306e-10)
+    p = p * x2 + F(2.77068142495902e-08)
+    p = p * x2 + F(-2.10102402082508e-06)
+    p = p * x2 + F(-5.69250639462346e-05)
+    p = p * x2 + F(-7.34990630326855e-04)
+    p = p * x2 + F(-2.95459980854025e-03)
+    p = p * x2 + F(-1.60960333262415e-02)
+    p = p * xc
+    q = F(-1.45660718464996e-05)
+    q = q * x2 + F(-2.13374055278905e-04)
+    q = q * x2 + F(-1.68282697438203e-03)
+    q = q * x2 + F(-7.37332916720468e-03)
+    q = q * x2 + F(-1.42647390514189e-02)
+    r = p / q
+    return x if x != x else r
+""",
+        (),
+    ),
+    # 1 / (1 + exp(-x)) with exp's argument clipped at floor(log(FLT_MAX)), as the kernel does
+    "_sigmoid": (
+        """
+@njit(**_OPTS)
+def _sigmoid(x):
+    t = -x
+    t = t if (t < F(88.0)) | (t != t) else F(88.0)
+    return F(1.0) / (F(1.0) + _exp(t))
+""",
+        ("_exp",),
+    ),
+    "_lse": (
+        """
+@njit(**_OPTS)
+def _lse(a, b):
+    d = a - b
+    m = a if a > b else b
+    r = m + np.log1p(_exp(-abs(d)))
+    r = d if d != d else r
+    return a + F(0.6931471805599453) if a == b else r
+""",
+        ("_exp",),
+    ),
+    "_h_swish": (
+        """
+@njit(**_OPTS)
+def _h_swish(x):
+    w = x + F(3.0)
+    w = w if w > F(0.0) else F(0.0)
+    w = w if w < F(6.0) else F(6.0)
+    return w * x * F(1.0 / 6.0)
+""",
+        (),
+    ),
+    "_h_swish_grad": (
+        """
+@njit(**_OPTS)
+def _h_swish_grad(x, dy):
+    w = (x * F(2.0) + F(3.0)) / F(6.0) * dy
+    w = dy if x > F(3.0) else w
+    return F(0.0) if x < F(-3.0) else w
+""",
+        (),
+    ),
+    "_fast_tanh": (
+        """
+@njit(**_OPTS)
+def _fast_tanh(x):
+    sq = x * x
+    return (sq + F(27.0)) * x / (sq * F(9.0) + F(27.0))
+""",
+        (),
+    ),
+    "_fast_tanh_grad": (
+        """
+@njit(**_OPTS)
+def _fast_tanh_grad(x, dy):
+    sq = x * x
+    w = (sq - F(9.0)) / (sq + F(3.0))
+    return w * w * dy * F(1.0 / 9.0)
+""",
+        (),
+    ),
+    # half away from zero, like C round(); |x| >= 2^23 (and inf) is already integral
+    "_round": (
+        """
+@njit(**_OPTS)
+def _round(x):
+    t = np.trunc(x)
+    r = t + np.trunc((x - t) * F(2.0))
+    return x if abs(x) >= F(8388608.0) else r
+""",
+        (),
+    ),
+}
+
+
+def _relu(a: str) -> str:
+    return f"({a} if ({a} > F(0.0)) | ({a} != {a}) else F(0.0))"
+
+
+def _select(cond: str) -> str:
+    return f"(F(1.0) if {cond} else F(0.0))"
+
+
+# mode -> (template over argument names, helpers used)
+_TEMPLATES: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
+    "ADD": (lambda a, b: f"{a} + {b}", ()),
+    "SUB": (lambda a, b: f"{a} - {b}", ()),
+    "MUL": (lambda a, b: f"{a} * {b}", ()),
+    "TRUE_DIV": (lambda a, b: f"{a} / {b}", ()),
+    "NEGATE": (lambda a: f"-{a}", ()),
+    "ABS": (lambda a: f"abs({a})", ()),
+    "MAX": (lambda a, b: f"({a} if ({a} > {b}) | ({a} != {a}) else {b})", ()),
+    "MIN": (lambda a, b: f"({a} if ({a} < {b}) | ({a} != {a}) else {b})", ()),
+    "RELU": (_relu, ()),
+    "LT": (lambda a, b: _select(f"{a} < {b}"), ()),
+    "LEQ": (lambda a, b: _select(f"{a} <= {b}"), ()),
+    "EQ": (lambda a, b: _select(f"{a} == {b}"), ()),
+    "MOD": (lambda a, b: f"np.fmod({a}, {b})", ()),
+    "POW": (lambda a, b: f"{a} ** {b}", ()),
+    "ATAN2": (lambda a, b: f"np.arctan2({a}, {b})", ()),
+    "FLOOR_DIV": (lambda a, b: f"np.floor({a} / {b})", ()),
+    "LOG_SUM_EXP": (lambda a, b: f"_lse({a}, {b})", ("_lse",)),
+    "ACOS": (lambda a: f"np.arccos({a})", ()),
+    "ASIN": (lambda a: f"np.arcsin({a})", ()),
+    "CEIL": (lambda a: f"np.ceil({a})", ()),
+    "FLOOR": (lambda a: f"np.floor({a})", ()),
+    "COS": (lambda a: f"np.cos({a})", ()),
+    "SIN": (lambda a: f"np.sin({a})", ()),
+    "EXPM1": (lambda a: f"np.expm1({a})", ()),
+    "LOG1P": (lambda a: f"np.log1p({a})", ()),
+    "EXP": (lambda a: f"_exp({a})", ("_exp",)),
+    "LOG": (lambda a: f"_log({a})", ("_log",)),
+    "TANH": (lambda a: f"_tanh({a})", ("_tanh",)),
+    "ERF": (lambda a: f"_erf({a})", ("_erf",)),
+    "ERFC": (lambda a: f"F(math.erfc({a}))", ()),
+    "SIGMOID": (lambda a: f"_sigmoid({a})", ("_sigmoid",)),
+    "H_SWISH": (lambda a: f"_h_swish({a})", ("_h_swish",)),
+    "FAST_TANH": (lambda a: f"_fast_tanh({a})", ("_fast_tanh",)),
+    "ROUND": (lambda a: f"_round({a})", ("_round",)),
+    "ABS_GRAD": (lambda a, b: f"({b} if {a} > F(0.0) else -{b})", ()),
+    "SIGMOID_GRAD": (lambda a, b: f"(F(1.0) - {a}) * {a} * {b}", ()),
+    "TANH_GRAD": (lambda a, b: f"(F(1.0) - {a} * {a}) * {b}", ()),
+    "SWITCH_GT0": (lambda a, b: f"({b} if {a} > F(0.0) else F(0.0))", ()),
+    "FAST_TANH_GRAD": (lambda a, b: f"_fast_tanh_grad({a}, {b})", ("_fast_tanh_grad",)),
+    "H_SWISH_GRAD": (lambda a, b: f"_h_swish_grad({a}, {b})", ("_h_swish_grad",)),
+    "FUSE_ADD_RELU": (lambda a, b: _relu(f"({a} + {b})"), ()),
+    "FUSE_ADD_SIGMOID": (lambda a, b: f"_sigmoid({a} + {b})", ("_sigmoid",)),
+    "FUSE_ADD_TANH": (lambda a, b: f"_tanh({a} + {b})", ("_tanh",)),
+    "FUSE_ADD_H_SWISH": (lambda a, b: f"_h_swish({a} + {b})", ("_h_swish",)),
+    "COND_LEQ_MOV": (lambda a, b, c: f"({c} if {a} <= {b} else F(0.0))", ()),
+    "FUSE_MUL_ADD3": (lambda a, b, c: f"{a} * {b} + {c}", ()),
+    "FUSE_MUL_ADD4": (lambda a, b, c, d: f"{a} * {b} + {c} * {d}", ()),
+}
+
+#: the Elemwise modes a fused kernel can compute (floating-point inputs)
+FUSABLE_MODES = frozenset(_TEMPLATES)
+
+
+# ---- source generation ----------------------------------------------------------------------
+def _const(value: float) -> str:
+    v = float(np.float32(value))
+    if math.isnan(v):
+        return "F(np.nan)"
+    if math.isinf(v):
+        return "F(np.inf)" if v > 0 else "F(-np.inf)"
+    return f"F({v!r})"
+
+
+def _node_expr(mode: str, args: list[str], consts: list) -> str:
+    """The expression of one node; a few POW exponents get exact cheaper forms."""
+    if mode == "POW" and consts[1] is not None:
+        e = float(np.float32(consts[1]))
+        a = args[0]
+        if e == 2.0:
+            return f"{a} * {a}"
+        if e == 1.0:
+            return a
+        if e == 0.5:  # powf(x, 0.5) is sqrt(x) except at -inf
+            return f"(np.sqrt({a}) if {a} != F(-np.inf) else F(np.inf))"
+    return _TEMPLATES[mode][0](*args)
+
+
+def _helpers_of(expr: Sequence) -> list[str]:
+    order: list[str] = []
+
+    def add(name: str) -> None:
+        if name in order:
+            return
+        for dep in _HELPERS[name][1]:
+            add(dep)
+        order.append(name)
+
+    for mode, _ in expr:
+        for h in _TEMPLATES[mode][1]:
+            add(h)
+    return order
+
+
+def _body(expr: Sequence, load: Callable[[int], str]) -> list[str]:
+    """Statements computing each node into ``t<j>``; ``load(k)`` names input k's value."""
+    lines = []
+    for j, (mode, args) in enumerate(expr):
+        names, consts = [], []
+        for kind, x in args:
+            if kind == "i":
+                names.append(load(x))
+                consts.append(None)
+            elif kind == "t":
+                names.append(f"t{x}")
+                consts.append(None)
+            else:
+                names.append(_const(x))
+                consts.append(x)
+        lines.append(f"t{j} = {_node_expr(mode, names, consts)}")
+    return lines
+
+
+@functools.lru_cache(maxsize=1024)
+def kernel_source(
+    expr: Sequence,
+    layout: tuple,
+    parallel: bool = False,
+    reduce: tuple | None = None,
+) -> str:
+    """Python source of a module defining ``kernel(x0, ..., out)`` for ``expr``.
+
+    Parameters
+    ----------
+    expr : sequence of (mode, args)
+        The expression (module docstring).
+    layout : tuple
+        ``("flat", kinds, alias)``: 1-d arrays, ``kinds[k]`` is ``"f"`` (one element per
+        output element) or ``"s"`` (one element, broadcast); ``("nd", ndim, alias)``: every
+        input broadcast to the full shape, ``out`` of the full (or reduced) shape. ``alias``:
+        None, or the input that is also the output (``kernel`` then takes no ``out``).
+    parallel : bool
+        Run the outer loop with ``prange`` (elementwise kernels only).
+    reduce : (mode, axis) or None
+        A closing reduction: over everything (axis None) or one axis of the full shape.
+
+    Returns
+    -------
+    str
+        The module source.
+    """
+    kind, arg, alias = layout
+    nin = len(arg) if kind == "flat" else _nr_inputs(expr)
+    params = ", ".join([f"x{k}" for k in range(nin)] + (["out"] if alias is None else []))
+    last = f"t{len(expr) - 1}"
+    loop = "prange" if parallel else "range"
+    # in place: one array object, so that LLVM sees the store can not clobber later loads
+    body: list[str] = [] if alias is None else [f"out = x{alias}"]
+    if kind == "flat":
+        body += [f"s{k} = x{k}[0]" for k in range(nin) if arg[k] == "s"]
+
+        def load(k):
+            return f"s{k}" if arg[k] == "s" else f"x{k}[i]"
+
+        calc = _body(expr, load)
+        if reduce is None:
+            body += [f"for i in {loop}(out.shape[0]):", *_ind(calc, 1), f"    out[i] = {last}"]
+        else:
+            n = next((f"x{k}.shape[0]" for k in range(nin) if arg[k] == "f"), "1")
+            body += [f"n = {n}", *_acc_init(reduce[0]), "for i in range(n):", *_ind(calc, 1)]
+            body += [*_ind(_acc_step(reduce[0], last), 1), *_acc_store(reduce[0], "out[0]", "n")]
+    else:
+        ndim = arg
+        idx = ", ".join(f"i{d}" for d in range(ndim))
+
+        def load(k):
+            return f"x{k}[{idx}]"
+
+        calc = _body(expr, load)
+        body += [f"n{d} = x0.shape[{d}]" for d in range(ndim)]
+        axis = None if reduce is None else reduce[1]
+        if reduce is None:
+            loops = list(range(ndim))
+            inner = [*calc, f"out[{idx}] = {last}"]
+            head = []
+        elif axis is None:
+            loops = list(range(ndim))
+            body += _acc_init(reduce[0])
+            inner = [*calc, *_acc_step(reduce[0], last)]
+            head = []
+        else:
+            loops = [d for d in range(ndim) if d != axis] + [axis]
+            oidx = ", ".join("0" if d == axis else f"i{d}" for d in range(ndim))
+            inner = [*calc, *_acc_step(reduce[0], last)]
+            head = _acc_init(reduce[0])
+        for depth, d in enumerate(loops):
+            rng = loop if depth == 0 and reduce is None else "range"
+            if reduce is not None and axis is not None and d == axis:
+                body += _ind(head, depth)
+            body.append("    " * depth + f"for i{d} in {rng}(n{d}):")
+        body += _ind(inner, len(loops))
+        if reduce is not None:
+            count = "*".join(f"n{d}" for d in range(ndim)) if axis is None else f"n{axis}"
+            if axis is None:
+                body += _acc_store(reduce[0], "out[0]", count)
+            else:
+                store = _acc_store(reduce[0], f"out[{oidx}]", count)
+                body += _ind(store, len(loops) - 1)
+    helpers = [_HELPERS[h][0] for h in _helpers_of(expr)]
+    head_lines = [
+        "# megbrain fused elementwise kernel, generated by megbrain.kernels.jit_codegen",
+        f"# expr: {tuple(expr)!r}",
+        f"# layout: {layout!r} parallel: {parallel} reduce: {reduce!r}",
+        "import math",
+        "",
+        "import numpy as np",
+        "from llvmlite import ir as _llir",
+        "from numba import njit, prange, types",
+        "from numba.extending import intrinsic",
+        "",
+        "F = np.float32",
+        "I = np.int32",
+        "_OPTS = dict(error_model='numpy', nogil=True)",
+    ]
+    fastmath = (
+        ", fastmath={'reassoc'}" if reduce is not None and reduce[0] in ("SUM", "MEAN") else ""
+    )
+    deco = f"@njit(error_model='numpy', nogil=True, cache=True, parallel={parallel}{fastmath})"
+    src = "\n".join(head_lines) + "\n" + "".join(helpers) + "\n\n"
+    src += f"{deco}\ndef kernel({params}):\n" + "\n".join(_ind(body, 1)) + "\n"
+    return src
+
+
+def _ind(lines: list[str], depth: int) -> list[str]:
+    return ["    " * depth + ln for ln in lines]
+
+
+def _acc_init(mode: str) -> list[str]:
+    if mode in ("SUM", "MEAN"):
+        return ["acc = 0.0"]  # float64: sums keep their precision
+    return ["acc = F(np.inf)" if mode == "MIN" else "acc = F(-np.inf)"]
+
+
+def _acc_step(mode: str, v: str) -> list[str]:
+    if mode in ("SUM", "MEAN"):
+        return [f"acc += {v}"]
+    op = "<" if mode == "MIN" else ">"
+    return [f"acc = {v} if ({v} {op} acc) | ({v} != {v}) else acc"]
+
+
+def _acc_store(mode: str, dst: str, count: str) -> list[str]:
+    if mode == "MEAN":
+        return [f"{dst} = F(acc / ({count}))"]
+    return [f"{dst} = F(acc)"]
+
+
+def _nr_inputs(expr: Sequence) -> int:
+    ks = [x for _, args in expr for kind, x in args if kind == "i"]
+    return max(ks) + 1 if ks else 0
+
+
+# ---- compile and cache ----------------------------------------------------------------------
+def cache_dir() -> Path:
+    """The directory of generated kernel modules and Numba's cache of them.
+
+    ``$MGB_JIT_CACHE_DIR`` if set, else ``~/.cache/megbrain/jit``; a private temporary
+    directory when that one can not be created or written.
+    """
+    global _tmp_dir
+    env = os.environ.get("MGB_JIT_CACHE_DIR")
+    d = Path(env) if env else Path.home() / ".cache" / "megbrain" / "jit"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        if os.access(d, os.W_OK):
+            return d
+    except OSError:
+        pass
+    if _tmp_dir is None:
+        _tmp_dir = Path(tempfile.mkdtemp(prefix="mgb_jit_"))
+    return _tmp_dir
+
+
+def _numba():
+    """Import Numba (lazily) and fix its threading layer before any parallel kernel runs."""
+    global _parallel_ok
+    import numba
+
+    if _parallel_ok is None:
+        if os.environ.get("NUMBA_THREADING_LAYER"):
+            _parallel_ok = True
+        else:
+            # idle OpenMP threads sleep instead of spinning: spinning workers on a loaded
+            # machine made parallel kernels 50x slower than serial ones (read as gomp loads)
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+            try:  # GNU OpenMP: safe when several comp node threads launch kernels at once
+                import numba.np.ufunc.omppool  # noqa: F401
+
+                numba.config.THREADING_LAYER = "omp"
+                _parallel_ok = True
+            except ImportError:  # workqueue is not: run serial kernels only
+                _parallel_ok = False
+    return numba
+
+
+def _num_threads() -> int:
+    """Threads of a parallel kernel: ``$MGB_JIT_NUM_THREADS``, else Numba's default."""
+    numba = _numba()
+    n = os.environ.get("MGB_JIT_NUM_THREADS")
+    limit = numba.config.NUMBA_NUM_THREADS
+    return max(1, min(int(n), limit)) if n else limit
+
+
+def _load_module(src: str):
+    """Import the generated module of ``src`` (written to the cache directory once)."""
+    digest = hashlib.sha256(src.encode()).hexdigest()[:24]
+    mod = _modules.get(digest)
+    if mod is not None:
+        return mod
+    name = f"mgbjit_{digest}"
+    path = cache_dir() / f"{name}.py"
+    if not path.exists() or path.read_text() != src:
+        # written once (atomically): Numba's disk cache is keyed by the file's mtime and size
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(src)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    _modules[digest] = mod
+    return mod
+
+
+def _arg_key(a: np.ndarray) -> tuple:
+    f = a.flags
+    return (a.ndim, a.dtype.str, f.c_contiguous, f.f_contiguous, f.writeable, f.aligned)
+
+
+def _kernel(src: str, args: Sequence[np.ndarray]) -> Callable:
+    """The compiled entry point of ``src`` for the types of ``args`` (memory, disk, compile)."""
+    key = (src, tuple(_arg_key(a) for a in args))
+    fn = _kernels.get(key)
+    if fn is not None:
+        STATS["memory_hits"] += 1
+        return fn
+    with _lock:
+        fn = _kernels.get(key)
+        if fn is not None:
+            STATS["memory_hits"] += 1
+            return fn
+        numba = _numba()
+        disp = _load_module(src).kernel
+        sig = tuple(numba.typeof(a) for a in args)
+        hits = sum(disp.stats.cache_hits.values())
+        fn = disp.compile(sig)  # loads from Numba's disk cache when it can
+        if sum(disp.stats.cache_hits.values()) > hits:
+            STATS["disk_loads"] += 1
+        else:
+            STATS["compiled"] += 1
+        _kernels[key] = fn
+    return fn
+
+
+# ---- binding ----------------------------------------------------------------------------
+def _chain(steps: Sequence[Callable[[], object]]) -> Callable[[], None]:
+    if len(steps) == 1:
+        return steps[0]
+    steps = tuple(steps)
+
+    def run() -> None:
+        for step in steps:
+            step()
+
+    return run
+
+
+def check_expr(expr: Sequence, nin: int, reduce=None) -> None:
+    """Raise ValueError unless ``expr`` over ``nin`` inputs (and ``reduce``) can be compiled."""
+    for mode, args in expr:
+        if mode not in _TEMPLATES:
+            raise ValueError(f"jit: Elemwise mode {mode} can not be fused")
+        if len(args) != ew.arity(mode):
+            raise ValueError(f"jit: mode {mode} takes {ew.arity(mode)} inputs, got {len(args)}")
+    if _nr_inputs(expr) != nin:
+        raise ValueError(f"jit: expression reads {_nr_inputs(expr)} inputs, got {nin}")
+    if reduce is not None and reduce[0] not in REDUCE_MODES:
+        raise ValueError(f"jit: reduce mode {reduce[0]} can not be fused")
+
+
+def full_shape(shapes: Sequence[tuple]) -> tuple:
+    """The broadcast shape of the inputs (ValueError when they do not broadcast)."""
+    return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+
+
+def reduced_shape(shape: tuple, reduce) -> tuple:
+    """``shape`` after the closing reduction ``reduce`` (None: unchanged)."""
+    if reduce is None:
+        return tuple(shape)
+    axis = reduce[1]
+    if axis is None:
+        return (1,)
+    return tuple(shape[:axis]) + (1,) + tuple(shape[axis + 1 :])
+
+
+def bind(
+    expr: Sequence,
+    inputs: Sequence[np.ndarray],
+    out: np.ndarray,
+    reduce: tuple | None = None,
+) -> Callable[[], None]:
+    """Bind a fused expression to its input and output arrays.
+
+    Parameters
+    ----------
+    expr : sequence of (mode, args)
+        The expression (module docstring); every mode in :data:`FUSABLE_MODES`.
+    inputs : sequence of numpy.ndarray
+        float32 or float16 arrays of one dtype, broadcasting together to the full shape.
+    out : numpy.ndarray
+        The result, of the inputs' dtype and the full shape (reduced by ``reduce``). It may
+        share memory with an input of the full shape (in-place computation).
+    reduce : (mode, axis) or None
+        A closing SUM/MEAN/MAX/MIN over everything (axis None, ``out`` of shape (1,)) or over
+        one non-negative axis (kept with size 1).
+
+    Returns
+    -------
+    Callable[[], None]
+        A zero-argument callable computing into ``out`` from the inputs' current contents;
+        for float32 arrays of the output's shape one call of a compiled kernel.
+    """
+    check_expr(expr, len(inputs), reduce)
+    dtype = out.dtype
+    if dtype not in (_F32, _F16) or any(x.dtype != dtype for x in inputs):
+        dts = ", ".join(x.dtype.name for x in inputs)
+        raise ValueError(f"jit: inputs ({dts}) and output ({dtype}) must be one float dtype")
+    shape = full_shape([x.shape for x in inputs])
+    if reduced_shape(shape, reduce) != out.shape:
+        raise ValueError(f"jit: inputs of shape {shape} do not give the output shape {out.shape}")
+    size = math.prod(shape)
+    if reduce is not None:
+        count = size if reduce[1] is None else shape[reduce[1]]
+        if count == 0 and reduce[0] in ("MIN", "MAX", "MEAN") and out.size:
+            raise ValueError(f"jit: reduce mode {reduce[0]} over an empty axis of {shape}")
+    if out.size == 0:
+        return _noop
+    steps: list[Callable[[], object]] = []
+    res, inputs_orig = out, inputs
+    if dtype == _F16:  # compute through float32 scratch
+        conv = []
+        for x in inputs:
+            x32 = np.empty(x.shape, _F32)
+            steps.append(functools.partial(np.copyto, x32, x, "unsafe"))
+            conv.append(x32)
+        inputs = conv
+        res = np.empty(out.shape, _F32)
+    ndim = len(shape)
+    flat = (
+        res.flags.c_contiguous
+        and (reduce is None or reduce[1] is None)
+        and all(x.size == 1 or (x.shape == shape and x.flags.c_contiguous) for x in inputs)
+    )
+    parallel = reduce is None and size >= PARALLEL_MIN_SIZE
+    if parallel:
+        _numba()
+        parallel = bool(_parallel_ok)
+    if flat:
+        kinds = tuple("f" if x.size == size else "s" for x in inputs)
+        args = [x.reshape(-1) for x in inputs] + [res.reshape(-1)]
+        layout = ("flat", kinds, _alias(args))
+    else:
+        args = [np.broadcast_to(x, shape) for x in inputs] + [res]
+        layout = ("nd", ndim, _alias(args))
+    if layout[2] is not None:
+        args.pop()
+    src = kernel_source(tuple(expr), layout, parallel, reduce)
+    try:
+        fn = _kernel(src, args)
+    except Exception as exc:  # noqa: BLE001 - a kernel Numba can not build: run unfused
+        _warn_unfused(expr, exc)
+        return _bind_unfused(expr, inputs_orig, out, reduce)
+    call = functools.partial(fn, *args)
+    if parallel:
+        call = functools.partial(_call_threads, _numba().set_num_threads, _num_threads(), call)
+    steps.append(call)
+    if res is not out:
+        steps.append(functools.partial(np.copyto, out, res, "unsafe"))
+    return _chain(steps)
+
+
+def _warn_unfused(expr, exc: BaseException) -> None:
+    import warnings
+
+    warnings.warn(
+        f"jit: compiling a fused kernel failed ({type(exc).__name__}: {exc}); running "
+        f"its {len(expr)} operators unfused",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def _bind_unfused(expr, inputs, out, reduce) -> Callable[[], None]:
+    """The expression as one Elemwise kernel call per node (the fallback)."""
+    from . import reduce as red
+
+    dtype = out.dtype
+    shape = full_shape([x.shape for x in inputs])
+    vals: list[np.ndarray] = []
+    steps = []
+    for j, (mode, args) in enumerate(expr):
+        xs = []
+        for kind, x in args:
+            if kind == "i":
+                xs.append(inputs[x])
+            elif kind == "t":
+                xs.append(vals[x])
+            else:
+                xs.append(np.array([x], dtype))
+        last = j == len(expr) - 1 and reduce is None
+        res = out if last else np.empty(full_shape([a.shape for a in xs]), dtype)
+        steps.append(ew.bind(mode, xs, res))
+        vals.append(res)
+    if reduce is not None:
+        src = vals[-1]
+        if src.shape != shape:
+            src = np.broadcast_to(src, shape)
+        steps.append(red.bind_reduce(reduce[0], src, out, reduce[1]))
+    return _chain(steps)
+
+
+def _alias(args: list[np.ndarray]) -> int | None:
+    """The input that ``out`` (the last arg) is exactly (same memory, shape and strides)."""
+    out = args[-1]
+    ptr = out.__array_interface__["data"][0]
+    for k, a in enumerate(args[:-1]):
+        if (
+            a.shape == out.shape
+            and a.strides == out.strides
+            and a.__array_interface__["data"][0] == ptr
+            and a.flags.writeable
+        ):
+            return k
+    return None
+
+
+def _call_threads(set_num_threads, n: int, call: Callable) -> None:
+    set_num_threads(n)  # thread-local in Numba: set on the thread that launches
+    call()
+
+
+def _noop() -> None:
+    pass
+
+
+def interpret(
+    expr: Sequence,
+    inputs: Sequence[np.ndarray],
+    reduce: tuple | None = None,
+) -> np.ndarray:
+    """Evaluate ``expr`` op by op with the unfused Elemwise kernels (no compilation).
+
+    Used for static value inference and as the reference in tests.
+    """
+    from . import reduce as red
+
+    inputs = [np.asarray(x) for x in inputs]
+    dtype = inputs[0].dtype
+    vals: list[np.ndarray] = []
+    for mode, args in expr:
+        xs = []
+        for kind, x in args:
+            if kind == "i":
+                xs.append(inputs[x])
+            elif kind == "t":
+                xs.append(vals[x])
+            else:
+                xs.append(np.array(x, dtype).reshape(1))
+        vals.append(ew.compute(mode, *xs))
+    res = vals[-1]
+    if reduce is None:
+        return res
+    out = np.empty(reduced_shape(res.shape, reduce), dtype)
+    red.bind_reduce(reduce[0], res, out, reduce[1])()
+    return out

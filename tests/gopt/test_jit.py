@@ -1,0 +1,517 @@
+"""JIT fusion (SPEC.md section 3 ``graph_opt.jit``): the jit_fusion pass, JITExecutor, the
+generated kernels and their caches.
+
+Numba compiles each distinct kernel in about a second, so the tests reuse a few expressions
+and the module compiles into one fresh cache directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import megbrain as mgb
+from megbrain.gopt.jit import fuse_elemwise
+from megbrain.kernels import elemwise as ew
+from megbrain.kernels import jit_codegen as jc
+from megbrain.opr.jit import jit_executor
+
+CN = "cpu0"
+F32 = np.float32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def jit_cache_dir(tmp_path_factory):
+    """Compile into a fresh cache directory: the counters below see real compiles."""
+    d = tmp_path_factory.mktemp("mgb_jit_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MGB_JIT_CACHE_DIR", str(d))
+        yield d
+
+
+def _graph(jit=1, level=2):
+    g = mgb.comp_graph()
+    g.set_option("graph_opt.jit", jit)
+    g.set_option("graph_opt_level", level)
+    return g
+
+
+def _args(g, shapes, dtype=F32):
+    return [mgb.make_arg(CN, g, name=f"x{i}", shape=s, dtype=dtype) for i, s in enumerate(shapes)]
+
+
+def _types(f):
+    return [o.type_name for o in f._func.iter_opr_seq()]
+
+
+def _run_both(build, shapes, values, dtype=F32, jit=1):
+    """Results of ``build(*args)`` compiled with and without JIT fusion, and the fused seq."""
+    res = []
+    for level in (0, jit):
+        g = _graph(level)
+        xs = _args(g, shapes, dtype)
+        f = g.compile(xs, mgb.copy_output(build(*xs)))
+        res.append((f(*values), _types(f)))
+    (ref, _), (out, types) = res
+    return ref, out, types
+
+
+# ---- random chains ----------------------------------------------------------------------
+# modes that are total on moderate values; the wrapped ones get their domain guarded below
+_UNARY = [
+    "RELU",
+    "ABS",
+    "NEGATE",
+    "TANH",
+    "SIGMOID",
+    "H_SWISH",
+    "FAST_TANH",
+    "SIN",
+    "COS",
+    "ERF",
+    "ERFC",
+    "EXP",
+    "LOG",
+    "LOG1P",
+    "EXPM1",
+    "ROUND",
+    "FLOOR",
+    "CEIL",
+]
+_BINARY = [
+    "ADD",
+    "SUB",
+    "MUL",
+    "MAX",
+    "MIN",
+    "TRUE_DIV",
+    "POW",
+    "ATAN2",
+    "LOG_SUM_EXP",
+    "FUSE_ADD_RELU",
+    "FUSE_ADD_SIGMOID",
+    "FUSE_ADD_TANH",
+    "FUSE_ADD_H_SWISH",
+    "SWITCH_GT0",
+    "ABS_GRAD",
+    "SIGMOID_GRAD",
+    "TANH_GRAD",
+    "FAST_TANH_GRAD",
+    "H_SWISH_GRAD",
+    "LT",
+    "LEQ",
+    "MOD",
+    "FLOOR_DIV",
+]
+_TERNARY = ["FUSE_MUL_ADD3", "COND_LEQ_MOV"]
+
+
+def _random_chain(rng, nin, nops):
+    """A builder of a random DAG of ``nops`` Elemwise ops over ``nin`` inputs."""
+    plan = []
+    for _ in range(nops):
+        kind = rng.choice(3, p=[0.4, 0.5, 0.1])
+        mode = rng.choice([_UNARY, _BINARY, _TERNARY][kind])
+        plan.append((str(mode), [int(a) for a in rng.integers(0, 10**6, 3)]))
+
+    def build(*xs):
+        vals = list(xs)
+        e = mgb.opr.elem
+        for mode, picks in plan:
+            a, b, c = (vals[p % len(vals)] for p in picks)
+            if mode in ("LOG", "LOG1P"):
+                a = e.abs(a) + 0.5
+            elif mode in ("EXP", "EXPM1"):
+                a = e.tanh(a) * 3.0
+            elif mode in ("TRUE_DIV", "MOD", "FLOOR_DIV"):
+                b = e.abs(b) + 0.5
+            elif mode == "POW":
+                a, b = e.abs(a) + 0.5, e.tanh(b)
+            n = ew.arity(mode)
+            vals.append(mgb.opr.elemwise(*[a, b, c][:n], mode=mode))
+        # every intermediate feeds the output, bounded so that errors stay relative
+        out = vals[nin]
+        for v in vals[nin + 1 :]:
+            out = e.tanh(out) + v * 0.25
+        return out
+
+    return build
+
+
+@pytest.mark.parametrize(
+    "seed, shapes",
+    [
+        (0, [(64,), (64,), (64,)]),
+        (1, [(4, 1, 6), (5, 1), (6,)]),  # broadcasting: the N-d kernel
+        (2, [(3, 8), (1,), (3, 8)]),  # a one-element input: the flat kernel with a scalar
+    ],
+)
+def test_random_chains_match_unfused(seed, shapes):
+    rng = np.random.default_rng(seed)
+    build = _random_chain(rng, len(shapes), 14)
+    values = [rng.uniform(-3, 3, s).astype(F32) for s in shapes]
+    with np.errstate(all="ignore"):
+        ref, out, types = _run_both(build, shapes, values)
+    assert types.count("JITExecutor") >= 1
+    assert "Elemwise" not in types
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+
+
+def test_every_mode_matches_the_unfused_kernel():
+    """One kernel computing every fusable mode, each element selecting one mode's result."""
+    modes = sorted(jc.FUSABLE_MODES)
+    nin = 4
+    expr = []
+    for j, m in enumerate(modes):
+        expr.append((m, tuple(("i", (j + a) % nin) for a in range(ew.arity(m)))))
+    picks = []
+    for j in range(len(modes)):  # sel == j ? node j : 0, as two NaN-safe COND_LEQ_MOVs
+        expr.append(("COND_LEQ_MOV", (("i", nin), ("c", float(j)), ("t", j))))
+        expr.append(("COND_LEQ_MOV", (("c", float(j)), ("i", nin), ("t", len(expr) - 1))))
+        picks.append(len(expr) - 1)
+    acc = ("t", picks[0])
+    for p in picks[1:]:
+        expr.append(("ADD", (acc, ("t", p))))
+        acc = ("t", len(expr) - 1)
+    expr = tuple(expr)
+
+    rng = np.random.default_rng(0)
+    n = 40 * len(modes)
+    special = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        np.inf,
+        -np.inf,
+        np.nan,
+        1e-40,
+        88.7,
+        89.0,
+        -104.0,
+        3.0,
+        -3.0,
+        0.5,
+        -0.5,
+        2.5,
+        -2.5,
+        1e30,
+        7.9,
+        -4.0,
+        1e-4,
+    ]
+    xs = []
+    for k in range(nin):
+        x = rng.uniform(-5, 5, n).astype(F32)
+        x[::7] = rng.standard_cauchy(len(x[::7])) * 20
+        for j in range(len(modes)):  # specials for every mode, in shifted combinations
+            x[j * 40 : j * 40 + len(special)] = np.roll(special, k)
+        xs.append(x)
+    sel = np.repeat(np.arange(len(modes)), 40).astype(F32)
+    out = np.empty(n, F32)
+    with np.errstate(all="ignore"):
+        jc.bind(expr, [*xs, sel], out)()
+        ref = jc.interpret(expr, [*xs, sel])
+    approx = {
+        "TANH",
+        "EXP",
+        "LOG",
+        "ERF",
+        "SIGMOID",
+        "LOG_SUM_EXP",
+        "FUSE_ADD_TANH",
+        "FUSE_ADD_SIGMOID",
+        "ERFC",
+        "POW",
+        "ACOS",
+        "ASIN",
+        "ATAN2",
+        "SIN",
+        "COS",
+        "EXPM1",
+        "LOG1P",
+    }
+    for j, m in enumerate(modes):
+        o, r = out[sel == j], ref[sel == j]
+        if m in approx:  # libm and the vectorizable approximations: a few ulp
+            np.testing.assert_allclose(o, r, rtol=2e-6, atol=1e-6, err_msg=m)
+        else:
+            np.testing.assert_array_equal(o, r, err_msg=m)
+
+
+def test_float16_is_fused_through_float32():
+    def build(x, y):
+        return mgb.opr.elem.sigmoid(x * y + 1.0) - mgb.opr.elem.tanh(y) * 0.5
+
+    rng = np.random.default_rng(3)
+    vals = [rng.uniform(-2, 2, (8, 8)).astype(np.float16) for _ in range(2)]
+    ref, out, types = _run_both(build, [(8, 8), (8, 8)], vals, dtype=np.float16)
+    assert types.count("JITExecutor") == 1 and out.dtype == np.float16
+    np.testing.assert_allclose(out.astype(F32), ref.astype(F32), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("reduce", [None, ("MAX", 1)])
+def test_falls_back_to_unfused_kernels_when_numba_fails(monkeypatch, reduce):
+    def broken(src, args):
+        raise RuntimeError("no numba today")
+
+    monkeypatch.setattr(jc, "_kernel", broken)
+    expr = (
+        ("MUL", (("i", 0), ("c", 2.0))),
+        ("SIGMOID", (("t", 0),)),
+        ("SUB", (("t", 1), ("i", 1))),
+    )
+    rng = np.random.default_rng(8)
+    x, y = rng.uniform(-2, 2, (3, 5)).astype(F32), rng.uniform(-2, 2, (5,)).astype(F32)
+    out = np.empty((3, 1) if reduce else (3, 5), F32)
+    with pytest.warns(RuntimeWarning, match="unfused"):
+        fn = jc.bind(expr, [x, y], out, reduce)
+    fn()
+    np.testing.assert_allclose(out, jc.interpret(expr, [x, y], reduce), rtol=1e-6)
+
+
+def test_parallel_kernel(monkeypatch):
+    monkeypatch.setattr(jc, "PARALLEL_MIN_SIZE", 1024)
+    rng = np.random.default_rng(4)
+    x, y = (rng.uniform(-2, 2, 5000).astype(F32) for _ in range(2))
+    expr = (("MUL", (("i", 0), ("i", 1))), ("EXP", (("t", 0),)), ("ADD", (("t", 1), ("i", 0))))
+    out = np.empty_like(x)
+    jc.bind(expr, [x, y], out)()
+    np.testing.assert_allclose(out, np.exp(x * y) + x, rtol=2e-6, atol=1e-6)
+
+
+# ---- the pass -----------------------------------------------------------------------------
+def _compile_types(build, shapes, jit=1, level=2, dtype=F32):
+    g = _graph(jit, level)
+    xs = _args(g, shapes, dtype)
+    ys = build(*xs)
+    ys = ys if isinstance(ys, (list, tuple)) else [ys]
+    f = g.compile(xs, [mgb.copy_output(y) for y in ys])
+    return _types(f), f
+
+
+def _chain5(x, y):
+    e = mgb.opr.elem
+    return e.relu(e.tanh(x * y + 1.0) - y)
+
+
+def test_pass_needs_jit_option_or_level_3():
+    assert "JITExecutor" not in _compile_types(_chain5, [(4,), (4,)], jit=0)[0]
+    types, _ = _compile_types(_chain5, [(4,), (4,)], jit=1)
+    assert types.count("JITExecutor") == 1 and "Elemwise" not in types
+    types, _ = _compile_types(_chain5, [(4,), (4,)], jit=0, level=3)
+    assert types.count("JITExecutor") == 1 and "Elemwise" not in types
+
+
+def test_single_op_and_integer_ops_are_not_fused():
+    types, _ = _compile_types(lambda x, y: x + y, [(4,), (4,)])
+    assert types.count("Elemwise") == 1 and "JITExecutor" not in types
+    types, _ = _compile_types(lambda x, y: (x + y) * x - y, [(4,), (4,)], dtype=np.int32)
+    assert "JITExecutor" not in types
+
+
+def test_vars_used_elsewhere_end_a_subgraph():
+    def build(x, y):
+        a = mgb.opr.elem.exp(x * y)  # an output too: computed by its own subgraph
+        b = mgb.opr.elem.tanh(a + 1.0) * a
+        return [a, b]
+
+    types, f = _compile_types(build, [(6,), (6,)])
+    assert types.count("JITExecutor") == 2 and "Elemwise" not in types
+    x, y = np.linspace(-1, 1, 6, dtype=F32), np.linspace(0, 2, 6, dtype=F32)
+    a, b = f(x, y)
+    np.testing.assert_allclose(a, np.exp(x * y), rtol=2e-6)
+    np.testing.assert_allclose(b, np.tanh(np.exp(x * y) + 1) * np.exp(x * y), rtol=2e-6)
+
+    def reshaped(x, y):
+        a = x * y + 1.0  # also read by Reshape: not private to the elemwise subgraph
+        r = mgb.opr.reshape(a, (2, 3))
+        return mgb.opr.elem.tanh(a) * y + mgb.opr.reshape(r, (6,))
+
+    types, _ = _compile_types(reshaped, [(6,), (6,)])
+    assert types.count("JITExecutor") == 2 and "Elemwise" not in types
+
+
+def test_subgraph_reading_another_reads_the_fused_result():
+    def build(x, y):
+        a = mgb.opr.elem.exp(x * y + 1.0)
+        s = mgb.opr.reduce_(a, "SUM", axis=0, keepdims=True)  # a non-elemwise reader
+        return (a - s) * (a + s)
+
+    types, f = _compile_types(build, [(5,), (5,)])
+    assert types.count("JITExecutor") == 2 and "Elemwise" not in types
+    x, y = np.linspace(-1, 1, 5, dtype=F32), np.linspace(0, 1, 5, dtype=F32)
+    a = np.exp(x * y + 1)
+    (out,) = f(x, y)
+    np.testing.assert_allclose(out, (a - a.sum()) * (a + a.sum()), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "mode, axis, shapes",
+    [
+        ("SUM", None, [(6, 7), (6, 7)]),
+        ("MEAN", 0, [(6, 7), (6, 7)]),
+        ("MAX", 1, [(6, 7), (7,)]),
+        ("MIN", None, [(6, 1), (7,)]),
+    ],
+)
+def test_level_2_fuses_the_closing_reduce(mode, axis, shapes):
+    def build(x, y):
+        z = mgb.opr.elem.sigmoid(x * y) - y
+        return mgb.opr.reduce_(z, mode, axis=axis, keepdims=True)
+
+    rng = np.random.default_rng(5)
+    vals = [rng.uniform(-2, 2, s).astype(F32) for s in shapes]
+    ref, out, types = _run_both(build, shapes, vals, jit=2)
+    assert types.count("JITExecutor") == 1 and "Reduce" not in types
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    types, _ = _compile_types(build, shapes, jit=1)
+    assert "Reduce" in types and types.count("JITExecutor") == 1
+
+
+# ---- the operator -------------------------------------------------------------------------
+@pytest.mark.parametrize("with_reduce", [False, True])
+def test_grad_through_fused_op_matches_unfused(with_reduce):
+    def build(x, w):
+        e = mgb.opr.elem
+        y = e.tanh(x * w + 0.5) * e.sigmoid(w) - e.exp(x) * 0.1
+        return mgb.opr.reduce_(y * y, "SUM", axis=1, keepdims=True)
+
+    rng = np.random.default_rng(6)
+    xv, wv = rng.uniform(-1, 1, (3, 4)).astype(F32), rng.uniform(-1, 1, (4,)).astype(F32)
+    res = []
+    for fuse in (False, True):
+        g = _graph(0, level=1)
+        x, w = _args(g, [(3, 4), (4,)])
+        y = build(x, w)
+        if fuse:
+            node = y.node if with_reduce else y.node.owner.inputs[0]
+            fused = fuse_elemwise(g, [node], with_reduce=with_reduce)[node]
+            assert fused.owner.type_name == "JITExecutor"
+            y = mgb.SymbolVar(fused)
+            if not with_reduce:
+                y = mgb.opr.reduce_(y, "SUM", axis=1, keepdims=True)
+        loss = mgb.opr.reduce_(y * y, "SUM")
+        gx, gw = mgb.grad(loss, [x, w])
+        f = g.compile([x, w], [mgb.copy_output(gx), mgb.copy_output(gw)])
+        res.append(f(xv, wv))
+    for a, b in zip(*res):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_training_graph_fuses_after_the_gradient_is_expanded():
+    """Fusion waits for the VirtualGrad expansion: the backward reads forward intermediates,
+    which must stay materialized (fusing the loss first would compute the forward twice)."""
+    rng = np.random.default_rng(7)
+    xv, wv = rng.uniform(-1, 1, (8, 4)).astype(F32), rng.uniform(-1, 1, (4,)).astype(F32)
+    res, counts = [], []
+    for jit in (0, 2):
+        g = _graph(jit)
+        x, w = _args(g, [(8, 4), (4,)])
+        e = mgb.opr.elem
+        y = e.tanh(x * w + 0.5) * e.sigmoid(w)
+        loss = mgb.opr.reduce_(y * y, "MEAN")
+        gw = mgb.grad(loss, w)
+        f = g.compile([x, w], [mgb.copy_output(loss), mgb.copy_output(gw)])
+        res.append(f(xv, wv))
+        types = _types(f)
+        counts.append((types.count("Elemwise"), types.count("JITExecutor")))
+    (ew0, jit0), (ew2, jit2) = counts
+    assert jit0 == 0 and jit2 >= 1 and ew2 + jit2 < ew0
+    for a, b in zip(*res):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_static_value_inference_does_not_compile():
+    g = _graph(0)
+    a = mgb.make_immutable(CN, g, np.array([1.0, 2.0], F32))
+    b = mgb.make_immutable(CN, g, np.array([3.0, 4.0], F32))
+    y = jit_executor([a, b], (("MUL", (("i", 0), ("i", 1))), ("EXP", (("t", 0),))))
+    before = dict(jc.STATS)
+    np.testing.assert_allclose(y.inferred_value, np.exp([3.0, 8.0]), rtol=1e-6)
+    assert jc.STATS == before
+
+
+def test_bad_inputs_raise():
+    g = _graph(0)
+    x = mgb.make_arg(CN, g, shape=(3,), dtype=np.int32)
+    with pytest.raises(mgb.MegBrainError, match="float"):
+        jit_executor([x, x], (("ADD", (("i", 0), ("i", 1))),))
+    x, y = _args(g, [(3,), (4,)])
+    with pytest.raises(mgb.MegBrainError, match="broadcast"):
+        jit_executor([x, y], (("ADD", (("i", 0), ("i", 1))),))
+    with pytest.raises(mgb.MegBrainError, match="ERFINV"):
+        jit_executor([x], (("ERFINV", (("i", 0),)),))
+
+
+def test_in_place_output_repeated_runs():
+    g = _graph(1)
+    (x,) = _args(g, [(16,)])
+    f = g.compile([x], mgb.copy_output(_chain5(x, x)))
+    for k in range(3):
+        xv = np.linspace(-2, 2, 16, dtype=F32) * (k + 1)
+        np.testing.assert_allclose(
+            f(xv), np.maximum(np.tanh(xv * xv + 1) - xv, 0), rtol=2e-6, atol=1e-7
+        )
+
+
+# ---- caches -------------------------------------------------------------------------------
+def test_second_compile_hits_the_memory_cache():
+    def run():
+        g = _graph(1)
+        x, y = _args(g, [(4,), (4,)])
+        f = g.compile([x, y], mgb.copy_output(_chain5(x, y)))
+        return f(np.arange(4, dtype=F32), np.ones(4, F32))
+
+    first = run()
+    before = dict(jc.STATS)
+    np.testing.assert_array_equal(run(), first)
+    assert jc.STATS["compiled"] == before["compiled"]
+    assert jc.STATS["disk_loads"] == before["disk_loads"]
+    assert jc.STATS["memory_hits"] > before["memory_hits"]
+
+
+_CHILD = textwrap.dedent(
+    """
+    import json, time
+    import numpy as np
+    t0 = time.perf_counter()
+    from megbrain.kernels import jit_codegen as jc
+    expr = (("MUL", (("i", 0), ("c", 3.0))), ("TANH", (("t", 0),)), ("SUB", (("t", 1), ("i", 1))))
+    x = np.linspace(-1, 1, 8, dtype=np.float32)
+    out = np.empty_like(x)
+    jc.bind(expr, [x, x], out)()
+    assert np.allclose(out, np.tanh(3 * x) - x, atol=1e-6)
+    print(json.dumps(dict(jc.STATS, seconds=time.perf_counter() - t0)))
+    """
+)
+
+
+def test_disk_cache_is_used_by_another_process(tmp_path):
+    env = dict(os.environ, MGB_JIT_CACHE_DIR=str(tmp_path))
+    runs = []
+    for _ in range(2):
+        p = subprocess.run(
+            [sys.executable, "-c", _CHILD],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    assert runs[0]["compiled"] == 1 and runs[0]["disk_loads"] == 0
+    assert runs[1]["compiled"] == 0 and runs[1]["disk_loads"] == 1
+    assert list(tmp_path.glob("mgbjit_*.py"))
+
+
+def test_import_megbrain_does_not_import_numba():
+    code = "import sys, megbrain; print('numba' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert p.stdout.strip() == "False"
