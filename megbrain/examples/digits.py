@@ -1,7 +1,8 @@
 """Train a small CNN on scikit-learn's handwritten digits (1,797 8x8 images, bundled with
 the package, no download), save the weights, reload them and evaluate again.
 
-Run ``python -m megbrain.examples.digits [--epochs N] [--out weights.npz]``.
+Run ``python -m megbrain.examples.digits [--epochs N] [--model cnn|mlp] [--out weights.npz]``;
+``--epochs 1 --model mlp`` is the reduced mode the tests use.
 """
 
 from __future__ import annotations
@@ -30,13 +31,20 @@ def load_digits(seed: int = 0):
     return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
 
 
-def make_model() -> nn.Module:
+def make_model(kind: str = "cnn") -> nn.Module:
+    """The seeded model: ``cnn`` (two conv/BN/ReLU/max-pool blocks and an MLP head) or
+    ``mlp`` (a BatchNorm1d MLP on the flattened image)."""
     nn.init.default_rng(0)
+    if kind == "mlp":
+        return nn.Sequential(
+            nn.Flatten(), nn.Linear(64, 128), nn.BatchNorm1d(128), nn.ReLU(),
+            nn.Dropout(0.1), nn.Linear(128, 10),
+        )  # fmt: skip
     return nn.Sequential(
         nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(32 * 2 * 2, 64), nn.ReLU(), nn.Linear(64, 10),
-    )
+    )  # fmt: skip
 
 
 def build_train_step(model, optimizer_cls, batch: int, **opt_kw):
@@ -71,28 +79,36 @@ def main(argv=None) -> dict:
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "digits_cnn.npz"))
+    ap.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
+    ap.add_argument("--out", default=None, help="weights file (default: a temporary .npz)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = os.path.join(tempfile.gettempdir(), f"digits_{args.model}.npz")
     from tqdm import tqdm
 
     xtr, ytr, xte, yte = load_digits()
     onehot = np.eye(10, dtype=np.float32)
-    model = make_model()
+    model = make_model(args.model)
     step, opt = build_train_step(model, optim.Adam, args.batch, lr=args.lr)
     rng = np.random.default_rng(1)
     nb = len(xtr) // args.batch
     t0 = time.perf_counter()
-    history = []
+    history, step_losses = [], []
     for epoch in range(args.epochs):
         perm = rng.permutation(len(xtr))
-        bar = tqdm(range(nb), desc=f"epoch {epoch + 1}/{args.epochs}", disable=args.no_progress,
-                   leave=False)
+        bar = tqdm(
+            range(nb),
+            desc=f"epoch {epoch + 1}/{args.epochs}",
+            disable=args.no_progress,
+            leave=False,
+        )
         tot_loss = tot_acc = 0.0
         for i in bar:
             idx = perm[i * args.batch : (i + 1) * args.batch]
             loss, logits = step(xtr[idx], onehot[ytr[idx]])
-            tot_loss += float(loss[0])
+            step_losses.append(float(loss[0]))
+            tot_loss += step_losses[-1]
             tot_acc += nn.functional.accuracy(logits, ytr[idx])
             bar.set_postfix(loss=f"{tot_loss / (i + 1):.4f}", acc=f"{tot_acc / (i + 1):.3f}")
         history.append(tot_loss / nb)
@@ -101,12 +117,17 @@ def main(argv=None) -> dict:
     acc = evaluate(model, xte, yte)
     print(f"test accuracy {acc:.4f} ({train_time:.1f} s of training)")
     nn.save_weights(model, args.out)
-    fresh = make_model()
+    fresh = make_model(args.model)
     nn.load_weights(fresh, args.out)
     acc2 = evaluate(fresh, xte, yte)
     print(f"reloaded from {args.out}: test accuracy {acc2:.4f}")
-    return {"loss_history": history, "test_acc": acc, "reloaded_acc": acc2,
-            "train_time": train_time}
+    return {
+        "loss_history": history,
+        "step_losses": step_losses,
+        "test_acc": acc,
+        "reloaded_acc": acc2,
+        "train_time": train_time,
+    }
 
 
 if __name__ == "__main__":

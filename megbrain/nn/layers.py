@@ -59,8 +59,18 @@ class Linear(Module):
 class Conv2d(Module):
     """2-D convolution over NCHW input, weight (out, in/groups, kh, kw)."""
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
-                 dilation=1, groups=1, bias=True, rng=None):
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups=1,
+        bias=True,
+        rng=None,
+    ):
         super().__init__()
         kh, kw = _pair(kernel_size)
         self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
@@ -80,10 +90,14 @@ class Conv2d(Module):
             oc, icg, kh, kw = self.weight.shape
             w = w.reshape(self.groups, oc // self.groups, icg, kh, kw)
         y = mgb.opr.convolution(
-            x, w,
-            pad_h=self.padding[0], pad_w=self.padding[1],
-            stride_h=self.stride[0], stride_w=self.stride[1],
-            dilate_h=self.dilation[0], dilate_w=self.dilation[1],
+            x,
+            w,
+            pad_h=self.padding[0],
+            pad_w=self.padding[1],
+            stride_h=self.stride[0],
+            stride_w=self.stride[1],
+            dilate_h=self.dilation[0],
+            dilate_w=self.dilation[1],
             sparse="GROUP" if self.groups > 1 else "DENSE",
         )
         if self.bias is not None:
@@ -96,8 +110,9 @@ class _BatchNorm(Module):
 
     _axes: tuple = ()
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
-                 affine: bool = True):
+    def __init__(
+        self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True
+    ):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.weight = Parameter(np.ones(num_features, np.float32)) if affine else None
@@ -119,22 +134,24 @@ class _BatchNorm(Module):
             centered = x - mean
             var = (centered * centered).mean(axis=axes, keepdims=True)
             n = int(np.prod([x.imm_shape[a] for a in axes]))
-            g = x.owner_graph
-            m = self.momentum
-            _add_state_update(g, mgb.opr.add_update(
-                self.running_mean.symvar(g), mean.reshape(self.num_features),
-                alpha=1 - m, beta=m))
-            _add_state_update(g, mgb.opr.add_update(
-                self.running_var.symvar(g), var.reshape(self.num_features),
-                alpha=1 - m, beta=m * n / max(n - 1, 1)))
+            g, m, c = x.owner_graph, self.momentum, self.num_features
+            # running = (1 - m) * running + m * batch statistic (unbiased variance), in place
+            for buf, stat, scale in (
+                (self.running_mean, mean, 1.0),
+                (self.running_var, var, n / max(n - 1, 1)),
+            ):
+                upd = mgb.opr.add_update(
+                    buf.symvar(g), stat.reshape(c), alpha=1 - m, beta=m * scale
+                )
+                _add_state_update(g, upd)
         else:
             mean = _param_var(self.running_mean, x).reshape(*bshape)
             centered = x - mean
             var = _param_var(self.running_var, x).reshape(*bshape)
         y = centered / mgb.opr.sqrt(var + self.eps)
         if self.weight is not None:
-            y = y * _param_var(self.weight, x).reshape(*bshape) + _param_var(
-                self.bias, x).reshape(*bshape)
+            gamma = _param_var(self.weight, x).reshape(*bshape)
+            y = y * gamma + _param_var(self.bias, x).reshape(*bshape)
         return y
 
 
@@ -172,10 +189,14 @@ class _Pool2d(Module):
 
     def forward(self, x):
         return mgb.opr.pooling(
-            x, mode=self.mode,
-            window_h=self.kernel[0], window_w=self.kernel[1],
-            stride_h=self.stride[0], stride_w=self.stride[1],
-            pad_h=self.padding[0], pad_w=self.padding[1],
+            x,
+            mode=self.mode,
+            window_h=self.kernel[0],
+            window_w=self.kernel[1],
+            stride_h=self.stride[0],
+            stride_w=self.stride[1],
+            pad_h=self.padding[0],
+            pad_w=self.padding[1],
         )
 
 
@@ -188,12 +209,19 @@ class AvgPool2d(_Pool2d):
 
 
 class Dropout(Module):
-    """Zeroes elements with probability ``p`` while training (seeded), scales by 1/(1-p)."""
+    """Zeroes elements with probability ``p`` while training (seeded), scales by 1/(1-p).
 
-    def __init__(self, p: float = 0.5, seed: int = 0):
+    The mask comes from a UniformRNG operator seeded with ``seed`` (by default drawn from
+    :func:`init.default_rng`, so that two Dropout layers differ and a re-seeded model
+    repeats); each run of the compiled step draws a new mask.
+    """
+
+    def __init__(self, p: float = 0.5, seed: int | None = None):
         super().__init__()
         if not 0 <= p < 1:
             raise mgb.MegBrainError(f"Dropout: p must be in [0, 1), got {p}")
+        if seed is None:
+            seed = int(init.default_rng().integers(2**31))
         self.p, self.seed = p, seed
 
     def forward(self, x):

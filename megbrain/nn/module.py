@@ -74,6 +74,12 @@ class Module:
     def named_children(self) -> Iterator[tuple[str, Module]]:
         yield from self._modules.items()
 
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        """This module (named ``prefix`` without its dot) and every sub-module, depth first."""
+        yield prefix.rstrip("."), self
+        for n, m in self._modules.items():
+            yield from m.named_modules(f"{prefix}{n}.")
+
     def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
         for n, p in self._params.items():
             yield prefix + n, p

@@ -154,6 +154,17 @@ class Reduce(OperatorNodeBase):
         axis %= len(src)
         return [src[:axis] + (1,) + src[axis + 1 :]]
 
+    def fwd_views(self, ins):
+        # reducing to the input's own shape (a gradient of an unbroadcast operand) is the
+        # identity for SUM/MAX/MIN/MEAN/PRODUCT: forward the input instead of copying
+        src = ins[0]
+        if src is None or self.param.mode == "SUM_SQR" or len(self.inputs) != 2:
+            return None
+        target = ins[1]
+        if target is not None and tuple(int(t) for t in np.asarray(target).ravel()) == src.shape:
+            return [src]
+        return None
+
     def bind(self, ins, outs):
         if len(self.inputs) == 2:
             return reduce_kernels.bind_reduce_to_shape(self.param.mode, ins[0], outs[0])

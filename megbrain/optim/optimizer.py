@@ -1,9 +1,10 @@
 """Optimizers that update parameters in place with ``add_update`` inside the compiled step.
 
-Hyper-parameters are SharedScalars, so changing them between steps needs no recompile.
-``minimize(loss)`` returns the update vars to put in the step's outspec; call
-``before_step()`` before each run (``func.callbefore_func = opt.before_step`` does it),
-which advances the step counter that bias corrections read.
+Hyper-parameters are SharedScalars, so changing them between steps (``opt.lr = 0.01``)
+needs no recompile. ``minimize(loss)`` returns the update vars to put in the step's outspec.
+State that the update reads (momentum buffers, moment estimates, Adam's step count) lives in
+shared tensors updated by the step itself. ``before_step()`` only counts steps on the host
+(``func.callbefore_func = opt.before_step``), for schedules that read ``step_count``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,13 @@ class Optimizer:
         if not self.params:
             raise mgb.MegBrainError(f"{type(self).__name__}: no parameters to optimize")
         self.hyper = OrderedDict((k, mgb.SharedScalar(np.float32(v))) for k, v in hyper.items())
+        #: hyper-parameters whose term is left out of the compiled step (0 at construction)
+        self._zero_fixed = frozenset(
+            k for k in ("momentum", "weight_decay") if k in hyper and hyper[k] == 0
+        )
         self.slots: OrderedDict = OrderedDict()
         self.step_count = 0
+        self._cn = self.params[0].comp_node
 
     def __getattr__(self, name):
         hyper = self.__dict__.get("hyper", {})
@@ -34,10 +40,21 @@ class Optimizer:
             return float(hyper[name].get())
         raise AttributeError(name)
 
+    def __setattr__(self, name, value):
+        if name in self.__dict__.get("hyper", {}):
+            self.set_hyper(name, value)  # ``opt.lr = 0.01`` changes the SharedScalar
+        else:
+            object.__setattr__(self, name, value)
+
     def set_hyper(self, name: str, value: float) -> None:
         """Change a hyper-parameter (e.g. ``lr``); compiled steps see it at their next run."""
         if name not in self.hyper:
             raise mgb.MegBrainError(f"{type(self).__name__}: no hyper-parameter {name!r}")
+        if name in self._zero_fixed and value != 0:
+            raise mgb.MegBrainError(
+                f"{type(self).__name__}: {name} was 0 at construction, so the compiled step "
+                f"has no {name} term; create the optimizer with a non-zero {name} to change it"
+            )
         self.hyper[name].set(np.float32(value))
 
     def _slot(self, i: int, name: str, init: float = 0.0) -> mgb.SharedND:
@@ -56,14 +73,24 @@ class Optimizer:
         grads = mgb.grad(loss, pvars)
         updates = []
         for i, (pv, gv) in enumerate(zip(pvars, grads)):
+            if gv is None:
+                continue  # the loss does not depend on this parameter
+            self._cn = pv.comp_node
             updates.extend(self._update(i, g, pv, gv))
         return updates
 
+    def _decayed(self, g, p, grad):
+        """``grad + weight_decay * p`` (just ``grad`` when weight decay is left out)."""
+        if "weight_decay" in self._zero_fixed:
+            return grad
+        return mgb.opr.elem.fuse_mul_add3(self._h(g, "weight_decay"), p, grad)
+
     def _h(self, g, name):
-        return self.hyper[name]._as_sym_var(g, "cpu0")
+        """Hyper-parameter ``name`` as a var on the comp node of the parameter being updated."""
+        return self.hyper[name]._as_sym_var(g, self._cn)
 
     def before_step(self) -> None:
-        """Advance the step counter (bias corrections read it)."""
+        """Advance the host-side step counter ``step_count`` (for learning-rate schedules)."""
         self.step_count += 1
 
     def _update(self, i, g, pvar, grad) -> list:
@@ -78,81 +105,113 @@ class Optimizer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict`; slots must already exist (after ``minimize``)."""
-        slots = state["slots"]
+        """Restore :meth:`state_dict`; slots must already exist (after ``minimize``).
+
+        Everything is checked before anything changes: a mismatched state raises
+        MegBrainError and leaves the optimizer as it was.
+        """
+        name = type(self).__name__
+        if set(state) != {"hyper", "step", "slots"}:
+            raise mgb.MegBrainError(
+                f"{name}.load_state_dict: expected keys hyper, step, slots; got {sorted(state)}"
+            )
+        slots, hyper = state["slots"], state["hyper"]
+        if set(hyper) != set(self.hyper):
+            raise mgb.MegBrainError(
+                f"{name}.load_state_dict: hyper-parameters {sorted(hyper)} do not match "
+                f"{sorted(self.hyper)}"
+            )
+        if set(slots) != set(self.slots):
+            raise mgb.MegBrainError(
+                f"{name}.load_state_dict: slots {sorted(slots)} do not match {sorted(self.slots)}"
+                " (call minimize() before loading)"
+            )
         for k, v in slots.items():
-            if k not in self.slots:
-                raise mgb.MegBrainError(f"optimizer state has unknown slot {k!r}")
             if np.shape(v) != tuple(self.slots[k].shape):
-                raise mgb.MegBrainError(f"optimizer slot {k!r} has shape {np.shape(v)}")
-        for k, v in state["hyper"].items():
+                raise mgb.MegBrainError(
+                    f"{name}.load_state_dict: slot {k!r} has shape {np.shape(v)}, expected "
+                    f"{tuple(self.slots[k].shape)}"
+                )
+        for k, v in hyper.items():
             self.set_hyper(k, v)
         for k, v in slots.items():
-            self.slots[k].set_value(np.asarray(v))
+            self.slots[k].set_value(np.asarray(v, dtype=self.slots[k].dtype))
         self.step_count = int(state["step"])
 
 
 class SGD(Optimizer):
-    """SGD with momentum, Nesterov momentum and weight decay (PyTorch's formulation)."""
+    """SGD with momentum, Nesterov momentum and weight decay (PyTorch's formulation).
+
+    Per parameter the step is two in-place AddUpdates: ``buf := momentum*buf + d`` and
+    ``p := p - lr*buf`` (``d = grad + weight_decay*p``; Nesterov steps along
+    ``d + momentum*buf``). A momentum or weight decay of 0 at construction leaves its term
+    out of the compiled step.
+    """
 
     def __init__(self, params, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
+        if nesterov and momentum == 0:
+            raise mgb.MegBrainError("SGD: nesterov needs a non-zero momentum")
         super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
         self.nesterov = nesterov
-        self._use_momentum = momentum != 0
 
     def _update(self, i, g, p, grad):
-        lr, wd = self._h(g, "lr"), self._h(g, "weight_decay")
-        d = grad + wd * p
-        if not self._use_momentum:
-            return [mgb.opr.add_update(p, d * lr, beta=-1.0)]
-        buf = self._slot(i, "momentum_buffer").symvar(g)
+        d = self._decayed(g, p, grad)
+        neg_lr = -self._h(g, "lr")
+        if "momentum" in self._zero_fixed:
+            return [mgb.opr.add_update(p, d, beta=neg_lr)]
         mom = self._h(g, "momentum")
-        new_buf = mom * buf + d
-        ub = mgb.opr.add_update(buf, new_buf, alpha=0.0)
-        step = d + mom * new_buf if self.nesterov else new_buf
-        return [ub, mgb.opr.add_update(p, step * lr, beta=-1.0)]
+        buf = mgb.opr.add_update(self._slot(i, "momentum_buffer").symvar(g), d, alpha=mom)
+        step = mgb.opr.elem.fuse_mul_add3(mom, buf, d) if self.nesterov else buf
+        return [buf, mgb.opr.add_update(p, step, beta=neg_lr)]
 
 
 class Adam(Optimizer):
-    """Adam with bias correction (the correction factors are SharedScalars set per step)."""
+    """Adam with bias correction (PyTorch's formulation, L2 ``weight_decay``).
+
+    The step count the bias corrections need is a (1,) shared tensor (slot ``"step"``)
+    incremented by the compiled step itself, so every run is corrected without help.
+    """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        super().__init__(params, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps,
-                         weight_decay=weight_decay, bc1=1.0, bc2=1.0)
+        super().__init__(
+            params, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps, weight_decay=weight_decay
+        )
 
-    def before_step(self):
-        super().before_step()
-        t = self.step_count
-        self.hyper["bc1"].set(np.float32(1 - self.beta1**t))
-        self.hyper["bc2"].set(np.float32(1 - self.beta2**t))
+    def minimize(self, loss) -> list:
+        g = loss.owner_graph
+        if "step" not in self.slots:
+            self.slots["step"] = mgb.make_shared(self._cn, value=np.zeros(1, np.float32))
+        t = self.slots["step"].symvar(g)
+        self._t_new = t + 1  # the updates below read the new count; t itself is updated last
+        updates = super().minimize(loss)
+        return updates + [mgb.opr.add_update(t, self._t_new, alpha=0.0)]
 
     def _update(self, i, g, p, grad):
-        h = {k: self._h(g, k) for k in self.hyper}
-        d = grad + h["weight_decay"] * p
-        m = self._slot(i, "exp_avg").symvar(g)
-        v = self._slot(i, "exp_avg_sq").symvar(g)
-        m_new = h["beta1"] * m + (1 - h["beta1"]) * d
-        v_new = h["beta2"] * v + (1 - h["beta2"]) * d * d
-        um = mgb.opr.add_update(m, m_new, alpha=0.0)
-        uv = mgb.opr.add_update(v, v_new, alpha=0.0)
-        denom = mgb.opr.sqrt(v_new / h["bc2"]) + h["eps"]
-        step = h["lr"] * (m_new / h["bc1"]) / denom
-        return [um, uv, mgb.opr.add_update(p, step, beta=-1.0)]
+        h = {k: self._h(g, k) for k in ("lr", "beta1", "beta2", "eps")}
+        d = self._decayed(g, p, grad)
+        m = mgb.opr.add_update(
+            self._slot(i, "exp_avg").symvar(g), d, alpha=h["beta1"], beta=1 - h["beta1"]
+        )
+        v = mgb.opr.add_update(
+            self._slot(i, "exp_avg_sq").symvar(g), d * d, alpha=h["beta2"], beta=1 - h["beta2"]
+        )
+        bc1 = 1 - mgb.opr.elem.pow(h["beta1"], self._t_new)
+        bc2 = 1 - mgb.opr.elem.pow(h["beta2"], self._t_new)
+        denom = mgb.opr.sqrt(v / bc2) + h["eps"]
+        return [m, v, mgb.opr.add_update(p, m / denom, beta=-h["lr"] / bc1)]
 
 
 class Adagrad(Optimizer):
-    """Adagrad: ``sum += g^2; p -= lr * g / (sqrt(sum) + eps)``."""
+    """Adagrad: ``sum += d^2; p -= lr * d / (sqrt(sum) + eps)``."""
 
     def __init__(self, params, lr=1e-2, eps=1e-10, weight_decay=0.0):
         super().__init__(params, lr=lr, eps=eps, weight_decay=weight_decay)
 
     def _update(self, i, g, p, grad):
-        d = grad + self._h(g, "weight_decay") * p
-        s = self._slot(i, "sum").symvar(g)
-        s_new = s + d * d
-        us = mgb.opr.add_update(s, s_new, alpha=0.0)
-        step = self._h(g, "lr") * d / (mgb.opr.sqrt(s_new) + self._h(g, "eps"))
-        return [us, mgb.opr.add_update(p, step, beta=-1.0)]
+        d = self._decayed(g, p, grad)
+        s = mgb.opr.add_update(self._slot(i, "sum").symvar(g), d * d)
+        step = d / (mgb.opr.sqrt(s) + self._h(g, "eps"))
+        return [s, mgb.opr.add_update(p, step, beta=-self._h(g, "lr"))]
 
 
 class Adadelta(Optimizer):
@@ -162,15 +221,15 @@ class Adadelta(Optimizer):
         super().__init__(params, lr=lr, rho=rho, eps=eps, weight_decay=weight_decay)
 
     def _update(self, i, g, p, grad):
-        h = {k: self._h(g, k) for k in self.hyper}
-        d = grad + h["weight_decay"] * p
-        sq = self._slot(i, "square_avg").symvar(g)
+        rho, eps = self._h(g, "rho"), self._h(g, "eps")
+        d = self._decayed(g, p, grad)
+        sq = mgb.opr.add_update(
+            self._slot(i, "square_avg").symvar(g), d * d, alpha=rho, beta=1 - rho
+        )
         acc = self._slot(i, "acc_delta").symvar(g)
-        sq_new = h["rho"] * sq + (1 - h["rho"]) * d * d
-        delta = mgb.opr.sqrt(acc + h["eps"]) / mgb.opr.sqrt(sq_new + h["eps"]) * d
-        acc_new = h["rho"] * acc + (1 - h["rho"]) * delta * delta
+        delta = mgb.opr.sqrt(acc + eps) / mgb.opr.sqrt(sq + eps) * d
         return [
-            mgb.opr.add_update(sq, sq_new, alpha=0.0),
-            mgb.opr.add_update(acc, acc_new, alpha=0.0),
-            mgb.opr.add_update(p, h["lr"] * delta, beta=-1.0),
+            sq,
+            mgb.opr.add_update(acc, delta * delta, alpha=rho, beta=1 - rho),
+            mgb.opr.add_update(p, delta, beta=-self._h(g, "lr")),
         ]

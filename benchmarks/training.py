@@ -1,0 +1,369 @@
+"""End-to-end training throughput against PyTorch CPU and JAX (DESIGN.md sections 5 and 7).
+
+The same MLP (784-512-512-10) and the same small CNN (two 3x3 conv + ReLU + 2x2 max-pool
+blocks and a Linear head on 1x28x28 images), batch 128, softmax cross-entropy, SGD with
+momentum 0.9, are trained from the same initial weights (made by ``megbrain.nn`` and copied
+into each peer) on the same batches:
+
+* throughput: samples/s of a whole training step (forward, backward, update, loss fetched to
+  the host), timed in interleaved rounds in one process, best round kept; the table gives
+  ``ratio = megbrain samples/s / peer samples/s`` (target for the MLP: >= 1.0 against
+  PyTorch; the CNN is reported as it stands);
+* agreement: the first 20 losses of megbrain and PyTorch from the same weights, within float32
+  tolerance (max relative difference <= 1e-4).
+
+Peers that are not importable are skipped (``benchmarks/requirements-peers.txt`` lists them).
+Run ``python benchmarks/training.py [--rounds N] [--steps N] [--profile] [--models mlp,cnn]``.
+"""
+
+from __future__ import annotations
+
+import os
+
+# peers' OpenMP pools (PyTorch) must not spin between calls and steal our cores
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import cProfile
+import importlib.util
+import platform
+import pstats
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import megbrain as mgb
+from megbrain import nn, optim
+
+BATCH = 128
+LR, MOMENTUM = 0.01, 0.9
+N_BATCHES = 4  # distinct batches cycled through
+LOSS_STEPS = 20
+LOSS_RTOL = 1e-4
+
+
+# ---- models --------------------------------------------------------------------------------
+def mgb_model(kind: str) -> nn.Module:
+    """The megbrain model, seeded: its ``state_dict`` is the initial weights of every peer."""
+    nn.init.default_rng(0)
+    if kind == "mlp":
+        return nn.Sequential(
+            nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+        )
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 10),
+    )  # fmt: skip
+
+
+def input_shape(kind: str) -> tuple:
+    return (BATCH, 784) if kind == "mlp" else (BATCH, 1, 28, 28)
+
+
+def make_data(kind: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``N_BATCHES`` (x, labels) pairs; labels come from a fixed random linear teacher so
+    that the loss can go down."""
+    rng = np.random.default_rng(1)
+    shape = input_shape(kind)
+    teacher = rng.standard_normal((int(np.prod(shape[1:])), 10)).astype(np.float32)
+    out = []
+    for _ in range(N_BATCHES):
+        x = rng.standard_normal(shape).astype(np.float32)
+        y = np.argmax(x.reshape(BATCH, -1) @ teacher, axis=1).astype(np.int64)
+        out.append((x, y))
+    return out
+
+
+# ---- megbrain -----------------------------------------------------------------------------
+def mgb_trainer(kind: str, state: dict, data) -> Callable[[int], float]:
+    """``step(i)`` trains on batch ``i % N_BATCHES`` and returns the loss."""
+    model = mgb_model(kind)
+    model.load_state_dict(state)
+    g = mgb.comp_graph()
+    x = mgb.make_arg("cpu0", g, shape=input_shape(kind), name="x")
+    y = mgb.make_arg("cpu0", g, shape=(BATCH, 10), name="y")
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt = optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    func = g.compile([x, y], [mgb.copy_output(loss)] + opt.minimize(loss))
+    onehot = np.eye(10, dtype=np.float32)
+    batches = [(xb, onehot[yb]) for xb, yb in data]
+
+    def step(i: int) -> float:
+        xb, yb = batches[i % N_BATCHES]
+        return float(func(xb, yb)[0][0])
+
+    step.func = func
+    return step
+
+
+def operator_profile(func, runs: int) -> list[str]:
+    """Time every operator of ``func``'s bound program (one run = the steps in order) and
+    total them by operator type; reads the executor's private plan, so it may break when
+    the executor changes."""
+    try:
+        plan = func._func._ensure_plan()
+        steps, oprs = plan.steps[0], plan.step_oprs[0]
+    except (AttributeError, IndexError, TypeError) as exc:
+        return [f"operator profile unavailable: {exc!r}"]
+    by_opr = [0.0] * len(steps)
+    for _ in range(runs):
+        for k, st in enumerate(steps):
+            t0 = time.perf_counter()
+            st()
+            by_opr[k] += time.perf_counter() - t0
+    by_type: dict[str, list] = {}
+    for o, t in zip(oprs, by_opr):
+        e = by_type.setdefault(o.type_name, [0.0, 0])
+        e[0] += t / runs
+        e[1] += 1
+    total = sum(by_opr) / runs
+    lines = [f"operators of one step: {len(steps)}, kernel time {total * 1e3:.2f} ms"]
+    for name, (t, n) in sorted(by_type.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"  {name:<20}{n:>5} oprs {t * 1e3:>9.3f} ms {100 * t / total:>6.1f} %")
+    return lines
+
+
+# ---- PyTorch ------------------------------------------------------------------------------
+def torch_trainer(kind: str, state: dict, data) -> Callable[[int], float]:
+    import torch
+
+    tnn = torch.nn
+    if kind == "mlp":
+        model = tnn.Sequential(
+            tnn.Linear(784, 512), tnn.ReLU(), tnn.Linear(512, 512), tnn.ReLU(),
+            tnn.Linear(512, 10),
+        )  # fmt: skip
+    else:
+        model = tnn.Sequential(
+            tnn.Conv2d(1, 16, 3, padding=1), tnn.ReLU(), tnn.MaxPool2d(2),
+            tnn.Conv2d(16, 32, 3, padding=1), tnn.ReLU(), tnn.MaxPool2d(2),
+            tnn.Flatten(), tnn.Linear(32 * 7 * 7, 10),
+        )  # fmt: skip
+    own = model.state_dict()
+    model.load_state_dict(
+        {
+            k: torch.from_numpy(np.ascontiguousarray(v).reshape(own[k].shape))
+            for k, v in state.items()
+        }
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    batches = [(torch.from_numpy(xb), torch.from_numpy(yb)) for xb, yb in data]
+    ce = tnn.functional.cross_entropy
+
+    def step(i: int) -> float:
+        xb, yb = batches[i % N_BATCHES]
+        opt.zero_grad(set_to_none=True)
+        loss = ce(model(xb), yb)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+# ---- JAX ----------------------------------------------------------------------------------
+def jax_trainer(kind: str, state: dict, data) -> Callable[[int], float]:
+    import jax
+    import jax.numpy as jnp
+
+    names = list(state)
+    params = [jnp.asarray(state[k]) for k in names]
+
+    def forward(ps, x):
+        p = dict(zip(names, ps))
+        if kind == "mlp":
+            h = jax.nn.relu(x @ p["0.weight"].T + p["0.bias"])
+            h = jax.nn.relu(h @ p["2.weight"].T + p["2.bias"])
+            return h @ p["4.weight"].T + p["4.bias"]
+        h = x
+        for i in (0, 3):
+            h = jax.lax.conv_general_dilated(
+                h, p[f"{i}.weight"], (1, 1), ((1, 1), (1, 1)),
+                dimension_numbers=("NCHW", "OIHW", "NCHW"),
+            ) + p[f"{i}.bias"]  # fmt: skip
+            h = jax.nn.relu(h)
+            h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+        h = h.reshape(h.shape[0], -1)
+        return h @ p["7.weight"].T + p["7.bias"]
+
+    def loss_fn(ps, x, y):
+        logp = jax.nn.log_softmax(forward(ps, x), axis=1)
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    @jax.jit
+    def train_step(ps, bufs, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(ps, x, y)
+        bufs = [MOMENTUM * b + g for b, g in zip(bufs, grads)]
+        ps = [p - LR * b for p, b in zip(ps, bufs)]
+        return ps, bufs, loss
+
+    batches = [(jnp.asarray(xb), jnp.asarray(yb.astype(np.int32))) for xb, yb in data]
+    st = {"ps": params, "bufs": [jnp.zeros_like(p) for p in params]}
+
+    def step(i: int) -> float:
+        xb, yb = batches[i % N_BATCHES]
+        st["ps"], st["bufs"], loss = train_step(st["ps"], st["bufs"], xb, yb)
+        return float(loss)
+
+    return step
+
+
+PEERS = {"pytorch": ("torch", torch_trainer), "jax": ("jax", jax_trainer)}
+
+
+# ---- measuring ----------------------------------------------------------------------------
+SETTLE_S = 0.3
+
+
+def throughput(steps: dict[str, Callable[[int], float]], n: int, rounds: int) -> dict:
+    """Best samples/s of each trainer over ``rounds`` interleaved rounds of ``n`` steps.
+
+    Each round starts after a pause of ``SETTLE_S``: thread pools that spin after their work
+    (OpenBLAS's, OpenMP's, XLA's) go idle first, so no framework runs against the previous
+    one's spinning threads.
+    """
+    for s in steps.values():
+        for i in range(3):  # warm up: plans, jit, allocator caches
+            s(i)
+    best = dict.fromkeys(steps, 0.0)
+    for _ in range(rounds):
+        for k, s in steps.items():
+            time.sleep(SETTLE_S)
+            t0 = time.perf_counter()
+            for i in range(n):
+                s(i)
+            best[k] = max(best[k], n * BATCH / (time.perf_counter() - t0))
+    return best
+
+
+def environment() -> list[str]:
+    lines = [
+        f"python {platform.python_version()}, numpy {np.__version__}, "
+        f"{os.cpu_count()} CPUs, {platform.machine()}"
+    ]
+    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        val = os.environ.get(var)
+        lines.append(f"{var}: {'set to ' + repr(val) if val is not None else 'not set'}")
+    try:
+        from threadpoolctl import threadpool_info
+
+        for info in threadpool_info():
+            lines.append(
+                f"threadpoolctl: {info.get('internal_api')} {info.get('version')} "
+                f"threads={info.get('num_threads')} arch={info.get('architecture')} "
+                f"({os.path.basename(info.get('filepath', ''))})"
+            )
+    except ImportError:
+        lines.append("threadpoolctl: not installed")
+    return lines
+
+
+def available_peers(wanted: list[str]) -> dict:
+    out = {}
+    for name, (module, fn) in PEERS.items():
+        if name not in wanted:
+            continue
+        if importlib.util.find_spec(module) is None:
+            print(f"{name}: not installed, skipped")
+            continue
+        out[name] = fn
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn")
+    ap.add_argument("--steps", type=int, default=20, help="training steps per timed round")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds (best of)")
+    ap.add_argument("--peers", default="pytorch,jax", help="comma-separated: pytorch, jax")
+    ap.add_argument("--profile", action="store_true", help="cProfile megbrain's steps")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="limit every framework's kernels to N threads (NumPy's BLAS through "
+        "threadpoolctl, torch.set_num_threads, XLA flags); 0 keeps their defaults",
+    )
+    args = ap.parse_args()
+
+    if args.threads:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(args.threads)
+        if args.threads == 1:
+            os.environ["XLA_FLAGS"] = (
+                os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+            ).strip()
+    peers = available_peers(args.peers.split(","))
+    if "pytorch" in peers:
+        import torch
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        versions = f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    else:
+        versions = "torch -"
+    if "jax" in peers:
+        import jax
+
+        versions += f", jax {jax.__version__}"
+    for line in environment() + [versions]:
+        print(line)
+    print()
+
+    rows, agree = [], []
+    for kind in args.models.split(","):
+        if kind == "cnn" and not hasattr(mgb.opr, "convolution"):
+            print("cnn: mgb.opr.convolution is not available, skipped")
+            continue
+        state = mgb_model(kind).state_dict()
+        data = make_data(kind)
+        makers = {"megbrain": mgb_trainer, **peers}
+        # loss curves first, each from a fresh trainer
+        curves = {}
+        for name in ("megbrain", "pytorch"):
+            if name in makers:
+                s = makers[name](kind, state, data)
+                curves[name] = np.array([s(i) for i in range(LOSS_STEPS)])
+        if "pytorch" in curves:
+            a, b = curves["megbrain"], curves["pytorch"]
+            rel = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-6)))
+            agree.append((kind, a, b, rel))
+        steps = {name: make(kind, state, data) for name, make in makers.items()}
+        sps = throughput(steps, args.steps, args.rounds)
+        for name, v in sps.items():
+            rows.append((kind, name, v, sps["megbrain"] / v))
+        if args.profile:
+            s = steps["megbrain"]
+            pr = cProfile.Profile()
+            pr.enable()
+            for i in range(args.steps * 2):
+                s(i)
+            pr.disable()
+            print(f"cProfile: megbrain {kind}, {args.steps * 2} steps (by tottime)")
+            pstats.Stats(pr).sort_stats("tottime").print_stats(12)
+            t_step = BATCH / throughput({"m": s}, args.steps * 2, 1)["m"]
+            print(f"whole step (call, inputs, run, loss out): {t_step * 1e3:.2f} ms")
+            print("\n".join(operator_profile(s.func, args.steps)) + "\n")
+
+    print(f"{'model':<6}{'framework':<12}{'samples/s':>12}{'megbrain / peer':>18}")
+    print("-" * 48)
+    for kind, name, v, ratio in rows:
+        note = ""
+        if kind == "mlp" and name == "pytorch":
+            note = f"   target >= 1.0  [{'OK' if ratio >= 1.0 else 'MISS'}]"
+        print(f"{kind:<6}{name:<12}{v:>12.0f}{ratio:>18.2f}{note}")
+    for kind, a, b, rel in agree:
+        print(
+            f"\n{kind}: first {LOSS_STEPS} losses, megbrain vs pytorch: max relative difference "
+            f"{rel:.2e}  [{'OK' if rel <= LOSS_RTOL else 'MISS'}] (tolerance {LOSS_RTOL:g})"
+        )
+        print("  step  megbrain    pytorch")
+        for i in (0, 1, 2, 5, 10, LOSS_STEPS - 1):
+            print(f"  {i:>4}  {a[i]:.6f}  {b[i]:.6f}")
+
+
+if __name__ == "__main__":
+    main()
