@@ -45,6 +45,7 @@ from .api.functions import (  # noqa: E402
     inter_graph_trans_var,
     mark_as_input,
 )
+from .gopt import optimize_for_inference  # noqa: E402
 
 comp_node = as_comp_node
 
@@ -87,5 +88,6 @@ __all__ = [
     "make_opr_config",
     "make_shared",
     "opr",
+    "optimize_for_inference",
     "to_mgb_supported_dtype",
 ]

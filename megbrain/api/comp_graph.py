@@ -64,12 +64,12 @@ class CompGraph(ComputingGraph):
             A ``copy_output``, or a list of ``copy_output``, bare vars (compute only) and
             ``(var, callback)`` pairs.
         """
-        if optimize_for_inference:
-            raise MegBrainError("optimize_for_inference is not implemented yet")
-
         expand_single = isinstance(outspec, copy_output)
         items = [outspec] if expand_single else list(outspec)
         user_outs = _user_copy_outputs(items)
+        if optimize_for_inference:
+            # gopt::optimize_for_inference with default options, before any graph copy
+            items = _map_item_vars(items, gopt.optimize_nodes_for_inference)
         target, trans = self, {}
         if copy or self.is_eager():
             # compile a non-eager copy; this graph's current function stays valid

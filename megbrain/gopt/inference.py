@@ -37,7 +37,7 @@ from ..opr.basic_arith import elemwise, typecvt
 from ..opr.dnn import ConvBias, ConvBiasParam, ConvolutionParam
 from ..opr.io import ImmutableTensor, make_immutable, shared_device_tensor
 from ..opr.tensor_manip import broadcast, reshape
-from .passes import Rewriter, VarMap, _record, _shape, combine, run_passes
+from .passes import Rewriter, VarMap, _record, _shape, combine, inherit_props, run_passes
 
 __all__ = [
     "INFERENCE_PASSES",
@@ -170,11 +170,12 @@ def _const(like: VarNode, value: float) -> VarNode:
 
 
 def _is_conv(v: VarNode, rw: Rewriter) -> bool:
+    """Whether ``v`` is an NCHW Convolution's output of static shape, read only once."""
     o = v.owner
-    return (
-        o.type_name == "Convolution" and o.param.format == "NCHW" and rw.sole_reader(v)
-        and not o.extra_deps
-    )  # fmt: skip
+    if o.type_name != "Convolution" or o.param.format != "NCHW" or o.extra_deps:
+        return False
+    shape = _shape(v)
+    return shape is not None and len(shape) == 4 and rw.sole_reader(v)
 
 
 # ---- 1. BatchNorm in inference mode ------------------------------------------------------
@@ -188,7 +189,7 @@ def expand_batch_norm(graph, dest, options):
             return None
         x, scale, bias, mean, var = opr.inputs
         y = opr.outputs[4]
-        k = _sv(scale) / mgb_sqrt(_sv(var) + opr.param.epsilon)
+        k = _sv(scale) / _sqrt(_sv(var) + opr.param.epsilon)
         b = _sv(bias) - _sv(mean) * k
         if k.dtype != x.dtype:
             k, b = typecvt(k, x.dtype), typecvt(b, x.dtype)
@@ -200,7 +201,7 @@ def expand_batch_norm(graph, dest, options):
     return Rewriter(graph, dest).apply(rule, "BatchNorm folded into x * k + b")
 
 
-def mgb_sqrt(x: SymbolVar) -> SymbolVar:
+def _sqrt(x: SymbolVar) -> SymbolVar:
     """``x ** 0.5``."""
     return elemwise(x, 0.5, mode="POW")
 
@@ -453,12 +454,14 @@ def convert_f16_io(graph, dest, options):
 
     for opr in rw.oprs:
         ins = [rw.get(v) for v in opr.inputs]
-        if opr.type_name == "TypeCvt" and opr.param.dtype == _F32:
-            outs = [typecvt(_sv(ins[0]), _F16).node]
-        else:
-            outs = _rebuild_f16(rw, opr, ins, f32_comp)
+        with inherit_props(graph, opr):
+            if opr.type_name == "TypeCvt" and opr.param.dtype == _F32:
+                outs = [typecvt(_sv(ins[0]), _F16).node]
+            else:
+                outs = _rebuild_f16(rw, opr, ins, f32_comp)
+            outs = [to16(v) for v in outs]
         for old, new in zip(opr.outputs, outs):
-            rw.replace(old, to16(new), "float32 computed in float16")
+            rw.replace(old, new, "float32 computed in float16")
     varmap = VarMap()
     for v in dest:
         new = rw.get(v)

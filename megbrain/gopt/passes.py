@@ -17,6 +17,7 @@ over its replaced inputs and offers it to the rule.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
@@ -35,6 +36,7 @@ __all__ = [
     "PRESET",
     "Rewriter",
     "VarMap",
+    "inherit_props",
     "register_pass",
     "run_passes",
     "optimize_for_compile",
@@ -180,7 +182,8 @@ class Rewriter:
             cur = outs[0].owner
             if rule is None or cur.type_name != opr.type_name or cur.outputs != outs:
                 continue  # simplified into another operator at insertion
-            got = rule(cur)
+            with inherit_props(self.graph, cur):
+                got = rule(cur)
             if got is not None:
                 for old, new in zip(opr.outputs, got):
                     if new is not None:
@@ -192,6 +195,24 @@ class Rewriter:
         extra = self.graph.options.extra_vardeps
         for k in [k for k in extra if k in self.varmap]:
             extra.setdefault(self.varmap[k], []).extend(self.get(d) for d in extra[k])
+
+
+@contextlib.contextmanager
+def inherit_props(graph, src):
+    """Operators inserted in the scope take ``src``'s priority (when they have none) and
+    exception tracker, so that a rewrite keeps the comp seq order and error reports."""
+
+    def hook(opr):
+        if opr.priority == 0:
+            opr.priority = src.priority
+        if opr.tracker is None:
+            opr.tracker = src.tracker
+
+    graph.opr_insert_hooks.append(hook)
+    try:
+        yield
+    finally:
+        graph.opr_insert_hooks.remove(hook)
 
 
 def combine(mode: str, vars_: list[VarNode]) -> VarNode:
