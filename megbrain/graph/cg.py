@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from ..errors import GraphError
 from .operator import OperatorNodeBase
 from .options import GraphOptions
-from .static_infer import InferPending, Inferer, init_infer_types
+from .static_infer import InferPending, infer_shape, init_infer_types
 from .var import VarNode
 
 __all__ = ["ComputingGraph"]
@@ -118,7 +118,7 @@ class ComputingGraph:
         if not all(v.shape_static for v in opr.outputs):
             return
         try:
-            Inferer().shape(opr.outputs[0])
+            infer_shape(opr.outputs[0])
         except InferPending:
             pass  # an input without a value yet: checked when it first runs
 

@@ -142,7 +142,11 @@ class Inferer:
         in_shapes = [self.shape(v) for v in ins]
         if want_value:
             in_values = [
-                None if i in opr.shape_only_inputs else self.value(v) for i, v in enumerate(ins)
+                # shape-only inputs get a zero-stride stand-in with the right shape
+                np.broadcast_to(np.empty((), v.dtype), in_shapes[i])
+                if i in opr.shape_only_inputs
+                else self.value(v)
+                for i, v in enumerate(ins)
             ]
             shapes = self._out_shapes(opr, in_shapes)
             vals = opr.infer_value(in_values, shapes)
@@ -174,7 +178,37 @@ class Inferer:
 
 def infer_shape(var: VarNode) -> tuple:
     """The static shape of ``var`` now (raises DynamicShapeError when not inferable)."""
-    return Inferer().shape(var)
+    if var.const_shape is not None:
+        return var.const_shape
+    return _graph_inferer(var.graph).shape(var)
+
+
+def _graph_inferer(graph) -> Inferer:
+    """A per-graph Inferer reused while the input shapes it read are unchanged.
+
+    Building a graph queries shapes at every insertion; a fresh Inferer per query walks back
+    to the inputs each time (quadratic in graph size). The cached one is dropped when a
+    watched source changed shape, when an answer depended on a source's value, and is
+    never used for eager graphs (which hold operators weakly).
+    """
+    if graph.options.eager_evaluation:
+        return Inferer()
+    inf = getattr(graph, "_shape_inferer", None)
+    if inf is not None:
+        if inf.watch_value:
+            inf = None
+        else:
+            for opr in inf.watch_shape:
+                try:
+                    cur = tuple(opr.infer_shapes([], {})[0])
+                except MegBrainError:
+                    cur = None
+                if cur != inf.shapes.get(opr.outputs[0]):
+                    inf = None
+                    break
+    if inf is None:
+        inf = graph._shape_inferer = Inferer()
+    return inf
 
 
 def infer_value(var: VarNode) -> np.ndarray | None:

@@ -7,6 +7,7 @@ registry name), so every family is imported here.
 from . import (
     basic_arith,
     blas,
+    dnn,
     dnn_image,
     dnn_norm,
     gen,
@@ -32,6 +33,14 @@ from .basic_arith import (
     typecvt,
 )
 from .blas import batched_matrix_mul, dot, matrix_mul
+from .dnn import (
+    conv_bias_activation,
+    convolution,
+    convolution3d,
+    deconvolution,
+    deconvolution3d,
+    pooling,
+)
 from .dnn_image import resize, roi_align, roi_pooling, warp_perspective
 from .dnn_norm import batch_norm, batch_norm_no_statistic, lrn
 from .gen import alloc, eye, linspace
@@ -83,7 +92,9 @@ __all__ = [
     "argsort", "assert_equal", "basic_arith", "batch_norm", "batch_norm_no_statistic",
     "batched_incr_mesh_indexing", "batched_matrix_mul", "batched_mesh_indexing",
     "batched_set_mesh_indexing", "blas", "broadcast", "callback_injector", "canonize_input_vars",
-    "concat", "cond_take", "copy", "create_opr", "cumsum", "dimshuffle", "dnn_image", "dnn_norm",
+    "concat", "cond_take", "conv_bias_activation", "convolution", "convolution3d",
+    "deconvolution", "deconvolution3d", "dnn", "pooling", "copy", "create_opr", "cumsum",
+    "dimshuffle", "dnn_image", "dnn_norm",
     "dot", "elem", "elemwise", "eye", "fill_retain_dtype", "gaussian_rng", "gen",
     "get_var_shape", "host2device_copy", "identity", "incr_advanced_indexing",
     "incr_mesh_indexing", "incr_subtensor", "indexing", "indexing_adv", "indexing_one_hot",
