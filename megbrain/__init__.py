@@ -5,8 +5,11 @@
 
 from __future__ import annotations
 
-from . import dtype
-from .api import (
+from . import (
+    dtype,
+    opr,  # noqa: E402  (after the API objects it canonizes)
+)
+from .api import (  # noqa: E402
     AsyncExec,
     CompGraph,
     CompGraphCallbackValueProxy,
@@ -17,11 +20,21 @@ from .api import (
     SharedScalar,
     _HostSharedND,
     callback_lazycopy,
+    cgtools,
     comp_graph,
+    config,
     copy_output,
     make_arg,
     make_immutable,
     make_shared,
+)
+from .api.functions import (  # noqa: E402
+    _add_update_fastpath,
+    current_grad_target,
+    get_graph_optimizer_replaced_var,
+    grad,
+    inter_graph_trans_var,
+    mark_as_input,
 )
 from .device import CompNode, add_device_map, as_comp_node, del_device_map
 from .dtype import to_mgb_supported_dtype
@@ -32,20 +45,10 @@ from .errors import (
     MegBrainError,
     SerializationError,
 )
+from .gopt import optimize_for_inference  # noqa: E402
 from .graph import OperatorNodeConfig
 from .opr.base import SymbolVar, make_opr_config
 from .opr.basic_arith import fill_retain_dtype
-from . import opr  # noqa: E402  (after the API objects it canonizes)
-from .api import cgtools, config  # noqa: E402
-from .api.functions import (  # noqa: E402
-    _add_update_fastpath,
-    current_grad_target,
-    get_graph_optimizer_replaced_var,
-    grad,
-    inter_graph_trans_var,
-    mark_as_input,
-)
-from .gopt import optimize_for_inference  # noqa: E402
 
 comp_node = as_comp_node
 
@@ -81,6 +84,10 @@ __all__ = [
     "del_device_map",
     "dtype",
     "fill_retain_dtype",
+    "_add_update_fastpath",
+    "get_graph_optimizer_replaced_var",
+    "inter_graph_trans_var",
+    "mark_as_input",
     "grad",
     "current_grad_target",
     "make_arg",

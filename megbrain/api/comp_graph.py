@@ -111,12 +111,20 @@ class CompGraph(ComputingGraph):
 
         if self.is_eager():
             raise MegBrainError("compile_multi_part is not supported on eager graphs")
-        funcs, specs, extra = [], [], []
+        # optimize all parts together: rewrites then see every part's readers, so a later
+        # part reuses values an earlier part computed instead of a rewritten copy
+        parsed, all_items = [], []
         for inputs, outspec in io_specs:
             expand_single = isinstance(outspec, copy_output)
             items = [outspec] if expand_single else list(outspec)
-            user_outs = _user_copy_outputs(items)
-            items = _optimize_and_expand(self, items)
+            parsed.append((inputs, expand_single, _user_copy_outputs(items), len(items)))
+            all_items.extend(items)
+        all_items = _optimize_and_expand(self, all_items)
+        funcs, specs, extra = [], [], []
+        start = 0
+        for inputs, expand_single, user_outs, n in parsed:
+            items = all_items[start : start + n]
+            start += n
             func = AsyncExec(self)
             spec, copied = _process_outspec(func, items)
             funcs.append(func)

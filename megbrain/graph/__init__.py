@@ -5,7 +5,7 @@ from .cg import ComputingGraph
 from .executor import AsyncExecutable
 from .operator import OPR_REGISTRY, OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from .options import GraphOptions
-from .static_infer import DynamicShapeError, InferPending, Inferer, infer_shape, infer_value
+from .static_infer import DynamicShapeError, Inferer, InferPending, infer_shape, infer_value
 from .var import InferType, VarNode
 
 __all__ = [

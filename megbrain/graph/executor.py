@@ -83,9 +83,11 @@ class AsyncExecutable:
         cns = {o.comp_node for o in self.seq}
         level = opts.async_exec_level
         self.comp_nodes = sorted(cns, key=str)
-        self._threaded = level != 0 and (
-            (len(cns) > 1 and level & 1) or level & 0b110
-        ) and not all(getattr(cn, "is_inline", False) for cn in cns)
+        self._threaded = (
+            level != 0
+            and ((len(cns) > 1 and level & 1) or level & 0b110)
+            and not all(getattr(cn, "is_inline", False) for cn in cns)
+        )
         if opts.allocate_static_mem_after_graph_compile:
             self._ensure_plan()
 
@@ -177,17 +179,23 @@ class AsyncExecutable:
         for opr in self.seq:
             for v in opr.outputs:
                 arr = plan.arrays.get(v)
-                kind = "dynamic" if arr is None else {
-                    "alloc": "static", "fwd": "forward", "inplace": "inplace"
-                }[plan.decisions[v][0]]
-                out.append({
-                    "id": v.id,
-                    "name": v.name,
-                    "comp_node": str(v.comp_node),
-                    "size": 0 if arr is None else int(arr.nbytes),
-                    "addr": 0 if arr is None else int(arr.__array_interface__["data"][0]),
-                    "kind": kind,
-                })
+                kind = (
+                    "dynamic"
+                    if arr is None
+                    else {"alloc": "static", "fwd": "forward", "inplace": "inplace"}[
+                        plan.decisions[v][0]
+                    ]
+                )
+                out.append(
+                    {
+                        "id": v.id,
+                        "name": v.name,
+                        "comp_node": str(v.comp_node),
+                        "size": 0 if arr is None else int(arr.nbytes),
+                        "addr": 0 if arr is None else int(arr.__array_interface__["data"][0]),
+                        "kind": kind,
+                    }
+                )
         return out
 
     def var_arrays(self) -> dict[VarNode, np.ndarray]:
@@ -262,8 +270,8 @@ class AsyncExecutable:
             for v in data_inputs(opr):
                 # a reader on another comp node runs at an unknown time relative to the
                 # producer's node: keep the memory for the whole run
-                last_read[v] = len(seq) if v.comp_node != opr.comp_node else max(
-                    last_read.get(v, -1), pos
+                last_read[v] = (
+                    len(seq) if v.comp_node != opr.comp_node else max(last_read.get(v, -1), pos)
                 )
         for k, part in enumerate(self.parts):
             for v, _ in part:
@@ -290,9 +298,7 @@ class AsyncExecutable:
             # side-effect operators (AddUpdate) define their output as a view of the input
             # they update, whatever the planning options
             views = (
-                opr.fwd_views(iarr)
-                if (mem_opt or not opr.inputs or opr.has_side_effect)
-                else None
+                opr.fwd_views(iarr) if (mem_opt or not opr.inputs or opr.has_side_effect) else None
             )
             for k, out in enumerate(opr.outputs):
                 shape, dt = inf.shape(out), out.dtype
@@ -306,8 +312,9 @@ class AsyncExecutable:
                         group[root[out]].append(out)
                     continue
                 ip = opr.inplace_input() if (mem_opt and k == 0) else None
-                if ip is not None and self._can_inplace(opr, ip, shape, dt, pos, arrays, root,
-                                                        group, last_read):
+                if ip is not None and self._can_inplace(
+                    opr, ip, shape, dt, pos, arrays, root, group, last_read
+                ):
                     src = opr.inputs[ip]
                     decisions[out] = ("inplace", ip)
                     arrays[out] = arrays[src]
@@ -331,14 +338,20 @@ class AsyncExecutable:
         for cn, alloc in allocs.items():
             alloc.solve()
             plan.lower_bound[cn] = alloc.tot_alloc_lower_bound()
-            plan.sizes[cn] = alloc.tot_alloc() if reuse else sum(
-                arrays[r].nbytes for r in group if r.comp_node == cn)
+            plan.sizes[cn] = (
+                alloc.tot_alloc()
+                if reuse
+                else sum(arrays[r].nbytes for r in group if r.comp_node == cn)
+            )
         if not allocate:
             return plan
         if reuse:
             for cn, alloc in allocs.items():
-                arena = cn.alloc(alloc.tot_alloc()) if hasattr(cn, "alloc") else np.empty(
-                    alloc.tot_alloc(), np.uint8)
+                arena = (
+                    cn.alloc(alloc.tot_alloc())
+                    if hasattr(cn, "alloc")
+                    else np.empty(alloc.tot_alloc(), np.uint8)
+                )
                 plan.arenas[cn] = arena
                 for r in group:
                     if r.comp_node == cn:
@@ -350,7 +363,7 @@ class AsyncExecutable:
                 if opr.outputs[0] in plan.dynamic:
                     continue
                 iarr = None
-                for k, out in enumerate(opr.outputs):
+                for out in opr.outputs:
                     kind, arg = decisions[out]
                     if kind == "alloc":
                         cn, off, nb = plan.chunks[out]
@@ -446,7 +459,7 @@ class AsyncExecutable:
                     callbacks.setdefault(v, []).append(cb)
             steps, step_oprs, per_node = [], [], {}
 
-            def add(fn, opr):
+            def add(fn, opr, steps=steps, step_oprs=step_oprs, per_node=per_node):
                 steps.append(fn)
                 step_oprs.append(opr)
                 per_node.setdefault(opr.comp_node, []).append((fn, opr))
@@ -461,9 +474,7 @@ class AsyncExecutable:
                     plan.decisions[o][0] == "fwd" for o in opr.outputs
                 ):
                     ins = [
-                        arrays.get(v, plan.static_values.get(v))
-                        if v not in plan.dynamic
-                        else None
+                        arrays.get(v, plan.static_values.get(v)) if v not in plan.dynamic else None
                         for v in opr.inputs
                     ]
                     fn = opr.bind(ins, [arrays[o] for o in opr.outputs])
@@ -566,7 +577,7 @@ class AsyncExecutable:
     def _node_task(self, lst, events) -> None:
         opr = None
         try:
-            for fn, opr in lst:
+            for fn, opr in lst:  # noqa: B007 - opr names the failing operator
                 if self._abort:
                     break
                 fn()

@@ -328,9 +328,7 @@ class OperatorNodeBase:
     def check_input_count(self, n: int | tuple[int, int]):
         lo, hi = (n, n) if isinstance(n, int) else n
         if not lo <= len(self.inputs) <= hi:
-            raise GraphError(
-                f"{self.type_name}: expected {n} inputs, got {len(self.inputs)}"
-            )
+            raise GraphError(f"{self.type_name}: expected {n} inputs, got {len(self.inputs)}")
 
     def __repr__(self) -> str:
         return f"Operator(id={self.id},name={self.name})"

@@ -63,8 +63,10 @@ def replace_vars(
         ins = [memo.get(v, v) for v in opr.inputs]
         extra = [memo.get(v, v) for v in opr.extra_deps]
         g = target or opr.graph
-        if opr.graph is g and all(a is b for a, b in zip(ins, opr.inputs)) and all(
-            a is b for a, b in zip(extra, opr.extra_deps)
+        if (
+            opr.graph is g
+            and all(a is b for a, b in zip(ins, opr.inputs))
+            and all(a is b for a, b in zip(extra, opr.extra_deps))
         ):
             continue
         new = opr.clone(ins)

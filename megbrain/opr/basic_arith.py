@@ -222,8 +222,9 @@ def _graph_dtype(dtype) -> np.dtype:
     return canonize_dtype(dtype)
 
 
-def reduce_general(src, *, mode="SUM", axis=None, target_shape=None, name=None,
-                   comp_node=None, config=None) -> SymbolVar:
+def reduce_general(
+    src, *, mode="SUM", axis=None, target_shape=None, name=None, comp_node=None, config=None
+) -> SymbolVar:
     """A Reduce operator: over ``axis`` (kept as size 1), to ``target_shape``, or to (1,)."""
     cfg = _merge_config(name, comp_node, config)
     inputs = [src]
@@ -249,8 +250,7 @@ def reduce_(src, mode, axis=None, keepdims=False, *, name=None, comp_node=None, 
     ndim = len(_static_ndim(sv))
     axes = sorted({a % ndim for a in axes}, reverse=True)
     for a in axes:
-        out = reduce_general(out, mode=mode, axis=a, name=name, comp_node=comp_node,
-                             config=config)
+        out = reduce_general(out, mode=mode, axis=a, name=name, comp_node=comp_node, config=config)
     if not keepdims:
         from .tensor_manip import remove_axis
 
@@ -415,7 +415,6 @@ def _elemwise_grad_method(self, wrt_idx, out_grads):
     return reduce_to_input(g, self.inputs[wrt_idx])
 
 
-
 def _typecvt_grad(self, wrt_idx, out_grads):
     from .grad import sv
 
@@ -423,7 +422,6 @@ def _typecvt_grad(self, wrt_idx, out_grads):
     if out_grads[0] is None or not np.issubdtype(src.dtype, np.floating):
         return None
     return typecvt(sv(out_grads[0]), src.dtype).node
-
 
 
 def _reduce_grad(self, wrt_idx, out_grads):
@@ -449,4 +447,3 @@ def _reduce_grad(self, wrt_idx, out_grads):
     if mode == "PRODUCT":
         return (broadcast(og * y, shp) / x).node
     raise self.error(f"Reduce mode {mode} has no gradient")
-

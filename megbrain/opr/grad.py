@@ -8,9 +8,9 @@ Contributions to a var used many times are summed.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
-from collections.abc import Sequence
 
 from ..errors import GraphError, MegBrainError
 from ..graph import VarNode
@@ -116,9 +116,7 @@ def grad(
             raise GraphError(f"grad: wrt {w.name!r} belongs to another graph")
     tshape = _static_shape(target)
     if tshape is not None and int(_prod(tshape)) != 1:
-        raise MegBrainError(
-            f"grad: target {target.name!r} must be a scalar, got shape {tshape}"
-        )
+        raise MegBrainError(f"grad: target {target.name!r} must be a scalar, got shape {tshape}")
     if warn_mid_wrt:
         for w in wrts:
             if w.owner.inputs:
@@ -136,15 +134,11 @@ def grad(
     stack = graph.__dict__.setdefault("_grad_target_stack", [])
     stack.append(target)
     try:
-        grads: dict[VarNode, list[VarNode]] = {
-            target: [fill_retain_dtype(sv(target), 1).node]
-        }
+        grads: dict[VarNode, list[VarNode]] = {target: [fill_retain_dtype(sv(target), 1).node]}
         for opr in reversed(order):
             if not any(o in grads for o in opr.outputs):
                 continue
-            out_grads = [
-                _accumulate(grads[o]) if o in grads else None for o in opr.outputs
-            ]
+            out_grads = [_accumulate(grads[o]) if o in grads else None for o in opr.outputs]
             for o, g in zip(opr.outputs, out_grads):
                 if g is not None:
                     grads[o] = [g]

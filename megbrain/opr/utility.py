@@ -240,8 +240,7 @@ class AddUpdate(OperatorNodeBase):
             ok = False
         if not ok:
             raise self.error(
-                f"delta of shape {fmt_shape(delta)} can not be broadcast to dest "
-                f"{fmt_shape(dest)}"
+                f"delta of shape {fmt_shape(delta)} can not be broadcast to dest {fmt_shape(dest)}"
             )
         return [dest]
 
@@ -279,8 +278,9 @@ class AddUpdate(OperatorNodeBase):
 
 
 # ---- functions ---------------------------------------------------------------------------
-def add_update(dest, delta, alpha=1.0, beta=1.0, bias=0.0, disable=0, *, name=None,
-               comp_node=None, config=None) -> SymbolVar:
+def add_update(
+    dest, delta, alpha=1.0, beta=1.0, bias=0.0, disable=0, *, name=None, comp_node=None, config=None
+) -> SymbolVar:
     """``dest := dest*alpha + delta*beta + bias`` in place (``disable`` skips at run time).
 
     ``dest`` must be a shared tensor var (from ``make_shared``). Coefficients given as
@@ -364,8 +364,7 @@ def assert_equal(expect, get, maxerr=1e-4, verbose=False, *, name=None, config=N
 
 def mark_no_broadcast_elemwise(src, *, name=None, config=None) -> SymbolVar:
     cfg = _merge_config(name, None, config)
-    return insert_opr(MarkNoBroadcastElemwise(canonize_input_vars([src], config=cfg), None,
-                                              cfg))[0]
+    return insert_opr(MarkNoBroadcastElemwise(canonize_input_vars([src], config=cfg), None, cfg))[0]
 
 
 def identity(src, *, name=None, config=None) -> SymbolVar:

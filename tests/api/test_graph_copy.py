@@ -206,8 +206,7 @@ def test_set_priority_to_id_fixes_the_order():
     x, _ = _xy(g)
     order = []
     branches = [
-        mgb.opr.callback_injector(x * float(k), lambda v, k=k: order.append(k))
-        for k in (3, 1, 2)
+        mgb.opr.callback_injector(x * float(k), lambda v, k=k: order.append(k)) for k in (3, 1, 2)
     ]
     out = branches[0] + branches[1] + branches[2]
     with opr_priority_scope(g, 10**6):
@@ -230,6 +229,4 @@ def test_get_oprs_seq_prune_reshape_drops_shape_sources():
     pruned = cgtools.get_oprs_seq(y, prune_reshape=True)
     names = [o.name for o in pruned]
     assert "z" in [o.name for o in cgtools.get_oprs_seq(y)] and "z" not in names
-    assert "GetVarShape" in full and "GetVarShape" not in [
-        cgtools.get_opr_type(o) for o in pruned
-    ]
+    assert "GetVarShape" in full and "GetVarShape" not in [cgtools.get_opr_type(o) for o in pruned]

@@ -168,9 +168,7 @@ def test_inputs_per_part():
     x = mgb.make_arg(CN, g, name="x", shape=(2,))
     y = mgb.make_arg(CN, g, name="y", shape=(2,))
     a = x * 2.0
-    f0, f1 = g.compile_multi_part(
-        [([x], [mgb.copy_output(a)]), (None, [mgb.copy_output(a + y)])]
-    )
+    f0, f1 = g.compile_multi_part([([x], [mgb.copy_output(a)]), (None, [mgb.copy_output(a + y)])])
     assert f0.inputs == (x,)
     assert f1.inputs == (y,)  # x is read by part 0 only
     f0(np.ones(2, F32))

@@ -96,15 +96,15 @@ def check_opr(build, ref, arrays, *, rtol=1e-5, atol=1e-6, value_infer=True):
     for o, r, a in zip(outs, refs, got):
         r = np.asarray(r)
         assert a.shape == r.shape, (a.shape, r.shape)
-        np.testing.assert_allclose(a.astype(np.float64), r.astype(np.float64), rtol=rtol,
-                                   atol=atol)
+        np.testing.assert_allclose(a.astype(np.float64), r.astype(np.float64), rtol=rtol, atol=atol)
         node = o.node if isinstance(o, SymbolVar) else o
         if node.shape_static:
             assert infer_shape(node) == a.shape
         iv = o.inferred_value if isinstance(o, SymbolVar) else None
         if iv is not None:
-            np.testing.assert_allclose(iv.astype(np.float64), a.astype(np.float64), rtol=rtol,
-                                       atol=atol)
+            np.testing.assert_allclose(
+                iv.astype(np.float64), a.astype(np.float64), rtol=rtol, atol=atol
+            )
     return got
 
 
@@ -149,6 +149,7 @@ def check_grad(build, arrays, *, wrt=None, eps=1e-6, rtol=1e-4, atol=1e-6, seed=
                 flat[k] += sign * loss_at()
             flat[k] /= 2 * eps
         hosts[i].arr = base
-        np.testing.assert_allclose(analytic[gi], num, rtol=rtol, atol=atol,
-                                   err_msg=f"gradient of input {i}")
+        np.testing.assert_allclose(
+            analytic[gi], num, rtol=rtol, atol=atol, err_msg=f"gradient of input {i}"
+        )
     return analytic
