@@ -13,7 +13,7 @@ import numpy as np
 
 from ..device.worker import Worker
 from ..errors import MegBrainError
-from ..opr.value_proxy import CompGraphCallbackValueProxy
+from ..graph.value_proxy import CompGraphCallbackValueProxy
 
 __all__ = [
     "CompGraphCallbackValueProxy",

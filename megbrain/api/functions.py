@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import MegBrainError
+from ..graph.value_proxy import CompGraphCallbackValueProxy
 from ..opr import grad as _grad_mod
 from ..opr.base import SymbolVar, as_var
 from ..opr.utility import virtual_grad
-from ..opr.value_proxy import CompGraphCallbackValueProxy
 
 __all__ = [
     "grad",

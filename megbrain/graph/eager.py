@@ -63,7 +63,7 @@ class EagerEvaluator:
 
     def value_proxy(self, var: VarNode):
         """A (lazy, always active) value proxy over the var's current value."""
-        from ..opr.value_proxy import CompGraphCallbackValueProxy
+        from .value_proxy import CompGraphCallbackValueProxy
 
         p = CompGraphCallbackValueProxy(var.comp_node)
         p.setup(var.eager_value, False)

@@ -13,8 +13,8 @@ from ..errors import AssertionError as MgbAssertionError
 from ..errors import GraphError, MegBrainError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
+from ..graph.value_proxy import CompGraphCallbackValueProxy
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
-from .value_proxy import CompGraphCallbackValueProxy
 
 __all__ = [
     "AddUpdate",
