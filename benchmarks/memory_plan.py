@@ -10,6 +10,7 @@ The step: a ``--layers``-layer MLP (batch ``--batch``, width ``--width``, ReLU),
 (b) Sublinear memory (``enable_sublinear_memory_opt``): arena bytes and step time relative to
     the option off, for cheap recomputation (no endpoints) and for segments between
     ``set_opr_sublinear_memory_endpoint`` operators.
+(c) The plan of the digits example's small CNN training step, with sublinear memory off/on.
 
 Both run for two schedules: as built ("default": the comp seq runs the updates after the
 whole backward pass, so every weight gradient is live at the end), and "updates early", with
@@ -33,8 +34,6 @@ import numpy as np
 import megbrain as mgb
 from megbrain.api.config import opr_priority_scope, set_opr_sublinear_memory_endpoint
 from megbrain.graph import mem_plan
-from megbrain.graph.operator import OperatorNodeBase
-from megbrain.opr.blas import MatrixMul
 
 try:
     from threadpoolctl import threadpool_info, threadpool_limits
@@ -44,26 +43,11 @@ except ImportError:  # pragma: no cover - threadpoolctl is optional
 CN = "cpu0"
 
 
-def _ensure_matmul_grad() -> None:
-    """Until MatrixMul declares its gradient, give it the textbook one (benchmark only)."""
-    if MatrixMul.grad is not OperatorNodeBase.grad:
-        return
-
-    def grad(self, i, out_grads):
-        a, b = self.inputs
-        if i == 0:
-            return mgb.opr.matrix_mul(out_grads[0], b, transposeB=True).node
-        return mgb.opr.matrix_mul(a, out_grads[0], transposeA=True).node
-
-    MatrixMul.grad = grad
-
-
 def mlp_step(layers, batch, width, *, early=False, sublinear=False, every=0):
     """Compile the training step; returns (function, feed dict, params).
 
     ``every > 0`` marks the output of every ``every``-th layer as a sublinear endpoint.
     """
-    _ensure_matmul_grad()
     g = mgb.comp_graph()
     g.set_option("enable_sublinear_memory_opt", int(sublinear))
     g.set_option("log_level", 0)
@@ -164,6 +148,53 @@ def table_plan(args) -> bool:
     return ok
 
 
+def cnn_step(batch: int, *, sublinear: bool = False):
+    """The digits example's CNN (2 conv+BN+ReLU+pool blocks, 2 linear layers) training step
+    with SGD momentum, on 8x8 inputs; returns (function, feed dict)."""
+    from megbrain import nn, optim
+    from megbrain.examples.digits import make_model
+
+    model = make_model()
+    g = mgb.comp_graph()
+    g.set_option("enable_sublinear_memory_opt", int(sublinear))
+    g.set_option("log_level", 0)
+    x = mgb.make_arg(CN, g, shape=(batch, 1, 8, 8), name="x")
+    y = mgb.make_arg(CN, g, shape=(batch, 10), name="y")
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    f = g.compile(None, [mgb.copy_output(loss)] + opt.minimize(loss) + nn.pending_updates(g))
+    rng = np.random.RandomState(0)
+    feed = {
+        "x": rng.rand(batch, 1, 8, 8).astype(np.float32),
+        "y": np.eye(10, dtype=np.float32)[rng.randint(0, 10, batch)],
+    }
+    return f, feed
+
+
+def table_cnn(args) -> bool:
+    print(f"\n(c) small CNN training step (digits CNN, batch {args.batch})")
+    print(
+        f"{'mode':<12}{'oprs':>6}{'arena MB':>10}{'bound MB':>10}{'arena/bound':>13}"
+        f"{'all vars':>10}{'arena/all':>11}{'step ms':>9}"
+    )
+    rows, ok = {}, True
+    for sub in (False, True):
+        f, feed = cnn_step(args.batch, sublinear=sub)
+        f(**feed)
+        rows["sublinear" if sub else "off"] = (f, feed, plan_stats(f))
+    times = time_steps({k: (f, feed) for k, (f, feed, _) in rows.items()}, args.repeats)
+    for name, (_, _, s) in rows.items():
+        ratio = s["arena"] / s["bound"]
+        if name == "off":
+            ok &= ratio <= 1.05
+        print(
+            f"{name:<12}{s['oprs']:>6}{_mb(s['arena']):>10}{_mb(s['bound']):>10}{ratio:13.3f}"
+            f"{_mb(s['total']):>10}{s['arena'] / s['total']:11.3f}{times[name] * 1e3:9.2f}"
+        )
+    print(f"CNN arena / bound <= 1.05: {'OK' if ok else 'MISS'}")
+    return ok
+
+
 def table_sublinear(args) -> None:
     print("\n(b) sublinear memory: arena and step time (best of --repeats, BLAS threads = 1)")
     print(
@@ -222,6 +253,7 @@ def main() -> None:
     print(f"MLP training step: {args.layers} layers, batch {args.batch}, width {args.width}")
     table_plan(args)
     table_sublinear(args)
+    table_cnn(args)
 
 
 if __name__ == "__main__":
