@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import GraphError, MegBrainError
+from ..kernels import workspace
 from .comp_seq import data_inputs, topo_order
 from .mem_plan import StaticAllocator
 from .static_infer import Inferer
@@ -43,6 +44,8 @@ class _Plan:
         #: var -> ("fwd", out index) | ("inplace", input index) | ("alloc", seq position)
         self.decisions: dict = {}
         self.last_read: dict = {}
+        #: operator -> workspace bytes planned for it (placed in the arena like a var)
+        self.workspaces: dict = {}
 
 
 class AsyncExecutable:
@@ -196,6 +199,20 @@ class AsyncExecutable:
                         "kind": kind,
                     }
                 )
+        for opr, nb in plan.workspaces.items():
+            cn, off, _ = plan.chunks.get(opr, (opr.comp_node, 0, nb))
+            arena = plan.arenas.get(cn)
+            addr = 0 if arena is None else int(arena.__array_interface__["data"][0]) + off
+            out.append(
+                {
+                    "id": -opr.id,
+                    "name": f"{opr.name}:workspace",
+                    "comp_node": str(cn),
+                    "size": int(nb),
+                    "addr": addr,
+                    "kind": "workspace",
+                }
+            )
         return out
 
     def var_arrays(self) -> dict[VarNode, np.ndarray]:
@@ -335,6 +352,19 @@ class AsyncExecutable:
             nbytes = arrays[r].nbytes
             alloc = allocs.setdefault(cn, StaticAllocator(getattr(cn, "mem_align", 64)))
             alloc.add(begin, max(end, begin + 1), nbytes, r)
+        if reuse:
+            # workspaces: declared by binding once with a recorder; live only at their step
+            for pos, opr in enumerate(seq):
+                if not opr.uses_workspace or opr.outputs[0] in plan.dynamic:
+                    continue
+                rec = workspace.Recorder()
+                with workspace.allocating(rec):
+                    opr.bind(in_arrays(opr), [arrays[o] for o in opr.outputs])
+                if rec.nbytes:
+                    cn = opr.comp_node
+                    alloc = allocs.setdefault(cn, StaticAllocator(getattr(cn, "mem_align", 64)))
+                    alloc.add(pos, pos + 1, rec.nbytes, opr)
+                    plan.workspaces[opr] = rec.nbytes
         for cn, alloc in allocs.items():
             alloc.solve()
             plan.lower_bound[cn] = alloc.tot_alloc_lower_bound()
@@ -358,6 +388,9 @@ class AsyncExecutable:
                         off = alloc.offset(r)
                         nb = arrays[r].nbytes
                         plan.chunks[r] = (cn, off, nb)
+            for opr, nb in plan.workspaces.items():
+                off = allocs[opr.comp_node].offset(opr)
+                plan.chunks[opr] = (opr.comp_node, off, nb)
             # walk 2: place chunks in the arenas and redo views over them
             for opr in seq:
                 if opr.outputs[0] in plan.dynamic:
@@ -477,7 +510,16 @@ class AsyncExecutable:
                         arrays.get(v, plan.static_values.get(v)) if v not in plan.dynamic else None
                         for v in opr.inputs
                     ]
-                    fn = opr.bind(ins, [arrays[o] for o in opr.outputs])
+                    outs = [arrays[o] for o in opr.outputs]
+                    chunk = plan.chunks.get(opr)
+                    if chunk is not None:
+                        cn, off, nb = chunk
+                        with workspace.allocating(
+                            workspace.Carver(plan.arenas[cn][off : off + nb])
+                        ):
+                            fn = opr.bind(ins, outs)
+                    else:
+                        fn = opr.bind(ins, outs)
                 if fn is not None:
                     add(fn, opr)
                 elif self._threaded:

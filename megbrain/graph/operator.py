@@ -181,6 +181,9 @@ class OperatorNodeBase:
     #: sources whose buffers may change between runs: the executor compares
     #: :meth:`runtime_state` before each run and re-plans when it changed
     has_runtime_state: ClassVar[bool] = False
+    #: the kernel asks for scratch memory (``kernels.workspace.empty``) when bound; the
+    #: executor measures it and places it in the static memory plan
+    uses_workspace: ClassVar[bool] = False
     #: False: a changed runtime state is an error (:meth:`state_change_error`), not a re-plan
     replan_on_change: ClassVar[bool] = True
 

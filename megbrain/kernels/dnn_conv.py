@@ -12,10 +12,11 @@ G = 1 view ``filt[None]``. Pooling reads one strided region of the source per wi
 (no padded copy). float16 and bfloat16 compute in float32.
 
 Every buffer (padded source, column buffer, staging copies) is allocated at bind time, so the
-bound callables allocate nothing. These buffers are the operator's *workspace*: for now each
-bind allocates its own; they belong in the static memory plan once operators can declare
-workspaces (DESIGN.md section 2). The column buffer is capped at :data:`COL_BUFFER_LIMIT` bytes
-by processing the batch in chunks.
+bound callables allocate nothing. The buffers rewritten on every run (the im2col column
+buffer, backward data's columns and padded gradient) come from :func:`workspace.empty`, so
+the executor places them in the static memory plan (DESIGN.md section 2); the padded source,
+whose border is written once, stays private. The column buffer is capped at
+:data:`COL_BUFFER_LIMIT` bytes by processing the batch in chunks.
 
 No Numba here, measured on the 2-core machines: a parallel Numba im2col was slower than the
 strided NumPy copy (6.1 vs 5.0 ms for 8x64x56x56, 3x3) and its OpenMP threads slowed the
@@ -31,6 +32,8 @@ from collections.abc import Callable, Sequence
 import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
+
+from . import workspace
 
 __all__ = [
     "COL_BUFFER_LIMIT",
@@ -254,7 +257,7 @@ class _Conv:
         win = _windows(padded, self.fshape, self.oshape, self.stride, self.dilate)
         per_sample = self.c * math.prod(self.fshape) * self.l * dtype.itemsize
         nb, chunks = _chunks(self.n, per_sample)
-        col = np.empty((nb, self.c, *self.fshape, *self.oshape), dtype)  # workspace
+        col = workspace.empty((nb, self.c, *self.fshape, *self.oshape), dtype)
         colm = col.reshape(self.col_matrix_shape(nb))
         return [
             (a, b, colm[: b - a], _partial(np.copyto, col[: b - a], win[a:b])) for a, b in chunks
@@ -348,12 +351,12 @@ def bind_conv_backward_data(
         target = grad
     else:
         padded = (geo.n, geo.c) + tuple(s + 2 * p for s, p in zip(geo.sshape, geo.pad))
-        target = np.empty(padded, dt)  # workspace
+        target = workspace.empty(padded, dt)  # zeroed on every run below
         post.append(_partial(np.copyto, grad, _interior(target, geo.pad, geo.sshape), "unsafe"))
     steps.append(_partial(np.copyto, target, 0))
     per_sample = geo.c * math.prod(geo.fshape) * geo.l * dt.itemsize
     nb, chunks = _chunks(geo.n, per_sample)
-    dcol = np.empty((nb, geo.c, *geo.fshape, *geo.oshape), dt)  # workspace
+    dcol = workspace.empty((nb, geo.c, *geo.fshape, *geo.oshape), dt)
     dcolm = dcol.reshape(geo.col_matrix_shape(nb))
     offsets = list(_offset_slices(geo.fshape, geo.oshape, geo.stride, geo.dilate))
     for a, b in chunks:

@@ -242,6 +242,7 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
     """Shared geometry of the convolution operators over ``nsp`` spatial dims."""
 
     Param = ConvolutionParam
+    uses_workspace = True  # the im2col column buffer
     nsp = 2
     layout = "NCHW"
 
