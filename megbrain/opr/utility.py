@@ -249,9 +249,9 @@ class AddUpdate(OperatorNodeBase):
 
     def bind(self, ins, outs):
         dest, delta, alpha, beta, bias, disable = ins
-        tmp = np.empty(dest.shape, dest.dtype)
 
         def run():
+            # no scratch buffer: beta is folded into the in-place passes over dest
             if disable[0]:
                 return
             a, b, c = alpha[0], beta[0], bias[0]
@@ -260,14 +260,17 @@ class AddUpdate(OperatorNodeBase):
                     np.copyto(dest, delta)
                 else:
                     np.multiply(delta, b, out=dest, casting="unsafe")
-            else:
+            elif b == 0:
                 if a != 1:
                     np.multiply(dest, a, out=dest, casting="unsafe")
-                if b == 1:
-                    np.add(dest, delta, out=dest, casting="unsafe")
-                elif b != 0:
-                    np.multiply(delta, b, out=tmp, casting="unsafe")
-                    np.add(dest, tmp, out=dest)
+            elif b == 1 or b == -1:
+                if a != 1:
+                    np.multiply(dest, a, out=dest, casting="unsafe")
+                (np.add if b == 1 else np.subtract)(dest, delta, out=dest, casting="unsafe")
+            else:  # dest*a + delta*b == (dest*(a/b) + delta)*b
+                np.multiply(dest, a / b, out=dest, casting="unsafe")
+                np.add(dest, delta, out=dest, casting="unsafe")
+                np.multiply(dest, b, out=dest, casting="unsafe")
             if c != 0:
                 np.add(dest, c, out=dest, casting="unsafe")
 
