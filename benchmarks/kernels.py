@@ -28,6 +28,7 @@ import megbrain as mgb
 from megbrain.opr.base import create_opr
 from megbrain.opr.blas import matrix_mul
 from megbrain.opr.dnn import ConvolutionParam, PoolingParam, convolution, deconvolution, pooling
+from megbrain.opr.dnn_norm import batch_norm_no_statistic
 
 CN = "cpu0"
 RNG = np.random.default_rng(0)
@@ -217,7 +218,7 @@ def torch_peer(fn_name: str, *arrays, **kw):
     import torch
     import torch.nn.functional as F  # noqa: N812
 
-    ts = [torch.from_numpy(a) for a in arrays]
+    ts = [None if a is None else torch.from_numpy(a) for a in arrays]
     fn = {
         "conv2d": lambda: F.conv2d(*ts, **kw),
         "conv_transpose2d": lambda: F.conv_transpose2d(*ts, **kw),
@@ -227,6 +228,7 @@ def torch_peer(fn_name: str, *arrays, **kw):
         "max_pool2d": lambda: F.max_pool2d(*ts, **kw),
         "avg_pool2d": lambda: F.avg_pool2d(*ts, **kw),
         "matmul": lambda: torch.matmul(*ts),
+        "batch_norm": lambda: F.batch_norm(*ts, **kw),
     }[fn_name]
 
     def run():
@@ -347,7 +349,40 @@ def pooling_section(repeat):
     return rows
 
 
-SECTIONS = [conv_section, matmul_section, pooling_section]
+def np_batch_norm_train(x, scale, bias, out, eps=1e-4):
+    """Training-mode BatchNorm over (N, H, W) per channel, into preallocated buffers."""
+    c = x.shape[1]
+    mean = np.empty((1, c, 1, 1), np.float32)
+    var = np.empty((1, c, 1, 1), np.float32)
+    tmp = np.empty_like(x)
+
+    def run():
+        np.mean(x, axis=(0, 2, 3), keepdims=True, out=mean)
+        np.subtract(x, mean, out=tmp)
+        np.multiply(tmp, tmp, out=out)
+        np.mean(out, axis=(0, 2, 3), keepdims=True, out=var)
+        np.add(var, eps, out=var)
+        np.sqrt(var, out=var)
+        np.divide(scale, var, out=var)
+        np.multiply(tmp, var, out=out)
+        np.add(out, bias, out=out)
+
+    return run
+
+
+def batchnorm_section(repeat):
+    n, c, h = 8, 64, 56
+    x, scale, bias = f32(n, c, h, h), f32(1, c, 1, 1), f32(1, c, 1, 1)
+    ours = Compiled(
+        lambda a, s, b: batch_norm_no_statistic(a, s, b, param_dim="DIM_1C11")[-1], [x, scale, bias]
+    )
+    return [
+        row(f"BatchNorm train fwd {n}x{c}x{h}x{h}", None, ours, np_batch_norm_train, 0.9,
+            {"torch": torch_peer("batch_norm", x, None, None, training=True)}, repeat)
+    ]  # fmt: skip
+
+
+SECTIONS = [conv_section, matmul_section, pooling_section, batchnorm_section]
 
 
 def environment() -> str:
@@ -371,7 +406,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=15, help="timed rounds per case")
     ap.add_argument(
-        "--only", default="", help="comma-separated section names (conv, matmul, pooling)"
+        "--only",
+        default="",
+        help="comma-separated section names (conv, matmul, pooling, batchnorm)",
     )
     args = ap.parse_args()
     only = {x.strip() for x in args.only.split(",") if x.strip()}

@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import workspace
+
 __all__ = [
     "bn_reduce_axes",
     "bind_bn_forward",
@@ -72,12 +74,27 @@ def bind_bn_forward(
     eps, f = float(epsilon), float(avg_factor)
     has_stats = mean is not None and out_mean.size > 0
 
+    # buffers fixed at bind time: the hot path only runs ufuncs with out=
+    pshape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    xs = x if x.dtype == ct else np.empty(x.shape, ct)
+    dev = workspace.empty(x.shape, ct)  # x - mean, rewritten every run
+    ys = y if (y.dtype == ct and y.flags.writeable) else np.empty(y.shape, ct)
+    m = np.empty(pshape, ct)
+    v = np.empty(pshape, ct)
+    inv = np.empty(pshape, ct)
+    k = np.empty(pshape, ct)
+    sc, bi = scale, bias
+
     def run_training() -> None:
-        xc = _cast(x, ct)
-        m = xc.mean(axis=axes, keepdims=True)
-        d = xc - m
-        v = np.mean(d * d, axis=axes, keepdims=True)
-        inv = 1.0 / np.sqrt(v + eps)
+        if xs is not x:
+            np.copyto(xs, x, casting="unsafe")
+        np.mean(xs, axis=axes, keepdims=True, out=m)
+        np.subtract(xs, m, out=dev)
+        np.multiply(dev, dev, out=ys)  # ys as scratch for the squares
+        np.mean(ys, axis=axes, keepdims=True, out=v)
+        np.add(v, eps, out=inv)
+        np.sqrt(inv, out=inv)
+        np.divide(1.0, inv, out=inv)
         _store(save_mean, m)
         _store(save_inv_var, inv)
         if has_stats:
@@ -85,9 +102,11 @@ def bind_bn_forward(
                 unbiased = v * (n / (n - 1) if n > 1 else np.inf)
             _store(out_mean, _cast(mean, ct) * (1 - f) + m * f)
             _store(out_var, _cast(var, ct) * (1 - f) + unbiased * f)
-        d *= inv * _cast(scale, ct)
-        d += _cast(bias, ct)
-        _store(y, d)
+        np.multiply(inv, sc, out=k, casting="unsafe")
+        np.multiply(dev, k, out=ys)
+        np.add(ys, bi, out=ys, casting="unsafe")
+        if ys is not y:
+            _store(y, ys)
 
     def run_inference() -> None:
         xc = _cast(x, ct)

@@ -78,6 +78,8 @@ class BatchNorm(OperatorNodeBase):
     save_inv_var then echo.
     """
 
+    uses_workspace = True  # the centered input of TRAINING mode
+
     Param = BNParam
 
     @property
