@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import weakref
 
-import numpy as np
-
 from .var import VarNode
 
 __all__ = ["EagerEvaluator"]
@@ -33,17 +31,7 @@ class EagerEvaluator:
 
     @staticmethod
     def evaluate(opr) -> None:
-        ins = [v.eager_value for v in opr.inputs]
-        in_shapes = [a.shape for a in ins]
-        in_values = {i: ins[i] for i in opr.value_deps if i < len(ins)}
-        shapes = opr.infer_shapes(in_shapes, in_values)
-        views = opr.fwd_views(ins)
-        outs = []
-        for k, (shp, v) in enumerate(zip(shapes, opr.outputs)):
-            view = None if views is None else views[k]
-            outs.append(view if view is not None else np.empty(tuple(shp), v.dtype))
-        if opr.has_side_effect or views is None or any(x is None for x in views):
-            opr.bind(ins, outs)()
+        outs = opr.run_dynamic([v.eager_value for v in opr.inputs])
         for v, a in zip(opr.outputs, outs):
             v.eager_value = a
 

@@ -555,16 +555,7 @@ class AsyncExecutable:
                     if a is None:
                         a = static_values.get(v)
                 ins.append(a)
-            in_shapes = [None if a is None else a.shape for a in ins]
-            in_values = {i: ins[i] for i in opr.value_deps if i < len(ins)}
-            shapes = opr.infer_shapes(in_shapes, in_values)
-            views = opr.fwd_views(ins)
-            outs = []
-            for k, (shp, v) in enumerate(zip(shapes, opr.outputs)):
-                view = None if views is None else views[k]
-                outs.append(view if view is not None else np.empty(tuple(shp), v.dtype))
-            if opr.has_side_effect or views is None or any(x is None for x in views):
-                opr.bind(ins, outs)()
+            outs = opr.run_dynamic(ins)
             for v, a in zip(opr.outputs, outs):
                 slots[v] = a
 

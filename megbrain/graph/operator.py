@@ -235,6 +235,24 @@ class OperatorNodeBase:
         """Index of an input output 0 may overwrite when it is that memory's last reader."""
         return None
 
+    def run_dynamic(self, ins: list) -> list[np.ndarray]:
+        """Run once on concrete input arrays (shapes inferred from them), allocating outputs.
+
+        The path for operators whose shapes are only known at run time, and for eager
+        evaluation; forwarded outputs are views of the inputs.
+        """
+        in_shapes = [None if a is None else a.shape for a in ins]
+        in_values = {i: ins[i] for i in self.value_deps if i < len(ins)}
+        shapes = self.infer_shapes(in_shapes, in_values)
+        views = self.fwd_views(ins)
+        outs = []
+        for k, (shp, v) in enumerate(zip(shapes, self.outputs)):
+            view = None if views is None else views[k]
+            outs.append(view if view is not None else np.empty(tuple(shp), v.dtype))
+        if self.has_side_effect or views is None or any(x is None for x in views):
+            self.bind(ins, outs)()
+        return outs
+
     def infer_value(self, in_values: list[np.ndarray], out_shapes: list[tuple]) -> list:
         """Static value inference; default: run the kernel on the inferred input values."""
         outs = [np.empty(s, d) for s, d in zip(out_shapes, self.out_dtypes)]
