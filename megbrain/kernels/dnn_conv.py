@@ -514,15 +514,26 @@ def bind_pooling(
     post: list[Step] = []
     x = _matrix_in(src, src.shape, dt, steps, blas=False)
     acc = _matrix_out(out, out.shape, dt, post, blas=False)
-    steps.append(_partial(np.copyto, acc, -np.inf if mode == "MAX" else 0))
-    for oidx, sidx in geo.regions():
+    regions = list(geo.regions())
+    first = acc[regions[0][0]]
+    if first.shape == acc.shape:
+        # the first window offset covers every output: start from it instead of a fill
+        steps.append(_partial(np.copyto, acc, x[regions[0][1]]))
+        regions = regions[1:]
+    else:
+        steps.append(_partial(np.copyto, acc, -np.inf if mode == "MAX" else 0))
+    for oidx, sidx in regions:
         a = acc[oidx]
         if mode == "MAX":
             steps.append(_partial(np.maximum, a, x[sidx], out=a))
         else:
             steps.append(_partial(np.add, a, x[sidx], a))
     if mode != "MAX":
-        steps.append(_partial(np.true_divide, acc, geo.divisor(dt), acc))
+        div = geo.divisor(dt)
+        if np.ndim(div) == 0:
+            steps.append(_partial(np.multiply, acc, dt.type(1.0 / float(div)), acc))
+        else:
+            steps.append(_partial(np.true_divide, acc, div, acc))
     return _program(steps + post)
 
 
