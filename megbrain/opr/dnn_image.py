@@ -146,9 +146,36 @@ class ROIPoolingParam(ParamBase):
         super().__post_init__()
         _floats(self, "scale")
 
+    def kernel_kw(self) -> dict:
+        return {"mode": self.mode, "scale": self.scale}
+
+
+class _ROIBackward(OperatorNodeBase):
+    """Inputs (dst_grad, src, rois, index); output src_grad (only src's shape is read)."""
+
+    shape_only_inputs = (1,)
+    #: ``f(dst_grad, rois, index, src_grad, **param.kernel_kw())``
+    kernel = None
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [tuple(in_shapes[1])]
+
+    def bind(self, ins, outs):
+        return self.kernel(ins[0], ins[2], ins[3], outs[0], **self.param.kernel_kw())
+
 
 class _ROIBase(OperatorNodeBase):
-    """(src, rois, ...) -> (dst, index): shared dtype and shape checks."""
+    """(src, rois, ...) -> (dst, index): shared dtype and shape checks and the gradient
+    (through ``backward``, a :class:`_ROIBackward`; rois and sizes get none)."""
+
+    backward: type[_ROIBackward]
+
+    def grad(self, wrt_idx, out_grads):
+        if wrt_idx != 0 or not _grad_input(self, out_grads):
+            return None
+        src, rois = self.inputs[0], self.inputs[1]
+        bwd = self.backward([out_grads[0], src, rois, self.outputs[1]], self.param, None)
+        return insert_opr(bwd)[0].node
 
     def infer_dtypes(self, in_dtypes):
         _check_src(self, in_dtypes[0])
@@ -183,33 +210,17 @@ class ROIPooling(_ROIBase):
         return [shp, shp]
 
     def bind(self, ins, outs):
-        p = self.param
-        return kern.bind_roi_pooling(ins[0], ins[1], *outs, mode=p.mode, scale=p.scale)
-
-    def grad(self, wrt_idx, out_grads):
-        if wrt_idx != 0 or not _grad_input(self, out_grads):
-            return None  # rois and dest_shape get no gradient
-        src, rois = self.inputs[0], self.inputs[1]
-        bwd = ROIPoolingBackward([out_grads[0], src, rois, self.outputs[1]], self.param, None)
-        return insert_opr(bwd)[0].node
+        return kern.bind_roi_pooling(ins[0], ins[1], *outs, **self.param.kernel_kw())
 
 
 @register_opr
-class ROIPoolingBackward(OperatorNodeBase):
-    """Inputs (dst_grad, src, rois, index); output src_grad (only src's shape is read)."""
-
+class ROIPoolingBackward(_ROIBackward):
     Param = ROIPoolingParam
     default_name = _named("roi_pooling_backward")
-    shape_only_inputs = (1,)
+    kernel = staticmethod(kern.bind_roi_pooling_backward)
 
-    def infer_shapes(self, in_shapes, in_values):
-        return [tuple(in_shapes[1])]
 
-    def bind(self, ins, outs):
-        p = self.param
-        return kern.bind_roi_pooling_backward(
-            ins[0], ins[2], ins[3], outs[0], mode=p.mode, scale=p.scale
-        )
+ROIPooling.backward = ROIPoolingBackward
 
 
 # ---- ROIAlign ------------------------------------------------------------------------------
@@ -272,29 +283,15 @@ class ROIAlign(_ROIBase):
     def bind(self, ins, outs):
         return kern.bind_roi_align(ins[0], ins[1], *outs, **self.param.kernel_kw())
 
-    def grad(self, wrt_idx, out_grads):
-        if wrt_idx != 0 or not _grad_input(self, out_grads):
-            return None
-        src, rois = self.inputs[0], self.inputs[1]
-        bwd = ROIAlignBackward([out_grads[0], src, rois, self.outputs[1]], self.param, None)
-        return insert_opr(bwd)[0].node
-
 
 @register_opr
-class ROIAlignBackward(OperatorNodeBase):
-    """Inputs (dst_grad, src, rois, index); output src_grad (only src's shape is read)."""
-
+class ROIAlignBackward(_ROIBackward):
     Param = ROIAlignParam
     default_name = _named("roi_align_backward")
-    shape_only_inputs = (1,)
+    kernel = staticmethod(kern.bind_roi_align_backward)
 
-    def infer_shapes(self, in_shapes, in_values):
-        return [tuple(in_shapes[1])]
 
-    def bind(self, ins, outs):
-        return kern.bind_roi_align_backward(
-            ins[0], ins[2], ins[3], outs[0], **self.param.kernel_kw()
-        )
+ROIAlign.backward = ROIAlignBackward
 
 
 # ---- WarpPerspective -----------------------------------------------------------------------
