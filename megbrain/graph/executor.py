@@ -114,7 +114,8 @@ class AsyncExecutable:
                 f"expected part {self._next_part} (or 0 to restart)"
             )
         if part == 0:
-            self._slots.clear()
+            if self._slots:  # a sequence restarted before its last part
+                self._slots.clear()
             plan = self._ensure_plan()
         else:
             plan = self._plan
@@ -140,12 +141,13 @@ class AsyncExecutable:
     def wait(self) -> AsyncExecutable:
         """Block until the current run finishes; re-raise its first error."""
         if self._running:
-            for cn in self._threads_pending:
-                cn.sync()
-            self._threads_pending = []
+            if self._threads_pending:
+                for cn in self._threads_pending:
+                    cn.sync()
+                self._threads_pending = []
+                if self._next_part == 0:
+                    self._slots.clear()  # inline runs clear at the end of execute()
             self._running = False
-            if self._next_part == 0:
-                self._slots.clear()
         err, self._error = self._error, None
         if err is not None:
             raise err
