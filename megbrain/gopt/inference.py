@@ -30,14 +30,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..errors import MegBrainError
-from ..graph import InferType, OperatorNodeConfig, VarNode
+from ..graph import InferType, OperatorNodeConfig, VarNode, static_shape
 from ..graph.static_infer import Inferer
 from ..opr.base import SymbolVar, as_var
 from ..opr.basic_arith import elemwise, typecvt
 from ..opr.dnn import ConvBias, ConvBiasParam, ConvolutionParam
 from ..opr.io import ImmutableTensor, make_immutable, shared_device_tensor
 from ..opr.tensor_manip import broadcast, reshape
-from .passes import Rewriter, VarMap, _record, _shape, combine, inherit_props, run_passes
+from .passes import Rewriter, VarMap, _record, combine, inherit_props, run_passes
 
 __all__ = [
     "INFERENCE_PASSES",
@@ -174,7 +174,7 @@ def _is_conv(v: VarNode, rw: Rewriter) -> bool:
     o = v.owner
     if o.type_name != "Convolution" or o.param.format != "NCHW" or o.extra_deps:
         return False
-    shape = _shape(v)
+    shape = static_shape(v)
     return shape is not None and len(shape) == 4 and rw.sole_reader(v)
 
 
@@ -194,7 +194,7 @@ def expand_batch_norm(graph, dest, options):
         if k.dtype != x.dtype:
             k, b = typecvt(k, x.dtype), typecvt(b, x.dtype)
         new = (_sv(x) * k + b).node
-        if _shape(new) != _shape(y):
+        if static_shape(new) != static_shape(y):
             return None
         return [None, None, None, None, new]
 
@@ -271,7 +271,7 @@ def normalize_affine_chain(graph, dest, options):
             new = combine("MUL", [new, k])
         if b is not None:
             new = combine("ADD", [new, b])
-        if _shape(new) != _shape(opr.outputs[0]):
+        if static_shape(new) != static_shape(opr.outputs[0]):
             return None
         return [new]
 
@@ -300,9 +300,9 @@ def fold_conv_scale(graph, dest, options):
             return None
         conv = c.owner
         src, w = conv.inputs
-        oc = _shape(c)[1]
-        ch = _channel_dim(_shape(k), oc)
-        wshape = _shape(w)
+        oc = static_shape(c)[1]
+        ch = _channel_dim(static_shape(k), oc)
+        wshape = static_shape(w)
         if ch is None or wshape is None:
             return None
         if conv.param.sparse == "GROUP":
@@ -311,7 +311,7 @@ def fold_conv_scale(graph, dest, options):
             kshape = (ch, 1, 1, 1)
         new_w = (_sv(w) * reshape(_sv(k), kshape)).node
         new = graph.insert_opr(conv.clone([src, new_w]))[0]
-        if _shape(new) != _shape(opr.outputs[0]):
+        if static_shape(new) != static_shape(opr.outputs[0]):
             return None
         return [new]
 
@@ -370,7 +370,7 @@ def _conv_bias(conv, bias: VarNode, mode: str) -> VarNode:
 
 def _per_channel_bias(b: VarNode, oc: int) -> VarNode | None:
     """``b`` as the (1, OC, 1, 1) bias of ConvBias, or None when it is not per channel."""
-    shape = _shape(b)
+    shape = static_shape(b)
     ch = _channel_dim(shape, oc)
     if ch is None:
         return None
@@ -392,7 +392,7 @@ def fuse_conv_bias_nonlinearity(graph, dest, options):
         if mode in _ADD_ACT:
             for c, b in (opr.inputs, opr.inputs[::-1]):
                 if _is_conv(c, rw):
-                    bias = _per_channel_bias(b, _shape(c)[1])
+                    bias = _per_channel_bias(b, static_shape(c)[1])
                     if bias is not None:
                         return [_conv_bias(c.owner, bias, _ADD_ACT[mode])]
             return None
@@ -408,7 +408,7 @@ def fuse_conv_bias_nonlinearity(graph, dest, options):
                 return [_conv_bias_from(o, [src, w, bias], _ACT[mode])]
             if _is_conv(c, rw):
                 zero = make_immutable(
-                    c.comp_node, graph, np.zeros((1, _shape(c)[1], 1, 1), c.dtype)
+                    c.comp_node, graph, np.zeros((1, static_shape(c)[1], 1, 1), c.dtype)
                 ).node
                 return [_conv_bias(o, zero, _ACT[mode])]
         return None
@@ -432,7 +432,8 @@ def fuse_conv_bias_with_z(graph, dest, options):
         if opr.type_name != "Elemwise" or opr.param.mode not in _ADD_ACT or opr.extra_deps:
             return None
         for c, z in (opr.inputs, opr.inputs[::-1]):
-            if _is_conv(c, rw) and _shape(z) is not None and _shape(z) == _shape(c):
+            zs = static_shape(z)
+            if _is_conv(c, rw) and zs is not None and zs == static_shape(c):
                 return [_conv_bias(c.owner, z, _ADD_ACT[opr.param.mode])]
         return None
 

@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import GraphError
 from ..graph import InferType, OperatorNodeConfig, VarNode
 from ..graph.replace import dep_oprs, replace_vars
-from ..graph.static_infer import DynamicShapeError, Inferer, infer_shape
+from ..graph.static_infer import Inferer, static_shape
 from ..opr.base import SymbolVar
 from ..opr.basic_arith import elemwise, fill_retain_dtype
 from ..opr.io import ImmutableTensor
@@ -69,13 +69,6 @@ def register_pass(name: str, preset: bool = True):
         return fn
 
     return deco
-
-
-def _shape(v: VarNode):
-    try:
-        return infer_shape(v)
-    except DynamicShapeError:
-        return None
 
 
 def _is_scalar_const(v: VarNode, value: float) -> bool:
@@ -261,10 +254,10 @@ def _simplify_elemwise(opr) -> VarNode | None:
             out = fill_retain_dtype(SymbolVar(a), 1).node
         if out is not None and out in (a, b):
             # the result must keep the broadcast shape and dtype
-            sa, sb = _shape(a), _shape(b)
+            sa, sb = static_shape(a), static_shape(b)
             if sa is None or sb is None or out.dtype != a.dtype:
                 return None
-            if tuple(np.broadcast_shapes(sa, sb)) != _shape(out):
+            if tuple(np.broadcast_shapes(sa, sb)) != static_shape(out):
                 return None
     return out
 
@@ -356,7 +349,7 @@ def reorder_chains(rw: Rewriter, is_const: Callable[[VarNode], bool], reason: st
             return None
         others = combine(mode, [t for t in ts if not is_const(t)])
         new = combine(mode, [others, combine(mode, consts)])
-        if _shape(new) != _shape(opr.outputs[0]):
+        if static_shape(new) != static_shape(opr.outputs[0]):
             return None
         return [new]
 

@@ -5,7 +5,14 @@ from .cg import ComputingGraph
 from .executor import AsyncExecutable
 from .operator import OPR_REGISTRY, OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from .options import GraphOptions
-from .static_infer import DynamicShapeError, Inferer, InferPending, infer_shape, infer_value
+from .static_infer import (
+    DynamicShapeError,
+    Inferer,
+    InferPending,
+    infer_shape,
+    infer_value,
+    static_shape,
+)
 from .var import InferType, VarNode
 
 __all__ = [
@@ -24,4 +31,5 @@ __all__ = [
     "infer_shape",
     "infer_value",
     "register_opr",
+    "static_shape",
 ]

@@ -162,7 +162,3 @@ class ComputingGraph:
                 if v.id == var_id:
                     return v
         return None
-
-    @property
-    def weakref(self):
-        return weakref.ref(self)

@@ -74,6 +74,7 @@ class AsyncExecutable:
                     done.add(opr)
                     self.seq.append(opr)
             self.part_bounds.append((start, len(self.seq)))
+        self._seq_pos = {opr: pos for pos, opr in enumerate(self.seq)}
         self._next_part = 0
         self._valid = True
         self._plan: _Plan | None = None
@@ -442,10 +443,8 @@ class AsyncExecutable:
                     last_read[v] = max(last_read.get(v, -1), end)
 
     def _pos_of(self, var: VarNode) -> int:
-        for pos, opr in enumerate(self.seq):
-            if opr is var.owner:
-                return pos
-        return -1
+        """Position of ``var``'s operator in the comp seq (-1 if not in it)."""
+        return self._seq_pos.get(var.owner, -1)
 
     @staticmethod
     def _view_source(opr, iarr, view) -> VarNode | None:

@@ -21,6 +21,7 @@ __all__ = [
     "infer_shape",
     "infer_value",
     "init_infer_types",
+    "static_shape",
 ]
 
 CONST, RT_STATIC, MISSING = InferType.CONST, InferType.RT_STATIC, InferType.MISSING
@@ -181,6 +182,14 @@ def infer_shape(var: VarNode) -> tuple:
     if var.const_shape is not None:
         return var.const_shape
     return _graph_inferer(var.graph).shape(var)
+
+
+def static_shape(var: VarNode) -> tuple | None:
+    """The static shape of ``var``, or None when it is only known at run time."""
+    try:
+        return infer_shape(var)
+    except DynamicShapeError:
+        return None
 
 
 def _graph_inferer(graph) -> Inferer:

@@ -13,7 +13,6 @@ import numpy as np
 
 from ..errors import GraphError, MegBrainError
 from ..graph import OPR_REGISTRY, OperatorNodeConfig, VarNode, infer_shape, infer_value
-from ..graph.static_infer import DynamicShapeError
 
 __all__ = [
     "SymbolVar",
@@ -389,10 +388,3 @@ def create_opr(type_name: str, inputs: Sequence[VarNode], param, config) -> list
     if cls is None:
         raise MegBrainError(f"unknown operator type {type_name!r}")
     return insert_opr(cls(list(inputs), param, config))
-
-
-def static_shape_or_none(var: VarNode):
-    try:
-        return infer_shape(var)
-    except DynamicShapeError:
-        return None

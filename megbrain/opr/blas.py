@@ -154,12 +154,12 @@ class Dot(OperatorNodeBase):
         og = out_grads[0]
         if og is None or not np.issubdtype(self.inputs[wrt_idx].dtype, np.floating):
             return None
-        from .base import static_shape_or_none
+        from ..graph import static_shape
         from .tensor_manip import broadcast, get_var_shape
 
         x, other = self.inputs[wrt_idx], sv(self.inputs[1 - wrt_idx])
         g = sv(og) * other
-        if static_shape_or_none(other.node) == (1,) and static_shape_or_none(x) != (1,):
+        if static_shape(other.node) == (1,) and static_shape(x) != (1,):
             return broadcast(g, get_var_shape(sv(x))).node  # a length-1 operand broadcast
         return reduce_to_input(g, x)
 

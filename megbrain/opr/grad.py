@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import GraphError, MegBrainError
 from ..graph import VarNode
-from ..graph.static_infer import DynamicShapeError, infer_shape
+from ..graph.static_infer import static_shape
 from .base import SymbolVar
 
 __all__ = ["grad", "current_grad_target", "reduce_to_input", "sv"]
@@ -31,13 +31,6 @@ def current_grad_target(graph) -> VarNode | None:
     return stack[-1] if stack else None
 
 
-def _static_shape(v: VarNode):
-    try:
-        return infer_shape(v)
-    except DynamicShapeError:
-        return None
-
-
 def reduce_to_input(g, inp: VarNode) -> VarNode:
     """Sum a gradient ``g`` (of a broadcast result) back to ``inp``'s shape.
 
@@ -51,7 +44,7 @@ def reduce_to_input(g, inp: VarNode) -> VarNode:
 
     g = sv(g)
     const = g.node.shape_type == InferType.CONST and inp.shape_type == InferType.CONST
-    gs, xs = _static_shape(g.node), _static_shape(inp)
+    gs, xs = static_shape(g.node), static_shape(inp)
     if const and gs == xs:
         return g.node
     if gs is not None and xs is not None and len(gs) > len(xs):
@@ -114,7 +107,7 @@ def grad(
     for w in wrts:
         if w.graph is not graph:
             raise GraphError(f"grad: wrt {w.name!r} belongs to another graph")
-    tshape = _static_shape(target)
+    tshape = static_shape(target)
     if tshape is not None and int(_prod(tshape)) != 1:
         raise MegBrainError(f"grad: target {target.name!r} must be a scalar, got shape {tshape}")
     if warn_mid_wrt:

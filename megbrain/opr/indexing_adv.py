@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MegBrainError
-from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
+from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, static_shape
 from ..graph.operator import fmt_shape
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 from .indexing import SubtensorIndexError
-from .misc import AxisParam, check_int, int_var, norm_axis, static_shape
+from .misc import AxisParam, check_int, int_var, norm_axis
 
 __all__ = [
     "IndexingOneHot",

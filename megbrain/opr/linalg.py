@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
+from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, static_shape
 from ..graph.operator import fmt_shape
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
-from .misc import static_shape
 
 __all__ = ["MatrixInverse", "SVD", "matrix_inverse", "svd"]
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
-from ..graph.static_infer import DynamicShapeError, infer_shape
+from ..graph.static_infer import static_shape
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 
 __all__ = [
@@ -34,14 +34,6 @@ _I32 = np.dtype(np.int32)
 
 
 # ---- helpers shared by the operator modules of this family ----------------------------------
-def static_shape(v) -> tuple | None:
-    """The static shape of a var, or None when it is only known at run time."""
-    try:
-        return infer_shape(v)
-    except DynamicShapeError:
-        return None
-
-
 def int_var(x, ref, dtype=_I32):
     """``x`` as a VarNode: vars pass through, ints and arrays become int32 constants on the
     graph and comp node of the var ``ref``."""
