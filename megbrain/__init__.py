@@ -5,11 +5,22 @@
 
 from __future__ import annotations
 
+# The modules of the reference's package (``megengine._internal.X``), as facades.
 from . import (
+    comp_graph_tools,
     dtype,
-    opr,  # noqa: E402  (after the API objects it canonizes)
+    exc,
+    global_init,
+    helper,
+    logconf,
+    mgb,
+    mgb_helper,
+    opr,
+    opr_extra,
+    persistent_cache,
+    version,
 )
-from .api import (  # noqa: E402
+from .api import (
     AsyncExec,
     CompGraph,
     CompGraphCallbackValueProxy,
@@ -28,13 +39,15 @@ from .api import (  # noqa: E402
     make_immutable,
     make_shared,
 )
-from .api.functions import (  # noqa: E402
+from .api.functions import (
     _add_update_fastpath,
     current_grad_target,
     get_graph_optimizer_replaced_var,
+    get_opr_fp_graph_exec,
     grad,
     inter_graph_trans_var,
     mark_as_input,
+    return_free_memory,
 )
 from .device import CompNode, add_device_map, as_comp_node, del_device_map
 from .dtype import to_mgb_supported_dtype
@@ -45,17 +58,23 @@ from .errors import (
     MegBrainError,
     SerializationError,
 )
-from .gopt import optimize_for_inference  # noqa: E402
+from .gopt import optimize_for_inference
 from .graph import OperatorNodeConfig
+from .logconf import get_logger
+from .mgb import _get_mgb_version
 from .opr.base import SymbolVar, make_opr_config
 from .opr.basic_arith import fill_retain_dtype
+from .version import __version__, version_info
 
 comp_node = as_comp_node
 
-__version__ = "0.1.0"
-version_info = (0, 1, 0, False)
-
 __all__ = [
+    "__version__",
+    "_get_mgb_version",
+    "global_init",
+    "logconf",
+    "version",
+    "version_info",
     "AssertionError",
     "AsyncExec",
     "CompGraph",
@@ -80,6 +99,16 @@ __all__ = [
     "config",
     "comp_graph",
     "comp_node",
+    "comp_graph_tools",
+    "exc",
+    "get_logger",
+    "get_opr_fp_graph_exec",
+    "helper",
+    "mgb",
+    "mgb_helper",
+    "opr_extra",
+    "persistent_cache",
+    "return_free_memory",
     "copy_output",
     "del_device_map",
     "dtype",

@@ -616,3 +616,7 @@ def dtype_from_num(num: int, scale: float | None = None, zero_point: int | None 
     if scale is not None or zero_point is not None:
         raise ConversionError(f"dtype {name} is not quantized; it takes no scale or zero_point")
     return _PLAIN[name] if name in _PLAIN else _SPECIAL[name]
+
+
+#: quantized kind -> (kind, name, storage, qmin, qmax, asymm); the name MegEngine's layer reads.
+_metadata_dict = _QUANT

@@ -32,6 +32,10 @@ class CompGraph(ComputingGraph):
     def __repr__(self) -> str:
         return f"<CompGraph #{self.id} at {id(self):#x}>"
 
+    def _id(self) -> int:
+        """The graph's id, unique in the process."""
+        return self.id
+
     def set_option(self, name: str, val):
         """Set graph option ``name`` (SPEC.md section 3); returns the old value."""
         return self.options.set(name, val)

@@ -26,6 +26,15 @@ __all__ = [
     "dump_registered_oprs",
     "max_size_t",
     "is_compiled_with_cuda",
+    "is_cuda_ctx_set",
+    "get_include_path",
+    "get_cuda_gencode",
+    "get_cuda_lib_path",
+    "get_cuda_include_path",
+    "get_cuda_version",
+    "set_fork_cuda_warning_flag",
+    "set_mem_reserve_size",
+    "load_opr_library",
     "LOWEST_PRIORITY",
     "HIGHEST_PRIORITY",
 ]
@@ -183,3 +192,55 @@ def max_size_t() -> int:
 
 def is_compiled_with_cuda() -> bool:
     return False
+
+
+def is_cuda_ctx_set() -> bool:
+    """Whether a CUDA context is current on this thread (never: megbrain runs on CPUs)."""
+    return False
+
+
+def get_include_path() -> str:
+    """The directory of megbrain's package (it ships no C headers)."""
+    import os
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _no_cuda(what: str):
+    raise MegBrainError(f"{what}: megbrain was built without CUDA")
+
+
+def get_cuda_gencode(only_cap: bool = False):
+    _no_cuda("get_cuda_gencode")
+
+
+def get_cuda_lib_path():
+    _no_cuda("get_cuda_lib_path")
+
+
+def get_cuda_include_path():
+    _no_cuda("get_cuda_include_path")
+
+
+def get_cuda_version():
+    _no_cuda("get_cuda_version")
+
+
+def set_fork_cuda_warning_flag(flag: int) -> None:
+    """Accepted for compatibility: there is no CUDA context to warn about after fork()."""
+    if int(flag) not in (0, 1, 2):
+        raise MegBrainError(f"set_fork_cuda_warning_flag: flag must be 0, 1 or 2, got {flag}")
+
+
+def set_mem_reserve_size(size: int) -> None:
+    """Accepted for compatibility: CPU comp nodes reserve no device memory up front."""
+    if int(size) < 0:
+        raise MegBrainError(f"set_mem_reserve_size: size must be >= 0, got {size}")
+
+
+def load_opr_library(path: str):
+    """Load a C++ operator library: impossible here, operators are Python classes."""
+    raise MegBrainError(
+        f"load_opr_library({path!r}): megbrain loads no C++ operator libraries; define "
+        "operators in Python instead"
+    )

@@ -18,6 +18,8 @@ __all__ = [
     "get_graph_optimizer_replaced_var",
     "inter_graph_trans_var",
     "mark_as_input",
+    "get_opr_fp_graph_exec",
+    "return_free_memory",
 ]
 
 
@@ -126,3 +128,66 @@ def mark_as_input(comp_graph, var) -> None:
     if v.owner.type_name != "Host2DeviceCopy":
         raise MegBrainError(f"mark_as_input: var {v.name!r} is produced by {v.owner.type_name}")
     comp_graph.user_input_vars[id(v.owner.tensor)] = v
+
+
+def _footprint(opr) -> dict:
+    from ..dtype import dtype_size
+    from ..graph import static_shape
+
+    in_shapes = [static_shape(v) for v in opr.inputs]
+    out_shapes = [static_shape(v) for v in opr.outputs]
+    memory = 0
+    for v, shp in zip([*opr.inputs, *opr.outputs], [*in_shapes, *out_shapes]):
+        if shp is not None:
+            memory += int(np.prod(shp, dtype=np.int64)) * dtype_size(v.dtype)
+    computation = None
+    if opr.type_name == "Elemwise" and out_shapes[0] is not None:
+        computation = int(np.prod(out_shapes[0], dtype=np.int64)) * max(len(opr.inputs) - 1, 1)
+    elif opr.type_name == "MatrixMul" and None not in in_shapes[:2]:
+        p = opr.param
+        m = in_shapes[0][1] if p.transposeA else in_shapes[0][0]
+        k = in_shapes[0][0] if p.transposeA else in_shapes[0][1]
+        n = in_shapes[1][0] if p.transposeB else in_shapes[1][1]
+        computation = 2 * m * n * k
+    param = opr.param.to_json() if hasattr(opr.param, "to_json") else None
+    return {
+        "computation": computation,
+        "memory": memory,
+        "in_shapes": [list(s) if s is not None else None for s in in_shapes],
+        "out_shapes": [list(s) if s is not None else None for s in out_shapes],
+        "param": param,
+    }
+
+
+def get_opr_fp_graph_exec(comp_graph, output_vars) -> dict:
+    """Footprint of each operator ``output_vars`` need, plus the compiled function's plan.
+
+    The graph is compiled for ``output_vars`` (with static memory allocated), which makes
+    every function compiled before on ``comp_graph`` unrunnable, as any compile does.
+    Returns ``{"opr_footprint": {opr_id: {computation, memory, in_shapes, out_shapes, param}},
+    "graph_exec": <memory allocation info>}``; ``computation`` is None where unknown.
+    """
+    import json
+
+    if not isinstance(output_vars, (list, tuple)):
+        raise TypeError("get_opr_fp_graph_exec: output_vars must be a list of SymbolVars")
+    for v in output_vars:
+        if not isinstance(v, SymbolVar):
+            raise TypeError(f"get_opr_fp_graph_exec: bad var {v!r}")
+    old = comp_graph.set_option("allocate_static_mem_after_graph_compile", True)
+    try:
+        func = comp_graph.compile_outonly(list(output_vars))
+    finally:
+        comp_graph.set_option("allocate_static_mem_after_graph_compile", old)
+    from .cgtools import get_oprs_seq
+
+    fp = {str(o.id): _footprint(o.opr) for o in get_oprs_seq(list(output_vars))}
+    del func
+    return {"opr_footprint": fp, "graph_exec": json.loads(comp_graph.get_mem_allocation_info())}
+
+
+def return_free_memory() -> None:
+    """Hand cached free device memory back to the system on every comp node."""
+    from ..device import CompNode
+
+    CompNode._try_coalesce_all_free_memory()

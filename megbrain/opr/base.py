@@ -52,8 +52,8 @@ class SymbolVar:
     def __iter__(self):
         raise NotImplementedError("SymbolVar can not be iterated")
 
-    def __bool__(self):
-        raise GraphError("the truth value of a SymbolVar is ambiguous")
+    # No __bool__ and no __len__: a SymbolVar is always true, like any object of the reference's
+    # binding, and MegEngine's layer writes ``if var:`` for "is not None".
 
     # ---- properties -----------------------------------------------------------------------
     @property
@@ -193,6 +193,14 @@ class SymbolVar:
 
         args = (*others, self) if rev else (self, *others)
         return elemwise(*args, mode=mode)
+
+    def _binary_opr(self, mode, rhs):
+        """``elemwise([self, rhs], mode)``; the binding's entry point behind the operators."""
+        return self._ew(mode, rhs)
+
+    def _binary_opr_lhs(self, mode, lhs):
+        """``elemwise([lhs, self], mode)``."""
+        return self._ew(mode, lhs, rev=True)
 
     def __add__(self, o):
         return self._ew("ADD", o)

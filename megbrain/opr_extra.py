@@ -1,0 +1,1 @@
+"""``opr_extra``: operators defined outside the generated operator set (none yet)."""
