@@ -57,6 +57,7 @@ from .errors import (
     GraphError,
     MegBrainError,
     SerializationError,
+    ShapeDescError,
 )
 from .gopt import optimize_for_inference
 from .graph import OperatorNodeConfig
@@ -87,6 +88,7 @@ __all__ = [
     "OperatorNodeConfig",
     "ProxySharedNDAndSymbolVar",
     "SerializationError",
+    "ShapeDescError",
     "SharedND",
     "SharedNDLazyInitializer",
     "SharedScalar",

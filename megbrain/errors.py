@@ -10,6 +10,7 @@ __all__ = [
     "ConversionError",
     "SerializationError",
     "AssertionError",
+    "ShapeDescError",
 ]
 
 
@@ -56,3 +57,11 @@ class SerializationError(MegBrainError):
 
 class AssertionError(MegBrainError, builtins.AssertionError):  # noqa: A001
     """Raised by ``opr.assert_equal`` and internal consistency checks."""
+
+
+class ShapeDescError(GraphError, builtins.AssertionError):
+    """A shape descriptor (ints and int vars) is malformed.
+
+    Also an ``AssertionError``: the reference binding checked shape descriptors with asserts,
+    and code written against it catches that class.
+    """

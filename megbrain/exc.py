@@ -6,4 +6,5 @@ from .errors import (  # noqa: F401
     GraphError,
     MegBrainError,
     SerializationError,
+    ShapeDescError,
 )

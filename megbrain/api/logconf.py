@@ -52,6 +52,8 @@ def set_logger(logger: logging.Logger) -> None:
         raise TypeError(f"set_logger: expected a logging.Logger, got {type(logger).__name__}")
     _replaced_logger = logger
     own = logging.getLogger(_LOGGER_NAME)
+    if logger is own:  # the user configured megbrain's own logger: nothing to forward
+        return
     for h in list(own.handlers):
         own.removeHandler(h)
     own.propagate = False

@@ -312,12 +312,28 @@ def _merge_config(name, comp_node, config, dtype=None) -> OperatorNodeConfig:
     return config
 
 
-def as_var(x) -> VarNode | None:
-    """The VarNode of ``x`` when it already is a graph var (SymbolVar/VarNode), else None."""
+def as_var(x, graph=None, config: OperatorNodeConfig | None = None) -> VarNode | None:
+    """The VarNode ``x`` is or carries, else None (a plain value).
+
+    Besides SymbolVar and VarNode, objects that carry a var are resolved: ``__mgb_symvar__``
+    (MegEngine's Tensor) and a ``symvar`` property; with ``graph`` given also
+    ``symvar(graph)`` (SharedND). Without ``graph`` an object gives the var it already has.
+    """
     if isinstance(x, SymbolVar):
         return x.node
     if isinstance(x, VarNode):
         return x
+    if x is None or isinstance(x, (int, float, np.ndarray, np.generic, str, list, tuple)):
+        return None
+    api_graph = None if graph is None else graph.api_graph()
+    if hasattr(x, "__mgb_symvar__"):
+        cn = config.comp_nodes[0] if config is not None and config.comp_nodes else None
+        return as_var(x.__mgb_symvar__(comp_graph=api_graph, comp_node=cn))
+    sv = getattr(type(x), "symvar", None)
+    if isinstance(sv, property):
+        return as_var(x.symvar)
+    if callable(sv) and api_graph is not None:
+        return as_var(x.symvar(api_graph))
     return None
 
 
@@ -333,46 +349,52 @@ def canonize_input_vars(
 ) -> list[VarNode]:
     """Turn operator inputs into vars of one graph.
 
-    SymbolVars pass through; objects with ``symvar(graph)`` (SharedND) or ``__mgb_symvar__``
-    are asked for their var; numbers and arrays become ImmutableTensors with the dtype of
-    the first var input (``to_mgb_supported_dtype`` otherwise). At least one input must be a
-    var unless ``comp_graph`` and a comp node in ``config`` are given.
+    SymbolVars pass through; objects carrying a var (``__mgb_symvar__``, a ``symvar``
+    property, ``symvar(graph)`` of SharedND, ``_as_sym_var`` of SharedScalar) give theirs;
+    numbers and arrays become ImmutableTensors with the dtype of the first var input
+    (``to_mgb_supported_dtype`` otherwise). The graph is ``comp_graph``, else that of the
+    first SymbolVar, else that of the first object already carrying a var; with none of
+    these it must be given, with a comp node in ``config``.
     """
     graph = comp_graph
     ref = None
     for x in inputs:
-        v = as_var(x)
-        if v is not None:
-            ref = v
+        if isinstance(x, (SymbolVar, VarNode)):
+            ref = as_var(x)
             if graph is None:
-                graph = v.graph
+                graph = ref.graph
             break
     if graph is None:
+        for x in inputs:
+            v = as_var(x, None, config)
+            if v is not None:
+                graph = v.graph
+                break
+    if graph is None:
         raise GraphError(
-            "can not infer the computing graph: no input is a SymbolVar; pass comp_graph="
+            "can not infer the computing graph: no input is a SymbolVar or carries one; pass "
+            "comp_graph="
         )
     out = []
     for x in inputs:
-        v = as_var(x)
-        if v is None:
-            if hasattr(x, "__mgb_symvar__"):
-                v = as_var(x.__mgb_symvar__(comp_graph=graph.api_graph()))
-            elif hasattr(x, "symvar") and callable(x.symvar):
-                v = as_var(x.symvar(graph.api_graph()))
-            elif hasattr(x, "_as_sym_var"):
-                cn = ref.comp_node if ref is not None else _config_cn(config)
-                v = as_var(x._as_sym_var(graph.api_graph(), cn))
+        v = as_var(x, graph, config)
+        if v is None and hasattr(x, "_as_sym_var"):
+            cn = ref.comp_node if ref is not None else _config_cn(config)
+            v = as_var(x._as_sym_var(graph.api_graph(), cn))
+        if v is not None and ref is None:
+            ref = v
+        out.append(v)
+    for i, (x, v) in enumerate(zip(inputs, out)):
         if v is None:
             cn = ref.comp_node if ref is not None else _config_cn(config)
             dt = dtype if dtype is not None else (ref.dtype if ref is not None else None)
             from .io import make_immutable
 
-            v = make_immutable(cn, graph, x, dtype=dt).node
+            v = out[i] = make_immutable(cn, graph, x, dtype=dt).node
         if v.graph is not graph:
             raise GraphError(
                 f"input var {v.name!r} belongs to graph #{v.graph.id}, expected #{graph.id}"
             )
-        out.append(v)
     return out
 
 

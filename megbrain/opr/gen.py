@@ -25,6 +25,7 @@ __all__ = [
 ]
 
 _I32 = np.dtype(np.int32)
+_F32 = np.dtype(np.float32)
 _WIDE = (np.dtype(np.float64), np.dtype(np.int64))
 
 
@@ -252,13 +253,14 @@ def linspace(
         The output dtype; by default start's dtype when it is a float var, else float32.
     """
     cfg = _merge_config(name, comp_node, config, dtype)
-    has_var = as_var(start) is not None or as_var(stop) is not None
-    a, b = canonize_input_vars(
-        [start, stop], comp_graph=comp_graph, config=cfg, dtype=None if has_var else np.float32
-    )
-    n = as_var(num)
-    if n is None:
-        from .io import make_immutable
+    a, b, n = canonize_input_vars([start, stop, num], comp_graph=comp_graph, config=cfg)
+    if a.dtype.kind != "f" or b.dtype.kind != "f":
+        from .basic_arith import typecvt
 
-        n = make_immutable(a.comp_node, a.graph, np.array([int(num)], _I32), dtype=_I32).node
+        fdt = a.dtype if a.dtype.kind == "f" else (b.dtype if b.dtype.kind == "f" else _F32)
+        a, b = (v if v.dtype == fdt else typecvt(v, fdt).node for v in (a, b))
+    if n.dtype != _I32:
+        from .basic_arith import typecvt
+
+        n = typecvt(n, _I32).node
     return insert_opr(Linspace([a, b, n], LinspaceParam(bool(endpoint)), cfg))[0]

@@ -87,20 +87,25 @@ class _OneHotBase(OperatorNodeBase):
 
     def _check(self, src: tuple, index: tuple) -> int:
         ax = norm_axis(self, self.param.axis, src)
-        if tuple(index) != src[:ax] + src[ax + 1 :]:
+        # a 1-d src takes a (1,) index: there are no 0-d tensors
+        if tuple(index) != (src[:ax] + src[ax + 1 :] or (1,)):
             raise self.error(
                 f"index shape {fmt_shape(index)} must be the src shape {fmt_shape(src)} "
                 f"without axis {ax}"
             )
         return ax
 
-    def _index(self, index: np.ndarray, n: int, ax: int) -> np.ndarray:
+    def _index(self, index: np.ndarray, src_shape: tuple, ax: int) -> np.ndarray:
+        n = src_shape[ax]
         if index.size and (index.min() < 0 or index.max() >= n):
             raise self.error(
                 f"index out of range [0, {n}) of axis {ax}: min {index.min()}, max {index.max()}",
                 SubtensorIndexError,
             )
-        return np.expand_dims(index.astype(np.intp), ax)
+        index = index.astype(np.intp)
+        if len(src_shape) == 1:
+            return index  # the (1,) index of a 1-d src already has its axis
+        return np.expand_dims(index, ax)
 
 
 @register_opr
@@ -122,7 +127,7 @@ class IndexingOneHot(_OneHotBase):
         ax = self.param.axis % src.ndim
 
         def run():
-            np.copyto(out, np.take_along_axis(src, self._index(index, src.shape[ax], ax), ax))
+            np.copyto(out, np.take_along_axis(src, self._index(index, src.shape, ax), ax))
 
         return run
 
@@ -162,7 +167,7 @@ class IndexingSetOneHot(_OneHotBase):
 
         def run():
             _copy_unless_same(out, src, same)
-            np.put_along_axis(out, self._index(index, src.shape[ax], ax), value, ax)
+            np.put_along_axis(out, self._index(index, src.shape, ax), value, ax)
 
         return run
 

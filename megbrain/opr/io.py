@@ -263,7 +263,10 @@ def shared_device_tensor(graph, dev_tensor, *, volatile=False, name=None, config
 
 
 def make_immutable(comp_node, comp_graph, value, *, dtype=None, name=None, config=None):
-    """An ImmutableTensor holding ``value`` (constant, deduplicated, value-inferable)."""
+    """An ImmutableTensor holding ``value`` (constant, deduplicated, value-inferable).
+
+    A scalar becomes shape (1,), as MegBrain has no 0-d tensors.
+    """
     if dtype is not None:
         dt = np.dtype(dtype)
         if dt in _WIDE_DTYPES:
@@ -274,6 +277,8 @@ def make_immutable(comp_node, comp_graph, value, *, dtype=None, name=None, confi
     else:
         arr = np.asarray(value)
         arr = convert_array(arr, to_mgb_supported_dtype(arr.dtype))
+    if arr.ndim == 0:
+        arr = arr.reshape(1)  # MegBrain has no 0-d tensors: a scalar is shape (1,)
     cfg = _merge_config(name, None, config)
     graph = comp_graph
     return SymbolVar(graph.insert_opr(ImmutableTensor(arr, CompNode.load(comp_node), cfg))[0])

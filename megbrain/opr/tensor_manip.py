@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import GraphError, MegBrainError
+from ..errors import GraphError, MegBrainError, ShapeDescError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
@@ -458,14 +458,14 @@ def shape_to_var(shape, ref_var) -> SymbolVar:
     ref = as_var(ref_var)
     if ref is None:
         raise GraphError(f"shape_to_var: ref_var must be a var, got {ref_var!r}")
-    if as_var(shape) is not None:
-        return SymbolVar(as_var(shape))
+    if as_var(shape, ref.graph) is not None:
+        return SymbolVar(as_var(shape, ref.graph))
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     if isinstance(shape, np.ndarray):
         shape = shape.reshape(-1).tolist()
     if not isinstance(shape, Sequence):
-        raise GraphError(f"bad shape {shape!r}: expected ints or int vars")
+        raise ShapeDescError(f"bad shape {shape!r}: expected ints or int vars")
 
     def const(ints):
         from .io import make_immutable
@@ -474,7 +474,7 @@ def shape_to_var(shape, ref_var) -> SymbolVar:
 
     parts, ints = [], []
     for s in shape:
-        var = as_var(s)
+        var = as_var(s, ref.graph)
         if var is None:
             ints.append(_as_int(s))
             continue
@@ -482,7 +482,7 @@ def shape_to_var(shape, ref_var) -> SymbolVar:
             parts.append(const(ints))
             ints = []
         if var.dtype.kind not in "iu":
-            raise GraphError(f"shape element {var.name!r} must be an int var, got {var.dtype}")
+            raise ShapeDescError(f"shape element {var.name!r} must be an int var, got {var.dtype}")
         try:
             static = infer_shape(var)
         except DynamicShapeError:
@@ -503,7 +503,7 @@ def _as_int(s) -> int:
     try:
         return int(s.__index__())
     except (AttributeError, TypeError):
-        raise GraphError(f"bad shape element {s!r}: expected an int or an int var") from None
+        raise ShapeDescError(f"bad shape element {s!r}: expected an int or an int var") from None
 
 
 def reshape(
