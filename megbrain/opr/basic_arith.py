@@ -12,8 +12,10 @@ from ..dtype import canonize_dtype, is_lowbit, is_quantize
 from ..errors import ConversionError, MegBrainError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
+from ..graph.param_def import members_of
 from ..kernels import elemwise as ew_kernels
 from ..kernels import reduce as reduce_kernels
+from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 
 __all__ = [
@@ -32,8 +34,9 @@ __all__ = [
     "broadcast_shapes",
 ]
 
-ELEMWISE_MODES = tuple(ew_kernels.MODES)
-REDUCE_MODES = ("SUM", "SUM_SQR", "PRODUCT", "MIN", "MAX", "MEAN")
+#: in the table's order, so an int mode is the reference's index; the kernel implements all
+ELEMWISE_MODES = members_of(pdefs.Elemwise.Mode)
+REDUCE_MODES = members_of(pdefs.Reduce.Mode)
 
 
 def broadcast_shapes(opr: OperatorNodeBase, shapes) -> tuple:

@@ -10,7 +10,9 @@ import numpy as np
 from ..dtype import is_bfloat16, is_quantize
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
+from ..graph.param_def import members_of
 from ..kernels import blas as blas_kernels
+from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 
 __all__ = [
@@ -23,9 +25,9 @@ __all__ = [
     "dot",
 ]
 
-COMPUTE_MODES = ("DEFAULT", "FLOAT32")
+COMPUTE_MODES = members_of(pdefs.MatrixMul.ComputeMode)
 #: MegDNN's formats; only DEFAULT (row-major matrices) is implemented
-FORMATS = ("DEFAULT", "MK4", "MK8", "MK4_DOT")
+FORMATS = members_of(pdefs.MatrixMul.Format)
 _I32 = np.dtype(np.int32)
 #: integer operand dtypes whose product is accumulated in int32 (MegDNN's Int8/Int16 matmul)
 _WIDENED_INTS = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))

@@ -19,8 +19,10 @@ import numpy as np
 from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
+from ..graph.param_def import members_of
 from ..kernels import dnn_conv as conv_kernels
 from ..kernels import elemwise as ew_kernels
+from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 
 __all__ = [
@@ -45,25 +47,21 @@ __all__ = [
     "pooling",
 ]
 
-CONV_MODES = ("CROSS_CORRELATION", "CONVOLUTION")
-SPARSE_MODES = ("DENSE", "GROUP")
+CONV_MODES = members_of(pdefs.Convolution.Mode)
+SPARSE_MODES = members_of(pdefs.Convolution.Sparse)
 #: MegDNN's convolution formats; only NCHW is implemented
-CONV_FORMATS = (
-    "NCHW", "NHWC", "NHWCD4", "NCHW4", "NCHW8", "NCHW32", "NCHW88", "NCHW44", "NCHW44_DOT",
-    "NCHW_WINOGRAD", "NCHW88_WINOGRAD", "NCHW44_WINOGRAD", "NCHW4_NCHW32", "NCHW32_NCHW4",
-    "NCHW4_NCHW", "NHWC_NCHW", "NHWC_NCHW4_IC_SMALL", "NCHW_NCHW4_IC_SMALL", "CHWN4",
-    "NCHW4_NHWC",
-)  # fmt: skip
-CONV3D_FORMATS = ("NCDHW", "NDHWC")
-COMPUTE_MODES = ("DEFAULT", "FLOAT32")
-CONV3D_DATA_TYPES = ("FLOAT", "FLOAT_IO16xC32")
+CONV_FORMATS = members_of(pdefs.Convolution.Format)
+CONV3D_MODES = members_of(pdefs.Convolution3D.Mode)
+CONV3D_SPARSE_MODES = members_of(pdefs.Convolution3D.Sparse)
+CONV3D_FORMATS = members_of(pdefs.Convolution3D.Format)
+COMPUTE_MODES = members_of(pdefs.Convolution.ComputeMode)
+CONV3D_DATA_TYPES = members_of(pdefs.Convolution3D.DataType)
 #: the execution strategies of the reference; accepted and stored (one algorithm here)
-STRATEGIES = (
-    "HEURISTIC", "HEURISTIC_REPRODUCIBLE", "PROFILE", "PROFILE_REPRODUCIBLE", "PROFILE_HEURISTIC",
-)  # fmt: skip
-NONLINE_MODES = ("IDENTITY", "RELU", "SIGMOID", "H_SWISH")
-POOLING_MODES = conv_kernels.POOLING_MODES
-POOLING_FORMATS = ("NCHW", "NHWC", "NHWCD4", "NCHW4", "NCHW88", "NCHW44", "NCHW32", "CHWN4")
+STRATEGIES = members_of(pdefs.ExecutionPolicy.Strategy)
+NONLINE_MODES = members_of(pdefs.ConvBias.NonlineMode)
+POOLING_MODES = members_of(pdefs.Pooling.Mode)
+#: MegDNN's pooling formats; only NCHW is implemented
+POOLING_FORMATS = members_of(pdefs.Pooling.Format)
 #: the Elemwise mode computing ``act(conv + bias)`` in place, per ConvBias nonlineMode
 _BIAS_ACT = {
     "IDENTITY": "ADD",
@@ -181,8 +179,8 @@ class Convolution3DParam(_ConvParamMixin, _WindowParam):
     strategy: str = "HEURISTIC"
     _axes = ("d", "h", "w")
     _choices = {
-        "mode": CONV_MODES,
-        "sparse": SPARSE_MODES,
+        "mode": CONV3D_MODES,
+        "sparse": CONV3D_SPARSE_MODES,
         "data_type": CONV3D_DATA_TYPES,
         "format": CONV3D_FORMATS,
         "strategy": STRATEGIES,

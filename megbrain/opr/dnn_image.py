@@ -15,7 +15,9 @@ import numpy as np
 from ..dtype import is_bfloat16, is_quantize
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
+from ..graph.param_def import members_of
 from ..kernels import dnn_image as kern
+from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .tensor_manip import _shape_value, shape_to_var
 
@@ -39,36 +41,12 @@ __all__ = [
     "resize",
 ]
 
-POOL_MODES = ("MAX", "AVERAGE")
-INTERP_MODES = ("NEAREST", "LINEAR", "AREA", "CUBIC", "LANCZOS4")
-BORDER_MODES = (
-    "REPLICATE",
-    "REFLECT",
-    "REFLECT_101",
-    "WRAP",
-    "CONSTANT",
-    "TRANSPARENT",
-    "ISOLATED",
-)
+POOL_MODES = members_of(pdefs.ROIPooling.Mode)
+ROI_ALIGN_MODES = members_of(pdefs.ROIAlign.Mode)
+INTERP_MODES = members_of(pdefs.WarpPerspective.InterpolationMode)
+BORDER_MODES = members_of(pdefs.WarpPerspective.BorderMode)
 #: MegDNN's ConvolutionV0 formats; NCHW (and NHWC for warp/resize) are implemented
-FORMATS = (
-    "NCHW",
-    "NHWC",
-    "NHWCD4",
-    "NCHW4",
-    "NCHW8",
-    "NCHW32",
-    "NCHW88",
-    "NCHW44",
-    "NCHW44_DOT",
-    "NCHW_WINOGRAD",
-    "NCHW88_WINOGRAD",
-    "NCHW44_WINOGRAD",
-    "NCHW4_NCHW32",
-    "NCHW32_NCHW4",
-    "NCHW4_NCHW",
-    "CHWN4",
-)
+FORMATS = members_of(pdefs.ConvolutionV0.Format)
 _I32 = np.dtype(np.int32)
 
 
@@ -236,7 +214,7 @@ class ROIAlignParam(ParamBase):
     pooled_width: int = 1
     sample_height: int = 2
     sample_width: int = 2
-    _choices = {"mode": POOL_MODES, "format": FORMATS}
+    _choices = {"mode": ROI_ALIGN_MODES, "format": FORMATS}
 
     def __post_init__(self):
         super().__post_init__()

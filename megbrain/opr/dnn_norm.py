@@ -20,7 +20,9 @@ from ..dtype import is_bfloat16
 from ..errors import GraphError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
+from ..graph.param_def import members_of
 from ..kernels import dnn_norm as kern
+from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 
 __all__ = [
@@ -35,8 +37,8 @@ __all__ = [
     "lrn",
 ]
 
-PARAM_DIMS = ("DIM_11HW", "DIM_1CHW", "DIM_1C11")
-FWD_MODES = ("TRAINING", "INFERENCE")
+PARAM_DIMS = members_of(pdefs.BN.ParamDim)
+FWD_MODES = members_of(pdefs.BN.FwdMode)
 
 
 def _is_float(dt: np.dtype) -> bool:

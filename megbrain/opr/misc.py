@@ -9,7 +9,9 @@ import numpy as np
 
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
+from ..graph.param_def import members_of
 from ..graph.static_infer import static_shape
+from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 
 __all__ = [
@@ -124,7 +126,7 @@ class Argmin(_ArgReduce):
 @dataclass(frozen=True)
 class ArgsortParam(ParamBase):
     order: str = "ASCENDING"
-    _choices = {"order": ("ASCENDING", "DESCENDING")}
+    _choices = {"order": members_of(pdefs.Argsort.Order)}
 
 
 def _sort_idx(src: np.ndarray, descending: bool) -> np.ndarray:
@@ -216,7 +218,7 @@ def argsort_backward(diff, indices, src) -> SymbolVar:
 @dataclass(frozen=True)
 class TopKParam(ParamBase):
     mode: str = "KTH_ONLY"
-    _choices = {"mode": ("KTH_ONLY", "VALUE_IDX_NOSORT", "VALUE_IDX_SORTED")}
+    _choices = {"mode": members_of(pdefs.TopK.Mode)}
 
 
 @register_opr
@@ -344,7 +346,7 @@ class CondTakeParam(ParamBase):
     val: float = 0.0
     #: tolerance of EQ / NEQ for float masks
     eps: float = 1e-6
-    _choices = {"mode": ("EQ", "NEQ", "LT", "LEQ", "GT", "GEQ")}
+    _choices = {"mode": members_of(pdefs.CondTake.Mode)}
 
 
 @register_opr
