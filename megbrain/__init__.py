@@ -17,6 +17,7 @@ from . import (
     mgb_helper,
     opr,
     opr_extra,
+    opr_param_defs,
     persistent_cache,
     version,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "mgb",
     "mgb_helper",
     "opr_extra",
+    "opr_param_defs",
     "persistent_cache",
     "return_free_memory",
     "copy_output",
