@@ -21,6 +21,7 @@ from ..graph.operator import fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.var import InferType
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
+from .param_args import opr_params, optional_axis
 
 __all__ = [
     "GetVarShape",
@@ -429,17 +430,18 @@ class Concat(OperatorNodeBase):
 
 
 # ---- functions -----------------------------------------------------------------------------
-def _src_var(src, cfg):
-    (v,) = canonize_input_vars([src], config=cfg)
+def _src_var(src, cfg, comp_graph=None):
+    (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     return v
 
 
+@opr_params(("axis", "OptionalAxisV1"), convert={"axis": optional_axis})
 def get_var_shape(
-    src, axis: int | None = None, *, name=None, comp_node=None, config=None
+    src, axis: int | None = None, *, name=None, comp_node=None, config=None, comp_graph=None
 ) -> SymbolVar:
     """The shape of ``src`` (or of one axis, as shape (1,)) as an int32 var (GetVarShape)."""
     cfg = _merge_config(name, comp_node, config)
-    v = _src_var(src, cfg)
+    v = _src_var(src, cfg, comp_graph)
     param = GetVarShapeParam(None if axis is None else int(axis))
     return insert_opr(GetVarShape([v], param, cfg))[0]
 
@@ -506,16 +508,22 @@ def _as_int(s) -> int:
         raise ShapeDescError(f"bad shape element {s!r}: expected an int or an int var") from None
 
 
+@opr_params(
+    ("unspec_axis", "OptionalAxisV1"),
+    rename={"axis": "unspec_axis"},
+    convert={"unspec_axis": optional_axis},
+)
 def reshape(
-    src, target_shape, unspec_axis: int | None = None, *, name=None, comp_node=None, config=None
-) -> SymbolVar:
+    src, target_shape, unspec_axis: int | None = None, *, name=None, comp_node=None,
+    config=None, comp_graph=None,
+) -> SymbolVar:  # fmt: skip
     """Reshape ``src`` to ``target_shape`` (registry name ``Reshape``).
 
     ``target_shape`` is an int, a sequence of ints and int vars, or an int var; a -1 entry
     becomes ``unspec_axis``, the axis whose size follows from the element count.
     """
     cfg = _merge_config(name, comp_node, config)
-    v = _src_var(src, cfg)
+    v = _src_var(src, cfg, comp_graph)
     if as_var(target_shape) is None:
         if isinstance(target_shape, (int, np.integer)):
             target_shape = (target_shape,)
@@ -541,10 +549,13 @@ def reshape(
     return insert_opr(Reshape([v, tshp.node], param, cfg))[0]
 
 
-def broadcast(src, target_shape, *, name=None, comp_node=None, config=None) -> SymbolVar:
+@opr_params(("param", "Empty"))
+def broadcast(
+    src, target_shape, *, name=None, comp_node=None, config=None, comp_graph=None
+) -> SymbolVar:
     """Broadcast ``src`` to ``target_shape`` (ints, int vars or a mix; ``Broadcast``)."""
     cfg = _merge_config(name, comp_node, config)
-    v = _src_var(src, cfg)
+    v = _src_var(src, cfg, comp_graph)
     tshp = shape_to_var(target_shape, v)
     owner = tshp.node.owner
     if isinstance(owner, GetVarShape) and owner.param.axis is None and owner.inputs[0] is v:
@@ -574,28 +585,31 @@ def _axis_list(axis) -> list[int]:
     return [_as_int(a) for a in axis]
 
 
-def add_axis(src, axis, *, name=None, comp_node=None, config=None) -> SymbolVar:
+def add_axis(src, axis, *, name=None, comp_node=None, config=None, comp_graph=None) -> SymbolVar:
     """Add size-1 axes at ``axis`` (an int or a list, applied in order; ``AxisAddRemove``)."""
     cfg = _merge_config(name, comp_node, config)
-    v = _src_var(src, cfg)
+    v = _src_var(src, cfg, comp_graph)
     desc = tuple(("add", a) for a in _axis_list(axis))
     return insert_opr(AxisAddRemove([v], AxisAddRemoveParam(desc), cfg))[0]
 
 
-def remove_axis(src, axis, *, name=None, comp_node=None, config=None) -> SymbolVar:
+def remove_axis(src, axis, *, name=None, comp_node=None, config=None, comp_graph=None) -> SymbolVar:
     """Remove size-1 axes ``axis`` (an int or a list, applied in order; ``AxisAddRemove``)."""
     cfg = _merge_config(name, comp_node, config)
-    v = _src_var(src, cfg)
+    v = _src_var(src, cfg, comp_graph)
     desc = tuple(("remove", a) for a in _axis_list(axis))
     return insert_opr(AxisAddRemove([v], AxisAddRemoveParam(desc), cfg))[0]
 
 
-def concat(*inputs, axis: int, name=None, comp_node=None, config=None) -> SymbolVar:
+@opr_params(("axis", "Axis"))
+def concat(
+    *inputs, axis: int, name=None, comp_node=None, config=None, comp_graph=None
+) -> SymbolVar:
     """Concatenate ``inputs`` (vars or a list of them) along ``axis`` (``Concat``)."""
     if len(inputs) == 1 and isinstance(inputs[0], (list, tuple)):
         inputs = tuple(inputs[0])
     if not inputs:
         raise MegBrainError("concat: needs at least one input")
     cfg = _merge_config(name, comp_node, config)
-    vars_ = canonize_input_vars(inputs, config=cfg)
+    vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
     return insert_opr(Concat(vars_, ConcatParam(int(axis)), cfg))[0]
