@@ -17,6 +17,7 @@ from ..kernels import elemwise as ew_kernels
 from ..kernels import reduce as reduce_kernels
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .param_args import opr_params, reduce_axis
 
 __all__ = [
     "Elemwise",
@@ -184,6 +185,7 @@ class Reduce(OperatorNodeBase):
 
 
 # ---- functions ---------------------------------------------------------------------------
+@opr_params(("param", "Elemwise"))
 def elemwise(*inputs, mode="ADD", name=None, comp_node=None, config=None, comp_graph=None):
     """Elementwise ``mode`` over ``inputs`` with broadcasting (registry name ``Elemwise``)."""
     if len(inputs) == 1 and isinstance(inputs[0], (list, tuple)):
@@ -210,10 +212,12 @@ class _ElemNamespace:
 elem = _ElemNamespace()
 
 
-def typecvt(src, target_dtype, *, name=None, comp_node=None, config=None) -> SymbolVar:
+def typecvt(
+    src, target_dtype, *, name=None, comp_node=None, config=None, comp_graph=None
+) -> SymbolVar:
     """Convert ``src`` to ``target_dtype`` (registry name ``TypeCvt``)."""
     cfg = _merge_config(name, comp_node, config)
-    (v,) = canonize_input_vars([src], config=cfg)
+    (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     return insert_opr(TypeCvt([v], TypeCvtParam(_graph_dtype(target_dtype)), cfg))[0]
 
 
@@ -225,19 +229,46 @@ def _graph_dtype(dtype) -> np.dtype:
     return canonize_dtype(dtype)
 
 
+@opr_params(("param", "Reduce"))
 def reduce_general(
-    src, *, mode="SUM", axis=None, target_shape=None, name=None, comp_node=None, config=None
-) -> SymbolVar:
-    """A Reduce operator: over ``axis`` (kept as size 1), to ``target_shape``, or to (1,)."""
+    *inputs, mode="SUM", axis=None, target_shape=None, name=None, comp_node=None, config=None,
+    comp_graph=None,
+) -> SymbolVar:  # fmt: skip
+    """A Reduce operator: over ``axis`` (kept as size 1), to a target shape, or to (1,).
+
+    Parameters
+    ----------
+    *inputs
+        ``src``, or ``src, target_shape`` as in MegBrain (also as one list); the target shape
+        may instead be given as ``target_shape=``.
+    mode : str
+        The Reduce mode (SUM, SUM_SQR, PRODUCT, MIN, MAX, MEAN).
+    axis : int, optional
+        The reduced axis; None (or MegBrain's INT_MAX) reduces to the target shape or (1,).
+    name, comp_node, config, comp_graph
+        The operator config, as for every ``mgb.opr`` function.
+
+    Returns
+    -------
+    SymbolVar
+    """
+    if len(inputs) == 1 and isinstance(inputs[0], (list, tuple)):
+        inputs = tuple(inputs[0])
+    if len(inputs) == 2 and target_shape is None:
+        inputs, target_shape = inputs[:1], inputs[1]
+    if len(inputs) != 1:
+        raise TypeError(
+            f"reduce_general() takes src and an optional target shape, got {len(inputs)} inputs"
+            + (" and target_shape=" if target_shape is not None else "")
+        )
     cfg = _merge_config(name, comp_node, config)
-    inputs = [src]
+    (src,) = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
+    vars_ = [src]
     if target_shape is not None:
         from .tensor_manip import shape_to_var
 
-        (sv,) = canonize_input_vars([src], config=cfg)
-        inputs.append(shape_to_var(target_shape, sv))
-    vars_ = canonize_input_vars(inputs, config=cfg)
-    return insert_opr(Reduce(vars_, ReduceParam(mode, axis), cfg))[0]
+        vars_.append(shape_to_var(target_shape, src).node)
+    return insert_opr(Reduce(vars_, ReduceParam(mode, reduce_axis(axis)), cfg))[0]
 
 
 def reduce_(src, mode, axis=None, keepdims=False, *, name=None, comp_node=None, config=None):
