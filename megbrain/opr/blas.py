@@ -14,6 +14,7 @@ from ..graph.param_def import members_of
 from ..kernels import blas as blas_kernels
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .param_args import opr_params
 
 __all__ = [
     "MatrixMul",
@@ -191,9 +192,10 @@ def _insert(cls, inputs, param, dtype, name, comp_node, config, comp_graph) -> S
     return insert_opr(cls(vars_, param, cfg))[0]
 
 
+@opr_params(("param", "MatrixMul"))
 def matrix_mul(
-    a,
-    b,
+    opr0,
+    opr1,
     transposeA: bool = False,
     transposeB: bool = False,
     *,
@@ -205,14 +207,14 @@ def matrix_mul(
     config=None,
     comp_graph=None,
 ) -> SymbolVar:
-    """Matrix product ``op(a) @ op(b)`` of 2-d vars (registry name ``MatrixMul``).
+    """Matrix product ``op(opr0) @ op(opr1)`` of 2-d vars (registry name ``MatrixMul``).
 
     Parameters
     ----------
-    a, b : SymbolVar or array_like
+    opr0, opr1 : SymbolVar or array_like
         The (m, k) and (k, n) operands (before transposition), of one dtype.
     transposeA, transposeB : bool
-        Whether to use the transpose of ``a`` / ``b``.
+        Whether to use the transpose of ``opr0`` / ``opr1``.
     compute_mode : {"DEFAULT", "FLOAT32"}
         FLOAT32 multiplies float16 operands in float32.
     format : {"DEFAULT"}
@@ -228,12 +230,13 @@ def matrix_mul(
         The (m, n) product.
     """
     param = MatrixMulParam(transposeA, transposeB, compute_mode, format)
-    return _insert(MatrixMul, [a, b], param, dtype, name, comp_node, config, comp_graph)
+    return _insert(MatrixMul, [opr0, opr1], param, dtype, name, comp_node, config, comp_graph)
 
 
+@opr_params(("param", "MatrixMul"))
 def batched_matrix_mul(
-    a,
-    b,
+    opr0,
+    opr1,
     transposeA: bool = False,
     transposeB: bool = False,
     *,
@@ -249,10 +252,10 @@ def batched_matrix_mul(
 
     Parameters
     ----------
-    a, b : SymbolVar or array_like
+    opr0, opr1 : SymbolVar or array_like
         The (batch, m, k) and (batch, k, n) operands (before transposition).
     transposeA, transposeB : bool
-        Whether to transpose every matrix of ``a`` / ``b``.
+        Whether to transpose every matrix of ``opr0`` / ``opr1``.
     compute_mode, format, dtype, name, comp_node, config, comp_graph
         As for :func:`matrix_mul`.
 
@@ -262,17 +265,19 @@ def batched_matrix_mul(
         The (batch, m, n) products.
     """
     param = MatrixMulParam(transposeA, transposeB, compute_mode, format)
-    return _insert(BatchedMatrixMul, [a, b], param, dtype, name, comp_node, config, comp_graph)
+    vars_ = [opr0, opr1]
+    return _insert(BatchedMatrixMul, vars_, param, dtype, name, comp_node, config, comp_graph)
 
 
+@opr_params(("param", "Empty"))
 def dot(
-    a, b, *, dtype=None, name: str | None = None, comp_node=None, config=None, comp_graph=None
+    opr0, opr1, *, dtype=None, name: str | None = None, comp_node=None, config=None, comp_graph=None
 ) -> SymbolVar:
     """Dot product of two 1-d vars, of shape (1,) (registry name ``Dot``).
 
     Parameters
     ----------
-    a, b : SymbolVar or array_like
+    opr0, opr1 : SymbolVar or array_like
         1-d vectors of one length and dtype; a vector of length 1 broadcasts.
     dtype : dtype-like, optional
         The output dtype; int8/int16 operands give int32.
@@ -284,4 +289,4 @@ def dot(
     SymbolVar
         The (1,) dot product.
     """
-    return _insert(Dot, [a, b], None, dtype, name, comp_node, config, comp_graph)
+    return _insert(Dot, [opr0, opr1], None, dtype, name, comp_node, config, comp_graph)

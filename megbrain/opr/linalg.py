@@ -10,6 +10,7 @@ import numpy as np
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, static_shape
 from ..graph.operator import fmt_shape
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .param_args import opr_params
 
 __all__ = ["MatrixInverse", "SVD", "matrix_inverse", "svd"]
 
@@ -130,14 +131,16 @@ class SVD(_LinalgBase):
 
 
 # ---- functions -------------------------------------------------------------------------------
-def matrix_inverse(src, *, name=None, comp_node=None, config=None) -> SymbolVar:
+@opr_params(("param", "Empty"))
+def matrix_inverse(src, *, name=None, comp_node=None, config=None, comp_graph=None) -> SymbolVar:
     """The inverse of each matrix of ``src`` ``[..., n, n]`` (registry name
     ``MatrixInverse``); a singular matrix raises when the function runs."""
     cfg = _merge_config(name, comp_node, config)
-    (v,) = canonize_input_vars([src], config=cfg)
+    (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     return insert_opr(MatrixInverse([v], None, cfg))[0]
 
 
+@opr_params(("param", "SVD"))
 def svd(
     src,
     full_matrices: bool = False,
@@ -146,6 +149,7 @@ def svd(
     name=None,
     comp_node=None,
     config=None,
+    comp_graph=None,
 ) -> list[SymbolVar]:
     """Singular value decomposition of each matrix of ``src`` ``[..., m, n]`` (``SVD``).
 
@@ -156,5 +160,5 @@ def svd(
         ``compute_uv``. Only the gradient through ``s`` is defined.
     """
     cfg = _merge_config(name, comp_node, config)
-    (v,) = canonize_input_vars([src], config=cfg)
+    (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     return insert_opr(SVD([v], SVDParam(bool(full_matrices), bool(compute_uv)), cfg))
