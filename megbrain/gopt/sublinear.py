@@ -99,8 +99,7 @@ class _Planner:
         # var -> step at which an operator of the seq overwrites it in place
         self.overwritten: dict[VarNode, int] = {}
         for i, opr in enumerate(seq):
-            w = opr.overwrites()
-            if w is not None:
+            for w in opr.overwritten_inputs():
                 self.overwritten[w] = min(i, self.overwritten.get(w, i))
         #: var -> its late reader steps (they read the clone)
         self.late: dict[VarNode, list[int]] = {}

@@ -78,15 +78,26 @@ def _order(opr) -> tuple:
     """Heap key: priority first; then in-place updates as soon as they are ready (their
     destination's readers are already done, and the delta's memory is freed early); then
     the creation order of the operator a rewrite cloned this one from."""
-    return (opr.priority, opr.overwrites() is None, opr.order_key, opr.id, opr)
+    return (opr.priority, not opr.overwritten_inputs(), opr.order_key, opr.id, opr)
 
 
 def _order_overwrites(deps: dict) -> None:
-    """Make every reader of a var updated in place (AddUpdate) run before the update."""
-    writers = [(o, o.overwrites()) for o in deps if o.overwrites() is not None]
-    if not writers:
-        return
-    for w, var in writers:
+    """Make every reader of a var updated in place (AddUpdate, BatchNorm's statistics) run
+    before the update.
+
+    A var may have one such writer per comp seq: with two, which value a reader sees would
+    depend on their order (MegBrain refuses it the same way).
+    """
+    writer_of: dict[VarNode, OperatorNodeBase] = {}
+    for o in deps:
+        for var in o.overwritten_inputs():
+            prev = writer_of.setdefault(var, o)
+            if prev is not o:
+                raise GraphError(
+                    f"var {var.name!r} is updated in place by two operators in one function: "
+                    f"{prev.type_name} {prev.name!r} and {o.type_name} {o.name!r}"
+                )
+    for var, w in writer_of.items():
         for r in list(deps):
             if r is w or var not in r.inputs:
                 continue

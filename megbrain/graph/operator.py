@@ -186,6 +186,10 @@ class OperatorNodeBase:
     uses_workspace: ClassVar[bool] = False
     #: False: a changed runtime state is an error (:meth:`state_change_error`), not a re-plan
     replan_on_change: ClassVar[bool] = True
+    #: eager graphs: the value may be stale (an input operator re-ran since) / the operator is
+    #: or reads a source whose value changes outside the graph (re-run at every re-insertion)
+    eager_stale: bool = False
+    eager_always_rerun: bool = False
 
     def __init__(self, inputs: Sequence[VarNode], param=None, config: OperatorNodeConfig = None):
         self.inputs: list[VarNode] = list(inputs)
@@ -274,9 +278,18 @@ class OperatorNodeBase:
         """An input whose memory this operator updates in place (AddUpdate's dest).
 
         The comp seq runs every other reader of that var first, and refuses an operator that
-        would read both the old and the updated value.
+        would read both the old and the updated value. Operators updating several inputs
+        override :meth:`overwritten_inputs` instead.
         """
         return None
+
+    def overwritten_inputs(self) -> tuple[VarNode, ...]:
+        """Every input whose memory this operator updates in place (BatchNorm's running
+        statistics); by default the one :meth:`overwrites` names. The outputs holding the
+        updated values are :meth:`fwd_views` of those inputs, and the operator must set
+        ``has_side_effect`` so that it is bound whatever the memory options."""
+        w = self.overwrites()
+        return () if w is None else (w,)
 
     def clone(self, inputs: list[VarNode]) -> OperatorNodeBase:
         """A copy of this operator (same param, config and state) over ``inputs``."""

@@ -65,8 +65,10 @@ def bind_bn_forward(
     TRAINING: batch statistics normalize ``x``; ``save_mean``/``save_inv_var`` receive the batch
     mean and ``1/sqrt(var + eps)`` (biased variance) and, when ``mean``/``var`` are given,
     ``out_mean``/``out_var`` receive ``old*(1-avg_factor) + batch*avg_factor`` where the variance
-    is the unbiased one (``n/(n-1)``; ``n == 1`` gives inf/nan as in MegDNN). INFERENCE: ``mean``
-    and ``var`` normalize ``x``; ``save_mean``/``save_inv_var`` receive them as used.
+    is the unbiased one (``n/(n-1)``; ``n == 1`` gives inf/nan as in MegDNN). ``out_mean`` and
+    ``out_var`` may be ``mean`` and ``var`` themselves (the operator's in-place update).
+    INFERENCE: ``mean`` and ``var`` normalize ``x``; ``save_mean``/``save_inv_var`` receive them
+    as used.
     """
     axes = bn_reduce_axes(x.shape, scale.shape)
     n = math.prod(x.shape[i] for i in axes)
@@ -100,6 +102,8 @@ def bind_bn_forward(
         if has_stats:
             with np.errstate(divide="ignore", invalid="ignore"):
                 unbiased = v * (n / (n - 1) if n > 1 else np.inf)
+            # the right-hand sides are computed before the store: correct when out_* is the
+            # input's own memory
             _store(out_mean, _cast(mean, ct) * (1 - f) + m * f)
             _store(out_var, _cast(var, ct) * (1 - f) + unbiased * f)
         np.multiply(inv, sc, out=k, casting="unsafe")

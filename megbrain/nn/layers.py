@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 import megbrain as mgb
+from megbrain.tensor import SubTensorSpec, TensorLayout
 
 from . import init
 from .module import Buffer, Module, Parameter, _add_state_update
@@ -106,9 +107,9 @@ class Conv2d(Module):
 
 
 class _BatchNorm(Module):
-    """Batch normalization; running statistics are updated in place while training."""
-
-    _axes: tuple = ()
+    """Batch normalization; while training, the BatchNorm operator updates the running
+    statistics in place (``running = (1 - momentum) * running + momentum * batch``, the
+    variance unbiased), each time a compiled function containing it runs."""
 
     def __init__(
         self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True
@@ -119,36 +120,67 @@ class _BatchNorm(Module):
         self.bias = Parameter(np.zeros(num_features, np.float32)) if affine else None
         self.running_mean = Buffer(np.zeros(num_features, np.float32))
         self.running_var = Buffer(np.ones(num_features, np.float32))
+        #: buffer name -> (storage pointer, its (1, C, 1, 1) view): see _stat_var
+        object.__setattr__(self, "_stat_views", {})
 
     def _bshape(self, ndim: int) -> tuple:
         shape = [1] * ndim
         shape[1] = self.num_features
         return tuple(shape)
 
+    def _stat_var(self, name: str, graph):
+        """Buffer ``name`` (shape (C,)) as a (1, C, 1, 1) shared var over the same memory.
+
+        The BatchNorm operator needs its statistics in the param shape and as shared tensors
+        (it writes into them), while the buffers keep the (C,) shape of ``state_dict``. One
+        view per buffer storage, so that a graph sees one var per buffer.
+        """
+        buf = getattr(self, name)
+        dev = buf.dev_tensor
+        cached = self._stat_views.get(name)
+        if cached is None or cached[0] != (id(dev), dev.raw_ptr):
+            layout = TensorLayout((1, self.num_features, 1, 1), dev.dtype)
+            view = dev.sub(SubTensorSpec.make_from_layout(layout))
+            cached = self._stat_views[name] = ((id(dev), dev.raw_ptr), view)
+        return mgb.opr.shared_device_tensor(graph, cached[1], name=name)
+
     def forward(self, x):
-        ndim = len(x.imm_shape)
+        shape = tuple(x.imm_shape)
+        ndim = len(shape)
         bshape = self._bshape(ndim)
-        axes = [a for a in range(ndim) if a != 1]
         if self.training:
-            mean = x.mean(axis=axes, keepdims=True)
-            centered = x - mean
-            var = (centered * centered).mean(axis=axes, keepdims=True)
-            n = int(np.prod([x.imm_shape[a] for a in axes]))
-            g, m, c = x.owner_graph, self.momentum, self.num_features
-            # running = (1 - m) * running + m * batch statistic (unbiased variance), in place
-            for buf, stat, scale in (
-                (self.running_mean, mean, 1.0),
-                (self.running_var, var, n / max(n - 1, 1)),
-            ):
-                upd = mgb.opr.add_update(
-                    buf.symvar(g), stat.reshape(c), alpha=1 - m, beta=m * scale
-                )
-                _add_state_update(g, upd)
-        else:
-            mean = _param_var(self.running_mean, x).reshape(*bshape)
-            centered = x - mean
-            var = _param_var(self.running_var, x).reshape(*bshape)
-        y = centered / mgb.opr.sqrt(var + self.eps)
+            g, c = x.owner_graph, self.num_features
+            pshape = (1, c, 1, 1)
+            # (N, C) and (N, C, L) are normalized as (N, C, 1, 1) and (N, C, L, 1)
+            x4 = x if ndim == 4 else x.reshape(*shape, *(1,) * (4 - ndim))
+            if self.weight is not None:
+                gamma = _param_var(self.weight, x).reshape(*pshape)
+                beta = _param_var(self.bias, x).reshape(*pshape)
+            else:
+                gamma = mgb.make_immutable(x.comp_node, g, np.ones(pshape, np.float32))
+                beta = mgb.make_immutable(x.comp_node, g, np.zeros(pshape, np.float32))
+            outs = mgb.opr.batch_norm(
+                x4,
+                gamma,
+                beta,
+                self._stat_var("running_mean", g),
+                self._stat_var("running_var", g),
+                param_dim="DIM_1C11",
+                fwd_mode="TRAINING",
+                epsilon=self.eps,
+                avg_factor=self.momentum,
+            )
+            # the statistics after the update: compiling them (pending_updates) makes a
+            # function run the update even when it does not need y
+            for v in outs[:2]:
+                _add_state_update(g, v)
+            y = outs[-1]
+            return y if ndim == 4 else y.reshape(*shape)
+        # eval: composed from differentiable operators (BatchNorm's INFERENCE mode has no
+        # gradient)
+        mean = _param_var(self.running_mean, x).reshape(*bshape)
+        var = _param_var(self.running_var, x).reshape(*bshape)
+        y = (x - mean) / mgb.opr.sqrt(var + self.eps)
         if self.weight is not None:
             gamma = _param_var(self.weight, x).reshape(*bshape)
             y = y * gamma + _param_var(self.bias, x).reshape(*bshape)

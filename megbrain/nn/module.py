@@ -35,8 +35,9 @@ class Buffer(mgb.SharedND):
 
 
 def pending_updates(graph) -> list:
-    """The in-place state updates (add_update vars) modules added to ``graph`` in training
-    mode; include them in the compiled outspec of a training step."""
+    """The state vars modules updated in place in ``graph`` in training mode (BatchNorm's
+    running statistics after the update); include them in the compiled outspec of a training
+    step so that it updates them even when it needs no output of those modules."""
     return list(graph.user_data.get("__nn_updates__", []))
 
 

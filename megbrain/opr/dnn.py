@@ -12,6 +12,7 @@ second-order gradients work.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ from ..kernels import dnn_conv as conv_kernels
 from ..kernels import elemwise as ew_kernels
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .param_args import opr_params
 
 __all__ = [
     "Convolution",
@@ -658,12 +660,19 @@ def _param(cls, fname: str, param, params: dict):
     return cls(**params)
 
 
+# the reference spells the policy argument of some functions ``execution_polity``; both
+# spellings are taken everywhere. workspace_limit is a hint to the algorithm choice: dropped
+_POLICY = (("execution_polity", "ExecutionPolicy"), ("execution_policy", "ExecutionPolicy"))
+_conv_params = functools.partial(opr_params, ignore=("workspace_limit",))
+
+
 def _create(cls, inputs, param, dtype, name, comp_node, config, comp_graph):
     cfg = _merge_config(name, comp_node, config, dtype)
     vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
     return insert_opr(cls(vars_, param, cfg))[0]
 
 
+@_conv_params(("param", "Convolution"), *_POLICY)
 def convolution(
     src, filter, *, param=None, dtype=None, name=None, comp_node=None, config=None,
     comp_graph=None, **params,
@@ -697,6 +706,7 @@ def convolution(
     return _create(Convolution, [src, filter], p, dtype, name, comp_node, config, comp_graph)
 
 
+@_conv_params(("param", "Convolution"), *_POLICY)
 def deconvolution(
     src, filter, *, param=None, dtype=None, name=None, comp_node=None, config=None,
     comp_graph=None, **params,
@@ -724,6 +734,7 @@ def deconvolution(
     )
 
 
+@_conv_params(("param", "ConvBias"), *_POLICY)
 def conv_bias_activation(
     src, filter, bias, *, nonlineMode="IDENTITY", param=None, dtype=None, name=None,
     comp_node=None, config=None, comp_graph=None, **params,
@@ -754,6 +765,7 @@ def conv_bias_activation(
     return _create(ConvBias, [src, filter, bias], p, dtype, name, comp_node, config, comp_graph)
 
 
+@_conv_params(("param", "Convolution3D"), *_POLICY)
 def convolution3d(
     src, filter, *, param=None, dtype=None, name=None, comp_node=None, config=None,
     comp_graph=None, **params,
@@ -784,6 +796,7 @@ def convolution3d(
     return _create(Convolution3D, [src, filter], p, dtype, name, comp_node, config, comp_graph)
 
 
+@_conv_params(("param", "Convolution3D"), *_POLICY)
 def deconvolution3d(
     src, filter, *, param=None, dtype=None, name=None, comp_node=None, config=None,
     comp_graph=None, **params,
@@ -802,6 +815,7 @@ def deconvolution3d(
     )
 
 
+@opr_params(("param", "Pooling"))
 def pooling(
     src, *, mode="MAX", pad_h=0, pad_w=0, stride_h=2, stride_w=2, window_h=2, window_w=2,
     format="NCHW", param=None, name=None, comp_node=None, config=None, comp_graph=None,

@@ -1,13 +1,13 @@
 """Normalization operators (SPEC.md 4.4): BatchNorm and LRN with their backward operators, and
 the ``mgb.opr`` functions ``batch_norm``, ``batch_norm_no_statistic`` and ``lrn``.
 
-Running statistics: MegBrain's BatchNorm in TRAINING mode overwrites its running_mean and
-running_variance inputs (shared tensors) in place, its outputs 0 and 1 being those very
-buffers. Here outputs 0 and 1 are fresh vars holding the *updated* statistics
-(``old*(1-avg_factor) + batch*avg_factor``) and the inputs are left untouched: the operator
-contract lets an operator overwrite only one input (``overwrites()``), and BatchNorm would need
-two. The training layer applies them with ``add_update(running_mean, out[0], alpha=0, beta=1)``
-(same for the variance); the comp seq then runs BatchNorm before the updates.
+Running statistics: as MegBrain's BatchNormForward, BatchNorm in TRAINING mode with
+running_mean and running_variance inputs (which must then be shared tensors) updates them in
+place, ``old*(1-avg_factor) + batch*avg_factor``: its outputs 0 and 1 are views of those
+inputs' memory (:meth:`BatchNorm.fwd_views`), declared through
+:meth:`BatchNorm.overwritten_inputs` so that the comp seq runs every other reader of the old
+statistics first, as for AddUpdate. The update happens whenever the operator runs, whether
+or not outputs 0 and 1 are fetched.
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ class BNParam(ParamBase):
 class BatchNorm(OperatorNodeBase):
     """Batch normalization of a 4-d ``x``; inputs (x, scale, bias[, running_mean, running_var]).
 
-    Outputs in MegBrain order: running_mean, running_var (the updated statistics; shape (0,)
-    without statistics or in INFERENCE mode), save_mean, save_inv_var (``1/sqrt(var + eps)``)
-    and y. INFERENCE normalizes with the given running statistics, which save_mean and
-    save_inv_var then echo.
+    Outputs in MegBrain order: running_mean, running_var (in TRAINING mode the statistics
+    updated in place: views of inputs 3 and 4; shape (0,) without statistics or in INFERENCE
+    mode), save_mean, save_inv_var (``1/sqrt(var + eps)``) and y. INFERENCE normalizes with
+    the given running statistics, which save_mean and save_inv_var then echo.
     """
 
     uses_workspace = True  # the centered input of TRAINING mode
@@ -88,11 +88,44 @@ class BatchNorm(OperatorNodeBase):
     def _has_stats(self) -> bool:
         return len(self.inputs) == 5 and self.param.fwd_mode == "TRAINING"
 
+    # TRAINING with statistics writes into memory it does not own: never pruned, deduplicated
+    # or folded, and bound (its outputs 0/1 forwarded) whatever the memory options
+    @property
+    def has_side_effect(self) -> bool:  # type: ignore[override]
+        return self._has_stats
+
+    # the statistics outputs change with every run: no static value, and inference must not
+    # re-run the update
+    @property
+    def value_inferable(self) -> bool:  # type: ignore[override]
+        return not self._has_stats
+
+    def overwritten_inputs(self):
+        return (self.inputs[3], self.inputs[4]) if self._has_stats else ()
+
+    def fwd_views(self, ins):
+        if not self._has_stats:
+            return None
+        return [ins[3], ins[4], None, None, None]
+
+    def _check_stats_shared(self) -> None:
+        for what, v in zip(("running_mean", "running_variance"), self.inputs[3:]):
+            owner = v.owner.type_name
+            if owner not in ("SharedDeviceTensor", "VolatileSharedDeviceTensor"):
+                raise self.error(
+                    f"{what} {v.name!r} must be a shared tensor (SharedDeviceTensor or "
+                    f"VolatileSharedDeviceTensor, from make_shared) in TRAINING mode, where it "
+                    f"is updated in place; got a var produced by {owner}",
+                    GraphError,
+                )
+
     def infer_dtypes(self, in_dtypes):
         if len(in_dtypes) not in (3, 5):
             raise self.error(f"expected 3 or 5 inputs, got {len(in_dtypes)}")
         if len(in_dtypes) == 3 and self.param.fwd_mode == "INFERENCE":
             raise self.error("INFERENCE mode needs running_mean and running_variance")
+        if self._has_stats:
+            self._check_stats_shared()
         _check_float(self, "x", in_dtypes[0])
         _check_float(self, "scale", in_dtypes[1])
         for i, what in enumerate(
@@ -270,8 +303,9 @@ def batch_norm(
         Of the param shape: 1 on the reduced axes, x's size elsewhere (``(1, C, 1, 1)`` for
         ``DIM_1C11``).
     running_mean, running_variance : SymbolVar, optional
-        The running statistics (both or neither). Without them this is
-        :func:`batch_norm_no_statistic`.
+        The running statistics (both or neither). In TRAINING mode they must be shared
+        tensors (from ``make_shared``), updated in place each time the operator runs.
+        Without them this is :func:`batch_norm_no_statistic`.
     param_dim : {"DIM_11HW", "DIM_1CHW", "DIM_1C11"}
         The param shape's name.
     fwd_mode : {"TRAINING", "INFERENCE"}
@@ -288,9 +322,14 @@ def batch_norm(
     -------
     list of SymbolVar
         In TRAINING mode with statistics: ``[running_mean, running_variance, save_mean,
-        save_inv_variance, y]``, the first two being the *updated* statistics, which the
-        caller applies with ``add_update`` (see the module docstring). Otherwise MegBrain
-        drops the two empty outputs: ``[save_mean, save_inv_variance, y]``.
+        save_inv_variance, y]``, the first two being the statistics after the in-place
+        update (views of the shared tensors). Otherwise MegBrain drops the two empty
+        outputs: ``[save_mean, save_inv_variance, y]``.
+
+    Raises
+    ------
+    GraphError
+        In TRAINING mode, when running_mean or running_variance is not a shared tensor.
     """
     if (running_mean is None) != (running_variance is None):
         raise GraphError("batch_norm: give both running_mean and running_variance, or neither")

@@ -48,6 +48,23 @@ def _params(rng, shape, param_dim):
 dims = st.integers(1, 4)
 
 
+class DevValue(HostValue):
+    """A shared device tensor over a replaceable array (the harness's tensor protocol)."""
+
+    def __init__(self, arr):
+        super().__init__(arr, CompNode.load("cpu0"))
+
+    def shape_valid(self) -> bool:
+        return self.arr is not None
+
+
+def _bn_inputs(g, x, scale, bias, mean, var):
+    """Host inputs for x, scale and bias; shared tensors (updated in place) for the stats."""
+    (xv, sv, bv), _ = inputs(g, x, scale, bias)
+    dm, dv = DevValue(mean.copy()), DevValue(var.copy())
+    return (xv, sv, bv, shared_device_tensor(g, dm), shared_device_tensor(g, dv)), (dm, dv)
+
+
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(
     n=st.integers(2, 4),
@@ -62,14 +79,16 @@ def test_batch_norm_training_matches_numpy(n, c, h, w, param_dim, eps, avg):
     rng = np.random.default_rng(n * 1000 + c * 100 + h * 10 + w)
     x = (rng.standard_normal((n, c, h, w)) * 3 + 1).astype(np.float32)
     arrays = [x, *_params(rng, x.shape, param_dim)]
-    got = check_opr(
-        lambda *v: batch_norm(*v, param_dim=param_dim, epsilon=eps, avg_factor=avg),
-        lambda *a: ref_bn_training(*a, eps, avg),
-        arrays,
-        rtol=2e-5,
-        atol=2e-5,
-    )
-    assert [g.dtype for g in got] == [np.float32] * 5
+    g = make_graph()
+    vs, (dm, dv) = _bn_inputs(g, *arrays)
+    outs = batch_norm(*vs, param_dim=param_dim, epsilon=eps, avg_factor=avg)
+    got = run(outs, g)
+    for o, a, r in zip(outs, got, ref_bn_training(*arrays, eps, avg)):
+        assert a.dtype == np.float32 and a.shape == infer_shape(o.node) == r.shape
+        np.testing.assert_allclose(a, r, rtol=2e-5, atol=2e-5)
+    # outputs 0 and 1 are the shared tensors themselves, updated in place
+    np.testing.assert_array_equal(dm.arr, got[0])
+    np.testing.assert_array_equal(dv.arr, got[1])
 
 
 def test_batch_norm_inference_uses_running_stats():
@@ -111,7 +130,7 @@ def test_batch_norm_outputs_in_megbrain_order_with_empty_stats():
     g = make_graph()
     x = np.zeros((2, 3, 4, 5), np.float16)
     p = np.ones((1, 3, 1, 1), np.float32)
-    (xv, sv, bv, mv, vv), _ = inputs(g, x, p, p, p, p)
+    (xv, sv, bv, mv, vv), _ = _bn_inputs(g, x, p, p, p, p)
     train = batch_norm(xv, sv, bv, mv, vv, param_dim="DIM_1C11")
     assert [o.imm_shape for o in train] == [(1, 3, 1, 1)] * 4 + [(2, 3, 4, 5)]
     assert [o.dtype for o in train] == [np.float32] * 4 + [np.float16]
@@ -129,43 +148,99 @@ def test_batch_norm_float16_input_float32_params():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((4, 2, 3, 3)).astype(np.float16)
     arrays = [x, *_params(rng, x.shape, "DIM_1C11")]
-    got = check_opr(
-        lambda *v: batch_norm(*v, param_dim="DIM_1C11"),
-        lambda *a: ref_bn_training(*a, 1e-4, 1.0),
-        arrays,
-        rtol=2e-3,
-        atol=2e-3,
-    )
+    g = make_graph()
+    vs, _ = _bn_inputs(g, *arrays)
+    got = run(batch_norm(*vs, param_dim="DIM_1C11"), g)
+    for a, r in zip(got, ref_bn_training(*arrays, 1e-4, 1.0)):
+        np.testing.assert_allclose(a.astype(np.float64), r, rtol=2e-3, atol=2e-3)
     assert got[4].dtype == np.float16 and got[0].dtype == np.float32
 
 
-class DevValue(HostValue):
-    """A shared device tensor over a replaceable array (the harness's tensor protocol)."""
-
-    def __init__(self, arr):
-        super().__init__(arr, CompNode.load("cpu0"))
-
-    def shape_valid(self) -> bool:
-        return self.arr is not None
-
-
-def test_running_stats_applied_with_add_update():
-    rng = np.random.default_rng(4)
+def _train_graph(rng, *, avg=0.25, **options):
     x = rng.standard_normal((5, 2, 3, 3)).astype(np.float32)
-    scale, bias, mean, var = _params(rng, x.shape, "DIM_1C11")
-    g = make_graph()
-    (xv, sv, bv), _ = inputs(g, x, scale, bias)
-    dm, dv = DevValue(mean.copy()), DevValue(var.copy())
-    rm, rv = shared_device_tensor(g, dm), shared_device_tensor(g, dv)
-    new_m, new_v, _, _, y = batch_norm(xv, sv, bv, rm, rv, param_dim="DIM_1C11", avg_factor=0.25)
-    upd = [add_update(rm, new_m, alpha=0, beta=1), add_update(rv, new_v, alpha=0, beta=1)]
-    exp_m, exp_v = mean, var
-    for _ in range(2):
-        got_y = run([y, *upd], g)[0]
+    arrays = [x, *_params(rng, x.shape, "DIM_1C11")]
+    g = make_graph(**options)
+    vs, devs = _bn_inputs(g, *arrays)
+    outs = batch_norm(*vs, param_dim="DIM_1C11", avg_factor=avg)
+    return g, arrays, vs, outs, devs
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"force_dynamic_alloc": True},
+        {"seq_opt__enable_mem_plan_opt": False},
+        {"seq_opt__enable_mem_reuse_alloc": False},
+    ],
+)
+def test_running_stats_updated_in_place_without_fetching_them(options):
+    rng = np.random.default_rng(4)
+    g, arrays, vs, outs, (dm, dv) = _train_graph(rng, **options)
+    ptrs = (dm.arr.ctypes.data, dv.arr.ctypes.data)
+    x, scale, bias, exp_m, exp_v = arrays
+    f = g.compile([(outs[-1].node, lambda a: got.__setitem__(0, np.array(a)))])
+    got = [None]
+    for _ in range(3):
+        f.execute().wait()
         exp_m, exp_v, _, _, exp_y = ref_bn_training(x, scale, bias, exp_m, exp_v, 1e-4, 0.25)
-        np.testing.assert_allclose(got_y, exp_y, rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(got[0], exp_y, rtol=2e-5, atol=2e-5)
         np.testing.assert_allclose(dm.arr, exp_m, rtol=1e-5)
         np.testing.assert_allclose(dv.arr, exp_v, rtol=1e-5)
+    assert (dm.arr.ctypes.data, dv.arr.ctypes.data) == ptrs  # the same buffers
+
+
+def test_readers_of_old_stats_run_before_the_update():
+    rng = np.random.default_rng(5)
+    g, arrays, vs, outs, (dm, dv) = _train_graph(rng)
+    old_mean = vs[3] * 1.0 + 0.0  # created after BatchNorm, still reads the old value
+    before = dm.arr.copy()
+    got_old, new_mean = run([old_mean, outs[0]], g)
+    np.testing.assert_array_equal(got_old, before)
+    np.testing.assert_array_equal(new_mean, dm.arr)
+    assert not np.array_equal(before, dm.arr)
+
+
+def test_reading_old_and_updated_stats_together_raises():
+    rng = np.random.default_rng(6)
+    g, _, vs, outs, _ = _train_graph(rng)
+    mixed = outs[0] - vs[3]  # the updated and the old statistics in one operator
+    with pytest.raises(GraphError, match="reads both the old value"):
+        run([mixed], g)
+
+
+def test_stats_updated_by_two_operators_raise():
+    rng = np.random.default_rng(7)
+    g, _, vs, outs, _ = _train_graph(rng)
+    upd = add_update(vs[3], outs[2])
+    with pytest.raises(GraphError, match="updated in place by two operators"):
+        run([outs[-1], upd], g)
+
+
+@pytest.mark.parametrize("stat", [3, 4])
+def test_training_stats_must_be_shared(stat):
+    g = make_graph()
+    p = np.ones((1, 2, 1, 1), np.float32)
+    vs = list(_bn_inputs(g, np.ones((2, 2, 2, 2), np.float32), p, p, p, p)[0])
+    (host,), _ = inputs(g, p)
+    vs[stat] = host
+    what = "running_mean" if stat == 3 else "running_variance"
+    with pytest.raises(GraphError, match=f"BatchNorm 'bn'.*{what} .* must be a shared tensor"):
+        batch_norm(*vs, name="bn")
+    # INFERENCE mode only reads the statistics: any var will do
+    batch_norm(*vs, fwd_mode="INFERENCE")
+
+
+def test_inference_leaves_stats_untouched():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3, 2, 2, 2)).astype(np.float32)
+    arrays = [x, *_params(rng, x.shape, "DIM_1C11")]
+    g = make_graph()
+    vs, (dm, dv) = _bn_inputs(g, *arrays)
+    outs = batch_norm(*vs, param_dim="DIM_1C11", fwd_mode="INFERENCE")
+    run(outs, g)
+    np.testing.assert_array_equal(dm.arr, arrays[3])
+    np.testing.assert_array_equal(dv.arr, arrays[4])
 
 
 @pytest.mark.parametrize("param_dim", sorted(PARAM_SHAPE))
@@ -173,11 +248,13 @@ def test_batch_norm_grad(param_dim):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 2, 2, 3))
     scale, bias, mean, var = (a.astype(np.float64) for a in _params(rng, x.shape, param_dim))
-    check_grad(
-        lambda *v: batch_norm(*v, param_dim=param_dim)[-1],
-        [x, scale, bias, mean, var],
-        wrt=[0, 1, 2],
-    )
+
+    def with_stats(xv, sv, bv):
+        g = xv.node.graph
+        rm, rv = (shared_device_tensor(g, DevValue(a.copy())) for a in (mean, var))
+        return batch_norm(xv, sv, bv, rm, rv, param_dim=param_dim)[-1]
+
+    check_grad(with_stats, [x, scale, bias])
     check_grad(
         lambda *v: batch_norm_no_statistic(*v, param_dim=param_dim, epsilon=0.1)[-1],
         [x, scale, bias],
