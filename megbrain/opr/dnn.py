@@ -663,7 +663,9 @@ def _param(cls, fname: str, param, params: dict):
 # the reference spells the policy argument of some functions ``execution_polity``; both
 # spellings are taken everywhere. workspace_limit is a hint to the algorithm choice: dropped
 _POLICY = (("execution_polity", "ExecutionPolicy"), ("execution_policy", "ExecutionPolicy"))
-_conv_params = functools.partial(opr_params, ignore=("workspace_limit",))
+_conv_params = functools.partial(
+    opr_params, ignore=("workspace_limit",), fixed=("output_block_size",)
+)
 
 
 def _create(cls, inputs, param, dtype, name, comp_node, config, comp_graph):

@@ -129,6 +129,7 @@ def opr_params(
     *specs: tuple[str, str],
     rename: Mapping[str, str] | None = None,
     ignore: Iterable[str] = (),
+    fixed: Iterable[str] = (),
     convert: Mapping[str, Callable[[Any], Any]] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Give an ``mgb.opr`` function the reference's ways of passing params.
@@ -144,6 +145,9 @@ def opr_params(
         Reference fields the function accepts and drops at any value: hints with no effect
         on results (``workspace_limit``). Any other field the function lacks is accepted at
         its default value only.
+    fixed:
+        For a function taking its fields as ``**kwargs``: the reference fields it lacks,
+        accepted at their default value only.
     convert:
         The function's keyword -> converter of values taken from a whole param (sentinels
         such as ``OptionalAxisV1.INVALID_AXIS`` to None).
@@ -160,6 +164,7 @@ def opr_params(
     """
     rename = dict(rename or {})
     ignore = frozenset(ignore)
+    fixed = frozenset(fixed)
     convert = dict(convert or {})
     classes = [(pname, _param_class(tname)) for pname, tname in specs]
 
@@ -173,8 +178,10 @@ def opr_params(
         for _, cls in classes:
             for f in cls.__slots__:
                 field_of.setdefault(rename.get(f, f), (cls, f))
-        # the function itself takes its declared keywords; with **kwargs also every field
-        own = declared | (set(field_of) if var_kw else set())
+        # the function itself takes its declared keywords; with **kwargs also every field it
+        # is not told to drop
+        dropped = {rename.get(f, f) for f in ignore | fixed}
+        own = declared | (set(field_of) - dropped if var_kw else set())
         # a renamed field is also taken under its reference name
         aliases = {f: k for f, k in rename.items() if f not in declared}
         accepted = own | set(field_of) | set(aliases) | {p for p, _ in classes}
@@ -232,11 +239,16 @@ def opr_params(
 
         params = [p for p in sig.parameters.values() if p.kind != _VAR_KW]
         names = {p.name for p in params}
-        extra = [p for p, _ in classes]
-        extra += [k for k in field_of if k not in extra]
-        extra += [f for f in aliases if f not in extra]
-        extra = [n for n in extra if n not in names]
-        params += [inspect.Parameter(n, _KW, default=None) for n in extra]
+        # the published signature: the function's own arguments, then the param arguments
+        # (None), the fields it does not declare (the reference defaults) and the reference
+        # names of renamed fields (None: the renamed keyword's default applies)
+        defaults: dict[str, Any] = {p: None for p, _ in classes}
+        for key, (cls, f) in field_of.items():
+            defaults.setdefault(key, _plain(getattr(cls(), f)))
+        defaults.update({f: None for f in aliases if f not in defaults})
+        params += [
+            inspect.Parameter(n, _KW, default=d) for n, d in defaults.items() if n not in names
+        ]
         wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
         return wrapper
 
