@@ -19,6 +19,7 @@ from ..graph.param_def import members_of
 from ..kernels import dnn_image as kern
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .param_args import opr_params
 from .tensor_manip import _shape_value, shape_to_var
 
 __all__ = [
@@ -486,6 +487,7 @@ def _insert(cls, inputs, param, name, comp_node, config, comp_graph, shape_at=No
     return insert_opr(cls(vars_, param, cfg))[0]
 
 
+@opr_params(("param", "ROIPooling"))
 def roi_pooling(
     src,
     rois,
@@ -526,6 +528,7 @@ def roi_pooling(
     )
 
 
+@opr_params(("param", "ROIAlign"))
 def roi_align(
     src,
     rois,
@@ -584,6 +587,7 @@ def roi_align(
     return _insert(ROIAlign, [src, rois], param, name, comp_node, config, comp_graph)
 
 
+@opr_params(("param", "WarpPerspective"))
 def warp_perspective(
     src,
     mat,
@@ -639,6 +643,7 @@ def warp_perspective(
     )
 
 
+@opr_params(("param", "Resize"))
 def resize(
     src,
     out_shape,

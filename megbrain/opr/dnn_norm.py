@@ -24,6 +24,7 @@ from ..graph.param_def import members_of
 from ..kernels import dnn_norm as kern
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .param_args import opr_params
 
 __all__ = [
     "BNParam",
@@ -277,6 +278,11 @@ class LRNBackward(_LRNBase):
 
 
 # ---- functions ---------------------------------------------------------------------------
+# BN's scale and bias fields share their names with inputs: only a whole param gives them
+_bn_params = opr_params(("param", "BN"), fixed=("scale", "bias"))
+
+
+@_bn_params
 def batch_norm(
     x,
     scale,
@@ -345,6 +351,7 @@ def batch_norm(
     return outs[2:]
 
 
+@_bn_params
 def batch_norm_no_statistic(
     x,
     scale,
@@ -384,6 +391,7 @@ def batch_norm_no_statistic(
     )
 
 
+@opr_params(("param", "LRN"))
 def lrn(
     src,
     *,

@@ -146,8 +146,10 @@ def opr_params(
         on results (``workspace_limit``). Any other field the function lacks is accepted at
         its default value only.
     fixed:
-        For a function taking its fields as ``**kwargs``: the reference fields it lacks,
-        accepted at their default value only.
+        Reference fields the function lacks, accepted at their default value only, that the
+        wrapper can not tell by itself: those of a function taking its fields as
+        ``**kwargs``, and fields named like one of the function's inputs (``scale`` of
+        ``BN``), which only a whole param can give.
     convert:
         The function's keyword -> converter of values taken from a whole param (sentinels
         such as ``OptionalAxisV1.INVALID_AXIS`` to None).
@@ -220,6 +222,11 @@ def opr_params(
                 del kwargs[pname]
                 given.discard(pname)
                 for f, v in fields.items():
+                    if f in fixed:
+                        _check_default(fname, cls, f, v)
+                        continue
+                    if f in ignore:
+                        continue
                     key = rename.get(f, f)
                     if key in given:
                         raise TypeError(
