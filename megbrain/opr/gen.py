@@ -7,12 +7,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtype import canonize_dtype
+from ..dtype import canonize_dtype, dtype_from_num
 from ..errors import GraphError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 from .misc import check_int
+from .param_args import opr_params
 
 __all__ = [
     "Alloc",
@@ -215,6 +216,8 @@ def alloc(
     return insert_opr(Alloc([sv], AllocParam(dtype), cfg))[0]
 
 
+# a whole Eye param carries its dtype as MegBrain's DTypeEnum number
+@opr_params(("param", "Eye"), convert={"dtype": dtype_from_num})
 def eye(
     shape, k: int = 0, dtype="float32", *, name=None, comp_node=None, config=None, comp_graph=None
 ) -> SymbolVar:
@@ -227,6 +230,7 @@ def eye(
     return insert_opr(Eye([sv], EyeParam(int(k), dtype), cfg))[0]
 
 
+@opr_params(("param", "Linspace"))
 def linspace(
     start,
     stop,

@@ -13,6 +13,7 @@ from ..graph.param_def import members_of
 from ..graph.static_infer import static_shape
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
+from .param_args import opr_params
 
 __all__ = [
     "AxisParam",
@@ -63,8 +64,8 @@ def check_int(opr: OperatorNodeBase, dtype, what: str) -> None:
         raise opr.error(f"{what} must be an int var, got {dtype}")
 
 
-def _insert(cls, inputs, param, cfg):
-    vars_ = canonize_input_vars(inputs, config=cfg)
+def _insert(cls, inputs, param, cfg, comp_graph=None):
+    vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
     return insert_opr(cls(vars_, param, cfg))
 
 
@@ -412,9 +413,9 @@ class CondTake(_NamedOpr):
 
 
 # ---- functions -------------------------------------------------------------------------------
-def _arg_reduce(cls, src, axis, keepdims, name, comp_node, config):
+def _arg_reduce(cls, src, axis, keepdims, name, comp_node, config, comp_graph):
     cfg = _merge_config(name, comp_node, config)
-    (v,) = canonize_input_vars([src], config=cfg)
+    (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     if axis is None:
         if keepdims:
             raise ValueError("can not set axis=None and keepdims=True")
@@ -428,8 +429,9 @@ def _arg_reduce(cls, src, axis, keepdims, name, comp_node, config):
 
 
 def argmax(
-    src, axis: int | None = None, keepdims: bool = False, *, name=None, comp_node=None, config=None
-) -> SymbolVar:
+    src, axis: int | None = None, keepdims: bool = False, *, name=None, comp_node=None,
+    config=None, comp_graph=None,
+) -> SymbolVar:  # fmt: skip
     """Int32 index of the maximum of ``src`` along ``axis`` (registry name ``Argmax``).
 
     Parameters
@@ -440,22 +442,24 @@ def argmax(
         The reduced axis; None flattens ``src`` first (the result has shape (1,)).
     keepdims : bool
         Keep the reduced axis as size 1 (the operator's own output).
-    name, comp_node, config
+    name, comp_node, config, comp_graph
         The operator config, as for every ``mgb.opr`` function.
     """
-    return _arg_reduce(Argmax, src, axis, keepdims, name, comp_node, config)
+    return _arg_reduce(Argmax, src, axis, keepdims, name, comp_node, config, comp_graph)
 
 
 def argmin(
-    src, axis: int | None = None, keepdims: bool = False, *, name=None, comp_node=None, config=None
-) -> SymbolVar:
+    src, axis: int | None = None, keepdims: bool = False, *, name=None, comp_node=None,
+    config=None, comp_graph=None,
+) -> SymbolVar:  # fmt: skip
     """Int32 index of the minimum of ``src`` along ``axis`` (registry name ``Argmin``); see
     :func:`argmax`."""
-    return _arg_reduce(Argmin, src, axis, keepdims, name, comp_node, config)
+    return _arg_reduce(Argmin, src, axis, keepdims, name, comp_node, config, comp_graph)
 
 
+@opr_params(("param", "Argsort"))
 def argsort(
-    src, order: str = "ASCENDING", *, name=None, comp_node=None, config=None
+    src, order: str = "ASCENDING", *, name=None, comp_node=None, config=None, comp_graph=None
 ) -> list[SymbolVar]:
     """Sort each row of the (m, n) ``src``: ``[sorted values, int32 indices]`` (``Argsort``).
 
@@ -467,11 +471,12 @@ def argsort(
         The sort order; ties keep their original order.
     """
     cfg = _merge_config(name, comp_node, config)
-    return _insert(Argsort, [src], ArgsortParam(order), cfg)
+    return _insert(Argsort, [src], ArgsortParam(order), cfg, comp_graph)
 
 
+@opr_params(("param", "TopK"))
 def top_k(
-    data, k, mode: str = "KTH_ONLY", *, name=None, comp_node=None, config=None
+    data, k, mode: str = "KTH_ONLY", *, name=None, comp_node=None, config=None, comp_graph=None
 ) -> list[SymbolVar]:
     """The top-k of each row of the (m, n) ``data`` (registry name ``TopK``).
 
@@ -491,11 +496,12 @@ def top_k(
         empty.
     """
     cfg = _merge_config(name, comp_node, config)
-    (d,) = canonize_input_vars([data], config=cfg)
+    (d,) = canonize_input_vars([data], comp_graph=comp_graph, config=cfg)
     kv = int_var(np.array([k]) if as_var(k) is None else k, d)
     return insert_opr(TopK([d, kv], TopKParam(mode), cfg))
 
 
+@opr_params(("param", "Cumsum"))
 def cumsum(
     src,
     axis: int | None = INT_MAX,
@@ -505,6 +511,7 @@ def cumsum(
     name=None,
     comp_node=None,
     config=None,
+    comp_graph=None,
 ) -> SymbolVar:
     """Cumulative sum of ``src`` along ``axis`` (registry name ``Cumsum``).
 
@@ -520,13 +527,14 @@ def cumsum(
         Accumulate from the end of the axis.
     """
     cfg = _merge_config(name, comp_node, config)
-    (v,) = canonize_input_vars([src], config=cfg)
+    (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     if axis is None or axis == INT_MAX:
         v, axis = SymbolVar(v).flatten().node, 0
     param = CumsumParam(int(axis), bool(exclusive), bool(reverse))
     return insert_opr(Cumsum([v], param, cfg))[0]
 
 
+@opr_params(("param", "CondTake"))
 def cond_take(
     data,
     mask,
@@ -537,6 +545,7 @@ def cond_take(
     name=None,
     comp_node=None,
     config=None,
+    comp_graph=None,
 ) -> list[SymbolVar]:
     """The elements of ``data`` where ``mask <mode> val``: ``[values, int32 offsets]``.
 
@@ -555,6 +564,6 @@ def cond_take(
         (registry name ``CondTake``).
     """
     cfg = _merge_config(name, comp_node, config)
-    d, m = canonize_input_vars([data, mask], config=cfg)
+    d, m = canonize_input_vars([data, mask], comp_graph=comp_graph, config=cfg)
     param = CondTakeParam(mode, float(val), float(eps))
     return insert_opr(CondTake([d, m], param, cfg))
