@@ -19,6 +19,7 @@ from ..graph.operator import fmt_shape
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 from .indexing import SubtensorIndexError
 from .misc import AxisParam, check_int, int_var, norm_axis
+from .param_args import opr_params
 
 __all__ = [
     "IndexingOneHot",
@@ -584,8 +585,9 @@ def batched_incr_mesh_indexing(src, value, *, name=None, comp_node=None, config=
 
 
 def indexing_one_hot(
-    src, axis: int, index, keepdims: bool = False, *, name=None, comp_node=None, config=None
-) -> SymbolVar:
+    src, axis: int, index, keepdims: bool = False, *, name=None, comp_node=None, config=None,
+    comp_graph=None,
+) -> SymbolVar:  # fmt: skip
     """``src`` indexed along ``axis`` by one index per position (``IndexingOneHot``).
 
     Parameters
@@ -600,7 +602,7 @@ def indexing_one_hot(
         Keep ``axis`` with size 1 (the operator's own output) instead of removing it.
     """
     cfg = _merge_config(name, comp_node, config)
-    (v,) = canonize_input_vars([src], config=cfg)
+    (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     out = insert_opr(IndexingOneHot([v, int_var(index, v)], AxisParam(int(axis)), cfg))[0]
     if keepdims:
         return out
@@ -610,13 +612,13 @@ def indexing_one_hot(
 
 
 def indexing_set_one_hot(
-    src, axis: int, index, value, *, name=None, comp_node=None, config=None
+    src, axis: int, index, value, *, name=None, comp_node=None, config=None, comp_graph=None
 ) -> SymbolVar:
     """``src`` with the elements :func:`indexing_one_hot` reads set to ``value``
     (``IndexingSetOneHot``); ``value`` has the one-hot output shape, with or without
     ``axis``."""
     cfg = _merge_config(name, comp_node, config)
-    v, val = canonize_input_vars([src, value], config=cfg)
+    v, val = canonize_input_vars([src, value], comp_graph=comp_graph, config=cfg)
     ss, vs = static_shape(v), static_shape(val)
     if ss is not None and vs is not None and len(vs) == len(ss) - 1:
         from .tensor_manip import add_axis
@@ -715,13 +717,15 @@ class IndexingRemapBackward(_RemapBase):
         return _insert(IndexingRemap, [out_grads[0], self.inputs[1]], self.param)
 
 
+@opr_params(("param", "IndexingRemap"))
 def indexing_remap(
-    src, map_, is_non_overlapping: bool = False, *, name=None, comp_node=None, config=None
-) -> SymbolVar:
+    src, map_, is_non_overlapping: bool = False, *, name=None, comp_node=None, config=None,
+    comp_graph=None,
+) -> SymbolVar:  # fmt: skip
     """``src`` gathered at the coordinates in ``map_`` (shape ``out_shape + (src.ndim,)``;
     registry name ``IndexingRemap``)."""
     cfg = _merge_config(name, comp_node, config)
-    (v,) = canonize_input_vars([src], config=cfg)
+    (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     param = IndexingRemapParam(bool(is_non_overlapping))
     return insert_opr(IndexingRemap([v, int_var(map_, v)], param, cfg))[0]
 

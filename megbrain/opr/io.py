@@ -14,6 +14,7 @@ from ..dtype import canonize_dtype, convert_array, to_mgb_supported_dtype
 from ..errors import MegBrainError
 from ..graph import InferPending, InferType, OperatorNodeBase, ParamBase, register_opr
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .param_args import opr_params
 
 __all__ = [
     "Host2DeviceCopy",
@@ -284,8 +285,9 @@ def make_immutable(comp_node, comp_graph, value, *, dtype=None, name=None, confi
     return SymbolVar(graph.insert_opr(ImmutableTensor(arr, CompNode.load(comp_node), cfg))[0])
 
 
-def copy(src, *, comp_node=None, name=None, config=None) -> SymbolVar:
+@opr_params(("param", "Empty"))
+def copy(src, *, comp_node=None, name=None, config=None, comp_graph=None) -> SymbolVar:
     """Copy ``src`` to ``comp_node`` (cross comp node copy)."""
     cfg = _merge_config(name, comp_node, config)
-    (v,) = canonize_input_vars([src], config=cfg)
+    (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     return insert_opr(Copy([v], None, cfg))[0]

@@ -15,6 +15,7 @@ from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.value_proxy import CompGraphCallbackValueProxy
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .param_args import opr_params
 
 __all__ = [
     "AddUpdate",
@@ -314,10 +315,13 @@ def add_update(
     return insert_opr(AddUpdate([d, dl, *cvars], None, cfg))[0]
 
 
-def set_grad(src, grad_getter: Callable | None, *, name=None, config=None) -> SymbolVar:
+def set_grad(
+    src, grad_getter: Callable | None, *, name=None, comp_node=None, config=None,
+    comp_graph=None,
+) -> SymbolVar:  # fmt: skip
     """The output is ``src``; its gradient is ``grad_getter(graph)`` (None: zero)."""
-    cfg = _merge_config(name, None, config)
-    (v,) = canonize_input_vars([src], config=cfg)
+    cfg = _merge_config(name, comp_node, config)
+    (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     return insert_opr(SetGrad([v], grad_getter, cfg))[0]
 
 
@@ -333,44 +337,59 @@ def virtual_grad(target, wrt, *, name=None, config=None) -> SymbolVar:
     return insert_opr(VirtualGrad(vs, None, cfg))[0]
 
 
-def virtual_loss(ys, y_grads, *, name=None, config=None) -> SymbolVar:
+def virtual_loss(
+    ys, y_grads, *, name=None, comp_node=None, config=None, comp_graph=None
+) -> SymbolVar:
     """A scalar loss whose gradient w.r.t. ``ys[i]`` is ``y_grads[i]``."""
     ys, y_grads = list(ys), list(y_grads)
     if len(ys) != len(y_grads):
         raise GraphError("virtual_loss: ys and y_grads differ in length")
-    cfg = _merge_config(name, None, config)
-    vs = canonize_input_vars(ys + y_grads, config=cfg)
+    cfg = _merge_config(name, comp_node, config)
+    vs = canonize_input_vars(ys + y_grads, comp_graph=comp_graph, config=cfg)
     return insert_opr(VirtualLoss(vs, None, cfg))[0]
 
 
-def virtual_dep(symvars, *, name=None, config=None) -> SymbolVar:
+def virtual_dep(symvars, *, name=None, comp_node=None, config=None, comp_graph=None) -> SymbolVar:
     """``symvars[0]``, computed after all the others."""
-    cfg = _merge_config(name, None, config)
-    vs = canonize_input_vars(list(symvars), config=cfg)
+    cfg = _merge_config(name, comp_node, config)
+    vs = canonize_input_vars(list(symvars), comp_graph=comp_graph, config=cfg)
     return insert_opr(VirtualDep(vs, None, cfg))[0]
 
 
-def callback_injector(src, cb, *, name=None, config=None) -> SymbolVar:
+def callback_injector(
+    src, cb, *, name=None, comp_node=None, config=None, comp_graph=None
+) -> SymbolVar:
     """Call ``cb(proxy)`` (a list of proxies when ``src`` is a list) each time it runs."""
-    cfg = _merge_config(name, None, config)
+    cfg = _merge_config(name, comp_node, config)
     srcs = list(src) if isinstance(src, (list, tuple)) else [src]
-    vs = canonize_input_vars(srcs, config=cfg)
+    vs = canonize_input_vars(srcs, comp_graph=comp_graph, config=cfg)
     return insert_opr(CallbackInjector(vs, cb, cfg))[0]
 
 
-def assert_equal(expect, get, maxerr=1e-4, verbose=False, *, name=None, config=None):
+@opr_params(("param", "AssertEqual"))
+def assert_equal(
+    expect, get, maxerr=1e-4, verbose=False, *, name=None, comp_node=None, config=None,
+    comp_graph=None,
+) -> SymbolVar:  # fmt: skip
     """``get``, checked at run time to equal ``expect`` within ``maxerr``."""
-    cfg = _merge_config(name, None, config)
-    vs = canonize_input_vars([expect, get], config=cfg)
+    cfg = _merge_config(name, comp_node, config)
+    vs = canonize_input_vars([expect, get], comp_graph=comp_graph, config=cfg)
     return insert_opr(AssertEqual(vs, AssertEqualParam(float(maxerr), bool(verbose)), cfg))[0]
 
 
-def mark_no_broadcast_elemwise(src, *, name=None, config=None) -> SymbolVar:
-    cfg = _merge_config(name, None, config)
-    return insert_opr(MarkNoBroadcastElemwise(canonize_input_vars([src], config=cfg), None, cfg))[0]
+@opr_params(("param", "Empty"))
+def mark_no_broadcast_elemwise(
+    src, *, name=None, comp_node=None, config=None, comp_graph=None
+) -> SymbolVar:
+    """``src`` unchanged; elemwise operators reading it may not broadcast it."""
+    cfg = _merge_config(name, comp_node, config)
+    vs = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
+    return insert_opr(MarkNoBroadcastElemwise(vs, None, cfg))[0]
 
 
-def identity(src, *, name=None, config=None) -> SymbolVar:
+@opr_params(("param", "Empty"))
+def identity(src, *, name=None, comp_node=None, config=None, comp_graph=None) -> SymbolVar:
     """``src`` unchanged; blocks the optimizer."""
-    cfg = _merge_config(name, None, config)
-    return insert_opr(Identity(canonize_input_vars([src], config=cfg), None, cfg))[0]
+    cfg = _merge_config(name, comp_node, config)
+    vs = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
+    return insert_opr(Identity(vs, None, cfg))[0]
