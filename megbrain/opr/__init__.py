@@ -42,6 +42,7 @@ from .dnn import (
     pooling,
 )
 from .dnn_image import resize, roi_align, roi_pooling, warp_perspective
+from .dnn_local import group_local, local
 from .dnn_norm import batch_norm, batch_norm_no_statistic, lrn
 from .gen import alloc, eye, linspace
 from .indexing import incr_subtensor, set_subtensor
@@ -131,6 +132,7 @@ __all__ = [
     "gaussian_rng",
     "gen",
     "get_var_shape",
+    "group_local",
     "host2device_copy",
     "identity",
     "incr_advanced_indexing",
@@ -145,6 +147,7 @@ __all__ = [
     "io",
     "linalg",
     "linspace",
+    "local",
     "lrn",
     "make_immutable",
     "make_opr_config",
