@@ -5,9 +5,10 @@
 
 from __future__ import annotations
 
+import sys as _sys
+
 # The modules of the reference's package (``megengine._internal.X``), as facades.
 from . import (
-    comp_graph_tools,
     dtype,
     exc,
     global_init,
@@ -69,6 +70,13 @@ from .opr.basic_arith import fill_retain_dtype
 from .version import __version__, version_info
 
 comp_node = as_comp_node
+comp_graph_tools = cgtools
+
+# ``config`` and ``comp_graph_tools`` (= ``cgtools``) live in api/; make them importable by
+# their reference names too (``import megbrain.config``), as the same module objects.
+_sys.modules[__name__ + ".config"] = config
+_sys.modules[__name__ + ".cgtools"] = cgtools
+_sys.modules[__name__ + ".comp_graph_tools"] = cgtools
 
 __all__ = [
     "__version__",

@@ -163,12 +163,45 @@ class CompGraph(ComputingGraph):
             self.current_exec.clear_device_memory()
 
     def get_mem_allocation_info(self) -> str:
-        """JSON: every var of the current function with its size and address."""
+        """JSON list with one ``{opr_id: {"name", "output": [...]}}`` entry per operator of
+        the graph, in insertion order; each output is ``{"name", "memory", "dev_ptr"}``
+        (bytes and address, null when the var has no memory now) plus our ``id`` and
+        ``kind`` (static, forward, inplace, dynamic). An operator with a planned workspace
+        also has ``"workspace": {"memory", "dev_ptr"}``. For a compiled graph the numbers
+        are those of the current function's plan; for an eager graph the vars' values.
+        """
         import json
 
-        if self.current_exec is None:
-            return json.dumps([])
-        return json.dumps(self.current_exec.mem_alloc_info())
+        planned, workspaces = {}, {}
+        if self.current_exec is not None:
+            for d in self.current_exec.mem_alloc_info():
+                if d["kind"] == "workspace":
+                    workspaces[d["opr"]] = {"memory": d["size"], "dev_ptr": d["addr"]}
+                else:
+                    planned[d["id"]] = d
+        eager = self.options.eager_evaluation
+        oprs = sorted(getattr(self, "_weak_oprs", ()), key=lambda o: o.id) if eager else self.oprs
+
+        def var_info(v):
+            d = planned.get(v.id)
+            if d is not None and d["kind"] != "dynamic":
+                mem, ptr, kind = d["size"], d["addr"], d["kind"]
+            else:
+                arr = getattr(v, "eager_value", None) if eager else None
+                if arr is None:
+                    mem = ptr = None
+                else:
+                    mem, ptr = int(arr.nbytes), int(arr.__array_interface__["data"][0])
+                kind = "dynamic"
+            return {"name": v.name, "memory": mem, "dev_ptr": ptr, "id": v.id, "kind": kind}
+
+        out = []
+        for opr in oprs:
+            body = {"name": opr.name, "output": [var_info(v) for v in opr.outputs]}
+            if opr.id in workspaces:
+                body["workspace"] = workspaces[opr.id]
+            out.append({str(opr.id): body})
+        return json.dumps(out)
 
     def share_device_memory_with(self, other: CompGraph) -> None:
         """Accepted for compatibility: each function owns its arena here (no sharing)."""

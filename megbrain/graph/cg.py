@@ -34,7 +34,7 @@ class ComputingGraph:
         self.user_input_vars: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.oprs: list[OperatorNodeBase] = []
         self._dedup: dict[tuple, OperatorNodeBase] = {}
-        self._id_counter = itertools.count(1)
+        self._id_counter = itertools.count(0)  # node ids start at 0, as in the reference
         #: callables ``f(opr)`` run on every inserted operator (priority / tracker scopes)
         self.opr_insert_hooks: list[Callable[[OperatorNodeBase], None]] = []
         #: rewrite hooks ``f(graph, opr) -> list[VarNode] | None`` run before insertion
@@ -70,6 +70,8 @@ class ComputingGraph:
             key = opr.hash_key()
             twin = self._dedup.get(key)
             if twin is not None:
+                if self.options.eager_evaluation:
+                    self._eager().on_reinsert(twin)
                 return twin.outputs
         opr.graph = self
         opr.id = self._next_id()

@@ -208,7 +208,8 @@ class AsyncExecutable:
             addr = 0 if arena is None else int(arena.__array_interface__["data"][0]) + off
             out.append(
                 {
-                    "id": -opr.id,
+                    "id": None,
+                    "opr": opr.id,
                     "name": f"{opr.name}:workspace",
                     "comp_node": str(cn),
                     "size": int(nb),

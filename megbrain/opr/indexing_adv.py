@@ -471,8 +471,10 @@ MeshIndexing, SetMeshIndexing, IncrMeshIndexing = _FAMILIES["mesh"]
 BatchedMeshIndexing, BatchedSetMeshIndexing, BatchedIncrMeshIndexing = _FAMILIES["batched"]
 
 
-def _cvt_index(src, idx) -> tuple[tuple, list]:
-    """(descs, index vars) of ``idx``: ints, slices, int arrays / vars and one ``...``."""
+def _cvt_index(src, idx, allow_newaxis: bool = False) -> tuple[tuple, list, list]:
+    """(descs, index vars, new axes) of ``idx``: ints, slices, int arrays / vars, one ``...``
+    and, with ``allow_newaxis``, ``None`` (an axis of size 1 added to ``src`` first; the
+    other items index the var with those axes)."""
     if not isinstance(idx, tuple):
         idx = (idx,)
     if any(i is Ellipsis for i in idx):
@@ -482,11 +484,15 @@ def _cvt_index(src, idx) -> tuple[tuple, list]:
         if shape is None:
             raise IndexError(f"... needs the static ndim of {src.name!r}, which is unknown")
         k = idx.index(Ellipsis)
-        idx = idx[:k] + (slice(None),) * (len(shape) - len(idx) + 1) + idx[k + 1 :]
-    descs, values = [], []
+        ndim = len(shape) + sum(i is None for i in idx)
+        idx = idx[:k] + (slice(None),) * (ndim - len(idx) + 1) + idx[k + 1 :]
+    descs, values, new_axes = [], [], []
     for axis, item in enumerate(idx):
         if item is None:
-            raise IndexError("newaxis (None) is not allowed in advanced indexing")
+            if not allow_newaxis:
+                raise IndexError("newaxis (None) is not allowed when setting by index")
+            new_axes.append(axis)
+            continue
         if isinstance(item, slice):
             parts = (item.start, item.stop, item.step)
             if all(p is None for p in parts):
@@ -506,7 +512,7 @@ def _cvt_index(src, idx) -> tuple[tuple, list]:
             raise IndexError(f"index var {v.name!r} must be an int var, got {v.dtype}")
         descs.append((axis, "index", False, False, False, True))
         values.append(v)
-    return tuple(descs), values
+    return tuple(descs), values, new_axes
 
 
 class _VecIndexer:
@@ -521,7 +527,11 @@ class _VecIndexer:
             data = canonize_input_vars([self._src], config=cfg)
         else:
             data = canonize_input_vars([self._src, self._value], config=cfg)
-        descs, values = _cvt_index(data[0], idx)
+        descs, values, new_axes = _cvt_index(data[0], idx, allow_newaxis=self._value is None)
+        if new_axes:
+            from .tensor_manip import add_axis
+
+            data[0] = add_axis(data[0], new_axes).node
         if not any(d[1] == "index" for d in descs):
             raise IndexError("vector indexing needs an int array index; use var[idx] for slices")
         return insert_opr(self._cls([*data, *values], IndexDescParam(descs), cfg))[0]

@@ -452,8 +452,9 @@ def shape_to_var(shape, ref_var) -> SymbolVar:
     Parameters
     ----------
     shape:
-        An int, a sequence of ints, a SymbolVar, or a sequence mixing ints and int vars of
-        shape (1,) (e.g. ``x.shape[0]``); mixed parts are concatenated.
+        An int, a sequence of ints, a SymbolVar, or a sequence mixing ints and int vars
+        (``x.shape[0]``, or a vector var contributing all its elements); mixed parts are
+        concatenated.
     ref_var:
         A var giving the graph and comp node of the constants made.
     """
@@ -489,7 +490,10 @@ def shape_to_var(shape, ref_var) -> SymbolVar:
             static = infer_shape(var)
         except DynamicShapeError:
             static = None
-        parts.append(SymbolVar(var) if static == (1,) else reshape(var, (1,)))
+        # a vector var contributes all its elements
+        parts.append(
+            SymbolVar(var) if static is not None and len(static) == 1 else reshape(var, -1)
+        )
     if ints or not parts:
         parts.append(const(ints))
     if len(parts) == 1:

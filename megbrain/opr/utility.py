@@ -3,7 +3,9 @@ VirtualDep, CallbackInjector, AssertEqual, MarkNoBroadcastElemwise and Identity.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,7 +16,7 @@ from ..errors import GraphError, MegBrainError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.value_proxy import CompGraphCallbackValueProxy
-from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 from .param_args import opr_params
 
 __all__ = [
@@ -220,14 +222,46 @@ class AssertEqual(OperatorNodeBase):
         return out_grads[0] if wrt_idx == 1 else None
 
 
+@dataclass(frozen=True)
+class CoefInput:
+    """An AddUpdate coefficient computed in the graph: the operator's input ``index``."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class AddUpdateParam(ParamBase):
+    """The coefficients of AddUpdate: each a number, a scalar cell read at every run (an
+    object with ``get()``, e.g. a SharedScalar, so it can change without recompiling), or a
+    :class:`CoefInput` naming an extra (1,)-shaped input var."""
+
+    alpha: object = 1.0
+    beta: object = 1.0
+    bias: object = 0.0
+    disable: object = 0
+
+    def coefs(self) -> tuple:
+        return (self.alpha, self.beta, self.bias, self.disable)
+
+    def to_json(self) -> dict:
+        def js(v):
+            if isinstance(v, CoefInput):
+                return f"input{v.index}"
+            return float(v.get() if hasattr(v, "get") else v)
+
+        return {n: js(v) for n, v in zip(("alpha", "beta", "bias", "disable"), self.coefs())}
+
+
 @register_opr
 class AddUpdate(OperatorNodeBase):
     """``dest := alpha*dest + beta*delta + bias`` in place; output is the updated dest.
 
-    Inputs: dest (a shared tensor), delta (broadcast to dest), then (1,)-shaped alpha, beta,
-    bias and disable vars (SharedScalars, so they can change without recompiling).
+    Inputs: dest (a shared tensor), delta (broadcast to dest), then any coefficients given
+    as vars. Numbers and SharedScalars live in the param, as in the reference: one operator,
+    no coefficient vars in the graph.
     """
 
+    Param = AddUpdateParam
     has_side_effect = True
 
     def overwrites(self):
@@ -249,13 +283,28 @@ class AddUpdate(OperatorNodeBase):
         return [ins[0]]
 
     def bind(self, ins, outs):
-        dest, delta, alpha, beta, bias, disable = ins
+        dest, delta = ins[:2]
+        getters = []
+        for c in self.param.coefs():
+            if isinstance(c, CoefInput):
+                getters.append(functools.partial(operator.getitem, ins[c.index], 0))
+            elif hasattr(c, "get"):
+                getters.append(c.get)
+            else:
+                getters.append(functools.partial(operator.pos, c))
+
+        # delta reading dest's own memory (add_update(w, w * 1)) would see the passes' partial
+        # results: compute from a snapshot then
+        aliased = np.may_share_memory(dest, delta)
 
         def run():
             # no scratch buffer: beta is folded into the in-place passes over dest
-            if disable[0]:
+            a, b, c, disabled = [g() for g in getters]
+            if disabled:
                 return
-            a, b, c = alpha[0], beta[0], bias[0]
+            if aliased:
+                np.copyto(dest, dest * a + delta * b + c, casting="unsafe")
+                return
             if a == 0:
                 if b == 1:
                     np.copyto(dest, delta)
@@ -297,22 +346,31 @@ def add_update(
             f"add_update: dest {d.name!r} must be a shared tensor (from make_shared), got a "
             f"var produced by {d.owner.type_name}"
         )
-    from .io import make_immutable
-
-    coefs = []
-    for c in (alpha, beta, bias, disable):
-        if isinstance(c, (int, float, np.number)):
-            c = make_immutable(d.comp_node, d.graph, np.array([c], dtype=d.dtype))
-        coefs.append(c)
     (dl,) = canonize_input_vars([SymbolVar(d), delta], config=cfg)[1:]
-    cvars = canonize_input_vars([SymbolVar(d), *coefs], config=cfg)[1:]
-    for cv, nm in zip(cvars, ("alpha", "beta", "bias", "disable")):
-        if cv.shape_static:
-            from ..graph import infer_shape
+    coefs, extra = [], []
+    for c, nm in zip((alpha, beta, bias, disable), ("alpha", "beta", "bias", "disable")):
+        cv = as_var(c, d.graph)
+        if cv is not None:
+            if cv.shape_static:
+                from ..graph import infer_shape
 
-            if int(np.prod(infer_shape(cv))) != 1:
-                raise GraphError(f"add_update: {nm} must be a scalar")
-    return insert_opr(AddUpdate([d, dl, *cvars], None, cfg))[0]
+                if int(np.prod(infer_shape(cv))) != 1:
+                    raise GraphError(f"add_update: {nm} must be a scalar, got var {cv.name!r}")
+            extra.append(cv)
+            c = CoefInput(1 + len(extra))
+        elif hasattr(c, "get"):
+            if hasattr(c, "lock_dtype"):
+                c.lock_dtype()
+        elif isinstance(c, (int, float, np.number)) and not isinstance(c, bool):
+            c = float(c) if nm != "disable" else int(c)
+        elif isinstance(c, bool) and nm == "disable":
+            c = int(c)
+        else:
+            raise GraphError(
+                f"add_update: {nm} must be a number or a SharedScalar, got {type(c).__name__}"
+            )
+        coefs.append(c)
+    return insert_opr(AddUpdate([d, dl, *extra], AddUpdateParam(*coefs), cfg))[0]
 
 
 def set_grad(
@@ -325,9 +383,9 @@ def set_grad(
     return insert_opr(SetGrad([v], grad_getter, cfg))[0]
 
 
-def zero_grad(src, **kw) -> SymbolVar:
-    """``set_grad(src, None)``: blocks the gradient."""
-    return set_grad(src, None, **kw)
+def zero_grad(sv, **kw) -> SymbolVar:
+    """``set_grad(sv, None)``: blocks the gradient."""
+    return set_grad(sv, None, **kw)
 
 
 def virtual_grad(target, wrt, *, name=None, config=None) -> SymbolVar:

@@ -246,7 +246,7 @@ def test_mem_plan_opt_off_means_no_forwarding_or_inplace():
     for opts, kinds in [({}, {"forward", "inplace"}), (CONFIGS["no_mem_plan_opt"], set())]:
         b = build_mixed(_graph(opts))
         b.run(b.compile())
-        info = json.loads(b.graph.get_mem_allocation_info())
+        info = b.graph.current_exec.mem_alloc_info()
         found = {d["kind"] for d in info if d["name"] not in ("w",) and "const" not in d["name"]}
         assert kinds <= found if kinds else not found & {"forward", "inplace"}
 
@@ -255,7 +255,7 @@ def test_mem_reuse_off_gives_every_var_its_own_memory():
     b = build_mixed(_graph(CONFIGS["no_mem_reuse"]))
     f = b.compile()
     b.run(f)
-    info = [d for d in json.loads(b.graph.get_mem_allocation_info()) if d["kind"] == "static"]
+    info = [d for d in b.graph.current_exec.mem_alloc_info() if d["kind"] == "static"]
     spans = sorted((d["addr"], d["addr"] + d["size"]) for d in info if d["size"])
     for (_, hi), (lo, _) in zip(spans, spans[1:]):
         assert hi <= lo
@@ -323,7 +323,7 @@ def test_mem_allocation_info_json():
     b = build_mixed(_graph())
     f = b.compile()
     b.run(f)
-    info = json.loads(b.graph.get_mem_allocation_info())
+    info = b.graph.current_exec.mem_alloc_info()
     plan = f._func._plan
     by_id = {v.id: arr for v, arr in plan.arrays.items()}
     assert {d["id"] for d in info} >= set(by_id)
@@ -351,7 +351,7 @@ def test_add_update_in_place_has_the_address_of_its_destination():
     f = b.compile()
     before = [p.get_value().copy() for p in params]
     b.run(f)
-    info = {d["id"]: d for d in json.loads(b.graph.get_mem_allocation_info())}
+    info = {d["id"]: d for d in b.graph.current_exec.mem_alloc_info()}
     ups = [o for o in f._func.seq if o.type_name == "AddUpdate"]
     assert len(ups) == len(params)
     for up in ups:
@@ -399,7 +399,7 @@ def test_dynamic_vars_computed_and_reported():
         z_v, x5 = f(x=xv, t=np.array(shape, np.int32))
         np.testing.assert_array_equal(z_v, ((xv * 2).reshape(shape) + 1) * 3)
         np.testing.assert_array_equal(x5, xv + 5)
-    kinds = {d["name"]: d["kind"] for d in json.loads(g.get_mem_allocation_info())}
+    kinds = {d["name"]: d["kind"] for d in g.current_exec.mem_alloc_info()}
     assert kinds[z.name] == "dynamic" and kinds[r.name] == "dynamic"
     assert kinds["x"] == "static"
 
@@ -439,5 +439,5 @@ def test_force_dynamic_alloc_has_no_static_plan():
     f = b.compile()
     b.run(f)
     assert not any(f.update_static_alloc_plan_and_get_size().values())
-    kinds = {d["kind"] for d in json.loads(b.graph.get_mem_allocation_info())}
+    kinds = {d["kind"] for d in b.graph.current_exec.mem_alloc_info()}
     assert "static" not in kinds

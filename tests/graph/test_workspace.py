@@ -1,6 +1,5 @@
 """Operator workspaces are declared to the static memory plan and shared between steps."""
 
-import json
 
 import numpy as np
 
@@ -44,7 +43,7 @@ def test_conv_workspace_is_planned_and_results_match():
     f = g.compile([x], mgb.copy_output(y))
     xv = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
     got = f(xv)
-    info = json.loads(g.get_mem_allocation_info())
+    info = g.current_exec.mem_alloc_info()
     wss = [d for d in info if d["kind"] == "workspace"]
     # each im2col buffer holds (N, C*3*3, H*W) float32 columns
     assert len(wss) == 2 and all(d["size"] >= 2 * 27 * 64 * 4 for d in wss)
@@ -67,7 +66,7 @@ def test_workspace_off_without_mem_reuse_gives_same_result():
         g.set_option("seq_opt.enable_mem_reuse_alloc", reuse)
         x, y = _conv_chain(g)
         results.append(g.compile([x], mgb.copy_output(y))(xv))
-        kinds = {d["kind"] for d in json.loads(g.get_mem_allocation_info())}
+        kinds = {d["kind"] for d in g.current_exec.mem_alloc_info()}
         assert ("workspace" in kinds) == bool(reuse)
     np.testing.assert_array_equal(results[0], results[1])
 
