@@ -32,13 +32,16 @@ from .basic_arith import (
     square,
     typecvt,
 )
-from .blas import batched_matrix_mul, dot, matrix_mul
+from .blas import batched_matrix_mul, batched_matrix_mul_v0, dot, matrix_mul, matrix_mul_v0
 from .dnn import (
     conv_bias_activation,
+    conv_bias_activation_v1,
     convolution,
     convolution3d,
+    convolution_v0,
     deconvolution,
     deconvolution3d,
+    deconvolution_v0,
     pooling,
 )
 from .dnn_image import resize, roi_align, roi_pooling, warp_perspective
@@ -103,6 +106,7 @@ __all__ = [
     "batch_norm_no_statistic",
     "batched_incr_mesh_indexing",
     "batched_matrix_mul",
+    "batched_matrix_mul_v0",
     "batched_mesh_indexing",
     "batched_set_mesh_indexing",
     "blas",
@@ -112,10 +116,13 @@ __all__ = [
     "concat",
     "cond_take",
     "conv_bias_activation",
+    "conv_bias_activation_v1",
     "convolution",
     "convolution3d",
+    "convolution_v0",
     "deconvolution",
     "deconvolution3d",
+    "deconvolution_v0",
     "dnn",
     "pooling",
     "copy",
@@ -154,6 +161,7 @@ __all__ = [
     "mark_no_broadcast_elemwise",
     "matrix_inverse",
     "matrix_mul",
+    "matrix_mul_v0",
     "mean",
     "mesh_indexing",
     "misc",

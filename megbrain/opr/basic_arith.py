@@ -303,19 +303,19 @@ def _static_ndim(v) -> tuple:
         ) from None
 
 
-def mean(src, axis=None, keepdims=False, **kw) -> SymbolVar:
+def mean(inp, axis=None, keepdims=False, **kw) -> SymbolVar:
     """Arithmetic mean over ``axis`` (None: everything)."""
-    return reduce_(src, "MEAN", axis, keepdims, **kw)
+    return reduce_(inp, "MEAN", axis, keepdims, **kw)
 
 
-def square(x) -> SymbolVar:
-    """``x ** 2``."""
-    return elemwise(x, x, mode="MUL")
+def square(inp) -> SymbolVar:
+    """``inp ** 2``."""
+    return elemwise(inp, inp, mode="MUL")
 
 
-def sqrt(x) -> SymbolVar:
-    """``x ** 0.5``."""
-    return elemwise(x, 0.5, mode="POW")
+def sqrt(inp) -> SymbolVar:
+    """``inp ** 0.5``."""
+    return elemwise(inp, 0.5, mode="POW")
 
 
 def fill_retain_dtype(var, value) -> SymbolVar:

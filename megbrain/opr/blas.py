@@ -24,6 +24,8 @@ __all__ = [
     "matrix_mul",
     "batched_matrix_mul",
     "dot",
+    "matrix_mul_v0",
+    "batched_matrix_mul_v0",
 ]
 
 COMPUTE_MODES = members_of(pdefs.MatrixMul.ComputeMode)
@@ -290,3 +292,42 @@ def dot(
         The (1,) dot product.
     """
     return _insert(Dot, [opr0, opr1], None, dtype, name, comp_node, config, comp_graph)
+
+
+# ---- legacy param version --------------------------------------------------------------------
+# MatrixMulV0's data_type chose MegDNN's mixed-precision kernels; FLOAT, the default, is the
+# plain computation the functions above do
+@opr_params(("param", "MatrixMulV0"))
+def matrix_mul_v0(
+    opr0, opr1, *, transposeA: bool = False, transposeB: bool = False, name=None,
+    comp_node=None, config=None, comp_graph=None,
+) -> SymbolVar:  # fmt: skip
+    """:func:`matrix_mul` with MegBrain's legacy param ``MatrixMulV0`` (``data_type`` FLOAT).
+
+    Returns
+    -------
+    SymbolVar
+        The (m, n) product.
+    """
+    return matrix_mul(
+        opr0, opr1, transposeA, transposeB, name=name, comp_node=comp_node, config=config,
+        comp_graph=comp_graph,
+    )  # fmt: skip
+
+
+@opr_params(("param", "MatrixMulV0"))
+def batched_matrix_mul_v0(
+    opr0, opr1, *, transposeA: bool = False, transposeB: bool = False, name=None,
+    comp_node=None, config=None, comp_graph=None,
+) -> SymbolVar:  # fmt: skip
+    """:func:`batched_matrix_mul` with the legacy param ``MatrixMulV0`` (``data_type`` FLOAT).
+
+    Returns
+    -------
+    SymbolVar
+        The (batch, m, n) products.
+    """
+    return batched_matrix_mul(
+        opr0, opr1, transposeA, transposeB, name=name, comp_node=comp_node, config=config,
+        comp_graph=comp_graph,
+    )  # fmt: skip

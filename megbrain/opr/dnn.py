@@ -12,7 +12,6 @@ second-order gradients work.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +46,9 @@ __all__ = [
     "convolution3d",
     "deconvolution3d",
     "pooling",
+    "convolution_v0",
+    "deconvolution_v0",
+    "conv_bias_activation_v1",
 ]
 
 CONV_MODES = members_of(pdefs.Convolution.Mode)
@@ -663,9 +665,10 @@ def _param(cls, fname: str, param, params: dict):
 # the reference spells the policy argument of some functions ``execution_polity``; both
 # spellings are taken everywhere. workspace_limit is a hint to the algorithm choice: dropped
 _POLICY = (("execution_polity", "ExecutionPolicy"), ("execution_policy", "ExecutionPolicy"))
-_conv_params = functools.partial(
-    opr_params, ignore=("workspace_limit",), fixed=("output_block_size",)
-)
+
+
+def _conv_params(*specs: tuple[str, str], fixed: tuple[str, ...] = ()):
+    return opr_params(*specs, ignore=("workspace_limit",), fixed=("output_block_size", *fixed))
 
 
 def _create(cls, inputs, param, dtype, name, comp_node, config, comp_graph):
@@ -850,3 +853,52 @@ def pooling(
     elif not isinstance(param, PoolingParam):
         raise MegBrainError(f"pooling: param must be a PoolingParam, got {param!r}")
     return _create(Pooling, [src], param, None, name, comp_node, config, comp_graph)
+
+
+# ---- legacy param versions -------------------------------------------------------------------
+# the data_type of ConvolutionV0 and ConvBiasV1 chose MegDNN's mixed-precision kernels; FLOAT,
+# the default, is the plain computation of the functions above
+@_conv_params(("param", "ConvolutionV0"), *_POLICY, fixed=("data_type",))
+def convolution_v0(
+    src, filter, *, name=None, comp_node=None, config=None, comp_graph=None, **params
+) -> SymbolVar:
+    """:func:`convolution` with MegBrain's legacy param ``ConvolutionV0`` (``data_type`` FLOAT).
+
+    Returns
+    -------
+    SymbolVar
+        The (N, OC, OH, OW) output.
+    """
+    cfg = {"name": name, "comp_node": comp_node, "config": config, "comp_graph": comp_graph}
+    return convolution(src, filter, **cfg, **params)
+
+
+@_conv_params(("param", "ConvolutionV0"), *_POLICY, fixed=("data_type",))
+def deconvolution_v0(
+    src, filter, *, name=None, comp_node=None, config=None, comp_graph=None, **params
+) -> SymbolVar:
+    """:func:`deconvolution` with the legacy param ``ConvolutionV0`` (``data_type`` FLOAT).
+
+    Returns
+    -------
+    SymbolVar
+        The deconvolved output.
+    """
+    cfg = {"name": name, "comp_node": comp_node, "config": config, "comp_graph": comp_graph}
+    return deconvolution(src, filter, **cfg, **params)
+
+
+@_conv_params(("param", "ConvBiasV1"), *_POLICY, fixed=("data_type",))
+def conv_bias_activation_v1(
+    src, filter, bias, *, dtype=None, name=None, comp_node=None, config=None, comp_graph=None,
+    **params,
+) -> SymbolVar:  # fmt: skip
+    """:func:`conv_bias_activation` with the legacy param ``ConvBiasV1`` (``data_type`` FLOAT).
+
+    Returns
+    -------
+    SymbolVar
+        The activated (N, OC, OH, OW) output.
+    """
+    cfg = {"name": name, "comp_node": comp_node, "config": config, "comp_graph": comp_graph}
+    return conv_bias_activation(src, filter, bias, dtype=dtype, **cfg, **params)

@@ -75,9 +75,9 @@ def param_fields(fname: str, pname: str, ptype: type, value: Any) -> dict[str, A
     ptype:
         The param-def class of the argument.
     value:
-        A param-def object (of ``ptype`` or with a subset of its fields), or a list or tuple
-        of field values in ``ptype.__slots__`` order, or, for a one-field param, that field's
-        value.
+        A param-def object (of ``ptype`` or of a class with its ``__slots__``), a list or
+        tuple of field values in ``ptype.__slots__`` order, or, for a one-field param, that
+        field's value.
 
     Returns
     -------
@@ -87,18 +87,17 @@ def param_fields(fname: str, pname: str, ptype: type, value: Any) -> dict[str, A
     Raises
     ------
     TypeError
-        For a param-def object with fields ``ptype`` lacks, or a list of too many values.
+        For a param-def object of another layout, or a list of too many values.
     """
     slots = tuple(ptype.__slots__)
     if _is_param_def(value):
-        names = tuple(type(value).__slots__)
-        extra = [n for n in names if n not in slots]
-        if extra:
+        # any class laid out as ptype will do (the reference's own classes, say), no other
+        if not isinstance(value, ptype) and tuple(type(value).__slots__) != slots:
             raise TypeError(
-                f"{fname}(): {pname}= must be a {ptype.__name__}; {type(value).__name__} has "
-                f"field(s) {', '.join(extra)} it lacks"
+                f"{fname}(): {pname}= must be a {ptype.__name__} (fields {', '.join(slots)}), "
+                f"got a {type(value).__name__}"
             )
-        return {n: _plain(getattr(value, n)) for n in names}
+        return {n: _plain(getattr(value, n)) for n in slots}
     if isinstance(value, (list, tuple)):
         if len(value) > len(slots):
             raise TypeError(
