@@ -271,11 +271,18 @@ def reduce_general(
     return insert_opr(Reduce(vars_, ReduceParam(mode, reduce_axis(axis)), cfg))[0]
 
 
-def reduce_(src, mode, axis=None, keepdims=False, *, name=None, comp_node=None, config=None):
+def reduce_(
+    src, mode, axis=None, keepdims=False, *, name=None, comp_node=None, config=None,
+    comp_graph=None,
+):  # fmt: skip
     """Reduce ``src`` with ``mode`` over ``axis`` (None: everything, giving shape (1,)).
 
     Without ``keepdims`` the reduced axis is removed.
     """
+    if comp_graph is not None:
+        # an immediate src goes to the given graph once; the steps below work on the var
+        cfg = _merge_config(None, comp_node, config)
+        src = SymbolVar(canonize_input_vars([src], comp_graph=comp_graph, config=cfg)[0])
     if axis is None:
         return reduce_general(src, mode=mode, name=name, comp_node=comp_node, config=config)
     axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)

@@ -332,15 +332,16 @@ class AddUpdate(OperatorNodeBase):
 
 # ---- functions ---------------------------------------------------------------------------
 def add_update(
-    dest, delta, alpha=1.0, beta=1.0, bias=0.0, disable=0, *, name=None, comp_node=None, config=None
-) -> SymbolVar:
+    dest, delta, alpha=1.0, beta=1.0, bias=0.0, disable=0, *, name=None, comp_node=None,
+    config=None, comp_graph=None,
+) -> SymbolVar:  # fmt: skip
     """``dest := dest*alpha + delta*beta + bias`` in place (``disable`` skips at run time).
 
     ``dest`` must be a shared tensor var (from ``make_shared``). Coefficients given as
     SharedScalar can change between runs without recompiling.
     """
     cfg = _merge_config(name, comp_node, config)
-    (d,) = canonize_input_vars([dest], config=cfg)
+    (d,) = canonize_input_vars([dest], comp_graph=comp_graph, config=cfg)
     if d.owner.type_name not in ("SharedDeviceTensor", "VolatileSharedDeviceTensor"):
         raise GraphError(
             f"add_update: dest {d.name!r} must be a shared tensor (from make_shared), got a "

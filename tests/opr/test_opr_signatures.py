@@ -136,6 +136,18 @@ REFERENCE_SIGNATURES = {
     "callback_injector": (("src", "cb"), "name comp_node config comp_graph"),
     "virtual_dep": (("symvars",), "name comp_node config comp_graph"),
     "virtual_loss": (("ys", "y_grads"), "name comp_node config comp_graph"),
+    # hand-written in the reference's module template
+    "reduce_": (("src", "mode", "axis", "keepdims"), "name comp_node config comp_graph"),
+    "add_update": (
+        ("dest", "delta", "alpha", "beta", "bias", "disable"),
+        "name comp_node config comp_graph",
+    ),
+    "dimshuffle": (("src", "pattern", "ndim"), "name comp_node config"),
+    "param_pack_split": (("src", "shapes"), "name comp_node config"),
+    "mean": (("inp", "axis", "keepdims"), ""),
+    "square": (("inp",), ""),
+    "sqrt": (("inp",), ""),
+    "zero_grad": (("sv",), ""),
 }
 
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -187,6 +199,7 @@ def test_concat_of_arrays_goes_to_the_given_graph_and_comp_node(graph):
         lambda g: mgb.opr.reshape(np.ones(4), (2, 2), comp_node="cpu0", comp_graph=g),
         lambda g: mgb.opr.argmax(np.ones(3), comp_node="cpu0", comp_graph=g),
         lambda g: mgb.opr.identity(np.ones(3), comp_node="cpu0", comp_graph=g),
+        lambda g: mgb.opr.reduce_(np.ones((2, 3)), "SUM", 1, comp_node="cpu0", comp_graph=g),
     ],
 )
 def test_comp_graph_places_immediate_inputs(graph, build):
