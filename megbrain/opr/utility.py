@@ -24,6 +24,7 @@ __all__ = [
     "add_update",
     "set_grad",
     "zero_grad",
+    "symvar_from_shared_nd",
     "virtual_grad",
     "virtual_loss",
     "virtual_dep",
@@ -387,6 +388,30 @@ def set_grad(
 def zero_grad(sv, **kw) -> SymbolVar:
     """``set_grad(sv, None)``: blocks the gradient."""
     return set_grad(sv, None, **kw)
+
+
+def symvar_from_shared_nd(sv, comp_graph, name: str | None = None) -> SymbolVar:
+    """A var of ``comp_graph`` standing for the shared device value ``sv``.
+
+    Parameters
+    ----------
+    sv : SharedND
+        The pre-allocated device value.
+    comp_graph : CompGraph
+        The graph the var belongs to.
+    name : str, optional
+        The var name.
+
+    Returns
+    -------
+    SymbolVar
+        ``sv.symvar(comp_graph, name)``.
+    """
+    from ..api.shared import SharedND  # the API layer imports this module
+
+    if not isinstance(sv, SharedND):
+        raise TypeError(f"symvar_from_shared_nd(): sv must be a SharedND, got {type(sv).__name__}")
+    return sv.symvar(comp_graph, name)
 
 
 def virtual_grad(target, wrt, *, name=None, config=None) -> SymbolVar:

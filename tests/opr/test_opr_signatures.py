@@ -148,6 +148,7 @@ REFERENCE_SIGNATURES = {
     "square": (("inp",), ""),
     "sqrt": (("inp",), ""),
     "zero_grad": (("sv",), ""),
+    "symvar_from_shared_nd": (("sv", "comp_graph", "name"), ""),
 }
 
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -331,3 +332,11 @@ def test_unimplemented_field_only_at_its_default(graph):
     # a hint: any value
     w = _const(graph, np.ones((1, 1, 1, 1)))
     mgb.opr.convolution(_const(graph, np.ones((1, 1, 2, 2))), w, workspace_limit=1)
+
+
+def test_symvar_from_shared_nd(graph):
+    sv = mgb.make_shared("cpu0", value=np.arange(3, dtype=np.float32))
+    var = mgb.opr.symvar_from_shared_nd(sv, graph, "w")
+    assert var.owner_graph == graph and var.name == "w"
+    with pytest.raises(TypeError, match=r"symvar_from_shared_nd\(\): sv must be a SharedND"):
+        mgb.opr.symvar_from_shared_nd(np.zeros(3), graph)
