@@ -10,12 +10,27 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
 from numpy.polynomial import chebyshev as _cheb
 
-__all__ = ["MODES", "ModeTrait", "arity", "bind", "check_mode", "compute", "typecvt_bind"]
+from .. import dtype as _dt
+
+__all__ = [
+    "MODES",
+    "ModeTrait",
+    "QuantParams",
+    "arity",
+    "bind",
+    "check_mode",
+    "compute",
+    "dequantize_steps",
+    "quant_params",
+    "quantize_steps",
+    "typecvt_bind",
+]
 
 _partial = functools.partial
 _F32 = np.dtype(np.float32)
@@ -627,10 +642,82 @@ def compute(mode: str, *inputs: np.ndarray, dtype: np.dtype | type | None = None
     return out
 
 
-def typecvt_bind(src: np.ndarray, out: np.ndarray) -> Callable[[], None]:
-    """Bind TypeCvt: convert ``src`` into ``out``'s dtype, as a C cast would.
+# ---- quantized dtypes ------------------------------------------------------------------------
+class QuantParams(NamedTuple):
+    """MegDNN's quantization parameters of a dtype, as the float32 numbers its kernels use.
 
-    Floats convert to integers by truncation toward zero; bfloat16 converts through float32.
+    ``real = (q - zero_point) * scale``; quantizing clamps to ``[qmin, qmax]`` in float32.
+    """
+
+    name: str
+    scale: np.float32
+    zero_point: np.float32
+    qmin: np.float32
+    qmax: np.float32
+
+
+# the largest float32 that converts to int32 without overflow (2**31 itself does not fit)
+_QINT32_MAX = np.float32(2147483520.0)
+
+
+def quant_params(dtype: np.dtype) -> QuantParams | None:
+    """The quantization parameters of ``dtype``; None for dtypes that are not quantized.
+
+    Parameters
+    ----------
+    dtype : numpy dtype
+        Any dtype; quantized ones carry ``mgb_dtype`` metadata (see :mod:`megbrain.dtype`).
+    """
+    meta = None if dtype.metadata is None else dtype.metadata.get("mgb_dtype")
+    if meta is None or "scale" not in meta:
+        return None
+    info = next(q for q in _dt._metadata_dict.values() if q.name == meta["name"])
+    qmax = _QINT32_MAX if info.name == "QuantizedS32" else np.float32(info.qmax)
+    zp = np.float32(meta.get("zero_point", 0))
+    return QuantParams(info.name, np.float32(meta["scale"]), zp, np.float32(info.qmin), qmax)
+
+
+def dequantize_steps(q: np.ndarray, dst: np.ndarray, qp: QuantParams) -> list[Step]:
+    """Steps writing ``(q - zero_point) * scale`` into the float32 ``dst`` (q's shape).
+
+    The arithmetic is MegDNN's ``dequantize``: the stored integer converted to float32 (exact
+    for 8-bit values, rounded for int32 ones), then one float32 product.
+    """
+    steps: list[Step] = [_partial(np.copyto, dst, q, "unsafe")]
+    if qp.zero_point:
+        steps.append(_partial(np.subtract, dst, qp.zero_point, dst))
+    steps.append(_partial(np.multiply, dst, qp.scale, dst))
+    return steps
+
+
+def quantize_steps(src: np.ndarray, out: np.ndarray, qp: QuantParams) -> list[Step]:
+    """Steps writing MegDNN's ``quantize(src)`` into the quantized ``out``.
+
+    ``src`` (float32, broadcastable to ``out``) is divided by the scale in float32, rounded
+    half away from zero (C ``roundf``), shifted by the zero point and clamped to the storage
+    range; NaN gives ``qmin``, as ``fmin(fmax(qmin, v), qmax)`` does in C.
+    """
+    w = np.empty(out.shape, _F32)
+    steps: list[Step] = [_partial(np.true_divide, src, qp.scale, w)]
+    steps += _round(_Ctx(w, True), w)
+    if qp.zero_point:
+        steps.append(_partial(np.add, w, qp.zero_point, w))
+    steps += [
+        _partial(np.fmax, w, qp.qmin, w),
+        _partial(np.fmin, w, qp.qmax, w),
+        _partial(np.copyto, out, w, "unsafe"),
+    ]
+    return steps
+
+
+def typecvt_bind(src: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    """Bind TypeCvt: convert ``src`` into ``out``'s dtype, as MegDNN's TypeCvt does.
+
+    Between plain dtypes this is a C cast: floats convert to integers by truncation toward
+    zero; bfloat16 converts through float32. A quantized source is dequantized to float32
+    first (``(q - zero_point) * scale``) and a quantized destination quantizes the float32
+    value (``round(v / scale) + zero_point``, half away from zero, saturated), so quantized
+    to quantized requantizes.
 
     Parameters
     ----------
@@ -650,9 +737,21 @@ def typecvt_bind(src: np.ndarray, out: np.ndarray) -> Callable[[], None]:
         ok = False
     if not ok:
         raise ValueError(f"TypeCvt: source shape {src.shape} does not fit output shape {out.shape}")
-    one_bf16 = (src.dtype == _BF16) != (out.dtype == _BF16)
-    if not one_bf16 or _F32 in (src.dtype, out.dtype):
-        return _partial(np.copyto, out, src, "unsafe")
-    mid = np.empty(src.shape, _F32)
-    steps = [_partial(np.copyto, mid, src, "unsafe"), _partial(np.copyto, out, mid, "unsafe")]
+    src_q, out_q = quant_params(src.dtype), quant_params(out.dtype)
+    if src_q is None and out_q is None:
+        one_bf16 = (src.dtype == _BF16) != (out.dtype == _BF16)
+        if not one_bf16 or _F32 in (src.dtype, out.dtype):
+            return _partial(np.copyto, out, src, "unsafe")
+    steps: list[Step] = []
+    mid = src
+    if src_q is not None:
+        mid = np.empty(src.shape, _F32)
+        steps += dequantize_steps(src, mid, src_q)
+    elif src.dtype != _F32:
+        mid = np.empty(src.shape, _F32)
+        steps.append(_partial(np.copyto, mid, src, "unsafe"))
+    if out_q is not None:
+        steps += quantize_steps(mid, out, out_q)
+    else:
+        steps.append(_partial(np.copyto, out, mid, "unsafe"))
     return _chain(steps)

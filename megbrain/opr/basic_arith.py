@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtype import canonize_dtype, is_lowbit, is_quantize
+from ..dtype import canonize_dtype, dtype_name, is_bfloat16, is_lowbit, is_quantize
 from ..errors import ConversionError, MegBrainError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
@@ -16,7 +16,7 @@ from ..graph.param_def import members_of
 from ..kernels import elemwise as ew_kernels
 from ..kernels import reduce as reduce_kernels
 from . import param_defs as pdefs
-from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 from .param_args import opr_params, reduce_axis
 
 __all__ = [
@@ -33,6 +33,11 @@ __all__ = [
     "sqrt",
     "fill_retain_dtype",
     "broadcast_shapes",
+    "dtype_promotion",
+    "dtype_key",
+    "same_dtype",
+    "fmt_dtype",
+    "QUANTIZED_ELEMWISE_MODES",
 ]
 
 #: in the table's order, so an int mode is the reference's index; the kernel implements all
@@ -67,21 +72,35 @@ class Elemwise(OperatorNodeBase):
         n = ew_kernels.arity(mode)
         if len(in_dtypes) != n:
             raise self.error(f"mode {mode} takes {n} inputs, got {len(in_dtypes)}")
-        if any(d != in_dtypes[0] for d in in_dtypes):
+        # the operator computes in one dtype; elemwise() converts mixed inputs before it
+        if any(not same_dtype(d, in_dtypes[0]) for d in in_dtypes):
             raise self.error(
                 f"mode {mode}: inputs must share one dtype, got "
-                + ", ".join(str(d) for d in in_dtypes)
+                + ", ".join(fmt_dtype(d) for d in in_dtypes)
             )
+        dt = in_dtypes[0]
+        if is_quantize(dt):
+            if mode not in QUANTIZED_ELEMWISE_MODES or dtype_name(dt) not in _QUANT_COMPUTE:
+                raise self.error(
+                    f"mode {mode} does not support quantized dtype {fmt_dtype(dt)}: Elemwise "
+                    f"takes {'/'.join(QUANTIZED_ELEMWISE_MODES)} on "
+                    f"{'/'.join(sorted(_QUANT_COMPUTE))}; use elemwise_multi_type for others"
+                )
+            return [dt]
         try:
-            ew_kernels.check_mode(mode, in_dtypes[0])
+            ew_kernels.check_mode(mode, dt)
         except ValueError as exc:
             raise self.error(str(exc)) from None
-        return [in_dtypes[0]]
+        return [dt]
 
     def infer_shapes(self, in_shapes, in_values):
         return [broadcast_shapes(self, in_shapes)]
 
     def bind(self, ins, outs):
+        if is_quantize(outs[0].dtype):
+            from ..kernels import elemwise_multi_type as emt_kernels
+
+            return emt_kernels.bind_quantized(self.param.mode, ins, outs[0])
         return ew_kernels.bind(self.param.mode, ins, outs[0])
 
     def inplace_input(self):
@@ -94,6 +113,17 @@ class Elemwise(OperatorNodeBase):
 @dataclass(frozen=True)
 class TypeCvtParam(ParamBase):
     dtype: np.dtype = np.dtype(np.float32)
+
+    # numpy's dtype equality and hash ignore metadata, so qint8(0.1) would equal qint8(0.3)
+    # (and the graph would merge the two conversions): compare the quantization too
+    def _key(self) -> tuple:
+        return dtype_key(self.dtype)
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
 
 @register_opr
@@ -113,12 +143,12 @@ class TypeCvt(OperatorNodeBase):
 
     def fwd_views(self, ins):
         # same dtype: the conversion is the identity
-        if ins[0] is not None and ins[0].dtype == self.param.dtype:
+        if ins[0] is not None and same_dtype(ins[0].dtype, self.param.dtype):
             return [ins[0]]
         return None
 
     def default_name(self):
-        return f"TypeCvt[{self.param.dtype}]({self.inputs[0].name})"
+        return f"TypeCvt[{fmt_dtype(self.param.dtype)}]({self.inputs[0].name})"
 
     def grad(self, wrt_idx, out_grads):
         return _typecvt_grad(self, wrt_idx, out_grads)
@@ -187,13 +217,206 @@ class Reduce(OperatorNodeBase):
 # ---- functions ---------------------------------------------------------------------------
 @opr_params(("param", "Elemwise"))
 def elemwise(*inputs, mode="ADD", name=None, comp_node=None, config=None, comp_graph=None):
-    """Elementwise ``mode`` over ``inputs`` with broadcasting (registry name ``Elemwise``)."""
+    """Elementwise ``mode`` over ``inputs`` with broadcasting (registry name ``Elemwise``).
+
+    Inputs of different dtypes are promoted to one (:func:`dtype_promotion`) and integer
+    inputs of a mode defined on floats only (TRUE_DIV, EXP, FLOOR, ...) become float32, each
+    converted by a TypeCvt operator, as MegBrain's ``Elemwise::make`` does. Numbers and
+    arrays become constants of the vars' promoted dtype, except that floating-point values
+    meeting integer vars stay float32 (``int_var * 0.5`` is float32).
+
+    Parameters
+    ----------
+    *inputs : SymbolVar, number or array_like
+        The operands (a single list is taken as the operand list); their number is the
+        mode's arity.
+    mode : str
+        The Elemwise mode (``"ADD"``, ``"fuse_mul_add3"``...), in any case.
+    name, comp_node, config, comp_graph
+        The operator config, as for every ``mgb.opr`` function; ``comp_graph`` (and
+        ``comp_node``) are needed when no input is a var.
+
+    Returns
+    -------
+    SymbolVar
+        The result, of the inputs' broadcast shape and of the computing dtype.
+
+    Raises
+    ------
+    ConversionError
+        For dtypes with no promotion rule (signed with unsigned integers, quantized dtypes
+        of different parameters) and float inputs of an integer-only mode (SHL, SHR, RMULH).
+    """
     if len(inputs) == 1 and isinstance(inputs[0], (list, tuple)):
         inputs = tuple(inputs[0])
     cfg = _merge_config(name, comp_node, config)
     param = ElemwiseParam(mode)
-    vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
+    vars_ = _elemwise_inputs(inputs, comp_graph, cfg)
+    dtype = _promote_many(param.mode, [v.dtype for v in vars_])
+    trait = ew_kernels.MODES[param.mode]
+    if _category(dtype) == "int" and not trait.int_ok:
+        dtype = _F32
+    if _category(dtype) == "float" and not trait.float_ok:
+        raise ConversionError(
+            f"Elemwise mode {param.mode} does not allow float inputs; got "
+            + ", ".join(f"{v.name!r} {fmt_dtype(v.dtype)}" for v in vars_)
+        )
+    vars_ = [v if same_dtype(v.dtype, dtype) else typecvt(SymbolVar(v), dtype).node for v in vars_]
     return insert_opr(Elemwise(vars_, param, cfg))[0]
+
+
+def _is_plain(x) -> bool:
+    """Whether ``x`` is a value that becomes a constant (not a var, nor carrying one)."""
+    carrier = hasattr(x, "__mgb_symvar__") or hasattr(x, "_as_sym_var") or hasattr(x, "symvar")
+    return as_var(x) is None and not carrier
+
+
+def _elemwise_inputs(inputs, comp_graph, cfg) -> list:
+    """The vars of elemwise's operands, constants made with the dtype rule of :func:`elemwise`."""
+    plain = [_is_plain(x) for x in inputs]
+    if all(plain) or not any(plain):
+        return canonize_input_vars(list(inputs), comp_graph=comp_graph, config=cfg)
+    var_in = canonize_input_vars(
+        [x for x, p in zip(inputs, plain) if not p], comp_graph=comp_graph, config=cfg
+    )
+    base = functools.reduce(dtype_promotion, [v.dtype for v in var_in])
+    from .io import make_immutable
+
+    ref, it, out = var_in[0], iter(var_in), []
+    for x, p in zip(inputs, plain):
+        if not p:
+            out.append(next(it))
+            continue
+        kind = np.asarray(x).dtype.kind
+        if is_quantize(base) or (_category(base) == "int" and kind == "f"):
+            # a constant keeps its own value: float32 (or int32), converted like a var
+            dt = None
+        else:
+            dt = base
+        out.append(make_immutable(ref.comp_node, ref.graph, x, dtype=dt).node)
+    return out
+
+
+# ---- dtype promotion (MegBrain's dtype_promotion / BatchedDTypePromotion) ----------------
+_F32 = np.dtype(np.float32)
+_F16 = np.dtype(np.float16)
+#: the modes MegBrain's Elemwise guarantees on quantized inputs (computed on dequantized values)
+QUANTIZED_ELEMWISE_MODES = ("ADD", "SUB", "NEGATE", "RELU", "MAX", "MIN")
+#: quantized dtypes the quantized kernels take (MegDNN's MEGDNN_FOREACH_QUANTIZED_DTYPE)
+_QUANT_COMPUTE = frozenset({"QuantizedS8", "Quantized8Asymm", "QuantizedS32"})
+#: quantized dtypes dtype_promotion accepts in pairs (equal scale and zero point)
+_QUANT_PROMOTABLE = _QUANT_COMPUTE
+
+
+def _meta_key(dt: np.dtype):
+    md = dt.metadata
+    return None if md is None else repr(md.get("mgb_dtype", md))
+
+
+def dtype_key(dt: np.dtype | None) -> tuple | None:
+    """A hashable identity of ``dt`` including its quantization parameters, which numpy's
+    dtype ``==`` and ``hash`` ignore (for operators' deduplication keys)."""
+    return None if dt is None else (dt, _meta_key(dt))
+
+
+def same_dtype(a: np.dtype, b: np.dtype) -> bool:
+    """Whether ``a`` and ``b`` are one dtype, quantization parameters included (numpy's
+    ``==`` ignores dtype metadata)."""
+    return a == b and _meta_key(a) == _meta_key(b)
+
+
+def fmt_dtype(dt: np.dtype) -> str:
+    """``dt`` for messages: numpy's name, or MegBrain's with the quantization parameters
+    (``QuantizedS8(scale=0.1)``) for quantized dtypes."""
+    if not is_quantize(dt):
+        return dt.name
+    meta = dt.metadata["mgb_dtype"]
+    zp = f", zero_point={meta['zero_point']}" if "zero_point" in meta else ""
+    return f"{meta['name']}(scale={float(meta['scale']):g}{zp})"
+
+
+def _category(dt: np.dtype) -> str:
+    """MegDNN's DTypeCategory: quantized, lowbit, float, int, bool or other (Byte)."""
+    if is_quantize(dt):
+        return "quantized"
+    if is_lowbit(dt):
+        return "lowbit"
+    if dt.metadata and "mgb_dtype" in dt.metadata:
+        return "other"
+    if dt.kind == "f" or is_bfloat16(dt):
+        return "float"
+    if dt.kind in "iu":
+        return "int"
+    return "bool" if dt.kind == "b" else "other"
+
+
+def dtype_promotion(t0: np.dtype, t1: np.dtype) -> np.dtype:
+    """The common dtype of two operands, by MegBrain's ``dtype_promotion`` rules.
+
+    * equal dtypes stay;
+    * two quantized dtypes must be of one kind (QuantizedS8, Quantized8Asymm or QuantizedS32)
+      with scales within 1e-6 (and equal zero points); the first is kept;
+    * a quantized dtype wins over a plain one;
+    * otherwise float16 counts as float32; a float meeting an integer (or any two dtypes of
+      different categories) gives float32; integers of different signedness have no rule;
+      else the wider dtype wins.
+
+    Parameters
+    ----------
+    t0, t1 : numpy.dtype
+        The dtypes of two operands.
+
+    Returns
+    -------
+    numpy.dtype
+        The promoted dtype.
+
+    Raises
+    ------
+    ConversionError
+        Byte operands, quantized dtypes of different kinds or parameters, or integers of
+        different signedness.
+    """
+    for t in (t0, t1):
+        if _category(t) == "other":
+            raise ConversionError(f"dtype {fmt_dtype(t)} can not take part in dtype promotion")
+    if same_dtype(t0, t1):
+        return t0
+    q0, q1 = _category(t0) == "quantized", _category(t1) == "quantized"
+    if q0 and q1:
+        n0, n1 = dtype_name(t0), dtype_name(t1)
+        if n0 != n1 or n0 not in _QUANT_PROMOTABLE:
+            raise ConversionError(
+                f"can not promote quantized dtypes {fmt_dtype(t0)} and {fmt_dtype(t1)}"
+            )
+        p0, p1 = ew_kernels.quant_params(t0), ew_kernels.quant_params(t1)
+        if abs(float(p0.scale) - float(p1.scale)) >= 1e-6 or p0.zero_point != p1.zero_point:
+            raise ConversionError(
+                f"can not promote {fmt_dtype(t0)} and {fmt_dtype(t1)}: quantization "
+                "parameters differ, which usually does not make sense"
+            )
+        return t0
+    if q0 or q1:
+        return t0 if q0 else t1
+    a = _F32 if t0 == _F16 else t0
+    b = _F32 if t1 == _F16 else t1
+    if _category(a) != _category(b):
+        # float32 in MegBrain; float64 (graphs built below the API) is not narrowed
+        wide = [t for t in (a, b) if t.kind == "f" and t.itemsize > 4]
+        return wide[0] if wide else _F32
+    if a.kind != b.kind and "u" in (a.kind, b.kind):
+        raise ConversionError(
+            "dtype promotion rule between different signedness is undefined: "
+            f"{fmt_dtype(t0)} {fmt_dtype(t1)}"
+        )
+    return a if a.itemsize > b.itemsize else b
+
+
+def _promote_many(mode: str, dtypes: list) -> np.dtype:
+    try:
+        return functools.reduce(dtype_promotion, dtypes)
+    except ConversionError as exc:
+        raise ConversionError(f"Elemwise mode {mode}: {exc.msg}") from None
 
 
 class _ElemNamespace:

@@ -67,7 +67,20 @@ def _floats(param: ParamBase, *fields: str) -> None:
         object.__setattr__(param, f, float(getattr(param, f)))
 
 
+def _check_shape_dtype(opr: OperatorNodeBase, dt: np.dtype, what: str) -> None:
+    # MegBrain reads a shape value of any int or float dtype (copy_tensor_value_to_shape)
+    if is_quantize(dt) or not (dt.kind in "iu" or _is_float(dt)):
+        raise opr.error(f"{what} must be an int or float var, got {dt}")
+
+
 def _out_hw(opr: OperatorNodeBase, val, what: str) -> tuple[int, int]:
+    arr = np.asarray(val)
+    if arr.dtype.kind not in "iu":
+        # static_cast_safe: float sizes must be integers exactly representable in float32
+        f = arr.astype(np.float64)
+        if not np.all((np.abs(f) <= 2**24) & (np.ceil(f) == f)):
+            raise opr.error(f"{what} holds {f.tolist()}: not ints without precision loss")
+        val = f.astype(np.int64)
     hw = _shape_value(opr, val, what)
     if len(hw) != 2 or min(hw) <= 0:
         raise opr.error(f"{what} must hold two positive ints (height, width), got {hw}")
@@ -180,8 +193,7 @@ class ROIPooling(_ROIBase):
     def infer_dtypes(self, in_dtypes):
         if len(in_dtypes) != 3:
             raise self.error(f"expected 3 inputs (src, rois, dest_shape), got {len(in_dtypes)}")
-        if in_dtypes[2].kind not in "iu":
-            raise self.error(f"dest_shape must be an int var, got {in_dtypes[2]}")
+        _check_shape_dtype(self, in_dtypes[2], "dest_shape")
         return super().infer_dtypes(in_dtypes)
 
     def infer_shapes(self, in_shapes, in_values):
@@ -324,8 +336,7 @@ class WarpPerspective(OperatorNodeBase):
         _check_src(self, in_dtypes[0], allow_int=True)
         if not _is_float(in_dtypes[1]):
             raise self.error(f"mat must be a float var, got {in_dtypes[1]}")
-        if in_dtypes[2].kind not in "iu":
-            raise self.error(f"out_shape must be an int var, got {in_dtypes[2]}")
+        _check_shape_dtype(self, in_dtypes[2], "out_shape")
         return [in_dtypes[0]]
 
     def infer_shapes(self, in_shapes, in_values):
@@ -438,8 +449,7 @@ class Resize(OperatorNodeBase):
             raise self.error(f"expected 2 inputs (src, out_shape), got {len(in_dtypes)}")
         _check_warp_param(self, self.param)
         _check_src(self, in_dtypes[0], allow_int=True)
-        if in_dtypes[1].kind not in "iu":
-            raise self.error(f"out_shape must be an int var, got {in_dtypes[1]}")
+        _check_shape_dtype(self, in_dtypes[1], "out_shape")
         return [in_dtypes[0]]
 
     def infer_shapes(self, in_shapes, in_values):

@@ -213,7 +213,9 @@ class ImmutableTensor(OperatorNodeBase):
         return self.config.comp_nodes[0] if self.config.comp_nodes else self.cn
 
     def hash_key(self):
-        return super().hash_key() + (self.cn,)
+        # the param's dtype string drops quantization parameters (qint8(0.1) reads "int8"):
+        # constants of equal bytes but different quantization are different constants
+        return super().hash_key() + (self.cn, repr(self.value.dtype.metadata))
 
     def infer_dtypes(self, in_dtypes):
         return [self.value.dtype]

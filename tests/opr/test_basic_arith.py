@@ -13,7 +13,9 @@ from megbrain.kernels.elemwise import MODES
 from megbrain.opr import (
     elem,
     elemwise,
+    insert_opr,
     make_immutable,
+    make_opr_config,
     mean,
     reduce_,
     reduce_general,
@@ -272,12 +274,16 @@ def _build(build, *arrays):
 
 
 def test_dtype_mismatch_error_names_operator_and_dtypes():
-    with pytest.raises(MegBrainError) as info:
-        _build(
-            lambda x, y: elemwise(x, y, mode="ADD", name="my_add"),
-            np.zeros(3, np.float32),
-            np.zeros(3, np.int32),
+    # elemwise() promotes; the operator itself still takes one dtype and says which it got
+    from megbrain.opr.basic_arith import Elemwise, ElemwiseParam
+
+    def build(x, y):
+        return insert_opr(
+            Elemwise([x.node, y.node], ElemwiseParam("ADD"), make_opr_config("my_add"))
         )
+
+    with pytest.raises(MegBrainError) as info:
+        _build(build, np.zeros(3, np.float32), np.zeros(3, np.int32))
     msg = str(info.value)
     assert "Elemwise 'my_add'" in msg and "float32" in msg and "int32" in msg
 
