@@ -1,7 +1,9 @@
 """BLAS kernels (MatrixMul, BatchedMatrixMul, Dot), bound once and run into ``out``.
 
-Transposes are views prepared at bind time; float16/bfloat16 compute in float32, and int8/int16
-operands multiply in int32 when ``out`` is int32.
+Transposes are views prepared at bind time; float16/bfloat16 compute in float32, int8/int16
+operands multiply in ``out``'s wider integer dtype (int32, or int16 for int8), and quantized
+operands (QuantizedS8, Quantized8Asymm, Quantized4Asymm) multiply their stored integers, less
+their zero points, with exact int32 accumulation into a QuantizedS32 ``out``.
 """
 
 from __future__ import annotations
@@ -12,37 +14,56 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
+from .elemwise import quant_params
+
 __all__ = ["bind_batched_matmul", "bind_dot", "bind_matmul"]
 
 _partial = functools.partial
 _F32 = np.dtype(np.float32)
 _I32 = np.dtype(np.int32)
 _LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+_I16 = np.dtype(np.int16)
 _SMALL_INTS = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
+_QUANT_OPERANDS = ("QuantizedS8", "Quantized8Asymm", "Quantized4Asymm")
 
 
 def _compute_dtype(name: str, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.dtype:
+    qa, qb = quant_params(a.dtype), quant_params(b.dtype)
+    if qa is not None or qb is not None:
+        if qa is None or qb is None or qa.name != qb.name or qa.name not in _QUANT_OPERANDS:
+            raise ValueError(
+                f"{name}: unsupported quantized operands {qa.name if qa else a.dtype.name}, "
+                f"{qb.name if qb else b.dtype.name}"
+            )
+        if out.dtype != _I32:
+            raise ValueError(f"{name}: quantized operands need an int32 (QuantizedS32) output")
+        return _I32
     if a.dtype != b.dtype:
         raise ValueError(f"{name}: operands of different dtypes {a.dtype.name}, {b.dtype.name}")
     dtype = a.dtype
     if dtype in _LOW_FLOATS:
         return _F32
-    if dtype in _SMALL_INTS and out.dtype == _I32:
-        return _I32
+    if dtype in _SMALL_INTS and out.dtype in (_I16, _I32) and out.dtype.itemsize > dtype.itemsize:
+        return out.dtype  # accumulate in the output's width, as MegDNN's Int8x8x16/x32 do
     if dtype.kind not in "iuf":
         raise ValueError(f"{name}: unsupported dtype {dtype.name}")
     return dtype
 
 
 def _bind(name: str, fn, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Callable[[], None]:
-    """``fn(a, b, out)`` with operands and result converted to the compute dtype if needed."""
+    """``fn(a, b, out)`` with operands and result converted to the compute dtype if needed.
+
+    Quantized operands are converted to their stored integers less their zero points."""
     dtype = _compute_dtype(name, a, b, out)
     steps = []
     operands = []
     for x in (a, b):
-        if x.dtype != dtype:
+        qp = quant_params(x.dtype)
+        if x.dtype != dtype or qp is not None:
             x32 = np.empty(x.shape, dtype)
             steps.append(_partial(np.copyto, x32, x, "unsafe"))
+            if qp is not None and qp.zero_point:
+                steps.append(_partial(np.subtract, x32, dtype.type(qp.zero_point), x32))
             x = x32
         operands.append(x)
     res = out if out.dtype == dtype else np.empty(out.shape, dtype)

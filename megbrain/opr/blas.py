@@ -3,17 +3,19 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtype import is_bfloat16, is_quantize
+from ..dtype import dtype_name, get_scale, is_bfloat16, is_quantize, qint32
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..kernels import blas as blas_kernels
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .basic_arith import dtype_key, fmt_dtype, same_dtype
 from .param_args import opr_params
 
 __all__ = [
@@ -32,6 +34,8 @@ COMPUTE_MODES = members_of(pdefs.MatrixMul.ComputeMode)
 #: MegDNN's formats; only DEFAULT (row-major matrices) is implemented
 FORMATS = members_of(pdefs.MatrixMul.Format)
 _I32 = np.dtype(np.int32)
+_I16 = np.dtype(np.int16)
+_I8 = np.dtype(np.int8)
 #: integer operand dtypes whose product is accumulated in int32 (MegDNN's Int8/Int16 matmul)
 _WIDENED_INTS = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
 
@@ -56,19 +60,45 @@ class MatrixMulParam(ParamBase):
         object.__setattr__(self, "transposeB", bool(self.transposeB))
 
 
-def _deduce_dtype(opr: OperatorNodeBase, in_dtypes: list[np.dtype]) -> np.dtype:
+#: quantized operand kinds MegDNN multiplies into QuantizedS32 (scale = product of scales)
+_QUANT_OPERANDS = ("QuantizedS8", "Quantized8Asymm", "Quantized4Asymm")
+
+
+def _deduce_dtype(
+    opr: OperatorNodeBase, in_dtypes: list[np.dtype], quantized: bool = True
+) -> np.dtype:
     """MegDNN's ``MatrixMulForward::deduce_dtype``: floats keep their dtype, int8/int16 give
-    int32; a dtype given in the config must be the deduced one."""
+    int32 (int8 also int16 when asked), quantized operands of one kind give QuantizedS32 with
+    the product of their scales; a dtype given in the config must be a deduced one."""
     a, b = in_dtypes
+    qa, qb = is_quantize(a), is_quantize(b)
+    want = opr.config.dtype_value
+    if qa or qb:
+        if not (qa and qb and dtype_name(a) == dtype_name(b)):
+            raise opr.error(f"operands must be of one dtype, got {fmt_dtype(a)} and {fmt_dtype(b)}")
+        if not quantized or dtype_name(a) not in _QUANT_OPERANDS:
+            raise opr.error(f"unsupported operand dtype {fmt_dtype(a)}")
+        # MegDNN's mul_scale: the float32 product of the float32 scales
+        scale = float(np.float32(get_scale(a)) * np.float32(get_scale(b)))
+        if want is None:
+            return qint32(scale)
+        if dtype_name(want) != "QuantizedS32" or not math.isclose(
+            get_scale(want), scale, rel_tol=1e-6
+        ):
+            raise opr.error(
+                f"unsupported output dtype {fmt_dtype(want)} for operands of dtypes "
+                f"{fmt_dtype(a)} and {fmt_dtype(b)} (expected QuantizedS32(scale={scale:g}))"
+            )
+        return want
     if a != b:
         raise opr.error(f"operands must share one dtype, got {a} and {b}")
-    if is_quantize(a) or not (a.kind in "iuf" or is_bfloat16(a)):
+    if not (a.kind in "iuf" or is_bfloat16(a)):
         raise opr.error(f"unsupported operand dtype {a}")
     deduced = _I32 if a in _WIDENED_INTS else a
-    want = opr.config.dtype_value
-    if want is not None and want != deduced:
-        raise opr.error(f"unsupported output dtype {want} for operands of dtype {a}")
-    return deduced
+    allowed = (deduced, _I16) if a == _I8 else (deduced,)
+    if want is not None and not any(same_dtype(want, d) for d in allowed):
+        raise opr.error(f"unsupported output dtype {fmt_dtype(want)} for operands of dtype {a}")
+    return deduced if want is None else want
 
 
 class _MatMulBase(OperatorNodeBase):
@@ -83,6 +113,10 @@ class _MatMulBase(OperatorNodeBase):
         if self.param.format != "DEFAULT":
             raise self.error(f"format {self.param.format} is not supported")
         return [_deduce_dtype(self, in_dtypes)]
+
+    def hash_key(self) -> tuple:
+        # the config's key names a QuantizedS32 output dtype without its scale: add it
+        return (*super().hash_key(), dtype_key(self.config.dtype_value))
 
     def _shape_error(self, a, b, why: str):
         p = self.param
@@ -139,7 +173,7 @@ class Dot(OperatorNodeBase):
     def infer_dtypes(self, in_dtypes):
         if len(in_dtypes) != 2:
             raise self.error(f"expected 2 inputs, got {len(in_dtypes)}")
-        return [_deduce_dtype(self, in_dtypes)]
+        return [_deduce_dtype(self, in_dtypes, quantized=False)]
 
     def infer_shapes(self, in_shapes, in_values):
         a, b = (tuple(s) for s in in_shapes)
@@ -222,7 +256,10 @@ def matrix_mul(
     format : {"DEFAULT"}
         The matrix layout; only DEFAULT is supported.
     dtype : dtype-like, optional
-        The output dtype; int8/int16 operands give int32 (the default for them).
+        The output dtype. By default floats keep theirs, int8/int16 operands give int32
+        (int8 may also ask for int16), and quantized operands of one kind (QuantizedS8,
+        Quantized8Asymm, Quantized4Asymm) give QuantizedS32 whose scale is the product of
+        theirs, accumulated exactly in int32.
     name, comp_node, config, comp_graph
         The operator config, as for every ``mgb.opr`` function.
 
