@@ -47,6 +47,7 @@ from .dnn import (
 from .dnn_image import resize, roi_align, roi_pooling, warp_perspective
 from .dnn_local import group_local, local
 from .dnn_norm import batch_norm, batch_norm_no_statistic, lrn
+from .elemwise_multi_type import elemwise_multi_type
 from .gen import alloc, eye, linspace
 from .indexing import incr_subtensor, set_subtensor
 from .indexing_adv import (
@@ -135,6 +136,7 @@ __all__ = [
     "dot",
     "elem",
     "elemwise",
+    "elemwise_multi_type",
     "eye",
     "fill_retain_dtype",
     "gaussian_rng",
