@@ -508,7 +508,18 @@ def reduce_(
         src = SymbolVar(canonize_input_vars([src], comp_graph=comp_graph, config=cfg)[0])
     if axis is None:
         return reduce_general(src, mode=mode, name=name, comp_node=comp_node, config=config)
-    axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
+    if isinstance(axis, (int, np.integer)):
+        # one axis (negative counts from the end): the operator resolves it when shapes are
+        # known, so a var whose ndim is not static yet reduces too
+        out = reduce_general(
+            src, mode=mode, axis=int(axis), name=name, comp_node=comp_node, config=config
+        )
+        if not keepdims:
+            from .tensor_manip import remove_axis
+
+            out = remove_axis(out, int(axis))
+        return out
+    axes = list(axis)
     out = src
     (sv,) = canonize_input_vars([src])
     ndim = len(_static_ndim(sv))
