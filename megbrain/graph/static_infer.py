@@ -84,13 +84,21 @@ class Inferer:
 
     def _have(self, var: VarNode, want_value: bool) -> bool:
         if want_value:
-            return var in self.values or var.const_value is not None
-        return var in self.shapes or var.const_shape is not None
+            return (
+                var in self.values
+                or var.const_value is not None
+                or (var.eager_value is not None and var.value_type != MISSING)
+            )
+        return var in self.shapes or var.const_shape is not None or var.eager_value is not None
 
     def shape(self, var: VarNode) -> tuple:
         """The static shape of ``var``; raises DynamicShapeError when it is not inferable."""
         if var.const_shape is not None:
             return var.const_shape
+        if var.eager_value is not None:
+            # an evaluated var of an eager graph: its current value answers directly, so
+            # inference never walks back through the (ever growing) eager graph
+            return var.eager_value.shape
         got = self.shapes.get(var)
         if got is None:
             self._run(var, False)
@@ -101,6 +109,8 @@ class Inferer:
         """The static value of ``var`` (do not modify it); raises when not inferable."""
         if var.const_value is not None:
             return var.const_value
+        if var.eager_value is not None and var.value_type != MISSING:
+            return var.eager_value
         got = self.values.get(var)
         if got is None:
             self._run(var, True)
