@@ -272,3 +272,27 @@ def test_long_lived_var_keeps_no_per_iteration_state():
     growth = _loop_memory(g, w, 2200, 200)
     # a leak of one entry per iteration is ~180 KB here; without it, a few KB of noise
     assert growth < 80_000, growth
+
+
+def test_static_inference_answers_from_evaluated_values(monkeypatch):
+    """Shape queries on an eager graph read evaluated values instead of re-inferring the
+    graph behind them (a fresh inference per query was quadratic in the graph size)."""
+    from megbrain.graph import static_infer
+
+    g = _eager_graph()
+    x = mgb.make_shared("cpu0", value=np.ones((2, 3), np.float32), comp_graph=g)
+    y = x
+    for _ in range(50):
+        y = y * 1.5 + 1
+    computed = []
+    orig = static_infer.Inferer._compute
+    monkeypatch.setattr(
+        static_infer.Inferer,
+        "_compute",
+        lambda self, opr, v: (computed.append(opr), orig(self, opr, v)),
+    )
+    assert static_infer.infer_shape(y.node) == (2, 3)
+    assert static_infer.infer_value(y.node) is not None
+    z = mgb.opr.reduce_(y, "SUM", 1)  # inference of the new operator reads y's value only
+    assert z.imm_shape == (2,)
+    assert len(computed) <= 3
