@@ -620,3 +620,30 @@ def dtype_from_num(num: int, scale: float | None = None, zero_point: int | None 
 
 #: quantized kind -> (kind, name, storage, qmin, qmax, asymm); the name MegEngine's layer reads.
 _metadata_dict = _QUANT
+
+
+def _meta_key(dt: np.dtype):
+    md = dt.metadata
+    return None if md is None else repr(md.get("mgb_dtype", md))
+
+
+def dtype_key(dt: np.dtype | None) -> tuple | None:
+    """A hashable identity of ``dt`` including its quantization parameters, which numpy's
+    dtype ``==`` and ``hash`` ignore (for operators' deduplication keys)."""
+    return None if dt is None else (dt, _meta_key(dt))
+
+
+def same_dtype(a: np.dtype, b: np.dtype) -> bool:
+    """Whether ``a`` and ``b`` are one dtype, quantization parameters included (numpy's
+    ``==`` ignores dtype metadata)."""
+    return a == b and _meta_key(a) == _meta_key(b)
+
+
+def fmt_dtype(dt: np.dtype) -> str:
+    """``dt`` for messages: numpy's name, or MegBrain's with the quantization parameters
+    (``QuantizedS8(scale=0.1)``) for quantized dtypes."""
+    if not is_quantize(dt):
+        return dt.name
+    meta = dt.metadata["mgb_dtype"]
+    zp = f", zero_point={meta['zero_point']}" if "zero_point" in meta else ""
+    return f"{meta['name']}(scale={float(meta['scale']):g}{zp})"

@@ -1,4 +1,4 @@
-"""The operator contract (DESIGN.md section 2): base class, params, config and registry."""
+"""The operator contract: base class, params, config and registry (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..dtype import dtype_key
 from ..errors import GraphError, MegBrainError
 from .var import InferType, VarNode
 
@@ -83,7 +84,7 @@ class ParamBase:
 
 
 class OperatorNodeConfig:
-    """Per-operator configuration: name, comp node(s) and output dtype (SPEC.md 2.4).
+    """Per-operator configuration: name, comp node(s) and output dtype.
 
     The setters return ``self`` so they chain, as in the reference binding.
     """
@@ -140,7 +141,8 @@ class OperatorNodeConfig:
         return self._output_dtype
 
     def hash_key(self) -> tuple:
-        return (self._comp_nodes, None if self._output_dtype is None else str(self._output_dtype))
+        # dtype_key: numpy's dtype equality ignores quantization parameters
+        return (self._comp_nodes, dtype_key(self._output_dtype))
 
 
 class OperatorNodeBase:

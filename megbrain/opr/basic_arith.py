@@ -8,7 +8,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtype import canonize_dtype, dtype_name, is_bfloat16, is_lowbit, is_quantize
+from ..dtype import (
+    canonize_dtype,
+    dtype_key,
+    dtype_name,
+    fmt_dtype,
+    is_bfloat16,
+    is_lowbit,
+    is_quantize,
+    same_dtype,
+)
 from ..errors import ConversionError, MegBrainError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
@@ -308,33 +317,6 @@ _QUANT_COMPUTE = frozenset({"QuantizedS8", "Quantized8Asymm", "QuantizedS32"})
 _QUANT_PROMOTABLE = _QUANT_COMPUTE
 
 
-def _meta_key(dt: np.dtype):
-    md = dt.metadata
-    return None if md is None else repr(md.get("mgb_dtype", md))
-
-
-def dtype_key(dt: np.dtype | None) -> tuple | None:
-    """A hashable identity of ``dt`` including its quantization parameters, which numpy's
-    dtype ``==`` and ``hash`` ignore (for operators' deduplication keys)."""
-    return None if dt is None else (dt, _meta_key(dt))
-
-
-def same_dtype(a: np.dtype, b: np.dtype) -> bool:
-    """Whether ``a`` and ``b`` are one dtype, quantization parameters included (numpy's
-    ``==`` ignores dtype metadata)."""
-    return a == b and _meta_key(a) == _meta_key(b)
-
-
-def fmt_dtype(dt: np.dtype) -> str:
-    """``dt`` for messages: numpy's name, or MegBrain's with the quantization parameters
-    (``QuantizedS8(scale=0.1)``) for quantized dtypes."""
-    if not is_quantize(dt):
-        return dt.name
-    meta = dt.metadata["mgb_dtype"]
-    zp = f", zero_point={meta['zero_point']}" if "zero_point" in meta else ""
-    return f"{meta['name']}(scale={float(meta['scale']):g}{zp})"
-
-
 def _category(dt: np.dtype) -> str:
     """MegDNN's DTypeCategory: quantized, lowbit, float, int, bool or other (Byte)."""
     if is_quantize(dt):
@@ -560,7 +542,7 @@ def sqrt(inp) -> SymbolVar:
 
 
 def fill_retain_dtype(var, value) -> SymbolVar:
-    """A var with ``var``'s shape and dtype filled with the scalar ``value`` (SPEC.md 1.9)."""
+    """A var with ``var``'s shape and dtype filled with the scalar ``value``."""
     if np.ndim(value) != 0:
         raise ConversionError(f"fill_retain_dtype: value must be a scalar, got {value!r}")
     (v,) = canonize_input_vars([var])

@@ -1,4 +1,4 @@
-"""Linear algebra operators: MatrixMul, BatchedMatrixMul and Dot (SPEC.md 4.3), with their
+"""Linear algebra operators: MatrixMul, BatchedMatrixMul and Dot, with their
 ``mgb.opr`` functions ``matrix_mul``, ``batched_matrix_mul`` and ``dot``."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ..graph.param_def import members_of
 from ..kernels import blas as blas_kernels
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
-from .basic_arith import dtype_key, fmt_dtype, same_dtype
+from .basic_arith import fmt_dtype, same_dtype
 from .param_args import opr_params
 
 __all__ = [
@@ -113,10 +113,6 @@ class _MatMulBase(OperatorNodeBase):
         if self.param.format != "DEFAULT":
             raise self.error(f"format {self.param.format} is not supported")
         return [_deduce_dtype(self, in_dtypes)]
-
-    def hash_key(self) -> tuple:
-        # the config's key names a QuantizedS32 output dtype without its scale: add it
-        return (*super().hash_key(), dtype_key(self.config.dtype_value))
 
     def _shape_error(self, a, b, why: str):
         p = self.param

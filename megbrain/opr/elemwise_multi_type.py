@@ -20,7 +20,7 @@ from ..graph.param_def import members_of
 from ..kernels import elemwise_multi_type as emt_kernels
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
-from .basic_arith import broadcast_shapes, dtype_key, fmt_dtype, same_dtype
+from .basic_arith import broadcast_shapes, fmt_dtype, same_dtype
 from .param_args import opr_params
 
 __all__ = ["ElemwiseMultiType", "ElemwiseMultiTypeParam", "elemwise_multi_type", "MODES"]
@@ -107,11 +107,6 @@ class ElemwiseMultiType(OperatorNodeBase):
 
     def infer_shapes(self, in_shapes, in_values):
         return [broadcast_shapes(self, in_shapes)]
-
-    def hash_key(self) -> tuple:
-        # the config's key names the output dtype without its scale: add it, so that two
-        # quantized outputs of different scales are not merged
-        return (*super().hash_key(), dtype_key(self.config.dtype_value))
 
     def bind(self, ins, outs):
         return emt_kernels.bind(self.param.mode, ins, outs[0])
