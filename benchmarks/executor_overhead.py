@@ -1,4 +1,4 @@
-"""Executor overhead on tiny tensors (DESIGN.md section 5).
+"""Executor overhead on tiny tensors.
 
 (a) Per-operator cost: a chain of 5 vs 105 elementwise ADDs on 16-element float32 tensors,
     ``(time(105) - time(5)) / 100``, against the same difference for a hand-written loop of

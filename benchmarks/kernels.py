@@ -1,6 +1,6 @@
 """Large-kernel benchmarks: megbrain operators run through compiled graphs against the best
 plain-NumPy formulation of the same computation, and against PyTorch / onnxruntime when they
-are installed (DESIGN.md sections 5 and 7).
+are installed.
 
 Run ``python benchmarks/kernels.py [--repeat N]``. Ours and NumPy are timed interleaved, round
 after round in one process, on the same buffers, and each keeps its best time, so a noisy

@@ -1,4 +1,4 @@
-"""Static memory plan and sublinear memory on a training step (DESIGN.md section 5).
+"""Static memory plan and sublinear memory on a training step.
 
 The step: a ``--layers``-layer MLP (batch ``--batch``, width ``--width``, ReLU), squared loss,
 ``mgb.grad`` of every weight and bias and an ``add_update`` of each, compiled as one function.

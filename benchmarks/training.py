@@ -1,4 +1,4 @@
-"""End-to-end training throughput against PyTorch CPU and JAX (DESIGN.md sections 5 and 7).
+"""End-to-end training throughput against PyTorch CPU and JAX.
 
 The same MLP (784-512-512-10) and the same small CNN (two 3x3 conv + ReLU + 2x2 max-pool
 blocks and a Linear head on 1x28x28 images), batch 128, softmax cross-entropy, SGD with

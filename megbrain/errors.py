@@ -1,4 +1,4 @@
-"""The exception hierarchy of megbrain (SPEC.md 2.12 ``exc.py``)."""
+"""The exception hierarchy of megbrain (re-exported as ``megbrain.exc``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Output callbacks (SPEC.md 1.3, 1.4, 2.5): value proxies, eager/lazy callback wrappers,
+"""Output callbacks: value proxies, eager/lazy callback wrappers,
 ``copy_output``, ``callback_lazycopy`` and ``FuncOutputSaver``."""
 
 from __future__ import annotations

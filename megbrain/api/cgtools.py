@@ -1,4 +1,4 @@
-"""``mgb.cgtools``: graph inspection helpers (SPEC.md 2.6)."""
+"""``mgb.cgtools``: graph inspection helpers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The binding's CompGraph and AsyncExec (SPEC.md 1.5, 1.6, 2.1 ``comp_graph``)."""
+"""The binding's CompGraph and AsyncExec, and ``comp_graph()`` that creates a graph."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class CompGraph(ComputingGraph):
         return self.id
 
     def set_option(self, name: str, val):
-        """Set graph option ``name`` (SPEC.md section 3); returns the old value."""
+        """Set graph option ``name`` (a :class:`GraphOptions` field); returns the old value."""
         return self.options.set(name, val)
 
     def is_eager(self) -> bool:
@@ -58,7 +58,7 @@ class CompGraph(ComputingGraph):
 
     # ---- compile ---------------------------------------------------------------------------
     def compile(self, inputs, outspec, *, copy: bool = False, optimize_for_inference=False):
-        """Compile ``outspec`` into an :class:`AsyncExec` (SPEC.md 1.6).
+        """Compile ``outspec`` into an :class:`AsyncExec`.
 
         Parameters
         ----------
@@ -512,7 +512,7 @@ class AsyncExec:
 
 
 def comp_graph(*, extra_opts: dict | None = None, check_env_var: bool = True) -> CompGraph:
-    """Create a :class:`CompGraph` (SPEC.md 2.1).
+    """Create a :class:`CompGraph`.
 
     With ``check_env_var``, ``MGB_COMP_GRAPH_OPT="k=v;k2=v2"`` adds options (``extra_opts``
     win; a warning lists what was taken from the env) and

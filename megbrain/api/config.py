@@ -1,4 +1,4 @@
-"""``mgb.config``: device mapping, graph options and per-graph scopes (SPEC.md 2.7)."""
+"""``mgb.config``: device mapping, graph options and per-graph scopes."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def parse_locator(device_name: str) -> tuple:
 
 
 def set_comp_graph_option(comp_graph, name: str, val):
-    """Set a graph option (SPEC.md section 3); returns the old value."""
+    """Set graph option ``name`` (a :class:`GraphOptions` field); returns the old value."""
     return comp_graph.options.set(name, val)
 
 

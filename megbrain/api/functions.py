@@ -1,4 +1,4 @@
-"""Top-level graph functions of ``mgb`` (SPEC.md 1.9, 2.1): grad, current_grad_target,
+"""Top-level graph functions of ``mgb``: grad, current_grad_target,
 the add_update fast path."""
 
 from __future__ import annotations

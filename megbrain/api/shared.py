@@ -1,5 +1,5 @@
-"""Shared tensors of the binding (SPEC.md 1.1, 1.2, 1.7, 2.1): SharedND, _HostSharedND,
-SharedScalar, ProxySharedNDAndSymbolVar and make_shared / make_arg / make_immutable."""
+"""Shared tensors of the binding: SharedND, _HostSharedND, SharedScalar,
+ProxySharedNDAndSymbolVar and make_shared / make_arg / make_immutable."""
 
 from __future__ import annotations
 
@@ -405,7 +405,7 @@ class _HostSharedND:
 
 
 class SharedScalar:
-    """A scalar whose updates reach compiled functions without recompiling (SPEC.md 1.7)."""
+    """A scalar whose updates reach compiled functions without recompiling."""
 
     def __init__(self, val):
         arr = np.asarray(val)
@@ -506,7 +506,7 @@ class ProxySharedNDAndSymbolVar(SymbolVar):
 def make_shared(
     comp_node, *, dtype=None, shape=None, value=None, comp_graph=None, name=None, volatile=None
 ):
-    """A device SharedND, or with ``comp_graph`` its ProxySharedNDAndSymbolVar (SPEC.md 2.1)."""
+    """A device SharedND, or with ``comp_graph`` its ProxySharedNDAndSymbolVar."""
     if value is not None and shape is not None:
         raise MegBrainError("make_shared: value and shape are mutually exclusive")
     if dtype is None:
@@ -535,7 +535,7 @@ def make_arg(
     value=None,
     enable_static_infer=True,
 ):
-    """A runtime input: a _HostSharedND feeding a Host2DeviceCopy (SPEC.md 2.1)."""
+    """A runtime input: a _HostSharedND feeding a Host2DeviceCopy."""
     if value is not None:
         value = np.asarray(value)
         if dtype is None:

@@ -1,4 +1,4 @@
-"""``optimize_for_inference`` (SPEC.md 2.1): the inference passes, applied in the order of
+"""``optimize_for_inference``: the inference passes, applied in the order of
 :data:`INFERENCE_PRESET`, read top to bottom:
 
 1. ``expand_batch_norm``: BatchNorm in INFERENCE mode becomes ``x * k + b``, ``k`` and ``b``
@@ -516,7 +516,7 @@ def optimize_for_inference(
     use_nchw44_dot: bool = False,
     use_chwn4: bool = False,
 ) -> list[SymbolVar]:
-    """Optimize the graph of ``output_vars`` for inference (SPEC.md 2.1).
+    """Optimize the graph of ``output_vars`` for inference.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""JIT fusion pass (SPEC.md section 3 ``graph_opt.jit``): maximal subgraphs of float Elemwise
+"""JIT fusion pass (graph option ``graph_opt.jit``): maximal subgraphs of float Elemwise
 operators (closed, at jit level 2, by a Reduce) become one :class:`~megbrain.opr.jit.JITExecutor`.
 
 A subgraph grows from its output towards its inputs: an Elemwise joins the subgraph of its

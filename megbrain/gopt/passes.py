@@ -1,4 +1,4 @@
-"""Optimizer passes (SPEC.md section 3 ``graph_opt_level``; DESIGN.md section 3 step 2).
+"""Optimizer passes (graph option ``graph_opt_level``), applied before the comp seq is built.
 
 * level 1: arithmetic simplification while the graph is built (``x*1``, ``x+0``, ``x/x``,
   double negation, elementwise operators over constants), :func:`arith_simplify_on_insert`;
@@ -10,7 +10,7 @@
   unoptimized one at run time (AssertEqual).
 
 A pass is ``f(graph, dest_vars) -> {old var: new var}``; passes are small registered
-functions, so the optimizer is data (see STYLE.md). Most are a *rule* applied by
+functions, so the optimizer is data. Most are a *rule* applied by
 :class:`Rewriter`, the one rewrite engine: a topological sweep that rebuilds each operator
 over its replaced inputs and offers it to the rule.
 """

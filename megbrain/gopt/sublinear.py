@@ -1,4 +1,4 @@
-"""Sublinear memory (SPEC.md section 3 ``enable_sublinear_memory_opt``): recompute forward
+"""Sublinear memory (graph option ``enable_sublinear_memory_opt``): recompute forward
 values for their late (backward) readers instead of keeping them alive, after Chen et al.
 2016, "Training Deep Nets with Sublinear Memory Cost".
 

@@ -1,4 +1,4 @@
-"""AsyncExecutable: the compiled function (DESIGN.md section 3, steps 3-6).
+"""AsyncExecutable: the compiled function (see "Compile pipeline" in docs/architecture.md).
 
 Compiling fixes the comp seq. A *plan* (static shapes, memory, the bound program) is built
 before the first run and rebuilt only when a watched source changes (an input's shape, a

@@ -1,5 +1,4 @@
-"""Static memory planning (DESIGN.md section 3 step 4): place chunks with known lifetimes in
-one arena per comp node.
+"""Static memory planning: place chunks with known lifetimes in one arena per comp node.
 
 The allocator interface mirrors MegBrain's ``StaticMemAlloc``: ``add(begin, end, size, key)``
 registers a chunk live over the half-open step interval ``[begin, end)``;

@@ -1,4 +1,4 @@
-"""Graph options: one record with a documented field each (SPEC.md section 3)."""
+"""Graph options: one record with a documented field each."""
 
 from __future__ import annotations
 

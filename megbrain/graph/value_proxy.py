@@ -1,4 +1,4 @@
-"""The value handed to output callbacks and callback_injector (SPEC.md 1.3)."""
+"""The value handed to output callbacks and callback_injector."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ G = 1 view ``filt[None]``. Pooling reads one strided region of the source per wi
 Every buffer (padded source, column buffer, staging copies) is allocated at bind time, so the
 bound callables allocate nothing. The buffers rewritten on every run (the im2col column
 buffer, backward data's columns and padded gradient) come from :func:`workspace.empty`, so
-the executor places them in the static memory plan (DESIGN.md section 2); the padded source,
+the executor places them in the static memory plan (a workspace); the padded source,
 whose border is written once, stays private. The column buffer is capped at
 :data:`COL_BUFFER_LIMIT` bytes by processing the batch in chunks.
 

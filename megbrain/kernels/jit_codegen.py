@@ -8,10 +8,11 @@ an optional closing reduction ``(mode, axis)`` reduces it on the way (SUM/MEAN/M
 
 Kernels compute in float32 (float16 goes through float32 scratch: Numba has no CPU float16),
 follow the semantics of :mod:`megbrain.kernels.elemwise` op by op, and use vectorizable
-approximations for exp/log/tanh/erf/sigmoid (DESIGN.md section 8). Compiled kernels are
-cached in memory and on disk: each kernel's source is written once to a module named by its
-hash under :func:`cache_dir` and compiled by Numba with ``cache=True``, so another process
-loads the machine code instead of compiling. Numba is imported on the first compile only.
+approximations for exp/log/tanh/erf/sigmoid (Numba's ``math.tanh`` and friends are scalar
+libm calls that do not vectorize). Compiled kernels are cached in memory and on disk: each
+kernel's source is written once to a module named by its hash under :func:`cache_dir` and
+compiled by Numba with ``cache=True``, so another process loads the machine code instead of
+compiling. Numba is imported on the first compile only.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Modules: parameters held as SharedND, built once into a static graph (SPEC.md 5)."""
+"""Modules: parameters held as SharedND, built once into a static graph."""
 
 from __future__ import annotations
 

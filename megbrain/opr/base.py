@@ -1,6 +1,6 @@
 """Shared plumbing of the ``mgb.opr`` functions: SymbolVar, input canonization, configs.
 
-Every operator function follows SPEC.md section 4: ``f(inputs..., *, <params>, name=None,
+Every operator function has the common signature ``f(inputs..., *, <params>, name=None,
 comp_node=None, config=None, comp_graph=None, dtype=None)`` and inserts its operator through
 :func:`insert_opr`, the same path the deserializer uses.
 """
@@ -25,7 +25,7 @@ __all__ = [
 
 
 class SymbolVar:
-    """The Python handle of a var (SPEC.md 2.2): properties, operator overloads, methods.
+    """The Python handle of a var: properties, operator overloads, methods.
 
     ``==`` and ``hash`` compare (graph, var id): they do **not** build an elementwise EQ.
     """
@@ -97,7 +97,7 @@ class SymbolVar:
 
     @property
     def inferred_value(self) -> np.ndarray | None:
-        """A copy of the statically inferred value, or None (SPEC.md 1.9)."""
+        """A copy of the statically inferred value, or None."""
         return infer_value(self.node)
 
     @property

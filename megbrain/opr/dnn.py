@@ -1,4 +1,4 @@
-"""Convolution and pooling operators (SPEC.md 4.4): Convolution, ConvolutionBackwardData,
+"""Convolution and pooling operators: Convolution, ConvolutionBackwardData,
 ConvolutionBackwardFilter, ConvBias, Convolution3D (and its backward oprs), Pooling and
 PoolingBackward, with the ``mgb.opr`` functions ``convolution``, ``deconvolution``,
 ``conv_bias_activation``, ``convolution3d``, ``deconvolution3d`` and ``pooling``.

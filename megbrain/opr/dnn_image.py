@@ -1,4 +1,4 @@
-"""Image operators (SPEC.md 4.4, 4.5): ROIPooling, ROIAlign, WarpPerspective and Resize with
+"""Image operators: ROIPooling, ROIAlign, WarpPerspective and Resize with
 their backward operators, and the ``mgb.opr`` functions ``roi_pooling``, ``roi_align``,
 ``warp_perspective`` and ``resize``.
 

@@ -1,4 +1,4 @@
-"""Locally connected convolution (SPEC.md 4.4): GroupLocal and Local with their backward
+"""Locally connected convolution: GroupLocal and Local with their backward
 operators, and the ``mgb.opr`` functions ``group_local`` and ``local``.
 
 The weights are untied: each output position has its own filter. GroupLocal's filter is

@@ -1,4 +1,4 @@
-"""Normalization operators (SPEC.md 4.4): BatchNorm and LRN with their backward operators, and
+"""Normalization operators: BatchNorm and LRN with their backward operators, and
 the ``mgb.opr`` functions ``batch_norm``, ``batch_norm_no_statistic`` and ``lrn``.
 
 Running statistics: as MegBrain's BatchNormForward, BatchNorm in TRAINING mode with

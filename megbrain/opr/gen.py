@@ -1,4 +1,4 @@
-"""Tensor generation operators (SPEC.md 4.7): Alloc, Linspace and Eye, with their ``mgb.opr``
+"""Tensor generation operators : Alloc, Linspace and Eye, with their ``mgb.opr``
 functions and the shape-input helper the random operators share."""
 
 from __future__ import annotations

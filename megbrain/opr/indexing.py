@@ -1,5 +1,5 @@
 """Basic indexing operators: Subtensor (a view), SetSubtensor and IncrSubtensor, plus the
-``__getitem__`` conversion of SymbolVar (helper.py ``cvt_getitem_to_idx_desc``, SPEC.md 4.6).
+``__getitem__`` conversion of SymbolVar (the reference's helper.py ``cvt_getitem_to_idx_desc``).
 
 The index is a tuple of axis descs in the param; the begin/end/step/index values are extra
 int inputs (ImmutableTensors for Python ints), so shapes are static when they are inferable.
@@ -367,7 +367,7 @@ def subtensor_getitem(var, idx, *, name=None, comp_node=None, config=None) -> Sy
 
 
 class _ModifyIndexer:
-    """``obj[idx]`` builds the modifying operator (SPEC.md 4.6 ``obj(src, ...)[idx]``)."""
+    """``obj[idx]`` builds the modifying operator of ``set_subtensor(src, value)[idx]`` and kin."""
 
     def __init__(self, cls, src, value, cfg):
         self._cls, self._src, self._value, self._cfg = cls, src, value, cfg

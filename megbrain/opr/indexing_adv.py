@@ -1,4 +1,4 @@
-"""Advanced indexing operators (SPEC.md 4.6): one-hot indexing, multi-axis vector indexing
+"""Advanced indexing operators: one-hot indexing, multi-axis vector indexing
 (NumPy integer-array indexing), mesh and batched mesh indexing with their set / incr forms,
 IndexingRemap and ParamPackSplit / ParamPackConcat, with their ``mgb.opr`` functions.
 

@@ -1,4 +1,4 @@
-"""Linear algebra operators beyond matrix products (SPEC.md 4.3): MatrixInverse and SVD over
+"""Linear algebra operators beyond matrix products: MatrixInverse and SVD over
 batches of matrices ``[..., m, n]``, computed by ``numpy.linalg``."""
 
 from __future__ import annotations

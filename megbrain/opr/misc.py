@@ -1,4 +1,4 @@
-"""Selection, sorting and scan operators (SPEC.md 4.2): Argmax, Argmin, Argsort (with
+"""Selection, sorting and scan operators: Argmax, Argmin, Argsort (with
 ArgsortBackward, its gradient), TopK, Cumsum and CondTake, with their ``mgb.opr`` functions."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``Operator``: the Python handle of an operator node (SPEC.md 1.8)."""
+"""``Operator``: the Python handle of an operator node."""
 
 from __future__ import annotations
 

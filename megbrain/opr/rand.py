@@ -1,4 +1,4 @@
-"""Random operators (SPEC.md 4.7): UniformRNG and GaussianRNG, with ``uniform_rng`` and
+"""Random operators: UniformRNG and GaussianRNG, with ``uniform_rng`` and
 ``gaussian_rng``.
 
 Each operator owns a generator seeded from its param when it first runs, so a fresh graph

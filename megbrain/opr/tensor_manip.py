@@ -1,5 +1,5 @@
 """Shape manipulation operators: GetVarShape, Reshape, Broadcast, Dimshuffle, AxisAddRemove
-and Concat (SPEC.md 4.6), with their ``mgb.opr`` functions and ``shape_to_var``.
+and Concat, with their ``mgb.opr`` functions and ``shape_to_var``.
 
 Reshape, Broadcast, Dimshuffle and AxisAddRemove forward read-only views of their input
 (no memory, no work at run time); they copy only when a view is impossible. Their gradients

@@ -1,4 +1,4 @@
-"""Graph utility operators (SPEC.md 4.8): AddUpdate, SetGrad, VirtualGrad, VirtualLoss,
+"""Graph utility operators: AddUpdate, SetGrad, VirtualGrad, VirtualLoss,
 VirtualDep, CallbackInjector, AssertEqual, MarkNoBroadcastElemwise and Identity."""
 
 from __future__ import annotations

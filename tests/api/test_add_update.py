@@ -1,4 +1,4 @@
-"""AddUpdate through the API (SPEC.md 1.7, 1.9, 4.8, 7): in-place updates, SharedScalar
+"""AddUpdate through the API: in-place updates, SharedScalar
 coefficients, ordering, the fast path, and an SGD-with-momentum loop."""
 
 from __future__ import annotations

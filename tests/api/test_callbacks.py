@@ -1,4 +1,4 @@
-"""Output callbacks and value proxies (SPEC.md 1.3, 1.4, 7): threads, lifetime, warnings."""
+"""Output callbacks and value proxies: threads, lifetime, warnings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``mgb.cgtools`` (SPEC.md 2.6): dependency walks, types, operator sequences, replacement."""
+"""``mgb.cgtools``: dependency walks, types, operator sequences, replacement."""
 
 from __future__ import annotations
 

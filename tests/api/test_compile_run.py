@@ -1,4 +1,4 @@
-"""CompGraph.compile and AsyncExec (SPEC.md 1.5, 1.6, 7): inputs, outputs, waits, errors."""
+"""CompGraph.compile and AsyncExec: inputs, outputs, waits, errors."""
 
 from __future__ import annotations
 

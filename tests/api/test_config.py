@@ -1,4 +1,4 @@
-"""``mgb.config`` (SPEC.md 2.7): priority and tracker scopes, extra var deps, device maps."""
+"""``mgb.config``: priority and tracker scopes, extra var deps, device maps."""
 
 from __future__ import annotations
 

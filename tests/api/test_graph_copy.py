@@ -1,7 +1,7 @@
-"""Graph copying (SPEC.md 1.6 ``_do_compile`` with ``copy``, 1.9 ``inter_graph_trans_var``,
-``mark_as_input``, 1.5 ``_find_mutable_input``) and the graph-editing cgtools (2.6
-``replace_vars``, ``replace_oprs``, ``set_priority_to_id``, ``get_oprs_seq``) with the
-scopes of 2.7 (``opr_priority_scope``, ``exc_opr_tracker_scope``)."""
+"""Graph copying (``_do_compile`` with ``copy``, ``inter_graph_trans_var``, ``mark_as_input``,
+``_find_mutable_input``) and the graph-editing cgtools (``replace_vars``, ``replace_oprs``,
+``set_priority_to_id``, ``get_oprs_seq``) with the ``mgb.config`` scopes
+(``opr_priority_scope``, ``exc_opr_tracker_scope``)."""
 
 from __future__ import annotations
 

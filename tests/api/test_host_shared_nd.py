@@ -1,4 +1,4 @@
-"""_HostSharedND and make_arg (SPEC.md 1.2, 2.1): host inputs, borrowing, static inference."""
+"""_HostSharedND and make_arg: host inputs, borrowing, static inference."""
 
 from __future__ import annotations
 

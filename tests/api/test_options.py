@@ -1,4 +1,4 @@
-"""Graph options (SPEC.md 3, 2.1 ``comp_graph``, 2.7 ``set_comp_graph_option``)."""
+"""Graph options, given to ``comp_graph`` or set with ``config.set_comp_graph_option``."""
 
 from __future__ import annotations
 

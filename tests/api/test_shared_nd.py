@@ -1,4 +1,4 @@
-"""SharedND (SPEC.md 1.1): values, copies, sub-copies, memory sharing, lazy init, pickling."""
+"""SharedND: values, copies, sub-copies, memory sharing, lazy init, pickling."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SharedScalar (SPEC.md 1.7): dtype lock, updates reaching compiled functions, pickling."""
+"""SharedScalar: dtype lock, updates reaching compiled functions, pickling."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""optimize_for_inference (SPEC.md 2.1): each inference pass rewrites what it should and
+"""optimize_for_inference: each inference pass rewrites what it should and
 keeps the results; the flags; ``compile(optimize_for_inference=True)``."""
 
 from __future__ import annotations

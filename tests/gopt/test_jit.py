@@ -1,4 +1,4 @@
-"""JIT fusion (SPEC.md section 3 ``graph_opt.jit``): the jit_fusion pass, JITExecutor, the
+"""JIT fusion (graph option ``graph_opt.jit``): the jit_fusion pass, JITExecutor, the
 generated kernels and their caches.
 
 Numba compiles each distinct kernel in about a second, so the tests reuse a few expressions

@@ -1,4 +1,4 @@
-"""Graph optimizer passes (SPEC.md section 3 ``graph_opt_level``): level-1 simplification at
+"""Graph optimizer passes (graph option ``graph_opt_level``): level-1 simplification at
 insertion, the level-2 PRESET passes before compile (each rewrites and keeps the results),
 level 0, the negative-level check, log_level 2 logs and get_graph_optimizer_replaced_var."""
 

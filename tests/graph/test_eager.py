@@ -1,4 +1,4 @@
-"""Eager evaluation (SPEC.md 3 ``eager_evaluation``, 2.1 ``ProxySharedNDAndSymbolVar``, 7):
+"""Eager evaluation (graph option ``eager_evaluation``, ``ProxySharedNDAndSymbolVar``):
 values at insertion, re-evaluation of only the dependents of a changed source, failed
 insertions, compiling a non-eager copy, and bounded memory in long loops."""
 

@@ -1,4 +1,4 @@
-"""The static allocator on its own (DESIGN.md section 3 step 4): random interval sets against
+"""The static allocator on its own: random interval sets against
 the lower bound, overwrite specs, alignment and errors."""
 
 from __future__ import annotations

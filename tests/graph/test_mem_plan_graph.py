@@ -1,4 +1,4 @@
-"""The static memory plan of compiled functions (SPEC.md 1.5, 1.6, 3; DESIGN.md section 3 step 4):
+"""The static memory plan of compiled functions:
 live vars never share memory (checked with sentinels), results do not depend on the plan, and
 the introspection functions."""
 

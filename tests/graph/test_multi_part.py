@@ -1,4 +1,4 @@
-"""Multi-part compile (SPEC.md 1.6 ``compile_multi_part``): each part runs only what its
+"""Multi-part compile (``compile_multi_part``): each part runs only what its
 outputs need and reuses what earlier parts computed; parts run in order; priorities,
 callbacks, dynamic memory, errors and inputs per part."""
 

@@ -1,4 +1,4 @@
-"""Sublinear memory (SPEC.md 3 ``enable_sublinear_memory_opt``, 2.7
+"""Sublinear memory (graph option ``enable_sublinear_memory_opt``,
 ``set_opr_sublinear_memory_endpoint``): recomputation for late readers, identical results,
 a smaller static plan, and what is never duplicated."""
 

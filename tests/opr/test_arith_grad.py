@@ -1,6 +1,6 @@
 """Gradients of Elemwise (every mode), Reduce (every mode) and TypeCvt against float64 finite
-differences; accumulation, non-dependencies, second order, VirtualGrad and ``mgb.grad``
-(SPEC.md 1.9 ``_grad``, 2.1 ``grad``, 7 Gradients)."""
+differences; accumulation, non-dependencies, second order, VirtualGrad, ``mgb.grad`` and
+the binding's ``_grad``."""
 
 from __future__ import annotations
 

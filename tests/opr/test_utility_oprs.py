@@ -1,4 +1,4 @@
-"""Graph utility operators (SPEC.md 4.8, 2.1 ``current_grad_target``): set_grad, zero_grad,
+"""Graph utility operators (with ``current_grad_target``): set_grad, zero_grad,
 virtual_loss, virtual_dep, callback_injector, assert_equal, mark_no_broadcast_elemwise,
 identity, and add_extra_vardep together with gradients."""
 
