@@ -65,3 +65,50 @@ class ShapeDescError(GraphError, builtins.AssertionError):
     Also an ``AssertionError``: the reference binding checked shape descriptors with asserts,
     and code written against it catches that class.
     """
+
+
+# User code run inside a function (output callbacks, callback_injector callbacks, Python
+# operators) raises its own exceptions; they are re-raised as they are, so that
+# ``except ValueError`` works as with the reference binding, which restored the Python
+# exception after it crossed the C++ runtime. This attribute tells them from errors of our
+# own kernels, which the executor wraps in a MegBrainError naming the operator.
+_USER_EXC_ATTR = "_mgb_user_exception"
+
+
+def mark_user_exception(exc: BaseException, note: str) -> BaseException:
+    """Mark ``exc``, raised by user code running inside a function, to be re-raised as it is.
+
+    Parameters
+    ----------
+    exc:
+        The exception the user's code raised.
+    note:
+        Where it was raised (the operator or var); added with ``exc.add_note`` (appended to
+        ``__notes__`` on Python 3.10), once even if ``exc`` passes several wrappers.
+
+    Returns
+    -------
+    BaseException
+        ``exc`` itself.
+    """
+    if getattr(exc, _USER_EXC_ATTR, False):
+        return exc
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10: no add_note, but __notes__ is where 3.11+ keeps them
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]
+    setattr(exc, _USER_EXC_ATTR, True)
+    return exc
+
+
+def user_exception_note(where: str, tracker: object = None) -> str:
+    """The note :func:`mark_user_exception` adds: ``where``, then the operator's tracker (see
+    ``exc_opr_tracker_scope``) as a MegBrainError shows it."""
+    if tracker is None:
+        return where
+    return f"{where}\nException tracker:\n  {tracker!r}"
+
+
+def is_user_exception(exc: BaseException) -> bool:
+    """Whether ``exc`` was marked by :func:`mark_user_exception`."""
+    return getattr(exc, _USER_EXC_ATTR, False)

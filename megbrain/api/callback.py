@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
-import traceback
 import warnings
 from abc import ABC, abstractmethod
 
 import numpy as np
 
 from ..device.worker import Worker
-from ..errors import MegBrainError
+from ..errors import MegBrainError, mark_user_exception, user_exception_note
 from ..graph.value_proxy import CompGraphCallbackValueProxy
 
 __all__ = [
@@ -132,6 +131,10 @@ class CallbackWorker:
         err, self.error = self.error, None
         return err
 
+    def on_thread(self) -> bool:
+        """Whether the caller is a callback running on this worker (waiting would deadlock)."""
+        return self._worker is not None and self._worker.on_thread()
+
     def stop(self) -> None:
         if self._worker is not None:
             self._worker.stop()
@@ -142,21 +145,24 @@ def make_graph_callback(user_cb, var, worker: CallbackWorker, nr_vars: int = 1):
     """Wrap a user callback into the ``f(array)`` the graph executor calls.
 
     ``callback_lazycopy`` callbacks run inline with a proxy over the device value; others
-    copy the value eagerly and run on ``worker``.
+    copy the value eagerly and run on ``worker``. An exception of the callback reaches the
+    caller of ``wait()`` as it is, with a note naming the var and its operator (and the
+    operator's tracker, if any).
     """
     lazy = isinstance(user_cb, callback_lazycopy)
     fn = user_cb.func if lazy else user_cb
     proxy = CompGraphCallbackValueProxy(var.comp_node)
-    name = var.name
+    opr = var.owner
+    where = (
+        f"raised by the output callback of var {var.name!r} (operator {opr.type_name} {opr.name!r})"
+    )
 
     def call_py(p):
         try:
             fn(p)
         except BaseException as exc:
-            raise MegBrainError(
-                f"error in callback of var {name!r}: {type(exc).__name__}: {exc}\n"
-                + "".join(traceback.format_exception(exc))
-            ) from exc
+            mark_user_exception(exc, user_exception_note(where, opr.tracker))
+            raise
         finally:
             p.on_finished()
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Sequence
 
 from .. import gopt
-from ..errors import GraphError, MegBrainError
+from ..errors import GraphError, MegBrainError, is_user_exception
 from ..graph import ComputingGraph, GraphOptions
 from ..opr.base import SymbolVar, as_var
 from .callback import CallbackWorker, FuncOutputSaver, copy_output, make_graph_callback
@@ -44,11 +45,30 @@ class CompGraph(ComputingGraph):
         return bool(self.options.eager_evaluation)
 
     def release(self) -> int:
-        """Drop the graph's compiled state; returns 1 (the owner reference released)."""
+        """Release the graph, as the reference destroys it: its current function is
+        invalidated, and from now on :meth:`get`, making vars and compiling on it raise.
+
+        Returns
+        -------
+        int
+            The use count before the release: 1 the first time (this object owned the
+            graph), 0 once it has been released.
+        """
+        if self._released:
+            return 0
         if self.current_exec is not None:
             self.current_exec._invalidate()
             self.current_exec = None
         self._released = True
+
+        def refuse(graph, opr):
+            raise GraphError(
+                f"{opr.type_name}: can not add an operator to CompGraph #{graph.id}: the graph "
+                "has been released"
+            )
+
+        # every operator insertion (vars, constants, shared tensors) runs the rewriters first
+        self.insert_rewriters.insert(0, refuse)
         return 1
 
     def get(self):
@@ -67,7 +87,13 @@ class CompGraph(ComputingGraph):
         outspec:
             A ``copy_output``, or a list of ``copy_output``, bare vars (compute only) and
             ``(var, callback)`` pairs.
+        copy:
+            Compile a copy of the graph when it has a current function, which then stays
+            valid; without one, compile in place (as the reference). Eager graphs always
+            compile a non-eager copy.
         """
+        if self._released:
+            raise GraphError(f"compile: CompGraph #{self.id} has been released")
         expand_single = isinstance(outspec, copy_output)
         items = [outspec] if expand_single else list(outspec)
         user_outs = _user_copy_outputs(items)
@@ -75,7 +101,7 @@ class CompGraph(ComputingGraph):
             # gopt::optimize_for_inference with default options, before any graph copy
             items = _map_item_vars(items, gopt.optimize_nodes_for_inference)
         target, trans = self, {}
-        if copy or self.is_eager():
+        if (copy and self.current_exec is not None) or self.is_eager():
             # compile a non-eager copy; this graph's current function stays valid
             opts = self.options.copy()
             opts.eager_evaluation = False
@@ -113,6 +139,8 @@ class CompGraph(ComputingGraph):
         parts; running part 0 again starts a new sequence.
         """
 
+        if self._released:
+            raise GraphError(f"compile_multi_part: CompGraph #{self.id} has been released")
         if self.is_eager():
             raise MegBrainError("compile_multi_part is not supported on eager graphs")
         # optimize all parts together: rewrites then see every part's readers, so a later
@@ -331,10 +359,27 @@ class AsyncExec:
         self._expand_single = expand_single and len(copied) == 1
 
     def __del__(self):
+        # as the reference's destructor: finish the run and the eager callbacks still pending
+        # before the callback worker goes. Not from a callback dropping the last reference
+        # (it can not wait for itself), nor while the interpreter finalizes (worker threads
+        # no longer run). Nothing can be raised from here: a failed run becomes a warning.
+        worker = getattr(self, "_cb_worker", None)
+        if worker is None:
+            return
         try:
-            self._cb_worker.stop()
-        except Exception:  # noqa: BLE001 - best effort at teardown
-            pass
+            if self._func is not None and not worker.on_thread() and not sys.is_finalizing():
+                self.wait()
+        except BaseException as exc:  # noqa: BLE001 - reported, not raised, at teardown
+            try:
+                warnings.warn(
+                    f"AsyncExec deleted after a failed run: {type(exc).__name__}: {exc}",
+                    RuntimeWarning,
+                    stacklevel=1,
+                )
+            except Exception:  # noqa: BLE001 - warnings may be gone at interpreter exit
+                pass
+        finally:
+            worker.stop()
 
     # ---- inputs ----------------------------------------------------------------------------
     def _find_mutable_input(self) -> set:
@@ -466,7 +511,9 @@ class AsyncExec:
             self._cb_worker.wait()
             err = self._cb_worker.take_error()
         if err is not None:
-            raise err if isinstance(err, MegBrainError) else MegBrainError(str(err))
+            if isinstance(err, MegBrainError) or is_user_exception(err):
+                raise err  # a callback's own exception reaches the caller as it is
+            raise MegBrainError(f"callback worker failed: {type(err).__name__}: {err}") from err
         return self
 
     def disable_auto_wait(self) -> None:

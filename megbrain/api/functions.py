@@ -9,7 +9,7 @@ from ..errors import MegBrainError
 from ..graph.value_proxy import CompGraphCallbackValueProxy
 from ..opr import grad as _grad_mod
 from ..opr.base import SymbolVar, as_var
-from ..opr.utility import virtual_grad
+from ..opr.utility import add_update_apply, add_update_coefs, virtual_grad
 
 __all__ = [
     "grad",
@@ -54,7 +54,26 @@ def current_grad_target(comp_graph) -> SymbolVar | None:
 
 
 def _add_update_fastpath(dest, delta, alpha=1.0, beta=1.0, bias=0.0) -> None:
-    """``dest = alpha*dest + beta*delta + bias`` on device tensors, outside any graph."""
+    """``dest = alpha*dest + beta*delta + bias`` on device tensors, outside any graph.
+
+    Computed as the AddUpdate operator does: in dest's dtype, with the coefficients cast to
+    it, in place.
+
+    Parameters
+    ----------
+    dest : SharedND
+        The tensor updated.
+    delta : SharedND or CompGraphCallbackValueProxy
+        Of dest's dtype and comp node; broadcast to dest's shape.
+    alpha, beta, bias : float
+        The coefficients; integer values for an integer dest.
+
+    Raises
+    ------
+    MegBrainError
+        For an empty tensor, a comp node, dtype or shape mismatch, or a coefficient the
+        dest's dtype can not represent exactly.
+    """
     from .shared import SharedND
 
     if not isinstance(dest, SharedND):
@@ -92,11 +111,7 @@ def _add_update_fastpath(dest, delta, alpha=1.0, beta=1.0, bias=0.0) -> None:
         raise MegBrainError(
             f"_add_update_fastpath: delta shape {d.shape} can not broadcast to {out.shape}"
         ) from None
-    if alpha == 0 and beta == 1 and bias == 0:
-        np.copyto(out, d)
-        return
-    res = out * alpha + d * beta + bias if alpha != 0 else d * beta + bias
-    np.copyto(out, res, casting="unsafe")
+    add_update_apply(out, d, add_update_coefs(out.dtype, alpha, beta, bias))
 
 
 def get_graph_optimizer_replaced_var(src) -> SymbolVar:

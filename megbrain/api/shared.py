@@ -3,14 +3,16 @@ ProxySharedNDAndSymbolVar and make_shared / make_arg / make_immutable."""
 
 from __future__ import annotations
 
+import operator
 import os
 import warnings
 
 import numpy as np
 
 from ..device import CPU, CompNode, as_comp_node
-from ..dtype import canonize_dtype, convert_array, to_mgb_supported_dtype
+from ..dtype import canonize_dtype, convert_array, same_dtype, to_mgb_supported_dtype
 from ..errors import ConversionError, MegBrainError
+from ..graph.value_proxy import pubapi_dev_tensor_ptr
 from ..opr import io
 from ..opr.base import SymbolVar, as_var
 from ..tensor import DeviceTensorND, HostTensorND, Slice
@@ -32,6 +34,30 @@ _EAGER_COPY_WARN = (
     "copy from eager-copied CompGraphCallbackValueProxy into SharedND; "
     "consider using callback_lazycopy"
 )
+_EAGER_SHARE_WARN = (
+    "share value from eager-copied CompGraphCallbackValueProxy into SharedND; "
+    "consider using callback_lazycopy"
+)
+
+
+def _alloc_shape(shape, what: str) -> tuple:
+    """``shape`` as a tuple of ints, refusing an empty shape and zero-sized or negative dims
+    (the reference's ``vec2shape`` asserts both)."""
+    try:
+        shp = tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise MegBrainError(f"{what}: bad shape {shape!r}: expected a sequence of ints") from None
+    if not shp or min(shp) <= 0:
+        raise MegBrainError(
+            f"{what}: bad shape {shp}: a shape must be non-empty with every dim positive"
+        )
+    return shp
+
+
+def _np_scalar_type(dt: np.dtype):
+    """The reference's ``dtype_mgb2np``: the NumPy scalar type (``np.float32``), or the dtype
+    itself when it carries parameters (a quantized dtype's scale and zero point)."""
+    return dt if dt.metadata else dt.type
 
 
 class SharedND:
@@ -86,23 +112,63 @@ class SharedND:
             self._lazy_init = None
             self.set_value(init.get_value())
 
+    def _get_dtype(self):
+        """The dtype as the reference returns it: the NumPy scalar type (``np.float32``), or
+        the dtype object for parametrized (quantized) dtypes."""
+        return _np_scalar_type(self._dev.dtype)
+
+    def _pubapi_dev_tensor_ptr(self, version: int) -> int:
+        """An address for external libraries.
+
+        Parameters
+        ----------
+        version:
+            0: the raw data pointer. 1: the reference's address of a C++
+            ``mgb::pubapi::DeviceTensor`` struct, which has no meaning in a Python runtime:
+            it raises.
+
+        Returns
+        -------
+        int
+            The data pointer (version 0).
+
+        Raises
+        ------
+        MegBrainError
+            For version 1 or an unknown version.
+        """
+        return pubapi_dev_tensor_ptr(version, self._dev.raw_ptr)
+
     @property
     def dev_ptr(self) -> int:
-        return self._dev.raw_ptr
+        """The raw data pointer (``_pubapi_dev_tensor_ptr(0)``)."""
+        return self._pubapi_dev_tensor_ptr(0)
 
-    pubapi_dev_tensor_ptr = dev_ptr
+    @property
+    def pubapi_dev_tensor_ptr(self) -> int:
+        """Raises :class:`MegBrainError`: the reference returned the address of a C++
+        ``mgb::pubapi::DeviceTensor`` (version 1), which a Python runtime does not have. Use
+        :attr:`dev_ptr` for the raw data pointer."""
+        return self._pubapi_dev_tensor_ptr(1)
 
     # ---- values ----------------------------------------------------------------------------
     def _set_init_shape(self, shape):
+        shape = _alloc_shape(shape, "_set_init_shape")
         if self._dev.shape_valid():
             raise MegBrainError("_set_init_shape: the SharedND already has a shape")
         self._dev.resize(shape)
 
     def resize(self, *shape) -> SharedND:
-        """Resize (data not initialised); ``resize(2, 3)`` or ``resize((2, 3))``."""
+        """Resize (data not initialised); ``resize(2, 3)`` or ``resize((2, 3))``.
+
+        Raises
+        ------
+        MegBrainError
+            For an empty shape or a dim that is not positive.
+        """
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = tuple(shape[0])
-        self._dev.resize(shape)
+        self._dev.resize(_alloc_shape(shape, "SharedND.resize"))
         return self
 
     def reset_zero(self) -> None:
@@ -120,9 +186,8 @@ class SharedND:
             if not isinstance(w, CompGraphCallbackValueProxy):
                 raise MegBrainError("set_value(share=True) needs a CompGraphCallbackValueProxy")
             if w.eager_copied:
-                warnings.warn(_EAGER_COPY_WARN, stacklevel=2)
-            arr = w.dev_value
-            self._dev = DeviceTensorND.from_ndarray(arr, self.comp_node, borrow=True)
+                warnings.warn(_EAGER_SHARE_WARN, stacklevel=2)
+            self._share_from_value_proxy(w)
             return self
         self._set_copy_sync(sync)
         if isinstance(w, CompGraphCallbackValueProxy):
@@ -162,6 +227,18 @@ class SharedND:
         self.comp_node.impl.copy(dev.as_ndarray(), src)
         self._refkeeper = None
 
+    def _share_from_value_proxy(self, proxy: CompGraphCallbackValueProxy) -> None:
+        """Use the callback value's buffer, zero copy (its shape, dtype and comp node too).
+
+        The tensor object stays the same (the reference assigns into ``*m_dev_tensor``), so
+        graphs and aliases built on this SharedND see the new buffer. The buffer belongs to
+        the running function: its next run may overwrite it.
+        """
+        src = DeviceTensorND.from_ndarray(proxy.dev_value, proxy.comp_node, borrow=True)
+        self._lazy_init = None
+        self._dev.reset(src.storage, src.layout)
+        self._refkeeper = None
+
     def _copy_from_array(self, arr) -> None:
         arr = np.asarray(arr)
         dt = self._dev.dtype
@@ -190,8 +267,9 @@ class SharedND:
 
     def copy_from_shared_sub(self, rhs: SharedND, axis: int, begin, end, step) -> None:
         """Copy from ``rhs``: axis -3 whole tensor in place, -2 whole (may resize), else a
-        slice of ``rhs`` along ``axis``."""
-        _check_peer(self, rhs, "copy_from_shared_sub")
+        slice of ``rhs`` along ``axis``. ``rhs`` may live on another comp node (the copy
+        then waits for the work already dispatched there); dtypes must match."""
+        _check_shared(rhs, "copy_from_shared_sub")
         if axis == -3:
             self._dev.copy_from_fixlayout(rhs._dev)
         elif axis == -2:
@@ -203,8 +281,9 @@ class SharedND:
             self._dev.sync()
 
     def copy_to_sub_from_shared(self, axis: int, begin, end, step, rhs: SharedND) -> None:
-        """Write ``rhs`` into the slice of self along ``axis``; always syncs."""
-        _check_peer(self, rhs, "copy_to_sub_from_shared")
+        """Write ``rhs`` (on any comp node) into the slice of self along ``axis``; always
+        syncs."""
+        _check_shared(rhs, "copy_to_sub_from_shared")
         spec = Slice(begin, end, step).apply(self._dev.layout, axis)
         self._dev.sub(spec).copy_from_fixlayout(rhs._dev).sync()
 
@@ -256,9 +335,14 @@ class SharedND:
         return f"SharedND(shape={self.shape}, dtype={self.dtype}, comp_node={self.comp_node})"
 
 
-def _check_peer(a: SharedND, b: SharedND, what: str) -> None:
+def _check_shared(b: SharedND, what: str) -> None:
     if not isinstance(b, SharedND):
         raise MegBrainError(f"{what}: expected a SharedND, got {type(b).__name__}")
+
+
+def _check_peer(a: SharedND, b: SharedND, what: str) -> None:
+    """Memory sharing needs the same dtype and comp node (copies only need a SharedND)."""
+    _check_shared(b, what)
     if a.dtype != b.dtype or a.comp_node != b.comp_node:
         raise MegBrainError(
             f"{what}: dtype/comp node mismatch: {a.dtype}@{a.comp_node} vs {b.dtype}@{b.comp_node}"
@@ -298,8 +382,10 @@ class _HostSharedND:
             return f"<HostSharedND proxy at {id(self):#x} for {self._proxied_opr.name}>"
         return f"<HostSharedND at {id(self):#x}>"
 
-    def _get_dtype(self) -> np.dtype:
-        return self._tensor.dtype
+    def _get_dtype(self):
+        """The dtype as the reference returns it: the NumPy scalar type (``np.float32``), or
+        the dtype object for parametrized (quantized) dtypes."""
+        return _np_scalar_type(self._tensor.dtype)
 
     def enable_borrow_on_cpu(self, flag: bool) -> None:
         self._borrow_on_cpu = bool(flag)
@@ -319,7 +405,14 @@ class _HostSharedND:
         return self.as_sym_var(comp_graph, enable_static_infer, name)
 
     def _resize(self, shape) -> None:
-        """Resize (data not initialised); borrowed storage is first replaced by our own."""
+        """Resize (data not initialised); borrowed storage is first replaced by our own.
+
+        Raises
+        ------
+        MegBrainError
+            For an empty shape or a dim that is not positive, as the reference.
+        """
+        shape = _alloc_shape(shape, "_HostSharedND._resize")
         t = self._tensor
         if self._borrowed_ptr is not None:
             fresh = HostTensorND(t.comp_node, shape, t.dtype)
@@ -404,14 +497,32 @@ class _HostSharedND:
         return t.as_ndarray().copy()
 
 
+def _scalar_value(val) -> np.ndarray:
+    """``val`` (a Python scalar, a 0-d or a 1-element 1-d value) as a (1,) array of the dtype
+    megbrain gives it (float64 -> float32, int64 -> int32)."""
+    arr = np.asarray(val)
+    if arr.shape not in ((), (1,)):
+        raise MegBrainError(
+            f"value given to SharedScalar must be scalar (a number, a 0-d or a (1,) array); "
+            f"got shape {arr.shape}"
+        )
+    return convert_array(arr.reshape(1), to_mgb_supported_dtype(arr.dtype))
+
+
 class SharedScalar:
-    """A scalar whose updates reach compiled functions without recompiling."""
+    """A scalar whose updates reach compiled functions without recompiling.
+
+    Parameters
+    ----------
+    val:
+        A Python scalar, or a 0-d or 1-element 1-d array; its dtype (float64 and int64
+        mapped to float32 and int32) is the scalar's until set() changes it. Once the dtype
+        is locked (by :meth:`lock_dtype` or a graph using the scalar), set() only accepts
+        values of that same dtype.
+    """
 
     def __init__(self, val):
-        arr = np.asarray(val)
-        if arr.size != 1:
-            raise MegBrainError(f"SharedScalar needs a scalar, got shape {arr.shape}")
-        self._value = convert_array(arr.reshape(1), to_mgb_supported_dtype(arr.dtype))
+        self._value = _scalar_value(val)
         self._locked = False
         self._dev_copies: dict = {}
 
@@ -427,21 +538,24 @@ class SharedScalar:
         self._locked = True
 
     def set(self, val) -> None:
-        """Set the value; every device copy follows at once."""
-        arr = np.asarray(val)
-        if arr.size != 1:
-            raise MegBrainError(f"SharedScalar needs a scalar, got shape {arr.shape}")
+        """Set the value; every device copy follows at once.
+
+        Raises
+        ------
+        MegBrainError
+            For a value that is not a scalar, or, once the dtype is locked, of another dtype
+            (a Python float is float32, a Python int int32).
+        """
+        new = _scalar_value(val)
         if self._locked:
-            if to_mgb_supported_dtype(arr.dtype) != self.dtype and not (
-                arr.dtype.kind == self.dtype.kind
-            ):
+            if not same_dtype(new.dtype, self.dtype):
                 raise MegBrainError(
                     f"dtype for SharedScalar has been locked as {self.dtype}, but attempt to "
-                    f"set it to {arr.dtype}"
+                    f"set it to {new.dtype}"
                 )
-            self._value[0] = arr.reshape(-1)[0]
+            self._value[0] = new[0]
         else:
-            self._value = convert_array(arr.reshape(1), to_mgb_supported_dtype(arr.dtype))
+            self._value = new
         for dev in self._dev_copies.values():
             dev.sync()
             np.copyto(dev.as_ndarray(), self._value)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import GraphError, MegBrainError
+from ..errors import GraphError, MegBrainError, is_user_exception
 from ..kernels import workspace
 from .comp_seq import data_inputs, topo_order
 from .mem_plan import StaticAllocator
@@ -632,6 +632,8 @@ class AsyncExecutable:
 
     @staticmethod
     def _wrap_error(opr, exc: BaseException) -> BaseException:
+        if is_user_exception(exc):
+            return exc  # the user's own exception, already noted with where it was raised
         if isinstance(exc, MegBrainError) and opr is not None and opr.name in str(exc):
             if exc.tracker is None:
                 exc.tracker = opr.tracker

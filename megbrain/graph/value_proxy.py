@@ -9,7 +9,43 @@ import numpy as np
 
 from ..errors import MegBrainError
 
-__all__ = ["CompGraphCallbackValueProxy"]
+__all__ = ["CompGraphCallbackValueProxy", "pubapi_dev_tensor_ptr"]
+
+
+def pubapi_dev_tensor_ptr(version: int, raw_ptr: int) -> int:
+    """The address the reference's ``_pubapi_dev_tensor_ptr(version)`` returns.
+
+    Parameters
+    ----------
+    version:
+        0: the raw data pointer. 1: the address of a C++ ``mgb::pubapi::DeviceTensor``
+        struct, which C++ extensions read; a Python runtime has no such struct, so this
+        raises instead of handing out an address that would be misread.
+    raw_ptr:
+        The tensor's data pointer.
+
+    Returns
+    -------
+    int
+        ``raw_ptr`` for version 0.
+
+    Raises
+    ------
+    MegBrainError
+        For version 1 or an unknown version.
+    """
+    if version == 0:
+        return raw_ptr
+    if version == 1:
+        raise MegBrainError(
+            "pubapi_dev_tensor_ptr (version 1) is the address of a C++ mgb::pubapi::DeviceTensor "
+            "struct, which this Python runtime does not have; use dev_ptr (version 0) for the "
+            "raw data pointer"
+        )
+    raise MegBrainError(
+        f"unknown pubapi_dev_tensor_ptr version {version!r} (0: the raw data pointer, "
+        "1: a mgb::pubapi::DeviceTensor)"
+    )
 
 
 class CompGraphCallbackValueProxy:
@@ -95,9 +131,19 @@ class CompGraphCallbackValueProxy:
         src = self._hv if self._eager else self._dev
         return src if borrow_mem else np.array(src)
 
+    def _pubapi_dev_tensor_ptr(self, version: int) -> int:
+        """The raw data pointer (version 0); version 1 raises (see
+        :func:`pubapi_dev_tensor_ptr`)."""
+        self._check()
+        return pubapi_dev_tensor_ptr(version, self._dev.__array_interface__["data"][0])
+
     @property
     def dev_ptr(self) -> int:
-        self._check()
-        return self._dev.__array_interface__["data"][0]
+        """The address of the device value's data."""
+        return self._pubapi_dev_tensor_ptr(0)
 
-    pubapi_dev_tensor_ptr = dev_ptr
+    @property
+    def pubapi_dev_tensor_ptr(self) -> int:
+        """Raises: the reference returned a C++ ``mgb::pubapi::DeviceTensor`` address here
+        (version 1), which has no meaning in a Python runtime; use :attr:`dev_ptr`."""
+        return self._pubapi_dev_tensor_ptr(1)

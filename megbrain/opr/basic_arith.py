@@ -17,6 +17,7 @@ from ..dtype import (
     is_lowbit,
     is_quantize,
     same_dtype,
+    to_mgb_supported_dtype,
 )
 from ..errors import ConversionError, MegBrainError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
@@ -542,18 +543,45 @@ def sqrt(inp) -> SymbolVar:
 
 
 def fill_retain_dtype(var, value) -> SymbolVar:
-    """A var with ``var``'s shape and dtype filled with the scalar ``value``."""
-    if np.ndim(value) != 0:
-        raise ConversionError(f"fill_retain_dtype: value must be a scalar, got {value!r}")
+    """A var with ``var``'s shape and dtype filled with ``value``.
+
+    Parameters
+    ----------
+    var:
+        The var whose shape and dtype the result has.
+    value:
+        A number, or a 0-d or (1,) array, of an integer or floating dtype: float64 and int64
+        values are first taken as float32 and int32, then cast to ``var``'s dtype (a float
+        truncates toward zero for an integer dtype), as the reference converts them.
+
+    Returns
+    -------
+    SymbolVar
+        The filled var.
+
+    Raises
+    ------
+    ConversionError
+        For a value of another shape, a bool or non-numeric value, or a quantized or
+        low-bit ``var``.
+    """
+    arr = np.asarray(value)
+    if arr.shape not in ((), (1,)):
+        raise ConversionError(
+            f"fill_retain_dtype: value must be a scalar (a number, a 0-d or a (1,) array), "
+            f"got shape {arr.shape}"
+        )
+    if arr.dtype.kind not in "iuf" and not is_bfloat16(arr.dtype):
+        raise ConversionError(f"fill_retain_dtype: unsupported value dtype {arr.dtype}")
+    src = arr.reshape(1).astype(to_mgb_supported_dtype(arr.dtype))
     (v,) = canonize_input_vars([var])
     dt = v.dtype
     if is_quantize(dt) or is_lowbit(dt) or getattr(dt, "metadata", None):
-        raise ConversionError(f"fill_retain_dtype: unsupported value dtype {dt}")
-    value = int(value) if np.issubdtype(dt, np.integer) else float(value)
+        raise ConversionError(f"fill_retain_dtype: unsupported var dtype {dt}")
     from .io import make_immutable
     from .tensor_manip import broadcast, get_var_shape
 
-    const = make_immutable(v.comp_node, v.graph, np.array(value, dtype=dt).reshape(1), dtype=dt)
+    const = make_immutable(v.comp_node, v.graph, src.astype(dt), dtype=dt)
     return broadcast(const, get_var_shape(SymbolVar(v)))
 
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtype import is_bfloat16, same_dtype
 from ..errors import AssertionError as MgbAssertionError
-from ..errors import GraphError, MegBrainError
+from ..errors import GraphError, MegBrainError, mark_user_exception, user_exception_note
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.value_proxy import CompGraphCallbackValueProxy
@@ -163,12 +164,17 @@ class CallbackInjector(_Forward):
     def bind(self, ins, outs):
         proxies = [CompGraphCallbackValueProxy(v.comp_node) for v in self.inputs]
         cb, single = self.cb, len(ins) == 1
+        where = f"raised by the callback of operator {self.type_name} {self.name!r}"
 
         def run():
             for p, a in zip(proxies, ins):
                 p.setup(a, False)
             try:
                 cb(proxies[0] if single else list(proxies))
+            except BaseException as exc:
+                # the user's exception is re-raised as it is (see mark_user_exception)
+                mark_user_exception(exc, user_exception_note(where, self.tracker))
+                raise
             finally:
                 for p in proxies:
                     p.on_finished()
@@ -253,13 +259,124 @@ class AddUpdateParam(ParamBase):
         return {n: js(v) for n, v in zip(("alpha", "beta", "bias", "disable"), self.coefs())}
 
 
+# ---- the AddUpdate kernel (also mgb._add_update_fastpath's) ---------------------------------
+#: elements in one block of the ``beta * delta`` scratch buffer
+_ADD_UPDATE_BLOCK = 1 << 14
+
+
+def add_update_coefs(dtype, alpha, beta, bias) -> tuple | None:
+    """The coefficients of ``dest = alpha*dest + beta*delta + bias`` as MegDNN AddUpdate
+    takes them: float32 values cast to the dest's dtype.
+
+    Parameters
+    ----------
+    dtype:
+        The dest's dtype: a float (float32, float16, bfloat16) or integer dtype.
+    alpha, beta, bias:
+        The coefficients (numbers); for an integer dtype each must be an integer value, as
+        MegDNN checks, and it wraps into the dtype as the integer arithmetic does.
+
+    Returns
+    -------
+    tuple or None
+        ``(alpha, beta, bias)`` as scalars of ``dtype``; None for alpha 0, beta 1 and bias 0,
+        which the reference runs as a plain copy ``dest = delta``.
+
+    Raises
+    ------
+    MegBrainError
+        For another dtype, or a coefficient an integer dtype can not represent exactly.
+    """
+    dt = np.dtype(dtype)
+    if dt.metadata or not (dt.kind in "iuf" or is_bfloat16(dt)):
+        raise MegBrainError(f"AddUpdate: dest dtype {dt} is not supported (float or integer only)")
+    f32 = [np.float32(v) for v in (alpha, beta, bias)]
+    if f32[0] == 0 and f32[1] == 1 and f32[2] == 0:
+        return None
+    if dt.kind not in "iu":
+        return tuple(dt.type(v) for v in f32)
+    out = []
+    for name, v in zip(("alpha", "beta", "bias"), f32):
+        if not (np.isfinite(v) and v == np.floor(v)):
+            raise MegBrainError(
+                f"AddUpdate: dest dtype is {dt}, but {name}={float(v):g} can not be converted "
+                "to it exactly"
+            )
+        # two's complement truncation: alpha*dest mod 2**bits is then what it would be
+        # with the unwrapped integer
+        out.append(np.array(int(v) % (1 << 64), np.uint64).astype(dt)[()])
+    return tuple(out)
+
+
+def add_update_apply(dest: np.ndarray, delta: np.ndarray, coefs: tuple | None, aliased=None):
+    """``dest[...] = alpha*dest + beta*delta + bias`` in place, in dest's dtype.
+
+    Every element gets the reference kernel's ``alpha * dest + beta * delta + bias``
+    evaluated in dest's dtype (``alpha`` 0 still multiplies: NaN stays NaN). dest is
+    updated in place; the only scratch memory is one block of ``beta * delta`` when beta is
+    not 1 or -1 (or 0, for an integer dtype).
+
+    Parameters
+    ----------
+    dest:
+        The array updated.
+    delta:
+        An array of dest's dtype that broadcasts to dest's shape.
+    coefs:
+        From :func:`add_update_coefs`.
+    aliased:
+        Whether delta may read dest's memory (computed when None).
+    """
+    if coefs is None:
+        np.copyto(dest, delta)
+        return
+    a, b, c = coefs
+    if aliased or (aliased is None and np.may_share_memory(dest, delta)):
+        # delta reading dest's own memory (add_update(w, w * 1)) would see the passes'
+        # partial results: compute from a snapshot then
+        delta = delta.copy()
+    if a != 1:
+        np.multiply(dest, a, out=dest)
+    if b == 1:
+        np.add(dest, delta, out=dest)
+    elif b == -1:
+        np.subtract(dest, delta, out=dest)  # x + (-1*y) is x - y exactly
+    elif b != 0 or dest.dtype.kind not in "iu":
+        # for floats 0*delta is NaN where delta is inf or NaN: beta 0 still multiplies
+        _add_scaled(dest, np.broadcast_to(delta, dest.shape), b)
+    if c != 0:
+        # "+ 0" skipped: it could only turn a -0.0 into +0.0
+        np.add(dest, c, out=dest)
+
+
+def _add_scaled(dest: np.ndarray, delta: np.ndarray, b) -> None:
+    """``dest += b * delta`` (delta of dest's shape) through a scratch buffer of at most one
+    block, so a large dest needs no dest-sized temporary."""
+    if dest.size <= _ADD_UPDATE_BLOCK:
+        np.add(dest, np.multiply(delta, b), out=dest)
+        return
+    row = dest.size // dest.shape[0]
+    if row > _ADD_UPDATE_BLOCK:  # rows larger than a block: block each row
+        for i in range(dest.shape[0]):
+            _add_scaled(dest[i], delta[i], b)
+        return
+    step = _ADD_UPDATE_BLOCK // row
+    buf = np.empty((step, *dest.shape[1:]), dest.dtype)
+    for i in range(0, dest.shape[0], step):
+        d = dest[i : i + step]
+        s = buf[: d.shape[0]]
+        np.multiply(delta[i : i + step], b, out=s)
+        np.add(d, s, out=d)
+
+
 @register_opr
 class AddUpdate(OperatorNodeBase):
     """``dest := alpha*dest + beta*delta + bias`` in place; output is the updated dest.
 
-    Inputs: dest (a shared tensor), delta (broadcast to dest), then any coefficients given
-    as vars. Numbers and SharedScalars live in the param, as in the reference: one operator,
-    no coefficient vars in the graph.
+    Inputs: dest (a shared tensor), delta (dest's dtype, broadcast to dest), then any
+    coefficients given as vars. Numbers and SharedScalars live in the param, as in the
+    reference: one operator, no coefficient vars in the graph. The update is computed in
+    dest's dtype with the coefficients cast to it (:func:`add_update_coefs`).
     """
 
     Param = AddUpdateParam
@@ -294,36 +411,27 @@ class AddUpdate(OperatorNodeBase):
             else:
                 getters.append(functools.partial(operator.pos, c))
 
-        # delta reading dest's own memory (add_update(w, w * 1)) would see the passes' partial
-        # results: compute from a snapshot then
         aliased = np.may_share_memory(dest, delta)
+        dt = dest.dtype
+        coefs = self.param.coefs()[:3]
+        # constant coefficients are cast once; scalar cells and vars at every run
+        fixed = not any(isinstance(c, CoefInput) or hasattr(c, "get") for c in coefs)
+        cast = add_update_coefs(dt, *coefs) if fixed else None
+        get_disable = getters[3]
 
         def run():
-            # no scratch buffer: beta is folded into the in-place passes over dest
-            a, b, c, disabled = [g() for g in getters]
+            disabled = get_disable()
             if disabled:
+                if disabled != 1:
+                    raise MegBrainError(
+                        f"disable flag on AddUpdate can only be 0 or 1, got {disabled}"
+                    )
                 return
-            if aliased:
-                np.copyto(dest, dest * a + delta * b + c, casting="unsafe")
-                return
-            if a == 0:
-                if b == 1:
-                    np.copyto(dest, delta)
-                else:
-                    np.multiply(delta, b, out=dest, casting="unsafe")
-            elif b == 0:
-                if a != 1:
-                    np.multiply(dest, a, out=dest, casting="unsafe")
-            elif b == 1 or b == -1:
-                if a != 1:
-                    np.multiply(dest, a, out=dest, casting="unsafe")
-                (np.add if b == 1 else np.subtract)(dest, delta, out=dest, casting="unsafe")
-            else:  # dest*a + delta*b == (dest*(a/b) + delta)*b
-                np.multiply(dest, a / b, out=dest, casting="unsafe")
-                np.add(dest, delta, out=dest, casting="unsafe")
-                np.multiply(dest, b, out=dest, casting="unsafe")
-            if c != 0:
-                np.add(dest, c, out=dest, casting="unsafe")
+            if fixed:
+                add_update_apply(dest, delta, cast, aliased)
+            else:
+                a, b, c = [g() for g in getters[:3]]
+                add_update_apply(dest, delta, add_update_coefs(dt, a, b, c), aliased)
 
         return run
 
@@ -349,6 +457,11 @@ def add_update(
             f"var produced by {d.owner.type_name}"
         )
     (dl,) = canonize_input_vars([SymbolVar(d), delta], config=cfg)[1:]
+    if not same_dtype(dl.dtype, d.dtype):
+        from .basic_arith import typecvt  # basic_arith imports this module lazily too
+
+        # as the reference, delta is converted to the dest's dtype first
+        dl = typecvt(SymbolVar(dl), d.dtype).node
     coefs, extra = [], []
     for c, nm in zip((alpha, beta, bias, disable), ("alpha", "beta", "bias", "disable")):
         cv = as_var(c, d.graph)
@@ -372,6 +485,8 @@ def add_update(
                 f"add_update: {nm} must be a number or a SharedScalar, got {type(c).__name__}"
             )
         coefs.append(c)
+    if not any(isinstance(c, CoefInput) or hasattr(c, "get") for c in coefs[:3]):
+        add_update_coefs(d.dtype, *coefs[:3])  # refuse bad constants now, not at the first run
     return insert_opr(AddUpdate([d, dl, *extra], AddUpdateParam(*coefs), cfg))[0]
 
 

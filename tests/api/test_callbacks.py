@@ -124,11 +124,11 @@ def test_error_in_eager_callback_surfaces_from_wait():
     f = g.compile([x], [(x + 1, bad)])
     f.disable_auto_wait()
     f(np.ones(3))
-    with pytest.raises(mgb.MegBrainError, match="callback boom"):
+    with pytest.raises(ValueError, match="callback boom"):  # the callback's own exception
         f.wait()
     f.wait()  # the error is reported once
     f2 = g.compile([x], [(x + 1, bad)])
-    with pytest.raises(mgb.MegBrainError, match="callback boom"):
+    with pytest.raises(ValueError, match="callback boom"):
         f2(np.ones(3))  # auto wait: raised from the call
 
 
@@ -139,7 +139,7 @@ def test_error_in_lazy_callback_surfaces_from_call():
         raise KeyError("lazy boom")
 
     f = g.compile([x], [(x + 1, mgb.callback_lazycopy(bad))])
-    with pytest.raises(mgb.MegBrainError, match="lazy boom"):
+    with pytest.raises(KeyError, match="lazy boom"):
         f(np.ones(3))
 
 
@@ -154,7 +154,7 @@ def test_function_usable_after_callback_error():
             raise RuntimeError("once")
 
     f = g.compile([x], [(x + 1, cb)])
-    with pytest.raises(mgb.MegBrainError):
+    with pytest.raises(RuntimeError, match="once"):
         f(np.ones(3))
     state["fail"] = False
     f(np.zeros(3))

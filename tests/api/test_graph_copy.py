@@ -61,7 +61,9 @@ def test_inputs_of_a_copy_are_the_users_vars():
     g = _graph()
     x, y = _xy(g)
     unused = mgb.make_arg(CN, g, name="unused", shape=(3,))
+    g.compile(None, mgb.copy_output(x))  # a current function: compile(copy=True) copies
     f = g.compile(None, mgb.copy_output(x - y), copy=True)
+    assert f.graph is not g
     assert set(f.inputs) == {x, y} and unused not in f.inputs
     assert f._find_mutable_input() == {x, y}
     np.testing.assert_array_equal(f(x=np.full(3, 5.0, F32), y=np.ones(3, F32)), [4.0] * 3)
@@ -89,7 +91,9 @@ def test_copy_keeps_priorities_and_trackers():
         b = mgb.opr.callback_injector(y + 1.0, lambda v: order.append("b"))
     with exc_opr_tracker_scope(g, tracker):
         bad = mgb.opr.assert_equal(x, x + 1.0)
+    g.compile(None, mgb.copy_output(x))  # a current function: compile(copy=True) copies
     f = g.compile(None, [a, b], copy=True)
+    assert f.graph is not g
     f(x=np.ones(3, F32), y=np.ones(3, F32))
     assert order == ["b", "a"]
     fbad = g.compile(None, [bad], copy=True)
@@ -114,6 +118,7 @@ def test_inter_graph_trans_var():
     g = _graph(graph_opt_level=0)
     x, y = _xy(g)
     h = mgb.opr.elem.exp(x) + y
+    g.compile(None, mgb.copy_output(x))  # a current function: compile(copy=True) copies
     f = g.compile(None, mgb.copy_output(h), copy=True)
     dst = f.graph
     th = mgb.inter_graph_trans_var(dst, h)
