@@ -383,13 +383,20 @@ class AsyncExec:
 
     # ---- inputs ----------------------------------------------------------------------------
     def _find_mutable_input(self) -> set:
-        """The user input vars (made by make_arg) that this function actually reads."""
+        """The user input vars (made by make_arg) that this function actually reads.
+
+        Those the comp seq copies in, and those read only through static inference (a
+        reshape to ``b.shape``, an index var): a new shape or value of either re-plans.
+        """
         found = set()
-        for opr in self._func.iter_opr_seq():
+        user_vars, trans = self.graph.user_input_vars, self._input_trans
+        oprs = list(self._func.iter_opr_seq())
+        oprs += [v.owner for v, _ in self._func.get_rt_static_source_deps()]
+        for opr in oprs:
             if opr.type_name == "Host2DeviceCopy":
-                var = self.graph.user_input_vars.get(id(opr.tensor))
+                var = user_vars.get(id(opr.tensor))
                 if var is not None:
-                    found.add(SymbolVar(self._input_trans.get(var, var)))
+                    found.add(SymbolVar(trans.get(var, var)))
         return found
 
     @property

@@ -19,7 +19,8 @@ from ..errors import GraphError, MegBrainError, is_user_exception
 from ..kernels import workspace
 from .comp_seq import data_inputs, topo_order
 from .mem_plan import StaticAllocator
-from .static_infer import Inferer
+from .operator import fmt_shape
+from .static_infer import Inferer, rt_static_source_deps
 from .var import VarNode
 
 __all__ = ["AsyncExecutable", "PartExecutable"]
@@ -46,6 +47,8 @@ class _Plan:
         self.last_read: dict = {}
         #: operator -> workspace bytes planned for it (placed in the arena like a var)
         self.workspaces: dict = {}
+        #: var -> the var owning its memory (None: a view of memory the plan does not own)
+        self.roots: dict = {}
 
 
 class AsyncExecutable:
@@ -75,6 +78,7 @@ class AsyncExecutable:
                     self.seq.append(opr)
             self.part_bounds.append((start, len(self.seq)))
         self._seq_pos = {opr: pos for pos, opr in enumerate(self.seq)}
+        self._rt_static_deps: dict = {}  # part (None: all) -> get_rt_static_source_deps()
         self._next_part = 0
         self._valid = True
         self._plan: _Plan | None = None
@@ -120,6 +124,8 @@ class AsyncExecutable:
             plan = self._ensure_plan()
         else:
             plan = self._plan
+            if plan is None or self._states_changed(plan):
+                plan = self._replan_between_parts(part)
         self._next_part = (part + 1) % nparts
         self._running = True
         if self._threaded:
@@ -157,9 +163,33 @@ class AsyncExecutable:
     def iter_opr_seq(self):
         return iter(self.seq)
 
-    def get_rt_static_source_deps(self) -> list:
-        """Source operators whose current shape or value static inference depends on."""
-        return [o for o in self.seq if not o.inputs]
+    def get_rt_static_source_deps(self, part: int | None = None) -> list[tuple[VarNode, bool]]:
+        """The sources whose current shape or value the static inference of this function
+        reads: the shapes of the vars it computes and the values read only statically (a
+        Reshape target, an index).
+
+        A source read this way may be outside the comp seq (``x.reshape(b.shape)`` never
+        runs ``b``), yet it is an input of the function: a new shape or value re-plans.
+
+        Parameters
+        ----------
+        part:
+            Only what that part of a multi-part function reads (vars computed by earlier
+            parts count as given); None for the whole function.
+
+        Returns
+        -------
+        list of (VarNode, bool)
+            Each source's output var, and whether its value (not only its shape) is read.
+        """
+        deps = self._rt_static_deps.get(part)
+        if deps is None:
+            start, end = (0, len(self.seq)) if part is None else self.part_bounds[part]
+            found = rt_static_source_deps(
+                _static_requests(self.seq[start:end]), set(self.seq[:start])
+            )
+            deps = self._rt_static_deps[part] = list(found.items())
+        return list(deps)
 
     def clear_device_memory(self) -> None:
         """Free the static memory arena; the next run allocates it again."""
@@ -245,6 +275,50 @@ class AsyncExecutable:
         self._plan = None
 
     # ---- planning -------------------------------------------------------------------------
+    def _states_changed(self, plan: _Plan) -> bool:
+        """Whether a watched source changed since ``plan`` was built (raises for a source
+        that refuses to change)."""
+        for opr, watch_value, state in plan.states:
+            cur = opr.runtime_state(watch_value)
+            if cur != state:
+                if not opr.replan_on_change:
+                    raise opr.state_change_error(state, cur)
+                return True
+        return False
+
+    def _replan_between_parts(self, part: int) -> _Plan:
+        """Re-plan before ``part`` of a multi-part sequence (an input of a later part got a
+        new shape, or a new value that its static inference reads), moving the values that
+        earlier parts computed and later parts read into the new plan's memory."""
+        old = self._plan
+        start = self.part_bounds[part][0]
+        if old is None:
+            raise GraphError(
+                f"multi-part function: part {part} executed after the device memory was "
+                "cleared; run the sequence again from part 0"
+            )
+        new = self._build_plan(allocate=True)
+        moved = set()
+        for pos in range(start):
+            for v in self.seq[pos].outputs:
+                if new.last_read.get(v, -1) < start or v in new.dynamic:
+                    continue  # dead at the part boundary, or kept in the dynamic slots
+                r = new.roots.get(v)
+                if r is None or r in moved:
+                    continue  # a view of a source's memory: the new plan views it too
+                src, dst = old.arrays.get(r), new.arrays[r]
+                if src is None or src.shape != dst.shape or src.dtype != dst.dtype:
+                    raise GraphError(
+                        f"multi-part function: var {r.name!r} computed by an earlier part "
+                        f"has shape {fmt_shape(None if src is None else src.shape)}, but the "
+                        f"inputs now give {fmt_shape(dst.shape)}: an input of an earlier "
+                        f"part changed before part {part}; run the sequence again from part 0"
+                    )
+                np.copyto(dst, src)
+                moved.add(r)
+        self._plan = new
+        return new
+
     def _ensure_plan(self) -> _Plan:
         plan = self._plan
         if plan is not None:
@@ -273,6 +347,13 @@ class AsyncExecutable:
             for i, v in enumerate(opr.inputs):
                 if i in opr.static_only_inputs and v.value_static:
                     plan.static_values[v] = inf.value(v)
+                elif i in opr.shape_only_inputs and v.shape_static:
+                    # only the shape is read, and the var's memory may be freed (or not yet
+                    # computed) when the reader runs: bind a zero-stride stand-in (an
+                    # inferred value, where there is one, has the right shape as well)
+                    plan.static_values.setdefault(
+                        v, np.broadcast_to(np.empty((), v.dtype), inf.shape(v))
+                    )
         # sources read only through static inference (a Reshape target fed by an input)
         # are not in the seq but must be watched as well
         watched = [
@@ -302,15 +383,10 @@ class AsyncExecutable:
         root: dict[VarNode, VarNode | None] = {}
         group: dict[VarNode, list[VarNode]] = {}
         arrays = plan.arrays
-
-        def in_arrays(opr):
-            return [
-                arrays.get(v, plan.static_values.get(v)) if v not in plan.dynamic else None
-                for v in opr.inputs
-            ]
-
+        in_arrays = functools.partial(_bound_inputs, plan=plan)
         self._mark_dynamic(plan, last_read)
         plan.last_read = last_read
+        plan.roots = root
         # walk 1: forwarding, in-place and chunk decisions on fresh arrays
         for pos, opr in enumerate(seq):
             if opr.outputs[0] in plan.dynamic:
@@ -508,10 +584,7 @@ class AsyncExecutable:
                 elif opr.has_side_effect or not all(
                     plan.decisions[o][0] == "fwd" for o in opr.outputs
                 ):
-                    ins = [
-                        arrays.get(v, plan.static_values.get(v)) if v not in plan.dynamic else None
-                        for v in opr.inputs
-                    ]
+                    ins = _bound_inputs(opr, plan)
                     outs = [arrays[o] for o in opr.outputs]
                     chunk = plan.chunks.get(opr)
                     if chunk is not None:
@@ -545,17 +618,20 @@ class AsyncExecutable:
         return _static_callback(cb, plan.arrays[var])
 
     def _dynamic_step(self, opr, plan: _Plan) -> Callable[[], None]:
-        slots, arrays, static_values = self._slots, plan.arrays, plan.static_values
-        inputs = opr.inputs
+        slots, arrays = self._slots, plan.arrays
+        # inputs read only through static inference are fixed for the plan; the others are
+        # looked up when the step runs (dynamic vars live in the slots)
+        fixed = _bound_inputs(opr, plan)
+        static = _static_input_indices(opr)
+        inputs = [None if i in static else v for i, v in enumerate(opr.inputs)]
 
         def run():
             ins = []
-            for v in inputs:
-                a = slots.get(v)
-                if a is None:
-                    a = arrays.get(v)
+            for v, a in zip(inputs, fixed):
+                if v is not None:
+                    a = slots.get(v)
                     if a is None:
-                        a = static_values.get(v)
+                        a = arrays.get(v)
                 ins.append(a)
             outs = opr.run_dynamic(ins)
             for v, a in zip(opr.outputs, outs):
@@ -649,6 +725,46 @@ class AsyncExecutable:
         return err
 
 
+def _static_input_indices(opr) -> tuple[int, ...]:
+    """Indices of the inputs of ``opr`` read only through static inference: not computed
+    before it runs (the complement of :func:`~megbrain.graph.comp_seq.data_inputs`)."""
+    return tuple(
+        i
+        for i, v in enumerate(opr.inputs)
+        if (i in opr.static_only_inputs and v.value_static)
+        or (i in opr.shape_only_inputs and v.shape_static)
+    )
+
+
+def _bound_inputs(opr, plan: _Plan) -> list:
+    """The input arrays ``opr`` is bound to under ``plan``.
+
+    An input read only through static inference gets its inferred value (or the shape
+    stand-in), never its array: that array is filled later in the run if at all, and
+    binding may read it (a Broadcast's target shape). Dynamic inputs are None.
+    """
+    static = _static_input_indices(opr)
+    values, arrays, dyn = plan.static_values, plan.arrays, plan.dynamic
+    return [
+        values[v] if i in static else None if v in dyn else arrays.get(v, values.get(v))
+        for i, v in enumerate(opr.inputs)
+    ]
+
+
+def _static_requests(seq):
+    """The static-inference requests a plan of ``seq`` makes: ``(var, want_value)`` for the
+    static shapes of the outputs and the inputs read only through static inference."""
+    for opr in seq:
+        for v in opr.outputs:
+            if v.shape_static:
+                yield v, False
+        for i, v in enumerate(opr.inputs):
+            if i in opr.static_only_inputs and v.value_static:
+                yield v, True
+            elif i in opr.shape_only_inputs and v.shape_static:
+                yield v, False
+
+
 def _static_callback(cb, arr):
     return lambda: cb(arr)
 
@@ -696,6 +812,11 @@ class PartExecutable:
     def iter_opr_seq(self):
         start, end = self.core.part_bounds[self.part]
         return iter(self.core.seq[start:end])
+
+    def get_rt_static_source_deps(self) -> list[tuple[VarNode, bool]]:
+        """The sources this part's static inference reads (see
+        :meth:`AsyncExecutable.get_rt_static_source_deps`)."""
+        return self.core.get_rt_static_source_deps(self.part)
 
     def to_json(self) -> dict:
         d = self.core.to_json()

@@ -9,6 +9,8 @@ function knows what to watch for re-planning.
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable
+
 import numpy as np
 
 from ..errors import MegBrainError
@@ -21,6 +23,7 @@ __all__ = [
     "infer_shape",
     "infer_value",
     "init_infer_types",
+    "rt_static_source_deps",
     "static_shape",
 ]
 
@@ -242,3 +245,43 @@ def infer_value(var: VarNode) -> np.ndarray | None:
         return np.array(Inferer().value(var))
     except MegBrainError:
         return None
+
+
+def rt_static_source_deps(requests: Iterable[tuple[VarNode, bool]], stop: Container = ()) -> dict:
+    """The sources whose current shape or value the given static-inference requests depend
+    on (MegBrain's ``get_rt_static_source_deps``).
+
+    Found from the graph's structure alone, without inferring anything: a function must
+    know its inputs at compile time, before every input has a value.
+
+    Parameters
+    ----------
+    requests:
+        ``(var, want_value)`` pairs: the shapes (``False``) or values (``True``) asked for.
+    stop:
+        Operators whose outputs count as given (those an earlier part of a multi-part
+        function computed): the walk does not pass through them.
+
+    Returns
+    -------
+    dict
+        ``{output var of a source operator: whether its value (not only its shape) is
+        read}``, in the order the walk met them.
+    """
+    found: dict = {}
+    seen: set = set()
+    stack = list(requests)
+    while stack:
+        var, want_value = stack.pop()
+        if (var, want_value) in seen:
+            continue
+        seen.add((var, want_value))
+        t = var.value_type if want_value else var.shape_type
+        # a CONST answer reads no source; a MISSING one is never asked by a plan
+        if t != RT_STATIC or var.owner in stop:
+            continue
+        if not var.owner.inputs:
+            found[var] = found.get(var, False) or want_value
+            continue
+        stack.extend(Inferer._deps(var, want_value))
+    return found
