@@ -9,6 +9,7 @@ import sys as _sys
 
 # The modules of the reference's package (``megengine._internal.X``), as facades.
 from . import (
+    craniotome,
     dtype,
     exc,
     global_init,
@@ -109,6 +110,7 @@ __all__ = [
     "cgtools",
     "config",
     "comp_graph",
+    "craniotome",
     "comp_node",
     "comp_graph_tools",
     "exc",

@@ -134,8 +134,10 @@ class ComputingGraph:
 
         if self.current_exec is not None:
             self.current_exec._invalidate()
+        self._release_func_hooks()
         func = AsyncExecutable(self, list(outspec))
         self.current_exec = func
+        self._notify_compiled(func)
         return func
 
     def compile_multi_part(self, specs: Sequence[Sequence[tuple[VarNode, Callable | None]]]):
@@ -150,9 +152,37 @@ class ComputingGraph:
             raise GraphError("compile_multi_part needs at least one part")
         if self.current_exec is not None:
             self.current_exec._invalidate()
+        self._release_func_hooks()
         core = AsyncExecutable(self, [], parts=[list(s) for s in specs])
         self.current_exec = core
+        self._notify_compiled(core)
         return [PartExecutable(core, k) for k in range(len(specs))]
+
+    def _release_func_hooks(self) -> None:
+        """Run the release callbacks of the previous function (just invalidated)."""
+        fin = self.__dict__.pop("_func_release", None)
+        if fin is not None:
+            fin()
+
+    def _notify_compiled(self, func) -> None:
+        """Call ``on_func_compiled`` of the function's operators that define it; their
+        release callbacks run when the function is invalidated or freed, whichever is first."""
+        base = OperatorNodeBase.on_func_compiled
+        hooked = [o for o in func.seq if type(o).on_func_compiled is not base]
+        if not hooked:
+            return
+        used = {v for v, _ in func.outspec}
+        for o in func.seq:
+            used.update(o.inputs)
+            used.update(o.extra_deps)
+        for deps in self.options.extra_vardeps.values():
+            used.update(deps)
+        releases: list = []
+        self._func_release = weakref.finalize(func, _run_all, releases)
+        for o in hooked:
+            rel = o.on_func_compiled(func, [k for k, v in enumerate(o.outputs) if v in used])
+            if rel is not None:
+                releases.append(rel)
 
     def api_graph(self):
         """The graph object handed to users (the API's CompGraph subclasses this class)."""
@@ -164,3 +194,15 @@ class ComputingGraph:
                 if v.id == var_id:
                     return v
         return None
+
+
+def _run_all(callbacks: list) -> None:
+    """Run every callback, then raise the first error (all run even if one fails)."""
+    err = None
+    for cb in callbacks:
+        try:
+            cb()
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            err = err or exc
+    if err is not None:
+        raise err

@@ -305,6 +305,13 @@ class OperatorNodeBase:
         new.extra_deps = list(self.extra_deps)
         return new
 
+    def on_func_compiled(self, func, used_outputs: list[int]) -> Callable[[], None] | None:
+        """Called by ``ComputingGraph.compile`` for each operator of the new function, with
+        the indices of the outputs it needs; may return a callable that the graph runs once
+        when that function is invalidated (a later compile) or freed; it must not hold the
+        function or its graph (that would keep the function alive). Default: nothing."""
+        return None
+
     def runtime_state(self, watch_value: bool = False):
         """What a plan bound into closures from this source (shape, buffer, watched value).
 

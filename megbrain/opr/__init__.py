@@ -7,6 +7,7 @@ registry name), so every family is imported here.
 from . import (
     basic_arith,
     blas,
+    craniotome,
     dnn,
     dnn_image,
     dnn_norm,
@@ -117,6 +118,7 @@ __all__ = [
     "canonize_input_vars",
     "concat",
     "cond_take",
+    "craniotome",
     "conv_bias_activation",
     "conv_bias_activation_v1",
     "convolution",

@@ -1,0 +1,8 @@
+"""``megengine._internal.craniotome``: operators implemented in Python.
+
+The implementation is :mod:`megbrain.opr.craniotome`.
+"""
+
+from .opr.craniotome import CraniotomeBase, make_opr
+
+__all__ = ["CraniotomeBase", "make_opr"]
