@@ -11,6 +11,7 @@ __all__ = [
     "SerializationError",
     "AssertionError",
     "ShapeDescError",
+    "ArgumentError",
 ]
 
 
@@ -112,3 +113,13 @@ def user_exception_note(where: str, tracker: object = None) -> str:
 def is_user_exception(exc: BaseException) -> bool:
     """Whether ``exc`` was marked by :func:`mark_user_exception`."""
     return getattr(exc, _USER_EXC_ATTR, False)
+
+
+class ArgumentError(MegBrainError, TypeError, ValueError):
+    """An operator function's argument has the wrong type or an invalid value (an axis given
+    as ``1.5`` or ``'1'``, an axis out of range).
+
+    The message names the function, the argument and what was expected. Also a
+    ``TypeError`` and a ``ValueError``, the classes Python and NumPy raise for such
+    arguments.
+    """

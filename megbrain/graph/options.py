@@ -5,28 +5,61 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 
-from ..errors import MegBrainError
+import numpy as np
+
+from ..errors import ArgumentError, MegBrainError
 
 __all__ = ["GraphOptions", "OPTION_ALIASES"]
 
 OPTION_ALIASES = {"log_static_mem_alloc": "log_level", "enable_async_exec": "async_exec_level"}
 
 
-def _c_int(bits: int, signed: bool):
-    """Converter mimicking assignment of ``int(val)`` to a C integer field of ``bits`` bits."""
+def _integer(val, name: str) -> int:
+    """``val`` as the int the reference's ``int(val)`` gives, refusing what it would change:
+    a non-integral float (``1.5``), inf/nan, or anything ``int()`` can not read."""
+    if isinstance(val, (int, np.integer)):
+        return int(val)
+    if isinstance(val, (float, np.floating)):
+        if not np.isfinite(val) or val != int(val):
+            raise ArgumentError(f"set_option({name!r}): {val!r} is not an integer")
+        return int(val)
+    if isinstance(val, str):
+        try:
+            return int(val)
+        except ValueError:
+            raise ArgumentError(
+                f"set_option({name!r}): {val!r} is not an integer (an int, or a str of one)"
+            ) from None
+    raise ArgumentError(
+        f"set_option({name!r}): expected an int, got {val!r} of type {type(val).__name__}"
+    )
 
-    def conv(val) -> int:
-        v = int(val)
-        mask = (1 << bits) - 1
-        v &= mask
-        if signed and v >> (bits - 1):
-            v -= 1 << bits
+
+def _c_int(bits: int, signed: bool):
+    """Converter to a C integer field of ``bits`` bits.
+
+    The reference cast the value to the field's type, wrapping silently
+    (``graph_opt_level=1e30`` became 0); a value the field can not hold is refused instead.
+    """
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    kind = f"{'' if signed else 'u'}int{bits}"
+
+    def conv(val, name: str) -> int:
+        v = _integer(val, name)
+        if not lo <= v <= hi:
+            raise ArgumentError(
+                f"set_option({name!r}): {val!r} is out of range [{lo}, {hi}] of the option's "
+                f"{kind} field"
+            )
         return v
 
     return conv
 
 
-_BOOL = lambda v: bool(int(v))  # noqa: E731
+def _BOOL(val, name: str) -> bool:  # noqa: N802 - a converter table entry, like _U8
+    return bool(_integer(val, name))
+
+
 _U8 = _c_int(8, False)
 _U16 = _c_int(16, False)
 _I16 = _c_int(16, True)
@@ -155,10 +188,31 @@ class GraphOptions:
         return getattr(obj, leaf)
 
     def set(self, name: str, val) -> int | bool:
-        """Set option ``name`` to ``int(val)`` converted like the C field; return the old value."""
+        """Set option ``name``; return the old value.
+
+        Parameters
+        ----------
+        name : str
+            The option (dotted, aliases allowed).
+        val : int, bool, integral float or str of an int
+            The new value, read as ``int(val)`` as the reference does.
+
+        Returns
+        -------
+        int or bool
+            The previous value.
+
+        Raises
+        ------
+        MegBrainError
+            For an unknown name.
+        ArgumentError
+            For a value that is not an integer (``1.5``, ``"high"``) or that the option's C
+            field can not hold (``graph_opt_level=1e30``, ``graph_opt.jit=257``).
+        """
         obj, leaf, conv = self._locate(name)
         old = getattr(obj, leaf)
-        setattr(obj, leaf, conv(val))
+        setattr(obj, leaf, conv(val, name))
         return old
 
     def copy(self) -> GraphOptions:

@@ -32,6 +32,13 @@ class SymbolVar:
 
     __slots__ = ("node", "__weakref__")
 
+    # A NumPy array or scalar on the left of an operator would otherwise take over
+    # (``ndarray + var`` became an object array of per-element vars): this makes NumPy's
+    # operators return NotImplemented, so Python calls the reflected method of the var, and
+    # ufuncs (``np.add(a, var)``) refuse vars instead of iterating them.
+    __array_ufunc__ = None
+    __array_priority__ = 1000
+
     def __init__(self, node: VarNode):
         if isinstance(node, SymbolVar):
             node = node.node
@@ -249,6 +256,12 @@ class SymbolVar:
 
     def __rshift__(self, o):
         return self._ew("SHR", o)
+
+    def __rlshift__(self, o):
+        return self._ew("SHL", o, rev=True)
+
+    def __rrshift__(self, o):
+        return self._ew("SHR", o, rev=True)
 
     def __lt__(self, o):
         return self._ew("LT", o)

@@ -19,15 +19,15 @@ from ..dtype import (
     same_dtype,
     to_mgb_supported_dtype,
 )
-from ..errors import ConversionError, MegBrainError
-from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..errors import ArgumentError, ConversionError, MegBrainError
+from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..kernels import elemwise as ew_kernels
 from ..kernels import reduce as reduce_kernels
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
-from .param_args import opr_params, reduce_axis
+from .param_args import as_axes, check_axis_range, is_int, opr_params, reduce_axis
 
 __all__ = [
     "Elemwise",
@@ -481,9 +481,31 @@ def reduce_(
     src, mode, axis=None, keepdims=False, *, name=None, comp_node=None, config=None,
     comp_graph=None,
 ):  # fmt: skip
-    """Reduce ``src`` with ``mode`` over ``axis`` (None: everything, giving shape (1,)).
+    """Reduce ``src`` with ``mode`` over ``axis``.
 
-    Without ``keepdims`` the reduced axis is removed.
+    Parameters
+    ----------
+    src : SymbolVar
+        The input.
+    mode : str
+        The Reduce mode (SUM, SUM_SQR, PRODUCT, MIN, MAX, MEAN).
+    axis : int, list of int or None
+        The reduced axis or axes (negative ones count from the end); None reduces
+        everything to shape (1,).
+    keepdims : bool
+        Keep the reduced axes with size 1; otherwise they are removed.
+    name, comp_node, config, comp_graph
+        The operator config, as for every ``mgb.opr`` function.
+
+    Returns
+    -------
+    SymbolVar
+
+    Raises
+    ------
+    ArgumentError
+        For an axis that is not an int (``1.5``, ``'1'``, a bool), an axis out of range
+        (when the ndim is static) or an axis given twice.
     """
     if comp_graph is not None:
         # an immediate src goes to the given graph once; the steps below work on the var
@@ -491,28 +513,33 @@ def reduce_(
         src = SymbolVar(canonize_input_vars([src], comp_graph=comp_graph, config=cfg)[0])
     if axis is None:
         return reduce_general(src, mode=mode, name=name, comp_node=comp_node, config=config)
-    if isinstance(axis, (int, np.integer)):
-        # one axis (negative counts from the end): the operator resolves it when shapes are
-        # known, so a var whose ndim is not static yet reduces too
+    if is_int(axis):
+        # one axis (negative counts from the end): the operator resolves it and checks its
+        # range when shapes are known, so a var whose ndim is not static yet reduces too
+        axis = int(axis)
         out = reduce_general(
-            src, mode=mode, axis=int(axis), name=name, comp_node=comp_node, config=config
+            src, mode=mode, axis=axis, name=name, comp_node=comp_node, config=config
         )
         if not keepdims:
             from .tensor_manip import remove_axis
 
-            out = remove_axis(out, int(axis))
+            out = remove_axis(out, axis)
         return out
-    axes = list(axis)
-    out = src
+    axes = as_axes(axis, "reduce_")
     (sv,) = canonize_input_vars([src])
     ndim = len(_static_ndim(sv))
-    axes = sorted({a % ndim for a in axes}, reverse=True)
-    for a in axes:
+    resolved = [check_axis_range(a, ndim, "reduce_") for a in axes]
+    if len(set(resolved)) != len(resolved):
+        raise ArgumentError(f"reduce_(): axis {list(axis)!r} names an axis more than once")
+    out = src
+    # from the last axis down, so the axes still to reduce keep their numbers
+    resolved.sort(reverse=True)
+    for a in resolved:
         out = reduce_general(out, mode=mode, axis=a, name=name, comp_node=comp_node, config=config)
     if not keepdims:
         from .tensor_manip import remove_axis
 
-        out = remove_axis(out, axes)
+        out = remove_axis(out, resolved)
     return out
 
 
@@ -730,5 +757,109 @@ def _reduce_grad(self, wrt_idx, out_grads):
     if mode in ("MAX", "MIN"):
         return (bog * elemwise(x, broadcast(y, shp), mode="EQ")).node
     if mode == "PRODUCT":
-        return (broadcast(og * y, shp) / x).node
+        return (bog * _product_grad_factor(self, x)).node
     raise self.error(f"Reduce mode {mode} has no gradient")
+
+
+def _reduced_axes(opr: Reduce, shape: tuple) -> list[int] | None:
+    """The axes a Reduce operator of static input ``shape`` reduces (those of size > 1), or
+    None when they are not statically known (a target shape with no static value)."""
+    from ..graph import infer_value
+
+    if len(opr.inputs) == 2:
+        target = infer_value(opr.inputs[1])
+        if target is None:
+            return None
+        tshape = tuple(int(t) for t in np.asarray(target).reshape(-1))
+        if len(tshape) != len(shape):
+            return None
+        return [a for a, (t, s) in enumerate(zip(tshape, shape)) if t == 1 and s != 1]
+    if opr.param.axis is None:
+        return [a for a, s in enumerate(shape) if s != 1]
+    axis = opr.param.axis % len(shape)
+    return [axis] if shape[axis] != 1 else []
+
+
+def _product_grad_factor(opr: Reduce, x: SymbolVar) -> SymbolVar:
+    """d PRODUCT / dx: for each element, the product of the other reduced elements.
+
+    The reference divides the product by the input, which gives NaN (0/0) where an input is
+    zero although the true gradient is finite. The exclusive product needs no division: over
+    reduced axes ``r1..rm`` it is ``excl_r1(prod_{r2..rm} x) * ... * excl_rm(x)``, and each
+    one-axis exclusive product is a product of prefix and suffix products built from
+    Subtensor, Concat and Elemwise MUL only, so gradients of every order stay exact.
+    """
+    from ..graph import InferType
+    from ..graph.static_infer import static_shape
+
+    shape = static_shape(x.node)
+    axes = None if shape is None else _reduced_axes(opr, shape)
+    if axes is None:
+        return _product_grad_factor_dynamic(opr, x)
+    factor = None
+    part = x
+    # innermost axis first: excl over r_t reads the product of x over r_{t+1..m}
+    for a in reversed(axes):
+        term = _exclusive_prod(part, a, shape[a], check=x.node.shape_type != InferType.CONST)
+        factor = term if factor is None else term * factor
+        part = reduce_general(part, mode="PRODUCT", axis=a)
+    if factor is None:  # nothing reduced (sizes 1): the operator is the identity
+        return fill_retain_dtype(x, 1)
+    return factor
+
+
+def _exclusive_prod(v: SymbolVar, axis: int, n: int, *, check: bool) -> SymbolVar:
+    """``out[..., i, ...] = prod_{j != i} v[..., j, ...]`` along ``axis`` of static size ``n``.
+
+    Inclusive prefix and suffix products by Hillis-Steele doubling (ceil(log2 n) steps, each
+    a shifted multiply), then ``prefix[i-1] * suffix[i+1]``. The steps cover sizes up to
+    ``2**steps``; with ``check`` (a shape that may change between runs) an AssertEqual stops
+    a run whose size outgrew them instead of giving a wrong gradient.
+    """
+    from .tensor_manip import concat, get_var_shape
+    from .utility import assert_equal, virtual_dep
+
+    def sl(t, begin=None, end=None):
+        return t[(slice(None),) * axis + (slice(begin, end),)]
+
+    one = fill_retain_dtype(sl(v, 0, 1), 1)
+    if n == 1:
+        return one
+    prefix, suffix, s = v, v, 1
+    while s < n:
+        prefix = concat([sl(prefix, None, s), sl(prefix, s) * sl(prefix, None, -s)], axis=axis)
+        suffix = concat([sl(suffix, None, -s) * sl(suffix, s), sl(suffix, -s)], axis=axis)
+        s *= 2
+    out = concat([one, sl(prefix, None, -1)], axis=axis) * concat([sl(suffix, 1), one], axis=axis)
+    if check:
+        size = get_var_shape(v, axis=axis)
+        ok = assert_equal(
+            size,
+            elemwise(size, s, mode="MIN"),
+            maxerr=0.0,
+            name=f"PRODUCT grad of {v.name}: axis {axis} is longer than {s}; rebuild the grad",
+        )
+        out = virtual_dep([out, ok])
+    return out
+
+
+def _product_grad_factor_dynamic(opr: Reduce, x: SymbolVar) -> SymbolVar:
+    """The exclusive product where the reduced sizes are not static.
+
+    Zeros are counted rather than divided by: with ``safe`` the input whose zeros are
+    replaced by 1 and ``z`` the number of zeros reduced together with an element, the
+    product of the others is ``prod(safe) / safe`` where no *other* element is zero, else 0.
+    Exact in the first order; its own gradient treats the zero pattern as constant, so the
+    second order is exact only away from zeros.
+    """
+    from .tensor_manip import broadcast, get_var_shape
+
+    def same_reduce(mode: str, v: SymbolVar) -> SymbolVar:
+        ins = [v.node, *opr.inputs[1:]]
+        out = insert_opr(Reduce(ins, ReduceParam(mode, opr.param.axis), OperatorNodeConfig()))[0]
+        return broadcast(out, get_var_shape(x))
+
+    is_zero = elemwise(x, 0, mode="EQ")
+    safe = x + is_zero
+    others_zero = same_reduce("SUM", is_zero) - is_zero
+    return elemwise(others_zero, 0, mode="EQ") * same_reduce("PRODUCT", safe) / safe

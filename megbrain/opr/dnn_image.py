@@ -19,7 +19,7 @@ from ..graph.param_def import members_of
 from ..kernels import dnn_image as kern
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
-from .param_args import opr_params
+from .param_args import as_int, opr_params
 from .tensor_manip import _shape_value, shape_to_var
 
 __all__ = [
@@ -233,7 +233,7 @@ class ROIAlignParam(ParamBase):
         super().__post_init__()
         _floats(self, "spatial_scale", "offset")
         for f in ("pooled_height", "pooled_width", "sample_height", "sample_width"):
-            object.__setattr__(self, f, int(getattr(self, f)))
+            object.__setattr__(self, f, as_int(getattr(self, f), "roi_align", f))
 
     def kernel_kw(self) -> dict:
         return {
@@ -487,12 +487,22 @@ class ResizeBackward(OperatorNodeBase):
 
 
 # ---- functions ---------------------------------------------------------------------------
+#: operator -> the function that makes it, for messages about its shape argument
+_FUNC_NAMES = {
+    "ROIPooling": "roi_pooling",
+    "WarpPerspective": "warp_perspective",
+    "Resize": "resize",
+}
+
+
 def _insert(cls, inputs, param, name, comp_node, config, comp_graph, shape_at=None):
     cfg = _merge_config(name, comp_node, config)
     if shape_at is not None:
         (ref,) = canonize_input_vars([inputs[0]], comp_graph=comp_graph, config=cfg)
         inputs = list(inputs)
-        inputs[shape_at] = shape_to_var(inputs[shape_at], ref)
+        arg = "dest_shape" if cls is ROIPooling else "out_shape"
+        what = f"{_FUNC_NAMES.get(cls.__name__, cls.__name__)}() {arg}"
+        inputs[shape_at] = shape_to_var(inputs[shape_at], ref, what=what)
     vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
     return insert_opr(cls(vars_, param, cfg))[0]
 

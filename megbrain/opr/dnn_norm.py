@@ -24,7 +24,7 @@ from ..graph.param_def import members_of
 from ..kernels import dnn_norm as kern
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
-from .param_args import opr_params
+from .param_args import as_int, opr_params
 
 __all__ = [
     "BNParam",
@@ -221,7 +221,7 @@ class LRNParam(ParamBase):
 
     def __post_init__(self):
         super().__post_init__()
-        object.__setattr__(self, "n", int(self.n))
+        object.__setattr__(self, "n", as_int(self.n, "lrn", "n"))
         for f in ("k", "alpha", "beta"):
             object.__setattr__(self, f, float(getattr(self, f)))
 

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtype import canonize_dtype, dtype_from_num
-from ..errors import GraphError
+from ..errors import GraphError, ShapeDescError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 from .misc import check_int
-from .param_args import opr_params
+from .param_args import as_int, is_int, opr_params
 
 __all__ = [
     "Alloc",
@@ -44,24 +44,48 @@ class DTypeParam(ParamBase):
         object.__setattr__(self, "dtype", param_dtype(self.dtype))
 
 
-def shape_input(shape, cfg, comp_graph=None):
+def shape_input(shape, cfg, comp_graph=None, fname: str = "shape_input"):
     """The int32 1-d shape var of ``shape``: a var, ints and int vars mixed, or plain ints
-    (which need ``comp_graph`` and a comp node in ``cfg``)."""
-    from .tensor_manip import shape_to_var
+    (which need ``comp_graph`` and a comp node in ``cfg``).
 
+    Parameters
+    ----------
+    shape:
+        The shape argument.
+    cfg:
+        The operator's config (its comp node places a constant shape).
+    comp_graph:
+        The graph of a constant shape.
+    fname:
+        The function taking ``shape``, for messages.
+
+    Raises
+    ------
+    ShapeDescError
+        For elements that are neither Python or NumPy integers nor int vars: ``(1.5, 4)``
+        is refused rather than truncated to ``(1, 4)``.
+    """
+    from .tensor_manip import _as_int, int32_shape, shape_to_var
+
+    what = f"{fname}() shape"
     v = as_var(shape)
     if v is not None:
         return v
-    if isinstance(shape, (int, np.integer)):
+    if is_int(shape):
         shape = (int(shape),)
+    if not isinstance(shape, (list, tuple, np.ndarray)):
+        raise ShapeDescError(f"{what}: bad shape {shape!r}: expected ints or int vars")
+    if isinstance(shape, np.ndarray):
+        shape = shape.reshape(-1).tolist()
     refs = [as_var(s) for s in shape if as_var(s) is not None]
     if refs:
-        return shape_to_var(shape, refs[0]).node
+        return shape_to_var(shape, refs[0], what=what).node
+    ints = [_as_int(s, what) for s in shape]
     if comp_graph is None or not cfg.comp_nodes:
-        raise GraphError("a shape given as ints needs comp_graph= and comp_node=")
+        raise GraphError(f"{fname}(): a shape given as ints needs comp_graph= and comp_node=")
     from .io import make_immutable
 
-    arr = np.array([int(s) for s in shape], _I32)
+    arr = int32_shape(ints, what)
     return make_immutable(cfg.comp_nodes[0], comp_graph, arr, dtype=_I32).node
 
 
@@ -212,7 +236,7 @@ def alloc(
     mix of ints and int vars.
     """
     cfg = _merge_config(name, comp_node, config)
-    sv = shape_input(shape, cfg, comp_graph)
+    sv = shape_input(shape, cfg, comp_graph, "alloc")
     return insert_opr(Alloc([sv], AllocParam(dtype), cfg))[0]
 
 
@@ -223,11 +247,11 @@ def eye(
 ) -> SymbolVar:
     """A (rows, cols) matrix with ones on diagonal ``k`` (registry name ``Eye``); an int
     ``shape`` n means (n, n)."""
-    if isinstance(shape, (int, np.integer)):
+    if is_int(shape):
         shape = (int(shape), int(shape))
     cfg = _merge_config(name, comp_node, config)
-    sv = shape_input(shape, cfg, comp_graph)
-    return insert_opr(Eye([sv], EyeParam(int(k), dtype), cfg))[0]
+    sv = shape_input(shape, cfg, comp_graph, "eye")
+    return insert_opr(Eye([sv], EyeParam(as_int(k, "eye", "k"), dtype), cfg))[0]
 
 
 @opr_params(("param", "Linspace"))
@@ -256,6 +280,10 @@ def linspace(
     dtype : dtype-like, optional
         The output dtype; by default start's dtype when it is a float var, else float32.
     """
+    if isinstance(num, (int, float, np.number, np.bool_, str)) and not is_int(num):
+        # a var num may be any int var; a plain one is checked here, as typecvt to int32
+        # below would truncate 2.5 to 2
+        as_int(num, "linspace", "num")
     cfg = _merge_config(name, comp_node, config, dtype)
     a, b, n = canonize_input_vars([start, stop, num], comp_graph=comp_graph, config=cfg)
     if a.dtype.kind != "f" or b.dtype.kind != "f":

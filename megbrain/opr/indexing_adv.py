@@ -19,7 +19,7 @@ from ..graph.operator import fmt_shape
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 from .indexing import SubtensorIndexError
 from .misc import AxisParam, check_int, int_var, norm_axis
-from .param_args import opr_params
+from .param_args import as_axis, as_int, opr_params
 
 __all__ = [
     "IndexingOneHot",
@@ -613,12 +613,13 @@ def indexing_one_hot(
     """
     cfg = _merge_config(name, comp_node, config)
     (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
-    out = insert_opr(IndexingOneHot([v, int_var(index, v)], AxisParam(int(axis)), cfg))[0]
+    axis = as_axis(axis, "indexing_one_hot")
+    out = insert_opr(IndexingOneHot([v, int_var(index, v)], AxisParam(axis), cfg))[0]
     if keepdims:
         return out
     from .tensor_manip import remove_axis
 
-    return remove_axis(out, int(axis))
+    return remove_axis(out, axis)
 
 
 def indexing_set_one_hot(
@@ -628,13 +629,14 @@ def indexing_set_one_hot(
     (``IndexingSetOneHot``); ``value`` has the one-hot output shape, with or without
     ``axis``."""
     cfg = _merge_config(name, comp_node, config)
+    axis = as_axis(axis, "indexing_set_one_hot")
     v, val = canonize_input_vars([src, value], comp_graph=comp_graph, config=cfg)
     ss, vs = static_shape(v), static_shape(val)
     if ss is not None and vs is not None and len(vs) == len(ss) - 1:
         from .tensor_manip import add_axis
 
-        val = add_axis(SymbolVar(val), int(axis) % len(ss)).node
-    param = AxisParam(int(axis))
+        val = add_axis(SymbolVar(val), axis % len(ss)).node
+    param = AxisParam(axis)
     return insert_opr(IndexingSetOneHot([v, int_var(index, v), val], param, cfg))[0]
 
 
@@ -883,7 +885,10 @@ def param_pack_split(src, shapes, *, name=None, comp_node=None, config=None) -> 
     """
     cfg = _merge_config(name, comp_node, config)
     (v,) = canonize_input_vars([src], config=cfg)
-    shapes = tuple(tuple(int(s) for s in shp) for shp in shapes)
+    shapes = tuple(
+        tuple(as_int(s, "param_pack_split", f"shapes[{i}]", "an int size") for s in shp)
+        for i, shp in enumerate(shapes)
+    )
     offsets = param_pack_offsets(shapes, v.dtype, v.comp_node)
     return insert_opr(ParamPackSplit([v], ParamPackParam(offsets, shapes), cfg))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,19 +69,33 @@ class _SourceOpr(OperatorNodeBase):
         return f"{self.type_name}{self.id}"
 
 
-#: ids of host tensors given a shape hint but no value yet (make_arg(shape=...)): their value
-#: is not inferable until set (the reference defers inference to the first value)
-_SHAPE_ONLY: set[int] = set()
+#: host tensors given a shape hint but no value yet (make_arg(shape=...)), by id: their memory
+#: is allocated but uninitialized, so their value is neither inferable nor readable until set.
+#: The entries hold the tensors: an id alone could be recycled by a new, fed tensor once the
+#: marked one is gone (host tensors take no weak references).
+_SHAPE_ONLY: dict[int, object] = {}
 
 
 def mark_shape_only(tensor) -> None:
     """``tensor`` has a shape but no meaningful value yet."""
-    _SHAPE_ONLY.add(id(tensor))
+    # entries nothing else refers to any more (an input dropped without a value) are released
+    # here; 3 references: the dict's, ``t`` and getrefcount's argument
+    for key in list(_SHAPE_ONLY):
+        t = _SHAPE_ONLY[key]
+        if sys.getrefcount(t) <= 3:
+            del _SHAPE_ONLY[key]
+    _SHAPE_ONLY[id(tensor)] = tensor
 
 
 def clear_shape_only(tensor) -> None:
     """``tensor`` now holds a real value."""
-    _SHAPE_ONLY.discard(id(tensor))
+    if _SHAPE_ONLY.get(id(tensor)) is tensor:
+        del _SHAPE_ONLY[id(tensor)]
+
+
+def is_shape_only(tensor) -> bool:
+    """Whether ``tensor`` was given a shape but never a value."""
+    return _SHAPE_ONLY.get(id(tensor)) is tensor
 
 
 @dataclass(frozen=True)
@@ -100,29 +115,40 @@ class Host2DeviceCopy(_SourceOpr):
         return [(RT_STATIC, RT_STATIC if self.param.enable_value_infer else MISSING)]
 
     def infer_value(self, in_values, out_shapes):
-        if id(self.tensor) in _SHAPE_ONLY:
+        if is_shape_only(self.tensor):
             raise InferPending(f"Host2DeviceCopy {self.name!r}: the input has no value yet")
         return super().infer_value(in_values, out_shapes)
 
     def runtime_state(self, watch_value=False):
         # the storage object and layout change whenever the host tensor is re-allocated,
-        # borrowed or reshaped; same-shape value copies keep both (cheap to compare)
+        # borrowed or reshaped; same-shape value copies keep both (cheap to compare). Whether
+        # the tensor is still only shape-hinted is part of the state: the first value set into
+        # its memory must re-bind the copy that refuses to run (see ``bind``)
         t = self.tensor
-        if watch_value:
-            if not t.shape_valid():
-                self._raise_empty()
-            return (t.storage, t.layout, t.as_ndarray().tobytes())
         if not t.shape_valid():
             self._raise_empty()
+        if is_shape_only(t):
+            return (t.storage, t.layout, "shape only")
+        if watch_value:
+            return (t.storage, t.layout, t.as_ndarray().tobytes())
         return (t.storage, t.layout)
 
-    def _raise_empty(self):
+    def _raise_empty(self, shape_only: bool = False):
+        given = " (it was given a shape but never a value)" if shape_only else ""
         raise MegBrainError(
-            f"Host2DeviceCopy {self.name!r}: input {self.outputs[0].name!r} has no value; "
-            "set it before running the function"
+            f"Host2DeviceCopy {self.name!r}: input {self.outputs[0].name!r} has no value"
+            f"{given}; set it (or pass it to the compiled function) before running"
         )
 
     def bind(self, ins, outs):
+        if is_shape_only(self.tensor):
+            # make_arg(shape=...) allocated the memory without a value: copying it would hand
+            # uninitialized memory to the readers. Only the shape may be used (static
+            # inference reads it without running this operator)
+            def refuse():
+                self._raise_empty(shape_only=True)
+
+            return refuse
         return functools.partial(np.copyto, outs[0], self.tensor.as_ndarray())
 
 

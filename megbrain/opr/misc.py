@@ -13,7 +13,7 @@ from ..graph.param_def import members_of
 from ..graph.static_infer import static_shape
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
-from .param_args import opr_params
+from .param_args import as_axis, as_int, is_int, opr_params
 
 __all__ = [
     "AxisParam",
@@ -420,12 +420,13 @@ def _arg_reduce(cls, src, axis, keepdims, name, comp_node, config, comp_graph):
         if keepdims:
             raise ValueError("can not set axis=None and keepdims=True")
         return insert_opr(cls([SymbolVar(v).flatten().node], AxisParam(0), cfg))[0]
-    out = insert_opr(cls([v], AxisParam(int(axis)), cfg))[0]
+    axis = as_axis(axis, cls.__name__.lower())
+    out = insert_opr(cls([v], AxisParam(axis), cfg))[0]
     if keepdims:
         return out
     from .tensor_manip import remove_axis
 
-    return remove_axis(out, int(axis))
+    return remove_axis(out, axis)
 
 
 def argmax(
@@ -497,7 +498,9 @@ def top_k(
     """
     cfg = _merge_config(name, comp_node, config)
     (d,) = canonize_input_vars([data], comp_graph=comp_graph, config=cfg)
-    kv = int_var(np.array([k]) if as_var(k) is None else k, d)
+    if as_var(k) is None and not hasattr(k, "__mgb_symvar__"):
+        k = np.array([as_int(k, "top_k", "k")])
+    kv = int_var(k, d)
     return insert_opr(TopK([d, kv], TopKParam(mode), cfg))
 
 
@@ -528,9 +531,9 @@ def cumsum(
     """
     cfg = _merge_config(name, comp_node, config)
     (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
-    if axis is None or axis == INT_MAX:
+    if axis is None or (is_int(axis) and axis == INT_MAX):
         v, axis = SymbolVar(v).flatten().node, 0
-    param = CumsumParam(int(axis), bool(exclusive), bool(reverse))
+    param = CumsumParam(as_axis(axis, "cumsum"), bool(exclusive), bool(reverse))
     return insert_opr(Cumsum([v], param, cfg))[0]
 
 

@@ -18,27 +18,110 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ..errors import MegBrainError
+import numpy as np
+
+from ..errors import ArgumentError, MegBrainError
 from ..graph.operator import ParamBase
 from ..graph.param_def import EnumBase
 from . import param_defs as _pdefs
 
-__all__ = ["opr_params", "param_fields", "optional_axis", "reduce_axis"]
+__all__ = [
+    "opr_params",
+    "param_fields",
+    "optional_axis",
+    "reduce_axis",
+    "is_int",
+    "as_int",
+    "as_axis",
+    "as_axes",
+    "check_axis_range",
+]
 
 _KW = inspect.Parameter.KEYWORD_ONLY
 _VAR_KW = inspect.Parameter.VAR_KEYWORD
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is a Python or NumPy integer (bools are not)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def as_int(value: Any, fname: str, arg: str, what: str = "an int") -> int:
+    """``value`` as an int, or an error; the one conversion of integer arguments.
+
+    ``int()`` would truncate ``1.5`` and parse ``'1'``, turning a mistake into a silently
+    different operator, so only Python and NumPy integers are accepted.
+
+    Parameters
+    ----------
+    value:
+        The argument.
+    fname:
+        The function it was given to, for the message.
+    arg:
+        The argument's name, for the message.
+    what:
+        What was expected, for the message.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    ArgumentError
+        For anything else, bools included.
+    """
+    if not is_int(value):
+        raise ArgumentError(
+            f"{fname}(): {arg} must be {what} (a Python or NumPy integer), got {value!r} "
+            f"of type {type(value).__name__}"
+        )
+    return int(value)
+
+
+def as_axis(value: Any, fname: str, arg: str = "axis") -> int:
+    """An axis argument as an int (negative axes count from the end); see :func:`as_int`."""
+    return as_int(value, fname, arg, "an int axis")
+
+
+def as_axes(value: Any, fname: str, arg: str = "axis") -> list[int]:
+    """An int axis or a sequence of them as a list of ints; see :func:`as_int`."""
+    if is_int(value):
+        return [int(value)]
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    if not isinstance(value, (list, tuple, range)):
+        raise ArgumentError(
+            f"{fname}(): {arg} must be an int axis or a list of them, got {value!r} of type "
+            f"{type(value).__name__}"
+        )
+    return [as_int(a, fname, f"{arg}[{i}]", "an int axis") for i, a in enumerate(value)]
+
+
+def check_axis_range(axis: int, ndim: int, fname: str, arg: str = "axis") -> int:
+    """``axis`` in ``[-ndim, ndim)`` as a non-negative int; ArgumentError otherwise."""
+    if not -ndim <= axis < ndim:
+        raise ArgumentError(f"{fname}(): {arg}={axis} is out of range for ndim {ndim}")
+    return axis % ndim
+
+
 def optional_axis(axis: Any) -> int | None:
     """An ``OptionalAxisV1`` axis as ours: ``INVALID_AXIS`` (no axis) is None."""
     invalid = _pdefs.PARAM_DEFS["OptionalAxisV1"].INVALID_AXIS
-    return None if axis is None or int(axis) == invalid else int(axis)
+    if axis is None:
+        return None
+    axis = as_axis(axis, "OptionalAxisV1")
+    return None if axis == invalid else axis
 
 
-def reduce_axis(axis: Any) -> int | None:
+def reduce_axis(axis: Any, fname: str = "reduce_general") -> int | None:
     """A ``Reduce`` axis as ours: INT_MAX (reduce to the target shape) is None."""
-    return None if axis is None or int(axis) == 2**31 - 1 else int(axis)
+    if axis is None:
+        return None
+    axis = as_axis(axis, fname)
+    return None if axis == 2**31 - 1 else axis
 
 
 def _param_class(type_name: str) -> type:

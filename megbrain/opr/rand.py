@@ -15,6 +15,7 @@ import numpy as np
 from ..graph import register_opr
 from .base import SymbolVar, _merge_config, insert_opr
 from .gen import DTypeParam, ShapeSourceOpr, shape_input
+from .param_args import as_int
 
 __all__ = ["UniformRNG", "GaussianRNG", "uniform_rng", "gaussian_rng"]
 
@@ -122,8 +123,9 @@ def uniform_rng(
         The seed: a fresh graph with the same seed gives the same values.
     """
     cfg = _merge_config(name, comp_node, config)
-    sv = shape_input(shape, cfg, comp_graph)
-    return insert_opr(UniformRNG([sv], UniformRNGParam(int(seed), dtype), cfg))[0]
+    sv = shape_input(shape, cfg, comp_graph, "uniform_rng")
+    param = UniformRNGParam(as_int(seed, "uniform_rng", "seed"), dtype)
+    return insert_opr(UniformRNG([sv], param, cfg))[0]
 
 
 def gaussian_rng(
@@ -141,6 +143,6 @@ def gaussian_rng(
     """Normal random values with ``mean`` and ``std`` (registry name ``GaussianRNG``); see
     :func:`uniform_rng` for ``shape`` and ``seed``."""
     cfg = _merge_config(name, comp_node, config)
-    sv = shape_input(shape, cfg, comp_graph)
-    param = GaussianRNGParam(int(seed), float(mean), float(std), dtype)
+    sv = shape_input(shape, cfg, comp_graph, "gaussian_rng")
+    param = GaussianRNGParam(as_int(seed, "gaussian_rng", "seed"), float(mean), float(std), dtype)
     return insert_opr(GaussianRNG([sv], param, cfg))[0]

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import GraphError, MegBrainError, ShapeDescError
+from ..errors import ArgumentError, GraphError, MegBrainError, ShapeDescError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.var import InferType
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
-from .param_args import opr_params, optional_axis
+from .param_args import as_axes, as_axis, as_int, is_int, opr_params, optional_axis
 
 __all__ = [
     "GetVarShape",
@@ -442,11 +442,11 @@ def get_var_shape(
     """The shape of ``src`` (or of one axis, as shape (1,)) as an int32 var (GetVarShape)."""
     cfg = _merge_config(name, comp_node, config)
     v = _src_var(src, cfg, comp_graph)
-    param = GetVarShapeParam(None if axis is None else int(axis))
+    param = GetVarShapeParam(None if axis is None else as_axis(axis, "get_var_shape"))
     return insert_opr(GetVarShape([v], param, cfg))[0]
 
 
-def shape_to_var(shape, ref_var) -> SymbolVar:
+def shape_to_var(shape, ref_var, *, what: str = "shape") -> SymbolVar:
     """One int32 1-d var holding ``shape`` (helper.py ``cvt_to_shape_desc``).
 
     Parameters
@@ -457,6 +457,14 @@ def shape_to_var(shape, ref_var) -> SymbolVar:
         concatenated.
     ref_var:
         A var giving the graph and comp node of the constants made.
+    what:
+        The argument, for messages (``"alloc() shape"``).
+
+    Raises
+    ------
+    ShapeDescError
+        For an element that is neither a Python or NumPy integer (bools and floats such as
+        ``1.5`` are refused rather than truncated) nor an int var.
     """
     ref = as_var(ref_var)
     if ref is None:
@@ -467,25 +475,25 @@ def shape_to_var(shape, ref_var) -> SymbolVar:
         shape = (shape,)
     if isinstance(shape, np.ndarray):
         shape = shape.reshape(-1).tolist()
-    if not isinstance(shape, Sequence):
-        raise ShapeDescError(f"bad shape {shape!r}: expected ints or int vars")
+    if not isinstance(shape, Sequence) or isinstance(shape, str):
+        raise ShapeDescError(f"{what}: bad shape {shape!r}: expected ints or int vars")
 
     def const(ints):
         from .io import make_immutable
 
-        return make_immutable(ref.comp_node, ref.graph, np.array(ints, _INT32).reshape(-1))
+        return make_immutable(ref.comp_node, ref.graph, int32_shape(ints, what).reshape(-1))
 
     parts, ints = [], []
     for s in shape:
         var = as_var(s, ref.graph)
         if var is None:
-            ints.append(_as_int(s))
+            ints.append(_as_int(s, what))
             continue
         if ints:
             parts.append(const(ints))
             ints = []
         if var.dtype.kind not in "iu":
-            raise ShapeDescError(f"shape element {var.name!r} must be an int var, got {var.dtype}")
+            raise ShapeDescError(f"{what} element {var.name!r} must be an int var, got {var.dtype}")
         try:
             static = infer_shape(var)
         except DynamicShapeError:
@@ -505,11 +513,23 @@ def shape_to_var(shape, ref_var) -> SymbolVar:
     return concat(parts, axis=0)
 
 
-def _as_int(s) -> int:
-    try:
-        return int(s.__index__())
-    except (AttributeError, TypeError):
-        raise ShapeDescError(f"bad shape element {s!r}: expected an int or an int var") from None
+def int32_shape(ints: Sequence[int], what: str = "shape") -> np.ndarray:
+    """``ints`` as the int32 array of a shape var; ShapeDescError for an element int32 can
+    not hold (numpy would raise an OverflowError naming nothing)."""
+    for s in ints:
+        if not -(2**31) <= s < 2**31:
+            raise ShapeDescError(f"{what}: bad shape element {s}: it does not fit in int32")
+    return np.array(ints, _INT32)
+
+
+def _as_int(s, what: str = "shape") -> int:
+    # strict: int() would truncate 1.5 and parse '1'; bools are not sizes either
+    if not is_int(s):
+        raise ShapeDescError(
+            f"{what}: bad shape element {s!r} of type {type(s).__name__}: expected an int (a "
+            "Python or NumPy integer) or an int var"
+        )
+    return int(s)
 
 
 @opr_params(
@@ -533,14 +553,14 @@ def reshape(
             target_shape = (target_shape,)
         target_shape = list(target_shape)
         for i, s in enumerate(target_shape):
-            if as_var(s) is None and _as_int(s) == -1:
+            if as_var(s) is None and _as_int(s, "reshape() target_shape") == -1:
                 if unspec_axis is not None:
                     raise GraphError(
                         f"reshape: more than one unknown axis in target shape {target_shape}"
                     )
                 unspec_axis = i
                 target_shape[i] = 1
-    tshp = shape_to_var(target_shape, v)
+    tshp = shape_to_var(target_shape, v, what="reshape() target_shape")
     owner = tshp.node.owner
     if (
         unspec_axis is None
@@ -549,7 +569,9 @@ def reshape(
         and owner.inputs[0] is v
     ):
         return SymbolVar(v)  # reshape to its own shape
-    param = ReshapeParam(None if unspec_axis is None else int(unspec_axis))
+    param = ReshapeParam(
+        None if unspec_axis is None else as_axis(unspec_axis, "reshape", "unspec_axis")
+    )
     return insert_opr(Reshape([v, tshp.node], param, cfg))[0]
 
 
@@ -560,7 +582,7 @@ def broadcast(
     """Broadcast ``src`` to ``target_shape`` (ints, int vars or a mix; ``Broadcast``)."""
     cfg = _merge_config(name, comp_node, config)
     v = _src_var(src, cfg, comp_graph)
-    tshp = shape_to_var(target_shape, v)
+    tshp = shape_to_var(target_shape, v, what="broadcast() target_shape")
     owner = tshp.node.owner
     if isinstance(owner, GetVarShape) and owner.param.axis is None and owner.inputs[0] is v:
         return SymbolVar(v)
@@ -577,23 +599,27 @@ def dimshuffle(
     """
     cfg = _merge_config(name, comp_node, config)
     v = _src_var(src, cfg)
-    pat = tuple(-1 if p == "x" else _as_int(p) for p in pattern)
+    if isinstance(pattern, str) or not isinstance(pattern, Sequence):
+        raise ArgumentError(
+            f"dimshuffle(): pattern must be a sequence of ints and 'x', got {pattern!r}"
+        )
+    pat = tuple(
+        -1
+        if isinstance(p, str) and p == "x"
+        else as_int(p, "dimshuffle", f"pattern[{i}]", "an int axis or 'x'")
+        for i, p in enumerate(pattern)
+    )
+    ndim = as_int(ndim, "dimshuffle", "ndim")
     if not ndim:
         ndim = max(pat, default=-1) + 1
-    return insert_opr(Dimshuffle([v], DimshuffleParam(pat, int(ndim)), cfg))[0]
-
-
-def _axis_list(axis) -> list[int]:
-    if isinstance(axis, (int, np.integer)):
-        return [int(axis)]
-    return [_as_int(a) for a in axis]
+    return insert_opr(Dimshuffle([v], DimshuffleParam(pat, ndim), cfg))[0]
 
 
 def add_axis(src, axis, *, name=None, comp_node=None, config=None, comp_graph=None) -> SymbolVar:
     """Add size-1 axes at ``axis`` (an int or a list, applied in order; ``AxisAddRemove``)."""
     cfg = _merge_config(name, comp_node, config)
     v = _src_var(src, cfg, comp_graph)
-    desc = tuple(("add", a) for a in _axis_list(axis))
+    desc = tuple(("add", a) for a in as_axes(axis, "add_axis"))
     return insert_opr(AxisAddRemove([v], AxisAddRemoveParam(desc), cfg))[0]
 
 
@@ -601,7 +627,7 @@ def remove_axis(src, axis, *, name=None, comp_node=None, config=None, comp_graph
     """Remove size-1 axes ``axis`` (an int or a list, applied in order; ``AxisAddRemove``)."""
     cfg = _merge_config(name, comp_node, config)
     v = _src_var(src, cfg, comp_graph)
-    desc = tuple(("remove", a) for a in _axis_list(axis))
+    desc = tuple(("remove", a) for a in as_axes(axis, "remove_axis"))
     return insert_opr(AxisAddRemove([v], AxisAddRemoveParam(desc), cfg))[0]
 
 
@@ -616,4 +642,4 @@ def concat(
         raise MegBrainError("concat: needs at least one input")
     cfg = _merge_config(name, comp_node, config)
     vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
-    return insert_opr(Concat(vars_, ConcatParam(int(axis)), cfg))[0]
+    return insert_opr(Concat(vars_, ConcatParam(as_axis(axis, "concat")), cfg))[0]
