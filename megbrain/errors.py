@@ -11,6 +11,7 @@ __all__ = [
     "SerializationError",
     "AssertionError",
     "ShapeDescError",
+    "MemAllocError",
     "ArgumentError",
 ]
 
@@ -122,4 +123,11 @@ class ArgumentError(MegBrainError, TypeError, ValueError):
     The message names the function, the argument and what was expected. Also a
     ``TypeError`` and a ``ValueError``, the classes Python and NumPy raise for such
     arguments.
+    """
+
+
+class MemAllocError(MegBrainError, builtins.MemoryError):
+    """A tensor could not be allocated (a shape too large for the comp node's memory).
+
+    The message names the call and the size; also a ``MemoryError`` for code catching that.
     """

@@ -15,7 +15,7 @@ import numpy as np
 from .device import CPU, CompNode, as_comp_node
 from .device.memory import aligned_empty
 from .dtype import canonize_dtype, convert_array
-from .errors import ConversionError, MegBrainError
+from .errors import ConversionError, MegBrainError, MemAllocError
 
 __all__ = [
     "TensorShape",
@@ -61,6 +61,17 @@ def _int(v: Any) -> bool:
 # ---------------------------------------------------------------- shape and layout
 
 
+def _blame() -> str:
+    """``"<function>: "`` naming the public megbrain function the user called, or ``""``.
+
+    For error messages only: imported late, as the tensor layer sits below the operators.
+    """
+    from .opr.base import entry_point_name
+
+    name = entry_point_name("")
+    return f"{name}: " if name else ""
+
+
 class TensorShape(tuple):
     """A tensor shape: a tuple of non-negative ints (``ndim == 0`` means "not set").
 
@@ -85,11 +96,14 @@ class TensorShape(tuple):
         try:
             dims = tuple(shape)
         except TypeError:
-            raise MegBrainError(f"invalid tensor shape {shape!r}: not a sequence of ints") from None
+            raise MegBrainError(
+                f"{_blame()}invalid tensor shape {shape!r}: not a sequence of ints"
+            ) from None
         for d in dims:
             if not _int(d) or d < 0:
                 raise MegBrainError(
-                    f"invalid tensor shape {shape!r}: dims must be non-negative integers, got {d!r}"
+                    f"{_blame()}invalid tensor shape {shape!r}: dims must be non-negative "
+                    f"integers, got {d!r}"
                 )
         return tuple.__new__(cls, [int(d) for d in dims])
 
@@ -355,9 +369,17 @@ class Storage:
         self._buf = self._alloc(int(nbytes)) if nbytes else None
 
     def _alloc(self, nbytes: int):
-        if self._host:
-            return aligned_empty(nbytes, self._cn.mem_align)
-        return self._cn.alloc(nbytes)
+        try:
+            if self._host:
+                return aligned_empty(nbytes, self._cn.mem_align)
+            return self._cn.alloc(nbytes)
+        except MemoryError as exc:
+            # numpy's MemoryError names neither the call nor the comp node
+            where = "host memory of " if self._host else ""
+            raise MemAllocError(
+                f"{_blame()}can not allocate {nbytes} bytes "
+                f"({nbytes / 2**30:.4g} GiB) in {where}{self._cn}"
+            ) from exc
 
     @classmethod
     def _make(cls, cn, buf, offset: int, host: bool, allow_realloc: bool) -> Storage:

@@ -369,11 +369,14 @@ def subtensor_getitem(var, idx, *, name=None, comp_node=None, config=None) -> Sy
 class _ModifyIndexer:
     """``obj[idx]`` builds the modifying operator of ``set_subtensor(src, value)[idx]`` and kin."""
 
-    def __init__(self, cls, src, value, cfg):
+    def __init__(self, cls, src, value, cfg, what: str):
         self._cls, self._src, self._value, self._cfg = cls, src, value, cfg
+        self._what = what  # the function that made this indexer, for error messages
 
     def __getitem__(self, idx) -> SymbolVar:
-        src, value = canonize_input_vars([self._src, self._value], config=self._cfg)
+        src, value = canonize_input_vars(
+            [self._src, self._value], config=self._cfg, what=self._what, names=("src", "value")
+        )
         _, descs, values = _cvt_getitem(SymbolVar(src), idx, allow_newaxis=False)
         opr = self._cls([src, value, *values], SubtensorParam(descs), self._cfg)
         return insert_opr(opr)[0]
@@ -381,10 +384,12 @@ class _ModifyIndexer:
 
 def set_subtensor(src, value, *, name=None, comp_node=None, config=None) -> _ModifyIndexer:
     """``set_subtensor(src, value)[idx]``: ``src`` with ``src[idx] = value`` (SetSubtensor)."""
-    return _ModifyIndexer(SetSubtensor, src, value, _merge_config(name, comp_node, config))
+    cfg = _merge_config(name, comp_node, config)
+    return _ModifyIndexer(SetSubtensor, src, value, cfg, "set_subtensor")
 
 
 def incr_subtensor(src, value, *, name=None, comp_node=None, config=None) -> _ModifyIndexer:
     """``incr_subtensor(src, value)[idx]``: ``src`` with ``src[idx] += value``
     (IncrSubtensor)."""
-    return _ModifyIndexer(IncrSubtensor, src, value, _merge_config(name, comp_node, config))
+    cfg = _merge_config(name, comp_node, config)
+    return _ModifyIndexer(IncrSubtensor, src, value, cfg, "incr_subtensor")

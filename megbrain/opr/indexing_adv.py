@@ -9,6 +9,7 @@ axis is indexed by an int array var ("index") or sliced by int begin / end / ste
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy as np
 from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, static_shape
 from ..graph.operator import fmt_shape
-from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
+from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, input_list, insert_opr
 from .indexing import SubtensorIndexError
 from .misc import AxisParam, check_int, int_var, norm_axis
 from .param_args import as_axis, as_int, opr_params
@@ -518,16 +519,20 @@ def _cvt_index(src, idx, allow_newaxis: bool = False) -> tuple[tuple, list, list
 class _VecIndexer:
     """``obj[idx]`` inserts a vector indexing operator (``advanced_indexing(x)[idx]``)."""
 
-    def __init__(self, cls, src, value, cfg):
+    def __init__(self, cls, src, value, cfg, what: str):
         self._cls, self._src, self._value, self._cfg = cls, src, value, cfg
+        self._what = what  # the function that made this indexer, for error messages
 
     def __getitem__(self, idx) -> SymbolVar:
         cfg = self._cfg
-        if self._value is None:
-            data = canonize_input_vars([self._src], config=cfg)
+        getter = self._value is _GETTER
+        if getter:
+            data = canonize_input_vars([self._src], config=cfg, what=self._what, names=("src",))
         else:
-            data = canonize_input_vars([self._src, self._value], config=cfg)
-        descs, values, new_axes = _cvt_index(data[0], idx, allow_newaxis=self._value is None)
+            data = canonize_input_vars(
+                [self._src, self._value], config=cfg, what=self._what, names=("src", "value")
+            )
+        descs, values, new_axes = _cvt_index(data[0], idx, allow_newaxis=getter)
         if new_axes:
             from .tensor_manip import add_axis
 
@@ -537,8 +542,13 @@ class _VecIndexer:
         return insert_opr(self._cls([*data, *values], IndexDescParam(descs), cfg))[0]
 
 
+# the value of a getter's indexer: None is a bad value of a setter, not "no value"
+_GETTER = object()
+
+
 def _indexer(cls, src, value, name, comp_node, config) -> _VecIndexer:
-    return _VecIndexer(cls, src, value, _merge_config(name, comp_node, config))
+    what = sys._getframe(1).f_code.co_name  # the public function calling: advanced_indexing...
+    return _VecIndexer(cls, src, value, _merge_config(name, comp_node, config), what)
 
 
 def advanced_indexing(src, *, name=None, comp_node=None, config=None) -> _VecIndexer:
@@ -548,7 +558,7 @@ def advanced_indexing(src, *, name=None, comp_node=None, config=None) -> _VecInd
     An int indexes like a one-element array, so ``advanced_indexing(x)[1]`` keeps the axis
     with size 1, as in MegBrain.
     """
-    return _indexer(IndexingMultiAxisVec, src, None, name, comp_node, config)
+    return _indexer(IndexingMultiAxisVec, src, _GETTER, name, comp_node, config)
 
 
 def set_advanced_indexing(src, value, *, name=None, comp_node=None, config=None):
@@ -565,7 +575,7 @@ def incr_advanced_indexing(src, value, *, name=None, comp_node=None, config=None
 def mesh_indexing(src, *, name=None, comp_node=None, config=None) -> _VecIndexer:
     """``mesh_indexing(src)[idx]``: each 1-d index selects on its own axis (the Cartesian
     product, like ``src[np.ix_(...)]``; ``MeshIndexing``)."""
-    return _indexer(MeshIndexing, src, None, name, comp_node, config)
+    return _indexer(MeshIndexing, src, _GETTER, name, comp_node, config)
 
 
 def set_mesh_indexing(src, value, *, name=None, comp_node=None, config=None):
@@ -581,7 +591,7 @@ def incr_mesh_indexing(src, value, *, name=None, comp_node=None, config=None):
 def batched_mesh_indexing(src, *, name=None, comp_node=None, config=None) -> _VecIndexer:
     """``batched_mesh_indexing(src)[:, idx1, ...]``: per entry ``b`` of axis 0, the mesh of
     the index rows ``idx[b]`` ((batch, k) int arrays; ``BatchedMeshIndexing``)."""
-    return _indexer(BatchedMeshIndexing, src, None, name, comp_node, config)
+    return _indexer(BatchedMeshIndexing, src, _GETTER, name, comp_node, config)
 
 
 def batched_set_mesh_indexing(src, value, *, name=None, comp_node=None, config=None):
@@ -897,7 +907,7 @@ def param_pack_concat(srcs, *, name=None, comp_node=None, config=None) -> Symbol
     """Pack ``srcs`` into one 1-d var at aligned offsets (``ParamPackConcat``), the inverse of
     :func:`param_pack_split`."""
     cfg = _merge_config(name, comp_node, config)
-    vars_ = canonize_input_vars(list(srcs), config=cfg)
+    vars_ = canonize_input_vars(input_list(srcs, "srcs"), config=cfg)
     shapes = []
     for v in vars_:
         s = static_shape(v)

@@ -12,9 +12,18 @@ import numpy as np
 
 from ..device import CompNode
 from ..dtype import canonize_dtype, convert_array, to_mgb_supported_dtype
-from ..errors import MegBrainError
+from ..errors import ConversionError, MegBrainError
 from ..graph import InferPending, InferType, OperatorNodeBase, ParamBase, register_opr
-from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .base import (
+    SymbolVar,
+    _describe,
+    _merge_config,
+    _non_numeric,
+    canonize_input_vars,
+    check_graph,
+    entry_point_name,
+    insert_opr,
+)
 from .param_args import opr_params
 
 __all__ = [
@@ -279,6 +288,7 @@ class Copy(OperatorNodeBase):
 
 def host2device_copy(graph, host_tensor, *, enable_value_infer=True, name=None, config=None):
     """A Host2DeviceCopy var reading ``host_tensor`` on every run."""
+    check_graph(graph, arg="graph")
     cfg = _merge_config(name, None, config)
     opr = Host2DeviceCopy(host_tensor, H2DParam(id(host_tensor), bool(enable_value_infer)), cfg)
     return SymbolVar(graph.insert_opr(opr)[0])
@@ -286,6 +296,7 @@ def host2device_copy(graph, host_tensor, *, enable_value_infer=True, name=None, 
 
 def shared_device_tensor(graph, dev_tensor, *, volatile=False, name=None, config=None):
     """A (Volatile)SharedDeviceTensor var aliasing ``dev_tensor``."""
+    check_graph(graph, arg="graph")
     cfg = _merge_config(name, None, config)
     cls = VolatileSharedDeviceTensor if volatile else SharedDeviceTensor
     return SymbolVar(graph.insert_opr(cls(dev_tensor, SharedParam(id(dev_tensor)), cfg))[0])
@@ -295,22 +306,38 @@ def make_immutable(comp_node, comp_graph, value, *, dtype=None, name=None, confi
     """An ImmutableTensor holding ``value`` (constant, deduplicated, value-inferable).
 
     A scalar becomes shape (1,), as MegBrain has no 0-d tensors.
+
+    Raises
+    ------
+    TypeError
+        When ``comp_graph`` is not a computing graph.
+    ConversionError
+        When ``value`` is not numeric (None, a str, a dict, an object); the message names
+        the public function called.
     """
-    if dtype is not None:
-        dt = np.dtype(dtype)
-        if dt in _WIDE_DTYPES:
-            # 64-bit vars exist inside graphs built below the API (float64 gradient checks)
-            arr = np.asarray(value, dtype=dt)
+    check_graph(comp_graph)
+    try:
+        if dtype is not None:
+            dt = np.dtype(dtype)
+            if dt in _WIDE_DTYPES:
+                # 64-bit vars exist inside graphs built below the API (float64 gradient checks)
+                arr = np.asarray(value, dtype=dt)
+            else:
+                arr = convert_array(value, canonize_dtype(dtype))
         else:
-            arr = convert_array(value, canonize_dtype(dtype))
-    else:
-        arr = np.asarray(value)
-        arr = convert_array(arr, to_mgb_supported_dtype(arr.dtype))
+            arr = np.asarray(value)
+            arr = convert_array(arr, to_mgb_supported_dtype(arr.dtype))
+    except (ConversionError, TypeError, ValueError, OverflowError) as exc:
+        what = entry_point_name("make_immutable")
+        # for None, a str or an object the type says it all; else say why it was refused
+        why = "" if _non_numeric(value) else f" ({str(exc).removeprefix(what + ': ')})"
+        raise ConversionError(
+            f"{what}: value is {_describe(value)}; expected a number or a numeric array{why}"
+        ) from exc
     if arr.ndim == 0:
         arr = arr.reshape(1)  # MegBrain has no 0-d tensors: a scalar is shape (1,)
     cfg = _merge_config(name, None, config)
-    graph = comp_graph
-    return SymbolVar(graph.insert_opr(ImmutableTensor(arr, CompNode.load(comp_node), cfg))[0])
+    return SymbolVar(comp_graph.insert_opr(ImmutableTensor(arr, CompNode.load(comp_node), cfg))[0])
 
 
 @opr_params(("param", "Empty"))

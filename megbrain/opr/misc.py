@@ -12,7 +12,14 @@ from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..graph.static_infer import static_shape
 from . import param_defs as pdefs
-from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
+from .base import (
+    SymbolVar,
+    _merge_config,
+    as_var,
+    canonize_input_vars,
+    entry_point_name,
+    insert_opr,
+)
 from .param_args import as_axis, as_int, is_int, opr_params
 
 __all__ = [
@@ -47,7 +54,7 @@ def int_var(x, ref, dtype=_I32):
 
     arr = np.asarray(x)
     if arr.dtype.kind not in "iub" and arr.size:
-        raise TypeError(f"expected ints, got {arr.dtype} {x!r}")
+        raise TypeError(f"{entry_point_name('int_var')}: expected ints, got {arr.dtype} {x!r}")
     ref = as_var(ref)
     return make_immutable(ref.comp_node, ref.graph, arr.astype(dtype), dtype=dtype).node
 

@@ -17,7 +17,7 @@ from ..errors import GraphError, MegBrainError, mark_user_exception, user_except
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.value_proxy import CompGraphCallbackValueProxy
-from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
+from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, input_list, insert_opr
 from .param_args import opr_params
 
 __all__ = [
@@ -540,7 +540,7 @@ def virtual_loss(
     ys, y_grads, *, name=None, comp_node=None, config=None, comp_graph=None
 ) -> SymbolVar:
     """A scalar loss whose gradient w.r.t. ``ys[i]`` is ``y_grads[i]``."""
-    ys, y_grads = list(ys), list(y_grads)
+    ys, y_grads = input_list(ys, "ys"), input_list(y_grads, "y_grads")
     if len(ys) != len(y_grads):
         raise GraphError("virtual_loss: ys and y_grads differ in length")
     cfg = _merge_config(name, comp_node, config)
@@ -551,7 +551,7 @@ def virtual_loss(
 def virtual_dep(symvars, *, name=None, comp_node=None, config=None, comp_graph=None) -> SymbolVar:
     """``symvars[0]``, computed after all the others."""
     cfg = _merge_config(name, comp_node, config)
-    vs = canonize_input_vars(list(symvars), comp_graph=comp_graph, config=cfg)
+    vs = canonize_input_vars(input_list(symvars, "symvars"), comp_graph=comp_graph, config=cfg)
     return insert_opr(VirtualDep(vs, None, cfg))[0]
 
 
