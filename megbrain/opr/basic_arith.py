@@ -534,8 +534,11 @@ def reduce_(
     out = src
     # from the last axis down, so the axes still to reduce keep their numbers
     resolved.sort(reverse=True)
-    for a in resolved:
-        out = reduce_general(out, mode=mode, axis=a, name=name, comp_node=comp_node, config=config)
+    sum_sqr = ReduceParam(mode).mode == "SUM_SQR"
+    for k, a in enumerate(resolved):
+        # the squares are taken once: later axes sum the partial sums of squares
+        m = "SUM" if k and sum_sqr else mode
+        out = reduce_general(out, mode=m, axis=a, name=name, comp_node=comp_node, config=config)
     if not keepdims:
         from .tensor_manip import remove_axis
 

@@ -180,6 +180,28 @@ def test_axis_list_in_range_still_reduces():
     )
 
 
+_NP_REDUCE = {
+    "SUM": np.sum,
+    "SUM_SQR": lambda a, axis, keepdims: np.sum(a * a, axis=axis, keepdims=keepdims),
+    "PRODUCT": np.prod,
+    "MIN": np.min,
+    "MAX": np.max,
+    "MEAN": np.mean,
+}
+
+
+@pytest.mark.parametrize("axes", [[0, 2], [-1, 0], (1, 2, 0)])
+@pytest.mark.parametrize("mode", list(_NP_REDUCE))
+def test_reduce_over_an_axis_list_matches_numpy(mode, axes):
+    # SUM_SQR used to square the partial results again at every further axis
+    x = np.random.default_rng(3).uniform(0.5, 1.5, (2, 3, 4)).astype(np.float32)
+    for keepdims in (False, True):
+        got = mgb.opr.reduce_(_shared(x), mode, axes, keepdims).inferred_value
+        want = np.asarray(_NP_REDUCE[mode](x, axis=tuple(axes), keepdims=keepdims))
+        assert got.shape == (want.shape or (1,))  # no 0-d tensors
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5)
+
+
 # ---- a NumPy array on the left ---------------------------------------------------------------
 _LEFT_OPS = {
     "add": (lambda a, b: a + b),
