@@ -186,6 +186,8 @@ class Reduce(OperatorNodeBase):
         axis = self.param.axis
         if len(self.inputs) == 2:
             tshape = tuple(int(x) for x in np.asarray(in_values[1]).reshape(-1))
+            if tshape == (1,):  # a scalar target reduces everything, whatever the ndim
+                return [tshape]
             if len(tshape) != len(src) or any(t not in (1, s) for t, s in zip(tshape, src)):
                 raise self.error(
                     f"can not reduce {fmt_shape(src)} to target shape {fmt_shape(tshape)}"
@@ -774,6 +776,8 @@ def _reduced_axes(opr: Reduce, shape: tuple) -> list[int] | None:
         if target is None:
             return None
         tshape = tuple(int(t) for t in np.asarray(target).reshape(-1))
+        if tshape == (1,):
+            return [a for a, s in enumerate(shape) if s != 1]
         if len(tshape) != len(shape):
             return None
         return [a for a, (t, s) in enumerate(zip(tshape, shape)) if t == 1 and s != 1]

@@ -218,3 +218,18 @@ def test_add_update_coefficients():
     np.testing.assert_allclose(w.get_value(), 4 * 2 + 1)
     with pytest.raises(mgb.GraphError, match="alpha must be a number or a SharedScalar"):
         mgb.opr.add_update(w, w, alpha="x")
+
+
+def test_reduce_to_a_scalar_target_shape_of_any_ndim():
+    """A (1,) target reduces everything, as the reference's Reduce allows; gradients through
+    dynamic shapes build such reductions."""
+    g = _graph()
+    a = np.array([[1, -2, 3], [-4, 5, 6]], np.float32)
+    x = mgb.make_shared("cpu0", value=a, comp_graph=g)
+    r = mgb.opr.reduce_general(x, [1], mode="SUM")
+    assert r.imm_shape == (1,)
+    t = mgb.opr.cond_take(x, x, mode="GT", val=0.0)[0]
+    gx = mgb.grad((x * t.sum()).sum(), x, use_virtual_grad=False)
+    got_r, got_g = _run(g, r, gx)
+    np.testing.assert_array_equal(got_r, [a.sum()])
+    np.testing.assert_array_equal(got_g, a[a > 0].sum() + a.sum() * (a > 0))
