@@ -265,11 +265,21 @@ def _optimize_and_expand(graph, items):
     (the gradient is built from the optimized forward graph, as in the reference)."""
     from ..opr.grad import expand_virtual_grads
 
-    items = _map_item_vars(items, lambda vs: gopt.optimize_for_compile(graph, vs))
+    # memory passes (sublinear recomputation) run last, on the graph with its gradients:
+    # gradients built through recomputed clones would be summed in another order
+    def body(vs):
+        return gopt.optimize_for_compile(graph, vs, skip=_MEMORY_PASSES)
+
+    items = _map_item_vars(items, body)
     expanded = _map_item_vars(items, expand_virtual_grads)
-    if expanded is items:
-        return items
-    return _map_item_vars(expanded, lambda vs: gopt.optimize_for_compile(graph, vs))
+    if expanded is not items:
+        items = _map_item_vars(expanded, body)
+    return _map_item_vars(
+        items, lambda vs: gopt.optimize_for_compile(graph, vs, only=_MEMORY_PASSES)
+    )
+
+
+_MEMORY_PASSES = ("sublinear_memory",)
 
 
 def _item_var(item):

@@ -422,13 +422,17 @@ def run_passes(graph, dest: list[VarNode], names: Iterable[str], table: dict, *a
     return cur
 
 
-def optimize_for_compile(graph, dest: list[VarNode]) -> list[VarNode]:
-    """Run the PRESET passes on ``dest`` when ``|graph_opt_level| >= 2``; record and log
-    every replacement; at a negative level, wrap replaced outputs in a run-time check."""
+def optimize_for_compile(
+    graph, dest: list[VarNode], *, only: tuple | None = None, skip: tuple = ()
+) -> list[VarNode]:
+    """Run the PRESET passes (those in ``only`` if given, less those in ``skip``, in PRESET
+    order) on ``dest`` when ``|graph_opt_level| >= 2``; record and log every replacement; at
+    a negative level, wrap replaced outputs in a run-time check."""
     level = graph.options.graph_opt_level
     if abs(level) < 2:
         return dest
-    cur = run_passes(graph, dest, PRESET, PASSES)
+    names = [p for p in PRESET if (only is None or p in only) and p not in skip]
+    cur = run_passes(graph, dest, names, PASSES)
     if level < 0:
         from ..opr.utility import assert_equal
 
