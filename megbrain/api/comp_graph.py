@@ -95,7 +95,14 @@ class CompGraph(ComputingGraph):
         if self._released:
             raise GraphError(f"compile: CompGraph #{self.id} has been released")
         expand_single = isinstance(outspec, copy_output)
+        if not expand_single and not isinstance(outspec, (list, tuple)):
+            raise TypeError(
+                "CompGraph.compile: outspec must be a copy_output or a list of copy_output, "
+                f"vars and (var, callback) pairs; got {type(outspec).__name__}"
+            )
         items = [outspec] if expand_single else list(outspec)
+        for item in items:
+            _item_var(item)  # a bad entry raises here, before any copy or optimization
         user_outs = _user_copy_outputs(items)
         if optimize_for_inference:
             # gopt::optimize_for_inference with default options, before any graph copy
@@ -326,7 +333,7 @@ def _copy_into(src: CompGraph, dst: CompGraph, vars_):
 def _var_of(x):
     v = as_var(x)
     if v is None:
-        raise TypeError(f"expect a SymbolVar in outspec, got {x!r}")
+        raise TypeError(f"CompGraph.compile: expect a SymbolVar in outspec, got {x!r}")
     return v
 
 

@@ -3,6 +3,7 @@ ProxySharedNDAndSymbolVar and make_shared / make_arg / make_immutable."""
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import warnings
@@ -617,6 +618,19 @@ class ProxySharedNDAndSymbolVar(SymbolVar):
             ev.reeval(self.node)
 
 
+@contextlib.contextmanager
+def _named_errors(fname: str):
+    """Re-raise a bad-argument error of an internal step as ``fname``'s own (same class)."""
+    try:
+        yield
+    except (MegBrainError, TypeError, ValueError) as exc:
+        try:
+            new = type(exc)(f"{fname}: {exc}")
+        except Exception:  # noqa: BLE001 - a class with another constructor
+            new = MegBrainError(f"{fname}: {exc}")
+        raise new from exc
+
+
 def make_shared(
     comp_node, *, dtype=None, shape=None, value=None, comp_graph=None, name=None, volatile=None
 ):
@@ -631,7 +645,8 @@ def make_shared(
     if value is not None:
         snd.set_value(value)
     elif shape is not None:
-        snd._set_init_shape(shape)
+        with _named_errors("make_shared"):
+            snd._set_init_shape(shape)
     if comp_graph is None:
         if name is not None or volatile is not None:
             raise MegBrainError("make_shared: name and volatile need comp_graph")
@@ -662,7 +677,8 @@ def make_arg(
     if value is not None:
         hsnd.set_value(value)
     elif shape is not None:
-        hsnd._resize(shape)
+        with _named_errors("make_arg"):
+            hsnd._resize(shape)
         io.mark_shape_only(hsnd.tensor)
     return ProxySharedNDAndSymbolVar(
         hsnd, comp_graph, name, enable_static_infer=enable_static_infer

@@ -81,6 +81,8 @@ def shape_input(shape, cfg, comp_graph=None, fname: str = "shape_input"):
     if refs:
         return shape_to_var(shape, refs[0], what=what).node
     ints = [_as_int(s, what) for s in shape]
+    if any(i < 0 for i in ints):
+        raise ShapeDescError(f"{what}: bad shape {tuple(ints)}: dims must be >= 0")
     if comp_graph is None or not cfg.comp_nodes:
         raise GraphError(f"{fname}(): a shape given as ints needs comp_graph= and comp_node=")
     from .io import make_immutable

@@ -529,19 +529,7 @@ ENTRY_POINTS = sorted({c.entry for c in CASES})
 
 # Cases whose fix belongs to code worked on elsewhere: (entry, start of ``what``) -> why.
 # They are expected to fail until then, and pass (XPASS) once fixed.
-KNOWN_GAPS = {
-    ("CompGraph.compile", "arg"): "the outspec check of CompGraph.compile does not name compile",
-    ("alloc", "dims 0=negative"): "shape ints of the generator operators",
-    ("eye", "dims 0=negative"): "shape ints of the generator operators",
-    ("gaussian_rng", "dims 0=negative"): "shape ints of the generator operators",
-    ("uniform_rng", "dims 0=negative"): "shape ints of the generator operators",
-    ("make_shared", "shape=negative"): "the shape check of make_shared names an internal method",
-    ("make_shared", "shape=str"): "the shape check of make_shared names an internal method",
-    ("make_shared", "shape=None"): "the shape check of make_shared names an internal method",
-    ("make_arg", "shape=negative"): "the shape check of make_arg names an internal method",
-    ("make_arg", "shape=str"): "the shape check of make_arg names an internal method",
-    ("make_arg", "shape=None"): "the shape check of make_arg names an internal method",
-}
+KNOWN_GAPS: dict = {}
 
 
 def _known_gap(case: Case) -> str | None:
