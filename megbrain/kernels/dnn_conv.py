@@ -34,6 +34,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import workspace
+from .steps import Step, chain
 
 __all__ = [
     "COL_BUFFER_LIMIT",
@@ -56,8 +57,6 @@ _LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 #: the most bytes one column buffer may take; larger batches are processed in chunks
 COL_BUFFER_LIMIT = 256 << 20
 POOLING_MODES = ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING")
-
-Step = Callable[[], object]
 
 
 # ---- sizes ---------------------------------------------------------------------------------
@@ -93,18 +92,6 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
 
 
 # ---- helpers -------------------------------------------------------------------------------
-def _program(steps: Sequence[Step]) -> Callable[[], None]:
-    steps = tuple(steps)
-    if len(steps) == 1:
-        return steps[0]
-
-    def run() -> None:
-        for step in steps:
-            step()
-
-    return run
-
-
 def _reshaped(a: np.ndarray, shape: tuple) -> np.ndarray | None:
     """``a.reshape(shape)`` when that is a view of ``a`` (no copy), else None."""
     r = a.reshape(shape)
@@ -305,7 +292,7 @@ def bind_convolution(
         if fill is not None:
             steps.append(fill)
         steps.append(_partial(np.matmul, wm, colm, out=outm[a:b]))
-    return _program(steps + post)
+    return chain(steps + post)
 
 
 def bind_conv_backward_data(
@@ -345,7 +332,7 @@ def bind_conv_backward_data(
     if geo.pointwise:
         gm = _matrix_out(grad, geo.col_matrix_shape(geo.n), dt, post)
         steps.append(_partial(np.matmul, wmt, dm, out=gm))
-        return _program(steps + post)
+        return chain(steps + post)
     # col2im: accumulate every filter offset's columns into a padded gradient
     if not any(geo.pad) and grad.dtype == dt and grad.flags.writeable:
         target = grad
@@ -365,7 +352,7 @@ def bind_conv_backward_data(
         for f, idx in offsets:
             t = target[a:b][idx]
             steps.append(_partial(np.add, t, dcol[(slice(0, k), slice(None), *f)], t))
-    return _program(steps + post)
+    return chain(steps + post)
 
 
 def bind_conv_backward_filter(
@@ -423,7 +410,7 @@ def bind_conv_backward_filter(
         else:
             steps.append(_partial(np.add.reduce, prod[:k], 0, None, part))
             steps.append(_partial(np.add, gm, part, gm))
-    return _program(steps + post)
+    return chain(steps + post)
 
 
 # ---- pooling -------------------------------------------------------------------------------
@@ -534,7 +521,7 @@ def bind_pooling(
             steps.append(_partial(np.multiply, acc, dt.type(1.0 / float(div)), acc))
         else:
             steps.append(_partial(np.true_divide, acc, div, acc))
-    return _program(steps + post)
+    return chain(steps + post)
 
 
 def bind_pooling_backward(
@@ -600,4 +587,4 @@ def bind_pooling_backward(
         for oidx, sidx in geo.regions():
             t = target[sidx]
             steps.append(_partial(np.add, t, scaled[oidx], t))
-    return _program(steps + post)
+    return chain(steps + post)

@@ -31,10 +31,10 @@ from .dnn_conv import (
     _matrix_out,
     _padded,
     _partial,
-    _program,
     _windows,
     compute_dtype,
 )
+from .steps import chain
 
 __all__ = [
     "bind_group_local",
@@ -119,7 +119,7 @@ def bind_group_local(
     post: list = []
     dst = _matrix_out(out, (n, g, ocg, oh, ow), ct, post, blas=False)
     steps.append(_partial(np.copyto, dst, res.transpose(3, 0, 4, 1, 2)))
-    return _program(steps + post)
+    return chain(steps + post)
 
 
 def bind_group_local_backward_data(
@@ -168,7 +168,7 @@ def bind_group_local_backward_data(
             steps.append(_partial(np.add, region, slab, out=region))
     inner = _interior(gp.reshape(n, ic, ih + 2 * ph, iw + 2 * pw), pad, (ih, iw))
     steps.append(_partial(np.copyto, grad, inner, "unsafe"))
-    return _program(steps)
+    return chain(steps)
 
 
 def bind_group_local_backward_filter(
@@ -204,4 +204,4 @@ def bind_group_local_backward_filter(
     post: list = []
     dw = _matrix_out(grad, (g, oh, ow, icg * fh * fw, ocg), ct, post)
     steps.append(_partial(np.matmul, col.swapaxes(-1, -2), d, out=dw))
-    return _program(steps + post)
+    return chain(steps + post)

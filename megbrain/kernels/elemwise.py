@@ -17,6 +17,7 @@ import numpy as np
 from numpy.polynomial import chebyshev as _cheb
 
 from .. import dtype as _dt
+from .steps import Step, chain
 
 __all__ = [
     "MODES",
@@ -39,8 +40,6 @@ _F16 = np.dtype(np.float16)
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _LOW_FLOATS = (_F16, _BF16)
 _RMULH_DTYPES = (np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32))
-
-Step = Callable[[], object]
 
 
 @dataclass(frozen=True)
@@ -544,18 +543,6 @@ def check_mode(mode: str, dtype: np.dtype | type) -> None:
         raise ValueError(f"Elemwise mode {trait.name} does not support dtype {dtype.name}")
 
 
-def _chain(steps: Sequence[Step]) -> Callable[[], None]:
-    if len(steps) == 1:
-        return steps[0]
-    steps = tuple(steps)
-
-    def run() -> None:
-        for step in steps:
-            step()
-
-    return run
-
-
 def bind(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray) -> Callable[[], None]:
     """Bind an Elemwise mode to its input and output arrays.
 
@@ -615,7 +602,7 @@ def bind(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray) -> Callable[[
     steps += trait.kernel(_Ctx(res, aliased), *inputs)
     if res is not out:
         steps.append(_partial(np.copyto, out, res, "unsafe"))
-    return _chain(steps)
+    return chain(steps)
 
 
 def compute(mode: str, *inputs: np.ndarray, dtype: np.dtype | type | None = None) -> np.ndarray:
@@ -754,4 +741,4 @@ def typecvt_bind(src: np.ndarray, out: np.ndarray) -> Callable[[], None]:
         steps += quantize_steps(mid, out, out_q)
     else:
         steps.append(_partial(np.copyto, out, mid, "unsafe"))
-    return _chain(steps)
+    return chain(steps)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import elemwise as ew
+from .steps import chain
 
 __all__ = [
     "INT_MODES",
@@ -205,13 +206,7 @@ def bind_quantized(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray) -> 
     res = np.empty(out.shape, _F32)
     steps.append(ew.bind(mode, reals, res))
     steps += ew.quantize_steps(res, out, _quant(out, "the output"))
-    steps = tuple(steps)
-
-    def run() -> None:
-        for step in steps:
-            step()
-
-    return run
+    return chain(steps)
 
 
 def bind(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray) -> Callable[[], None]:

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from . import elemwise as ew
+from .steps import chain
 
 __all__ = [
     "FUSABLE_MODES",
@@ -639,16 +640,6 @@ def _kernel(src: str, args: Sequence[np.ndarray]) -> Callable:
 
 
 # ---- binding ----------------------------------------------------------------------------
-def _chain(steps: Sequence[Callable[[], object]]) -> Callable[[], None]:
-    if len(steps) == 1:
-        return steps[0]
-    steps = tuple(steps)
-
-    def run() -> None:
-        for step in steps:
-            step()
-
-    return run
 
 
 def check_expr(expr: Sequence, nin: int, reduce=None) -> None:
@@ -762,7 +753,7 @@ def bind(
     steps.append(call)
     if res is not out:
         steps.append(functools.partial(np.copyto, out, res, "unsafe"))
-    return _chain(steps)
+    return chain(steps)
 
 
 def _warn_unfused(expr, exc: BaseException) -> None:
@@ -802,7 +793,7 @@ def _bind_unfused(expr, inputs, out, reduce) -> Callable[[], None]:
         if src.shape != shape:
             src = np.broadcast_to(src, shape)
         steps.append(red.bind_reduce(reduce[0], src, out, reduce[1]))
-    return _chain(steps)
+    return chain(steps)
 
 
 def _alias(args: list[np.ndarray]) -> int | None:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
+
+from .steps import chain
 
 __all__ = ["REDUCE_MODES", "bind_reduce", "bind_reduce_to_shape"]
 
@@ -28,18 +30,6 @@ REDUCE_MODES: dict[str, np.ufunc] = {
     "MAX": np.maximum,
     "MEAN": np.add,
 }
-
-
-def _chain(steps: Sequence[Callable[[], object]]) -> Callable[[], None]:
-    if len(steps) == 1:
-        return steps[0]
-    steps = tuple(steps)
-
-    def run() -> None:
-        for step in steps:
-            step()
-
-    return run
 
 
 def _bind(mode: str, src: np.ndarray, out: np.ndarray, view: np.ndarray, axes: tuple[int, ...]):
@@ -80,7 +70,7 @@ def _bind(mode: str, src: np.ndarray, out: np.ndarray, view: np.ndarray, axes: t
             ]
     if res is not view:
         steps.append(_partial(np.copyto, view, res, "unsafe"))
-    return _chain(steps)
+    return chain(steps)
 
 
 def bind_reduce(
