@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
-from .errors import ConversionError
+from .errors import ConversionError, blame_prefix
 
 __all__ = [
     "bfloat16",
@@ -444,24 +444,13 @@ def _numeric(value: Any) -> np.ndarray:
         arr = np.asarray(value)
     except (TypeError, ValueError) as exc:
         raise ConversionError(
-            f"{_blame()}cannot convert {type(value).__name__} to an array: {exc}"
+            f"{blame_prefix()}cannot convert {type(value).__name__} to an array: {exc}"
         ) from exc
     if arr.dtype.kind not in "biuf" and arr.dtype.type is not ml_dtypes.bfloat16:
         raise ConversionError(
-            f"{_blame()}arrays of dtype {arr.dtype} can not be converted (not numeric)"
+            f"{blame_prefix()}arrays of dtype {arr.dtype} can not be converted (not numeric)"
         )
     return arr
-
-
-def _blame() -> str:
-    """``"<function>: "`` naming the public megbrain function the user called, or ``""``.
-
-    For error messages only: imported late, as dtypes sit below the operators.
-    """
-    from .opr.base import entry_point_name
-
-    name = entry_point_name("")
-    return f"{name}: " if name else ""
 
 
 def _make_converters(kind: str) -> tuple[Callable, Callable]:

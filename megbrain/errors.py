@@ -131,3 +131,21 @@ class MemAllocError(MegBrainError, builtins.MemoryError):
 
     The message names the call and the size; also a ``MemoryError`` for code catching that.
     """
+
+
+#: set by the operator layer: returns the public megbrain function the user called, or ""
+_entry_point_resolver = None
+
+
+def set_entry_point_resolver(resolver) -> None:
+    """Install ``resolver(default) -> str`` (the operator layer does, at import) so that
+    layers below it can name the user's call in messages without importing upwards."""
+    global _entry_point_resolver
+    _entry_point_resolver = resolver
+
+
+def blame_prefix() -> str:
+    """``"<function>: "`` naming the public megbrain function the user called, or ``""``
+    (for error messages only)."""
+    name = _entry_point_resolver("") if _entry_point_resolver is not None else ""
+    return f"{name}: " if name else ""

@@ -15,7 +15,7 @@ import numpy as np
 from .device import CPU, CompNode, as_comp_node
 from .device.memory import aligned_empty
 from .dtype import canonize_dtype, convert_array
-from .errors import ConversionError, MegBrainError, MemAllocError
+from .errors import ConversionError, MegBrainError, MemAllocError, blame_prefix
 
 __all__ = [
     "TensorShape",
@@ -61,17 +61,6 @@ def _int(v: Any) -> bool:
 # ---------------------------------------------------------------- shape and layout
 
 
-def _blame() -> str:
-    """``"<function>: "`` naming the public megbrain function the user called, or ``""``.
-
-    For error messages only: imported late, as the tensor layer sits below the operators.
-    """
-    from .opr.base import entry_point_name
-
-    name = entry_point_name("")
-    return f"{name}: " if name else ""
-
-
 class TensorShape(tuple):
     """A tensor shape: a tuple of non-negative ints (``ndim == 0`` means "not set").
 
@@ -97,12 +86,12 @@ class TensorShape(tuple):
             dims = tuple(shape)
         except TypeError:
             raise MegBrainError(
-                f"{_blame()}invalid tensor shape {shape!r}: not a sequence of ints"
+                f"{blame_prefix()}invalid tensor shape {shape!r}: not a sequence of ints"
             ) from None
         for d in dims:
             if not _int(d) or d < 0:
                 raise MegBrainError(
-                    f"{_blame()}invalid tensor shape {shape!r}: dims must be non-negative "
+                    f"{blame_prefix()}invalid tensor shape {shape!r}: dims must be non-negative "
                     f"integers, got {d!r}"
                 )
         return tuple.__new__(cls, [int(d) for d in dims])
@@ -377,7 +366,7 @@ class Storage:
             # numpy's MemoryError names neither the call nor the comp node
             where = "host memory of " if self._host else ""
             raise MemAllocError(
-                f"{_blame()}can not allocate {nbytes} bytes "
+                f"{blame_prefix()}can not allocate {nbytes} bytes "
                 f"({nbytes / 2**30:.4g} GiB) in {where}{self._cn}"
             ) from exc
 

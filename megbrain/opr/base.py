@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import GraphError, MegBrainError
+from ..errors import GraphError, MegBrainError, set_entry_point_resolver
 from ..graph import (
     OPR_REGISTRY,
     ComputingGraph,
@@ -439,6 +439,9 @@ def entry_point_name(default: str = "operator") -> str:
     """
     f = _entry_frame()
     return default if f is None else _code_name(f.f_code)
+
+
+set_entry_point_resolver(entry_point_name)  # dtypes and tensors name the call through it
 
 
 def _arg_label(frame, x, pos: int) -> str:

@@ -522,9 +522,9 @@ def symvar_from_shared_nd(sv, comp_graph, name: str | None = None) -> SymbolVar:
     SymbolVar
         ``sv.symvar(comp_graph, name)``.
     """
-    from ..api.shared import SharedND  # the API layer imports this module
-
-    if not isinstance(sv, SharedND):
+    # duck-typed: SharedND lives in the API layer above this one
+    symvar = getattr(type(sv), "symvar", None)
+    if not callable(symvar) or not hasattr(sv, "dev_tensor"):
         raise TypeError(f"symvar_from_shared_nd(): sv must be a SharedND, got {type(sv).__name__}")
     return sv.symvar(comp_graph, name)
 
