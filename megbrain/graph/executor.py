@@ -321,16 +321,8 @@ class AsyncExecutable:
 
     def _ensure_plan(self) -> _Plan:
         plan = self._plan
-        if plan is not None:
-            for opr, watch_value, state in plan.states:
-                cur = opr.runtime_state(watch_value)
-                if cur != state:
-                    if not opr.replan_on_change:
-                        raise opr.state_change_error(state, cur)
-                    plan = None
-                    break
-            else:
-                return plan
+        if plan is not None and not self._states_changed(plan):
+            return plan
         self._plan = plan = self._build_plan(allocate=True)
         return plan
 

@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from .elemwise import quant_params
+from .steps import chain
 
 __all__ = ["bind_batched_matmul", "bind_dot", "bind_matmul"]
 
@@ -70,15 +71,7 @@ def _bind(name: str, fn, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Calla
     steps.append(_partial(fn, *operands, res))
     if res is not out:
         steps.append(_partial(np.copyto, out, res, "unsafe"))
-    if len(steps) == 1:
-        return steps[0]
-    steps = tuple(steps)
-
-    def run() -> None:
-        for step in steps:
-            step()
-
-    return run
+    return chain(steps)
 
 
 def bind_matmul(

@@ -80,6 +80,15 @@ def run(outputs, graph: ComputingGraph | None = None) -> list[np.ndarray]:
     return [got[i] for i in range(len(outputs))]
 
 
+def build_and_run(build, *arrays):
+    """``build`` applied to input vars holding ``arrays``: (the output var, its value)."""
+    g = make_graph()
+    xs, _ = inputs(g, *arrays)
+    out = build(*xs)
+    (got,) = run([out], g)
+    return out, got
+
+
 def check_opr(build, ref, arrays, *, rtol=1e-5, atol=1e-6, value_infer=True):
     """Build ``build(*vars)`` over host inputs, run, and compare with ``ref(*arrays)``.
 

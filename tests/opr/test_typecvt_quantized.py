@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from opr_harness import inputs, make_graph, run
+from opr_harness import build_and_run, inputs, make_graph, run
 
 import megbrain as mgb
 from megbrain.opr import make_immutable, typecvt
 
 F32 = np.dtype(np.float32)
-
-
-def _run1(build, *arrays):
-    g = make_graph()
-    xs, _ = inputs(g, *arrays)
-    out = build(*xs)
-    (got,) = run([out], g)
-    return out, got
 
 
 def _quantize_ref(x, scale, zp, lo, hi):
@@ -31,7 +23,7 @@ def _quantize_ref(x, scale, zp, lo, hi):
 # ---- TypeCvt ---------------------------------------------------------------------------------
 def test_float_to_qint8_stores_round_of_value_over_scale():
     q = mgb.dtype.qint8(0.1)
-    out, got = _run1(lambda x: typecvt(x, q), np.ones((3, 4), F32))
+    out, got = build_and_run(lambda x: typecvt(x, q), np.ones((3, 4), F32))
     assert got.dtype.metadata == q.metadata and out.dtype.metadata == q.metadata
     np.testing.assert_array_equal(got, np.full((3, 4), 10))
 
@@ -49,7 +41,7 @@ def test_float_to_qint8_stores_round_of_value_over_scale():
 def test_quantize_rounds_half_away_from_zero_and_saturates(make, lo, hi, zp):
     q = make()
     x = np.array([0.125, -0.125, 0.375, -0.375, 0.1, 1.0, -1.0, 1e3, -1e3], F32)
-    _, got = _run1(lambda v: typecvt(v, q), x)
+    _, got = build_and_run(lambda v: typecvt(v, q), x)
     want = _quantize_ref(x, 0.25, zp, lo, hi)
     np.testing.assert_array_equal(got.astype(np.int64), want.astype(np.int64))
     # ties go away from zero (0.125 / 0.25 = 0.5 -> 1), unlike numpy's half to even
@@ -58,33 +50,33 @@ def test_quantize_rounds_half_away_from_zero_and_saturates(make, lo, hi, zp):
 
 def test_int_to_quantized_quantizes_the_value():
     q = mgb.dtype.qint8(0.5)
-    _, got = _run1(lambda v: typecvt(v, q), np.array([1, -3, 100], np.int32))
+    _, got = build_and_run(lambda v: typecvt(v, q), np.array([1, -3, 100], np.int32))
     np.testing.assert_array_equal(got, [2, -6, 127])
 
 
 def test_nan_quantizes_to_the_minimum():
-    _, got = _run1(lambda v: typecvt(v, mgb.dtype.qint8(0.5)), np.array([np.nan], F32))
+    _, got = build_and_run(lambda v: typecvt(v, mgb.dtype.qint8(0.5)), np.array([np.nan], F32))
     assert int(got[0]) == -128
 
 
 def test_quantized_to_float_dequantizes():
     q = mgb.dtype.quint8(0.5, 100)
     raw = np.array([100, 101, 0, 255], np.uint8).astype(q)
-    _, got = _run1(lambda v: typecvt(v, F32), raw)
+    _, got = build_and_run(lambda v: typecvt(v, F32), raw)
     assert got.dtype == F32
     np.testing.assert_array_equal(got, [0.0, 0.5, -50.0, 77.5])
-    _, got = _run1(lambda v: typecvt(v, np.int32), raw)  # via float, truncated
+    _, got = build_and_run(lambda v: typecvt(v, np.int32), raw)  # via float, truncated
     np.testing.assert_array_equal(got, [0, 0, -50, 77])
 
 
 def test_quantized_to_quantized_requantizes():
     src = np.ones((3, 4), np.int8).astype(mgb.dtype.qint8(1))
     dst = mgb.dtype.qint8(0.3)
-    _, got = _run1(lambda v: typecvt(v, dst), src)
+    _, got = build_and_run(lambda v: typecvt(v, dst), src)
     assert got.dtype.metadata == dst.metadata
     np.testing.assert_array_equal(got, np.full((3, 4), 3))  # 1 / 0.3 = 3.33 -> 3
     asym = mgb.dtype.quint8(0.1, 128)
-    _, got = _run1(
+    _, got = build_and_run(
         lambda v: typecvt(v, asym), np.array([-5, 5], np.int8).astype(mgb.dtype.qint8(0.2))
     )
     np.testing.assert_array_equal(got, [118, 138])
@@ -107,5 +99,5 @@ def test_conversions_of_different_scales_are_not_merged():
 def test_same_quantized_dtype_is_the_identity():
     q = mgb.dtype.qint8(0.1)
     raw = np.array([1, -7, 127], np.int8).astype(q)
-    _, got = _run1(lambda v: typecvt(v, mgb.dtype.qint8(0.1)), raw)
+    _, got = build_and_run(lambda v: typecvt(v, mgb.dtype.qint8(0.1)), raw)
     np.testing.assert_array_equal(got, raw)
