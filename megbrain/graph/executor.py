@@ -563,6 +563,9 @@ class AsyncExecutable:
             steps, step_oprs, per_node = [], [], {}
 
             def add(fn, opr, steps=steps, step_oprs=step_oprs, per_node=per_node):
+                mask = getattr(opr, "exec_mask", None)
+                if mask is not None:  # conditional execution: skipped while masked off
+                    fn = _masked(fn, mask)
                 steps.append(fn)
                 step_oprs.append(opr)
                 per_node.setdefault(opr.comp_node, []).append((fn, opr))
@@ -763,6 +766,17 @@ def _static_callback(cb, arr):
 
 def _slot_callback(cb, slots, var):
     return lambda: cb(slots[var])
+
+
+def _masked(fn, mask):
+    """``fn`` run only while ``mask.enabled`` (an ExecutionMask of opr/cond.py, set by its
+    predicate operator earlier in the run); graphs without conditional execution have none."""
+
+    def run():
+        if mask.enabled:
+            fn()
+
+    return run
 
 
 def _waiter(ev: threading.Event, func: AsyncExecutable):

@@ -7,6 +7,7 @@ registry name), so every family is imported here.
 from . import (
     basic_arith,
     blas,
+    cond,
     craniotome,
     dnn,
     dnn_image,
@@ -34,6 +35,13 @@ from .basic_arith import (
     typecvt,
 )
 from .blas import batched_matrix_mul, batched_matrix_mul_v0, dot, matrix_mul, matrix_mul_v0
+from .cond import (
+    cond_exec_mark,
+    cond_exec_mark_if_need,
+    cond_exec_merge,
+    cond_exec_pred,
+    cond_exec_pred_logical,
+)
 from .dnn import (
     conv_bias_activation,
     conv_bias_activation_v1,
@@ -117,6 +125,12 @@ __all__ = [
     "callback_injector",
     "canonize_input_vars",
     "concat",
+    "cond",
+    "cond_exec_mark",
+    "cond_exec_mark_if_need",
+    "cond_exec_merge",
+    "cond_exec_pred",
+    "cond_exec_pred_logical",
     "cond_take",
     "craniotome",
     "conv_bias_activation",
