@@ -31,6 +31,7 @@ __all__ = [
     "ParamDefBase",
     "ParamDef",
     "ParamDefTable",
+    "FieldSpec",
     "members_of",
     "enum_index",
     "param_tag",
@@ -174,6 +175,10 @@ class ParamDefBase:
 
     __slots__ = ()
     TAG: ClassVar[int]
+    #: the data fields in declaration order (:class:`FieldSpec`)
+    FIELDS: ClassVar[tuple] = ()
+    #: whether the class is an old version kept for loading (named ``<name>V<version>``)
+    IS_LEGACY: ClassVar[bool] = False
     _packer: ClassVar[Any]
     # the instances are mutable, as the reference's are, so they hash by nothing
     __hash__ = None  # type: ignore[assignment]
@@ -202,11 +207,20 @@ class ParamDefBase:
         return f"{type(self).__qualname__}({args})"
 
 
-class _Field(NamedTuple):
+class FieldSpec(NamedTuple):
+    """One data field of a param class, as declared (``ParamDefBase.FIELDS``)."""
+
     name: str
     fmt: str
     convert: Callable[[Any], Any]
     default: Any
+    #: the declared C type (``uint32``, ``dtype``...), or ``enum`` for an enum field
+    ctype: str = ""
+    #: the enum class of an enum field
+    enum: Any = None
+
+
+_Field = FieldSpec
 
 
 class ParamDef:
@@ -220,6 +234,7 @@ class ParamDef:
         self.name = f"{name}V{version}" if is_legacy else name
         self.doc = doc
         self.tag = param_tag(name, version)
+        self.is_legacy = is_legacy
         self.fields: list[_Field] = []
         #: class attributes besides the fields: enum classes (own or aliased) and consts
         self.attrs: dict[str, Any] = {}
@@ -275,7 +290,7 @@ class ParamDef:
         """
         fmt, convert = self._converter(ctype)
         for name, default in self._pairs(names_defaults):
-            self._add_field(_Field(name, fmt, convert, self._resolve_const(default)))
+            self._add_field(_Field(name, fmt, convert, self._resolve_const(default), ctype))
         return self
 
     def add_const(self, ctype: str, *names_defaults: Any) -> ParamDef:
@@ -387,7 +402,7 @@ class ParamDef:
     ) -> None:
         self._add_attr(name, cls)
         field = name_field or default_name_field(name)
-        self._add_field(_Field(field, _ENUM_FMT, cls.convert, default))
+        self._add_field(_Field(field, _ENUM_FMT, cls.convert, default, "enum", cls))
 
     def make_class(self) -> type[ParamDefBase]:
         """The param class of this declaration.
@@ -425,6 +440,8 @@ class ParamDef:
             "__doc__": self.doc or f"Param {self.name}.",
             "__slots__": [f.name for f in fields],
             "TAG": self.tag,
+            "FIELDS": fields,
+            "IS_LEGACY": self.is_legacy,
             "_packer": struct.Struct(fmt),
             "__init__": __init__,
             **self.attrs,

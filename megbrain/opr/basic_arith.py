@@ -20,7 +20,7 @@ from ..dtype import (
     to_mgb_supported_dtype,
 )
 from ..errors import ArgumentError, ConversionError, MegBrainError
-from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
+from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, sereg
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..kernels import elemwise as ew_kernels
@@ -118,6 +118,9 @@ class Elemwise(OperatorNodeBase):
 
     def grad(self, wrt_idx, out_grads):
         return _elemwise_grad_method(self, wrt_idx, out_grads)
+
+
+sereg.register_param_opr(Elemwise, pdefs.Elemwise)
 
 
 @dataclass(frozen=True)

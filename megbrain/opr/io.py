@@ -13,7 +13,8 @@ import numpy as np
 from ..device import CompNode
 from ..dtype import canonize_dtype, convert_array, to_mgb_supported_dtype
 from ..errors import ConversionError, MegBrainError
-from ..graph import InferPending, InferType, OperatorNodeBase, ParamBase, register_opr
+from ..graph import InferPending, InferType, OperatorNodeBase, ParamBase, register_opr, sereg
+from . import param_defs as _pdefs
 from .base import (
     SymbolVar,
     _describe,
@@ -346,3 +347,51 @@ def copy(src, *, comp_node=None, name=None, config=None, comp_graph=None) -> Sym
     cfg = _merge_config(name, comp_node, config)
     (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     return insert_opr(Copy([v], None, cfg))[0]
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+def _h2d_dump(ctx, opr) -> None:
+    h2d = sereg.CPP_PARAMS["Host2DeviceCopy"]
+    ctx.write_param(h2d(enable_value_infer=opr.param.enable_value_infer))
+    # the reference writes the value only with dump_default_value, which we do not have
+    ctx.dump_tensor(opr.name, opr.tensor, sereg.TensorWriteMethod.META_INPUT)
+
+
+def _h2d_load(ctx, inputs, config):
+    p = ctx.read_param(sereg.CPP_PARAMS["Host2DeviceCopy"])
+    tensor = ctx.load_tensor()
+    if tensor.shape_valid() and tensor.empty() and tensor.shape.total_nr_elems:
+        mark_shape_only(tensor)  # a layout only: it must be fed before running
+    param = H2DParam(id(tensor), bool(p.enable_value_infer))
+    return ctx.graph.insert_opr(Host2DeviceCopy(tensor, param, config))
+
+
+def _shared_dump(ctx, opr) -> None:
+    # a volatile one is dumped as its current value too, as the reference does
+    ctx.dump_tensor(opr.name, opr.tensor, sereg.TensorWriteMethod.VALUE_SHARED)
+
+
+def _shared_loader(cls):
+    def load(ctx, inputs, config):
+        tensor = ctx.load_tensor_shared()
+        return ctx.graph.insert_opr(cls(tensor, SharedParam(id(tensor)), config))
+
+    return load
+
+
+def _immutable_dump(ctx, opr) -> None:
+    ctx.dump_tensor("", opr.value, sereg.TensorWriteMethod.VALUE_ANONYMOUS, comp_node=opr.cn)
+
+
+def _immutable_load(ctx, inputs, config):
+    tensor = ctx.load_tensor()
+    return ctx.graph.insert_opr(ImmutableTensor(tensor.as_ndarray(), tensor.comp_node, config))
+
+
+sereg.register_serializer(Host2DeviceCopy, dump=_h2d_dump, load=_h2d_load)
+for _cls in (SharedDeviceTensor, VolatileSharedDeviceTensor):
+    sereg.register_serializer(_cls, dump=_shared_dump, load=_shared_loader(_cls))
+sereg.register_serializer(ImmutableTensor, dump=_immutable_dump, load=_immutable_load)
+sereg.register_param_opr(
+    Copy, _pdefs.Empty, to_def=lambda param: _pdefs.Empty(), from_def=lambda pdef: None
+)
