@@ -17,6 +17,7 @@ from . import (
     indexing_adv,
     io,
     linalg,
+    loop,
     misc,
     rand,
     tensor_manip,
@@ -77,6 +78,7 @@ from .indexing_adv import (
 )
 from .io import copy, host2device_copy, make_immutable, shared_device_tensor
 from .linalg import matrix_inverse, svd
+from .loop import LoopDesc, make_loop
 from .misc import argmax, argmin, argsort, cond_take, cumsum, top_k
 from .rand import gaussian_rng, uniform_rng
 from .tensor_manip import (
@@ -174,6 +176,9 @@ __all__ = [
     "linalg",
     "linspace",
     "local",
+    "loop",
+    "LoopDesc",
+    "make_loop",
     "lrn",
     "make_immutable",
     "make_opr_config",

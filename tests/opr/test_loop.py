@@ -1,0 +1,229 @@
+"""make_loop: a do-while loop over a sub graph, its output modes, gradients and bad bodies."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from opr_harness import check_grad, inputs, make_graph, run
+
+import megbrain as mgb
+from megbrain.errors import GraphError, MegBrainError
+from megbrain.opr.io import make_immutable
+
+CN = "cpu0"
+XS = np.array([0.5, 1.0, -2.0, 0.1], np.float64)
+
+
+def _series_body(x, n, record=("last",)):
+    """sum_{k<n} x^k / k! with a term and a running sum as assigned states."""
+
+    def body(d):
+        xi = d.add_input(x)
+        ni = d.add_input(n)
+        term = d.add_input_assignable(mgb.opr.fill_retain_dtype(x, 1))
+        s = d.add_input_assignable(mgb.opr.fill_retain_dtype(x, 0))
+        k = d.get_counter_var()
+        s_next = s + term
+        d.assign(term, term * xi / mgb.opr.typecvt(k + 1, x.dtype))
+        d.assign(s, s_next)
+        d.set_loop_condition(k + 1 < ni)
+        for mode in record:
+            d.add_output(s_next if mode == "last" else term, mode)
+
+    return body
+
+
+def _series(x, n):
+    return sum(x**k / math.factorial(k) for k in range(n))
+
+
+def test_power_series_and_its_gradient_against_numpy():
+    g = mgb.comp_graph()
+    x = mgb.make_arg(CN, g, name="x", shape=(4,))
+    n = mgb.make_arg(CN, g, name="n", shape=(1,), dtype=np.int32)
+    y, allt, sumt = mgb.opr.make_loop(_series_body(x, n, ("last", "all", "sum")))
+    gx = mgb.grad(y.sum(), x)
+    f = g.compile([x, n], [mgb.copy_output(v) for v in (y, allt, sumt, gx)])
+    xv = XS.astype(np.float32)
+    for nv in (1, 3, 7):
+        got_y, got_all, got_sum, got_g = f(xv, np.array([nv], np.int32))
+        np.testing.assert_allclose(got_y, _series(XS, nv), rtol=1e-5)
+        # 'all' records every iteration's term (before the update), stacked on axis 0
+        terms = np.stack([XS**k / math.factorial(k) for k in range(nv)])
+        np.testing.assert_allclose(got_all, terms, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(got_sum, terms.sum(0), rtol=1e-5)
+        dseries = sum(k * XS ** (k - 1) / math.factorial(k) for k in range(1, nv))
+        np.testing.assert_allclose(got_g, dseries + 0 * XS, rtol=1e-5, atol=1e-6)
+
+
+def _n_const(ref, n):
+    return make_immutable(ref.comp_node, ref.node.graph, np.array([n], np.int32))
+
+
+@pytest.mark.parametrize("mode", ["last", "sum"])
+def test_gradients_match_finite_differences_in_float64(mode):
+    def build(x):
+        (out,) = mgb.opr.make_loop(_series_body(x, _n_const(x, 5), (mode,)))
+        return out
+
+    check_grad(build, [XS], rtol=1e-5)
+
+
+def test_all_mode_gradient_matches_finite_differences_in_float64():
+    from megbrain.opr.grad import grad
+
+    weights = np.random.default_rng(0).standard_normal((5, 4))
+
+    def loss_and_grad(xv):
+        g = make_graph()
+        (x,), _ = inputs(g, xv)
+        (out,) = mgb.opr.make_loop(_series_body(x, _n_const(x, 5), ("all",)))
+        loss = (out * make_immutable(x.comp_node, g, weights)).sum()
+        (gx,) = grad(loss, [x])
+        return run([loss, gx], g)
+
+    _, got = loss_and_grad(XS)
+    eps = 1e-6
+    num = np.zeros_like(XS)
+    for i in range(XS.size):
+        d = np.zeros_like(XS)
+        d[i] = eps
+        num[i] = (loss_and_grad(XS + d)[0][0] - loss_and_grad(XS - d)[0][0]) / (2 * eps)
+    np.testing.assert_allclose(got, num, rtol=1e-5, atol=1e-8)
+
+
+def test_gradient_of_a_loop_constant_through_every_iteration():
+    # y = x * w^n (n iterations multiplying by w): dy/dw sums over iterations
+    def build(x, w):
+        def body(d):
+            wi = d.add_input(w)
+            acc = d.add_input_assignable(x)
+            k = d.get_counter_var()
+            d.assign(acc, acc * wi)
+            d.set_loop_condition(k + 1 < 4)
+            d.add_output(acc * wi, "last")
+
+        return mgb.opr.make_loop(body)[0]
+
+    check_grad(build, [np.array([1.5, -0.5]), np.array([0.9, 1.1])], rtol=1e-5)
+
+
+def test_last_and_sum_outputs_have_static_shapes():
+    g = make_graph()
+    (x,), _ = inputs(g, XS.astype(np.float32))
+    y, s = mgb.opr.make_loop(_series_body(x, _n_const(x, 3), ("last", "sum")))
+    assert y.node.shape_static and s.node.shape_static
+    from megbrain.graph.static_infer import infer_shape
+
+    assert infer_shape(y.node) == (4,) and infer_shape(s.node) == (4,)
+    got_y, got_s = run([y, s])
+    np.testing.assert_allclose(got_y, _series(XS, 3), rtol=1e-5)
+
+
+def test_counter_starts_at_zero_and_body_runs_at_least_once():
+    g = make_graph()
+    (x,), _ = inputs(g, np.zeros(2, np.float32))
+
+    def body(d):
+        d.add_input(x)
+        k = d.get_counter_var()
+        d.set_loop_condition(k * 0)  # false at once
+        d.add_output(k, "all")
+
+    (ks,) = mgb.opr.make_loop(body)
+    (got,) = run([ks])
+    np.testing.assert_array_equal(got, [[0]])
+    assert ks.dtype == np.int32
+
+
+def test_output_shapes_are_dynamic_and_compile_twice_works():
+    g = mgb.comp_graph()
+    x = mgb.make_arg(CN, g, name="x", shape=(4,))
+    n = mgb.make_arg(CN, g, name="n", shape=(1,), dtype=np.int32)
+    (allt,) = mgb.opr.make_loop(_series_body(x, n, ("all",)))
+    assert not allt.node.shape_static
+    xv = XS.astype(np.float32)
+    for _ in range(2):
+        f = g.compile([x, n], [mgb.copy_output(allt * 2)])
+        assert f(xv, np.array([2], np.int32))[0].shape == (2, 4)
+        assert f(xv, np.array([5], np.int32))[0].shape == (5, 4)
+
+
+def test_multi_part_compile():
+    g = mgb.comp_graph()
+    x = mgb.make_arg(CN, g, name="x", shape=(4,))
+    n = mgb.make_arg(CN, g, name="n", shape=(1,), dtype=np.int32)
+    (y,) = mgb.opr.make_loop(_series_body(x, n))
+    f0, f1 = g.compile_multi_part(
+        [([x, n], [mgb.copy_output(y)]), (None, [mgb.copy_output(y * 2)])]
+    )
+    xv = XS.astype(np.float32)
+    (a,) = f0(xv, np.array([4], np.int32))
+    (b,) = f1()
+    np.testing.assert_allclose(a, _series(XS, 4), rtol=1e-5)
+    np.testing.assert_allclose(b, 2 * a, rtol=1e-6)
+
+
+def test_a_non_scalar_loop_condition_is_an_error():
+    g = make_graph()
+    (x,), _ = inputs(g, np.zeros(3, np.float32))
+
+    def body(d):
+        xi = d.add_input(x)
+        d.set_loop_condition(xi)
+        d.add_output(xi, "last")
+
+    with pytest.raises(GraphError, match=r"loop 'myloop'.*must be a scalar, got shape \{3\}"):
+        mgb.opr.make_loop(body, name="myloop")
+
+
+def test_a_dynamic_non_scalar_loop_condition_fails_at_run_time():
+    g = make_graph()
+    (x,), _ = inputs(g, np.array([1.0, 2.0], np.float32))
+    vals, _ = mgb.opr.cond_take(x, x, mode="GT", val=0.0)
+
+    def body(d):
+        vi = d.add_input(vals)
+        d.set_loop_condition(vi * 0)
+        d.add_output(vi, "last")
+
+    (y,) = mgb.opr.make_loop(body, name="dyn")
+    with pytest.raises(MegBrainError, match=r"Loop 'dyn'.*must be a scalar, got shape \{2\}"):
+        run([y])
+
+
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ("mode", "unrecognized loop output mode 'product'"),
+        ("assign", "is not an input added with has_assign=True"),
+        ("outer", "outer graph; .*add_input|only\\s+through desc.add_input"),
+        ("nocond", "never called set_loop_condition"),
+        ("dtype", "of dtype int32"),
+    ],
+)
+def test_bad_bodies_raise_naming_the_loop(bad, match):
+    g = make_graph()
+    (x, y), _ = inputs(g, np.zeros(3, np.float32), np.ones(3, np.float32))
+
+    def body(d):
+        xi = d.add_input(x)
+        k = d.get_counter_var()
+        if bad == "mode":
+            d.add_output(xi, "product")
+        if bad == "assign":
+            d.assign(xi, xi + 1)
+        if bad == "outer":
+            xi = xi + y  # y was never passed through add_input
+        if bad == "dtype":
+            s = d.add_input_assignable(x)
+            d.assign(s, k)
+        if bad != "nocond":
+            d.set_loop_condition(k * 0)
+        d.add_output(xi, "last")
+
+    with pytest.raises(GraphError, match=match) as info:
+        mgb.opr.make_loop(body, name="bad_loop")
+    assert "bad_loop" in str(info.value)
