@@ -43,6 +43,10 @@ class ComputingGraph:
         self.current_exec = None
         self._exec_ref = None
         self.eager_evaluator = None
+        #: observers of the functions compiled from now on (``megbrain.plugin``), each with
+        #: ``wrap_step(func, opr, fn, value_of) -> fn`` and ``on_run_start(func, part)``;
+        #: a function keeps the list it was compiled with (see ``AsyncExecutable``)
+        self.plugins: list = []
 
     def _next_id(self) -> int:
         return next(self._id_counter)

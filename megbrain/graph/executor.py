@@ -88,6 +88,8 @@ class AsyncExecutable:
         self._lock = threading.Lock()
         self.prev_exec_time = 0.0
         self._slots: dict[VarNode, np.ndarray] = {}
+        #: the plugins attached when compiled; without any, steps run unwrapped
+        self._observers = tuple(getattr(graph, "plugins", ()))
         cns = {o.comp_node for o in self.seq}
         level = opts.async_exec_level
         self.comp_nodes = sorted(cns, key=str)
@@ -128,6 +130,9 @@ class AsyncExecutable:
                 plan = self._replan_between_parts(part)
         self._next_part = (part + 1) % nparts
         self._running = True
+        if self._observers:
+            for ob in self._observers:
+                ob.on_run_start(self, part)
         if self._threaded:
             self._run_threaded(plan, part)
         else:
@@ -590,6 +595,8 @@ class AsyncExecutable:
                             fn = opr.bind(ins, outs)
                     else:
                         fn = opr.bind(ins, outs)
+                if self._observers:
+                    fn = _observed(self, plan, opr, fn)
                 if fn is not None:
                     add(fn, opr)
                 elif self._threaded:
@@ -758,6 +765,27 @@ def _static_requests(seq):
                 yield v, True
             elif i in opr.shape_only_inputs and v.shape_static:
                 yield v, False
+
+
+def _observed(func: AsyncExecutable, plan: _Plan, opr, fn):
+    """``fn`` (None: an operator with nothing to run) wrapped by the function's plugins,
+    the first attached outermost; ``value_of(var)`` gives a var's current array."""
+    slots, arrays, values = func._slots, plan.arrays, plan.static_values
+
+    def value_of(v):
+        a = slots.get(v)
+        if a is None:
+            a = arrays.get(v)
+        return values.get(v) if a is None else a
+
+    fn = fn or _noop
+    for ob in reversed(func._observers):
+        fn = ob.wrap_step(func, opr, fn, value_of)
+    return fn
+
+
+def _noop() -> None:
+    pass
 
 
 def _static_callback(cb, arr):
