@@ -53,6 +53,15 @@ from .api.functions import (
     mark_as_input,
     return_free_memory,
 )
+from .api.serialization import (
+    CompGraphLoadResult,
+    CompGraphSerializationResult,
+    TensorValueDumperContext,
+    TensorValueLoaderContext,
+    iter_comp_graphs_from_file,
+    load_comp_graph_from_file,
+    serialize_comp_graph_to_file,
+)
 from .device import CompNode, add_device_map, as_comp_node, del_device_map
 from .dtype import to_mgb_supported_dtype
 from .errors import (
@@ -141,4 +150,11 @@ __all__ = [
     "opr",
     "optimize_for_inference",
     "to_mgb_supported_dtype",
+    "CompGraphLoadResult",
+    "CompGraphSerializationResult",
+    "TensorValueDumperContext",
+    "TensorValueLoaderContext",
+    "iter_comp_graphs_from_file",
+    "load_comp_graph_from_file",
+    "serialize_comp_graph_to_file",
 ]

@@ -20,6 +20,10 @@ from .api.functions import (  # noqa: F401
     _add_update_fastpath,
 )
 from .api.persistent_cache import PersistentCache as _PersistentCache  # noqa: F401
+from .api.serialization import (  # noqa: F401
+    TensorValueDumperContext,
+    TensorValueLoaderContext,
+)
 from .api.version import version_info as _version_info
 from .device import CompNode, as_comp_node  # noqa: F401
 from .dtype import (  # noqa: F401
