@@ -1,11 +1,13 @@
 """Graph utility operators: AddUpdate, SetGrad, VirtualGrad, VirtualLoss,
-VirtualDep, CallbackInjector, AssertEqual, MarkNoBroadcastElemwise and Identity."""
+VirtualDep, CallbackInjector, AssertEqual, MarkNoBroadcastElemwise, Identity, Timestamp,
+PersistentOutputStorage and RequireInputDynamicStorage."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 import operator
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,7 +20,7 @@ from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.value_proxy import CompGraphCallbackValueProxy
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, input_list, insert_opr
-from .param_args import opr_params
+from .param_args import as_int, opr_params
 
 __all__ = [
     "AddUpdate",
@@ -33,6 +35,9 @@ __all__ = [
     "assert_equal",
     "mark_no_broadcast_elemwise",
     "identity",
+    "timestamp",
+    "persistent_output_storage",
+    "require_input_dynamic_storage",
 ]
 
 
@@ -592,3 +597,168 @@ def identity(src, *, name=None, comp_node=None, config=None, comp_graph=None) ->
     cfg = _merge_config(name, comp_node, config)
     vs = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     return insert_opr(Identity(vs, None, cfg))[0]
+
+
+# ---- Timestamp, PersistentOutputStorage, RequireInputDynamicStorage -------------------------
+@dataclass(frozen=True)
+class TimestampParam(ParamBase):
+    dest_id: int
+    dest_off: int
+
+
+@register_opr
+class Timestamp(_Forward):
+    """Output is the input; when it runs, writes the seconds elapsed since the function was
+    compiled (its fixed point) into ``dest[dest_off]``."""
+
+    Param = TimestampParam
+    has_side_effect = True
+
+    def __init__(self, inputs, dest: np.ndarray, dest_off: int, config):
+        super().__init__(inputs, TimestampParam(id(dest), dest_off), config)
+        self.dest = dest
+        self.base = time.perf_counter()
+
+    def on_func_compiled(self, func, used_outputs):
+        # every Timestamp of one function shares the function's fixed point
+        bases = self.graph.__dict__.setdefault("_timestamp_bases", {})
+        key = id(func)
+        if key not in bases:
+            bases.clear()
+            bases[key] = time.perf_counter()
+        self.base = bases[key]
+        return None
+
+    def bind(self, ins, outs):
+        dest, off = self.dest, self.param.dest_off
+        copy = None if np.shares_memory(ins[0], outs[0]) else functools.partial(
+            np.copyto, outs[0], ins[0]
+        )  # fmt: skip
+
+        def run():
+            if copy is not None:
+                copy()
+            dest[off] = time.perf_counter() - self.base
+
+        return run
+
+
+def timestamp(
+    input, dest, dest_off: int, *, name=None, comp_node=None, config=None, comp_graph=None
+) -> SymbolVar:  # fmt: skip
+    """``input``, and the time (in seconds, relative to a fixed point of the current
+    function) at which it was computed, written to ``dest[dest_off]`` at each run.
+
+    Parameters
+    ----------
+    input : SymbolVar
+        The var to wait for.
+    dest : numpy.ndarray
+        A 1-d contiguous float32 array receiving the times (kept by reference).
+    dest_off : int
+        The index in ``dest`` to write.
+
+    Returns
+    -------
+    SymbolVar
+        ``input`` (forwarded).
+    """
+    off = as_int(dest_off, "timestamp", "dest_off")
+    if (
+        not isinstance(dest, np.ndarray)
+        or dest.dtype != np.float32
+        or dest.ndim != 1
+        or not dest.flags.c_contiguous
+        or not dest.flags.writeable
+    ):
+        raise TypeError(
+            "timestamp: dest must be a writeable 1-dimensional contiguous float32 numpy array, "
+            f"got {type(dest).__name__}"
+            + (f" {dest.dtype} {dest.shape}" if isinstance(dest, np.ndarray) else "")
+        )
+    if not 0 <= off < dest.shape[0]:
+        raise GraphError(f"timestamp: dest_off={off} out of range for dest of {dest.shape[0]}")
+    cfg = _merge_config(name, comp_node, config)
+    vs = canonize_input_vars([input], comp_graph=comp_graph, config=cfg)
+    return insert_opr(Timestamp(vs, dest, off, cfg))[0]
+
+
+@dataclass(frozen=True)
+class PersistentOutputStorageParam(ParamBase):
+    share_key: int = -1
+
+
+@register_opr
+class PersistentOutputStorage(OperatorNodeBase):
+    """A copy of the input in storage that persists across runs (never reused by the memory
+    plan); operators with one ``share_key`` (other than -1) and the same shape and dtype
+    share that storage."""
+
+    Param = PersistentOutputStorageParam
+    has_side_effect = True
+
+    def __init__(self, inputs, param, config):
+        super().__init__(inputs, param, config)
+        self._own: np.ndarray | None = None
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [in_shapes[0]]
+
+    def _storage(self, shape, dtype) -> np.ndarray:
+        key = self.param.share_key
+        if key == -1:
+            buf = self._own
+            if buf is None or buf.shape != tuple(shape) or buf.dtype != dtype:
+                buf = self._own = np.zeros(shape, dtype)
+            return buf
+        pool = self.graph.user_data.setdefault("persistent_output_storage", {})
+        k = (key, tuple(shape), np.dtype(dtype).str)
+        if k not in pool:
+            pool[k] = np.zeros(shape, dtype)
+        return pool[k]
+
+    def fwd_views(self, ins):
+        if not ins or ins[0] is None:
+            return None
+        return [self._storage(ins[0].shape, self.outputs[0].dtype)]
+
+    def bind(self, ins, outs):
+        return functools.partial(np.copyto, outs[0], ins[0])
+
+    def run_dynamic(self, ins):
+        out = self._storage(ins[0].shape, self.outputs[0].dtype)
+        np.copyto(out, ins[0])
+        return [out]
+
+    def grad(self, wrt_idx, out_grads):
+        return out_grads[0]
+
+
+@opr_params(("param", "PersistentOutputStorage"))
+def persistent_output_storage(
+    inp, *, share_key: int = -1, name=None, comp_node=None, config=None, comp_graph=None
+) -> SymbolVar:
+    """A copy of ``inp`` in storage that persists across runs; operators with the same
+    ``share_key`` (not -1) share it."""
+    key = as_int(share_key, "persistent_output_storage", "share_key")
+    cfg = _merge_config(name, comp_node, config)
+    vs = canonize_input_vars([inp], comp_graph=comp_graph, config=cfg)
+    return insert_opr(
+        PersistentOutputStorage(vs, PersistentOutputStorageParam(key), cfg)
+    )[0]  # fmt: skip
+
+
+@register_opr
+class RequireInputDynamicStorage(_Forward):
+    """Output is the input; in the reference it made the input's memory dynamically
+    allocated (host arrays need no such distinction here)."""
+
+
+@opr_params(("param", "Empty"))
+def require_input_dynamic_storage(
+    inp, *, name=None, comp_node=None, config=None, comp_graph=None
+) -> SymbolVar:
+    """``inp`` unchanged (its storage dynamically allocated in the reference)."""
+    cfg = _merge_config(name, comp_node, config)
+    vs = canonize_input_vars([inp], comp_graph=comp_graph, config=cfg)
+    return insert_opr(RequireInputDynamicStorage(vs, None, cfg))[0]
