@@ -776,3 +776,12 @@ def cond_exec_merge(
             ppvs.append(SymbolVar(m.owner))
         vs.append(cond_exec_pred_logical(ppvs, mode="OR").node)
     return insert_opr(CondExecMerge(vs, param, cfg))
+
+
+# ---- serialization: each operator is its param-def table and its inputs ----------------------
+from ..graph import sereg  # noqa: E402 - the registry is filled beside the operators
+
+sereg.register_param_opr(CondExecPred, pdefs.CondExecPred)
+sereg.register_param_opr(CondExecPredLogical, pdefs.CondExecPredLogical)
+sereg.register_param_opr(CondExecMark, pdefs.CondExecMark)
+sereg.register_param_opr(CondExecMerge, pdefs.CondExecMerge)

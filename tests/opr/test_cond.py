@@ -264,3 +264,25 @@ def test_params_from_param_defs():
     ppvs = cond.cond_exec_pred(p, 0.0, param=P.CondExecPred(mode=P.CondExecPred.Mode.PIECEWISE))
     assert len(ppvs) == 2  # (-inf, k0) and [k0, inf)
     assert ppvs[0].node.owner.param.mode == "PIECEWISE"
+
+
+def test_dump_and_load_keep_the_cond_operators():
+    from megbrain.serialization.dumper import dump_graph
+    from megbrain.serialization.loader import load_graph
+
+    g = mgb.comp_graph()
+    x = mgb.make_arg(CN, g, name="x", shape=(3,))
+    p = mgb.make_arg(CN, g, name="p", shape=(1,))
+    a, b = cond.cond_exec_pred(p, 0.0, 1.0, mode="CASE_FALLBACK")[:2]
+    ya = mgb.opr.cond_exec_mark(a, x, grad_mode="SUM_COND_OUT")[0] * 2
+    yb = mgb.opr.cond_exec_mark(b, x)[0] + 1
+    (y,) = mgb.opr.cond_exec_merge([ya, yb], mode="EXACT_ONE", name="y")
+    (z,) = mgb.opr.cond_exec_merge([ya, yb], mode="SUM_COND_OUT", name="z")
+    data, _ = dump_graph([y.node, z.node])
+    got = load_graph(data)
+
+    def conds(oprs):
+        return [(o.type_name, o.param) for o in oprs if o.type_name.startswith("CondExec")]
+
+    assert conds(got.graph.all_oprs()) == conds(g.all_oprs())
+    assert [v.owner.param.mode for v in got.output_var_list] == ["EXACT_ONE", "SUM_COND_OUT"]
