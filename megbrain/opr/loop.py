@@ -297,6 +297,7 @@ class Loop(OperatorNodeBase):
         #: per-iteration copies of the assigned inputs, kept once a gradient exists
         self.record = False
         self.saved: list | None = None
+        self.nr_iter = 0
         self._grads: dict = {}
 
     def default_name(self):
@@ -442,7 +443,6 @@ class LoopGrad(OperatorNodeBase):
     dedup = False
 
     def __init__(self, fwd: Loop, out_grads):
-        self.fwd = fwd
         self.og_idx = [k for k, g in enumerate(out_grads) if g is not None]
         inputs = list(fwd.inputs) + [out_grads[k] for k in self.og_idx]
         super().__init__(inputs, LoopGradParam(fwd.id), _merge_config(None, None, None))
@@ -450,6 +450,11 @@ class LoopGrad(OperatorNodeBase):
         self.wrt = [i for i, v in enumerate(fwd.inputs) if v.dtype.kind == "f"]
         self.nr_outputs = len(self.wrt)
         self._built = None
+
+    @property
+    def fwd(self) -> Loop:
+        # through the dependency, so that graph copies and rewrites find the cloned loop
+        return self.extra_deps[0].owner
 
     def default_name(self):
         return f"grad[{self.fwd.name}]"
@@ -513,13 +518,13 @@ class LoopGrad(OperatorNodeBase):
     def _compute(self, ins):
         fwd = self.fwd
         d, func, g_in, h_in = self._build()
-        saved, T = fwd.saved, getattr(fwd, "nr_iter", 0)
-        if saved is None or len(saved) != T:
-            raise MegBrainError(
-                f"LoopGrad {self.name!r}: the forward loop {fwd.name!r} did not record its "
-                "iterations; run it in the same function as its gradient"
-            )
         n_in = len(fwd.inputs)
+        if fwd.saved is None:
+            # the loop ran before its gradient existed (an eager graph): run it again,
+            # recording this time
+            fwd.record = True
+            fwd.run_dynamic(ins[:n_in])
+        saved, T = fwd.saved, fwd.nr_iter
         ogs = dict(zip(self.og_idx, ins[n_in:]))
         assigned = [k for k, (_, src, _) in enumerate(d.inputs) if src in d.assigns]
         h_val = {src: np.zeros(1, src._dtype) for src in h_in}

@@ -286,3 +286,43 @@ def test_dump_and_load_keep_the_cond_operators():
 
     assert conds(got.graph.all_oprs()) == conds(g.all_oprs())
     assert [v.owner.param.mode for v in got.output_var_list] == ["EXACT_ONE", "SUM_COND_OUT"]
+
+
+@pytest.mark.parametrize("how", ["copy", "eager", "opt3", "threaded"])
+def test_copies_eager_optimized_and_threaded_graphs(how):
+    g = mgb.comp_graph()
+    if how == "opt3":
+        g.set_option("graph_opt_level", 3)
+    if how == "threaded":
+        g.set_option("async_exec_level", 0b110)  # steps run on the comp node's worker
+    xv, pv = np.array([1.0, 2.0, 3.0], np.float32), np.array([1.0], np.float32)
+    if how == "eager":
+        g.set_option("eager_evaluation", True)
+        g.set_option("graph_opt_level", 0)
+        x = mgb.make_shared(CN, value=xv, comp_graph=g, name="x")
+        p = mgb.make_shared(CN, value=pv, comp_graph=g, name="p")
+    else:
+        x = mgb.make_arg(CN, g, name="x", shape=(3,))
+        p = mgb.make_arg(CN, g, name="p", shape=(1,))
+    runs = []
+    a, b = cond.cond_exec_pred(p, 0.0, 1.0)
+    (xa,) = mgb.opr.cond_exec_mark(a, x * 1)
+    (xb,) = mgb.opr.cond_exec_mark(b, x * 1)
+    ya = mgb.opr.callback_injector(xa * 2, lambda v: runs.append(0))
+    yb = mgb.opr.callback_injector(xb + 1, lambda v: runs.append(1))
+    (y,) = mgb.opr.cond_exec_merge([ya, yb], mode="EXACT_ONE")
+    gx = mgb.grad((y * y).sum(), x)
+    if how == "eager":
+        # eager graphs evaluate every operator at insertion: both branches ran, the merge
+        # picked the active one
+        np.testing.assert_allclose(y.node.eager_value, xv + 1)
+        np.testing.assert_allclose(gx.node.eager_value, 2 * (xv + 1))
+        assert sorted(runs) == [0, 1]
+        return
+    if how == "copy":
+        g.compile([x], [mgb.copy_output(x)])  # a current function: copy=True copies
+    f = g.compile([x, p], [mgb.copy_output(y), mgb.copy_output(gx)], copy=how == "copy")
+    got_y, got_g = f(xv, pv)
+    np.testing.assert_allclose(got_y, xv + 1)
+    np.testing.assert_allclose(got_g, 2 * (xv + 1))
+    assert runs == [1]

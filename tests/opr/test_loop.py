@@ -227,3 +227,33 @@ def test_bad_bodies_raise_naming_the_loop(bad, match):
     with pytest.raises(GraphError, match=match) as info:
         mgb.opr.make_loop(body, name="bad_loop")
     assert "bad_loop" in str(info.value)
+
+
+@pytest.mark.parametrize("how", ["copy", "eager", "opt3"])
+def test_loop_and_gradient_in_copies_eager_graphs_and_optimized_graphs(how):
+    g = mgb.comp_graph()
+    if how == "opt3":
+        g.set_option("graph_opt_level", 3)
+    if how == "eager":
+        g.set_option("eager_evaluation", True)
+        g.set_option("graph_opt_level", 0)  # gradients built at once, not as VirtualGrad
+        x = mgb.make_shared(CN, value=XS.astype(np.float32), comp_graph=g, name="x")
+        n = mgb.make_shared(CN, value=np.array([4], np.int32), comp_graph=g, name="n")
+    else:
+        x = mgb.make_arg(CN, g, name="x", shape=(4,))
+        n = mgb.make_arg(CN, g, name="n", shape=(1,), dtype=np.int32)
+    (y,) = mgb.opr.make_loop(_series_body(x * 1, n))
+    gx = mgb.grad(y.sum(), x)
+    expect_y = _series(XS, 4)
+    expect_g = sum(k * XS ** (k - 1) / math.factorial(k) for k in range(1, 4))
+    if how == "eager":
+        np.testing.assert_allclose(y.node.eager_value, expect_y, rtol=1e-5)
+        np.testing.assert_allclose(gx.node.eager_value, expect_g, rtol=1e-5)
+        return
+    args = (XS.astype(np.float32), np.array([4], np.int32))
+    if how == "copy":
+        g.compile([x], [mgb.copy_output(x)])  # a current function: copy=True copies
+    f = g.compile([x, n], [mgb.copy_output(y), mgb.copy_output(gx)], copy=how == "copy")
+    got_y, got_g = f(*args)
+    np.testing.assert_allclose(got_y, expect_y, rtol=1e-5)
+    np.testing.assert_allclose(got_g, expect_g, rtol=1e-5)
