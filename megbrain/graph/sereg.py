@@ -61,6 +61,7 @@ Anything else registers a dump and a load function::
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, is_dataclass
@@ -552,7 +553,6 @@ def fbs_dtype_num(dtype: Any) -> int:
 
 
 def _pdef_spec(cls: type) -> TableSpec:
-    from ..dtype import dtype_from_num
 
     name = cls.__name__
     if getattr(cls, "IS_LEGACY", False) or name not in _UNION_NUM:
@@ -588,7 +588,7 @@ def _pdef_spec(cls: type) -> TableSpec:
         return out
 
     def make(vals: list) -> Any:
-        kw = {}
+        kw, raw = {}, {}
         for tf, v in zip(tfields, vals):
             if tf.kind == "enum":
                 members = list(tf.type)
@@ -599,20 +599,39 @@ def _pdef_spec(cls: type) -> TableSpec:
                     )
                 v = members[v]
             elif tf.kind == "dtype":
-                v = dtype_from_num(_dtype_from_fbs(v, f"param {name} field {tf.name}"))
+                # stored as megbrain's DTypeEnum number (quantized ones have no scale here)
+                raw[tf.name] = _dtype_from_fbs(v, f"param {name} field {tf.name}")
+                continue
             kw[tf.name] = v
-        return cls(**kw)
+        obj = cls(**kw)
+        for k, v in raw.items():
+            setattr(obj, k, v)
+        return obj
 
     return TableSpec(name, _UNION_NUM[name], tfields, values, make)
 
 
+@functools.cache
+def _our_dtype_nums() -> dict[str, int]:
+    """megbrain.dtype's DTypeEnum number of each dtype name."""
+    from ..dtype import dtype_from_num, dtype_name
+
+    out = {}
+    for num in range(64):
+        for args in ((), (1.0,), (1.0, 0)):
+            try:
+                out[dtype_name(dtype_from_num(num, *args))] = num
+                break
+            except MegBrainError:
+                continue
+    return out
+
+
 def _dtype_from_fbs(num: int, where: str) -> int:
     """megbrain.dtype's number of the file's DTypeEnum ``num``."""
-    from ..dtype import get_dtype_num
-
     if not 0 <= num < len(FBS_DTYPES):
         raise SerializationError(f"{where}: bad DTypeEnum {num} (0..{len(FBS_DTYPES) - 1})")
-    return get_dtype_num(FBS_DTYPES[num])
+    return _our_dtype_nums()[FBS_DTYPES[num]]
 
 
 class CppParam:

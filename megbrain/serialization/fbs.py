@@ -353,7 +353,7 @@ def write_dtype(b: flatbuffers.Builder, dtype: Any) -> int:
 
 def read_dtype(tbl: Table) -> Any:
     """The numpy dtype of ``DType`` table ``tbl``."""
-    from ..dtype import dtype_from_num, get_dtype_num
+    from ..dtype import dtype_from_num, get_dtype_num, get_quantized_dtype
     from ..graph.sereg import FBS_DTYPES
 
     num = tbl.scalar(0, "b", 0)
@@ -373,6 +373,6 @@ def read_dtype(tbl: Table) -> Any:
     scale = ptbl.scalar(0, "f", 0.0)
     zp = ptbl.scalar(1, "B", 0) if "Asymm" in name else None
     try:
-        return dtype_from_num(get_dtype_num(name), scale, zp)
+        return get_quantized_dtype(name, scale, zp)
     except Exception as exc:  # noqa: BLE001 - a bad scale / zero point
         raise SerializationError(f"{tbl.what}: bad quantization of {name}: {exc}") from None

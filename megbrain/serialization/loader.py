@@ -340,7 +340,7 @@ class _OprLoader:
             out = f"; its outputs are named {names}" if names else ""
             raise SerializationError(
                 f"operator #{idx}: failed to find opr with type id {type_id} ({type_id:#x}): "
-                f"{what}{out}; megbrain.config.dump_registered_oprs() maps ids to names"
+                f"{what}{out}; megbrain.graph.sereg.registered_oprs() maps ids to names"
             )
         config = OperatorNodeConfig()
         odt = fbopr.table(OprSlot.OUTPUT_DTYPE, f"{self.where} output dtype")
