@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import megbrain as mgb
 from megbrain.errors import GraphError, MegBrainError
@@ -326,3 +328,57 @@ def test_copies_eager_optimized_and_threaded_graphs(how):
     np.testing.assert_allclose(got_y, xv + 1)
     np.testing.assert_allclose(got_g, 2 * (xv + 1))
     assert runs == [1]
+
+
+REFERENCE_SIGNATURES = {
+    "cond_exec_pred": (("pred", "*keys"), "param mode eps"),
+    "cond_exec_pred_logical": (("*ppvs",), "param mode"),
+    "cond_exec_mark": (("ppv", "*inputs"), "param grad_mode static_infer"),
+    "cond_exec_mark_if_need": (("maybe_ppv", "input"), "param grad_mode static_infer"),
+    "cond_exec_merge": (("inputs", "out_shapes"), "param nr_output mode"),
+    "timestamp": (("input", "dest", "dest_off"), ""),
+    "persistent_output_storage": (("inp",), "param share_key"),
+    "require_input_dynamic_storage": (("inp",), "param"),
+}
+
+
+@pytest.mark.parametrize("fname", sorted(REFERENCE_SIGNATURES))
+def test_reference_signatures(fname):
+    import inspect
+
+    inputs, keywords = REFERENCE_SIGNATURES[fname]
+    params = list(inspect.signature(getattr(mgb.opr, fname)).parameters.values())
+    positional = [
+        ("*" if p.kind == p.VAR_POSITIONAL else "") + p.name
+        for p in params
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    assert tuple(positional[: len(inputs)]) == inputs
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    missing = set(keywords.split() + "name comp_node config comp_graph".split()) - named
+    assert not missing
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
+    pdtype=st.sampled_from([np.int32, np.float32]),
+    p=st.integers(-2, 4),
+    nbranch=st.integers(1, 4),
+)
+def test_case_fallback_over_shapes_and_pred_dtypes(shape, pdtype, p, nbranch):
+    g = mgb.comp_graph()
+    x = mgb.make_arg(CN, g, name="x", shape=shape)
+    pv = mgb.make_arg(CN, g, name="p", shape=(1,), dtype=pdtype)
+    ppvs = cond.cond_exec_pred(pv, *[pdtype(k) for k in range(nbranch)], mode="CASE_FALLBACK")
+    runs = []
+    outs = []
+    for i, ppv in enumerate(ppvs):
+        (xm,) = mgb.opr.cond_exec_mark(ppv, x)
+        outs.append(mgb.opr.callback_injector(xm * (i + 1), lambda v, i=i: runs.append(i)))
+    (y,) = mgb.opr.cond_exec_merge(outs, mode="EXACT_ONE_SAME_SHAPE")
+    xv = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    (got,) = g.compile([x, pv], [mgb.copy_output(y)])(xv, np.array([p], pdtype))
+    taken = p if 0 <= p < nbranch else nbranch
+    np.testing.assert_allclose(got, xv * (taken + 1), rtol=1e-6)
+    assert runs == [taken]

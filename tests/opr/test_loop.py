@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opr_harness import check_grad, inputs, make_graph, run
 
 import megbrain as mgb
@@ -257,3 +259,51 @@ def test_loop_and_gradient_in_copies_eager_graphs_and_optimized_graphs(how):
     got_y, got_g = f(*args)
     np.testing.assert_allclose(got_y, expect_y, rtol=1e-5)
     np.testing.assert_allclose(got_g, expect_g, rtol=1e-5)
+
+
+def test_make_loop_signature():
+    import inspect
+
+    params = inspect.signature(mgb.opr.make_loop).parameters
+    assert list(params)[0] == "desc_maker"
+    assert {"swap_interval", "name", "comp_node", "config"} <= set(params)
+    assert params["swap_interval"].default == -5
+    with pytest.raises(mgb.errors.ArgumentError):
+        mgb.opr.make_loop(lambda d: None, swap_interval=1.5)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
+    n=st.integers(1, 6),
+    dtype=st.sampled_from([np.float32, np.float64]),
+)
+def test_running_product_over_shapes_and_dtypes(shape, n, dtype):
+    # acc_{t+1} = acc_t * w + 1: n iterations see acc_0 .. acc_{n-1}
+    rng = np.random.default_rng(len(shape) * 7 + n)
+    xv = rng.uniform(-1, 1, shape).astype(dtype)
+    wv = rng.uniform(0.5, 1.5, shape).astype(dtype)
+    g = make_graph()
+    (x, w), _ = inputs(g, xv, wv)
+
+    def body(d):
+        wi = d.add_input(w)
+        acc = d.add_input_assignable(x)
+        k = d.get_counter_var()
+        d.assign(acc, acc * wi + 1)
+        d.set_loop_condition(k + 1 < n)
+        d.add_output(acc, "last")
+        d.add_output(acc, "all")
+        d.add_output(acc, "sum")
+
+    last, every, total = mgb.opr.make_loop(body)
+    assert last.dtype == dtype and every.dtype == dtype
+    got_last, got_all, got_sum = run([last, every, total])
+    ref = [xv.astype(np.float64)]
+    for _ in range(n - 1):
+        ref.append(ref[-1] * wv + 1)
+    ref = np.stack(ref)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got_all, ref, rtol=tol, atol=tol)
+    np.testing.assert_allclose(got_last, ref[-1], rtol=tol, atol=tol)
+    np.testing.assert_allclose(got_sum, ref.sum(0), rtol=tol, atol=tol)
