@@ -146,32 +146,12 @@ def mark_as_input(comp_graph, var) -> None:
 
 
 def _footprint(opr) -> dict:
-    from ..dtype import dtype_size
     from ..graph import static_shape
+    from ..plugin.footprint import opr_footprint
 
-    in_shapes = [static_shape(v) for v in opr.inputs]
-    out_shapes = [static_shape(v) for v in opr.outputs]
-    memory = 0
-    for v, shp in zip([*opr.inputs, *opr.outputs], [*in_shapes, *out_shapes]):
-        if shp is not None:
-            memory += int(np.prod(shp, dtype=np.int64)) * dtype_size(v.dtype)
-    computation = None
-    if opr.type_name == "Elemwise" and out_shapes[0] is not None:
-        computation = int(np.prod(out_shapes[0], dtype=np.int64)) * max(len(opr.inputs) - 1, 1)
-    elif opr.type_name == "MatrixMul" and None not in in_shapes[:2]:
-        p = opr.param
-        m = in_shapes[0][1] if p.transposeA else in_shapes[0][0]
-        k = in_shapes[0][0] if p.transposeA else in_shapes[0][1]
-        n = in_shapes[1][0] if p.transposeB else in_shapes[1][1]
-        computation = 2 * m * n * k
-    param = opr.param.to_json() if hasattr(opr.param, "to_json") else None
-    return {
-        "computation": computation,
-        "memory": memory,
-        "in_shapes": [list(s) if s is not None else None for s in in_shapes],
-        "out_shapes": [list(s) if s is not None else None for s in out_shapes],
-        "param": param,
-    }
+    return opr_footprint(
+        opr, [static_shape(v) for v in opr.inputs], [static_shape(v) for v in opr.outputs]
+    )
 
 
 def get_opr_fp_graph_exec(comp_graph, output_vars) -> dict:

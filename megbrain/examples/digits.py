@@ -2,7 +2,8 @@
 the package, no download), save the weights, reload them and evaluate again.
 
 Run ``python -m megbrain.examples.digits [--epochs N] [--model cnn|mlp] [--out weights.npz]``;
-``--epochs 1 --model mlp`` is the reduced mode the tests use.
+``--epochs 1 --model mlp`` is the reduced mode the tests use. ``--profile trace.json`` profiles
+a few training steps instead (a Chrome trace and the top operators by time).
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ def make_model(kind: str = "cnn") -> nn.Module:
     )  # fmt: skip
 
 
-def build_train_step(model, optimizer_cls, batch: int, **opt_kw):
-    """Compile one training step: returns (function, optimizer)."""
-    g = mgb.comp_graph()
+def build_train_step(model, optimizer_cls, batch: int, *, graph=None, **opt_kw):
+    """Compile one training step (in ``graph``, a fresh graph by default, e.g. one with a
+    profiler attached): returns (function, optimizer)."""
+    g = mgb.comp_graph() if graph is None else graph
     x = mgb.make_arg("cpu0", g, shape=(batch, 1, 8, 8), name="x")
     y = mgb.make_arg("cpu0", g, shape=(batch, 10), name="y")
     model.train()
@@ -74,6 +76,33 @@ def evaluate(model, x, y) -> float:
     return nn.functional.accuracy(f(x), y)
 
 
+def profile_steps(model_kind: str, batch: int, lr: float, trace_path: str, steps: int = 5):
+    """Profile ``steps`` training steps (after one warm-up step), write their Chrome trace
+    to ``trace_path`` and print the operators taking the most time."""
+    from megbrain.plugin import CompGraphProfiler
+
+    xtr, ytr, _, _ = load_digits()
+    onehot = np.eye(10, dtype=np.float32)
+    g = mgb.comp_graph()
+    prof = CompGraphProfiler(g)  # attached before the compile: it sees the step's operators
+    step, _ = build_train_step(make_model(model_kind), optim.Adam, batch, graph=g, lr=lr)
+    rng = np.random.default_rng(1)
+    for i in range(steps + 1):
+        if i == 1:
+            prof.clear()  # drop the warm-up step
+        idx = rng.integers(0, len(xtr), batch)
+        step(xtr[idx], onehot[ytr[idx]])
+    prof.write_chrome_trace(trace_path)
+    top = prof.top_operators(10)
+    print(f"profiled {steps} steps; trace written to {trace_path} (open it in "
+          "chrome://tracing or https://ui.perfetto.dev)")
+    print(f"{'operator':<48} {'type':<22} {'calls':>5} {'total ms':>9} {'share':>6}")
+    for r in top:
+        print(f"{r['name'][:48]:<48} {r['type'][:22]:<22} {r['calls']:>5} "
+              f"{r['total'] * 1e3:>9.3f} {r['share'] * 100:>5.1f}%")
+    return {"trace": trace_path, "top": top}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--epochs", type=int, default=20)
@@ -82,7 +111,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
     ap.add_argument("--out", default=None, help="weights file (default: a temporary .npz)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument(
+        "--profile",
+        metavar="TRACE",
+        default=None,
+        help="profile 5 training steps instead of training: write a Chrome trace (JSON) "
+        "and print the top operators",
+    )
     args = ap.parse_args(argv)
+    if args.profile is not None:
+        return profile_steps(args.model, args.batch, args.lr, args.profile)
     if args.out is None:
         args.out = os.path.join(tempfile.gettempdir(), f"digits_{args.model}.npz")
     from tqdm import tqdm

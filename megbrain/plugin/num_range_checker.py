@@ -21,34 +21,16 @@ class NumRangeCheckerError(MegBrainError):
 class _RangeObserver(Observer):
     def __init__(self, bound: float):
         self.bound = bound
+        #: var -> (min, max) of its latest checked value: what an error reports of the
+        #: inputs of the failing operator (which may have overwritten one in place)
+        self.ranges: dict = {}
 
     def wrap_step(self, func, opr, fn: Callable[[], None], value_of) -> Callable[[], None]:
         outs = [v for v in opr.outputs if is_float_var(v)]
         if not outs:
             return fn  # integer (and quantized) outputs are not checked
-        ob, bound = self, self.bound
-        # inputs this operator overwrites in place: copied before it runs, so that an
-        # error can still report their values
-        saved = {}
-        for v in opr.inputs:
-            a = value_of(v)
-            if isinstance(a, np.ndarray) and any(
-                isinstance(value_of(o), np.ndarray) and np.shares_memory(a, value_of(o))
-                for o in opr.outputs
-            ):
-                saved[v] = (a, np.empty_like(a))
-        if saved:
-            pairs = list(saved.values())
-            inner = fn
-
-            def fn():
-                for src, dst in pairs:
-                    np.copyto(dst, src)
-                inner()
-
-        def read(v):
-            s = saved.get(v)
-            return value_of(v) if s is None else s[1]
+        ob, bound, ranges = self, self.bound, self.ranges
+        vmin, vmax = np.minimum.reduce, np.maximum.reduce
 
         def step():
             fn()
@@ -56,15 +38,27 @@ class _RangeObserver(Observer):
                 return
             for v in outs:
                 a = value_of(v)
-                if a is not None and a.size and not (np.abs(a) < bound).all():
-                    raise _range_error(opr, v, a, bound, read)
+                if a is None or not a.size:
+                    continue
+                lo, hi = vmin(a, None), vmax(a, None)  # over all axes; NaN propagates
+                if not (-bound < lo and hi < bound):
+                    raise _range_error(opr, v, a, bound, value_of, ranges)
+                ranges[v] = (lo, hi)
 
         return step
 
 
-def _range_error(opr, var, value, bound: float, value_of) -> NumRangeCheckerError:
+def _input_range(var, value, ranges: dict) -> str:
+    rec = ranges.get(var)
+    if rec is not None and is_float_var(var):
+        return f"min={float(rec[0]):.6g} max={float(rec[1]):.6g} (checked when computed)"
+    return value_stats(value)
+
+
+def _range_error(opr, var, value, bound: float, value_of, ranges) -> NumRangeCheckerError:
     a = np.asarray(value)
-    bad = ~(np.abs(a) < bound)
+    with np.errstate(invalid="ignore"):
+        bad = ~(np.abs(a) < bound)
     idx = tuple(int(i) for i in np.argwhere(bad)[0])
     first = a[idx].item() if a.ndim else a.item()
     lines = [
@@ -76,7 +70,7 @@ def _range_error(opr, var, value, bound: float, value_of) -> NumRangeCheckerErro
     ]
     for i, v in enumerate(opr.inputs):
         iv = value_of(v)
-        lines.append(f"    [i{i}] {describe_var(v, iv)}: {value_stats(iv)}")
+        lines.append(f"    [i{i}] {describe_var(v, iv)}: {_input_range(v, iv, ranges)}")
     if not opr.inputs:
         lines.append("    (none)")
     return NumRangeCheckerError("\n".join(lines), tracker=opr.tracker)

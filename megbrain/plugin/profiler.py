@@ -21,7 +21,8 @@ __all__ = ["CompGraphProfiler"]
 class _ProfileObserver(Observer):
     def __init__(self):
         self.t_origin = time.perf_counter()
-        #: (opr, comp node, thread ident, dispatch, start, end, run index), seconds
+        #: (opr, comp node, thread ident, start, end, run index), seconds, in the order
+        #: each thread ran them
         self.events: list[tuple] = []
         #: run index -> (function ref, part, start time)
         self.runs: list[tuple] = []
@@ -29,14 +30,10 @@ class _ProfileObserver(Observer):
         self.func_ref = None  # the function of the latest run
         self.func_first_run = 0  # index of the first run of that function
         self.run = -1
-        self.run_t0 = 0.0
-        self.last_end: dict = {}  # comp node -> end of its latest step in this run
 
     def on_run_start(self, func, part: int) -> None:
         t0 = time.perf_counter()
         self.run += 1
-        self.run_t0 = t0
-        self.last_end = {}
         if self.func_ref is None or self.func_ref() is not func:
             # a new function: the JSON result describes only its runs (as the reference
             # clears its records when the graph compiles a new sequence)
@@ -56,14 +53,27 @@ class _ProfileObserver(Observer):
             t0 = perf()
             fn()
             t1 = perf()
-            last = ob.last_end
-            dispatch = last.get(cn, ob.run_t0)
-            last[cn] = t1
-            append((opr, cn, get_ident(), dispatch, t0, t1, ob.run))
+            append((opr, cn, get_ident(), t0, t1, ob.run))
             if opr not in footprints:
                 footprints[opr] = _footprint(opr, ins, outs, value_of)
 
         return step
+
+    def with_dispatch(self, events=None) -> list[tuple]:
+        """``(opr, cn, ident, dispatch, start, end, run)`` per event: ``dispatch`` is the
+        end of the previous operator of the same comp node in the same run, or the run's
+        start for its first one."""
+        events = list(self.events) if events is None else events
+        starts = {k: r[2] for k, r in enumerate(self.runs)}
+        last: dict = {}
+        out = []
+        for opr, cn, ident, t0, t1, run in events:
+            d = last.get((run, cn))
+            if d is None:
+                d = starts.get(run, t0)
+            last[(run, cn)] = t1
+            out.append((opr, cn, ident, d, t0, t1, run))
+        return out
 
 
 def _shape_of(var, value_of):
@@ -124,7 +134,7 @@ class CompGraphProfiler(PluginBase):
         latest: dict = {}
         if func is not None:
             first = ob.func_first_run
-            for ev in ob.events:
+            for ev in ob.with_dispatch():
                 if ev[6] >= first:
                     latest[ev[0]] = ev
         if func is None:
@@ -214,7 +224,7 @@ class CompGraphProfiler(PluginBase):
         pids: dict = {}
         tids: dict = {}
         meta, out = [], []
-        for opr, cn, ident, dispatch, t0, t1, run in list(ob.events):
+        for opr, cn, ident, dispatch, t0, t1, run in ob.with_dispatch():
             pid = pids.get(cn)
             if pid is None:
                 pid = pids[cn] = len(pids)
@@ -273,7 +283,7 @@ class CompGraphProfiler(PluginBase):
             and ``share`` (of the time of all recorded operators), largest total first.
         """
         agg: dict = {}
-        for opr, _cn, _ident, _d, t0, t1, _run in list(self._observer.events):
+        for opr, _cn, _ident, t0, t1, _run in list(self._observer.events):
             rec = agg.setdefault(opr, [0, 0.0])
             rec[0] += 1
             rec[1] += t1 - t0

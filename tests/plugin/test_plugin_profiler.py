@@ -211,3 +211,54 @@ def test_reference_names_are_exported():
     ):
         assert hasattr(megbrain.plugin, name)
     assert issubclass(plugin.NumRangeCheckerError, mgb.MegBrainError)
+
+
+def test_digits_profile_writes_a_trace(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    from megbrain.examples import digits
+
+    path = str(tmp_path / "trace.json")
+    out = digits.main(["--profile", path, "--model", "mlp", "--batch", "8"])
+    trace = json.load(open(path))
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    runs = {e["args"]["run"] for e in xs}
+    assert len(runs) == 5  # the warm-up step is dropped
+    per_run = {r: sum(1 for e in xs if e["args"]["run"] == r) for r in runs}
+    assert len(set(per_run.values())) == 1  # the same operators each step
+    assert out["top"] and out["top"][0]["calls"] == 5
+    printed = capsys.readouterr().out
+    assert "trace written to" in printed and out["top"][0]["type"] in printed
+
+
+def test_multi_part_functions_are_observed_copies_are_not():
+    g = mgb.comp_graph()
+    prof = plugin.CompGraphProfiler(g)
+    x = mgb.make_arg("cpu0", g, shape=(4,), name="x")
+    a = x * 2.0
+    b = a + 1.0
+    f1, f2 = g.compile_multi_part([([x], [mgb.copy_output(a)]), (None, [mgb.copy_output(b)])])
+    f1(arange(4))
+    f2()
+    xs = prof_events(prof)
+    assert {e["args"]["run"] for e in xs} == {0, 1}
+    assert {e["args"]["id"] for e in xs} == seq_ids_core(f1)
+    n = len(xs)
+    # a copy compiled while the graph has a current function lives in another graph
+    fc = g.compile([x], mgb.copy_output(b * 3.0), copy=True)
+    np.testing.assert_allclose(fc(arange(4)), (arange(4) * 2 + 1) * 3)
+    assert len(prof_events(prof)) == n
+
+
+def seq_ids_core(func):
+    return {o.id for o in func._func.core.iter_opr_seq()}
+
+
+def test_result_survives_clear_device_memory_as_in_the_client_jit():
+    g = mgb.comp_graph()
+    prof = plugin.CompGraphProfiler(g)
+    x = mgb.make_arg("cpu0", g, shape=(1,), name="x")
+    f = g.compile(None, [mgb.copy_output(x * x)])
+    assert f(x=np.full(1, 3, "f4"))[0].tolist() == [9]
+    g.clear_device_memory()
+    out = prof.get()
+    assert out.get("profiler") and out["profiler"]["host"]
