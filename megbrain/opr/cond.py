@@ -121,6 +121,7 @@ class CondExecRegistry:
         if reg is None:
             reg = graph.user_data[cls.KEY] = cls()
             graph.opr_insert_hooks.append(reg.on_new_opr)
+            graph.insert_rewriters.append(reg.merge_grad_sum)
         return reg
 
     @classmethod
@@ -204,6 +205,36 @@ class CondExecRegistry:
             if mask is not None:
                 mask.add_nested(m)
             self.var2mask[o] = m
+
+    def merge_grad_sum(self, graph, opr):
+        """Insert rewriter (the reference's ``modify_grad_sum_list``): while a gradient is
+        built, the sum of gradient parts from sibling branches (SUM_COND_OUT merges, or vars
+        of a branch) becomes one SUM_COND_OUT merge over all their branches, which runs when
+        any of them is active."""
+        from .basic_arith import Elemwise
+
+        if not (
+            isinstance(opr, Elemwise)
+            and opr.param.mode == "ADD"
+            and len(opr.inputs) == 2
+            and graph.__dict__.get("_grad_target_stack")
+        ):
+            return None
+        a, b = opr.inputs
+        ma, mb = self.var2mask.get(a), self.var2mask.get(b)
+        if ma is None or mb is None or ExecutionMask.find_direct_lowest(ma, mb) is not None:
+            return None
+        if a.dtype != b.dtype:
+            return None
+        branches = []
+        for v in (a, b):
+            o = v.owner
+            if isinstance(o, CondExecMerge) and o.param.mode == "SUM_COND_OUT" and o.nr_out == 1:
+                branches += o.inputs[:-1]
+            else:
+                branches.append(v)
+        (out,) = cond_exec_merge([SymbolVar(v) for v in branches], mode="SUM_COND_OUT")
+        return [out.node]
 
     def _branch_mask(self, opr, br: int) -> ExecutionMask:
         got = None

@@ -382,3 +382,21 @@ def test_case_fallback_over_shapes_and_pred_dtypes(shape, pdtype, p, nbranch):
     taken = p if 0 <= p < nbranch else nbranch
     np.testing.assert_allclose(got, xv * (taken + 1), rtol=1e-6)
     assert runs == [taken]
+
+
+def test_sum_cond_out_gradients_of_sibling_branches_merge_into_one():
+    g = mgb.comp_graph()
+    g.set_option("graph_opt_level", 0)
+    x = mgb.make_arg(CN, g, name="x", shape=(3,))
+    p = mgb.make_arg(CN, g, name="p", shape=(1,))
+    a, b = cond.cond_exec_pred(p, 0.0, 1.0)
+    (xa,) = mgb.opr.cond_exec_mark(a, x, grad_mode="SUM_COND_OUT")
+    (xb,) = mgb.opr.cond_exec_mark(b, x, grad_mode="SUM_COND_OUT")
+    (y,) = mgb.opr.cond_exec_merge([xa * xa, xb * 3], mode="EXACT_ONE_SAME_SHAPE")
+    (gx,) = mgb.opr.grad.grad(y.sum(), [x])
+    merge = gx.owner  # one merge, not an ADD of two merges from sibling branches
+    assert isinstance(merge, cond.CondExecMerge) and merge.param.mode == "SUM_COND_OUT"
+    assert merge.nr_branch == 2
+    f = g.compile([x, p], [mgb.copy_output(mgb.SymbolVar(gx) * 1)])
+    np.testing.assert_allclose(f(X, np.array([0.0], np.float32))[0], 2 * X)
+    np.testing.assert_allclose(f(X, np.array([1.0], np.float32))[0], [3, 3, 3])
