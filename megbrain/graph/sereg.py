@@ -95,6 +95,7 @@ __all__ = [
     "CppParam",
     "CPP_PARAMS",
     "DTypeParam",
+    "DTYPE_TABLE_UNION",
     "table_spec_of",
     "table_spec_by_union",
 ]
@@ -438,6 +439,8 @@ OPERATOR_PARAM_UNION: tuple[str, ...] = tuple(
 )
 # number 51 is ``param.DType`` (a pdef with one dtype field), 67 the ``DType`` table itself
 _UNION_NUM = {n: i + 1 for i, n in enumerate(OPERATOR_PARAM_UNION)}
+#: the type number of the ``DType`` table (:class:`DTypeParam`)
+DTYPE_TABLE_UNION = _UNION_NUM["DTypeTable"]
 
 #: FlatBuffers scalar type -> struct format
 SCALAR_FMT = {
@@ -583,7 +586,7 @@ def _pdef_spec(cls: type) -> TableSpec:
             if tf.kind == "enum":
                 v = enum_index(v)
             elif tf.kind == "dtype":
-                v = fbs_dtype_num(int(v))
+                v = _fbs_from_our_num(int(v), f"param {name} field {tf.name}")
             out.append(v)
         return out
 
@@ -625,6 +628,16 @@ def _our_dtype_nums() -> dict[str, int]:
             except MegBrainError:
                 continue
     return out
+
+
+def _fbs_from_our_num(num: int, where: str) -> int:
+    """The file's DTypeEnum number of megbrain.dtype's number ``num``."""
+    for name, ours in _our_dtype_nums().items():
+        if ours == num:
+            if name not in _FBS_DTYPE_NUM:
+                raise SerializationError(f"{where}: dtype {name} has no number in the file format")
+            return _FBS_DTYPE_NUM[name]
+    raise SerializationError(f"{where}: unknown dtype number {num}")
 
 
 def _dtype_from_fbs(num: int, where: str) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 import flatbuffers
 
 from ..errors import SerializationError
-from ..graph.sereg import SCALAR_FMT, FbsStruct, TableField, TableSpec
+from ..graph.sereg import DTYPE_TABLE_UNION, SCALAR_FMT, FbsStruct, TableField, TableSpec
 
 __all__ = ["Reader", "Table", "write_table", "read_table", "MAX_DEPTH", "MAX_TABLES"]
 
@@ -276,7 +276,7 @@ def _scalar_fmt(f: TableField) -> str:
 
 def write_table(b: flatbuffers.Builder, spec: TableSpec, obj: Any) -> int:
     """Write the param table ``obj`` of ``spec``; returns its offset."""
-    if spec.name == "DType":
+    if spec.union_type == DTYPE_TABLE_UNION:
         return write_dtype(b, spec.values(obj)[0])
     values = spec.values(obj)
     pre: dict[int, int] = {}
@@ -309,7 +309,7 @@ def write_table(b: flatbuffers.Builder, spec: TableSpec, obj: Any) -> int:
 
 def read_table(tbl: Table, spec: TableSpec) -> Any:
     """The Python param object of table ``tbl`` of ``spec``."""
-    if spec.name == "DType":
+    if spec.union_type == DTYPE_TABLE_UNION:
         return spec.make([read_dtype(tbl)])
     vals = []
     for i, f in enumerate(spec.fields):
