@@ -607,3 +607,22 @@ def make_loop(
     inputs = [v for v, _, _ in desc.inputs]
     opr = Loop(inputs, LoopParam(swap_interval, id(desc)), cfg, desc, desc_maker)
     return insert_opr(opr)
+
+
+# ---- serialization: as in the reference, a Loop can not be dumped ---------------------------
+from ..graph import sereg  # noqa: E402 - the registry is filled beside the operators
+
+
+def _refuse_dump(ctx, opr) -> None:
+    raise sereg.NotSerializable(
+        f"{opr.type_name} {opr.name!r}: serialization of Loop opr not implemented (its sub "
+        "graph would have to be written as a nested graph, as the reference never did)"
+    )
+
+
+def _refuse_load(ctx, inputs, config):
+    raise sereg.NotSerializable("serialization of Loop opr not implemented")
+
+
+sereg.register_serializer(Loop, dump=_refuse_dump, load=_refuse_load)
+sereg.register_serializer(LoopGrad, dump=_refuse_dump, load=_refuse_load)

@@ -307,3 +307,14 @@ def test_running_product_over_shapes_and_dtypes(shape, n, dtype):
     np.testing.assert_allclose(got_all, ref, rtol=tol, atol=tol)
     np.testing.assert_allclose(got_last, ref[-1], rtol=tol, atol=tol)
     np.testing.assert_allclose(got_sum, ref.sum(0), rtol=tol, atol=tol)
+
+
+def test_dumping_a_loop_raises_naming_it():
+    from megbrain.errors import SerializationError
+    from megbrain.serialization.dumper import dump_graph
+
+    g = make_graph()
+    (x,), _ = inputs(g, XS.astype(np.float32))
+    (y,) = mgb.opr.make_loop(_series_body(x, _n_const(x, 3)), name="series")
+    with pytest.raises(SerializationError, match="'series'.*Loop opr not implemented"):
+        dump_graph([y.node])
