@@ -400,3 +400,25 @@ def test_sum_cond_out_gradients_of_sibling_branches_merge_into_one():
     f = g.compile([x, p], [mgb.copy_output(mgb.SymbolVar(gx) * 1)])
     np.testing.assert_allclose(f(X, np.array([0.0], np.float32))[0], 2 * X)
     np.testing.assert_allclose(f(X, np.array([1.0], np.float32))[0], [3, 3, 3])
+
+
+def test_static_shapes_of_marks_and_merges():
+    from megbrain.graph.static_infer import infer_shape
+
+    g = mgb.comp_graph()
+    x = mgb.make_arg(CN, g, name="x", shape=(2, 3))
+    p = mgb.make_arg(CN, g, name="p", shape=(1,))
+    a, b = cond.cond_exec_pred(p, 0.0, 1.0)
+    assert infer_shape(a.node) == (1,) and a.dtype == np.int32
+    (xa,) = mgb.opr.cond_exec_mark(a, x)
+    (xb,) = mgb.opr.cond_exec_mark(b, x)
+    assert infer_shape(xa.node) == (2, 3)
+    (dyn,) = mgb.opr.cond_exec_mark(a, x, static_infer="NONE")
+    assert not dyn.node.shape_static
+    for mode in ("EXACT_ONE_SAME_SHAPE", "SUM", "SUM_COND_OUT"):
+        (y,) = mgb.opr.cond_exec_merge([xa, xb], mode=mode)
+        assert infer_shape(y.node) == (2, 3), mode
+    (y,) = mgb.opr.cond_exec_merge([xa, xb], mode="EXACT_ONE")
+    assert not y.node.shape_static  # the active branch's shape, known when it runs
+    (y,) = mgb.opr.cond_exec_merge([xa, xb], [(4, 1)], mode="SUM")
+    assert infer_shape(y.node) == (4, 1)
