@@ -17,6 +17,7 @@ from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .basic_arith import fmt_dtype, same_dtype
 from .param_args import opr_params
+from .sereg_params import register_strict
 
 __all__ = [
     "MatrixMul",
@@ -364,3 +365,10 @@ def batched_matrix_mul_v0(
         opr0, opr1, transposeA, transposeB, name=name, comp_node=comp_node, config=config,
         comp_graph=comp_graph,
     )  # fmt: skip
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# the reference registers its current MatrixMul as MatrixMulV2 (the type id of "MatrixMul")
+register_strict(MatrixMul, pdefs.MatrixMul, name="MatrixMulV2")
+register_strict(BatchedMatrixMul, pdefs.MatrixMul, name="BatchedMatrixMulV2")
+register_strict(Dot, pdefs.Empty)

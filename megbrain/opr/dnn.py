@@ -25,6 +25,7 @@ from ..kernels import elemwise as ew_kernels
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .param_args import opr_params
+from .sereg_params import register_strict, register_with_policy
 
 __all__ = [
     "Convolution",
@@ -902,3 +903,22 @@ def conv_bias_activation_v1(
     """
     cfg = {"name": name, "comp_node": comp_node, "config": config, "comp_graph": comp_graph}
     return conv_bias_activation(src, filter, bias, dtype=dtype, **cfg, **params)
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# as the reference: the convolutions write their table then param.ExecutionPolicy (the
+# strategy); the current Convolution is registered as ConvolutionV1, ConvBias as
+# ConvBiasForwardV3 (type ids of the unversioned names); Pooling writes param.Pooling only
+for _cls, _def, _name in [
+    (Convolution, pdefs.Convolution, "ConvolutionV1"),
+    (ConvolutionBackwardData, pdefs.Convolution, "ConvolutionBackwardDataV1"),
+    (ConvolutionBackwardFilter, pdefs.Convolution, "ConvolutionBackwardFilterV1"),
+    (Convolution3D, pdefs.Convolution3D, "Convolution3D"),
+    (Convolution3DBackwardData, pdefs.Convolution3D, "Convolution3DBackwardData"),
+    (Convolution3DBackwardFilter, pdefs.Convolution3D, "Convolution3DBackwardFilter"),
+    (ConvBias, pdefs.ConvBias, "ConvBiasForwardV3"),
+]:
+    register_with_policy(_cls, _def, name=_name)
+del _cls, _def, _name
+register_strict(Pooling, pdefs.Pooling)
+register_strict(PoolingBackward, pdefs.Pooling)

@@ -20,6 +20,7 @@ from ..kernels import dnn_image as kern
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .param_args import as_int, opr_params
+from .sereg_params import register_strict
 from .tensor_manip import _shape_value, shape_to_var
 
 __all__ = [
@@ -697,3 +698,20 @@ def resize(
     """
     param = ResizeParam(imode, format)
     return _insert(Resize, [src, out_shape], param, name, comp_node, config, comp_graph, shape_at=1)
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# the reference's mat_idx input of WarpPerspective (4 inputs) is refused by the operator
+for _cls, _def in [
+    (ROIPooling, pdefs.ROIPooling),
+    (ROIPoolingBackward, pdefs.ROIPooling),
+    (ROIAlign, pdefs.ROIAlign),
+    (ROIAlignBackward, pdefs.ROIAlign),
+    (WarpPerspective, pdefs.WarpPerspective),
+    (WarpPerspectiveBackwardData, pdefs.WarpPerspective),
+    (WarpPerspectiveBackwardMat, pdefs.WarpPerspective),
+    (ResizeBackward, pdefs.Resize),
+]:
+    register_strict(_cls, _def)
+del _cls, _def
+register_strict(Resize, pdefs.Resize, name="ResizeV1")

@@ -15,9 +15,11 @@ from ..graph import OperatorNodeBase, register_opr
 from ..graph.operator import fmt_shape
 from ..kernels import dnn_conv as conv_kernels
 from ..kernels import dnn_local as kern
+from . import param_defs as pdefs
 from .base import SymbolVar
 from .dnn import ConvolutionParam, _create, _float_dtype, _make, _NamedByKind
 from .param_args import opr_params
+from .sereg_params import register_strict
 
 __all__ = [
     "GroupLocal",
@@ -379,3 +381,14 @@ def local(
         mode, pad_h, pad_w, stride_h, stride_w, dilate_h, dilate_w, sparse, format, "DEFAULT"
     )
     return _create(Local, [src, filter], p, None, name, comp_node, config, comp_graph)
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# the reference's Local and GroupLocal write param.Convolution only (registered as
+# LocalV1...): the strategy field of ConvolutionParam is not kept (one algorithm here)
+for _cls in (
+    Local, LocalBackwardData, LocalBackwardFilter,
+    GroupLocal, GroupLocalBackwardData, GroupLocalBackwardFilter,
+):  # fmt: skip
+    register_strict(_cls, pdefs.Convolution, name=_cls.type_name + "V1")
+del _cls

@@ -25,6 +25,7 @@ from ..kernels import dnn_norm as kern
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .param_args import as_int, opr_params
+from .sereg_params import register_strict
 
 __all__ = [
     "BNParam",
@@ -428,3 +429,11 @@ def lrn(
     cfg = _merge_config(name, comp_node, config)
     vars_ = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     return insert_opr(LRN(vars_, LRNParam(n, k, alpha, beta), cfg))[0]
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# param.BN's scale and bias fields have no place in BNParam: files must hold their defaults
+register_strict(BatchNorm, pdefs.BN)
+register_strict(BatchNormBackward, pdefs.BN)
+register_strict(LRN, pdefs.LRN)
+register_strict(LRNBackward, pdefs.LRN)

@@ -9,8 +9,10 @@ import numpy as np
 
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, static_shape
 from ..graph.operator import fmt_shape
+from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .param_args import opr_params
+from .sereg_params import register_strict
 
 __all__ = ["MatrixInverse", "SVD", "matrix_inverse", "svd"]
 
@@ -162,3 +164,8 @@ def svd(
     cfg = _merge_config(name, comp_node, config)
     (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     return insert_opr(SVD([v], SVDParam(bool(full_matrices), bool(compute_uv)), cfg))
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+register_strict(MatrixInverse, pdefs.Empty)
+register_strict(SVD, pdefs.SVD)

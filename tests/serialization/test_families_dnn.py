@@ -1,0 +1,365 @@
+"""Graph files of the blas, linalg, dnn (convolution, pooling, normalization, local, image),
+JIT and craniotome families: every operator round-trips through a file with its
+reference type id, params and results; operators that can not be dumped say why."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import megbrain as mgb
+from megbrain.errors import SerializationError
+from megbrain.graph import sereg, static_shape
+from megbrain.opr import param_defs as pdefs
+from megbrain.opr.base import SymbolVar
+from megbrain.opr.sereg_params import param_from_def
+from megbrain.serialization import dep_oprs
+
+F32 = np.float32
+
+
+# ---- the round trip -------------------------------------------------------------------------
+def _run(inputs, outputs, feeds):
+    graph = outputs[0].owner_graph
+    f = graph.compile(inputs, [mgb.copy_output(o) for o in outputs])
+    res = f(*[feeds[v.name] for v in inputs])
+    return [np.asarray(r) for r in (res if isinstance(res, (list, tuple)) else [res])]
+
+
+#: operators whose param holds a tensor's identity, not a file's content
+_IO = ("Host2DeviceCopy", "SharedDeviceTensor", "VolatileSharedDeviceTensor", "ImmutableTensor")
+
+
+def _file_form(param):
+    """``param`` with its float fields as the file's float32 holds them."""
+    if not dataclasses.is_dataclass(param):
+        return param
+    return dataclasses.replace(
+        param,
+        **{
+            f.name: float(F32(getattr(param, f.name)))
+            for f in dataclasses.fields(param)
+            if isinstance(getattr(param, f.name), float)
+        },
+    )
+
+
+def _oprs(outputs):
+    """(type name, param) of every operator ``outputs`` depend on, in dump order."""
+    return [
+        (o.type_name, None if o.type_name in _IO else _file_form(o.param))
+        for o in dep_oprs([v.node for v in outputs])
+    ]
+
+
+def round_trip(tmp_path, outputs, feeds, *, expect_names=(), optimize=False):
+    """Run ``outputs`` (fed by name from ``feeds``), dump them to a file, load it, run the
+    loaded outputs on the same inputs and assert identical results, operator type names and
+    params. ``expect_names``: reference registered names that must be in the file.
+
+    Returns the loaded output vars."""
+    outputs = list(outputs)
+    if optimize:
+        outputs = mgb.optimize_for_inference(outputs, fuse_conv_bias_nonlinearity=True)
+    inputs = sorted(mgb.cgtools.get_dep_vars(outputs, "Host2DeviceCopy"), key=lambda v: v.name)
+    expect = _run(inputs, outputs, feeds)
+    before = _oprs(outputs)
+    path = str(tmp_path / "graph.mgb")
+    mgb.serialize_comp_graph_to_file(path, outputs)
+    _, _, loaded = mgb.load_comp_graph_from_file(path)
+    assert _oprs(loaded) == before
+    dumped = {sereg.find_by_opr(o).name for o in dep_oprs([v.node for v in outputs])}
+    assert set(expect_names) <= dumped, set(expect_names) - dumped
+    linputs = sorted(mgb.cgtools.get_dep_vars(loaded, "Host2DeviceCopy"), key=lambda v: v.name)
+    assert [v.name for v in linputs] == [v.name for v in inputs]
+    got = _run(linputs, loaded, feeds)
+    assert len(got) == len(expect)
+    for a, b in zip(got, expect):
+        np.testing.assert_array_equal(a, b)
+    return loaded
+
+
+def _arg(g, name, value):
+    return mgb.make_arg("cpu0", g, shape=value.shape, dtype=value.dtype, name=name)
+
+
+def _shared(g, name, value):
+    return mgb.make_shared("cpu0", value=value, comp_graph=g, name=name)
+
+
+def _bwd(y, wrt, feeds, rng):
+    """The gradient operators of ``y``'s owner w.r.t. its inputs ``wrt`` (indices), for an
+    output gradient fed as input ``d<name of y>`` (added to ``feeds``): the backward
+    operators of a family without the reductions of a scalar loss."""
+    opr = y.node.owner
+    dv = rng.randn(*static_shape(y.node)).astype(y.dtype)
+    name = f"d{len(feeds)}"
+    feeds[name] = dv
+    dy = _arg(y.owner_graph, name, dv)
+    ogs = [dy.node if o is y.node else None for o in opr.outputs]
+    return [SymbolVar(opr.grad(i, ogs)) for i in wrt]
+
+
+@pytest.fixture
+def rng():
+    return np.random.RandomState(0)
+
+
+def test_registered_names_are_the_references():
+    """The file's type ids are those of the reference's registered class names."""
+    want = {
+        mgb.opr.blas.MatrixMul: "MatrixMul",
+        mgb.opr.dnn.Convolution: "Convolution",
+        mgb.opr.dnn.ConvBias: "ConvBiasForward",
+        mgb.opr.dnn_local.Local: "Local",
+        mgb.opr.dnn_local.GroupLocalBackwardData: "GroupLocalBackwardData",
+        mgb.opr.dnn_image.Resize: "Resize",
+        mgb.opr.dnn_norm.BatchNorm: "BatchNorm",
+    }
+    for cls, name in want.items():
+        entry = sereg.find_by_opr(cls.__new__(cls))
+        assert entry.type_id == sereg.type_id_of(name), cls
+
+
+# ---- blas and linalg ------------------------------------------------------------------------
+def test_blas_round_trip_with_grads(tmp_path, rng):
+    g = mgb.comp_graph()
+    a, b = rng.randn(3, 4).astype(F32), rng.randn(3, 5).astype(F32)
+    feeds = {"a": a}
+    c = mgb.opr.matrix_mul(_arg(g, "a", a), _shared(g, "b", b), True, compute_mode="FLOAT32")
+    ba, bb = rng.randn(2, 3, 4).astype(F32), rng.randn(2, 4, 2).astype(F32)
+    feeds["ba"] = ba
+    bc = mgb.opr.batched_matrix_mul(_arg(g, "ba", ba), _shared(g, "bb", bb))
+    v = rng.randn(5).astype(F32)
+    feeds["v"] = v
+    d = mgb.opr.dot(_arg(g, "v", v), _shared(g, "v2", v[::-1].copy()))
+    grads = _bwd(c, [0, 1], feeds, rng) + _bwd(bc, [0, 1], feeds, rng)
+    loaded = round_trip(
+        tmp_path,
+        [c, bc, d, *grads],
+        feeds,
+        expect_names={"MatrixMulV2", "BatchedMatrixMulV2", "Dot"},
+    )
+    mm = loaded[0].node.owner
+    assert mm.type_name == "MatrixMul" and mm.param.transposeA and not mm.param.transposeB
+    assert mm.param.compute_mode == "FLOAT32"
+
+
+def test_linalg_round_trip_with_grads(tmp_path, rng):
+    g = mgb.comp_graph()
+    m = (rng.randn(2, 3, 3) + 3 * np.eye(3)).astype(F32)
+    feeds = {"m": m}
+    x = _arg(g, "m", m)
+    inv = mgb.opr.matrix_inverse(x)
+    u, s, vt = mgb.opr.svd(x, full_matrices=True)
+    (gx,) = _bwd(inv, [0], feeds, rng)
+    round_trip(tmp_path, [inv, u, s, vt, gx], feeds, expect_names={"MatrixInverse", "SVD"})
+
+
+# ---- convolution, pooling --------------------------------------------------------------------
+def test_convolution_round_trip_with_grads(tmp_path, rng):
+    g = mgb.comp_graph()
+    xv = rng.randn(2, 4, 7, 6).astype(F32)
+    feeds = {"x": xv}
+    x = _arg(g, "x", xv)
+    w = _shared(g, "w", rng.randn(2, 3, 2, 3, 3).astype(F32))
+    y = mgb.opr.convolution(
+        x, w, sparse="GROUP", pad_h=1, stride_w=2, dilate_h=2, mode="CONVOLUTION",
+        strategy="PROFILE",
+    )  # fmt: skip
+    p = mgb.opr.pooling(y, mode="AVERAGE", window_h=2, window_w=2, stride_h=1, pad_w=1)
+    dy = mgb.opr.deconvolution(p, _shared(g, "w2", rng.randn(6, 2, 2, 2).astype(F32)))
+    grads = _bwd(y, [0, 1], feeds, rng) + _bwd(p, [0], feeds, rng)
+    loaded = round_trip(
+        tmp_path,
+        [y, p, dy, *grads],
+        feeds,
+        expect_names={
+            "ConvolutionV1", "ConvolutionBackwardDataV1", "ConvolutionBackwardFilterV1",
+            "Pooling", "PoolingBackward",
+        },
+    )  # fmt: skip
+    conv = loaded[0].node.owner
+    assert conv.param.strategy == "PROFILE" and conv.param.dilate_h == 2
+
+
+def test_convolution_writes_param_and_execution_policy():
+    g = mgb.comp_graph()
+    x = mgb.make_arg("cpu0", g, shape=(1, 1, 3, 3), name="x")
+    y = mgb.opr.convolution(x, np.ones((1, 1, 2, 2), F32), strategy="PROFILE_HEURISTIC", pad_w=1)
+    written = []
+
+    class Ctx:
+        def write_param(self, p):
+            written.append(p)
+
+    sereg.find_by_opr(y.node.owner).dump(Ctx(), y.node.owner)
+    assert [type(p).__name__ for p in written] == ["Convolution", "ExecutionPolicy"]
+    assert written[0].pad_w == 1 and written[1].strategy.name == "PROFILE_HEURISTIC"
+
+
+def test_convolution3d_round_trip_with_grads(tmp_path, rng):
+    g = mgb.comp_graph()
+    xv = rng.randn(1, 2, 4, 5, 4).astype(F32)
+    feeds = {"x": xv}
+    x = _arg(g, "x", xv)
+    w = _shared(g, "w", rng.randn(3, 2, 2, 2, 2).astype(F32))
+    y = mgb.opr.convolution3d(x, w, pad_d=1, stride_h=2)
+    dy = mgb.opr.deconvolution3d(y, _shared(g, "w2", rng.randn(3, 2, 1, 2, 1).astype(F32)))
+    round_trip(
+        tmp_path,
+        [y, dy, *_bwd(y, [0, 1], feeds, rng)],
+        feeds,
+        expect_names={
+            "Convolution3D", "Convolution3DBackwardData", "Convolution3DBackwardFilter"
+        },
+    )  # fmt: skip
+
+
+def test_conv_bias_round_trip_with_grads(tmp_path, rng):
+    g = mgb.comp_graph()
+    xv = rng.randn(2, 3, 5, 5).astype(F32)
+    feeds = {"x": xv}
+    x = _arg(g, "x", xv)
+    w = _shared(g, "w", rng.randn(4, 3, 3, 3).astype(F32))
+    b = _shared(g, "b", rng.randn(2, 4, 5, 5).astype(F32))  # a bias of the output's shape
+    y = mgb.opr.conv_bias_activation(x, w, b, nonlineMode="RELU", pad_h=1, pad_w=1)
+    loaded = round_trip(
+        tmp_path,
+        [y, *_bwd(y, [0, 1, 2], feeds, rng)],
+        feeds,
+        expect_names={"ConvBiasForwardV3", "ConvolutionBackwardDataV1"},
+    )
+    assert loaded[0].node.owner.param.nonlineMode == "RELU"
+
+
+def test_fused_conv_bias_of_optimize_for_inference(tmp_path, rng):
+    g = mgb.comp_graph()
+    xv = rng.randn(2, 3, 6, 6).astype(F32)
+    x = _arg(g, "x", xv)
+    w = _shared(g, "w", rng.randn(4, 3, 3, 3).astype(F32))
+    b = _shared(g, "b", rng.randn(1, 4, 1, 1).astype(F32))
+    y = mgb.opr.elemwise(mgb.opr.convolution(x, w, pad_h=1) + b, mode="RELU")
+    loaded = round_trip(tmp_path, [y], {"x": xv}, optimize=True)
+    types = {o.type_name for o in dep_oprs([v.node for v in loaded])}
+    assert "ConvBias" in types and "Convolution" not in types
+
+
+def test_conv_bias_output_block_size_is_refused_at_load():
+    with pytest.raises(SerializationError, match=r"ConvBias.output_block_size=2"):
+        param_from_def(
+            mgb.opr.dnn.ConvBiasParam, pdefs.ConvBias(output_block_size=2), "ConvBiasForwardV3"
+        )
+
+
+# ---- normalization --------------------------------------------------------------------------
+def test_batch_norm_and_lrn_round_trip_with_grads(tmp_path, rng):
+    g = mgb.comp_graph()
+    xv = rng.randn(2, 3, 4, 4).astype(F32)
+    feeds = {"x": xv}
+    x = _arg(g, "x", xv)
+    scale = _shared(g, "scale", rng.rand(1, 3, 1, 1).astype(F32) + 0.5)
+    bias = _shared(g, "bias", rng.randn(1, 3, 1, 1).astype(F32))
+    _, _, y = mgb.opr.batch_norm(x, scale, bias, epsilon=1e-3)
+    z = mgb.opr.lrn(y, n=3, alpha=0.01, beta=0.5, k=1.5)
+    grads = _bwd(y, [0, 1, 2], feeds, rng) + _bwd(z, [0], feeds, rng)
+    loaded = round_trip(
+        tmp_path,
+        [y, z, *grads],
+        feeds,
+        expect_names={"BatchNorm", "BatchNormBackward", "LRN", "LRNBackward"},
+    )
+    assert loaded[1].node.owner.param.n == 3
+    assert loaded[0].node.owner.param.epsilon == pytest.approx(1e-3)
+
+
+def test_batch_norm_inference_with_statistics_round_trip(tmp_path, rng):
+    g = mgb.comp_graph()
+    xv = rng.randn(2, 3, 4, 4).astype(F32)
+    x = _arg(g, "x", xv)
+    s = [_shared(g, n, rng.rand(1, 3, 1, 1).astype(F32) + 0.5) for n in "abcd"]
+    outs = mgb.opr.batch_norm(x, *s, fwd_mode="INFERENCE")
+    round_trip(tmp_path, [outs[-1]], {"x": xv}, expect_names={"BatchNorm"})
+
+
+def test_bn_folding_of_optimize_for_inference(tmp_path, rng):
+    g = mgb.comp_graph()
+    xv = rng.randn(2, 3, 5, 5).astype(F32)
+    x = _arg(g, "x", xv)
+    w = _shared(g, "w", rng.randn(4, 3, 3, 3).astype(F32))
+    s = [_shared(g, n, rng.rand(1, 4, 1, 1).astype(F32) + 0.5) for n in "abcd"]
+    y = mgb.opr.batch_norm(mgb.opr.convolution(x, w), *s, fwd_mode="INFERENCE")[-1]
+    y = mgb.opr.elemwise(y, mode="RELU")
+    loaded = round_trip(tmp_path, [y], {"x": xv}, optimize=True)
+    types = {o.type_name for o in dep_oprs([v.node for v in loaded])}
+    assert "BatchNorm" not in types
+
+
+def test_bn_scale_field_is_refused_at_load():
+    with pytest.raises(SerializationError, match=r"BatchNorm: param BN.scale=2.0"):
+        param_from_def(mgb.opr.dnn_norm.BNParam, pdefs.BN(scale=2.0), "BatchNorm")
+
+
+# ---- local ----------------------------------------------------------------------------------
+def test_local_and_group_local_round_trip_with_grads(tmp_path, rng):
+    g = mgb.comp_graph()
+    xv = rng.randn(2, 4, 5, 5).astype(F32)
+    feeds = {"x": xv}
+    x = _arg(g, "x", xv)
+    # group_local: (G, OH, OW, IC/G, FH, FW, OC/G); 5x5 with 3x3, pad 1, stride 2 -> 3x3
+    gw = _shared(g, "gw", rng.randn(2, 3, 3, 2, 3, 3, 2).astype(F32))
+    y = mgb.opr.group_local(x, gw, pad_h=1, pad_w=1, stride_h=2, stride_w=2)
+    lw = _shared(g, "lw", rng.randn(2, 2, 4, 2, 2, 3).astype(F32))
+    z = mgb.opr.local(y, lw)
+    grads = _bwd(y, [0, 1], feeds, rng) + _bwd(z, [0, 1], feeds, rng)
+    round_trip(
+        tmp_path,
+        [y, z, *grads],
+        feeds,
+        expect_names={
+            "LocalV1", "LocalBackwardDataV1", "LocalBackwardFilterV1",
+            "GroupLocalV1", "GroupLocalBackwardDataV1", "GroupLocalBackwardFilterV1",
+        },
+    )  # fmt: skip
+
+
+# ---- image ----------------------------------------------------------------------------------
+def test_roi_round_trip_with_grads(tmp_path, rng):
+    g = mgb.comp_graph()
+    sv = rng.randn(2, 2, 8, 8).astype(F32)
+    rois = np.array([[0, 1.2, 0.7, 5.5, 6.1], [1, 0, 2, 7, 7], [1, 4, 4, 6, 5]], F32)
+    feeds = {"src": sv, "rois": rois}
+    src = _arg(g, "src", sv)
+    r = _arg(g, "rois", rois)
+    p = mgb.opr.roi_pooling(src, r, (2, 3), mode="AVERAGE", scale=0.5)
+    a = mgb.opr.roi_align(src, r, pooled_height=2, pooled_width=2, spatial_scale=0.9)
+    grads = _bwd(p, [0], feeds, rng) + _bwd(a, [0], feeds, rng)
+    round_trip(
+        tmp_path,
+        [p, a, *grads],
+        feeds,
+        expect_names={"ROIPooling", "ROIPoolingBackward", "ROIAlign", "ROIAlignBackward"},
+    )
+
+
+def test_warp_and_resize_round_trip_with_grads(tmp_path, rng):
+    g = mgb.comp_graph()
+    sv = rng.randn(2, 3, 6, 5).astype(F32)
+    mat = np.stack([np.eye(3) + 0.05 * rng.randn(3, 3) for _ in range(2)]).astype(F32)
+    mat[:, 2] = [0, 0, 1]
+    feeds = {"src": sv, "mat": mat}
+    w = mgb.opr.warp_perspective(
+        _arg(g, "src", sv), _arg(g, "mat", mat), (4, 5), bmode="CONSTANT", border_val=0.5
+    )
+    r = mgb.opr.resize(w, (7, 3), format="NCHW")
+    grads = _bwd(w, [0, 1], feeds, rng) + _bwd(r, [0], feeds, rng)
+    loaded = round_trip(
+        tmp_path,
+        [w, r, *grads],
+        feeds,
+        expect_names={
+            "WarpPerspective", "WarpPerspectiveBackwardData", "WarpPerspectiveBackwardMat",
+            "ResizeV1", "ResizeBackward",
+        },
+    )  # fmt: skip
+    assert loaded[0].node.owner.param.border_val == 0.5
