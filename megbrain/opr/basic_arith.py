@@ -19,7 +19,7 @@ from ..dtype import (
     same_dtype,
     to_mgb_supported_dtype,
 )
-from ..errors import ArgumentError, ConversionError, MegBrainError
+from ..errors import ArgumentError, ConversionError, MegBrainError, SerializationError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, sereg
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
@@ -227,6 +227,40 @@ class Reduce(OperatorNodeBase):
 
     def grad(self, wrt_idx, out_grads):
         return _reduce_grad(self, wrt_idx, out_grads)
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+#: the reference's "no axis" value of param.Reduce (reduce to the target shape input)
+_REDUCE_NO_AXIS = 2**31 - 1
+
+
+def _reduce_to_def(param: ReduceParam):
+    axis = _REDUCE_NO_AXIS if param.axis is None else param.axis
+    return pdefs.Reduce(mode=param.mode, axis=axis, data_type="DEFAULT")
+
+
+def _reduce_from_def(pdef) -> ReduceParam:
+    if pdef.data_type.name != "DEFAULT":
+        raise SerializationError(
+            f"Reduce: param data_type={pdef.data_type.name} is not supported (DEFAULT only)"
+        )
+    # the reference takes an axis in [-MAX_NDIM, MAX_NDIM); anything else means "no axis"
+    axis = pdef.axis if -_MAX_NDIM <= pdef.axis < _MAX_NDIM else None
+    return ReduceParam(pdef.mode.name, axis)
+
+
+_MAX_NDIM = 7
+sereg.register_param_opr(
+    Reduce, pdefs.Reduce, to_def=_reduce_to_def, from_def=_reduce_from_def, name="ReduceV2"
+)
+# TypeCvt's param is the DType table itself (with its quantization parameters)
+sereg.register_param_opr(
+    TypeCvt,
+    sereg.DTypeParam,
+    to_def=lambda param: sereg.DTypeParam(param.dtype),
+    from_def=lambda pdef: TypeCvtParam(pdef.dtype),
+    name="TypeCvtV2",
+)
 
 
 # ---- functions ---------------------------------------------------------------------------

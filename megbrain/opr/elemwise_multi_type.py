@@ -15,7 +15,7 @@ import numpy as np
 
 from ..dtype import dtype_name, is_quantize
 from ..errors import MegBrainError
-from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..graph import OperatorNodeBase, ParamBase, register_opr, sereg
 from ..graph.param_def import members_of
 from ..kernels import elemwise_multi_type as emt_kernels
 from . import param_defs as pdefs
@@ -110,6 +110,9 @@ class ElemwiseMultiType(OperatorNodeBase):
 
     def bind(self, ins, outs):
         return emt_kernels.bind(self.param.mode, ins, outs[0])
+
+
+sereg.register_param_opr(ElemwiseMultiType, pdefs.ElemwiseMultiType)
 
 
 @opr_params(("param", "ElemwiseMultiType"))

@@ -9,8 +9,9 @@ import numpy as np
 
 from ..dtype import canonize_dtype, dtype_from_num
 from ..errors import GraphError, ShapeDescError
-from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
+from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, sereg
 from ..graph.operator import fmt_shape
+from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 from .misc import check_int
 from .param_args import as_int, is_int, opr_params
@@ -226,6 +227,24 @@ class Linspace(OperatorNodeBase):
         t = insert_opr(Linspace(ins, self.param, OperatorNodeConfig()))[0]
         w = 1 - t if wrt_idx == 0 else t
         return reduce_to_input(og * w, self.inputs[wrt_idx])
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# param.DType / param.Eye hold the dtype as the file's DTypeEnum: float64 and int64 (used
+# below the API) have no number there, and the dump names them (fbs_dtype_num's error)
+sereg.register_param_opr(
+    Alloc,
+    pdefs.DType,
+    to_def=lambda p: pdefs.DType(dtype=p.dtype),
+    from_def=lambda d: AllocParam(dtype_from_num(d.dtype)),
+)
+sereg.register_param_opr(
+    Eye,
+    pdefs.Eye,
+    to_def=lambda p: pdefs.Eye(k=p.k, dtype=p.dtype),
+    from_def=lambda d: EyeParam(k=d.k, dtype=dtype_from_num(d.dtype)),
+)
+sereg.register_param_opr(Linspace, pdefs.Linspace)
 
 
 # ---- functions -------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import MegBrainError
-from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..errors import MegBrainError, SerializationError
+from ..graph import OperatorNodeBase, ParamBase, register_opr, sereg
 from ..graph.operator import fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.static_infer import infer_value as static_value
@@ -279,6 +279,41 @@ class IncrSubtensor(_ModifySubtensor):
 
     def default_name(self):
         return f"incr_subtensor({self.inputs[0].name},{self.inputs[1].name})"
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+def register_index_desc_opr(cls: type, param_cls: type) -> None:
+    """Register an operator whose param is an index desc tuple (``descs`` of
+    ``(axis, kind, has_begin, has_end, has_step, has_idx)``): the file holds the reference's
+    ``IndexDescMaskDump`` (per axis: axis and which of begin/end/step/idx are inputs) and
+    the index vars are the operator's inputs after src (and value).
+
+    Parameters
+    ----------
+    cls:
+        The operator class.
+    param_cls:
+        Its Param class, built as ``param_cls(descs)``.
+    """
+    table = sereg.CPP_PARAMS["IndexDescMaskDump"]
+
+    def to_def(param):
+        return table(items=[(a, b, e, s, i) for a, _, b, e, s, i in param.descs])
+
+    def from_def(d):
+        descs = tuple(
+            (a, "index" if i else "interval", b, e, s, i) for a, b, e, s, i in d.items
+        )
+        try:
+            return param_cls(descs)
+        except MegBrainError as exc:
+            raise SerializationError(f"{cls.type_name}: bad IndexDescMaskDump: {exc}") from None
+
+    sereg.register_param_opr(cls, table, to_def=to_def, from_def=from_def)
+
+
+for _cls in (Subtensor, SetSubtensor, IncrSubtensor):
+    register_index_desc_opr(_cls, SubtensorParam)
 
 
 # ---- __getitem__ conversion ----------------------------------------------------------------

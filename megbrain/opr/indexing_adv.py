@@ -15,10 +15,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MegBrainError
-from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, static_shape
+from ..graph import (
+    OperatorNodeBase,
+    OperatorNodeConfig,
+    ParamBase,
+    register_opr,
+    sereg,
+    static_shape,
+)
 from ..graph.operator import fmt_shape
+from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, input_list, insert_opr
-from .indexing import SubtensorIndexError
+from .indexing import SubtensorIndexError, register_index_desc_opr
 from .misc import AxisParam, check_int, int_var, norm_axis
 from .param_args import as_axis, as_int, opr_params
 
@@ -472,6 +480,13 @@ MeshIndexing, SetMeshIndexing, IncrMeshIndexing = _FAMILIES["mesh"]
 BatchedMeshIndexing, BatchedSetMeshIndexing, BatchedIncrMeshIndexing = _FAMILIES["batched"]
 
 
+# the reference dumps the index desc as IndexDescMaskDump, the index vars as inputs
+for _classes in _FAMILIES.values():
+    for _cls in _classes:
+        register_index_desc_opr(_cls, IndexDescParam)
+
+
+
 def _cvt_index(src, idx, allow_newaxis: bool = False) -> tuple[tuple, list, list]:
     """(descs, index vars, new axes) of ``idx``: ints, slices, int arrays / vars, one ``...``
     and, with ``allow_newaxis``, ``None`` (an axis of size 1 added to ``src`` first; the
@@ -750,6 +765,14 @@ def indexing_remap(
     (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     param = IndexingRemapParam(bool(is_non_overlapping))
     return insert_opr(IndexingRemap([v, int_var(map_, v)], param, cfg))[0]
+
+
+# ---- serialization of the one-hot and remap operators (megbrain/graph/sereg.py) ------------
+for _cls in (IndexingOneHot, IndexingSetOneHot):
+    sereg.register_param_opr(_cls, pdefs.Axis)
+for _cls in (IndexingRemap, IndexingRemapBackward):
+    sereg.register_param_opr(_cls, pdefs.IndexingRemap)
+# ParamPackSplit / ParamPackConcat: the reference only copies them, it never dumps them
 
 
 # ---- ParamPackSplit / ParamPackConcat --------------------------------------------------------

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
+from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, sereg
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..graph.static_infer import static_shape
@@ -417,6 +417,19 @@ class CondTake(_NamedOpr):
         flat = fill_retain_dtype(data.flatten(), 0)
         g = incr_advanced_indexing(flat, SymbolVar(out_grads[0]))[SymbolVar(self.outputs[1])]
         return reshape(g, data.shape).node
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+for _cls in (Argmax, Argmin):
+    sereg.register_param_opr(_cls, pdefs.Axis)
+sereg.register_param_opr(Argsort, pdefs.Argsort)
+# the reference's ArgsortBackward carries param.Argsort too (its order is unused)
+sereg.register_param_opr(
+    ArgsortBackward, pdefs.Argsort, to_def=lambda p: pdefs.Argsort(), from_def=lambda d: None
+)
+sereg.register_param_opr(TopK, pdefs.TopK)
+sereg.register_param_opr(Cumsum, pdefs.Cumsum, name="CumsumV1")
+sereg.register_param_opr(CondTake, pdefs.CondTake)
 
 
 # ---- functions -------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import register_opr
+from ..graph import register_opr, sereg
+from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, insert_opr
 from .gen import DTypeParam, ShapeSourceOpr, shape_input
 from .param_args import as_int
@@ -101,6 +102,35 @@ class GaussianRNG(_RNGBase):
         buf += p.mean
         if cast:
             np.copyto(out, buf, casting="unsafe")
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# The reference's RNG params have no dtype (its outputs are float32): another dtype is not
+# dumped. The seed is written as given; a loaded operator starts from it, as a fresh graph.
+def _rng_to_def(def_cls, names):
+    def to_def(param):
+        if param.dtype != np.float32:
+            raise sereg.NotSerializable(
+                f"{def_cls.__name__} of dtype {param.dtype}: the file's param.{def_cls.__name__} "
+                "has no dtype (float32 only)"
+            )
+        return def_cls(**{n: getattr(param, n) for n in names})
+
+    return to_def
+
+
+sereg.register_param_opr(
+    UniformRNG,
+    pdefs.UniformRNG,
+    to_def=_rng_to_def(pdefs.UniformRNG, ("seed",)),
+    from_def=lambda d: UniformRNGParam(seed=d.seed),
+)
+sereg.register_param_opr(
+    GaussianRNG,
+    pdefs.GaussianRNG,
+    to_def=_rng_to_def(pdefs.GaussianRNG, ("seed", "mean", "std")),
+    from_def=lambda d: GaussianRNGParam(seed=d.seed, mean=float(d.mean), std=float(d.std)),
+)
 
 
 def uniform_rng(

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ArgumentError, GraphError, MegBrainError, ShapeDescError
-from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..errors import ArgumentError, GraphError, MegBrainError, SerializationError, ShapeDescError
+from ..graph import OperatorNodeBase, ParamBase, register_opr, sereg
 from ..graph.operator import fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.var import InferType
+from . import param_defs as _pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 from .param_args import as_axes, as_axis, as_int, is_int, opr_params, optional_axis
 
@@ -427,6 +428,68 @@ class Concat(OperatorNodeBase):
 
     def default_name(self):
         return f"concat({','.join(v.name for v in self.inputs)})"
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+#: param.OptionalAxisV1's "no axis" (MAX_NDIM); valid axes are in [-MAX_NDIM, MAX_NDIM)
+_NO_AXIS = _pdefs.OptionalAxisV1.INVALID_AXIS
+
+
+def _optional_axis_to_def(axis: int | None):
+    return _pdefs.OptionalAxisV1(axis=_NO_AXIS if axis is None else axis)
+
+
+def _optional_axis_from_def(pdef) -> int | None:
+    return pdef.axis if -_NO_AXIS <= pdef.axis < _NO_AXIS else None
+
+
+def _empty_def(param) -> object:
+    return _pdefs.Empty()
+
+
+sereg.register_param_opr(
+    GetVarShape,
+    _pdefs.OptionalAxisV1,
+    to_def=lambda p: _optional_axis_to_def(p.axis),
+    from_def=lambda d: GetVarShapeParam(_optional_axis_from_def(d)),
+    name="GetVarShapeV1",
+)
+sereg.register_param_opr(
+    Reshape,
+    _pdefs.OptionalAxisV1,
+    to_def=lambda p: _optional_axis_to_def(p.unspec_axis),
+    from_def=lambda d: ReshapeParam(_optional_axis_from_def(d)),
+    name="ReshapeV1",
+)
+sereg.register_param_opr(Broadcast, _pdefs.Empty, to_def=_empty_def, from_def=lambda d: None)
+sereg.register_param_opr(
+    Dimshuffle,
+    sereg.CPP_PARAMS["Dimshuffle"],
+    to_def=lambda p: sereg.CPP_PARAMS["Dimshuffle"](pattern=list(p.pattern), ndim=p.ndim),
+    from_def=lambda d: DimshuffleParam(tuple(d.pattern), d.ndim),
+)
+#: AxisDescMethod of the file: ADD_1 = 0, REMOVE = 1
+_AXIS_METHODS = ("add", "remove")
+
+
+def _axis_add_remove_from_def(d) -> AxisAddRemoveParam:
+    desc = []
+    for method, axis in d.desc:
+        if not 0 <= method < len(_AXIS_METHODS):
+            raise SerializationError(f"AxisAddRemove: bad AxisDescMethod {method} in the file")
+        desc.append((_AXIS_METHODS[method], axis))
+    return AxisAddRemoveParam(tuple(desc))
+
+
+sereg.register_param_opr(
+    AxisAddRemove,
+    sereg.CPP_PARAMS["AxisAddRemove"],
+    to_def=lambda p: sereg.CPP_PARAMS["AxisAddRemove"](
+        desc=[(_AXIS_METHODS.index(m), a) for m, a in p.desc]
+    ),
+    from_def=_axis_add_remove_from_def,
+)
+sereg.register_param_opr(Concat, _pdefs.Axis)
 
 
 # ---- functions -----------------------------------------------------------------------------

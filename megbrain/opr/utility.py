@@ -15,10 +15,17 @@ import numpy as np
 
 from ..dtype import is_bfloat16, same_dtype
 from ..errors import AssertionError as MgbAssertionError
-from ..errors import GraphError, MegBrainError, mark_user_exception, user_exception_note
-from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..errors import (
+    GraphError,
+    MegBrainError,
+    SerializationError,
+    mark_user_exception,
+    user_exception_note,
+)
+from ..graph import OperatorNodeBase, ParamBase, register_opr, sereg
 from ..graph.operator import fmt_shape
 from ..graph.value_proxy import CompGraphCallbackValueProxy
+from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, input_list, insert_opr
 from .param_args import as_int, opr_params
 
@@ -444,6 +451,68 @@ class AddUpdate(OperatorNodeBase):
         return f"AddUpdate({self.inputs[0].name})"
 
 
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+def _empty_def(param) -> object:
+    return pdefs.Empty()
+
+
+for _cls in (Identity, MarkNoBroadcastElemwise):
+    sereg.register_param_opr(_cls, pdefs.Empty, to_def=_empty_def, from_def=lambda d: None)
+# the reference writes no param for VirtualDep, and registers VirtualGrad (2 inputs, Empty)
+sereg.register_serializer(
+    VirtualDep,
+    dump=lambda ctx, opr: None,
+    load=lambda ctx, inputs, config: ctx.graph.insert_opr(VirtualDep(list(inputs), None, config)),
+)
+sereg.register_param_opr(VirtualGrad, pdefs.Empty, to_def=_empty_def, from_def=lambda d: None)
+# a dump keeps SetGrad's input: the grad getter is Python code
+sereg.register_removed_in_dump(SetGrad)
+sereg.register_param_opr(AssertEqual, pdefs.AssertEqual)
+
+
+def _add_update_scalar(opr, name: str, coef) -> tuple:
+    """A coefficient as the file's PersistentDTypeScalar: its value now (a SharedScalar is
+    written as its current value, as the reference does)."""
+    if isinstance(coef, CoefInput):
+        raise sereg.NotSerializable(
+            f"AddUpdate {opr.name!r}: coefficient {name} is a var (input {coef.index}); the "
+            "file's MGBAddUpdate param only holds numbers"
+        )
+    value = coef.get() if hasattr(coef, "get") else coef
+    dtype = getattr(coef, "dtype", None)
+    if dtype is None or np.dtype(dtype).itemsize > 4:
+        dtype = np.float32
+    return sereg.persistent_scalar(value, dtype)
+
+
+def _add_update_dump(ctx, opr) -> None:
+    p = opr.param
+    disable = p.disable
+    if isinstance(disable, CoefInput) or (disable.get() if hasattr(disable, "get") else disable):
+        raise sereg.NotSerializable(
+            f"AddUpdate {opr.name!r}: a disable flag other than 0 has no place in the file's "
+            "MGBAddUpdate param"
+        )
+    vals = {n: _add_update_scalar(opr, n, c) for n, c in zip(("alpha", "beta", "bias"), p.coefs())}
+    ctx.write_param(sereg.CPP_PARAMS["MGBAddUpdate"](**vals))
+
+
+def _add_update_load(ctx, inputs, config):
+    p = ctx.read_param(sereg.CPP_PARAMS["MGBAddUpdate"])
+    coefs = []
+    for name in ("alpha", "beta", "bias"):
+        v = sereg.persistent_scalar_value(getattr(p, name))
+        if v is None:
+            raise SerializationError(f"AddUpdate: param MGBAddUpdate lacks {name}")
+        coefs.append(float(v))
+    if len(inputs) != 2:
+        raise SerializationError(f"AddUpdate: 2 inputs (dest, delta) expected, got {len(inputs)}")
+    return ctx.graph.insert_opr(AddUpdate(list(inputs), AddUpdateParam(*coefs), config))
+
+
+sereg.register_serializer(AddUpdate, dump=_add_update_dump, load=_add_update_load)
+
+
 # ---- functions ---------------------------------------------------------------------------
 def add_update(
     dest, delta, alpha=1.0, beta=1.0, bias=0.0, disable=0, *, name=None, comp_node=None,
@@ -762,3 +831,6 @@ def require_input_dynamic_storage(
     cfg = _merge_config(name, comp_node, config)
     vs = canonize_input_vars([inp], comp_graph=comp_graph, config=cfg)
     return insert_opr(RequireInputDynamicStorage(vs, None, cfg))[0]
+
+
+sereg.register_param_opr(PersistentOutputStorage, pdefs.PersistentOutputStorage)
