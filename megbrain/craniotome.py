@@ -3,6 +3,6 @@
 The implementation is :mod:`megbrain.opr.craniotome`.
 """
 
-from .opr.craniotome import CraniotomeBase, make_opr
+from .opr.craniotome import CraniotomeBase, make_opr, register_loader
 
-__all__ = ["CraniotomeBase", "make_opr"]
+__all__ = ["CraniotomeBase", "make_opr", "register_loader"]

@@ -35,8 +35,14 @@ from typing import Any
 import numpy as np
 
 from ..dtype import canonize_dtype, convert_array, fmt_dtype, same_dtype
-from ..errors import GraphError, MegBrainError, mark_user_exception, user_exception_note
-from ..graph import ComputingGraph, InferType, OperatorNodeBase, VarNode, register_opr
+from ..errors import (
+    GraphError,
+    MegBrainError,
+    SerializationError,
+    mark_user_exception,
+    user_exception_note,
+)
+from ..graph import ComputingGraph, InferType, OperatorNodeBase, VarNode, register_opr, sereg
 from ..graph.operator import fmt_shape
 from ..graph.static_infer import static_shape
 from ..graph.value_proxy import CompGraphCallbackValueProxy
@@ -48,6 +54,7 @@ __all__ = [
     "CraniotomeClassError",
     "CraniotomeOutput",
     "make_opr",
+    "register_loader",
 ]
 
 
@@ -935,3 +942,86 @@ def _release(desc: CraniotomeBase, state: _Compiled) -> None:
     if state.active:
         state.active = False
         desc.on_compiled_func_deleted()
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# As the reference: a craniotome is written with the type id of the registry's "dynamic"
+# entry and two blobs, the loader name its get_serialize_params() gives and the optional
+# param bytes; at load the name selects a loader registered with register_loader.
+_LOADERS: dict[str, Callable[[bytes | None], CraniotomeBase]] = {}
+
+
+def register_loader(name: str, loader: Callable[[bytes | None], CraniotomeBase]) -> None:
+    """Make graph files load craniotome operators dumped under ``name``.
+
+    A descriptor is dumped when its class defines :meth:`CraniotomeBase.get_serialize_params`,
+    returning ``[name]`` or ``[name, params]``; loading calls ``loader(params)`` (``params``
+    the bytes, or None when none were dumped) and runs the descriptor it returns on the
+    loaded inputs.
+
+    Parameters
+    ----------
+    name : str
+        The name ``get_serialize_params`` returns.
+    loader : callable
+        ``loader(params: bytes | None) -> CraniotomeBase`` instance, set up (for a class
+        whose ``setup`` takes no arguments, ``lambda params: Cls()`` will do).
+
+    Raises
+    ------
+    MegBrainError
+        For a name that is not a non-empty str or a loader that is not callable.
+    """
+    if not isinstance(name, str) or not name:
+        raise MegBrainError(
+            f"craniotome register_loader: name must be a non-empty str, got {name!r}"
+        )
+    if not callable(loader):
+        raise MegBrainError(f"craniotome register_loader: loader must be callable, got {loader!r}")
+    _LOADERS[name] = loader
+
+
+def _dump(ctx, opr: Craniotome) -> None:
+    try:
+        name, params = opr.serialize_params()
+    except NotImplementedError:
+        raise sereg.NotSerializable(
+            f"serialization as FlatBuffers is not supported for operator {opr.name!r} "
+            f"(Craniotome): {type(opr.desc).__qualname__} does not define "
+            "get_serialize_params()"
+        ) from None
+    ctx.dump_buf(name.encode("utf-8"))
+    if params is not None:
+        ctx.dump_buf(params)
+
+
+def _load(ctx, inputs: list, config) -> Any:
+    raw = ctx.load_buf()
+    try:
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SerializationError(f"craniotome: loader name {raw[:40]!r} is not UTF-8") from None
+    try:
+        params = ctx.load_buf()
+    except SerializationError:  # no param blob was dumped
+        params = None
+    loader = _LOADERS.get(name)
+    if loader is None:
+        raise SerializationError(
+            f"craniotome {name!r}: no loader is registered for it (call "
+            f"megbrain.craniotome.register_loader({name!r}, loader) before loading)"
+        )
+    desc = loader(params)
+    if not isinstance(desc, CraniotomeBase):
+        raise SerializationError(
+            f"craniotome {name!r}: the loader returned {desc!r}, not a CraniotomeBase instance"
+        )
+    nr_in, nr_out = _desc_counts(desc)
+    if len(inputs) < nr_in:
+        raise SerializationError(
+            f"craniotome {name!r}: {desc!r} takes {nr_in} inputs, the file gives {len(inputs)}"
+        )
+    return ctx.graph.insert_opr(Craniotome(list(inputs), desc, nr_in, nr_out, config))
+
+
+sereg.register_serializer(Craniotome, dump=_dump, load=_load, name="dynamic")

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import MegBrainError
-from ..graph import OperatorNodeBase, ParamBase, VarNode, register_opr
+from ..errors import MegBrainError, SerializationError
+from ..graph import OperatorNodeBase, ParamBase, VarNode, register_opr, sereg
 from ..graph.operator import fmt_shape
 from ..kernels import jit_codegen
 from .base import SymbolVar, insert_opr
@@ -195,3 +195,23 @@ def jit_executor(inputs, expr, reduce=None, *, config=None) -> SymbolVar:
     vs = [v.node if isinstance(v, SymbolVar) else v for v in inputs]
     param = JITExecutorParam(tuple(expr), None if reduce is None else tuple(reduce))
     return insert_opr(JITExecutor(vs, param, config))[0]
+
+
+# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# The reference never writes a fused JIT operator (fusion happens at compile, after dumps);
+# its file form would be ours alone. A dump of one is refused with what to do instead; the
+# load entry only exists to pair with the dump and refuses as well.
+def _dump(ctx, opr: JITExecutor) -> None:
+    raise sereg.NotSerializable(
+        f"serialization as FlatBuffers is not supported for operator {opr.name!r} "
+        "(JITExecutor): fused JIT operators are not written to graph files; dump the graph "
+        "before JIT fusion (the vars you built, or the outputs of optimize_for_inference), "
+        "or the unfused var of megbrain.opr.jit.expand(opr)"
+    )
+
+
+def _load(ctx, inputs, config):
+    raise SerializationError("JITExecutor: fused JIT operators are never written to graph files")
+
+
+sereg.register_serializer(JITExecutor, dump=_dump, load=_load)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import megbrain as mgb
-from megbrain.errors import SerializationError
+from megbrain.errors import MegBrainError, SerializationError
 from megbrain.graph import sereg, static_shape
 from megbrain.opr import param_defs as pdefs
 from megbrain.opr.base import SymbolVar
@@ -363,3 +363,99 @@ def test_warp_and_resize_round_trip_with_grads(tmp_path, rng):
         },
     )  # fmt: skip
     assert loaded[0].node.owner.param.border_val == 0.5
+
+
+# ---- JIT ------------------------------------------------------------------------------------
+def test_jit_executor_dump_is_refused_and_its_expansion_round_trips(tmp_path, rng):
+    from megbrain.opr.jit import expand, jit_executor
+
+    g = mgb.comp_graph()
+    av, bv = rng.randn(2, 3).astype(F32), rng.randn(2, 3).astype(F32)
+    a, b = _arg(g, "a", av), _arg(g, "b", bv)
+    expr = (("MUL", (("i", 0), ("i", 1))), ("ADD", (("t", 0), ("c", 1.5))))
+    y = jit_executor([a, b], expr)
+    with pytest.raises(SerializationError, match=r"\(JITExecutor\).*before JIT fusion"):
+        mgb.serialize_comp_graph_to_file(str(tmp_path / "jit.mgb"), [y])
+    assert not (tmp_path / "jit.mgb").exists()
+    unfused = SymbolVar(expand(y.node.owner))
+    round_trip(tmp_path, [unfused], {"a": av, "b": bv}, expect_names={"Elemwise"})
+
+
+# ---- craniotome -----------------------------------------------------------------------------
+class _Scale(mgb.craniotome.CraniotomeBase):
+    """``x * k + inputs[1]`` with ``k`` dumped as the param bytes."""
+
+    __nr_inputs__ = 2
+    __nr_outputs__ = 1
+
+    def setup(self, k=2.0):
+        self.k = float(k)
+
+    def infer_shape(self, inp_shapes):
+        return [inp_shapes[0]]
+
+    def execute(self, inputs, outputs):
+        outputs[0].set_value(inputs[0].get_value() * F32(self.k) + inputs[1].get_value())
+
+    def get_serialize_params(self):
+        return ["test_families_dnn.scale", np.float64(self.k).tobytes()]
+
+
+class _NoParams(_Scale):
+    def get_serialize_params(self):
+        return ["test_families_dnn.no_params"]
+
+
+class _Unnamed(_Scale):
+    def get_serialize_params(self):
+        return super(_Scale, self).get_serialize_params()  # the base: not implemented
+
+
+def _scale_loader(params):
+    d = _Scale()
+    d.setup(np.frombuffer(params, np.float64)[0])
+    return d
+
+
+def _no_params_loader(params):
+    assert params is None
+    d = _NoParams()
+    d.setup(-1.0)
+    return d
+
+
+def test_craniotome_round_trip_through_registered_loaders(tmp_path, rng):
+    mgb.craniotome.register_loader("test_families_dnn.scale", _scale_loader)
+    mgb.craniotome.register_loader("test_families_dnn.no_params", _no_params_loader)
+    g = mgb.comp_graph()
+    xv, yv = rng.randn(4).astype(F32), rng.randn(4).astype(F32)
+    x, y = _arg(g, "x", xv), _arg(g, "y", yv)
+    z = _Scale.make(x, y, k=0.25)
+    w = _NoParams.make(z, x, k=-1.0)
+    loaded = round_trip(tmp_path, [z, w], {"x": xv, "y": yv}, expect_names={"dynamic"})
+    np.testing.assert_allclose(
+        _run(sorted(mgb.cgtools.get_dep_vars(loaded, "Host2DeviceCopy"), key=lambda v: v.name),
+             loaded, {"x": xv, "y": yv})[1],
+        -(xv * F32(0.25) + yv) + xv, rtol=1e-6,
+    )  # fmt: skip
+    descs = [v.node.owner.desc for v in loaded]
+    assert [type(d) for d in descs] == [_Scale, _NoParams] and descs[0].k == 0.25
+
+
+def test_craniotome_dump_and_load_errors(tmp_path, rng):
+    g = mgb.comp_graph()
+    x = mgb.make_arg("cpu0", g, shape=(3,), name="x")
+    y = _Unnamed.make(x, x)
+    with pytest.raises(SerializationError, match=r"\(Craniotome\): _Unnamed does not define"):
+        mgb.serialize_comp_graph_to_file(str(tmp_path / "c.mgb"), [y])
+
+    class _Unknown(_Scale):
+        def get_serialize_params(self):
+            return ["test_families_dnn.never_registered", b"\0"]
+
+    path = str(tmp_path / "u.mgb")
+    mgb.serialize_comp_graph_to_file(path, [_Unknown.make(x, x)])
+    with pytest.raises(SerializationError, match=r"never_registered.*register_loader"):
+        mgb.load_comp_graph_from_file(path)
+    with pytest.raises(MegBrainError, match="callable"):
+        mgb.craniotome.register_loader("x", None)
