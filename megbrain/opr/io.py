@@ -12,7 +12,7 @@ import numpy as np
 
 from ..device import CompNode
 from ..dtype import canonize_dtype, convert_array, to_mgb_supported_dtype
-from ..errors import ConversionError, MegBrainError
+from ..errors import ConversionError, MegBrainError, SerializationError
 from ..graph import InferPending, InferType, OperatorNodeBase, ParamBase, register_opr, sereg
 from . import param_defs as _pdefs
 from .base import (
@@ -385,6 +385,10 @@ def _immutable_dump(ctx, opr) -> None:
 
 def _immutable_load(ctx, inputs, config):
     tensor = ctx.load_tensor()
+    if tensor.empty() and tensor.shape.total_nr_elems:
+        raise SerializationError(
+            f"ImmutableTensor: the file gives no value of shape {tuple(tensor.shape)}"
+        )
     return ctx.graph.insert_opr(ImmutableTensor(tensor.as_ndarray(), tensor.comp_node, config))
 
 

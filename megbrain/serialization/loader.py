@@ -284,6 +284,8 @@ class _OprLoader:
             ret = HostTensorND.from_ndarray(
                 self._value(t, shape, dtype, name or ""), cn, dtype=dtype
             )
+        elif shape and math.prod(shape) == 0:
+            ret = HostTensorND.from_ndarray(np.empty(shape, dtype), cn, dtype=dtype)
         else:
             # a layout without a value: no memory is allocated for it (its size is not
             # backed by the file); the first value set allocates
@@ -300,8 +302,8 @@ class _OprLoader:
         t = self._next_tensor()
         shape, dtype, cn = self._layout(t)
         name = t.string(TensorSlot.NAME, f"{self.where} tensor name")
-        if not t.scalar(TensorSlot.DATA_SIZE, "I", 0):
-            raise self.error(f"shared tensor {name!r} without a value")
+        if not t.scalar(TensorSlot.DATA_SIZE, "I", 0) and _nbytes(shape, dtype):
+            raise self.error(f"shared tensor {name!r} {shape} without a value")
         if self.cur_shared >= self.nr_shared:
             raise self.error(f"more shared tensors than the {self.nr_shared} the graph declares")
         self.cur_shared += 1

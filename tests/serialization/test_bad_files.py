@@ -232,3 +232,17 @@ def test_random_corruption_never_crashes(tmp_path, good):
             _load(tmp_path, bytes(data))
         except mgb.MegBrainError:
             pass
+
+
+def test_constant_without_value(tmp_path):
+    g = mgb.comp_graph()
+    c = mgb.make_immutable("cpu0", g, np.arange(5, dtype="float32"))
+    p = tmp_path / "c.mgb"
+    mgb.serialize_comp_graph_to_file(str(p), [c + 1])
+    data = p.read_bytes()
+    start, oprs = _oprs(data)
+    (i,) = _opr_index(oprs, "ImmutableTensor")[:1]
+    t = oprs[i].tables(OprSlot.TENSORS, "t")[0]
+    pos = start + t.field_pos(TensorSlot.DATA_SIZE, 4)
+    with pytest.raises(SerializationError, match=r"ImmutableTensor: the file gives no value"):
+        _load(tmp_path, _patch(data, pos, "I", 0))

@@ -83,3 +83,15 @@ def test_craniotome_is_named_at_dump(tmp_path):
     y = _Cube.make(x)
     with pytest.raises(SerializationError, match=r"operator '_Cube\(x\)' \(Craniotome\)"):
         mgb.serialize_comp_graph_to_file(str(tmp_path / "c.mgb"), [y])
+
+
+def test_empty_tensors(tmp_path):
+    g = mgb.comp_graph()
+    w = mgb.make_shared("cpu0", value=np.zeros((0, 3), "float32"), comp_graph=g, name="w")
+    c = mgb.make_immutable("cpu0", g, np.zeros((2, 0), "int32"))
+    path = str(tmp_path / "e.mgb")
+    res = mgb.serialize_comp_graph_to_file(path, [w, c])
+    assert res.tensor_value_bytes == 0
+    _, _, (lw, lc) = mgb.load_comp_graph_from_file(path)
+    assert lw.node.owner.tensor.shape == (0, 3)
+    assert lc.node.owner.value.shape == (2, 0) and lc.dtype == np.int32
