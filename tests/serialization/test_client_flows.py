@@ -99,3 +99,18 @@ def test_dump_of_eager_graph(fpath):
     cg, _, (out,) = mgb.load_comp_graph_from_file(fpath)
     f = cg.compile(None, mgb.copy_output(out))
     np.testing.assert_allclose(f(), [1, 3, 5, 7])
+
+
+def test_network_visitor_of_loaded(fpath):
+    """test_jit.test_network_visitor: the shape computation of a reshape survives the file
+    and is what prune_reshape drops."""
+    g = mgb.comp_graph()
+    (x,) = _traced(g, 1, (2, 3, 4, 5))
+    _trace_dump(fpath, [x.reshape([x.shape[0], -1])], [x], ["x"])
+    *_, outputs = mgb.load_comp_graph_from_file(fpath)
+    all_oprs = mgb.cgtools.get_oprs_seq(outputs)
+    pruned_oprs = mgb.cgtools.get_oprs_seq(outputs, prune_reshape=True)
+    assert len(all_oprs) == len(pruned_oprs) + 3
+    f = _load_and_compile(fpath)
+    v = np.arange(120, dtype="float32").reshape(2, 3, 4, 5)
+    np.testing.assert_array_equal(f(v), v.reshape(2, -1))
