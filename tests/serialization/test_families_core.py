@@ -7,6 +7,7 @@ the original's type names and params.
 """
 
 import dataclasses
+import struct
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ import pytest
 import megbrain as mgb
 from megbrain.errors import SerializationError
 from megbrain.graph import sereg
+from megbrain.serialization import fbs
+from megbrain.serialization.format import GraphSlot, OprSlot
 
 _IO_TYPES = {"Host2DeviceCopy", "SharedDeviceTensor", "VolatileSharedDeviceTensor"}
 
@@ -92,6 +95,26 @@ def round_trip(path, inputs, outputs, values, *, keep_var_name=1, compare_params
                 continue
             assert _params_key(b) == _params_key(a), a.type_name
     return expected, got, loaded
+
+
+def _file_tables(path) -> dict:
+    """{registered name: (param table names, in the order written)} of a dumped file's
+    operators, read from the file itself."""
+    with open(path, "rb") as f:
+        data = f.read()
+    _, _, offset = struct.unpack_from("<IIQ", data)
+    pos = 16 + offset
+    (size,) = struct.unpack_from("<I", data, pos)
+    root = fbs.Reader(data[pos + 4 : pos + 4 + size]).root(b"mgb1")
+    union = sereg.OPERATOR_PARAM_UNION
+    out = {}
+    for tbl in root.tables(GraphSlot.OPRS, "oprs"):
+        name = sereg.find_by_type_id(tbl.scalar(OprSlot.TYPE_ID, "Q", 0)).name
+        kinds = [tbl.scalar(OprSlot.PARAM_TYPE, "B", 0)]
+        kinds += list(tbl.raw_bytes(OprSlot.ADDITIONAL_PARAMS_TYPE, "extra") or b"")
+        tables = tuple(union[k - 1] for k in kinds if k)
+        assert out.setdefault(name, tables) == tables, name
+    return out
 
 
 def _types(outputs) -> set:
@@ -468,3 +491,77 @@ def test_elemwise_multi_type(fpath, g):
     ]
     round_trip(fpath, [a, b, c], [y], vals)
     assert "ElemwiseMultiType" in _types([y])
+
+
+# ---- the file holds the reference's names and param tables -----------------------------------
+def test_file_tables_are_the_references(fpath, g):
+    x = _arg(g, (3, 4), "x")
+    i = _arg(g, (2,), "i", dtype="int32")
+    shp = mgb.opr.get_var_shape(x)
+    w = _shared(g, np.zeros((3, 4), "float32"), "w")
+    outs = [
+        mgb.opr.reduce_(x, "SUM", axis=1),
+        mgb.opr.typecvt(x, "int32"),
+        mgb.opr.reshape(x, (4, 3)),
+        mgb.opr.broadcast(x[0], shp),
+        mgb.opr.dimshuffle(x, (1, 0)),
+        mgb.opr.add_axis(x, 0),
+        mgb.opr.concat(x, x, axis=0),
+        mgb.opr.advanced_indexing(x)[i],
+        mgb.opr.indexing_one_hot(x, 1, mgb.opr.argmax(x, 1)),
+        mgb.opr.identity(x),
+        mgb.opr.virtual_dep([x, x * 2]),
+        mgb.opr.assert_equal(x, x),
+        mgb.opr.add_update(w, x),
+        mgb.opr.alloc(shp, "float32"),
+        mgb.opr.eye(shp),
+        mgb.opr.uniform_rng(shp, seed=3),
+        mgb.opr.argsort(x)[0],
+        mgb.opr.top_k(x, 2, comp_graph=g)[0],
+        mgb.opr.cumsum(x, 0),
+        mgb.opr.cond_take(x, x, "GT")[0],
+    ]
+    mgb.serialize_comp_graph_to_file(fpath, {f"o{k}": v for k, v in enumerate(outs)})
+    got = _file_tables(fpath)
+    want = {
+        "ReduceV2": ("Reduce",),
+        "TypeCvtV2": ("DTypeTable",),
+        "ReshapeV1": ("OptionalAxisV1",),
+        "GetVarShapeV1": ("OptionalAxisV1",),
+        "Broadcast": ("Empty",),
+        "Dimshuffle": ("Dimshuffle",),
+        "AxisAddRemove": ("AxisAddRemove",),
+        "Concat": ("Axis",),
+        "Subtensor": ("IndexDescMaskDump",),
+        "IndexingMultiAxisVec": ("IndexDescMaskDump",),
+        "IndexingOneHot": ("Axis",),
+        "Argmax": ("Axis",),
+        "Identity": ("Empty",),
+        "VirtualDep": (),
+        "AssertEqual": ("AssertEqual",),
+        "AddUpdate": ("MGBAddUpdate",),
+        "Alloc": ("DType",),
+        "Eye": ("Eye",),
+        "UniformRNG": ("UniformRNG",),
+        "Argsort": ("Argsort",),
+        "TopK": ("TopK",),
+        "CumsumV1": ("Cumsum",),
+        "CondTake": ("CondTake",),
+    }
+    assert {k: got.get(k) for k in want} == want
+    # the type ids are the reference's: the name without its version tail
+    assert sereg.find_by_type_id(sereg.type_id_of("Cumsum")).name == "CumsumV1"
+    assert sereg.find_by_type_id(sereg.type_id_of("GetVarShape")).name == "GetVarShapeV1"
+
+
+def test_optimize_for_inference_output(fpath, g):
+    x = _arg(g, (2, 3, 4), "x")
+    w = _shared(g, _rand(4, 3, seed=2), "w")
+    h = mgb.opr.dimshuffle(x, (0, 2, 1)) * mgb.opr.broadcast(w, (2, 4, 3))
+    y = mgb.opr.reduce_(mgb.opr.reshape(h, (8, 3)), "SUM", axis=1)
+    z = mgb.opr.concat(y, mgb.opr.identity(y), axis=0)[::3]
+    (opt,) = mgb.optimize_for_inference([z], f16_io_comp=True)
+    types = _types([opt])
+    assert "TypeCvt" in types and {"Reduce", "Concat", "Subtensor"} <= types
+    exp, _, _ = round_trip(fpath, [x], [opt], [_rand(2, 3, 4)])
+    assert exp[0].dtype == np.float32
