@@ -6,6 +6,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import megbrain as mgb
 from megbrain.errors import MegBrainError, SerializationError
@@ -459,3 +461,76 @@ def test_craniotome_dump_and_load_errors(tmp_path, rng):
         mgb.load_comp_graph_from_file(path)
     with pytest.raises(MegBrainError, match="callable"):
         mgb.craniotome.register_loader("x", None)
+
+
+# ---- whole graphs ---------------------------------------------------------------------------
+def test_training_graph_of_a_small_network_round_trips(tmp_path, rng):
+    """mgb.grad of a loss through convolution, batch norm, pooling and matmul: the file holds
+    the forward and every backward operator of these families."""
+    g = mgb.comp_graph()
+    xv = rng.randn(2, 3, 6, 6).astype(F32)
+    x = _arg(g, "x", xv)
+    w = _shared(g, "w", rng.randn(4, 3, 3, 3).astype(F32))
+    b = _shared(g, "b", rng.randn(1, 4, 1, 1).astype(F32))
+    scale = _shared(g, "scale", rng.rand(1, 4, 1, 1).astype(F32) + 0.5)
+    shift = _shared(g, "shift", rng.randn(1, 4, 1, 1).astype(F32))
+    fc = _shared(g, "fc", rng.randn(36, 5).astype(F32))
+    h = mgb.opr.conv_bias_activation(x, w, b, nonlineMode="RELU", pad_h=1, pad_w=1)
+    h = mgb.opr.batch_norm(h, scale, shift)[-1]
+    h = mgb.opr.pooling(h, mode="MAX")  # (2, 4, 3, 3)
+    out = mgb.opr.matrix_mul(h.reshape((2, 36)), fc)
+    loss = (out * out).sum()
+    grads = mgb.grad(loss, [x, w, b, scale, shift, fc], use_virtual_grad=False)
+    round_trip(
+        tmp_path,
+        [loss, *grads],
+        {"x": xv},
+        expect_names={
+            "ConvBiasForwardV3", "ConvolutionBackwardDataV1", "ConvolutionBackwardFilterV1",
+            "BatchNorm", "BatchNormBackward", "Pooling", "PoolingBackward", "MatrixMulV2",
+        },
+    )  # fmt: skip
+
+
+_CONV_PARAMS = st.fixed_dictionaries(
+    {
+        "mode": st.sampled_from(["CROSS_CORRELATION", "CONVOLUTION"]),
+        "pad_h": st.integers(0, 2),
+        "pad_w": st.integers(0, 2),
+        "stride_h": st.integers(1, 3),
+        "stride_w": st.integers(1, 3),
+        "dilate_h": st.integers(1, 2),
+        "dilate_w": st.integers(1, 2),
+        "sparse": st.sampled_from(["DENSE", "GROUP"]),
+        "compute_mode": st.sampled_from(["DEFAULT", "FLOAT32"]),
+        "strategy": st.sampled_from(list(mgb.opr.dnn.STRATEGIES)),
+    }
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=_CONV_PARAMS, dtype=st.sampled_from([np.float32, np.float16]), seed=st.integers(0, 99))
+def test_convolution_params_and_dtypes_round_trip(tmp_path_factory, p, dtype, seed):
+    rng = np.random.RandomState(seed)
+    g = mgb.comp_graph()
+    xv = rng.randn(1, 4, 7, 8).astype(dtype)
+    fshape = (2, 3, 2, 3, 2) if p["sparse"] == "GROUP" else (5, 4, 3, 2)
+    w = _shared(g, "w", rng.randn(*fshape).astype(dtype))
+    y = mgb.opr.convolution(_arg(g, "x", xv), w, **p)
+    loaded = round_trip(tmp_path_factory.mktemp("conv"), [y], {"x": xv})
+    assert loaded[0].node.owner.param == y.node.owner.param
+    assert loaded[0].dtype == dtype
+
+
+def test_config_dtype_and_name_round_trip(tmp_path, rng):
+    g = mgb.comp_graph()
+    av = rng.randint(-9, 9, (3, 4)).astype(np.int8)
+    bv = rng.randint(-9, 9, (4, 2)).astype(np.int8)
+    c = mgb.opr.matrix_mul(_arg(g, "a", av), _shared(g, "b", bv), dtype=np.int16, name="c16")
+    qa = mgb.dtype.qint8(0.5)
+    q = mgb.opr.matrix_mul(
+        mgb.opr.typecvt(_arg(g, "qa", av), qa), mgb.opr.typecvt(_shared(g, "qb", bv), qa)
+    )
+    loaded = round_trip(tmp_path, [c, q], {"a": av, "qa": av})
+    assert loaded[0].name == "c16" and loaded[0].dtype == np.int16
+    assert mgb.dtype.get_scale(loaded[1].dtype) == 0.25
