@@ -11,6 +11,8 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import megbrain as mgb
 from megbrain.errors import SerializationError
@@ -565,3 +567,48 @@ def test_optimize_for_inference_output(fpath, g):
     assert "TypeCvt" in types and {"Reduce", "Concat", "Subtensor"} <= types
     exp, _, _ = round_trip(fpath, [x], [opt], [_rand(2, 3, 4)])
     assert exp[0].dtype == np.float32
+
+
+# ---- index descs and axis manipulations over random shapes -----------------------------------
+@st.composite
+def _slicing(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=4)))
+    idx = []
+    for n in shape:
+        kind = draw(st.sampled_from(["all", "int", "slice"]))
+        if kind == "int":
+            idx.append(draw(st.integers(-n, n - 1)))
+        elif kind == "slice":
+            b = draw(st.one_of(st.none(), st.integers(-n, n)))
+            e = draw(st.one_of(st.none(), st.integers(-n, n)))
+            s = draw(st.one_of(st.none(), st.sampled_from([1, 2, -1, -2])))
+            idx.append(slice(b, e, s))
+        else:
+            idx.append(slice(None))
+    perm = draw(st.permutations(range(len(shape))))
+    return shape, tuple(idx), tuple(perm)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(case=_slicing())
+def test_subtensor_and_dimshuffle_over_shapes(tmp_path, case):
+    shape, idx, perm = case
+    expect = np.arange(int(np.prod(shape)), dtype="float32").reshape(shape)
+    if expect[idx].size == 0:
+        return  # empty selections are not what this test is about
+    g = mgb.comp_graph()
+    x = _arg(g, shape, "x")
+    outs = [x[idx] + 1, mgb.opr.dimshuffle(x, perm + ("x",)), mgb.opr.add_axis(x, -1)]
+    exp, _, _ = round_trip(str(tmp_path / "h.mgb"), [x], outs, [expect])
+    np.testing.assert_array_equal(exp[0].reshape(-1), expect[idx].reshape(-1) + 1)
+
+
+def test_reduce_data_type_is_refused_at_load():
+    from megbrain.opr import basic_arith
+
+    pdef = mgb.opr_param_defs.Reduce(mode="SUM", axis=0, data_type="FLOAT_O16xC32")
+    with pytest.raises(SerializationError, match="Reduce.*data_type"):
+        basic_arith._reduce_from_def(pdef)
+    assert basic_arith._reduce_from_def(mgb.opr_param_defs.Reduce(mode="MAX")).axis is None
