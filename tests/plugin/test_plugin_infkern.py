@@ -113,3 +113,31 @@ def test_fast_signal_handler_runs_on_its_own_thread():
         assert got == [(signal.SIGUSR2, "fastsgl")]
     finally:
         signal.signal(signal.SIGUSR2, old)
+
+
+def test_running_operator_per_comp_node_in_a_threaded_run(tmp_path):
+    g = mgb.comp_graph()
+    finder = plugin.InfkernFinder(g, False)
+    x = mgb.make_arg("cpu0", g, shape=(4,), name="x")
+    entered, release = threading.Event(), threading.Event()
+
+    def cb(value):
+        entered.set()
+        assert release.wait(10)
+
+    a = mgb.opr.copy(x, comp_node="cpu1", name="to1")
+    b = mgb.opr.callback_injector(a * 2.0, cb, name="stuck1")
+    y = mgb.opr.copy(b, comp_node="cpu0", name="back") + x
+    f = g.compile([x], mgb.copy_output(y))
+    t = threading.Thread(target=f, args=(arange(4),))
+    t.start()
+    try:
+        assert entered.wait(10)
+        stuck = b.node.owner
+        assert finder.running()["cpu1:0"] == (stuck.id, "stuck1", "CallbackInjector")
+        first = finder.write_to_file(str(tmp_path / "s.txt"))
+        assert first is not None
+    finally:
+        release.set()
+        t.join(10)
+    assert finder.write_to_file(str(tmp_path / "s.txt")) is None

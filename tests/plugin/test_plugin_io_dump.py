@@ -8,6 +8,8 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from plugin_util import arange, chain, core
 
 import megbrain as mgb
@@ -118,3 +120,23 @@ def test_corrupt_binary_file_raises_a_clear_error(tmp_path, mutate, match):
     path.write_bytes(mutate(path.read_bytes()))
     with pytest.raises(mgb.SerializationError, match=match):
         plugin.load_tensor_binary(str(path))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(DTYPES + ["IntB2", "QuantizedS8"]),
+    st.lists(st.integers(1, 4), min_size=1, max_size=7),
+    st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=40),
+    st.integers(0, 2**32 - 1),
+)
+def test_dump_tensor_round_trip_any_shape(dtype, shape, name, seed):
+    from megbrain.dtype import dtype_name, get_quantized_dtype
+    from megbrain.plugin.opr_io_dump import _BINARY_DTYPE, dump_tensor
+
+    dt = get_quantized_dtype(dtype, 0.5) if dtype.startswith("Quant") else canonize_dtype(dtype)
+    raw = np.random.default_rng(seed).integers(0, 256, int(np.prod(shape)) * dt.itemsize)
+    value = np.frombuffer(raw.astype(np.uint8).tobytes(), dtype=dt).reshape(shape)
+    blob = dump_tensor(value, _BINARY_DTYPE[dtype_name(dt)], name)
+    got, got_name = plugin.load_tensor_binary(io.BytesIO(blob))
+    assert got_name == name and got.shape == tuple(shape)
+    assert got.tobytes() == value.tobytes()
