@@ -318,3 +318,45 @@ def test_dumping_a_loop_raises_naming_it():
     (y,) = mgb.opr.make_loop(_series_body(x, _n_const(x, 3)), name="series")
     with pytest.raises(SerializationError, match="'series'.*Loop opr not implemented"):
         dump_graph([y.node])
+
+
+def test_conditional_execution_inside_a_loop_body_and_a_loop_inside_a_branch():
+    from megbrain.opr import cond
+
+    g = mgb.comp_graph()
+    n0 = mgb.make_arg(CN, g, name="n0", shape=(1,), dtype=np.int32)
+    runs = []
+
+    def collatz(d):
+        n = d.add_input_assignable(n0)
+        even, odd = cond.cond_exec_pred(n % 2, 0, 1)
+        (ne,) = mgb.opr.cond_exec_mark(even, n)
+        (no,) = mgb.opr.cond_exec_mark(odd, n)
+        half = mgb.opr.callback_injector(ne // 2, lambda v: runs.append("even"))
+        triple = mgb.opr.callback_injector(no * 3 + 1, lambda v: runs.append("odd"))
+        (nxt,) = mgb.opr.cond_exec_merge([half, triple], mode="EXACT_ONE_SAME_SHAPE")
+        d.assign(n, nxt)
+        d.set_loop_condition(nxt > 1)
+        d.add_output(nxt, "all")
+
+    (steps,) = mgb.opr.make_loop(collatz)
+    # the whole loop sits in a branch taken only for a positive n0
+    p = mgb.make_arg(CN, g, name="p", shape=(1,), dtype=np.int32)
+    (on,) = cond.cond_exec_pred(p, 1)
+    (n_on,) = mgb.opr.cond_exec_mark(on, n0)
+    loop_runs = []
+    (inner,) = mgb.opr.make_loop(
+        lambda d: (
+            d.add_output(d.add_input(n_on) * 1, "last"),
+            d.set_loop_condition(d.get_counter_var() * 0),
+        )
+    )
+    gated = mgb.opr.callback_injector(inner, lambda v: loop_runs.append(1))
+    (y,) = mgb.opr.cond_exec_merge([gated], mode="SUM")
+    f = g.compile([n0, p], [mgb.copy_output(steps), mgb.copy_output(y)])
+    got_steps, got_y = f(np.array([6], np.int32), np.array([1], np.int32))
+    np.testing.assert_array_equal(got_steps.reshape(-1), [3, 10, 5, 16, 8, 4, 2, 1])
+    assert runs.count("odd") == 2 and runs.count("even") == 6
+    assert got_y[0] == 6 and loop_runs == [1]
+    _, got_y = f(np.array([6], np.int32), np.array([0], np.int32))
+    assert got_y[0] == 0 and loop_runs == [1]  # the branch with the loop did not run
