@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
 import time
@@ -11,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..dtype import dtype_name
+from ..errors import ArgumentError
 from ..graph import static_shape
 from .base import Observer, PluginBase
 from .footprint import opr_footprint
@@ -19,11 +21,11 @@ __all__ = ["CompGraphProfiler"]
 
 
 class _ProfileObserver(Observer):
-    def __init__(self):
+    def __init__(self, max_events: int):
         self.t_origin = time.perf_counter()
         #: (opr, comp node, thread ident, start, end, run index), seconds, in the order
-        #: each thread ran them
-        self.events: list[tuple] = []
+        #: each thread ran them; the oldest are dropped beyond ``max_events``
+        self.events: collections.deque = collections.deque(maxlen=max_events)
         #: run index -> (function ref, part, start time)
         self.runs: list[tuple] = []
         self.footprints: dict = {}  # opr -> footprint of its latest shapes
@@ -114,6 +116,9 @@ class CompGraphProfiler(PluginBase):
     ----------
     comp_graph:
         The graph to observe.
+    max_events:
+        How many operator runs to keep (the oldest are dropped first; about 100 bytes
+        each): the Chrome trace and :meth:`top_operators` cover what is kept.
 
     Examples
     --------
@@ -123,8 +128,12 @@ class CompGraphProfiler(PluginBase):
     >>> prof.write_chrome_trace("trace.json")     # doctest: +SKIP
     """
 
-    def __init__(self, comp_graph):
-        super().__init__(comp_graph, _ProfileObserver())
+    def __init__(self, comp_graph, *, max_events: int = 1_000_000):
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+            raise ArgumentError(
+                f"CompGraphProfiler: max_events must be a positive integer, got {max_events!r}"
+            )
+        super().__init__(comp_graph, _ProfileObserver(max_events))
 
     # ---- the reference's result ----------------------------------------------------------
     def _current_events(self) -> tuple[object, list]:

@@ -262,3 +262,19 @@ def test_result_survives_clear_device_memory_as_in_the_client_jit():
     g.clear_device_memory()
     out = prof.get()
     assert out.get("profiler") and out["profiler"]["host"]
+
+
+def test_max_events_keeps_the_latest_runs():
+    g = mgb.comp_graph()
+    x, y = chain(g, 4)
+    f0 = g.compile([x], mgb.copy_output(y))
+    nops = len(seq_ids(f0))
+    prof = plugin.CompGraphProfiler(g, max_events=2 * nops)
+    f = g.compile([x], mgb.copy_output(y))
+    for _ in range(5):
+        f(arange(4))
+    xs = prof_events(prof)
+    assert sorted({e["args"]["run"] for e in xs}) == [3, 4]
+    assert set(prof.get()["profiler"]["host"]) == {str(i) for i in seq_ids(f)}
+    with pytest.raises(ValueError, match="max_events must be a positive integer"):
+        plugin.CompGraphProfiler(g, max_events=0)
