@@ -238,6 +238,10 @@ def dump_tensor(value: np.ndarray, dtype_num: int, name: str) -> bytes:
     return _HEADER.pack(len(raw), dtype_num, _MAX_NDIM, *shape) + raw + a.tobytes()
 
 
+def _copy(value):
+    return None if value is None else np.array(value, copy=True)
+
+
 def _var_title(var, value) -> str:
     return f"{var.name}(id:{var.id},shape:{fmt_shape(np.shape(value))},{dtype_name(var.dtype)})"
 
@@ -251,37 +255,43 @@ class _BinaryObserver(Observer):
         ob = self
 
         def step():
+            if not ob.active:
+                return fn()
+            ins = None
+            if ob.dump_inputs:  # copied before the run: it may overwrite an input in place
+                ins = [(v, _copy(value_of(v))) for v in opr.inputs]
             fn()
-            if ob.active:
-                ob.dump(opr, value_of)
+            ob.dump(opr, value_of, ins)
 
         return step
 
-    def _write(self, var, value, inputs_desc: str, prefix: str, suffix: str) -> None:
+    def _write(self, fid: int, var, value, inputs_desc: str, prefix: str, suffix: str) -> None:
         num = _BINARY_DTYPE.get(dtype_name(var.dtype))
         if num is None or value is None:
             return
         title = f"{prefix}var={_var_title(var, value)} owner_opr_inputs={inputs_desc}"
-        path = os.path.join(self.dir, f"{var.id:06x}{suffix}")
+        path = os.path.join(self.dir, f"{fid:06x}{suffix}")
         with open(path, "wb") as fout:
             fout.write(dump_tensor(value, num, title))
 
-    def dump(self, opr, value_of) -> None:
-        ins = [(v, value_of(v)) for v in opr.inputs]
+    def dump(self, opr, value_of, ins=None) -> None:
+        if ins is None:
+            ins = [(v, value_of(v)) for v in opr.inputs]
         desc = "[" + ", ".join(_var_title(v, a) for v, a in ins) + "]"
         for var in opr.outputs:
-            self._write(var, value_of(var), desc, "", "")
-            if self.dump_inputs:
+            self._write(var.id, var, value_of(var), desc, "", "")
+            if self.dump_inputs:  # named after the output, as the reference
                 for i, (v, a) in enumerate(ins):
-                    self._write(v, a, desc, f"inp{i}: ", f"-inp{i}")
+                    self._write(var.id, v, a, desc, f"inp{i}: ", f"-inp{i}")
 
 
 class BinaryOprIODump(PluginBase):
     """Write every operator output to ``dir_path`` as one binary file per var, named by
     the var id in 6 hex digits (``00002a``), in the reference's layout (see
     :func:`load_tensor_binary`); a later run overwrites the files. With the environment
-    variable ``MGB_DUMP_INPUT`` set, the inputs of each operator are written too
-    (``00002a-inp0``). Vars of dtypes without a dump number are skipped.
+    variable ``MGB_DUMP_INPUT`` set, the inputs of each operator are written too, as read
+    before it ran, named after its output (``00002a-inp0``). Vars of dtypes without a dump
+    number are skipped.
 
     Only functions compiled after the dump was created are observed (see
     :class:`~megbrain.plugin.base.PluginBase`); :meth:`detach` stops it.

@@ -140,3 +140,17 @@ def test_dump_tensor_round_trip_any_shape(dtype, shape, name, seed):
     got, got_name = plugin.load_tensor_binary(io.BytesIO(blob))
     assert got_name == name and got.shape == tuple(shape)
     assert got.tobytes() == value.tobytes()
+
+
+def test_binary_dump_inputs_with_env_var(tmp_path, monkeypatch):
+    monkeypatch.setenv("MGB_DUMP_INPUT", "1")
+    g = mgb.comp_graph()
+    x = mgb.make_arg("cpu0", g, shape=(4,), name="x")
+    dump = plugin.BinaryOprIODump(g, str(tmp_path))
+    y = (x + 1.0) * 3.0  # the MUL runs in place on the ADD's output
+    f = g.compile([x], mgb.copy_output(y))
+    f(arange(4))
+    got, title = plugin.load_tensor_binary(str(tmp_path / f"{y.node.id:06x}-inp0"))
+    np.testing.assert_array_equal(got, arange(4) + 1)  # as read by the MUL, before it ran
+    assert title.startswith("inp0: var=")
+    del dump
