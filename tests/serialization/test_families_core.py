@@ -612,3 +612,45 @@ def test_reduce_data_type_is_refused_at_load():
     with pytest.raises(SerializationError, match="Reduce.*data_type"):
         basic_arith._reduce_from_def(pdef)
     assert basic_arith._reduce_from_def(mgb.opr_param_defs.Reduce(mode="MAX")).axis is None
+
+
+# ---- the operator config and the operators without a serializer ------------------------------
+def test_config_comp_node_dtype_and_name(fpath, g):
+    x = _arg(g, (2, 3), "x")
+    n = _arg(g, (1,), "n", dtype="int32")
+    r = mgb.opr.reduce_(x, "SUM", axis=0, comp_node="cpu1", name="red")
+    s = mgb.opr.linspace(x[0, 0], x[0, 1], n, dtype="float16", name="lin")
+    vals = [_rand(2, 3), np.array([4], "int32")]
+    round_trip(fpath, [x, n], [r + 1, s + 0], vals, keep_var_name=2)
+    _, _, loaded = mgb.load_comp_graph_from_file(fpath)
+    oprs = {o.type_name: o for o in _oprs([v.node for v in loaded])}
+    red, lin = oprs["Reduce"], oprs["Linspace"]
+    assert red.name == "red" and len(red.config.comp_nodes) == 1
+    assert red.outputs[0].comp_node == r.node.comp_node
+    assert lin.name == "lin" and lin.outputs[0].dtype == np.float16
+
+
+def _virtual_loss(g, x):
+    return mgb.opr.virtual_loss([x], [x * 0 + 1])
+
+
+def _timestamp(g, x):
+    return mgb.opr.timestamp(x, np.zeros(2, "float32"), 0)
+
+
+def _dynamic_storage(g, x):
+    return mgb.opr.require_input_dynamic_storage(x)
+
+
+@pytest.mark.parametrize(
+    "build, name",
+    [
+        (_virtual_loss, "VirtualLoss"),
+        (_timestamp, "Timestamp"),
+        (_dynamic_storage, "RequireInputDynamicStorage"),
+    ],
+)
+def test_reference_never_dumps(fpath, g, build, name):
+    y = build(g, _arg(g, (2,), "x"))
+    with pytest.raises(SerializationError, match=name):
+        mgb.serialize_comp_graph_to_file(fpath, [y + 1])
