@@ -467,7 +467,19 @@ sereg.register_serializer(
 sereg.register_param_opr(VirtualGrad, pdefs.Empty, to_def=_empty_def, from_def=lambda d: None)
 # a dump keeps SetGrad's input: the grad getter is Python code
 sereg.register_removed_in_dump(SetGrad)
-sereg.register_param_opr(AssertEqual, pdefs.AssertEqual)
+
+
+def _assert_equal_make(graph, inputs, param, config):
+    # the reference's files carry a third input, the error var computed in the graph; this
+    # operator computes its own error from (expect, get)
+    if len(inputs) not in (2, 3):
+        raise SerializationError(
+            f"AssertEqual: 2 inputs (expect, get) or 3 (with err) expected, got {len(inputs)}"
+        )
+    return graph.insert_opr(AssertEqual(list(inputs[:2]), param, config))
+
+
+sereg.register_param_opr(AssertEqual, pdefs.AssertEqual, make=_assert_equal_make)
 
 
 def _add_update_scalar(opr, name: str, coef) -> tuple:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import megbrain as mgb
 from megbrain.errors import SerializationError
-from megbrain.graph import sereg
+from megbrain.graph import OperatorNodeConfig, sereg
 from megbrain.serialization import fbs
 from megbrain.serialization.format import GraphSlot, OprSlot
 
@@ -654,3 +654,21 @@ def test_reference_never_dumps(fpath, g, build, name):
     y = build(g, _arg(g, (2,), "x"))
     with pytest.raises(SerializationError, match=name):
         mgb.serialize_comp_graph_to_file(fpath, [y + 1])
+
+
+def test_assert_equal_of_a_reference_file_takes_expect_and_get():
+    # the reference dumps AssertEqual with a third input (its error var)
+    g = mgb.comp_graph()
+    x = _arg(g, (2,), "x")
+    err = mgb.opr.reduce_(x, "MAX")
+    entry = sereg.find_by_opr(mgb.opr.assert_equal(x, x).node.owner)
+
+    class Ctx:
+        graph = x.node.graph
+
+        def read_param(self, cls):
+            return cls(maxerr=0.5)
+
+    got = entry.load(Ctx(), [x.node, x.node, err.node], OperatorNodeConfig())
+    opr = got if hasattr(got, "inputs") else got[0].owner
+    assert [v for v in opr.inputs] == [x.node, x.node] and opr.param.maxerr == 0.5
