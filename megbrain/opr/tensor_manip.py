@@ -447,11 +447,21 @@ def _empty_def(param) -> object:
     return _pdefs.Empty()
 
 
+def _get_var_shape_make(graph, inputs, param, config):
+    if len(inputs) != 1:
+        # the reference's GetVarShape of several vars gives their broadcast shape
+        raise SerializationError(
+            f"GetVarShape: the shape of one var is supported, the file gives {len(inputs)} inputs"
+        )
+    return graph.insert_opr(GetVarShape(list(inputs), param, config))
+
+
 sereg.register_param_opr(
     GetVarShape,
     _pdefs.OptionalAxisV1,
     to_def=lambda p: _optional_axis_to_def(p.axis),
     from_def=lambda d: GetVarShapeParam(_optional_axis_from_def(d)),
+    make=_get_var_shape_make,
     name="GetVarShapeV1",
 )
 sereg.register_param_opr(

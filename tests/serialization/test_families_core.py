@@ -672,3 +672,18 @@ def test_assert_equal_of_a_reference_file_takes_expect_and_get():
     got = entry.load(Ctx(), [x.node, x.node, err.node], OperatorNodeConfig())
     opr = got if hasattr(got, "inputs") else got[0].owner
     assert [v for v in opr.inputs] == [x.node, x.node] and opr.param.maxerr == 0.5
+
+
+def test_get_var_shape_of_several_vars_is_refused_at_load():
+    g = mgb.comp_graph()
+    x = _arg(g, (2,), "x")
+    entry = sereg.find_by_opr(mgb.opr.get_var_shape(x).node.owner)
+
+    class Ctx:
+        graph = x.node.graph
+
+        def read_param(self, cls):
+            return cls()
+
+    with pytest.raises(SerializationError, match="GetVarShape.*2 inputs"):
+        entry.load(Ctx(), [x.node, x.node], OperatorNodeConfig())
