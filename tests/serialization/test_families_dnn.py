@@ -66,10 +66,11 @@ def round_trip(tmp_path, outputs, feeds, *, expect=None, optimize=False):
     if optimize:
         outputs = mgb.optimize_for_inference(outputs, fuse_conv_bias_nonlinearity=True)
     inputs = sorted(mgb.cgtools.get_dep_vars(outputs, "Host2DeviceCopy"), key=lambda v: v.name)
-    expect_vals = _run(inputs, outputs, feeds)
     before = _oprs(outputs)
     path = str(tmp_path / "graph.mgb")
+    # dump first: running updates shared values in place (BatchNorm statistics)
     mgb.serialize_comp_graph_to_file(path, outputs)
+    expect_vals = _run(inputs, outputs, feeds)
     if expect:
         tables = file_tables(path)
         assert {k: tables.get(k) for k in expect} == expect
@@ -340,6 +341,20 @@ def test_batch_norm_inference_with_statistics_round_trip(tmp_path, rng):
     round_trip(tmp_path, [outs[-1]], {"x": xv}, expect=_tables("BatchNorm"))
 
 
+def test_batch_norm_training_with_statistics_round_trip(tmp_path, rng):
+    g = mgb.comp_graph()
+    xv = rng.randn(2, 3, 4, 4).astype(F32)
+    x = _arg(g, "x", xv)
+    scale, bias = (_shared(g, n, rng.rand(1, 3, 1, 1).astype(F32) + 0.5) for n in "sb")
+    mean = _shared(g, "mean", rng.randn(1, 3, 1, 1).astype(F32))
+    var = _shared(g, "var", rng.rand(1, 3, 1, 1).astype(F32) + 1)
+    outs = mgb.opr.batch_norm(x, scale, bias, mean, var, avg_factor=0.25)
+    loaded = round_trip(tmp_path, [outs[0], outs[1], outs[-1]], {"x": xv})
+    owner = loaded[0].node.owner
+    assert owner.type_name == "BatchNorm" and len(owner.inputs) == 5
+    assert owner.param.avg_factor == 0.25
+
+
 def test_bn_folding_of_optimize_for_inference(tmp_path, rng):
     g = mgb.comp_graph()
     xv = rng.randn(2, 3, 5, 5).astype(F32)
@@ -578,6 +593,18 @@ def test_convolution_params_and_dtypes_round_trip(tmp_path_factory, p, dtype, se
     )
     assert loaded[0].node.owner.param == y.node.owner.param
     assert loaded[0].dtype == dtype
+
+
+def test_config_comp_node_round_trip(tmp_path, rng):
+    g = mgb.comp_graph()
+    xv = rng.randn(1, 2, 5, 5).astype(F32)
+    x1 = mgb.opr.copy(_arg(g, "x", xv), comp_node="cpu1")
+    w = mgb.make_shared("cpu1", value=rng.randn(3, 2, 2, 2).astype(F32), comp_graph=g)
+    y = mgb.opr.pooling(mgb.opr.convolution(x1, w), comp_node="cpu1", mode="MAX")
+    loaded = round_trip(tmp_path, [y], {"x": xv})
+    conv = loaded[0].node.owner.inputs[0].owner
+    assert conv.type_name == "Convolution"
+    assert [str(o.comp_node) for o in (loaded[0].node, conv.outputs[0])] == ["cpu1:0"] * 2
 
 
 def test_config_dtype_and_name_round_trip(tmp_path, rng):
