@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
 from typing import Any
 
 from ..errors import SerializationError
@@ -102,11 +101,7 @@ class _NoParam:
 
 
 def register_strict(
-    opr_cls: type,
-    def_cls: type,
-    *,
-    name: str | None = None,
-    make: Callable | None = None,
+    opr_cls: type, def_cls: type, *, name: str | None = None
 ) -> sereg.OprSerializer:
     """Register ``opr_cls`` as one ``def_cls`` table and its inputs, mapped by
     :func:`param_to_def` / :func:`param_from_def`.
@@ -114,13 +109,12 @@ def register_strict(
     Parameters
     ----------
     opr_cls:
-        The operator class (with a ``Param`` dataclass).
+        The operator class, built as ``opr_cls(inputs, param, config)``; its ``Param`` is a
+        dataclass, or None for a param-less operator (``def_cls`` then ``Empty``).
     def_cls:
         The reference's param table written.
     name:
         The reference's registered name (default the class's type name).
-    make:
-        As for :func:`megbrain.graph.sereg.register_param_opr`.
 
     Returns
     -------
@@ -139,7 +133,6 @@ def register_strict(
         def_cls,
         to_def=lambda param: param_to_def(def_cls, param),
         from_def=from_def,
-        make=make,
         name=name,
     )
 
