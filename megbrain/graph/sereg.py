@@ -47,6 +47,10 @@ Anything else registers a dump and a load function::
   (``sereg.CPP_PARAMS["Dimshuffle"](pattern=[1, 0], ndim=2)``; Host2DeviceCopy,
   MGBAddUpdate, MGBSleep, Dimshuffle, AxisAddRemove, IndexDescMaskDump, NMSKeep) or a
   :class:`DTypeParam` (the ``DType`` table: a dtype with its quantization parameters).
+* ``MGBAddUpdate``'s coefficients are ``PersistentDTypeScalar`` structs: build them with
+  :func:`persistent_scalar` and read them with :func:`persistent_scalar_value`; struct
+  fields and vectors of structs are tuples in field order (``AxisAddRemove(desc=[(0, 1)])``:
+  method ADD_1=0 / REMOVE=1, axis).
 * Tensor write methods (:class:`TensorWriteMethod`) are the reference's: ``VALUE_ANONYMOUS``
   (a constant, no name), ``VALUE_SHARED`` (a parameter; read back with
   ``load_tensor_shared``; named when the dump keeps param names), ``VALUE_INPUT`` /
@@ -98,6 +102,14 @@ __all__ = [
     "DTYPE_TABLE_UNION",
     "table_spec_of",
     "table_spec_by_union",
+    "SCALAR_FMT",
+    "FBS_DTYPES",
+    "fbs_dtype_num",
+    "persistent_scalar",
+    "persistent_scalar_value",
+    "PERSISTENT_DTYPE_SCALAR",
+    "AXIS_DESC",
+    "INDEX_DESC_MASK_ITEM",
 ]
 
 #: the seed of every XXH64 in MegBrain's serialization (type ids, graph hashes)

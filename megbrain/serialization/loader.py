@@ -362,8 +362,10 @@ class _OprLoader:
             inputs.append(id2var[i])
         try:
             got = entry.load(self, inputs, config)
-        except SerializationError:
-            raise
+        except SerializationError as exc:
+            if str(exc).startswith(self.where):
+                raise
+            raise SerializationError(f"{self.where}: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - a bad file makes a bad operator: name it
             raise self.error(f"loading failed: {type(exc).__name__}: {exc}") from exc
         opr = _owner(got, self.where)
