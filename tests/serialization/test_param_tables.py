@@ -101,3 +101,17 @@ def test_quantized_dtype_table():
     for dt in (qint8(0.5), quint8(0.25, 7)):
         got, _ = _round_trip(sereg.DTypeParam(dt))
         assert got == sereg.DTypeParam(dt)
+
+
+@pytest.mark.parametrize("cls", [pdefs.Convolution, pdefs.Reduce, pdefs.Eye], ids=str)
+def test_defaults_written_or_omitted_read_the_same(cls):
+    spec = sereg.table_spec_of(cls)
+    sizes = []
+    for force in (False, True):
+        b = flatbuffers.Builder(64)
+        b.ForceDefaults(force)
+        b.Finish(fbs.write_table(b, spec, cls()))
+        out = b.Output()
+        sizes.append(len(out))
+        assert fbs.read_table(fbs.Reader(out).root(), spec) == cls()
+    assert sizes[0] < sizes[1]
