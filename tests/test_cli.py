@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import megbrain as mgb
-from megbrain import cli
+from megbrain import cli, nn
 
 W = np.arange(6, dtype="float32").reshape(2, 3) / 4
 
@@ -223,24 +223,49 @@ def test_digits_cnn(tmp_path):
     from megbrain.examples import digits
 
     model = digits.make_model("cnn")
-    model.eval()
+    path = tmp_path / "digits.mge"
+    try:
+        digits.dump_inference(model, str(path), batch=4)
+    except mgb.SerializationError as exc:
+        pytest.skip(f"the digits CNN's operators are not all registered yet: {exc}")
     g = mgb.comp_graph()
     x = mgb.make_arg("cpu0", g, shape=(4, 1, 8, 8), name="x")
     logits = model(x)
-    path = tmp_path / "digits.mge"
-    try:
-        mgb.serialize_comp_graph_to_file(str(path), {"logits": logits})
-    except mgb.SerializationError as exc:
-        pytest.skip(f"the digits CNN's operators are not all registered yet: {exc}")
     xv = np.random.default_rng(0).random((4, 1, 8, 8), dtype=np.float32)
     expect = g.compile([x], mgb.copy_output(logits))(xv)
     doc = json.loads(_megbrain("inspect", path, "--json").stdout)
     (gr,) = doc["graphs"]
     assert gr["inputs"][0]["shape"] == [4, 1, 8, 8]
-    assert gr["outputs"][0]["shape"] == [4, 10]
-    n_weights = sum(int(np.prod(p.shape)) for p in model.parameters())
+    assert gr["outputs"][0]["name"] == "logits" and gr["outputs"][0]["shape"] == [4, 10]
+    assert gr["operators"]["Convolution"] == 2 and gr["operators"]["Pooling"] == 2
+    n_weights = sum(int(np.prod(p.get_value().shape)) for p in model.parameters())
     assert gr["params"]["elements"] >= n_weights
     np.save(tmp_path / "x.npy", xv)
     r = _megbrain("run", path, "--input", f"x={tmp_path / 'x.npy'}", "--output", tmp_path / "o")
     assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["logits"], expect, rtol=1e-5, atol=1e-6)
+
+
+def test_digits_example_dump(tmp_path, capsys):
+    """``digits --dump`` writes the trained model's graph; it runs to the model's answer."""
+    from megbrain.examples import digits
+
+    path = tmp_path / "mlp.mge"
+    argv = ["--epochs", "1", "--model", "mlp", "--no-progress", "--out", str(tmp_path / "w.npz")]
+    try:
+        digits.main(argv + ["--dump", str(path), "--dump-batch", "3"])
+    except mgb.SerializationError as exc:
+        pytest.skip(f"the digits MLP's operators are not all registered yet: {exc}")
+    assert "inference graph written to" in capsys.readouterr().out
+    r = _inproc(capsys, "inspect", path, "--json")
+    (gr,) = json.loads(r.stdout)["graphs"]
+    assert gr["inputs"][0]["shape"] == [3, 1, 8, 8] and gr["outputs"][0]["shape"] == [3, 10]
+    model = digits.make_model("mlp")
+    nn.load_weights(model, str(tmp_path / "w.npz"))
+    xv = digits.load_digits()[2][:3]
+    np.save(tmp_path / "x.npy", xv)
+    xarg = f"x={tmp_path / 'x.npy'}"
+    r = _inproc(capsys, "run", path, "--input", xarg, "--output", tmp_path / "o")
+    assert r.returncode == 0, r.stderr
+    expect = digits.build_eval(model, 3)(xv)
     np.testing.assert_allclose(np.load(tmp_path / "o.npz")["logits"], expect, rtol=1e-5, atol=1e-6)

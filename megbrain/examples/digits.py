@@ -4,6 +4,8 @@ the package, no download), save the weights, reload them and evaluate again.
 Run ``python -m megbrain.examples.digits [--epochs N] [--model cnn|mlp] [--out weights.npz]``;
 ``--epochs 1 --model mlp`` is the reduced mode the tests use. ``--profile trace.json`` profiles
 a few training steps instead (a Chrome trace and the top operators by time).
+``--dump model.mge`` also writes the trained model's inference graph (input ``x``, output
+``logits``) with ``serialize_comp_graph_to_file``, for ``megbrain inspect`` / ``megbrain run``.
 """
 
 from __future__ import annotations
@@ -76,6 +78,15 @@ def evaluate(model, x, y) -> float:
     return nn.functional.accuracy(f(x), y)
 
 
+def dump_inference(model, path: str, batch: int = 1):
+    """Write the inference graph of ``model`` (eval mode; input ``x`` of shape
+    ``(batch, 1, 8, 8)``, output ``logits``) to ``path``; returns what was written."""
+    g = mgb.comp_graph()
+    x = mgb.make_arg("cpu0", g, shape=(batch, 1, 8, 8), name="x")
+    model.eval()
+    return mgb.serialize_comp_graph_to_file(path, {"logits": model(x)}, keep_param_name=True)
+
+
 def profile_steps(model_kind: str, batch: int, lr: float, trace_path: str, steps: int = 5):
     """Profile ``steps`` training steps (after one warm-up step), write their Chrome trace
     to ``trace_path`` and print the operators taking the most time."""
@@ -118,6 +129,13 @@ def main(argv=None) -> dict:
         help="profile 5 training steps instead of training: write a Chrome trace (JSON) "
         "and print the top operators",
     )
+    ap.add_argument(
+        "--dump",
+        metavar="MODEL",
+        default=None,
+        help="also write the trained inference graph to this file (megbrain inspect/run)",
+    )
+    ap.add_argument("--dump-batch", type=int, default=1, help="batch size of --dump's input")
     args = ap.parse_args(argv)
     if args.profile is not None:
         return profile_steps(args.model, args.batch, args.lr, args.profile)
@@ -159,6 +177,10 @@ def main(argv=None) -> dict:
     nn.load_weights(fresh, args.out)
     acc2 = evaluate(fresh, xte, yte)
     print(f"reloaded from {args.out}: test accuracy {acc2:.4f}")
+    if args.dump is not None:
+        res = dump_inference(model, args.dump, args.dump_batch)
+        print(f"inference graph written to {args.dump} ({res.nr_opr} operators, "
+              f"{res.tot_bytes} bytes)")  # fmt: skip
     return {
         "loss_history": history,
         "step_losses": step_losses,

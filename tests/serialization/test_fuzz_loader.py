@@ -30,8 +30,10 @@ import megbrain as mgb
 from megbrain.serialization.format import GraphSlot, OprSlot, TensorSlot
 
 HEADER = struct.Struct("<IIQ")
-#: a load (plus compile and run) of one input may take at most this long (inputs < 1 MB)
+#: a load of one input may take at most this long (inputs < 1 MB)
 LOAD_LIMIT_S = 1.0
+#: compiling and running a graph that loaded may take at most this long
+RUN_LIMIT_S = 10.0
 #: inputs of loaded graphs larger than this are not run
 RUN_BYTES_LIMIT = 1 << 24
 
@@ -364,13 +366,16 @@ class FuzzStats:
         self.by_mutator: collections.Counter = collections.Counter()
         self.max_s = 0.0
         self.max_case = None
+        self.max_run_s = 0.0
+        self.max_run_case = None
         self.failures: list[tuple[str, bytes, str]] = []
 
     def report(self, title) -> str:
         lines = [
             f"{title}: {self.inputs} inputs, {self.loaded} loaded, "
-            f"{self.inputs - self.loaded} refused; slowest input {self.max_s * 1e3:.1f} ms "
-            f"({self.max_case}); {len(self.failures)} failures",
+            f"{self.inputs - self.loaded} refused; slowest load {self.max_s * 1e3:.1f} ms "
+            f"({self.max_case}), slowest compile+run {self.max_run_s * 1e3:.1f} ms "
+            f"({self.max_run_case}); {len(self.failures)} failures",
             "  by mutator: " + ", ".join(f"{k} {v}" for k, v in sorted(self.by_mutator.items())),
         ]
         for k, v in self.outcomes.most_common(25):
@@ -382,31 +387,37 @@ def check_one(path, data: bytes, rng, stats: FuzzStats, case: str) -> None:
     """Load ``data`` (and run what loads); record the outcome, or a failure in ``stats``."""
     path.write_bytes(data)
     stats.inputs += 1
-    t0 = time.perf_counter()
     outcome = None
+    t0 = time.perf_counter()
+    dt_load = dt_run = 0.0
     try:
         with _Alarm(5 * LOAD_LIMIT_S):
             try:
                 graphs = list(mgb.iter_comp_graphs_from_file(str(path)))
             except mgb.SerializationError as exc:
+                graphs = None
                 outcome = "refused: " + _prefix(str(exc))
-            else:
-                stats.loaded += 1
-                ran = []
+        dt_load = time.perf_counter() - t0
+        if graphs is not None:
+            stats.loaded += 1
+            ran = []
+            with _Alarm(RUN_LIMIT_S):
                 for res in graphs:
                     try:
                         ran.append(_run_loaded(res, rng))
                     except mgb.MegBrainError as exc:
                         ran.append(f"run refused ({type(exc).__name__}): {_prefix(str(exc))}")
-                outcome = "loaded; " + "; ".join(sorted(set(ran)))
-    except Exception as exc:  # noqa: BLE001 - what the fuzzer looks for
+            dt_run = time.perf_counter() - t0 - dt_load
+            outcome = "loaded; " + "; ".join(sorted(set(ran)))
+    except (Exception, Hang) as exc:  # noqa: BLE001 - what the fuzzer looks for
         stats.failures.append((case, data, f"{type(exc).__name__}: {exc}"))
         outcome = f"FAILURE {type(exc).__name__}"
-    dt = time.perf_counter() - t0
-    if dt > stats.max_s:
-        stats.max_s, stats.max_case = dt, case
-    if dt > LOAD_LIMIT_S and len(data) < (1 << 20):
-        stats.failures.append((case, data, f"took {dt:.2f} s"))
+    if dt_load > stats.max_s:
+        stats.max_s, stats.max_case = dt_load, case
+    if dt_run > stats.max_run_s:
+        stats.max_run_s, stats.max_run_case = dt_run, case
+    if dt_load > LOAD_LIMIT_S and len(data) < (1 << 20):
+        stats.failures.append((case, data, f"loading took {dt_load:.2f} s"))
     stats.outcomes[outcome] += 1
 
 
