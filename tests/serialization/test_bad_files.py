@@ -5,6 +5,8 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import megbrain as mgb
 from megbrain.errors import SerializationError
@@ -246,3 +248,18 @@ def test_constant_without_value(tmp_path):
     pos = start + t.field_pos(TensorSlot.DATA_SIZE, 4)
     with pytest.raises(SerializationError, match=r"ImmutableTensor: the file gives no value"):
         _load(tmp_path, _patch(data, pos, "I", 0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.binary(max_size=256), ident=st.booleans())
+def test_arbitrary_flatbuffer_bytes_are_refused_cleanly(body, ident):
+    """Any bytes after a valid header: a SerializationError (or a graph), never a crash."""
+    from megbrain.serialization import load_graph
+
+    if ident and len(body) >= 8:
+        body = body[:4] + b"mgb1" + body[8:]
+    data = struct.pack("<IIQ", 0x5342474D, 0, 0) + struct.pack("<I", len(body)) + body
+    try:
+        load_graph(data)
+    except SerializationError:
+        pass
