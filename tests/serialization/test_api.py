@@ -251,3 +251,29 @@ def test_bad_format_and_args(fpath):
         mgb.serialize_comp_graph_to_file(fpath, [1])
     with pytest.raises(SerializationError, match="empty graph"):
         mgb.serialize_comp_graph_to_file(fpath, [])
+
+
+def test_input_with_default_value_loads_it(fpath, monkeypatch):
+    """A file whose Host2DeviceCopy carries its value (the reference's dump_default_value,
+    VALUE_INPUT) loads an input that runs without being fed."""
+    from megbrain.graph import sereg
+    from megbrain.opr.io import Host2DeviceCopy
+
+    entry = sereg._BY_CLASS[Host2DeviceCopy]
+
+    def dump(ctx, opr):
+        ctx.write_param(sereg.CPP_PARAMS["Host2DeviceCopy"](dump_default_value=True))
+        ctx.dump_tensor(opr.name, opr.tensor, sereg.TensorWriteMethod.VALUE_INPUT)
+
+    monkeypatch.setitem(
+        sereg._BY_CLASS,
+        Host2DeviceCopy,
+        sereg.OprSerializer(entry.name, entry.type_id, Host2DeviceCopy, dump, entry.load),
+    )
+    g = mgb.comp_graph()
+    x = mgb.make_arg("cpu0", g, value=np.float32([1, 2, 3]), name="x")
+    res = mgb.serialize_comp_graph_to_file(fpath, [x * 2])
+    assert res.inputs == ["x"] and res.tensor_value_bytes == 12 + 4
+    cg, _, (out,) = mgb.load_comp_graph_from_file(fpath)
+    f = cg.compile(None, mgb.copy_output(out))
+    np.testing.assert_allclose(f(), [2, 4, 6])
