@@ -270,7 +270,13 @@ def _input_values(inputs: list, given: dict[str, str], random: bool, seed: int) 
                 status=2,
             )
         elif random:
-            values.append(_random_value(var, shape, rng))
+            try:
+                values.append(_random_value(var, shape, rng))
+            except MemoryError as exc:
+                raise CliError(
+                    f"input {var.name!r}: no memory for a random value of shape "
+                    f"{_fmt_shape(shape)} {_dtype_name(want_dt)}"
+                ) from exc
         else:
             raise CliError(
                 f"input {var.name!r} {_fmt_shape(shape)} {_dtype_name(want_dt)} has no value: "
@@ -334,8 +340,8 @@ def cmd_run(args) -> int:
             t0 = time.perf_counter()
             result = func(*values)
             times.append(time.perf_counter() - t0)
-    except mgb.MegBrainError as exc:
-        raise CliError(f"running {args.model} failed: {exc}") from exc
+    except (mgb.MegBrainError, MemoryError) as exc:
+        raise CliError(f"running {args.model} failed: {type(exc).__name__}: {exc}") from exc
     if len(outputs) == 1 and not isinstance(result, (list, tuple)):
         result = [result]
     names = _unique_names([v.name for v in outputs])

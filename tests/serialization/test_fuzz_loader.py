@@ -34,8 +34,12 @@ HEADER = struct.Struct("<IIQ")
 LOAD_LIMIT_S = 1.0
 #: compiling and running a graph that loaded may take at most this long
 RUN_LIMIT_S = 10.0
-#: inputs of loaded graphs larger than this are not run
+#: inputs of loaded graphs larger than this are not run (nor graphs with 16 times this in
+#: static vars)
 RUN_BYTES_LIMIT = 1 << 24
+#: exceptions of compile+run that are known bugs (see the xfail tests at the end): counted
+#: apart, not failures; the vars-too-big check above normally keeps runs clear of them
+KNOWN_RUN_BUGS = (MemoryError,)
 
 
 # ---- seed graphs ------------------------------------------------------------------------------
@@ -352,6 +356,15 @@ def _run_loaded(res, rng) -> str:
         values.append(rng.standard_normal(shape).astype(dt))
     if not outs:
         return "not run: no outputs"
+    need = 0
+    for o in mgb.cgtools.get_oprs_seq(outs):
+        for v in o.outputs:
+            try:
+                need += int(np.prod(v.imm_shape, dtype=np.float64)) * np.dtype(v.dtype).itemsize
+            except mgb.MegBrainError:
+                pass
+    if need > RUN_BYTES_LIMIT * 16:  # a changed padding or shape asks for gigabytes
+        return "not run: vars too big"
     f = res.graph.compile(inputs, [mgb.copy_output(o) for o in outs])
     with np.errstate(all="ignore"):  # mutated weights overflow
         f(*values)
@@ -407,6 +420,8 @@ def check_one(path, data: bytes, rng, stats: FuzzStats, case: str) -> None:
                         ran.append(_run_loaded(res, rng))
                     except mgb.MegBrainError as exc:
                         ran.append(f"run refused ({type(exc).__name__}): {_prefix(str(exc))}")
+                    except KNOWN_RUN_BUGS as exc:
+                        ran.append(f"KNOWN BUG ({type(exc).__name__}): {_prefix(str(exc))}")
             dt_run = time.perf_counter() - t0 - dt_load
             outcome = "loaded; " + "; ".join(sorted(set(ran)))
     except (Exception, Hang) as exc:  # noqa: BLE001 - what the fuzzer looks for
@@ -650,3 +665,23 @@ def test_huge_declarations_under_address_space_limit(seeds, tmp_path):
     assert len(outcomes) == len(paths)
     assert "MemoryError" not in outcomes
     assert resource.RLIMIT_AS  # the limit exists on this platform
+
+
+# ---- known bugs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, raises=MemoryError, reason="executor placeholder np.empty")
+def test_run_needing_too_much_memory_raises_memallocerror():
+    """Found by the fuzzer (a Convolution's pad_w changed to 33554426 in the digits CNN's
+    file; the file loads, as the reference's would). A graph whose static vars need more
+    memory than the host has should fail its first run with MemAllocError (a MegBrainError
+    naming the var); ``graph.executor._build_plan`` instead calls ``np.empty(shape)`` for
+    every output before planning and lets NumPy's MemoryError out (it also reserves each
+    var's full size once more than the plan's arena needs)."""
+    g = mgb.comp_graph()
+    x = mgb.make_arg("cpu0", g, shape=(1, 1, 8, 8), name="x")
+    w = mgb.make_shared("cpu0", value=np.ones((16, 1, 3, 3), "float32"), comp_graph=g)
+    y = mgb.opr.convolution(x, w, pad_w=1 << 31)  # (1, 16, 6, 2**32 + 6): 1.5 TiB
+    f = g.compile([x], mgb.copy_output(y))
+    with pytest.raises(mgb.MegBrainError, match="allocate"):
+        f(np.ones((1, 1, 8, 8), "float32"))
