@@ -269,3 +269,15 @@ def test_digits_example_dump(tmp_path, capsys):
     assert r.returncode == 0, r.stderr
     expect = digits.build_eval(model, 3)(xv)
     np.testing.assert_allclose(np.load(tmp_path / "o.npz")["logits"], expect, rtol=1e-5, atol=1e-6)
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch):
+    pytest.importorskip("tqdm")
+    items = range(30)
+    assert cli._progress(items, 30, "run", True) is items  # stderr is not a tty under pytest
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    bar = cli._progress(items, 30, "run", True)
+    assert bar is not items and list(bar) == list(items)
+    assert cli._progress(items, 30, "run", False) is items
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # not installed: plain iteration
+    assert cli._progress(items, 30, "run", True) is items
