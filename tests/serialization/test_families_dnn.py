@@ -30,7 +30,13 @@ def _run(inputs, outputs, feeds):
 
 
 #: operators whose param holds a tensor's identity, not a file's content
-_IO = ("Host2DeviceCopy", "SharedDeviceTensor", "VolatileSharedDeviceTensor", "ImmutableTensor")
+_IO = (
+    "Host2DeviceCopy",
+    "SharedDeviceTensor",
+    "VolatileSharedDeviceTensor",
+    "ImmutableTensor",
+    "MultipleDeviceTensorHolder",
+)
 
 
 def _file_form(param):
