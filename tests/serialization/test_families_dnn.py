@@ -625,3 +625,36 @@ def test_config_dtype_and_name_round_trip(tmp_path, rng):
     loaded = round_trip(tmp_path, [c, q], {"a": av, "qa": av})
     assert loaded[0].name == "c16" and loaded[0].dtype == np.int16
     assert mgb.dtype.get_scale(loaded[1].dtype) == 0.25
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    fmt=st.sampled_from(["NCHW", "NHWC"]),
+    imode=st.sampled_from(["LINEAR", "NEAREST"]),
+    bmode=st.sampled_from(list(mgb.kernels.dnn_image.BORDER_MODES)),
+    dtype=st.sampled_from([np.float32, np.uint8]),
+    out_hw=st.tuples(st.integers(1, 6), st.integers(1, 6)),
+    seed=st.integers(0, 99),
+)
+def test_image_params_and_dtypes_round_trip(
+    tmp_path_factory, fmt, imode, bmode, dtype, out_hw, seed
+):
+    rng = np.random.RandomState(seed)
+    g = mgb.comp_graph()
+    shape = (2, 3, 5, 4) if fmt == "NCHW" else (2, 5, 4, 3)
+    sv = (rng.rand(*shape) * 100).astype(dtype)
+    mat = np.stack([np.eye(3) + 0.1 * rng.randn(3, 3) for _ in range(2)]).astype(F32)
+    mat[:, 2] = [0, 0, 1]
+    src = _arg(g, "src", sv)
+    w = mgb.opr.warp_perspective(
+        src, _arg(g, "mat", mat), out_hw, imode=imode, bmode=bmode, border_val=3.0, format=fmt
+    )
+    r = mgb.opr.resize(src, out_hw, imode=imode, format=fmt)
+    loaded = round_trip(
+        tmp_path_factory.mktemp("img"),
+        [w, r],
+        {"src": sv, "mat": mat},
+        expect=_tables("WarpPerspective", "ResizeV1"),
+    )
+    assert [v.dtype for v in loaded] == [dtype, dtype]
+    assert loaded[0].node.owner.param == w.node.owner.param
