@@ -658,3 +658,23 @@ def test_image_params_and_dtypes_round_trip(
     )
     assert [v.dtype for v in loaded] == [dtype, dtype]
     assert loaded[0].node.owner.param == w.node.owner.param
+
+
+def test_file_with_bn_scale_fails_to_load_naming_it(tmp_path, monkeypatch, rng):
+    """A file whose param.BN holds a scale other than 1 (which BNParam can not hold)."""
+    g = mgb.comp_graph()
+    xv = rng.randn(2, 3, 4, 4).astype(F32)
+    s = [_shared(g, n, rng.rand(1, 3, 1, 1).astype(F32) + 0.5) for n in "ab"]
+    y = mgb.opr.batch_norm(_arg(g, "x", xv), *s)[-1]
+    bn = mgb.opr.dnn_norm.BatchNorm
+    entry = sereg.find_by_opr(y.node.owner)
+
+    def dump(ctx, opr):
+        ctx.write_param(pdefs.BN(epsilon=opr.param.epsilon, scale=2.0))
+
+    monkeypatch.setitem(sereg._BY_CLASS, bn, dataclasses.replace(entry, dump=dump))
+    path = str(tmp_path / "bn.mgb")
+    mgb.serialize_comp_graph_to_file(path, [y])
+    monkeypatch.undo()
+    with pytest.raises(SerializationError, match=r"BatchNorm: param BN.scale=2.0 is not supported"):
+        mgb.load_comp_graph_from_file(path)
