@@ -7,18 +7,16 @@ the original's type names and params.
 """
 
 import dataclasses
-import struct
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sereg_harness import file_tables
 
 import megbrain as mgb
 from megbrain.errors import SerializationError
 from megbrain.graph import OperatorNodeConfig, sereg
-from megbrain.serialization import fbs
-from megbrain.serialization.format import GraphSlot, OprSlot
 
 _IO_TYPES = {"Host2DeviceCopy", "SharedDeviceTensor", "VolatileSharedDeviceTensor"}
 
@@ -97,26 +95,6 @@ def round_trip(path, inputs, outputs, values, *, keep_var_name=1, compare_params
                 continue
             assert _params_key(b) == _params_key(a), a.type_name
     return expected, got, loaded
-
-
-def _file_tables(path) -> dict:
-    """{registered name: (param table names, in the order written)} of a dumped file's
-    operators, read from the file itself."""
-    with open(path, "rb") as f:
-        data = f.read()
-    _, _, offset = struct.unpack_from("<IIQ", data)
-    pos = 16 + offset
-    (size,) = struct.unpack_from("<I", data, pos)
-    root = fbs.Reader(data[pos + 4 : pos + 4 + size]).root(b"mgb1")
-    union = sereg.OPERATOR_PARAM_UNION
-    out = {}
-    for tbl in root.tables(GraphSlot.OPRS, "oprs"):
-        name = sereg.find_by_type_id(tbl.scalar(OprSlot.TYPE_ID, "Q", 0)).name
-        kinds = [tbl.scalar(OprSlot.PARAM_TYPE, "B", 0)]
-        kinds += list(tbl.raw_bytes(OprSlot.ADDITIONAL_PARAMS_TYPE, "extra") or b"")
-        tables = tuple(union[k - 1] for k in kinds if k)
-        assert out.setdefault(name, tables) == tables, name
-    return out
 
 
 def _types(outputs) -> set:
@@ -524,7 +502,7 @@ def test_file_tables_are_the_references(fpath, g):
         mgb.opr.cond_take(x, x, "GT")[0],
     ]
     mgb.serialize_comp_graph_to_file(fpath, {f"o{k}": v for k, v in enumerate(outs)})
-    got = _file_tables(fpath)
+    got = file_tables(fpath)
     want = {
         "ReduceV2": ("Reduce",),
         "TypeCvtV2": ("DTypeTable",),
