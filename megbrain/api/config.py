@@ -7,7 +7,7 @@ import weakref
 
 from ..device import comp_node as _cn
 from ..errors import MegBrainError
-from ..graph import OPR_REGISTRY
+from ..graph import sereg
 from ..opr.base import as_var
 
 __all__ = [
@@ -182,8 +182,9 @@ def set_opr_sublinear_memory_endpoint(var) -> None:
 
 
 def dump_registered_oprs() -> dict:
-    """``{id: name}`` of every registered operator type."""
-    return dict(enumerate(sorted(OPR_REGISTRY)))
+    """``{type id: name}`` of every operator a graph file can hold: the ids a load error
+    names when it meets an operator type it does not know."""
+    return sereg.registered_oprs()
 
 
 def max_size_t() -> int:
