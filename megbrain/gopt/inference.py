@@ -35,9 +35,14 @@ from ..graph.static_infer import Inferer
 from ..opr.base import SymbolVar, as_var
 from ..opr.basic_arith import elemwise, typecvt
 from ..opr.dnn import ConvBias, ConvBiasParam, ConvolutionParam
-from ..opr.io import ImmutableTensor, make_immutable, shared_device_tensor
+from ..opr.io import (
+    ImmutableTensor,
+    MultipleDeviceTensorHolder,
+    make_immutable,
+    shared_device_tensor,
+)
 from ..opr.tensor_manip import broadcast, reshape
-from .passes import Rewriter, VarMap, _record, combine, inherit_props, run_passes
+from .passes import PASSES, Rewriter, VarMap, _record, combine, inherit_props, run_passes
 
 __all__ = [
     "INFERENCE_PASSES",
@@ -78,13 +83,21 @@ _FLAG_OF: dict[str, Callable[[InferenceOptions], bool]] = {}
 
 INFERENCE_PRESET: list[str] = [
     "expand_batch_norm",
+    "remove_non_computing",
+    "expand_fused_arith",
     "normalize_affine_chain",
     "fold_conv_scale",
+    "param_fuse",
+    "reorder_arith_chain",
+    "arith_fuse",
+    "reorder_arith_chain",
+    "remove_redundant_typecvt",
     "param_fuse",
     "fuse_conv_bias_nonlinearity",
     "fuse_conv_bias_with_z",
     "convert_f16_io",
     "param_fuse",
+    "param_merge",
 ]
 
 
@@ -498,6 +511,280 @@ def _rebuild_f16(rw: Rewriter, opr, ins: list[VarNode], f32_comp: bool) -> list[
         new = opr.clone(ins32)
         new.extra_deps = extra
         return rw.graph.insert_opr(new)
+
+
+# ---- markers, fused arithmetic -------------------------------------------------------------
+#: operators that only mark their input (for gradients or broadcasting): the identity here
+_NON_COMPUTING = ("MarkNoBroadcastElemwise", "SetGrad", "Identity")
+
+
+@register_inference_pass("remove_non_computing")
+def remove_non_computing(graph, dest, options):
+    """MarkNoBroadcastElemwise, SetGrad and Identity are replaced by their input (the
+    reference's RemoveNonComputingOprPass)."""
+    rw = Rewriter(graph, dest)
+
+    def rule(opr):
+        if opr.type_name not in _NON_COMPUTING or opr.extra_deps:
+            return None
+        return [opr.inputs[0]]
+
+    return rw.apply(rule, "marker operator removed")
+
+
+_FUSE_ADD = {f"FUSE_ADD_{m}": m for m in ("RELU", "SIGMOID", "TANH", "H_SWISH")}
+
+
+@register_inference_pass("expand_fused_arith")
+def expand_fused_arith(graph, dest, options):
+    """FUSE_MUL_ADD3/4 and FUSE_ADD_<act> become their plain operators, so that the chain
+    passes see every term (ArithFuse fuses them again at the end)."""
+
+    def rule(opr):
+        if opr.type_name != "Elemwise" or opr.extra_deps:
+            return None
+        mode, ins = opr.param.mode, [_sv(v) for v in opr.inputs]
+        if mode == "FUSE_MUL_ADD3":
+            new = ins[0] * ins[1] + ins[2]
+        elif mode == "FUSE_MUL_ADD4":
+            new = ins[0] * ins[1] + ins[2] * ins[3]
+        elif mode in _FUSE_ADD:
+            new = elemwise(ins[0] + ins[1], mode=_FUSE_ADD[mode])
+        else:
+            return None
+        if new.dtype != opr.outputs[0].dtype:
+            return None
+        return [new.node]
+
+    return Rewriter(graph, dest).apply(rule, "fused arithmetic expanded")
+
+
+# ---- chain reordering ------------------------------------------------------------------------
+_CHAIN_MODES = ("ADD", "MUL", "MAX", "MIN")
+
+
+def _chain_terms(rw: Rewriter, opr, mode: str) -> list[VarNode]:
+    """The leaves of the ``mode`` chain ending at ``opr`` (inner links read only once)."""
+    out, stack = [], list(reversed(opr.inputs))
+    while stack:
+        v = stack.pop()
+        o = v.owner
+        if (
+            o.type_name == "Elemwise"
+            and o.param.mode == mode
+            and not o.extra_deps
+            and rw.sole_reader(v)
+        ):
+            stack.extend(reversed(o.inputs))
+        else:
+            out.append(v)
+    return out
+
+
+def _chain_root(rw: Rewriter, opr, modes) -> bool:
+    """Whether ``opr`` (an Elemwise of one of ``modes``) ends its chain."""
+    if opr.type_name != "Elemwise" or opr.param.mode not in modes or opr.extra_deps:
+        return False
+    rs = rw.readers_of(opr.outputs[0])
+    return not (
+        rw.sole_reader(opr.outputs[0])
+        and rs[0].type_name == "Elemwise"
+        and rs[0].param.mode == opr.param.mode
+        and not rs[0].extra_deps
+    )
+
+
+def _bshape(a: tuple, b: tuple) -> tuple | None:
+    try:
+        return tuple(np.broadcast_shapes(a, b))
+    except ValueError:
+        return None
+
+
+def _merge_terms(mode: str, terms: list, compatible: bool) -> None:
+    """Reduce pairs of ``[shape, var]`` terms in place while one's shape equals (or, with
+    ``compatible``, broadcasts to without growing) another's: the smallest partner first."""
+    merged = True
+    while merged:
+        merged = False
+        for i, (si, vi) in enumerate(terms):
+            best = None
+            for j, (sj, _) in enumerate(terms):
+                if i == j:
+                    continue
+                if compatible:
+                    out = _bshape(si, sj)
+                    if out is None or (out != si and out != sj):
+                        continue
+                    shp = out
+                elif si == sj:
+                    shp = sj
+                else:
+                    continue
+                if best is None or int(np.prod(shp)) < int(np.prod(best[1])):
+                    best = (j, shp)
+            if best is not None:
+                j, shp = best
+                terms[j] = [shp, combine(mode, [vi, terms[j][1]])]
+                terms[i] = terms[-1]
+                terms.pop()
+                merged = True
+                break
+
+
+@register_inference_pass("reorder_arith_chain")
+def reorder_arith_chain(graph, dest, options):
+    """Each ADD, MUL, MAX or MIN chain is reduced again: terms of one shape together,
+    parameter terms (constants and params) first among themselves, then every term in
+    increasing size (the reference's ReorderArithChainPass with params as constants), so
+    ``conv(x, w) + b`` becomes ``b + conv(x, w)`` and parameter subexpressions fold."""
+    rw = Rewriter(graph, dest)
+    is_param = ParamOnly()
+
+    def rule(opr):
+        if not _chain_root(rw, opr, _CHAIN_MODES) or is_param.opr(opr):
+            return None
+        mode = opr.param.mode
+        ts = _chain_terms(rw, opr, mode)
+        shapes = [static_shape(t) for t in ts]
+        if len(ts) < 2 or any(s is None for s in shapes):
+            return None
+        groups: dict = {}
+        for t, s in sorted(zip(ts, shapes), key=lambda p: p[0].id):
+            groups.setdefault((tuple(s), is_param(t)), []).append(t)
+        consts, others = [], []
+        for (s, c), vs in groups.items():
+            (consts if c else others).append([s, combine(mode, vs)])
+        consts.sort(key=lambda p: p[1].id)
+        others.sort(key=lambda p: p[1].id)
+        _merge_terms(mode, consts, True)
+        terms = consts + others
+        _merge_terms(mode, terms, False)
+        _merge_terms(mode, terms, True)
+        terms.sort(key=lambda p: int(np.prod(p[0])))
+        new = combine(mode, [v for _, v in terms])
+        if new is opr.outputs[0] or static_shape(new) != static_shape(opr.outputs[0]):
+            return None
+        return [new]
+
+    return rw.apply(rule, "arith chain reordered")
+
+
+# ---- ArithFuse -------------------------------------------------------------------------------
+@register_inference_pass("arith_fuse")
+def arith_fuse(graph, dest, options):
+    """``act(a + b)`` becomes ``FUSE_ADD_<act>(a, b)`` (act RELU, SIGMOID, TANH, H_SWISH);
+    in an ADD chain, products read only by the chain become FUSE_MUL_ADD4 in pairs and a
+    last one FUSE_MUL_ADD3 with a term of one of its factors' shape (the reference's
+    ArithFusePass)."""
+    rw = Rewriter(graph, dest)
+    acts = {m: f for f, m in _FUSE_ADD.items()}
+
+    def fuse_act(opr):
+        (x,) = opr.inputs
+        o = x.owner
+        if (
+            o.type_name != "Elemwise"
+            or o.param.mode != "ADD"
+            or o.extra_deps
+            or not rw.sole_reader(x)
+            or x.dtype.metadata
+        ):
+            return None
+        return [elemwise(_sv(o.inputs[0]), _sv(o.inputs[1]), mode=acts[opr.param.mode]).node]
+
+    def fuse_mul_add(opr):
+        ts = _chain_terms(rw, opr, "ADD")
+        muls, bias = [], []
+        for t in ts:
+            o = t.owner
+            if (
+                o.type_name == "Elemwise"
+                and o.param.mode == "MUL"
+                and not o.extra_deps
+                and rw.sole_reader(t)
+            ):
+                a, b = o.inputs
+                sa, sb = static_shape(a), static_shape(b)
+                if sa is None or sb is None:
+                    return None
+                if int(np.prod(sa)) > int(np.prod(sb)):
+                    a, b = b, a
+                muls.append((a, b))
+            else:
+                bias.append(t)
+        if not muls:
+            return None
+        sums = []
+        while len(muls) >= 2:
+            (a, b), (c, d) = muls.pop(), muls.pop()
+            sums.append(elemwise(*map(_sv, (c, d, a, b)), mode="FUSE_MUL_ADD4").node)
+        if muls:
+            a, b = muls.pop()
+            pick = next(
+                (t for t in bias if static_shape(t) in (static_shape(a), static_shape(b))),
+                None,
+            )
+            if pick is not None:
+                bias.remove(pick)
+                sums.append(elemwise(_sv(a), _sv(b), _sv(pick), mode="FUSE_MUL_ADD3").node)
+            else:
+                sums.append(combine("MUL", [a, b]))
+        new = combine("ADD", bias + sums)
+        if static_shape(new) != static_shape(opr.outputs[0]) or new.dtype != opr.outputs[0].dtype:
+            return None
+        return [new]
+
+    def rule(opr):
+        if opr.type_name != "Elemwise" or opr.extra_deps:
+            return None
+        if opr.param.mode in acts and len(opr.inputs) == 1:
+            return fuse_act(opr)
+        if _chain_root(rw, opr, ("ADD",)) and not _feeds_act(rw, opr):
+            return fuse_mul_add(opr)
+        return None
+
+    return rw.apply(rule, "arithmetic fused")
+
+
+def _feeds_act(rw: Rewriter, opr) -> bool:
+    """Whether ``opr``'s output is an activation's only input (FUSE_ADD_<act> takes it)."""
+    v = opr.outputs[0]
+    if not rw.sole_reader(v):
+        return False
+    r = rw.readers_of(v)[0]
+    return r.type_name == "Elemwise" and f"FUSE_ADD_{r.param.mode}" in _FUSE_ADD
+
+
+@register_inference_pass("remove_redundant_typecvt")
+def remove_redundant_typecvt(graph, dest, options):
+    """TypeCvt to its input's dtype is the identity."""
+    return PASSES["remove_redundant_typecvt"](graph, dest)
+
+
+# ---- ParamMerge ------------------------------------------------------------------------------
+@register_inference_pass("param_merge")
+def param_merge(graph, dest, options):
+    """Every SharedDeviceTensor becomes an output of one MultipleDeviceTensorHolder (one per
+    comp node here: our operators have one comp node), which keeps the names given to the
+    originals (the reference's ParamMergePass)."""
+    rw = Rewriter(graph, dest)
+    shared = [o for o in rw.oprs if o.type_name == "SharedDeviceTensor"]
+    varmap = VarMap()
+    by_cn: dict = {}
+    for o in shared:
+        by_cn.setdefault(o.outputs[0].comp_node, []).append(o)
+    for oprs in by_cn.values():
+        holder = MultipleDeviceTensorHolder([o.tensor for o in oprs], OperatorNodeConfig())
+        outs = graph.insert_opr(holder)
+        for o, new in zip(oprs, outs):
+            src = o.outputs[0]
+            if src.name_given or o.config.name_value is not None:
+                new.name = src.name
+                new.name_given = True
+            varmap[src] = new
+            varmap.reasons[src] = "SharedDeviceTensor merged into MultipleDeviceTensorHolder"
+    return varmap
 
 
 # ---- the entry point ---------------------------------------------------------------------

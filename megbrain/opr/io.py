@@ -1,10 +1,11 @@
 """I/O operators: Host2DeviceCopy, SharedDeviceTensor, VolatileSharedDeviceTensor,
-ImmutableTensor and Copy (cross comp node)."""
+MultipleDeviceTensorHolder, ImmutableTensor and Copy (cross comp node)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import struct
 import sys
 from dataclasses import dataclass
 
@@ -31,10 +32,12 @@ __all__ = [
     "Host2DeviceCopy",
     "SharedDeviceTensor",
     "VolatileSharedDeviceTensor",
+    "MultipleDeviceTensorHolder",
     "ImmutableTensor",
     "Copy",
     "host2device_copy",
     "shared_device_tensor",
+    "multiple_device_tensor_holder",
     "make_immutable",
     "copy",
 ]
@@ -195,6 +198,86 @@ class SharedDeviceTensor(_SourceOpr):
 
     def fwd_views(self, ins):
         return [self.tensor.as_ndarray()]
+
+
+@dataclass(frozen=True)
+class MultiSharedParam(ParamBase):
+    tensor_ids: tuple
+
+
+@register_opr
+class MultipleDeviceTensorHolder(OperatorNodeBase):
+    """Holds several parameter tensors, one output each (what ``optimize_for_inference``
+    merges every SharedDeviceTensor into). Like SharedDeviceTensor the buffers and shapes
+    are fixed after compile; the shapes are CONST but, as in the reference, the values are
+    not statically inferable. All the tensors must be on one comp node."""
+
+    Param = MultiSharedParam
+    has_runtime_state = True
+    replan_on_change = False
+
+    def __init__(self, tensors, config):
+        tensors = list(tensors)
+        if not tensors:
+            raise MegBrainError("MultipleDeviceTensorHolder: at least one tensor is required")
+        cns = {t.comp_node for t in tensors}
+        if len(cns) != 1:
+            raise MegBrainError(
+                "MultipleDeviceTensorHolder: the tensors must be on one comp node, got "
+                + ", ".join(sorted(str(c) for c in cns))
+            )
+        for k, t in enumerate(tensors):
+            if not t.shape_valid():
+                raise MegBrainError(f"MultipleDeviceTensorHolder: tensor #{k} has no value")
+        super().__init__([], MultiSharedParam(tuple(id(t) for t in tensors)), config)
+        self.tensors = tensors
+        self.nr_outputs = len(tensors)
+
+    def infer_comp_node(self):
+        return self.tensors[0].comp_node
+
+    def infer_dtypes(self, in_dtypes):
+        return [t.dtype for t in self.tensors]
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [tuple(t.shape) for t in self.tensors]
+
+    def source_infer(self):
+        return [(CONST, MISSING)] * len(self.tensors)
+
+    def infer_value(self, in_values, out_shapes):
+        raise InferPending("MultipleDeviceTensorHolder: values are not statically inferable")
+
+    def runtime_state(self, watch_value=False):
+        st = []
+        for t in self.tensors:
+            arr = _tensor_array(t)
+            s = None if arr is None else (arr.shape, arr.__array_interface__["data"][0])
+            if watch_value and arr is not None:
+                s = s + (arr.tobytes(),)
+            st.append(s)
+        return tuple(st)
+
+    def state_change_error(self, old, new) -> MegBrainError:
+        bad = [k for k, (a, b) in enumerate(zip(old, new)) if a != b]
+        k = bad[0] if bad else 0
+        return MegBrainError(
+            f"MultipleDeviceTensorHolder {self.name!r}: the buffer or shape of tensor #{k} "
+            f"({self.outputs[k].name!r}) changed after compile"
+        )
+
+    def fwd_views(self, ins):
+        return [t.as_ndarray() for t in self.tensors]
+
+    def default_name(self) -> str:
+        return f"merged{len(self.tensors)}"
+
+
+def multiple_device_tensor_holder(graph, dev_tensors, *, name=None, config=None) -> list:
+    """A MultipleDeviceTensorHolder holding ``dev_tensors``; its output SymbolVars."""
+    check_graph(graph, arg="graph")
+    cfg = _merge_config(name, None, config)
+    return [SymbolVar(v) for v in graph.insert_opr(MultipleDeviceTensorHolder(dev_tensors, cfg))]
 
 
 @register_opr
@@ -379,6 +462,28 @@ def _shared_loader(cls):
     return load
 
 
+def _multi_dump(ctx, opr) -> None:
+    # the count as a uint32 blob, then each value as a shared tensor named by its output
+    ctx.dump_buf(struct.pack("<I", len(opr.tensors)))
+    for v, t in zip(opr.outputs, opr.tensors):
+        ctx.dump_tensor(v.name, t, sereg.TensorWriteMethod.VALUE_SHARED)
+
+
+def _multi_load(ctx, inputs, config):
+    if inputs:
+        raise SerializationError(
+            f"MultipleDeviceTensorHolder: expects no inputs, the file gives {len(inputs)}"
+        )
+    buf = ctx.load_buf()
+    if len(buf) != 4:
+        raise SerializationError(
+            f"MultipleDeviceTensorHolder: the count blob has {len(buf)} bytes, expected 4"
+        )
+    (n,) = struct.unpack("<I", buf)
+    tensors = [ctx.load_tensor_shared() for _ in range(n)]
+    return ctx.graph.insert_opr(MultipleDeviceTensorHolder(tensors, config))
+
+
 def _immutable_dump(ctx, opr) -> None:
     ctx.dump_tensor("", opr.value, sereg.TensorWriteMethod.VALUE_ANONYMOUS, comp_node=opr.cn)
 
@@ -395,6 +500,7 @@ def _immutable_load(ctx, inputs, config):
 sereg.register_serializer(Host2DeviceCopy, dump=_h2d_dump, load=_h2d_load)
 for _cls in (SharedDeviceTensor, VolatileSharedDeviceTensor):
     sereg.register_serializer(_cls, dump=_shared_dump, load=_shared_loader(_cls))
+sereg.register_serializer(MultipleDeviceTensorHolder, dump=_multi_dump, load=_multi_load)
 sereg.register_serializer(ImmutableTensor, dump=_immutable_dump, load=_immutable_load)
 sereg.register_param_opr(
     Copy, _pdefs.Empty, to_def=lambda param: _pdefs.Empty(), from_def=lambda pdef: None

@@ -18,7 +18,12 @@ import megbrain as mgb
 from megbrain.errors import SerializationError
 from megbrain.graph import OperatorNodeConfig, sereg
 
-_IO_TYPES = {"Host2DeviceCopy", "SharedDeviceTensor", "VolatileSharedDeviceTensor"}
+_IO_TYPES = {
+    "Host2DeviceCopy",
+    "SharedDeviceTensor",
+    "VolatileSharedDeviceTensor",
+    "MultipleDeviceTensorHolder",
+}
 
 
 def _oprs(outputs) -> list:
