@@ -1,0 +1,13 @@
+"""ONNX import: ``megbrain.onnx.load`` builds megbrain operators for an ONNX graph.
+
+Each ONNX op type has one small converter registered by op type and opset range
+(``registry.converter``); ``support.claimed_op_types()`` lists them.
+"""
+
+from __future__ import annotations
+
+from . import ops_elemwise, ops_nn, ops_reduce, ops_tensor  # noqa: F401 - register converters
+from .loader import LoadResult, load
+from .registry import ONNXConversionError, claimed_op_types
+
+__all__ = ["load", "LoadResult", "ONNXConversionError", "claimed_op_types"]

@@ -1,0 +1,86 @@
+"""An ``onnx.backend.base.Backend`` running ONNX models with megbrain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+from onnx.backend.base import Backend, BackendRep
+
+import megbrain as mgb
+
+from .loader import load
+from .support import model_is_claimed
+
+__all__ = ["MegBrainBackend", "MegBrainRep", "prepare", "run_model"]
+
+
+def _expected_np_dtype(elem_type: int):
+    try:
+        return helper.tensor_dtype_to_np_dtype(elem_type)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class MegBrainRep(BackendRep):
+    """A prepared model; each run builds and compiles it for the given inputs.
+
+    The inputs' values are known to the build (``load(static_inputs=...)``), so models whose
+    shapes are computed from their inputs (Reshape's shape given as an input) run as well.
+    """
+
+    def __init__(self, model: onnx.ModelProto, device: str = "CPU") -> None:
+        self.model = model
+        init = {t.name for t in model.graph.initializer}
+        self.input_names = [vi.name for vi in model.graph.input if vi.name not in init]
+        self.output_types = [vi.type.tensor_type.elem_type for vi in model.graph.output]
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple:
+        if isinstance(inputs, dict):
+            feed = dict(inputs)
+        else:
+            if isinstance(inputs, np.ndarray):
+                inputs = [inputs]
+            feed = dict(zip(self.input_names, inputs))
+        feed = {k: np.asarray(v) for k, v in feed.items()}
+        res = load(self.model, static_inputs=feed)
+        args = [res.inputs[n] for n in self.input_names]
+        outs = list(res.outputs.values())
+        func = res.graph.compile(args, [mgb.copy_output(v) for v in outs])
+        vals = func(*[feed[n] for n in self.input_names]) if args else func()
+        if not isinstance(vals, (list, tuple)):
+            vals = [vals]
+        result = []
+        for v, et in zip(vals, self.output_types):
+            dt = _expected_np_dtype(et)
+            v = np.asarray(v)
+            result.append(v.astype(dt) if dt is not None and v.dtype != dt else v)
+        return tuple(result)
+
+
+class MegBrainBackend(Backend):
+    """The megbrain ONNX backend (CPU)."""
+
+    @classmethod
+    def is_compatible(cls, model, device: str = "CPU", **kwargs: Any) -> bool:
+        """Whether every node's op type has a converter (other models are skipped)."""
+        return device == "CPU" and model_is_claimed(model)
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        return device == "CPU"
+
+    @classmethod
+    def prepare(cls, model, device: str = "CPU", **kwargs: Any) -> MegBrainRep:
+        super().prepare(model, device, **kwargs)
+        return MegBrainRep(model, device)
+
+    @classmethod
+    def run_node(cls, node, inputs, device: str = "CPU", outputs_info=None, **kwargs):
+        raise NotImplementedError("run_node: use prepare() on a model")
+
+
+prepare = MegBrainBackend.prepare
+run_model = MegBrainBackend.run_model

@@ -1,0 +1,380 @@
+"""Element-wise ONNX operators: arithmetic, activations, comparisons, logic, Cast, Where."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+import megbrain as mgb
+
+from .loader import onnx_to_np_dtype
+from .registry import Attr, converter
+
+E = mgb.opr.elemwise
+
+
+def _is_int(var) -> bool:
+    return np.dtype(var.dtype).kind in "iu"
+
+
+def _f(ctx, value, like):
+    """A scalar constant with ``like``'s dtype."""
+    return ctx.imm(np.asarray(value, dtype=np.dtype(like.dtype)))
+
+
+def _cast(var, dt):
+    return var if np.dtype(var.dtype) == np.dtype(dt) else mgb.opr.typecvt(var, dt)
+
+
+def _bool(var):
+    """0/1 int32 from any 0/1 var (comparisons give the operands' dtype)."""
+    return _cast(var, np.int32)
+
+
+_UNARY = {
+    "Abs": "ABS",
+    "Neg": "NEGATE",
+    "Exp": "EXP",
+    "Log": "LOG",
+    "Relu": "RELU",
+    "Sigmoid": "SIGMOID",
+    "Tanh": "TANH",
+    "Erf": "ERF",
+    "Floor": "FLOOR",
+    "Ceil": "CEIL",
+    "Sin": "SIN",
+    "Cos": "COS",
+    "Asin": "ASIN",
+    "Acos": "ACOS",
+}
+
+
+def _unary(ctx):
+    x = ctx.input(0)
+    mode = _UNARY[ctx.node.op_type]
+    if mode in ("FLOOR", "CEIL") and _is_int(x):
+        return x
+    if mode == "ABS" or mode == "NEGATE" or mode == "RELU":
+        return E(x, mode=mode)
+    if _is_int(x):
+        raise ctx.fail(f"integer input {x.dtype} is not supported")
+    return E(x, mode=mode)
+
+
+converter(list(_UNARY), 6)(_unary)
+
+
+@converter("Sqrt", 6)
+def _sqrt(ctx):
+    return E(ctx.input(0), _f(ctx, 0.5, ctx.input(0)), mode="POW")
+
+
+@converter("Reciprocal", 6)
+def _reciprocal(ctx):
+    x = ctx.input(0)
+    return E(_f(ctx, 1, x), x, mode="TRUE_DIV")
+
+
+@converter("Atan", 7)
+def _atan(ctx):
+    x = ctx.input(0)
+    return E(x, _f(ctx, 1, x), mode="ATAN2")
+
+
+@converter("Tan", 7)
+def _tan(ctx):
+    x = ctx.input(0)
+    return E(E(x, mode="SIN"), E(x, mode="COS"), mode="TRUE_DIV")
+
+
+@converter("Sign", 9)
+def _sign(ctx):
+    x = ctx.input(0)
+    z = _f(ctx, 0, x)
+    return E(E(z, x, mode="LT"), E(x, z, mode="LT"), mode="SUB")
+
+
+@converter("Round", 11)
+def _round(ctx):
+    # half to even: floor(x + .5), minus one where x sat exactly half-way and that is odd
+    x = ctx.input(0)
+    r = E(E(x, _f(ctx, 0.5, x), mode="ADD"), mode="FLOOR")
+    tie = E(E(r, x, mode="SUB"), _f(ctx, 0.5, x), mode="EQ")
+    odd = E(E(r, _f(ctx, 2, x), mode="MOD"), mode="ABS")
+    return E(r, E(tie, odd, mode="MUL"), mode="SUB")
+
+
+@converter("Softplus", 1)
+def _softplus(ctx):
+    x = ctx.input(0)
+    return E(E(x, mode="EXP"), mode="LOG1P")
+
+
+@converter("Softsign", 1)
+def _softsign(ctx):
+    x = ctx.input(0)
+    return E(x, E(_f(ctx, 1, x), E(x, mode="ABS"), mode="ADD"), mode="TRUE_DIV")
+
+
+@converter("LeakyRelu", 6, attrs={"alpha": 0.01})
+def _leaky_relu(ctx):
+    x = ctx.input(0)
+    a = ctx.attr("alpha")
+    neg = E(E(_f(ctx, 0, x), x, mode="MIN"), _f(ctx, a, x), mode="MUL")
+    return E(E(x, mode="RELU"), neg, mode="ADD")
+
+
+@converter("PRelu", 7)
+def _prelu(ctx):
+    x, slope = ctx.input(0), ctx.input(1)
+    neg = E(E(_f(ctx, 0, x), x, mode="MIN"), slope, mode="MUL")
+    return E(E(x, mode="RELU"), neg, mode="ADD")
+
+
+@converter("ThresholdedRelu", 10, attrs={"alpha": 1.0})
+def _thresholded_relu(ctx):
+    x = ctx.input(0)
+    return E(E(_f(ctx, ctx.attr("alpha"), x), x, mode="LT"), x, mode="MUL")
+
+
+def _elu_like(ctx, x, alpha, scale=1.0):
+    z = _f(ctx, 0, x)
+    neg = E(E(E(x, z, mode="MIN"), mode="EXPM1"), _f(ctx, alpha, x), mode="MUL")
+    out = E(E(x, mode="RELU"), neg, mode="ADD")
+    return out if scale == 1.0 else E(out, _f(ctx, scale, x), mode="MUL")
+
+
+@converter("Elu", 6, attrs={"alpha": 1.0})
+def _elu(ctx):
+    return _elu_like(ctx, ctx.input(0), ctx.attr("alpha"))
+
+
+@converter("Celu", 12, attrs={"alpha": 1.0})
+def _celu(ctx):
+    x = ctx.input(0)
+    a = ctx.attr("alpha")
+    neg = E(E(E(x, _f(ctx, 0, x), mode="MIN"), _f(ctx, a, x), mode="TRUE_DIV"), mode="EXPM1")
+    return E(E(x, mode="RELU"), E(neg, _f(ctx, a, x), mode="MUL"), mode="ADD")
+
+
+@converter(
+    "Selu", 6, attrs={"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}
+)
+def _selu(ctx):
+    return _elu_like(ctx, ctx.input(0), ctx.attr("alpha"), ctx.attr("gamma"))
+
+
+@converter("HardSigmoid", 6, attrs={"alpha": 0.2, "beta": 0.5})
+def _hard_sigmoid(ctx):
+    x = ctx.input(0)
+    y = E(E(x, _f(ctx, ctx.attr("alpha"), x), mode="MUL"), _f(ctx, ctx.attr("beta"), x), mode="ADD")
+    return E(E(y, _f(ctx, 0, x), mode="MAX"), _f(ctx, 1, x), mode="MIN")
+
+
+@converter("HardSwish", 14)
+def _hard_swish(ctx):
+    return E(ctx.input(0), mode="H_SWISH")
+
+
+@converter("Mish", 18)
+def _mish(ctx):
+    x = ctx.input(0)
+    return E(x, E(E(E(x, mode="EXP"), mode="LOG1P"), mode="TANH"), mode="MUL")
+
+
+@converter("Gelu", 20, attrs={"approximate": Attr("none", frozenset({"none", "tanh"}))})
+def _gelu(ctx):
+    x = ctx.input(0)
+    c = lambda v: _f(ctx, v, x)  # noqa: E731
+    if ctx.attr("approximate") == "tanh":
+        x3 = E(E(x, x, mode="MUL"), x, mode="MUL")
+        inner = E(
+            E(x, E(x3, c(0.044715), mode="MUL"), mode="ADD"), c(np.sqrt(2 / np.pi)), mode="MUL"
+        )
+        t = E(c(1), E(inner, mode="TANH"), mode="ADD")
+    else:
+        t = E(c(1), E(E(x, c(1 / np.sqrt(2)), mode="MUL"), mode="ERF"), mode="ADD")
+    return E(E(x, t, mode="MUL"), c(0.5), mode="MUL")
+
+
+@converter(
+    "Clip",
+    6,
+    10,
+    attrs={"min": float(np.finfo(np.float32).min), "max": float(np.finfo(np.float32).max)},
+)
+def _clip6(ctx):
+    x = ctx.input(0)
+    y = E(x, _f(ctx, ctx.attr("min"), x), mode="MAX")
+    return E(y, _f(ctx, ctx.attr("max"), x), mode="MIN")
+
+
+@converter("Clip", 11)
+def _clip11(ctx):
+    x = ctx.input(0)
+    if ctx.has(1):
+        x = E(x, ctx.input(1), mode="MAX")
+    if ctx.has(2):
+        x = E(x, ctx.input(2), mode="MIN")
+    return x
+
+
+@converter("Add", 7)
+def _add(ctx):
+    return E(ctx.input(0), ctx.input(1), mode="ADD")
+
+
+@converter("Sub", 7)
+def _sub(ctx):
+    return E(ctx.input(0), ctx.input(1), mode="SUB")
+
+
+@converter("Mul", 7)
+def _mul(ctx):
+    return E(ctx.input(0), ctx.input(1), mode="MUL")
+
+
+def _trunc_div(a, b):
+    # integer division rounding toward zero: (a - fmod(a, b)) / b is exact
+    return E(E(a, E(a, b, mode="MOD"), mode="SUB"), b, mode="FLOOR_DIV")
+
+
+@converter("Div", 7)
+def _div(ctx):
+    a, b = ctx.input(0), ctx.input(1)
+    if _is_int(a):
+        return _trunc_div(a, b)
+    return E(a, b, mode="TRUE_DIV")
+
+
+@converter("Pow", 7)
+def _pow(ctx):
+    a, b = ctx.input(0), ctx.input(1)
+    out = E(
+        _cast(a, np.float32) if _is_int(a) else a,
+        _cast(b, a.dtype) if not _is_int(a) else _cast(b, np.float32),
+        mode="POW",
+    )
+    return _cast(out, a.dtype)
+
+
+@converter("Mod", 10, attrs={"fmod": Attr(0, frozenset({0, 1}))})
+def _mod(ctx):
+    a, b = ctx.input(0), ctx.input(1)
+    r = E(a, b, mode="MOD")
+    if ctx.attr("fmod") == 1:
+        return r
+    # Python-style: the remainder takes the divisor's sign
+    wrong_sign = E(E(r, b, mode="MUL"), _f(ctx, 0, r), mode="LT")
+    fix = E(wrong_sign, b, mode="MUL")
+    return E(r, fix, mode="ADD")
+
+
+def _variadic(mode):
+    def conv(ctx):
+        vs = [v for v in ctx.inputs if v is not None]
+        out = vs[0]
+        for v in vs[1:]:
+            out = E(out, v, mode=mode)
+        if ctx.node.op_type == "Mean":
+            out = E(out, _f(ctx, len(vs), out), mode="TRUE_DIV")
+        elif len(vs) == 1:
+            out = mgb.opr.identity(out)
+        return out
+
+    return conv
+
+
+converter("Max", 8)(_variadic("MAX"))
+converter("Min", 8)(_variadic("MIN"))
+converter("Sum", 8)(_variadic("ADD"))
+converter("Mean", 8)(_variadic("ADD"))
+
+
+def _cmp(ctx, a, b, mode, swap=False):
+    if swap:
+        a, b = b, a
+    return _bool(E(a, b, mode=mode))
+
+
+@converter("Equal", 7)
+def _equal(ctx):
+    return _cmp(ctx, ctx.input(0), ctx.input(1), "EQ")
+
+
+@converter("Less", 7)
+def _less(ctx):
+    return _cmp(ctx, ctx.input(0), ctx.input(1), "LT")
+
+
+@converter("Greater", 7)
+def _greater(ctx):
+    return _cmp(ctx, ctx.input(0), ctx.input(1), "LT", swap=True)
+
+
+@converter("LessOrEqual", 12)
+def _less_eq(ctx):
+    return _cmp(ctx, ctx.input(0), ctx.input(1), "LEQ")
+
+
+@converter("GreaterOrEqual", 12)
+def _greater_eq(ctx):
+    return _cmp(ctx, ctx.input(0), ctx.input(1), "LEQ", swap=True)
+
+
+@converter("Not", 1)
+def _not(ctx):
+    x = ctx.input(0)
+    return E(_f(ctx, 1, x), x, mode="SUB")
+
+
+@converter("And", 7)
+def _and(ctx):
+    return E(ctx.input(0), ctx.input(1), mode="MUL")
+
+
+@converter("Or", 7)
+def _or(ctx):
+    return E(ctx.input(0), ctx.input(1), mode="MAX")
+
+
+@converter("Xor", 7)
+def _xor(ctx):
+    return E(E(ctx.input(0), ctx.input(1), mode="SUB"), mode="ABS")
+
+
+@converter("Where", 9)
+def _where(ctx):
+    c, a, b = ctx.inputs
+    if np.dtype(a.dtype).kind == "f":
+        # selects exactly (no arithmetic on the unselected branch's inf/nan)
+        cf = _cast(c, a.dtype)
+        pa = E(cf, a, mode="SWITCH_GT0")
+        pb = E(E(_f(ctx, 1, cf), cf, mode="SUB"), b, mode="SWITCH_GT0")
+        return E(pa, pb, mode="ADD")
+    ci = _cast(c, a.dtype)
+    return E(E(ci, a, mode="MUL"), E(E(_f(ctx, 1, ci), ci, mode="SUB"), b, mode="MUL"), mode="ADD")
+
+
+def _check_cast(attrs, in_types, where):
+    onnx_to_np_dtype(attrs["to"], where=f"{where}, attribute to")
+
+
+@converter("Cast", 6, attrs={"to": Attr(None), "saturate": Attr(1)}, validate=_check_cast)
+def _cast_op(ctx):
+    x = ctx.input(0)
+    to = ctx.attr("to")
+    if to == TensorProto.BOOL:
+        return _bool(E(_f(ctx, 1, x), E(x, _f(ctx, 0, x), mode="EQ"), mode="SUB"))
+    dt = onnx_to_np_dtype(to)
+    if np.dtype(x.dtype) == dt:
+        return mgb.opr.identity(x)
+    return mgb.opr.typecvt(x, dt)
+
+
+@converter("CastLike", 15, attrs={"saturate": Attr(1)})
+def _cast_like(ctx):
+    x, like = ctx.input(0), ctx.input(1)
+    if ctx.in_type(1) == TensorProto.BOOL:
+        return _bool(E(_f(ctx, 1, x), E(x, _f(ctx, 0, x), mode="EQ"), mode="SUB"))
+    return _cast(x, like.dtype)

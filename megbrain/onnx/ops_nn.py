@@ -1,0 +1,400 @@
+"""Neural-network ONNX operators: Conv, ConvTranspose, pooling, Gemm, MatMul, normalizations,
+Softmax."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import megbrain as mgb
+
+from .ops_tensor import _norm_axis, _pad_impl, _reshape, _take, static_shape
+from .registry import Attr, converter
+
+E = mgb.opr.elemwise
+_AUTO_PAD = frozenset({"NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"})
+
+
+def _c(ctx, v, like):
+    return ctx.imm(np.asarray(v, np.dtype(like.dtype)))
+
+
+def _channel(ctx, v, nd):
+    """A per-channel vector shaped (1, C, 1, ...) for an ``nd``-dimensional NC... tensor."""
+    c = static_shape(ctx, v)[0]
+    return _reshape(v, (1, c) + (1,) * (nd - 2))
+
+
+# ---------------------------------------------------------------------------------- matmul
+@converter("MatMul", 1)
+def _matmul(ctx):
+    a, b = ctx.input(0), ctx.input(1)
+    sa, sb = static_shape(ctx, a), static_shape(ctx, b)
+    if np.dtype(a.dtype).kind != "f":
+        raise ctx.fail(f"integer MatMul ({a.dtype}) is not supported")
+    va, vb = len(sa) == 1, len(sb) == 1
+    if va:
+        a, sa = _reshape(a, (1, sa[0])), (1, sa[0])
+    if vb:
+        b, sb = _reshape(b, (sb[0], 1)), (sb[0], 1)
+    if len(sa) == 2 and len(sb) == 2:
+        out = mgb.opr.matrix_mul(a, b)
+        batch = ()
+    else:
+        batch = tuple(np.broadcast_shapes(sa[:-2], sb[:-2]))
+        nb = int(np.prod(batch))
+        a3 = _reshape(mgb.opr.broadcast(a, batch + sa[-2:]), (nb,) + sa[-2:])
+        b3 = _reshape(mgb.opr.broadcast(b, batch + sb[-2:]), (nb,) + sb[-2:])
+        out = mgb.opr.batched_matrix_mul(a3, b3)
+    shape = batch + ((sa[-2],) if not va else ()) + ((sb[-1],) if not vb else ())
+    return _reshape(out, shape)
+
+
+@converter("Gemm", 7, attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0})
+def _gemm(ctx):
+    a, b = ctx.input(0), ctx.input(1)
+    y = mgb.opr.matrix_mul(a, b, bool(ctx.attr("transA")), bool(ctx.attr("transB")))
+    if ctx.attr("alpha") != 1.0:
+        y = E(y, _c(ctx, ctx.attr("alpha"), y), mode="MUL")
+    if ctx.has(2):
+        cc = ctx.input(2)
+        if ctx.attr("beta") != 1.0:
+            cc = E(cc, _c(ctx, ctx.attr("beta"), cc), mode="MUL")
+        y = E(y, cc, mode="ADD")
+    return y
+
+
+# ---------------------------------------------------------------------------------- conv
+def _same_pads(in_sz, k, s, d, upper):
+    out = -(-in_sz // s)
+    total = max((out - 1) * s + (k - 1) * d + 1 - in_sz, 0)
+    small, big = total // 2, total - total // 2
+    return (small, big) if upper else (big, small)
+
+
+def _spatial_pads(ctx, spatial, kernel, strides, dilations):
+    """(begin, end) pads per spatial axis from ``pads``/``auto_pad``."""
+    n = len(spatial)
+    ap = ctx.attr("auto_pad")
+    if ap == "VALID":
+        return [(0, 0)] * n
+    if ap in ("SAME_UPPER", "SAME_LOWER"):
+        return [
+            _same_pads(spatial[i], kernel[i], strides[i], dilations[i], ap == "SAME_UPPER")
+            for i in range(n)
+        ]
+    pads = ctx.attr("pads") or (0,) * (2 * n)
+    return [(int(pads[i]), int(pads[i + n])) for i in range(n)]
+
+
+def _conv_common(ctx, x, kernel):
+    src = static_shape(ctx, x)
+    n = len(src) - 2
+    strides = list(ctx.attr("strides") or [1] * n)
+    dil = list(ctx.attr("dilations") or [1] * n)
+    pads = _spatial_pads(ctx, src[2:], kernel, strides, dil)
+    return src, n, strides, dil, pads
+
+
+def _explicit_pad(ctx, x, pads, value=0.0):
+    """Pad the spatial axes of x where begin and end differ; returns (x, symmetric pads)."""
+    if all(b == e for b, e in pads):
+        return x, [b for b, _ in pads]
+    full = [0, 0] + [b for b, _ in pads] + [0, 0] + [e for _, e in pads]
+    return _pad_impl(ctx, x, full, "constant", _c(ctx, value, x)), [0] * len(pads)
+
+
+_CONV_ATTRS = {
+    "auto_pad": Attr("NOTSET", _AUTO_PAD),
+    "dilations": None,
+    "group": 1,
+    "kernel_shape": None,
+    "pads": None,
+    "strides": None,
+}
+
+
+@converter("Conv", 1, attrs=_CONV_ATTRS)
+def _conv(ctx):
+    x, w = ctx.input(0), ctx.input(1)
+    ws = static_shape(ctx, w, "weight")
+    src, n, strides, dil, pads = _conv_common(ctx, x, ws[2:])
+    if n not in (1, 2):
+        raise ctx.fail(f"{n}-d convolution is not supported (1-d and 2-d are)")
+    x, sym = _explicit_pad(ctx, x, pads)
+    if n == 1:
+        x = _reshape(x, static_shape(ctx, x) + (1,))
+        w = _reshape(w, ws + (1,))
+        ws = ws + (1,)
+        strides, dil, sym = strides + [1], dil + [1], sym + [0]
+    g = ctx.attr("group")
+    kw = {}
+    if g != 1:
+        w = _reshape(w, (g, ws[0] // g) + ws[1:])
+        kw["sparse"] = "GROUP"
+    y = mgb.opr.convolution(
+        x,
+        w,
+        pad_h=sym[0],
+        pad_w=sym[1],
+        stride_h=strides[0],
+        stride_w=strides[1],
+        dilate_h=dil[0],
+        dilate_w=dil[1],
+        **kw,
+    )
+    if n == 1:
+        ys = static_shape(ctx, y)
+        y = _reshape(y, ys[:3])
+    if ctx.has(2):
+        y = E(y, _channel(ctx, ctx.input(2), n + 2), mode="ADD")
+    return y
+
+
+@converter("ConvTranspose", 1, attrs={**_CONV_ATTRS, "output_padding": None, "output_shape": None})
+def _conv_transpose(ctx):
+    x, w = ctx.input(0), ctx.input(1)
+    ws = static_shape(ctx, w, "weight")
+    src = static_shape(ctx, x)
+    n = len(src) - 2
+    if n not in (1, 2):
+        raise ctx.fail(f"{n}-d transposed convolution is not supported (1-d and 2-d are)")
+    k = ws[2:]
+    strides = list(ctx.attr("strides") or [1] * n)
+    dil = list(ctx.attr("dilations") or [1] * n)
+    opad = list(ctx.attr("output_padding") or [0] * n)
+    full = [strides[i] * (src[2 + i] - 1) + (k[i] - 1) * dil[i] + 1 for i in range(n)]
+    oshape = ctx.attr("output_shape")
+    if oshape is not None:
+        oshape = list(oshape)[-n:]
+        pads = []
+        for i in range(n):
+            total = full[i] + opad[i] - oshape[i]
+            b = total // 2 if ctx.attr("auto_pad") == "SAME_UPPER" else total - total // 2
+            pads.append((b, total - b))
+    elif ctx.attr("auto_pad") in ("SAME_UPPER", "SAME_LOWER"):
+        pads = []
+        for i in range(n):
+            total = full[i] + opad[i] - src[2 + i] * strides[i]
+            b = total // 2 if ctx.attr("auto_pad") == "SAME_UPPER" else total - total // 2
+            pads.append((b, total - b))
+    elif ctx.attr("auto_pad") == "VALID":
+        pads = [(0, 0)] * n
+    else:
+        p = ctx.attr("pads") or (0,) * (2 * n)
+        pads = [(int(p[i]), int(p[i + n])) for i in range(n)]
+    xx, ww = x, w
+    if n == 1:
+        xx = _reshape(x, src + (1,))
+        ww = _reshape(w, ws + (1,))
+        ws = ws + (1,)
+    sh = (strides + [1])[:2]
+    dl = (dil + [1])[:2]
+    g = ctx.attr("group")
+    kw = {}
+    if g != 1:
+        ww = _reshape(ww, (g, ws[0] // g) + ws[1:])
+        kw["sparse"] = "GROUP"
+    y = mgb.opr.deconvolution(
+        xx, ww, stride_h=sh[0], stride_w=sh[1], dilate_h=dl[0], dilate_w=dl[1], **kw
+    )
+    if n == 1:
+        y = _reshape(y, static_shape(ctx, y)[:3])
+    # crop the begin pads, then cut or zero-extend to the output size
+    for i in range(n):
+        axis = 2 + i
+        b, e = pads[i]
+        out_len = full[i] + opad[i] - b - e
+        cur = static_shape(ctx, y)[axis]
+        if b > 0:
+            y = _take(y, axis, b, None)
+            cur -= b
+        if out_len < cur:
+            y = _take(y, axis, 0, out_len)
+        elif out_len > cur:
+            fill = [0] * (2 * len(static_shape(ctx, y)))
+            fill[len(fill) // 2 + axis] = out_len - cur
+            y = _pad_impl(ctx, y, fill, "constant", _c(ctx, 0, y))
+    if ctx.has(2):
+        y = E(y, _channel(ctx, ctx.input(2), n + 2), mode="ADD")
+    return y
+
+
+# ---------------------------------------------------------------------------------- pooling
+def _pool(ctx, mode):
+    x = ctx.input(0)
+    if len(ctx.node.output) > 1 and ctx.node.output[1]:
+        raise ctx.fail("the Indices output is not supported")
+    kernel = list(ctx.attr("kernel_shape"))
+    src, n, strides, dil, pads = _conv_common(ctx, x, kernel)
+    if n not in (1, 2):
+        raise ctx.fail(f"{n}-d pooling is not supported (1-d and 2-d are)")
+    if any(d != 1 for d in dil):
+        raise ctx.fail(f"dilations {dil} are not supported")
+    if ctx.attr("ceil_mode"):
+        # ceil mode adds an end pad where the last window would start inside the input
+        new = []
+        for i in range(n):
+            b, e = pads[i]
+            span = src[2 + i] + b + e - kernel[i]
+            extra = (-span) % strides[i] if span % strides[i] else 0
+            last_start = (span + extra) // strides[i] * strides[i]
+            if extra and last_start >= src[2 + i] + b:
+                extra = 0
+            new.append((b, e + extra))
+        pads = new
+        if mode != "MAX" and any(p != q for p, q in zip(pads, _conv_common(ctx, x, kernel)[4])):
+            raise ctx.fail("ceil_mode with average pooling is not supported")
+    exclude = mode == "AVERAGE" and not ctx.attr("count_include_pad")
+    asym = any(b != e for b, e in pads)
+    if asym and exclude and any(b or e for b, e in pads):
+        raise ctx.fail(f"asymmetric pads {pads} with count_include_pad=0 are not supported")
+    if mode == "MAX" or asym:
+        # pad explicitly (max: with the lowest float; average counting the pads: with zeros)
+        fill = float(np.finfo(np.dtype(x.dtype)).min) if mode == "MAX" else 0.0
+        full = [0, 0] + [b for b, _ in pads] + [0, 0] + [e for _, e in pads]
+        if any(full):
+            x = _pad_impl(ctx, x, full, "constant", _c(ctx, fill, x))
+        sym = [0] * n
+    else:
+        sym = [b for b, _ in pads]
+    if n == 1:
+        x = _reshape(x, static_shape(ctx, x) + (1,))
+        kernel, strides, sym = kernel + [1], strides + [1], sym + [0]
+    pmode = "MAX" if mode == "MAX" else ("AVERAGE_COUNT_EXCLUDE_PADDING" if exclude else "AVERAGE")
+    y = mgb.opr.pooling(
+        x,
+        mode=pmode,
+        pad_h=sym[0],
+        pad_w=sym[1],
+        stride_h=strides[0],
+        stride_w=strides[1],
+        window_h=kernel[0],
+        window_w=kernel[1],
+    )
+    if n == 1:
+        y = _reshape(y, static_shape(ctx, y)[:3])
+    return y
+
+
+_POOL_ATTRS = {
+    "auto_pad": Attr("NOTSET", _AUTO_PAD),
+    "ceil_mode": Attr(0, frozenset({0, 1})),
+    "dilations": None,
+    "kernel_shape": None,
+    "pads": None,
+    "strides": None,
+}
+
+
+@converter("MaxPool", 1, attrs={**_POOL_ATTRS, "storage_order": Attr(0, frozenset({0}))})
+def _maxpool(ctx):
+    return _pool(ctx, "MAX")
+
+
+@converter("AveragePool", 1, attrs={**_POOL_ATTRS, "count_include_pad": 0})
+def _avgpool(ctx):
+    return _pool(ctx, "AVERAGE")
+
+
+def _global_pool(mode):
+    def conv(ctx):
+        y = ctx.input(0)
+        for a in range(2, len(static_shape(ctx, y))):
+            y = mgb.opr.reduce_(y, mode, a, True)
+        return y
+
+    return conv
+
+
+converter("GlobalAveragePool", 1)(_global_pool("MEAN"))
+converter("GlobalMaxPool", 1)(_global_pool("MAX"))
+
+
+# ---------------------------------------------------------------------------- normalization
+@converter(
+    "BatchNormalization",
+    6,
+    attrs={
+        "epsilon": 1e-5,
+        "momentum": 0.9,
+        "spatial": 1,
+        "training_mode": Attr(0, frozenset({0})),
+    },
+)
+def _batch_norm(ctx):
+    x, scale, bias, mean, var = ctx.inputs[:5]
+    if len([o for o in ctx.node.output if o]) > 1:
+        raise ctx.fail("training outputs (running mean/var) are not supported")
+    nd = len(static_shape(ctx, x))
+    if nd == 1:
+        raise ctx.fail("1-d input is not supported")
+    s = E(
+        E(_channel(ctx, var, nd), _c(ctx, ctx.attr("epsilon"), x), mode="ADD"),
+        _c(ctx, -0.5, x),
+        mode="POW",
+    )
+    y = E(
+        E(x, _channel(ctx, mean, nd), mode="SUB"),
+        E(s, _channel(ctx, scale, nd), mode="MUL"),
+        mode="MUL",
+    )
+    return E(y, _channel(ctx, bias, nd), mode="ADD")
+
+
+@converter(
+    "LayerNormalization",
+    17,
+    attrs={"axis": -1, "epsilon": 1e-5, "stash_type": Attr(1, frozenset({1}))},
+)
+def _layer_norm(ctx):
+    x, scale = ctx.input(0), ctx.input(1)
+    src = static_shape(ctx, x)
+    axis = _norm_axis(ctx, ctx.attr("axis"), len(src))
+    xf = x if np.dtype(x.dtype) == np.float32 else mgb.opr.typecvt(x, np.float32)
+    mean = xf
+    for a in range(axis, len(src)):
+        mean = mgb.opr.reduce_(mean, "MEAN", a, True)
+    d = E(xf, mean, mode="SUB")
+    v = E(d, d, mode="MUL")
+    for a in range(axis, len(src)):
+        v = mgb.opr.reduce_(v, "MEAN", a, True)
+    inv = E(E(v, _c(ctx, ctx.attr("epsilon"), xf), mode="ADD"), _c(ctx, -0.5, xf), mode="POW")
+    y = E(d, inv, mode="MUL")
+    if np.dtype(x.dtype) != np.float32:
+        y = mgb.opr.typecvt(y, x.dtype)
+    y = E(y, scale, mode="MUL")
+    if ctx.has(2):
+        y = E(y, ctx.input(2), mode="ADD")
+    return [y, mean, inv]
+
+
+def _softmax_axis(ctx, x):
+    src = static_shape(ctx, x)
+    if ctx.opset >= 13:
+        return (
+            x,
+            _norm_axis(ctx, ctx.attr("axis") if ctx.attr("axis") is not None else -1, len(src)),
+            src,
+        )
+    axis = _norm_axis(ctx, 1 if ctx.attr("axis") is None else ctx.attr("axis"), len(src))
+    flat = _reshape(x, (int(np.prod(src[:axis])), int(np.prod(src[axis:]))))
+    return flat, 1, src
+
+
+def _softmax_impl(ctx, log):
+    x, axis, src = _softmax_axis(ctx, ctx.input(0))
+    d = E(x, mgb.opr.reduce_(x, "MAX", axis, True), mode="SUB")
+    ex = E(d, mode="EXP")
+    s = mgb.opr.reduce_(ex, "SUM", axis, True)
+    y = E(d, E(s, mode="LOG"), mode="SUB") if log else E(ex, s, mode="TRUE_DIV")
+    return _reshape(y, src)
+
+
+@converter("Softmax", 1, attrs={"axis": None})
+def _softmax(ctx):
+    return _softmax_impl(ctx, False)
+
+
+@converter("LogSoftmax", 1, attrs={"axis": None})
+def _log_softmax(ctx):
+    return _softmax_impl(ctx, True)

@@ -1,0 +1,389 @@
+"""Shape and data-movement ONNX operators: Reshape, Slice, Gather, Pad, Constant, ..."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import megbrain as mgb
+
+from .loader import narrow as _narrow
+from .registry import Attr, converter
+
+E = mgb.opr.elemwise
+
+
+def static_shape(ctx, var, what="input") -> tuple:
+    """The shape of ``var``, which must be known when the graph is built."""
+    shp = var.imm_shape
+    if shp is None:
+        raise ctx.fail(f"the shape of the {what} must be known at load")
+    return tuple(int(d) for d in shp)
+
+
+def _norm_axis(ctx, axis, ndim):
+    a = int(axis)
+    if not -ndim <= a < ndim:
+        raise ctx.fail(f"axis {a} is out of range for rank {ndim}")
+    return a + ndim if a < 0 else a
+
+
+def _reshape(var, shape):
+    shape = tuple(int(d) for d in shape)
+    if tuple(var.imm_shape or ()) == shape and var.imm_shape is not None:
+        return var
+    return mgb.opr.reshape(var, shape)
+
+
+def _axes_of(ctx, attr_idx, ndim, *, input_idx=None, default=None):
+    if input_idx is not None and ctx.opset >= 13:
+        axes = ctx.const(input_idx, "axes").ravel().tolist() if ctx.has(input_idx) else default
+    else:
+        axes = ctx.attr(attr_idx)
+        axes = default if axes is None else list(axes)
+    return None if axes is None else [_norm_axis(ctx, a, ndim) for a in axes]
+
+
+@converter(["Identity"], 1)
+def _identity(ctx):
+    return mgb.opr.identity(ctx.input(0))
+
+
+@converter("Dropout", 7, 11, attrs={"ratio": 0.5, "is_test": 0})
+def _dropout7(ctx):
+    x = ctx.input(0)
+    mask = ctx.imm(np.ones(static_shape(ctx, x), np.int32))
+    return [mgb.opr.identity(x), mask]
+
+
+@converter("Dropout", 12, attrs={"seed": None})
+def _dropout12(ctx):
+    x = ctx.input(0)
+    if ctx.has(2) and bool(ctx.const(2, "training_mode")):
+        raise ctx.fail("training_mode=True is not supported (inference only)")
+    mask = ctx.imm(np.ones(static_shape(ctx, x), np.int32))
+    return [mgb.opr.identity(x), mask]
+
+
+def _check_constant(attrs, in_types, where):
+    from .registry import ONNXConversionError
+
+    given = [k for k, v in attrs.items() if v is not None]
+    if given == ["sparse_value"] or any(k.startswith("value_string") for k in given):
+        raise ONNXConversionError(f"{where}: attribute {given[0]} is not supported")
+
+
+_CONST_ATTRS = [
+    "value",
+    "value_float",
+    "value_floats",
+    "value_int",
+    "value_ints",
+    "sparse_value",
+    "value_string",
+    "value_strings",
+]
+
+
+@converter("Constant", 1, attrs=dict.fromkeys(_CONST_ATTRS), validate=_check_constant)
+def _constant(ctx):
+    a = {k: ctx.attr(k) for k in _CONST_ATTRS if ctx.attr(k) is not None}
+    ((k, v),) = a.items()
+    if k == "value":
+        arr = np.asarray(v)
+    elif k in ("value_float", "value_floats"):
+        arr = np.asarray(v, np.float32)
+    else:
+        arr = np.asarray(v, np.int64)
+    return ctx.imm(_narrow(arr))
+
+
+@converter("ConstantOfShape", 9, attrs={"value": None})
+def _constant_of_shape(ctx):
+    shape = ctx.const(0, "shape").ravel().tolist()
+    v = ctx.attr("value")
+    v = np.zeros(1, np.float32) if v is None else np.asarray(v).ravel()
+    if len(shape) == 0:
+        return ctx.imm(_narrow(v.reshape(())))
+    return ctx.imm(_narrow(np.full(shape, v[0], dtype=v.dtype)))
+
+
+@converter("Range", 11)
+def _range(ctx):
+    s, l, d = (ctx.const(i, n) for i, n in enumerate(("start", "limit", "delta")))
+    dt = np.result_type(s, l, d)
+    n = max(int(np.ceil((l - s) / d)), 0)
+    return ctx.imm(_narrow((s + d * np.arange(n)).astype(dt)))
+
+
+@converter("Shape", 1, attrs={"start": 0, "end": None})
+def _shape(ctx):
+    x = ctx.input(0)
+    shp = x.imm_shape
+    if shp is not None:
+        shp = np.asarray(shp, np.int32)
+        r = len(shp)
+        st, en = ctx.attr("start"), ctx.attr("end")
+        return ctx.imm(shp[slice(st, en if en is not None else r)])
+    if ctx.attr("start") != 0 or ctx.attr("end") is not None:
+        return mgb.opr.get_var_shape(x)[ctx.attr("start") : ctx.attr("end")]
+    return mgb.opr.get_var_shape(x)
+
+
+@converter("Size", 1)
+def _size(ctx):
+    return ctx.imm(np.asarray(int(np.prod(static_shape(ctx, ctx.input(0)))), np.int32))
+
+
+@converter("Reshape", 5, attrs={"allowzero": Attr(0, frozenset({0, 1}))})
+def _reshape_op(ctx):
+    x = ctx.input(0)
+    shape = [int(d) for d in ctx.const(1, "shape").ravel()]
+    src = static_shape(ctx, x)
+    if not ctx.attr("allowzero"):
+        shape = [src[i] if d == 0 else d for i, d in enumerate(shape)]
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1]))
+        shape[shape.index(-1)] = int(np.prod(src)) // known if known else 0
+    if int(np.prod(shape)) != int(np.prod(src)):
+        raise ctx.fail(f"cannot reshape {src} to {shape}")
+    return _reshape(x, shape)
+
+
+@converter("Flatten", 1, attrs={"axis": 1})
+def _flatten(ctx):
+    x = ctx.input(0)
+    src = static_shape(ctx, x)
+    a = ctx.attr("axis")
+    a = a + len(src) if a < 0 else a
+    return _reshape(x, (int(np.prod(src[:a])), int(np.prod(src[a:]))))
+
+
+@converter("Transpose", 1, attrs={"perm": None})
+def _transpose(ctx):
+    x = ctx.input(0)
+    nd = len(static_shape(ctx, x))
+    perm = ctx.attr("perm")
+    perm = list(range(nd))[::-1] if perm is None else [int(p) for p in perm]
+    return mgb.opr.dimshuffle(x, perm)
+
+
+@converter("Squeeze", 1, attrs={"axes": None})
+def _squeeze(ctx):
+    x = ctx.input(0)
+    src = static_shape(ctx, x)
+    axes = _axes_of(ctx, "axes", len(src), input_idx=1)
+    if axes is None:
+        axes = [i for i, d in enumerate(src) if d == 1]
+    for a in axes:
+        if src[a] != 1:
+            raise ctx.fail(f"axis {a} of shape {src} is not 1")
+    return _reshape(x, [d for i, d in enumerate(src) if i not in axes])
+
+
+@converter("Unsqueeze", 1, attrs={"axes": None})
+def _unsqueeze(ctx):
+    x = ctx.input(0)
+    src = list(static_shape(ctx, x))
+    if ctx.opset >= 13:
+        axes = ctx.const(1, "axes").ravel().tolist()
+    else:
+        axes = list(ctx.attr("axes"))
+    nd = len(src) + len(axes)
+    axes = sorted(_norm_axis(ctx, a, nd) for a in axes)
+    for a in axes:
+        src.insert(a, 1)
+    return _reshape(x, src)
+
+
+@converter("Concat", 4, attrs={"axis": None})
+def _concat(ctx):
+    vs = [v for v in ctx.inputs if v is not None]
+    nd = len(static_shape(ctx, vs[0]))
+    axis = _norm_axis(ctx, ctx.attr("axis"), nd)
+    vs = [v for v in vs if static_shape(ctx, v)[axis] != 0] or vs[:1]
+    if len(vs) == 1:
+        return mgb.opr.identity(vs[0])
+    return mgb.opr.concat(*vs, axis=axis)
+
+
+def _take(x, axis, start, stop, step=1):
+    idx = (slice(None),) * axis + (slice(start, stop, step),)
+    return x[idx]
+
+
+@converter("Split", 2, attrs={"axis": 0, "split": None, "num_outputs": None})
+def _split(ctx):
+    x = ctx.input(0)
+    src = static_shape(ctx, x)
+    axis = _norm_axis(ctx, ctx.attr("axis"), len(src))
+    n_out = len(ctx.node.output)
+    if ctx.opset >= 13 and ctx.has(1):
+        sizes = ctx.const(1, "split").ravel().tolist()
+    elif ctx.attr("split") is not None:
+        sizes = list(ctx.attr("split"))
+    else:
+        n = ctx.attr("num_outputs") or n_out
+        chunk = -(-src[axis] // n)
+        sizes = [min(chunk, src[axis] - i * chunk) for i in range(n)]
+    outs, pos = [], 0
+    for s in sizes:
+        outs.append(_take(x, axis, pos, pos + int(s)))
+        pos += int(s)
+    return outs
+
+
+def _slice_impl(ctx, x, starts, ends, axes, steps):
+    src = static_shape(ctx, x)
+    idx = [slice(None)] * len(src)
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = _norm_axis(ctx, a, len(src))
+        if st == 0:
+            raise ctx.fail("a slice step of 0 is not allowed")
+        b, f, stp = slice(int(s), int(e), int(st)).indices(src[a])
+        if stp < 0 and f < 0:
+            f = None
+        idx[a] = slice(b, f, stp)
+    return x[tuple(idx)]
+
+
+@converter("Slice", 1, 9, attrs={"starts": None, "ends": None, "axes": None})
+def _slice1(ctx):
+    st, en = list(ctx.attr("starts")), list(ctx.attr("ends"))
+    axes = ctx.attr("axes")
+    axes = list(range(len(st))) if axes is None else list(axes)
+    return _slice_impl(ctx, ctx.input(0), st, en, axes, [1] * len(st))
+
+
+def _int64_list(ctx, i, what):
+    return [int(v) for v in ctx.const(i, what).ravel()]
+
+
+@converter("Slice", 10)
+def _slice10(ctx):
+    st, en = _int64_list(ctx, 1, "starts"), _int64_list(ctx, 2, "ends")
+    axes = _int64_list(ctx, 3, "axes") if ctx.has(3) else list(range(len(st)))
+    steps = _int64_list(ctx, 4, "steps") if ctx.has(4) else [1] * len(st)
+    return _slice_impl(ctx, ctx.input(0), st, en, axes, steps)
+
+
+@converter("Gather", 1, attrs={"axis": 0})
+def _gather(ctx):
+    x, ind = ctx.input(0), ctx.input(1)
+    src = static_shape(ctx, x)
+    axis = _norm_axis(ctx, ctx.attr("axis"), len(src))
+    ishape = static_shape(ctx, ind, "indices")
+    dim = src[axis]
+    val = ind.inferred_value
+    if val is not None:
+        flat = ctx.imm(np.where(np.asarray(val) < 0, val + dim, val).astype(np.int32).ravel())
+    else:
+        flat = _reshape(ind, (int(np.prod(ishape)),)) if len(ishape) != 1 else ind
+        flat = E(
+            flat,
+            E(E(flat, ctx.imm(np.int32(0)), mode="LT"), ctx.imm(np.int32(dim)), mode="MUL"),
+            mode="ADD",
+        )
+    if int(np.prod(ishape)) == 0:
+        raise ctx.fail("empty indices are not supported")
+    out = mgb.opr.advanced_indexing(x)[(slice(None),) * axis + (flat,)]
+    return _reshape(out, src[:axis] + ishape + src[axis + 1 :])
+
+
+@converter("Expand", 8)
+def _expand(ctx):
+    x = ctx.input(0)
+    shape = ctx.const(1, "shape").ravel().tolist()
+    target = np.broadcast_shapes(static_shape(ctx, x), tuple(int(d) for d in shape))
+    return mgb.opr.broadcast(x, target)
+
+
+@converter("Tile", 6)
+def _tile(ctx):
+    x = ctx.input(0)
+    src = static_shape(ctx, x)
+    reps = [int(r) for r in ctx.const(1, "repeats").ravel()]
+    inter, bshape, final = [], [], []
+    for d, r in zip(src, reps):
+        inter += [1, d]
+        bshape += [r, d]
+        final.append(d * r)
+    return _reshape(mgb.opr.broadcast(_reshape(x, inter), bshape), final)
+
+
+def _pad_axis(ctx, x, axis, before, after, mode, value):
+    shp = static_shape(ctx, x)
+    n = shp[axis]
+    if before < 0:
+        x = _take(x, axis, -before, None)
+        before = 0
+    if after < 0:
+        x = _take(x, axis, 0, static_shape(ctx, x)[axis] + after)
+        after = 0
+    n = static_shape(ctx, x)[axis]
+    parts = []
+
+    def block(count, side):
+        bs = list(static_shape(ctx, x))
+        bs[axis] = count
+        if mode == "constant":
+            return mgb.opr.broadcast(value, bs)
+        if mode == "edge":
+            edge = _take(x, axis, 0, 1) if side == 0 else _take(x, axis, n - 1, n)
+            return mgb.opr.broadcast(edge, bs)
+        if mode == "reflect":
+            if count > n - 1:
+                raise ctx.fail(f"reflect padding {count} exceeds the size {n} - 1")
+            if side == 0:
+                return _take(x, axis, count, 0, -1)
+            return _take(x, axis, n - 2, n - 2 - count if n - 2 - count >= 0 else None, -1)
+        # wrap
+        if count > n:
+            raise ctx.fail(f"wrap padding {count} exceeds the size {n}")
+        return _take(x, axis, n - count, n) if side == 0 else _take(x, axis, 0, count)
+
+    if before:
+        parts.append(block(before, 0))
+    parts.append(x)
+    if after:
+        parts.append(block(after, 1))
+    return mgb.opr.concat(*parts, axis=axis) if len(parts) > 1 else x
+
+
+_PAD_MODES = frozenset({"constant", "reflect", "edge", "wrap"})
+
+
+def _pad_impl(ctx, x, pads, mode, value, axes=None):
+    nd = len(static_shape(ctx, x))
+    axes = list(range(nd)) if axes is None else [_norm_axis(ctx, a, nd) for a in axes]
+    k = len(axes)
+    out = x
+    for j, a in enumerate(axes):
+        out = _pad_axis(ctx, out, a, int(pads[j]), int(pads[j + k]), mode, value)
+    return out if out is not x else mgb.opr.identity(x)
+
+
+@converter(
+    "Pad",
+    2,
+    10,
+    attrs={"mode": Attr("constant", _PAD_MODES), "pads": None, "paddings": None, "value": 0.0},
+)
+def _pad2(ctx):
+    x = ctx.input(0)
+    pads = ctx.attr("pads") or ctx.attr("paddings")
+    value = ctx.imm(np.asarray(ctx.attr("value"), np.dtype(x.dtype)))
+    return _pad_impl(ctx, x, pads, ctx.attr("mode"), value)
+
+
+@converter("Pad", 11, attrs={"mode": Attr("constant", _PAD_MODES)})
+def _pad11(ctx):
+    x = ctx.input(0)
+    pads = _int64_list(ctx, 1, "pads")
+    if ctx.has(2):
+        value = (
+            _reshape(ctx.input(2), ()) if ctx.input(2).imm_shape not in ((), None) else ctx.input(2)
+        )
+    else:
+        value = ctx.imm(np.zeros((), np.dtype(x.dtype)))
+    axes = _int64_list(ctx, 3, "axes") if ctx.has(3) else None
+    return _pad_impl(ctx, x, pads, ctx.attr("mode"), value, axes)

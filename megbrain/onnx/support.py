@@ -1,0 +1,42 @@
+"""What the ONNX import claims, in one place.
+
+``model_is_claimed`` says whether every node of a model has a converter (the backend's
+``is_compatible``); ``EXCLUDED_CASES`` lists the cases of claimed operators that are left out
+of ONNX's backend test suite, each with its reason.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from .registry import claimed_op_types, lookup
+
+__all__ = ["claimed_op_types", "model_is_claimed", "unclaimed_op_types", "EXCLUDED_CASES"]
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 0
+
+
+def unclaimed_op_types(model: onnx.ModelProto) -> list[str]:
+    """The op types of ``model`` without a converter at its opset (sorted)."""
+    opset = _opset(model)
+    return sorted(
+        {
+            n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+            for n in model.graph.node
+            if n.domain not in ("", "ai.onnx") or lookup(n.op_type, opset) is None
+        }
+    )
+
+
+def model_is_claimed(model: onnx.ModelProto) -> bool:
+    """Whether every node of ``model`` (default domain) has a converter at its opset."""
+    return not unclaimed_op_types(model)
+
+
+#: backend-test cases of claimed op types that are excluded (regex -> reason)
+EXCLUDED_CASES: dict[str, str] = {}
