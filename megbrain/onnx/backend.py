@@ -46,10 +46,11 @@ class MegBrainRep(BackendRep):
             feed = dict(zip(self.input_names, inputs))
         feed = {k: np.asarray(v) for k, v in feed.items()}
         res = load(self.model, static_inputs=feed)
-        args = [res.inputs[n] for n in self.input_names]
         outs = list(res.outputs.values())
-        func = res.graph.compile(args, [mgb.copy_output(v) for v in outs])
-        vals = func(*[feed[n] for n in self.input_names]) if args else func()
+        # the inputs already hold their values; those read at build time are not inputs of
+        # the function, so let compile find the ones it needs
+        func = res.graph.compile(None, [mgb.copy_output(v) for v in outs])
+        vals = func()
         if not isinstance(vals, (list, tuple)):
             vals = [vals]
         result = []

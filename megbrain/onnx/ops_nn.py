@@ -250,7 +250,9 @@ def _pool(ctx, mode):
         raise ctx.fail(f"asymmetric pads {pads} with count_include_pad=0 are not supported")
     if mode == "MAX" or asym:
         # pad explicitly (max: with the lowest float; average counting the pads: with zeros)
-        fill = float(np.finfo(np.dtype(x.dtype)).min) if mode == "MAX" else 0.0
+        dt = np.dtype(x.dtype)
+        lowest = np.finfo(dt).min if dt.kind == "f" else np.iinfo(dt).min
+        fill = lowest if mode == "MAX" else 0
         full = [0, 0] + [b for b, _ in pads] + [0, 0] + [e for _, e in pads]
         if any(full):
             x = _pad_impl(ctx, x, full, "constant", _c(ctx, fill, x))

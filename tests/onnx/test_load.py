@@ -1,0 +1,97 @@
+"""megbrain.onnx.load: what it builds, and what it refuses before building."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import megbrain as mgb  # noqa: E402
+from megbrain.onnx import ONNXConversionError, claimed_op_types, load  # noqa: E402
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _vi(name, shape, t=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def _run(res, *vals):
+    args = list(res.inputs.values())
+    f = res.graph.compile(args, [mgb.copy_output(v) for v in res.outputs.values()])
+    out = f(*vals)
+    return out if isinstance(out, (list, tuple)) else [out]
+
+
+def test_gemm_relu_with_shared_weights_fine_tunable():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    m = _model(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        [_vi("x", [2, 3])],
+        [_vi("y", [2, 4])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    res = load(m)
+    assert list(res.inputs) == ["x"] and list(res.outputs) == ["y"]
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    (y,) = _run(res, x)
+    np.testing.assert_allclose(y, np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-6)
+
+
+def test_dynamic_batch_dim_becomes_runtime_shape():
+    m = _model(
+        [helper.make_node("Sigmoid", ["x"], ["y"])], [_vi("x", ["N", 3])], [_vi("y", ["N", 3])]
+    )
+    res = load(m)
+    for n in (1, 5):
+        x = np.linspace(-3, 3, 3 * n, dtype=np.float32).reshape(n, 3)
+        (y,) = _run(res, x)
+        np.testing.assert_allclose(y, 1 / (1 + np.exp(-x)), rtol=1e-5)
+
+
+def test_unsupported_op_fails_before_building_naming_node_and_opset():
+    m = _model(
+        [
+            helper.make_node("Relu", ["x"], ["h"], name="first"),
+            helper.make_node("NonMaxSuppression", ["h"], ["y"], name="nms"),
+        ],
+        [_vi("x", [2])],
+        [_vi("y", [2])],
+    )
+    graph = mgb.comp_graph()
+    with pytest.raises(ONNXConversionError, match=r"'nms'.*NonMaxSuppression.*opset 17"):
+        load(m, graph=graph)
+    assert isinstance(ONNXConversionError("x"), mgb.MegBrainError)
+
+
+def test_unsupported_attribute_value_is_refused():
+    m = _model(
+        [helper.make_node("Pad", ["x", "p"], ["y"], mode="bogus")],
+        [_vi("x", [2]), _vi("p", [2], TensorProto.INT64)],
+        [_vi("y", [4])],
+    )
+    with pytest.raises(ONNXConversionError, match="mode='bogus'"):
+        load(m)
+
+
+def test_unsupported_dtype_is_refused():
+    m = _model(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        [_vi("x", [2], TensorProto.COMPLEX64)],
+        [_vi("y", [2], TensorProto.COMPLEX64)],
+    )
+    with pytest.raises(ONNXConversionError, match="COMPLEX64"):
+        load(m)
+
+
+def test_claimed_table_lists_core_families():
+    claimed = claimed_op_types()
+    for op in ("Conv", "MatMul", "Relu", "ReduceMean", "Reshape", "Softmax", "MaxPool"):
+        assert op in claimed
