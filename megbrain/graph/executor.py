@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import GraphError, MegBrainError, is_user_exception
+from ..errors import GraphError, MegBrainError, MemAllocError, is_user_exception
 from ..kernels import workspace
 from .comp_seq import data_inputs, topo_order
 from .mem_plan import StaticAllocator
@@ -416,7 +416,7 @@ class AsyncExecutable:
                     group[root[out]].append(out)
                     continue
                 decisions[out] = ("alloc", pos)
-                arrays[out] = np.empty(shape, dt)
+                arrays[out] = _host_empty(shape, dt, f"var {out.name!r} of {opr.type_name}")
                 root[out] = out
                 group[out] = [out]
         # the static memory plan: one arena per comp node
@@ -457,7 +457,7 @@ class AsyncExecutable:
                 arena = (
                     cn.alloc(alloc.tot_alloc())
                     if hasattr(cn, "alloc")
-                    else np.empty(alloc.tot_alloc(), np.uint8)
+                    else _host_empty(alloc.tot_alloc(), np.uint8, f"the static arena of {cn}")
                 )
                 plan.arenas[cn] = arena
                 for r in group:
@@ -794,6 +794,18 @@ def _static_callback(cb, arr):
 
 def _slot_callback(cb, slots, var):
     return lambda: cb(slots[var])
+
+
+def _host_empty(shape, dtype, what: str) -> np.ndarray:
+    """``np.empty`` whose failure names the var (or arena) and its size as a MemAllocError."""
+    try:
+        return np.empty(shape, dtype)
+    except (MemoryError, ValueError) as exc:
+        n = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
+        raise MemAllocError(
+            f"can not allocate {what}: shape {fmt_shape(np.atleast_1d(shape))}, {n} bytes "
+            f"({n / 2**30:.4g} GiB)"
+        ) from exc
 
 
 def _masked(fn, mask):

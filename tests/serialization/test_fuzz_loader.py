@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import megbrain as mgb
+from megbrain.errors import MemAllocError
 from megbrain.serialization.format import GraphSlot, OprSlot, TensorSlot
 
 HEADER = struct.Struct("<IIQ")
@@ -37,9 +38,6 @@ RUN_LIMIT_S = 10.0
 #: inputs of loaded graphs larger than this are not run (nor graphs with 16 times this in
 #: static vars)
 RUN_BYTES_LIMIT = 1 << 24
-#: exceptions of compile+run that are known bugs (see the xfail tests at the end): counted
-#: apart, not failures; the vars-too-big check above normally keeps runs clear of them
-KNOWN_RUN_BUGS = (MemoryError,)
 
 
 # ---- seed graphs ------------------------------------------------------------------------------
@@ -420,8 +418,6 @@ def check_one(path, data: bytes, rng, stats: FuzzStats, case: str) -> None:
                         ran.append(_run_loaded(res, rng))
                     except mgb.MegBrainError as exc:
                         ran.append(f"run refused ({type(exc).__name__}): {_prefix(str(exc))}")
-                    except KNOWN_RUN_BUGS as exc:
-                        ran.append(f"KNOWN BUG ({type(exc).__name__}): {_prefix(str(exc))}")
             dt_run = time.perf_counter() - t0 - dt_load
             outcome = "loaded; " + "; ".join(sorted(set(ran)))
     except (Exception, Hang) as exc:  # noqa: BLE001 - what the fuzzer looks for
@@ -670,18 +666,15 @@ def test_huge_declarations_under_address_space_limit(seeds, tmp_path):
 # ---- known bugs ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=MemoryError, reason="executor placeholder np.empty")
 def test_run_needing_too_much_memory_raises_memallocerror():
     """Found by the fuzzer (a Convolution's pad_w changed to 33554426 in the digits CNN's
     file; the file loads, as the reference's would). A graph whose static vars need more
     memory than the host has should fail its first run with MemAllocError (a MegBrainError
-    naming the var); ``graph.executor._build_plan`` instead calls ``np.empty(shape)`` for
-    every output before planning and lets NumPy's MemoryError out (it also reserves each
-    var's full size once more than the plan's arena needs)."""
+    naming the var), not NumPy's bare MemoryError."""
     g = mgb.comp_graph()
     x = mgb.make_arg("cpu0", g, shape=(1, 1, 8, 8), name="x")
     w = mgb.make_shared("cpu0", value=np.ones((16, 1, 3, 3), "float32"), comp_graph=g)
     y = mgb.opr.convolution(x, w, pad_w=1 << 31)  # (1, 16, 6, 2**32 + 6): 1.5 TiB
     f = g.compile([x], mgb.copy_output(y))
-    with pytest.raises(mgb.MegBrainError, match="allocate"):
+    with pytest.raises(MemAllocError, match=r"can not allocate var 'conv.*1536 GiB"):
         f(np.ones((1, 1, 8, 8), "float32"))
