@@ -35,6 +35,8 @@ __all__ = [
     "set_fork_cuda_warning_flag",
     "set_mem_reserve_size",
     "load_opr_library",
+    "create_mm_server",
+    "group_barrier",
     "LOWEST_PRIORITY",
     "HIGHEST_PRIORITY",
 ]
@@ -245,3 +247,22 @@ def load_opr_library(path: str):
         f"load_opr_library({path!r}): megbrain loads no C++ operator libraries; define "
         "operators in Python instead"
     )
+
+
+def create_mm_server(server_addr: str, port: int) -> int:
+    """Start nothing and return ``port``: on MPI the launcher (mpiexec) connects the ranks,
+    so no multi-machine server is needed (``megbrain.distributed``)."""
+    return int(port)
+
+
+def group_barrier(server_addr: str, port: int, size: int, rank: int) -> None:
+    """Block until every rank reaches this barrier: an MPI barrier of ``COMM_WORLD``, whose
+    size must be ``size`` (``server_addr`` and ``port`` are unused)."""
+    from ..distributed import comm
+
+    if comm.world_size() != int(size) or not 0 <= int(rank) < int(size):
+        raise MegBrainError(
+            f"group_barrier: size={size}, rank={rank} disagree with the MPI job "
+            f"(size {comm.world_size()}, rank {comm.world_rank()})"
+        )
+    comm.group_barrier()

@@ -7,6 +7,7 @@ registry name), so every family is imported here.
 from . import (
     basic_arith,
     blas,
+    collective,
     cond,
     craniotome,
     dnn,
@@ -35,6 +36,7 @@ from .basic_arith import (
     square,
     typecvt,
 )
+from .collective import collective_comm, remote_recv, remote_send
 from .blas import batched_matrix_mul, batched_matrix_mul_v0, dot, matrix_mul, matrix_mul_v0
 from .cond import (
     cond_exec_mark,
@@ -131,6 +133,8 @@ __all__ = [
     "canonize_input_vars",
     "concat",
     "cond",
+    "collective",
+    "collective_comm",
     "cond_exec_mark",
     "cond_exec_mark_if_need",
     "cond_exec_merge",
@@ -198,6 +202,8 @@ __all__ = [
     "rand",
     "reduce_",
     "reduce_general",
+    "remote_recv",
+    "remote_send",
     "remove_axis",
     "require_input_dynamic_storage",
     "reshape",

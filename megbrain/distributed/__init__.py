@@ -1,0 +1,46 @@
+"""Data-parallel training across processes on MPI.
+
+``megbrain.distributed`` maps MegBrain's multi-machine operators (``opr.collective_comm``,
+``opr.remote_send`` / ``opr.remote_recv``) onto MPI through mpi4py, which is an optional
+dependency (``pip install megbrain[distributed]``) imported only when a collective first
+runs (:func:`mpi`). Run a program on several processes with ``mpiexec -n N python prog.py``.
+
+How MegBrain's arguments map onto MPI:
+
+* one communicator per ``key``: the first collective of a key splits it from
+  ``MPI.COMM_WORLD`` (every process of the job takes part, in the same order, as in any
+  SPMD program), ordered by the ``rank`` argument;
+* ``rank`` and ``nr_devices`` are that communicator's rank and size and must agree with it
+  (an error names the key otherwise); ``server_addr`` and ``port`` are accepted and unused;
+* ``config.create_mm_server`` returns the port it was given and starts nothing;
+  ``config.group_barrier`` is an MPI barrier;
+* a rank that fails ends the whole job: :func:`install_abort_on_error` prints the error with
+  the rank and calls ``COMM_WORLD.Abort``; collective waits time out after
+  :data:`COMM_TIMEOUT` seconds (environment ``MGB_COMM_TIMEOUT``) and abort the job too.
+"""
+
+from __future__ import annotations
+
+from .comm import (
+    COMM_STREAM,
+    comm_comp_node,
+    get_comm,
+    group_barrier,
+    install_abort_on_error,
+    is_distributed,
+    mpi,
+    world_rank,
+    world_size,
+)
+
+__all__ = [
+    "COMM_STREAM",
+    "comm_comp_node",
+    "get_comm",
+    "group_barrier",
+    "install_abort_on_error",
+    "is_distributed",
+    "mpi",
+    "world_rank",
+    "world_size",
+]

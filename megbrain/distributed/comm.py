@@ -1,0 +1,227 @@
+"""The MPI side of the collective operators: lazy mpi4py import, one communicator per key,
+the communication comp node, the abort-on-error hook and the collective watchdog."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+import zlib
+from contextlib import contextmanager
+
+from ..errors import MegBrainError
+
+__all__ = [
+    "COMM_STREAM",
+    "COMM_TIMEOUT",
+    "comm_comp_node",
+    "get_comm",
+    "group_barrier",
+    "install_abort_on_error",
+    "is_distributed",
+    "mpi",
+    "watch",
+    "world_rank",
+    "world_size",
+]
+
+#: the stream of the comp node collectives run on by default (``cpu0:0`` -> ``cpu0:1024``):
+#: a node of its own, whose worker thread the executor overlaps with computation
+COMM_STREAM = 1024
+
+#: seconds a collective may wait for its peers before the watchdog aborts the whole job
+COMM_TIMEOUT = float(os.environ.get("MGB_COMM_TIMEOUT", "50"))
+
+_MPI = None
+_comms: dict[str, object] = {}
+_lock = threading.Lock()
+
+
+def mpi():
+    """mpi4py's ``MPI`` module, imported (and MPI initialised) on first use.
+
+    mpi4py initialises MPI with ``MPI_THREAD_MULTIPLE`` (its default ``rc.thread_level``),
+    which the collectives need: they run on the communication comp node's worker thread
+    while the caller's thread may call MPI too. mpi4py releases the GIL during transfers.
+
+    Raises
+    ------
+    MegBrainError
+        When mpi4py is not installed (``pip install megbrain[distributed]``) or MPI was
+        initialised with a lower thread level.
+    """
+    global _MPI
+    if _MPI is None:
+        try:
+            from mpi4py import MPI
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise MegBrainError(
+                "distributed operators need mpi4py and an MPI library: "
+                "pip install 'megbrain[distributed]' and run under mpiexec"
+            ) from exc
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise MegBrainError(
+                "MPI was initialised without MPI_THREAD_MULTIPLE; collectives run on their "
+                "own thread (leave mpi4py.rc.thread_level at 'multiple')"
+            )
+        _MPI = MPI
+    return _MPI
+
+
+def is_distributed() -> bool:
+    """Whether this process is one of several MPI processes (without importing mpi4py when
+    no MPI launcher set the environment)."""
+    if _MPI is None and not any(
+        k in os.environ for k in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_SIZE")
+    ):
+        return False
+    try:
+        return mpi().COMM_WORLD.Get_size() > 1
+    except MegBrainError:
+        return False
+
+
+def world_rank() -> int:
+    """This process's rank in ``MPI.COMM_WORLD``."""
+    return mpi().COMM_WORLD.Get_rank()
+
+
+def world_size() -> int:
+    """The number of processes of the MPI job."""
+    return mpi().COMM_WORLD.Get_size()
+
+
+def get_comm(key: str, nr_devices: int, rank: int, what: str = "collective_comm"):
+    """The communicator of ``key``, split from ``COMM_WORLD`` on its first use.
+
+    Every process of the job takes part in the split (the first collective of each key runs
+    in the same order on all ranks, as every collective does); ``rank`` orders the new
+    communicator, whose size must be ``nr_devices``.
+
+    Raises
+    ------
+    MegBrainError
+        When ``nr_devices`` or ``rank`` disagree with the communicator (on every rank, so
+        none is left waiting).
+    """
+    with _lock:
+        comm = _comms.get(key)
+        if comm is None:
+            world = mpi().COMM_WORLD
+            # all ranks agree on (nr_devices, rank) before splitting: a mismatch fails everywhere
+            with watch(f"{what} key={key!r}: creating its communicator"):
+                infos = world.allgather((int(nr_devices), int(rank)))
+            sizes = {n for n, _ in infos}
+            ranks = sorted(r for _, r in infos)
+            if len(sizes) != 1 or sizes != {len(infos)} or ranks != list(range(len(infos))):
+                raise MegBrainError(
+                    f"{what} key={key!r}: (nr_devices, rank) of the world ranks are {infos}; "
+                    f"every one of the {len(infos)} MPI processes must take part with "
+                    f"nr_devices={len(infos)} and a distinct rank in 0..{len(infos) - 1}"
+                )
+            color = zlib.crc32(key.encode()) & 0x7FFFFFFF
+            with watch(f"{what} key={key!r}: splitting COMM_WORLD"):
+                comm = world.Split(color, int(rank))
+            _comms[key] = comm
+    if comm.Get_size() != nr_devices or comm.Get_rank() != rank:
+        raise MegBrainError(
+            f"{what} key={key!r}: nr_devices={nr_devices}, rank={rank} disagree with the "
+            f"key's communicator (size {comm.Get_size()}, rank {comm.Get_rank()})"
+        )
+    return comm
+
+
+def comm_comp_node(cn):
+    """The comp node collectives reading from ``cn`` run on: ``cn``'s device, stream
+    :data:`COMM_STREAM`."""
+    from ..device import CompNode
+
+    cn = CompNode.load(cn)
+    type_, dev, _ = cn.locator_logical
+    from ..device.comp_node import locator_to_str
+
+    if dev < 0:  # cpu:default or an unspecified device: the first CPU
+        return CompNode.load(f"cpu0:{COMM_STREAM}")
+    return CompNode.load(locator_to_str((type_, dev, COMM_STREAM)))
+
+
+def group_barrier() -> None:
+    """Wait for every process of the MPI job (``MPI.COMM_WORLD.Barrier``)."""
+    with watch("group_barrier"):
+        mpi().COMM_WORLD.Barrier()
+
+
+# ---- failing ranks end the job ------------------------------------------------------------
+_watch_lock = threading.Lock()
+_waiting: dict[int, tuple[float, str]] = {}
+_watchdog: threading.Thread | None = None
+
+
+def _abort(msg: str, code: int = 1) -> None:
+    try:
+        rank = _MPI.COMM_WORLD.Get_rank() if _MPI is not None else "?"
+    except Exception:  # noqa: BLE001 - reporting must not fail
+        rank = "?"
+    sys.stderr.write(f"[megbrain rank {rank}] {msg}; aborting the MPI job\n")
+    sys.stderr.flush()
+    if _MPI is not None:
+        _MPI.COMM_WORLD.Abort(code)
+    os._exit(code)  # pragma: no cover - Abort does not return
+
+
+def _watch_loop() -> None:
+    while True:
+        time.sleep(min(1.0, COMM_TIMEOUT / 4))
+        now = time.monotonic()
+        with _watch_lock:
+            late = [(t0, what) for t0, what in _waiting.values() if now - t0 > COMM_TIMEOUT]
+        if late:
+            t0, what = late[0]
+            _abort(f"{what}: no answer from the other ranks for {now - t0:.0f} s "
+                   f"(MGB_COMM_TIMEOUT={COMM_TIMEOUT:g})")
+
+
+@contextmanager
+def watch(what: str):
+    """Run a blocking MPI call under the watchdog: waiting longer than :data:`COMM_TIMEOUT`
+    seconds prints ``what`` with this rank and aborts the whole job."""
+    global _watchdog
+    if _watchdog is None:
+        with _watch_lock:
+            if _watchdog is None:
+                _watchdog = threading.Thread(target=_watch_loop, name="mgb-comm-watchdog",
+                                             daemon=True)
+                _watchdog.start()
+    tid = threading.get_ident()
+    with _watch_lock:
+        _waiting[tid] = (time.monotonic(), what)
+    try:
+        yield
+    finally:
+        with _watch_lock:
+            _waiting.pop(tid, None)
+
+
+def install_abort_on_error() -> None:
+    """Make an uncaught exception on this rank end the whole MPI job.
+
+    The hook prints the traceback prefixed by the rank, then calls
+    ``MPI.COMM_WORLD.Abort(1)``: mpiexec ends every process with a non-zero exit, instead
+    of leaving the other ranks waiting in a collective. Exceptions in threads too.
+    """
+    mpi()
+    prev = sys.excepthook
+
+    def hook(tp, val, tb):
+        if issubclass(tp, KeyboardInterrupt):
+            prev(tp, val, tb)
+        text = "".join(traceback.format_exception(tp, val, tb))
+        _abort(f"uncaught exception:\n{text.rstrip()}")
+
+    def thread_hook(args):
+        hook(args.exc_type, args.exc_value, args.exc_traceback)
+
+    sys.excepthook = hook
+    threading.excepthook = thread_hook
