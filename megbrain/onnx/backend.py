@@ -36,6 +36,10 @@ class MegBrainRep(BackendRep):
         init = {t.name for t in model.graph.initializer}
         self.input_names = [vi.name for vi in model.graph.input if vi.name not in init]
         self.output_types = [vi.type.tensor_type.elem_type for vi in model.graph.output]
+        self.output_ranks = [
+            len(vi.type.tensor_type.shape.dim) if vi.type.tensor_type.HasField("shape") else None
+            for vi in model.graph.output
+        ]
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple:
         if isinstance(inputs, dict):
@@ -54,9 +58,11 @@ class MegBrainRep(BackendRep):
         if not isinstance(vals, (list, tuple)):
             vals = [vals]
         result = []
-        for v, et in zip(vals, self.output_types):
+        for v, et, rank in zip(vals, self.output_types, self.output_ranks):
             dt = _expected_np_dtype(et)
             v = np.asarray(v)
+            if rank == 0 and v.size == 1:
+                v = v.reshape(())  # megbrain holds scalars as shape (1,)
             result.append(v.astype(dt) if dt is not None and v.dtype != dt else v)
         return tuple(result)
 

@@ -222,6 +222,13 @@ def _conv_transpose(ctx):
 # ---------------------------------------------------------------------------------- pooling
 def _pool(ctx, mode):
     x = ctx.input(0)
+    dt = np.dtype(x.dtype)
+    if dt.kind in "iu":
+        if mode != "MAX" or dt.itemsize > 2:
+            raise ctx.fail(f"{dt} input is not supported")
+        # megbrain pools floats only; small integers round-trip float32 exactly
+        ctx.inputs = [mgb.opr.typecvt(x, np.float32)] + list(ctx.inputs[1:])
+        return mgb.opr.typecvt(_pool(ctx, mode), dt)
     if len(ctx.node.output) > 1 and ctx.node.output[1]:
         raise ctx.fail("the Indices output is not supported")
     kernel = list(ctx.attr("kernel_shape"))
@@ -400,3 +407,24 @@ def _softmax(ctx):
 @converter("LogSoftmax", 1, attrs={"axis": None})
 def _log_softmax(ctx):
     return _softmax_impl(ctx, True)
+
+
+@converter("LRN", 1, attrs={"alpha": 1e-4, "beta": 0.75, "bias": 1.0, "size": None})
+def _lrn(ctx):
+    # composed: the channel-window sum of squares as a sum of shifted slices of padded x^2
+    x = ctx.input(0)
+    src = static_shape(ctx, x)
+    size = int(ctx.attr("size"))
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    sq = E(x, x, mode="MUL")
+    full = [0] * (2 * len(src))
+    full[1], full[len(src) + 1] = lo, hi
+    padded = _pad_impl(ctx, sq, full, "constant", _c(ctx, 0, x)) if size > 1 else sq
+    c = src[1]
+    acc = None
+    for k in range(size):
+        part = _take(padded, 1, k, k + c)
+        acc = part if acc is None else E(acc, part, mode="ADD")
+    den = E(_c(ctx, ctx.attr("bias"), x), E(acc, _c(ctx, ctx.attr("alpha") / size, x), mode="MUL"),
+            mode="ADD")
+    return E(x, E(den, _c(ctx, -ctx.attr("beta"), x), mode="POW"), mode="MUL")

@@ -18,9 +18,9 @@ _REDUCE = {
     "ReduceMax": (None, "MAX", None),
     "ReduceMin": (None, "MIN", None),
     "ReduceProd": (None, "PRODUCT", None),
-    "ReduceSumSquare": (None, "SUM_SQR", None),
+    "ReduceSumSquare": ("SQUARE", "SUM", None),
     "ReduceL1": ("ABS", "SUM", None),
-    "ReduceL2": (None, "SUM_SQR", "SQRT"),
+    "ReduceL2": ("SQUARE", "SUM", "SQRT"),
     "ReduceLogSum": (None, "SUM", "LOG"),
     "ReduceLogSumExp": ("EXP", "SUM", "LOG"),
 }
@@ -50,7 +50,9 @@ def _reduce(ctx):
         for a in axes:
             lse_max = mgb.opr.reduce_(lse_max, "MAX", a, True)
         y = E(y, lse_max, mode="SUB")
-    if pre:
+    if pre == "SQUARE":
+        y = E(y, y, mode="MUL")
+    elif pre:
         y = E(y, mode=pre)
     if nd == 0:
         y = mgb.opr.identity(y)

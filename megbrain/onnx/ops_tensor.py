@@ -109,9 +109,9 @@ def _constant_of_shape(ctx):
 
 @converter("Range", 11)
 def _range(ctx):
-    s, l, d = (ctx.const(i, n) for i, n in enumerate(("start", "limit", "delta")))
+    s, l, d = (ctx.const(i, n).reshape(()) for i, n in enumerate(("start", "limit", "delta")))
     dt = np.result_type(s, l, d)
-    n = max(int(np.ceil((l - s) / d)), 0)
+    n = max(int(np.ceil((float(l) - float(s)) / float(d))), 0)
     return ctx.imm(_narrow((s + d * np.arange(n)).astype(dt)))
 
 
