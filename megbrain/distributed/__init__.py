@@ -33,7 +33,31 @@ from .comm import (
     world_size,
 )
 
+_LAZY = {
+    "DEFAULT_PACK_MAX_SIZE": "parallel",
+    "all_reduce_mean": "parallel",
+    "bcast_params": "parallel",
+    "data_parallel": "parallel",
+    "SyncBatchNorm": "sync_bn",
+}
+
+
+def __getattr__(name):
+    # the training layer imports megbrain itself: loaded on first use, after the package
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'megbrain.distributed' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+
+
 __all__ = [
+    "DEFAULT_PACK_MAX_SIZE",
+    "SyncBatchNorm",
+    "all_reduce_mean",
+    "bcast_params",
+    "data_parallel",
     "COMM_STREAM",
     "comm_comp_node",
     "get_comm",

@@ -32,6 +32,7 @@ __all__ = [
     "ReLU",
     "Sequential",
     "Sigmoid",
+    "SyncBatchNorm",
     "Tanh",
     "functional",
     "init",
@@ -39,3 +40,12 @@ __all__ = [
     "pending_updates",
     "save_weights",
 ]
+
+
+def __getattr__(name):
+    # SyncBatchNorm lives with the MPI code (megbrain.distributed), which imports this package
+    if name == "SyncBatchNorm":
+        from ..distributed.sync_bn import SyncBatchNorm
+
+        return SyncBatchNorm
+    raise AttributeError(f"module 'megbrain.nn' has no attribute {name!r}")

@@ -21,6 +21,10 @@ __all__ = ["Optimizer", "SGD", "Adam", "Adagrad", "Adadelta"]
 class Optimizer:
     """Base class: parameters, hyper-parameters as SharedScalars, per-parameter slots."""
 
+    #: ``f(param_vars, grads) -> grads`` applied before the updates; set by
+    #: ``megbrain.distributed.data_parallel`` to average the gradients across ranks
+    grad_transform = None
+
     def __init__(self, params, **hyper):
         self.params = list(params)
         if not self.params:
@@ -71,6 +75,8 @@ class Optimizer:
         g = loss.owner_graph
         pvars = [p.symvar(g) for p in self.params]
         grads = mgb.grad(loss, pvars)
+        if self.grad_transform is not None:
+            grads = self.grad_transform(pvars, grads)
         updates = []
         for i, (pv, gv) in enumerate(zip(pvars, grads)):
             if gv is None:

@@ -1,0 +1,128 @@
+"""Data-parallel training: gradients averaged across ranks (all-reduced in buckets as soon as
+they are computed), parameters broadcast from rank 0, and SyncBatchNorm."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+import megbrain as mgb
+
+from . import comm as _comm
+
+__all__ = ["DEFAULT_PACK_MAX_SIZE", "all_reduce_mean", "bcast_params", "data_parallel"]
+
+#: bytes of gradients packed into one all-reduce (the reference's allreduce_pack_max_size
+#: idea: few large transfers instead of one per parameter)
+DEFAULT_PACK_MAX_SIZE = 4 << 20
+
+_counter = itertools.count()
+
+
+def bcast_params(params, root: int = 0) -> None:
+    """Overwrite every parameter (SharedND) with rank ``root``'s value (MPI ``Bcast``).
+
+    Every rank must call it with the same parameters, in the same order.
+    """
+    world = _comm.mpi().COMM_WORLD
+    for p in params:
+        val = np.ascontiguousarray(p.get_value())
+        with _comm.watch(f"bcast_params ({tuple(val.shape)})"):
+            world.Bcast(val, root)
+        p.set_value(val)
+
+
+def _buckets(grads, pack_max_size: int):
+    """Indices of ``grads`` in buckets, last parameters first (the backward pass computes
+    their gradients first), one dtype and comp node per bucket, at most ``pack_max_size``
+    bytes each (a larger gradient is a bucket of its own)."""
+    from ..graph import static_infer
+
+    out, cur, cur_bytes, cur_kind = [], [], 0, None
+    for i in reversed(range(len(grads))):
+        g = grads[i]
+        if g is None:
+            continue
+        nbytes = int(np.prod(static_infer.infer_shape(g.node))) * g.dtype.itemsize
+        kind = (g.dtype, g.comp_node)
+        if cur and (kind != cur_kind or cur_bytes + nbytes > pack_max_size):
+            out.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append(i)
+        cur_bytes += nbytes
+        cur_kind = kind
+    if cur:
+        out.append(cur)
+    return out
+
+
+def all_reduce_mean(grads, *, key: str, pack_max_size: int = DEFAULT_PACK_MAX_SIZE,
+                    nr_ranks: int | None = None, rank: int | None = None) -> list:
+    """``grads`` averaged over the ranks: packed into buckets (ParamPackConcat), all-reduced
+    (``collective_comm`` ALL_REDUCE_SUM on the communication comp node, which starts a
+    bucket as soon as its gradients are computed), scaled by ``1/nr_ranks`` and split back
+    (ParamPackSplit). None entries stay None.
+
+    Parameters
+    ----------
+    grads : list of SymbolVar or None
+        The gradients of one graph.
+    key : str
+        The collectives' key (every rank passes the same).
+    pack_max_size : int
+        Bytes per bucket.
+    nr_ranks, rank : int, optional
+        Default: the MPI job's size and this process's rank.
+
+    Returns
+    -------
+    list of SymbolVar or None
+        The averaged gradients, in the order of ``grads``.
+    """
+    from ..graph import static_infer
+
+    n = _comm.world_size() if nr_ranks is None else int(nr_ranks)
+    r = _comm.world_rank() if rank is None else int(rank)
+    out = list(grads)
+    for bucket in _buckets(grads, pack_max_size):
+        parts = [grads[i] for i in bucket]
+        cn = parts[0].comp_node
+        ccn = _comm.comm_comp_node(cn)
+        packed = mgb.opr.param_pack_concat(parts, comp_node=ccn)
+        total = mgb.opr.collective_comm(packed, key=key, nr_devices=n, is_root=r == 0, rank=r,
+                                        mode="ALL_REDUCE_SUM", comp_node=ccn)
+        scale = mgb.make_immutable(cn, total.owner_graph, np.asarray([1.0 / n], parts[0].dtype))
+        avg = mgb.opr.elemwise(total, scale, mode="MUL", comp_node=cn)
+        shapes = [tuple(static_infer.infer_shape(p.node)) for p in parts]
+        for i, v in zip(bucket, mgb.opr.param_pack_split(avg, shapes)):
+            out[i] = v
+    return out
+
+
+def data_parallel(optimizer, *, pack_max_size: int = DEFAULT_PACK_MAX_SIZE,
+                  bcast: bool = True):
+    """Make ``optimizer`` (a :class:`megbrain.optim.Optimizer`) train data-parallel over
+    the processes of the MPI job.
+
+    Its parameters are broadcast from rank 0 now (``bcast``), and the steps its
+    ``minimize`` builds update with the gradients averaged across ranks
+    (:func:`all_reduce_mean`), so that every rank keeps the same parameters. Each rank
+    feeds its own part of the batch; the loss should be the mean over the local batch
+    (then the step equals one process's on the concatenated batch).
+
+    Returns
+    -------
+    Optimizer
+        ``optimizer`` itself.
+    """
+    n, r = _comm.world_size(), _comm.world_rank()
+    key = f"data_parallel{next(_counter)}"
+    if bcast:
+        bcast_params(optimizer.params)
+
+    def transform(pvars, grads):
+        return all_reduce_mean(grads, key=key, pack_max_size=pack_max_size, nr_ranks=n, rank=r)
+
+    optimizer.grad_transform = transform
+    return optimizer
