@@ -232,23 +232,53 @@ class _Conv:
         src = _flipped(filt, self.nsp) if flip else filt
         return _matrix_in(src, (self.g, self.ocg, self.k), dtype, steps)
 
-    def im2col(self, src: np.ndarray, dtype, steps: list):
-        """The column buffer and, per batch chunk, (begin, end, col matrix view, fill step).
+    def batch_inner(self, k: int) -> tuple:
+        """The (C, *F, k, *O) layout of a column buffer for ``k`` samples: the batch is an
+        inner dim, so that one matrix (G, K, k * L) holds every sample's columns."""
+        return (self.c, *self.fshape, k, *self.oshape)
 
-        For a 1x1 stride-1 unpadded filter the source itself is the column matrix.
-        """
-        if self.pointwise:
-            colm = _matrix_in(src, self.col_matrix_shape(self.n), dtype, steps)
-            return [(0, self.n, colm, None)]
+    def chunks(self, dtype) -> tuple[int, list[tuple[int, int]]]:
+        return _chunks(self.n, self.c * math.prod(self.fshape) * self.l * dtype.itemsize)
+
+    def im2col(self, src: np.ndarray, dtype, steps: list):
+        """Per batch chunk, (begin, end, column matrix (G, K, k * L), fill step).
+
+        The columns of a chunk of ``k`` samples go into one workspace buffer in the
+        batch-inner layout, so that one GEMM covers the chunk (per-sample GEMMs with a few
+        dozen output channels keep OpenBLAS's threads far below its peak)."""
         padded = _padded(src, self.pad, dtype, 0, steps)
         win = _windows(padded, self.fshape, self.oshape, self.stride, self.dilate)
-        per_sample = self.c * math.prod(self.fshape) * self.l * dtype.itemsize
-        nb, chunks = _chunks(self.n, per_sample)
-        col = workspace.empty((nb, self.c, *self.fshape, *self.oshape), dtype)
-        colm = col.reshape(self.col_matrix_shape(nb))
-        return [
-            (a, b, colm[: b - a], _partial(np.copyto, col[: b - a], win[a:b])) for a, b in chunks
-        ]
+        perm = (1, *range(2, 2 + self.nsp), 0, *range(2 + self.nsp, 2 + 2 * self.nsp))
+        win = win.transpose(perm)  # (C, *F, N, *O)
+        nb, chunks = self.chunks(dtype)
+        flat = workspace.empty((self.c * math.prod(self.fshape) * nb * self.l,), dtype)
+        res = []
+        for a, b in chunks:
+            col = flat[: flat.size // nb * (b - a)].reshape(self.batch_inner(b - a))
+            colm = col.reshape(self.g, self.k, (b - a) * self.l)
+            sl = (slice(None),) * (1 + self.nsp) + (slice(a, b),)
+            res.append((a, b, colm, _partial(np.copyto, col, win[sl])))
+        return res
+
+    def batch_inner_matrix(self, a: np.ndarray, nb: int, dtype, steps: list):
+        """Per batch chunk of ``a`` (N, G*M, *O), a (G, M, k * L) matrix of it: a workspace
+        buffer (G*M, k, *O) a step refreshes (None when ``a`` is not to be read)."""
+        m = a.shape[1]
+        flat = workspace.empty((m * nb * self.l,), dtype)
+
+        def view(k):
+            return flat[: m * k * self.l].reshape(m, k, *self.oshape)
+
+        def matrix(a_, b_):
+            buf = view(b_ - a_)
+            steps.append(_partial(np.copyto, buf, a[a_:b_].swapaxes(0, 1), "unsafe"))
+            return buf.reshape(self.g, m // self.g, (b_ - a_) * self.l)
+
+        return view, matrix
+
+
+def _swap01(a: np.ndarray) -> np.ndarray:
+    return a.swapaxes(0, 1)
 
 
 # ---- convolution ---------------------------------------------------------------------------
@@ -285,14 +315,28 @@ def bind_convolution(
     geo = _Conv("Convolution", src.shape, filt.shape, out.shape, stride, pad, dilate)
     dt = compute_dtype(src.dtype)
     steps: list[Step] = []
-    post: list[Step] = []
     wm = geo.filter_matrix(filt, flip, dt, steps)
-    outm = _matrix_out(out, geo.col_matrix_shape(geo.n)[:2] + (geo.ocg, geo.l), dt, post)
-    for a, b, colm, fill in geo.im2col(src, dt, steps):
-        if fill is not None:
-            steps.append(fill)
-        steps.append(_partial(np.matmul, wm, colm, out=outm[a:b]))
-    return chain(steps + post)
+    oc = geo.g * geo.ocg
+    chunks = geo.im2col(src, dt, steps)
+    nb = max((b - a for a, b, _, _ in chunks), default=0)
+    flat = workspace.empty((oc * nb * geo.l,), dt)  # the GEMM result, (OC, k, *O)
+    for a, b, colm, fill in chunks:
+        k = b - a
+        res = flat[: oc * k * geo.l]
+        steps.append(fill)
+        steps.append(_partial(np.matmul, wm, colm, out=res.reshape(geo.g, geo.ocg, k * geo.l)))
+        resv = _swap01(res.reshape(oc, k, *geo.oshape))
+        steps.append(_partial(np.copyto, out[a:b], resv, "unsafe"))
+    return chain(steps)
+
+
+def _as_forward(geo: _Conv) -> tuple | None:
+    """The padding making backward data a stride-1 forward convolution of ``diff`` with the
+    transposed, flipped filter (None unless every stride is 1 and ``pad <= dilate (F - 1)``)."""
+    if any(s != 1 for s in geo.stride):
+        return None
+    tpad = tuple(d * (f - 1) - p for d, f, p in zip(geo.dilate, geo.fshape, geo.pad))
+    return tpad if all(p >= 0 for p in tpad) else None
 
 
 def bind_conv_backward_data(
@@ -305,6 +349,11 @@ def bind_conv_backward_data(
     flip: bool = False,
 ) -> Callable[[], None]:
     """Bind the gradient of a convolution w.r.t. its input (deconvolution).
+
+    A stride-1 gradient is the forward convolution of ``diff`` (padded by
+    ``dilate (F - 1) - pad``) with the filter transposed (input and output channels swapped)
+    and flipped; otherwise one GEMM per batch chunk gives the columns, which col2im adds
+    into a padded gradient (one strided add per filter offset).
 
     Parameters
     ----------
@@ -325,33 +374,31 @@ def bind_conv_backward_data(
     """
     geo = _Conv("ConvolutionBackwardData", grad.shape, filt.shape, diff.shape, stride, pad, dilate)
     dt = compute_dtype(diff.dtype)
+    tpad = _as_forward(geo)
+    if tpad is not None:
+        return bind_convolution(diff, filt.swapaxes(1, 2), grad, stride, tpad, dilate, not flip)
     steps: list[Step] = []
     post: list[Step] = []
     wmt = geo.filter_matrix(filt, flip, dt, steps).transpose(0, 2, 1)  # (G, K, OCg)
-    dm = _matrix_in(diff, (geo.n, geo.g, geo.ocg, geo.l), dt, steps)
-    if geo.pointwise:
-        gm = _matrix_out(grad, geo.col_matrix_shape(geo.n), dt, post)
-        steps.append(_partial(np.matmul, wmt, dm, out=gm))
-        return chain(steps + post)
-    # col2im: accumulate every filter offset's columns into a padded gradient
-    if not any(geo.pad) and grad.dtype == dt and grad.flags.writeable:
-        target = grad
-    else:
-        padded = (geo.n, geo.c) + tuple(s + 2 * p for s, p in zip(geo.sshape, geo.pad))
-        target = workspace.empty(padded, dt)  # zeroed on every run below
-        post.append(_partial(np.copyto, grad, _interior(target, geo.pad, geo.sshape), "unsafe"))
-    steps.append(_partial(np.copyto, target, 0))
-    per_sample = geo.c * math.prod(geo.fshape) * geo.l * dt.itemsize
-    nb, chunks = _chunks(geo.n, per_sample)
-    dcol = workspace.empty((nb, geo.c, *geo.fshape, *geo.oshape), dt)
-    dcolm = dcol.reshape(geo.col_matrix_shape(nb))
+    nb, chunks = geo.chunks(dt)
+    _, diff_matrix = geo.batch_inner_matrix(diff, nb, dt, steps)
+    # col2im into a padded gradient in the batch-inner layout (C, k, *Spad)
+    spad = tuple(s + 2 * p for s, p in zip(geo.sshape, geo.pad))
+    tflat = workspace.empty((geo.c * nb * math.prod(spad),), dt)  # zeroed on every run below
+    cflat = workspace.empty((geo.c * math.prod(geo.fshape) * nb * geo.l,), dt)
     offsets = list(_offset_slices(geo.fshape, geo.oshape, geo.stride, geo.dilate))
     for a, b in chunks:
         k = b - a
-        steps.append(_partial(np.matmul, wmt, dm[a:b], out=dcolm[:k]))
+        dm = diff_matrix(a, b)
+        dcol = cflat[: cflat.size // nb * k].reshape(geo.batch_inner(k))
+        target = tflat[: tflat.size // nb * k].reshape(geo.c, k, *spad)
+        steps.append(_partial(np.matmul, wmt, dm, out=dcol.reshape(geo.g, geo.k, k * geo.l)))
+        steps.append(_partial(np.copyto, target, 0))
         for f, idx in offsets:
-            t = target[a:b][idx]
-            steps.append(_partial(np.add, t, dcol[(slice(0, k), slice(None), *f)], t))
+            t = target[idx]
+            steps.append(_partial(np.add, t, dcol[(slice(None), *f)], t))
+        inner = _swap01(_interior(target, geo.pad, geo.sshape))
+        steps.append(_partial(np.copyto, grad[a:b], inner, "unsafe"))
     return chain(steps + post)
 
 
@@ -365,6 +412,12 @@ def bind_conv_backward_filter(
     flip: bool = False,
 ) -> Callable[[], None]:
     """Bind the gradient of a convolution w.r.t. its filter.
+
+    One GEMM per batch chunk computes the transposed gradient (G, K, OCg): the columns
+    (G, K, k * L) times a channel-last copy of ``diff`` (G, k * L, OCg), the batch summed
+    inside the GEMM. Measured on 2 cores, this orientation (the K = ICg * prod(F) rows split
+    between OpenBLAS's threads) ran 4-5x faster than ``diff @ columns^T`` (OCg rows), whose
+    threads synchronise once per block of the long reduction dim.
 
     Parameters
     ----------
@@ -385,32 +438,29 @@ def bind_conv_backward_filter(
     geo = _Conv("ConvolutionBackwardFilter", src.shape, grad.shape, diff.shape, stride, pad, dilate)
     dt = compute_dtype(src.dtype)
     steps: list[Step] = []
-    post: list[Step] = []
-    dm = _matrix_in(diff, (geo.n, geo.g, geo.ocg, geo.l), dt, steps)
-    gshape = (geo.g, geo.ocg, geo.k)
-    if flip:
-        gbuf = np.empty(grad.shape, dt)
-        post.append(_partial(np.copyto, grad, _flipped(gbuf, geo.nsp), "unsafe"))
-        gm = gbuf.reshape(gshape)
-    else:
-        gm = _matrix_out(grad, gshape, dt, post)
+    g, ocg = geo.g, geo.ocg
+    res = np.empty((g, geo.k, ocg), dt)  # the transposed gradient, summed over the chunks
     chunks = geo.im2col(src, dt, steps)
     if not chunks:  # an empty batch
-        steps.append(_partial(np.copyto, gm, 0))
+        steps.append(_partial(np.copyto, res, 0))
     nb = max((b - a for a, b, _, _ in chunks), default=0)
-    prod = np.empty((nb, *gshape), dt)  # per-sample products, summed over the batch
-    part = np.empty(gshape, dt) if len(chunks) > 1 else None
+    # diff channel-last, (k, *O, G, OCg): each group's (k * L, OCg) matrix is row-major
+    dflat = workspace.empty((nb * geo.l * g * ocg,), dt)
+    part = np.empty_like(res) if len(chunks) > 1 else None
     for i, (a, b, colm, fill) in enumerate(chunks):
-        if fill is not None:
-            steps.append(fill)
         k = b - a
-        steps.append(_partial(np.matmul, dm[a:b], colm.transpose(0, 1, 3, 2), out=prod[:k]))
+        steps.append(fill)
+        dbuf = dflat[: k * geo.l * g * ocg].reshape(k, *geo.oshape, g * ocg)
+        steps.append(_partial(np.copyto, dbuf, np.moveaxis(diff[a:b], 1, -1), "unsafe"))
+        dm = dbuf.reshape(k * geo.l, g, ocg).swapaxes(0, 1)  # (G, k * L, OCg)
         if i == 0:
-            steps.append(_partial(np.add.reduce, prod[:k], 0, None, gm))
+            steps.append(_partial(np.matmul, colm, dm, out=res))
         else:
-            steps.append(_partial(np.add.reduce, prod[:k], 0, None, part))
-            steps.append(_partial(np.add, gm, part, gm))
-    return chain(steps + post)
+            steps.append(_partial(np.matmul, colm, dm, out=part))
+            steps.append(_partial(np.add, res, part, res))
+    view = res.swapaxes(1, 2).reshape(grad.shape)  # (G, OCg, ICg, *F), a copy-free view
+    steps.append(_partial(np.copyto, grad, _flipped(view, geo.nsp) if flip else view, "unsafe"))
+    return chain(steps)
 
 
 # ---- pooling -------------------------------------------------------------------------------
