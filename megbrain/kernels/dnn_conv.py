@@ -3,11 +3,11 @@ BackwardFilter} and Pooling{Forward,Backward}) for batch-channel-first layouts, 
 
 Convolution is im2col plus one matmul. The source is read through a strided window view
 (``as_strided``) of a zero-padded copy whose interior is refreshed each run, the windows are
-copied once into a column buffer of shape (N, C, *F, *O), and ``np.matmul(..., out=)`` writes the
-output in place: ``out[n, g] = W[g] @ col[n, g]``. Backward data is the transposed matmul plus
-col2im (one strided add per filter offset); backward filter is a batched matmul against the
+copied once into a column buffer of shape ``(N, C, *F, *O)``, and ``np.matmul(..., out=)``
+writes the output in place: ``out[n, g] = W[g] @ col[n, g]``. Backward data is the transposed
+matmul plus col2im (one strided add per filter offset); backward filter is a batched matmul against the
 transposed columns followed by a sum over the batch. Any number of spatial dims works (2-d and
-3-d convolution share the code). Filters are grouped, (G, OCg, ICg, *F); a dense filter is the
+3-d convolution share the code). Filters are grouped, ``(G, OCg, ICg, *F)``; a dense filter is the
 G = 1 view ``filt[None]``. Pooling reads one strided region of the source per window offset
 (no padded copy). float16 and bfloat16 compute in float32.
 
@@ -145,7 +145,7 @@ def _interior(a: np.ndarray, pad: Sequence[int], spatial: Sequence[int]) -> np.n
 
 
 def _padded(src: np.ndarray, pad, dtype, fill, steps: list) -> np.ndarray:
-    """``src`` (N, C, *S) padded by ``pad`` with ``fill``, in ``dtype`` (``src`` itself when
+    """``src`` ``(N, C, *S)`` padded by ``pad`` with ``fill``, in ``dtype`` (``src`` itself when
     there is nothing to do); a step refreshes the interior from ``src`` on every run."""
     if not any(pad) and src.dtype == dtype:
         return src
@@ -157,7 +157,7 @@ def _padded(src: np.ndarray, pad, dtype, fill, steps: list) -> np.ndarray:
 
 
 def _windows(a: np.ndarray, fshape, oshape, stride, dilate) -> np.ndarray:
-    """The read-only view (N, C, *F, *O) of ``a`` (N, C, *S) whose element [n, c, *f, *o] is
+    """The read-only view ``(N, C, *F, *O)`` of ``a`` ``(N, C, *S)`` whose element [n, c, *f, *o] is
     ``a[n, c, *(o * stride + f * dilate)]``."""
     sp = a.strides[2:]
     strides = (
@@ -170,7 +170,7 @@ def _windows(a: np.ndarray, fshape, oshape, stride, dilate) -> np.ndarray:
 
 def _offset_slices(fshape, oshape, stride, dilate):
     """(f, index) for each filter offset f: ``index`` selects the positions
-    ``o * stride + f * dilate`` of an (N, C, *S) array, giving an (N, C, *O) view."""
+    ``o * stride + f * dilate`` of an ``(N, C, *S)`` array, giving an ``(N, C, *O)`` view."""
     for f in np.ndindex(*fshape):
         idx = tuple(
             slice(fi * d, fi * d + s * (o - 1) + 1, s)
@@ -233,7 +233,7 @@ class _Conv:
         return _matrix_in(src, (self.g, self.ocg, self.k), dtype, steps)
 
     def batch_inner(self, k: int) -> tuple:
-        """The (C, *F, k, *O) layout of a column buffer for ``k`` samples: the batch is an
+        """The ``(C, *F, k, *O)`` layout of a column buffer for ``k`` samples: the batch is an
         inner dim, so that one matrix (G, K, k * L) holds every sample's columns."""
         return (self.c, *self.fshape, k, *self.oshape)
 
@@ -249,7 +249,7 @@ class _Conv:
         padded = _padded(src, self.pad, dtype, 0, steps)
         win = _windows(padded, self.fshape, self.oshape, self.stride, self.dilate)
         perm = (1, *range(2, 2 + self.nsp), 0, *range(2 + self.nsp, 2 + 2 * self.nsp))
-        win = win.transpose(perm)  # (C, *F, N, *O)
+        win = win.transpose(perm)  # ``(C, *F, N, *O)``
         nb, chunks = self.chunks(dtype)
         flat = workspace.empty((self.c * math.prod(self.fshape) * nb * self.l,), dtype)
         res = []
@@ -261,8 +261,8 @@ class _Conv:
         return res
 
     def batch_inner_matrix(self, a: np.ndarray, nb: int, dtype, steps: list):
-        """Per batch chunk of ``a`` (N, G*M, *O), a (G, M, k * L) matrix of it: a workspace
-        buffer (G*M, k, *O) a step refreshes (None when ``a`` is not to be read)."""
+        """Per batch chunk of ``a`` ``(N, G*M, *O)``, a (G, M, k * L) matrix of it: a workspace
+        buffer ``(G*M, k, *O)`` a step refreshes (None when ``a`` is not to be read)."""
         m = a.shape[1]
         flat = workspace.empty((m * nb * self.l,), dtype)
 
@@ -296,11 +296,11 @@ def bind_convolution(
     Parameters
     ----------
     src : numpy.ndarray
-        The (N, G*ICg, *S) input (any strides).
+        The ``(N, G*ICg, *S)`` input (any strides).
     filt : numpy.ndarray
-        The grouped (G, OCg, ICg, *F) filter.
+        The grouped ``(G, OCg, ICg, *F)`` filter.
     out : numpy.ndarray
-        The (N, G*OCg, *O) output, ``O = (S + 2 pad - dilate (F - 1) - 1) // stride + 1``.
+        The ``(N, G*OCg, *O)`` output, ``O = (S + 2 pad - dilate (F - 1) - 1) // stride + 1``.
     stride, pad, dilate : sequence of int
         One value per spatial dim.
     flip : bool
@@ -319,7 +319,7 @@ def bind_convolution(
     oc = geo.g * geo.ocg
     chunks = geo.im2col(src, dt, steps)
     nb = max((b - a for a, b, _, _ in chunks), default=0)
-    flat = workspace.empty((oc * nb * geo.l,), dt)  # the GEMM result, (OC, k, *O)
+    flat = workspace.empty((oc * nb * geo.l,), dt)  # the GEMM result, ``(OC, k, *O)``
     for a, b, colm, fill in chunks:
         k = b - a
         res = flat[: oc * k * geo.l]
@@ -358,11 +358,11 @@ def bind_conv_backward_data(
     Parameters
     ----------
     filt : numpy.ndarray
-        The grouped (G, OCg, ICg, *F) filter of the forward convolution.
+        The grouped ``(G, OCg, ICg, *F)`` filter of the forward convolution.
     diff : numpy.ndarray
-        The (N, G*OCg, *O) gradient of the forward output.
+        The ``(N, G*OCg, *O)`` gradient of the forward output.
     grad : numpy.ndarray
-        The (N, G*ICg, *S) result; the forward convolution of an input of this shape must
+        The ``(N, G*ICg, *S)`` result; the forward convolution of an input of this shape must
         give ``diff``'s shape.
     stride, pad, dilate, flip
         As for :func:`bind_convolution`.
@@ -382,7 +382,7 @@ def bind_conv_backward_data(
     wmt = geo.filter_matrix(filt, flip, dt, steps).transpose(0, 2, 1)  # (G, K, OCg)
     nb, chunks = geo.chunks(dt)
     _, diff_matrix = geo.batch_inner_matrix(diff, nb, dt, steps)
-    # col2im into a padded gradient in the batch-inner layout (C, k, *Spad)
+    # col2im into a padded gradient in the batch-inner layout ``(C, k, *Spad)``
     spad = tuple(s + 2 * p for s, p in zip(geo.sshape, geo.pad))
     tflat = workspace.empty((geo.c * nb * math.prod(spad),), dt)  # zeroed on every run below
     cflat = workspace.empty((geo.c * math.prod(geo.fshape) * nb * geo.l,), dt)
@@ -422,11 +422,11 @@ def bind_conv_backward_filter(
     Parameters
     ----------
     src : numpy.ndarray
-        The (N, G*ICg, *S) input of the forward convolution.
+        The ``(N, G*ICg, *S)`` input of the forward convolution.
     diff : numpy.ndarray
-        The (N, G*OCg, *O) gradient of the forward output.
+        The ``(N, G*OCg, *O)`` gradient of the forward output.
     grad : numpy.ndarray
-        The grouped (G, OCg, ICg, *F) result.
+        The grouped ``(G, OCg, ICg, *F)`` result.
     stride, pad, dilate, flip
         As for :func:`bind_convolution`.
 
@@ -444,7 +444,7 @@ def bind_conv_backward_filter(
     if not chunks:  # an empty batch
         steps.append(_partial(np.copyto, res, 0))
     nb = max((b - a for a, b, _, _ in chunks), default=0)
-    # diff channel-last, (k, *O, G, OCg): each group's (k * L, OCg) matrix is row-major
+    # diff channel-last, ``(k, *O, G, OCg)``: each group's (k * L, OCg) matrix is row-major
     dflat = workspace.empty((nb * geo.l * g * ocg,), dt)
     part = np.empty_like(res) if len(chunks) > 1 else None
     for i, (a, b, colm, fill) in enumerate(chunks):
@@ -458,7 +458,7 @@ def bind_conv_backward_filter(
         else:
             steps.append(_partial(np.matmul, colm, dm, out=part))
             steps.append(_partial(np.add, res, part, res))
-    view = res.swapaxes(1, 2).reshape(grad.shape)  # (G, OCg, ICg, *F), a copy-free view
+    view = res.swapaxes(1, 2).reshape(grad.shape)  # ``(G, OCg, ICg, *F)``, a copy-free view
     steps.append(_partial(np.copyto, grad, _flipped(view, geo.nsp) if flip else view, "unsafe"))
     return chain(steps)
 
@@ -528,7 +528,7 @@ def bind_pooling(
     stride: Sequence[int],
     pad: Sequence[int],
 ) -> Callable[[], None]:
-    """Bind a pooling of ``src`` (N, C, *S) into ``out`` (N, C, *O).
+    """Bind a pooling of ``src`` ``(N, C, *S)`` into ``out`` ``(N, C, *O)``.
 
     Parameters
     ----------
@@ -593,13 +593,13 @@ def bind_pooling_backward(
     Parameters
     ----------
     src : numpy.ndarray
-        The (N, C, *S) forward input (read by MAX only).
+        The ``(N, C, *S)`` forward input (read by MAX only).
     dst : numpy.ndarray
-        The (N, C, *O) forward output (read by MAX only).
+        The ``(N, C, *O)`` forward output (read by MAX only).
     diff : numpy.ndarray
-        The (N, C, *O) gradient of the output.
+        The ``(N, C, *O)`` gradient of the output.
     grad : numpy.ndarray
-        The (N, C, *S) result.
+        The ``(N, C, *S)`` result.
     mode, window, stride, pad
         As for :func:`bind_pooling`.
 
