@@ -2,14 +2,14 @@
 BackwardFilter} and Pooling{Forward,Backward}) for batch-channel-first layouts, bound once.
 
 Convolution is im2col plus one matmul. The source is read through a strided window view
-(``as_strided``) of a zero-padded copy whose interior is refreshed each run, the windows are
-copied once into a column buffer of shape ``(N, C, *F, *O)``, and ``np.matmul(..., out=)``
-writes the output in place: ``out[n, g] = W[g] @ col[n, g]``. Backward data is the transposed
-matmul plus col2im (one strided add per filter offset); backward filter is a batched matmul against the
-transposed columns followed by a sum over the batch. Any number of spatial dims works (2-d and
-3-d convolution share the code). Filters are grouped, ``(G, OCg, ICg, *F)``; a dense filter is the
-G = 1 view ``filt[None]``. Pooling reads one strided region of the source per window offset
-(no padded copy). float16 and bfloat16 compute in float32.
+(``as_strided``) of a zero-padded copy whose interior is refreshed each run, the windows are copied
+once into a column buffer of shape ``(N, C, *F, *O)``, and ``np.matmul(..., out=)`` writes the
+output in place: ``out[n, g] = W[g] @ col[n, g]``. Backward data is the transposed matmul plus
+col2im (one strided add per filter offset); backward filter is a batched matmul against the
+transposed columns followed by a sum over the batch. Any number of spatial dims works (2-d and 3-d
+convolution share the code). Filters are grouped, ``(G, OCg, ICg, *F)``; a dense filter is the G =
+1 view ``filt[None]``. Pooling reads one strided region of the source per window offset (no padded
+copy). float16 and bfloat16 compute in float32.
 
 Every buffer (padded source, column buffer, staging copies) is allocated at bind time, so the
 bound callables allocate nothing. The buffers rewritten on every run (the im2col column
