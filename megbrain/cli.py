@@ -3,9 +3,10 @@
 ``megbrain inspect model.mge [--json]``
     Operators by type, inputs and outputs with shapes and dtypes, parameter count and bytes,
     comp nodes, for every graph of the file.
-``megbrain run model.mge [--input name=file.npy ...] [--random [--seed S]] [--iters N]
-[--warmup K] [--output out.npz] [--opt-level L] [--optimize-for-inference]``
+``megbrain run model.mge [options]``
     Load, compile and run the (first, or ``--graph``) graph; print per-iteration timing.
+    Options: ``[--input name=file.npy ...] [--random [--seed S]] [--iters N] [--warmup K]
+    [--output out.npz] [--opt-level L] [--optimize-for-inference]``.
 ``megbrain dot model.mge -o graph.svg``
     Draw the graph with Graphviz; without the ``dot`` program (or the ``graphviz``
     package) the DOT text is written beside the output path instead.
