@@ -237,6 +237,7 @@ def _pool(ctx, mode):
         raise ctx.fail(f"{n}-d pooling is not supported (1-d and 2-d are)")
     if any(d != 1 for d in dil):
         raise ctx.fail(f"dilations {dil} are not supported")
+    base = pads
     if ctx.attr("ceil_mode"):
         # ceil mode adds an end pad where the last window would start inside the input
         new = []
@@ -249,14 +250,22 @@ def _pool(ctx, mode):
                 extra = 0
             new.append((b, e + extra))
         pads = new
-        if mode != "MAX" and any(p != q for p, q in zip(pads, _conv_common(ctx, x, kernel)[4])):
-            raise ctx.fail("ceil_mode with average pooling is not supported")
-    exclude = mode == "AVERAGE" and not ctx.attr("count_include_pad")
-    asym = any(b != e for b, e in pads)
-    if asym and exclude and any(b or e for b, e in pads):
-        raise ctx.fail(f"asymmetric pads {pads} with count_include_pad=0 are not supported")
-    if mode == "MAX" or asym:
-        # pad explicitly (max: with the lowest float; average counting the pads: with zeros)
+    include = bool(ctx.attr("count_include_pad")) if mode == "AVERAGE" else True
+    factor = None
+    if mode == "AVERAGE" and (pads != base or (not include and any(b or e for b, e in pads))
+                              or any(b != e for b, e in pads)):
+        # average = window sum of the zero-padded input / count of the window's counted
+        # cells (the input, plus the pads when count_include_pad), the count known at load
+        mask = np.pad(np.ones(src[2:]), base, constant_values=1.0 if include else 0.0)
+        mask = np.pad(mask, [(0, p[1] - q[1]) for p, q in zip(pads, base)])
+        win = np.lib.stride_tricks.sliding_window_view(mask, kernel)
+        win = win[tuple(slice(None, None, st) for st in strides)]
+        count = win.sum(axis=tuple(range(n, 2 * n)))
+        factor = ctx.imm((np.prod(kernel) / count).astype(np.dtype(x.dtype))[None, None])
+        include = True
+    exclude = not include
+    if mode == "MAX" or factor is not None:
+        # pad explicitly (max: with the lowest value; average: with zeros)
         dt = np.dtype(x.dtype)
         lowest = np.finfo(dt).min if dt.kind == "f" else np.iinfo(dt).min
         fill = lowest if mode == "MAX" else 0
@@ -282,6 +291,8 @@ def _pool(ctx, mode):
     )
     if n == 1:
         y = _reshape(y, static_shape(ctx, y)[:3])
+    if factor is not None:
+        y = E(y, factor, mode="MUL")
     return y
 
 

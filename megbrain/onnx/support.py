@@ -53,11 +53,8 @@ EXCLUDED_CASES: dict[str, str] = {
 KNOWN_GAPS: dict[str, str] = {
     r"pool_3d|convtranspose_3d": "3-d convolution and pooling are not converted yet",
     r"pool_2d_dilations": "dilated pooling is not converted yet",
-    r"averagepool_2d_ceil": "ceil_mode with average pooling is refused",
-    r"averagepool_2d_same_(lower|upper)": "SAME pads with count_include_pad=0 are asymmetric",
     r"maxpool_with_argmax": "MaxPool's Indices output is refused",
     r"batchnorm_.*training_mode|training_dropout": "training mode is refused (inference only)",
     r"_empty_set": "reductions of empty tensors are refused",
     r"mod_float_edge_cases": "Mod (fmod=0) differs from numpy on inf/nan operands",
-    r"_expanded": "function-expanded cases use op types or dtypes not handled yet",
 }

@@ -21,10 +21,7 @@ _MODELS = sorted(
 )
 #: models that take over ~10 s here
 #: known bugs, to be fixed
-_KNOWN_BAD = {
-    "light_squeezenet": "output is 0 where onnxruntime gives 1/1000 (under study)",
-    "light_inception_v1": "AveragePool with asymmetric pads and count_include_pad=0 is refused",
-}
+_KNOWN_BAD: dict[str, str] = {}
 _SLOW = {"light_vgg19", "light_densenet121", "light_inception_v2", "light_resnet50"}
 
 
@@ -51,6 +48,15 @@ def _inputs(model, rng):
 def test_light_model_matches_onnxruntime(name):
     path = os.path.join(_LIGHT, name + ".onnx")
     model = onnx.load(path)
+    last = model.graph.node[-1]
+    if last.op_type == "Softmax":
+        # the constant weights drive the logits to ~1e10, where one float32 ulp (1024) between
+        # two channels changes the softmax completely: compare the logits as well
+        vi = onnx.ValueInfoProto()
+        vi.CopyFrom(model.graph.output[0])  # Softmax keeps its input's shape and dtype
+        vi.name = last.input[0]
+        model.graph.output.append(vi)
+        path = model.SerializeToString()
     feed = _inputs(model, np.random.default_rng(0))
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     want = sess.run(None, feed)
@@ -58,7 +64,10 @@ def test_light_model_matches_onnxruntime(name):
     got = MegBrainBackend.prepare(model).run(feed)
     elapsed = time.perf_counter() - t0
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    logits = got[-1] if last.op_type == "Softmax" else None
+    for i, (g, w) in enumerate(zip(got, want)):
         assert g.shape == w.shape
+        if i == 0 and logits is not None and np.ptp(logits) < 1e-3 * np.abs(logits).max():
+            continue  # softmax of logits equal to float32 precision: ill-conditioned
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(w).max()))
     print(f"{name}: {elapsed:.1f} s")
