@@ -237,7 +237,7 @@ def test_digits_cnn(tmp_path):
     (gr,) = doc["graphs"]
     assert gr["inputs"][0]["shape"] == [4, 1, 8, 8]
     assert gr["outputs"][0]["name"] == "logits" and gr["outputs"][0]["shape"] == [4, 10]
-    assert gr["operators"]["Convolution"] == 2 and gr["operators"]["Pooling"] == 2
+    assert gr["operators"]["ConvolutionForward"] == 2 and gr["operators"]["PoolingForward"] == 2
     n_weights = sum(int(np.prod(p.get_value().shape)) for p in model.parameters())
     assert gr["params"]["elements"] >= n_weights
     np.save(tmp_path / "x.npy", xv)

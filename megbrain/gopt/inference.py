@@ -34,7 +34,8 @@ from ..graph import InferType, OperatorNodeConfig, VarNode, static_shape
 from ..graph.static_infer import Inferer
 from ..opr.base import SymbolVar, as_var
 from ..opr.basic_arith import elemwise, typecvt
-from ..opr.dnn import ConvBias, ConvBiasParam, ConvolutionParam
+from ..opr.dnn import ConvBias, ConvBiasParam, Convolution, ConvolutionParam
+from ..opr.dnn_norm import BatchNorm
 from ..opr.io import (
     ImmutableTensor,
     MultipleDeviceTensorHolder,
@@ -183,9 +184,9 @@ def _const(like: VarNode, value: float) -> VarNode:
 
 
 def _is_conv(v: VarNode, rw: Rewriter) -> bool:
-    """Whether ``v`` is an NCHW Convolution's output of static shape, read only once."""
+    """Whether ``v`` is an NCHW ConvolutionForward output of static shape, read only once."""
     o = v.owner
-    if o.type_name != "Convolution" or o.param.format != "NCHW" or o.extra_deps:
+    if o.type_name != Convolution.type_name or o.param.format != "NCHW" or o.extra_deps:
         return False
     shape = static_shape(v)
     return shape is not None and len(shape) == 4 and rw.sole_reader(v)
@@ -198,7 +199,7 @@ def expand_batch_norm(graph, dest, options):
     ``k = scale / sqrt(var + eps)`` and ``b = bias - mean * k``."""
 
     def rule(opr):
-        if opr.type_name != "BatchNorm" or opr.param.fwd_mode != "INFERENCE":
+        if opr.type_name != BatchNorm.type_name or opr.param.fwd_mode != "INFERENCE":
             return None
         x, scale, bias, mean, var = opr.inputs
         y = opr.outputs[4]
@@ -413,7 +414,7 @@ def fuse_conv_bias_nonlinearity(graph, dest, options):
             (c,) = opr.inputs
             o = c.owner
             if (
-                o.type_name == "ConvBias"
+                o.type_name == ConvBias.type_name
                 and o.param.nonlineMode == "IDENTITY"
                 and (rw.sole_reader(c) and not o.extra_deps)
             ):

@@ -445,6 +445,9 @@ class Convolution(_ConvForward):
     """Batched 2-d convolution of NCHW ``src`` with a dense (OC, IC, FH, FW) or grouped
     (G, OCg, ICg, FH, FW) filter."""
 
+    #: the reference's C++ type (Convolution is an alias of ConvolutionForward)
+    type_name = "ConvolutionForward"
+
     short_name = "conv"
 
 
@@ -466,6 +469,9 @@ class ConvolutionBackwardFilter(_ConvBackwardFilter):
 @register_opr
 class Convolution3D(_ConvForward):
     """Batched 3-d convolution of NCDHW ``src``; dense or grouped filter."""
+
+    #: the reference's C++ type (Convolution3D is an alias of Convolution3DForward)
+    type_name = "Convolution3DForward"
 
     short_name = "conv3d"
 
@@ -509,6 +515,9 @@ del _fwd, _data, _filt, _cls
 class ConvBias(_ConvBase):
     """``act(convolution(src, filter) + bias)`` with bias (1, OC, 1, 1) or of the output's
     shape; act is IDENTITY, RELU, SIGMOID or H_SWISH (``nonlineMode``)."""
+
+    #: the reference's C++ type (ConvBias is an alias of ConvBiasForward)
+    type_name = "ConvBiasForward"
 
     short_name = "conv_bias"
 
@@ -594,6 +603,9 @@ class _PoolBase(_NamedByKind, OperatorNodeBase):
 @register_opr
 class Pooling(_PoolBase):
     """MAX / AVERAGE / AVERAGE_COUNT_EXCLUDE_PADDING pooling of NCHW ``src``."""
+
+    #: the reference's C++ type (Pooling is an alias of PoolingForward)
+    type_name = "PoolingForward"
 
     short_name = "pooling"
 
@@ -920,5 +932,5 @@ for _cls, _def, _name in [
 ]:
     register_with_policy(_cls, _def, name=_name)
 del _cls, _def, _name
-register_strict(Pooling, pdefs.Pooling)
+register_strict(Pooling, pdefs.Pooling, name="Pooling")
 register_strict(PoolingBackward, pdefs.Pooling)

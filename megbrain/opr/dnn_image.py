@@ -186,6 +186,9 @@ class ROIPooling(_ROIBase):
     """Caffe's ROI pooling. Inputs (src NCHW, rois (m, 5), dest_shape (2,)); outputs
     (dst (m, C, oh, ow), index int32: the argmax ``h*W + w`` of MAX)."""
 
+    #: the reference's C++ type (ROIPooling is an alias of ROIPoolingForward)
+    type_name = "ROIPoolingForward"
+
     Param = ROIPoolingParam
     default_name = _named("roi_pooling")
     value_deps = (2,)
@@ -250,6 +253,9 @@ class ROIAlignParam(ParamBase):
 class ROIAlign(_ROIBase):
     """ROIAlign (Mask R-CNN) with MegDNN's sampling. Inputs (src NCHW, rois (m, 5)); outputs
     (dst (m, C, pooled_height, pooled_width), index int32: the sample chosen by MAX)."""
+
+    #: the reference's C++ type (ROIAlign is an alias of ROIAlignForward)
+    type_name = "ROIAlignForward"
 
     Param = ROIAlignParam
     default_name = _named("roi_align")
@@ -324,6 +330,9 @@ def _image_out_shape(src: tuple, fmt: str, n: int, hw: tuple[int, int]) -> tuple
 class WarpPerspective(OperatorNodeBase):
     """Perspective warp: inputs (src, mat (N, 3, 3), out_shape (2,)); ``mat[n]`` maps output
     pixel ``(ow, oh, 1)`` to source ``(x, y)`` (homogeneous)."""
+
+    #: the reference's C++ type (WarpPerspective is an alias of WarpPerspectiveForward)
+    type_name = "WarpPerspectiveForward"
 
     Param = WarpPerspectiveParam
     default_name = _named("warp_perspective")
@@ -439,6 +448,9 @@ class ResizeParam(ParamBase):
 class Resize(OperatorNodeBase):
     """Resize the spatial axes: inputs (src, out_shape (2,)); LINEAR uses MegDNN's half-pixel
     centres with edge clamping, NEAREST picks ``min(floor(o * in / out), in - 1)``."""
+
+    #: the reference's C++ type (Resize is an alias of ResizeForward)
+    type_name = "ResizeForward"
 
     Param = ResizeParam
     default_name = _named("resize")
@@ -712,6 +724,6 @@ for _cls, _def in [
     (WarpPerspectiveBackwardMat, pdefs.WarpPerspective),
     (ResizeBackward, pdefs.Resize),
 ]:
-    register_strict(_cls, _def)
+    register_strict(_cls, _def, name=_cls.__name__)  # the registered names are the aliases
 del _cls, _def
 register_strict(Resize, pdefs.Resize, name="ResizeV1")

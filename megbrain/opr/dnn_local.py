@@ -205,6 +205,9 @@ class GroupLocal(_LocalForward):
     """Locally connected convolution of NCHW ``src`` with a (G, OH, OW, IC/G, FH, FW, OC/G)
     filter (MegBrain's GroupLocalForward)."""
 
+    #: the reference's C++ type (GroupLocal is an alias of GroupLocalForward)
+    type_name = "GroupLocalForward"
+
     short_name = "glocal"
 
 
@@ -226,6 +229,9 @@ class GroupLocalBackwardFilter(_LocalBackwardFilter):
 class Local(_LocalForward):
     """Locally connected convolution of NCHW ``src`` with an (OH, OW, IC, FH, FW, OC) filter
     (MegBrain's LocalForward)."""
+
+    #: the reference's C++ type (Local is an alias of LocalForward)
+    type_name = "LocalForward"
 
     short_name = "local"
     grouped = False
@@ -390,5 +396,5 @@ for _cls in (
     Local, LocalBackwardData, LocalBackwardFilter,
     GroupLocal, GroupLocalBackwardData, GroupLocalBackwardFilter,
 ):  # fmt: skip
-    register_strict(_cls, pdefs.Convolution, name=_cls.type_name + "V1")
+    register_strict(_cls, pdefs.Convolution, name=_cls.__name__ + "V1")
 del _cls

@@ -82,6 +82,9 @@ class BatchNorm(OperatorNodeBase):
     the given running statistics, which save_mean and save_inv_var then echo.
     """
 
+    #: the reference's C++ type (BatchNorm is an alias of BatchNormForward)
+    type_name = "BatchNormForward"
+
     uses_workspace = True  # the centered input of TRAINING mode
 
     Param = BNParam
@@ -260,6 +263,9 @@ class _LRNBase(OperatorNodeBase):
 class LRN(_LRNBase):
     """Local response normalization across channels of an NCHW var."""
 
+    #: the reference's C++ type (LRN is an alias of LRNForward)
+    type_name = "LRNForward"
+
     def bind(self, ins, outs):
         return kern.bind_lrn_forward(ins[0], outs[0], **self._kw())
 
@@ -433,7 +439,7 @@ def lrn(
 
 # ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
 # param.BN's scale and bias fields have no place in BNParam: files must hold their defaults
-register_strict(BatchNorm, pdefs.BN)
+register_strict(BatchNorm, pdefs.BN, name="BatchNorm")
 register_strict(BatchNormBackward, pdefs.BN)
-register_strict(LRN, pdefs.LRN)
+register_strict(LRN, pdefs.LRN, name="LRN")
 register_strict(LRNBackward, pdefs.LRN)

@@ -39,7 +39,7 @@ def test_get_dep_vars_by_type(net):
     both = cgtools.get_dep_vars(y, ["Host2DeviceCopy", "SharedDeviceTensor"])
     assert set(both) == {x, w} and len(both) == 2
     assert cgtools.get_dep_vars(y, ("Reshape",))[0].name.startswith("reshape")
-    assert cgtools.get_dep_vars(y, "Convolution") == []
+    assert cgtools.get_dep_vars(y, "ConvolutionForward") == []
 
 
 def test_get_dep_vars_list_of_outputs(net):

@@ -118,7 +118,7 @@ def test_conv_bn_relu_folded_into_one_conv_bias(bn):
     (y2,) = mgb.optimize_for_inference([y], fuse_conv_bias_nonlinearity=True)
     types = _check_same(y, y2, feed)
     # the parameters are merged into one holder, as the reference's ParamMerge does
-    assert types == ["Host2DeviceCopy", "MultipleDeviceTensorHolder", "ConvBias"]
+    assert types == ["Host2DeviceCopy", "MultipleDeviceTensorHolder", "ConvBiasForward"]
     assert y2.node.owner.param.nonlineMode == "RELU"
 
 
@@ -127,16 +127,16 @@ def test_bn_folded_without_fusion(bn):
     g, x, y, feed = _conv_net(bn)
     (y2,) = mgb.optimize_for_inference([y])
     types = _check_same(y, y2, feed)
-    assert "BatchNorm" not in types
+    assert "BatchNormForward" not in types
     # bias + relu fused into FUSE_ADD_RELU(bias, conv) by ArithFuse
-    assert types.count("Convolution") == 1 and types.count("Elemwise") == 1
+    assert types.count("ConvolutionForward") == 1 and types.count("Elemwise") == 1
 
 
 def test_group_convolution_bn_folded():
     g, x, y, feed = _conv_net("layers", groups=2)
     (y2,) = mgb.optimize_for_inference([y], fuse_conv_bias_nonlinearity=True)
     types = _check_same(y, y2, feed)
-    assert types[-1] == "ConvBias" and types.count("Elemwise") == 0
+    assert types[-1] == "ConvBiasForward" and types.count("Elemwise") == 0
 
 
 def test_compile_with_optimize_for_inference():
@@ -156,7 +156,7 @@ def test_compile_copy_and_optimize_for_inference():
     (ref,), _ = _run(y, feed)
     f = g.compile([x], mgb.copy_output(y), copy=True, optimize_for_inference=True)
     np.testing.assert_allclose(f(feed["x"]), ref, rtol=1e-5, atol=1e-5)
-    assert "BatchNorm" not in _types(f)
+    assert "BatchNormForward" not in _types(f)
 
 
 def test_replaced_var_answers_for_outputs():
@@ -189,7 +189,7 @@ def _pass(name, y, **opts):
 def test_expand_batch_norm_pass():
     g, x, y, feed = _conv_net("opr", act=False, bias=False)
     y2 = _pass("expand_batch_norm", y)
-    assert y.node.owner.type_name == "BatchNorm"
+    assert y.node.owner.type_name == "BatchNormForward"
     assert y2.node.owner.type_name == "Elemwise" and y2.node.owner.param.mode == "ADD"
     _check_same(y, y2, feed)
 
@@ -232,7 +232,7 @@ def test_fold_conv_scale_pass():
     k = _shared(g, _rng(3).standard_normal((1, 6, 1, 1)), "k")
     z = y * k
     z2 = _pass("fold_conv_scale", z)
-    assert z2.node.owner.type_name == "Convolution"
+    assert z2.node.owner.type_name == "ConvolutionForward"
     assert z2.node.owner.inputs[1] is not y.node.owner.inputs[1]
     _check_same(z, z2, feed)
 
@@ -293,20 +293,21 @@ def test_fuse_conv_bias_nonlinearity_pass(act, mode):
     if act is not None:
         y = getattr(mgb.opr.elem, act)(y)
     y2 = _pass("fuse_conv_bias_nonlinearity", y, fuse_conv_bias_nonlinearity=True)
-    assert y2.node.owner.type_name == "ConvBias" and y2.node.owner.param.nonlineMode == mode
+    assert y2.node.owner.type_name == "ConvBiasForward" and y2.node.owner.param.nonlineMode == mode
     _check_same(y, y2, feed)
 
 
 def test_fuse_conv_nonlinearity_without_bias_and_fuse_add_relu():
     g, x, y, feed = _conv_net(None, act=True, bias=False)
     y2 = _pass("fuse_conv_bias_nonlinearity", y, fuse_conv_bias_nonlinearity=True)
-    assert y2.node.owner.type_name == "ConvBias"
+    assert y2.node.owner.type_name == "ConvBiasForward"
     _check_same(y, y2, feed)
     conv = mgb.SymbolVar(y.node.owner.inputs[0])
     b = _shared(g, _rng(6).standard_normal(6).reshape(6, 1, 1), "b3")  # (OC, 1, 1)
     z = mgb.opr.elemwise(conv, b, mode="FUSE_ADD_RELU")
     z2 = _pass("fuse_conv_bias_nonlinearity", z, fuse_conv_bias_nonlinearity=True)
-    assert z2.node.owner.type_name == "ConvBias" and z2.node.owner.param.nonlineMode == "RELU"
+    o = z2.node.owner
+    assert o.type_name == "ConvBiasForward" and o.param.nonlineMode == "RELU"
     _check_same(z, z2, feed)
 
 
@@ -318,7 +319,8 @@ def test_user_conv_bias_gets_the_nonlinearity():
                               stride_h=2, stride_w=2)  # fmt: skip
     z = mgb.opr.elem.sigmoid(cb)
     z2 = _pass("fuse_conv_bias_nonlinearity", z, fuse_conv_bias_nonlinearity=True)
-    assert z2.node.owner.type_name == "ConvBias" and z2.node.owner.param.nonlineMode == "SIGMOID"
+    o = z2.node.owner
+    assert o.type_name == "ConvBiasForward" and o.param.nonlineMode == "SIGMOID"
     _check_same(z, z2, feed)
 
 
@@ -336,9 +338,9 @@ def test_fuse_conv_bias_with_z_pass():
     feed["z"] = _rng(7).standard_normal((2, 6, 5, 5)).astype(F32)
     out2 = mgb.optimize_for_inference([out], fuse_conv_bias_with_z=True)[0]
     types = _check_same(out, out2, feed)
-    assert "ConvBias" in types and "Convolution" not in types
+    assert "ConvBiasForward" in types and "ConvolutionForward" not in types
     plain = mgb.optimize_for_inference([out])[0]
-    assert "Convolution" in _check_same(out, plain, feed)
+    assert "ConvolutionForward" in _check_same(out, plain, feed)
 
 
 @pytest.mark.parametrize("flag", ["f16_io_comp", "f16_io_f32_comp"])
@@ -347,7 +349,7 @@ def test_float16_io(flag):
     (y2,) = mgb.optimize_for_inference([y], fuse_conv_bias_nonlinearity=True, **{flag: True})
     assert y2.dtype == np.float32
     types = _check_same(y, y2, feed, rtol=2e-2, atol=2e-2)
-    assert types == ["Host2DeviceCopy", "TypeCvt", "MultipleDeviceTensorHolder", "ConvBias",
+    assert types == ["Host2DeviceCopy", "TypeCvt", "MultipleDeviceTensorHolder", "ConvBiasForward",
                      "TypeCvt"]  # fmt: skip
     cb = y2.node.owner.inputs[0].owner
     assert cb.outputs[0].dtype == np.float16 and cb.inputs[1].dtype == np.float16

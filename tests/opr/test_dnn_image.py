@@ -396,7 +396,7 @@ _MAT = np.tile(np.eye(3, dtype=F32), (2, 1, 1))
             roi_pooling,
             [_IMG, np.zeros((3, 4), F32)],
             {"dest_shape": (2, 2)},
-            "ROIPooling 'bad'.*rois must have shape \\(m, 5\\), got \\{3,4\\}",
+            "ROIPoolingForward 'bad'.*rois must have shape \\(m, 5\\), got \\{3,4\\}",
         ),
         (
             roi_pooling,
@@ -414,14 +414,14 @@ _MAT = np.tile(np.eye(3, dtype=F32), (2, 1, 1))
             roi_align,
             [_IMG, np.zeros((3, 5), F32)],
             {"format": "NHWC"},
-            "ROIAlign 'bad'.*format NHWC is not supported",
+            "ROIAlignForward 'bad'.*format NHWC is not supported",
         ),
         (roi_align, [_IMG, np.zeros((3, 5), F32)], {"sample_height": 0}, "must be positive"),
         (
             warp_perspective,
             [_IMG, _MAT],
             {"out_shape": (4, 4), "imode": "CUBIC"},
-            "WarpPerspective 'bad'.*imode CUBIC is not supported",
+            "WarpPerspectiveForward 'bad'.*imode CUBIC is not supported",
         ),
         (
             warp_perspective,
@@ -445,7 +445,7 @@ _MAT = np.tile(np.eye(3, dtype=F32), (2, 1, 1))
             resize,
             [_IMG],
             {"out_shape": (4, 4), "imode": "AREA"},
-            "Resize 'bad'.*imode AREA is not supported",
+            "ResizeForward 'bad'.*imode AREA is not supported",
         ),
         (resize, [_IMG[0]], {"out_shape": (4, 4)}, "src must be 4-d, got {3,6,6}"),
     ],
@@ -459,7 +459,8 @@ def test_roi_batch_index_out_of_range_raises_at_run():
     g = make_graph()
     (s, r), _ = inputs(g, _IMG, np.array([[5, 0, 0, 2, 2]], F32), value_infer=False)
     y = roi_align(s, r)
-    with pytest.raises(MegBrainError, match="ROIAlign .*roi 0 has batch index 5, src has 2 images"):
+    msg = "ROIAlignForward .*roi 0 has batch index 5, src has 2 images"
+    with pytest.raises(MegBrainError, match=msg):
         run([y], g)
 
 

@@ -113,7 +113,7 @@ def test_static_shape_and_reference_param_forms():
     )
     out = group_local(s, f, stride_h=2, pad_h=1, name="lc")
     assert infer_shape(out.node) == (3, 10, 4, 3)
-    assert out.node.owner.type_name == "GroupLocal" and out.node.owner.name == "lc"
+    assert out.node.owner.type_name == "GroupLocalForward" and out.node.owner.name == "lc"
     # a param-def object of the reference, and the enum member for the mode
     p = pdefs.Convolution(stride_h=2, pad_h=1, mode=pdefs.Convolution.Mode.CROSS_CORRELATION)
     same = group_local(s, f, param=p)
@@ -179,7 +179,7 @@ def test_backward_operators_have_gradients(which):
 def test_bad_inputs_name_the_operator(src, filt, kw, message):
     g = make_graph()
     vs, _ = inputs(g, np.ones(src, np.float32), np.ones(filt, np.float32))
-    with pytest.raises(MegBrainError, match=rf"GroupLocal 'lc'.*{message}"):
+    with pytest.raises(MegBrainError, match=rf"GroupLocalForward 'lc'.*{message}"):
         group_local(*vs, name="lc", **kw)
 
 
@@ -197,5 +197,5 @@ def test_bad_dtypes():
     with pytest.raises(MegBrainError, match="only floating point"):
         group_local(si, fi)
     (f7,), _ = inputs(g, np.ones((1, 3, 3, 2, 1, 1, 1), np.float32))
-    with pytest.raises(MegBrainError, match=r"Local 'l'.*filter must be 6-d \(OH, OW, IC"):
+    with pytest.raises(MegBrainError, match=r"LocalForward 'l'.*filter must be 6-d \(OH, OW, IC"):
         local(s, f7, name="l")

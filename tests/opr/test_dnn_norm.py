@@ -225,7 +225,8 @@ def test_training_stats_must_be_shared(stat):
     (host,), _ = inputs(g, p)
     vs[stat] = host
     what = "running_mean" if stat == 3 else "running_variance"
-    with pytest.raises(GraphError, match=f"BatchNorm 'bn'.*{what} .* must be a shared tensor"):
+    msg = f"BatchNormForward 'bn'.*{what} .* must be a shared tensor"
+    with pytest.raises(GraphError, match=msg):
         batch_norm(*vs, name="bn")
     # INFERENCE mode only reads the statistics: any var will do
     batch_norm(*vs, fwd_mode="INFERENCE")
@@ -368,5 +369,5 @@ def test_lrn_grad(n):
 def test_lrn_bad_inputs(shape, dtype, kw, needle):
     g = make_graph()
     (x,), _ = inputs(g, np.ones(shape, dtype))
-    with pytest.raises(MegBrainError, match=f"LRN 'norm'.*{needle}"):
+    with pytest.raises(MegBrainError, match=f"LRNForward 'norm'.*{needle}"):
         lrn(x, name="norm", **kw)
