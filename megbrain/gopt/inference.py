@@ -1,23 +1,30 @@
 """``optimize_for_inference``: the inference passes, applied in the order of
-:data:`INFERENCE_PRESET`, read top to bottom:
+:data:`INFERENCE_PRESET` (the reference's preset for inference), read top to bottom:
 
 1. ``expand_batch_norm``: BatchNorm in INFERENCE mode becomes ``x * k + b``, ``k`` and ``b``
    computed from its parameters;
-2. ``normalize_affine_chain``: a chain of ADD/SUB/MUL/TRUE_DIV/NEGATE applying parameters to
+2. ``remove_non_computing``: MarkNoBroadcastElemwise, SetGrad and Identity are dropped;
+3. ``expand_fused_arith``: FUSE_MUL_ADD3/4 and FUSE_ADD_<act> become plain operators;
+4. ``normalize_affine_chain``: a chain of ADD/SUB/MUL/TRUE_DIV/NEGATE applying parameters to
    one var becomes ``x * K + B`` (this is how the elementwise batch normalization of
    ``nn.BatchNorm2d`` in eval mode, ``(x - mean) / sqrt(var + eps) * gamma + beta``, and a
    convolution's own bias reach their folded form);
-3. ``fold_conv_scale``: ``convolution(x, w) * K`` with a per-output-channel parameter ``K``
+5. ``fold_conv_scale``: ``convolution(x, w) * K`` with a per-output-channel parameter ``K``
    becomes ``convolution(x, w * K)``;
-4. ``param_fuse``: every var computed only from parameters (SharedDeviceTensor, which
+6. ``param_fuse``: every var computed only from parameters (SharedDeviceTensor, which
    SharedScalar vars are too) and constants becomes a new SharedDeviceTensor holding its
    value now (ImmutableTensor when it depends on constants only);
-5. ``fuse_conv_bias_nonlinearity`` (flag): ``act(convolution(x, w) + b)`` becomes ConvBias;
-6. ``fuse_conv_bias_with_z`` (flag): ``convolution(x, w) + z`` with ``z`` of the output's
-   shape becomes ConvBias with ``z`` as its bias;
-7. ``convert_f16_io`` (``f16_io_comp`` / ``f16_io_f32_comp``): float32 vars become float16,
-   the outputs are converted back to float32;
-8. ``param_fuse`` again: the parameters converted to float16 and the ConvBias biases.
+7. ``reorder_arith_chain``: ADD/MUL/MAX/MIN chains reduced parameters first, then by size;
+8. ``arith_fuse``: ``act(a + b)`` becomes FUSE_ADD_<act>, products in sums FUSE_MUL_ADD3/4;
+9. ``reorder_arith_chain`` again, ``remove_redundant_typecvt``, ``param_fuse`` again;
+10. ``fuse_conv_bias_nonlinearity`` (flag): ``act(convolution(x, w) + b)`` becomes ConvBias;
+11. ``fuse_conv_bias_with_z`` (flag): ``convolution(x, w) + z`` with ``z`` of the output's
+    shape becomes ConvBias with ``z`` as its bias;
+12. ``convert_f16_io`` (``f16_io_comp`` / ``f16_io_f32_comp``): float32 vars become float16,
+    the outputs are converted back to float32;
+13. ``param_fuse`` again: the parameters converted to float16 and the ConvBias biases;
+14. ``param_merge``: every SharedDeviceTensor becomes an output of one
+    MultipleDeviceTensorHolder.
 
 A pass is ``f(graph, dest, options) -> {old var: new var}``.
 """
