@@ -16,6 +16,7 @@ from ..errors import MegBrainError
 __all__ = [
     "COMM_STREAM",
     "COMM_TIMEOUT",
+    "STATS",
     "comm_comp_node",
     "get_comm",
     "group_barrier",
@@ -155,6 +156,9 @@ def group_barrier() -> None:
 
 # ---- failing ranks end the job ------------------------------------------------------------
 _watch_lock = threading.Lock()
+#: seconds spent in (and number of) watched MPI calls of this process: communication and
+#: waiting for the other ranks; read by benchmarks, reset by assigning 0
+STATS = {"comm_s": 0.0, "calls": 0}
 _waiting: dict[int, tuple[float, str]] = {}
 _watchdog: threading.Thread | None = None
 
@@ -195,13 +199,17 @@ def watch(what: str):
                                              daemon=True)
                 _watchdog.start()
     tid = threading.get_ident()
+    t0 = time.monotonic()
     with _watch_lock:
-        _waiting[tid] = (time.monotonic(), what)
+        _waiting[tid] = (t0, what)
     try:
         yield
     finally:
+        dt = time.monotonic() - t0
         with _watch_lock:
             _waiting.pop(tid, None)
+            STATS["comm_s"] += dt
+            STATS["calls"] += 1
 
 
 def install_abort_on_error() -> None:

@@ -6,6 +6,9 @@ Run ``python -m megbrain.examples.digits [--epochs N] [--model cnn|mlp] [--out w
 a few training steps instead (a Chrome trace and the top operators by time).
 ``--dump model.mge`` also writes the trained model's inference graph (input ``x``, output
 ``logits``) with ``serialize_comp_graph_to_file``, for ``megbrain inspect`` / ``megbrain run``.
+``mpiexec -n 2 python -m megbrain.examples.digits --distributed`` trains data-parallel: each
+rank takes its ``--batch`` of every step, gradients are averaged across ranks, BatchNorm is
+SyncBatchNorm, and rank 0 prints and saves.
 """
 
 from __future__ import annotations
@@ -34,25 +37,28 @@ def load_digits(seed: int = 0):
     return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
 
 
-def make_model(kind: str = "cnn") -> nn.Module:
+def make_model(kind: str = "cnn", sync_bn: bool = False) -> nn.Module:
     """The seeded model: ``cnn`` (two conv/BN/ReLU/max-pool blocks and an MLP head) or
-    ``mlp`` (a BatchNorm1d MLP on the flattened image)."""
+    ``mlp`` (a BatchNorm1d MLP on the flattened image); ``sync_bn``: SyncBatchNorm layers."""
     nn.init.default_rng(0)
+    bn1, bn2 = (nn.SyncBatchNorm,) * 2 if sync_bn else (nn.BatchNorm1d, nn.BatchNorm2d)
     if kind == "mlp":
         return nn.Sequential(
-            nn.Flatten(), nn.Linear(64, 128), nn.BatchNorm1d(128), nn.ReLU(),
+            nn.Flatten(), nn.Linear(64, 128), bn1(128), nn.ReLU(),
             nn.Dropout(0.1), nn.Linear(128, 10),
         )  # fmt: skip
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(1, 16, 3, padding=1), bn2(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), bn2(32), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(32 * 2 * 2, 64), nn.ReLU(), nn.Linear(64, 10),
     )  # fmt: skip
 
 
-def build_train_step(model, optimizer_cls, batch: int, *, graph=None, **opt_kw):
+def build_train_step(model, optimizer_cls, batch: int, *, graph=None, distributed=False,
+                     **opt_kw):
     """Compile one training step (in ``graph``, a fresh graph by default, e.g. one with a
-    profiler attached): returns (function, optimizer)."""
+    profiler attached; data-parallel over the MPI job with ``distributed``): returns
+    (function, optimizer)."""
     g = mgb.comp_graph() if graph is None else graph
     x = mgb.make_arg("cpu0", g, shape=(batch, 1, 8, 8), name="x")
     y = mgb.make_arg("cpu0", g, shape=(batch, 10), name="y")
@@ -60,6 +66,10 @@ def build_train_step(model, optimizer_cls, batch: int, *, graph=None, **opt_kw):
     logits = model(x)
     loss = nn.functional.cross_entropy(logits, y)
     opt = optimizer_cls(model.parameters(), **opt_kw)
+    if distributed:
+        from megbrain.distributed import data_parallel
+
+        data_parallel(opt)
     updates = opt.minimize(loss) + nn.pending_updates(g)
     func = g.compile([x, y], [mgb.copy_output(loss), mgb.copy_output(logits)] + updates)
     func.callbefore_func = opt.before_step
@@ -136,7 +146,19 @@ def main(argv=None) -> dict:
         help="also write the trained inference graph to this file (megbrain inspect/run)",
     )
     ap.add_argument("--dump-batch", type=int, default=1, help="batch size of --dump's input")
+    ap.add_argument(
+        "--distributed",
+        action="store_true",
+        help="data-parallel over the processes of mpiexec (--batch per rank)",
+    )
     args = ap.parse_args(argv)
+    rank, nranks = 0, 1
+    if args.distributed:
+        from megbrain import distributed as dist
+
+        dist.install_abort_on_error()  # a failing rank ends the whole job
+        rank, nranks = dist.world_rank(), dist.world_size()
+        args.no_progress = args.no_progress or rank != 0
     if args.profile is not None:
         return profile_steps(args.model, args.batch, args.lr, args.profile)
     if args.out is None:
@@ -145,10 +167,13 @@ def main(argv=None) -> dict:
 
     xtr, ytr, xte, yte = load_digits()
     onehot = np.eye(10, dtype=np.float32)
-    model = make_model(args.model)
-    step, opt = build_train_step(model, optim.Adam, args.batch, lr=args.lr)
-    rng = np.random.default_rng(1)
-    nb = len(xtr) // args.batch
+    model = make_model(args.model, sync_bn=args.distributed)
+    step, opt = build_train_step(
+        model, optim.Adam, args.batch, lr=args.lr, distributed=args.distributed
+    )
+    rng = np.random.default_rng(1)  # the same permutation on every rank
+    nb = len(xtr) // (args.batch * nranks)
+    say = print if rank == 0 else (lambda *a, **k: None)
     t0 = time.perf_counter()
     history, step_losses = [], []
     for epoch in range(args.epochs):
@@ -161,23 +186,28 @@ def main(argv=None) -> dict:
         )
         tot_loss = tot_acc = 0.0
         for i in bar:
-            idx = perm[i * args.batch : (i + 1) * args.batch]
+            at = (i * nranks + rank) * args.batch  # this rank's part of the global batch
+            idx = perm[at : at + args.batch]
             loss, logits = step(xtr[idx], onehot[ytr[idx]])
             step_losses.append(float(loss[0]))
             tot_loss += step_losses[-1]
             tot_acc += nn.functional.accuracy(logits, ytr[idx])
             bar.set_postfix(loss=f"{tot_loss / (i + 1):.4f}", acc=f"{tot_acc / (i + 1):.3f}")
         history.append(tot_loss / nb)
-        print(f"epoch {epoch + 1}: loss {tot_loss / nb:.4f} train acc {tot_acc / nb:.4f}")
+        say(f"epoch {epoch + 1}: loss {tot_loss / nb:.4f} train acc {tot_acc / nb:.4f}")
     train_time = time.perf_counter() - t0
+    samples_per_s = nb * args.batch * nranks * args.epochs / max(train_time, 1e-9)
     acc = evaluate(model, xte, yte)
-    print(f"test accuracy {acc:.4f} ({train_time:.1f} s of training)")
+    say(f"test accuracy {acc:.4f} ({train_time:.1f} s of training, "
+        f"{samples_per_s:.0f} samples/s over {nranks} rank(s))")  # fmt: skip
+    if rank != 0:
+        args.out = f"{os.path.splitext(args.out)[0]}.rank{rank}.npz"
     nn.save_weights(model, args.out)
     fresh = make_model(args.model)
     nn.load_weights(fresh, args.out)
     acc2 = evaluate(fresh, xte, yte)
-    print(f"reloaded from {args.out}: test accuracy {acc2:.4f}")
-    if args.dump is not None:
+    say(f"reloaded from {args.out}: test accuracy {acc2:.4f}")
+    if args.dump is not None and rank == 0:
         res = dump_inference(model, args.dump, args.dump_batch)
         print(f"inference graph written to {args.dump} ({res.nr_opr} operators, "
               f"{res.tot_bytes} bytes)")  # fmt: skip
@@ -187,6 +217,7 @@ def main(argv=None) -> dict:
         "test_acc": acc,
         "reloaded_acc": acc2,
         "train_time": train_time,
+        "samples_per_s": samples_per_s,
     }
 
 

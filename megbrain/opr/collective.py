@@ -49,6 +49,8 @@ MPI_DTYPES = tuple(
     np.dtype(t)
     for t in ("float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "int64")
 )
+_DTYPE_CODE = {d: i for i, d in enumerate(MPI_DTYPES)}
+_HDR = 12  # int64s per rank in the shape exchange: is_root, dtype, ndim, dims
 _ROOTED = ("BROADCAST", "REDUCE_SUM", "GATHER", "SCATTER")
 _GRAD_MODE = {
     "ALL_REDUCE_SUM": "ALL_REDUCE_SUM",
@@ -159,6 +161,8 @@ class CollectiveComm(OperatorNodeBase):
                 f"nr_devices={nr_devices}"
             )
         self.dynamic_output_shape = not self.inputs and self.out_shape is None
+        #: the root's rank, known after the first run's header exchange
+        self._root = None
 
     # ---- contract ---------------------------------------------------------------------------
     def hash_key(self):
@@ -219,79 +223,101 @@ class CollectiveComm(OperatorNodeBase):
     def _comm(self):
         return _dist.get_comm(self.key, self.nr_devices, self.rank)
 
-    def _exchange(self, comm, src: np.ndarray | None, out_dtype) -> tuple[int, tuple]:
-        """Check every rank's (is_root, shape, dtype); return (root, the root's shape)."""
-        mine = (self.is_root, None if src is None else tuple(src.shape), str(out_dtype))
-        with _dist.watch(f"{self.type_name} {self.name!r} rank {self.rank}: shape exchange"):
-            infos = comm.allgather(mine)
+    def _header(self, src: np.ndarray | None, out_dtype):
+        """This rank's (is_root, dtype, ndim, dims) as int64s, and the array receiving
+        every rank's."""
+        mine = np.full(_HDR, -2, np.int64)
+        mine[0], mine[1] = int(self.is_root), _DTYPE_CODE[np.dtype(out_dtype)]
+        if src is not None:
+            if src.ndim > _HDR - 3:
+                raise self.error(f"at most {_HDR - 3} dimensions, got {src.ndim}")
+            mine[2] = src.ndim
+            mine[3 : 3 + src.ndim] = src.shape
+        return mine, np.empty((self.nr_devices, _HDR), np.int64)
+
+    def _check(self, infos: np.ndarray) -> tuple[int, tuple]:
+        """Check every rank's header; return (root, the root's shape). Every rank sees the
+        same headers, so a mismatch raises the same error on every rank."""
+        rows = [
+            (bool(h[0]), None if h[2] < 0 else tuple(int(d) for d in h[3 : 3 + h[2]]),
+             MPI_DTYPES[h[1]].name)
+            for h in infos
+        ]
         mode = self.param.mode
-        roots = [r for r, (isr, _, _) in enumerate(infos) if isr]
+        roots = [r for r, (isr, _, _) in enumerate(rows) if isr]
         desc = "; ".join(
-            f"rank {r}: {'root ' if i[0] else ''}{fmt_shape(i[1]) if i[1] else 'no input'} {i[2]}"
-            for r, i in enumerate(infos)
+            f"rank {r}: {'root ' if i[0] else ''}{'no input' if i[1] is None else fmt_shape(i[1])}"
+            f" {i[2]}"
+            for r, i in enumerate(rows)
         )
         if mode in _ROOTED and len(roots) != 1:
             raise self.error(f"mode {mode} needs exactly one root rank, got {len(roots)} ({desc})")
         root = roots[0] if mode in _ROOTED else 0
-        if len({i[2] for i in infos}) != 1:
+        if len({i[2] for i in rows}) != 1:
             raise self.error(f"ranks disagree on the dtype: {desc}")
-        shapes = {i[1] for i in infos if i[1] is not None}
+        shapes = {i[1] for i in rows if i[1] is not None}
         if len(shapes) != 1:
             raise self.error(f"input shapes differ across the ranks of key {self.key!r}: {desc}")
-        return root, infos[root][1]
+        return root, rows[root][1]
 
-    def _transfer(self, comm, root: int, src, out: np.ndarray) -> None:
+    def _start(self, comm, root: int, src, o: _Out):
+        """Post the transfer (a non-blocking MPI collective); returns its request."""
         MPI = _dist.mpi()
-        mode = self.param.mode
-        o = _Out(out)
-        src = None if src is None else _contig(src)
-        what = f"{self.type_name} {self.name!r} ({mode}, rank {self.rank})"
-        with _dist.watch(what):
-            if mode.startswith("ALL_REDUCE_"):
-                op = {"SUM": MPI.SUM, "MAX": MPI.MAX, "MIN": MPI.MIN, "PROD": MPI.PROD}[mode[11:]]
-                if np.shares_memory(src, o.buf):
-                    np.copyto(o.buf, src)
-                    comm.Allreduce(MPI.IN_PLACE, o.buf, op)
-                else:
-                    comm.Allreduce(src, o.buf, op)
-            elif mode == "BROADCAST":
-                if self.rank == root and not np.shares_memory(src, o.buf):
-                    np.copyto(o.buf, src)
-                comm.Bcast(o.buf, root)
-            elif mode == "REDUCE_SUM":
-                if self.rank == root:
-                    comm.Reduce(src, o.buf, MPI.SUM, root)
-                else:
-                    comm.Reduce(src, None, MPI.SUM, root)
-                    o.buf.fill(0)
-            elif mode == "ALL_GATHER":
-                comm.Allgather(src, o.buf)
-            elif mode == "REDUCE_SCATTER_SUM":
-                comm.Reduce_scatter_block(src, o.buf, MPI.SUM)
-            elif mode == "GATHER":
-                if self.rank == root:
-                    comm.Gather(src, o.buf, root)
-                else:
-                    comm.Gather(src, None, root)
-                    o.buf.fill(0)
-            elif mode == "SCATTER":
-                comm.Scatter(src if self.rank == root else None, o.buf, root)
-            elif mode == "ALL_TO_ALL":
-                comm.Alltoall(src, o.buf)
-            else:  # pragma: no cover - the param refuses other modes
-                raise self.error(f"mode {mode} is not implemented")
-        o.done()
+        mode, buf, me = self.param.mode, o.buf, self.rank
+        if mode.startswith("ALL_REDUCE_"):
+            op = {"SUM": MPI.SUM, "MAX": MPI.MAX, "MIN": MPI.MIN, "PROD": MPI.PROD}[mode[11:]]
+            if np.may_share_memory(src, buf):
+                np.copyto(buf, src)
+                return comm.Iallreduce(MPI.IN_PLACE, buf, op)
+            return comm.Iallreduce(src, buf, op)
+        if mode == "BROADCAST":
+            if me == root and not np.may_share_memory(src, buf):
+                np.copyto(buf, src)
+            return comm.Ibcast(buf, root)
+        if mode == "REDUCE_SUM":
+            return comm.Ireduce(src, buf if me == root else None, MPI.SUM, root)
+        if mode == "ALL_GATHER":
+            return comm.Iallgather(src, buf)
+        if mode == "REDUCE_SCATTER_SUM":
+            return comm.Ireduce_scatter_block(src, buf, MPI.SUM)
+        if mode == "GATHER":
+            return comm.Igather(src, buf if me == root else None, root)
+        if mode == "SCATTER":
+            return comm.Iscatter(src if me == root else None, buf, root)
+        if mode == "ALL_TO_ALL":
+            return comm.Ialltoall(src, buf)
+        raise self.error(f"mode {mode} is not implemented")  # pragma: no cover
 
-    def _run(self, src, out_or_none):
+    def _run(self, src, out):
+        """One run: the header exchange and the transfer, overlapped once the root is known
+        (the transfer waits only when the headers agree)."""
         comm = self._comm()
         out_dtype = self.outputs[0].dtype
-        root, root_shape = self._exchange(comm, src, out_dtype)
-        out = out_or_none
-        if out is None:  # no input and no static shape: from the root's
-            shape = root_shape if self.param.mode == "BROADCAST" else (
-                root_shape[0] // self.nr_devices, *root_shape[1:])
-            out = np.empty(shape, out_dtype)
-        self._transfer(comm, root, src, out)
+        src = None if src is None else _contig(src)
+        mine, infos = self._header(src, out_dtype)
+        what = f"{self.type_name} {self.name!r} ({self.param.mode}, rank {self.rank})"
+        with _dist.watch(what):
+            hreq = comm.Iallgather(mine, infos)
+            root = self._root
+            if out is not None and root is not None:
+                o = _Out(out)
+                dreq = self._start(comm, root, src, o)
+                hreq.Wait()
+                self._check(infos)  # on a mismatch the transfer is left pending, unread
+            else:
+                hreq.Wait()
+                root, root_shape = self._check(infos)
+                self._root = root
+                if out is None:  # no input and no static shape: from the root's
+                    shape = root_shape if self.param.mode == "BROADCAST" else (
+                        root_shape[0] // self.nr_devices, *root_shape[1:])
+                    out = np.empty(shape, out_dtype)
+                o = _Out(out)
+                dreq = self._start(comm, root, src, o)
+            dreq.Wait()
+        if self.param.mode in ("REDUCE_SUM", "GATHER") and self.rank != root:
+            o.buf.fill(0)
+        o.done()
         return out
 
     def bind(self, ins, outs):
