@@ -27,6 +27,7 @@ __all__ = [
     "make_shared",
     "make_arg",
     "make_immutable",
+    "from_dlpack",
 ]
 
 _copyto = np.copyto
@@ -334,6 +335,49 @@ class SharedND:
 
     def __repr__(self) -> str:
         return f"SharedND(shape={self.shape}, dtype={self.dtype}, comp_node={self.comp_node})"
+
+    # ---- zero-copy interop (NumPy's array protocol and DLPack) -----------------------------
+    def _host_view(self, what: str) -> np.ndarray:
+        """The tensor's memory as an array, after the work pending on its comp node."""
+        self._apply_lazy_init()
+        if not self._dev.shape_valid():
+            raise MegBrainError(f"SharedND.{what}: the tensor is empty (no value set yet)")
+        if self.comp_node.device_type != CPU:
+            raise MegBrainError(
+                f"SharedND.{what}: the tensor lives on {self.comp_node}, not on a CPU comp node"
+            )
+        self._dev.sync()
+        return self._dev.as_ndarray()
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """The value as an array sharing this tensor's memory (``np.asarray(snd)``), or a copy
+        when ``copy=True`` or a ``dtype`` other than the tensor's is asked for."""
+        arr = self._host_view("__array__")
+        if dtype is not None and np.dtype(dtype) != arr.dtype:
+            if copy is False:
+                raise ValueError(
+                    f"SharedND.__array__: dtype {np.dtype(dtype)} differs from the tensor's "
+                    f"{arr.dtype}, which needs a copy, and copy=False"
+                )
+            return arr.astype(dtype)
+        return arr.copy() if copy else arr
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """Export the tensor as a DLPack capsule sharing its memory (``torch.from_dlpack(snd)``,
+        ``np.from_dlpack(snd)``); the arguments are those of the DLPack protocol."""
+        kw = {"stream": stream}
+        if max_version is not None:
+            kw["max_version"] = max_version
+        if dl_device is not None:
+            kw["dl_device"] = dl_device
+        if copy is not None:
+            kw["copy"] = copy
+        return self._host_view("__dlpack__").__dlpack__(**kw)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """The DLPack device of the tensor: ``(1, 0)``, the CPU."""
+        self._host_view("__dlpack_device__")
+        return (1, 0)
 
 
 def _check_shared(b: SharedND, what: str) -> None:
@@ -690,3 +734,88 @@ def make_immutable(comp_node, comp_graph, value, *, dtype=None, name=None) -> Sy
     if isinstance(value, (str, bytes)):
         raise ConversionError(f"make_immutable: unsupported value {value!r}")
     return io.make_immutable(comp_node, comp_graph, value, dtype=dtype, name=name)
+
+
+def from_dlpack(obj, copy: bool | None = None, *, comp_node="cpu0") -> SharedND:
+    """A SharedND holding the memory of a DLPack-capable array (NumPy, PyTorch, JAX, ...).
+
+    Parameters
+    ----------
+    obj:
+        An object with ``__dlpack__`` (a ``numpy.ndarray``, a CPU ``torch.Tensor``, a JAX
+        array), living on the CPU.
+    copy:
+        ``None`` or ``False``: share the memory, refusing a source that can not be shared.
+        ``True``: always copy (converting float64/int64 to float32/int32).
+    comp_node:
+        The CPU comp node the tensor belongs to.
+
+    Returns
+    -------
+    SharedND
+        Sharing ``obj``'s memory unless ``copy=True``: writes through either side are seen by
+        the other, and graphs built on the tensor read the source's current data.
+
+    Raises
+    ------
+    ConversionError
+        When the memory can not be shared and ``copy`` is not True: ``obj`` is read-only,
+        not contiguous, of a dtype megbrain does not have, or not on the CPU; or when ``obj``
+        has no DLPack export at all.
+    """
+    what = "from_dlpack"
+    cn = as_comp_node(comp_node)
+    if cn.device_type != CPU:
+        raise MegBrainError(f"{what}: comp node {cn} is not a CPU comp node")
+    if isinstance(obj, np.ndarray):
+        arr = obj
+    else:
+        if not hasattr(obj, "__dlpack__"):
+            raise ConversionError(
+                f"{what}: {type(obj).__name__} has no __dlpack__ (not a DLPack array)"
+            )
+        try:
+            arr = np.from_dlpack(obj)
+        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+            if copy:
+                try:
+                    arr = np.array(obj)
+                except Exception:  # noqa: BLE001 - the DLPack error says more
+                    arr = None
+                if arr is not None and arr.dtype != object:
+                    return _shared_copy(arr, cn, what)
+            raise ConversionError(
+                f"{what}: can not import {type(obj).__name__} through DLPack: {exc}"
+            ) from exc
+    if copy:
+        return _shared_copy(arr, cn, what)
+    problem = None
+    try:
+        dt = canonize_dtype(arr.dtype)
+    except ConversionError as exc:
+        problem = str(exc)
+    else:
+        if not arr.flags.c_contiguous:
+            problem = f"the source is not C-contiguous (shape {arr.shape}, strides {arr.strides})"
+        elif not arr.flags.writeable:
+            problem = "the source is read-only"
+    if problem is not None:
+        raise ConversionError(
+            f"{what}: can not share the memory of a {arr.dtype} array of shape {arr.shape}: "
+            f"{problem}; pass copy=True to copy it"
+        )
+    view = arr.reshape(1) if arr.ndim == 0 else arr
+    snd = SharedND(cn, dt)
+    src = DeviceTensorND.from_ndarray(view, cn, borrow=True)
+    snd._dev.reset(src.storage, src.layout)
+    snd._refkeeper = obj  # the exporter's buffer stays alive with the tensor
+    return snd
+
+
+def _shared_copy(arr: np.ndarray, cn: CompNode, what: str) -> SharedND:
+    """A SharedND holding a copy of ``arr`` in the megbrain dtype closest to its own."""
+    with _named_errors(what):
+        dt = to_mgb_supported_dtype(arr.dtype)
+        snd = SharedND(cn, dt)
+        snd.set_value(convert_array(arr, dt))
+    return snd

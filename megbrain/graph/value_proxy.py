@@ -131,6 +131,37 @@ class CompGraphCallbackValueProxy:
         src = self._hv if self._eager else self._dev
         return src if borrow_mem else np.array(src)
 
+    # zero-copy interop: valid, like the value itself, only while the callback runs
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """The value as an array sharing the proxy's buffer (``np.asarray(proxy)``), or a copy
+        when ``copy=True`` or another ``dtype`` is asked for."""
+        arr = self.get_value(borrow_mem=True)
+        if dtype is not None and np.dtype(dtype) != arr.dtype:
+            if copy is False:
+                raise ValueError(
+                    f"CompGraphCallbackValueProxy.__array__: dtype {np.dtype(dtype)} differs "
+                    f"from the value's {arr.dtype}, which needs a copy, and copy=False"
+                )
+            return arr.astype(dtype)
+        return arr.copy() if copy else arr
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """Export the value as a DLPack capsule sharing its buffer (valid until the callback
+        returns); the arguments are those of the DLPack protocol."""
+        kw = {"stream": stream}
+        if max_version is not None:
+            kw["max_version"] = max_version
+        if dl_device is not None:
+            kw["dl_device"] = dl_device
+        if copy is not None:
+            kw["copy"] = copy
+        return self.get_value(borrow_mem=True).__dlpack__(**kw)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """The DLPack device of the value: ``(1, 0)``, the CPU."""
+        self._check()
+        return (1, 0)
+
     def _pubapi_dev_tensor_ptr(self, version: int) -> int:
         """The raw data pointer (version 0); version 1 raises (see
         :func:`pubapi_dev_tensor_ptr`)."""
