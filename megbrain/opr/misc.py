@@ -231,10 +231,10 @@ class TopKParam(ParamBase):
 
 @register_opr
 class TopK(_NamedOpr):
-    """(data (m, n), k): the k smallest of each row (k > 0) or the |k| largest (k < 0).
+    """(data (m, n), k): the k smallest of each row (k > 0) or the ``|k|`` largest (k < 0).
 
     KTH_ONLY outputs the k-th value of each row, shape (m,), and an empty index output;
-    VALUE_IDX_NOSORT / VALUE_IDX_SORTED output values and int32 indices of shape (m, |k|),
+    VALUE_IDX_NOSORT / VALUE_IDX_SORTED output values and int32 indices of shape ``(m, |k|)``,
     in no particular order or sorted (ascending for k > 0, descending for k < 0).
     """
 
@@ -506,7 +506,7 @@ def top_k(
     data : SymbolVar
         A 2-d input.
     k : int or SymbolVar
-        k > 0 selects the k smallest, k < 0 the |k| largest of each row.
+        k > 0 selects the k smallest, k < 0 the ``|k|`` largest of each row.
     mode : {"KTH_ONLY", "VALUE_IDX_NOSORT", "VALUE_IDX_SORTED"}
         See :class:`TopK`.
 
