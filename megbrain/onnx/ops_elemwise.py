@@ -378,3 +378,76 @@ def _cast_like(ctx):
     if ctx.in_type(1) == TensorProto.BOOL:
         return _bool(E(_f(ctx, 1, x), E(x, _f(ctx, 0, x), mode="EQ"), mode="SUB"))
     return _cast(x, like.dtype)
+
+
+def _sqrt_of(ctx, v):
+    return E(v, _f(ctx, 0.5, v), mode="POW")
+
+
+@converter("Sinh", 9)
+def _sinh(ctx):
+    x = ctx.input(0)
+    d = E(E(x, mode="EXP"), E(E(x, mode="NEGATE"), mode="EXP"), mode="SUB")
+    return E(d, _f(ctx, 0.5, x), mode="MUL")
+
+
+@converter("Cosh", 9)
+def _cosh(ctx):
+    x = ctx.input(0)
+    d = E(E(x, mode="EXP"), E(E(x, mode="NEGATE"), mode="EXP"), mode="ADD")
+    return E(d, _f(ctx, 0.5, x), mode="MUL")
+
+
+@converter("Asinh", 9)
+def _asinh(ctx):
+    x = ctx.input(0)
+    r = _sqrt_of(ctx, E(E(x, x, mode="MUL"), _f(ctx, 1, x), mode="ADD"))
+    return E(E(x, r, mode="ADD"), mode="LOG")
+
+
+@converter("Acosh", 9)
+def _acosh(ctx):
+    x = ctx.input(0)
+    r = _sqrt_of(ctx, E(E(x, x, mode="MUL"), _f(ctx, 1, x), mode="SUB"))
+    return E(E(x, r, mode="ADD"), mode="LOG")
+
+
+@converter("Atanh", 9)
+def _atanh(ctx):
+    x = ctx.input(0)
+    one = _f(ctx, 1, x)
+    q = E(E(one, x, mode="ADD"), E(one, x, mode="SUB"), mode="TRUE_DIV")
+    return E(E(q, mode="LOG"), _f(ctx, 0.5, x), mode="MUL")
+
+
+@converter("Swish", 24, attrs={"alpha": 1.0})
+def _swish(ctx):
+    x = ctx.input(0)
+    return E(x, E(E(x, _f(ctx, ctx.attr("alpha"), x), mode="MUL"), mode="SIGMOID"), mode="MUL")
+
+
+@converter("Shrink", 9, attrs={"bias": 0.0, "lambd": 0.5})
+def _shrink(ctx):
+    x = ctx.input(0)
+    lam, bias = _f(ctx, ctx.attr("lambd"), x), _f(ctx, ctx.attr("bias"), x)
+    neg_lam = _f(ctx, -ctx.attr("lambd"), x)
+    hi = E(E(lam, x, mode="LT"), E(x, bias, mode="SUB"), mode="MUL")
+    lo = E(E(x, neg_lam, mode="LT"), E(x, bias, mode="ADD"), mode="MUL")
+    return E(hi, lo, mode="ADD")
+
+
+@converter("IsNaN", 9)
+def _isnan(ctx):
+    x = ctx.input(0)
+    return _bool(E(_f(ctx, 1, x), E(x, x, mode="EQ"), mode="SUB"))
+
+
+@converter("IsInf", 10, attrs={"detect_negative": 1, "detect_positive": 1})
+def _isinf(ctx):
+    x = ctx.input(0)
+    out = None
+    for flag, v in (("detect_positive", np.inf), ("detect_negative", -np.inf)):
+        if ctx.attr(flag):
+            t = E(x, _f(ctx, v, x), mode="EQ")
+            out = t if out is None else E(out, t, mode="ADD")
+    return _bool(out if out is not None else E(x, _f(ctx, 0, x), mode="MUL"))

@@ -439,3 +439,77 @@ def _lrn(ctx):
     den = E(_c(ctx, ctx.attr("bias"), x), E(acc, _c(ctx, ctx.attr("alpha") / size, x), mode="MUL"),
             mode="ADD")
     return E(x, E(den, _c(ctx, -ctx.attr("beta"), x), mode="POW"), mode="MUL")
+
+
+def _normalize(ctx, x, axes, eps, center=True):
+    """(x - mean) / sqrt(var + eps) over ``axes`` (kept), computed in float32."""
+    xf = x if np.dtype(x.dtype) == np.float32 else mgb.opr.typecvt(x, np.float32)
+    d = xf
+    if center:
+        mean = xf
+        for a in axes:
+            mean = mgb.opr.reduce_(mean, "MEAN", a, True)
+        d = E(xf, mean, mode="SUB")
+    v = E(d, d, mode="MUL")
+    for a in axes:
+        v = mgb.opr.reduce_(v, "MEAN", a, True)
+    inv = E(E(v, _c(ctx, eps, xf), mode="ADD"), _c(ctx, -0.5, xf), mode="POW")
+    y = E(d, inv, mode="MUL")
+    return y if np.dtype(x.dtype) == np.float32 else mgb.opr.typecvt(y, x.dtype)
+
+
+@converter("InstanceNormalization", 6, attrs={"epsilon": 1e-5})
+def _instance_norm(ctx):
+    x, scale, bias = ctx.inputs[:3]
+    nd = len(static_shape(ctx, x))
+    y = _normalize(ctx, x, range(2, nd), ctx.attr("epsilon"))
+    y = E(y, _channel(ctx, scale, nd), mode="MUL")
+    return E(y, _channel(ctx, bias, nd), mode="ADD")
+
+
+@converter("GroupNormalization", 18, attrs={"epsilon": 1e-5, "num_groups": None,
+                                            "stash_type": Attr(1, frozenset({1}))})
+def _group_norm(ctx):
+    x, scale, bias = ctx.inputs[:3]
+    src = static_shape(ctx, x)
+    g = int(ctx.attr("num_groups"))
+    grouped = _reshape(x, (src[0], g, int(np.prod(src[1:])) // g))
+    y = _reshape(_normalize(ctx, grouped, [2], ctx.attr("epsilon")), src)
+    nd = len(src)
+    sc, bi = scale, bias
+    if static_shape(ctx, scale)[0] != src[1]:  # opset 18: one scale per group
+        rep = src[1] // g
+        sc = _reshape(mgb.opr.broadcast(_reshape(scale, (g, 1)), (g, rep)), (src[1],))
+        bi = _reshape(mgb.opr.broadcast(_reshape(bias, (g, 1)), (g, rep)), (src[1],))
+    y = E(y, _channel(ctx, sc, nd), mode="MUL")
+    return E(y, _channel(ctx, bi, nd), mode="ADD")
+
+
+@converter("RMSNormalization", 23, attrs={"axis": -1, "epsilon": 1e-5,
+                                          "stash_type": Attr(1, frozenset({1}))})
+def _rms_norm(ctx):
+    x, scale = ctx.input(0), ctx.input(1)
+    src = static_shape(ctx, x)
+    axis = _norm_axis(ctx, ctx.attr("axis"), len(src))
+    y = _normalize(ctx, x, range(axis, len(src)), ctx.attr("epsilon"), center=False)
+    return E(y, scale, mode="MUL")
+
+
+@converter("MeanVarianceNormalization", 9, attrs={"axes": (0, 2, 3)})
+def _mvn(ctx):
+    x = ctx.input(0)
+    nd = len(static_shape(ctx, x))
+    axes = sorted(_norm_axis(ctx, a, nd) for a in ctx.attr("axes"))
+    return _normalize(ctx, x, axes, 1e-9)
+
+
+@converter("LpNormalization", 1, attrs={"axis": -1, "p": Attr(2, frozenset({1, 2}))})
+def _lp_norm(ctx):
+    x = ctx.input(0)
+    axis = _norm_axis(ctx, ctx.attr("axis"), len(static_shape(ctx, x)))
+    if ctx.attr("p") == 1:
+        n = mgb.opr.reduce_(E(x, mode="ABS"), "SUM", axis, True)
+    else:
+        n = E(mgb.opr.reduce_(E(x, x, mode="MUL"), "SUM", axis, True), _c(ctx, 0.5, x),
+              mode="POW")
+    return E(x, n, mode="TRUE_DIV")
