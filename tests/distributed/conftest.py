@@ -1,11 +1,11 @@
 """Tests of megbrain.distributed run under MPI: ``mpiexec -n 2 python -m pytest -p no:randomly
 tests/distributed``. In a plain ``pytest`` run (one process) the files needing several ranks
-are skipped; ``test_abort.py`` launches mpiexec itself."""
+are skipped; ``test_dist_abort.py`` launches mpiexec itself."""
 
 from __future__ import annotations
 
 import pytest
-from mpi_harness import mpi_size
+from mpi_harness import LAUNCHED, mpi_size
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,4 +20,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
+    if LAUNCHED and config.pluginmanager.has_plugin("randomly"):
+        # each rank would shuffle the tests differently and wait in different collectives
+        raise pytest.UsageError("under mpiexec, run pytest with -p no:randomly")
     config.addinivalue_line("markers", "mpi(min_size=2): runs under mpiexec with that many ranks")
