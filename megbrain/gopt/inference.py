@@ -748,20 +748,11 @@ def arith_fuse(graph, dest, options):
             return None
         if opr.param.mode in acts and len(opr.inputs) == 1:
             return fuse_act(opr)
-        if _chain_root(rw, opr, ("ADD",)) and not _feeds_act(rw, opr):
+        if _chain_root(rw, opr, ("ADD",)):  # before its activation: FMA wins, as the reference
             return fuse_mul_add(opr)
         return None
 
     return rw.apply(rule, "arithmetic fused")
-
-
-def _feeds_act(rw: Rewriter, opr) -> bool:
-    """Whether ``opr``'s output is an activation's only input (FUSE_ADD_<act> takes it)."""
-    v = opr.outputs[0]
-    if not rw.sole_reader(v):
-        return False
-    r = rw.readers_of(v)[0]
-    return r.type_name == "Elemwise" and f"FUSE_ADD_{r.param.mode}" in _FUSE_ADD
 
 
 @register_inference_pass("remove_redundant_typecvt")

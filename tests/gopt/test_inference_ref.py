@@ -149,6 +149,16 @@ def test_arith_fuse_add_activation_and_mul_add():
         _same(before, after, feed)
 
 
+def test_arith_fuse_prefers_mul_add_over_add_activation():
+    g = _graph()
+    rng = np.random.default_rng(6)
+    a, b, c = (mgb.make_arg(CN, g, name=n, shape=(6,)) for n in "abc")
+    y = mgb.opr.elem.relu(a * b + c)
+    y2 = _pass("arith_fuse", y)
+    assert _kind(y2) == "RELU" and _kind(y2.node.owner.inputs[0]) == "FUSE_MUL_ADD3"
+    _same(y, y2, {n: rng.standard_normal(6).astype(F32) for n in "abc"})
+
+
 def test_arith_fuse_keeps_a_sum_read_twice():
     g = _graph()
     a, b = (mgb.make_arg(CN, g, name=n, shape=(4,)) for n in "ab")
