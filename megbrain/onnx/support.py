@@ -56,5 +56,7 @@ KNOWN_GAPS: dict[str, str] = {
     r"maxpool_with_argmax": "MaxPool's Indices output is refused",
     r"batchnorm_.*training_mode|training_dropout": "training mode is refused (inference only)",
     r"_empty_set": "reductions of empty tensors are refused",
+    r"resize_.*antialias": "antialiased Resize is refused",
+    r"resize_tf_crop_and_resize": "Resize's tf_crop_and_resize mode is refused",
     r"mod_float_edge_cases": "Mod (fmod=0) differs from numpy on inf/nan operands",
 }

@@ -1,0 +1,181 @@
+"""Resize and Upsample, separable per axis: each resized axis gathers its source rows at
+indices computed at load and sums them with load-time weights (nearest: one tap, linear: two,
+cubic: four), which is ONNX's interpolation written out."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import megbrain as mgb
+
+from .ops_tensor import static_shape
+from .registry import Attr, converter
+
+E = mgb.opr.elemwise
+
+_COORD_MODES = frozenset(
+    {"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric"}
+)
+_NEAREST = frozenset({"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"})
+
+
+def _source_coords(mode, out_len, in_len, scale):
+    o = np.arange(out_len, dtype=np.float64)
+    if mode == "half_pixel":
+        return (o + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (o + 0.5) / scale - 0.5 if out_len > 1 else np.zeros(out_len)
+    if mode == "align_corners":
+        # ONNX uses the unrounded output length, in_len * scale
+        return o * (in_len - 1) / (in_len * scale - 1) if out_len > 1 else np.zeros(out_len)
+    if mode == "half_pixel_symmetric":
+        adjustment = out_len / (scale * in_len)
+        offset = in_len / 2 * (1 - adjustment)
+        return offset + (o + 0.5) / scale - 0.5
+    return o / scale  # asymmetric
+
+
+def _nearest_index(x, mode):
+    if mode == "round_prefer_floor":
+        return np.where(x - np.floor(x) == 0.5, np.floor(x), np.round(x))
+    if mode == "round_prefer_ceil":
+        return np.where(x - np.floor(x) == 0.5, np.ceil(x), np.round(x))
+    if mode == "floor":
+        return np.floor(x)
+    return np.ceil(x)
+
+
+def _cubic_weights(t, a):
+    def w(d):
+        d = np.abs(d)
+        return np.where(
+            d <= 1,
+            ((a + 2) * d - (a + 3)) * d * d + 1,
+            np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0),
+        )
+
+    return np.stack([w(t + 1), w(t), w(1 - t), w(2 - t)], axis=1)
+
+
+def _taps(ctx, in_len, out_len, scale):
+    """(indices, weights) of shape (out_len, taps) for one axis."""
+    x = _source_coords(ctx.coord_mode, out_len, in_len, scale)
+    if ctx.interp == "nearest":
+        idx = _nearest_index(x, ctx.nearest_mode)[:, None]
+        w = np.ones_like(idx)
+    elif ctx.interp == "linear":
+        x0 = np.floor(x)
+        t = x - x0
+        idx = np.stack([x0, x0 + 1], axis=1)
+        w = np.stack([1 - t, t], axis=1)
+    else:
+        x0 = np.floor(x)
+        idx = np.stack([x0 - 1, x0, x0 + 1, x0 + 2], axis=1)
+        w = _cubic_weights(x - x0, ctx.cubic_a)
+        if ctx.exclude_outside:
+            w = np.where((idx < 0) | (idx > in_len - 1), 0.0, w)
+            w = w / w.sum(axis=1, keepdims=True)
+    return np.clip(idx, 0, in_len - 1).astype(np.int32), w
+
+
+def _resize_axis(ctx, x, axis, out_len, scale):
+    shp = static_shape(ctx, x)
+    idx, w = _taps(ctx, shp[axis], out_len, scale)
+    dt = np.dtype(x.dtype)
+    bshape = [1] * len(shp)
+    bshape[axis] = out_len
+    out = None
+    for k in range(idx.shape[1]):
+        part = mgb.opr.advanced_indexing(x)[(slice(None),) * axis + (ctx.imm(idx[:, k]),)]
+        if ctx.interp != "nearest":
+            part = E(part, ctx.imm(w[:, k].reshape(bshape).astype(dt)), mode="MUL")
+        out = part if out is None else E(out, part, mode="ADD")
+    return out
+
+
+def _resize(ctx, x, scales, sizes, axes):
+    src = static_shape(ctx, x)
+    nd = len(src)
+    axes = list(range(nd)) if axes is None else [a + nd if a < 0 else a for a in axes]
+    full_scale = [1.0] * nd
+    out = list(src)
+    if sizes is not None:
+        policy = getattr(ctx, "aspect", "stretch")
+        sz = [int(s) for s in sizes]
+        if policy != "stretch":
+            ratios = [sz[i] / src[a] for i, a in enumerate(axes)]
+            r = min(ratios) if policy == "not_larger" else max(ratios)
+            sz = [int(np.floor(r * src[a] + 0.5)) for a in axes]
+            for a in axes:
+                full_scale[a] = r
+        else:
+            for i, a in enumerate(axes):
+                full_scale[a] = sz[i] / src[a]
+        for i, a in enumerate(axes):
+            out[a] = sz[i]
+    else:
+        for i, a in enumerate(axes):
+            full_scale[a] = float(scales[i])
+            out[a] = int(np.floor(src[a] * float(scales[i])))
+    y = x
+    for a in range(nd):
+        if out[a] == src[a] and full_scale[a] == 1.0:
+            continue
+        y = _resize_axis(ctx, y, a, out[a], full_scale[a])
+    return y if y is not x else mgb.opr.identity(x)
+
+
+def _setup(ctx, interp, coord, nearest="floor", cubic_a=-0.75, exclude=0):
+    if np.dtype(ctx.input(0).dtype).kind != "f" and interp != "nearest":
+        raise ctx.fail(f"{interp} resize of {ctx.input(0).dtype} is not supported")
+    ctx.interp, ctx.coord_mode, ctx.nearest_mode = interp, coord, nearest
+    ctx.cubic_a, ctx.exclude_outside = cubic_a, exclude
+
+
+@converter("Upsample", 7, 9, attrs={"mode": Attr("nearest", frozenset({"nearest", "linear"})),
+                                     "scales": None})
+def _upsample(ctx):
+    _setup(ctx, ctx.attr("mode"), "asymmetric")
+    scales = ctx.attr("scales") if ctx.opset < 9 else ctx.const(1, "scales").ravel()
+    return _resize(ctx, ctx.input(0), list(scales), None, None)
+
+
+@converter("Resize", 10, 10, attrs={"mode": Attr("nearest", frozenset({"nearest", "linear"}))})
+def _resize10(ctx):
+    _setup(ctx, ctx.attr("mode"), "asymmetric")
+    return _resize(ctx, ctx.input(0), list(ctx.const(1, "scales").ravel()), None, None)
+
+
+@converter(
+    "Resize",
+    11,
+    attrs={
+        "mode": Attr("nearest", frozenset({"nearest", "linear", "cubic"})),
+        "coordinate_transformation_mode": Attr("half_pixel", _COORD_MODES),
+        "nearest_mode": Attr("round_prefer_floor", _NEAREST),
+        "cubic_coeff_a": -0.75,
+        "exclude_outside": Attr(0, frozenset({0, 1})),
+        "extrapolation_value": 0.0,
+        "antialias": Attr(0, frozenset({0})),
+        "axes": None,
+        "keep_aspect_ratio_policy": Attr("stretch", frozenset({"stretch", "not_larger",
+                                                              "not_smaller"})),
+    },
+)
+def _resize11(ctx):
+    _setup(
+        ctx,
+        ctx.attr("mode"),
+        ctx.attr("coordinate_transformation_mode"),
+        ctx.attr("nearest_mode"),
+        ctx.attr("cubic_coeff_a"),
+        ctx.attr("exclude_outside"),
+    )
+    ctx.aspect = ctx.attr("keep_aspect_ratio_policy")
+    scales = ctx.const(2, "scales").ravel() if ctx.has(2) else np.zeros(0)
+    sizes = ctx.const(3, "sizes").ravel() if ctx.has(3) else None
+    axes = ctx.attr("axes")
+    axes = None if axes is None else list(axes)
+    if sizes is not None and len(sizes):
+        return _resize(ctx, ctx.input(0), None, list(sizes), axes)
+    return _resize(ctx, ctx.input(0), list(scales), None, axes)
