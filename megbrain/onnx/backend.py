@@ -86,6 +86,7 @@ class MegBrainBackend(Backend):
 
     @classmethod
     def run_node(cls, node, inputs, device: str = "CPU", outputs_info=None, **kwargs):
+        """Not supported: megbrain runs whole models (:meth:`prepare`), not single nodes."""
         raise NotImplementedError("run_node: use prepare() on a model")
 
 
