@@ -239,3 +239,23 @@ def test_remote_send_recv():
 def test_config_server_and_barrier():
     assert mgb.config.create_mm_server("0.0.0.0", 2333) == 2333
     mgb.config.group_barrier("127.0.0.1", 2333, _ctx()[1], _ctx()[0])
+
+
+@pytest.mark.skipif(mpi_size() != 2, reason="a send/recv pair needs exactly 2 ranks")
+def test_remote_send_gradient_comes_back_from_the_receiver():
+    """is_grad: the sender's gradient is what the receiver sends back on key + ':grad'."""
+    r, _ = _ctx()
+    g = mgb.comp_graph()
+    w = _data(5, (2, 3))
+    if r == 0:
+        x = mgb.make_shared("cpu0", value=_data(4, (2, 3)), comp_graph=g)
+        s = mgb.opr.remote_send(None, None, "act", x, is_grad=True)
+        gx = mgb.grad(s.sum(), x)
+        (got,) = g.compile(None, [s, mgb.copy_output(gx)])()
+        np.testing.assert_allclose(got, w)
+    else:
+        y = mgb.opr.remote_recv(None, None, "act", g, (2, 3), "float32")
+        gy = mgb.grad((y * mgb.make_shared("cpu0", value=w, comp_graph=g)).sum(), y)
+        back = mgb.opr.remote_send(None, None, "act:grad", gy)
+        got = g.compile(None, [mgb.copy_output(y), back])()[0]
+        np.testing.assert_allclose(got, _data(4, (2, 3)))

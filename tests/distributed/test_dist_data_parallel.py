@@ -53,6 +53,7 @@ def _compare(make_dp, make_ref, opt_cls, steps=4, global_batch=16, **kw):
 
     r, n = ctx()
     b = global_batch // n
+    global_batch = b * n
     xs, ys = _batches(steps, global_batch)
     dp_model, ref_model = make_dp(seed=100 + r), make_ref(seed=100)  # rank 0's init wins
     dp_step = _step(dp_model, b, opt_cls, True, **kw)
