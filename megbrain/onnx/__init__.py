@@ -6,7 +6,14 @@ Each ONNX op type has one small converter registered by op type and opset range
 
 from __future__ import annotations
 
-from . import ops_elemwise, ops_nn, ops_reduce, ops_resize, ops_tensor  # noqa: F401 - converters
+from . import (  # noqa: F401 - the converters register themselves
+    ops_einsum,
+    ops_elemwise,
+    ops_nn,
+    ops_reduce,
+    ops_resize,
+    ops_tensor,
+)
 from .loader import LoadResult, load
 from .registry import ONNXConversionError, claimed_op_types
 

@@ -252,8 +252,11 @@ def _pool(ctx, mode):
         pads = new
     include = bool(ctx.attr("count_include_pad")) if mode == "AVERAGE" else True
     factor = None
-    if mode == "AVERAGE" and (pads != base or (not include and any(b or e for b, e in pads))
-                              or any(b != e for b, e in pads)):
+    if mode == "AVERAGE" and (
+        pads != base
+        or (not include and any(b or e for b, e in pads))
+        or any(b != e for b, e in pads)
+    ):
         # average = window sum of the zero-padded input / count of the window's counted
         # cells (the input, plus the pads when count_include_pad), the count known at load
         mask = np.pad(np.ones(src[2:]), base, constant_values=1.0 if include else 0.0)
@@ -436,8 +439,11 @@ def _lrn(ctx):
     for k in range(size):
         part = _take(padded, 1, k, k + c)
         acc = part if acc is None else E(acc, part, mode="ADD")
-    den = E(_c(ctx, ctx.attr("bias"), x), E(acc, _c(ctx, ctx.attr("alpha") / size, x), mode="MUL"),
-            mode="ADD")
+    den = E(
+        _c(ctx, ctx.attr("bias"), x),
+        E(acc, _c(ctx, ctx.attr("alpha") / size, x), mode="MUL"),
+        mode="ADD",
+    )
     return E(x, E(den, _c(ctx, -ctx.attr("beta"), x), mode="POW"), mode="MUL")
 
 
@@ -467,8 +473,11 @@ def _instance_norm(ctx):
     return E(y, _channel(ctx, bias, nd), mode="ADD")
 
 
-@converter("GroupNormalization", 18, attrs={"epsilon": 1e-5, "num_groups": None,
-                                            "stash_type": Attr(1, frozenset({1}))})
+@converter(
+    "GroupNormalization",
+    18,
+    attrs={"epsilon": 1e-5, "num_groups": None, "stash_type": Attr(1, frozenset({1}))},
+)
 def _group_norm(ctx):
     x, scale, bias = ctx.inputs[:3]
     src = static_shape(ctx, x)
@@ -485,8 +494,11 @@ def _group_norm(ctx):
     return E(y, _channel(ctx, bi, nd), mode="ADD")
 
 
-@converter("RMSNormalization", 23, attrs={"axis": -1, "epsilon": 1e-5,
-                                          "stash_type": Attr(1, frozenset({1}))})
+@converter(
+    "RMSNormalization",
+    23,
+    attrs={"axis": -1, "epsilon": 1e-5, "stash_type": Attr(1, frozenset({1}))},
+)
 def _rms_norm(ctx):
     x, scale = ctx.input(0), ctx.input(1)
     src = static_shape(ctx, x)
@@ -510,6 +522,5 @@ def _lp_norm(ctx):
     if ctx.attr("p") == 1:
         n = mgb.opr.reduce_(E(x, mode="ABS"), "SUM", axis, True)
     else:
-        n = E(mgb.opr.reduce_(E(x, x, mode="MUL"), "SUM", axis, True), _c(ctx, 0.5, x),
-              mode="POW")
+        n = E(mgb.opr.reduce_(E(x, x, mode="MUL"), "SUM", axis, True), _c(ctx, 0.5, x), mode="POW")
     return E(x, n, mode="TRUE_DIV")

@@ -132,8 +132,12 @@ def _setup(ctx, interp, coord, nearest="floor", cubic_a=-0.75, exclude=0):
     ctx.cubic_a, ctx.exclude_outside = cubic_a, exclude
 
 
-@converter("Upsample", 7, 9, attrs={"mode": Attr("nearest", frozenset({"nearest", "linear"})),
-                                     "scales": None})
+@converter(
+    "Upsample",
+    7,
+    9,
+    attrs={"mode": Attr("nearest", frozenset({"nearest", "linear"})), "scales": None},
+)
 def _upsample(ctx):
     _setup(ctx, ctx.attr("mode"), "asymmetric")
     scales = ctx.attr("scales") if ctx.opset < 9 else ctx.const(1, "scales").ravel()
@@ -158,8 +162,9 @@ def _resize10(ctx):
         "extrapolation_value": 0.0,
         "antialias": Attr(0, frozenset({0})),
         "axes": None,
-        "keep_aspect_ratio_policy": Attr("stretch", frozenset({"stretch", "not_larger",
-                                                              "not_smaller"})),
+        "keep_aspect_ratio_policy": Attr(
+            "stretch", frozenset({"stretch", "not_larger", "not_smaller"})
+        ),
     },
 )
 def _resize11(ctx):

@@ -16,7 +16,8 @@ from megbrain.onnx.backend import MegBrainBackend  # noqa: E402
 
 _LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 _MODELS = sorted(
-    f[: -len(".onnx")] for f in (os.listdir(_LIGHT) if os.path.isdir(_LIGHT) else ())
+    f[: -len(".onnx")]
+    for f in (os.listdir(_LIGHT) if os.path.isdir(_LIGHT) else ())
     if f.endswith(".onnx")
 )
 #: models that take over ~10 s here

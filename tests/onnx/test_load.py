@@ -95,3 +95,29 @@ def test_claimed_table_lists_core_families():
     claimed = claimed_op_types()
     for op in ("Conv", "MatMul", "Relu", "ReduceMean", "Reshape", "Softmax", "MaxPool"):
         assert op in claimed
+
+
+@pytest.mark.parametrize(
+    ("equation", "shapes"),
+    [
+        ("ij,jk->ik", [(2, 3), (3, 4)]),
+        ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+        ("...ij,jk", [(2, 2, 3), (3, 4)]),
+        ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]),
+        ("ij->", [(3, 4)]),
+        ("bhqd,bhkd->bhqk", [(1, 2, 3, 4), (1, 2, 5, 4)]),
+    ],
+)
+def test_einsum_matches_numpy(equation, shapes):
+    rng = np.random.default_rng(1)
+    names = [f"x{i}" for i in range(len(shapes))]
+    vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    want = np.einsum(equation, *vals)
+    m = _model(
+        [helper.make_node("Einsum", names, ["y"], equation=equation)],
+        [_vi(n, list(s)) for n, s in zip(names, shapes)],
+        [_vi("y", list(want.shape))],
+        opset=12,
+    )
+    (y,) = _run(load(m), *vals)
+    np.testing.assert_allclose(np.asarray(y).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
