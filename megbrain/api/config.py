@@ -76,6 +76,8 @@ def set_default_device_type(device_type) -> None:
 
 
 def get_device_count(device_type="xpu", warn=True) -> int:
+    """The number of devices of ``device_type`` (``"xpu"``, ``"cpu"``, ``"gpu"``): the CPU
+    count for CPU; 0 for CUDA, which has no backend (with a ``RuntimeWarning`` if ``warn``)."""
     return _cn.get_device_count(device_type, warn)
 
 
@@ -90,6 +92,7 @@ def set_comp_graph_option(comp_graph, name: str, val):
 
 
 def comp_graph_is_eager(comp_graph) -> bool:
+    """Whether ``comp_graph`` evaluates operators as they are built (``eager_evaluation``)."""
     return bool(comp_graph.options.eager_evaluation)
 
 
@@ -190,10 +193,12 @@ def dump_registered_oprs() -> dict:
 
 
 def max_size_t() -> int:
+    """The largest value of a C ``size_t`` on this platform (the reference's ``max_size_t``)."""
     return sys.maxsize * 2 + 1
 
 
 def is_compiled_with_cuda() -> bool:
+    """False: megbrain has no CUDA backend (all comp nodes run on the CPU)."""
     return False
 
 
@@ -214,18 +219,22 @@ def _no_cuda(what: str):
 
 
 def get_cuda_gencode(only_cap: bool = False):
+    """Raises: there is no CUDA backend (see :func:`is_compiled_with_cuda`)."""
     _no_cuda("get_cuda_gencode")
 
 
 def get_cuda_lib_path():
+    """Raises: there is no CUDA backend (see :func:`is_compiled_with_cuda`)."""
     _no_cuda("get_cuda_lib_path")
 
 
 def get_cuda_include_path():
+    """Raises: there is no CUDA backend (see :func:`is_compiled_with_cuda`)."""
     _no_cuda("get_cuda_include_path")
 
 
 def get_cuda_version():
+    """Raises: there is no CUDA backend (see :func:`is_compiled_with_cuda`)."""
     _no_cuda("get_cuda_version")
 
 

@@ -20,6 +20,8 @@ __all__ = ["PersistentCache", "PersistentCacheOnServer", "default_cache_dir"]
 
 
 def default_cache_dir() -> str:
+    """The persistent cache directory: ``$MGB_PERSISTENT_CACHE_DIR``, else
+    ``~/.cache/megbrain/persistent_cache``."""
     return os.environ.get("MGB_PERSISTENT_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "megbrain", "persistent_cache"
     )
