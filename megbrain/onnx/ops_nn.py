@@ -524,3 +524,14 @@ def _lp_norm(ctx):
     else:
         n = E(mgb.opr.reduce_(E(x, x, mode="MUL"), "SUM", axis, True), _c(ctx, 0.5, x), mode="POW")
     return E(x, n, mode="TRUE_DIV")
+
+
+@converter("Hardmax", 1, attrs={"axis": None})
+def _hardmax(ctx):
+    x, axis, src = _softmax_axis(ctx, ctx.input(0))
+    n = static_shape(ctx, x)[axis]
+    idx = mgb.opr.argmax(x, axis, True)
+    shape = [1] * len(static_shape(ctx, x))
+    shape[axis] = n
+    hot = E(idx, ctx.imm(np.arange(n, dtype=np.int32).reshape(shape)), mode="EQ")
+    return _reshape(mgb.opr.typecvt(hot, x.dtype), src)

@@ -387,3 +387,85 @@ def _pad11(ctx):
         value = ctx.imm(np.zeros((), np.dtype(x.dtype)))
     axes = _int64_list(ctx, 3, "axes") if ctx.has(3) else None
     return _pad_impl(ctx, x, pads, ctx.attr("mode"), value, axes)
+
+
+@converter("Trilu", 14, attrs={"upper": Attr(1, frozenset({0, 1}))})
+def _trilu(ctx):
+    x = ctx.input(0)
+    src = static_shape(ctx, x)
+    k = int(ctx.const(1, "k").ravel()[0]) if ctx.has(1) else 0
+    n, m = src[-2], src[-1]
+    mask = np.triu(np.ones((n, m)), k) if ctx.attr("upper") else np.tril(np.ones((n, m)), k)
+    if np.dtype(x.dtype).kind == "f":
+        # a select, so inf/nan outside the triangle do not leak as 0 * inf
+        return E(ctx.imm(mask.astype(np.dtype(x.dtype))), x, mode="SWITCH_GT0")
+    return E(x, ctx.imm(mask.astype(np.dtype(x.dtype))), mode="MUL")
+
+
+@converter(
+    "DepthToSpace", 1, attrs={"blocksize": None, "mode": Attr("DCR", frozenset({"DCR", "CRD"}))}
+)
+def _depth_to_space(ctx):
+    x = ctx.input(0)
+    n, c, h, w = static_shape(ctx, x)
+    b = int(ctx.attr("blocksize"))
+    if ctx.attr("mode") == "DCR":
+        t = mgb.opr.dimshuffle(_reshape(x, (n, b, b, c // (b * b), h, w)), [0, 3, 4, 1, 5, 2])
+    else:
+        t = mgb.opr.dimshuffle(_reshape(x, (n, c // (b * b), b, b, h, w)), [0, 1, 4, 2, 5, 3])
+    return _reshape(t, (n, c // (b * b), h * b, w * b))
+
+
+@converter(
+    "SpaceToDepth", 1, attrs={"blocksize": None, "mode": Attr("DCR", frozenset({"DCR", "CRD"}))}
+)
+def _space_to_depth(ctx):
+    x = ctx.input(0)
+    n, c, h, w = static_shape(ctx, x)
+    b = int(ctx.attr("blocksize"))
+    perm = [0, 3, 5, 1, 2, 4] if ctx.attr("mode") == "DCR" else [0, 1, 3, 5, 2, 4]
+    t = mgb.opr.dimshuffle(_reshape(x, (n, c, h // b, b, w // b, b)), perm)
+    return _reshape(t, (n, c * b * b, h // b, w // b))
+
+
+@converter("EyeLike", 9, attrs={"dtype": None, "k": 0})
+def _eye_like(ctx):
+    from .loader import onnx_to_np_dtype
+
+    x = ctx.input(0)
+    n, m = static_shape(ctx, x)
+    dt = np.dtype(x.dtype) if ctx.attr("dtype") is None else onnx_to_np_dtype(ctx.attr("dtype"))
+    return ctx.imm(np.eye(n, m, int(ctx.attr("k")), dtype=dt))
+
+
+@converter(
+    "CumSum",
+    11,
+    attrs={"exclusive": Attr(0, frozenset({0, 1})), "reverse": Attr(0, frozenset({0, 1}))},
+)
+def _cumsum(ctx):
+    x = ctx.input(0)
+    axis = _norm_axis(ctx, int(ctx.const(1, "axis").ravel()[0]), len(static_shape(ctx, x)))
+    return mgb.opr.cumsum(x, axis, bool(ctx.attr("exclusive")), bool(ctx.attr("reverse")))
+
+
+@converter("OneHot", 9, attrs={"axis": -1})
+def _one_hot(ctx):
+    ind, values = ctx.input(0), ctx.input(2)
+    depth = int(np.asarray(ctx.const(1, "depth")).ravel()[0])
+    ishape = static_shape(ctx, ind, "indices")
+    nd = len(ishape) + 1
+    axis = _norm_axis(ctx, ctx.attr("axis"), nd)
+    if np.dtype(ind.dtype).kind == "f":
+        ind = mgb.opr.typecvt(ind, np.int32)
+    zero = ctx.imm(np.int32(0))
+    ind = E(ind, E(E(ind, zero, mode="LT"), ctx.imm(np.int32(depth)), mode="MUL"), mode="ADD")
+    shape = list(ishape)
+    shape.insert(axis, 1)
+    ar = [1] * nd
+    ar[axis] = depth
+    hot = E(_reshape(ind, shape), ctx.imm(np.arange(depth, dtype=np.int32).reshape(ar)), mode="EQ")
+    vdt = np.dtype(values.dtype)
+    off, on = values[0:1], values[1:2]
+    hot = mgb.opr.typecvt(hot, vdt) if np.dtype(hot.dtype) != vdt else hot
+    return E(off, E(hot, E(on, off, mode="SUB"), mode="MUL"), mode="ADD")
