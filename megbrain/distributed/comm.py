@@ -212,6 +212,23 @@ def watch(what: str):
             STATS["calls"] += 1
 
 
+#: how a collective waits for its transfer: "busy" (MPI's own Wait, which polls a core) or
+#: "yield" (Test with short sleeps once it has polled for 50 us: frees the core for the
+#: computation when ranks share cores, at some latency); environment ``MGB_COMM_WAIT``
+COMM_WAIT = os.environ.get("MGB_COMM_WAIT", "busy")
+
+
+def wait(req) -> None:
+    """Complete the MPI request ``req`` as :data:`COMM_WAIT` says."""
+    if COMM_WAIT != "yield":
+        req.Wait()
+        return
+    t_spin = time.perf_counter() + 50e-6
+    while not req.Test():
+        if time.perf_counter() > t_spin:
+            time.sleep(20e-6)
+
+
 def install_abort_on_error() -> None:
     """Make an uncaught exception on this rank end the whole MPI job.
 

@@ -302,7 +302,7 @@ class CollectiveComm(OperatorNodeBase):
             if out is not None and root is not None:
                 o = _Out(out)
                 dreq = self._start(comm, root, src, o)
-                hreq.Wait()
+                _dist.wait(hreq)
                 self._check(infos)  # on a mismatch the transfer is left pending, unread
             else:
                 hreq.Wait()
@@ -314,7 +314,7 @@ class CollectiveComm(OperatorNodeBase):
                     out = np.empty(shape, out_dtype)
                 o = _Out(out)
                 dreq = self._start(comm, root, src, o)
-            dreq.Wait()
+            _dist.wait(dreq)
         if self.param.mode in ("REDUCE_SUM", "GATHER") and self.rank != root:
             o.buf.fill(0)
         o.done()
