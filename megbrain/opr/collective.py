@@ -481,10 +481,10 @@ def collective_comm(
     _check_backend(backend, "collective_comm")
     if output_buffer is not None:
         raise MegBrainError("collective_comm: output_buffer is not supported")
-    if disable is not None and not isinstance(disable, (int, bool)) and disable is not False:
-        val = getattr(disable, "get_value", lambda: disable)()
+    if disable is not None:
+        val = disable.get() if hasattr(disable, "get") else disable
         if np.asarray(val).item() != 0:
-            raise MegBrainError("collective_comm: disable must be 0")
+            raise MegBrainError("collective_comm: disable must be 0 (skipping is not supported)")
     cfg = _merge_config(name, comp_node, config)
     param = CollectiveCommParam(mode=mode)
     kw = dict(key=key, nr_devices=nr_devices, is_root=is_root, rank=rank,
