@@ -14,7 +14,8 @@ from . import (  # noqa: F401 - the converters register themselves
     ops_resize,
     ops_tensor,
 )
+from .exporter import export
 from .loader import LoadResult, load
 from .registry import ONNXConversionError, claimed_op_types
 
-__all__ = ["load", "LoadResult", "ONNXConversionError", "claimed_op_types"]
+__all__ = ["export", "load", "LoadResult", "ONNXConversionError", "claimed_op_types"]

@@ -523,7 +523,8 @@ def _lp_norm(ctx):
         n = mgb.opr.reduce_(E(x, mode="ABS"), "SUM", axis, True)
     else:
         n = E(mgb.opr.reduce_(E(x, x, mode="MUL"), "SUM", axis, True), _c(ctx, 0.5, x), mode="POW")
-    return E(x, n, mode="TRUE_DIV")
+    # a zero norm gives 0 (as ONNX's reference), not 0/0
+    return E(x, E(n, E(n, _c(ctx, 0, n), mode="EQ"), mode="ADD"), mode="TRUE_DIV")
 
 
 @converter("Hardmax", 1, attrs={"axis": None})
