@@ -3,6 +3,8 @@ Softmax."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 import megbrain as mgb
@@ -233,17 +235,15 @@ def _pool(ctx, mode):
         raise ctx.fail("the Indices output is not supported")
     kernel = list(ctx.attr("kernel_shape"))
     src, n, strides, dil, pads = _conv_common(ctx, x, kernel)
-    if n not in (1, 2):
-        raise ctx.fail(f"{n}-d pooling is not supported (1-d and 2-d are)")
-    if any(d != 1 for d in dil):
-        raise ctx.fail(f"dilations {dil} are not supported")
+    if n not in (1, 2, 3):
+        raise ctx.fail(f"{n}-d pooling is not supported (1-d to 3-d are)")
     base = pads
     if ctx.attr("ceil_mode"):
         # ceil mode adds an end pad where the last window would start inside the input
         new = []
         for i in range(n):
             b, e = pads[i]
-            span = src[2 + i] + b + e - kernel[i]
+            span = src[2 + i] + b + e - ((kernel[i] - 1) * dil[i] + 1)
             extra = (-span) % strides[i] if span % strides[i] else 0
             last_start = (span + extra) // strides[i] * strides[i]
             if extra and last_start >= src[2 + i] + b:
@@ -251,6 +251,8 @@ def _pool(ctx, mode):
             new.append((b, e + extra))
         pads = new
     include = bool(ctx.attr("count_include_pad")) if mode == "AVERAGE" else True
+    if n == 3 or any(d != 1 for d in dil):
+        return _pool_slices(ctx, x, mode, kernel, strides, dil, pads, base, include)
     factor = None
     if mode == "AVERAGE" and (
         pads != base
@@ -297,6 +299,40 @@ def _pool(ctx, mode):
     if factor is not None:
         y = E(y, factor, mode="MUL")
     return y
+
+
+def _pool_slices(ctx, x, mode, kernel, strides, dil, pads, base, include):
+    """Pooling of any rank and dilation, composed: the padded input's strided slices, one per
+    window offset, combined by max or sum (average: times 1 / count, the count known at load)."""
+    src = static_shape(ctx, x)
+    n = len(src) - 2
+    dt = np.dtype(x.dtype)
+    lowest = np.finfo(dt).min if dt.kind == "f" else np.iinfo(dt).min
+    full = [0, 0] + [b for b, _ in pads] + [0, 0] + [e for _, e in pads]
+    xp = x
+    if any(full):
+        xp = _pad_impl(ctx, x, full, "constant", _c(ctx, lowest if mode == "MAX" else 0, x))
+    ps = static_shape(ctx, xp)
+    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dil)]
+    outn = [(ps[2 + i] - eff[i]) // strides[i] + 1 for i in range(n)]
+
+    def window(o):
+        return tuple(
+            slice(o[i] * dil[i], o[i] * dil[i] + (outn[i] - 1) * strides[i] + 1, strides[i])
+            for i in range(n)
+        )
+
+    acc = None
+    count = np.zeros(outn)
+    mask = np.pad(np.ones(src[2:]), base, constant_values=1.0 if include else 0.0)
+    mask = np.pad(mask, [(0, p[1] - q[1]) for p, q in zip(pads, base)])
+    for o in itertools.product(*[range(k) for k in kernel]):
+        part = xp[(slice(None), slice(None)) + window(o)]
+        acc = part if acc is None else E(acc, part, mode="MAX" if mode == "MAX" else "ADD")
+        count += mask[window(o)]
+    if mode == "MAX":
+        return acc
+    return E(acc, ctx.imm((1.0 / count).astype(dt)[None, None]), mode="MUL")
 
 
 _POOL_ATTRS = {
