@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
+import sys
 import time
+from typing import NoReturn
 
 import numpy as np
 
@@ -77,6 +78,8 @@ def build_train_step(model, optimizer_cls, batch: int, *, graph=None, distribute
 
 
 def build_eval(model, n: int):
+    """Compile the evaluation function of ``model`` (eval mode) for a batch of ``n`` images:
+    images ``(n, 1, 8, 8)`` in, logits ``(n, 10)`` out."""
     g = mgb.comp_graph()
     x = mgb.make_arg("cpu0", g, shape=(n, 1, 8, 8), name="x")
     model.eval()
@@ -84,6 +87,7 @@ def build_eval(model, n: int):
 
 
 def evaluate(model, x, y) -> float:
+    """The accuracy of ``model`` on images ``x`` with integer labels ``y``."""
     f = build_eval(model, len(x))
     return nn.functional.accuracy(f(x), y)
 
@@ -124,33 +128,137 @@ def profile_steps(model_kind: str, batch: int, lr: float, trace_path: str, steps
     return {"trace": trace_path, "top": top}
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--epochs", type=int, default=20)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
-    ap.add_argument("--out", default=None, help="weights file (default: a temporary .npz)")
-    ap.add_argument("--no-progress", action="store_true")
+def _positive_int(text: str) -> int:
+    """An argparse type: an int > 0."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    """An argparse type: a float > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
+    return v
+
+
+_PROG = "python -m megbrain.examples.digits"
+
+
+def _fail(msg: str, status: int = 2) -> NoReturn:
+    """Exit with one line on stderr naming the command (no traceback)."""
+    print(f"{_PROG}: error: {msg}", file=sys.stderr)
+    raise SystemExit(status)
+
+
+def _check_output_path(opt: str, path: str) -> None:
+    """Refuse, before any training, an output path whose file can not be written."""
+    full = os.path.abspath(path)
+    parent = os.path.dirname(full)
+    if os.path.isdir(full):
+        _fail(f"{opt} {path}: is a directory, expected a file path")
+    if not os.path.isdir(parent):
+        _fail(f"{opt} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        _fail(f"{opt} {path}: directory {parent} is not writable")
+
+
+class _PlainBar:
+    """A progress "bar" that shows nothing (no tqdm, or --no-progress)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix(self, **kw) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(disabled: bool):
+    """``make(n, desc)``: a bar of ``n`` batches, advanced by ``update()`` as each batch
+    completes (tqdm when installed and not ``disabled``)."""
+    if not disabled:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            print("tqdm is not installed: no progress bar (pip install tqdm)", file=sys.stderr)
+        else:
+            return lambda n, desc: tqdm(
+                total=n, desc=desc, unit="batch", leave=False, mininterval=0, miniters=1
+            )
+    return lambda n, desc: _PlainBar()
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in the help, except for flags and options whose help says what None means."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m megbrain.examples.digits``."""
+    ap = argparse.ArgumentParser(
+        prog=_PROG,
+        description="Train a small CNN (or MLP) on scikit-learn's bundled handwritten digits, "
+        "save the weights, reload them and evaluate again.",
+        formatter_class=_HelpFormatter,
+    )
+    ap.add_argument("--epochs", type=_positive_int, default=20, help="training epochs")
+    ap.add_argument("--batch", type=_positive_int, default=32, help="batch size (per rank)")
+    ap.add_argument("--lr", type=_positive_float, default=3e-3, help="Adam learning rate")
+    ap.add_argument("--model", choices=("cnn", "mlp"), default="cnn", help="network to train")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="weights file (.npz) to write; default: digits_<model>.npz in the current "
+        "directory",
+    )
+    ap.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (tqdm is not needed then)"
+    )
     ap.add_argument(
         "--profile",
         metavar="TRACE",
         default=None,
         help="profile 5 training steps instead of training: write a Chrome trace (JSON) "
-        "and print the top operators",
+        "and print the top operators (default: train)",
     )
     ap.add_argument(
         "--dump",
         metavar="MODEL",
         default=None,
-        help="also write the trained inference graph to this file (megbrain inspect/run)",
+        help="also write the trained inference graph to this file, for megbrain inspect/run "
+        "(default: not written)",
     )
-    ap.add_argument("--dump-batch", type=int, default=1, help="batch size of --dump's input")
+    ap.add_argument(
+        "--dump-batch", type=_positive_int, default=1, help="batch size of --dump's input"
+    )
     ap.add_argument(
         "--distributed",
         action="store_true",
         help="data-parallel over the processes of mpiexec (--batch per rank)",
     )
+    return ap
+
+
+def main(argv=None) -> dict:
+    """Run the example with the command line ``argv`` (default ``sys.argv[1:]``); returns
+    the losses, accuracies and timings. A bad option or setting exits with status 2 and one
+    line saying what is wrong."""
+    ap = make_parser()
     args = ap.parse_args(argv)
     rank, nranks = 0, 1
     if args.distributed:
@@ -159,13 +267,23 @@ def main(argv=None) -> dict:
         dist.install_abort_on_error()  # a failing rank ends the whole job
         rank, nranks = dist.world_rank(), dist.world_size()
         args.no_progress = args.no_progress or rank != 0
+    if args.out is None:
+        args.out = os.path.join(os.getcwd(), f"digits_{args.model}.npz")
+    for opt, path in (("--out", args.out), ("--dump", args.dump), ("--profile", args.profile)):
+        if path is not None:
+            _check_output_path(opt, path)
+    try:
+        xtr, ytr, xte, yte = load_digits()
+    except ImportError:
+        _fail("scikit-learn is needed for the digits data: pip install scikit-learn", 1)
+    if args.batch * nranks > len(xtr):
+        _fail(
+            f"--batch {args.batch}{f' on {nranks} ranks' if nranks > 1 else ''} is larger "
+            f"than the {len(xtr)} training images"
+        )
     if args.profile is not None:
         return profile_steps(args.model, args.batch, args.lr, args.profile)
-    if args.out is None:
-        args.out = os.path.join(tempfile.gettempdir(), f"digits_{args.model}.npz")
-    from tqdm import tqdm
-
-    xtr, ytr, xte, yte = load_digits()
+    progress = _progress_bar(args.no_progress)
     onehot = np.eye(10, dtype=np.float32)
     model = make_model(args.model, sync_bn=args.distributed)
     step, opt = build_train_step(
@@ -178,21 +296,20 @@ def main(argv=None) -> dict:
     history, step_losses = [], []
     for epoch in range(args.epochs):
         perm = rng.permutation(len(xtr))
-        bar = tqdm(
-            range(nb),
-            desc=f"epoch {epoch + 1}/{args.epochs}",
-            disable=args.no_progress,
-            leave=False,
-        )
+        bar = progress(nb, f"epoch {epoch + 1}/{args.epochs}")
         tot_loss = tot_acc = 0.0
-        for i in bar:
+        for i in range(nb):
             at = (i * nranks + rank) * args.batch  # this rank's part of the global batch
             idx = perm[at : at + args.batch]
             loss, logits = step(xtr[idx], onehot[ytr[idx]])
             step_losses.append(float(loss[0]))
             tot_loss += step_losses[-1]
             tot_acc += nn.functional.accuracy(logits, ytr[idx])
-            bar.set_postfix(loss=f"{tot_loss / (i + 1):.4f}", acc=f"{tot_acc / (i + 1):.3f}")
+            bar.set_postfix(
+                loss=f"{tot_loss / (i + 1):.4f}", acc=f"{tot_acc / (i + 1):.3f}", refresh=False
+            )
+            bar.update(1)  # counted when the batch has run
+        bar.close()
         history.append(tot_loss / nb)
         say(f"epoch {epoch + 1}: loss {tot_loss / nb:.4f} train acc {tot_acc / nb:.4f}")
     train_time = time.perf_counter() - t0
@@ -203,6 +320,7 @@ def main(argv=None) -> dict:
     if rank != 0:
         args.out = f"{os.path.splitext(args.out)[0]}.rank{rank}.npz"
     nn.save_weights(model, args.out)
+    say(f"weights saved to {os.path.abspath(args.out)}")
     fresh = make_model(args.model)
     nn.load_weights(fresh, args.out)
     acc2 = evaluate(fresh, xte, yte)
