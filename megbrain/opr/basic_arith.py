@@ -441,14 +441,70 @@ def _promote_many(mode: str, dtypes: list) -> np.dtype:
         raise ConversionError(f"Elemwise mode {mode}: {exc.msg}") from None
 
 
+# What each Elemwise mode computes, for the docstrings of ``mgb.opr.elem.<mode>``
+_ELEM_FORMULAS = {
+    "RELU": "max(x, 0)", "ABS": "|x|", "ACOS": "acos(x)", "ASIN": "asin(x)",
+    "CEIL": "ceil(x)", "COS": "cos(x)", "EXP": "exp(x)", "EXPM1": "exp(x) - 1",
+    "FLOOR": "floor(x)", "LOG": "log(x)", "LOG1P": "log(1 + x)", "NEGATE": "-x",
+    "SIGMOID": "1 / (1 + exp(-x))", "SIN": "sin(x)", "TANH": "tanh(x)",
+    "ABS_GRAD": "y if x > 0 else -y (the gradient of abs at x, times y)",
+    "ADD": "x + y", "FLOOR_DIV": "floor(x / y)", "MAX": "max(x, y)", "MIN": "min(x, y)",
+    "MOD": "x mod y, with the sign of x (C's fmod / %)", "MUL": "x * y", "POW": "x ** y",
+    "SIGMOID_GRAD": "x * (1 - x) * y (x a sigmoid output, y its output gradient)",
+    "SUB": "x - y", "SWITCH_GT0": "y if x > 0 else 0 (the gradient of relu)",
+    "TANH_GRAD": "(1 - x * x) * y (x a tanh output, y its output gradient)",
+    "TRUE_DIV": "x / y", "LOG_SUM_EXP": "log(exp(x) + exp(y))", "LT": "x < y",
+    "LEQ": "x <= y", "EQ": "x == y", "SHL": "x << y", "SHR": "x >> y",
+    "COND_LEQ_MOV": "z if x <= y else 0", "FUSE_MUL_ADD3": "x * y + z",
+    "FUSE_MUL_ADD4": "a * b + c * d", "FUSE_ADD_RELU": "max(x + y, 0)",
+    "FUSE_ADD_SIGMOID": "sigmoid(x + y)", "FUSE_ADD_TANH": "tanh(x + y)",
+    "FAST_TANH": "x * (27 + x * x) / (27 + 9 * x * x), a rational approximation of tanh",
+    "FAST_TANH_GRAD": "the gradient of fast_tanh at x, times y",
+    "ROUND": "x rounded to the nearest integer, halves away from zero",
+    "RMULH": "the high half of the integer product x * y (rounding multiply-high)",
+    "ATAN2": "atan2(x, y)", "ERF": "erf(x)", "ERFINV": "the inverse of erf at x",
+    "ERFC": "1 - erf(x)", "ERFCINV": "the inverse of erfc at x",
+    "H_SWISH": "x * min(max(x + 3, 0), 6) / 6",
+    "H_SWISH_GRAD": "the gradient of h_swish at x, times y",
+    "FUSE_ADD_H_SWISH": "h_swish(x + y)",
+}  # fmt: skip
+
+
+def _elem_function(mode: str):
+    """``mgb.opr.elem.<mode>``: ``elemwise(*inputs, mode=mode)`` with its own docstring."""
+
+    def func(*inputs, **kwargs) -> SymbolVar:
+        return elemwise(*inputs, mode=mode, **kwargs)
+
+    func.__name__ = func.__qualname__ = mode.lower()
+    func.__module__ = "megbrain.opr"
+    formula = _ELEM_FORMULAS.get(mode, f"the Elemwise mode {mode}")
+    func.__doc__ = (
+        f"Element-wise ``{mode}``: {formula}.\n\n"
+        f"The same as ``elemwise(*inputs, mode={mode!r}, **kwargs)``: the inputs (vars, "
+        "arrays or scalars) are broadcast together, and the keyword arguments (``name``, "
+        "``comp_node``, ``config``, ``comp_graph``) are those of :func:`elemwise`.\n\n"
+        "Returns\n-------\nSymbolVar\n    The result.\n"
+    )
+    return func
+
+
 class _ElemNamespace:
     """``mgb.opr.elem.<mode>(*inputs)`` is ``elemwise(*inputs, mode=<MODE>)``."""
 
+    def __init__(self):
+        self._funcs: dict = {}
+
     def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
         mode = name.upper()
         if mode not in ELEMWISE_MODES:
             raise AttributeError(f"no elemwise mode {name!r}")
-        return functools.partial(elemwise, mode=mode)
+        func = self._funcs.get(mode)
+        if func is None:
+            func = self._funcs[mode] = _elem_function(mode)
+        return func
 
     def __dir__(self):
         return [m.lower() for m in ELEMWISE_MODES]
