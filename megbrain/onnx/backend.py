@@ -81,6 +81,8 @@ class MegBrainBackend(Backend):
 
     @classmethod
     def prepare(cls, model, device: str = "CPU", **kwargs: Any) -> MegBrainRep:
+        """Convert ``model`` (an ``onnx.ModelProto``) into a :class:`MegBrainRep` whose
+        ``run(inputs)`` evaluates it; only the ``"CPU"`` device is supported."""
         super().prepare(model, device, **kwargs)
         return MegBrainRep(model, device)
 
@@ -91,4 +93,9 @@ class MegBrainBackend(Backend):
 
 
 prepare = MegBrainBackend.prepare
-run_model = MegBrainBackend.run_model
+
+
+def run_model(model, inputs, device: str = "CPU", **kwargs: Any):
+    """Run ``model`` once on ``inputs`` (a list of arrays, in the model's input order) and
+    return its outputs: :meth:`MegBrainBackend.run_model`."""
+    return MegBrainBackend.run_model(model, inputs, device, **kwargs)

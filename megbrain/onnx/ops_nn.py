@@ -120,8 +120,8 @@ def _conv(ctx):
     x, w = ctx.input(0), ctx.input(1)
     ws = static_shape(ctx, w, "weight")
     src, n, strides, dil, pads = _conv_common(ctx, x, ws[2:])
-    if n not in (1, 2):
-        raise ctx.fail(f"{n}-d convolution is not supported (1-d and 2-d are)")
+    if n not in (1, 2, 3):
+        raise ctx.fail(f"{n}-d convolution is not supported (1-d to 3-d are)")
     x, sym = _explicit_pad(ctx, x, pads)
     if n == 1:
         x = _reshape(x, static_shape(ctx, x) + (1,))
@@ -133,17 +133,33 @@ def _conv(ctx):
     if g != 1:
         w = _reshape(w, (g, ws[0] // g) + ws[1:])
         kw["sparse"] = "GROUP"
-    y = mgb.opr.convolution(
-        x,
-        w,
-        pad_h=sym[0],
-        pad_w=sym[1],
-        stride_h=strides[0],
-        stride_w=strides[1],
-        dilate_h=dil[0],
-        dilate_w=dil[1],
-        **kw,
-    )
+    if n == 3:
+        y = mgb.opr.convolution3d(
+            x,
+            w,
+            pad_d=sym[0],
+            pad_h=sym[1],
+            pad_w=sym[2],
+            stride_d=strides[0],
+            stride_h=strides[1],
+            stride_w=strides[2],
+            dilate_d=dil[0],
+            dilate_h=dil[1],
+            dilate_w=dil[2],
+            **kw,
+        )
+    else:
+        y = mgb.opr.convolution(
+            x,
+            w,
+            pad_h=sym[0],
+            pad_w=sym[1],
+            stride_h=strides[0],
+            stride_w=strides[1],
+            dilate_h=dil[0],
+            dilate_w=dil[1],
+            **kw,
+        )
     if n == 1:
         ys = static_shape(ctx, y)
         y = _reshape(y, ys[:3])
@@ -158,8 +174,8 @@ def _conv_transpose(ctx):
     ws = static_shape(ctx, w, "weight")
     src = static_shape(ctx, x)
     n = len(src) - 2
-    if n not in (1, 2):
-        raise ctx.fail(f"{n}-d transposed convolution is not supported (1-d and 2-d are)")
+    if n not in (1, 2, 3):
+        raise ctx.fail(f"{n}-d transposed convolution is not supported (1-d to 3-d are)")
     k = ws[2:]
     strides = list(ctx.attr("strides") or [1] * n)
     dil = list(ctx.attr("dilations") or [1] * n)
@@ -196,9 +212,22 @@ def _conv_transpose(ctx):
     if g != 1:
         ww = _reshape(ww, (g, ws[0] // g) + ws[1:])
         kw["sparse"] = "GROUP"
-    y = mgb.opr.deconvolution(
-        xx, ww, stride_h=sh[0], stride_w=sh[1], dilate_h=dl[0], dilate_w=dl[1], **kw
-    )
+    if n == 3:
+        y = mgb.opr.deconvolution3d(
+            xx,
+            ww,
+            stride_d=strides[0],
+            stride_h=strides[1],
+            stride_w=strides[2],
+            dilate_d=dil[0],
+            dilate_h=dil[1],
+            dilate_w=dil[2],
+            **kw,
+        )
+    else:
+        y = mgb.opr.deconvolution(
+            xx, ww, stride_h=sh[0], stride_w=sh[1], dilate_h=dl[0], dilate_w=dl[1], **kw
+        )
     if n == 1:
         y = _reshape(y, static_shape(ctx, y)[:3])
     # crop the begin pads, then cut or zero-extend to the output size
