@@ -7,6 +7,7 @@ import functools
 import hashlib
 import struct
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -273,8 +274,31 @@ class MultipleDeviceTensorHolder(OperatorNodeBase):
         return f"merged{len(self.tensors)}"
 
 
-def multiple_device_tensor_holder(graph, dev_tensors, *, name=None, config=None) -> list:
-    """A MultipleDeviceTensorHolder holding ``dev_tensors``; its output SymbolVars."""
+def multiple_device_tensor_holder(
+    graph, dev_tensors: Sequence, *, name: str | None = None, config=None
+) -> list[SymbolVar]:
+    """A MultipleDeviceTensorHolder holding ``dev_tensors``.
+
+    Parameters
+    ----------
+    graph : ComputingGraph
+        The graph to insert into.
+    dev_tensors : sequence of DeviceTensorND
+        The values, all on one comp node, each with a shape.
+    name : str, optional
+        The operator's name (default ``merged<N>``).
+    config : OperatorNodeConfig, optional
+
+    Returns
+    -------
+    list of SymbolVar
+        One output per tensor, in order.
+
+    Raises
+    ------
+    MegBrainError
+        When no tensor is given, a tensor has no value, or they are on several comp nodes.
+    """
     check_graph(graph, arg="graph")
     cfg = _merge_config(name, None, config)
     return [SymbolVar(v) for v in graph.insert_opr(MultipleDeviceTensorHolder(dev_tensors, cfg))]
