@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import types
@@ -69,8 +70,18 @@ def _write_api_pages() -> None:
             where = home.get(id(obj), (name, n))
             (own if where == (name, n) else links).append((n, where))
         title = f"``{name}``"
-        body = [title, "=" * len(title), "", f".. automodule:: {name}"]
-        body.append("   :members: " + ", ".join(n for n, _ in own) if own else "   :no-members:")
+        body = [title, "=" * len(title), "", f".. automodule:: {name}", "   :no-members:", ""]
+        for n, _ in own:
+            obj = getattr(mod, n)
+            if inspect.isclass(obj) and obj.__module__.startswith("megbrain"):
+                body += [f".. autoclass:: {name}.{n}", "   :members:", ""]
+            elif inspect.isclass(obj):  # a NumPy or ml_dtypes type: named, not documented
+                kind = f"{obj.__module__}.{obj.__name__}"
+                body += [f".. py:data:: {name}.{n}", f"   :type: {kind}", ""]
+            elif callable(obj):
+                body += [f".. autofunction:: {name}.{n}", ""]
+            else:  # data: its type only (autodoc would show a dict's or str's own docstring)
+                body += [f".. py:data:: {name}.{n}", f"   :type: {type(obj).__name__}", ""]
         if links:
             body += ["", "Also available here:", ""]
             body += [f"* ``{n}``: :py:obj:`{w[0]}.{w[1]}`" for n, w in links]
