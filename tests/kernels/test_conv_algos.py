@@ -261,3 +261,69 @@ def test_empty_batch_gives_zero_filter_gradient():
     gw = np.full((1, 3, 2, 3, 3), np.nan, np.float32)
     dnn_conv.bind_conv_backward_filter(x, dy, gw, (1, 1), (1, 1), (1, 1))()
     assert not gw.any()
+
+
+# ---- pooling backward ----------------------------------------------------------------------
+def ref_pooling_backward(x, y, dy, mode, window, stride, pad):
+    """Per window: MAX sends dy to every element equal to the maximum; the average modes
+    spread dy / divisor (the window size, or its non-padding count)."""
+    gx = np.zeros(x.shape)
+    for o in itertools.product(*(range(k) for k in dy.shape[2:])):
+        lo = [oi * t - p for oi, t, p in zip(o, stride, pad)]
+        sl = tuple(
+            slice(max(lo_, 0), min(lo_ + w, s)) for lo_, w, s in zip(lo, window, x.shape[2:])
+        )
+        idx = (slice(None), slice(None), *sl)
+        d = dy[(slice(None), slice(None), *o)].astype(np.float64)
+        if mode == "MAX":
+            hit = x[idx] == y[(slice(None), slice(None), *o)][(...,) + (None,) * len(o)]
+            gx[idx] += hit * d[(...,) + (None,) * len(o)]
+        else:
+            count = math.prod(window) if mode == "AVERAGE" else math.prod(
+                s.stop - s.start for s in sl
+            )
+            gx[idx] += (d / count)[(...,) + (None,) * len(o)]
+    return gx
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nsp=st.integers(1, 3),
+    data=st.data(),
+    mode=st.sampled_from(dnn_conv.POOLING_MODES),
+    tiled=st.booleans(),
+)
+def test_pooling_backward_matches_float64(nsp, data, mode, tiled):
+    window = tuple(data.draw(st.lists(st.integers(1, 3), min_size=nsp, max_size=nsp)))
+    if tiled:  # non-overlapping windows, each source element in at most one
+        stride, pad = window, (0,) * nsp
+    else:
+        stride = tuple(data.draw(st.lists(st.integers(1, 3), min_size=nsp, max_size=nsp)))
+        pad = tuple(data.draw(st.integers(0, w - 1)) for w in window)
+    sshape = tuple(data.draw(st.integers(max(1, w - 2 * p), 7)) for w, p in zip(window, pad))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    # few distinct values, so that MAX windows have ties
+    x = rng.integers(-2, 3, (2, 3, *sshape)).astype(np.float32) / 2
+    y = np.empty((2, 3, *(dnn_conv.pool_out_size(*a) for a in zip(sshape, window, stride, pad))),
+                 np.float32)  # fmt: skip
+    dnn_conv.bind_pooling(x, y, mode, window, stride, pad)()
+    dy = rng.uniform(-1, 1, y.shape).astype(np.float32)
+    gx = np.full(x.shape, np.nan, np.float32)
+    dnn_conv.bind_pooling_backward(x, y, dy, gx, mode, window, stride, pad)()
+    want = ref_pooling_backward(x, y, dy, mode, window, stride, pad)
+    np.testing.assert_allclose(gx, want, rtol=RTOL, atol=ATOL)
+
+
+def test_pooling_backward_into_strided_grad():
+    # a non-contiguous gradient and an uncovered border (7 = 3 * 2 + 1)
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, (2, 3, 7, 6)).astype(np.float32)
+    y = np.empty((2, 3, 3, 3), np.float32)
+    dnn_conv.bind_pooling(x, y, "MAX", (2, 2), (2, 2), (0, 0))()
+    dy = rng.uniform(-1, 1, y.shape).astype(np.float32)
+    base = np.full((2, 6, 7, 6), np.nan, np.float32)
+    gx = base[:, ::2]
+    dnn_conv.bind_pooling_backward(x, y, dy, gx, "MAX", (2, 2), (2, 2), (0, 0))()
+    want = ref_pooling_backward(x, y, dy, "MAX", (2, 2), (2, 2), (0, 0))
+    np.testing.assert_allclose(gx, want, rtol=RTOL, atol=ATOL)
+    assert np.isnan(base[:, 1::2]).all()
