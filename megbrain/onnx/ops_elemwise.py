@@ -266,7 +266,8 @@ def _mod(ctx):
         return r
     # Python-style: the remainder takes the divisor's sign
     wrong_sign = E(E(r, b, mode="MUL"), _f(ctx, 0, r), mode="LT")
-    fix = E(wrong_sign, b, mode="MUL")
+    # a select for floats: an infinite divisor must not turn 0 * inf into nan
+    fix = E(wrong_sign, b, mode="MUL" if _is_int(r) else "SWITCH_GT0")
     return E(r, fix, mode="ADD")
 
 

@@ -63,5 +63,4 @@ KNOWN_GAPS: dict[str, str] = {
     r"resize_.*antialias": "antialiased Resize is refused",
     r"resize_tf_crop_and_resize": "Resize's tf_crop_and_resize mode is refused",
     r"einsum_batch_diagonal": "Einsum with a repeated index (diagonal) is refused",
-    r"mod_float_edge_cases": "Mod (fmod=0) differs from numpy on inf/nan operands",
 }
