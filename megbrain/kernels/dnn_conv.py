@@ -51,6 +51,7 @@ from .steps import Step, chain
 
 __all__ = [
     "COL_BUFFER_LIMIT",
+    "PER_SAMPLE_MAX_K",
     "POOLING_MODES",
     "bind_conv_backward_data",
     "bind_conv_backward_filter",
@@ -69,6 +70,10 @@ _F64 = np.dtype(np.float64)
 _LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 #: the most bytes one column buffer may take; larger batches are processed in chunks
 COL_BUFFER_LIMIT = 256 << 20
+#: a forward convolution whose reduction (ICg * prod(F)) is at most this long runs one GEMM per
+#: sample: measured on 2 cores, (16, 9) @ (9, 784) x 128 took 2 ms, the single
+#: (16, 9) @ (9, 100352) GEMM 46 ms (OpenBLAS threads it); from K = 144 on, the single GEMM wins
+PER_SAMPLE_MAX_K = 32
 POOLING_MODES = ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING")
 
 
@@ -335,6 +340,17 @@ def bind_convolution(
     wm = geo.filter_matrix(filt, flip, dt, steps)
     oc = geo.g * geo.ocg
     chunks = geo.im2col(src, dt, steps)
+    outm = _reshaped(out, (geo.n, geo.g, geo.ocg, geo.l)) if out.dtype == dt else None
+    if geo.k <= PER_SAMPLE_MAX_K and outm is not None and outm.flags.writeable and (
+        geo.n == 0 or _blasable(outm[0])
+    ):
+        # a short reduction: one GEMM per sample, straight into the output
+        for a, b, colm, fill in chunks:
+            steps.append(fill)
+            for i in range(b - a):
+                cols = colm[:, :, i * geo.l : (i + 1) * geo.l]
+                steps += _gemms(wm, cols, outm[a + i])
+        return chain(steps)
     nb = max((b - a for a, b, _, _ in chunks), default=0)
     flat = workspace.empty((oc * nb * geo.l,), dt)  # the GEMM result, ``(OC, k, *O)``
     for a, b, colm, fill in chunks:

@@ -1,10 +1,11 @@
 """The convolution kernels' algorithms against a float64 reference.
 
-Every algorithm of megbrain.kernels.dnn_conv (batch-inner im2col + one GEMM per chunk for the
-forward pass; backward data as a forward convolution or as GEMM + col2im; backward filter as
-columns @ channel-last diff) is checked on drawn shapes, strides, paddings, dilations, groups
-and modes, within rtol 1e-4 / atol 1e-5 of float64 with inputs in [-1, 1]; batch chunking and
-the workspace contract (every workspace byte written before it is read) are checked too.
+Every algorithm of megbrain.kernels.dnn_conv (batch-inner im2col + one GEMM per chunk or one
+GEMM per sample for the forward pass; backward data as a forward convolution or as GEMM +
+col2im; backward filter as columns @ channel-last diff) and pooling backward is checked on
+drawn shapes, strides, paddings, dilations, groups and modes, within rtol 1e-4 / atol 1e-5 of
+float64 with inputs in [-1, 1]; batch chunking and the workspace contract (every workspace
+byte written before it is read) are checked too.
 """
 
 from __future__ import annotations
@@ -172,6 +173,17 @@ def test_both_backward_data_algorithms_match_float64(c, as_forward):
         mp.setattr(dnn_conv, "AS_FORWARD_MAX_GROWTH", math.inf if as_forward else 0.0)
         dnn_conv.bind_conv_backward_data(w, dy, gx, *_geometry(c))()
     np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), rtol=RTOL, atol=ATOL)
+
+
+@settings(max_examples=30, deadline=None)
+@given(c=conv_cases(), per_sample=st.booleans())
+def test_both_forward_algorithms_match_float64(c, per_sample):
+    # PER_SAMPLE_MAX_K decides between per-sample GEMMs and one GEMM per batch chunk
+    x, w, dy = _arrays(c)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dnn_conv, "PER_SAMPLE_MAX_K", math.inf if per_sample else 0)
+        got = _run_all(c, x, w, dy)
+    _check_all(c, x, w, dy, got)
 
 
 def test_as_forward_choice():
