@@ -469,3 +469,29 @@ def _one_hot(ctx):
     off, on = values[0:1], values[1:2]
     hot = mgb.opr.typecvt(hot, vdt) if np.dtype(hot.dtype) != vdt else hot
     return E(off, E(hot, E(on, off, mode="SUB"), mode="MUL"), mode="ADD")
+
+
+@converter(
+    "TopK",
+    10,
+    attrs={"axis": -1, "largest": Attr(1, frozenset({0, 1})), "sorted": Attr(1, frozenset({0, 1}))},
+)
+def _top_k(ctx):
+    x = ctx.input(0)
+    src = static_shape(ctx, x)
+    nd = len(src)
+    axis = _norm_axis(ctx, ctx.attr("axis"), nd)
+    k = int(np.asarray(ctx.const(1, "k")).ravel()[0])
+    order = [i for i in range(nd) if i != axis] + [axis]
+    t = mgb.opr.dimshuffle(x, order) if axis != nd - 1 else x
+    rows = int(np.prod([src[i] for i in order[:-1]]))
+    t2 = _reshape(t, (rows, src[axis]))
+    # sorted either way (an order is allowed when sorted=0); ties keep the lower index
+    vals, idx = mgb.opr.top_k(t2, -k if ctx.attr("largest") else k, "VALUE_IDX_SORTED")
+    back = [order.index(i) for i in range(nd)]
+    shape = [src[i] for i in order[:-1]] + [k]
+    outs = []
+    for v in (vals, idx):
+        v = _reshape(v, shape)
+        outs.append(mgb.opr.dimshuffle(v, back) if axis != nd - 1 else v)
+    return outs

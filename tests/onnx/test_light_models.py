@@ -23,7 +23,13 @@ _MODELS = sorted(
 #: models that take over ~10 s here
 #: known bugs, to be fixed
 _KNOWN_BAD: dict[str, str] = {}
-_SLOW = {"light_vgg19", "light_densenet121", "light_inception_v2", "light_resnet50"}
+_SLOW = {
+    "light_vgg19",
+    "light_densenet121",
+    "light_inception_v2",
+    "light_resnet50",
+    "light_zfnet512",
+}
 
 
 def _inputs(model, rng):
