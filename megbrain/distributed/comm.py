@@ -170,6 +170,8 @@ def _abort(msg: str, code: int = 1) -> None:
         rank = "?"
     sys.stderr.write(f"[megbrain rank {rank}] {msg}; aborting the MPI job\n")
     sys.stderr.flush()
+    # let mpiexec forward the message before Abort makes it kill every process
+    time.sleep(1.0)
     if _MPI is not None:
         _MPI.COMM_WORLD.Abort(code)
     os._exit(code)  # pragma: no cover - Abort does not return
