@@ -22,6 +22,7 @@ _DTYPES: dict[int, np.dtype] = {
     TensorProto.FLOAT: np.dtype(np.float32),
     TensorProto.DOUBLE: np.dtype(np.float32),
     TensorProto.FLOAT16: np.dtype(np.float16),
+    TensorProto.BFLOAT16: mgb.dtype.canonize_dtype("bfloat16"),
     TensorProto.INT8: np.dtype(np.int8),
     TensorProto.UINT8: np.dtype(np.uint8),
     TensorProto.INT16: np.dtype(np.int16),

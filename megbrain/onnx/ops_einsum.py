@@ -89,7 +89,7 @@ def _contract(ctx, a, la, b, lb, keep):
 @converter("Einsum", 12, attrs={"equation": Attr(None)})
 def _einsum(ctx):
     vs = list(ctx.inputs)
-    if any(np.dtype(v.dtype).kind != "f" for v in vs):
+    if any(np.dtype(v.dtype).kind in "iub" for v in vs):
         raise ctx.fail("integer Einsum is not supported")
     eq = ctx.attr("equation").replace(" ", "")
     lhs = eq.partition("->")[0].split(",")

@@ -347,7 +347,7 @@ def _xor(ctx):
 @converter("Where", 9)
 def _where(ctx):
     c, a, b = ctx.inputs
-    if np.dtype(a.dtype).kind == "f":
+    if np.dtype(a.dtype).kind not in "iub":
         # selects exactly (no arithmetic on the unselected branch's inf/nan)
         cf = _cast(c, a.dtype)
         pa = E(cf, a, mode="SWITCH_GT0")

@@ -31,7 +31,7 @@ def _channel(ctx, v, nd):
 def _matmul(ctx):
     a, b = ctx.input(0), ctx.input(1)
     sa, sb = static_shape(ctx, a), static_shape(ctx, b)
-    if np.dtype(a.dtype).kind != "f":
+    if np.dtype(a.dtype).kind in "iub":
         raise ctx.fail(f"integer MatMul ({a.dtype}) is not supported")
     va, vb = len(sa) == 1, len(sb) == 1
     if va:
@@ -301,7 +301,7 @@ def _pool(ctx, mode):
     if mode == "MAX" or factor is not None:
         # pad explicitly (max: with the lowest value; average: with zeros)
         dt = np.dtype(x.dtype)
-        lowest = np.finfo(dt).min if dt.kind == "f" else np.iinfo(dt).min
+        lowest = np.iinfo(dt).min if dt.kind in "iu" else -np.inf
         fill = lowest if mode == "MAX" else 0
         full = [0, 0] + [b for b, _ in pads] + [0, 0] + [e for _, e in pads]
         if any(full):
@@ -336,7 +336,7 @@ def _pool_slices(ctx, x, mode, kernel, strides, dil, pads, base, include):
     src = static_shape(ctx, x)
     n = len(src) - 2
     dt = np.dtype(x.dtype)
-    lowest = np.finfo(dt).min if dt.kind == "f" else np.iinfo(dt).min
+    lowest = np.iinfo(dt).min if dt.kind in "iu" else -np.inf
     full = [0, 0] + [b for b, _ in pads] + [0, 0] + [e for _, e in pads]
     xp = x
     if any(full):

@@ -126,7 +126,7 @@ def _resize(ctx, x, scales, sizes, axes):
 
 
 def _setup(ctx, interp, coord, nearest="floor", cubic_a=-0.75, exclude=0):
-    if np.dtype(ctx.input(0).dtype).kind != "f" and interp != "nearest":
+    if np.dtype(ctx.input(0).dtype).kind in "iub" and interp != "nearest":
         raise ctx.fail(f"{interp} resize of {ctx.input(0).dtype} is not supported")
     ctx.interp, ctx.coord_mode, ctx.nearest_mode = interp, coord, nearest
     ctx.cubic_a, ctx.exclude_outside = cubic_a, exclude

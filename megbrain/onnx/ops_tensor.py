@@ -396,7 +396,7 @@ def _trilu(ctx):
     k = int(ctx.const(1, "k").ravel()[0]) if ctx.has(1) else 0
     n, m = src[-2], src[-1]
     mask = np.triu(np.ones((n, m)), k) if ctx.attr("upper") else np.tril(np.ones((n, m)), k)
-    if np.dtype(x.dtype).kind == "f":
+    if np.dtype(x.dtype).kind not in "iub":
         # a select, so inf/nan outside the triangle do not leak as 0 * inf
         return E(ctx.imm(mask.astype(np.dtype(x.dtype))), x, mode="SWITCH_GT0")
     return E(x, ctx.imm(mask.astype(np.dtype(x.dtype))), mode="MUL")
