@@ -6,6 +6,11 @@ Each ONNX op type has one small converter registered by op type and opset range
 
 from __future__ import annotations
 
+try:
+    import onnx as _onnx  # noqa: F401
+except ImportError as _e:  # pragma: no cover - depends on the environment
+    raise ImportError("megbrain.onnx needs the onnx package: pip install 'megbrain[onnx]'") from _e
+
 from . import (  # noqa: F401 - the converters register themselves
     ops_einsum,
     ops_elemwise,
