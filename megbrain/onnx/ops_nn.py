@@ -260,8 +260,7 @@ def _pool(ctx, mode):
         # megbrain pools floats only; small integers round-trip float32 exactly
         ctx.inputs = [mgb.opr.typecvt(x, np.float32)] + list(ctx.inputs[1:])
         return mgb.opr.typecvt(_pool(ctx, mode), dt)
-    if len(ctx.node.output) > 1 and ctx.node.output[1]:
-        raise ctx.fail("the Indices output is not supported")
+    want_indices = len(ctx.node.output) > 1 and bool(ctx.node.output[1])
     kernel = list(ctx.attr("kernel_shape"))
     src, n, strides, dil, pads = _conv_common(ctx, x, kernel)
     if n not in (1, 2, 3):
@@ -280,8 +279,8 @@ def _pool(ctx, mode):
             new.append((b, e + extra))
         pads = new
     include = bool(ctx.attr("count_include_pad")) if mode == "AVERAGE" else True
-    if n == 3 or any(d != 1 for d in dil):
-        return _pool_slices(ctx, x, mode, kernel, strides, dil, pads, base, include)
+    if n == 3 or any(d != 1 for d in dil) or want_indices:
+        return _pool_slices(ctx, x, mode, kernel, strides, dil, pads, base, include, want_indices)
     factor = None
     if mode == "AVERAGE" and (
         pads != base
@@ -330,9 +329,11 @@ def _pool(ctx, mode):
     return y
 
 
-def _pool_slices(ctx, x, mode, kernel, strides, dil, pads, base, include):
+def _pool_slices(ctx, x, mode, kernel, strides, dil, pads, base, include, want_indices=False):
     """Pooling of any rank and dilation, composed: the padded input's strided slices, one per
-    window offset, combined by max or sum (average: times 1 / count, the count known at load)."""
+    window offset, combined by max or sum (average: times 1 / count, the count known at load).
+    MaxPool's Indices follow the first maximum of each window (flat indices into the input,
+    row-major, or column-major over the spatial dims with storage_order=1)."""
     src = static_shape(ctx, x)
     n = len(src) - 2
     dt = np.dtype(x.dtype)
@@ -352,15 +353,36 @@ def _pool_slices(ctx, x, mode, kernel, strides, dil, pads, base, include):
         )
 
     acc = None
+    best_idx = None
+    if want_indices:
+        spatial = src[2:]
+        col_major = ctx.attr("storage_order") == 1
+        grids = np.meshgrid(*[np.arange(d) for d in ps[2:]], indexing="ij")
+        coords = [g - b for g, (b, _) in zip(grids, pads)]  # unpadded coordinates
+        flat = np.zeros(ps[2:], np.int64)
+        order = list(range(n))[::-1] if col_major else list(range(n))
+        for i in order:
+            flat = flat * spatial[i] + coords[i]
+        nc = (np.arange(src[0] * src[1]) * int(np.prod(spatial))).reshape(
+            (src[0], src[1]) + (1,) * n
+        )
     count = np.zeros(outn)
     mask = np.pad(np.ones(src[2:]), base, constant_values=1.0 if include else 0.0)
     mask = np.pad(mask, [(0, p[1] - q[1]) for p, q in zip(pads, base)])
     for o in itertools.product(*[range(k) for k in kernel]):
         part = xp[(slice(None), slice(None)) + window(o)]
+        if want_indices:
+            idx = ctx.imm((nc + flat[window(o)][None, None]).astype(np.int32))
+            if best_idx is None:
+                best_idx = idx
+            else:
+                # move to this offset only where it is strictly larger (first maximum wins)
+                upd = mgb.opr.typecvt(E(acc, part, mode="LT"), np.int32)
+                best_idx = E(best_idx, E(upd, E(idx, best_idx, mode="SUB"), mode="MUL"), mode="ADD")
         acc = part if acc is None else E(acc, part, mode="MAX" if mode == "MAX" else "ADD")
         count += mask[window(o)]
     if mode == "MAX":
-        return acc
+        return [acc, best_idx] if want_indices else acc
     return E(acc, ctx.imm((1.0 / count).astype(dt)[None, None]), mode="MUL")
 
 
@@ -374,7 +396,7 @@ _POOL_ATTRS = {
 }
 
 
-@converter("MaxPool", 1, attrs={**_POOL_ATTRS, "storage_order": Attr(0, frozenset({0}))})
+@converter("MaxPool", 1, attrs={**_POOL_ATTRS, "storage_order": Attr(0, frozenset({0, 1}))})
 def _maxpool(ctx):
     return _pool(ctx, "MAX")
 

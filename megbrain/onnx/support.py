@@ -55,7 +55,6 @@ EXCLUDED_CASES: dict[str, str] = {
 
 #: cases of claimed op types that fail today: known gaps, to be fixed (regex -> what is missing)
 KNOWN_GAPS: dict[str, str] = {
-    r"maxpool_with_argmax": "MaxPool's Indices output is refused",
     r"batchnorm_.*training_mode|training_dropout": "training mode is refused (inference only)",
     r"_empty_set": "reductions of empty tensors are refused",
     r"resize_.*antialias": "antialiased Resize is refused",

@@ -121,3 +121,31 @@ def test_einsum_matches_numpy(equation, shapes):
     )
     (y,) = _run(load(m), *vals)
     np.testing.assert_allclose(np.asarray(y).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("storage_order", [0, 1])
+def test_maxpool_indices_match_onnxruntime(storage_order):
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    node = helper.make_node(
+        "MaxPool",
+        ["x"],
+        ["y", "i"],
+        kernel_shape=[3, 2],
+        strides=[2, 2],
+        pads=[1, 0, 1, 1],
+        storage_order=storage_order,
+    )
+    m = _model(
+        [node],
+        [_vi("x", [2, 3, 5, 6])],
+        [_vi("y", None), _vi("i", None, TensorProto.INT64)],
+        opset=12,
+    )
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )
+    y, i = _run(load(m), x)
+    np.testing.assert_array_equal(y, want[0])
+    np.testing.assert_array_equal(i, want[1])
