@@ -495,3 +495,65 @@ def _top_k(ctx):
         v = _reshape(v, shape)
         outs.append(mgb.opr.dimshuffle(v, back) if axis != nd - 1 else v)
     return outs
+
+
+def _wrap_negative(ctx, ind, dim):
+    """Indices with negative entries counted from the end (``dim`` may be an int or array)."""
+    zero = ctx.imm(np.int32(0))
+    d = ctx.imm(np.asarray(dim, np.int32))
+    if np.dtype(ind.dtype) != np.int32:
+        ind = mgb.opr.typecvt(ind, np.int32)
+    return E(ind, E(E(ind, zero, mode="LT"), d, mode="MUL"), mode="ADD")
+
+
+def _take_flat(ctx, x, flat, out_shape):
+    """x's elements (x flattened to rows of its trailing ``rest`` dims) at the flat indices."""
+    n = int(np.prod(static_shape(ctx, flat)))
+    f1 = _reshape(flat, (n,))
+    return _reshape(mgb.opr.advanced_indexing(x)[f1], out_shape)
+
+
+@converter("GatherElements", 11, attrs={"axis": 0})
+def _gather_elements(ctx):
+    x, ind = ctx.input(0), ctx.input(1)
+    src = static_shape(ctx, x)
+    ishape = static_shape(ctx, ind, "indices")
+    nd = len(src)
+    axis = _norm_axis(ctx, ctx.attr("axis"), nd)
+    strides = [int(np.prod(src[i + 1 :])) for i in range(nd)]
+    grids = np.meshgrid(*[np.arange(d) for d in ishape], indexing="ij")
+    other = sum(g * s for i, (g, s) in enumerate(zip(grids, strides)) if i != axis)
+    ind = _wrap_negative(ctx, ind, src[axis])
+    flat = E(
+        E(ind, ctx.imm(np.int32(strides[axis])), mode="MUL"),
+        ctx.imm(np.asarray(other, np.int32)),
+        mode="ADD",
+    )
+    return _take_flat(ctx, _reshape(x, (int(np.prod(src)),)), flat, ishape)
+
+
+@converter("GatherND", 11, attrs={"batch_dims": 0})
+def _gather_nd(ctx):
+    x, ind = ctx.input(0), ctx.input(1)
+    src = static_shape(ctx, x)
+    ishape = static_shape(ctx, ind, "indices")
+    b = int(ctx.attr("batch_dims"))
+    k = ishape[-1]
+    rest = src[b + k :]
+    lead = ishape[:-1]
+    # row index into x reshaped to (prod(src[:b + k]), *rest)
+    strides = [int(np.prod(src[b + j + 1 : b + k])) for j in range(k)]
+    flat = None
+    for j in range(k):
+        col = _reshape(ind[(slice(None),) * (len(ishape) - 1) + (slice(j, j + 1),)], lead)
+        col = _wrap_negative(ctx, col, src[b + j])
+        term = E(col, ctx.imm(np.int32(strides[j])), mode="MUL")
+        flat = term if flat is None else E(flat, term, mode="ADD")
+    if b:
+        grids = np.meshgrid(*[np.arange(d) for d in lead], indexing="ij")
+        bflat = np.zeros(lead, np.int64)
+        for i in range(b):
+            bflat = bflat * src[i] + grids[i]
+        flat = E(flat, ctx.imm((bflat * int(np.prod(src[b : b + k]))).astype(np.int32)), mode="ADD")
+    rows = _reshape(x, (int(np.prod(src[: b + k])),) + rest)
+    return _take_flat(ctx, rows, flat, lead + rest)
