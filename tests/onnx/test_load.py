@@ -149,3 +149,34 @@ def test_maxpool_indices_match_onnxruntime(storage_order):
     y, i = _run(load(m), x)
     np.testing.assert_array_equal(y, want[0])
     np.testing.assert_array_equal(i, want[1])
+
+
+hyp = pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_broadcast_transpose_reduce_match_numpy(shape, data):
+    nd = len(shape)
+    bshape = data.draw(st.lists(st.sampled_from([True, False]), min_size=nd, max_size=nd))
+    other = [1 if keep else d for keep, d in zip(bshape, shape)]
+    perm = data.draw(st.permutations(list(range(nd))))
+    axes = sorted(data.draw(st.sets(st.integers(0, nd - 1), min_size=1)))
+    rng = np.random.default_rng(len(shape))
+    a = rng.standard_normal(shape).astype(np.float32)
+    b = rng.standard_normal(other).astype(np.float32)
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["s"]),
+        helper.make_node("Transpose", ["s"], ["t"], perm=list(perm)),
+        helper.make_node("ReduceSum", ["t", "axes"], ["y"], keepdims=0),
+    ]
+    axes_init = numpy_helper.from_array(np.asarray(axes, np.int64), "axes")
+    m = _model(nodes, [_vi("a", shape), _vi("b", other)], [_vi("y", None)], [axes_init], 13)
+    want = np.transpose(a + b, perm).sum(axis=tuple(axes))
+    (y,) = _run(load(m), a, b)
+    np.testing.assert_allclose(np.asarray(y).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
