@@ -238,6 +238,19 @@ def torch_peer(fn_name: str, *arrays, **kw):
     return run
 
 
+def torch_pool_bwd_peer(x, dy, **kw):
+    """PyTorch's max-pooling backward (autograd through one recorded max_pool2d)."""
+    if not have("torch"):
+        return None
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    tx = torch.from_numpy(x).requires_grad_()
+    ty = F.max_pool2d(tx, **kw)
+    tdy = torch.from_numpy(dy)
+    return lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True)
+
+
 def ort_conv_peer(x, w, pad):
     if not have("onnxruntime") or not have("onnx"):
         return None
@@ -344,7 +357,8 @@ def pooling_section(repeat):
     bwd = Compiled(_create("PoolingBackward", PoolingParam("MAX", p, p, s, s, f, f)), [x, y, dy])
     rows.append(
         row(f"pooling bwd MAX {f}x{f} s{s} p{p}", None, bwd,
-            lambda a, b, d, out: np_pool_bwd_max(a, b, d, out, f, s, p), 0.9, {}, repeat)
+            lambda a, b, d, out: np_pool_bwd_max(a, b, d, out, f, s, p), 0.9,
+            {"torch": torch_pool_bwd_peer(x, dy, kernel_size=f, stride=s, padding=p)}, repeat)
     )  # fmt: skip
     return rows
 
