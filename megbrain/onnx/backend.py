@@ -42,6 +42,11 @@ class MegBrainRep(BackendRep):
         ]
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple:
+        """Run the model on ``inputs`` (a list in the model's input order, or a dict by name).
+
+        Returns the outputs as NumPy arrays with the model's declared dtypes (INT64, DOUBLE
+        and BOOL outputs are converted back from megbrain's int32/float32/bool).
+        """
         if isinstance(inputs, dict):
             feed = dict(inputs)
         else:
@@ -77,10 +82,12 @@ class MegBrainBackend(Backend):
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
+        """Only ``"CPU"``."""
         return device == "CPU"
 
     @classmethod
     def prepare(cls, model, device: str = "CPU", **kwargs: Any) -> MegBrainRep:
+        """Check ``model`` (``onnx.checker``) and wrap it in a :class:`MegBrainRep`."""
         """Convert ``model`` (an ``onnx.ModelProto``) into a :class:`MegBrainRep` whose
         ``run(inputs)`` evaluates it; only the ``"CPU"`` device is supported."""
         super().prepare(model, device, **kwargs)
