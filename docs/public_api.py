@@ -12,16 +12,36 @@ import inspect
 import pkgutil
 from types import ModuleType
 
+# Modules whose import failed for want of an optional dependency (``onnx`` for
+# ``megbrain.onnx``): name -> the missing package. Filled by public_modules().
+SKIPPED: dict[str, str] = {}
+
 
 def public_modules() -> dict[str, ModuleType]:
-    """Import and return every public module of megbrain, by dotted name (sorted)."""
+    """Import and return every public module of megbrain, by dotted name (sorted).
+
+    A module needing an optional package that is not installed is left out (and recorded in
+    :data:`SKIPPED`); any other import error propagates.
+    """
     import megbrain
 
     mods: dict[str, ModuleType] = {"megbrain": megbrain}
+
+    # walk_packages ignores a package it can not import (its submodules are not listed);
+    # importing each listed module below then raises or records the error
     for info in pkgutil.walk_packages(megbrain.__path__, "megbrain."):
         if any(part.startswith("_") for part in info.name.split(".")[1:]):
             continue
-        mods[info.name] = importlib.import_module(info.name)
+        if any(info.name.startswith(s + ".") for s in SKIPPED):
+            continue
+        try:
+            mods[info.name] = importlib.import_module(info.name)
+        except ImportError as exc:
+            cause = exc if isinstance(exc, ModuleNotFoundError) else exc.__cause__
+            missing = getattr(cause, "name", None) if isinstance(cause, ImportError) else None
+            if missing is None or missing.split(".")[0] == "megbrain":
+                raise
+            SKIPPED[info.name] = missing
     return dict(sorted(mods.items()))
 
 
