@@ -133,6 +133,7 @@ __all__ = [
     "opr_extra",
     "opr_param_defs",
     "persistent_cache",
+    "plugin",
     "return_free_memory",
     "copy_output",
     "del_device_map",

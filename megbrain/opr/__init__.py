@@ -36,8 +36,8 @@ from .basic_arith import (
     square,
     typecvt,
 )
-from .collective import collective_comm, remote_recv, remote_send
 from .blas import batched_matrix_mul, batched_matrix_mul_v0, dot, matrix_mul, matrix_mul_v0
+from .collective import collective_comm, remote_recv, remote_send
 from .cond import (
     cond_exec_mark,
     cond_exec_mark_if_need,
