@@ -20,9 +20,9 @@ _MODELS = sorted(
     for f in (os.listdir(_LIGHT) if os.path.isdir(_LIGHT) else ())
     if f.endswith(".onnx")
 )
-#: models that take over ~10 s here
-#: known bugs, to be fixed
+#: known bugs, to be fixed (none today)
 _KNOWN_BAD: dict[str, str] = {}
+#: models that take over ~10 s here
 _SLOW = {
     "light_vgg19",
     "light_densenet121",
