@@ -13,7 +13,7 @@ import numpy as np
 from ..device import CPU, CompNode, as_comp_node
 from ..dtype import canonize_dtype, convert_array, same_dtype, to_mgb_supported_dtype
 from ..errors import ConversionError, MegBrainError
-from ..graph.value_proxy import pubapi_dev_tensor_ptr
+from ..graph.value_proxy import array_protocol, dlpack_protocol, pubapi_dev_tensor_ptr
 from ..opr import io
 from ..opr.base import SymbolVar, as_var
 from ..tensor import DeviceTensorND, HostTensorND, Slice
@@ -352,27 +352,12 @@ class SharedND:
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         """The value as an array sharing this tensor's memory (``np.asarray(snd)``), or a copy
         when ``copy=True`` or a ``dtype`` other than the tensor's is asked for."""
-        arr = self._host_view("__array__")
-        if dtype is not None and np.dtype(dtype) != arr.dtype:
-            if copy is False:
-                raise ValueError(
-                    f"SharedND.__array__: dtype {np.dtype(dtype)} differs from the tensor's "
-                    f"{arr.dtype}, which needs a copy, and copy=False"
-                )
-            return arr.astype(dtype)
-        return arr.copy() if copy else arr
+        return array_protocol(self._host_view("__array__"), dtype, copy, "SharedND")
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """Export the tensor as a DLPack capsule sharing its memory (``torch.from_dlpack(snd)``,
         ``np.from_dlpack(snd)``); the arguments are those of the DLPack protocol."""
-        kw = {"stream": stream}
-        if max_version is not None:
-            kw["max_version"] = max_version
-        if dl_device is not None:
-            kw["dl_device"] = dl_device
-        if copy is not None:
-            kw["copy"] = copy
-        return self._host_view("__dlpack__").__dlpack__(**kw)
+        return dlpack_protocol(self._host_view("__dlpack__"), stream, max_version, dl_device, copy)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         """The DLPack device of the tensor: ``(1, 0)``, the CPU."""

@@ -48,6 +48,29 @@ def pubapi_dev_tensor_ptr(version: int, raw_ptr: int) -> int:
     )
 
 
+def array_protocol(arr: np.ndarray, dtype, copy, owner: str) -> np.ndarray:
+    """``__array__`` of an object whose value is ``arr``: ``arr`` itself (shared memory), or a
+    copy when ``copy=True`` or another ``dtype`` is asked for (refused with ``copy=False``)."""
+    if dtype is not None and np.dtype(dtype) != arr.dtype:
+        if copy is False:
+            raise ValueError(
+                f"{owner}.__array__: dtype {np.dtype(dtype)} differs from the value's "
+                f"{arr.dtype}, which needs a copy, and copy=False"
+            )
+        return arr.astype(dtype)
+    return arr.copy() if copy else arr
+
+
+def dlpack_protocol(arr: np.ndarray, stream, max_version, dl_device, copy):
+    """``__dlpack__`` of an object whose value is ``arr``: NumPy's capsule for it, passing on
+    only the protocol arguments the caller gave (older NumPy lacks some)."""
+    kw = {"stream": stream}
+    for k, v in (("max_version", max_version), ("dl_device", dl_device), ("copy", copy)):
+        if v is not None:
+            kw[k] = v
+    return arr.__dlpack__(**kw)
+
+
 class CompGraphCallbackValueProxy:
     """The value handed to an output callback; valid only while the callback runs.
 
@@ -135,27 +158,14 @@ class CompGraphCallbackValueProxy:
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         """The value as an array sharing the proxy's buffer (``np.asarray(proxy)``), or a copy
         when ``copy=True`` or another ``dtype`` is asked for."""
-        arr = self.get_value(borrow_mem=True)
-        if dtype is not None and np.dtype(dtype) != arr.dtype:
-            if copy is False:
-                raise ValueError(
-                    f"CompGraphCallbackValueProxy.__array__: dtype {np.dtype(dtype)} differs "
-                    f"from the value's {arr.dtype}, which needs a copy, and copy=False"
-                )
-            return arr.astype(dtype)
-        return arr.copy() if copy else arr
+        return array_protocol(self.get_value(borrow_mem=True), dtype, copy, type(self).__name__)
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """Export the value as a DLPack capsule sharing its buffer (valid until the callback
         returns); the arguments are those of the DLPack protocol."""
-        kw = {"stream": stream}
-        if max_version is not None:
-            kw["max_version"] = max_version
-        if dl_device is not None:
-            kw["dl_device"] = dl_device
-        if copy is not None:
-            kw["copy"] = copy
-        return self.get_value(borrow_mem=True).__dlpack__(**kw)
+        return dlpack_protocol(
+            self.get_value(borrow_mem=True), stream, max_version, dl_device, copy
+        )
 
     def __dlpack_device__(self) -> tuple[int, int]:
         """The DLPack device of the value: ``(1, 0)``, the CPU."""
