@@ -50,7 +50,16 @@ from ..opr.io import (
     shared_device_tensor,
 )
 from ..opr.tensor_manip import broadcast, reshape
-from .passes import PASSES, Rewriter, VarMap, _record, combine, inherit_props, run_passes
+from .passes import (
+    PASSES,
+    Rewriter,
+    VarMap,
+    _record,
+    chain_terms,
+    combine,
+    inherit_props,
+    run_passes,
+)
 
 __all__ = [
     "INFERENCE_PASSES",
@@ -571,24 +580,6 @@ def expand_fused_arith(graph, dest, options):
 _CHAIN_MODES = ("ADD", "MUL", "MAX", "MIN")
 
 
-def _chain_terms(rw: Rewriter, opr, mode: str) -> list[VarNode]:
-    """The leaves of the ``mode`` chain ending at ``opr`` (inner links read only once)."""
-    out, stack = [], list(reversed(opr.inputs))
-    while stack:
-        v = stack.pop()
-        o = v.owner
-        if (
-            o.type_name == "Elemwise"
-            and o.param.mode == mode
-            and not o.extra_deps
-            and rw.sole_reader(v)
-        ):
-            stack.extend(reversed(o.inputs))
-        else:
-            out.append(v)
-    return out
-
-
 def _chain_root(rw: Rewriter, opr, modes) -> bool:
     """Whether ``opr`` (an Elemwise of one of ``modes``) ends its chain."""
     if opr.type_name != "Elemwise" or opr.param.mode not in modes or opr.extra_deps:
@@ -653,7 +644,7 @@ def reorder_arith_chain(graph, dest, options):
         if not _chain_root(rw, opr, _CHAIN_MODES) or is_param.opr(opr):
             return None
         mode = opr.param.mode
-        ts = _chain_terms(rw, opr, mode)
+        ts = chain_terms(rw, opr, mode)
         shapes = [static_shape(t) for t in ts]
         if len(ts) < 2 or any(s is None for s in shapes):
             return None
@@ -702,7 +693,7 @@ def arith_fuse(graph, dest, options):
         return [elemwise(_sv(o.inputs[0]), _sv(o.inputs[1]), mode=acts[opr.param.mode]).node]
 
     def fuse_mul_add(opr):
-        ts = _chain_terms(rw, opr, "ADD")
+        ts = chain_terms(rw, opr, "ADD")
         muls, bias = [], []
         for t in ts:
             o = t.owner

@@ -289,6 +289,25 @@ def install(graph) -> None:
         graph.insert_rewriters.append(arith_simplify_on_insert)
 
 
+def chain_terms(rw: Rewriter, opr, mode: str) -> list[VarNode]:
+    """The leaves of the Elemwise ``mode`` chain ending at ``opr``: inner links (read only by
+    the chain, without extra deps) are looked through."""
+    out, stack = [], list(reversed(opr.inputs))
+    while stack:
+        v = stack.pop()
+        o = v.owner
+        if (
+            o.type_name == "Elemwise"
+            and o.param.mode == mode
+            and not o.extra_deps
+            and rw.sole_reader(v)
+        ):
+            stack.extend(reversed(o.inputs))
+        else:
+            out.append(v)
+    return out
+
+
 # ---- level 2: before compile, in PRESET order --------------------------------------------
 @register_pass("merge_common_subexpr")
 def merge_common_subexpr(graph, dest):
@@ -321,29 +340,13 @@ def reorder_chains(rw: Rewriter, is_const: Callable[[VarNode], bool], reason: st
             and not rs[0].extra_deps
         )
 
-    def terms(opr, mode: str) -> list[VarNode]:
-        out, stack = [], list(reversed(opr.inputs))
-        while stack:
-            v = stack.pop()
-            o = v.owner
-            if (
-                o.type_name == "Elemwise"
-                and o.param.mode == mode
-                and not o.extra_deps
-                and rw.sole_reader(v)
-            ):
-                stack.extend(reversed(o.inputs))
-            else:
-                out.append(v)
-        return out
-
     def rule(opr):
         if opr.type_name != "Elemwise" or opr.param.mode not in ("ADD", "MUL") or opr.extra_deps:
             return None
         mode = opr.param.mode
         if absorbed(opr.outputs[0], mode):
             return None  # not the root of its chain
-        ts = terms(opr, mode)
+        ts = chain_terms(rw, opr, mode)
         consts = [t for t in ts if is_const(t)]
         if len(consts) < 2 or len(consts) == len(ts):
             return None
