@@ -7,14 +7,14 @@ several at once; Numba's parallel threading layers are not safe to enter from se
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
-from numba import njit
 
 __all__ = ["max_pool2d_backward"]
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
-def _max_pool2d_backward(x, y, d, g, wh, ww, sh, sw, ph, pw):  # pragma: no cover - compiled
+def _max_pool2d_backward_py(x, y, d, g, wh, ww, sh, sw, ph, pw):  # pragma: no cover - compiled
     n_, c_, h_, w_ = x.shape
     oh_, ow_ = d.shape[2], d.shape[3]
     for n in range(n_):
@@ -45,4 +45,12 @@ def max_pool2d_backward(
     output is ``y`` and output gradient ``d`` ``(N, C, OH, OW)``: each window's ``d`` goes to
     every element equal to the window's maximum (MegDNN's rule: ties share it). All four
     arrays have one float dtype."""
-    _max_pool2d_backward(x, y, d, g, *map(int, window), *map(int, stride), *map(int, pad))
+    _compiled()(x, y, d, g, *map(int, window), *map(int, stride), *map(int, pad))
+
+
+@functools.cache
+def _compiled():
+    # numba is imported on first use: ``import megbrain`` stays free of its import time
+    from numba import njit
+
+    return njit(nogil=True, cache=True, error_model="numpy")(_max_pool2d_backward_py)
