@@ -27,7 +27,7 @@ ENV1 = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": 
 
 def part_allreduce(iters: int) -> dict:
     import megbrain as mgb
-    from megbrain.distributed import comm as dcomm
+    from megbrain.device import mpi_comm as dcomm
 
     MPI = dcomm.mpi()
     world = MPI.COMM_WORLD
@@ -65,7 +65,7 @@ def part_cnn(iters: int, batch: int, sync_bn: bool) -> dict:
     distributed = "PMI_RANK" in os.environ or "PMI_SIZE" in os.environ
     rank, n = 0, 1
     if distributed:
-        from megbrain.distributed import comm as dcomm
+        from megbrain.device import mpi_comm as dcomm
 
         world = dcomm.mpi().COMM_WORLD
         rank, n = world.Get_rank(), world.Get_size()

@@ -267,7 +267,7 @@ def create_mm_server(server_addr: str, port: int) -> int:
 def group_barrier(server_addr: str, port: int, size: int, rank: int) -> None:
     """Block until every rank reaches this barrier: an MPI barrier of ``COMM_WORLD``, whose
     size must be ``size`` (``server_addr`` and ``port`` are unused)."""
-    from ..distributed import comm
+    from ..device import mpi_comm as comm
 
     if comm.world_size() != int(size) or not 0 <= int(rank) < int(size):
         raise MegBrainError(

@@ -21,7 +21,7 @@ How MegBrain's arguments map onto MPI:
 
 from __future__ import annotations
 
-from .comm import (
+from ..device.mpi_comm import (
     COMM_STREAM,
     comm_comp_node,
     get_comm,

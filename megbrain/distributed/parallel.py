@@ -9,7 +9,7 @@ import numpy as np
 
 import megbrain as mgb
 
-from . import comm as _comm
+from ..device import mpi_comm as _comm
 
 __all__ = ["DEFAULT_PACK_MAX_SIZE", "all_reduce_mean", "bcast_params", "data_parallel"]
 

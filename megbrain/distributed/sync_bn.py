@@ -8,9 +8,9 @@ import numpy as np
 
 import megbrain as mgb
 
+from ..device import mpi_comm as _comm
 from ..nn.layers import _BatchNorm, _param_var
 from ..nn.module import _add_state_update
-from . import comm as _comm
 
 __all__ = ["SyncBatchNorm"]
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..distributed import comm as _dist
+from ..device import mpi_comm as _dist
 from ..errors import GraphError, MegBrainError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, sereg
 from ..graph.operator import fmt_shape
