@@ -87,6 +87,7 @@ __all__ = [
     "register_serializer",
     "register_loader",
     "register_param_opr",
+    "param_to_def",
     "register_removed_in_dump",
     "find_by_opr",
     "find_by_type_id",
@@ -359,15 +360,34 @@ def registered_oprs() -> dict[int, str]:
     return {k: v.name for k, v in sorted(_BY_ID.items(), key=lambda kv: kv[1].name)}
 
 
-def _default_to_def(def_cls: type) -> Callable:
-    def to_def(param: Any) -> Any:
-        kw = {}
-        for f in def_cls.FIELDS:
-            if param is not None and hasattr(param, f.name):
-                kw[f.name] = getattr(param, f.name)
-        return def_cls(**kw)
+def param_to_def(def_cls: type, param: Any, **extra: Any) -> Any:
+    """The ``def_cls`` table of an operator's ``param``: fields taken by name, ``extra``
+    overriding; table fields the param lacks keep their defaults.
 
-    return to_def
+    Parameters
+    ----------
+    def_cls:
+        A param-def class of :mod:`megbrain.opr.param_defs`.
+    param:
+        The operator's Param (a dataclass) or None.
+    **extra:
+        Field values given explicitly.
+
+    Returns
+    -------
+    Any
+        A ``def_cls`` instance.
+    """
+    kw = {}
+    for f in def_cls.FIELDS:
+        if param is not None and hasattr(param, f.name):
+            kw[f.name] = getattr(param, f.name)
+    kw.update(extra)
+    return def_cls(**kw)
+
+
+def _default_to_def(def_cls: type) -> Callable:
+    return lambda param: param_to_def(def_cls, param)
 
 
 def _default_from_def(opr_cls: type) -> Callable:

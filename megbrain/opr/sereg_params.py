@@ -22,30 +22,8 @@ from . import param_defs as pdefs
 __all__ = ["param_to_def", "param_from_def", "register_strict", "register_with_policy"]
 
 
-def param_to_def(def_cls: type, param: Any, **extra: Any) -> Any:
-    """The ``def_cls`` table of an operator's ``param``: fields taken by name, ``extra``
-    overriding; table fields the param lacks keep their defaults.
-
-    Parameters
-    ----------
-    def_cls:
-        A param-def class of :mod:`megbrain.opr.param_defs`.
-    param:
-        The operator's Param (a dataclass) or None.
-    **extra:
-        Field values given explicitly.
-
-    Returns
-    -------
-    Any
-        A ``def_cls`` instance.
-    """
-    kw = {}
-    for f in def_cls.FIELDS:
-        if param is not None and hasattr(param, f.name):
-            kw[f.name] = getattr(param, f.name)
-    kw.update(extra)
-    return def_cls(**kw)
+#: re-exported: the by-name mapping the registry's defaults use too
+param_to_def = sereg.param_to_def
 
 
 def param_from_def(pcls: type, pdef: Any, opr_name: str, **extra: Any) -> Any:
