@@ -1,0 +1,478 @@
+"""Convolution algorithms and their choice per shape: MegBrain's execution policy.
+
+Every convolution kernel (forward, backward data, backward filter; 2-d and 3-d) is a
+registered :class:`ConvAlgorithm`: a bind function with the signature of
+:func:`megbrain.kernels.dnn_conv.bind_convolution` (``(a, b, out, stride, pad, dilate, flip)``
+-> a zero-argument step), a ``usable`` predicate with the same arguments, a ``reproducible``
+flag and a ``priority``. :func:`select` chooses one for the bound arrays at bind time, as the
+operator param's ``strategy`` (MegDNN's ``ExecutionPolicy``) says:
+
+- ``HEURISTIC`` (the default): the usable algorithm of highest priority whose optional
+  ``heuristic`` predicate accepts the shape (the first usable one when none does);
+- ``HEURISTIC_REPRODUCIBLE``: the same among the reproducible algorithms;
+- ``PROFILE``: every usable candidate is timed once per shape (a warm-up run, then the best of
+  :data:`PROFILE_RUNS` runs) on scratch arrays of the operands' shapes, strides and dtypes,
+  values in [-1, 1], its workspace outside the memory plan, so that profiling writes nothing
+  the operator owns; the fastest is kept in memory and in the persistent cache (category
+  :data:`CACHE_CATEGORY`, the value is the algorithm's name), as MegBrain's fastrun does;
+- ``PROFILE_REPRODUCIBLE``: the same among the reproducible candidates;
+- ``PROFILE_HEURISTIC``: a choice PROFILE made for the same key, if any, else the HEURISTIC
+  one; it never times (MegBrain's ``choose_by_profile`` without updating the cache).
+
+The cache key (:func:`choice_key`) holds the kind, the shapes, strides and dtypes of the three
+operands, stride/pad/dilate/flip, the BLAS thread count and the names of the candidates, so a
+new algorithm or a different thread count profiles again; a cached name that is no longer a
+usable candidate is ignored. The process-wide persistent cache is the one registered with
+:func:`set_persistent_cache` (``megbrain.global_init`` registers its
+``persistent_cache_impl_ins`` through ``PersistentCache.reg``); ``cache=`` overrides it.
+
+Reproducibility rule: an algorithm is reproducible when, for the same inputs and thread count,
+every run gives the same bits, i.e. every floating-point sum runs in an order fixed at bind
+time. GEMMs through NumPy's BLAS (OpenBLAS partitions statically), strided NumPy copies and
+adds are; an algorithm whose summation order depends on thread scheduling (atomic or
+work-stealing parallel reductions) must register with ``reproducible=False``. Every built-in
+algorithm is reproducible.
+
+Priorities: 0 for the general fallbacks (usable on every shape), 10 for the built-in
+shape-specialised ones; a new algorithm registers with the priority that ranks it among them.
+A less accurate algorithm must not become the HEURISTIC default.
+
+Built-in algorithms (megbrain.kernels.dnn_conv), by kind:
+
+- forward: ``IM2COL_GEMM_PER_SAMPLE`` (batch-inner columns, one GEMM per sample straight into
+  the output; priority 10, the heuristic's for reductions of at most ``PER_SAMPLE_MAX_K``),
+  ``IM2COL_GEMM`` (one GEMM per batch chunk; the fallback);
+- backward_data: ``AS_FORWARD_CONV`` (stride 1: the forward convolution of diff with the
+  transposed, flipped filter; priority 10, the heuristic's for a "same" padding),
+  ``GEMM_COL2IM`` (``W^T @ diff`` per batch chunk, then col2im; the fallback);
+- backward_filter: ``IM2COL_GEMM_DIFF_NHWC`` (columns @ channel-last diff; priority 10),
+  ``IM2COL_GEMM_DIFF_ROWS`` (diff @ columns^T; a PROFILE candidate).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from . import dnn_conv, workspace
+
+__all__ = [
+    "CACHE_CATEGORY",
+    "KINDS",
+    "PROFILE_RUNS",
+    "STRATEGIES",
+    "ConvAlgorithm",
+    "algorithms",
+    "bind",
+    "blas_threads",
+    "choice_key",
+    "clear_choices",
+    "register",
+    "select",
+    "set_persistent_cache",
+    "time_algorithm",
+    "unregister",
+    "usable_algorithms",
+]
+
+KINDS = ("forward", "backward_data", "backward_filter")
+#: MegDNN's ExecutionPolicy strategies
+STRATEGIES = (
+    "HEURISTIC",
+    "HEURISTIC_REPRODUCIBLE",
+    "PROFILE",
+    "PROFILE_REPRODUCIBLE",
+    "PROFILE_HEURISTIC",
+)
+#: the persistent cache category of the profiled choices
+CACHE_CATEGORY = "conv_algo"
+#: timed runs per candidate (after one warm-up run); the best counts
+PROFILE_RUNS = 3
+#: a candidate whose warm-up run takes longer than this many seconds is timed by it alone
+PROFILE_SLOW_S = 0.5
+
+_log = logging.getLogger("megbrain")
+
+
+@dataclass(frozen=True)
+class ConvAlgorithm:
+    """One convolution algorithm of one kind.
+
+    Attributes
+    ----------
+    name : str
+        MegDNN-style upper-case name, unique within its kind ("IM2COL_GEMM").
+    kind : str
+        "forward", "backward_data" or "backward_filter".
+    bind : Callable
+        ``bind(a, b, out, stride, pad, dilate, flip) -> step``, as
+        :func:`megbrain.kernels.dnn_conv.bind_convolution` (forward: src, filter, dst),
+        ``bind_conv_backward_data`` (filter, diff, grad) or ``bind_conv_backward_filter``
+        (src, diff, grad); it writes only ``out`` and takes its scratch from
+        :func:`megbrain.kernels.workspace.empty`.
+    usable : Callable
+        Same arguments as ``bind`` -> bool: whether it applies (shape, dtype, strides...);
+        called on checked geometry only.
+    reproducible : bool
+        Whether every run gives the same bits for the same inputs and thread count.
+    priority : int
+        HEURISTIC takes the usable (and heuristic-accepted) algorithm of highest priority.
+    heuristic : Callable or None
+        Same arguments as ``bind`` -> bool: whether HEURISTIC may choose it for this shape
+        (None: wherever usable). PROFILE ignores it.
+    """
+
+    name: str
+    kind: str
+    bind: Callable
+    usable: Callable
+    reproducible: bool = True
+    priority: int = 0
+    heuristic: Callable | None = None
+
+
+_lock = threading.RLock()
+_registry: dict[str, dict[str, ConvAlgorithm]] = {k: {} for k in KINDS}
+_choices: dict[str, str] = {}  # choice_key -> algorithm name, the in-memory profile cache
+_persistent: list = [None]  # the registered persistent cache (put/get of bytes by category)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown convolution kind {kind!r}; expected one of {KINDS}")
+
+
+def register(algo: ConvAlgorithm) -> None:
+    """Register ``algo`` under its kind.
+
+    Raises
+    ------
+    ValueError
+        For an unknown kind, a name that is not upper case, or a name already registered for
+        the kind by another algorithm.
+    """
+    _check_kind(algo.kind)
+    if not algo.name or algo.name != algo.name.upper() or "," in algo.name:
+        raise ValueError(f"algorithm name {algo.name!r} must be upper case, without commas")
+    with _lock:
+        known = _registry[algo.kind].get(algo.name)
+        if known is not None and known != algo:
+            raise ValueError(f"{algo.kind} algorithm {algo.name} is already registered")
+        _registry[algo.kind][algo.name] = algo
+
+
+def unregister(kind: str, name: str) -> None:
+    """Remove the ``kind`` algorithm ``name`` (KeyError if it is not registered)."""
+    _check_kind(kind)
+    with _lock:
+        del _registry[kind][name]
+
+
+def algorithms(kind: str) -> list[ConvAlgorithm]:
+    """The registered ``kind`` algorithms, highest priority first (then registration order)."""
+    _check_kind(kind)
+    with _lock:
+        algos = list(_registry[kind].values())
+    return sorted(algos, key=lambda a: -a.priority)
+
+
+def usable_algorithms(
+    kind: str,
+    a: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+    *,
+    reproducible: bool = False,
+) -> list[ConvAlgorithm]:
+    """The ``kind`` algorithms usable on these arrays (reproducible ones only if asked),
+    highest priority first.
+
+    Raises
+    ------
+    ValueError
+        When the arrays and the geometry do not make a ``kind`` convolution.
+    """
+    _check_kind(kind)
+    args = (a, b, out, stride, pad, dilate, flip)
+    dnn_conv.check_convolution(kind, *args)
+    return [
+        algo
+        for algo in algorithms(kind)
+        if (algo.reproducible or not reproducible) and algo.usable(*args)
+    ]
+
+
+def set_persistent_cache(cache) -> object:
+    """Make ``cache`` (an object with ``put(category, key, value)`` and ``get(category, key)``
+    of bytes, or None) the process-wide persistent cache of profiled choices; returns the
+    previous one."""
+    with _lock:
+        prev, _persistent[0] = _persistent[0], cache
+    return prev
+
+
+def clear_choices() -> None:
+    """Forget the in-memory profiled choices (the persistent cache keeps its own)."""
+    with _lock:
+        _choices.clear()
+
+
+def blas_threads() -> int:
+    """The thread count of the BLAS NumPy uses (threadpoolctl when installed, else the
+    usual environment variables, else 1)."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        threadpool_info = None
+    if threadpool_info is not None:
+        counts = [i.get("num_threads", 1) for i in threadpool_info() if i.get("user_api") == "blas"]
+        if counts:
+            return int(max(counts))
+    for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        v = os.environ.get(var, "")
+        if v.isdigit():
+            return int(v)
+    return 1
+
+
+def _layout(a: np.ndarray) -> str:
+    return f"{a.dtype.name}{list(a.shape)}/{list(a.strides)}"
+
+
+def choice_key(
+    kind: str,
+    a: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool,
+    candidates: Sequence[ConvAlgorithm],
+) -> str:
+    """The cache key of a profiled choice: the kind, the operands' dtypes, shapes and
+    strides, the geometry, the BLAS thread count and the candidates' names."""
+    geometry = f"stride={list(stride)} pad={list(pad)} dilate={list(dilate)} flip={bool(flip)}"
+    names = ",".join(sorted(c.name for c in candidates))
+    return (
+        f"{kind}|{_layout(a)}|{_layout(b)}|{_layout(out)}|{geometry}|"
+        f"blas_threads={blas_threads()}|{names}"
+    )
+
+
+def _scratch_like(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A writable array of ``a``'s shape, dtype and strides in its own memory, values in
+    [-1, 1] (contiguous when the strides are not multiples of the item size)."""
+    it = a.dtype.itemsize
+    if a.size == 0 or any(s % it for s in a.strides):
+        return rng.uniform(-1, 1, a.shape).astype(a.dtype)
+    lo = sum((n - 1) * s for n, s in zip(a.shape, a.strides) if s < 0)
+    hi = sum((n - 1) * s for n, s in zip(a.shape, a.strides) if s > 0)
+    base = rng.uniform(-1, 1, (hi - lo) // it + 1).astype(a.dtype)
+    return as_strided(base[-lo // it :], a.shape, a.strides, writeable=True)
+
+
+def time_algorithm(
+    algo: ConvAlgorithm,
+    a: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+    runs: int | None = None,
+) -> float:
+    """Seconds ``algo`` takes on scratch copies of the operands (the best of ``runs`` runs
+    after a warm-up; :data:`PROFILE_RUNS` by default). Nothing of ``a``, ``b``, ``out`` is
+    written, and the workspace comes from plain allocations, not from a memory plan."""
+    rng = np.random.default_rng(0)
+    sa, sb, so = (_scratch_like(x, rng) for x in (a, b, out))
+    with workspace.allocating(None):
+        step = algo.bind(sa, sb, so, stride, pad, dilate, flip)
+    t0 = time.perf_counter()
+    step()
+    best = time.perf_counter() - t0
+    if best > PROFILE_SLOW_S:
+        return best
+    for _ in range(PROFILE_RUNS if runs is None else runs):
+        t0 = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _heuristic(cands: list[ConvAlgorithm], args: tuple) -> ConvAlgorithm:
+    for algo in cands:
+        if algo.heuristic is None or algo.heuristic(*args):
+            return algo
+    return cands[0]
+
+
+def _cached(key: str, by_name: dict, cache) -> ConvAlgorithm | None:
+    with _lock:
+        name = _choices.get(key)
+    if name is None and cache is not None:
+        raw = cache.get(CACHE_CATEGORY, key.encode())
+        name = raw.decode(errors="replace") if raw is not None else None
+    algo = by_name.get(name)
+    if algo is not None:
+        with _lock:
+            _choices[key] = algo.name
+    return algo
+
+
+def _profile(kind: str, cands: list[ConvAlgorithm], args: tuple, cache) -> ConvAlgorithm:
+    times = {}
+    for algo in cands:
+        try:
+            times[algo.name] = time_algorithm(algo, *args)
+        except (ValueError, MemoryError, FloatingPointError) as exc:
+            _log.warning("profiling %s algorithm %s failed: %s", kind, algo.name, exc)
+    if not times:
+        raise ValueError(f"{kind} convolution: every candidate failed while profiling")
+    best = min(cands, key=lambda c: times.get(c.name, np.inf))
+    _log.debug("profiled %s convolution: %s -> %s", kind, times, best.name)
+    return best
+
+
+def select(
+    kind: str,
+    a: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+    *,
+    strategy: str = "HEURISTIC",
+    cache=None,
+) -> ConvAlgorithm:
+    """The ``kind`` algorithm ``strategy`` chooses for these arrays (see the module doc).
+
+    Parameters
+    ----------
+    kind : str
+        "forward", "backward_data" or "backward_filter".
+    a, b, out : numpy.ndarray
+        The operands, as the kind's bind takes them.
+    stride, pad, dilate, flip
+        The geometry, as for :func:`megbrain.kernels.dnn_conv.bind_convolution`.
+    strategy : str
+        One of :data:`STRATEGIES`.
+    cache : object, optional
+        The persistent cache of the PROFILE strategies (``get``/``put`` by category); the
+        registered process-wide one (:func:`set_persistent_cache`) by default.
+
+    Returns
+    -------
+    ConvAlgorithm
+
+    Raises
+    ------
+    ValueError
+        For an unknown strategy or kind, bad geometry, or no usable algorithm.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"{kind} convolution: unknown execution strategy {strategy!r}; "
+            f"expected one of {STRATEGIES}"
+        )
+    args = (a, b, out, tuple(stride), tuple(pad), tuple(dilate), bool(flip))
+    reproducible = strategy.endswith("_REPRODUCIBLE")
+    cands = usable_algorithms(kind, *args, reproducible=reproducible)
+    if not cands:
+        which = "reproducible " if reproducible else ""
+        raise ValueError(
+            f"{dnn_conv._KIND_NAMES[kind]}: no {which}algorithm is usable for operands "
+            f"{_layout(a)}, {_layout(b)}, {_layout(out)} (stride={args[3]}, pad={args[4]}, "
+            f"dilate={args[5]})"
+        )
+    if strategy.startswith("HEURISTIC") or len(cands) == 1:
+        return _heuristic(cands, args)
+    cache = _persistent[0] if cache is None else cache
+    key = choice_key(kind, *args, cands)
+    by_name = {c.name: c for c in cands}
+    algo = _cached(key, by_name, cache)
+    if algo is not None:
+        return algo
+    if strategy == "PROFILE_HEURISTIC":
+        return _heuristic(cands, args)
+    algo = _profile(kind, cands, args, cache)
+    with _lock:
+        _choices[key] = algo.name
+    if cache is not None:
+        try:
+            cache.put(CACHE_CATEGORY, key.encode(), algo.name.encode())
+        except OSError as exc:
+            _log.warning("could not persist the %s convolution choice: %s", kind, exc)
+    return algo
+
+
+def bind(
+    kind: str,
+    a: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+    *,
+    strategy: str = "HEURISTIC",
+    cache=None,
+) -> Callable[[], None]:
+    """Choose the ``kind`` algorithm (:func:`select`) and bind it; returns its step."""
+    algo = select(kind, a, b, out, stride, pad, dilate, flip, strategy=strategy, cache=cache)
+    return algo.bind(a, b, out, stride, pad, dilate, flip)
+
+
+def _always(*args) -> bool:
+    return True
+
+
+for _algo in (
+    ConvAlgorithm(
+        "IM2COL_GEMM_PER_SAMPLE",
+        "forward",
+        dnn_conv.fwd_per_sample_gemm,
+        dnn_conv.fwd_per_sample_usable,
+        priority=10,
+        heuristic=dnn_conv.fwd_per_sample_preferred,
+    ),
+    ConvAlgorithm("IM2COL_GEMM", "forward", dnn_conv.fwd_im2col_gemm, _always),
+    ConvAlgorithm(
+        "AS_FORWARD_CONV",
+        "backward_data",
+        dnn_conv.bwd_data_as_forward,
+        dnn_conv.bwd_data_as_forward_usable,
+        priority=10,
+        heuristic=dnn_conv.bwd_data_as_forward_preferred,
+    ),
+    ConvAlgorithm("GEMM_COL2IM", "backward_data", dnn_conv.bwd_data_gemm_col2im, _always),
+    ConvAlgorithm(
+        "IM2COL_GEMM_DIFF_NHWC",
+        "backward_filter",
+        dnn_conv.bwd_filter_diff_nhwc,
+        _always,
+        priority=10,
+    ),
+    ConvAlgorithm(
+        "IM2COL_GEMM_DIFF_ROWS", "backward_filter", dnn_conv.bwd_filter_diff_rows, _always
+    ),
+):
+    register(_algo)
+del _algo
+# further algorithm modules register here, below the built-in ones
