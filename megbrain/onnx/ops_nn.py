@@ -428,16 +428,48 @@ converter("GlobalMaxPool", 1)(_global_pool("MAX"))
         "epsilon": 1e-5,
         "momentum": 0.9,
         "spatial": 1,
-        "training_mode": Attr(0, frozenset({0})),
+        "training_mode": Attr(0, frozenset({0, 1})),
     },
 )
 def _batch_norm(ctx):
     x, scale, bias, mean, var = ctx.inputs[:5]
-    if len([o for o in ctx.node.output if o]) > 1:
-        raise ctx.fail("training outputs (running mean/var) are not supported")
     nd = len(static_shape(ctx, x))
     if nd == 1:
         raise ctx.fail("1-d input is not supported")
+    if ctx.attr("training_mode"):
+        if ctx.opset < 14:
+            raise ctx.fail("training_mode needs opset 14 or newer")
+        return _batch_norm_training(ctx, x, scale, bias, mean, var, nd)
+    if len([o for o in ctx.node.output if o]) > 1:
+        raise ctx.fail("running mean/var outputs need training_mode=1 (opset 14 or newer)")
+    return _batch_norm_apply(ctx, x, scale, bias, mean, var, nd)
+
+
+def _batch_norm_training(ctx, x, scale, bias, mean, var, nd):
+    """ONNX's training form: normalize with the batch's statistics (mean and population
+    variance over every axis but the channel's) and return the running statistics updated
+    as ``running * momentum + batch * (1 - momentum)``."""
+    axes = [a for a in range(nd) if a != 1]
+    bmean = x
+    for a in axes:
+        bmean = mgb.opr.reduce_(bmean, "MEAN", a, True)
+    d = E(x, bmean, mode="SUB")
+    bvar = E(d, d, mode="MUL")
+    for a in axes:
+        bvar = mgb.opr.reduce_(bvar, "MEAN", a, True)
+    c = static_shape(ctx, x)[1]
+    bmean_c, bvar_c = _reshape(bmean, (c,)), _reshape(bvar, (c,))
+    y = _batch_norm_apply(ctx, x, scale, bias, bmean_c, bvar_c, nd)
+    m = ctx.attr("momentum")
+
+    def update(run, cur):
+        kept = E(run, _c(ctx, m, run), mode="MUL")
+        return E(kept, E(cur, _c(ctx, 1 - m, cur), mode="MUL"), mode="ADD")
+
+    return [y, update(mean, bmean_c), update(var, bvar_c)]
+
+
+def _batch_norm_apply(ctx, x, scale, bias, mean, var, nd):
     s = E(
         E(_channel(ctx, var, nd), _c(ctx, ctx.attr("epsilon"), x), mode="ADD"),
         _c(ctx, -0.5, x),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 import megbrain as mgb
 
@@ -29,6 +30,47 @@ _REDUCE = {
 _AXES_INPUT_SINCE = {"ReduceSum": 13}
 
 
+#: the value a reduction of an empty set gives (the identity of its combining operation)
+_EMPTY_VALUE = {
+    "ReduceSum": 0.0,
+    "ReduceSumSquare": 0.0,
+    "ReduceL1": 0.0,
+    "ReduceL2": 0.0,
+    "ReduceProd": 1.0,
+    "ReduceMax": -np.inf,
+    "ReduceMin": np.inf,
+    "ReduceLogSum": -np.inf,
+    "ReduceLogSumExp": -np.inf,
+    "ReduceMean": np.nan,
+}
+
+
+def _int_range(dt):
+    info = np.iinfo(dt)
+    return int(info.min), int(info.max)
+
+
+def _empty_reduce(ctx, x, src, axes):
+    """A reduction of a statically empty tensor: a constant of the output shape.
+
+    The reduced axes hold no element, so each output is the identity of the combining
+    operation (0 for sums, 1 for products, -inf for max and the log-sums, +inf for min); for
+    integer dtypes the infinities are the dtype's extremes.  An output with a zero-length
+    kept axis is itself empty.
+    """
+    keep = ctx.attr("keepdims")
+    out = [1 if i in axes else d for i, d in enumerate(src) if keep or i not in axes]
+    dt = np.dtype(x.dtype)
+    value = _EMPTY_VALUE[ctx.node.op_type]
+    if dt.kind in "iub" and not np.isfinite(value):
+        if np.isnan(value):
+            raise ctx.fail(f"the mean of an empty {dt} tensor of shape {src} is undefined")
+        # booleans are held as int32 0/1: their extremes are False and True
+        lo, hi = (0, 1) if ctx.in_type(0) == onnx.TensorProto.BOOL else _int_range(dt)
+        value = lo if value < 0 else hi
+    return ctx.imm(np.full(out, value, dt), dt)
+
+
 def _reduce(ctx):
     x = ctx.input(0)
     src = static_shape(ctx, x)
@@ -40,8 +82,8 @@ def _reduce(ctx):
     else:
         axes = list(ctx.attr("axes") or [])
     axes = sorted({_norm_axis(ctx, a, nd) for a in axes}) if axes else list(range(nd))
-    if any(src[a] == 0 for a in axes) or 0 in src:
-        raise ctx.fail(f"reducing an empty tensor of shape {src} is not supported")
+    if 0 in src:
+        return _empty_reduce(ctx, x, src, axes)
     pre, mode, post = _REDUCE[ctx.node.op_type]
     y = x
     lse_max = None

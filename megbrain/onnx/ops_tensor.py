@@ -58,10 +58,28 @@ def _dropout7(ctx):
 @converter("Dropout", 12, attrs={"seed": None})
 def _dropout12(ctx):
     x = ctx.input(0)
-    if ctx.has(2) and bool(ctx.const(2, "training_mode")):
-        raise ctx.fail("training_mode=True is not supported (inference only)")
-    mask = ctx.imm(np.ones(static_shape(ctx, x), np.int32))
-    return [mgb.opr.identity(x), mask]
+    shape = static_shape(ctx, x)
+    training = ctx.has(2) and bool(ctx.const(2, "training_mode").ravel()[0])
+    ratio = float(ctx.const(1, "ratio").ravel()[0]) if ctx.has(1) else 0.5
+    if not training or ratio == 0.0:
+        return [mgb.opr.identity(x), ctx.imm(np.ones(shape, np.int32))]
+    if not 0.0 <= ratio < 1.0:
+        raise ctx.fail(f"ratio {ratio} is outside [0, 1)")
+    if np.dtype(x.dtype).kind not in "f" and np.dtype(x.dtype).name != "bfloat16":
+        raise ctx.fail(f"training Dropout of {x.dtype} is not supported")
+    seed = ctx.attr("seed")
+    if seed is not None:
+        # ONNX's reference draws the mask with NumPy's legacy generator seeded by `seed`;
+        # the mask is drawn here, once: every run of the compiled graph reuses it
+        keep = np.random.RandomState(int(seed)).uniform(0.0, 1.0, shape) >= ratio
+        mask = ctx.imm(keep.astype(np.int32))
+    else:
+        # a fresh mask at each run (UniformRNG draws from (0, 1])
+        u = mgb.opr.uniform_rng(shape, comp_graph=ctx.graph, comp_node=ctx.comp_node)
+        mask = mgb.opr.typecvt(E(ctx.imm(np.float32(ratio)), u, mode="LEQ"), np.int32)
+    scale = ctx.imm(np.asarray(1.0 / (1.0 - ratio), np.dtype(x.dtype)))
+    y = E(E(x, mgb.opr.typecvt(mask, x.dtype), mode="MUL"), scale, mode="MUL")
+    return [y, mask]
 
 
 def _check_constant(attrs, in_types, where):

@@ -55,8 +55,6 @@ EXCLUDED_CASES: dict[str, str] = {
 
 #: cases of claimed op types that fail today: known gaps, to be fixed (regex -> what is missing)
 KNOWN_GAPS: dict[str, str] = {
-    r"batchnorm_.*training_mode|training_dropout": "training mode is refused (inference only)",
-    r"_empty_set": "reductions of empty tensors are refused",
     r"resize_.*antialias": "antialiased Resize is refused",
     r"resize_tf_crop_and_resize": "Resize's tf_crop_and_resize mode is refused",
     r"einsum_batch_diagonal": "Einsum with a repeated index (diagonal) is refused",
