@@ -5,4 +5,5 @@ from .api.persistent_cache import PersistentCacheOnServer
 
 #: the process-wide persistent cache
 persistent_cache_impl_ins = PersistentCacheOnServer()
+PersistentCacheOnServer.reg(persistent_cache_impl_ins)
 get_logger()

@@ -14,6 +14,7 @@ import os
 import shelve
 import threading
 
+from ..kernels import conv_algos
 from .version import __version__
 
 __all__ = ["PersistentCache", "PersistentCacheOnServer", "default_cache_dir"]
@@ -29,6 +30,13 @@ def default_cache_dir() -> str:
 
 class PersistentCache:
     """Interface of a persistent cache: subclasses implement ``put`` and ``get``."""
+
+    @staticmethod
+    def reg(cache: PersistentCache | None) -> None:
+        """Make ``cache`` the process-wide persistent cache (as the reference's
+        ``_PersistentCache.reg``): the PROFILE convolution strategies keep their algorithm
+        choices there (category ``conv_algo``). None keeps them in memory only."""
+        conv_algos.set_persistent_cache(cache)
 
     def put(self, category: str, key: bytes, value: bytes) -> None:
         raise NotImplementedError

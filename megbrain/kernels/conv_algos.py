@@ -359,6 +359,7 @@ def select(
     *,
     strategy: str = "HEURISTIC",
     cache=None,
+    keep: str | None = None,
 ) -> ConvAlgorithm:
     """The ``kind`` algorithm ``strategy`` chooses for these arrays (see the module doc).
 
@@ -375,6 +376,9 @@ def select(
     cache : object, optional
         The persistent cache of the PROFILE strategies (``get``/``put`` by category); the
         registered process-wide one (:func:`set_persistent_cache`) by default.
+    keep : str, optional
+        The PROFILE strategies return the algorithm of this name while it is a usable
+        candidate, without profiling (the graph option ``no_profiling_on_shape_change``).
 
     Returns
     -------
@@ -402,9 +406,11 @@ def select(
         )
     if strategy.startswith("HEURISTIC") or len(cands) == 1:
         return _heuristic(cands, args)
+    by_name = {c.name: c for c in cands}
+    if keep in by_name:
+        return by_name[keep]
     cache = _persistent[0] if cache is None else cache
     key = choice_key(kind, *args, cands)
-    by_name = {c.name: c for c in cands}
     algo = _cached(key, by_name, cache)
     if algo is not None:
         return algo

@@ -20,6 +20,7 @@ from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
+from ..kernels import conv_algos
 from ..kernels import dnn_conv as conv_kernels
 from ..kernels import elemwise as ew_kernels
 from . import param_defs as pdefs
@@ -61,7 +62,8 @@ CONV3D_SPARSE_MODES = members_of(pdefs.Convolution3D.Sparse)
 CONV3D_FORMATS = members_of(pdefs.Convolution3D.Format)
 COMPUTE_MODES = members_of(pdefs.Convolution.ComputeMode)
 CONV3D_DATA_TYPES = members_of(pdefs.Convolution3D.DataType)
-#: the execution strategies of the reference; accepted and stored (one algorithm here)
+#: the execution strategies of the reference, choosing the kernels' algorithm at bind time
+#: (megbrain.kernels.conv_algos)
 STRATEGIES = members_of(pdefs.ExecutionPolicy.Strategy)
 NONLINE_MODES = members_of(pdefs.ConvBias.NonlineMode)
 POOLING_MODES = members_of(pdefs.Pooling.Mode)
@@ -127,8 +129,9 @@ class ConvolutionParam(_ConvParamMixin, _WindowParam):
     """Param of Convolution and its backward operators (MegDNN ``Convolution``).
 
     ``mode=CONVOLUTION`` flips the filter spatially; ``sparse=GROUP`` takes a grouped
-    (G, OC/G, IC/G, FH, FW) filter. ``compute_mode`` and ``strategy`` are accepted and stored:
-    every mode computes float16 in float32, and there is one algorithm.
+    (G, OC/G, IC/G, FH, FW) filter. ``compute_mode`` is accepted and stored (every mode
+    computes float16 in float32); ``strategy`` (MegDNN's ExecutionPolicy) chooses the
+    algorithm at bind time, see :mod:`megbrain.kernels.conv_algos`.
     """
 
     mode: str = "CROSS_CORRELATION"
@@ -304,6 +307,27 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
         p = self.param
         return p.stride, p.pad, p.dilate, p.flip
 
+    #: the name of the kernel algorithm the last bind chose (None before the first)
+    chosen_algorithm: str | None = None
+
+    def _bind_kernel(self, kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray):
+        """Bind the ``kind`` convolution kernel the param's strategy chooses, recording its
+        name in :attr:`chosen_algorithm`."""
+        args = (a, b, out, *self._kernel_args())
+        layouts = tuple((x.shape, x.strides, x.dtype) for x in (a, b, out))
+        # the executor binds twice (the workspace size, then into the plan): the same layouts
+        # keep the same algorithm; so do new shapes under no_profiling_on_shape_change
+        opts = getattr(self.graph, "options", None)
+        keep_any = opts is not None and opts.no_profiling_on_shape_change
+        same = layouts == getattr(self, "_chosen_for", None)
+        keep = self.chosen_algorithm if same or keep_any else None
+        try:
+            algo = conv_algos.select(kind, *args, strategy=self.param.strategy, keep=keep)
+        except ValueError as exc:
+            raise self.error(str(exc)) from None
+        self.chosen_algorithm, self._chosen_for = algo.name, layouts
+        return algo.bind(*args)
+
 
 def _make(cls, inputs, param) -> SymbolVar:
     """Insert a ``cls`` operator over vars (grad methods' building block)."""
@@ -323,9 +347,7 @@ class _ConvForward(_ConvBase):
         return [self._fwd_shape(tuple(in_shapes[0]), tuple(in_shapes[1]))]
 
     def bind(self, ins, outs):
-        return conv_kernels.bind_convolution(
-            ins[0], self._grouped(ins[1]), outs[0], *self._kernel_args()
-        )
+        return self._bind_kernel("forward", ins[0], self._grouped(ins[1]), outs[0])
 
     def grad(self, wrt_idx, out_grads):
         og = out_grads[0]
@@ -388,9 +410,7 @@ class _ConvBackwardData(_ConvBase):
         return [out]
 
     def bind(self, ins, outs):
-        return conv_kernels.bind_conv_backward_data(
-            self._grouped(ins[0]), ins[1], outs[0], *self._kernel_args()
-        )
+        return self._bind_kernel("backward_data", self._grouped(ins[0]), ins[1], outs[0])
 
     def grad(self, wrt_idx, out_grads):
         og = out_grads[0]
@@ -426,9 +446,7 @@ class _ConvBackwardFilter(_ConvBase):
         return [filt]
 
     def bind(self, ins, outs):
-        return conv_kernels.bind_conv_backward_filter(
-            ins[0], ins[1], self._grouped(outs[0]), *self._kernel_args()
-        )
+        return self._bind_kernel("backward_filter", ins[0], ins[1], self._grouped(outs[0]))
 
     def grad(self, wrt_idx, out_grads):
         og = out_grads[0]
@@ -539,9 +557,7 @@ class ConvBias(_ConvBase):
         return [out]
 
     def bind(self, ins, outs):
-        conv = conv_kernels.bind_convolution(
-            ins[0], self._grouped(ins[1]), outs[0], *self._kernel_args()
-        )
+        conv = self._bind_kernel("forward", ins[0], self._grouped(ins[1]), outs[0])
         act = ew_kernels.bind(_BIAS_ACT[self.param.nonlineMode], [outs[0], ins[2]], outs[0])
 
         def run() -> None:
