@@ -30,8 +30,6 @@ def _parse(ctx, equation, ranks):
             t = t.replace("...", ell[n_ell - k :] if k else "")
         if len(t) != r:
             raise ctx.fail(f"term {t!r} does not match an operand of rank {r}")
-        if len(set(t)) != len(t):
-            raise ctx.fail(f"repeated index in {t!r} (diagonals) is not supported")
         out_terms.append(t)
     if arrow:
         out = rhs.replace("...", ell)
@@ -109,7 +107,29 @@ def _einsum(ctx):
     return y if scale is None else mgb.opr.elemwise(y, scale, mode="MUL")
 
 
+def _diagonal(ctx, x, term):
+    """Take the diagonal of every index repeated in ``term`` (``ii`` -> ``i``): the two axes
+    are moved last, merged, and the merged axis is gathered at ``k * (n + 1)``."""
+    while len(set(term)) != len(term):
+        c = next(ch for ch in term if term.count(ch) > 1)
+        p = term.index(c)
+        q = term.index(c, p + 1)
+        shp = static_shape(ctx, x)
+        if shp[p] != shp[q]:
+            raise ctx.fail(f"index {c!r} of {term!r} has lengths {shp[p]} and {shp[q]}")
+        rest = [i for i in range(len(term)) if i not in (p, q)]
+        x = mgb.opr.dimshuffle(x, rest + [p, q]) if rest + [p, q] != list(range(len(term))) else x
+        n = shp[p]
+        x = _reshape(x, [shp[i] for i in rest] + [n * n])
+        idx = ctx.imm(np.arange(n, dtype=np.int32) * (n + 1))
+        x = mgb.opr.advanced_indexing(x)[(slice(None),) * len(rest) + (idx,)]
+        term = "".join(term[i] for i in rest) + c
+    return x, term
+
+
 def _einsum_terms(ctx, vs, terms, out):
+    diag = [_diagonal(ctx, v, t) for v, t in zip(vs, terms)]
+    vs, terms = [d[0] for d in diag], [d[1] for d in diag]
     x, lx = vs[0], terms[0]
     for i in range(1, len(vs)):
         later = set(out).union(*terms[i + 1 :])

@@ -57,5 +57,4 @@ EXCLUDED_CASES: dict[str, str] = {
 KNOWN_GAPS: dict[str, str] = {
     r"resize_.*antialias": "antialiased Resize is refused",
     r"resize_tf_crop_and_resize": "Resize's tf_crop_and_resize mode is refused",
-    r"einsum_batch_diagonal": "Einsum with a repeated index (diagonal) is refused",
 }

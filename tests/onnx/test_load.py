@@ -106,6 +106,12 @@ def test_claimed_table_lists_core_families():
         ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]),
         ("ij->", [(3, 4)]),
         ("bhqd,bhkd->bhqk", [(1, 2, 3, 4), (1, 2, 5, 4)]),
+        # repeated indices: diagonals and traces
+        ("...ii->...i", [(3, 5, 5)]),
+        ("ii", [(4, 4)]),
+        ("bii,bij->bj", [(2, 3, 3), (2, 3, 4)]),
+        ("iji->ij", [(3, 2, 3)]),
+        ("iiij->ji", [(3, 3, 3, 2)]),
     ],
 )
 def test_einsum_matches_numpy(equation, shapes):
