@@ -301,26 +301,32 @@ def _create(type_name: str, param):
     return build
 
 
+def _algo(compiled: Compiled) -> str:
+    """The kernel algorithm the compiled convolution operator chose."""
+    return getattr(compiled.y.node.owner, "chosen_algorithm", None) or "?"
+
+
 def conv_section(repeat):
     n, c, k, h, f, pad = 8, 64, 64, 56, 3, 1
+    # the execution policy of the three operators (HEURISTIC unless this variable says)
+    kw = dict(pad_h=pad, pad_w=pad, strategy=os.environ.get("MGB_BENCH_CONV_STRATEGY", "HEURISTIC"))
     x, w, dy = f32(n, c, h, h), f32(k, c, f, f), f32(n, k, h, h)
     flops = 2 * n * k * c * f * f * h * h
-    fwd = Compiled(lambda a, b: convolution(a, b, pad_h=pad, pad_w=pad), [x, w])
-    bwd_data = Compiled(lambda d, b: deconvolution(d, b, pad_h=pad, pad_w=pad), [dy, w])
-    bwd_filter = Compiled(
-        _create("ConvolutionBackwardFilter", ConvolutionParam(pad_h=pad, pad_w=pad)), [x, dy, w]
-    )
+    fwd = Compiled(lambda a, b: convolution(a, b, **kw), [x, w])
+    bwd_data = Compiled(lambda d, b: deconvolution(d, b, **kw), [dy, w])
+    bwd_filter = Compiled(_create("ConvolutionBackwardFilter", ConvolutionParam(**kw)), [x, dy, w])
     peers_fwd = {
         "torch": torch_peer("conv2d", x, w, padding=pad),
         "onnxruntime": ort_conv_peer(x, w, pad),
     }
+    # each case names the algorithm chosen: "case [ALGORITHM]"
     return [
-        row(f"conv fwd {n}x{c}x{h}x{h} {f}x{f} p{pad}", flops, fwd,
+        row(f"conv fwd {n}x{c}x{h}x{h} {f}x{f} p{pad} [{_algo(fwd)}]", flops, fwd,
             lambda a, b, o: np_conv_fwd(a, b, o, pad), 1.0, peers_fwd, repeat),
-        row("conv bwd data (deconv)", flops, bwd_data,
+        row(f"conv bwd data [{_algo(bwd_data)}]", flops, bwd_data,
             lambda d, b, o: np_conv_bwd_data(d, b, o, pad), 1.0,
             {"torch": torch_peer("conv_transpose2d", dy, w, padding=pad)}, repeat),
-        row("conv bwd filter", flops, bwd_filter,
+        row(f"conv bwd filter [{_algo(bwd_filter)}]", flops, bwd_filter,
             lambda a, d, b, o: np_conv_bwd_filter(a, d, b, o, pad), 1.0,
             {"torch": torch_peer("conv2d_weight", x, dy, shape=w.shape, padding=pad)}, repeat),
     ]  # fmt: skip

@@ -10,11 +10,12 @@ operator param's ``strategy`` (MegDNN's ``ExecutionPolicy``) says:
 - ``HEURISTIC`` (the default): the usable algorithm of highest priority whose optional
   ``heuristic`` predicate accepts the shape (the first usable one when none does);
 - ``HEURISTIC_REPRODUCIBLE``: the same among the reproducible algorithms;
-- ``PROFILE``: every usable candidate is timed once per shape (a warm-up run, then the best of
-  :data:`PROFILE_RUNS` runs) on scratch arrays of the operands' shapes, strides and dtypes,
-  values in [-1, 1], its workspace outside the memory plan, so that profiling writes nothing
-  the operator owns; the fastest is kept in memory and in the persistent cache (category
-  :data:`CACHE_CATEGORY`, the value is the algorithm's name), as MegBrain's fastrun does;
+- ``PROFILE``: every usable candidate is timed once per shape (a warm-up run each, then the
+  best of :data:`PROFILE_RUNS` interleaved rounds, :func:`time_algorithms`) on scratch arrays
+  of the operands' shapes, strides and dtypes, values in [-1, 1], their workspaces outside
+  the memory plan, so that profiling writes nothing the operator owns; the fastest is kept in
+  memory and in the persistent cache (category :data:`CACHE_CATEGORY`, the value is the
+  algorithm's name), as MegBrain's fastrun does;
 - ``PROFILE_REPRODUCIBLE``: the same among the reproducible candidates;
 - ``PROFILE_HEURISTIC``: a choice PROFILE made for the same key, if any, else the HEURISTIC
   one; it never times (MegBrain's ``choose_by_profile`` without updating the cache).
@@ -66,6 +67,7 @@ from . import dnn_conv, workspace
 __all__ = [
     "CACHE_CATEGORY",
     "KINDS",
+    "PROFILE_BUDGET_S",
     "PROFILE_RUNS",
     "STRATEGIES",
     "ConvAlgorithm",
@@ -77,7 +79,7 @@ __all__ = [
     "register",
     "select",
     "set_persistent_cache",
-    "time_algorithm",
+    "time_algorithms",
     "unregister",
     "usable_algorithms",
 ]
@@ -93,10 +95,10 @@ STRATEGIES = (
 )
 #: the persistent cache category of the profiled choices
 CACHE_CATEGORY = "conv_algo"
-#: timed runs per candidate (after one warm-up run); the best counts
-PROFILE_RUNS = 3
-#: a candidate whose warm-up run takes longer than this many seconds is timed by it alone
-PROFILE_SLOW_S = 0.5
+#: timed rounds over the candidates (after one warm-up run each); each keeps its best time
+PROFILE_RUNS = 5
+#: no further round starts once profiling one shape has taken this many seconds
+PROFILE_BUDGET_S = 2.0
 
 _log = logging.getLogger("megbrain")
 
@@ -283,8 +285,8 @@ def _scratch_like(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return as_strided(base[-lo // it :], a.shape, a.strides, writeable=True)
 
 
-def time_algorithm(
-    algo: ConvAlgorithm,
+def time_algorithms(
+    algos: Sequence[ConvAlgorithm],
     a: np.ndarray,
     b: np.ndarray,
     out: np.ndarray,
@@ -293,23 +295,38 @@ def time_algorithm(
     dilate: Sequence[int],
     flip: bool = False,
     runs: int | None = None,
-) -> float:
-    """Seconds ``algo`` takes on scratch copies of the operands (the best of ``runs`` runs
-    after a warm-up; :data:`PROFILE_RUNS` by default). Nothing of ``a``, ``b``, ``out`` is
-    written, and the workspace comes from plain allocations, not from a memory plan."""
+) -> dict[str, float]:
+    """Seconds each of ``algos`` takes on scratch copies of the operands, by name.
+
+    Each algorithm is bound and run once (a warm-up), then the algorithms run in turns,
+    ``runs`` rounds (:data:`PROFILE_RUNS` by default; fewer once :data:`PROFILE_BUDGET_S`
+    seconds are spent), each keeping its best time: interleaved, a burst of load from
+    elsewhere slows every candidate alike. Nothing of ``a``, ``b``, ``out`` is written, and
+    the workspaces come from plain allocations, not from a memory plan. An algorithm whose
+    bind or run raises ValueError, MemoryError or FloatingPointError is left out (logged).
+    """
     rng = np.random.default_rng(0)
     sa, sb, so = (_scratch_like(x, rng) for x in (a, b, out))
-    with workspace.allocating(None):
-        step = algo.bind(sa, sb, so, stride, pad, dilate, flip)
-    t0 = time.perf_counter()
-    step()
-    best = time.perf_counter() - t0
-    if best > PROFILE_SLOW_S:
-        return best
+    steps: dict[str, Callable[[], None]] = {}
+    best: dict[str, float] = {}
+    start = time.perf_counter()
+    for algo in algos:
+        try:
+            with workspace.allocating(None):
+                step = algo.bind(sa, sb, so, stride, pad, dilate, flip)
+            t0 = time.perf_counter()
+            step()
+            best[algo.name] = time.perf_counter() - t0
+            steps[algo.name] = step
+        except (ValueError, MemoryError, FloatingPointError) as exc:
+            _log.warning("profiling %s algorithm %s failed: %s", algo.kind, algo.name, exc)
     for _ in range(PROFILE_RUNS if runs is None else runs):
-        t0 = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() - start > PROFILE_BUDGET_S:
+            break
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            best[name] = min(best[name], time.perf_counter() - t0)
     return best
 
 
@@ -333,16 +350,11 @@ def _cached(key: str, by_name: dict, cache) -> ConvAlgorithm | None:
     return algo
 
 
-def _profile(kind: str, cands: list[ConvAlgorithm], args: tuple, cache) -> ConvAlgorithm:
-    times = {}
-    for algo in cands:
-        try:
-            times[algo.name] = time_algorithm(algo, *args)
-        except (ValueError, MemoryError, FloatingPointError) as exc:
-            _log.warning("profiling %s algorithm %s failed: %s", kind, algo.name, exc)
+def _profile(kind: str, cands: list[ConvAlgorithm], args: tuple) -> ConvAlgorithm:
+    times = time_algorithms(cands, *args)
     if not times:
         raise ValueError(f"{kind} convolution: every candidate failed while profiling")
-    best = min(cands, key=lambda c: times.get(c.name, np.inf))
+    best = min((c for c in cands if c.name in times), key=lambda c: times[c.name])
     _log.debug("profiled %s convolution: %s -> %s", kind, times, best.name)
     return best
 
@@ -416,7 +428,7 @@ def select(
         return algo
     if strategy == "PROFILE_HEURISTIC":
         return _heuristic(cands, args)
-    algo = _profile(kind, cands, args, cache)
+    algo = _profile(kind, cands, args)
     with _lock:
         _choices[key] = algo.name
     if cache is not None:

@@ -61,13 +61,13 @@ def fresh_choices(tmp_path):
 def timings(monkeypatch):
     """Counts the candidates timed, by name."""
     calls: list[str] = []
-    real = conv_algos.time_algorithm
+    real = conv_algos.time_algorithms
 
-    def counted(algo, *args, **kw):
-        calls.append(algo.name)
-        return real(algo, *args, **kw)
+    def counted(algos, *args, **kw):
+        calls.extend(a.name for a in algos)
+        return real(algos, *args, **kw)
 
-    monkeypatch.setattr(conv_algos, "time_algorithm", counted)
+    monkeypatch.setattr(conv_algos, "time_algorithms", counted)
     return calls
 
 
