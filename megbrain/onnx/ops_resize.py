@@ -1,6 +1,8 @@
 """Resize and Upsample, separable per axis: each resized axis gathers its source rows at
 indices computed at load and sums them with load-time weights (nearest: one tap, linear: two,
-cubic: four), which is ONNX's interpolation written out."""
+cubic: four, antialiased downsampling: the kernel stretched by 1 / scale), which is ONNX's
+interpolation written out; tf_crop_and_resize rows sampling outside the input get zero
+weights plus the extrapolation value."""
 
 from __future__ import annotations
 
@@ -14,13 +16,29 @@ from .registry import Attr, converter
 E = mgb.opr.elemwise
 
 _COORD_MODES = frozenset(
-    {"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric"}
+    {
+        "half_pixel",
+        "half_pixel_symmetric",
+        "pytorch_half_pixel",
+        "align_corners",
+        "asymmetric",
+        "tf_crop_and_resize",
+    }
 )
 _NEAREST = frozenset({"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"})
 
 
-def _source_coords(mode, out_len, in_len, scale):
+def _source_coords(mode, out_len, in_len, scale, roi=(0.0, 1.0)):
     o = np.arange(out_len, dtype=np.float64)
+    if mode == "tf_crop_and_resize":
+        # the region [roi0, roi1] (fractions of in_len - 1) sampled at out_len points; ONNX
+        # uses the unrounded output length, in_len * scale
+        start, end = roi
+        if in_len * scale == 1:
+            x = np.full(out_len, (end - start) * (in_len - 1) / 2)
+        else:
+            x = o * (end - start) * (in_len - 1) / (in_len * scale - 1)
+        return x + start * (in_len - 1)
     if mode == "half_pixel":
         return (o + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
@@ -57,10 +75,44 @@ def _cubic_weights(t, a):
     return np.stack([w(t + 1), w(t), w(1 - t), w(2 - t)], axis=1)
 
 
-def _taps(ctx, in_len, out_len, scale):
-    """(indices, weights) of shape (out_len, taps) for one axis."""
-    x = _source_coords(ctx.coord_mode, out_len, in_len, scale)
-    if ctx.interp == "nearest":
+def _antialias_coeffs(interp, ratio, scale, a):
+    """ONNX's antialiased kernels: when downsampling (scale < 1) the linear (triangle) or
+    cubic kernel is stretched by 1 / scale and normalized to sum 1.  Tap k weighs source
+    index ``x - ratio + start + k`` (``ratio`` in (0, 1]); returns (start, weights)."""
+    s = min(scale, 1.0)
+    if interp == "linear":
+        start = int(np.floor(-1 / s) + 1)
+        d = (np.arange(start, 2 - start)[None, :] - ratio[:, None]) * s
+        w = np.clip(1 - np.abs(d), 0, 1)
+    else:
+        start = int(np.floor(-2 / s) + 1)
+        d = np.abs((np.arange(start, 2 - start)[None, :] - ratio[:, None]) * s)
+        w = np.where(
+            d <= 1,
+            ((a + 2) * d - (a + 3)) * d * d + 1,
+            np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0),
+        )
+    return start, w / w.sum(axis=1, keepdims=True)
+
+
+def _taps(ctx, in_len, out_len, scale, roi=(0.0, 1.0)):
+    """(indices, weights, extrapolated) for one axis: indices and weights of shape
+    (out_len, taps), and the rows (out_len,) that take the extrapolation value (rows whose
+    tf_crop_and_resize coordinate falls outside the input), or None."""
+    x = _source_coords(ctx.coord_mode, out_len, in_len, scale, roi)
+    extra = None
+    if ctx.coord_mode == "tf_crop_and_resize":
+        extra = (x < 0) | (x > in_len - 1)
+        extra = extra if extra.any() else None
+    if ctx.antialias and ctx.interp != "nearest":
+        ratio = np.where(x == np.floor(x), 1.0, x - np.floor(x))
+        start, w = _antialias_coeffs(ctx.interp, ratio, scale, ctx.cubic_a)
+        idx = (x - ratio)[:, None] + start + np.arange(w.shape[1])[None, :]
+        if ctx.exclude_outside:
+            w = np.where((idx < 0) | (idx > in_len - 1), 0.0, w)
+            total = w.sum(axis=1, keepdims=True)
+            w = w / np.where(total == 0, 1.0, total)
+    elif ctx.interp == "nearest":
         idx = _nearest_index(x, ctx.nearest_mode)[:, None]
         w = np.ones_like(idx)
     elif ctx.interp == "linear":
@@ -75,29 +127,42 @@ def _taps(ctx, in_len, out_len, scale):
         if ctx.exclude_outside:
             w = np.where((idx < 0) | (idx > in_len - 1), 0.0, w)
             w = w / w.sum(axis=1, keepdims=True)
-    return np.clip(idx, 0, in_len - 1).astype(np.int32), w
+    if extra is not None:
+        w = np.where(extra[:, None], 0.0, w)
+    idx = np.clip(np.round(idx), 0, in_len - 1).astype(np.int32)
+    return idx, w, extra
 
 
-def _resize_axis(ctx, x, axis, out_len, scale):
+def _resize_axis(ctx, x, axis, out_len, scale, roi=(0.0, 1.0)):
     shp = static_shape(ctx, x)
-    idx, w = _taps(ctx, shp[axis], out_len, scale)
+    idx, w, extra = _taps(ctx, shp[axis], out_len, scale, roi)
     dt = np.dtype(x.dtype)
     bshape = [1] * len(shp)
     bshape[axis] = out_len
+    weighted = ctx.interp != "nearest" or extra is not None
     out = None
     for k in range(idx.shape[1]):
         part = mgb.opr.advanced_indexing(x)[(slice(None),) * axis + (ctx.imm(idx[:, k]),)]
-        if ctx.interp != "nearest":
+        if weighted:
             part = E(part, ctx.imm(w[:, k].reshape(bshape).astype(dt)), mode="MUL")
         out = part if out is None else E(out, part, mode="ADD")
+    if extra is not None:
+        fill = np.where(extra, ctx.extrapolation_value, 0.0).reshape(bshape).astype(dt)
+        out = E(out, ctx.imm(fill), mode="ADD")
     return out
 
 
-def _resize(ctx, x, scales, sizes, axes):
+def _resize(ctx, x, scales, sizes, axes, roi=None):
     src = static_shape(ctx, x)
     nd = len(src)
     axes = list(range(nd)) if axes is None else [a + nd if a < 0 else a for a in axes]
     full_scale = [1.0] * nd
+    full_roi = [(0.0, 1.0)] * nd
+    if roi is not None and ctx.coord_mode == "tf_crop_and_resize":
+        if len(roi) != 2 * len(axes):
+            raise ctx.fail(f"roi has {len(roi)} values, expected {2 * len(axes)}")
+        for i, a in enumerate(axes):
+            full_roi[a] = (float(roi[i]), float(roi[len(axes) + i]))
     out = list(src)
     if sizes is not None:
         policy = getattr(ctx, "aspect", "stretch")
@@ -119,17 +184,21 @@ def _resize(ctx, x, scales, sizes, axes):
             out[a] = int(np.floor(src[a] * float(scales[i])))
     y = x
     for a in range(nd):
-        if out[a] == src[a] and full_scale[a] == 1.0:
+        if out[a] == src[a] and full_scale[a] == 1.0 and full_roi[a] == (0.0, 1.0):
             continue
-        y = _resize_axis(ctx, y, a, out[a], full_scale[a])
+        y = _resize_axis(ctx, y, a, out[a], full_scale[a], full_roi[a])
     return y if y is not x else mgb.opr.identity(x)
 
 
-def _setup(ctx, interp, coord, nearest="floor", cubic_a=-0.75, exclude=0):
-    if np.dtype(ctx.input(0).dtype).kind in "iub" and interp != "nearest":
-        raise ctx.fail(f"{interp} resize of {ctx.input(0).dtype} is not supported")
+def _setup(
+    ctx, interp, coord, nearest="floor", cubic_a=-0.75, exclude=0, antialias=0, extrapolation=0.0
+):
+    weighted = interp != "nearest" or coord == "tf_crop_and_resize"
+    if np.dtype(ctx.input(0).dtype).kind in "iub" and weighted:
+        raise ctx.fail(f"{interp} resize ({coord}) of {ctx.input(0).dtype} is not supported")
     ctx.interp, ctx.coord_mode, ctx.nearest_mode = interp, coord, nearest
     ctx.cubic_a, ctx.exclude_outside = cubic_a, exclude
+    ctx.antialias, ctx.extrapolation_value = antialias, extrapolation
 
 
 @converter(
@@ -160,7 +229,7 @@ def _resize10(ctx):
         "cubic_coeff_a": -0.75,
         "exclude_outside": Attr(0, frozenset({0, 1})),
         "extrapolation_value": 0.0,
-        "antialias": Attr(0, frozenset({0})),
+        "antialias": Attr(0, frozenset({0, 1})),
         "axes": None,
         "keep_aspect_ratio_policy": Attr(
             "stretch", frozenset({"stretch", "not_larger", "not_smaller"})
@@ -175,12 +244,19 @@ def _resize11(ctx):
         ctx.attr("nearest_mode"),
         ctx.attr("cubic_coeff_a"),
         ctx.attr("exclude_outside"),
+        ctx.attr("antialias"),
+        ctx.attr("extrapolation_value"),
     )
     ctx.aspect = ctx.attr("keep_aspect_ratio_policy")
+    roi = None
+    if ctx.coord_mode == "tf_crop_and_resize":
+        if not ctx.has(1):
+            raise ctx.fail("tf_crop_and_resize needs the roi input")
+        roi = ctx.const(1, "roi").ravel().tolist()
     scales = ctx.const(2, "scales").ravel() if ctx.has(2) else np.zeros(0)
     sizes = ctx.const(3, "sizes").ravel() if ctx.has(3) else None
     axes = ctx.attr("axes")
     axes = None if axes is None else list(axes)
     if sizes is not None and len(sizes):
-        return _resize(ctx, ctx.input(0), None, list(sizes), axes)
-    return _resize(ctx, ctx.input(0), list(scales), None, axes)
+        return _resize(ctx, ctx.input(0), None, list(sizes), axes, roi)
+    return _resize(ctx, ctx.input(0), list(scales), None, axes, roi)

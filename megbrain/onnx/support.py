@@ -55,6 +55,4 @@ EXCLUDED_CASES: dict[str, str] = {
 
 #: cases of claimed op types that fail today: known gaps, to be fixed (regex -> what is missing)
 KNOWN_GAPS: dict[str, str] = {
-    r"resize_.*antialias": "antialiased Resize is refused",
-    r"resize_tf_crop_and_resize": "Resize's tf_crop_and_resize mode is refused",
 }

@@ -186,3 +186,69 @@ def test_broadcast_transpose_reduce_match_numpy(shape, data):
     want = np.transpose(a + b, perm).sum(axis=tuple(axes))
     (y,) = _run(load(m), a, b)
     np.testing.assert_allclose(np.asarray(y).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    mode=st.sampled_from(["linear", "cubic"]),
+    in_hw=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+    out_hw=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+    exclude_outside=st.sampled_from([0, 1]),
+    coord=st.sampled_from(["half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel"]),
+)
+def test_antialiased_resize_matches_onnx_reference(mode, in_hw, out_hw, exclude_outside, coord):
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 2) + in_hw).astype(np.float32)
+    sizes = np.asarray((1, 2) + out_hw, np.int64)
+    node = helper.make_node(
+        "Resize",
+        ["x", "", "", "sizes"],
+        ["y"],
+        mode=mode,
+        antialias=1,
+        exclude_outside=exclude_outside,
+        coordinate_transformation_mode=coord,
+    )
+    m = _model(
+        [node],
+        [_vi("x", list(x.shape))],
+        [_vi("y", None)],
+        [numpy_helper.from_array(sizes, "sizes")],
+        19,
+    )
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x})
+    (y,) = _run(load(m), x)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    mode=st.sampled_from(["nearest", "linear", "cubic"]),
+    in_hw=st.tuples(st.integers(1, 6), st.integers(1, 6)),
+    out_hw=st.tuples(st.integers(1, 6), st.integers(1, 6)),
+    roi=st.lists(st.floats(-0.5, 1.5, width=32), min_size=4, max_size=4),
+)
+def test_tf_crop_and_resize_matches_onnx_reference(mode, in_hw, out_hw, roi):
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 1) + in_hw).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(np.asarray(roi, np.float32), "roi"),
+        numpy_helper.from_array(np.asarray(out_hw, np.int64), "sizes"),
+    ]
+    node = helper.make_node(
+        "Resize",
+        ["x", "roi", "", "sizes"],
+        ["y"],
+        mode=mode,
+        axes=[2, 3],
+        coordinate_transformation_mode="tf_crop_and_resize",
+        extrapolation_value=-7.0,
+    )
+    m = _model([node], [_vi("x", list(x.shape))], [_vi("y", None)], inits, 19)
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x})
+    (y,) = _run(load(m), x)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
