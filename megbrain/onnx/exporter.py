@@ -1,218 +1,196 @@
-"""``export``: write a megbrain graph as an ONNX model (the elementwise, matmul, conv,
-pooling, reduce and reshape families)."""
+"""``export``: write a megbrain graph as an ONNX model.
+
+The driver: walks the operators the outputs need (value-only dependencies such as a
+Reshape's target shape included, so shapes computed from ``GetVarShape`` stay dynamic),
+validates them all, calls one exporter per operator (``export_*.py``, registered in
+:mod:`.export_base`), drops the nodes and initializers no output needs, checks the model and
+checks that every dim named in ``dynamic_axes`` is really dynamic in the exported graph.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
-import megbrain as mgb
-
+from . import export_elemwise, export_nn, export_tensor  # noqa: F401 - register exporters
+from .export_base import EXPORTERS, REFUSED, Writer, onnx_dtype, static_shape
 from .registry import ONNXConversionError
 
-__all__ = ["export"]
+__all__ = ["export", "exportable_operator_types", "refused_operator_types"]
 
-_NP_TO_ONNX = {
-    np.dtype(np.float32): TensorProto.FLOAT,
-    np.dtype(np.float16): TensorProto.FLOAT16,
-    np.dtype(np.int32): TensorProto.INT32,
-    np.dtype(np.int16): TensorProto.INT16,
-    np.dtype(np.int8): TensorProto.INT8,
-    np.dtype(np.uint8): TensorProto.UINT8,
-    np.dtype(np.bool_): TensorProto.BOOL,
-}
+#: the opsets ``export`` writes
+MIN_OPSET, MAX_OPSET = 13, 21
 
-_UNARY = {
-    "RELU": "Relu",
-    "SIGMOID": "Sigmoid",
-    "TANH": "Tanh",
-    "EXP": "Exp",
-    "LOG": "Log",
-    "ABS": "Abs",
-    "NEGATE": "Neg",
-    "FLOOR": "Floor",
-    "CEIL": "Ceil",
-    "ERF": "Erf",
-    "SIN": "Sin",
-    "COS": "Cos",
-    "H_SWISH": "HardSwish",
-}
-_BINARY = {
-    "ADD": "Add",
-    "SUB": "Sub",
-    "MUL": "Mul",
-    "TRUE_DIV": "Div",
-    "POW": "Pow",
-    "MAX": "Max",
-    "MIN": "Min",
-}
-_COMPARE = {"LT": "Less", "LEQ": "LessOrEqual", "EQ": "Equal"}
-_FUSED = {"FUSE_ADD_RELU": "Relu", "FUSE_ADD_SIGMOID": "Sigmoid", "FUSE_ADD_TANH": "Tanh"}
-_REDUCE = {
-    "SUM": "ReduceSum",
-    "MEAN": "ReduceMean",
-    "MAX": "ReduceMax",
-    "MIN": "ReduceMin",
-    "PRODUCT": "ReduceProd",
-    "SUM_SQR": "ReduceSumSquare",
-}
+_CONST_SOURCES = {"ImmutableTensor", "SharedDeviceTensor", "VolatileSharedDeviceTensor"}
+_SOURCES = _CONST_SOURCES | {"Host2DeviceCopy", "MultipleDeviceTensorHolder"}
 
 
-class _Writer:
-    def __init__(self, opset: int) -> None:
-        self.opset = opset
-        self.nodes: list = []
-        self.inits: list = []
-        self.names: dict[int, str] = {}
-        self.count = 0
-
-    def fresh(self, hint: str = "t") -> str:
-        self.count += 1
-        return f"{hint}_{self.count}"
-
-    def const(self, value, hint="c") -> str:
-        name = self.fresh(hint)
-        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
-
-    def node(self, op, ins, outs=None, **attrs) -> str:
-        outs = outs or [self.fresh(op.lower())]
-        self.nodes.append(helper.make_node(op, ins, outs, **attrs))
-        return outs[0]
-
-    def name(self, var) -> str:
-        if var.id not in self.names:
-            # a value-only dependency (a reshape's target shape) is not in the opr sequence
-            val = var.inferred_value
-            if val is None:
-                raise ONNXConversionError(f"export: the value of {var.name!r} is not known")
-            self.names[var.id] = self.const(np.asarray(val).astype(var.dtype), "value")
-        return self.names[var.id]
+def exportable_operator_types() -> list[str]:
+    """The megbrain operator types ``export`` writes (sources included)."""
+    return sorted(set(EXPORTERS) | _SOURCES)
 
 
-def _shape_of(var, what):
-    shp = var.imm_shape
-    if shp is None:
-        raise ONNXConversionError(f"export: the shape of {var.name!r} ({what}) must be static")
-    return [int(d) for d in shp]
+def refused_operator_types() -> dict[str, str]:
+    """The megbrain operator types ``export`` refuses, with the reason."""
+    return dict(sorted(REFUSED.items()))
 
 
-def _elemwise(w, op, ins, out):
-    mode = op.params["mode"]
-    if mode in _UNARY:
-        return w.node(_UNARY[mode], ins)
-    if mode in _BINARY:
-        if mode in ("MAX", "MIN") or len(ins) == 2:
-            return w.node(_BINARY[mode], ins)
-    if mode in _COMPARE:
-        b = w.node(_COMPARE[mode], ins)
-        return w.node("Cast", [b], to=_NP_TO_ONNX[np.dtype(out.dtype)])
-    if mode in _FUSED:
-        return w.node(_FUSED[mode], [w.node("Add", ins)])
-    if mode == "FUSE_MUL_ADD3":
-        return w.node("Add", [w.node("Mul", ins[:2]), ins[2]])
-    raise ONNXConversionError(f"export: Elemwise mode {mode} is not supported")
+def _topo_order(outs) -> list:
+    """The operators ``outs`` need, every input (value-only ones too) before its reader."""
+    order, seen = [], set()
+    for v in outs:
+        stack = [(v.owner_opr, False)]
+        while stack:
+            op, done = stack.pop()
+            if done:
+                order.append(op)
+                continue
+            if op.id in seen:
+                continue
+            seen.add(op.id)
+            stack.append((op, True))
+            for inp in reversed(op.inputs):
+                if inp.owner_opr.id not in seen:
+                    stack.append((inp.owner_opr, False))
+    return order
 
 
-def _conv(w, op, ins, out):
-    p = op.params
-    if p["format"] != "NCHW" or p["mode"] != "CROSS_CORRELATION":
-        raise ONNXConversionError(f"export: convolution {p['format']}/{p['mode']} not supported")
-    weight = ins[1]
-    group = 1
-    if p["sparse"] == "GROUP":
-        ws = _shape_of(op.inputs[1], "grouped weight")
-        group = ws[0]
-        shape = w.const(np.asarray([ws[0] * ws[1]] + ws[2:], np.int64), "shape")
-        weight = w.node("Reshape", [weight, shape])
-    return w.node(
-        "Conv",
-        [ins[0], weight],
-        group=group,
-        pads=[p["pad_h"], p["pad_w"]] * 2,
-        strides=[p["stride_h"], p["stride_w"]],
-        dilations=[p["dilate_h"], p["dilate_w"]],
-    )
+class _Names(Sequence):
+    """The ONNX names of an operator's inputs, looked up on access (an exporter that reads
+    only an input's shape or value never asks for its name)."""
+
+    def __init__(self, w: Writer, vars_) -> None:
+        self._w, self._vars = w, tuple(vars_)
+
+    def __len__(self) -> int:
+        return len(self._vars)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self._w.name(v) for v in self._vars[k]]
+        return self._w.name(self._vars[k])
 
 
-def _pool(w, op, ins, out):
-    p = op.params
-    if p["format"] != "NCHW":
-        raise ONNXConversionError(f"export: pooling format {p['format']} not supported")
-    kw = dict(
-        kernel_shape=[p["window_h"], p["window_w"]],
-        pads=[p["pad_h"], p["pad_w"]] * 2,
-        strides=[p["stride_h"], p["stride_w"]],
-    )
-    if p["mode"] == "MAX":
-        return w.node("MaxPool", ins, **kw)
-    include = 1 if p["mode"] == "AVERAGE" else 0
-    return w.node("AveragePool", ins, count_include_pad=include, **kw)
+def _source_value(var):
+    op = var.owner_opr
+    t = op.type
+    if t in _CONST_SOURCES:
+        val = var.inferred_value
+        return None if val is None else np.asarray(val)
+    if t == "MultipleDeviceTensorHolder":
+        k = [o.id for o in op.outputs].index(var.id)
+        return np.asarray(op.opr.tensors[k].as_ndarray())
+    return None
 
 
-def _matmul(w, op, ins, out):
-    p = op.params
-    a, b = ins
-    nd = len(_shape_of(op.inputs[0], "matmul operand"))
-    perm = list(range(nd - 2)) + [nd - 1, nd - 2]
-    if p.get("transposeA"):
-        a = w.node("Transpose", [a], perm=perm)
-    if p.get("transposeB"):
-        b = w.node("Transpose", [b], perm=perm)
-    return w.node("MatMul", [a, b])
+def _validate(oprs) -> None:
+    for op in oprs:
+        if op.type in _SOURCES:
+            pass
+        elif op.type in REFUSED:
+            raise ONNXConversionError(
+                f"export: operator {op.name!r} ({op.type}) has no ONNX form: {REFUSED[op.type]}"
+            )
+        elif op.type not in EXPORTERS:
+            raise ONNXConversionError(f"export: operator {op.name!r} ({op.type}) has no ONNX form")
+        for v in op.outputs:
+            if onnx_dtype(v.dtype) is None:
+                raise ONNXConversionError(
+                    f"export: operator {op.name!r} ({op.type}): output {v.name!r} has dtype "
+                    f"{v.dtype}, which has no ONNX form"
+                )
 
 
-def _reshape_to_out(w, op, ins, out):
-    shape = w.const(np.asarray(_shape_of(out, "reshape output"), np.int64), "shape")
-    return w.node("Reshape", [ins[0], shape])
+def _prune(nodes, inits, graph_inputs, out_names):
+    """Keep the nodes the outputs need and the initializers those nodes read."""
+    producer = {}
+    for k, n in enumerate(nodes):
+        for o in n.output:
+            producer[o] = k
+    need, stack = set(), list(out_names)
+    seen = set()
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        k = producer.get(t)
+        if k is not None and k not in need:
+            need.add(k)
+            stack.extend(i for i in nodes[k].input if i)
+    kept = [n for k, n in enumerate(nodes) if k in need]
+    read = {i for n in kept for i in n.input}
+    return kept, [t for name, t in inits.items() if name in read]
 
 
-def _dimshuffle(w, op, ins, out):
-    pattern = list(op.params["pattern"])
-    if sorted(pattern) == list(range(len(pattern))):
-        return w.node("Transpose", ins, perm=pattern)
-    real = [d for d in pattern if d != "x"]
-    t = w.node("Transpose", ins, perm=real) if real != sorted(real) else ins[0]
-    shape = w.const(np.asarray(_shape_of(out, "dimshuffle output"), np.int64), "shape")
-    return w.node("Reshape", [t, shape])
+def _dims(vi) -> list:
+    out = []
+    for d in vi.type.tensor_type.shape.dim:
+        if d.HasField("dim_param"):
+            out.append(d.dim_param)
+        else:
+            out.append(d.dim_value if d.HasField("dim_value") else None)
+    return out
 
 
-def _reduce(w, op, ins, out):
-    p = op.params
-    if p.get("axis") is None:
-        raise ONNXConversionError("export: Reduce to a target shape is not supported")
-    name = _REDUCE[p["mode"]]
-    if name == "ReduceSum" or w.opset >= 18:
-        return w.node(
-            name, [ins[0], w.const(np.asarray([p["axis"]], np.int64), "axes")], keepdims=1
+def _check_dynamic(model, out_values, dyn, node_owner, baked) -> dict:
+    """Output dims as ONNX shape inference sees them; raises where a dim named dynamic is
+    fixed by the graph (naming the operator that fixes it)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    info = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    info.update({vi.name: vi for vi in inferred.graph.input})
+    for name, opr_name, what in baked:
+        vi = info.get(name)
+        if vi is not None and any(isinstance(d, str) for d in _dims(vi)):
+            raise ONNXConversionError(
+                f"export: operator {opr_name!r} needs the static shape of its input ({what}) "
+                f"but dynamic_axes makes it {_dims(vi)}"
+            )
+    got = {}
+    for out_name, pre in out_values.items():
+        vi = info.get(pre)
+        dims = _dims(vi) if vi is not None else None
+        got[out_name] = dims
+        for ax, dname in dyn.get(out_name, {}).items():
+            if dims is None or ax >= len(dims) or not isinstance(dims[ax], int):
+                continue
+            culprit = _fixing_node(inferred, info, pre)
+            raise ONNXConversionError(
+                f"export: dim {ax} of output {out_name!r} is named dynamic ({dname!r}) but the "
+                f"exported graph fixes it to {dims[ax]}"
+                + (f" at operator {node_owner.get(culprit, culprit)!r}" if culprit else "")
+                + " (build that shape from the input's shape, e.g. x.shape[0], not a number)"
+            )
+    return got
+
+
+def _fixing_node(model, info, target):
+    """The first node on the way to ``target`` that reads a symbolic dim and writes none."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    anc, stack = set(), [target]
+    while stack:
+        t = stack.pop()
+        n = producer.get(t)
+        if n is None or n.name in anc:
+            continue
+        anc.add(n.name)
+        stack.extend(n.input)
+    for n in model.graph.node:
+        if n.name not in anc:
+            continue
+        sym_in = any(
+            i in info and any(isinstance(d, str) for d in _dims(info[i])) for i in n.input
         )
-    return w.node(name, [ins[0]], axes=[p["axis"]], keepdims=1)
-
-
-_EXPORTERS: dict[str, Callable] = {
-    "Elemwise": _elemwise,
-    "ConvolutionForward": _conv,
-    "PoolingForward": _pool,
-    "MatrixMul": _matmul,
-    "BatchedMatrixMul": _matmul,
-    "Reshape": _reshape_to_out,
-    "AxisAddRemove": _reshape_to_out,
-    "Dimshuffle": _dimshuffle,
-    "Reduce": _reduce,
-    "Concat": lambda w, op, ins, out: w.node("Concat", ins, axis=int(op.params["axis"])),
-    "TypeCvt": lambda w, op, ins, out: w.node("Cast", ins, to=_NP_TO_ONNX[np.dtype(out.dtype)]),
-    "Identity": lambda w, op, ins, out: w.node("Identity", ins),
-}
-_SOURCES = {
-    "Host2DeviceCopy",
-    "SharedDeviceTensor",
-    "ImmutableTensor",
-    "VolatileSharedDeviceTensor",
-}
+        outs = [info.get(o) for o in n.output]
+        if sym_in and all(
+            o is not None and all(isinstance(d, int) for d in _dims(o)) for o in outs
+        ):
+            return n.name
+    return None
 
 
 def export(
@@ -233,77 +211,131 @@ def export(
     path:
         Where to save the model; None only returns it.
     opset:
-        The ONNX opset (13 or newer).
+        The ONNX opset, 13 to 21.
     input_names:
         Names of the graph's runtime inputs (``make_arg`` vars) in the order they are first
         used; their var names by default.
     output_names:
         Names of the outputs; ``output_0``, ... by default.
     dynamic_axes:
-        ``{input or output name: {axis: dim name}}``: those dims are written symbolic.
+        ``{input or output name: {axis: dim name}}``: those dims are written symbolic. A dim
+        of an output named here must be dynamic in the exported graph (shapes computed from
+        ``GetVarShape`` are exported as ONNX ``Shape`` computations; a number in a reshape
+        target fixes the dim and raises).
 
     Returns
     -------
     onnx.ModelProto
-        The model (checked by ``onnx.checker``). Shared tensors and constants become
-        initializers; reshapes write their static target shape.
+        The model, checked by ``onnx.checker.check_model(full_check=True)``. Shared tensors,
+        parameters and constants become initializers; only the initializers some node reads
+        are written.
 
     Raises
     ------
     ONNXConversionError
-        Before anything is written, for an operator, mode or dtype without an ONNX form.
+        Before anything is written, for an operator, mode or dtype without an ONNX form,
+        or a dim named in ``dynamic_axes`` that the graph fixes.
     """
-    if opset < 13:
-        raise ONNXConversionError(f"export: opset {opset} is not supported (13 or newer)")
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ONNXConversionError(
+            f"export: opset {opset} is not supported ({MIN_OPSET} to {MAX_OPSET})"
+        )
     outs = list(output_vars)
-    oprs = mgb.cgtools.get_oprs_seq(outs)
-    for op in oprs:  # validate first
-        if op.type not in _EXPORTERS and op.type not in _SOURCES:
-            raise ONNXConversionError(f"export: operator {op.name!r} ({op.type}) has no ONNX form")
-        for v in op.outputs:
-            if np.dtype(v.dtype) not in _NP_TO_ONNX:
-                raise ONNXConversionError(f"export: {v.name!r} has dtype {v.dtype} (no ONNX form)")
-    w = _Writer(opset)
-    dyn = dict(dynamic_axes or {})
+    if not outs:
+        raise ONNXConversionError("export: no output vars given")
+    if output_names is not None and len(output_names) != len(outs):
+        raise ONNXConversionError(
+            f"export: {len(output_names)} output names for {len(outs)} outputs"
+        )
+    oprs = _topo_order(outs)
+    _validate(oprs)
+    w = Writer(opset, _source_value)
+    dyn = {k: dict(v) for k, v in (dynamic_axes or {}).items()}
     graph_inputs = []
     in_names = list(input_names or [])
     n_in = 0
+    node_owner: dict[str, str] = {}
     for op in oprs:
-        out = op.outputs[0]
         if op.type == "Host2DeviceCopy":
+            out = op.outputs[0]
             name = in_names[n_in] if n_in < len(in_names) else out.name
             n_in += 1
-            shape = _shape_of(out, "input")
+            name = w.unique(name)
+            shape = static_shape(w, out, "input")
             for ax, dname in dyn.get(name, {}).items():
+                if not 0 <= ax < len(shape):
+                    raise ONNXConversionError(
+                        f"export: dynamic axis {ax} of input {name!r} is out of range for "
+                        f"its {len(shape)} dims"
+                    )
                 shape[ax] = dname
-            graph_inputs.append(
-                helper.make_tensor_value_info(name, _NP_TO_ONNX[np.dtype(out.dtype)], shape)
-            )
+            graph_inputs.append(helper.make_tensor_value_info(name, onnx_dtype(out.dtype), shape))
             w.names[out.id] = name
-        elif op.type in _SOURCES:
-            val = out.inferred_value
-            if val is None:
-                raise ONNXConversionError(f"export: the value of {out.name!r} is not known")
-            w.names[out.id] = w.const(np.asarray(val).astype(out.dtype), "param")
-        else:
-            ins = [w.name(v) for v in op.inputs]
-            w.names[out.id] = _EXPORTERS[op.type](w, op, ins, out)
-    graph_outputs = []
-    for i, v in enumerate(outs):
-        name = output_names[i] if output_names else f"output_{i}"
-        w.node("Identity", [w.name(v)], [name])
-        shape = _shape_of(v, "output")
-        for ax, dname in dyn.get(name, {}).items():
-            shape[ax] = dname
-        graph_outputs.append(
-            helper.make_tensor_value_info(name, _NP_TO_ONNX[np.dtype(v.dtype)], shape)
+            continue
+        if op.type in _SOURCES:
+            continue  # written on first use (w.name)
+        w.op = op
+        first = len(w.nodes)
+        ins = _Names(w, op.inputs)
+        res = EXPORTERS[op.type](w, op, ins)
+        res = res if isinstance(res, list) else [res]
+        for v, r in zip(op.outputs, res):
+            if r is not None:
+                w.names[v.id] = r
+        for n in w.nodes[first:]:
+            node_owner[n.name] = op.name
+        w.op = None
+    if n_in < len(in_names):
+        raise ONNXConversionError(
+            f"export: {len(in_names)} input names for the graph's {n_in} inputs"
         )
-    graph = helper.make_graph(w.nodes, "megbrain", graph_inputs, graph_outputs, w.inits)
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="megbrain"
-    )
-    model.ir_version = min(model.ir_version, 10)
+    out_values, out_names = {}, []
+    for i, v in enumerate(outs):
+        name = w.unique(output_names[i] if output_names else f"output_{i}")
+        if v.id not in w.names and _source_value(v) is None:
+            raise ONNXConversionError(f"export: output {v.name!r} has no ONNX value")
+        pre = w.name(v)
+        w.node("Identity", [pre], [name])
+        out_values[name] = pre
+        out_names.append((name, v))
+    nodes, inits = _prune(w.nodes, w.inits, graph_inputs, [n for n, _ in out_names])
+    used_inputs = {i for n in nodes for i in n.input}
+    graph_inputs = [gi for gi in graph_inputs if gi.name in used_inputs]
+
+    def build(out_shapes):
+        outputs = []
+        for name, v in out_names:
+            shape = out_shapes.get(name) or static_shape(w, v, "output")
+            outputs.append(helper.make_tensor_value_info(name, onnx_dtype(v.dtype), shape))
+        graph = helper.make_graph(nodes, "megbrain", graph_inputs, outputs, inits)
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="megbrain"
+        )
+        model.ir_version = min(model.ir_version, 10)
+        return model
+
+    # output dims: the names given, else what shape inference finds symbolic, else static
+    model = build({})
+    inferred = _check_dynamic(model, out_values, dyn, node_owner, w.baked)
+    shapes = {}
+    for name, v in out_names:
+        shape = static_shape(w, v, "output")
+        dims = inferred.get(name)
+        if dims is not None and len(dims) == len(shape):
+            for k, d in enumerate(dims):
+                if isinstance(d, str):  # shape inference's own names (unk__0) are renamed
+                    shape[k] = f"{name}_dim{k}" if d.startswith("unk__") else d
+        for ax, dname in dyn.get(name, {}).items():
+            if not 0 <= ax < len(shape):
+                raise ONNXConversionError(
+                    f"export: dynamic axis {ax} of output {name!r} is out of range for its "
+                    f"{len(shape)} dims"
+                )
+            shape[ax] = dname
+        shapes[name] = shape
+    model = build(shapes)
     onnx.checker.check_model(model, full_check=True)
     if path is not None:
         onnx.save(model, os.fspath(path))
     return model
+

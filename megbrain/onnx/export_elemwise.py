@@ -1,0 +1,273 @@
+"""Exporters of the elementwise family: Elemwise (every mode with an exact ONNX form),
+JITExecutor (its fused expression, mode by mode), ElemwiseMultiType's fixed-point
+multiply-adds, TypeCvt and Reduce."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .export_base import Writer, exports, onnx_dtype, static_shape
+
+_UNARY = {
+    "RELU": "Relu",
+    "ABS": "Abs",
+    "ACOS": "Acos",
+    "ASIN": "Asin",
+    "CEIL": "Ceil",
+    "COS": "Cos",
+    "EXP": "Exp",
+    "FLOOR": "Floor",
+    "LOG": "Log",
+    "NEGATE": "Neg",
+    "SIGMOID": "Sigmoid",
+    "SIN": "Sin",
+    "TANH": "Tanh",
+    "ERF": "Erf",
+}
+_BINARY = {
+    "ADD": "Add",
+    "SUB": "Sub",
+    "MUL": "Mul",
+    "TRUE_DIV": "Div",
+    "POW": "Pow",
+    "MAX": "Max",
+    "MIN": "Min",
+}
+_COMPARE = {"LT": "Less", "LEQ": "LessOrEqual", "EQ": "Equal"}
+_FUSED_ADD = {
+    "FUSE_ADD_RELU": "RELU",
+    "FUSE_ADD_SIGMOID": "SIGMOID",
+    "FUSE_ADD_TANH": "TANH",
+    "FUSE_ADD_H_SWISH": "H_SWISH",
+}
+#: Elemwise modes without an exact ONNX form, and why
+REFUSED_MODES = {
+    "SHL": "ONNX BitShift takes unsigned integers only",
+    "SHR": "ONNX BitShift takes unsigned integers only",
+    "RMULH": "a rounded high multiply has no ONNX form",
+    "ERFINV": "ONNX has no inverse error function",
+    "ERFC": "ONNX has no erfc (1 - Erf loses the tail)",
+    "ERFCINV": "ONNX has no inverse complementary error function",
+}
+_REDUCE = {
+    "SUM": "ReduceSum",
+    "MEAN": "ReduceMean",
+    "MAX": "ReduceMax",
+    "MIN": "ReduceMin",
+    "PRODUCT": "ReduceProd",
+    "SUM_SQR": "ReduceSumSquare",
+}
+
+
+def _k(w: Writer, value, dtype) -> str:
+    return w.const(np.asarray(value, dtype=dtype), "k")
+
+
+def _log1p(w, x, dt):
+    # log1p(x) = x * log(u) / (u - 1) with u = 1 + x (exact where u == 1: x)
+    u = w.node("Add", [x, _k(w, 1, dt)])
+    um1 = w.node("Sub", [u, _k(w, 1, dt)])
+    exact = w.node("Equal", [um1, _k(w, 0, dt)])
+    den = w.node("Where", [exact, _k(w, 1, dt), um1])  # no 0 / 0 in the unused branch
+    ratio = w.node("Div", [w.node("Mul", [x, w.node("Log", [u])]), den])
+    return w.node("Where", [exact, x, ratio])
+
+
+def _expm1(w, x, dt):
+    # expm1(x) = 2 t / (1 - t), t = tanh(x / 2), near 0; exp(x) - 1 elsewhere
+    t = w.node("Tanh", [w.node("Mul", [x, _k(w, 0.5, dt)])])
+    small = w.node("Div", [w.node("Add", [t, t]), w.node("Sub", [_k(w, 1, dt), t])])
+    big = w.node("Sub", [w.node("Exp", [x]), _k(w, 1, dt)])
+    near = w.node("Less", [w.node("Abs", [x]), _k(w, 0.5, dt)])
+    return w.node("Where", [near, small, big])
+
+
+def _h_swish(w, x, dt):
+    if w.opset >= 14:
+        return w.node("HardSwish", [x])
+    r6 = w.node("Clip", [w.node("Add", [x, _k(w, 3, dt)]), _k(w, 0, dt), _k(w, 6, dt)])
+    return w.node("Mul", [w.node("Mul", [x, r6]), _k(w, 1 / 6, dt)])
+
+
+def _trunc(w, x):
+    return w.node("Mul", [w.node("Sign", [x]), w.node("Floor", [w.node("Abs", [x])])])
+
+
+def _floor_div(w, a, b, dt):
+    if np.dtype(dt).kind == "f":
+        return w.node("Floor", [w.node("Div", [a, b])])
+    # integer Div truncates: step down where the remainder is nonzero and the signs differ
+    q = w.node("Div", [a, b])
+    inexact = w.node("Not", [w.node("Equal", [w.node("Mul", [q, b]), a])])
+    zero = _k(w, 0, dt)
+    signs = w.node("Xor", [w.node("Less", [a, zero]), w.node("Less", [b, zero])])
+    step = w.node("Cast", [w.node("And", [inexact, signs])], to=onnx_dtype(dt))
+    return w.node("Sub", [q, step])
+
+
+def _atan2(w, y, x, dt):
+    base = w.node("Atan", [w.node("Div", [y, x])])
+    zero = _k(w, 0, dt)
+    half_turn = w.node(
+        "Where", [w.node("Less", [y, zero]), _k(w, -math.pi, dt), _k(w, math.pi, dt)]
+    )
+    r = w.node("Add", [base, w.node("Where", [w.node("Less", [x, zero]), half_turn, zero])])
+    both0 = w.node("And", [w.node("Equal", [x, zero]), w.node("Equal", [y, zero])])
+    return w.node("Where", [both0, zero, r])
+
+
+def emit_mode(w: Writer, mode: str, ins: list, dt) -> str:
+    """The ONNX nodes of Elemwise ``mode`` over ``ins`` (names) of dtype ``dt``."""
+    dt = np.dtype(dt)
+    if mode in _UNARY:
+        return w.node(_UNARY[mode], ins)
+    if mode in _BINARY:
+        if len(ins) == 2:
+            return w.node(_BINARY[mode], ins)
+        return w.node({"MAX": "Max", "MIN": "Min", "ADD": "Sum"}[mode], ins)
+    if mode in _COMPARE:
+        return w.node("Cast", [w.node(_COMPARE[mode], ins)], to=onnx_dtype(dt))
+    if mode in _FUSED_ADD:
+        return emit_mode(w, _FUSED_ADD[mode], [w.node("Add", ins)], dt)
+    if mode in REFUSED_MODES:
+        raise w.error(f"Elemwise mode {mode} has no ONNX form: {REFUSED_MODES[mode]}")
+    zero = _k(w, 0, dt) if dt.kind != "b" else None
+    if mode == "H_SWISH":
+        return _h_swish(w, ins[0], dt)
+    if mode == "EXPM1":
+        return _expm1(w, ins[0], dt)
+    if mode == "LOG1P":
+        return _log1p(w, ins[0], dt)
+    if mode == "FLOOR_DIV":
+        return _floor_div(w, *ins, dt)
+    if mode == "MOD":  # C fmod: the sign of the dividend
+        return w.node("Mod", ins, fmod=1)
+    if mode == "ATAN2":
+        return _atan2(w, *ins, dt)
+    if mode == "LOG_SUM_EXP":
+        a, b = ins
+        m = w.node("Max", [a, b])
+        d = w.node("Neg", [w.node("Abs", [w.node("Sub", [a, b])])])
+        return w.node("Add", [m, _log1p(w, w.node("Exp", [d]), dt)])
+    if mode == "ROUND":  # half away from zero: trunc(x) + trunc(2 frac(x))
+        whole = _trunc(w, ins[0])
+        frac = w.node("Sub", [ins[0], whole])
+        return w.node("Add", [whole, _trunc(w, w.node("Add", [frac, frac]))])
+    if mode == "FAST_TANH":  # x (27 + x^2) / (27 + 9 x^2)
+        x = ins[0]
+        sq = w.node("Mul", [x, x])
+        num = w.node("Mul", [w.node("Add", [sq, _k(w, 27, dt)]), x])
+        den = w.node("Add", [w.node("Mul", [sq, _k(w, 9, dt)]), _k(w, 27, dt)])
+        return w.node("Div", [num, den])
+    if mode == "FAST_TANH_GRAD":  # ((x^2 - 9) / (x^2 + 3))^2 / 9 * dy
+        x, dy = ins
+        sq = w.node("Mul", [x, x])
+        r = w.node("Div", [w.node("Sub", [sq, _k(w, 9, dt)]), w.node("Add", [sq, _k(w, 3, dt)])])
+        r = w.node("Mul", [w.node("Mul", [r, r]), dy])
+        return w.node("Mul", [r, _k(w, 1 / 9, dt)])
+    if mode == "ABS_GRAD":
+        x, dy = ins
+        return w.node("Where", [w.node("Greater", [x, zero]), dy, w.node("Neg", [dy])])
+    if mode == "SIGMOID_GRAD":
+        y, dy = ins
+        return w.node("Mul", [w.node("Mul", [w.node("Sub", [_k(w, 1, dt), y]), y]), dy])
+    if mode == "TANH_GRAD":
+        y, dy = ins
+        return w.node("Mul", [w.node("Sub", [_k(w, 1, dt), w.node("Mul", [y, y])]), dy])
+    if mode == "SWITCH_GT0":
+        x, dy = ins
+        return w.node("Where", [w.node("Greater", [x, zero]), dy, zero])
+    if mode == "COND_LEQ_MOV":
+        x, y, z = ins
+        return w.node("Where", [w.node("LessOrEqual", [x, y]), z, zero])
+    if mode == "H_SWISH_GRAD":  # x < -3 ? 0 : (x > 3 ? dy : (2x + 3) / 6 * dy)
+        x, dy = ins
+        mid = w.node("Add", [w.node("Mul", [x, _k(w, 2, dt)]), _k(w, 3, dt)])
+        mid = w.node("Mul", [w.node("Div", [mid, _k(w, 6, dt)]), dy])
+        r = w.node("Where", [w.node("Greater", [x, _k(w, 3, dt)]), dy, mid])
+        return w.node("Where", [w.node("Less", [x, _k(w, -3, dt)]), zero, r])
+    if mode == "FUSE_MUL_ADD3":
+        return w.node("Add", [w.node("Mul", ins[:2]), ins[2]])
+    if mode == "FUSE_MUL_ADD4":
+        return w.node("Add", [w.node("Mul", ins[:2]), w.node("Mul", ins[2:])])
+    raise w.error(f"Elemwise mode {mode} has no ONNX form")
+
+
+@exports("Elemwise")
+def _elemwise(w, op, ins):
+    return emit_mode(w, op.params["mode"], list(ins), op.outputs[0].dtype)
+
+
+@exports("JITExecutor")
+def _jit(w, op, ins):
+    p = op.opr.param
+    dt = np.dtype(op.outputs[0].dtype)
+    vals: list[str] = []
+    for mode, args in p.expr:
+        names = []
+        for kind, ref in args:
+            if kind == "i":
+                names.append(ins[ref])
+            elif kind == "t":
+                names.append(vals[ref])
+            else:
+                names.append(_k(w, ref, dt))
+        vals.append(emit_mode(w, mode, names, dt))
+    res = vals[-1]
+    if p.reduce is not None:
+        rmode, axis = p.reduce
+        ndim = len(static_shape(w, op.outputs[0], "fused reduction"))
+        axes = list(range(ndim)) if axis is None else [axis]
+        keep = 0 if axis is None else 1
+        res = w.reduce(_REDUCE[rmode], res, axes, keepdims=keep)
+        if axis is None:
+            res = w.node("Reshape", [res, w.const(np.array([1], np.int64), "shape")])
+    return res
+
+
+@exports("ElemwiseMultiType")
+def _elemwise_multi_type(w, op, ins):
+    mode = op.params["mode"]
+    out_dt = np.dtype(op.outputs[0].dtype)
+    if mode == "FUSE_MUL_ADD3_INT16x32x32x32":
+        a = w.cast(ins[0], np.int32)
+        return w.node("Add", [w.node("Mul", [a, ins[1]]), ins[2]])
+    if mode == "FUSE_MUL_ADD3_IXxF32xF32xI8":
+        x = w.cast(ins[0], np.float32)
+        v = w.node("Round", [w.node("Add", [w.node("Mul", [ins[1], x]), ins[2]])])
+        info = np.iinfo(out_dt)
+        f32 = np.float32
+        v = w.node("Clip", [v, _k(w, info.min, f32), _k(w, info.max, f32)])
+        return w.cast(v, out_dt)
+    raise w.error(
+        f"ElemwiseMultiType mode {mode} has no ONNX form (ONNX has no saturating integer "
+        "shifts nor quantized elementwise arithmetic)"
+    )
+
+
+@exports("TypeCvt")
+def _typecvt(w, op, ins):
+    return w.cast(ins[0], op.outputs[0].dtype)
+
+
+@exports("Reduce")
+def _reduce(w, op, ins):
+    p = op.params
+    name = _REDUCE[p["mode"]]
+    if p.get("axis") is not None:
+        return w.reduce(name, ins[0], [int(p["axis"])], keepdims=1)
+    # reduce to a target shape: the axes where it is 1 and the input's dim is not
+    src = static_shape(w, op.inputs[0], "reduce input")
+    dst = static_shape(w, op.outputs[0], "reduce output")
+    if len(src) != len(dst):
+        if dst == [1]:
+            r = w.reduce(name, ins[0], list(range(len(src))), keepdims=0)
+            return w.node("Reshape", [r, w.const(np.array([1], np.int64), "shape")])
+        raise w.error(f"reduce from {src} to {dst} changes the number of dims")
+    axes = [i for i, (s, d) in enumerate(zip(src, dst)) if d == 1 and s != 1]
+    if not axes:
+        return w.node("Identity", [ins[0]])
+    return w.reduce(name, ins[0], axes, keepdims=1)
+

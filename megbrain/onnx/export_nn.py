@@ -1,0 +1,277 @@
+"""Exporters of the neural-network family: convolutions (2-d and 3-d, ConvBias,
+deconvolution as ConvTranspose), pooling, BatchNorm in inference mode, LRN, the matrix
+products and Resize."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .export_base import INT64_MIN, REFUSED, Writer, exports, static_shape
+from .export_elemwise import emit_mode
+
+_ACT = {"IDENTITY": None, "RELU": "RELU", "SIGMOID": "SIGMOID", "H_SWISH": "H_SWISH"}
+
+
+def _geometry(w: Writer, op, nsp: int) -> dict:
+    p = op.params
+    names = ("d", "h", "w")[3 - nsp :]
+    fmt = p["format"]
+    if fmt not in ("NCHW", "NCDHW"):
+        raise w.error(f"format {fmt} has no ONNX form (ONNX convolution is channel-first)")
+    pads = [int(p["pad_" + n]) for n in names]
+    return dict(
+        pads=pads * 2,
+        strides=[int(p["stride_" + n]) for n in names],
+        dilations=[int(p["dilate_" + n]) for n in names],
+    )
+
+
+def _filter(w: Writer, op, name: str, var, nsp: int) -> tuple[str, int]:
+    """The ONNX weight of a megbrain filter: groups folded into axis 0, flipped for the
+    CONVOLUTION mode; returns (name, group)."""
+    p = op.params
+    group = 1
+    if p["sparse"] == "GROUP":
+        ws = static_shape(w, var, "grouped filter")
+        group = ws[0]
+        shape = w.const(np.asarray([ws[0] * ws[1]] + ws[2:], np.int64), "shape")
+        name = w.node("Reshape", [name, shape])
+    if p["mode"] == "CONVOLUTION":  # a true convolution: cross-correlate with the flipped filter
+        axes = list(range(2, 2 + nsp))
+        name = w.node(
+            "Slice",
+            [
+                name,
+                w.const(np.full(nsp, -1, np.int64), "starts"),
+                w.const(np.full(nsp, INT64_MIN, np.int64), "ends"),
+                w.const(np.asarray(axes, np.int64), "axes"),
+                w.const(np.full(nsp, -1, np.int64), "steps"),
+            ],
+        )
+    return name, group
+
+
+def _check_compute(w, op):
+    if op.params.get("data_type", "FLOAT") != "FLOAT":
+        raise w.error(f"data_type {op.params['data_type']} has no ONNX form")
+
+
+@exports("ConvolutionForward", "Convolution3DForward")
+def _conv(w, op, ins):
+    nsp = 3 if op.type == "Convolution3DForward" else 2
+    _check_compute(w, op)
+    geo = _geometry(w, op, nsp)
+    weight, group = _filter(w, op, ins[1], op.inputs[1], nsp)
+    return w.node("Conv", [ins[0], weight], group=group, **geo)
+
+
+@exports("ConvBiasForward")
+def _conv_bias(w, op, ins):
+    geo = _geometry(w, op, 2)
+    weight, group = _filter(w, op, ins[1], op.inputs[1], 2)
+    bias_shape = static_shape(w, op.inputs[2], "bias")
+    out_shape = static_shape(w, op.outputs[0], "output")
+    if bias_shape == [1, out_shape[1], 1, 1]:
+        b = w.node("Reshape", [ins[2], w.const(np.array([-1], np.int64), "shape")])
+        y = w.node("Conv", [ins[0], weight, b], group=group, **geo)
+    else:
+        y = w.node("Add", [w.node("Conv", [ins[0], weight], group=group, **geo), ins[2]])
+    act = _ACT[op.params["nonlineMode"]]
+    return y if act is None else emit_mode(w, act, [y], op.outputs[0].dtype)
+
+
+@exports("ConvolutionBackwardData", "Convolution3DBackwardData")
+def _deconv(w, op, ins):
+    nsp = 3 if op.type == "Convolution3DBackwardData" else 2
+    _check_compute(w, op)
+    geo = _geometry(w, op, nsp)
+    weight, group = _filter(w, op, ins[0], op.inputs[0], nsp)
+    diff = static_shape(w, op.inputs[1], "deconvolution input")
+    filt = static_shape(w, op.inputs[0], "filter")
+    out = static_shape(w, op.outputs[0], "deconvolution output")
+    ksp = filt[-nsp:]
+    extra = []
+    for k in range(nsp):
+        full = (
+            (diff[2 + k] - 1) * geo["strides"][k]
+            - 2 * geo["pads"][k]
+            + geo["dilations"][k] * (ksp[k] - 1)
+            + 1
+        )
+        extra.append(out[2 + k] - full)
+    if any(e < 0 or e >= max(s, d) for e, s, d in zip(extra, geo["strides"], geo["dilations"])):
+        raise w.error(f"output shape {out} is not reachable by ConvTranspose from {diff}")
+    kw = dict(geo)
+    if any(extra):
+        kw["output_padding"] = extra
+    return w.node("ConvTranspose", [ins[1], weight], group=group, **kw)
+
+
+@exports("PoolingForward")
+def _pool(w, op, ins):
+    p = op.params
+    if p["format"] != "NCHW":
+        raise w.error(f"pooling format {p['format']} has no ONNX form")
+    kw = dict(
+        kernel_shape=[int(p["window_h"]), int(p["window_w"])],
+        pads=[int(p["pad_h"]), int(p["pad_w"])] * 2,
+        strides=[int(p["stride_h"]), int(p["stride_w"])],
+    )
+    if p["mode"] == "MAX":
+        return w.node("MaxPool", [ins[0]], **kw)
+    include = 1 if p["mode"] == "AVERAGE" else 0
+    return w.node("AveragePool", [ins[0]], count_include_pad=include, **kw)
+
+
+@exports("BatchNormForward")
+def _batch_norm(w, op, ins):
+    p = op.params
+    if p["fwd_mode"] != "INFERENCE" or len(op.inputs) != 5:
+        raise w.error(
+            "a TRAINING-mode BatchNorm normalizes with batch statistics and updates its "
+            "running statistics in place; export the inference graph (model.eval())"
+        )
+    dt = np.dtype(op.outputs[-1].dtype)
+    eps = float(p["epsilon"])
+    x, scale, bias, mean, var = (ins[k] for k in range(5))
+    inv = w.node(
+        "Reciprocal",
+        [w.node("Sqrt", [w.node("Add", [var, w.const(np.asarray(eps, dt), "eps")])])],
+    )
+    if p["param_dim"] == "DIM_1C11":
+        flat = w.const(np.array([-1], np.int64), "shape")
+        y = w.node(
+            "BatchNormalization",
+            [x] + [w.node("Reshape", [t, flat]) for t in (scale, bias, mean, var)],
+            epsilon=eps,
+        )
+    else:
+        y = w.node("Mul", [w.node("Sub", [x, mean]), w.node("Mul", [inv, scale])])
+        y = w.node("Add", [y, bias])
+    # outputs: running_mean, running_var (empty in INFERENCE), save_mean, save_inv_var, y
+    return [None, None, mean, inv, y]
+
+
+@exports("LRNForward")
+def _lrn(w, op, ins):
+    p = op.params
+    n = int(p["n"])
+    return w.node(
+        "LRN",
+        [ins[0]],
+        size=n,
+        alpha=float(p["alpha"]) * n,
+        beta=float(p["beta"]),
+        bias=float(p["k"]),
+    )
+
+
+def _matmul_operand(w, op, k, name, transpose):
+    if not transpose:
+        return name
+    nd = len(static_shape(w, op.inputs[k], "matmul operand"))
+    return w.node("Transpose", [name], perm=list(range(nd - 2)) + [nd - 1, nd - 2])
+
+
+@exports("MatrixMul", "BatchedMatrixMul")
+def _matmul(w, op, ins):
+    p = op.params
+    if p.get("format", "DEFAULT") != "DEFAULT":
+        raise w.error(f"matmul format {p['format']} has no ONNX form")
+    a = _matmul_operand(w, op, 0, ins[0], p.get("transposeA"))
+    b = _matmul_operand(w, op, 1, ins[1], p.get("transposeB"))
+    return w.node("MatMul", [a, b])
+
+
+@exports("Dot")
+def _dot(w, op, ins):
+    return w.reduce("ReduceSum", w.node("Mul", [ins[0], ins[1]]), [0], keepdims=1)
+
+
+@exports("ResizeForward")
+def _resize(w, op, ins):
+    p = op.params
+    if p["imode"] not in ("LINEAR", "NEAREST"):
+        raise w.error(f"resize mode {p['imode']} has no exact ONNX form")
+    if p["format"] not in ("NCHW", "NHWC"):
+        raise w.error(f"resize format {p['format']} has no ONNX form")
+    nhwc = p["format"] == "NHWC"
+    x = w.node("Transpose", [ins[0]], perm=[0, 3, 1, 2]) if nhwc else ins[0]
+    lead = w.node(
+        "Slice",
+        [
+            w.node("Shape", [x]),
+            w.const(np.array([0], np.int64), "starts"),
+            w.const(np.array([2], np.int64), "ends"),
+        ],
+    )
+    sizes = w.node("Concat", [lead, w.i64(op.inputs[1])], axis=0)
+    if p["imode"] == "LINEAR":
+        kw = dict(mode="linear", coordinate_transformation_mode="half_pixel")
+    else:
+        kw = dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    y = w.node("Resize", [x, "", "", sizes], **kw)
+    return w.node("Transpose", [y], perm=[0, 2, 3, 1]) if nhwc else y
+
+
+@exports("LocalForward", "GroupLocalForward")
+def _local(w, op, ins):
+    """Untied weights: the patches come from a grouped Conv with one-hot filters (exact: one
+    product by 1 per output), then one batched MatMul per group and output position."""
+    p = op.params
+    if p["mode"] != "CROSS_CORRELATION":
+        raise w.error(f"local convolution mode {p['mode']} has no ONNX form")
+    filt = static_shape(w, op.inputs[1], "local filter")
+    g, oh, ow, icg, fh, fw, ocg = filt if op.type == "GroupLocalForward" else [1, *filt]
+    dt = np.dtype(op.outputs[0].dtype)
+    k = icg * fh * fw
+    eye = np.zeros((g * icg * fh * fw, 1, fh, fw), dt)
+    for c in range(g * icg):
+        for i in range(fh):
+            for j in range(fw):
+                eye[c * fh * fw + i * fw + j, 0, i, j] = 1
+    patches = w.node(
+        "Conv",
+        [ins[0], w.const(eye, "patch_filter")],
+        group=g * icg,
+        pads=[int(p["pad_h"]), int(p["pad_w"])] * 2,
+        strides=[int(p["stride_h"]), int(p["stride_w"])],
+    )  # (N, G*K, OH, OW), channel = (group, ic, fh, fw)
+    pt = w.node("Reshape", [patches, w.const(np.array([0, g, k, oh * ow], np.int64), "shape")])
+    pt = w.node("Transpose", [pt], perm=[1, 3, 0, 2])  # (G, OH*OW, N, K)
+    wt = w.node("Reshape", [ins[1], w.const(np.array([g, oh * ow, k, ocg], np.int64), "shape")])
+    y = w.node("MatMul", [pt, wt])  # (G, OH*OW, N, OCg)
+    y = w.node("Transpose", [y], perm=[2, 0, 3, 1])  # (N, G, OCg, OH*OW)
+    return w.node("Reshape", [y, w.const(np.array([0, g * ocg, oh, ow], np.int64), "shape")])
+
+
+_GRAD = (
+    "a gradient operator (training graphs have no ONNX form); export the forward graph"
+)
+for _t in (
+    "BatchNormBackward",
+    "ConvolutionBackwardFilter",
+    "Convolution3DBackwardFilter",
+    "PoolingBackward",
+    "LRNBackward",
+    "ResizeBackward",
+    "ROIAlignBackward",
+    "ROIPoolingBackward",
+    "WarpPerspectiveBackwardData",
+    "WarpPerspectiveBackwardMat",
+    "LocalBackwardData",
+    "LocalBackwardFilter",
+    "GroupLocalBackwardData",
+    "GroupLocalBackwardFilter",
+):
+    REFUSED[_t] = _GRAD
+REFUSED.update(
+    {
+        "ROIAlignForward": "ONNX RoiAlign samples and averages bins differently from MegDNN",
+        "ROIPoolingForward": "ONNX MaxRoiPool rounds bin edges differently from MegDNN",
+        "WarpPerspectiveForward": "no ONNX operator warps by a 3x3 matrix with MegDNN's "
+        "border modes (GridSample's interpolation and borders differ)",
+        "MatrixInverse": "the default ONNX domain has no matrix inverse",
+        "SVD": "the default ONNX domain has no singular value decomposition",
+    }
+)
