@@ -367,3 +367,42 @@ def test_numeric_gradient_with_each_strategy(strategy, fresh_choices):
     rng = np.random.default_rng(8)
     x, w = rng.uniform(-1, 1, (2, 3, 5, 5)), rng.uniform(-1, 1, (4, 3, 3, 3))
     check_grad(lambda a, b: O.convolution(a, b, pad_h=1, stride_w=2, strategy=strategy), [x, w])
+
+
+def _conv3d(a, b):
+    import megbrain.opr as O
+
+    return O.convolution3d(a, b, pad_d=1, pad_h=1, pad_w=1, strategy="PROFILE")
+
+
+def _conv_bias(a, b, bias):
+    import megbrain.opr as O
+
+    return O.conv_bias_activation(
+        a, b, bias, pad_h=1, pad_w=1, nonlineMode="RELU", strategy="PROFILE"
+    )
+
+
+def _deconv(a, b):
+    import megbrain.opr as O
+
+    return O.deconvolution(a, b, pad_h=1, pad_w=1, strategy="PROFILE")
+
+
+@pytest.mark.parametrize(
+    "build,shapes",
+    [
+        (_conv3d, [(2, 3, 4, 5, 5), (4, 3, 3, 3, 3)]),
+        (_conv_bias, [(2, 3, 6, 6), (4, 3, 3, 3), (1, 4, 1, 1)]),
+        (_deconv, [(2, 4, 6, 6), (4, 3, 3, 3)]),
+    ],
+)
+def test_every_convolution_operator_takes_the_strategy(build, shapes, fresh_choices, timings):
+    rng = np.random.default_rng(9)
+    g = make_graph()
+    vars_, _ = inputs(g, *(rng.uniform(-1, 1, s).astype(np.float32) for s in shapes))
+    y = build(*vars_)
+    _run(g, y)
+    assert y.node.owner.param.strategy == "PROFILE"
+    assert y.node.owner.chosen_algorithm is not None
+    assert timings  # more than one candidate, timed
