@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from . import export_elemwise, export_nn, export_tensor  # noqa: F401 - register exporters
 from .export_base import EXPORTERS, REFUSED, Writer, onnx_dtype, static_shape
@@ -150,6 +150,19 @@ def _check_dynamic(model, out_values, dyn, node_owner, baked) -> dict:
                 f"export: operator {opr_name!r} needs the static shape of its input ({what}) "
                 f"but dynamic_axes makes it {_dims(vi)}"
             )
+    consts = {t.name: t for t in model.graph.initializer}
+    for n in model.graph.node:  # a reshape to a fixed element count of a dynamic tensor
+        if n.op_type != "Reshape" or n.input[1] not in consts or n.input[0] not in info:
+            continue
+        target = numpy_helper.to_array(consts[n.input[1]])
+        dims = _dims(info[n.input[0]])
+        if target.size and (target > 0).all() and any(isinstance(d, str) for d in dims):
+            raise ONNXConversionError(
+                f"export: operator {node_owner.get(n.name, n.name)!r} reshapes a tensor of "
+                f"dynamic shape {dims} to the fixed shape {target.tolist()}, which fails for "
+                "any other size of the dims named in dynamic_axes (build the target shape "
+                "from the input's shape, e.g. x.shape[0], or use -1)"
+            )
     got = {}
     for out_name, pre in out_values.items():
         vi = info.get(pre)
@@ -179,18 +192,24 @@ def _fixing_node(model, info, target):
             continue
         anc.add(n.name)
         stack.extend(n.input)
+    consts = {t.name for t in model.graph.initializer}
+    fallback = None
     for n in model.graph.node:
         if n.name not in anc:
             continue
         sym_in = any(
             i in info and any(isinstance(d, str) for d in _dims(info[i])) for i in n.input
         )
+        if not sym_in:
+            continue
+        if n.op_type in ("Reshape", "Expand") and n.input[1] in consts:
+            return n.name  # a constant target shape
         outs = [info.get(o) for o in n.output]
-        if sym_in and all(
+        if fallback is None and all(
             o is not None and all(isinstance(d, int) for d in _dims(o)) for o in outs
         ):
-            return n.name
-    return None
+            fallback = n.name
+    return fallback
 
 
 def export(

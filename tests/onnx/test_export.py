@@ -548,3 +548,69 @@ def test_every_operator_type_is_exported_or_refused():
     missing = sorted(set(OPR_REGISTRY) - known)
     assert not missing, f"operator types neither exported nor refused: {missing}"
     assert not set(exportable_operator_types()) & set(refused_operator_types())
+
+
+def test_export_fixed_reshape_of_a_dynamic_dim_is_refused():
+    g = mgb.comp_graph()
+    x = _arg(g, (2, 3, 4), "x")
+    y = mgb.opr.elem.relu(x).reshape(2, 12)
+    with pytest.raises(ONNXConversionError, match=r"reshape\(RELU\(x\)\).*fixed shape \[2, 12\]"):
+        export([y], None, dynamic_axes={"x": {0: "N"}})
+    y = mgb.opr.elem.relu(x).reshape(2, -1)
+    with pytest.raises(ONNXConversionError, match=r"fixes it to 2 at operator 'reshape"):
+        export([y], None, dynamic_axes={"x": {0: "N"}, "output_0": {0: "N"}})
+
+
+@pytest.mark.parametrize("opset", [13, 15, 18, 21])
+def test_export_opsets(opset, rng):
+    g = mgb.comp_graph()
+    x, y = _cnn(g, rng)
+    z = mgb.opr.elemwise(y, mode="H_SWISH").max(axis=0, keepdims=True)
+    model = _roundtrip([z], [(x, rng.standard_normal((2, 3, 8, 8)).astype(np.float32))],
+                       opset=opset)
+    assert model.opset_import[0].version == opset
+
+
+def test_export_rejects_bad_arguments():
+    g = mgb.comp_graph()
+    x = _arg(g, (2,), "x")
+    with pytest.raises(ONNXConversionError, match="opset 12"):
+        export([x + 1], None, opset=12)
+    with pytest.raises(ONNXConversionError, match="2 output names for 1 outputs"):
+        export([x + 1], None, output_names=["a", "b"])
+    with pytest.raises(ONNXConversionError, match="dynamic axis 3 of input 'x'"):
+        export([x + 1], None, dynamic_axes={"x": {3: "N"}})
+
+
+hyp = pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def _index(draw):
+    shape = draw(st.lists(st.integers(1, 5), min_size=1, max_size=3))
+    idx = []
+    for n in shape:
+        if draw(st.booleans()) and draw(st.booleans()):
+            idx.append(draw(st.integers(-n, n - 1)))
+            continue
+        bound = st.none() | st.integers(-7, 7)
+        step = draw(st.none() | st.sampled_from([-3, -2, -1, 1, 2, 3]))
+        idx.append(slice(draw(bound), draw(bound), step))
+    return tuple(shape), tuple(idx)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_index())
+def test_export_subtensor_matches_numpy(case):
+    shape, idx = case
+    want = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)[idx]
+    hyp.assume(want.size > 0)
+    g = mgb.comp_graph()
+    x = _arg(g, shape, "x")
+    y = x[idx]
+    model = export([y], None)
+    xv = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    (got,) = _session(model).run(None, {"x": xv})
+    np.testing.assert_array_equal(got, want.reshape(want.shape or (1,)))
