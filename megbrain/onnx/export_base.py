@@ -15,9 +15,20 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from ..errors import MegBrainError
 from .registry import ONNXConversionError
 
-__all__ = ["EXPORTERS", "REFUSED", "Writer", "exports", "onnx_dtype", "INT64_MAX", "INT64_MIN"]
+__all__ = [
+    "EXPORTERS",
+    "REFUSED",
+    "Writer",
+    "exports",
+    "imm_shape",
+    "onnx_dtype",
+    "static_shape",
+    "INT64_MAX",
+    "INT64_MIN",
+]
 
 INT64_MAX = np.iinfo(np.int64).max
 INT64_MIN = np.iinfo(np.int64).min
@@ -182,8 +193,17 @@ class Writer:
         return self.node("Unsqueeze", [x, self.const(np.asarray(axes, np.int64), "axes")])
 
 
+def imm_shape(var) -> tuple | None:
+    """The static shape of ``var``, or None where it is known only by running."""
+    try:
+        shp = var.imm_shape
+    except MegBrainError:  # DynamicShapeError: a data-dependent shape
+        return None
+    return None if shp is None else tuple(int(d) for d in shp)
+
+
 def _static_shape(var) -> tuple:
-    shp = var.imm_shape
+    shp = imm_shape(var)
     if shp is None:
         raise ONNXConversionError(f"export: the shape of {var.name!r} must be static")
     return tuple(int(d) for d in shp)
@@ -191,7 +211,7 @@ def _static_shape(var) -> tuple:
 
 def static_shape(w: Writer, var, what: str) -> list[int]:
     """The static shape of ``var`` (what the exporter needs it for names the error)."""
-    shp = var.imm_shape
+    shp = imm_shape(var)
     if shp is None:
         raise w.error(f"the shape of {var.name!r} ({what}) must be static")
     return [int(d) for d in shp]

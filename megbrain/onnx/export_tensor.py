@@ -222,11 +222,28 @@ def _multi_axis_vec(w, op, ins):
     ndim = len(static_shape(w, op.inputs[0], "input"))
     items = _parse(op.opr.param.descs, op.inputs[1:])
     x = _slice(w, ins[0], items, ndim)
-    index = [(it[0] % ndim, it[5]) for it in items if it[1] == "index"]
+    index = sorted((it[0] % ndim, it[5]) for it in items if it[1] == "index")
     if len(index) == 1:
-        (axis, var), = index
+        ((axis, var),) = index
         return w.node("Gather", [x, w.name(var)], axis=axis)
-    raise w.error("vector indexing on several axes is not exported (index one axis at a time)")
+    # several axes: move them first, GatherND with the broadcast indices stacked last, then
+    # put the index dims where NumPy does (in place of adjacent axes, else first)
+    axes = [a for a, _ in index]
+    rest = [a for a in range(ndim) if a not in axes]
+    bshape = np.broadcast_shapes(*(tuple(static_shape(w, v, "index")) for _, v in index))
+    parts = []
+    for _, var in index:
+        t = w.node("Cast", [w.name(var)], to=TensorProto.INT64)
+        t = w.node("Expand", [t, _vec(w, bshape)])
+        parts.append(w.unsqueeze(t, [len(bshape)]))
+    idx = w.node("Concat", parts, axis=-1)
+    y = w.node("GatherND", [w.node("Transpose", [x], perm=axes + rest), idx])
+    nb = len(bshape)
+    if axes == list(range(axes[0], axes[0] + len(axes))) and axes[0] > 0:
+        lead = list(range(nb, nb + axes[0]))
+        perm = lead + list(range(nb)) + list(range(nb + axes[0], nb + len(rest)))
+        y = w.node("Transpose", [y], perm=perm)
+    return y
 
 
 @exports("IndexingOneHot")
@@ -259,6 +276,29 @@ def _mesh(w, op, ins):
         if it[1] == "index":
             x = w.node("Gather", [x, w.name(it[5])], axis=it[0] % ndim)
     return x
+
+
+@exports("CondTake")
+def _cond_take(w, op, ins):
+    p = op.params
+    flat = _vec(w, [-1])
+    m = w.node("Cast", [w.node("Reshape", [ins[1], flat])], to=TensorProto.DOUBLE)
+    val = w.const(np.asarray(p["val"], np.float64), "val")
+    mode = p["mode"]
+    if mode in ("EQ", "NEQ"):
+        if np.dtype(op.inputs[1].dtype).kind == "f":
+            eps = w.const(np.asarray(p["eps"], np.float64), "eps")
+            cond = w.node("Less", [w.node("Abs", [w.node("Sub", [m, val])]), eps])
+        else:
+            cond = w.node("Equal", [m, val])
+        if mode == "NEQ":
+            cond = w.node("Not", [cond])
+    else:
+        ops = {"LT": "Less", "LEQ": "LessOrEqual", "GT": "Greater", "GEQ": "GreaterOrEqual"}
+        cond = w.node(ops[mode], [m, val])
+    values = w.node("Compress", [w.node("Reshape", [ins[0], flat]), cond], axis=0)
+    where = w.squeeze(w.node("NonZero", [cond]), [0])
+    return [values, _to_int32(w, where)]
 
 
 # ---- arg / sort / top-k ----------------------------------------------------------------------
@@ -411,7 +451,5 @@ REFUSED.update(
         "BatchedMeshIndexing": "not exported: per-batch mesh indices",
         "BatchedSetMeshIndexing": "not exported: per-batch mesh indices",
         "BatchedIncrMeshIndexing": "not exported: per-batch mesh indices",
-        "CondTake": "its output length depends on the data (ONNX Compress could express it; "
-        "not exported)",
     }
 )

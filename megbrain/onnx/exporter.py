@@ -17,7 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import export_elemwise, export_nn, export_tensor  # noqa: F401 - register exporters
-from .export_base import EXPORTERS, REFUSED, Writer, onnx_dtype, static_shape
+from .export_base import EXPORTERS, REFUSED, Writer, imm_shape, onnx_dtype, static_shape
 from .registry import ONNXConversionError
 
 __all__ = ["export", "exportable_operator_types", "refused_operator_types"]
@@ -135,6 +135,11 @@ def _dims(vi) -> list:
         else:
             out.append(d.dim_value if d.HasField("dim_value") else None)
     return out
+
+
+def _out_shape(v) -> list | None:
+    shp = imm_shape(v)
+    return None if shp is None else list(shp)
 
 
 def _check_dynamic(model, out_values, dyn, node_owner, baked) -> dict:
@@ -324,7 +329,7 @@ def export(
     def build(out_shapes):
         outputs = []
         for name, v in out_names:
-            shape = out_shapes.get(name) or static_shape(w, v, "output")
+            shape = out_shapes.get(name) or _out_shape(v)
             outputs.append(helper.make_tensor_value_info(name, onnx_dtype(v.dtype), shape))
         graph = helper.make_graph(nodes, "megbrain", graph_inputs, outputs, inits)
         model = helper.make_model(
@@ -338,12 +343,25 @@ def export(
     inferred = _check_dynamic(model, out_values, dyn, node_owner, w.baked)
     shapes = {}
     for name, v in out_names:
-        shape = static_shape(w, v, "output")
+        shape = _out_shape(v)
         dims = inferred.get(name)
+        if shape is None and dims is not None:  # data-dependent: the rank shape inference says
+            shape = [d if isinstance(d, int) else 0 for d in dims]
+        if shape is None:
+            if dyn.get(name):
+                raise ONNXConversionError(
+                    f"export: output {name!r} has no known rank for its dynamic_axes"
+                )
+            shapes[name] = None
+            continue
         if dims is not None and len(dims) == len(shape):
             for k, d in enumerate(dims):
-                if isinstance(d, str):  # shape inference's own names (unk__0) are renamed
-                    shape[k] = f"{name}_dim{k}" if d.startswith("unk__") else d
+                # dims shape inference can not fix (data-dependent, computed shapes) are
+                # symbolic; its own names (unk__0) are replaced by readable ones
+                if d is None or (isinstance(d, str) and d.startswith("unk__")):
+                    shape[k] = f"{name}_dim{k}"
+                elif isinstance(d, str):
+                    shape[k] = d
         for ax, dname in dyn.get(name, {}).items():
             if not 0 <= ax < len(shape):
                 raise ONNXConversionError(

@@ -402,6 +402,43 @@ def test_export_indexing_family(rng):
     _roundtrip([one, setv, adv, mesh, rem], feeds)
 
 
+@pytest.mark.parametrize(
+    "index",
+    [
+        lambda a, b: (a, b),  # adjacent from axis 0
+        lambda a, b: (slice(None), a, b),  # adjacent: in place
+        lambda a, b: (a, slice(1, 3), b),  # apart: the index dims go first
+    ],
+)
+def test_export_vector_indexing_several_axes(index, rng):
+    g = mgb.comp_graph()
+    x = _arg(g, (4, 5, 6), "x")
+    a, b = _arg(g, (2, 1), "a", np.int32), _arg(g, (3,), "b", np.int32)
+    y = mgb.opr.advanced_indexing(x)[index(a, b)]
+    av, bv = rng.integers(0, 4, (2, 1)).astype(np.int32), rng.integers(0, 4, 3).astype(np.int32)
+    xv = rng.standard_normal((4, 5, 6)).astype(np.float32)
+    model = _roundtrip([y], [(x, xv), (a, av), (b, bv)])
+    np.testing.assert_array_equal(
+        _session(model).run(None, {"x": xv, "a": av, "b": bv})[0], xv[index(av, bv)]
+    )
+
+
+@pytest.mark.parametrize("mode", ["EQ", "NEQ", "LT", "GEQ"])
+def test_export_cond_take_has_data_dependent_length(mode, rng):
+    g = mgb.comp_graph()
+    x, m = _arg(g, (3, 4), "x"), _arg(g, (3, 4), "m", np.int32)
+    vals, idx = mgb.opr.cond_take(x, m, mode=mode, val=1)
+    xv = rng.standard_normal((3, 4)).astype(np.float32)
+    mv = rng.integers(0, 3, (3, 4)).astype(np.int32)
+    model = _roundtrip([vals, idx], [(x, xv), (m, mv)], reload=False)
+    assert model.graph.output[0].type.tensor_type.shape.dim[0].dim_param
+    mv2 = np.ones((3, 4), np.int32)  # another count than at export
+    got_v, got_i = _session(model).run(None, {"x": xv, "m": mv2})
+    cond = {"EQ": mv2 == 1, "NEQ": mv2 != 1, "LT": mv2 < 1, "GEQ": mv2 >= 1}[mode].reshape(-1)
+    np.testing.assert_array_equal(got_i, np.flatnonzero(cond))
+    np.testing.assert_array_equal(got_v, xv.reshape(-1)[cond])
+
+
 def test_export_sort_topk_arg_cumsum(rng):
     g = mgb.comp_graph()
     x = _arg(g, (3, 7), "x")
