@@ -225,8 +225,9 @@ class CompGraphProfiler(PluginBase):
         microseconds since the profiler was created; ``pid`` is the comp node (named by a
         ``process_name`` metadata event), ``tid`` the thread that ran the operator (named
         by ``thread_name``). ``args`` has the operator id, type, inputs, outputs, the run
-        index, the time it waited after it could be dispatched (``wait_us``) and its
-        footprint (``memory`` bytes, shapes).
+        index, the time it waited after it could be dispatched (``wait_us``), its
+        footprint (``memory`` bytes, shapes) and, for a convolution, the kernel ``algorithm``
+        its execution policy chose.
         """
         ob = self._observer
         names = _thread_names()
@@ -268,6 +269,9 @@ class CompGraphProfiler(PluginBase):
                     },
                 }
             )
+            algo = getattr(opr, "chosen_algorithm", None)  # the convolution kernel chosen
+            if algo is not None:
+                out[-1]["args"]["algorithm"] = algo
         return {
             "traceEvents": meta + out,
             "displayTimeUnit": "ms",

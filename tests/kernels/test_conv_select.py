@@ -406,3 +406,22 @@ def test_every_convolution_operator_takes_the_strategy(build, shapes, fresh_choi
     assert y.node.owner.param.strategy == "PROFILE"
     assert y.node.owner.chosen_algorithm is not None
     assert timings  # more than one candidate, timed
+
+
+def test_the_profiler_trace_names_the_chosen_algorithm():
+    import megbrain as mgb
+    from megbrain import plugin
+
+    g = mgb.comp_graph()
+    prof = plugin.CompGraphProfiler(g)
+    rng = np.random.default_rng(4)
+    x = mgb.make_shared("cpu0", value=rng.uniform(-1, 1, (2, 3, 6, 6)).astype(np.float32),
+                        comp_graph=g)  # fmt: skip
+    w = mgb.make_shared("cpu0", value=rng.uniform(-1, 1, (4, 3, 3, 3)).astype(np.float32),
+                        comp_graph=g)  # fmt: skip
+    y = mgb.opr.convolution(x, w, pad_h=1, pad_w=1)
+    g.compile(None, mgb.copy_output(y))()
+    events = [e for e in prof.chrome_trace()["traceEvents"] if e.get("ph") == "X"]
+    algos = {e["cat"]: e["args"].get("algorithm") for e in events}
+    assert algos["ConvolutionForward"] == y.node.owner.chosen_algorithm == "IM2COL_GEMM_PER_SAMPLE"
+    assert all(a is None for t, a in algos.items() if t != "ConvolutionForward")
