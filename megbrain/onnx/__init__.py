@@ -12,6 +12,7 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
     raise ImportError("megbrain.onnx needs the onnx package: pip install 'megbrain[onnx]'") from _e
 
 from . import (  # noqa: F401 - the converters register themselves
+    ops_attention,
     ops_einsum,
     ops_elemwise,
     ops_nn,

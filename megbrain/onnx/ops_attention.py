@@ -1,0 +1,213 @@
+"""Attention (opsets 23 to 25), composed from batched matrix products, elemwise and reduce.
+
+The additive bias (attention mask, causal and sliding-window frontiers, key padding) is built
+as ONNX defines it: every disallowed position gets -inf; rows with no allowed key give zero
+probabilities (and zero outputs), never NaN.  Computation is in float32; the outputs get the
+inputs' dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import megbrain as mgb
+
+from .ops_tensor import _reshape, static_shape
+from .registry import Attr, converter
+
+E = mgb.opr.elemwise
+
+
+def _f32(v):
+    return v if np.dtype(v.dtype) == np.float32 else mgb.opr.typecvt(v, np.float32)
+
+
+def _heads_first(ctx, x, heads, what):
+    """(b, s, heads * d) -> (b, heads, s, d)."""
+    b, s, hidden = static_shape(ctx, x, what)
+    if heads is None or hidden % heads:
+        raise ctx.fail(f"{what} of shape {(b, s, hidden)} does not split into {heads} heads")
+    return mgb.opr.dimshuffle(_reshape(x, (b, s, heads, hidden // heads)), [0, 2, 1, 3])
+
+
+def _bmm(ctx, a, b, trans_b=False):
+    """(..., m, k) x (..., k, n) over equal leading dims, as one batched product."""
+    sa, sb = static_shape(ctx, a), static_shape(ctx, b)
+    lead = sa[:-2]
+    nb = int(np.prod(lead))
+    y = mgb.opr.batched_matrix_mul(
+        _reshape(a, (nb,) + sa[-2:]), _reshape(b, (nb,) + sb[-2:]), transposeB=trans_b
+    )
+    return _reshape(y, lead + (sa[-2], sb[-2] if trans_b else sb[-1]))
+
+
+def _neg_inf_where_not(ctx, allowed):
+    """0 where ``allowed`` (float 0/1) is 1, -inf where it is 0 (a select, no 0 * inf)."""
+    one = ctx.imm(np.float32(1))
+    ninf = ctx.imm(np.full((1,) * len(static_shape(ctx, allowed)), -np.inf, np.float32))
+    return E(E(one, allowed, mode="SUB"), ninf, mode="SWITCH_GT0")
+
+
+def _as_rank4(ctx, v):
+    shp = static_shape(ctx, v)
+    return _reshape(v, (1,) * (4 - len(shp)) + shp) if len(shp) < 4 else v
+
+
+def _mask_bias(ctx, kv):
+    """The attention mask (input 3) as an additive float32 bias of rank 4, padded to kv."""
+    m = ctx.input(3)
+    is_bool = ctx.in_type(3) == 9  # BOOL, held as int32 0/1
+    shp = static_shape(ctx, m, "attn_mask")
+    m = _f32(m)
+    if shp[-1] < kv:
+        fill = 0.0 if is_bool else -np.inf
+        pad = ctx.imm(np.full(shp[:-1] + (kv - shp[-1],), fill, np.float32))
+        m = mgb.opr.concat(m, pad, axis=len(shp) - 1)
+    if is_bool:
+        m = _neg_inf_where_not(ctx, m)
+    return _as_rank4(ctx, m)
+
+
+def _structural_bias(ctx, b, q, kv, past_len):
+    """Causal / sliding-window frontiers and key padding, as a rank-4 additive bias (or None).
+
+    A query at block index i sits at absolute position i + offset: offset is the past length
+    (internal cache) or ``nonpad_kv_seqlen[b] - q`` (external cache).
+    """
+    causal = bool(ctx.attr("is_causal"))
+    left = ctx.attr("left_window_size")
+    right = ctx.attr("right_window_size")
+    left = -1 if left is None else int(left)
+    right = -1 if right is None else int(right)
+    nonpad = ctx.input(6) if ctx.has(6) else None
+    if not (causal or left >= 0 or right >= 0 or nonpad is not None):
+        return None
+    # d = j - i on the (q, kv) grid
+    d = (np.arange(kv)[None, :] - np.arange(q)[:, None]).reshape(1, 1, q, kv).astype(np.int32)
+    grid = ctx.imm(d)
+    if nonpad is not None:
+        npad = _reshape(mgb.opr.typecvt(nonpad, np.int32), (b, 1, 1, 1))
+        off = E(npad, ctx.imm(np.int32(q)), mode="SUB")
+    else:
+        off = ctx.imm(np.full((1, 1, 1, 1), past_len, np.int32))
+    conds = []
+    if causal:
+        conds.append(E(grid, off, mode="LEQ"))  # j <= i + offset
+    if left >= 0:  # (i + offset) - j <= left
+        conds.append(E(E(off, ctx.imm(np.int32(left)), mode="SUB"), grid, mode="LEQ"))
+    if right >= 0:  # j - (i + offset) <= right
+        conds.append(E(grid, E(off, ctx.imm(np.int32(right)), mode="ADD"), mode="LEQ"))
+    if nonpad is not None:  # j < nonpad_kv_seqlen[b]
+        j = ctx.imm(np.arange(kv, dtype=np.int32).reshape(1, 1, 1, kv))
+        conds.append(E(j, npad, mode="LT"))
+    allowed = conds[0]
+    for c in conds[1:]:
+        allowed = E(allowed, c, mode="MUL")
+    return _neg_inf_where_not(ctx, mgb.opr.typecvt(allowed, np.float32))
+
+
+def _safe_softmax(ctx, x):
+    """Softmax over the last axis; a row that is all -inf gives zeros."""
+    ax = len(static_shape(ctx, x)) - 1
+    mx = mgb.opr.reduce_(x, "MAX", ax, True)
+    dead = E(mx, ctx.imm(np.float32(-np.inf)), mode="EQ")
+    safe = E(E(ctx.imm(np.float32(1)), dead, mode="SUB"), mx, mode="SWITCH_GT0")
+    ex = E(E(x, safe, mode="SUB"), mode="EXP")
+    s = mgb.opr.reduce_(ex, "SUM", ax, True)
+    s = E(s, E(s, ctx.imm(np.float32(0)), mode="EQ"), mode="ADD")
+    return E(ex, s, mode="TRUE_DIV")
+
+
+def _check_attention(attrs, in_types, where):
+    from .registry import ONNXConversionError
+
+    if attrs.get("softmax_precision") not in (None, 1, 10, 11, 16):
+        raise ONNXConversionError(
+            f"{where}: softmax_precision={attrs['softmax_precision']} is not supported"
+        )
+
+
+@converter(
+    "Attention",
+    23,
+    attrs={
+        "is_causal": Attr(0, frozenset({0, 1})),
+        "kv_num_heads": None,
+        "q_num_heads": None,
+        "qk_matmul_output_mode": Attr(0, frozenset({0, 1, 2, 3})),
+        "scale": None,
+        "softcap": 0.0,
+        "softmax_precision": None,
+        "left_window_size": None,
+        "right_window_size": None,
+    },
+    validate=_check_attention,
+)
+def _attention(ctx):
+    q_in, k_in, v_in = ctx.input(0), ctx.input(1), ctx.input(2)
+    out_dtype = q_in.dtype
+    rank = len(static_shape(ctx, q_in, "Q"))
+    if rank not in (3, 4):
+        raise ctx.fail(f"Q must have rank 3 or 4, got {rank}")
+    if (ctx.input(4) is None) != (ctx.input(5) is None):
+        raise ctx.fail("past_key and past_value must be given together")
+    if ctx.has(6) and ctx.has(4):
+        raise ctx.fail("nonpad_kv_seqlen cannot be combined with past_key/past_value")
+    Q, K, V = _f32(q_in), _f32(k_in), _f32(v_in)
+    if rank == 3:
+        Q = _heads_first(ctx, Q, ctx.attr("q_num_heads"), "Q")
+        K = _heads_first(ctx, K, ctx.attr("kv_num_heads"), "K")
+        V = _heads_first(ctx, V, ctx.attr("kv_num_heads"), "V")
+    past_len = 0
+    if ctx.has(4):
+        past_len = static_shape(ctx, ctx.input(4), "past_key")[2]
+        K = mgb.opr.concat(_f32(ctx.input(4)), K, axis=2)
+        V = mgb.opr.concat(_f32(ctx.input(5)), V, axis=2)
+    present_k, present_v = K, V
+    b, hq, q, dq = static_shape(ctx, Q, "Q")
+    hk, kv = static_shape(ctx, K, "K")[1:3]
+    hv, dv = static_shape(ctx, V, "V")[1], static_shape(ctx, V, "V")[3]
+    if hq != hk:
+        if hq % hk or hk != hv:
+            raise ctx.fail(f"{hq} query heads do not group over {hk} key / {hv} value heads")
+        reps = hq // hk
+
+        def repeat(x, d):
+            x = _reshape(x, (b, hk, 1, kv, d))
+            return _reshape(mgb.opr.broadcast(x, (b, hk, reps, kv, d)), (b, hq, kv, d))
+
+        K, V = repeat(K, dq), repeat(V, dv)
+    scale = ctx.attr("scale")
+    scale = 1.0 / np.sqrt(dq) if scale is None else float(scale)
+    s = ctx.imm(np.float32(np.sqrt(scale)))
+    qk = _bmm(ctx, E(Q, s, mode="MUL"), E(K, s, mode="MUL"), trans_b=True)
+    softcap = float(ctx.attr("softcap") or 0.0)
+    if softcap > 0:
+        c = ctx.imm(np.float32(softcap))
+        qk = E(E(E(qk, c, mode="TRUE_DIV"), mode="TANH"), c, mode="MUL")
+    bias = None
+    if ctx.has(3):
+        bias = _mask_bias(ctx, kv)
+    struct = _structural_bias(ctx, b, q, kv, past_len)
+    if struct is not None:
+        bias = struct if bias is None else E(bias, struct, mode="ADD")
+    logits = qk if bias is None else E(qk, bias, mode="ADD")
+    probs = _safe_softmax(ctx, logits)
+    if bias is not None:
+        # a row whose bias is all -inf attends nothing: zero, whatever its logits hold
+        full = mgb.opr.broadcast(bias, (b, hq, q, kv))
+        bmax = mgb.opr.reduce_(full, "MAX", 3, True)
+        live = E(
+            ctx.imm(np.float32(1)), E(bmax, ctx.imm(np.float32(-np.inf)), mode="EQ"), mode="SUB"
+        )
+        probs = E(live, probs, mode="SWITCH_GT0")
+    y = _bmm(ctx, probs, V)
+    if rank == 3:
+        y = _reshape(mgb.opr.dimshuffle(y, [0, 2, 1, 3]), (b, q, hq * dv))
+    mode = ctx.attr("qk_matmul_output_mode")
+    qk_out = {0: qk, 1: qk, 2: logits, 3: probs}[mode]
+
+    def back(v):
+        return v if np.dtype(v.dtype) == np.dtype(out_dtype) else mgb.opr.typecvt(v, out_dtype)
+
+    return [back(y), back(present_k), back(present_v), back(qk_out)]
