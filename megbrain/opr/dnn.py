@@ -22,6 +22,7 @@ from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..kernels import conv_algos
 from ..kernels import dnn_conv as conv_kernels
+from ..kernels import dnn_pool as pool_kernels
 from ..kernels import elemwise as ew_kernels
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
@@ -608,7 +609,7 @@ class _PoolBase(_NamedByKind, OperatorNodeBase):
                 f"padding {p.pad} must be smaller than the window {p.window}: a window would lie "
                 "entirely in the padding"
             )
-        out = tuple(conv_kernels.pool_out_size(*a) for a in zip(src[2:], p.window, p.stride, p.pad))
+        out = tuple(pool_kernels.pool_out_size(*a) for a in zip(src[2:], p.window, p.stride, p.pad))
         if any(o <= 0 for o in out):
             raise self.error(
                 f"src {fmt_shape(src)} is smaller than the window {p.window} (pad={p.pad})"
@@ -635,7 +636,7 @@ class Pooling(_PoolBase):
 
     def bind(self, ins, outs):
         p = self.param
-        return conv_kernels.bind_pooling(ins[0], outs[0], p.mode, p.window, p.stride, p.pad)
+        return pool_kernels.bind_pooling(ins[0], outs[0], p.mode, p.window, p.stride, p.pad)
 
     def grad(self, wrt_idx, out_grads):
         if out_grads[0] is None:
@@ -668,7 +669,7 @@ class PoolingBackward(_PoolBase):
 
     def bind(self, ins, outs):
         p = self.param
-        return conv_kernels.bind_pooling_backward(
+        return pool_kernels.bind_pooling_backward(
             ins[0], ins[1], ins[2], outs[0], p.mode, p.window, p.stride, p.pad
         )
 

@@ -1,0 +1,89 @@
+"""Splitting a GIL-free compiled kernel over a few threads of one small module-level pool.
+
+The executor calls kernels from its comp nodes' worker threads, and Numba's parallel threading
+layers (OpenMP, TBB, workqueue) are not safe to enter from several threads at once. A kernel
+that takes a range ``[lo, hi)`` of independent items (planes, rows) and releases the GIL
+(``nogil``) is instead split here: the calling thread runs the first part, the pool's threads
+the others, and the call returns when all are done. The pool has one thread fewer than
+:func:`num_threads` (the BLAS thread count, else the number of CPUs); its threads only run
+such parts and never submit work themselves, so callers cannot deadlock on it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import os
+import threading
+from collections.abc import Callable
+
+from .steps import Step
+
+__all__ = ["num_threads", "split"]
+
+_lock = threading.Lock()
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+@functools.cache
+def num_threads() -> int:
+    """Threads a split kernel uses: OpenBLAS's (through ``threadpoolctl`` when it is
+    installed, so that ``OPENBLAS_NUM_THREADS`` caps both alike), else ``os.cpu_count()``."""
+    n = 0
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        pass
+    else:
+        n = max((i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"), default=0)
+    return max(1, n or os.cpu_count() or 1)
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                max(1, num_threads() - 1), thread_name_prefix="mgb-kernel"
+            )
+        return _pool
+
+
+def _forget_pool() -> None:  # a forked child has none of the parent's threads
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
+    """A step running ``fn(lo, hi)`` over ``[0, n)`` in at most :func:`num_threads` parts of
+    at least ``min_items`` items each (one plain call when that makes one part).
+
+    Parameters
+    ----------
+    fn : Callable[[int, int], object]
+        Computes items ``[lo, hi)``; parts run concurrently, so ``fn`` must release the GIL
+        to gain anything and must write disjoint memory for disjoint ranges.
+    n : int
+        Number of items.
+    min_items : int
+        Fewest items worth one thread (below it, the hand-over costs more than it saves).
+    """
+    parts = min(num_threads(), n // max(1, min_items))
+    if parts <= 1:
+        return functools.partial(fn, 0, n)
+    bounds = [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
+    head, rest = bounds[0], bounds[1:]
+
+    def run() -> None:
+        pool = _executor()
+        futures = [pool.submit(fn, lo, hi) for lo, hi in rest]
+        try:
+            fn(*head)
+        finally:
+            for f in futures:
+                f.result()
+
+    return run
