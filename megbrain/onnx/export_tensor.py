@@ -217,33 +217,116 @@ def _modify_subtensor(w, op, ins):
 
 
 # ---- vector indexing -------------------------------------------------------------------------
-@exports("IndexingMultiAxisVec")
-def _multi_axis_vec(w, op, ins):
+def _normalized(w, x, name, axis):
+    """Index ``name`` (int64) with negative entries counted from the end of ``axis`` of x."""
+    dim = _dim(w, x, axis)
+    neg = w.node("Less", [name, _zero64(w)])
+    return w.node("Where", [neg, w.node("Add", [name, dim]), name])
+
+
+def _zero64(w):
+    return w.const(np.zeros((), np.int64), "zero")
+
+
+def _index_grid(w, op, x, items, ndim, family):
+    """The indices of a vector-indexing family as one (B..., k) int64 tensor over the axes
+    ``axes`` (moved first), and the perm from the (B..., rest...) layout GatherND gives to
+    the family's result layout; returns (indices, axes, rest, perm, B)."""
+    index = sorted((it[0] % ndim, it[5]) for it in items if it[1] == "index")
+    shapes = [tuple(static_shape(w, v, "index")) for _, v in index]
+    axes = [a for a, _ in index]
+    parts = []
+    if family == "mavi":
+        bshape = tuple(np.broadcast_shapes(*shapes))
+        for (a, var), _ in zip(index, shapes):
+            t = _normalized(w, x, w.node("Cast", [w.name(var)], to=TensorProto.INT64), a)
+            parts.append(w.node("Expand", [t, _vec(w, bshape)]))
+    elif family == "mesh":
+        bshape = tuple(s[0] for s in shapes)
+        k = len(index)
+        for j, (a, var) in enumerate(index):
+            t = _normalized(w, x, w.node("Cast", [w.name(var)], to=TensorProto.INT64), a)
+            t = w.node("Reshape", [t, _vec(w, [1] * j + [-1] + [1] * (k - j - 1))])
+            parts.append(w.node("Expand", [t, _vec(w, bshape)]))
+    else:  # batched: axis 0 pairs entry b with the rows index[b]
+        batch = static_shape(w, op.outputs[0], "output")[0]
+        bshape = (batch,) + tuple(s[1] for s in shapes)
+        k = len(index) + 1
+        one = w.const(np.ones((), np.int64), "one")
+        rows = w.node("Range", [_zero64(w), w.squeeze(_dim(w, x, 0), [0]), one])
+        rows = w.node("Reshape", [rows, _vec(w, [-1] + [1] * (k - 1))])
+        parts.append(w.node("Expand", [rows, _vec(w, bshape)]))
+        for j, (a, var) in enumerate(index, start=1):
+            t = _normalized(w, x, w.node("Cast", [w.name(var)], to=TensorProto.INT64), a)
+            t = w.node("Reshape", [t, _vec(w, [0] + [1] * (j - 1) + [-1] + [1] * (k - j - 1))])
+            parts.append(w.node("Expand", [t, _vec(w, bshape)]))
+        axes = [0] + axes
+    rest = [a for a in range(ndim) if a not in axes]
+    nb = len(bshape)
+    idx = w.node("Concat", [w.unsqueeze(t, [nb]) for t in parts], axis=-1)
+    if family == "mavi":
+        if axes == list(range(axes[0], axes[0] + len(axes))) and axes[0] > 0:
+            lead = list(range(nb, nb + axes[0]))
+            perm = lead + list(range(nb)) + list(range(nb + axes[0], nb + len(rest)))
+        else:
+            perm = list(range(nb + len(rest)))
+    else:  # the index dims stay in place of their axes
+        perm = [axes.index(p) if p in axes else nb + rest.index(p) for p in range(ndim)]
+    return idx, axes, rest, perm, bshape
+
+
+def _identity_perm(perm):
+    return perm == list(range(len(perm)))
+
+
+@exports("IndexingMultiAxisVec", "BatchedMeshIndexing")
+def _vec_gather(w, op, ins):
     ndim = len(static_shape(w, op.inputs[0], "input"))
     items = _parse(op.opr.param.descs, op.inputs[1:])
     x = _slice(w, ins[0], items, ndim)
-    index = sorted((it[0] % ndim, it[5]) for it in items if it[1] == "index")
-    if len(index) == 1:
-        ((axis, var),) = index
-        return w.node("Gather", [x, w.name(var)], axis=axis)
-    # several axes: move them first, GatherND with the broadcast indices stacked last, then
-    # put the index dims where NumPy does (in place of adjacent axes, else first)
-    axes = [a for a, _ in index]
-    rest = [a for a in range(ndim) if a not in axes]
-    bshape = np.broadcast_shapes(*(tuple(static_shape(w, v, "index")) for _, v in index))
-    parts = []
-    for _, var in index:
-        t = w.node("Cast", [w.name(var)], to=TensorProto.INT64)
-        t = w.node("Expand", [t, _vec(w, bshape)])
-        parts.append(w.unsqueeze(t, [len(bshape)]))
-    idx = w.node("Concat", parts, axis=-1)
+    family = "mavi" if op.type == "IndexingMultiAxisVec" else "batched"
+    index = [it for it in items if it[1] == "index"]
+    if family == "mavi" and len(index) == 1:
+        return w.node("Gather", [x, w.name(index[0][5])], axis=index[0][0] % ndim)
+    idx, axes, rest, perm, _ = _index_grid(w, op, x, items, ndim, family)
     y = w.node("GatherND", [w.node("Transpose", [x], perm=axes + rest), idx])
-    nb = len(bshape)
-    if axes == list(range(axes[0], axes[0] + len(axes))) and axes[0] > 0:
-        lead = list(range(nb, nb + axes[0]))
-        perm = lead + list(range(nb)) + list(range(nb + axes[0], nb + len(rest)))
-        y = w.node("Transpose", [y], perm=perm)
-    return y
+    return y if _identity_perm(perm) else w.node("Transpose", [y], perm=perm)
+
+
+@exports(
+    "IndexingSetMultiAxisVec",
+    "IndexingIncrMultiAxisVec",
+    "SetMeshIndexing",
+    "IncrMeshIndexing",
+    "BatchedSetMeshIndexing",
+    "BatchedIncrMeshIndexing",
+)
+def _vec_scatter(w, op, ins):
+    shape = static_shape(w, op.inputs[0], "input")
+    ndim = len(shape)
+    items = _parse(op.opr.param.descs, op.inputs[2:])
+    if any(it[1] == "interval" and any(v is not None for v in it[2:5]) for it in items):
+        raise w.error("an indexed update with slices on other axes is not exported")
+    incr = "Incr" in op.type
+    if incr and w.opset < 16:
+        raise w.error("an indexed increment needs ScatterND's reduction (opset 16 or newer)")
+    family = "mavi" if "MultiAxisVec" in op.type else (
+        "batched" if op.type.startswith("Batched") else "mesh"
+    )
+    x = ins[0]
+    idx, axes, rest, perm, bshape = _index_grid(w, op, x, items, ndim, family)
+    layout = list(bshape) + [shape[a] for a in rest]  # (B..., rest...)
+    result = [layout[p] for p in perm]  # the getter's result shape
+    value = w.node("Expand", [ins[1], _vec(w, result)])
+    inv = [perm.index(k) for k in range(len(perm))]
+    if not _identity_perm(inv):
+        value = w.node("Transpose", [value], perm=inv)
+    order = axes + rest
+    xt = x if _identity_perm(order) else w.node("Transpose", [x], perm=order)
+    kw = {"reduction": "add"} if incr else {}
+    y = w.node("ScatterND", [xt, idx, value], **kw)
+    back = [order.index(k) for k in range(ndim)]
+    return y if _identity_perm(back) else w.node("Transpose", [y], perm=back)
 
 
 @exports("IndexingOneHot")
@@ -444,12 +527,5 @@ REFUSED.update(
         "UniformRNG": "ONNX random operators draw from another generator",
         "ArgsortBackward": "a gradient operator (training graphs have no ONNX form)",
         "IndexingRemapBackward": "a gradient operator (training graphs have no ONNX form)",
-        "IndexingIncrMultiAxisVec": "not exported: a scatter-add of vector indices",
-        "IndexingSetMultiAxisVec": "not exported: a scatter of vector indices",
-        "SetMeshIndexing": "not exported: a scatter of mesh indices",
-        "IncrMeshIndexing": "not exported: a scatter-add of mesh indices",
-        "BatchedMeshIndexing": "not exported: per-batch mesh indices",
-        "BatchedSetMeshIndexing": "not exported: per-batch mesh indices",
-        "BatchedIncrMeshIndexing": "not exported: per-batch mesh indices",
     }
 )

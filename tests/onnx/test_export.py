@@ -423,6 +423,40 @@ def test_export_vector_indexing_several_axes(index, rng):
     )
 
 
+def _ints(g, name, value):
+    return _arg(g, np.shape(value), name, np.int32), np.asarray(value, np.int32)
+
+
+@pytest.mark.parametrize("incr", [False, True])
+def test_export_vector_and_mesh_updates(incr, rng):
+    g = mgb.comp_graph()
+    x = _arg(g, (4, 5, 6), "x")
+    (a, av), (b, bv) = _ints(g, "a", [[1], [-1]]), _ints(g, "b", [0, 2, 2])
+    (c, cv) = _ints(g, "c", [4, 0, 4, -1])  # repeats: an increment adds each
+    (r, rv) = _ints(g, "r", [[1, 3], [0, 0], [4, 2], [2, 2]])  # (batch, k) rows for axis 1
+    kind = "incr" if incr else "set"
+    adv = getattr(mgb.opr, f"{kind}_advanced_indexing")
+    mesh = getattr(mgb.opr, f"{kind}_mesh_indexing")
+    batched = getattr(mgb.opr, f"batched_{kind}_mesh_indexing")
+    v1, v2 = _arg(g, (2, 3, 6), "v1"), _arg(g, (4, 4), "v2")
+    v3, v4 = _arg(g, (2, 5, 4), "v3"), _arg(g, (4, 2, 6), "v4")
+    outs = [
+        adv(x, v1)[a, b],
+        adv(x, v2)[:, 1, c],
+        mesh(x, v3)[a.reshape(-1), :, c],
+        batched(x, v4)[:, r],
+        mgb.opr.batched_mesh_indexing(x)[:, r],
+    ]
+    feeds = [(x, rng.standard_normal((4, 5, 6)).astype(np.float32)), (a, av), (b, bv),
+             (c, cv), (r, rv)]
+    feeds += [(v, rng.standard_normal(v.imm_shape).astype(np.float32)) for v in (v1, v2, v3, v4)]
+    model = _roundtrip(outs, feeds, opset=17)
+    if incr:
+        with pytest.raises(ONNXConversionError, match="opset 16"):
+            export(outs[:1], None, opset=15)
+    assert "ScatterND" in {n.op_type for n in model.graph.node}
+
+
 @pytest.mark.parametrize("mode", ["EQ", "NEQ", "LT", "GEQ"])
 def test_export_cond_take_has_data_dependent_length(mode, rng):
     g = mgb.comp_graph()
