@@ -20,6 +20,9 @@ from .. import dtype as _dt
 from .steps import Step, chain
 
 __all__ = [
+    "COMPILED_BCAST_MODES",
+    "COMPILED_MIN_SIZE",
+    "COMPILED_MODES",
     "MODES",
     "ModeTrait",
     "QuantParams",
@@ -543,7 +546,49 @@ def check_mode(mode: str, dtype: np.dtype | type) -> None:
         raise ValueError(f"Elemwise mode {trait.name} does not support dtype {dtype.name}")
 
 
-def bind(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray) -> Callable[[], None]:
+#: modes run by one compiled loop (:mod:`megbrain.kernels.jit_codegen`) on large float32
+#: arrays, whose compiled form gives the same values (no approximation, same operation
+#: order): those NumPy computes in several passes or slowly (RELU's NaN-aware maximum) ...
+COMPILED_MODES = frozenset(
+    {"RELU", "MAX", "MIN", "SWITCH_GT0", "FUSE_ADD_RELU", "FUSE_MUL_ADD3", "FUSE_MUL_ADD4",
+     "COND_LEQ_MOV"}
+)  # fmt: skip
+#: ... and one-pass modes whose broadcast operand (a per-channel bias) makes NumPy's inner
+#: loop short: compiled only for the per-channel broadcast layout
+COMPILED_BCAST_MODES = frozenset({"ADD", "SUB", "MUL", "TRUE_DIV"})
+#: output elements from which COMPILED_MODES run compiled
+COMPILED_MIN_SIZE = 1 << 15
+
+
+def _compiled_bind(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray):
+    """The compiled loop of one float32 node, or None where NumPy's kernel is used: small
+    outputs, layouts other than flat or a per-channel broadcast, or an input overlapping
+    ``out`` other than as the very same array (in-place)."""
+    if mode in COMPILED_MODES:
+        layouts = ("flat", "bcast")
+    elif mode in COMPILED_BCAST_MODES:
+        layouts = ("bcast",)
+    else:
+        return None
+    if out.dtype != _F32 or out.size < COMPILED_MIN_SIZE:
+        return None
+    ptr = out.__array_interface__["data"][0]
+    for x in inputs:
+        if np.may_share_memory(x, out) and not (
+            x.shape == out.shape
+            and x.strides == out.strides
+            and x.__array_interface__["data"][0] == ptr
+        ):
+            return None
+    from . import jit_codegen
+
+    expr = ((mode, tuple(("i", k) for k in range(len(inputs)))),)
+    return jit_codegen.bind(expr, inputs, out, layouts=layouts)
+
+
+def bind(
+    mode: str, inputs: Sequence[np.ndarray], out: np.ndarray, *, compiled: bool = True
+) -> Callable[[], None]:
     """Bind an Elemwise mode to its input and output arrays.
 
     Parameters
@@ -555,6 +600,11 @@ def bind(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray) -> Callable[[
         may share memory with ``out`` (in-place computation).
     out : numpy.ndarray
         The output; normally of the inputs' dtype (comparisons write 1 and 0 in it).
+    compiled : bool
+        Whether a mode of :data:`COMPILED_MODES` (and :data:`COMPILED_BCAST_MODES`, for a
+        per-channel broadcast) on float32 arrays of at least
+        :data:`COMPILED_MIN_SIZE` elements may run as one compiled loop (Numba, compiled on
+        first use and cached on disk) instead of NumPy's passes; False never compiles.
 
     Returns
     -------
@@ -587,6 +637,10 @@ def bind(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray) -> Callable[[
             f"Elemwise mode {trait.name}: input shapes {shapes} do not broadcast to the output "
             f"shape {out.shape}"
         )
+    if compiled and out.dtype == dtype:
+        fn = _compiled_bind(trait.name, inputs, out)
+        if fn is not None:
+            return fn
     steps: list[Step] = []
     cdtype = dtype
     if dtype in _LOW_FLOATS and dtype not in _NATIVE_LOWP[trait.name]:
@@ -625,7 +679,7 @@ def compute(mode: str, *inputs: np.ndarray, dtype: np.dtype | type | None = None
     arrays = [np.asarray(x) for x in inputs]
     shape = np.broadcast_shapes(*(a.shape for a in arrays)) if arrays else ()
     out = np.empty(shape, arrays[0].dtype if dtype is None and arrays else dtype)
-    bind(mode, arrays, out)()
+    bind(mode, arrays, out, compiled=False)()
     return out
 
 

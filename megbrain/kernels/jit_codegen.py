@@ -37,6 +37,7 @@ __all__ = [
     "FUSABLE_MODES",
     "REDUCE_MODES",
     "STATS",
+    "bcast_shape",
     "bind",
     "cache_dir",
     "check_expr",
@@ -413,9 +414,13 @@ def kernel_source(
         The expression (module docstring).
     layout : tuple
         ``("flat", kinds, alias)``: 1-d arrays, ``kinds[k]`` is ``"f"`` (one element per
-        output element) or ``"s"`` (one element, broadcast); ``("nd", ndim, alias)``: every
-        input broadcast to the full shape, ``out`` of the full (or reduced) shape. ``alias``:
-        None, or the input that is also the output (``kernel`` then takes no ``out``).
+        output element) or ``"s"`` (one element, broadcast); ``("bcast", (kinds, inner),
+        alias)``: the full shape collapsed to ``(A, B, K)``, or ``(A, B)`` when ``inner`` is
+        False (:func:`bcast_shape`); ``kinds[k]`` is ``"f"`` (an array of that shape), ``"c"``
+        (a ``(B,)`` array broadcast over A and K: a per-channel bias) or ``"s"``;
+        ``("nd", ndim, alias)``: every input broadcast to the full shape, ``out`` of the full
+        (or reduced) shape. ``alias``: None, or the input that is also the output
+        (``kernel`` then takes no ``out``).
     parallel : bool
         Run the outer loop with ``prange`` (elementwise kernels only).
     reduce : (mode, axis) or None
@@ -427,7 +432,7 @@ def kernel_source(
         The module source.
     """
     kind, arg, alias = layout
-    nin = len(arg) if kind == "flat" else _nr_inputs(expr)
+    nin = len(arg) if kind == "flat" else len(arg[0]) if kind == "bcast" else _nr_inputs(expr)
     params = ", ".join([f"x{k}" for k in range(nin)] + (["out"] if alias is None else []))
     last = f"t{len(expr) - 1}"
     loop = "prange" if parallel else "range"
@@ -446,6 +451,25 @@ def kernel_source(
             n = next((f"x{k}.shape[0]" for k in range(nin) if arg[k] == "f"), "1")
             body += [f"n = {n}", *_acc_init(reduce[0]), "for i in range(n):", *_ind(calc, 1)]
             body += [*_ind(_acc_step(reduce[0], last), 1), *_acc_store(reduce[0], "out[0]", "n")]
+    elif kind == "bcast":
+        kinds, inner = arg
+        body += [f"s{k} = x{k}[0]" for k in range(nin) if kinds[k] == "s"]
+        idx = "a, b, k" if inner else "a, b"
+
+        def load(k):
+            if kinds[k] == "f":
+                return f"x{k}[{idx}]"
+            return f"s{k}" if kinds[k] == "s" else (f"c{k}" if inner else f"x{k}[b]")
+
+        calc = _body(expr, load)
+        body += ["na, nb = out.shape[0], out.shape[1]", f"for a in {loop}(na):"]
+        if inner:  # the channel values are loaded once per row of K
+            body += ["    for b in range(nb):"]
+            body += _ind([f"c{k} = x{k}[b]" for k in range(nin) if kinds[k] == "c"], 2)
+            body += ["        for k in range(out.shape[2]):", *_ind(calc, 3)]
+            body += [f"            out[{idx}] = {last}"]
+        else:
+            body += ["    for b in range(nb):", *_ind(calc, 2), f"        out[{idx}] = {last}"]
     else:
         ndim = arg
         idx = ", ".join(f"i{d}" for d in range(ndim))
@@ -670,12 +694,52 @@ def reduced_shape(shape: tuple, reduce) -> tuple:
     return tuple(shape[:axis]) + (1,) + tuple(shape[axis + 1 :])
 
 
+def bcast_shape(shape: tuple, shapes: Sequence[tuple]) -> tuple | None:
+    """Collapse the full ``shape`` to ``(A, B, K)`` for the ``"bcast"`` layout.
+
+    Every input must be full (``shape`` itself), one element, or span one block of
+    ``shape``'s dims exactly, with ones elsewhere; all such *channel* inputs the same block
+    (``(1, C, 1, 1)`` over ``(N, C, H, W)``: ``A = N``, ``B = C``, ``K = H * W``).
+
+    Returns
+    -------
+    tuple or None
+        ``((A, B, K), kinds)`` with ``kinds[k]`` ``"f"``, ``"c"`` or ``"s"``; None when the
+        inputs do not fit, or none is a channel input.
+    """
+    nd = len(shape)
+    keep = [d for d in range(nd) if shape[d] != 1]
+    full = [shape[d] for d in keep]
+    block, kinds = None, []
+    for sh in shapes:
+        sh = (1,) * (nd - len(sh)) + tuple(sh)
+        sub = [sh[d] for d in keep]
+        if sub == full:
+            kinds.append("f")
+            continue
+        dims = [j for j, n in enumerate(sub) if n != 1]
+        if not dims:
+            kinds.append("s")
+            continue
+        blk = (dims[0], dims[-1] + 1)
+        if sub[blk[0] : blk[1]] != full[blk[0] : blk[1]] or block not in (None, blk):
+            return None
+        block = blk
+        kinds.append("c")
+    if block is None:
+        return None
+    p, q = block
+    return (math.prod(full[:p]), math.prod(full[p:q]), math.prod(full[q:])), tuple(kinds)
+
+
 def bind(
     expr: Sequence,
     inputs: Sequence[np.ndarray],
     out: np.ndarray,
     reduce: tuple | None = None,
-) -> Callable[[], None]:
+    *,
+    layouts: Sequence[str] = ("flat", "bcast", "nd"),
+) -> Callable[[], None] | None:
     """Bind a fused expression to its input and output arrays.
 
     Parameters
@@ -690,10 +754,13 @@ def bind(
     reduce : (mode, axis) or None
         A closing SUM/MEAN/MAX/MIN over everything (axis None, ``out`` of shape (1,)) or over
         one non-negative axis (kept with size 1).
+    layouts : sequence of str
+        The layouts allowed (:func:`kernel_source`), tried in the order flat, bcast, nd;
+        None when the arrays fit none of them.
 
     Returns
     -------
-    Callable[[], None]
+    Callable[[], None] or None
         A zero-argument callable computing into ``out`` from the inputs' current contents;
         for float32 arrays of the output's shape one call of a compiled kernel.
     """
@@ -724,7 +791,8 @@ def bind(
         res = np.empty(out.shape, _F32)
     ndim = len(shape)
     flat = (
-        res.flags.c_contiguous
+        "flat" in layouts
+        and res.flags.c_contiguous
         and (reduce is None or reduce[1] is None)
         and all(x.size == 1 or (x.shape == shape and x.flags.c_contiguous) for x in inputs)
     )
@@ -732,10 +800,23 @@ def bind(
     if parallel:
         _numba()
         parallel = bool(_parallel_ok)
+    bc = None
+    if not flat and reduce is None and "bcast" in layouts and res.flags.c_contiguous:
+        bc = bcast_shape(shape, [x.shape for x in inputs])
+        if bc is not None and not all(x.size == 1 or x.flags.c_contiguous for x in inputs):
+            bc = None  # reshaping would copy: the kernel must read the arrays themselves
     if flat:
         kinds = tuple("f" if x.size == size else "s" for x in inputs)
         args = [x.reshape(-1) for x in inputs] + [res.reshape(-1)]
         layout = ("flat", kinds, _alias(args))
+    elif bc is not None:
+        (na, nb, nk), kinds = bc
+        fshape = (na, nb, nk) if nk > 1 else (na, nb)
+        args = [x.reshape(fshape if t == "f" else -1) for x, t in zip(inputs, kinds)]
+        args.append(res.reshape(fshape))
+        layout = ("bcast", (kinds, nk > 1), _alias(args))
+    elif "nd" not in layouts:
+        return None
     else:
         args = [np.broadcast_to(x, shape) for x in inputs] + [res]
         layout = ("nd", ndim, _alias(args))
@@ -786,7 +867,7 @@ def _bind_unfused(expr, inputs, out, reduce) -> Callable[[], None]:
                 xs.append(np.array([x], dtype))
         last = j == len(expr) - 1 and reduce is None
         res = out if last else np.empty(full_shape([a.shape for a in xs]), dtype)
-        steps.append(ew.bind(mode, xs, res))
+        steps.append(ew.bind(mode, xs, res, compiled=False))
         vals.append(res)
     if reduce is not None:
         src = vals[-1]

@@ -150,6 +150,8 @@ def _random_chain(rng, nin, nops):
         (0, [(64,), (64,), (64,)]),
         (1, [(4, 1, 6), (5, 1), (6,)]),  # broadcasting: the N-d kernel
         (2, [(3, 8), (1,), (3, 8)]),  # a one-element input: the flat kernel with a scalar
+        (3, [(4, 6, 5, 5), (1, 6, 1, 1), (4, 6, 5, 5)]),  # a per-channel bias: "bcast"
+        (5, [(7, 9), (1, 9), (1,)]),  # a row bias: "bcast" without an inner loop
     ],
 )
 def test_random_chains_match_unfused(seed, shapes):
@@ -515,3 +517,27 @@ def test_import_megbrain_does_not_import_numba():
     code = "import sys, megbrain; print('numba' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert p.stdout.strip() == "False"
+
+
+def test_bcast_shape_collapses_per_channel_operands():
+    assert jc.bcast_shape((8, 3, 4, 5), [(8, 3, 4, 5), (1, 3, 1, 1)]) == ((8, 3, 20), ("f", "c"))
+    # leading dims missing, a scalar, size-1 dims of the full shape ignored
+    got = jc.bcast_shape((8, 1, 3, 4), [(3, 4), (1,), (8, 1, 3, 4)])
+    assert got == ((8, 12, 1), ("c", "s", "f"))
+    assert jc.bcast_shape((8, 3), [(8, 3), (8, 3)]) is None  # no channel operand: flat
+    assert jc.bcast_shape((8, 3, 4), [(8, 1, 4), (8, 3, 4)]) is None  # ones inside the block
+    assert jc.bcast_shape((8, 3, 4), [(1, 3, 1), (8, 3, 1)]) is None  # two different blocks
+
+
+def test_bcast_layout_in_place_and_kernel_source():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, 4, 9)).astype(F32)
+    b = rng.standard_normal((1, 4, 1)).astype(F32)
+    expr = (("FUSE_ADD_RELU", (("i", 0), ("i", 1))), ("MUL", (("t", 0), ("c", 2.0))))
+    ref = jc.interpret(expr, [x, b])
+    y = x.copy()
+    jc.bind(expr, [y, b], y)()
+    np.testing.assert_array_equal(y, ref)
+    src = jc.kernel_source(expr, ("bcast", (("f", "c"), True), 0))
+    assert "c1 = x1[b]" in src and "for k in range(out.shape[2])" in src
+    assert jc.bind(expr, [x[:, :, ::2], b], np.empty((6, 4, 5), F32), layouts=("bcast",)) is None

@@ -364,3 +364,94 @@ def test_typecvt():
         np.testing.assert_array_equal(out.astype(np.float64), expect.astype(np.float64))
     with pytest.raises(ValueError, match="TypeCvt"):
         ew.typecvt_bind(np.ones(3, np.float32), np.empty(4, np.int32))
+
+
+# ---- the compiled loops of COMPILED_MODES (large float32 arrays) ------------------------------
+def _with_specials(rng, shape):
+    """Values in [-3, 3] with NaN, +-inf and signed zeros sprinkled in."""
+    x = rng.uniform(-3, 3, shape).astype(F32)
+    flat = x.reshape(-1)
+    m = min(8, flat.size // 5)
+    idx = rng.choice(flat.size, m * 5, replace=False).reshape(5, m)
+    for k, v in zip(idx, (np.nan, np.inf, -np.inf, 0.0, -0.0)):
+        flat[k] = v
+    return x
+
+
+_BIG = (4, 8, 32, 32)  # 32768 elements: COMPILED_MIN_SIZE
+# operand shapes per layout: all full (flat), a per-channel bias of NCHW, a row bias
+_LAYOUTS = {
+    "flat": lambda n: [_BIG] * n,
+    "channel": lambda n: [_BIG] + [(1, 8, 1, 1)] * (n - 1),
+    "bias_first": lambda n: [(8, 1, 1)] + [_BIG] * (n - 1),
+    "row": lambda n: [(256, 128)] + [(1, 128)] * (n - 1),
+}
+
+
+@pytest.mark.parametrize(
+    "mode, layout",
+    [
+        (m, lay)
+        for m in sorted(ew.COMPILED_MODES | ew.COMPILED_BCAST_MODES)
+        for lay in sorted(_LAYOUTS)
+        if ew.arity(m) > 1 or lay == "flat"
+    ],
+)
+def test_compiled_loop_equals_numpy_kernel(mode, layout):
+    """Same values (NaN where NumPy has NaN) as the NumPy kernel, in place too."""
+    rng = np.random.default_rng(7)
+    n = ew.arity(mode)
+    shapes = _LAYOUTS[layout](n)
+    xs = [_with_specials(rng, s) for s in shapes]
+    shape = np.broadcast_shapes(*shapes)
+    assert math.prod(shape) >= ew.COMPILED_MIN_SIZE
+    ref = np.empty(shape, F32)
+    with np.errstate(all="ignore"):
+        ew.bind(mode, xs, ref, compiled=False)()
+        out = np.full(shape, 5.0, F32)
+        step = ew.bind(mode, xs, out)
+        step()
+    np.testing.assert_array_equal(out, ref)
+    # one compiled call, not a chain of NumPy passes (ADD & co. only for a broadcast)
+    compiled = mode in ew.COMPILED_MODES or layout != "flat"
+    assert isinstance(step, functools.partial)
+    assert isinstance(step.func, np.ufunc) != compiled
+    full = next((k for k, s in enumerate(shapes) if s == shape), None)
+    if full is not None:  # in place over a full operand
+        xs2 = [x.copy() for x in xs]
+        with np.errstate(all="ignore"):
+            ew.bind(mode, xs2, xs2[full])()
+        np.testing.assert_array_equal(xs2[full], ref)
+
+
+def test_compiled_loop_is_not_used_for_small_or_overlapping_arrays():
+    rng = np.random.default_rng(3)
+    small = rng.standard_normal((8, 8)).astype(F32)
+    step = ew.bind("RELU", [small], np.empty_like(small))
+    assert getattr(step, "func", None) is np.maximum
+    # out overlapping the input shifted by one element: NumPy's kernel, right values
+    buf = rng.standard_normal(ew.COMPILED_MIN_SIZE + 1).astype(F32)
+    x, out = buf[1:], buf[:-1]
+    ref = np.where(x > 0, x, 0)
+    ew.bind("RELU", [x], out)()
+    np.testing.assert_array_equal(out, ref)
+    # float64 and non-contiguous outputs stay on NumPy too, with the same values
+    x64 = rng.standard_normal((64, 1024))
+    o64 = np.empty_like(x64)
+    ew.bind("SWITCH_GT0", [x64, x64], o64)()
+    np.testing.assert_array_equal(o64, np.where(x64 > 0, x64, 0))
+    xt = rng.standard_normal((256, 256)).astype(F32)
+    ot = np.empty((256, 256), F32).T
+    ew.bind("FUSE_ADD_RELU", [xt, xt[:1]], ot)()
+    np.testing.assert_array_equal(ot, np.maximum(xt + xt[:1], 0))
+
+
+def test_compute_never_compiles(monkeypatch):
+    from megbrain.kernels import jit_codegen as jc
+
+    def boom(*a, **k):
+        raise AssertionError("compute() must not compile")
+
+    monkeypatch.setattr(jc, "bind", boom)
+    x = np.ones(ew.COMPILED_MIN_SIZE, F32)
+    np.testing.assert_array_equal(ew.compute("RELU", x), x)
