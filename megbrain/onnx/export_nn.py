@@ -245,6 +245,67 @@ def _local(w, op, ins):
     return w.node("Reshape", [y, w.const(np.array([0, g * ocg, oh, ow], np.int64), "shape")])
 
 
+_GRID_PADDING = {"REPLICATE": "border", "CONSTANT": "zeros", "REFLECT_101": "reflection"}
+
+
+@exports("WarpPerspectiveForward")
+def _warp_perspective(w, op, ins):
+    """GridSample (align_corners: pixel centres) over the grid ``mat @ (ow, oh, 1)``.
+
+    MegDNN maps each of the four taps through the border mode; with align_corners GridSample
+    clamps (border) or reflects about the edge pixels (reflection) the coordinate first, which
+    gives the same taps for REPLICATE and REFLECT_101; CONSTANT samples ``src - border_val``
+    with zero padding and adds ``border_val`` back."""
+    p = op.params
+    if p["format"] != "NCHW" or p["imode"] not in ("LINEAR", "NEAREST"):
+        raise w.error(f"warp {p['format']}/{p['imode']} has no ONNX form")
+    if p["bmode"] not in _GRID_PADDING:
+        raise w.error(f"border mode {p['bmode']} has no GridSample padding mode")
+    if w.opset < 16:
+        raise w.error("a perspective warp needs GridSample (opset 16 or newer)")
+    src = static_shape(w, op.inputs[0], "warp source")
+    out = static_shape(w, op.outputs[0], "warp output")
+    ih, iw, (oh, ow) = src[2], src[3], out[2:]
+    if ih < 2 or iw < 2:
+        raise w.error(f"a source of {ih}x{iw} pixels can not be normalized for GridSample")
+    w.bakes_shape(ins[0], "the source size normalizing the sampling grid")
+    dt = np.dtype(op.outputs[0].dtype)
+    ys, xs = np.meshgrid(np.arange(oh), np.arange(ow), indexing="ij")
+    pix = np.stack([xs.ravel(), ys.ravel(), np.ones(oh * ow)]).astype(dt)  # (3, OH*OW)
+    r = w.node("MatMul", [ins[1], w.const(pix, "pixels")])  # (N, 3, OH*OW)
+
+    def row(k):
+        return w.node(
+            "Slice",
+            [r, w.const(np.array([k], np.int64), "starts"),
+             w.const(np.array([k + 1], np.int64), "ends"), w.const(np.array([1], np.int64))],
+        )  # fmt: skip
+
+    den = row(2)
+    gx = w.node("Mul", [w.node("Div", [row(0), den]), w.const(np.asarray(2 / (iw - 1), dt))])
+    gy = w.node("Mul", [w.node("Div", [row(1), den]), w.const(np.asarray(2 / (ih - 1), dt))])
+    one = w.const(np.asarray(1, dt), "one")
+    grid = w.node("Concat", [w.node("Sub", [gx, one]), w.node("Sub", [gy, one])], axis=1)
+    grid = w.node("Transpose", [grid], perm=[0, 2, 1])
+    grid = w.node("Reshape", [grid, w.const(np.array([0, oh, ow, 2], np.int64), "shape")])
+    linear = "linear" if w.opset >= 20 else "bilinear"
+    mode = linear if p["imode"] == "LINEAR" else "nearest"
+    x = ins[0]
+    bval = float(p["border_val"])
+    constant = p["bmode"] == "CONSTANT" and bval != 0
+    if constant:
+        bv = w.const(np.asarray(bval, dt), "border_val")
+        x = w.node("Sub", [x, bv])
+    y = w.node(
+        "GridSample",
+        [x, grid],
+        mode=mode,
+        padding_mode=_GRID_PADDING[p["bmode"]],
+        align_corners=1,
+    )
+    return w.node("Add", [y, bv]) if constant else y
+
+
 _GRAD = (
     "a gradient operator (training graphs have no ONNX form); export the forward graph"
 )
@@ -269,8 +330,6 @@ REFUSED.update(
     {
         "ROIAlignForward": "ONNX RoiAlign samples and averages bins differently from MegDNN",
         "ROIPoolingForward": "ONNX MaxRoiPool rounds bin edges differently from MegDNN",
-        "WarpPerspectiveForward": "no ONNX operator warps by a 3x3 matrix with MegDNN's "
-        "border modes (GridSample's interpolation and borders differ)",
         "MatrixInverse": "the default ONNX domain has no matrix inverse",
         "SVD": "the default ONNX domain has no singular value decomposition",
     }

@@ -36,14 +36,18 @@ def _assert_clean(model):
     assert not [n.output[0] for n in single if n.output[0] in dead]
 
 
-#: op types the exporter writes that megbrain.onnx.load does not read yet: models using them
-#: are checked against onnxruntime only
-_NOT_IMPORTED = {"ScatterND", "ScatterElements"}
+def _imported(model) -> bool:
+    """Whether megbrain.onnx.load reads every op type of ``model`` (models using one it does
+    not read yet, ScatterND, ScatterElements, GridSample..., are checked against onnxruntime
+    only)."""
+    from megbrain.onnx import claimed_op_types
+
+    return {n.op_type for n in model.graph.node} <= set(claimed_op_types())
 
 
 def _roundtrip(outs, feeds, *, rtol=1e-4, atol=1e-5, reload=True, **kw):
     """Export ``outs`` (feeds: [(make_arg var, value)]), compare onnxruntime and, with
-    ``reload`` (unless the model uses an op type in ``_NOT_IMPORTED``), megbrain.onnx.load's
+    ``reload`` (where the importer reads every op type of the model), megbrain.onnx.load's
     graph with megbrain."""
     outs = list(outs)
     g = outs[0].owner_graph
@@ -60,7 +64,7 @@ def _roundtrip(outs, feeds, *, rtol=1e-4, atol=1e-5, reload=True, **kw):
     got = sess.run(None, {n: feed[n] for n in names})
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
-    if reload and not {n.op_type for n in model.graph.node} & _NOT_IMPORTED:
+    if reload and _imported(model):
         res = load(model)
         ins = [res.inputs[n] for n in names]
         back = res.graph.compile(
@@ -340,6 +344,30 @@ def test_export_resize(imode, fmt, rng):
     x = _arg(g, shape, "x")
     y = mgb.opr.resize(x, [8, 4], imode=imode, format=fmt)
     _roundtrip([y], [(x, rng.standard_normal(shape).astype(np.float32))])
+
+
+@pytest.mark.parametrize(
+    "imode,bmode,bval",
+    [
+        ("LINEAR", "REPLICATE", 0.0),
+        ("LINEAR", "CONSTANT", 0.0),
+        ("LINEAR", "CONSTANT", 0.7),
+        ("LINEAR", "REFLECT_101", 0.0),
+        ("NEAREST", "REPLICATE", 0.0),
+    ],
+)
+def test_export_warp_perspective(imode, bmode, bval, rng):
+    g = mgb.comp_graph()
+    x, m = _arg(g, (2, 3, 6, 7), "x"), _arg(g, (2, 3, 3), "m")
+    y = mgb.opr.warp_perspective(x, m, [5, 8], imode=imode, bmode=bmode, border_val=bval)
+    mv = np.tile(np.eye(3, dtype=np.float32), (2, 1, 1))
+    mv[:, :2, :2] += rng.uniform(-0.3, 0.3, (2, 2, 2)).astype(np.float32)
+    mv[:, :2, 2] = rng.uniform(-2, 2, (2, 2)).astype(np.float32)  # some pixels fall outside
+    mv[:, 2, :2] = rng.uniform(-0.02, 0.02, (2, 2)).astype(np.float32)
+    feeds = [(x, rng.standard_normal((2, 3, 6, 7)).astype(np.float32)), (m, mv)]
+    _roundtrip([y], feeds, atol=1e-4)
+    with pytest.raises(ONNXConversionError, match="opset 16"):
+        export([y], None, opset=15)
 
 
 # ---- tensor manipulation ---------------------------------------------------------------------
