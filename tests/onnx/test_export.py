@@ -213,7 +213,7 @@ def test_export_elemwise_multi_type_fixed_point(rng):
         (k, rng.uniform(-3, 3, (1, 5)).astype(np.float32)),
         (d, rng.uniform(-3, 3, (1, 5)).astype(np.float32)),
     ]
-    _roundtrip([y, z], feeds, reload=False)
+    _roundtrip([y, z], feeds)
 
 
 def test_export_refused_elemwise_mode_names_it():
@@ -492,7 +492,7 @@ def test_export_cond_take_has_data_dependent_length(mode, rng):
     vals, idx = mgb.opr.cond_take(x, m, mode=mode, val=1)
     xv = rng.standard_normal((3, 4)).astype(np.float32)
     mv = rng.integers(0, 3, (3, 4)).astype(np.int32)
-    model = _roundtrip([vals, idx], [(x, xv), (m, mv)], reload=False)
+    model = _roundtrip([vals, idx], [(x, xv), (m, mv)])
     assert model.graph.output[0].type.tensor_type.shape.dim[0].dim_param
     mv2 = np.ones((3, 4), np.int32)  # another count than at export
     got_v, got_i = _session(model).run(None, {"x": xv, "m": mv2})
@@ -548,15 +548,20 @@ def _digits_graph(batch=3):
     return x, m(x)
 
 
-@pytest.mark.parametrize("fuse", [False, True])
-def test_export_optimized_digits_cnn_round_trips(fuse, rng, capfd):
+@pytest.mark.parametrize(
+    "flags",
+    [{}, {"fuse_conv_bias_nonlinearity": True}, {"f16_io_comp": True}],
+    ids=["plain", "conv_bias", "f16"],
+)
+def test_export_optimized_digits_cnn_round_trips(flags, rng, capfd):
     x, y = _digits_graph()
-    (z,) = mgb.optimize_for_inference([y], fuse_conv_bias_nonlinearity=fuse)
+    (z,) = mgb.optimize_for_inference([y], **flags)
     types = {o.type for o in mgb.cgtools.get_oprs_seq([z])}
     assert "MultipleDeviceTensorHolder" in types
-    assert ("ConvBiasForward" in types) == fuse
+    assert ("ConvBiasForward" in types) == bool(flags.get("fuse_conv_bias_nonlinearity"))
     xv = rng.standard_normal((3, 1, 8, 8)).astype(np.float32)
-    model = _roundtrip([z], [(x, xv)], output_names=["logits"])
+    tol = 1e-2 if flags.get("f16_io_comp") else 1e-4
+    model = _roundtrip([z], [(x, xv)], output_names=["logits"], rtol=tol, atol=tol)
     capfd.readouterr()
     _session(model).run(None, {"x": xv})
     err = capfd.readouterr().err
