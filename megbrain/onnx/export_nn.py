@@ -306,6 +306,21 @@ def _warp_perspective(w, op, ins):
     return w.node("Add", [y, bv]) if constant else y
 
 
+@exports("ROIPoolingForward")
+def _roi_pooling(w, op, ins):
+    """MAX: ONNX MaxRoiPool, which is Caffe's ROI pooling as MegDNN's (rounded ROI corners,
+    floor/ceil bin edges clipped to the image, 0 for an empty bin); the argmax output has no
+    ONNX value."""
+    p = op.params
+    if p["mode"] != "MAX":
+        raise w.error(f"ROI pooling mode {p['mode']} has no ONNX form (MaxRoiPool only)")
+    out = static_shape(w, op.outputs[0], "ROI pooling output")
+    y = w.node(
+        "MaxRoiPool", [ins[0], ins[1]], pooled_shape=out[2:], spatial_scale=float(p["scale"])
+    )
+    return [y, None]
+
+
 _GRAD = (
     "a gradient operator (training graphs have no ONNX form); export the forward graph"
 )
@@ -328,8 +343,8 @@ for _t in (
     REFUSED[_t] = _GRAD
 REFUSED.update(
     {
-        "ROIAlignForward": "ONNX RoiAlign samples and averages bins differently from MegDNN",
-        "ROIPoolingForward": "ONNX MaxRoiPool rounds bin edges differently from MegDNN",
+        "ROIAlignForward": "ONNX RoiAlign clamps samples near the border to the edge where "
+        "MegDNN weighs the outside taps 0, and its max mode differs",
         "MatrixInverse": "the default ONNX domain has no matrix inverse",
         "SVD": "the default ONNX domain has no singular value decomposition",
     }

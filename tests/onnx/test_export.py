@@ -370,6 +370,20 @@ def test_export_warp_perspective(imode, bmode, bval, rng):
         export([y], None, opset=15)
 
 
+def test_export_roi_pooling_max(rng):
+    g = mgb.comp_graph()
+    x, r = _arg(g, (2, 3, 9, 8), "x"), _arg(g, (4, 5), "r")
+    y = mgb.opr.roi_pooling(x, r, [3, 2], mode="MAX", scale=0.5)
+    rv = np.array(
+        [[0, 1, 2, 10, 14], [1, 0, 0, 15, 17], [1, 5.3, 3.7, 6.1, 9.9], [0, -4, -2, 3, 30]],
+        np.float32,
+    )  # fmt: skip
+    _roundtrip([y], [(x, rng.standard_normal((2, 3, 9, 8)).astype(np.float32)), (r, rv)])
+    z = mgb.opr.roi_pooling(x, r, [3, 2], mode="AVERAGE")
+    with pytest.raises(ONNXConversionError, match="AVERAGE"):
+        export([z], None)
+
+
 # ---- tensor manipulation ---------------------------------------------------------------------
 def test_export_shapes_broadcast_axes(rng):
     g = mgb.comp_graph()
