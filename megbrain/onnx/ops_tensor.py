@@ -575,3 +575,116 @@ def _gather_nd(ctx):
         flat = E(flat, ctx.imm((bflat * int(np.prod(src[b : b + k]))).astype(np.int32)), mode="ADD")
     rows = _reshape(x, (int(np.prod(src[: b + k])),) + rest)
     return _take_flat(ctx, rows, flat, lead + rest)
+
+
+# ---------------------------------------------------------------------------------- scatter
+_SCATTER_REDUCTIONS = frozenset({"none", "add", "mul", "max", "min"})
+
+
+def _identity_of(mode, dt):
+    """The neutral element of a combining reduce mode for dtype ``dt``."""
+    if mode == "PRODUCT":
+        return 1
+    if dt.kind == "f":
+        return -np.inf if mode == "MAX" else np.inf
+    info = np.iinfo(dt)
+    return info.min if mode == "MAX" else info.max
+
+
+def _scatter_rows(ctx, rows, idx, upd, reduction):
+    """``rows`` (P, ...) with rows ``idx`` (M,) combined with ``upd`` (M, ...).
+
+    ``none`` writes (the last duplicate wins), ``add`` accumulates duplicates; ``mul``, ``max``
+    and ``min`` first combine the updates aimed at the same row (an M x M comparison), then
+    combine that with the row and write it back (duplicates write the same value).
+    """
+    if reduction == "none":
+        return mgb.opr.set_advanced_indexing(rows, upd)[idx]
+    if reduction == "add":
+        return mgb.opr.incr_advanced_indexing(rows, upd)[idx]
+    mode = {"mul": "PRODUCT", "max": "MAX", "min": "MIN"}[reduction]
+    us = static_shape(ctx, upd, "updates")
+    m, rest = us[0], us[1:]
+    dt = np.dtype(upd.dtype)
+    same = E(_reshape(idx, (m, 1)), _reshape(idx, (1, m)), mode="EQ")
+    same = mgb.opr.typecvt(_reshape(same, (m, m) + (1,) * len(rest)), dt)
+    pool = _reshape(upd, (1, m) + rest)
+    ident = ctx.imm(np.full((1,) * (len(rest) + 2), _identity_of(mode, dt), dt))
+    picked = E(
+        E(same, pool, mode="SWITCH_GT0"),
+        E(E(ctx.imm(np.asarray(1, dt)), same, mode="SUB"), ident, mode="SWITCH_GT0"),
+        mode="ADD",
+    )
+    comb = _reshape(mgb.opr.reduce_(picked, mode, 1, True), us)
+    cur = mgb.opr.advanced_indexing(rows)[idx]
+    new = E(cur, comb, mode={"PRODUCT": "MUL", "MAX": "MAX", "MIN": "MIN"}[mode])
+    return mgb.opr.set_advanced_indexing(rows, new)[idx]
+
+
+def _scatter_elements_impl(ctx, axis_attr, reduction):
+    x, ind, upd = ctx.input(0), ctx.input(1), ctx.input(2)
+    src = static_shape(ctx, x)
+    ishape = static_shape(ctx, ind, "indices")
+    if static_shape(ctx, upd, "updates") != ishape:
+        raise ctx.fail(f"updates {static_shape(ctx, upd)} and indices {ishape} differ in shape")
+    nd = len(src)
+    axis = _norm_axis(ctx, axis_attr, nd)
+    n = int(np.prod(ishape))
+    if n == 0:
+        return mgb.opr.identity(x)
+    strides = [int(np.prod(src[i + 1 :])) for i in range(nd)]
+    grids = np.meshgrid(*[np.arange(d) for d in ishape], indexing="ij")
+    other = sum(g * s for i, (g, s) in enumerate(zip(grids, strides)) if i != axis)
+    ind = _wrap_negative(ctx, ind, src[axis])
+    flat = E(
+        E(ind, ctx.imm(np.int32(strides[axis])), mode="MUL"),
+        ctx.imm(np.asarray(other, np.int32)),
+        mode="ADD",
+    )
+    flat = _reshape(flat, (n,))
+    rows = _reshape(x, (int(np.prod(src)),))
+    out = _scatter_rows(ctx, rows, flat, _reshape(upd, (n,)), reduction)
+    return _reshape(out, src)
+
+
+@converter("Scatter", 9, 10, attrs={"axis": 0})
+def _scatter(ctx):
+    return _scatter_elements_impl(ctx, ctx.attr("axis"), "none")
+
+
+@converter(
+    "ScatterElements",
+    11,
+    attrs={"axis": 0, "reduction": Attr("none", _SCATTER_REDUCTIONS)},
+)
+def _scatter_elements(ctx):
+    return _scatter_elements_impl(ctx, ctx.attr("axis"), ctx.attr("reduction"))
+
+
+@converter("ScatterND", 11, attrs={"reduction": Attr("none", _SCATTER_REDUCTIONS)})
+def _scatter_nd(ctx):
+    x, ind, upd = ctx.input(0), ctx.input(1), ctx.input(2)
+    src = static_shape(ctx, x)
+    ishape = static_shape(ctx, ind, "indices")
+    k = ishape[-1]
+    lead, rest = ishape[:-1], src[k:]
+    if static_shape(ctx, upd, "updates") != lead + rest:
+        raise ctx.fail(
+            f"updates {static_shape(ctx, upd)} must have shape {lead + rest} (indices {ishape},"
+            f" data {src})"
+        )
+    m = int(np.prod(lead))
+    if m == 0:
+        return mgb.opr.identity(x)
+    strides = [int(np.prod(src[j + 1 : k])) for j in range(k)]
+    flat = None
+    for j in range(k):
+        col = _reshape(ind[(slice(None),) * (len(ishape) - 1) + (slice(j, j + 1),)], lead)
+        col = _wrap_negative(ctx, col, src[j])
+        term = E(col, ctx.imm(np.int32(strides[j])), mode="MUL")
+        flat = term if flat is None else E(flat, term, mode="ADD")
+    rows = _reshape(x, (int(np.prod(src[:k])),) + rest)
+    out = _scatter_rows(
+        ctx, rows, _reshape(flat, (m,)), _reshape(upd, (m,) + rest), ctx.attr("reduction")
+    )
+    return _reshape(out, src)

@@ -252,3 +252,60 @@ def test_tf_crop_and_resize_matches_onnx_reference(mode, in_hw, out_hw, roi):
     (want,) = ReferenceEvaluator(m).run(None, {"x": x})
     (y,) = _run(load(m), x)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    reduction=st.sampled_from(["none", "add", "mul", "max", "min"]),
+    axis=st.integers(-2, 1),
+    seed=st.integers(0, 2**16),
+)
+def test_scatter_elements_with_duplicates_matches_onnx_reference(reduction, axis, seed):
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    ishape = (2, 3)
+    dim = x.shape[axis]
+    a = axis % 2
+    if reduction == "none":  # duplicates have no defined order: distinct targets per line
+        lines = [rng.permutation(dim)[: ishape[a]] for _ in range(ishape[1 - a])]
+        ind = np.stack(lines, axis=1 - a)
+    else:
+        ind = rng.integers(-dim, dim, ishape)
+    ind = ind.astype(np.int64)
+    upd = rng.standard_normal(ind.shape).astype(np.float32)
+    node = helper.make_node(
+        "ScatterElements", ["x", "i", "u"], ["y"], axis=axis, reduction=reduction
+    )
+    m = _model(
+        [node],
+        [_vi("x", [3, 4]), _vi("i", list(ind.shape), TensorProto.INT64), _vi("u", list(ind.shape))],
+        [_vi("y", [3, 4])],
+        opset=18,
+    )
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x, "i": ind, "u": upd})
+    (y,) = _run(load(m), x, ind.astype(np.int32), upd)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["add", "mul", "max", "min"])
+def test_scatter_nd_duplicate_rows_combine(reduction):
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    ind = np.asarray([[1], [3], [1], [-3]], np.int64)
+    upd = rng.standard_normal((4, 3)).astype(np.float32)
+    node = helper.make_node("ScatterND", ["x", "i", "u"], ["y"], reduction=reduction)
+    m = _model(
+        [node],
+        [_vi("x", [4, 3]), _vi("i", [4, 1], TensorProto.INT64), _vi("u", [4, 3])],
+        [_vi("y", [4, 3])],
+        opset=18,
+    )
+    (want,) = ReferenceEvaluator(m).run(
+        None, {"x": x, "i": np.where(ind < 0, ind + 4, ind), "u": upd}
+    )
+    (y,) = _run(load(m), x, ind.astype(np.int32), upd)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
