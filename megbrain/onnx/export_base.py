@@ -94,8 +94,9 @@ class Writer:
         self._source_value = source_value
         self._count = 0
         self._consts: dict[tuple, str] = {}
-        #: (tensor name, operator name, what): tensors whose static shape an exporter baked
-        self.baked: list[tuple[str, str, str]] = []
+        #: (tensor name, operator name, what, axes or None for all): tensors whose static
+        #: shape an exporter baked
+        self.baked: list[tuple] = []
 
     # ---- names -------------------------------------------------------------------------
     def unique(self, hint: str) -> str:
@@ -151,9 +152,11 @@ class Writer:
         """The value of ``var`` when it is a constant of the exported graph (a source)."""
         return self._source_value(var)
 
-    def bakes_shape(self, name: str, what: str) -> None:
-        """Record that the current exporter baked the static shape of tensor ``name``."""
-        self.baked.append((name, self.op.name if self.op is not None else "?", what))
+    def bakes_shape(self, name: str, what: str, axes: Sequence[int] | None = None) -> None:
+        """Record that the current exporter baked the static size of tensor ``name`` (on
+        ``axes``, all by default): a dynamic dim there makes export raise."""
+        opr = self.op.name if self.op is not None else "?"
+        self.baked.append((name, opr, what, None if axes is None else tuple(axes)))
 
     # ---- nodes -------------------------------------------------------------------------
     def node(self, op_type: str, ins: Sequence[str], outs=None, n_out: int = 1, **attrs):

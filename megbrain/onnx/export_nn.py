@@ -268,7 +268,7 @@ def _warp_perspective(w, op, ins):
     ih, iw, (oh, ow) = src[2], src[3], out[2:]
     if ih < 2 or iw < 2:
         raise w.error(f"a source of {ih}x{iw} pixels can not be normalized for GridSample")
-    w.bakes_shape(ins[0], "the source size normalizing the sampling grid")
+    w.bakes_shape(ins[0], "the source size normalizing the sampling grid", axes=(2, 3))
     dt = np.dtype(op.outputs[0].dtype)
     ys, xs = np.meshgrid(np.arange(oh), np.arange(ow), indexing="ij")
     pix = np.stack([xs.ravel(), ys.ravel(), np.ones(oh * ow)]).astype(dt)  # (3, OH*OW)

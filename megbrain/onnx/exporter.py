@@ -148,9 +148,10 @@ def _check_dynamic(model, out_values, dyn, node_owner, baked) -> dict:
     inferred = onnx.shape_inference.infer_shapes(model)
     info = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
     info.update({vi.name: vi for vi in inferred.graph.input})
-    for name, opr_name, what in baked:
+    for name, opr_name, what, axes in baked:
         vi = info.get(name)
-        if vi is not None and any(isinstance(d, str) for d in _dims(vi)):
+        dims = _dims(vi) if vi is not None else []
+        if any(isinstance(d, str) for k, d in enumerate(dims) if axes is None or k in axes):
             raise ONNXConversionError(
                 f"export: operator {opr_name!r} needs the static shape of its input ({what}) "
                 f"but dynamic_axes makes it {_dims(vi)}"

@@ -732,3 +732,56 @@ def test_export_subtensor_matches_numpy(case):
     xv = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
     (got,) = _session(model).run(None, {"x": xv})
     np.testing.assert_array_equal(got, want.reshape(want.shape or (1,)))
+
+
+def _dynamic_model(g, n):
+    """A graph of many families whose shapes follow the batch ``n`` of its inputs."""
+    wr = np.random.default_rng(7)
+
+    def c(shape, scale=1.0):
+        return mgb.make_immutable(CN, g, (scale * wr.standard_normal(shape)).astype(np.float32))
+
+    x = _arg(g, (n, 3, 6, 6), "x")
+    m = _arg(g, (n, 3, 3), "m")
+    idx = _arg(g, (n, 6, 6), "idx", np.int32)
+    h = mgb.opr.conv_bias_activation(x, c((4, 3, 3, 3)), c((1, 4, 1, 1)), nonlineMode="RELU",
+                                     pad_h=1, pad_w=1)
+    h = mgb.opr.batch_norm(h, c((1, 4, 1, 1)), c((1, 4, 1, 1)), c((1, 4, 1, 1)),
+                           mgb.opr.elem.abs(c((1, 4, 1, 1))) + 0.5, param_dim="DIM_1C11",
+                           fwd_mode="INFERENCE")[-1]
+    h = mgb.opr.lrn(mgb.opr.deconvolution(h, c((4, 2, 2, 2)), stride_h=2, stride_w=2), n=3)
+    h = mgb.opr.resize(h, [6, 6], format="NCHW")
+    h = mgb.opr.concat(h, mgb.opr.warp_perspective(x, m, [6, 6]), axis=1)[:, 1:]  # 4 channels
+    one = mgb.opr.indexing_one_hot(h, 1, mgb.opr.elem.abs(idx) % 4, keepdims=True)
+    f = (h * one).reshape(h.shape[0], -1)  # (n, 144)
+    top = mgb.opr.top_k(f, -3, "VALUE_IDX_SORTED")[0]
+    cs = mgb.opr.cumsum(f, 1, exclusive=False)
+    b = mgb.opr.broadcast(f.sum(axis=1, keepdims=True), f.shape) + cs
+    arg = mgb.opr.typecvt(mgb.opr.argmax(b, axis=1, keepdims=True), np.float32)
+    logits = mgb.opr.matrix_mul(b, c((144, 4), 0.05)) + arg * 0.01
+    return [x, m, idx], [logits, top, f.dimshuffle(1, 0)[:3]]
+
+
+def test_export_dynamic_batch_over_many_families(rng):
+    def feeds(n):
+        mv = np.tile(np.eye(3, dtype=np.float32), (n, 1, 1))
+        mv[:, :2, 2] = rng.uniform(-1, 1, (n, 2))
+        return [rng.standard_normal((n, 3, 6, 6)).astype(np.float32), mv,
+                rng.integers(-9, 9, (n, 6, 6)).astype(np.int32)]
+
+    g = mgb.comp_graph()
+    ins, outs = _dynamic_model(g, 2)
+    dyn = {"x": {0: "N"}, "m": {0: "N"}, "idx": {0: "N"}, "output_0": {0: "N"},
+           "output_1": {0: "N"}, "output_2": {1: "N"}}
+    model = export(outs, None, dynamic_axes=dyn)
+    onnx.checker.check_model(model, full_check=True)
+    _assert_clean(model)
+    sess = _session(model)
+    for n in (1, 3):
+        vals = feeds(n)
+        g2 = mgb.comp_graph()
+        ins2, outs2 = _dynamic_model(g2, n)
+        want = g2.compile(ins2, [mgb.copy_output(o) for o in outs2])(*vals)
+        got = sess.run(None, dict(zip(["x", "m", "idx"], vals)))
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
