@@ -276,27 +276,39 @@ def export(
     _validate(oprs)
     w = Writer(opset, _source_value)
     dyn = {k: dict(v) for k, v in (dynamic_axes or {}).items()}
+    for given, what in ((input_names, "input"), (output_names, "output")):
+        if given is not None and len(set(given)) != len(given):
+            raise ONNXConversionError(f"export: repeated {what} names in {list(given)}")
+    # the model's own names first, so no tensor made on the way takes one
+    out_names = [w.unique(output_names[i] if output_names else f"output_{i}")
+                 for i in range(len(outs))]
     graph_inputs = []
     in_names = list(input_names or [])
     n_in = 0
+    for op in oprs:
+        if op.type != "Host2DeviceCopy":
+            continue
+        out = op.outputs[0]
+        if n_in < len(in_names) and in_names[n_in] in w.used:
+            raise ONNXConversionError(f"export: input name {in_names[n_in]!r} is an output's")
+        name = w.unique(in_names[n_in] if n_in < len(in_names) else out.name)
+        n_in += 1
+        shape = static_shape(w, out, "input")
+        for ax, dname in dyn.get(name, {}).items():
+            if not 0 <= ax < len(shape):
+                raise ONNXConversionError(
+                    f"export: dynamic axis {ax} of input {name!r} is out of range for "
+                    f"its {len(shape)} dims"
+                )
+            shape[ax] = dname
+        graph_inputs.append(helper.make_tensor_value_info(name, onnx_dtype(out.dtype), shape))
+        w.names[out.id] = name
+    if n_in < len(in_names):
+        raise ONNXConversionError(
+            f"export: {len(in_names)} input names for the graph's {n_in} inputs"
+        )
     node_owner: dict[str, str] = {}
     for op in oprs:
-        if op.type == "Host2DeviceCopy":
-            out = op.outputs[0]
-            name = in_names[n_in] if n_in < len(in_names) else out.name
-            n_in += 1
-            name = w.unique(name)
-            shape = static_shape(w, out, "input")
-            for ax, dname in dyn.get(name, {}).items():
-                if not 0 <= ax < len(shape):
-                    raise ONNXConversionError(
-                        f"export: dynamic axis {ax} of input {name!r} is out of range for "
-                        f"its {len(shape)} dims"
-                    )
-                shape[ax] = dname
-            graph_inputs.append(helper.make_tensor_value_info(name, onnx_dtype(out.dtype), shape))
-            w.names[out.id] = name
-            continue
         if op.type in _SOURCES:
             continue  # written on first use (w.name)
         w.op = op
@@ -310,19 +322,15 @@ def export(
         for n in w.nodes[first:]:
             node_owner[n.name] = op.name
         w.op = None
-    if n_in < len(in_names):
-        raise ONNXConversionError(
-            f"export: {len(in_names)} input names for the graph's {n_in} inputs"
-        )
-    out_values, out_names = {}, []
-    for i, v in enumerate(outs):
-        name = w.unique(output_names[i] if output_names else f"output_{i}")
+    out_values, named = {}, []
+    for name, v in zip(out_names, outs):
         if v.id not in w.names and _source_value(v) is None:
             raise ONNXConversionError(f"export: output {v.name!r} has no ONNX value")
         pre = w.name(v)
         w.node("Identity", [pre], [name])
         out_values[name] = pre
-        out_names.append((name, v))
+        named.append((name, v))
+    out_names = named
     nodes, inits = _prune(w.nodes, w.inits, graph_inputs, [n for n, _ in out_names])
     used_inputs = {i for n in nodes for i in n.input}
     graph_inputs = [gi for gi in graph_inputs if gi.name in used_inputs]

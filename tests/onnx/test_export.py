@@ -698,6 +698,21 @@ def test_export_rejects_bad_arguments():
         export([x + 1], None, output_names=["a", "b"])
     with pytest.raises(ONNXConversionError, match="dynamic axis 3 of input 'x'"):
         export([x + 1], None, dynamic_axes={"x": {3: "N"}})
+    with pytest.raises(ONNXConversionError, match="repeated output names"):
+        export([x + 1, x * 2], None, output_names=["y", "y"])
+    with pytest.raises(ONNXConversionError, match="input name 'y' is an output's"):
+        export([x + 1], None, input_names=["y"], output_names=["y"])
+
+
+def test_export_model_names_win_over_var_names(rng):
+    g = mgb.comp_graph()
+    x = _arg(g, (2, 3), "x")
+    w = _shared(g, rng.standard_normal((3, 3)).astype(np.float32), "logits")
+    y = mgb.opr.matrix_mul(x, w)
+    model = _roundtrip([y], [(x, rng.standard_normal((2, 3)).astype(np.float32))],
+                       output_names=["logits"])
+    assert [o.name for o in model.graph.output] == ["logits"]
+    assert [t.name for t in model.graph.initializer] == ["logits_1"]
 
 
 hyp = pytest.importorskip("hypothesis")
