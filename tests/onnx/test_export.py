@@ -800,3 +800,30 @@ def test_export_dynamic_batch_over_many_families(rng):
         got = sess.run(None, dict(zip(["x", "m", "idx"], vals)))
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@st.composite
+def _shuffle_case(draw):
+    shape = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    perm = draw(st.permutations(range(len(shape))))
+    pattern = list(perm)
+    for _ in range(draw(st.integers(0, 2))):
+        pattern.insert(draw(st.integers(0, len(pattern))), "x")
+    out = [1 if d == "x" else shape[d] for d in pattern]
+    other = [draw(st.sampled_from([1, n])) for n in out]  # broadcasts against out
+    dtype = draw(st.sampled_from([np.float32, np.int32]))
+    mode = draw(st.sampled_from(["ADD", "MUL", "MAX", "SUB"]))
+    return tuple(shape), pattern, tuple(other), dtype, mode
+
+
+@settings(max_examples=30, deadline=None)
+@given(_shuffle_case())
+def test_export_dimshuffle_and_broadcast_elemwise(case):
+    shape, pattern, other, dtype, mode = case
+    rng = np.random.default_rng(1)
+    g = mgb.comp_graph()
+    x, y = _arg(g, shape, "x", dtype), _arg(g, other, "y", dtype)
+    z = mgb.opr.elemwise(x.dimshuffle(*pattern), y, mode=mode)
+    xv = rng.integers(-5, 5, shape).astype(dtype)
+    yv = rng.integers(-5, 5, other).astype(dtype)
+    _roundtrip([z], [(x, xv), (y, yv)], reload=False)
