@@ -1,135 +1,263 @@
-"""Distributed benchmarks (MPI): ``python benchmarks/distributed.py`` launches the runs itself.
+"""Distributed benchmarks (MPI): ``python benchmarks/distributed.py`` launches the runs itself
+(two ``mpiexec -n 2`` jobs, one BLAS thread per rank).
 
-1. all-reduce of 4 MB float32 through ``collective_comm`` (a compiled function: shape
-   exchange + Allreduce on the communication comp node) vs mpi4py's ``Allreduce`` on the
-   same buffers, 2 ranks;
-2. digits CNN training steps, data-parallel over 2 ranks (SyncBatchNorm, gradients
-   all-reduced) vs 1 rank, one BLAS thread per rank: samples/s, and the share of step time
-   each rank spends in MPI calls (communication and waiting).
+1. all-reduce of float32 (64 KB: latency, 4 MB: the target, 64 MB: bandwidth), 2 ranks:
+   mpi4py's ``Allreduce`` on the same buffers vs ``collective_comm`` as a compiled function
+   (the operator's run on the communication comp node's thread: executor dispatch, header
+   exchange, transfer) and vs the operator's bound kernel called directly (no executor: what
+   the operator itself adds). Sides alternate in rounds; best round of each.
+2. digits CNN training steps, batch 64 per rank: data-parallel over the 2 ranks
+   (SyncBatchNorm, or per-rank BatchNorm statistics; gradients all-reduced) vs 1 rank (rank 0
+   alone, the other rank sleeping). The three alternate in rounds inside one job, so the
+   machine's other load hits them alike; best round of each. Reported per configuration:
+   samples/s, step time, CPU seconds per step and rank (spinning shows as CPU beyond the
+   1-rank step's), the share of step time the compute thread is blocked waiting on
+   communication, and the MPI time on the communication thread, split into waiting for the
+   other rank to arrive and the transfer itself.
 
 ``--part allreduce|cnn`` runs one part inside an existing ``mpiexec`` (what the launcher
-does); ``--iters`` sets the repetitions.
+does); ``--iters`` / ``--rounds`` set the repetitions.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
 
 ENV1 = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+SIZES = (64 << 10, 4 << 20, 64 << 20)
 
 
-def part_allreduce(iters: int) -> dict:
+def _blas_threads() -> dict:
+    """``{library: threads}`` of the BLAS/OpenMP pools this process loaded (threadpoolctl)."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:  # pragma: no cover - benchmark-only dependency
+        return {}
+    return {i["internal_api"]: i["num_threads"] for i in threadpool_info()}
+
+
+def part_allreduce(iters: int, rounds: int) -> dict:
     import megbrain as mgb
     from megbrain.device import mpi_comm as dcomm
 
     MPI = dcomm.mpi()
     world = MPI.COMM_WORLD
     r, n = world.Get_rank(), world.Get_size()
-    nelem = (4 << 20) // 4
-    src = np.random.RandomState(r).rand(nelem).astype(np.float32)
-    dst = np.empty_like(src)
-    g = mgb.comp_graph()
-    x = mgb.make_shared("cpu0", value=src, comp_graph=g)
-    y = mgb.opr.collective_comm(x, key="bench", nr_devices=n, is_root=r == 0, rank=r,
-                                mode="ALL_REDUCE_SUM")
-    f = g.compile(None, [y])
-    res = {"mpi4py": np.inf, "collective_comm": np.inf}
-    f()  # first run: plan, communicator
-    # alternating rounds, best of each: the machine's other load only ever adds time
-    for _ in range(5):
-        for name in res:
-            world.Barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                if name == "mpi4py":
-                    world.Allreduce(src, dst, MPI.SUM)
-                else:
-                    f()
-            dt = world.allreduce((time.perf_counter() - t0) / iters, MPI.MAX)
-            res[name] = min(res[name], dt)
-    res["ratio"] = res["mpi4py"] / res["collective_comm"]  # >= 0.9 wanted
-    return res
+    out = {}
+    for nbytes in SIZES:
+        src = np.random.RandomState(r).rand(nbytes // 4).astype(np.float32)
+        dst = np.empty_like(src)
+        g = mgb.comp_graph()
+        x = mgb.make_shared("cpu0", value=src, comp_graph=g)
+        y = mgb.opr.collective_comm(x, key=f"bench{nbytes}", nr_devices=n, is_root=r == 0,
+                                    rank=r, mode="ALL_REDUCE_SUM")
+        f = g.compile(None, [y])
+        f()  # first run: plan, communicator, root
+        kernel = y.node.owner.bind([src], [dst])  # the operator without the executor
+        kernel()
+        np.testing.assert_allclose(dst, world.allreduce(src, MPI.SUM), rtol=1e-6)
+        it = min(max(3, iters * (4 << 20) // nbytes), 1000)
+        sides = {
+            "mpi4py": functools.partial(world.Allreduce, src, dst, MPI.SUM),
+            "collective_comm": f,
+            "operator_kernel": kernel,
+        }
+        best = dict.fromkeys(sides, np.inf)
+        # alternating rounds, best of each: the machine's other load only ever adds time
+        for _ in range(rounds):
+            for name, fn in sides.items():
+                dcomm.group_barrier()
+                t0 = time.perf_counter()
+                for _ in range(it):
+                    fn()
+                dt = world.allreduce((time.perf_counter() - t0) / it, MPI.MAX)
+                best[name] = min(best[name], dt)
+        best["ratio"] = best["mpi4py"] / best["collective_comm"]  # >= 0.9 wanted at 4 MB
+        best["ratio_kernel"] = best["mpi4py"] / best["operator_kernel"]
+        out[str(nbytes)] = best
+    return out
 
 
-def part_cnn(iters: int, batch: int, sync_bn: bool) -> dict:
+class _BlockedTimer:
+    """Seconds the compute thread (``mgb-cpu0:0``) spends blocked in the executor's waits
+    for vars of another comp node (the collectives' results): wraps the executor's
+    cross-node waiter before the step is compiled (benchmark instrumentation only)."""
+
+    def __init__(self):
+        from megbrain.graph import executor
+
+        self.blocked = 0.0
+        orig = executor._waiter
+
+        def waiter(ev, func):
+            inner = orig(ev, func)
+
+            def wait():
+                if ev.is_set() or threading.current_thread().name != "mgb-cpu0:0":
+                    return inner()
+                t0 = time.perf_counter()
+                try:
+                    return inner()
+                finally:
+                    self.blocked += time.perf_counter() - t0
+
+            return wait
+
+        executor._waiter = waiter
+
+
+def _thread_cpu() -> dict:
+    """``{thread name: CPU seconds}`` of this process's megbrain worker threads and the main
+    thread (per-thread CPU clocks)."""
+    out = {}
+    for t in threading.enumerate():
+        if t.name.startswith("mgb-cpu") or t is threading.main_thread():
+            try:
+                out[t.name] = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            except (OSError, AttributeError):  # pragma: no cover - not on Linux
+                pass
+    return out
+
+
+def part_cnn(iters: int, rounds: int, batch: int) -> dict:
     from megbrain import optim
+    from megbrain.device import mpi_comm as dcomm
     from megbrain.examples import digits
 
-    distributed = "PMI_RANK" in os.environ or "PMI_SIZE" in os.environ
-    rank, n = 0, 1
-    if distributed:
-        from megbrain.device import mpi_comm as dcomm
-
-        world = dcomm.mpi().COMM_WORLD
-        rank, n = world.Get_rank(), world.Get_size()
+    world = dcomm.mpi().COMM_WORLD
+    MPI = dcomm.mpi()
+    rank, n = world.Get_rank(), world.Get_size()
+    timer = _BlockedTimer()
     xtr, ytr, _, _ = digits.load_digits()
     onehot = np.eye(10, dtype=np.float32)
-    model = digits.make_model("cnn", sync_bn=distributed and sync_bn)
-    step, _ = digits.build_train_step(model, optim.Adam, batch, lr=1e-3,
-                                      distributed=distributed)
+    steps = {}
+    if rank == 0:  # the 1-rank baseline: no collectives, one comp node
+        steps["1 rank"] = digits.build_train_step(digits.make_model("cnn"), optim.Adam, batch,
+                                                  lr=1e-3)[0]
+    for name, sync in (("2 ranks, SyncBatchNorm", True), ("2 ranks, local BatchNorm", False)):
+        steps[name] = digits.build_train_step(digits.make_model("cnn", sync_bn=sync),
+                                              optim.Adam, batch, lr=1e-3, distributed=True)[0]
     rng = np.random.default_rng(rank)
-    batches = [rng.integers(0, len(xtr), batch) for _ in range(iters + 5)]
-    for idx in batches[:5]:
-        step(xtr[idx], onehot[ytr[idx]])
-    if distributed:
-        dcomm.STATS["comm_s"] = 0.0
-        world.Barrier()
-    t0 = time.perf_counter()
-    for idx in batches[5:]:
-        step(xtr[idx], onehot[ytr[idx]])
-    dt = time.perf_counter() - t0
-    out = {"ranks": n, "samples_per_s": n * batch * iters / dt, "step_ms": dt / iters * 1e3}
-    if distributed:
-        out["comm_share"] = world.allreduce(dcomm.STATS["comm_s"] / dt, dcomm.mpi().MAX)
-        out["samples_per_s"] = n * batch * iters / world.allreduce(dt, dcomm.mpi().MAX)
+    batches = [rng.integers(0, len(xtr), batch) for _ in range(iters)]
+    data = [(xtr[i], onehot[ytr[i]]) for i in batches]
+    names = ["1 rank", "2 ranks, SyncBatchNorm", "2 ranks, local BatchNorm"]
+    best: dict = {}
+
+    def run(step):
+        for x, y in data:
+            step(x, y)
+
+    for name in names:  # warm-up: plans, communicators, first-run header exchanges
+        if name in steps:
+            for x, y in data[:3]:
+                steps[name](x, y)
+        dcomm.group_barrier()
+    for _ in range(rounds):
+        for name in names:
+            dcomm.group_barrier()  # rank 1 sleeps here (no spinning) during "1 rank"
+            if name not in steps:
+                continue
+            dcomm.reset_stats()
+            timer.blocked = 0.0
+            th0 = _thread_cpu()
+            c0, t0 = time.process_time(), time.perf_counter()
+            run(steps[name])
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            th = {k: v - th0.get(k, 0.0) for k, v in _thread_cpu().items()}
+            res = {"wall": wall, "cpu": cpu, "blocked": timer.blocked,
+                   "cpu_compute": th.get("mgb-cpu0:0", 0.0) + th.get("MainThread", 0.0),
+                   "cpu_comm": th.get("mgb-cpu0:1024", 0.0),
+                   "comm": dcomm.STATS["comm_s"], "peers": dcomm.STATS["peers_s"],
+                   "calls": dcomm.STATS["calls"]}
+            if name != "1 rank":
+                res = {k: world.allreduce(v, MPI.MAX) for k, v in res.items()}
+            if name not in best or res["wall"] < best[name]["wall"]:
+                best[name] = res
+    if rank != 0:
+        return {}
+    ranks = {"1 rank": 1}
+    out = {"blas_threads": _blas_threads()}
+    for name, res in best.items():
+        k = ranks.get(name, n)
+        out[name] = {
+            "samples_per_s": k * batch * iters / res["wall"],
+            "step_ms": res["wall"] / iters * 1e3,
+            "cpu_ms_per_step": res["cpu"] / iters * 1e3,
+            "compute_cpu_ms_per_step": res["cpu_compute"] / iters * 1e3,
+            "comm_cpu_ms_per_step": res["cpu_comm"] / iters * 1e3,
+            "comm_wait_share": res["blocked"] / res["wall"],
+            "mpi_share": res["comm"] / res["wall"],
+            "peers_share": res["peers"] / res["wall"],
+            "collectives_per_step": res["calls"] / iters,
+        }
     return out
 
 
 def _launch(args: list[str], nranks: int) -> dict:
     env = {**os.environ, **ENV1}
-    cmd = [sys.executable, __file__, *args]
-    if nranks > 1:
-        mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-        cmd = [mpiexec, "-n", str(nranks), *cmd]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=True)
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    cmd = [mpiexec, "-n", str(nranks), sys.executable, __file__, *args]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if out.returncode:
+        sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + \
+        f" on {os.cpu_count()} CPUs"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--part", choices=("allreduce", "cnn"))
     ap.add_argument("--iters", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=64, help="CNN batch per rank")
-    ap.add_argument("--bn", choices=("sync", "local"), default="sync",
-                    help="CNN on 2 ranks: SyncBatchNorm or per-rank BatchNorm statistics")
     a = ap.parse_args()
     if a.part == "allreduce":
-        res = part_allreduce(a.iters or 20)
+        res = part_allreduce(a.iters or 20, a.rounds)
     elif a.part == "cnn":
-        res = part_cnn(a.iters or 60, a.batch, a.bn == "sync")
+        res = part_cnn(a.iters or 40, a.rounds, a.batch)
     else:
-        ar = _launch(["--part", "allreduce"], 2)
-        print(f"all-reduce 4 MB float32, 2 ranks: mpi4py Allreduce {ar['mpi4py'] * 1e3:.2f} ms, "
-              f"collective_comm {ar['collective_comm'] * 1e3:.2f} ms, ratio "
-              f"{ar['ratio']:.2f}x (>= 0.9 wanted)")
-        one = _launch(["--part", "cnn", "--batch", str(a.batch)], 1)
-        print(f"digits CNN, batch {a.batch}/rank, 1 BLAS thread per rank: 1 rank "
-              f"{one['samples_per_s']:.0f} samples/s ({one['step_ms']:.1f} ms/step)")
-        for bn in ("sync", "local"):
-            two = _launch(["--part", "cnn", "--batch", str(a.batch), "--bn", bn], 2)
-            print(f"  2 ranks, {bn} BatchNorm statistics: {two['samples_per_s']:.0f} samples/s "
-                  f"({two['step_ms']:.1f} ms/step), speed-up "
-                  f"{two['samples_per_s'] / one['samples_per_s']:.2f}x (>= 1.6 wanted), "
-                  f"{two['comm_share'] * 100:.0f}% of step time in MPI calls")
+        print(f"before: {_load()}")
+        ar = _launch(["--part", "allreduce", "--rounds", str(a.rounds)], 2)
+        for nbytes, v in ar.items():
+            print(f"all-reduce {int(nbytes) >> 10} KB float32, 2 ranks: mpi4py Allreduce "
+                  f"{v['mpi4py'] * 1e3:.3f} ms, collective_comm {v['collective_comm'] * 1e3:.3f}"
+                  f" ms: ratio {v['ratio']:.2f}x"
+                  f"{' (>= 0.9 wanted)' if int(nbytes) == 4 << 20 else ''}; the operator's "
+                  f"kernel alone {v['operator_kernel'] * 1e3:.3f} ms ({v['ratio_kernel']:.2f}x)")
+        cnn = _launch(["--part", "cnn", "--batch", str(a.batch), "--rounds", str(a.rounds)]
+                      + (["--iters", str(a.iters)] if a.iters else []), 2)
+        print(f"digits CNN, batch {a.batch} per rank, BLAS threads per rank "
+              f"{cnn.pop('blas_threads')}:")
+        one = cnn["1 rank"]
+        for name, v in cnn.items():
+            line = (f"  {name}: {v['samples_per_s']:.0f} samples/s ({v['step_ms']:.2f} ms/step,"
+                    f" {v['cpu_ms_per_step']:.2f} CPU ms/step per rank, of which compute "
+                    f"{v['compute_cpu_ms_per_step']:.2f}, communication thread "
+                    f"{v['comm_cpu_ms_per_step']:.2f})")
+            if name != "1 rank":
+                line += (f", speed-up {v['samples_per_s'] / one['samples_per_s']:.2f}x (>= 1.6 "
+                         f"wanted); compute waiting on communication "
+                         f"{v['comm_wait_share'] * 100:.0f}% of the step; communication "
+                         f"thread in MPI {v['mpi_share'] * 100:.0f}% (waiting for the other "
+                         f"rank {v['peers_share'] * 100:.0f}%), "
+                         f"{v['collectives_per_step']:.0f} collectives/step")
+            print(line)
+        print(f"after: {_load()}")
         return
-    if "PMI_RANK" not in os.environ or os.environ.get("PMI_RANK") == "0":
+    if os.environ.get("PMI_RANK", "0") == "0":
         print(json.dumps(res))
 
 

@@ -9,7 +9,6 @@ import threading
 import time
 import traceback
 import zlib
-from contextlib import contextmanager
 
 from ..errors import MegBrainError
 
@@ -23,6 +22,8 @@ __all__ = [
     "install_abort_on_error",
     "is_distributed",
     "mpi",
+    "reset_stats",
+    "wait",
     "watch",
     "world_rank",
     "world_size",
@@ -62,6 +63,10 @@ def mpi():
                 "distributed operators need mpi4py and an MPI library: "
                 "pip install 'megbrain[distributed]' and run under mpiexec"
             ) from exc
+        if COMM_WAIT not in ("auto", "busy", "yield"):
+            raise MegBrainError(
+                f"MGB_COMM_WAIT={COMM_WAIT!r}: expected 'auto', 'busy' or 'yield'"
+            )
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             raise MegBrainError(
                 "MPI was initialised without MPI_THREAD_MULTIPLE; collectives run on their "
@@ -149,18 +154,27 @@ def comm_comp_node(cn):
 
 
 def group_barrier() -> None:
-    """Wait for every process of the MPI job (``MPI.COMM_WORLD.Barrier``)."""
-    with watch("group_barrier"):
-        mpi().COMM_WORLD.Barrier()
+    """Wait for every process of the MPI job (``MPI.COMM_WORLD.Ibarrier``, completed as a
+    wait for the peers: without spinning a core, see :data:`COMM_WAIT`)."""
+    req = mpi().COMM_WORLD.Ibarrier()
+    with watch("group_barrier") as w:
+        w.wait_peers(req)
 
 
 # ---- failing ranks end the job ------------------------------------------------------------
 _watch_lock = threading.Lock()
-#: seconds spent in (and number of) watched MPI calls of this process: communication and
-#: waiting for the other ranks; read by benchmarks, reset by assigning 0
-STATS = {"comm_s": 0.0, "calls": 0}
+#: seconds spent in (and number of) watched MPI calls of this process (``comm_s``), and the
+#: part of it spent waiting for the other ranks to join (``peers_s``); read by benchmarks,
+#: reset by :func:`reset_stats`
+STATS = {"comm_s": 0.0, "peers_s": 0.0, "calls": 0}
 _waiting: dict[int, tuple[float, str]] = {}
 _watchdog: threading.Thread | None = None
+
+
+def reset_stats() -> None:
+    """Zero :data:`STATS`."""
+    with _watch_lock:
+        STATS.update(comm_s=0.0, peers_s=0.0, calls=0)
 
 
 def _abort(msg: str, code: int = 1) -> None:
@@ -181,54 +195,114 @@ def _watch_loop() -> None:
     while True:
         time.sleep(min(1.0, COMM_TIMEOUT / 4))
         now = time.monotonic()
-        with _watch_lock:
-            late = [(t0, what) for t0, what in _waiting.values() if now - t0 > COMM_TIMEOUT]
+        late = [(t0, what) for t0, what in list(_waiting.values()) if now - t0 > COMM_TIMEOUT]
         if late:
             t0, what = late[0]
             _abort(f"{what}: no answer from the other ranks for {now - t0:.0f} s "
                    f"(MGB_COMM_TIMEOUT={COMM_TIMEOUT:g})")
 
 
-@contextmanager
-def watch(what: str):
-    """Run a blocking MPI call under the watchdog: waiting longer than :data:`COMM_TIMEOUT`
-    seconds prints ``what`` with this rank and aborts the whole job."""
-    global _watchdog
-    if _watchdog is None:
+class _Watch:
+    """One watched blocking MPI call (a context manager): registered with the watchdog while
+    it runs, its time added to :data:`STATS`; :meth:`wait_peers` and :meth:`wait` complete
+    requests as :data:`COMM_WAIT` says, keeping the time spent waiting for the other ranks
+    apart from the transfer's."""
+
+    __slots__ = ("what", "t0", "peers_s")
+
+    def __init__(self, what: str):
+        self.what = what
+        self.peers_s = 0.0
+
+    def __enter__(self) -> _Watch:
+        if _watchdog is None:
+            _start_watchdog()
+        self.t0 = t0 = time.monotonic()
+        _waiting[threading.get_ident()] = (t0, self.what)  # one dict store: atomic
+        return self
+
+    def __exit__(self, *exc) -> None:
+        dt = time.monotonic() - self.t0
+        _waiting.pop(threading.get_ident(), None)
         with _watch_lock:
-            if _watchdog is None:
-                _watchdog = threading.Thread(target=_watch_loop, name="mgb-comm-watchdog",
-                                             daemon=True)
-                _watchdog.start()
-    tid = threading.get_ident()
-    t0 = time.monotonic()
-    with _watch_lock:
-        _waiting[tid] = (t0, what)
-    try:
-        yield
-    finally:
-        dt = time.monotonic() - t0
-        with _watch_lock:
-            _waiting.pop(tid, None)
             STATS["comm_s"] += dt
+            STATS["peers_s"] += self.peers_s
             STATS["calls"] += 1
 
+    def wait_peers(self, req) -> None:
+        """Complete ``req``, a request that completes once every rank has joined (the header
+        exchange): without spinning a core unless :data:`COMM_WAIT` is ``busy``."""
+        t0 = time.perf_counter()
+        if COMM_WAIT == "busy":
+            req.Wait()
+        elif not req.Test():
+            _sleep_until(req, t0)
+        self.peers_s += time.perf_counter() - t0
 
-#: how a collective waits for its transfer: "busy" (MPI's own Wait, which polls a core) or
-#: "yield" (Test with short sleeps once it has polled for 50 us: frees the core for the
-#: computation when ranks share cores, at some latency); environment ``MGB_COMM_WAIT``
-COMM_WAIT = os.environ.get("MGB_COMM_WAIT", "busy")
+    @staticmethod
+    def wait(req, nbytes: int | None = None) -> None:
+        """Complete ``req``, a transfer of ``nbytes`` whose peers have all joined: MPI's own
+        Wait (it polls at full speed, only while the data moves; a peer still asleep in its
+        wait for the peers costs at most :data:`MAX_SLEEP_S` of it), or, for transfers of at
+        most :data:`SMALL_BYTES` (done in a few polls) and with ``yield``, polls and sleeps."""
+        if COMM_WAIT == "yield" or (
+            COMM_WAIT == "auto" and nbytes is not None and nbytes <= SMALL_BYTES
+        ):
+            if not req.Test():
+                _sleep_until(req, time.perf_counter())
+        else:
+            req.Wait()
 
 
-def wait(req) -> None:
-    """Complete the MPI request ``req`` as :data:`COMM_WAIT` says."""
-    if COMM_WAIT != "yield":
-        req.Wait()
-        return
-    t_spin = time.perf_counter() + 50e-6
-    while not req.Test():
-        if time.perf_counter() > t_spin:
-            time.sleep(20e-6)
+def _sleep_until(req, t0: float) -> None:
+    """Poll ``req`` with MPI's Test, sleeping between tests: back-to-back for the first
+    :data:`SPIN_S` seconds (a peer that is about to arrive), then sleeps doubling from
+    20 us to :data:`MAX_SLEEP_S` (a late peer costs at most that much latency and no core)."""
+    test, sleep, clock = req.Test, time.sleep, time.perf_counter
+    t_spin = t0 + SPIN_S
+    while clock() < t_spin:
+        if test():
+            return
+    dt = 20e-6
+    while not test():
+        sleep(dt)
+        if dt < MAX_SLEEP_S:
+            dt = min(2 * dt, MAX_SLEEP_S)
+
+
+def _start_watchdog() -> None:
+    global _watchdog
+    with _watch_lock:
+        if _watchdog is None:
+            _watchdog = threading.Thread(target=_watch_loop, name="mgb-comm-watchdog",
+                                         daemon=True)
+            _watchdog.start()
+
+
+def watch(what: str) -> _Watch:
+    """Run a blocking MPI call under the watchdog (``with watch(what) as w:``): waiting
+    longer than :data:`COMM_TIMEOUT` seconds prints ``what`` with this rank and aborts the
+    whole job. ``w.wait_peers(req)`` / ``w.wait(req)`` complete requests."""
+    return _Watch(what)
+
+
+#: how collectives wait: ``auto`` (default: the other ranks' arrival, i.e. the header
+#: exchange, and small transfers by Test and growing sleeps, which leave the core to the
+#: computation; larger transfers by MPI's Wait), ``busy`` (MPI's Wait throughout: polls a
+#: core while a peer is late) or ``yield`` (Test and sleeps throughout); environment
+#: ``MGB_COMM_WAIT``
+COMM_WAIT = os.environ.get("MGB_COMM_WAIT", "auto")
+#: seconds a wait for the peers polls back to back before it starts sleeping
+SPIN_S = 50e-6
+#: the longest sleep between two polls of a wait (the latency a late peer adds at most)
+MAX_SLEEP_S = 200e-6
+#: transfers up to this size complete in a few polls: waited for like the peers (MPI's Wait
+#: would spin while a peer sleeps between its polls)
+SMALL_BYTES = 256 << 10
+
+
+#: complete the MPI request of a transfer as :data:`COMM_WAIT` says
+wait = _Watch.wait
 
 
 def install_abort_on_error() -> None:

@@ -28,8 +28,8 @@ def bcast_params(params, root: int = 0) -> None:
     world = _comm.mpi().COMM_WORLD
     for p in params:
         val = np.ascontiguousarray(p.get_value())
-        with _comm.watch(f"bcast_params ({tuple(val.shape)})"):
-            world.Bcast(val, root)
+        with _comm.watch(f"bcast_params ({tuple(val.shape)})") as w:
+            w.wait_peers(world.Ibcast(val, root))
         p.set_value(val)
 
 

@@ -20,6 +20,7 @@ MegBrain ran these operators on NCCL between GPUs; here they run on MPI between 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -99,6 +100,93 @@ class _Out:
     def done(self):
         if self.buf is not self.out:
             np.copyto(self.out, self.buf)
+
+
+def _same_memory(a: np.ndarray | None, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` are the same elements (one array, or views alike)."""
+    return (
+        a is not None
+        and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+        and a.shape == b.shape
+        and a.strides == b.strides
+    )
+
+
+def _copy_then(src: np.ndarray, buf: np.ndarray, post):
+    def run():
+        np.copyto(buf, src)
+        return post()
+
+    return run
+
+
+class _Bound:
+    """A collective bound to its arrays (one per memory plan): the contiguous buffers, this
+    rank's header and the MPI call are fixed here, so that a run is the header exchange, the
+    transfer and a byte comparison of the headers with the last ones that passed the check.
+
+    A run posts the header Iallgather and (once the root is known) the transfer together,
+    waits for the header as for the other ranks' arrival (:func:`mpi_comm.wait_peers`, which
+    does not spin a core), then for the transfer (:func:`mpi_comm.wait`).
+    """
+
+    __slots__ = ("opr", "src_in", "src", "out", "o", "mine", "infos", "ok", "comm", "post",
+                 "what", "zero_out", "nbytes")
+
+    def __init__(self, opr: CollectiveComm, src: np.ndarray | None, out: np.ndarray | None):
+        self.opr = opr
+        self.src_in = src
+        #: the array MPI sends from: the input itself when contiguous, else a staging copy
+        self.src = src if src is None or src.flags.c_contiguous else np.empty(src.shape,
+                                                                                 src.dtype)
+        self.out = out
+        self.o = None if out is None else _Out(out)
+        self.mine, self.infos = opr._header(self.src, opr.outputs[0].dtype)
+        self.ok = None  # the headers' bytes of the last run that passed the check
+        self.comm = None
+        self.post = None
+        self.what = f"{opr.type_name} {opr.name!r} ({opr.param.mode}, rank {opr.rank})"
+        self.zero_out = opr.param.mode in ("REDUCE_SUM", "GATHER")
+        #: the bytes this rank moves: its input's or output's, whichever is larger
+        self.nbytes = max(0 if src is None else src.nbytes, 0 if out is None else out.nbytes)
+
+    def __call__(self):
+        opr = self.opr
+        if self.src is not self.src_in:
+            np.copyto(self.src, self.src_in)
+        comm = self.comm
+        if comm is None:
+            comm = self.comm = opr._comm()
+        infos = self.infos
+        post = self.post
+        with _dist.watch(self.what) as w:
+            hreq = comm.Iallgather(self.mine, infos)
+            if post is None and opr._root is not None and self.o is not None:
+                post = self.post = opr._poster(comm, opr._root, self.src, self.o.buf)
+            if post is not None:  # the root is known: the transfer overlaps the header
+                dreq = post()
+                w.wait_peers(hreq)
+                if infos.tobytes() != self.ok:
+                    opr._check(infos)  # on a mismatch the transfer is left pending, unread
+                    self.ok = infos.tobytes()
+            else:  # the first run learns the root (and a shape-less output's shape)
+                w.wait_peers(hreq)
+                root, root_shape = opr._check(infos)
+                self.ok = infos.tobytes()
+                opr._root = root
+                if self.o is None:
+                    shape = root_shape if opr.param.mode == "BROADCAST" else (
+                        root_shape[0] // opr.nr_devices, *root_shape[1:])
+                    self.out = np.empty(shape, opr.outputs[0].dtype)
+                    self.o = _Out(self.out)
+                post = self.post = opr._poster(comm, root, self.src, self.o.buf)
+                dreq = post()
+            w.wait(dreq, self.nbytes)
+        o = self.o
+        if self.zero_out and opr.rank != opr._root:
+            o.buf.fill(0)
+        o.done()
+        return self.out
 
 
 @register_opr
@@ -260,73 +348,51 @@ class CollectiveComm(OperatorNodeBase):
             raise self.error(f"input shapes differ across the ranks of key {self.key!r}: {desc}")
         return root, rows[root][1]
 
-    def _start(self, comm, root: int, src, o: _Out):
-        """Post the transfer (a non-blocking MPI collective); returns its request."""
+    def _poster(self, comm, root: int, src, buf):
+        """A zero-argument callable posting one transfer (a non-blocking MPI collective)
+        between the bound arrays and returning its request: everything but the call itself
+        (the MPI op, in place or not, which buffers) is decided here, once per binding."""
         MPI = _dist.mpi()
-        mode, buf, me = self.param.mode, o.buf, self.rank
+        mode, me = self.param.mode, self.rank
         if mode.startswith("ALL_REDUCE_"):
             op = {"SUM": MPI.SUM, "MAX": MPI.MAX, "MIN": MPI.MIN, "PROD": MPI.PROD}[mode[11:]]
+            if _same_memory(src, buf):  # the memory plan runs it in place: no copy at all
+                return partial(comm.Iallreduce, MPI.IN_PLACE, buf, op)
             if np.may_share_memory(src, buf):
-                np.copyto(buf, src)
-                return comm.Iallreduce(MPI.IN_PLACE, buf, op)
-            return comm.Iallreduce(src, buf, op)
+                return _copy_then(src, buf, partial(comm.Iallreduce, MPI.IN_PLACE, buf, op))
+            return partial(comm.Iallreduce, src, buf, op)
         if mode == "BROADCAST":
-            if me == root and not np.may_share_memory(src, buf):
-                np.copyto(buf, src)
-            return comm.Ibcast(buf, root)
+            post = partial(comm.Ibcast, buf, root)
+            if me == root and not _same_memory(src, buf):
+                return _copy_then(src, buf, post)
+            return post
         if mode == "REDUCE_SUM":
-            return comm.Ireduce(src, buf if me == root else None, MPI.SUM, root)
+            return partial(comm.Ireduce, src, buf if me == root else None, MPI.SUM, root)
         if mode == "ALL_GATHER":
-            return comm.Iallgather(src, buf)
+            return partial(comm.Iallgather, src, buf)
         if mode == "REDUCE_SCATTER_SUM":
-            return comm.Ireduce_scatter_block(src, buf, MPI.SUM)
+            return partial(comm.Ireduce_scatter_block, src, buf, MPI.SUM)
         if mode == "GATHER":
-            return comm.Igather(src, buf if me == root else None, root)
+            return partial(comm.Igather, src, buf if me == root else None, root)
         if mode == "SCATTER":
-            return comm.Iscatter(src if me == root else None, buf, root)
+            return partial(comm.Iscatter, src if me == root else None, buf, root)
         if mode == "ALL_TO_ALL":
-            return comm.Ialltoall(src, buf)
+            return partial(comm.Ialltoall, src, buf)
         raise self.error(f"mode {mode} is not implemented")  # pragma: no cover
 
     def _run(self, src, out):
-        """One run: the header exchange and the transfer, overlapped once the root is known
-        (the transfer waits only when the headers agree)."""
-        comm = self._comm()
-        out_dtype = self.outputs[0].dtype
-        src = None if src is None else _contig(src)
-        mine, infos = self._header(src, out_dtype)
-        what = f"{self.type_name} {self.name!r} ({self.param.mode}, rank {self.rank})"
-        with _dist.watch(what):
-            hreq = comm.Iallgather(mine, infos)
-            root = self._root
-            if out is not None and root is not None:
-                o = _Out(out)
-                dreq = self._start(comm, root, src, o)
-                _dist.wait(hreq)
-                self._check(infos)  # on a mismatch the transfer is left pending, unread
-            else:
-                hreq.Wait()
-                root, root_shape = self._check(infos)
-                self._root = root
-                if out is None:  # no input and no static shape: from the root's
-                    shape = root_shape if self.param.mode == "BROADCAST" else (
-                        root_shape[0] // self.nr_devices, *root_shape[1:])
-                    out = np.empty(shape, out_dtype)
-                o = _Out(out)
-                dreq = self._start(comm, root, src, o)
-            _dist.wait(dreq)
-        if self.param.mode in ("REDUCE_SUM", "GATHER") and self.rank != root:
-            o.buf.fill(0)
-        o.done()
-        return out
+        """One run on fresh arrays (the dynamic path); bound runs reuse their :class:`_Bound`."""
+        return _Bound(self, src, out)()
 
     def bind(self, ins, outs):
-        src, out = (ins[0] if ins else None), outs[0]
+        return _Bound(self, ins[0] if ins else None, outs[0])
 
-        def run():
-            self._run(src, out)
-
-        return run
+    def inplace_input(self):
+        # the all-reduces and BROADCAST write an output of the input's shape: MPI_IN_PLACE
+        # on the input's memory when the plan allows (saves MPI's copy of the send buffer)
+        mode = self.param.mode
+        return 0 if self.inputs and (mode.startswith("ALL_REDUCE_") or mode == "BROADCAST") \
+            else None
 
     def run_dynamic(self, ins):
         src = ins[0] if ins else None
