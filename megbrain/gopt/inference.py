@@ -51,9 +51,11 @@ from ..opr.io import (
 )
 from ..opr.tensor_manip import broadcast, reshape
 from .passes import (
+    FUSE_ADD_ACTS,
     PASSES,
     Rewriter,
     VarMap,
+    _chain_root,
     _record,
     chain_terms,
     combine,
@@ -549,7 +551,7 @@ def remove_non_computing(graph, dest, options):
     return rw.apply(rule, "marker operator removed")
 
 
-_FUSE_ADD = {f"FUSE_ADD_{m}": m for m in ("RELU", "SIGMOID", "TANH", "H_SWISH")}
+_FUSE_ADD = FUSE_ADD_ACTS
 
 
 @register_inference_pass("expand_fused_arith")
@@ -578,19 +580,6 @@ def expand_fused_arith(graph, dest, options):
 
 # ---- chain reordering ------------------------------------------------------------------------
 _CHAIN_MODES = ("ADD", "MUL", "MAX", "MIN")
-
-
-def _chain_root(rw: Rewriter, opr, modes) -> bool:
-    """Whether ``opr`` (an Elemwise of one of ``modes``) ends its chain."""
-    if opr.type_name != "Elemwise" or opr.param.mode not in modes or opr.extra_deps:
-        return False
-    rs = rw.readers_of(opr.outputs[0])
-    return not (
-        rw.sole_reader(opr.outputs[0])
-        and rs[0].type_name == "Elemwise"
-        and rs[0].param.mode == opr.param.mode
-        and not rs[0].extra_deps
-    )
 
 
 def _bshape(a: tuple, b: tuple) -> tuple | None:
@@ -672,78 +661,8 @@ def reorder_arith_chain(graph, dest, options):
 # ---- ArithFuse -------------------------------------------------------------------------------
 @register_inference_pass("arith_fuse")
 def arith_fuse(graph, dest, options):
-    """``act(a + b)`` becomes ``FUSE_ADD_<act>(a, b)`` (act RELU, SIGMOID, TANH, H_SWISH);
-    in an ADD chain, products read only by the chain become FUSE_MUL_ADD4 in pairs and a
-    last one FUSE_MUL_ADD3 with a term of one of its factors' shape (the reference's
-    ArithFusePass)."""
-    rw = Rewriter(graph, dest)
-    acts = {m: f for f, m in _FUSE_ADD.items()}
-
-    def fuse_act(opr):
-        (x,) = opr.inputs
-        o = x.owner
-        if (
-            o.type_name != "Elemwise"
-            or o.param.mode != "ADD"
-            or o.extra_deps
-            or not rw.sole_reader(x)
-            or x.dtype.metadata
-        ):
-            return None
-        return [elemwise(_sv(o.inputs[0]), _sv(o.inputs[1]), mode=acts[opr.param.mode]).node]
-
-    def fuse_mul_add(opr):
-        ts = chain_terms(rw, opr, "ADD")
-        muls, bias = [], []
-        for t in ts:
-            o = t.owner
-            if (
-                o.type_name == "Elemwise"
-                and o.param.mode == "MUL"
-                and not o.extra_deps
-                and rw.sole_reader(t)
-            ):
-                a, b = o.inputs
-                sa, sb = static_shape(a), static_shape(b)
-                if sa is None or sb is None:
-                    return None
-                if int(np.prod(sa)) > int(np.prod(sb)):
-                    a, b = b, a
-                muls.append((a, b))
-            else:
-                bias.append(t)
-        if not muls:
-            return None
-        sums = []
-        while len(muls) >= 2:
-            (a, b), (c, d) = muls.pop(), muls.pop()
-            sums.append(elemwise(*map(_sv, (c, d, a, b)), mode="FUSE_MUL_ADD4").node)
-        if muls:
-            a, b = muls.pop()
-            pick = next(
-                (t for t in bias if static_shape(t) in (static_shape(a), static_shape(b))),
-                None,
-            )
-            if pick is not None:
-                bias.remove(pick)
-                sums.append(elemwise(_sv(a), _sv(b), _sv(pick), mode="FUSE_MUL_ADD3").node)
-            else:
-                sums.append(combine("MUL", [a, b]))
-        new = combine("ADD", bias + sums)
-        if static_shape(new) != static_shape(opr.outputs[0]) or new.dtype != opr.outputs[0].dtype:
-            return None
-        return [new]
-
-    def rule(opr):
-        if opr.type_name != "Elemwise" or opr.extra_deps:
-            return None
-        if opr.param.mode in acts and len(opr.inputs) == 1:
-            return fuse_act(opr)
-        if _chain_root(rw, opr, ("ADD",)):  # before its activation: FMA wins, as the reference
-            return fuse_mul_add(opr)
-        return None
-
-    return rw.apply(rule, "arithmetic fused")
+    """The compile preset's ``arith_fuse`` (:func:`megbrain.gopt.passes.arith_fuse`)."""
+    return PASSES["arith_fuse"](graph, dest)
 
 
 @register_inference_pass("remove_redundant_typecvt")

@@ -4,7 +4,8 @@
   double negation, elementwise operators over constants), :func:`arith_simplify_on_insert`;
 * level 2: global passes before compile, in the order of :data:`PRESET`, read top to bottom
   below: common subexpression merging, chain reordering, constant folding, redundant TypeCvt
-  removal (then the JIT fusion and sublinear memory passes of their own modules);
+  removal, arithmetic fusion (``act(a + b)`` -> FUSE_ADD_<act>, products in sums ->
+  FUSE_MUL_ADD3/4) (then the JIT fusion and sublinear memory passes of their own modules);
   :func:`optimize_for_compile` runs them;
 * a negative level runs the same passes and checks each replaced output against the
   unoptimized one at run time (AssertEqual).
@@ -34,6 +35,7 @@ from ..opr.io import ImmutableTensor
 __all__ = [
     "PASSES",
     "PRESET",
+    "FUSE_ADD_ACTS",
     "Rewriter",
     "VarMap",
     "inherit_props",
@@ -41,6 +43,7 @@ __all__ = [
     "run_passes",
     "optimize_for_compile",
     "arith_simplify_on_insert",
+    "arith_fuse",
     "install",
     "get_replaced_var",
 ]
@@ -398,6 +401,102 @@ def remove_redundant_typecvt(graph, dest):
             varmap[o.outputs[0]] = o.inputs[0]
             varmap.reasons[o.outputs[0]] = "redundant TypeCvt"
     return varmap
+
+
+#: FUSE_ADD_<act> -> act
+FUSE_ADD_ACTS = {f"FUSE_ADD_{m}": m for m in ("RELU", "SIGMOID", "TANH", "H_SWISH")}
+
+
+def _chain_root(rw: Rewriter, opr, modes) -> bool:
+    """Whether ``opr`` (an Elemwise of one of ``modes``) ends its chain."""
+    if opr.type_name != "Elemwise" or opr.param.mode not in modes or opr.extra_deps:
+        return False
+    rs = rw.readers_of(opr.outputs[0])
+    return not (
+        rw.sole_reader(opr.outputs[0])
+        and rs[0].type_name == "Elemwise"
+        and rs[0].param.mode == opr.param.mode
+        and not rs[0].extra_deps
+    )
+
+
+@register_pass("arith_fuse")
+def arith_fuse(graph, dest):
+    """``act(a + b)`` becomes ``FUSE_ADD_<act>(a, b)`` (act RELU, SIGMOID, TANH, H_SWISH);
+    in an ADD chain, products read only by the chain become FUSE_MUL_ADD4 in pairs and a
+    last one FUSE_MUL_ADD3 with a term of one of its factors' shape (the reference's
+    ArithFusePass, in its compile preset as in its inference one). In a training graph the
+    bias add and ReLU after a convolution become one in-place pass, and ReLU's gradient
+    reads the fused output (``SWITCH_GT0(y, dy)``) instead of keeping the sum alive."""
+    rw = Rewriter(graph, dest)
+    acts = {m: f for f, m in FUSE_ADD_ACTS.items()}
+    sv = SymbolVar
+
+    def fuse_act(opr):
+        (x,) = opr.inputs
+        o = x.owner
+        if (
+            o.type_name != "Elemwise"
+            or o.param.mode != "ADD"
+            or o.extra_deps
+            or not rw.sole_reader(x)
+            or x.dtype.metadata
+        ):
+            return None
+        return [elemwise(sv(o.inputs[0]), sv(o.inputs[1]), mode=acts[opr.param.mode]).node]
+
+    def fuse_mul_add(opr):
+        ts = chain_terms(rw, opr, "ADD")
+        muls, bias = [], []
+        for t in ts:
+            o = t.owner
+            if (
+                o.type_name == "Elemwise"
+                and o.param.mode == "MUL"
+                and not o.extra_deps
+                and rw.sole_reader(t)
+            ):
+                a, b = o.inputs
+                sa, sb = static_shape(a), static_shape(b)
+                if sa is None or sb is None:
+                    return None
+                if int(np.prod(sa)) > int(np.prod(sb)):
+                    a, b = b, a
+                muls.append((a, b))
+            else:
+                bias.append(t)
+        if not muls:
+            return None
+        sums = []
+        while len(muls) >= 2:
+            (a, b), (c, d) = muls.pop(), muls.pop()
+            sums.append(elemwise(*map(sv, (c, d, a, b)), mode="FUSE_MUL_ADD4").node)
+        if muls:
+            a, b = muls.pop()
+            pick = next(
+                (t for t in bias if static_shape(t) in (static_shape(a), static_shape(b))),
+                None,
+            )
+            if pick is not None:
+                bias.remove(pick)
+                sums.append(elemwise(sv(a), sv(b), sv(pick), mode="FUSE_MUL_ADD3").node)
+            else:
+                sums.append(combine("MUL", [a, b]))
+        new = combine("ADD", bias + sums)
+        if static_shape(new) != static_shape(opr.outputs[0]) or new.dtype != opr.outputs[0].dtype:
+            return None
+        return [new]
+
+    def rule(opr):
+        if opr.type_name != "Elemwise" or opr.extra_deps:
+            return None
+        if opr.param.mode in acts and len(opr.inputs) == 1:
+            return fuse_act(opr)
+        if _chain_root(rw, opr, ("ADD",)):  # before its activation: FMA wins, as the reference
+            return fuse_mul_add(opr)
+        return None
+
+    return rw.apply(rule, "arithmetic fused")
 
 
 # ---- running passes ----------------------------------------------------------------------

@@ -583,7 +583,9 @@ def _compiled_bind(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray):
     from . import jit_codegen
 
     expr = ((mode, tuple(("i", k) for k in range(len(inputs)))),)
-    return jit_codegen.bind(expr, inputs, out, layouts=layouts)
+    # serial: one memory-bound pass gains little from a second thread, and a parallel
+    # region per operator is what a loaded machine punishes most
+    return jit_codegen.bind(expr, inputs, out, layouts=layouts, parallel=False)
 
 
 def bind(
@@ -604,7 +606,8 @@ def bind(
         Whether a mode of :data:`COMPILED_MODES` (and :data:`COMPILED_BCAST_MODES`, for a
         per-channel broadcast) on float32 arrays of at least
         :data:`COMPILED_MIN_SIZE` elements may run as one compiled loop (Numba, compiled on
-        first use and cached on disk) instead of NumPy's passes; False never compiles.
+        first use and cached on disk; single-threaded, like NumPy's) instead of NumPy's
+        passes; False never compiles.
 
     Returns
     -------

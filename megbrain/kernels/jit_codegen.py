@@ -739,6 +739,7 @@ def bind(
     reduce: tuple | None = None,
     *,
     layouts: Sequence[str] = ("flat", "bcast", "nd"),
+    parallel: bool | None = None,
 ) -> Callable[[], None] | None:
     """Bind a fused expression to its input and output arrays.
 
@@ -757,6 +758,9 @@ def bind(
     layouts : sequence of str
         The layouts allowed (:func:`kernel_source`), tried in the order flat, bcast, nd;
         None when the arrays fit none of them.
+    parallel : bool or None
+        Whether an elementwise kernel may run its outer loop on several threads; None: from
+        :data:`PARALLEL_MIN_SIZE` elements.
 
     Returns
     -------
@@ -796,7 +800,7 @@ def bind(
         and (reduce is None or reduce[1] is None)
         and all(x.size == 1 or (x.shape == shape and x.flags.c_contiguous) for x in inputs)
     )
-    parallel = reduce is None and size >= PARALLEL_MIN_SIZE
+    parallel = reduce is None and (size >= PARALLEL_MIN_SIZE if parallel is None else parallel)
     if parallel:
         _numba()
         parallel = bool(_parallel_ok)

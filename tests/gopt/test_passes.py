@@ -136,11 +136,12 @@ def test_level_1_runs_no_global_pass():
 
 # ---- level 2: the PRESET -----------------------------------------------------------------
 def test_preset_order_reads_top_to_bottom():
-    assert PRESET[:4] == [
+    assert PRESET[:5] == [
         "merge_common_subexpr",
         "reorder_arith_chain",
         "fold_constants",
         "remove_redundant_typecvt",
+        "arith_fuse",
     ]
     assert set(PRESET) <= set(PASSES)
 
@@ -411,3 +412,64 @@ def test_get_graph_optimizer_replaced_var():
     assert ra.node.owner in seq and ra.node.owner.param.mode == "ADD"
     assert mgb.get_graph_optimizer_replaced_var(x).node is x.node
     np.testing.assert_allclose(f(np.zeros(3, F32)), np.exp(np.full(3, 3.0)), rtol=1e-6)
+
+
+# ---- arith_fuse in the compile preset ------------------------------------------------------
+def test_arith_fuse_at_compile_fuses_bias_relu_and_mul_add():
+    rng = np.random.default_rng(0)
+    shapes = [(4, 3, 5, 5), (1, 3, 1, 1), (4, 3, 5, 5)]
+    values = [rng.uniform(-1, 1, s).astype(F32) for s in shapes]
+
+    def build(x, b, z):
+        return mgb.opr.elem.relu(x + b) + x * z + b
+
+    (r0, m0), (r2, m2) = _both(build, values, shapes)
+    assert "RELU" in m0 and "FUSE_ADD_RELU" not in m0
+    assert "FUSE_ADD_RELU" in m2 and "RELU" not in m2 and "FUSE_MUL_ADD3" in m2
+    np.testing.assert_allclose(r2, r0, rtol=1e-6, atol=1e-6)
+
+
+def test_arith_fuse_keeps_a_sum_read_elsewhere():
+    shapes = [(6,), (6,)]
+    values = [np.linspace(-1, 1, 6, dtype=F32), np.full(6, 0.1, F32)]
+
+    def build(x, b):
+        s = x + b
+        return mgb.opr.elem.relu(s) * s
+
+    (r0, _), (r2, m2) = _both(build, values, shapes)
+    assert "FUSE_ADD_RELU" not in m2 and "RELU" in m2
+    np.testing.assert_array_equal(r2, r0)
+
+
+@pytest.mark.parametrize("level", [0, 2])
+def test_training_step_with_fused_bias_relu_matches_unfused(level):
+    """conv + bias + ReLU, cross entropy, SGD with momentum: the step at level 2 (ArithFuse,
+    ReLU's gradient from the fused output) gives the weights of level 0 (no passes)."""
+    from megbrain import nn, optim
+
+    def run(lvl):
+        nn.init.default_rng(3)
+        model = nn.Sequential(
+            nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)
+        )
+        g = _graph(lvl)
+        x = mgb.make_arg(CN, g, shape=(8, 2, 6, 6), name="x")
+        y = mgb.make_arg(CN, g, shape=(8, 5), name="y")
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        f = g.compile([x, y], [mgb.copy_output(loss)] + opt.minimize(loss))
+        rng = np.random.default_rng(4)
+        xv = rng.standard_normal((8, 2, 6, 6)).astype(F32)
+        yv = np.eye(5, dtype=F32)[rng.integers(0, 5, 8)]
+        losses = [float(f(xv, yv)[0][0]) for _ in range(3)]
+        modes = _modes(f)
+        return losses, {k: np.array(v) for k, v in model.state_dict().items()}, modes
+
+    l0, w0, _ = run(0)
+    lv, wv, modes = run(level)
+    if level == 2:
+        assert "FUSE_ADD_RELU" in modes and "RELU" not in modes
+    np.testing.assert_allclose(lv, l0, rtol=1e-5)
+    for k in w0:
+        np.testing.assert_allclose(wv[k], w0[k], rtol=1e-4, atol=1e-6, err_msg=k)
