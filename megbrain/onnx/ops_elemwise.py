@@ -452,3 +452,12 @@ def _isinf(ctx):
             t = E(x, _f(ctx, v, x), mode="EQ")
             out = t if out is None else E(out, t, mode="ADD")
     return _bool(out if out is not None else E(x, _f(ctx, 0, x), mode="MUL"))
+
+
+@converter("SwiGLU", 28, attrs={"alpha": 1.0})
+def _swiglu(ctx):
+    a, b = ctx.input(0), ctx.input(1)
+    if a.imm_shape != b.imm_shape:
+        raise ctx.fail(f"A {a.imm_shape} and B {b.imm_shape} must have one shape (no broadcast)")
+    gate = E(E(a, _f(ctx, ctx.attr("alpha"), a), mode="MUL"), mode="SIGMOID")
+    return E(E(a, gate, mode="MUL"), b, mode="MUL")

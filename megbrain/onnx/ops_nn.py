@@ -406,6 +406,20 @@ def _avgpool(ctx):
     return _pool(ctx, "AVERAGE")
 
 
+@converter("LpPool", 11, attrs={**_POOL_ATTRS, "p": 2})
+def _lp_pool(ctx):
+    # (sum over the window of |x|^p)^(1/p): the window sum is the average counting the
+    # (zero) pads, times the window size
+    x = ctx.input(0)
+    p = float(ctx.attr("p"))
+    ctx.inputs = [E(E(x, mode="ABS"), _c(ctx, p, x), mode="POW")] + list(ctx.inputs[1:])
+    ctx._attrs["count_include_pad"] = 1
+    total = E(
+        _pool(ctx, "AVERAGE"), _c(ctx, float(np.prod(ctx.attr("kernel_shape"))), x), mode="MUL"
+    )
+    return E(total, _c(ctx, 1.0 / p, x), mode="POW")
+
+
 def _global_pool(mode):
     def conv(ctx):
         y = ctx.input(0)

@@ -688,3 +688,127 @@ def _scatter_nd(ctx):
         ctx, rows, _reshape(flat, (m,)), _reshape(upd, (m,) + rest), ctx.attr("reduction")
     )
     return _reshape(out, src)
+
+
+@converter(
+    "CumProd",
+    26,
+    attrs={"exclusive": Attr(0, frozenset({0, 1})), "reverse": Attr(0, frozenset({0, 1}))},
+)
+def _cumprod(ctx):
+    # a log-depth (Hillis-Steele) scan: after step s every element holds the product of the
+    # 2^s elements ending at it; shifts pad with ones
+    x = ctx.input(0)
+    src = static_shape(ctx, x)
+    axis = _norm_axis(ctx, int(ctx.const(1, "axis").ravel()[0]), len(src))
+    n = src[axis]
+    dt = np.dtype(x.dtype)
+    rev = (slice(None),) * axis + (slice(None, None, -1),)
+
+    def shifted(v, k):
+        ones = list(src)
+        ones[axis] = k
+        return mgb.opr.concat(ctx.imm(np.ones(ones, dt)), _take(v, axis, 0, n - k), axis=axis)
+
+    y = x[rev] if ctx.attr("reverse") and n > 1 else x
+    if ctx.attr("exclusive") and n:
+        y = shifted(y, 1) if n > 1 else ctx.imm(np.ones(src, dt))
+    k = 1
+    while k < n:
+        y = E(y, shifted(y, k), mode="MUL")
+        k *= 2
+    if ctx.attr("reverse") and n > 1:
+        y = y[rev]
+    return y if y is not x else mgb.opr.identity(x)
+
+
+@converter("CenterCropPad", 18, attrs={"axes": None})
+def _center_crop_pad(ctx):
+    x = ctx.input(0)
+    src = static_shape(ctx, x)
+    nd = len(src)
+    shape = [int(s) for s in ctx.const(1, "shape").ravel()]
+    axes = ctx.attr("axes")
+    axes = list(range(nd)) if axes is None else [_norm_axis(ctx, a, nd) for a in axes]
+    if len(shape) != len(axes):
+        raise ctx.fail(f"shape has {len(shape)} values for {len(axes)} axes")
+    y = x
+    for a, want in zip(axes, shape):
+        dim = src[a]
+        if want < dim:  # crop: the extra element goes to the end
+            start = (dim - want) // 2
+            y = _take(y, a, start, start + want)
+        elif want > dim:  # pad with zeros: the extra element goes to the end
+            before = (want - dim) // 2
+            y = _pad_axis(
+                ctx,
+                y,
+                a,
+                before,
+                want - dim - before,
+                "constant",
+                ctx.imm(np.zeros((), np.dtype(x.dtype))),
+            )
+    return y if y is not x else mgb.opr.identity(x)
+
+
+@converter("ReverseSequence", 10, attrs={"batch_axis": 1, "time_axis": 0})
+def _reverse_sequence(ctx):
+    # out[b, t] = x[b, L_b - 1 - t] for t < L_b, else x[b, t]: a per-(batch, time) gather
+    x, lens = ctx.input(0), ctx.input(1)
+    src = static_shape(ctx, x)
+    nd = len(src)
+    ba, ta = _norm_axis(ctx, ctx.attr("batch_axis"), nd), _norm_axis(ctx, ctx.attr("time_axis"), nd)
+    if ba == ta or {ba, ta} != {0, 1}:
+        raise ctx.fail(f"batch_axis {ba} and time_axis {ta} must be 0 and 1, in some order")
+    nb, nt = src[ba], src[ta]
+    bt_shape = [1] * nd
+    bt_shape[ba] = nb
+    tt_shape = [1] * nd
+    tt_shape[ta] = nt
+    ln = _reshape(_wrap_negative(ctx, lens, 0), bt_shape)
+    t = ctx.imm(np.arange(nt, dtype=np.int32).reshape(tt_shape))
+    inside = E(t, ln, mode="LT")  # 1 where t < L_b
+    flipped = E(E(ln, ctx.imm(np.int32(1)), mode="SUB"), t, mode="SUB")
+    src_t = E(t, E(inside, E(flipped, t, mode="SUB"), mode="MUL"), mode="ADD")
+    strides = [int(np.prod(src[i + 1 :])) for i in range(nd)]
+    grids = np.meshgrid(*[np.arange(d) for d in src], indexing="ij")
+    other = sum(g * s for i, (g, s) in enumerate(zip(grids, strides)) if i != ta)
+    flat = E(
+        E(src_t, ctx.imm(np.int32(strides[ta])), mode="MUL"),
+        ctx.imm(np.asarray(other, np.int32)),
+        mode="ADD",
+    )
+    return _take_flat(ctx, _reshape(x, (int(np.prod(src)),)), flat, src)
+
+
+def _window(ctx, fn):
+    from .loader import onnx_to_np_dtype
+
+    size = int(ctx.const(0, "size").ravel()[0])
+    n = np.arange(size, dtype=np.float64)
+    denom = size if ctx.attr("periodic") else size - 1
+    dt = onnx_to_np_dtype(ctx.attr("output_datatype"), where=ctx.where)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return ctx.imm(fn(n, denom).astype(dt), dt)
+
+
+_WINDOW_ATTRS = {"output_datatype": 1, "periodic": Attr(1, frozenset({0, 1}))}
+
+
+@converter("HannWindow", 17, attrs=_WINDOW_ATTRS)
+def _hann_window(ctx):
+    return _window(ctx, lambda n, d: np.sin(np.pi * n / d) ** 2)
+
+
+@converter("HammingWindow", 17, attrs=_WINDOW_ATTRS)
+def _hamming_window(ctx):
+    a = 25.0 / 46.0
+    return _window(ctx, lambda n, d: a - (1 - a) * np.cos(2 * np.pi * n / d))
+
+
+@converter("BlackmanWindow", 17, attrs=_WINDOW_ATTRS)
+def _blackman_window(ctx):
+    return _window(
+        ctx, lambda n, d: 0.42 - 0.5 * np.cos(2 * np.pi * n / d) + 0.08 * np.cos(4 * np.pi * n / d)
+    )

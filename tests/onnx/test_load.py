@@ -309,3 +309,20 @@ def test_scatter_nd_duplicate_rows_combine(reduction):
     )
     (y,) = _run(load(m), x, ind.astype(np.int32), upd)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 9])
+@pytest.mark.parametrize(("exclusive", "reverse"), [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumprod_log_depth_scan_matches_numpy(n, exclusive, reverse):
+    rng = np.random.default_rng(n)
+    x = rng.uniform(0.5, 1.5, (3, n)).astype(np.float32)
+    axis = numpy_helper.from_array(np.asarray(1, np.int64), "axis")
+    node = helper.make_node("CumProd", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)
+    m = _model([node], [_vi("x", [3, n])], [_vi("y", [3, n])], [axis], opset=26)
+    v = x[:, ::-1] if reverse else x
+    want = np.cumprod(v, axis=1)
+    if exclusive:
+        want = np.concatenate([np.ones((3, 1), np.float32), want[:, :-1]], axis=1)
+    want = want[:, ::-1] if reverse else want
+    (y,) = _run(load(m), x)
+    np.testing.assert_allclose(y, want, rtol=1e-5)
