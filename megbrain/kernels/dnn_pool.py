@@ -1,10 +1,11 @@
 """Pooling kernels (MegDNN's PoolingForward and PoolingBackward) for batch-channel-first
 layouts, bound once.
 
-2-d pooling runs the compiled loops of :mod:`.pool_loops` over the ``N * C`` planes, split
-over :func:`parallel.num_threads` threads (:func:`parallel.split`) when there are enough
-elements; the loops want C-contiguous arrays of one float dtype, so float16 / bfloat16
-arrays (computed in float32) and non-contiguous ones go through contiguous staging copies.
+2-d pooling runs the compiled loops of :mod:`.pool_loops` over the ``N * C`` planes, in the
+calling thread unless :data:`SPLIT_MIN_ELEMS` is set (then split over
+:func:`parallel.num_threads` threads by :func:`parallel.split`). The loops want C-contiguous
+arrays of one float dtype, so float16 / bfloat16 arrays (computed in float32) and
+non-contiguous ones go through contiguous staging copies.
 Other ranks (3-d pooling) use the NumPy formulation: one strided ufunc pass per window
 offset, reading the source directly (no padded copy).
 
@@ -25,8 +26,8 @@ from .dnn_conv import compute_dtype
 from .steps import Step, chain
 
 __all__ = [
-    "MIN_SPLIT_ELEMS",
     "POOLING_MODES",
+    "SPLIT_MIN_ELEMS",
     "bind_pooling",
     "bind_pooling_backward",
     "pool_out_size",
@@ -34,9 +35,11 @@ __all__ = [
 
 _partial = functools.partial
 POOLING_MODES = ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING")
-#: the fewest source elements one thread of a split 2-d pooling gets (a hand-over to the
-#: pool's thread costs about as much as pooling this many)
-MIN_SPLIT_ELEMS = 1 << 15
+#: the fewest source elements one thread of a split 2-d pooling gets; None (the default) runs
+#: every pooling in the calling thread. Measured on the shared 2-core machines (load 6), the
+#: split was slower in every benchmark case (8x64x112x112 3x3/s2 MAX forward 13.1 vs 10.9 ms,
+#: the CNN's 128x16x28x28 2x2 MAX backward 1.8 vs 1.1 ms): its second part waits for a core.
+SPLIT_MIN_ELEMS: int | None = None
 
 
 def pool_out_size(size: int, window: int, stride: int, pad: int) -> int:
@@ -89,9 +92,12 @@ class _Pool:
         return self.window + self.stride + self.pad
 
     def split(self, fn: Callable[[int, int], object]) -> Step:
-        """``fn(lo, hi)`` over the planes, split over threads when they are large enough."""
+        """``fn(lo, hi)`` over the planes, split over threads when :data:`SPLIT_MIN_ELEMS` says
+        they are large enough."""
+        if SPLIT_MIN_ELEMS is None:
+            return _partial(fn, 0, self.planes)
         per_plane = max(1, math.prod(self.sshape))
-        return parallel.split(fn, self.planes, -(-MIN_SPLIT_ELEMS // per_plane))
+        return parallel.split(fn, self.planes, -(-SPLIT_MIN_ELEMS // per_plane))
 
     def divisor(self, dtype) -> np.ndarray | np.generic:
         """The per-output divisor of the average modes (a scalar for AVERAGE)."""

@@ -184,7 +184,7 @@ def test_max_propagates_nan():
 
 @pytest.mark.parametrize("mode", MODES)
 def test_split_over_threads_matches(monkeypatch, mode):
-    monkeypatch.setattr(dnn_pool, "MIN_SPLIT_ELEMS", 1)
+    monkeypatch.setattr(dnn_pool, "SPLIT_MIN_ELEMS", 1)
     monkeypatch.setattr(parallel, "num_threads", lambda: 3)
     for window, stride, pad in [((2, 2), (2, 2), (0, 0)), ((3, 3), (2, 2), (1, 1))]:
         _check(mode, window, stride, pad, (9, 8), (2, 5), np.float32, True, False, seed=5)
