@@ -68,6 +68,7 @@ __all__ = [
     "CACHE_CATEGORY",
     "KINDS",
     "PROFILE_BUDGET_S",
+    "PROFILE_DROP_RATIO",
     "PROFILE_RUNS",
     "STRATEGIES",
     "ConvAlgorithm",
@@ -99,6 +100,8 @@ CACHE_CATEGORY = "conv_algo"
 PROFILE_RUNS = 5
 #: no further round starts once profiling one shape has taken this many seconds
 PROFILE_BUDGET_S = 2.0
+#: a candidate whose best time is this many times the fastest one's is not run again
+PROFILE_DROP_RATIO = 3.0
 
 _log = logging.getLogger("megbrain")
 
@@ -299,11 +302,13 @@ def time_algorithms(
     """Seconds each of ``algos`` takes on scratch copies of the operands, by name.
 
     Each algorithm is bound and run once (a warm-up), then the algorithms run in turns,
-    ``runs`` rounds (:data:`PROFILE_RUNS` by default; fewer once :data:`PROFILE_BUDGET_S`
-    seconds are spent), each keeping its best time: interleaved, a burst of load from
-    elsewhere slows every candidate alike. Nothing of ``a``, ``b``, ``out`` is written, and
-    the workspaces come from plain allocations, not from a memory plan. An algorithm whose
-    bind or run raises ValueError, MemoryError or FloatingPointError is left out (logged).
+    ``runs`` rounds (:data:`PROFILE_RUNS` by default; after the first, none starts once
+    :data:`PROFILE_BUDGET_S` seconds are spent), each keeping its best time: interleaved, a
+    burst of load from elsewhere slows every candidate alike. After the first round, a
+    candidate :data:`PROFILE_DROP_RATIO` times slower than the fastest sits out. Nothing of
+    ``a``, ``b``, ``out`` is written, and the workspaces come from plain allocations, not from
+    a memory plan. An algorithm whose bind or run raises ValueError, MemoryError or
+    FloatingPointError is left out (logged).
     """
     rng = np.random.default_rng(0)
     sa, sb, so = (_scratch_like(x, rng) for x in (a, b, out))
@@ -320,10 +325,13 @@ def time_algorithms(
             steps[algo.name] = step
         except (ValueError, MemoryError, FloatingPointError) as exc:
             _log.warning("profiling %s algorithm %s failed: %s", algo.kind, algo.name, exc)
-    for _ in range(PROFILE_RUNS if runs is None else runs):
-        if time.perf_counter() - start > PROFILE_BUDGET_S:
+    for r in range(PROFILE_RUNS if runs is None else runs):
+        if not steps or (r and time.perf_counter() - start > PROFILE_BUDGET_S):
             break
+        lead = min(best[n] for n in steps)
         for name, step in steps.items():
+            if r and best[name] > PROFILE_DROP_RATIO * lead:
+                continue  # can not win (after one timed run past the warm-up): sits out
             t0 = time.perf_counter()
             step()
             best[name] = min(best[name], time.perf_counter() - t0)

@@ -430,3 +430,33 @@ def test_the_profiler_trace_names_the_chosen_algorithm():
     algos = {e["cat"]: e["args"].get("algorithm") for e in events}
     assert algos["ConvolutionForward"] == y.node.owner.chosen_algorithm == "IM2COL_GEMM_PER_SAMPLE"
     assert all(a is None for t, a in algos.items() if t != "ConvolutionForward")
+
+
+def test_time_algorithms_interleaves_and_drops_losers(caplog):
+    runs = {"FAST": 0, "SLOW": 0}
+
+    def fake(name, delay):
+        def bind(*args):
+            def step():
+                runs[name] += 1
+                if delay:
+                    import time
+
+                    time.sleep(delay)
+
+            return step
+
+        return conv_algos.ConvAlgorithm(name, "forward", bind, lambda *a: True)
+
+    def broken(*args):
+        raise ValueError("does not fit")
+
+    algos = [fake("FAST", 0), fake("SLOW", 0.02),
+             conv_algos.ConvAlgorithm("BROKEN", "forward", broken, lambda *a: True)]  # fmt: skip
+    c = _case()
+    a, b, out, _ = _operands(c, "forward")
+    times = conv_algos.time_algorithms(algos, a, b, out, *_geometry(c), runs=4)
+    assert set(times) == {"FAST", "SLOW"} and times["FAST"] < times["SLOW"]
+    assert runs == {"FAST": 5, "SLOW": 2}  # warm-up + 4 rounds; the loser sits out after one
+    assert "BROKEN failed: does not fit" in caplog.text
+    assert np.isnan(out).all()  # scratch copies only
