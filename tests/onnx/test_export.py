@@ -827,3 +827,43 @@ def test_export_dimshuffle_and_broadcast_elemwise(case):
     xv = rng.integers(-5, 5, shape).astype(dtype)
     yv = rng.integers(-5, 5, other).astype(dtype)
     _roundtrip([z], [(x, xv), (y, yv)], reload=False)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["light_squeezenet", pytest.param("light_inception_v1", marks=pytest.mark.slow)],
+)
+def test_export_an_imported_model_round_trips(name):
+    """An ONNX model loaded into megbrain and exported again runs in onnxruntime like
+    megbrain runs it (logits compared: the light models' constant weights make their
+    softmax ill-conditioned)."""
+    import os
+
+    path = os.path.join(
+        os.path.dirname(onnx.__file__), "backend", "test", "data", "light", name + ".onnx"
+    )
+    if not os.path.exists(path):
+        pytest.skip("the onnx wheel has no light models")
+    model = onnx.load(path)
+    last = model.graph.node[-1]
+    if last.op_type == "Softmax":
+        vi = onnx.ValueInfoProto()
+        vi.CopyFrom(model.graph.output[0])
+        vi.name = last.input[0]
+        del model.graph.output[:]
+        model.graph.output.append(vi)
+        del model.graph.node[-1]
+    res = load(model)
+    names = list(res.inputs)
+    rng = np.random.default_rng(0)
+    feed = [rng.random(res.inputs[n].imm_shape, dtype=np.float32) for n in names]
+    outs = list(res.outputs.values())
+    want = res.graph.compile([res.inputs[n] for n in names], [mgb.copy_output(o) for o in outs])(
+        *feed
+    )
+    want = want if isinstance(want, (list, tuple)) else [want]
+    ex = export(outs, None, input_names=names)
+    _assert_clean(ex)
+    got = _session(ex).run(None, dict(zip(names, feed)))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(b).max()))
