@@ -98,6 +98,48 @@ def test_every_usable_algorithm_matches_float64(c, kind):
         np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL, err_msg=algo.name)
 
 
+def _strided(a: np.ndarray, how: str) -> np.ndarray:
+    """``a``'s values in another memory layout: Fortran order, or every other element of a
+    twice-as-long last dim."""
+    if how == "fortran":
+        return np.asfortranarray(a)
+    wide = np.full(a.shape[:-1] + (2 * a.shape[-1],), np.nan, a.dtype)
+    wide[..., ::2] = a
+    return wide[..., ::2]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    c=conv_cases(),
+    kind=st.sampled_from(KINDS),
+    which=st.sampled_from([0, 1, 2]),
+    how=st.sampled_from(["fortran", "step"]),
+)
+def test_every_algorithm_on_strided_operands(c, kind, which, how):
+    a, b, out, ref = _operands(c, kind)
+    ops = [a, b, out]
+    ops[which] = _strided(ops[which], how)
+    args = (*ops, *_geometry(c))
+    for algo in conv_algos.usable_algorithms(kind, *args):
+        ops[2][...] = np.nan
+        algo.bind(*args)()
+        np.testing.assert_allclose(ops[2], ref, rtol=RTOL, atol=ATOL, err_msg=algo.name)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_algorithm_in_other_dtypes(kind, dtype):
+    c = _case(sshape=(7, 6), icg=3, ocg=2, n=2, seed=3)
+    a, b, out, ref = _operands(c, kind, dtype)
+    args = (a, b, out, *_geometry(c))
+    tol = dict(rtol=RTOL, atol=ATOL) if dtype == np.float64 else dict(rtol=2e-3, atol=2e-2)
+    for algo in conv_algos.usable_algorithms(kind, *args):
+        out[...] = np.nan
+        algo.bind(*args)()
+        assert out.dtype == dtype
+        np.testing.assert_allclose(out.astype(np.float64), ref, **tol, err_msg=algo.name)
+
+
 @settings(max_examples=15, deadline=None)
 @given(c=conv_cases(nsp=2), kind=st.sampled_from(KINDS), seed=st.integers(0, 100))
 def test_every_algorithm_in_batch_chunks(c, kind, seed):
