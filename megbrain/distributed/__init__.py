@@ -38,6 +38,7 @@ _LAZY = {
     "all_reduce_mean": "parallel",
     "bcast_params": "parallel",
     "data_parallel": "parallel",
+    "limit_threads_per_rank": "parallel",
     "SyncBatchNorm": "sync_bn",
 }
 
@@ -58,6 +59,7 @@ __all__ = [
     "all_reduce_mean",
     "bcast_params",
     "data_parallel",
+    "limit_threads_per_rank",
     "COMM_STREAM",
     "comm_comp_node",
     "get_comm",

@@ -4,6 +4,7 @@ they are computed), parameters broadcast from rank 0, and SyncBatchNorm."""
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 
@@ -11,13 +12,66 @@ import megbrain as mgb
 
 from ..device import mpi_comm as _comm
 
-__all__ = ["DEFAULT_PACK_MAX_SIZE", "all_reduce_mean", "bcast_params", "data_parallel"]
+__all__ = [
+    "DEFAULT_PACK_MAX_SIZE",
+    "all_reduce_mean",
+    "bcast_params",
+    "data_parallel",
+    "limit_threads_per_rank",
+]
+
+#: environment variables that set the BLAS / OpenMP thread count (the user's choice wins)
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 #: bytes of gradients packed into one all-reduce (the reference's allreduce_pack_max_size
 #: idea: few large transfers instead of one per parameter)
 DEFAULT_PACK_MAX_SIZE = 4 << 20
 
 _counter = itertools.count()
+
+
+def _local_ranks() -> int:
+    """The number of ranks of the job on this machine (the launcher's environment, else an
+    MPI split by shared memory, which every rank must call)."""
+    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        if os.environ.get(var, "").isdigit():
+            return max(1, int(os.environ[var]))
+    MPI = _comm.mpi()
+    local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return local.Get_size()
+    finally:
+        local.Free()
+
+
+def limit_threads_per_rank() -> int | None:
+    """Cap this rank's BLAS threads (and so megbrain's kernel threads, which follow them) at
+    its share of the machine's cores: ``cpu_count // ranks on this machine``, at least 1.
+
+    Ranks sharing a machine each start a BLAS pool as large as the machine; their threads
+    then contend for the cores (OpenBLAS's threads poll while idle), which can cost more
+    than the second rank brings. Nothing is changed when the user set a thread count
+    (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``) or threadpoolctl
+    is not installed. Every rank must call it (it may split ``COMM_WORLD``).
+
+    Returns
+    -------
+    int or None
+        The threads per rank set, or None when nothing was changed.
+    """
+    if any(v in os.environ for v in THREAD_ENV):
+        return None
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    n = max(1, (cpus or 1) // _local_ranks())
+    threadpool_limits(limits=n)
+    from ..kernels import parallel
+
+    parallel.num_threads.cache_clear()  # the kernels' split follows the BLAS pool
+    return n
 
 
 def bcast_params(params, root: int = 0) -> None:
@@ -101,7 +155,7 @@ def all_reduce_mean(grads, *, key: str, pack_max_size: int = DEFAULT_PACK_MAX_SI
 
 
 def data_parallel(optimizer, *, pack_max_size: int = DEFAULT_PACK_MAX_SIZE,
-                  bcast: bool = True):
+                  bcast: bool = True, limit_threads: bool = True):
     """Make ``optimizer`` (a :class:`megbrain.optim.Optimizer`) train data-parallel over
     the processes of the MPI job.
 
@@ -109,7 +163,9 @@ def data_parallel(optimizer, *, pack_max_size: int = DEFAULT_PACK_MAX_SIZE,
     ``minimize`` builds update with the gradients averaged across ranks
     (:func:`all_reduce_mean`), so that every rank keeps the same parameters. Each rank
     feeds its own part of the batch; the loss should be the mean over the local batch
-    (then the step equals one process's on the concatenated batch).
+    (then the step equals one process's on the concatenated batch). With ``limit_threads``
+    each rank's BLAS threads are capped at its share of the machine's cores
+    (:func:`limit_threads_per_rank`; unless a thread count is set in the environment).
 
     Returns
     -------
@@ -118,6 +174,8 @@ def data_parallel(optimizer, *, pack_max_size: int = DEFAULT_PACK_MAX_SIZE,
     """
     n, r = _comm.world_size(), _comm.world_rank()
     key = f"data_parallel{next(_counter)}"
+    if limit_threads:
+        limit_threads_per_rank()
     if bcast:
         bcast_params(optimizer.params)
 

@@ -93,3 +93,32 @@ def test_params_broadcast_from_rank_0():
     ref = _mlp(seed=0)
     for (k, v), (_, w) in zip(model.state_dict().items(), ref.state_dict().items()):
         np.testing.assert_array_equal(v, w, err_msg=k)
+
+
+def test_limit_threads_per_rank(monkeypatch):
+    """Ranks sharing a machine get its cores split between them (BLAS and the kernels'
+    threads), unless the environment sets a thread count."""
+    import os
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from megbrain.distributed import limit_threads_per_rank
+    from megbrain.distributed.parallel import THREAD_ENV, _local_ranks
+    from megbrain.kernels import parallel
+
+    def blas():
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    before = max(blas(), default=1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert limit_threads_per_rank() is None
+    for v in THREAD_ENV:
+        monkeypatch.delenv(v, raising=False)
+    try:
+        n = limit_threads_per_rank()
+        assert n == max(1, len(os.sched_getaffinity(0)) // _local_ranks())
+        assert blas() <= {n}
+        assert parallel.num_threads() == n or not blas()
+    finally:
+        threadpool_limits(limits=before)
+        parallel.num_threads.cache_clear()
