@@ -1,7 +1,8 @@
 """Reduce kernels (SUM, SUM_SQR, PRODUCT, MIN, MAX, MEAN), bound once and run into ``out``.
 
 Reduced axes are kept with size 1 in ``out``. Integers accumulate in their own dtype (wrapping
-like C), float16 and bfloat16 in float32.
+like C), float16 and bfloat16 in float32. Float sums over a contiguous inner run (a bias
+gradient's ``(N, C, H, W) -> (1, C, 1, 1)``) are matrix-vector products with ones (BLAS).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from .steps import chain
 
-__all__ = ["REDUCE_MODES", "bind_reduce", "bind_reduce_to_shape"]
+__all__ = ["BLAS_SUM_MIN_INNER", "REDUCE_MODES", "bind_reduce", "bind_reduce_to_shape"]
 
 _partial = functools.partial
 _F32 = np.dtype(np.float32)
@@ -55,8 +56,12 @@ def _bind(mode: str, src: np.ndarray, out: np.ndarray, view: np.ndarray, axes: t
             steps += [_partial(np.copyto, sq, src, "unsafe"), _partial(np.square, sq, sq)]
         src = sq
     res = view if view.dtype == acc else np.empty(view.shape, acc)
-    # dtype=acc: NumPy would otherwise sum small integers in int64, float16 in float16
-    steps.append(_partial(ufunc.reduce, src, axes, acc, res, True))
+    blas = _blas_sum(src, axes, res) if ufunc is np.add and acc.kind == "f" else None
+    if blas is not None:
+        steps += blas
+    else:
+        # dtype=acc: NumPy would otherwise sum small integers in int64, float16 in float16
+        steps.append(_partial(ufunc.reduce, src, axes, acc, res, True))
     if mode == "MEAN":
         n = acc.type(count)
         if acc.kind == "f":
@@ -71,6 +76,54 @@ def _bind(mode: str, src: np.ndarray, out: np.ndarray, view: np.ndarray, axes: t
     if res is not view:
         steps.append(_partial(np.copyto, view, res, "unsafe"))
     return chain(steps)
+
+
+#: the reduced run of contiguous elements from which a sum goes through BLAS
+BLAS_SUM_MIN_INNER = 16
+
+
+def _groups(shape: tuple, axes: tuple) -> list[list]:
+    """``shape`` as runs of consecutive reduced or kept dims, ``[size, reduced]`` each
+    (dims of size 1 dropped)."""
+    out: list[list] = []
+    for d, n in enumerate(shape):
+        if n == 1:
+            continue
+        if out and out[-1][1] == (d in axes):
+            out[-1][0] *= n
+        else:
+            out.append([n, d in axes])
+    return out
+
+
+def _blas_sum(src: np.ndarray, axes: tuple, res: np.ndarray) -> list | None:
+    """The steps summing a C-contiguous float ``src`` over a contiguous inner run of
+    ``C >= BLAS_SUM_MIN_INNER`` elements (then over an outer run) as matrix-vector products
+    with a vector of ones: ``(N, C, H, W) -> (1, C, 1, 1)`` (a bias gradient) is
+    ``(N*C, H*W) @ 1`` then ``1 @ (N, C)``. None for any other case."""
+    g = _groups(src.shape, axes)
+    if g and not g[0][1]:
+        g.insert(0, [1, True])  # no outer run
+    if (
+        len(g) != 3
+        or [r for _, r in g] != [True, False, True]
+        or g[2][0] < BLAS_SUM_MIN_INNER
+        or src.dtype != res.dtype
+        or not (src.flags.c_contiguous and res.flags.c_contiguous)
+    ):
+        return None
+    (na, _), (nb, _), (nc, _) = g
+    ones_c = np.ones(nc, src.dtype)
+    rows = src.reshape(na * nb, nc)
+    out = res.reshape(nb)
+    if na == 1:
+        return [_partial(np.matmul, rows, ones_c, out=out)]
+    part = np.empty((na, nb), src.dtype)
+    ones_a = np.ones(na, src.dtype)
+    return [
+        _partial(np.matmul, rows, ones_c, out=part.reshape(na * nb)),
+        _partial(np.matmul, ones_a, part, out=out),
+    ]
 
 
 def bind_reduce(

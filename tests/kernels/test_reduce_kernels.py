@@ -149,3 +149,46 @@ def test_bad_bindings():
         rk.bind_reduce_to_shape("SUM", x, np.empty((1, 3, 4), np.float32))
     with pytest.raises(ValueError, match="bool"):
         rk.bind_reduce("SUM", np.ones(3, bool), np.empty((1,), bool), 0)
+
+
+# ---- sums over a contiguous inner run as matrix-vector products (BLAS) ----------------------
+@pytest.mark.parametrize(
+    "shape, target",
+    [
+        ((16, 8, 6, 7), (1, 8, 1, 1)),  # a bias gradient over NCHW: 2 products
+        ((8, 6, 7), (8, 1, 1)),  # no outer run: 1 product
+        ((1, 8, 1, 40), (1, 8, 1, 1)),  # size-1 dims dropped
+        ((5, 3, 4, 2, 8), (1, 3, 4, 1, 1)),  # runs of several dims
+    ],
+)
+@pytest.mark.parametrize("mode", ["SUM", "MEAN"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_inner_run_sum_through_blas(shape, target, mode, dtype):
+    rng = np.random.default_rng(11)
+    x = _values(rng, mode, shape, np.dtype(dtype))
+    out = np.full(target, np.nan, dtype)
+    f = rk.bind_reduce_to_shape(mode, x, out)
+    f()
+    f()  # repeated runs overwrite, never accumulate
+    axes = tuple(i for i, (s, t) in enumerate(zip(shape, target)) if s != t)
+    _check(mode, x, axes, out)
+    steps = [f] if isinstance(f, functools.partial) else f.__closure__[0].cell_contents
+    assert any(getattr(s, "func", None) is np.matmul for s in steps)
+
+
+def test_blas_sum_not_used_off_its_pattern():
+    rng = np.random.default_rng(12)
+    x = rng.uniform(-1, 1, (8, 6, 40)).astype(np.float32)
+    cases = [
+        (x[:, :, ::2], (1, 6, 1)),  # not contiguous
+        (x[:, :, :8], (1, 6, 1)),  # inner run shorter than BLAS_SUM_MIN_INNER
+        (x, (8, 1, 40)),  # a middle axis
+        (x, (1, 1, 40)),  # outer runs only
+    ]
+    for src, target in cases:
+        out = np.empty(target, np.float32)
+        f = rk.bind_reduce_to_shape("SUM", src, out)
+        assert getattr(f, "func", None) == np.add.reduce
+        f()
+        axes = tuple(i for i, (s, t) in enumerate(zip(src.shape, target)) if s != t)
+        _check("SUM", src, axes, out)
