@@ -211,3 +211,53 @@ def _attention(ctx):
         return v if np.dtype(v.dtype) == np.dtype(out_dtype) else mgb.opr.typecvt(v, out_dtype)
 
     return [back(y), back(present_k), back(present_v), back(qk_out)]
+
+
+@converter(
+    "RotaryEmbedding",
+    23,
+    attrs={
+        "interleaved": Attr(0, frozenset({0, 1})),
+        "num_heads": None,
+        "rotary_embedding_dim": 0,
+    },
+)
+def _rotary_embedding(ctx):
+    x, cos, sin = ctx.input(0), ctx.input(1), ctx.input(2)
+    shp = static_shape(ctx, x)
+    if len(shp) == 4:  # (b, heads, s, d) -> (b, s, heads, d)
+        t = mgb.opr.dimshuffle(x, [0, 2, 1, 3])
+    elif len(shp) == 3:
+        heads = ctx.attr("num_heads")
+        if not heads or shp[2] % heads:
+            raise ctx.fail(f"3-d input {shp} needs num_heads dividing {shp[2]}")
+        t = _reshape(x, (shp[0], shp[1], heads, shp[2] // heads))
+    else:
+        raise ctx.fail(f"input must have rank 3 or 4, got {shp}")
+    b, s, h, d = static_shape(ctx, t)
+    r = int(ctx.attr("rotary_embedding_dim") or d)
+    half = r // 2
+    if ctx.has(3):  # caches indexed by position
+        ids = _reshape(mgb.opr.typecvt(ctx.input(3), np.int32), (b * s,))
+        cos = mgb.opr.advanced_indexing(cos)[ids]
+        sin = mgb.opr.advanced_indexing(sin)[ids]
+    if static_shape(ctx, cos)[-1] != half or static_shape(ctx, sin)[-1] != half:
+        raise ctx.fail(f"the caches' last dim must be rotary_embedding_dim / 2 = {half}")
+    cos, sin = _reshape(cos, (b, s, 1, half)), _reshape(sin, (b, s, 1, half))
+    rot = t[:, :, :, :r]
+    if ctx.attr("interleaved"):
+        x1, x2 = rot[:, :, :, 0::2], rot[:, :, :, 1::2]
+    else:
+        x1, x2 = rot[:, :, :, :half], rot[:, :, :, half:]
+    real = E(E(cos, x1, mode="MUL"), E(sin, x2, mode="MUL"), mode="SUB")
+    imag = E(E(sin, x1, mode="MUL"), E(cos, x2, mode="MUL"), mode="ADD")
+    if ctx.attr("interleaved"):
+        pair = (b, s, h, half, 1)
+        rot = mgb.opr.concat(_reshape(real, pair), _reshape(imag, pair), axis=4)
+        rot = _reshape(rot, (b, s, h, r))
+    else:
+        rot = mgb.opr.concat(real, imag, axis=3)
+    y = mgb.opr.concat(rot, t[:, :, :, r:], axis=3) if r < d else rot
+    if len(shp) == 4:
+        return mgb.opr.dimshuffle(y, [0, 2, 1, 3])
+    return _reshape(y, shp)

@@ -420,6 +420,53 @@ def _lp_pool(ctx):
     return E(total, _c(ctx, 1.0 / p, x), mode="POW")
 
 
+@converter(
+    "CausalConvWithState",
+    27,
+    attrs={"activation": Attr("none", frozenset({"none", "silu", "swish"}))},
+)
+def _causal_conv_with_state(ctx):
+    # depthwise causal conv1d over [past_state, x]: k shifted slices times per-channel taps
+    x, w = ctx.input(0), ctx.input(1)
+    b, c, length = static_shape(ctx, x)
+    ws = static_shape(ctx, w, "weight")
+    if len(ws) != 3 or ws[:2] != (c, 1):
+        raise ctx.fail(f"weight must have shape ({c}, 1, k), got {ws}")
+    k = ws[2]
+    dt = np.dtype(x.dtype)
+    if ctx.has(3):
+        past = ctx.input(3)
+    else:
+        past = ctx.imm(np.zeros((b, c, k - 1), dt)) if k > 1 else None
+    padded = mgb.opr.concat(past, x, axis=2) if past is not None else x
+    # computed in float32; the convolution is rounded to the input dtype before the activation
+    f32 = np.dtype(np.float32)
+
+    def wide(v):
+        return v if np.dtype(v.dtype) == f32 else mgb.opr.typecvt(v, f32)
+
+    def narrow(v):
+        return v if dt == f32 else mgb.opr.typecvt(v, dt)
+
+    pw, ww = wide(padded), wide(w)
+    acc = None
+    for j in range(k):
+        tap = _reshape(ww[:, :, j : j + 1], (1, c, 1))
+        part = E(_take(pw, 2, j, j + length), tap, mode="MUL")
+        acc = part if acc is None else E(acc, part, mode="ADD")
+    if ctx.has(2):
+        acc = E(acc, _reshape(wide(ctx.input(2)), (1, c, 1)), mode="ADD")
+    acc = narrow(acc)
+    if ctx.attr("activation") != "none":
+        a = wide(acc)
+        acc = narrow(E(a, E(a, mode="SIGMOID"), mode="MUL"))
+    if k > 1:
+        state = _take(padded, 2, length, length + k - 1)
+    else:
+        state = ctx.imm(np.zeros((b, c, 0), dt))
+    return [acc, state]
+
+
 def _global_pool(mode):
     def conv(ctx):
         y = ctx.input(0)
