@@ -274,6 +274,7 @@ class AddUpdateParam(ParamBase):
 # ---- the AddUpdate kernel (also mgb._add_update_fastpath's) ---------------------------------
 #: elements in one block of the ``beta * delta`` scratch buffer
 _ADD_UPDATE_BLOCK = 1 << 14
+_F32 = np.dtype(np.float32)
 
 
 def add_update_coefs(dtype, alpha, beta, bias) -> tuple | None:
@@ -302,9 +303,11 @@ def add_update_coefs(dtype, alpha, beta, bias) -> tuple | None:
     dt = np.dtype(dtype)
     if dt.metadata or not (dt.kind in "iuf" or is_bfloat16(dt)):
         raise MegBrainError(f"AddUpdate: dest dtype {dt} is not supported (float or integer only)")
-    f32 = [np.float32(v) for v in (alpha, beta, bias)]
+    f32 = (np.float32(alpha), np.float32(beta), np.float32(bias))
     if f32[0] == 0 and f32[1] == 1 and f32[2] == 0:
         return None
+    if dt == _F32:  # every training step: no conversions past float32
+        return f32
     if dt.kind not in "iu":
         return tuple(dt.type(v) for v in f32)
     out = []
@@ -355,7 +358,9 @@ def add_update_apply(dest: np.ndarray, delta: np.ndarray, coefs: tuple | None, a
         np.subtract(dest, delta, out=dest)  # x + (-1*y) is x - y exactly
     elif b != 0 or dest.dtype.kind not in "iu":
         # for floats 0*delta is NaN where delta is inf or NaN: beta 0 still multiplies
-        _add_scaled(dest, np.broadcast_to(delta, dest.shape), b)
+        if delta.shape != dest.shape:
+            delta = np.broadcast_to(delta, dest.shape)
+        _add_scaled(dest, delta, b)
     if c != 0:
         # "+ 0" skipped: it could only turn a -0.0 into +0.0
         np.add(dest, c, out=dest)
