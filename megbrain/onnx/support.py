@@ -17,6 +17,8 @@ __all__ = [
     "unclaimed_op_types",
     "EXCLUDED_CASES",
     "KNOWN_GAPS",
+    "FAMILIES",
+    "op_family",
 ]
 
 
@@ -54,5 +56,61 @@ EXCLUDED_CASES: dict[str, str] = {
 }
 
 #: cases of claimed op types that fail today: known gaps, to be fixed (regex -> what is missing)
-KNOWN_GAPS: dict[str, str] = {
+KNOWN_GAPS: dict[str, str] = {}
+
+
+#: operator families (for conformance reports); an op type not listed is "other"
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "elementwise": (
+        "Abs Acos Acosh Add And Asin Asinh Atan Atanh Cast CastLike Ceil Celu Clip Cos Cosh"
+        " Div Elu Equal Erf Exp Floor Gelu Greater GreaterOrEqual HardSigmoid HardSwish"
+        " IsInf IsNaN LeakyRelu Less LessOrEqual Log Max Mean Min Mish Mod Mul Neg Not Or"
+        " PRelu Pow Reciprocal Relu Round Selu Shrink Sigmoid Sign Sin Sinh Softplus"
+        " Softsign Sqrt Sub Sum SwiGLU Swish Tan Tanh ThresholdedRelu Where Xor"
+    ).split(),
+    "reduce": (
+        "ArgMax ArgMin ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean"
+        " ReduceMin ReduceProd ReduceSum ReduceSumSquare CumSum CumProd"
+    ).split(),
+    "conv/pool": (
+        "Conv ConvTranspose AveragePool MaxPool LpPool GlobalAveragePool GlobalMaxPool"
+        " CausalConvWithState"
+    ).split(),
+    "normalization": (
+        "BatchNormalization InstanceNormalization GroupNormalization LayerNormalization"
+        " RMSNormalization LRN MeanVarianceNormalization LpNormalization Dropout"
+    ).split(),
+    "matmul/einsum": ("MatMul Gemm Einsum").split(),
+    "softmax/attention": ("Softmax LogSoftmax Hardmax Attention RotaryEmbedding").split(),
+    "loss": ("NegativeLogLikelihoodLoss SoftmaxCrossEntropyLoss").split(),
+    "tensor/shape": (
+        "Concat DepthToSpace Expand Flatten Gather GatherElements GatherND Identity OneHot"
+        " Pad Reshape ReverseSequence Scatter ScatterElements ScatterND Shape Size Slice"
+        " SpaceToDepth Split Squeeze Tile TopK Transpose Trilu Unsqueeze CenterCropPad"
+    ).split(),
+    "resize/sampling": ("Resize Upsample GridSample AffineGrid RoiAlign Col2Im").split(),
+    "generators": (
+        "Constant ConstantOfShape EyeLike Range Bernoulli RandomUniformLike RandomNormalLike"
+        " RandomUniform RandomNormal"
+    ).split(),
+    "signal": ("DFT STFT BlackmanWindow HammingWindow HannWindow MelWeightMatrix").split(),
+    "quantization": (
+        "QuantizeLinear DequantizeLinear DynamicQuantizeLinear QLinearMatMul QLinearConv"
+        " ConvInteger MatMulInteger"
+    ).split(),
+    "bitwise": ("BitShift BitwiseAnd BitwiseOr BitwiseXor BitwiseNot BitCast").split(),
+    "rnn": ("RNN GRU LSTM LinearAttention").split(),
+    "control flow/sequence": (
+        "If Loop Scan SequenceMap SequenceEmpty SequenceLength SequenceInsert SequenceAt"
+        " SequenceConstruct SequenceErase SplitToSequence ConcatFromSequence Optional"
+        " OptionalHasElement OptionalGetElement"
+    ).split(),
+    "string": ("StringSplit StringNormalizer StringConcat RegexFullMatch").split(),
 }
+
+_FAMILY_OF = {op: fam for fam, ops in FAMILIES.items() for op in ops}
+
+
+def op_family(op_type: str) -> str:
+    """The family of ``op_type`` in :data:`FAMILIES` ("other" when not listed)."""
+    return _FAMILY_OF.get(op_type, "other")
