@@ -557,7 +557,7 @@ COMPILED_MODES = frozenset(
 #: loop short: compiled only for the per-channel broadcast layout
 COMPILED_BCAST_MODES = frozenset({"ADD", "SUB", "MUL", "TRUE_DIV"})
 #: output elements from which COMPILED_MODES run compiled
-COMPILED_MIN_SIZE = 1 << 15
+COMPILED_MIN_SIZE = 1 << 12
 
 
 def _compiled_bind(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray):
