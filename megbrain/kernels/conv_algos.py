@@ -502,3 +502,25 @@ for _algo in (
     register(_algo)
 del _algo
 # further algorithm modules register here, below the built-in ones
+from . import conv_winograd  # noqa: E402
+
+for _algo in (
+    ConvAlgorithm(
+        "WINOGRAD_F23",
+        "forward",
+        conv_winograd.bind_winograd_forward,
+        conv_winograd.usable_winograd_forward,
+        priority=20,
+        heuristic=conv_winograd.preferred_winograd_forward,
+    ),
+    ConvAlgorithm(
+        "WINOGRAD_F23",
+        "backward_data",
+        conv_winograd.bind_winograd_backward_data,
+        conv_winograd.usable_winograd_backward_data,
+        priority=20,
+        heuristic=conv_winograd.preferred_winograd_backward_data,
+    ),
+):
+    register(_algo)
+del _algo

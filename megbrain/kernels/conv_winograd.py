@@ -1,0 +1,330 @@
+"""Winograd F(2x2, 3x3) convolution: 2-d, 3x3 filters, stride 1, no dilation, any padding
+and group count; forward and backward data (the stride-1 backward data is the forward
+convolution of ``diff`` with the transposed, flipped filter).
+
+Each 2x2 block of outputs (a tile) is computed from the 4x4 input patch under it as
+``A^T [U * V] A``, with ``U = G g G^T`` the transformed filter and ``V = B^T d B`` the
+transformed patch: summed over the input channels, the 16 elementwise products become 16
+GEMMs ``M[e] = U[e] (OC, IC) @ V[e] (IC, tiles)`` (one per group and element ``e``), 2.25x
+fewer multiplications than im2col + GEMM, and the transformed input holds 4 values per
+input element instead of im2col's 9. The transforms are compiled loops
+(:mod:`conv_loops`), split over :data:`THREADS` Python threads; the GEMMs are 2-d
+``np.matmul`` calls (OpenBLAS threads them). The batch is processed in chunks keeping the
+transformed input and the products under :data:`BUFFER_LIMIT` bytes.
+
+F(2x2, 3x3) is as accurate as im2col + GEMM in float32 (its transforms only add, subtract
+and halve); the larger F(4x4, 3x3) tiles are not used, their transforms (coefficients up to
+8 and 1/24) lose about two more digits.
+
+Every buffer rewritten on each run (transformed filter, input and products, scratch rows,
+the float32 copies of a float16/bfloat16 operand) comes from :func:`workspace.empty`;
+nothing is allocated when the bound callable runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from . import conv_loops, workspace
+from .dnn_conv import _Conv, compute_dtype
+from .steps import Step, chain
+
+__all__ = [
+    "BUFFER_LIMIT",
+    "THREADS",
+    "bind_winograd_backward_data",
+    "MIN_CHANNELS",
+    "bind_winograd_forward",
+    "preferred_winograd_backward_data",
+    "preferred_winograd_forward",
+    "usable_winograd_backward_data",
+    "usable_winograd_forward",
+]
+
+#: the most bytes the transformed input and the products of one batch chunk take together
+#: (at least one sample): measured on 2 cores, 2 MiB chunks ran 1.3x faster than 64 MiB ones
+#: for 128x16x14x14 (the transforms then read and write cache, not memory)
+BUFFER_LIMIT = 2 << 20
+#: HEURISTIC takes Winograd when both channel counts of a group are at least this (the GEMMs'
+#: dims; below, their (OC, IC) @ (IC, tiles) products are too thin to pay for the transforms)
+MIN_CHANNELS = 16
+#: Python threads a transform is split over (the GEMMs use OpenBLAS's own threads)
+THREADS = max(1, min(4, os.cpu_count() or 1))
+#: a transform is split over threads only when it has at least this many (sample, channel)
+#: planes (each thread's call costs a few microseconds)
+_MIN_SPLIT_PLANES = 8
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(THREADS - 1, thread_name_prefix="mgb-conv")
+        return _pool
+
+
+def _split(total: int, parts: int) -> list[tuple[int, int]]:
+    parts = max(1, min(parts, total // _MIN_SPLIT_PLANES or 1))
+    bounds = [total * i // parts for i in range(parts + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def _parallel(calls: list[Callable[[], None]]) -> Step:
+    """A step running ``calls`` (GIL-free compiled loops) at once: the last on the calling
+    thread, the others on the pool."""
+    if len(calls) == 1:
+        return calls[0]
+    first, last = calls[:-1], calls[-1]
+
+    def run() -> None:
+        futures = [_executor().submit(c) for c in first]
+        try:
+            last()
+        finally:
+            for f in futures:
+                f.result()
+
+    return run
+
+
+def _geometry_ok(nd: int, fshape, stride, dilate, dtype) -> bool:
+    try:
+        compute_dtype(dtype)
+    except ValueError:
+        return False
+    return (
+        nd == 4
+        and tuple(fshape) == (3, 3)
+        and tuple(stride) == (1, 1)
+        and tuple(dilate) == (1, 1)
+    )
+
+
+def usable_winograd_forward(
+    src: np.ndarray,
+    filt: np.ndarray,
+    out: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+) -> bool:
+    """Whether :func:`bind_winograd_forward` accepts the convolution: 2-d, 3x3, stride 1,
+    dilation 1, floating point (any padding and group count)."""
+    return _geometry_ok(src.ndim, filt.shape[3:], stride, dilate, src.dtype) and all(
+        p >= 0 for p in pad
+    )
+
+
+def usable_winograd_backward_data(
+    filt: np.ndarray,
+    diff: np.ndarray,
+    grad: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+) -> bool:
+    """Whether :func:`bind_winograd_backward_data` accepts the gradient: 2-d, 3x3, stride 1,
+    dilation 1, padding at most 2, floating point."""
+    return _geometry_ok(grad.ndim, filt.shape[3:], stride, dilate, diff.dtype) and all(
+        0 <= p <= 2 for p in pad
+    )
+
+
+def preferred_winograd_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
+    """HEURISTIC's rule: usable, and both ICg and OCg at least :data:`MIN_CHANNELS`."""
+    return (
+        usable_winograd_forward(src, filt, out, stride, pad, dilate, flip)
+        and min(filt.shape[1], filt.shape[2]) >= MIN_CHANNELS
+    )
+
+
+def preferred_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
+    """HEURISTIC's rule: usable, and both ICg and OCg at least :data:`MIN_CHANNELS`."""
+    return (
+        usable_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip)
+        and min(filt.shape[1], filt.shape[2]) >= MIN_CHANNELS
+    )
+
+
+def bind_winograd_forward(
+    src: np.ndarray,
+    filt: np.ndarray,
+    out: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+) -> Callable[[], None]:
+    """Bind the grouped convolution ``out = conv(src, filt)`` as Winograd F(2x2, 3x3).
+
+    Parameters
+    ----------
+    src : numpy.ndarray
+        The ``(N, G*ICg, H, W)`` input (any strides).
+    filt : numpy.ndarray
+        The grouped ``(G, OCg, ICg, 3, 3)`` filter.
+    out : numpy.ndarray
+        The ``(N, G*OCg, OH, OW)`` output, ``OH = H + 2 pad - 2``.
+    stride, pad, dilate : sequence of int
+        Two values each; stride and dilation must be 1.
+    flip : bool
+        True for CONVOLUTION mode (the filter is flipped spatially), False for
+        CROSS_CORRELATION.
+
+    Returns
+    -------
+    Callable[[], None]
+        A zero-argument callable computing ``out`` from the current inputs.
+
+    Raises
+    ------
+    ValueError
+        When the shapes do not match or the convolution is not one
+        :func:`usable_winograd_forward` accepts.
+    """
+    geo = _Conv("Convolution", src.shape, filt.shape, out.shape, stride, pad, dilate)
+    if not usable_winograd_forward(src, filt, out, stride, pad, dilate, flip):
+        raise ValueError(
+            f"Convolution (winograd F(2x2,3x3)): needs a 2-d 3x3 filter, stride 1 and "
+            f"dilation 1, got filter {tuple(filt.shape)}, stride={tuple(stride)}, "
+            f"dilate={tuple(dilate)}, dtype {src.dtype}"
+        )
+    return _bind(geo, src, filt, out, flip, "Convolution")
+
+
+def bind_winograd_backward_data(
+    filt: np.ndarray,
+    diff: np.ndarray,
+    grad: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+) -> Callable[[], None]:
+    """Bind the gradient of a convolution w.r.t. its input as Winograd F(2x2, 3x3): the
+    forward convolution of ``diff``, padded by ``2 - pad``, with the transposed, flipped
+    filter.
+
+    Parameters
+    ----------
+    filt : numpy.ndarray
+        The grouped ``(G, OCg, ICg, 3, 3)`` filter of the forward convolution.
+    diff : numpy.ndarray
+        The ``(N, G*OCg, OH, OW)`` gradient of the forward output.
+    grad : numpy.ndarray
+        The ``(N, G*ICg, H, W)`` result.
+    stride, pad, dilate, flip
+        As for :func:`bind_winograd_forward`; ``pad <= 2``.
+
+    Returns
+    -------
+    Callable[[], None]
+        A zero-argument callable computing ``grad``.
+
+    Raises
+    ------
+    ValueError
+        When the shapes do not match or the gradient is not one
+        :func:`usable_winograd_backward_data` accepts.
+    """
+    _Conv("ConvolutionBackwardData", grad.shape, filt.shape, diff.shape, stride, pad, dilate)
+    if not usable_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip):
+        raise ValueError(
+            f"ConvolutionBackwardData (winograd F(2x2,3x3)): needs a 2-d 3x3 filter, "
+            f"stride 1, dilation 1 and pad <= 2, got filter {tuple(filt.shape)}, "
+            f"stride={tuple(stride)}, pad={tuple(pad)}, dilate={tuple(dilate)}, "
+            f"dtype {diff.dtype}"
+        )
+    tpad = tuple(2 - p for p in pad)
+    tfilt = filt.swapaxes(1, 2)
+    geo = _Conv("ConvolutionBackwardData", diff.shape, tfilt.shape, grad.shape, stride, tpad,
+                dilate)  # fmt: skip
+    return _bind(geo, diff, tfilt, grad, not flip, "ConvolutionBackwardData")
+
+
+def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], None]:
+    dt = compute_dtype(src.dtype)
+    steps: list[Step] = []
+    post: list[Step] = []
+    x = src
+    if src.dtype != dt:
+        x = workspace.empty(src.shape, dt)
+        steps.append(functools.partial(np.copyto, x, src, "unsafe"))
+    if filt.dtype != dt:
+        f32 = workspace.empty(filt.shape, dt)
+        steps.append(functools.partial(np.copyto, f32, filt, "unsafe"))
+        filt = f32
+    y = out
+    if out.dtype != dt or not out.flags.c_contiguous:
+        y = workspace.empty(out.shape, dt)
+        post.append(functools.partial(np.copyto, out, y, "unsafe"))
+    g, ocg, icg = geo.g, geo.ocg, geo.icg
+    c, oc = geo.c, g * ocg
+    (ph, pw), (oh, ow) = geo.pad, geo.oshape
+    th, tw = (oh + 1) // 2, (ow + 1) // 2
+    per_sample = th * tw
+    # the transformed input (16, C, k tiles) and the products (16, OC, k tiles) of a chunk
+    nb = max(1, min(geo.n, BUFFER_LIMIT // max(1, 16 * (c + oc) * per_sample * dt.itemsize)))
+    vflat = workspace.empty((16 * c * nb * per_sample,), dt)
+    mflat = workspace.empty((16 * oc * nb * per_sample,), dt)
+    u = workspace.empty((16, g, ocg, icg), dt)
+    tscratch = workspace.empty((4, 3), dt)
+    rows = workspace.empty((THREADS, 8 * (tw + 1)), dt)
+
+    def filter_step(f=filt, u=u, t=tscratch, flip=flip, g=g):
+        conv_loops.winograd_filter(f, u, t, flip, 0, g)
+
+    steps.append(filter_step)
+    for a in range(0, geo.n, nb):
+        b = min(geo.n, a + nb)
+        k = b - a
+        v = vflat[: 16 * c * k * per_sample]
+        m = mflat[: 16 * oc * k * per_sample]
+        v3, m3 = v.reshape(16, c, k * per_sample), m.reshape(16, oc, k * per_sample)
+        calls = []
+        for i, (p0, p1) in enumerate(_split(k * c, THREADS)):
+            calls.append(_partial_input(x, v, rows[i], ph, pw, th, tw, a, c, p0, p1))
+        steps.append(_parallel(calls))
+        for e in range(16):
+            for gi in range(g):
+                steps.append(_matmul(u[e, gi], v3[e, gi * icg : (gi + 1) * icg],
+                                     m3[e, gi * ocg : (gi + 1) * ocg]))  # fmt: skip
+        calls = [
+            _partial_output(m, y, th, tw, a, oc, p0, p1) for p0, p1 in _split(k * oc, THREADS)
+        ]
+        steps.append(_parallel(calls))
+    if geo.n == 0:
+        steps = []
+    return chain(steps + post)
+
+
+def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
+    def step() -> None:
+        np.matmul(a, b, out=out)
+
+    return step
+
+
+def _partial_input(x, v, rows, ph, pw, th, tw, a, c, p0, p1) -> Step:
+    def step() -> None:
+        conv_loops.winograd_input(x, v, rows, ph, pw, th, tw, a, c, p0, p1)
+
+    return step
+
+
+def _partial_output(m, y, th, tw, a, oc, p0, p1) -> Step:
+    def step() -> None:
+        conv_loops.winograd_output(m, y, th, tw, a, oc, p0, p1)
+
+    return step

@@ -1,0 +1,280 @@
+"""The fast convolution algorithms (Winograd F(2x2, 3x3): megbrain.kernels.conv_winograd)
+against the float64 reference: drawn batches, channels, groups, sizes, paddings, flips and
+dtypes; batch chunks and thread splits; the workspace contract (every workspace byte written
+before it is read, nothing allocated per run); their registration and HEURISTIC rule; the
+gradients through the operators."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_conv_algos import ATOL, RTOL, ref_backward_data, ref_forward
+
+from megbrain.kernels import conv_algos, conv_winograd, dnn_conv, workspace
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "opr"))
+from opr_harness import check_grad  # noqa: E402
+
+_FWD = conv_winograd.bind_winograd_forward
+_BWD = conv_winograd.bind_winograd_backward_data
+_ONE = (1, 1)
+
+
+@st.composite
+def winograd_cases(draw, max_pad=3):
+    pad = (draw(st.integers(0, max_pad)), draw(st.integers(0, max_pad)))
+    sshape = tuple(draw(st.integers(max(1, 3 - 2 * p), 9)) for p in pad)
+    return dict(
+        n=draw(st.integers(1, 3)),
+        g=draw(st.integers(1, 2)),
+        icg=draw(st.integers(1, 5)),
+        ocg=draw(st.integers(1, 5)),
+        fshape=(3, 3),
+        stride=_ONE,
+        pad=pad,
+        dilate=_ONE,
+        sshape=sshape,
+        oshape=tuple(dnn_conv.conv_out_size(s, 3, 1, p, 1) for s, p in zip(sshape, pad)),
+        flip=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def _arrays(c, dtype=np.float32):
+    rng = np.random.default_rng(c["seed"])
+    x = rng.uniform(-1, 1, (c["n"], c["g"] * c["icg"], *c["sshape"])).astype(dtype)
+    w = rng.uniform(-1, 1, (c["g"], c["ocg"], c["icg"], 3, 3)).astype(dtype)
+    dy = rng.uniform(-1, 1, (c["n"], c["g"] * c["ocg"], *c["oshape"])).astype(dtype)
+    return x, w, dy
+
+
+def _geometry(c):
+    return c["stride"], c["pad"], c["dilate"], c["flip"]
+
+
+def _tol(dtype):
+    # float16 operands are rounded to float16 at the end (the compute is float32)
+    return dict(rtol=RTOL, atol=ATOL) if dtype != np.float16 else dict(rtol=2e-3, atol=2e-2)
+
+
+_DTYPES = st.sampled_from([np.float32, np.float32, np.float64, np.float16])
+
+
+@settings(max_examples=60, deadline=None)
+@given(c=winograd_cases(), dtype=_DTYPES)
+def test_forward_matches_float64(c, dtype):
+    x, w, dy = _arrays(c, dtype)
+    y = np.full(dy.shape, np.nan, dtype)
+    assert conv_winograd.usable_winograd_forward(x, w, y, *_geometry(c))
+    _FWD(x, w, y, *_geometry(c))()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), **_tol(dtype))
+
+
+@settings(max_examples=60, deadline=None)
+@given(c=winograd_cases(max_pad=2), dtype=_DTYPES)
+def test_backward_data_matches_float64(c, dtype):
+    x, w, dy = _arrays(c, dtype)
+    gx = np.full(x.shape, np.nan, dtype)
+    assert conv_winograd.usable_winograd_backward_data(w, dy, gx, *_geometry(c))
+    _BWD(w, dy, gx, *_geometry(c))()
+    np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), **_tol(dtype))
+
+
+@settings(max_examples=20, deadline=None)
+@given(c=winograd_cases(max_pad=2), per_chunk=st.integers(1, 2), threads=st.integers(1, 3))
+def test_batch_chunks_and_thread_splits_match_float64(c, per_chunk, threads):
+    c = dict(c, n=3)
+    x, w, dy = _arrays(c)
+    y, gx = np.full(dy.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
+    tiles = ((c["oshape"][0] + 1) // 2) * ((c["oshape"][1] + 1) // 2)
+    with pytest.MonkeyPatch.context() as mp:
+        # one or two samples per chunk (a short last chunk), planes split over threads
+        limit = 16 * c["g"] * (c["icg"] + c["ocg"]) * 4 * per_chunk
+        mp.setattr(conv_winograd, "BUFFER_LIMIT", limit * max(tiles, (c["sshape"][0] + 1) // 2
+                                                              * ((c["sshape"][1] + 1) // 2)))
+        mp.setattr(conv_winograd, "THREADS", threads)
+        mp.setattr(conv_winograd, "_MIN_SPLIT_PLANES", 1)
+        _FWD(x, w, y, *_geometry(c))()
+        _BWD(w, dy, gx, *_geometry(c))()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), rtol=RTOL, atol=ATOL)
+
+
+def _case(n=2, icg=3, ocg=4, sshape=(7, 6), pad=(1, 1), g=1, flip=False, seed=3):
+    oshape = tuple(dnn_conv.conv_out_size(s, 3, 1, p, 1) for s, p in zip(sshape, pad))
+    return dict(n=n, g=g, icg=icg, ocg=ocg, fshape=(3, 3), stride=_ONE, pad=pad, dilate=_ONE,
+                sshape=sshape, oshape=oshape, flip=flip, seed=seed)  # fmt: skip
+
+
+def test_wide_reduction_matches_float64():
+    # 64 input channels: 576 products per output, as in the benchmarks' 8x64x56x56 layer
+    c = _case(n=1, icg=64, ocg=8, sshape=(10, 9))
+    x, w, dy = _arrays(c)
+    y = np.empty(dy.shape, np.float32)
+    _FWD(x, w, y, *_geometry(c))()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+
+
+def test_strided_operands_match_float64():
+    # a strided source and output (the output goes through a staging buffer), a transposed
+    # filter view
+    c = _case(icg=2, ocg=3)
+    x, w, dy = _arrays(c)
+    xs = np.repeat(x, 2, axis=1)[:, ::2]
+    ws = np.ascontiguousarray(w.swapaxes(1, 2)).swapaxes(1, 2)
+    base = np.full((c["n"], 6, *c["oshape"]), np.nan, np.float32)
+    y = base[:, ::2]
+    _FWD(xs, ws, y, *_geometry(c))()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+    assert np.isnan(base[:, 1::2]).all()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [dict(stride=(2, 1)), dict(dilate=(1, 2)), dict(fshape=(5, 5)), dict(dtype=np.int32),
+     dict(ndim=3)],  # fmt: skip
+)
+def test_unusable_geometry_is_refused(change):
+    dtype = change.get("dtype", np.float32)
+    fshape = change.get("fshape", (3, 3))
+    stride, dilate = change.get("stride", _ONE), change.get("dilate", _ONE)
+    if change.get("ndim") == 3:
+        x, w = np.zeros((1, 2, 5), dtype), np.zeros((1, 2, 2, 3), dtype)
+        y, stride, pad, dilate = np.zeros((1, 2, 5), dtype), (1,), (1,), (1,)
+    else:
+        x, w = np.zeros((1, 2, 9, 9), dtype), np.zeros((1, 2, 2, *fshape), dtype)
+        pad = (1, 1)
+        oshape = [dnn_conv.conv_out_size(9, f, s, 1, d) for f, s, d in zip(fshape, stride, dilate)]
+        y = np.zeros((1, 2, *oshape), dtype)
+    assert not conv_winograd.usable_winograd_forward(x, w, y, stride, pad, dilate)
+    assert not conv_winograd.usable_winograd_backward_data(w, y, x, stride, pad, dilate)
+    with pytest.raises(ValueError, match="winograd"):
+        _FWD(x, w, y, stride, pad, dilate)
+    with pytest.raises(ValueError, match="winograd"):
+        _BWD(w, y, x, stride, pad, dilate)
+
+
+def test_backward_data_refuses_a_padding_over_two():
+    c = _case(pad=(3, 1), sshape=(4, 6))
+    x, w, dy = _arrays(c)
+    assert not conv_winograd.usable_winograd_backward_data(w, dy, x, *_geometry(c))
+    with pytest.raises(ValueError, match="pad <= 2"):
+        _BWD(w, dy, x, *_geometry(c))
+
+
+def test_mismatched_shapes_are_refused():
+    c = _case()
+    x, w, dy = _arrays(c)
+    with pytest.raises(ValueError, match="Convolution: src"):
+        _FWD(x, w, dy[:, :, 1:], *_geometry(c))
+
+
+def _carved(bind):
+    rec = workspace.Recorder()
+    with workspace.allocating(rec):
+        bind()
+    buf = np.empty(max(rec.nbytes, 1), np.uint8)
+    with workspace.allocating(workspace.Carver(buf)):
+        fn = bind()
+    return fn, buf
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_workspace_is_written_before_read_and_nothing_is_allocated(dtype):
+    c = _case(n=3, g=2, icg=2, ocg=3, flip=True)
+    x, w, dy = _arrays(c, dtype)
+    y, gx = np.empty(dy.shape, dtype), np.empty(x.shape, dtype)
+    carved = [
+        _carved(lambda: _FWD(x, w, y, *_geometry(c))),
+        _carved(lambda: _BWD(w, dy, gx, *_geometry(c))),
+    ]
+    for fn, _ in carved:
+        fn()  # compiles
+    tracemalloc.start()
+    try:
+        for _ in range(2):
+            for fn, buf in carved:
+                buf[:] = 0xFF  # NaN
+                before = tracemalloc.get_traced_memory()[0]
+                tracemalloc.reset_peak()
+                fn()
+                # NumPy's allocations are traced: a run allocates no array
+                assert tracemalloc.get_traced_memory()[1] - before < 4096
+            np.testing.assert_allclose(y, ref_forward(c, x, w), **_tol(dtype))
+            np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), **_tol(dtype))
+    finally:
+        tracemalloc.stop()
+
+
+def test_empty_batch():
+    c = _case(n=0)
+    x, w, dy = _arrays(c)
+    _FWD(x, w, np.empty(dy.shape, np.float32), *_geometry(c))()
+    _BWD(w, dy, np.empty(x.shape, np.float32), *_geometry(c))()
+
+
+def test_runs_are_bitwise_reproducible():
+    c = _case(n=4, icg=8, ocg=8, sshape=(12, 12))
+    x, w, dy = _arrays(c)
+    y1, y2 = np.empty(dy.shape, np.float32), np.empty(dy.shape, np.float32)
+    _FWD(x, w, y1, *_geometry(c))()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_winograd, "THREADS", 3)
+        mp.setattr(conv_winograd, "_MIN_SPLIT_PLANES", 1)
+        _FWD(x, w, y2, *_geometry(c))()
+    assert np.array_equal(y1, y2)
+
+
+# ---- registration and HEURISTIC ------------------------------------------------------------
+def _select(kind, c):
+    x, w, dy = _arrays(c)
+    args = (x, w, dy) if kind == "forward" else (w, dy, x)
+    return conv_algos.select(kind, *args, *_geometry(c)).name
+
+
+@pytest.mark.parametrize("kind", ["forward", "backward_data"])
+def test_heuristic_takes_winograd_from_sixteen_channels(kind):
+    assert _select(kind, _case(icg=16, ocg=32, sshape=(14, 14))) == "WINOGRAD_F23"
+    assert _select(kind, _case(icg=32, ocg=16, sshape=(14, 14))) == "WINOGRAD_F23"
+    assert _select(kind, _case(icg=8, ocg=32, sshape=(14, 14))) != "WINOGRAD_F23"
+    strided = dict(_case(icg=16, ocg=16, sshape=(14, 14)), stride=(2, 2))
+    strided["oshape"] = (7, 7)
+    assert _select(kind, strided) != "WINOGRAD_F23"
+
+
+# ---- through the operators -----------------------------------------------------------------
+def test_gradient_through_the_operators_matches_float64():
+    from opr_harness import inputs, make_graph, run
+
+    import megbrain.opr as O
+    from megbrain.opr.grad import grad as graph_grad
+    from megbrain.opr.io import make_immutable
+
+    c = _case(n=2, icg=16, ocg=16, sshape=(6, 5))
+    x, w, r = _arrays(c)
+    g = make_graph()
+    (xv, wv), _ = inputs(g, x, w[0])
+    y = O.convolution(xv, wv, pad_h=1, pad_w=1)
+    loss = (y * make_immutable("cpu0", g, r, dtype=np.float32)).sum()
+    (gx,) = graph_grad(loss, [xv], warn_mid_wrt=False)
+    got_y, got_gx = run([y, gx], g)
+    assert y.node.owner.chosen_algorithm == "WINOGRAD_F23"
+    gnode = getattr(gx, "node", gx)
+    assert gnode.owner.chosen_algorithm == "WINOGRAD_F23"
+    np.testing.assert_allclose(got_y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(got_gx, ref_backward_data(c, w, r), rtol=RTOL, atol=ATOL)
+
+
+def test_gradient_matches_finite_differences():
+    import megbrain.opr as O
+
+    rng = np.random.default_rng(8)
+    x = rng.uniform(-1, 1, (1, 16, 3, 4))
+    w = rng.uniform(-1, 1, (16, 16, 3, 3))
+    check_grad(lambda a, b: O.convolution(a, b, pad_h=1, pad_w=1), [x, w], wrt=[0])
