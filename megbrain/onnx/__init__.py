@@ -17,6 +17,7 @@ from . import (  # noqa: F401 - the converters register themselves
     ops_elemwise,
     ops_loss,
     ops_nn,
+    ops_quant,
     ops_reduce,
     ops_resize,
     ops_tensor,

@@ -96,8 +96,12 @@ def _sign(ctx):
 
 @converter("Round", 11)
 def _round(ctx):
-    # half to even: floor(x + .5), minus one where x sat exactly half-way and that is odd
-    x = ctx.input(0)
+    return round_half_even(ctx, ctx.input(0))
+
+
+def round_half_even(ctx, x):
+    """``x`` rounded to the nearest integer, ties to even (NumPy's ``rint``)."""
+    # floor(x + .5), minus one where x sat exactly half-way and that is odd
     r = E(E(x, _f(ctx, 0.5, x), mode="ADD"), mode="FLOOR")
     tie = E(E(r, x, mode="SUB"), _f(ctx, 0.5, x), mode="EQ")
     odd = E(E(r, _f(ctx, 2, x), mode="MOD"), mode="ABS")
