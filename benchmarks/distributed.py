@@ -173,7 +173,10 @@ def part_cnn(iters: int, rounds: int, batch: int) -> dict:
             run(steps[name])
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             th = {k: v - th0.get(k, 0.0) for k, v in _thread_cpu().items()}
-            res = {"wall": wall, "cpu": cpu, "blocked": timer.blocked,
+            # blocked: in the executor's waits for the communication node's results, or in
+            # collectives run on the computation's own node (SyncBatchNorm's)
+            blocked = timer.blocked + dcomm.THREAD_STATS.get("mgb-cpu0:0", 0.0)
+            res = {"wall": wall, "cpu": cpu, "blocked": blocked,
                    "cpu_compute": th.get("mgb-cpu0:0", 0.0) + th.get("MainThread", 0.0),
                    "cpu_comm": th.get("mgb-cpu0:1024", 0.0),
                    "comm": dcomm.STATS["comm_s"], "peers": dcomm.STATS["peers_s"],

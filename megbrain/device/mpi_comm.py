@@ -16,6 +16,7 @@ __all__ = [
     "COMM_STREAM",
     "COMM_TIMEOUT",
     "STATS",
+    "THREAD_STATS",
     "comm_comp_node",
     "get_comm",
     "group_barrier",
@@ -167,6 +168,9 @@ _watch_lock = threading.Lock()
 #: part of it spent waiting for the other ranks to join (``peers_s``); read by benchmarks,
 #: reset by :func:`reset_stats`
 STATS = {"comm_s": 0.0, "peers_s": 0.0, "calls": 0}
+#: seconds in watched MPI calls by thread name (the computation's or the communication
+#: node's worker), reset with :data:`STATS`
+THREAD_STATS: dict[str, float] = {}
 _waiting: dict[int, tuple[float, str]] = {}
 _watchdog: threading.Thread | None = None
 
@@ -175,6 +179,7 @@ def reset_stats() -> None:
     """Zero :data:`STATS`."""
     with _watch_lock:
         STATS.update(comm_s=0.0, peers_s=0.0, calls=0)
+        THREAD_STATS.clear()
 
 
 def _abort(msg: str, code: int = 1) -> None:
@@ -224,7 +229,9 @@ class _Watch:
     def __exit__(self, *exc) -> None:
         dt = time.monotonic() - self.t0
         _waiting.pop(threading.get_ident(), None)
+        name = threading.current_thread().name
         with _watch_lock:
+            THREAD_STATS[name] = THREAD_STATS.get(name, 0.0) + dt
             STATS["comm_s"] += dt
             STATS["peers_s"] += self.peers_s
             STATS["calls"] += 1
@@ -292,8 +299,9 @@ def watch(what: str) -> _Watch:
 #: core while a peer is late) or ``yield`` (Test and sleeps throughout); environment
 #: ``MGB_COMM_WAIT``
 COMM_WAIT = os.environ.get("MGB_COMM_WAIT", "auto")
-#: seconds a wait for the peers polls back to back before it starts sleeping
-SPIN_S = 50e-6
+#: seconds a wait polls back to back before it starts sleeping (a peer about to arrive);
+#: environment ``MGB_COMM_SPIN_US``, in microseconds
+SPIN_S = float(os.environ.get("MGB_COMM_SPIN_US", "50")) * 1e-6
 #: the longest sleep between two polls of a wait (the latency a late peer adds at most)
 MAX_SLEEP_S = 200e-6
 #: transfers up to this size complete in a few polls: waited for like the peers (MPI's Wait
