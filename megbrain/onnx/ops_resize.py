@@ -6,11 +6,14 @@ weights plus the extrapolation value."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 import megbrain as mgb
 
-from .ops_tensor import static_shape
+from .ops_elemwise import round_half_even
+from .ops_tensor import _reshape, static_shape
 from .registry import Attr, converter
 
 E = mgb.opr.elemwise
@@ -260,3 +263,157 @@ def _resize11(ctx):
     if sizes is not None and len(sizes):
         return _resize(ctx, ctx.input(0), None, list(sizes), axes, roi)
     return _resize(ctx, ctx.input(0), list(scales), None, axes, roi)
+
+
+# ---------------------------------------------------------------------------- GridSample
+class _GridSampler:
+    """GridSample written out: per spatial axis, the grid's coordinate is denormalized, moved
+    inside by the padding mode, split into taps (nearest: 1, linear: 2, cubic: 4) with their
+    weights; the taps of all axes are gathered from the input and summed."""
+
+    def __init__(self, ctx, align, padding):
+        self.ctx, self.align, self.padding = ctx, align, padding
+
+    def c(self, v):
+        return self.ctx.imm(np.asarray(v, np.float32))
+
+    def sel(self, cond, a, b):
+        """where(cond, a, b) for float 0/1 ``cond``, as selects (no 0 * inf)."""
+        keep_b = E(self.c(1), cond, mode="SUB")
+        return E(E(cond, a, mode="SWITCH_GT0"), E(keep_b, b, mode="SWITCH_GT0"), mode="ADD")
+
+    def cmp(self, a, b, mode):
+        return mgb.opr.typecvt(E(a, b, mode=mode), np.float32)
+
+    def reflect(self, x, lo, hi):
+        rng = hi - lo
+        if rng <= 0:
+            return E(E(x, self.c(0), mode="MUL"), self.c(lo), mode="ADD")
+        below, above = self.cmp(x, self.c(lo), "LT"), self.cmp(self.c(hi), x, "LT")
+        dx = self.sel(below, E(self.c(lo), x, mode="SUB"), E(x, self.c(hi), mode="SUB"))
+        n = E(E(dx, self.c(rng), mode="TRUE_DIV"), mode="FLOOR")
+        r = E(dx, E(n, self.c(rng), mode="MUL"), mode="SUB")
+        odd = E(E(n, self.c(2), mode="MOD"), mode="ABS")
+        low_side = self.sel(odd, E(self.c(hi), r, mode="SUB"), E(self.c(lo), r, mode="ADD"))
+        high_side = self.sel(odd, E(self.c(lo), r, mode="ADD"), E(self.c(hi), r, mode="SUB"))
+        return self.sel(below, low_side, self.sel(above, high_side, x))
+
+    def coord(self, g, d, mode):
+        """The source coordinate of grid values ``g`` along an axis of length ``d``."""
+        if self.align:
+            x = E(E(g, self.c(1), mode="ADD"), self.c((d - 1) / 2.0), mode="MUL")
+            lo, hi = 0.0, d - 1.0
+        else:
+            x = E(E(E(g, self.c(1), mode="ADD"), self.c(d), mode="MUL"), self.c(1), mode="SUB")
+            x = E(x, self.c(0.5), mode="MUL")
+            lo, hi = -0.5, d - 0.5
+        if mode == "nearest":
+            x = round_half_even(self.ctx, x)
+        if self.padding == "border":
+            out = E(self.cmp(x, self.c(lo), "LT"), self.cmp(self.c(hi), x, "LT"), mode="ADD")
+            clamped = E(E(x, self.c(0), mode="MAX"), self.c(d - 1), mode="MIN")
+            x = self.sel(out, clamped, x)
+        elif self.padding == "reflection":
+            x = self.reflect(x, lo, hi)
+        return x, lo, hi
+
+    def fetch_index(self, i, d, lo, hi):
+        """(index to gather, validity or None) of integral tap positions ``i``."""
+        if self.padding == "zeros":
+            valid = E(self.cmp(self.c(-1), i, "LT"), self.cmp(i, self.c(d), "LT"), mode="MUL")
+            return E(E(i, self.c(0), mode="MAX"), self.c(d - 1), mode="MIN"), valid
+        if self.padding == "reflection":
+            i = self.reflect(i, lo, hi)
+            return E(E(E(i, self.c(0), mode="MAX"), self.c(d - 1), mode="MIN"), mode="FLOOR"), None
+        return E(E(i, self.c(0), mode="MAX"), self.c(d - 1), mode="MIN"), None
+
+    def taps(self, x, mode):
+        """[(position, weight)] of the taps at coordinates ``x``."""
+        if mode == "nearest":
+            t = E(E(x, mode="ABS"), mode="FLOOR")
+            return [(E(t, _sign(self, x), mode="MUL"), None)]  # truncation toward zero
+        x0 = E(x, mode="FLOOR")
+        t = E(x, x0, mode="SUB")
+        if mode == "linear":
+            return [(x0, E(self.c(1), t, mode="SUB")), (E(x0, self.c(1), mode="ADD"), t)]
+        a = -0.75
+
+        def w(d):  # Keys' cubic kernel, |d| <= 2
+            d = E(d, mode="ABS")
+            d2 = E(d, d, mode="MUL")
+            d3 = E(d2, d, mode="MUL")
+            near = E(
+                E(E(d3, self.c(a + 2), mode="MUL"), E(d2, self.c(a + 3), mode="MUL"), mode="SUB"),
+                self.c(1),
+                mode="ADD",
+            )
+            far = E(
+                E(E(d3, self.c(a), mode="MUL"), E(d2, self.c(5 * a), mode="MUL"), mode="SUB"),
+                E(E(d, self.c(8 * a), mode="MUL"), self.c(4 * a), mode="SUB"),
+                mode="ADD",
+            )
+            return self.sel(self.cmp(d, self.c(1), "LEQ"), near, far)
+
+        out = []
+        for k in (-1, 0, 1, 2):
+            out.append((E(x0, self.c(k), mode="ADD"), w(E(t, self.c(-k), mode="ADD"))))
+        return out
+
+
+def _sign(s, x):
+    return E(s.cmp(s.c(0), x, "LEQ"), s.cmp(x, s.c(0), "LT"), mode="SUB")
+
+
+@converter(
+    "GridSample",
+    16,
+    attrs={
+        "align_corners": Attr(0, frozenset({0, 1})),
+        "mode": Attr("linear", frozenset({"linear", "bilinear", "nearest", "cubic", "bicubic"})),
+        "padding_mode": Attr("zeros", frozenset({"zeros", "border", "reflection"})),
+    },
+)
+def _grid_sample(ctx):
+    x, grid = ctx.input(0), ctx.input(1)
+    xs, gs = static_shape(ctx, x), static_shape(ctx, grid, "grid")
+    nd = len(xs) - 2
+    if nd < 1 or len(gs) != nd + 2 or gs[0] != xs[0] or gs[-1] != nd:
+        raise ctx.fail(f"grid of shape {gs} does not fit input {xs}")
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(ctx.attr("mode"), ctx.attr("mode"))
+    if np.dtype(x.dtype).kind not in "f":
+        raise ctx.fail(f"GridSample of {x.dtype} is not supported")
+    n, c, spatial, out = xs[0], xs[1], xs[2:], gs[1:-1]
+    s = _GridSampler(ctx, bool(ctx.attr("align_corners")), ctx.attr("padding_mode"))
+    g = grid if np.dtype(grid.dtype) == np.float32 else mgb.opr.typecvt(grid, np.float32)
+    axes = []  # per spatial axis (outermost first): its taps as (index, weight)
+    for k in range(nd):
+        comp = nd - 1 - k  # the grid lists (x, y, z): innermost axis first
+        gk = _reshape(g[(slice(None),) * (nd + 1) + (slice(comp, comp + 1),)], (n,) + out)
+        coord, lo, hi = s.coord(gk, spatial[k], mode)
+        taps = []
+        for pos, w in s.taps(coord, mode):
+            idx, valid = s.fetch_index(pos, spatial[k], lo, hi)
+            if valid is not None:
+                w = valid if w is None else E(w, valid, mode="MUL")
+            taps.append((idx, w))
+        axes.append(taps)
+    strides = [int(np.prod(spatial[k + 1 :])) for k in range(nd)]
+    size = int(np.prod(spatial))
+    xf = x if np.dtype(x.dtype) == np.float32 else mgb.opr.typecvt(x, np.float32)
+    rows = _reshape(mgb.opr.dimshuffle(xf, [0] + list(range(2, nd + 2)) + [1]), (n * size, c))
+    base = ctx.imm((np.arange(n) * size).reshape((n,) + (1,) * nd).astype(np.float32))
+    m = int(n * np.prod(out))
+    acc = None
+    for combo in itertools.product(*axes):
+        flat, weight = base, None
+        for k, (idx, w) in enumerate(combo):
+            flat = E(flat, E(idx, ctx.imm(np.float32(strides[k])), mode="MUL"), mode="ADD")
+            if w is not None:
+                weight = w if weight is None else E(weight, w, mode="MUL")
+        flat = _reshape(mgb.opr.typecvt(flat, np.int32), (m,))
+        part = _reshape(mgb.opr.advanced_indexing(rows)[flat], (n,) + out + (c,))
+        if weight is not None:
+            part = E(part, _reshape(weight, (n,) + out + (1,)), mode="MUL")
+        acc = part if acc is None else E(acc, part, mode="ADD")
+    y = mgb.opr.dimshuffle(acc, [0, nd + 1] + list(range(1, nd + 1)))
+    return y if np.dtype(x.dtype) == np.float32 else mgb.opr.typecvt(y, x.dtype)

@@ -326,3 +326,28 @@ def test_cumprod_log_depth_scan_matches_numpy(n, exclusive, reverse):
     want = want[:, ::-1] if reverse else want
     (y,) = _run(load(m), x)
     np.testing.assert_allclose(y, want, rtol=1e-5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    mode=st.sampled_from(["linear", "nearest", "cubic"]),
+    padding=st.sampled_from(["zeros", "border", "reflection"]),
+    align=st.sampled_from([0, 1]),
+    hw=st.tuples(st.integers(2, 5), st.integers(2, 5)),
+    seed=st.integers(0, 2**16),
+)
+def test_grid_sample_matches_onnx_reference(mode, padding, align, hw, seed):
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, 3) + hw).astype(np.float32)
+    grid = rng.uniform(-1.7, 1.7, (2, 4, 3, 2)).astype(np.float32)
+    node = helper.make_node(
+        "GridSample", ["x", "g"], ["y"], mode=mode, padding_mode=padding, align_corners=align
+    )
+    m = _model(
+        [node], [_vi("x", list(x.shape)), _vi("g", list(grid.shape))], [_vi("y", None)], opset=22
+    )
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x, "g": grid})
+    (y,) = _run(load(m), x, grid)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
