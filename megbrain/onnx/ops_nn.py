@@ -716,3 +716,51 @@ def _hardmax(ctx):
     shape[axis] = n
     hot = E(idx, ctx.imm(np.arange(n, dtype=np.int32).reshape(shape)), mode="EQ")
     return _reshape(mgb.opr.typecvt(hot, x.dtype), src)
+
+
+@converter("Col2Im", 18, attrs={"dilations": None, "pads": None, "strides": None})
+def _col2im(ctx):
+    # every kernel offset's column block, spread to its strided output positions, summed
+    x = ctx.input(0)
+    image = [int(v) for v in ctx.const(1, "image_shape").ravel()]
+    kernel = [int(v) for v in ctx.const(2, "block_shape").ravel()]
+    nd = len(image)
+    dil = list(ctx.attr("dilations") or [1] * nd)
+    strides = list(ctx.attr("strides") or [1] * nd)
+    pads = list(ctx.attr("pads") or [0] * (2 * nd))
+    n, ck, length = static_shape(ctx, x)
+    k = int(np.prod(kernel))
+    if ck % k:
+        raise ctx.fail(f"input channels {ck} are not a multiple of the block size {k}")
+    c = ck // k
+    full = [image[i] + pads[i] + pads[nd + i] for i in range(nd)]
+    blocks = [(full[i] - dil[i] * (kernel[i] - 1) - 1) // strides[i] + 1 for i in range(nd)]
+    if int(np.prod(blocks)) != length:
+        raise ctx.fail(f"{length} columns do not make the {blocks} blocks of image {image}")
+    cols = _reshape(x, [n, c, k] + blocks)
+    acc = None
+    for j, off in enumerate(itertools.product(*[range(kk) for kk in kernel])):
+        part = _reshape(_take(cols, 2, j, j + 1), [n, c] + blocks)
+        for i in range(nd):
+            axis = 2 + i
+            if strides[i] > 1:  # interleave stride - 1 zeros after each element
+                shp = static_shape(ctx, part)
+                wide = list(shp[: axis + 1]) + [1] + list(shp[axis + 1 :])
+                zshape = list(wide)
+                zshape[axis + 1] = strides[i] - 1
+                zeros = ctx.imm(np.zeros(zshape, np.dtype(x.dtype)))
+                part = mgb.opr.concat(_reshape(part, wide), zeros, axis=axis + 1)
+                merged = list(shp)
+                merged[axis] = shp[axis] * strides[i]
+                part = _take(_reshape(part, merged), axis, 0, (blocks[i] - 1) * strides[i] + 1)
+            before = off[i] * dil[i]
+            after = full[i] - before - ((blocks[i] - 1) * strides[i] + 1)
+            pw = [0] * (2 * (nd + 2))
+            pw[axis], pw[nd + 2 + axis] = before, after
+            if before or after:
+                part = _pad_impl(ctx, part, pw, "constant", _c(ctx, 0, x))
+        acc = part if acc is None else E(acc, part, mode="ADD")
+    for i in range(nd):
+        if pads[i] or pads[nd + i]:
+            acc = _take(acc, 2 + i, pads[i], pads[i] + image[i])
+    return acc

@@ -417,3 +417,28 @@ def _grid_sample(ctx):
         acc = part if acc is None else E(acc, part, mode="ADD")
     y = mgb.opr.dimshuffle(acc, [0, nd + 1] + list(range(1, nd + 1)))
     return y if np.dtype(x.dtype) == np.float32 else mgb.opr.typecvt(y, x.dtype)
+
+
+@converter("AffineGrid", 20, attrs={"align_corners": Attr(0, frozenset({0, 1}))})
+def _affine_grid(ctx):
+    # grid = theta @ [x, y, (z,) 1] over the normalized base grid (a constant)
+    theta = ctx.input(0)
+    size = [int(s) for s in ctx.const(1, "size").ravel()]
+    n, nd = size[0], len(size) - 2
+    spatial = size[2:]
+    if nd not in (2, 3) or static_shape(ctx, theta, "theta") != (n, nd, nd + 1):
+        raise ctx.fail(f"theta {static_shape(ctx, theta)} does not fit size {size}")
+    lines = []
+    for d in spatial:
+        if ctx.attr("align_corners"):
+            lines.append(np.linspace(-1.0, 1.0, d) if d > 1 else np.zeros(1))
+        else:
+            lines.append((np.arange(d) * 2.0 + 1.0) / d - 1.0)
+    mesh = np.meshgrid(*lines, indexing="ij")  # outermost axis first
+    pts = int(np.prod(spatial))
+    comps = [m.reshape(pts) for m in mesh[::-1]] + [np.ones(pts)]  # x, y, (z), 1
+    base = ctx.imm(np.stack(comps).astype(np.float32)[None])  # (1, nd + 1, P)
+    t = theta if np.dtype(theta.dtype) == np.float32 else mgb.opr.typecvt(theta, np.float32)
+    g = mgb.opr.batched_matrix_mul(t, mgb.opr.broadcast(base, (n, nd + 1, pts)))
+    g = _reshape(mgb.opr.dimshuffle(g, [0, 2, 1]), [n] + spatial + [nd])
+    return g if np.dtype(theta.dtype) == np.float32 else mgb.opr.typecvt(g, theta.dtype)
