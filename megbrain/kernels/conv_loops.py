@@ -5,15 +5,13 @@ Every loop is single-threaded and GIL-free (``nogil``) and takes a ``[begin, end
 of its outermost dim, so that a caller may split one call over a few Python threads; Numba's
 parallel threading layers are not safe to enter from the executor's several worker threads,
 and their OpenMP threads slowed the next OpenBLAS call. Numba is imported on first use, so
-that ``import megbrain`` stays free of its import time. No loop allocates: scratch rows come
+that ``import megbrain`` stays free of its import time. No loop allocates: scratch buffers come
 from the caller.
 """
 
 from __future__ import annotations
 
 import functools
-
-import numpy as np
 
 __all__ = ["winograd_filter", "winograd_input", "winograd_output"]
 
@@ -48,126 +46,134 @@ def _winograd_filter_py(w, u, t, flip, g0, g1):  # pragma: no cover - compiled
                     u[4 * a + 3, g, o, i] = t2
 
 
-# The transforms index flat, C-contiguous 1-d buffers: Numba types a slice of an n-d array
-# as of any layout (a run-time stride), which kept LLVM from vectorizing the loops (3x slower).
-def _winograd_input_py(x, v, rows, ph, pw, th, tw, nb, c_, p0, p1):  # pragma: no cover
-    """v[e, c, (k * th + i) * tw + j] = (B^T d B)[e // 4, e % 4] for the 4x4 tile d of
+# The transforms run their long loops along whole planes of contiguous 1-d views indexed by the
+# loop variable: LLVM vectorizes those; a computed index (a possible negative index to wrap)
+# or loops as short as a row of tiles did not vectorize (2x slower).
+def _winograd_input_py(x, v, s, ph, pw, th, tw, nb, c_, p0, p1):  # pragma: no cover
+    """v[e, c, k * th * tw + i * tw + j] = (B^T d B)[e // 4, e % 4] for the 4x4 tile d of
     x[nb + k, c] (zero-padded by ph, pw) at rows 2 i - ph.., columns 2 j - pw..; the planes
     p = k * c_ + c in [p0, p1) of ``x`` (N, C, H, W); ``v`` is the flat (16, C, T) buffer.
-    ``rows`` is a flat scratch of 8 (tw + 1) values: the even and the odd columns of the
-    tile's 4 rows, so that every loop below reads and writes contiguously."""
+
+    ``s`` is a flat scratch of 2 (tw + 1) + 8 (th + 1) tw values. Each padded input row is
+    split into its even and odd columns, whose column combinations d B (4 per tile) go to
+    the row of 8 planes (combination, row parity) of (th + 1, tw) values; the row
+    combinations B^T then run along whole planes, so that the long loops are contiguous."""
     h_, w_ = x.shape[2], x.shape[3]
     wq = tw + 1
-    t_ = v.size // (16 * c_)  # tiles of the chunk
-    qlo = min(wq, (pw + 1) // 2)  # the first q with 2 q - pw >= 0
-    qhi = max(qlo, min(wq, (w_ + pw - 2) // 2 + 1))  # past the last q with 2 q - pw + 1 < W
+    pt = th * tw
+    t_ = v.size // (16 * c_)
+    ev = s[0:wq]
+    od = s[wq:2 * wq]
+    cs = 2 * wq
+    ps = (th + 1) * tw  # one of the 8 (s, parity) planes
+    qlo = min(wq, (pw + 1) // 2)
+    qhi = max(qlo, min(wq, (w_ + pw - 2) // 2 + 1))
     for p in range(p0, p1):
         k, c = p // c_, p % c_
         n = nb + k
-        for i in range(th):
-            for r in range(4):
-                y = 2 * i - ph + r
-                e0, o0 = r * wq, (4 + r) * wq  # this row's even and odd columns in ``rows``
-                if 0 <= y < h_:
-                    for q in range(qlo):
-                        xe = 2 * q - pw
-                        rows[e0 + q] = x[n, c, y, xe] if 0 <= xe < w_ else 0.0
-                        rows[o0 + q] = x[n, c, y, xe + 1] if 0 <= xe + 1 < w_ else 0.0
-                    for q in range(qlo, qhi):  # both columns inside the row
-                        rows[e0 + q] = x[n, c, y, 2 * q - pw]
-                        rows[o0 + q] = x[n, c, y, 2 * q - pw + 1]
-                    for q in range(qhi, wq):
-                        xe = 2 * q - pw
-                        rows[e0 + q] = x[n, c, y, xe] if 0 <= xe < w_ else 0.0
-                        rows[o0 + q] = x[n, c, y, xe + 1] if 0 <= xe + 1 < w_ else 0.0
-                else:
-                    for q in range(wq):
-                        rows[e0 + q] = 0.0
-                        rows[o0 + q] = 0.0
-            # the row combinations B^T d, in place: rows become t0..t3
-            for half in range(2):
-                b = half * 4 * wq
-                t0 = rows[b : b + wq]
-                t1 = rows[b + wq : b + 2 * wq]
-                t2 = rows[b + 2 * wq : b + 3 * wq]
-                t3 = rows[b + 3 * wq : b + 4 * wq]
+        for yy in range(2 * th + 2):
+            y = yy - ph
+            par = yy % 2
+            row = yy // 2
+            if 0 <= y < h_:
+                for q in range(qlo):
+                    xe = 2 * q - pw
+                    ev[q] = x[n, c, y, xe] if 0 <= xe < w_ else 0.0
+                    od[q] = x[n, c, y, xe + 1] if 0 <= xe + 1 < w_ else 0.0
+                for q in range(qlo, qhi):
+                    ev[q] = x[n, c, y, 2 * q - pw]
+                    od[q] = x[n, c, y, 2 * q - pw + 1]
+                for q in range(qhi, wq):
+                    xe = 2 * q - pw
+                    ev[q] = x[n, c, y, xe] if 0 <= xe < w_ else 0.0
+                    od[q] = x[n, c, y, xe + 1] if 0 <= xe + 1 < w_ else 0.0
+            else:
                 for q in range(wq):
-                    d0, d1, d2, d3 = t0[q], t1[q], t2[q], t3[q]
-                    t0[q] = d0 - d2
-                    t1[q] = d1 + d2
-                    t2[q] = d2 - d1
-                    t3[q] = d1 - d3
-            base = (k * th + i) * tw
-            for r in range(4):
-                ev = rows[r * wq : (r + 1) * wq]
-                od = rows[(4 + r) * wq : (5 + r) * wq]
-                s0 = ((4 * r) * c_ + c) * t_ + base
-                v0 = v[s0 : s0 + tw]
-                v1 = v[s0 + c_ * t_ : s0 + c_ * t_ + tw]
-                v2 = v[s0 + 2 * c_ * t_ : s0 + 2 * c_ * t_ + tw]
-                v3 = v[s0 + 3 * c_ * t_ : s0 + 3 * c_ * t_ + tw]
-                for j in range(tw):
-                    a0, a1, a2, a3 = ev[j], od[j], ev[j + 1], od[j + 1]
-                    v0[j] = a0 - a2
-                    v1[j] = a1 + a2
-                    v2[j] = a2 - a1
-                    v3[j] = a1 - a3
+                    ev[q] = 0.0
+                    od[q] = 0.0
+            b = cs + par * 4 * ps + row * tw
+            c0 = s[b : b + tw]
+            c1 = s[b + ps : b + ps + tw]
+            c2 = s[b + 2 * ps : b + 2 * ps + tw]
+            c3 = s[b + 3 * ps : b + 3 * ps + tw]
+            for j in range(tw):
+                e0, o0, e1, o1 = ev[j], od[j], ev[j + 1], od[j + 1]
+                c0[j] = e0 - e1
+                c1[j] = o0 + e1
+                c2[j] = e1 - o0
+                c3[j] = o0 - o1
+        vb = c * t_ + k * pt
+        st = c_ * t_
+        for q in range(4):
+            ce = s[cs + q * ps : cs + q * ps + ps]
+            co = s[cs + (4 + q) * ps : cs + (4 + q) * ps + ps]
+            va = v[vb + q * st : vb + q * st + pt]
+            vb1 = v[vb + (4 + q) * st : vb + (4 + q) * st + pt]
+            vc = v[vb + (8 + q) * st : vb + (8 + q) * st + pt]
+            vd = v[vb + (12 + q) * st : vb + (12 + q) * st + pt]
+            for t in range(pt):
+                d0, d1, d2, d3 = ce[t], co[t], ce[t + tw], co[t + tw]
+                va[t] = d0 - d2
+                vb1[t] = d1 + d2
+                vc[t] = d2 - d1
+                vd[t] = d1 - d3
 
 
-def _winograd_output_py(m, y, th, tw, nb, o_, p0, p1):  # pragma: no cover - compiled
-    """y[nb + k, o, 2 i + a, 2 j + b] = (A^T M A)[a, b] for M[e] = m[e, o, (k * th + i) * tw
-    + j], the planes p = k * o_ + o in [p0, p1) of ``y``; ``m`` is the flat (16, O, T)
-    buffer, ``y`` the flat C-contiguous (N, O, OH, OW) output. Outputs past OH, OW are
-    dropped: the second row or column of a clipped tile is stored first, then overwritten by
-    the first."""
+def _winograd_output_py(m, y, z, th, tw, nb, o_, p0, p1):  # pragma: no cover - compiled
+    """y[nb + k, o, 2 i + a, 2 j + b] = (A^T M A)[a, b] for M[e] = m[e, o, k * th * tw + i * tw
+    + j], the planes p = k * o_ + o in [p0, p1) of ``y`` (N, O, OH, OW), C-contiguous; ``m``
+    is the flat (16, O, T) buffer. ``z`` is a flat scratch of 4 th tw values: the 4 outputs
+    of every tile of a plane, computed along the plane (contiguous loops), then spread into
+    the output rows (outputs past OH, OW are dropped)."""
     t_ = m.size // (16 * o_)
     oh_, ow_ = y.shape[2], y.shape[3]
     yf = y.reshape(-1)
     plane = oh_ * ow_
-    jf = ow_ // 2  # tiles with two output columns
-    st = o_ * t_  # from one element e of M to the next
+    pt = th * tw
+    st = o_ * t_
+    z0, z1 = z[0:pt], z[pt : 2 * pt]
+    z2, z3 = z[2 * pt : 3 * pt], z[3 * pt : 4 * pt]
     for p in range(p0, p1):
         k, o = p // o_, p % o_
+        mb = o * t_ + k * pt
+        q0, q1 = m[mb : mb + pt], m[mb + st : mb + st + pt]
+        q2, q3 = m[mb + 2 * st : mb + 2 * st + pt], m[mb + 3 * st : mb + 3 * st + pt]
+        q4, q5 = m[mb + 4 * st : mb + 4 * st + pt], m[mb + 5 * st : mb + 5 * st + pt]
+        q6, q7 = m[mb + 6 * st : mb + 6 * st + pt], m[mb + 7 * st : mb + 7 * st + pt]
+        q8, q9 = m[mb + 8 * st : mb + 8 * st + pt], m[mb + 9 * st : mb + 9 * st + pt]
+        q10, q11 = m[mb + 10 * st : mb + 10 * st + pt], m[mb + 11 * st : mb + 11 * st + pt]
+        q12, q13 = m[mb + 12 * st : mb + 12 * st + pt], m[mb + 13 * st : mb + 13 * st + pt]
+        q14, q15 = m[mb + 14 * st : mb + 14 * st + pt], m[mb + 15 * st : mb + 15 * st + pt]
+        for t in range(pt):
+            r00 = q0[t] + q4[t] + q8[t]
+            r01 = q1[t] + q5[t] + q9[t]
+            r02 = q2[t] + q6[t] + q10[t]
+            r03 = q3[t] + q7[t] + q11[t]
+            r10 = q4[t] - q8[t] - q12[t]
+            r11 = q5[t] - q9[t] - q13[t]
+            r12 = q6[t] - q10[t] - q14[t]
+            r13 = q7[t] - q11[t] - q15[t]
+            z0[t] = r00 + r01 + r02
+            z1[t] = r01 - r02 - r03
+            z2[t] = r10 + r11 + r12
+            z3[t] = r11 - r12 - r13
         ybase = ((nb + k) * o_ + o) * plane
+        jf = ow_ // 2
         for i in range(th):
-            mb = o * t_ + (k * th + i) * tw
-            r0 = ybase + 2 * i * ow_
-            r1 = ybase + min(2 * i + 1, oh_ - 1) * ow_
-            yr0 = yf[r0 : r0 + ow_]
-            yr1 = yf[r1 : r1 + ow_]
-            q0, q1 = m[mb : mb + tw], m[mb + st : mb + st + tw]
-            q2, q3 = m[mb + 2 * st : mb + 2 * st + tw], m[mb + 3 * st : mb + 3 * st + tw]
-            q4, q5 = m[mb + 4 * st : mb + 4 * st + tw], m[mb + 5 * st : mb + 5 * st + tw]
-            q6, q7 = m[mb + 6 * st : mb + 6 * st + tw], m[mb + 7 * st : mb + 7 * st + tw]
-            q8, q9 = m[mb + 8 * st : mb + 8 * st + tw], m[mb + 9 * st : mb + 9 * st + tw]
-            q10, q11 = m[mb + 10 * st : mb + 10 * st + tw], m[mb + 11 * st : mb + 11 * st + tw]
-            q12, q13 = m[mb + 12 * st : mb + 12 * st + tw], m[mb + 13 * st : mb + 13 * st + tw]
-            q14, q15 = m[mb + 14 * st : mb + 14 * st + tw], m[mb + 15 * st : mb + 15 * st + tw]
+            zr = i * tw
+            ya = yf[ybase + 2 * i * ow_ : ybase + 2 * i * ow_ + ow_]
+            if 2 * i + 1 < oh_:
+                yb = yf[ybase + (2 * i + 1) * ow_ : ybase + (2 * i + 2) * ow_]
+                for j in range(jf):
+                    yb[2 * j] = z2[zr + j]
+                    yb[2 * j + 1] = z3[zr + j]
+                if jf < tw:
+                    yb[2 * jf] = z2[zr + jf]
             for j in range(jf):
-                r00 = q0[j] + q4[j] + q8[j]
-                r01 = q1[j] + q5[j] + q9[j]
-                r02 = q2[j] + q6[j] + q10[j]
-                r03 = q3[j] + q7[j] + q11[j]
-                r10 = q4[j] - q8[j] - q12[j]
-                r11 = q5[j] - q9[j] - q13[j]
-                r12 = q6[j] - q10[j] - q14[j]
-                r13 = q7[j] - q11[j] - q15[j]
-                x0 = np.uint64(2 * j)
-                x1 = x0 + np.uint64(1)
-                yr1[x1] = r11 - r12 - r13
-                yr1[x0] = r10 + r11 + r12
-                yr0[x1] = r01 - r02 - r03
-                yr0[x0] = r00 + r01 + r02
-            if jf < tw:  # the last tile has one output column
-                t = mb + jf
-                r10 = m[t + 4 * st] - m[t + 8 * st] - m[t + 12 * st]
-                r11 = m[t + 5 * st] - m[t + 9 * st] - m[t + 13 * st]
-                r12 = m[t + 6 * st] - m[t + 10 * st] - m[t + 14 * st]
-                yf[r1 + 2 * jf] = r10 + r11 + r12
-                r00 = m[t] + m[t + 4 * st] + m[t + 8 * st]
-                r01 = m[t + st] + m[t + 5 * st] + m[t + 9 * st]
-                r02 = m[t + 2 * st] + m[t + 6 * st] + m[t + 10 * st]
-                yf[r0 + 2 * jf] = r00 + r01 + r02
+                ya[2 * j] = z0[zr + j]
+                ya[2 * j + 1] = z1[zr + j]
+            if jf < tw:
+                ya[2 * jf] = z0[zr + jf]
 
 
 def winograd_filter(w, u, t, flip: bool, g0: int, g1: int) -> None:
@@ -176,17 +182,17 @@ def winograd_filter(w, u, t, flip: bool, g0: int, g1: int) -> None:
     _compiled("filter")(w, u, t, bool(flip), int(g0), int(g1))
 
 
-def winograd_input(x, v, rows, ph, pw, th, tw, nb, c, p0, p1) -> None:
+def winograd_input(x, v, scratch, ph, pw, th, tw, nb, c, p0, p1) -> None:
     """The F(2x2, 3x3) input transform into ``v`` (16, C, tiles) of the (sample, channel)
     planes [p0, p1) of ``x`` (N, C, H, W) from sample ``nb`` on (plane k * C + c is sample
     nb + k, channel c), zero-padded by ``ph``, ``pw``; ``th`` x ``tw`` tiles a plane."""
-    _compiled("input")(x, v, rows, *map(int, (ph, pw, th, tw, nb, c, p0, p1)))
+    _compiled("input")(x, v, scratch, *map(int, (ph, pw, th, tw, nb, c, p0, p1)))
 
 
-def winograd_output(m, y, th, tw, nb, o, p0, p1) -> None:
+def winograd_output(m, y, scratch, th, tw, nb, o, p0, p1) -> None:
     """The F(2x2, 3x3) output transform of ``m`` (16, O, tiles) into the (sample, channel)
     planes [p0, p1) of ``y`` (N, O, OH, OW) from sample ``nb`` on."""
-    _compiled("output")(m, y, *map(int, (th, tw, nb, o, p0, p1)))
+    _compiled("output")(m, y, scratch, *map(int, (th, tw, nb, o, p0, p1)))
 
 
 @functools.cache

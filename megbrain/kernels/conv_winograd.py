@@ -280,7 +280,8 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     mflat = workspace.empty((16 * oc * nb * per_sample,), dt)
     u = workspace.empty((16, g, ocg, icg), dt)
     tscratch = workspace.empty((4, 3), dt)
-    rows = workspace.empty((THREADS, 8 * (tw + 1)), dt)
+    iscratch = workspace.empty((THREADS, 2 * (tw + 1) + 8 * (th + 1) * tw), dt)
+    oscratch = workspace.empty((THREADS, 4 * th * tw), dt)
 
     def filter_step(f=filt, u=u, t=tscratch, flip=flip, g=g):
         conv_loops.winograd_filter(f, u, t, flip, 0, g)
@@ -294,14 +295,15 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
         v3, m3 = v.reshape(16, c, k * per_sample), m.reshape(16, oc, k * per_sample)
         calls = []
         for i, (p0, p1) in enumerate(_split(k * c, THREADS)):
-            calls.append(_partial_input(x, v, rows[i], ph, pw, th, tw, a, c, p0, p1))
+            calls.append(_partial_input(x, v, iscratch[i], ph, pw, th, tw, a, c, p0, p1))
         steps.append(_parallel(calls))
         for e in range(16):
             for gi in range(g):
                 steps.append(_matmul(u[e, gi], v3[e, gi * icg : (gi + 1) * icg],
                                      m3[e, gi * ocg : (gi + 1) * ocg]))  # fmt: skip
         calls = [
-            _partial_output(m, y, th, tw, a, oc, p0, p1) for p0, p1 in _split(k * oc, THREADS)
+            _partial_output(m, y, oscratch[i], th, tw, a, oc, p0, p1)
+            for i, (p0, p1) in enumerate(_split(k * oc, THREADS))
         ]
         steps.append(_parallel(calls))
     if geo.n == 0:
@@ -316,15 +318,15 @@ def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
     return step
 
 
-def _partial_input(x, v, rows, ph, pw, th, tw, a, c, p0, p1) -> Step:
+def _partial_input(x, v, scratch, ph, pw, th, tw, a, c, p0, p1) -> Step:
     def step() -> None:
-        conv_loops.winograd_input(x, v, rows, ph, pw, th, tw, a, c, p0, p1)
+        conv_loops.winograd_input(x, v, scratch, ph, pw, th, tw, a, c, p0, p1)
 
     return step
 
 
-def _partial_output(m, y, th, tw, a, oc, p0, p1) -> Step:
+def _partial_output(m, y, scratch, th, tw, a, oc, p0, p1) -> Step:
     def step() -> None:
-        conv_loops.winograd_output(m, y, th, tw, a, oc, p0, p1)
+        conv_loops.winograd_output(m, y, scratch, th, tw, a, oc, p0, p1)
 
     return step
