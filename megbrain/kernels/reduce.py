@@ -2,7 +2,7 @@
 
 Reduced axes are kept with size 1 in ``out``. Integers accumulate in their own dtype (wrapping
 like C), float16 and bfloat16 in float32. Float sums over a contiguous inner run (a bias
-gradient's ``(N, C, H, W) -> (1, C, 1, 1)``) are matrix-vector products with ones (BLAS).
+gradient's ``(N, C, H, W) -> (1, C, 1, 1)``) are one compiled (Numba) pass.
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ import numpy as np
 
 from .steps import chain
 
-__all__ = ["BLAS_SUM_MIN_INNER", "REDUCE_MODES", "bind_reduce", "bind_reduce_to_shape"]
+__all__ = [
+    "COMPILED_SUM_MIN_INNER",
+    "COMPILED_SUM_MIN_SIZE",
+    "REDUCE_MODES",
+    "bind_reduce",
+    "bind_reduce_to_shape",
+]
 
 _partial = functools.partial
 _F32 = np.dtype(np.float32)
@@ -56,9 +62,9 @@ def _bind(mode: str, src: np.ndarray, out: np.ndarray, view: np.ndarray, axes: t
             steps += [_partial(np.copyto, sq, src, "unsafe"), _partial(np.square, sq, sq)]
         src = sq
     res = view if view.dtype == acc else np.empty(view.shape, acc)
-    blas = _blas_sum(src, axes, res) if ufunc is np.add and acc.kind == "f" else None
-    if blas is not None:
-        steps += blas
+    fast = _compiled_sum(src, axes, res) if ufunc is np.add and acc.kind == "f" else None
+    if fast is not None:
+        steps += fast
     else:
         # dtype=acc: NumPy would otherwise sum small integers in int64, float16 in float16
         steps.append(_partial(ufunc.reduce, src, axes, acc, res, True))
@@ -78,8 +84,10 @@ def _bind(mode: str, src: np.ndarray, out: np.ndarray, view: np.ndarray, axes: t
     return chain(steps)
 
 
-#: the reduced run of contiguous elements from which a sum goes through BLAS
-BLAS_SUM_MIN_INNER = 16
+#: a sum over a contiguous inner run of at least this many elements (of a source of at
+#: least COMPILED_SUM_MIN_SIZE) runs as one compiled pass
+COMPILED_SUM_MIN_INNER = 16
+COMPILED_SUM_MIN_SIZE = 1 << 12
 
 
 def _groups(shape: tuple, axes: tuple) -> list[list]:
@@ -96,34 +104,48 @@ def _groups(shape: tuple, axes: tuple) -> list[list]:
     return out
 
 
-def _blas_sum(src: np.ndarray, axes: tuple, res: np.ndarray) -> list | None:
-    """The steps summing a C-contiguous float ``src`` over a contiguous inner run of
-    ``C >= BLAS_SUM_MIN_INNER`` elements (then over an outer run) as matrix-vector products
-    with a vector of ones: ``(N, C, H, W) -> (1, C, 1, 1)`` (a bias gradient) is
-    ``(N*C, H*W) @ 1`` then ``1 @ (N, C)``. None for any other case."""
+def _sum_outer_inner_py(x, out):  # pragma: no cover - compiled
+    na, nb, nc = x.shape
+    tot = np.zeros(nb, np.float64)
+    for a in range(na):
+        for b in range(nb):
+            acc = 0.0
+            for c in range(nc):
+                acc += x[a, b, c]
+            tot[b] += acc
+    for b in range(nb):
+        out[b] = tot[b]
+
+
+@functools.cache
+def _sum_outer_inner():
+    # numba is imported on first use: ``import megbrain`` stays free of its import time
+    from numba import njit
+
+    opts = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc"})
+    return njit(**opts)(_sum_outer_inner_py)
+
+
+def _compiled_sum(src: np.ndarray, axes: tuple, res: np.ndarray) -> list | None:
+    """The step summing a C-contiguous float ``src`` over an inner run of
+    ``C >= COMPILED_SUM_MIN_INNER`` contiguous elements and an outer run, keeping the
+    middle: ``(N, C, H, W) -> (1, C, 1, 1)`` (a bias gradient) as ``(N, C, H*W) -> (C,)``,
+    one single-threaded compiled pass accumulating in float64 (NumPy's multi-axis reduce
+    walks the tensor with short inner loops). None for any other case."""
     g = _groups(src.shape, axes)
     if g and not g[0][1]:
         g.insert(0, [1, True])  # no outer run
     if (
         len(g) != 3
         or [r for _, r in g] != [True, False, True]
-        or g[2][0] < BLAS_SUM_MIN_INNER
+        or g[2][0] < COMPILED_SUM_MIN_INNER
+        or src.size < COMPILED_SUM_MIN_SIZE
         or src.dtype != res.dtype
         or not (src.flags.c_contiguous and res.flags.c_contiguous)
     ):
         return None
     (na, _), (nb, _), (nc, _) = g
-    ones_c = np.ones(nc, src.dtype)
-    rows = src.reshape(na * nb, nc)
-    out = res.reshape(nb)
-    if na == 1:
-        return [_partial(np.matmul, rows, ones_c, out=out)]
-    part = np.empty((na, nb), src.dtype)
-    ones_a = np.ones(na, src.dtype)
-    return [
-        _partial(np.matmul, rows, ones_c, out=part.reshape(na * nb)),
-        _partial(np.matmul, ones_a, part, out=out),
-    ]
+    return [_partial(_sum_outer_inner(), src.reshape(na, nb, nc), res.reshape(nb))]
 
 
 def bind_reduce(
