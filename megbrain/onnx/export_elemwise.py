@@ -44,8 +44,6 @@ _FUSED_ADD = {
 }
 #: Elemwise modes without an exact ONNX form, and why
 REFUSED_MODES = {
-    "SHL": "ONNX BitShift takes unsigned integers only",
-    "SHR": "ONNX BitShift takes unsigned integers only",
     "RMULH": "a rounded high multiply has no ONNX form",
     "ERFINV": "ONNX has no inverse error function",
     "ERFC": "ONNX has no erfc (1 - Erf loses the tail)",
@@ -118,6 +116,28 @@ def _atan2(w, y, x, dt):
     return w.node("Where", [both0, zero, r])
 
 
+def _shift(w, mode, x, k, dt):
+    """x << k as x * 2^k, x >> k as floor(x / 2^k), in int64 (ONNX BitShift is unsigned
+    only; it makes the power of two), wrapped back into x's dtype."""
+    from onnx import TensorProto
+
+    if np.dtype(dt).kind not in "iu":
+        raise w.error(f"Elemwise {mode} takes integers, got {dt}")
+    u64 = TensorProto.UINT64
+    pow2 = w.node(
+        "BitShift",
+        [w.const(np.ones((), np.uint64), "one"), w.node("Cast", [k], to=u64)],
+        direction="LEFT",
+    )
+    pow2 = w.node("Cast", [pow2], to=TensorProto.INT64)
+    x64 = w.node("Cast", [x], to=TensorProto.INT64)
+    if mode == "SHL":
+        r = w.node("Mul", [x64, pow2])
+    else:
+        r = _floor_div(w, x64, pow2, np.int64)
+    return w.cast(r, dt)
+
+
 def emit_mode(w: Writer, mode: str, ins: list, dt) -> str:
     """The ONNX nodes of Elemwise ``mode`` over ``ins`` (names) of dtype ``dt``."""
     dt = np.dtype(dt)
@@ -142,6 +162,8 @@ def emit_mode(w: Writer, mode: str, ins: list, dt) -> str:
         return _log1p(w, ins[0], dt)
     if mode == "FLOOR_DIV":
         return _floor_div(w, *ins, dt)
+    if mode in ("SHL", "SHR"):
+        return _shift(w, mode, *ins, dt)
     if mode == "MOD":  # C fmod: the sign of the dividend
         return w.node("Mod", ins, fmod=1)
     if mode == "ATAN2":

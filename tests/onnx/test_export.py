@@ -188,6 +188,19 @@ def test_export_elemwise_int32(mode, rng):
     _roundtrip([y], [(a, av), (b, bv)])
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int8])
+def test_export_elemwise_shifts(dtype, rng):
+    g = mgb.comp_graph()
+    a, k = _arg(g, (4, 6), "a", dtype), _arg(g, (4, 6), "k", dtype)
+    bits = np.iinfo(dtype).bits
+    av = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (4, 6)).astype(dtype)
+    kv = rng.integers(0, bits, (4, 6)).astype(dtype)
+    outs = [mgb.opr.elemwise(a, k, mode="SHL"), mgb.opr.elemwise(a, k, mode="SHR")]
+    model = _roundtrip(outs, [(a, av), (k, kv)])
+    got = _session(model).run(None, {"a": av, "k": kv})
+    np.testing.assert_array_equal(got[1], np.right_shift(av, kv))
+
+
 @pytest.mark.parametrize("mode", ["FUSE_MUL_ADD3", "FUSE_MUL_ADD4", "COND_LEQ_MOV"])
 def test_export_elemwise_fused_multi_input(mode, rng):
     g = mgb.comp_graph()
