@@ -263,6 +263,20 @@ def test_export_conv_bias(act, rng):
     _roundtrip([y], [(x, rng.standard_normal((2, 4, 7, 7)).astype(np.float32))])
 
 
+def test_export_conv_bias_full_bias_grouped_flipped_and_average_pooling(rng):
+    g = mgb.comp_graph()
+    x = _arg(g, (2, 4, 6, 6), "x")
+    w = _shared(g, rng.standard_normal((2, 3, 2, 3, 3)).astype(np.float32), "w")
+    b = _arg(g, (2, 6, 6, 6), "b")
+    y = mgb.opr.conv_bias_activation(x, w, b, sparse="GROUP", mode="CONVOLUTION", pad_h=1,
+                                     pad_w=1, nonlineMode="SIGMOID")
+    p = mgb.opr.pooling(y, mode="AVERAGE", window_h=3, window_w=2, stride_h=2, stride_w=1,
+                        pad_h=1, pad_w=1)
+    feeds = [(x, rng.standard_normal((2, 4, 6, 6)).astype(np.float32)),
+             (b, rng.standard_normal((2, 6, 6, 6)).astype(np.float32))]
+    _roundtrip([y, p], feeds)
+
+
 def test_export_conv_true_convolution_mode_and_dilation(rng):
     g = mgb.comp_graph()
     x = _arg(g, (1, 2, 9, 9), "x")
