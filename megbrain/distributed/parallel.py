@@ -27,6 +27,9 @@ THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 #: idea: few large transfers instead of one per parameter)
 DEFAULT_PACK_MAX_SIZE = 4 << 20
 
+#: the operator priority of the buckets' packing and all-reduce (lower runs first)
+BUCKET_PRIORITY = -(1 << 20)
+
 _counter = itertools.count()
 
 
@@ -111,6 +114,48 @@ def _buckets(grads, pack_max_size: int):
     return out
 
 
+def _real_grads(grads) -> list:
+    """``grads`` with every VirtualGrad (a gradient expanded when the function is compiled)
+    replaced by the real gradient now, so that :func:`_prioritize` sees its operators.
+
+    The price: the backward pass is then built from the forward graph before the compile
+    optimizes it (a forward elemwise whose output the backward reads is not fused), which is
+    why a single bucket, which nothing can overlap, keeps its VirtualGrads."""
+    from ..opr.grad import grad
+
+    by_target: dict = {}
+    for i, g in enumerate(grads):
+        if g is not None and g.node.owner.type_name == "VirtualGrad":
+            by_target.setdefault(g.node.owner.inputs[0], []).append(i)
+    out = list(grads)
+    for target, idx in by_target.items():
+        wrts = [grads[i].node.owner.inputs[1] for i in idx]
+        for i, real in zip(idx, grad(target, wrts, warn_mid_wrt=False)):
+            out[i] = mgb.SymbolVar(real)
+    return out
+
+
+def _prioritize(grads, buckets) -> None:
+    """Order the computation so that the buckets' gradients come out bucket by bucket.
+
+    The comp seq takes ready operators by priority, then by creation order, and the
+    communication node runs its all-reduces in that order: left alone, a bucket's gradient
+    created late (a bias's reduction) holds its bucket, and the buckets after it, until the
+    whole backward pass is done. Every operator of bucket ``k``'s gradients (the forward
+    pass included, for bucket 0) that has the default priority 0 gets
+    ``BUCKET_PRIORITY + k``, so each bucket's gradients are computed, and its all-reduce
+    starts, before the rest of the backward pass, which it then overlaps."""
+    from ..graph.comp_seq import topo_order
+
+    seen: set = set()
+    for k, bucket in enumerate(buckets):
+        for opr in topo_order([grads[i].node for i in bucket]):
+            if opr not in seen:
+                seen.add(opr)
+                if opr.priority == 0:
+                    opr.priority = BUCKET_PRIORITY + k
+
+
 def all_reduce_mean(grads, *, key: str, pack_max_size: int = DEFAULT_PACK_MAX_SIZE,
                     nr_ranks: int | None = None, rank: int | None = None) -> list:
     """``grads`` averaged over the ranks: packed into buckets (ParamPackConcat), all-reduced
@@ -138,14 +183,20 @@ def all_reduce_mean(grads, *, key: str, pack_max_size: int = DEFAULT_PACK_MAX_SI
 
     n = _comm.world_size() if nr_ranks is None else int(nr_ranks)
     r = _comm.world_rank() if rank is None else int(rank)
+    buckets = _buckets(grads, pack_max_size)
+    if len(buckets) > 1:  # some all-reduce can overlap the backward pass: schedule for it
+        grads = _real_grads(grads)
+        _prioritize(grads, buckets)
     out = list(grads)
-    for bucket in _buckets(grads, pack_max_size):
+    for k, bucket in enumerate(buckets):
         parts = [grads[i] for i in bucket]
         cn = parts[0].comp_node
         ccn = _comm.comm_comp_node(cn)
-        packed = mgb.opr.param_pack_concat(parts, comp_node=ccn)
-        total = mgb.opr.collective_comm(packed, key=key, nr_devices=n, is_root=r == 0, rank=r,
-                                        mode="ALL_REDUCE_SUM", comp_node=ccn)
+        # first among the ready operators once its gradients exist (see _prioritize)
+        with mgb.config.opr_priority_scope(parts[0].owner_graph, BUCKET_PRIORITY + k):
+            packed = mgb.opr.param_pack_concat(parts, comp_node=ccn)
+            total = mgb.opr.collective_comm(packed, key=key, nr_devices=n, is_root=r == 0,
+                                            rank=r, mode="ALL_REDUCE_SUM", comp_node=ccn)
         scale = mgb.make_immutable(cn, total.owner_graph, np.asarray([1.0 / n], parts[0].dtype))
         avg = mgb.opr.elemwise(total, scale, mode="MUL", comp_node=cn)
         shapes = [tuple(static_infer.infer_shape(p.node)) for p in parts]
