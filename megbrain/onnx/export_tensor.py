@@ -33,14 +33,10 @@ def _to_int32(w, name):
     "SetGrad",
     "RequireInputDynamicStorage",
     "PersistentOutputStorage",
+    "VirtualDep",  # input 0; the ordering it adds has no meaning in a dataflow graph
 )
 def _identity(w, op, ins):
     return w.node("Identity", [ins[0]])
-
-
-@exports("VirtualDep")
-def _virtual_dep(w, op, ins):
-    return w.node("Identity", [ins[0]])  # ordering has no meaning in a dataflow graph
 
 
 # ---- shapes ----------------------------------------------------------------------------------
