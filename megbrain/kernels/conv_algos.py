@@ -502,7 +502,7 @@ for _algo in (
     register(_algo)
 del _algo
 # further algorithm modules register here, below the built-in ones
-from . import conv_winograd  # noqa: E402
+from . import conv_direct, conv_winograd  # noqa: E402
 
 for _algo in (
     ConvAlgorithm(
@@ -520,6 +520,14 @@ for _algo in (
         conv_winograd.usable_winograd_backward_data,
         priority=20,
         heuristic=conv_winograd.preferred_winograd_backward_data,
+    ),
+    ConvAlgorithm(
+        "DIRECT",
+        "forward",
+        conv_direct.bind_direct_forward,
+        conv_direct.usable_direct_forward,
+        priority=20,
+        heuristic=conv_direct.preferred_direct_forward,
     ),
 ):
     register(_algo)

@@ -1,5 +1,5 @@
 """Compiled (Numba) loops of the fast convolution algorithms: the Winograd F(2x2, 3x3)
-transforms of :mod:`conv_winograd`.
+transforms of :mod:`conv_winograd` and the direct convolution of :mod:`conv_direct`.
 
 Every loop is single-threaded and GIL-free (``nogil``) and takes a ``[begin, end)`` range
 of its outermost dim, so that a caller may split one call over a few Python threads; Numba's
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["winograd_filter", "winograd_input", "winograd_output"]
+__all__ = ["direct_conv2d", "winograd_filter", "winograd_input", "winograd_output"]
 
 
 # ---- Winograd F(2x2, 3x3) ------------------------------------------------------------------
@@ -195,6 +195,54 @@ def winograd_output(m, y, scratch, th, tw, nb, o, p0, p1) -> None:
     _compiled("output")(m, y, scratch, *map(int, (th, tw, nb, o, p0, p1)))
 
 
+# ---- direct convolution --------------------------------------------------------------------
+def _direct_conv2d_py(xp, w, y, acc, dh, dw, flip, p0, p1):  # pragma: no cover - compiled
+    """The (sample, output channel) planes p = n * OC + oc in [p0, p1) of the stride-1
+    grouped convolution ``y`` (N, G*O, OH, OW) of the padded, C-contiguous ``xp`` (N, G*I,
+    HP, WP) with ``w`` (G, O, I, FH, FW) (flipped spatially when ``flip``).
+
+    Each plane is accumulated in "padded-width" positions t = r * WP + q (``acc``, a scratch
+    of (OH - 1) WP + OW values), where the input of filter offset (a, b) is at t + a dh WP +
+    b dw: one contiguous loop over the whole plane per (channel, offset), then the OW valid
+    columns of each row are copied out."""
+    c_, hp, wp = xp.shape[1], xp.shape[2], xp.shape[3]
+    g_, o_, i_, fh, fw = w.shape
+    oc = g_ * o_
+    oh, ow = y.shape[2], y.shape[3]
+    n_pos = (oh - 1) * wp + ow
+    xf = xp.reshape(-1)
+    a_ = acc[:n_pos]
+    for p in range(p0, p1):
+        n, oo = p // oc, p % oc
+        g, o = oo // o_, oo % o_
+        for t in range(n_pos):
+            a_[t] = 0.0
+        for i in range(i_):
+            base = (n * c_ + g * i_ + i) * hp * wp
+            for a in range(fh):
+                for b in range(fw):
+                    if flip:
+                        wv = w[g, o, i, fh - 1 - a, fw - 1 - b]
+                    else:
+                        wv = w[g, o, i, a, b]
+                    off = base + a * dh * wp + b * dw
+                    src = xf[off : off + n_pos]
+                    for t in range(n_pos):
+                        a_[t] += wv * src[t]
+        for r in range(oh):
+            row = a_[r * wp : r * wp + ow]
+            yr = y[n, oo, r]
+            for q in range(ow):
+                yr[q] = row[q]
+
+
+def direct_conv2d(xp, w, y, acc, dilate, flip: bool, p0: int, p1: int) -> None:
+    """Planes [p0, p1) of the stride-1 convolution ``y = conv(xp, w)`` of an already padded,
+    C-contiguous source; ``acc`` a scratch of (OH - 1) WP + OW values."""
+    _compiled("direct")(xp, w, y, acc, int(dilate[0]), int(dilate[1]), bool(flip), int(p0),
+                        int(p1))  # fmt: skip
+
+
 @functools.cache
 def _compiled(name: str):
     # numba is imported on first use: ``import megbrain`` stays free of its import time
@@ -204,5 +252,6 @@ def _compiled(name: str):
         "filter": _winograd_filter_py,
         "input": _winograd_input_py,
         "output": _winograd_output_py,
+        "direct": _direct_conv2d_py,
     }[name]
     return njit(nogil=True, cache=True, error_model="numpy", fastmath=False)(fn)

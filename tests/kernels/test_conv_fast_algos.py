@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_conv_algos import ATOL, RTOL, ref_backward_data, ref_forward
 
-from megbrain.kernels import conv_algos, conv_winograd, dnn_conv, workspace
+from megbrain.kernels import conv_algos, conv_direct, conv_winograd, dnn_conv, workspace
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "opr"))
 from opr_harness import check_grad  # noqa: E402
@@ -278,3 +278,97 @@ def test_gradient_matches_finite_differences():
     x = rng.uniform(-1, 1, (1, 16, 3, 4))
     w = rng.uniform(-1, 1, (16, 16, 3, 3))
     check_grad(lambda a, b: O.convolution(a, b, pad_h=1, pad_w=1), [x, w], wrt=[0])
+
+
+# ---- direct convolution --------------------------------------------------------------------
+@st.composite
+def direct_cases(draw):
+    fshape = (draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+    dilate = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pad = tuple(draw(st.integers(0, f)) for f in fshape)
+    sshape = tuple(
+        draw(st.integers(max(1, d * (f - 1) + 1 - 2 * p), 9))
+        for f, d, p in zip(fshape, dilate, pad)
+    )
+    return dict(
+        n=draw(st.integers(1, 3)),
+        g=draw(st.integers(1, 2)),
+        icg=draw(st.integers(1, 3)),
+        ocg=draw(st.integers(1, 4)),
+        fshape=fshape,
+        stride=_ONE,
+        pad=pad,
+        dilate=dilate,
+        sshape=sshape,
+        oshape=tuple(dnn_conv.conv_out_size(*a) for a in zip(sshape, fshape, _ONE, pad, dilate)),
+        flip=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def _direct_arrays(c, dtype=np.float32):
+    rng = np.random.default_rng(c["seed"])
+    x = rng.uniform(-1, 1, (c["n"], c["g"] * c["icg"], *c["sshape"])).astype(dtype)
+    w = rng.uniform(-1, 1, (c["g"], c["ocg"], c["icg"], *c["fshape"])).astype(dtype)
+    return x, w
+
+
+@settings(max_examples=60, deadline=None)
+@given(c=direct_cases(), dtype=_DTYPES, threads=st.integers(1, 3))
+def test_direct_forward_matches_float64(c, dtype, threads):
+    x, w = _direct_arrays(c, dtype)
+    y = np.full((c["n"], c["g"] * c["ocg"], *c["oshape"]), np.nan, dtype)
+    assert conv_direct.usable_direct_forward(x, w, y, *_geometry(c))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_winograd, "THREADS", threads)
+        mp.setattr(conv_winograd, "_MIN_SPLIT_PLANES", 1)
+        conv_direct.bind_direct_forward(x, w, y, *_geometry(c))()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), **_tol(dtype))
+
+
+def test_direct_forward_strided_operands_and_workspace():
+    c = _case(n=3, icg=1, ocg=4, sshape=(9, 8), pad=(1, 2))
+    x, w = _direct_arrays(c)
+    xs = np.repeat(x, 2, axis=1)[:, ::2]
+    base = np.full((c["n"], 8, *c["oshape"]), np.nan, np.float32)
+    y = base[:, ::2]
+    fn, buf = _carved(lambda: conv_direct.bind_direct_forward(xs, w, y, *_geometry(c)))
+    fn()
+    tracemalloc.start()
+    try:
+        for _ in range(2):
+            buf[:] = 0xFF
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            fn()
+            assert tracemalloc.get_traced_memory()[1] - before < 4096
+            np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+    finally:
+        tracemalloc.stop()
+    assert np.isnan(base[:, 1::2]).all()
+
+
+def test_direct_forward_refuses_strides_and_long_reductions():
+    x, w = np.zeros((1, 1, 9, 9), np.float32), np.zeros((1, 2, 1, 3, 3), np.float32)
+    y = np.zeros((1, 2, 4, 4), np.float32)
+    assert not conv_direct.usable_direct_forward(x, w, y, (2, 2), (0, 0), _ONE)
+    with pytest.raises(ValueError, match="direct"):
+        conv_direct.bind_direct_forward(x, w, y, (2, 2), (0, 0), _ONE)
+    wide = np.zeros((1, 2, 64, 3, 3), np.float32)
+    xw = np.zeros((1, 64, 9, 9), np.float32)
+    assert not conv_direct.usable_direct_forward(xw, wide, np.zeros((1, 2, 7, 7)), _ONE, (0, 0),
+                                                 _ONE)  # fmt: skip
+
+
+def test_heuristic_takes_direct_for_one_channel_3x3():
+    assert _select("forward", _case(icg=1, ocg=16, sshape=(28, 28))) == "DIRECT"
+    assert _select("forward", _case(icg=2, ocg=16, sshape=(28, 28))) != "DIRECT"
+
+
+def test_direct_gradient_through_the_operator_matches_finite_differences():
+    import megbrain.opr as O
+
+    rng = np.random.default_rng(9)
+    x = rng.uniform(-1, 1, (2, 1, 5, 4))
+    w = rng.uniform(-1, 1, (3, 1, 3, 3))
+    check_grad(lambda a, b: O.convolution(a, b, pad_h=1, pad_w=1), [x, w])

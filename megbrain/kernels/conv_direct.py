@@ -1,0 +1,145 @@
+"""Direct 2-d convolution for short reductions (first layers on 1- or 3-channel images):
+stride 1, any padding, dilation and group count, ``ICg * FH * FW <= MAX_K``.
+
+With a reduction of 9 or 25 products (a 3x3 or 5x5 filter on one channel), im2col + GEMM
+copies the input 9 or 25 times for a GEMM too thin to keep BLAS busy. Here each (sample,
+output channel) plane is accumulated by a compiled loop (:func:`conv_loops.direct_conv2d`)
+straight from a zero-padded copy of the source: one contiguous, vectorized pass over the
+plane per (input channel, filter offset), in a fixed order (reproducible). The planes are
+split over :data:`conv_winograd.THREADS` Python threads.
+
+The padded source is a private buffer whose border is written once (its interior is
+refreshed on every run); the accumulators and the float32 copies of float16/bfloat16
+operands come from :func:`workspace.empty`; nothing is allocated when the bound callable
+runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from . import conv_loops, conv_winograd, workspace
+from .conv_winograd import _parallel, _split
+from .dnn_conv import _Conv, _padded, compute_dtype
+from .steps import Step, chain
+
+__all__ = ["MAX_K", "PREFERRED_MAX_K", "bind_direct_forward", "preferred_direct_forward",
+           "usable_direct_forward"]  # fmt: skip
+
+#: the longest reduction (ICg * FH * FW) the direct convolution accepts: each output is one
+#: float32 running sum over it
+MAX_K = 256
+#: HEURISTIC takes the direct convolution up to this reduction length: measured (one thread,
+#: CPU time) against im2col's per-sample GEMMs, 128x1x28x28 3x3 (K = 9) ran 2.0 vs 2.7 ms,
+#: 64x1x28x28 5x5 (K = 25) 2.0 vs 2.0 ms, 32x3x32x32 3x3 (K = 27) 2.9 vs 2.4 ms
+PREFERRED_MAX_K = 9
+
+
+def usable_direct_forward(
+    src: np.ndarray,
+    filt: np.ndarray,
+    out: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+) -> bool:
+    """Whether :func:`bind_direct_forward` accepts the convolution: 2-d, stride 1,
+    floating point, ``ICg * FH * FW <= MAX_K``."""
+    try:
+        compute_dtype(src.dtype)
+    except ValueError:
+        return False
+    return (
+        src.ndim == 4
+        and tuple(stride) == (1, 1)
+        and math.prod(filt.shape[2:]) <= MAX_K
+        and all(p >= 0 for p in pad)
+    )
+
+
+def preferred_direct_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
+    """HEURISTIC's rule: usable and ``ICg * FH * FW <= PREFERRED_MAX_K``."""
+    return usable_direct_forward(src, filt, out, stride, pad, dilate, flip) and (
+        math.prod(filt.shape[2:]) <= PREFERRED_MAX_K
+    )
+
+
+def bind_direct_forward(
+    src: np.ndarray,
+    filt: np.ndarray,
+    out: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+) -> Callable[[], None]:
+    """Bind the grouped convolution ``out = conv(src, filt)`` as a direct convolution.
+
+    Parameters
+    ----------
+    src : numpy.ndarray
+        The ``(N, G*ICg, H, W)`` input (any strides).
+    filt : numpy.ndarray
+        The grouped ``(G, OCg, ICg, FH, FW)`` filter.
+    out : numpy.ndarray
+        The ``(N, G*OCg, OH, OW)`` output (any strides).
+    stride, pad, dilate : sequence of int
+        Two values each; the stride must be 1.
+    flip : bool
+        True for CONVOLUTION mode (the filter is flipped spatially), False for
+        CROSS_CORRELATION.
+
+    Returns
+    -------
+    Callable[[], None]
+        A zero-argument callable computing ``out`` from the current inputs.
+
+    Raises
+    ------
+    ValueError
+        When the shapes do not match or the convolution is not one
+        :func:`usable_direct_forward` accepts.
+    """
+    geo = _Conv("Convolution", src.shape, filt.shape, out.shape, stride, pad, dilate)
+    if not usable_direct_forward(src, filt, out, stride, pad, dilate, flip):
+        raise ValueError(
+            f"Convolution (direct): needs a 2-d convolution with stride 1 and ICg*FH*FW <= "
+            f"{MAX_K}, got filter {tuple(filt.shape)}, stride={tuple(stride)}, dtype {src.dtype}"
+        )
+    dt = compute_dtype(src.dtype)
+    steps: list[Step] = []
+    post: list[Step] = []
+    xp = _padded(src, geo.pad, dt, 0, steps)
+    if not xp.flags.c_contiguous:
+        xp = workspace.empty(src.shape, dt)
+        steps.append(functools.partial(np.copyto, xp, src, "unsafe"))
+    w = filt
+    if filt.dtype != dt:
+        w = workspace.empty(filt.shape, dt)
+        steps.append(functools.partial(np.copyto, w, filt, "unsafe"))
+    y = out
+    if out.dtype != dt:
+        y = workspace.empty(out.shape, dt)
+        post.append(functools.partial(np.copyto, out, y, "unsafe"))
+    oh, ow = geo.oshape
+    planes = geo.n * geo.g * geo.ocg
+    if planes == 0 or oh <= 0 or ow <= 0:
+        return chain(steps + post)
+    parts = _split(planes, conv_winograd.THREADS)
+    acc = workspace.empty((len(parts), (oh - 1) * xp.shape[3] + ow), dt)
+    calls = [_plane_step(xp, w, y, acc[i], geo.dilate, flip, p0, p1)
+             for i, (p0, p1) in enumerate(parts)]  # fmt: skip
+    steps.append(_parallel(calls))
+    return chain(steps + post)
+
+
+def _plane_step(xp, w, y, acc, dilate, flip, p0, p1) -> Step:
+    def step() -> None:
+        conv_loops.direct_conv2d(xp, w, y, acc, dilate, flip, p0, p1)
+
+    return step
