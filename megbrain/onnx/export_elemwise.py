@@ -135,20 +135,25 @@ def _atan2(w, y, x, dt):
     return w.node("Where", [both0, zero, r])
 
 
+def _pow2(w, k):
+    """2^k as int64 (ONNX BitShift takes unsigned integers only)."""
+    from onnx import TensorProto
+
+    p = w.node(
+        "BitShift",
+        [w.const(np.ones((), np.uint64), "one"), w.node("Cast", [k], to=TensorProto.UINT64)],
+        direction="LEFT",
+    )
+    return w.node("Cast", [p], to=TensorProto.INT64)
+
+
 def _shift(w, mode, x, k, dt):
-    """x << k as x * 2^k, x >> k as floor(x / 2^k), in int64 (ONNX BitShift is unsigned
-    only; it makes the power of two), wrapped back into x's dtype."""
+    """x << k as x * 2^k, x >> k as floor(x / 2^k), in int64, wrapped back into x's dtype."""
     from onnx import TensorProto
 
     if np.dtype(dt).kind not in "iu":
         raise w.error(f"Elemwise {mode} takes integers, got {dt}")
-    u64 = TensorProto.UINT64
-    pow2 = w.node(
-        "BitShift",
-        [w.const(np.ones((), np.uint64), "one"), w.node("Cast", [k], to=u64)],
-        direction="LEFT",
-    )
-    pow2 = w.node("Cast", [pow2], to=TensorProto.INT64)
+    pow2 = _pow2(w, k)
     x64 = w.node("Cast", [x], to=TensorProto.INT64)
     if mode == "SHL":
         r = w.node("Mul", [x64, pow2])
@@ -284,10 +289,42 @@ def _elemwise_multi_type(w, op, ins):
         f32 = np.float32
         v = w.node("Clip", [v, _k(w, info.min, f32), _k(w, info.max, f32)])
         return w.cast(v, out_dt)
-    raise w.error(
-        f"ElemwiseMultiType mode {mode} has no ONNX form (ONNX has no saturating integer "
-        "shifts nor quantized elementwise arithmetic)"
-    )
+    if mode.startswith("ROUND_SHR_SATURATE_"):
+        x, k = (w.cast(ins[j], np.int64) for j in range(2))
+        src = np.dtype(op.inputs[0].dtype)
+        return w.cast(_round_shr_saturate(w, x, k, None if src == out_dt else out_dt), out_dt)
+    if mode.startswith("FUSE_ADD_RMULH_ROUND_SHR_SATURATE_"):
+        src = np.dtype(op.inputs[0].dtype)
+        x, y, m, shift, lo, hi = (w.cast(ins[j], np.int64) for j in range(6))
+        bits = src.itemsize * 8
+        half = _k(w, 1 << (bits - 1), np.int64)
+        # x + y wraps in the operands' dtype
+        s = w.node("Sub", [w.node("Mod", [w.node("Add", [w.node("Add", [x, y]), half]),
+                                         _k(w, 1 << bits, np.int64)], fmod=0), half])
+        # RMULH: (s * m + 2^(k-1)) >> k, k = bits - 1, saturated above (only MIN * MIN)
+        kk = bits - 1
+        r = w.node("Add", [w.node("Mul", [s, m]), _k(w, 1 << (kk - 1), np.int64)])
+        r = _floor_div(w, r, _k(w, 1 << kk, np.int64), np.int64)
+        r = w.node("Min", [r, _k(w, np.iinfo(src).max, np.int64)])
+        r = _round_shr_saturate(w, r, shift, out_dt)
+        return w.cast(w.node("Max", [w.node("Min", [r, hi]), lo]), out_dt)
+    raise w.error(f"ElemwiseMultiType mode {mode} (quantized arithmetic) has no ONNX form")
+
+
+def _round_shr_saturate(w, x, k, out_dt):
+    """MegDNN's round_shr_saturate on int64 x, k: x >> k rounded half away from zero, then
+    clipped into ``out_dt`` (None: no clipping)."""
+    i64 = np.int64
+    p = _pow2(w, k)
+    q = _floor_div(w, x, p, i64)
+    rem = w.node("Sub", [x, w.node("Mul", [q, p])])  # x & (p - 1)
+    thr = _floor_div(w, w.node("Sub", [p, _k(w, 1, i64)]), _k(w, 2, i64), i64)
+    thr = w.node("Add", [thr, w.cast(w.node("Less", [x, _k(w, 0, i64)]), i64)])
+    res = w.node("Add", [q, w.cast(w.node("Greater", [rem, thr]), i64)])
+    if out_dt is not None:
+        info = np.iinfo(out_dt)
+        res = w.node("Clip", [res, _k(w, info.min, i64), _k(w, info.max, i64)])
+    return res
 
 
 @exports("TypeCvt")

@@ -232,6 +232,35 @@ def test_export_elemwise_multi_type_fixed_point(rng):
     _roundtrip([y, z], feeds)
 
 
+def test_export_elemwise_multi_type_rounding_shifts(rng):
+    g = mgb.comp_graph()
+    shape = (3, 8)
+
+    def ints(name, dtype, lo, hi):
+        v = _arg(g, shape, name, dtype)
+        return v, (v, rng.integers(lo, hi, shape).astype(dtype))
+
+    x32, f1 = ints("x32", np.int32, -(2**20), 2**20)
+    x16, f2 = ints("x16", np.int16, -(2**15), 2**15)
+    k8, f3 = ints("k8", np.int8, 0, 14)
+    a16, f4 = ints("a16", np.int16, -(2**15), 2**15)
+    m16, f5 = ints("m16", np.int16, -(2**15), 2**15)
+    a32, f6 = ints("a32", np.int32, -(2**31), 2**31)
+    b32, f7 = ints("b32", np.int32, -(2**31), 2**31)
+    m32, f8 = ints("m32", np.int32, -(2**31), 2**31)
+    lo, f9 = ints("lo", np.int8, -128, -20)
+    hi, f10 = ints("hi", np.int8, 20, 127)
+    emt = mgb.opr.elemwise_multi_type
+    outs = [
+        emt(x32, k8, mode="ROUND_SHR_SATURATE_IXxI8xI8"),
+        emt(x16, k8, mode="ROUND_SHR_SATURATE_IXxI8xI16"),
+        emt(x32, k8, mode="ROUND_SHR_SATURATE_IXxI8xI16"),
+        emt(a16, x16, m16, k8, lo, hi, mode="FUSE_ADD_RMULH_ROUND_SHR_SATURATE_INT16x16x16x8"),
+        emt(a32, b32, m32, k8, lo, hi, mode="FUSE_ADD_RMULH_ROUND_SHR_SATURATE_INT32x32x32x8"),
+    ]
+    _roundtrip(outs, [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10], rtol=0, atol=0)
+
+
 def test_export_refused_elemwise_mode_names_it():
     g = mgb.comp_graph()
     x = _arg(g, (3,), "x")
