@@ -44,7 +44,6 @@ _FUSED_ADD = {
 }
 #: Elemwise modes without an exact ONNX form, and why
 REFUSED_MODES = {
-    "RMULH": "a rounded high multiply has no ONNX form",
     "ERFINV": "ONNX has no inverse error function",
     "ERFCINV": "ONNX has no inverse complementary error function",
 }
@@ -190,6 +189,10 @@ def emit_mode(w: Writer, mode: str, ins: list, dt) -> str:
         return _floor_div(w, *ins, dt)
     if mode in ("SHL", "SHR"):
         return _shift(w, mode, *ins, dt)
+    if mode == "RMULH":
+        if dt.kind not in "iu":
+            raise w.error(f"Elemwise RMULH takes integers, got {dt}")
+        return w.cast(_rmulh(w, *(w.cast(v, np.int64) for v in ins), dt), dt)
     if mode == "MOD":  # C fmod: the sign of the dividend
         return w.node("Mod", ins, fmod=1)
     if mode == "ATAN2":
@@ -301,14 +304,19 @@ def _elemwise_multi_type(w, op, ins):
         # x + y wraps in the operands' dtype
         s = w.node("Sub", [w.node("Mod", [w.node("Add", [w.node("Add", [x, y]), half]),
                                          _k(w, 1 << bits, np.int64)], fmod=0), half])
-        # RMULH: (s * m + 2^(k-1)) >> k, k = bits - 1, saturated above (only MIN * MIN)
-        kk = bits - 1
-        r = w.node("Add", [w.node("Mul", [s, m]), _k(w, 1 << (kk - 1), np.int64)])
-        r = _floor_div(w, r, _k(w, 1 << kk, np.int64), np.int64)
-        r = w.node("Min", [r, _k(w, np.iinfo(src).max, np.int64)])
+        r = _rmulh(w, s, m, src)
         r = _round_shr_saturate(w, r, shift, out_dt)
         return w.cast(w.node("Max", [w.node("Min", [r, hi]), lo]), out_dt)
     raise w.error(f"ElemwiseMultiType mode {mode} (quantized arithmetic) has no ONNX form")
+
+
+def _rmulh(w, x, y, dt):
+    """MegDNN's round_mulh_saturate of int64 x, y holding ``dt`` values: (x y + 2^(k-1)) >> k
+    with k = bits - 1, saturated above (only MIN * MIN overflows), as int64."""
+    kk = np.dtype(dt).itemsize * 8 - 1
+    r = w.node("Add", [w.node("Mul", [x, y]), _k(w, 1 << (kk - 1), np.int64)])
+    r = _floor_div(w, r, _k(w, 1 << kk, np.int64), np.int64)
+    return w.node("Min", [r, _k(w, np.iinfo(dt).max, np.int64)])
 
 
 def _round_shr_saturate(w, x, k, out_dt):

@@ -198,7 +198,7 @@ def test_export_elemwise_shifts(dtype, rng):
     bits = np.iinfo(dtype).bits
     av = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (4, 6)).astype(dtype)
     kv = rng.integers(0, bits, (4, 6)).astype(dtype)
-    outs = [mgb.opr.elemwise(a, k, mode="SHL"), mgb.opr.elemwise(a, k, mode="SHR")]
+    outs = [mgb.opr.elemwise(a, k, mode=m) for m in ("SHL", "SHR", "RMULH")]
     model = _roundtrip(outs, [(a, av), (k, kv)])
     got = _session(model).run(None, {"a": av, "k": kv})
     np.testing.assert_array_equal(got[1], np.right_shift(av, kv))
