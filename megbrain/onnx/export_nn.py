@@ -5,6 +5,7 @@ products and Resize."""
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto
 
 from .export_base import INT64_MIN, REFUSED, Writer, exports, static_shape
 from .export_elemwise import emit_mode
@@ -321,6 +322,84 @@ def _roi_pooling(w, op, ins):
     return [y, None]
 
 
+@exports("ROIAlignForward")
+def _roi_align(w, op, ins):
+    """MegDNN's ROIAlign composed exactly (ONNX RoiAlign clamps border samples and pools MAX
+    differently): per ROI the SH x SW sample centres of every bin, four bilinear taps each
+    gathered by GatherND from the NHWC image (taps outside weigh 0), then the mean or max
+    over a bin's samples (and MAX's argmax ``h_iter * SW + w_iter``)."""
+    p = op.params
+    if p["format"] != "NCHW":
+        raise w.error(f"ROIAlign format {p['format']} has no ONNX form")
+    src = static_shape(w, op.inputs[0], "ROIAlign source")
+    _, c, h, wd = src
+    ph, pw = int(p["pooled_height"]), int(p["pooled_width"])
+    sh, sw = int(p["sample_height"]), int(p["sample_width"])
+    w.bakes_shape(ins[0], "the image size bounding the bilinear taps", axes=(2, 3))
+    f32 = np.float32
+    i64 = np.int64
+
+    def col(k):
+        return w.node(
+            "Slice",
+            [ins[1], w.const(np.array([k], i64)), w.const(np.array([k + 1], i64)),
+             w.const(np.array([1], i64))],
+        )  # fmt: skip (R, 1)
+
+    def const(v, dt=f32):
+        return w.const(np.asarray(v, dt))
+
+    ss, off = const(p["spatial_scale"]), const(p["offset"])
+    sx, sy, ex, ey = (w.node("Sub", [w.node("Mul", [col(k), ss]), off]) for k in (1, 2, 3, 4))
+
+    def centres(start, end, nb, ns):
+        size = w.node("Div", [w.node("Max", [w.node("Sub", [end, start]), const(0)]),
+                              const(nb)])  # fmt: skip
+        k = np.arange(nb, dtype=f32)[:, None] + f32(1) / f32(ns) * (
+            np.arange(ns, dtype=f32) + f32(0.5)
+        )
+        return w.node("Add", [start, w.node("Mul", [size, const(k.reshape(1, -1))])])
+
+    hc = w.unsqueeze(centres(sy, ey, ph, sh), [2])  # (R, PH*SH, 1)
+    wc = w.unsqueeze(centres(sx, ex, pw, sw), [1])  # (R, 1, PW*SW)
+    batch = w.node("Cast", [col(0)], to=TensorProto.INT64)  # (R, 1): truncates, as int()
+    batch = w.unsqueeze(batch, [2])  # (R, 1, 1)
+    img = w.node("Transpose", [ins[0]], perm=[0, 2, 3, 1])  # (N, H, W, C)
+    full = w.const(np.array([1, ph * sh, pw * sw], i64), "shape")  # broadcast: R stays
+
+    def taps(coord, n):
+        lo = w.node("Floor", [coord])
+        frac = w.node("Sub", [coord, lo])
+        out = []
+        for d, wt in ((0, w.node("Sub", [const(1), frac])), (1, frac)):
+            at = w.node("Add", [lo, const(d)]) if d else lo
+            inside = w.node("And", [w.node("GreaterOrEqual", [at, const(0)]),
+                                    w.node("Less", [at, const(n)])])  # fmt: skip
+            wt = w.node("Where", [inside, wt, const(0)])
+            idx = w.node("Cast", [w.node("Clip", [at, const(0), const(n - 1)])],
+                         to=TensorProto.INT64)  # fmt: skip
+            out.append((idx, wt))
+        return out
+
+    val = None
+    for hh, wh in taps(hc, h):
+        for ww, wwt in taps(wc, wd):
+            parts = [w.unsqueeze(w.node("Expand", [t, full]), [3]) for t in (batch, hh, ww)]
+            g = w.node("GatherND", [img, w.node("Concat", parts, axis=3)])  # (R, PHS, PWS, C)
+            wt = w.unsqueeze(w.node("Mul", [wh, wwt]), [3])
+            term = w.node("Mul", [g, wt])
+            val = term if val is None else w.node("Add", [val, term])
+    # (R, PH, SH, PW, SW, C) -> (R, C, PH, PW, SH*SW)
+    val = w.node("Reshape", [val, w.const(np.array([0, ph, sh, pw, sw, c], i64), "shape")])
+    val = w.node("Transpose", [val], perm=[0, 5, 1, 3, 2, 4])
+    val = w.node("Reshape", [val, w.const(np.array([0, c, ph, pw, sh * sw], i64), "shape")])
+    if p["mode"] == "MAX":
+        y = w.reduce("ReduceMax", val, [4], keepdims=0)
+        am = w.node("ArgMax", [val], axis=4, keepdims=0)
+        return [y, w.node("Cast", [am], to=TensorProto.INT32)]
+    return [w.reduce("ReduceMean", val, [4], keepdims=0), None]
+
+
 _GRAD = (
     "a gradient operator (training graphs have no ONNX form); export the forward graph"
 )
@@ -343,8 +422,6 @@ for _t in (
     REFUSED[_t] = _GRAD
 REFUSED.update(
     {
-        "ROIAlignForward": "ONNX RoiAlign clamps samples near the border to the edge where "
-        "MegDNN weighs the outside taps 0, and its max mode differs",
         "MatrixInverse": "the default ONNX domain has no matrix inverse",
         "SVD": "the default ONNX domain has no singular value decomposition",
     }

@@ -429,6 +429,22 @@ def test_export_warp_perspective(imode, bmode, bval, rng):
         export([y], None, opset=15)
 
 
+@pytest.mark.parametrize("mode", ["AVERAGE", "MAX"])
+def test_export_roi_align(mode, rng):
+    g = mgb.comp_graph()
+    x, r = _arg(g, (2, 3, 9, 8), "x"), _arg(g, (5, 5), "r")
+    y = mgb.opr.roi_align(x, r, mode=mode, spatial_scale=0.5, offset=0.5, pooled_height=3,
+                          pooled_width=2, sample_height=2, sample_width=3)
+    rv = np.array(
+        [[0, 1, 2, 10, 14], [1, 0, 0, 15, 17], [1, 5.3, 3.7, 6.1, 9.9], [0, -4, -2, 3, 30],
+         [1, 12, 3, 2, 1]],
+        np.float32,
+    )  # fmt: skip
+    feeds = [(x, rng.standard_normal((2, 3, 9, 8)).astype(np.float32)), (r, rv)]
+    outs = [y] + ([y.owner_opr.outputs[1]] if mode == "MAX" else [])  # MAX's argmax too
+    _roundtrip(outs, feeds, atol=1e-5)
+
+
 def test_export_roi_pooling_max(rng):
     g = mgb.comp_graph()
     x, r = _arg(g, (2, 3, 9, 8), "x"), _arg(g, (4, 5), "r")
