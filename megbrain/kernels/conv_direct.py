@@ -5,8 +5,8 @@ With a reduction of 9 or 25 products (a 3x3 or 5x5 filter on one channel), im2co
 copies the input 9 or 25 times for a GEMM too thin to keep BLAS busy. Here each (sample,
 output channel) plane is accumulated by a compiled loop (:func:`conv_loops.direct_conv2d`)
 straight from a zero-padded copy of the source: one contiguous, vectorized pass over the
-plane per (input channel, filter offset), in a fixed order (reproducible). The planes are
-split over :data:`conv_winograd.THREADS` Python threads.
+plane per (input channel, three offsets of a filter row), in a fixed order (reproducible).
+The planes are split over :data:`conv_winograd.THREADS` Python threads.
 
 The padded source is a private buffer whose border is written once (its interior is
 refreshed on every run); the accumulators and the float32 copies of float16/bfloat16
@@ -33,10 +33,12 @@ __all__ = ["MAX_K", "PREFERRED_MAX_K", "bind_direct_forward", "preferred_direct_
 #: the longest reduction (ICg * FH * FW) the direct convolution accepts: each output is one
 #: float32 running sum over it
 MAX_K = 256
-#: HEURISTIC takes the direct convolution up to this reduction length: measured (one thread,
-#: CPU time) against im2col's per-sample GEMMs, 128x1x28x28 3x3 (K = 9) ran 2.0 vs 2.7 ms,
-#: 64x1x28x28 5x5 (K = 25) 2.0 vs 2.0 ms, 32x3x32x32 3x3 (K = 27) 2.9 vs 2.4 ms
-PREFERRED_MAX_K = 9
+#: HEURISTIC takes the direct convolution for one input channel per group and a reduction of
+#: at most this length. Measured (one thread, CPU time) against im2col's per-sample GEMMs:
+#: 128x1x28x28 3x3 (K = 9) 1.6 vs 2.8 ms, 64x1x28x28 5x5 (K = 25) 1.6 vs 2.0 ms; it also won
+#: for 64x2x28x28 3x3 (1.6 vs 2.9), 32x3x32x32 3x3 (1.9 vs 3.2) and 64x8x14x14 3x3 (K = 72,
+#: 1.7 vs 2.3), which HEURISTIC leaves to im2col for now (PROFILE finds them)
+PREFERRED_MAX_K = 25
 
 
 def usable_direct_forward(
@@ -63,9 +65,9 @@ def usable_direct_forward(
 
 
 def preferred_direct_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
-    """HEURISTIC's rule: usable and ``ICg * FH * FW <= PREFERRED_MAX_K``."""
+    """HEURISTIC's rule: usable, ``ICg == 1`` and ``FH * FW <= PREFERRED_MAX_K``."""
     return usable_direct_forward(src, filt, out, stride, pad, dilate, flip) and (
-        math.prod(filt.shape[2:]) <= PREFERRED_MAX_K
+        filt.shape[2] == 1 and math.prod(filt.shape[2:]) <= PREFERRED_MAX_K
     )
 
 

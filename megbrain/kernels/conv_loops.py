@@ -220,15 +220,28 @@ def _direct_conv2d_py(xp, w, y, acc, dh, dw, flip, p0, p1):  # pragma: no cover 
         for i in range(i_):
             base = (n * c_ + g * i_ + i) * hp * wp
             for a in range(fh):
-                for b in range(fw):
+                fa = fh - 1 - a if flip else a
+                b = 0
+                while b + 3 <= fw:  # three offsets of a filter row per pass over the plane
                     if flip:
-                        wv = w[g, o, i, fh - 1 - a, fw - 1 - b]
+                        w0, w1, w2 = w[g, o, i, fa, fw - 1 - b], w[g, o, i, fa, fw - 2 - b], \
+                            w[g, o, i, fa, fw - 3 - b]
                     else:
-                        wv = w[g, o, i, a, b]
+                        w0, w1, w2 = w[g, o, i, fa, b], w[g, o, i, fa, b + 1], w[g, o, i, fa, b + 2]
+                    off = base + a * dh * wp + b * dw
+                    s0 = xf[off : off + n_pos]
+                    s1 = xf[off + dw : off + dw + n_pos]
+                    s2 = xf[off + 2 * dw : off + 2 * dw + n_pos]
+                    for t in range(n_pos):
+                        a_[t] += w0 * s0[t] + w1 * s1[t] + w2 * s2[t]
+                    b += 3
+                while b < fw:
+                    wv = w[g, o, i, fa, fw - 1 - b] if flip else w[g, o, i, fa, b]
                     off = base + a * dh * wp + b * dw
                     src = xf[off : off + n_pos]
                     for t in range(n_pos):
                         a_[t] += wv * src[t]
+                    b += 1
         for r in range(oh):
             row = a_[r * wp : r * wp + ow]
             yr = y[n, oo, r]

@@ -360,8 +360,12 @@ def test_direct_forward_refuses_strides_and_long_reductions():
                                                  _ONE)  # fmt: skip
 
 
-def test_heuristic_takes_direct_for_one_channel_3x3():
+def test_heuristic_takes_direct_for_one_channel_3x3_and_5x5():
     assert _select("forward", _case(icg=1, ocg=16, sshape=(28, 28))) == "DIRECT"
+    c = dict(_case(icg=1, ocg=20, sshape=(28, 28), pad=(0, 0)), fshape=(5, 5), oshape=(24, 24))
+    x, w = _direct_arrays(c)
+    y = np.empty((c["n"], 20, 24, 24), np.float32)
+    assert conv_algos.select("forward", x, w, y, *_geometry(c)).name == "DIRECT"
     assert _select("forward", _case(icg=2, ocg=16, sshape=(28, 28))) != "DIRECT"
 
 
