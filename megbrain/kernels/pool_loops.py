@@ -10,7 +10,9 @@ The general loops work one output row at a time: for each window offset ``(a, b)
 compute once the output columns whose source column ``j * sw - pw + b`` lies inside the
 image, so that no element test is left in the innermost loop (which LLVM vectorises), and the
 border needs no separate code. 2x2 windows of stride 2 without padding (the pooling of most
-CNNs) have their own single-pass loops.
+CNNs) have their own single-pass loops, and so has the MAX backward of 3x3 windows of stride 2
+and padding 1 (ResNet's stem), which computes each gradient element once instead of zeroing
+the gradient and adding to it per window offset.
 
 MAX propagates NaN as ``numpy.maximum`` does; its backward gives each window's ``diff`` to
 every element equal to the window's maximum (MegDNN's rule: ties share it).
@@ -22,14 +24,12 @@ import time.
 from __future__ import annotations
 
 import functools
+import threading
 from types import SimpleNamespace
 
 import numpy as np
 
-__all__ = ["MODES", "kernels", "max_pool2d_backward"]
-
-#: mode codes of the loops' ``mode`` argument
-MODES = {"MAX": 0, "AVERAGE": 1, "AVERAGE_COUNT_EXCLUDE_PADDING": 2}
+__all__ = ["kernels", "max_pool2d_backward"]
 
 
 def _cols(b, sw, pw, w, ow):  # pragma: no cover - compiled
@@ -288,14 +288,25 @@ def _bwd_avg_2x2(d, g, inv, lo, hi):  # pragma: no cover - compiled
                 g[p, hh, j] = 0
 
 
-@functools.cache
+_compile_lock = threading.Lock()
+_compiled: SimpleNamespace | None = None
+
+
 def kernels() -> SimpleNamespace:
     """The compiled loops (compiled on first call for each dtype, cached on disk):
     ``fwd_max``, ``fwd_avg``, ``fwd_max_2x2``, ``fwd_avg_2x2``, ``bwd_max``, ``bwd_avg``,
-    ``bwd_max_2x2``, ``bwd_avg_2x2``. Each takes its arrays, the geometry (``wh, ww, sh, sw,
-    ph, pw``; none for the 2x2 loops), for the average modes ``exclude`` (divide by the
-    non-padding count) and ``inv`` (``1 / window area`` in the arrays' dtype), and the plane
-    range ``lo, hi``."""
+    ``bwd_max_2x2``, ``bwd_max_3s2p1``, ``bwd_avg_2x2``. Each takes its arrays, the geometry
+    (``wh, ww, sh, sw, ph, pw``; none for the special-case loops), for the average modes
+    ``exclude`` (divide by the non-padding count; the general loops only) and ``inv``
+    (``1 / window area`` in the arrays' dtype), and the plane range ``lo, hi``."""
+    global _compiled
+    with _compile_lock:  # once: the row helpers are replaced by their compiled forms
+        if _compiled is None:
+            _compiled = _compile()
+        return _compiled
+
+
+def _compile() -> SimpleNamespace:
     from numba import njit
 
     jit = functools.partial(njit, nogil=True, cache=True, error_model="numpy")
