@@ -6,7 +6,7 @@ copies the input 9 or 25 times for a GEMM too thin to keep BLAS busy. Here each 
 output channel) plane is accumulated by a compiled loop (:func:`conv_loops.direct_conv2d`)
 straight from a zero-padded copy of the source: one contiguous, vectorized pass over the
 plane per (input channel, three offsets of a filter row), in a fixed order (reproducible).
-The planes are split over :data:`conv_winograd.THREADS` Python threads.
+The planes are split over :func:`conv_winograd.threads` Python threads.
 
 The padded source is a private buffer whose border is written once (its interior is
 refreshed on every run); the accumulators and the float32 copies of float16/bfloat16
@@ -132,7 +132,7 @@ def bind_direct_forward(
     planes = geo.n * geo.g * geo.ocg
     if planes == 0 or oh <= 0 or ow <= 0:
         return chain(steps + post)
-    parts = _split(planes, conv_winograd.THREADS)
+    parts = _split(planes, conv_winograd.threads())
     acc = workspace.empty((len(parts), (oh - 1) * xp.shape[3] + ow), dt)
     calls = [_plane_step(xp, w, y, acc[i], geo.dilate, flip, p0, p1)
              for i, (p0, p1) in enumerate(parts)]  # fmt: skip

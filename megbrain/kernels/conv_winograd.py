@@ -8,7 +8,7 @@ transformed patch: summed over the input channels, the 16 elementwise products b
 GEMMs ``M[e] = U[e] (OC, IC) @ V[e] (IC, tiles)`` (one per group and element ``e``), 2.25x
 fewer multiplications than im2col + GEMM, and the transformed input holds 4 values per
 input element instead of im2col's 9. The transforms are compiled loops
-(:mod:`conv_loops`), split over :data:`THREADS` Python threads; the GEMMs are 2-d
+(:mod:`conv_loops`), split over :func:`threads` Python threads; the GEMMs are 2-d
 ``np.matmul`` calls (OpenBLAS threads them). The batch is processed in chunks keeping the
 transformed input and the products under :data:`BUFFER_LIMIT` bytes.
 
@@ -24,7 +24,6 @@ nothing is allocated when the bound callable runs.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,12 +36,14 @@ from .steps import Step, chain
 
 __all__ = [
     "BUFFER_LIMIT",
+    "MAX_THREADS",
     "THREADS",
     "bind_winograd_backward_data",
     "MIN_CHANNELS",
     "bind_winograd_forward",
     "preferred_winograd_backward_data",
     "preferred_winograd_forward",
+    "threads",
     "usable_winograd_backward_data",
     "usable_winograd_forward",
 ]
@@ -54,8 +55,11 @@ BUFFER_LIMIT = 2 << 20
 #: HEURISTIC takes Winograd when both channel counts of a group are at least this (the GEMMs'
 #: dims; below, their (OC, IC) @ (IC, tiles) products are too thin to pay for the transforms)
 MIN_CHANNELS = 16
-#: Python threads a transform is split over (the GEMMs use OpenBLAS's own threads)
-THREADS = max(1, min(4, os.cpu_count() or 1))
+#: Python threads a transform is split over; None: the BLAS thread count (so that both sides
+#: of a comparison, and ranks sharing a machine, use the threads BLAS is given), at most
+#: :data:`MAX_THREADS`
+THREADS: int | None = None
+MAX_THREADS = 4
 #: a transform is split over threads only when it has at least this many (sample, channel)
 #: planes (each thread's call costs a few microseconds)
 _MIN_SPLIT_PLANES = 8
@@ -68,8 +72,17 @@ def _executor() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(THREADS - 1, thread_name_prefix="mgb-conv")
+            _pool = ThreadPoolExecutor(MAX_THREADS - 1, thread_name_prefix="mgb-conv")
         return _pool
+
+
+def threads() -> int:
+    """The thread count the transforms are split over now (:data:`THREADS`)."""
+    if THREADS is not None:
+        return max(1, min(MAX_THREADS, int(THREADS)))
+    from . import conv_algos  # the registry imports this module
+
+    return max(1, min(MAX_THREADS, conv_algos.blas_threads()))
 
 
 def _split(total: int, parts: int) -> list[tuple[int, int]]:
@@ -280,8 +293,9 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     mflat = workspace.empty((16 * oc * nb * per_sample,), dt)
     u = workspace.empty((16, g, ocg, icg), dt)
     tscratch = workspace.empty((4, 3), dt)
-    iscratch = workspace.empty((THREADS, 2 * (tw + 1) + 8 * (th + 1) * tw), dt)
-    oscratch = workspace.empty((THREADS, 4 * th * tw), dt)
+    nt = threads()
+    iscratch = workspace.empty((nt, 2 * (tw + 1) + 8 * (th + 1) * tw), dt)
+    oscratch = workspace.empty((nt, 4 * th * tw), dt)
 
     def filter_step(f=filt, u=u, t=tscratch, flip=flip, g=g):
         conv_loops.winograd_filter(f, u, t, flip, 0, g)
@@ -294,7 +308,7 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
         m = mflat[: 16 * oc * k * per_sample]
         v3, m3 = v.reshape(16, c, k * per_sample), m.reshape(16, oc, k * per_sample)
         calls = []
-        for i, (p0, p1) in enumerate(_split(k * c, THREADS)):
+        for i, (p0, p1) in enumerate(_split(k * c, nt)):
             calls.append(_partial_input(x, v, iscratch[i], ph, pw, th, tw, a, c, p0, p1))
         steps.append(_parallel(calls))
         for e in range(16):
@@ -303,7 +317,7 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
                                      m3[e, gi * ocg : (gi + 1) * ocg]))  # fmt: skip
         calls = [
             _partial_output(m, y, oscratch[i], th, tw, a, oc, p0, p1)
-            for i, (p0, p1) in enumerate(_split(k * oc, THREADS))
+            for i, (p0, p1) in enumerate(_split(k * oc, nt))
         ]
         steps.append(_parallel(calls))
     if geo.n == 0:
