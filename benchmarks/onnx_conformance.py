@@ -129,7 +129,7 @@ def main() -> None:
 
     order = sorted(stats, key=lambda f: (f == "other", f))
     print(f"onnx {onnx.__version__}: {len(cases)} node cases, run in {dt:.0f} s")
-    head = f"{'family':<18} {'passed':>7} {'claimed':>8} {'excluded':>9} {'not claimed':>12}"
+    head = f"{'family':<22} {'passed':>7} {'claimed':>8} {'excluded':>9} {'not claimed':>12}"
     print(head)
     print("-" * len(head))
     tot = collections.Counter()
@@ -137,12 +137,12 @@ def main() -> None:
         c = stats[fam]
         tot.update(c)
         print(
-            f"{fam:<18} {c['passed']:>7} {c['claimed']:>8} {c['excluded']:>9}"
+            f"{fam:<22} {c['passed']:>7} {c['claimed']:>8} {c['excluded']:>9}"
             f" {c['not claimed']:>12}"
         )
     print("-" * len(head))
     print(
-        f"{'total':<18} {tot['passed']:>7} {tot['claimed']:>8} {tot['excluded']:>9}"
+        f"{'total':<22} {tot['passed']:>7} {tot['claimed']:>8} {tot['excluded']:>9}"
         f" {tot['not claimed']:>12}"
     )
     if tot["known gap"]:

@@ -74,19 +74,22 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     ).split(),
     "conv/pool": (
         "Conv ConvTranspose AveragePool MaxPool LpPool GlobalAveragePool GlobalMaxPool"
-        " CausalConvWithState"
+        " CausalConvWithState DeformConv MaxUnpool"
     ).split(),
     "normalization": (
         "BatchNormalization InstanceNormalization GroupNormalization LayerNormalization"
         " RMSNormalization LRN MeanVarianceNormalization LpNormalization Dropout"
     ).split(),
-    "matmul/einsum": ("MatMul Gemm Einsum").split(),
-    "softmax/attention": ("Softmax LogSoftmax Hardmax Attention RotaryEmbedding").split(),
+    "matmul/einsum": ("MatMul Gemm Einsum Det").split(),
+    "softmax/attention": (
+        "Softmax LogSoftmax Hardmax Attention RotaryEmbedding FlexAttention"
+    ).split(),
     "loss": ("NegativeLogLikelihoodLoss SoftmaxCrossEntropyLoss").split(),
     "tensor/shape": (
         "Concat DepthToSpace Expand Flatten Gather GatherElements GatherND Identity OneHot"
         " Pad Reshape ReverseSequence Scatter ScatterElements ScatterND Shape Size Slice"
         " SpaceToDepth Split Squeeze Tile TopK Transpose Trilu Unsqueeze CenterCropPad"
+        " NonZero Compress Unique NonMaxSuppression TensorScatter"
     ).split(),
     "resize/sampling": ("Resize Upsample GridSample AffineGrid RoiAlign Col2Im").split(),
     "generators": (

@@ -351,3 +351,15 @@ def test_grid_sample_matches_onnx_reference(mode, padding, align, hw, seed):
     (want,) = ReferenceEvaluator(m).run(None, {"x": x, "g": grid})
     (y,) = _run(load(m), x, grid)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+
+
+def test_docs_list_the_claimed_op_types_exactly():
+    import pathlib
+    import re
+
+    doc = pathlib.Path(__file__).parents[2] / "docs" / "onnx.md"
+    m = re.search(r"## Claimed op types\n\n(\d+) op types:\n\n(.*?)\n\n", doc.read_text(), re.S)
+    assert m, "docs/onnx.md has no claimed-op list"
+    listed = m.group(2).split()
+    assert listed == list(claimed_op_types())
+    assert int(m.group(1)) == len(listed)
