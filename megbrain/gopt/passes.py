@@ -517,6 +517,7 @@ def run_passes(graph, dest: list[VarNode], names: Iterable[str], table: dict, *a
                 logger.info("gopt %s: replace %s -> %s (%s)", name, k.name, varmap[k].name, why)
         new = replace_vars(cur, varmap)
         _record(graph, varmap, zip(cur, new))
+        _carry_endpoints(graph, varmap)
         summary.append(f"{name} {len(varmap)}")
         cur = new
     if summary and graph.options.log_level >= 1:
@@ -543,6 +544,20 @@ def optimize_for_compile(
             for o, v in zip(dest, cur)
         ]
     return cur
+
+
+#: graph.user_data key of the operators marked by ``set_opr_sublinear_memory_endpoint``
+SUBLINEAR_ENDPOINTS = "__sublinear_endpoints__"
+
+
+def _carry_endpoints(graph, varmap: dict) -> None:
+    """The operator replacing a sublinear-memory endpoint's output is an endpoint too."""
+    eps = graph.user_data.get(SUBLINEAR_ENDPOINTS)
+    for o in list(eps or ()):
+        for v in o.outputs:
+            nv = varmap.get(v)
+            if nv is not None and nv.owner is not o:
+                eps.add(nv.owner)
 
 
 def _record(graph, varmap: dict, pairs) -> None:

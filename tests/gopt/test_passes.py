@@ -473,3 +473,18 @@ def test_training_step_with_fused_bias_relu_matches_unfused(level):
     np.testing.assert_allclose(lv, l0, rtol=1e-5)
     for k in w0:
         np.testing.assert_allclose(wv[k], w0[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_sublinear_endpoint_follows_its_replacement():
+    from megbrain.api.config import set_opr_sublinear_memory_endpoint
+    from megbrain.gopt.passes import SUBLINEAR_ENDPOINTS
+
+    g = _graph(2)
+    x = mgb.make_arg(CN, g, name="x", shape=(4, 3))
+    b = mgb.make_shared(CN, value=np.ones((1, 3), F32), comp_graph=g, name="b")
+    h = mgb.opr.elem.relu(x + b)
+    set_opr_sublinear_memory_endpoint(h)
+    out = gopt.optimize_for_compile(g, [(h * 2.0).node])
+    fused = out[0].owner.inputs[0].owner
+    assert fused.param.mode == "FUSE_ADD_RELU"
+    assert fused in g.user_data[SUBLINEAR_ENDPOINTS]

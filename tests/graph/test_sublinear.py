@@ -53,12 +53,15 @@ def mlp_step(sub=False, every=0, early=False, layers=4, batch=16, width=32, opts
             CN, value=rng.randn(1, width).astype(np.float32) / 10, comp_graph=g, name=f"b{i}"
         )
         params += [w, b]
-        h = mgb.opr.matrix_mul(h, w) + b
+        h = mgb.opr.matrix_mul(h, w)
         if i < layers - 1:
+            # the bias after the activation: relu(matmul + b) would become one FUSE_ADD_RELU
+            # (arith_fuse), whose gradient reads its output and leaves nothing to recompute
             h = mgb.opr.elem.relu(h)
             acts.append(h)
             if every and (i + 1) % every == 0:
                 set_opr_sublinear_memory_endpoint(h)
+        h = h + b
     d = h - y
     loss = mgb.opr.reduce_(d * d, "SUM") / (batch * width)
     with opr_priority_scope(g, -1) if early else nullcontext():

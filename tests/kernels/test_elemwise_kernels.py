@@ -378,7 +378,7 @@ def _with_specials(rng, shape):
     return x
 
 
-_BIG = (4, 8, 16, 32)  # 4096 elements: COMPILED_MIN_SIZE
+_BIG = (4, 8, 16, 32)  # 16384 elements, above COMPILED_MIN_SIZE
 # operand shapes per layout: all full (flat), a per-channel bias of NCHW, a row bias
 _LAYOUTS = {
     "flat": lambda n: [_BIG] * n,
