@@ -256,19 +256,16 @@ def _warp_perspective(w, op, ins):
     MegDNN maps each of the four taps through the border mode; with align_corners GridSample
     clamps (border) or reflects about the edge pixels (reflection) the coordinate first, which
     gives the same taps for REPLICATE and REFLECT_101; CONSTANT samples ``src - border_val``
-    with zero padding and adds ``border_val`` back."""
+    with zero padding and adds ``border_val`` back. The other border modes, opsets before 16
+    and one-pixel sources take the explicit taps (:func:`_warp_taps`)."""
     p = op.params
     if p["format"] != "NCHW" or p["imode"] not in ("LINEAR", "NEAREST"):
         raise w.error(f"warp {p['format']}/{p['imode']} has no ONNX form")
-    if p["bmode"] not in _GRID_PADDING:
-        raise w.error(f"border mode {p['bmode']} has no GridSample padding mode")
-    if w.opset < 16:
-        raise w.error("a perspective warp needs GridSample (opset 16 or newer)")
     src = static_shape(w, op.inputs[0], "warp source")
     out = static_shape(w, op.outputs[0], "warp output")
     ih, iw, (oh, ow) = src[2], src[3], out[2:]
-    if ih < 2 or iw < 2:
-        raise w.error(f"a source of {ih}x{iw} pixels can not be normalized for GridSample")
+    if p["bmode"] not in _GRID_PADDING or w.opset < 16 or ih < 2 or iw < 2:
+        return _warp_taps(w, op, ins, src, out)
     w.bakes_shape(ins[0], "the source size normalizing the sampling grid", axes=(2, 3))
     dt = np.dtype(op.outputs[0].dtype)
     ys, xs = np.meshgrid(np.arange(oh), np.arange(ow), indexing="ij")
@@ -398,6 +395,95 @@ def _roi_align(w, op, ins):
         am = w.node("ArgMax", [val], axis=4, keepdims=0)
         return [y, w.node("Cast", [am], to=TensorProto.INT32)]
     return [w.reduce("ReduceMean", val, [4], keepdims=0), None]
+
+
+def _warp_coords(w, ins, dt, oh, ow):
+    """(x, y) source coordinates (N, OH*OW) each of every output pixel: mat @ (ow, oh, 1)."""
+    ys, xs = np.meshgrid(np.arange(oh), np.arange(ow), indexing="ij")
+    pix = np.stack([xs.ravel(), ys.ravel(), np.ones(oh * ow)]).astype(dt)  # (3, OH*OW)
+    r = w.node("MatMul", [ins[1], w.const(pix, "pixels")])  # (N, 3, OH*OW)
+
+    def row(k):
+        i64 = np.int64
+        return w.node(
+            "Slice",
+            [r, w.const(np.array([k], i64)), w.const(np.array([k + 1], i64)),
+             w.const(np.array([1], i64))],
+        )  # fmt: skip
+
+    den = row(2)
+    return (w.squeeze(w.node("Div", [row(k), den]), [1]) for k in (0, 1))
+
+
+def _border_index(w, at, n: int, bmode: str):
+    """MegDNN's border mapping of int64 tap coords ``at``: (index in [0, n), inside or None)."""
+    i64 = np.int64
+
+    def k(v):
+        return w.const(np.asarray(v, i64))
+
+    inside = None
+    if bmode == "CONSTANT":
+        inside = w.node("And", [w.node("GreaterOrEqual", [at, k(0)]), w.node("Less", [at, k(n)])])
+        idx = w.node("Clip", [at, k(0), k(n - 1)])
+    elif bmode == "REPLICATE" or n == 1:
+        idx = w.node("Clip", [at, k(0), k(n - 1)])
+    elif bmode == "WRAP":
+        idx = w.node("Mod", [at, k(n)], fmod=0)
+    else:
+        period = 2 * n if bmode == "REFLECT" else 2 * n - 2
+        q = w.node("Mod", [at, k(period)], fmod=0)
+        back = k(period - 1 if bmode == "REFLECT" else period)
+        idx = w.node("Where", [w.node("Less", [q, k(n)]), q, w.node("Sub", [back, q])])
+    return idx, inside
+
+
+def _warp_taps(w, op, ins, src, out):
+    """MegDNN's warp tap by tap: the (x, y) of every output pixel, its nearest or four
+    bilinear taps mapped by the border mode, gathered by GatherND from the NHWC image."""
+    p = op.params
+    bmode = p["bmode"]
+    if bmode not in ("REPLICATE", "CONSTANT", "REFLECT", "REFLECT_101", "WRAP"):
+        raise w.error(f"border mode {bmode} has no ONNX form")
+    w.bakes_shape(ins[0], "the image size the border mode maps taps into", axes=(2, 3))
+    dt = np.dtype(op.outputs[0].dtype)
+    _, c, ih, iw = src
+    oh, ow = out[2:]
+    ax, ay = _warp_coords(w, ins, dt, oh, ow)
+    img = w.node("Transpose", [ins[0]], perm=[0, 2, 3, 1])  # (N, H, W, C)
+    i64 = np.int64
+    n = w.node("Slice", [w.node("Shape", [ax]), w.const(np.array([0], i64)),
+                         w.const(np.array([1], i64))])  # fmt: skip
+    rows = w.node(
+        "Range", [w.const(np.zeros((), i64)), w.squeeze(n, [0]), w.const(np.ones((), i64))]
+    )
+    batch = w.node("Expand", [w.unsqueeze(rows, [1]), w.node("Shape", [ax])])  # (N, L)
+    bval = w.const(np.asarray(float(p["border_val"]), dt), "border_val")
+    one = w.const(np.asarray(1, dt))
+
+    def taps(coord, n):
+        if p["imode"] == "NEAREST":
+            lo = w.node("Round", [coord])  # rint: half to even, as MegDNN's NEAREST
+            return [(lo, None)]
+        lo = w.node("Floor", [coord])
+        frac = w.node("Sub", [coord, lo])
+        return [(lo, w.node("Sub", [one, frac])), (w.node("Add", [lo, one]), frac)]
+
+    val = None
+    for hy, wy in taps(ay, ih):
+        yi, yin = _border_index(w, w.node("Cast", [hy], to=TensorProto.INT64), ih, bmode)
+        for hx, wx in taps(ax, iw):
+            xi, xin = _border_index(w, w.node("Cast", [hx], to=TensorProto.INT64), iw, bmode)
+            idx = w.node("Concat", [w.unsqueeze(t, [2]) for t in (batch, yi, xi)], axis=2)
+            g = w.node("GatherND", [img, idx])  # (N, L, C)
+            if yin is not None:
+                inside = w.unsqueeze(w.node("And", [yin, xin]), [2])
+                g = w.node("Where", [inside, g, bval])
+            if wy is not None:
+                g = w.node("Mul", [g, w.unsqueeze(w.node("Mul", [wy, wx]), [2])])
+            val = g if val is None else w.node("Add", [val, g])
+    val = w.node("Transpose", [val], perm=[0, 2, 1])
+    return w.node("Reshape", [val, w.const(np.array([0, c, oh, ow], np.int64), "shape")])
 
 
 _GRAD = (

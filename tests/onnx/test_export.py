@@ -413,6 +413,10 @@ def test_export_resize(imode, fmt, rng):
         ("LINEAR", "CONSTANT", 0.7),
         ("LINEAR", "REFLECT_101", 0.0),
         ("NEAREST", "REPLICATE", 0.0),
+        ("LINEAR", "REFLECT", 0.0),
+        ("LINEAR", "WRAP", 0.0),
+        ("NEAREST", "CONSTANT", -1.5),
+        ("NEAREST", "WRAP", 0.0),
     ],
 )
 def test_export_warp_perspective(imode, bmode, bval, rng):
@@ -424,9 +428,10 @@ def test_export_warp_perspective(imode, bmode, bval, rng):
     mv[:, :2, 2] = rng.uniform(-2, 2, (2, 2)).astype(np.float32)  # some pixels fall outside
     mv[:, 2, :2] = rng.uniform(-0.02, 0.02, (2, 2)).astype(np.float32)
     feeds = [(x, rng.standard_normal((2, 3, 6, 7)).astype(np.float32)), (m, mv)]
-    _roundtrip([y], feeds, atol=1e-4)
-    with pytest.raises(ONNXConversionError, match="opset 16"):
-        export([y], None, opset=15)
+    model = _roundtrip([y], feeds, atol=1e-4)
+    grid = bmode in ("REPLICATE", "CONSTANT", "REFLECT_101")
+    assert ("GridSample" in {n.op_type for n in model.graph.node}) == grid
+    _roundtrip([y], feeds, atol=1e-4, opset=15)  # no GridSample before 16: the explicit taps
 
 
 @pytest.mark.parametrize("mode", ["AVERAGE", "MAX"])
