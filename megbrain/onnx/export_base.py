@@ -141,7 +141,10 @@ class Writer:
             return got
         val = self._source_value(var)
         if val is None:
-            raise self.error(f"the value of {var.name!r} is not known (an unexported operator)")
+            raise self.error(
+                f"{var.name!r} has no ONNX value (an output its operator's export does not "
+                "write, e.g. TopK's KTH_ONLY index or BatchNorm's running statistics)"
+            )
         arr = np.asarray(val).astype(var.dtype, copy=False)
         name = self.unique(var.name)
         self.inits[name] = numpy_helper.from_array(np.array(arr, order="C"), name)
