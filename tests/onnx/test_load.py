@@ -188,7 +188,7 @@ def test_broadcast_transpose_reduce_match_numpy(shape, data):
     np.testing.assert_allclose(np.asarray(y).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, derandomize=True)
 @given(
     mode=st.sampled_from(["linear", "cubic"]),
     in_hw=st.tuples(st.integers(1, 9), st.integers(1, 9)),
@@ -199,6 +199,9 @@ def test_broadcast_transpose_reduce_match_numpy(shape, data):
 def test_antialiased_resize_matches_onnx_reference(mode, in_hw, out_hw, exclude_outside, coord):
     from onnx.reference import ReferenceEvaluator
 
+    # a single output sample under pytorch_half_pixel sits at 0 (the spec, onnxruntime);
+    # onnx's reference puts it at -0.5
+    hyp.assume(not (coord == "pytorch_half_pixel" and 1 in out_hw))
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 2) + in_hw).astype(np.float32)
     sizes = np.asarray((1, 2) + out_hw, np.int64)
@@ -223,7 +226,7 @@ def test_antialiased_resize_matches_onnx_reference(mode, in_hw, out_hw, exclude_
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, derandomize=True)
 @given(
     mode=st.sampled_from(["nearest", "linear", "cubic"]),
     in_hw=st.tuples(st.integers(1, 6), st.integers(1, 6)),
@@ -233,6 +236,12 @@ def test_antialiased_resize_matches_onnx_reference(mode, in_hw, out_hw, exclude_
 def test_tf_crop_and_resize_matches_onnx_reference(mode, in_hw, out_hw, roi):
     from onnx.reference import ReferenceEvaluator
 
+    # a sample exactly on the input's edge is inside or outside depending on rounding
+    for i, (n_in, n_out) in enumerate(zip(in_hw, out_hw)):
+        o = np.arange(n_out)
+        lo, hi = roi[i], roi[2 + i]
+        x = (o * (hi - lo) * (n_in - 1) / max(n_out - 1, 1)) + lo * (n_in - 1)
+        hyp.assume(np.all(np.abs(x) > 1e-3) and np.all(np.abs(x - (n_in - 1)) > 1e-3))
     rng = np.random.default_rng(4)
     x = rng.standard_normal((1, 1) + in_hw).astype(np.float32)
     inits = [
@@ -254,7 +263,7 @@ def test_tf_crop_and_resize_matches_onnx_reference(mode, in_hw, out_hw, roi):
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(
     reduction=st.sampled_from(["none", "add", "mul", "max", "min"]),
     axis=st.integers(-2, 1),
@@ -328,7 +337,7 @@ def test_cumprod_log_depth_scan_matches_numpy(n, exclusive, reverse):
     np.testing.assert_allclose(y, want, rtol=1e-5)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15, deadline=None, derandomize=True)
 @given(
     mode=st.sampled_from(["linear", "nearest", "cubic"]),
     padding=st.sampled_from(["zeros", "border", "reflection"]),
