@@ -12,8 +12,10 @@
    machine's other load hits them alike; best round of each. Reported per configuration:
    samples/s, step time, CPU seconds per step and rank (spinning shows as CPU beyond the
    1-rank step's), the share of step time the compute thread is blocked waiting on
-   communication, and the MPI time on the communication thread, split into waiting for the
-   other rank to arrive and the transfer itself.
+   communication, the MPI time (all threads) and the part of it spent waiting for the other
+   rank to arrive; and the speed-up the CPU times give on idle cores (``2 * cpu(1 rank) /
+   cpu(2 ranks)``: what the step would reach without other load and without waiting), since
+   on a loaded machine the ranks mostly wait for each other's preempted time.
 
 ``--part allreduce|cnn`` runs one part inside an existing ``mpiexec`` (what the launcher
 does); ``--iters`` / ``--rounds`` set the repetitions.
@@ -253,10 +255,12 @@ def main() -> None:
             if name != "1 rank":
                 line += (f", speed-up {v['samples_per_s'] / one['samples_per_s']:.2f}x (>= 1.6 "
                          f"wanted); compute waiting on communication "
-                         f"{v['comm_wait_share'] * 100:.0f}% of the step; communication "
-                         f"thread in MPI {v['mpi_share'] * 100:.0f}% (waiting for the other "
-                         f"rank {v['peers_share'] * 100:.0f}%), "
-                         f"{v['collectives_per_step']:.0f} collectives/step")
+                         f"{v['comm_wait_share'] * 100:.0f}% of the step; in MPI calls "
+                         f"(all threads) {v['mpi_share'] * 100:.0f}%, of which waiting for "
+                         f"the other rank {v['peers_share'] * 100:.0f}%; "
+                         f"{v['collectives_per_step']:.0f} collectives/step; on idle cores "
+                         f"(CPU-bound, no waiting) "
+                         f"{2 * one['cpu_ms_per_step'] / v['cpu_ms_per_step']:.2f}x")
             print(line)
         print(f"after: {_load()}")
         return
