@@ -465,3 +465,71 @@ def _swiglu(ctx):
         raise ctx.fail(f"A {a.imm_shape} and B {b.imm_shape} must have one shape (no broadcast)")
     gate = E(E(a, _f(ctx, ctx.attr("alpha"), a), mode="MUL"), mode="SIGMOID")
     return E(E(a, gate, mode="MUL"), b, mode="MUL")
+
+
+#: bit widths of the ONNX integer types (INT64 is held as int32 but shifts as 64 bits)
+_BITS = {
+    TensorProto.INT8: 8,
+    TensorProto.UINT8: 8,
+    TensorProto.INT16: 16,
+    TensorProto.INT32: 32,
+    TensorProto.INT64: 64,
+}
+_SIGNED = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64}
+
+
+def _check_int_types(attrs, in_types, where):
+    from .registry import ONNXConversionError
+
+    for t in in_types[:1]:
+        if t and t not in _BITS:
+            raise ONNXConversionError(
+                f"{where}: {TensorProto.DataType.Name(t)} is not supported (INT8, UINT8, INT16,"
+                " INT32, INT64 are)"
+            )
+
+
+@converter(
+    "BitShift",
+    11,
+    attrs={"direction": Attr(None, frozenset({"LEFT", "RIGHT"}))},
+    validate=_check_int_types,
+)
+def _bit_shift(ctx):
+    # shifts of 0 .. width - 1 as SHL/SHR in int32 (wrapped back to the type's width); other
+    # amounts give 0, or -1 for a negative value shifted right
+    a, b = ctx.input(0), ctx.input(1)
+    t = ctx.in_type(0) or TensorProto.INT32
+    bits, signed = _BITS[t], t in _SIGNED
+    dt = np.dtype(a.dtype)
+    a32, b32 = _cast(a, np.int32), _cast(b, np.int32)
+    zero, one = ctx.imm(np.int32(0)), ctx.imm(np.int32(1))
+    valid = E(
+        E(E(b32, zero, mode="LT"), E(ctx.imm(np.int32(bits - 1)), b32, mode="LT"), mode="ADD"),
+        zero,
+        mode="EQ",
+    )
+    amount = E(E(b32, zero, mode="MAX"), ctx.imm(np.int32(min(bits, 32) - 1)), mode="MIN")
+    if ctx.attr("direction") == "LEFT":
+        shifted = E(a32, amount, mode="SHL")
+        fill = zero
+    else:
+        shifted = E(a32, amount, mode="SHR")
+        fill = E(zero, E(a32, zero, mode="LT"), mode="SUB") if signed else zero
+    if bits >= 32:
+        # shifts of 32 .. 63 (INT64) leave nothing of an int32-held value but its sign
+        big = E(ctx.imm(np.int32(31)), b32, mode="LT")
+        shifted = E(E(one, big, mode="SUB"), shifted, mode="MUL")
+        if ctx.attr("direction") == "RIGHT" and signed:
+            shifted = E(shifted, E(big, fill, mode="MUL"), mode="ADD")
+    y = E(E(valid, shifted, mode="MUL"), E(E(one, valid, mode="SUB"), fill, mode="MUL"), mode="ADD")
+    return _cast(y, dt) if dt != np.int32 else y
+
+
+@converter("BitwiseNot", 18, validate=_check_int_types)
+def _bitwise_not(ctx):
+    x = ctx.input(0)
+    t = ctx.in_type(0)
+    if t == TensorProto.UINT8:
+        return E(_f(ctx, 255, x), x, mode="SUB")
+    return E(E(_f(ctx, 0, x), x, mode="SUB"), _f(ctx, 1, x), mode="SUB")
