@@ -133,6 +133,7 @@ def test_export_cnn_matches_onnxruntime(tmp_path, rng):
 _UNARY_MODES = [
     "RELU", "ABS", "CEIL", "COS", "EXP", "EXPM1", "FLOOR", "LOG", "LOG1P", "NEGATE",
     "SIGMOID", "SIN", "TANH", "ERF", "H_SWISH", "ROUND", "FAST_TANH", "ACOS", "ASIN", "ERFC",
+    "ERFINV",
 ]  # fmt: skip
 _BINARY_MODES = [
     "ADD", "SUB", "MUL", "TRUE_DIV", "POW", "MAX", "MIN", "FLOOR_DIV", "MOD", "LOG_SUM_EXP",
@@ -148,6 +149,9 @@ def _operand(rng, shape, mode):
         v = np.abs(v) + 0.1
     if mode in ("ACOS", "ASIN"):
         v = v / 4.5
+    if mode == "ERFINV":  # up to the last float32 below 1
+        v = np.concatenate([rng.uniform(-1, 1, 12), [0.9999999, -0.99999, 0]]).astype(np.float32)
+        v = v.reshape(shape)
     if mode == "ERFC":  # the tail too: erfc(9) ~ 4e-37, relative error is what counts
         v = rng.uniform(-3, 9, shape).astype(np.float32)
     if mode == "ROUND":
@@ -165,7 +169,7 @@ def test_export_elemwise_unary(mode, rng):
     g = mgb.comp_graph()
     x = _arg(g, (3, 5), "x")
     y = mgb.opr.elemwise(x, mode=mode)
-    atol = 0 if mode == "ERFC" else 1e-6
+    atol = 0 if mode in ("ERFC", "ERFINV") else 1e-6
     _roundtrip([y], [(x, _operand(rng, (3, 5), mode))], rtol=1e-4, atol=atol)
 
 
@@ -264,8 +268,8 @@ def test_export_elemwise_multi_type_rounding_shifts(rng):
 def test_export_refused_elemwise_mode_names_it():
     g = mgb.comp_graph()
     x = _arg(g, (3,), "x")
-    with pytest.raises(ONNXConversionError, match="ERFINV"):
-        export([mgb.opr.elemwise(x, mode="ERFINV")])
+    with pytest.raises(ONNXConversionError, match="ERFCINV"):
+        export([mgb.opr.elemwise(x, mode="ERFCINV")])
 
 
 def test_export_typecvt_reduce(rng):
