@@ -1,5 +1,5 @@
-"""Convolution and pooling kernels (MegDNN's Convolution{,3D}{Forward,BackwardData,
-BackwardFilter} and Pooling{Forward,Backward}) for batch-channel-first layouts, bound once.
+"""Convolution kernels (MegDNN's Convolution{,3D}{Forward,BackwardData,BackwardFilter}) for
+batch-channel-first layouts, bound once (pooling is in :mod:`.dnn_pool`).
 
 Convolution is im2col plus one GEMM per batch chunk. The source is read through a strided
 window view (``as_strided``) of a zero-padded copy whose interior is refreshed each run; the
@@ -13,8 +13,7 @@ filter offset).
 Backward filter is the GEMM ``col (K, k * L) @ diff (k * L, OCg)`` against a channel-last copy
 of ``diff``, the batch summed inside the GEMM. Any number of spatial dims works (2-d and 3-d
 convolution share the code). Filters are grouped, ``(G, OCg, ICg, *F)``; a dense filter is
-the G = 1 view ``filt[None]``. Pooling reads one strided region of the source per window offset
-(no padded copy). float16 and bfloat16 compute in float32.
+the G = 1 view ``filt[None]``. float16 and bfloat16 compute in float32.
 
 Each convolution formulation is an algorithm (``fwd_*``, ``bwd_data_*``, ``bwd_filter_*``
 with a ``usable`` predicate) that :mod:`megbrain.kernels.conv_algos` registers; the public
@@ -37,9 +36,10 @@ the executor places them in the static memory plan (a workspace); the padded sou
 whose border is written once, stays private. The column buffer is capped at
 :data:`COL_BUFFER_LIMIT` bytes by processing the batch in chunks.
 
-No Numba here, measured on the 2-core machines: a parallel Numba im2col was slower than the
-strided NumPy copy (6.1 vs 5.0 ms for 8x64x56x56, 3x3) and its OpenMP threads slowed the
-following OpenBLAS matmul; a serial Numba pooling was only 1.2-1.3x faster than the NumPy one.
+No Numba in these formulations, measured on the 2-core machines: a parallel Numba im2col was
+slower than the strided NumPy copy (6.1 vs 5.0 ms for 8x64x56x56, 3x3) and its OpenMP threads
+slowed the following OpenBLAS matmul. The compiled algorithms (Winograd, direct convolution)
+live in their own modules.
 """
 
 from __future__ import annotations
@@ -52,23 +52,19 @@ import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import pool_loops, workspace
+from . import workspace
 from .steps import Step, chain
 
 __all__ = [
     "COL_BUFFER_LIMIT",
     "PER_SAMPLE_MAX_K",
-    "POOLING_MODES",
     "bind_conv_backward_data",
     "bind_conv_backward_filter",
     "bind_convolution",
-    "bind_pooling",
-    "bind_pooling_backward",
     "check_convolution",
     "compute_dtype",
     "conv_out_size",
     "deconv_out_size",
-    "pool_out_size",
 ]
 
 _partial = functools.partial
@@ -81,7 +77,6 @@ COL_BUFFER_LIMIT = 256 << 20
 #: sample: measured on 2 cores, (16, 9) @ (9, 784) x 128 took 2 ms, the single
 #: (16, 9) @ (9, 100352) GEMM 46 ms (OpenBLAS threads it); from K = 144 on, the single GEMM wins
 PER_SAMPLE_MAX_K = 32
-POOLING_MODES = ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING")
 
 
 # ---- sizes ---------------------------------------------------------------------------------
@@ -93,11 +88,6 @@ def conv_out_size(size: int, filt: int, stride: int, pad: int, dilate: int) -> i
 def deconv_out_size(size: int, filt: int, stride: int, pad: int, dilate: int) -> int:
     """Input length a convolution with output length ``size`` is deduced to have."""
     return (size - 1) * stride + dilate * (filt - 1) + 1 - 2 * pad
-
-
-def pool_out_size(size: int, window: int, stride: int, pad: int) -> int:
-    """Output length of a pooling along one dim."""
-    return (size + 2 * pad - window) // stride + 1
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -679,188 +669,3 @@ def bind_conv_backward_filter(
     return conv_algos.bind(
         "backward_filter", src, diff, grad, stride, pad, dilate, flip, strategy=strategy
     )
-
-
-# ---- pooling -------------------------------------------------------------------------------
-class _Pool:
-    """The geometry of one pooling, checked against the arrays' shapes.
-
-    Pooling reads the source directly, one strided region per window offset (no padded copy):
-    for offset ``f`` the outputs ``o`` with ``0 <= o * stride - pad + f < S`` read source
-    positions ``o * stride - pad + f``.
-    """
-
-    def __init__(self, name, src_shape, out_shape, mode, window, stride, pad):
-        if mode not in POOLING_MODES:
-            raise ValueError(f"{name}: unknown mode {mode!r}")
-        nsp = len(src_shape) - 2
-        if not len(window) == len(stride) == len(pad) == nsp:
-            raise ValueError(f"{name}: window, stride and pad need {nsp} values each")
-        if any(p >= w for p, w in zip(pad, window)):
-            raise ValueError(f"{name}: padding {pad} must be smaller than the window {window}")
-        self.mode = mode
-        self.window, self.stride, self.pad = tuple(window), tuple(stride), tuple(pad)
-        self.sshape = tuple(src_shape[2:])
-        self.oshape = tuple(pool_out_size(*a) for a in zip(self.sshape, window, stride, pad))
-        if tuple(out_shape) != tuple(src_shape[:2]) + self.oshape:
-            raise ValueError(
-                f"{name}: src {tuple(src_shape)} (window={window}, stride={stride}, "
-                f"pad={pad}) does not give {tuple(out_shape)}"
-            )
-
-    def divisor(self, dtype) -> np.ndarray | np.generic:
-        """The per-output divisor of the average modes (a scalar for AVERAGE)."""
-        if self.mode == "AVERAGE":
-            return dtype.type(math.prod(self.window))
-        count = np.ones((), dtype)
-        geometry = zip(self.sshape, self.window, self.stride, self.pad, self.oshape)
-        for d, (s, w, t, p, o) in enumerate(geometry):
-            start = np.arange(o) * t - p
-            valid = np.minimum(start + w, s) - np.maximum(start, 0)
-            shape = [1] * len(self.oshape)
-            shape[d] = o
-            count = count * valid.astype(dtype).reshape(shape)
-        return count
-
-    def regions(self):
-        """(output index, source index) for each window offset that reads any source."""
-        for f in np.ndindex(*self.window):
-            oidx, sidx = [], []
-            for fi, s, t, p, o in zip(f, self.sshape, self.stride, self.pad, self.oshape):
-                lo = max(0, -((fi - p) // t))  # ceil((p - fi) / t)
-                hi = min(o, (s - 1 + p - fi) // t + 1)
-                if hi <= lo:
-                    break
-                start = lo * t - p + fi
-                oidx.append(slice(lo, hi))
-                sidx.append(slice(start, start + (hi - lo - 1) * t + 1, t))
-            else:
-                yield (slice(None), slice(None), *oidx), (slice(None), slice(None), *sidx)
-
-
-def bind_pooling(
-    src: np.ndarray,
-    out: np.ndarray,
-    mode: str,
-    window: Sequence[int],
-    stride: Sequence[int],
-    pad: Sequence[int],
-) -> Callable[[], None]:
-    """Bind a pooling of ``src`` ``(N, C, *S)`` into ``out`` ``(N, C, *O)``.
-
-    Parameters
-    ----------
-    src, out : numpy.ndarray
-        Input and output; ``O = (S + 2 pad - window) // stride + 1``.
-    mode : {"MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING"}
-        MAX ignores padding; AVERAGE divides by the window size (padding counts as zeros);
-        AVERAGE_COUNT_EXCLUDE_PADDING divides by the number of non-padding elements.
-    window, stride, pad : sequence of int
-        One value per spatial dim; ``pad < window``.
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``out``.
-    """
-    geo = _Pool("Pooling", src.shape, out.shape, mode, window, stride, pad)
-    dt = compute_dtype(src.dtype)
-    steps: list[Step] = []
-    post: list[Step] = []
-    x = _matrix_in(src, src.shape, dt, steps, blas=False)
-    acc = _matrix_out(out, out.shape, dt, post, blas=False)
-    regions = list(geo.regions())
-    first = acc[regions[0][0]]
-    if first.shape == acc.shape:
-        # the first window offset covers every output: start from it instead of a fill
-        steps.append(_partial(np.copyto, acc, x[regions[0][1]]))
-        regions = regions[1:]
-    else:
-        steps.append(_partial(np.copyto, acc, -np.inf if mode == "MAX" else 0))
-    for oidx, sidx in regions:
-        a = acc[oidx]
-        if mode == "MAX":
-            steps.append(_partial(np.maximum, a, x[sidx], out=a))
-        else:
-            steps.append(_partial(np.add, a, x[sidx], a))
-    if mode != "MAX":
-        div = geo.divisor(dt)
-        if np.ndim(div) == 0:
-            steps.append(_partial(np.multiply, acc, dt.type(1.0 / float(div)), acc))
-        else:
-            steps.append(_partial(np.true_divide, acc, div, acc))
-    return chain(steps + post)
-
-
-def bind_pooling_backward(
-    src: np.ndarray,
-    dst: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    mode: str,
-    window: Sequence[int],
-    stride: Sequence[int],
-    pad: Sequence[int],
-) -> Callable[[], None]:
-    """Bind the gradient of a pooling w.r.t. its input.
-
-    MAX gives each window's ``diff`` to every element of the window equal to the window's
-    maximum (MegDNN's rule, so ties share it); the average modes spread ``diff`` divided by
-    the divisor of the forward pooling.
-
-    Parameters
-    ----------
-    src : numpy.ndarray
-        The ``(N, C, *S)`` forward input (read by MAX only).
-    dst : numpy.ndarray
-        The ``(N, C, *O)`` forward output (read by MAX only).
-    diff : numpy.ndarray
-        The ``(N, C, *O)`` gradient of the output.
-    grad : numpy.ndarray
-        The ``(N, C, *S)`` result.
-    mode, window, stride, pad
-        As for :func:`bind_pooling`.
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``grad``.
-    """
-    geo = _Pool("PoolingBackward", grad.shape, diff.shape, mode, window, stride, pad)
-    dt = compute_dtype(diff.dtype)
-    steps: list[Step] = []
-    post: list[Step] = []
-    target = _matrix_out(grad, grad.shape, dt, post, blas=False)
-    if mode == "MAX":
-        if src.shape != grad.shape or dst.shape != diff.shape:
-            raise ValueError(
-                f"PoolingBackward: src {src.shape} / dst {dst.shape} must have the shapes of "
-                f"grad {grad.shape} / diff {diff.shape}"
-            )
-        x = _matrix_in(src, src.shape, dt, steps, blas=False)
-        y = _matrix_in(dst, dst.shape, dt, steps, blas=False)
-        d = _matrix_in(diff, diff.shape, dt, steps, blas=False)
-        if grad.ndim == 4:
-            # one compiled pass over the windows (the NumPy form below makes three passes over
-            # the tensor per window offset); it zeroes ``target`` itself
-            steps.append(
-                _partial(pool_loops.max_pool2d_backward, x, y, d, target, window, stride, pad)
-            )
-            return chain(steps + post)
-        steps.append(_partial(np.copyto, target, 0))
-        # 1.0 where the window element is the maximum, times diff (``add(where=)`` is 1.8x
-        # slower); unlike MegDNN's branch, an infinite diff also leaks 0 * inf = NaN
-        hit = np.empty(diff.shape, dt)
-        for oidx, sidx in geo.regions():
-            t, h = target[sidx], hit[oidx]
-            steps.append(_partial(np.equal, x[sidx], y[oidx], h, casting="unsafe"))
-            steps.append(_partial(np.multiply, h, d[oidx], h))
-            steps.append(_partial(np.add, t, h, t))
-    else:
-        steps.append(_partial(np.copyto, target, 0))
-        scaled = np.empty(diff.shape, dt)
-        steps.append(_partial(np.true_divide, diff, geo.divisor(dt), scaled))
-        for oidx, sidx in geo.regions():
-            t = target[sidx]
-            steps.append(_partial(np.add, t, scaled[oidx], t))
-    return chain(steps + post)

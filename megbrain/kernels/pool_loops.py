@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-__all__ = ["kernels", "max_pool2d_backward"]
+__all__ = ["kernels"]
 
 
 def _cols(b, sw, pw, w, ow):  # pragma: no cover - compiled
@@ -326,18 +326,3 @@ def _compile() -> SimpleNamespace:
         bwd_max_3s2p1=jit(_bwd_max_3s2p1),
         bwd_avg_2x2=jit(_bwd_avg_2x2),
     )
-
-
-def max_pool2d_backward(
-    x: np.ndarray, y: np.ndarray, d: np.ndarray, g: np.ndarray, window, stride, pad
-) -> None:
-    """Write into ``g`` ``(N, C, H, W)`` the gradient of a 2-d max pooling of ``x`` whose
-    output is ``y`` and output gradient ``d`` ``(N, C, OH, OW)`` (arrays of any layout, one
-    float dtype). Kept for the pooling section of :mod:`.dnn_conv`, which
-    :mod:`.dnn_pool` replaces."""
-    n, c = x.shape[:2]
-    x3, y3, d3 = (np.ascontiguousarray(a).reshape(n * c, *a.shape[2:]) for a in (x, y, d))
-    g3 = np.empty(x3.shape, x3.dtype)
-    geometry = (*map(int, window), *map(int, stride), *map(int, pad))
-    kernels().bwd_max(x3, y3, d3, g3, *geometry, 0, n * c)
-    g[...] = g3.reshape(g.shape)

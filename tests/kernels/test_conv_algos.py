@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megbrain.kernels import dnn_conv, workspace
+from megbrain.kernels import dnn_conv, dnn_pool, workspace
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -302,7 +302,7 @@ def ref_pooling_backward(x, y, dy, mode, window, stride, pad):
 @given(
     nsp=st.integers(1, 3),
     data=st.data(),
-    mode=st.sampled_from(dnn_conv.POOLING_MODES),
+    mode=st.sampled_from(dnn_pool.POOLING_MODES),
     tiled=st.booleans(),
 )
 def test_pooling_backward_matches_float64(nsp, data, mode, tiled):
@@ -316,12 +316,12 @@ def test_pooling_backward_matches_float64(nsp, data, mode, tiled):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     # few distinct values, so that MAX windows have ties
     x = rng.integers(-2, 3, (2, 3, *sshape)).astype(np.float32) / 2
-    y = np.empty((2, 3, *(dnn_conv.pool_out_size(*a) for a in zip(sshape, window, stride, pad))),
+    y = np.empty((2, 3, *(dnn_pool.pool_out_size(*a) for a in zip(sshape, window, stride, pad))),
                  np.float32)  # fmt: skip
-    dnn_conv.bind_pooling(x, y, mode, window, stride, pad)()
+    dnn_pool.bind_pooling(x, y, mode, window, stride, pad)()
     dy = rng.uniform(-1, 1, y.shape).astype(np.float32)
     gx = np.full(x.shape, np.nan, np.float32)
-    dnn_conv.bind_pooling_backward(x, y, dy, gx, mode, window, stride, pad)()
+    dnn_pool.bind_pooling_backward(x, y, dy, gx, mode, window, stride, pad)()
     want = ref_pooling_backward(x, y, dy, mode, window, stride, pad)
     np.testing.assert_allclose(gx, want, rtol=RTOL, atol=ATOL)
 
@@ -331,11 +331,11 @@ def test_pooling_backward_into_strided_grad():
     rng = np.random.default_rng(5)
     x = rng.uniform(-1, 1, (2, 3, 7, 6)).astype(np.float32)
     y = np.empty((2, 3, 3, 3), np.float32)
-    dnn_conv.bind_pooling(x, y, "MAX", (2, 2), (2, 2), (0, 0))()
+    dnn_pool.bind_pooling(x, y, "MAX", (2, 2), (2, 2), (0, 0))()
     dy = rng.uniform(-1, 1, y.shape).astype(np.float32)
     base = np.full((2, 6, 7, 6), np.nan, np.float32)
     gx = base[:, ::2]
-    dnn_conv.bind_pooling_backward(x, y, dy, gx, "MAX", (2, 2), (2, 2), (0, 0))()
+    dnn_pool.bind_pooling_backward(x, y, dy, gx, "MAX", (2, 2), (2, 2), (0, 0))()
     want = ref_pooling_backward(x, y, dy, "MAX", (2, 2), (2, 2), (0, 0))
     np.testing.assert_allclose(gx, want, rtol=RTOL, atol=ATOL)
     assert np.isnan(base[:, 1::2]).all()

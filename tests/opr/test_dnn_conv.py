@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from opr_harness import check_grad, check_opr, inputs, make_graph, run
 
 from megbrain.errors import MegBrainError
-from megbrain.kernels import dnn_conv
+from megbrain.kernels import dnn_conv, dnn_pool
 from megbrain.opr import make_immutable
 from megbrain.opr.base import create_opr
 from megbrain.opr.dnn import (
@@ -334,7 +334,7 @@ def test_convolution3d_matches_reference(group):
 def pool_cases(draw):
     window = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     case = dict(
-        mode=draw(st.sampled_from(list(dnn_conv.POOLING_MODES))),
+        mode=draw(st.sampled_from(list(dnn_pool.POOLING_MODES))),
         window=window,
         stride=(draw(st.integers(1, 3)), draw(st.integers(1, 2))),
         pad=(draw(st.integers(0, window[0] - 1)), draw(st.integers(0, window[1] - 1))),
@@ -451,7 +451,7 @@ def test_convolution3d_grad():
     check_grad(lambda a, b: convolution3d(a, b, pad_w=1, stride_h=2), arrays)
 
 
-@pytest.mark.parametrize("mode", dnn_conv.POOLING_MODES)
+@pytest.mark.parametrize("mode", dnn_pool.POOLING_MODES)
 def test_pooling_grad(mode):
     x = np.random.default_rng(15).standard_normal((1, 2, 5, 5))
     check_grad(lambda a: pooling(a, mode=mode, window_h=3, window_w=2, pad_h=1, stride_w=1), [x])
