@@ -20,6 +20,7 @@ from . import (  # noqa: F401 - the converters register themselves
     ops_quant,
     ops_reduce,
     ops_resize,
+    ops_signal,
     ops_tensor,
 )
 from .exporter import export

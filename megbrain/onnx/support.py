@@ -56,8 +56,11 @@ EXCLUDED_CASES: dict[str, str] = {
     r"_opt_|_optional|identity_sequence": "optional and sequence types are not supported",
 }
 
-#: cases of claimed op types that fail today: known gaps, to be fixed (regex -> what is missing)
-KNOWN_GAPS: dict[str, str] = {}
+#: cases of claimed op types that fail, each with why (regex -> reason)
+KNOWN_GAPS: dict[str, str] = {
+    r"test_dft_inverse(_opset19)?_cpu": "the expected imaginary parts that are 0 hold float32"
+    " rounding noise (1.9e-7, above the case's atol 1e-7); megbrain gives about 5e-16",
+}
 
 
 #: operator families (for conformance reports); an op type not listed is "other"

@@ -372,3 +372,29 @@ def test_docs_list_the_claimed_op_types_exactly():
     listed = m.group(2).split()
     assert listed == list(claimed_op_types())
     assert int(m.group(1)) == len(listed)
+
+
+@pytest.mark.parametrize(
+    ("inverse", "onesided", "complex_in", "length"),
+    [(0, 0, 0, None), (0, 1, 0, 12), (0, 0, 1, 6), (1, 0, 1, None), (1, 1, 1, 10), (1, 0, 1, 9)],
+)
+def test_dft_matches_numpy_fft(inverse, onesided, complex_in, length):
+    rng = np.random.default_rng(7)
+    n = 8 if not (inverse and onesided) else 6
+    x = rng.standard_normal((2, n, 3, 2 if complex_in else 1)).astype(np.float32)
+    z = x[..., 0] + 1j * x[..., 1] if complex_in else x[..., 0]
+    if inverse:
+        ref = np.fft.irfft(z, n=length, axis=1) if onesided else np.fft.ifft(z, n=length, axis=1)
+    else:
+        ref = np.fft.fft(z, n=length, axis=1)
+        if onesided:
+            ref = ref[:, : (length or n) // 2 + 1]
+    want = ref[..., None] if np.isrealobj(ref) else np.stack([ref.real, ref.imag], axis=-1)
+    inputs = ["x", "len" if length else "", "axis"]
+    inits = [numpy_helper.from_array(np.asarray(1, np.int64), "axis")]
+    if length:
+        inits.append(numpy_helper.from_array(np.asarray(length, np.int64), "len"))
+    node = helper.make_node("DFT", inputs, ["y"], inverse=inverse, onesided=onesided)
+    m = _model([node], [_vi("x", list(x.shape))], [_vi("y", None)], inits, opset=20)
+    (y,) = _run(load(m), x)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
