@@ -1,0 +1,109 @@
+"""The fast convolution algorithms (Winograd F(2x2,3x3), direct) against the im2col + GEMM
+ones they replace and PyTorch, on the shapes of issue 16, interleaved in one process (best of
+several rounds each), at one thread count on every side.
+
+    python benchmarks/conv_fast.py [--threads 2] [--repeat 15] [--cpu] [case ...]
+
+``--cpu`` reports each callable's CPU time on the calling thread instead of wall time: on a
+loaded machine a single-thread comparison (``--threads 1 --cpu``) is the steadier ratio.
+Cases: big (8x64x56x56 3x3 p1), conv1 (128x1x28x28 -> 16, 3x3 p1), conv2 (128x16x14x14 -> 32,
+3x3 p1), lenet1 (64x1x28x28 -> 20, 5x5), lenet2 (64x20x12x12 -> 50, 5x5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+
+CASES = {
+    "big": (8, 64, 56, 64, 3, 1),
+    "conv1": (128, 1, 28, 16, 3, 1),
+    "conv2": (128, 16, 14, 32, 3, 1),
+    "lenet1": (64, 1, 28, 20, 5, 0),
+    "lenet2": (64, 20, 12, 50, 5, 0),
+}
+
+
+def best_times(fns, repeat: int, cpu: bool) -> dict[str, float]:
+    clock = time.thread_time if cpu else time.perf_counter
+    for _ in range(2):
+        for f in fns.values():
+            f()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeat):
+        for k, f in fns.items():
+            t0 = clock()
+            f()
+            best[k] = min(best[k], clock() - t0)
+    return best
+
+
+def case_fns(name: str) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from megbrain.kernels import conv_direct, conv_winograd, dnn_conv
+
+    n, c, h, oc, f, p = CASES[name]
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (n, c, h, h)).astype(np.float32)
+    w = rng.uniform(-1, 1, (1, oc, c, f, f)).astype(np.float32)
+    oh = h + 2 * p - f + 1
+    dy = rng.uniform(-1, 1, (n, oc, oh, oh)).astype(np.float32)
+    y, gx = np.empty(dy.shape, np.float32), np.empty(x.shape, np.float32)
+    one, pad = (1, 1), (p, p)
+    fwd_old = dnn_conv.fwd_per_sample_gemm if c * f * f <= dnn_conv.PER_SAMPLE_MAX_K else (
+        dnn_conv.fwd_im2col_gemm
+    )
+    fns = {"fwd im2col": fwd_old(x, w, y, one, pad, one)}
+    if f == 3:
+        fns["fwd WINOGRAD_F23"] = conv_winograd.bind_winograd_forward(x, w, y, one, pad, one)
+    if conv_direct.usable_direct_forward(x, w, y, one, pad, one):
+        fns["fwd DIRECT"] = conv_direct.bind_direct_forward(x, w, y, one, pad, one)
+    tx, tw, tdy = map(torch.from_numpy, (x, w[0], dy))
+    fns["fwd torch"] = lambda: F.conv2d(tx, tw, padding=p)
+    if c > 1:  # a first layer's data gradient is not computed
+        if dnn_conv.bwd_data_as_forward_preferred(w, dy, gx, one, pad, one):
+            fns["bwd data AS_FORWARD"] = dnn_conv.bwd_data_as_forward(w, dy, gx, one, pad, one)
+        else:
+            fns["bwd data COL2IM"] = dnn_conv.bwd_data_gemm_col2im(w, dy, gx, one, pad, one)
+        if conv_direct.usable_direct_backward_data(w, dy, gx, one, pad, one):
+            fns["bwd data DIRECT"] = conv_direct.bind_direct_backward_data(
+                w, dy, gx, one, pad, one
+            )
+        if f == 3:
+            fns["bwd data WINOGRAD_F23"] = conv_winograd.bind_winograd_backward_data(
+                w, dy, gx, one, pad, one
+            )
+        fns["bwd data torch"] = lambda: torch.ops.aten.convolution_backward(
+            tdy, tx, tw, None, [1, 1], [p, p], [1, 1], False, [0, 0], 1, [True, False, False]
+        )
+    return fns
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cases", nargs="*", default=list(CASES))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--cpu", action="store_true", help="CPU time of the calling thread")
+    args = ap.parse_args(argv)
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(args.threads)
+    torch.set_num_threads(args.threads)
+    print(f"threads={args.threads} {'cpu' if args.cpu else 'wall'} ms, load {os.getloadavg()}")
+    for name in args.cases:
+        t = best_times(case_fns(name), args.repeat, args.cpu)
+        print(name, "  ".join(f"{k}: {v * 1e3:.2f}" for k, v in t.items()), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
