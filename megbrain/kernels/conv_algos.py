@@ -529,6 +529,14 @@ for _algo in (
         priority=20,
         heuristic=conv_direct.preferred_direct_forward,
     ),
+    ConvAlgorithm(
+        "DIRECT",
+        "backward_data",
+        conv_direct.bind_direct_backward_data,
+        conv_direct.usable_direct_backward_data,
+        priority=20,
+        heuristic=conv_direct.preferred_direct_backward_data,
+    ),
 ):
     register(_algo)
 del _algo

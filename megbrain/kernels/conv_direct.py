@@ -27,12 +27,20 @@ from .conv_winograd import _parallel, _split
 from .dnn_conv import _Conv, _padded, compute_dtype
 from .steps import Step, chain
 
-__all__ = ["MAX_K", "PREFERRED_MAX_K", "bind_direct_forward", "preferred_direct_forward",
-           "usable_direct_forward"]  # fmt: skip
+__all__ = [
+    "MAX_K",
+    "PREFERRED_MAX_K",
+    "bind_direct_backward_data",
+    "bind_direct_forward",
+    "preferred_direct_backward_data",
+    "preferred_direct_forward",
+    "usable_direct_backward_data",
+    "usable_direct_forward",
+]
 
 #: the longest reduction (ICg * FH * FW) the direct convolution accepts: each output is one
 #: float32 running sum over it
-MAX_K = 256
+MAX_K = 1600
 #: HEURISTIC takes the direct convolution for one input channel per group and a reduction of
 #: at most this length. Measured (one thread, CPU time) against im2col's per-sample GEMMs:
 #: 128x1x28x28 3x3 (K = 9) 1.6 vs 2.8 ms, 64x1x28x28 5x5 (K = 25) 1.6 vs 2.0 ms; it also won
@@ -133,7 +141,7 @@ def bind_direct_forward(
     if planes == 0 or oh <= 0 or ow <= 0:
         return chain(steps + post)
     parts = _split(planes, conv_winograd.threads())
-    acc = workspace.empty((len(parts), (oh - 1) * xp.shape[3] + ow), dt)
+    acc = workspace.empty((len(parts), 2 * ((oh - 1) * xp.shape[3] + ow)), dt)
     calls = [_plane_step(xp, w, y, acc[i], geo.dilate, flip, p0, p1)
              for i, (p0, p1) in enumerate(parts)]  # fmt: skip
     steps.append(_parallel(calls))
@@ -145,3 +153,80 @@ def _plane_step(xp, w, y, acc, dilate, flip, p0, p1) -> Step:
         conv_loops.direct_conv2d(xp, w, y, acc, dilate, flip, p0, p1)
 
     return step
+
+
+def _transposed_pad(filt, pad, dilate) -> tuple:
+    return tuple(d * (f - 1) - p for f, p, d in zip(filt.shape[3:], pad, dilate))
+
+
+def usable_direct_backward_data(
+    filt: np.ndarray,
+    diff: np.ndarray,
+    grad: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+) -> bool:
+    """Whether :func:`bind_direct_backward_data` accepts the gradient: 2-d, stride 1,
+    ``pad <= dilate (F - 1)``, floating point, ``OCg * FH * FW <= MAX_K``."""
+    return (
+        grad.ndim == 4
+        and usable_direct_forward(diff, filt.swapaxes(1, 2), grad, stride, (0, 0), dilate)
+        and all(p >= 0 for p in _transposed_pad(filt, pad, dilate))
+    )
+
+
+def preferred_direct_backward_data(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
+    """HEURISTIC's rule: usable, as :func:`preferred_direct_forward` for the forward
+    convolution of ``diff`` it runs."""
+    return usable_direct_backward_data(filt, diff, grad, stride, pad, dilate, flip) and (
+        preferred_direct_forward(diff, filt.swapaxes(1, 2), grad, stride,
+                                 _transposed_pad(filt, pad, dilate), dilate)  # fmt: skip
+    )
+
+
+def bind_direct_backward_data(
+    filt: np.ndarray,
+    diff: np.ndarray,
+    grad: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+) -> Callable[[], None]:
+    """Bind the gradient of a stride-1 convolution w.r.t. its input as the direct forward
+    convolution of ``diff``, padded by ``dilate (F - 1) - pad``, with the transposed,
+    flipped filter.
+
+    Parameters
+    ----------
+    filt : numpy.ndarray
+        The grouped ``(G, OCg, ICg, FH, FW)`` filter of the forward convolution.
+    diff : numpy.ndarray
+        The ``(N, G*OCg, OH, OW)`` gradient of the forward output.
+    grad : numpy.ndarray
+        The ``(N, G*ICg, H, W)`` result.
+    stride, pad, dilate, flip
+        As for :func:`bind_direct_forward`; ``pad <= dilate (F - 1)``.
+
+    Returns
+    -------
+    Callable[[], None]
+        A zero-argument callable computing ``grad``.
+
+    Raises
+    ------
+    ValueError
+        When the shapes do not match or the gradient is not one
+        :func:`usable_direct_backward_data` accepts.
+    """
+    _Conv("ConvolutionBackwardData", grad.shape, filt.shape, diff.shape, stride, pad, dilate)
+    if not usable_direct_backward_data(filt, diff, grad, stride, pad, dilate, flip):
+        raise ValueError(
+            f"ConvolutionBackwardData (direct): needs a 2-d gradient with stride 1, "
+            f"pad <= dilate*(F-1) and OCg*FH*FW <= {MAX_K}, got filter {tuple(filt.shape)}, "
+            f"stride={tuple(stride)}, pad={tuple(pad)}, dtype {diff.dtype}"
+        )
+    tpad = _transposed_pad(filt, pad, dilate)
+    return bind_direct_forward(diff, filt.swapaxes(1, 2), grad, stride, tpad, dilate, not flip)

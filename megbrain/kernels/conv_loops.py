@@ -202,7 +202,7 @@ def _direct_conv2d_py(xp, w, y, acc, dh, dw, flip, p0, p1):  # pragma: no cover 
     HP, WP) with ``w`` (G, O, I, FH, FW) (flipped spatially when ``flip``).
 
     Each plane is accumulated in "padded-width" positions t = r * WP + q (``acc``, a scratch
-    of (OH - 1) WP + OW values), where the input of filter offset (a, b) is at t + a dh WP +
+    of 2 ((OH - 1) WP + OW) values), where the input of filter offset (a, b) is at t + a dh WP +
     b dw: one contiguous loop over the whole plane per (channel, offset), then the OW valid
     columns of each row are copied out."""
     c_, hp, wp = xp.shape[1], xp.shape[2], xp.shape[3]
@@ -212,6 +212,9 @@ def _direct_conv2d_py(xp, w, y, acc, dh, dw, flip, p0, p1):  # pragma: no cover 
     n_pos = (oh - 1) * wp + ow
     xf = xp.reshape(-1)
     a_ = acc[:n_pos]
+    # with several input channels, the products of each block of 8 channels are summed apart,
+    # then added: a two-level sum keeps the float32 error of long reductions near a GEMM's
+    pc = acc[n_pos : 2 * n_pos] if i_ > 1 else a_
     for p in range(p0, p1):
         n, oo = p // oc, p % oc
         g, o = oo // o_, oo % o_
@@ -219,6 +222,9 @@ def _direct_conv2d_py(xp, w, y, acc, dh, dw, flip, p0, p1):  # pragma: no cover 
             a_[t] = 0.0
         for i in range(i_):
             base = (n * c_ + g * i_ + i) * hp * wp
+            if i_ > 1 and i % 8 == 0:
+                for t in range(n_pos):
+                    pc[t] = 0.0
             for a in range(fh):
                 fa = fh - 1 - a if flip else a
                 b = 0
@@ -233,15 +239,18 @@ def _direct_conv2d_py(xp, w, y, acc, dh, dw, flip, p0, p1):  # pragma: no cover 
                     s1 = xf[off + dw : off + dw + n_pos]
                     s2 = xf[off + 2 * dw : off + 2 * dw + n_pos]
                     for t in range(n_pos):
-                        a_[t] += w0 * s0[t] + w1 * s1[t] + w2 * s2[t]
+                        pc[t] += w0 * s0[t] + w1 * s1[t] + w2 * s2[t]
                     b += 3
                 while b < fw:
                     wv = w[g, o, i, fa, fw - 1 - b] if flip else w[g, o, i, fa, b]
                     off = base + a * dh * wp + b * dw
                     src = xf[off : off + n_pos]
                     for t in range(n_pos):
-                        a_[t] += wv * src[t]
+                        pc[t] += wv * src[t]
                     b += 1
+            if i_ > 1 and (i % 8 == 7 or i == i_ - 1):
+                for t in range(n_pos):
+                    a_[t] += pc[t]
         for r in range(oh):
             row = a_[r * wp : r * wp + ow]
             yr = y[n, oo, r]
@@ -251,7 +260,7 @@ def _direct_conv2d_py(xp, w, y, acc, dh, dw, flip, p0, p1):  # pragma: no cover 
 
 def direct_conv2d(xp, w, y, acc, dilate, flip: bool, p0: int, p1: int) -> None:
     """Planes [p0, p1) of the stride-1 convolution ``y = conv(xp, w)`` of an already padded,
-    C-contiguous source; ``acc`` a scratch of (OH - 1) WP + OW values."""
+    C-contiguous source; ``acc`` a scratch of 2 ((OH - 1) WP + OW) values."""
     _compiled("direct")(xp, w, y, acc, int(dilate[0]), int(dilate[1]), bool(flip), int(p0),
                         int(p1))  # fmt: skip
 

@@ -326,6 +326,35 @@ def test_direct_forward_matches_float64(c, dtype, threads):
     np.testing.assert_allclose(y, ref_forward(c, x, w), **_tol(dtype))
 
 
+@settings(max_examples=40, deadline=None)
+@given(c=direct_cases(), dtype=_DTYPES)
+def test_direct_backward_data_matches_float64(c, dtype):
+    tpad = tuple(d * (f - 1) - p for f, p, d in zip(c["fshape"], c["pad"], c["dilate"]))
+    x, w = _direct_arrays(c, dtype)
+    dy = np.random.default_rng(c["seed"] + 1).uniform(-1, 1, (c["n"], c["g"] * c["ocg"],
+                                                              *c["oshape"])).astype(dtype)
+    gx = np.full(x.shape, np.nan, dtype)
+    usable = conv_direct.usable_direct_backward_data(w, dy, gx, *_geometry(c))
+    assert usable == all(p >= 0 for p in tpad)
+    if not usable:
+        with pytest.raises(ValueError, match="direct"):
+            conv_direct.bind_direct_backward_data(w, dy, gx, *_geometry(c))
+        return
+    conv_direct.bind_direct_backward_data(w, dy, gx, *_geometry(c))()
+    np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), **_tol(dtype))
+
+
+@pytest.mark.parametrize("icg,fshape", [(64, (3, 3)), (20, (5, 5)), (13, (3, 3))])
+def test_direct_long_reductions_match_float64(icg, fshape):
+    # channel blocks of 8 summed apart, then added (13: a short last block)
+    c = dict(_case(n=1, icg=icg, ocg=3, sshape=(9, 8), pad=(1, 1)), fshape=fshape)
+    c["oshape"] = tuple(dnn_conv.conv_out_size(s, f, 1, 1, 1) for s, f in zip((9, 8), fshape))
+    x, w = _direct_arrays(c)
+    y = np.empty((1, 3, *c["oshape"]), np.float32)
+    conv_direct.bind_direct_forward(x, w, y, *_geometry(c))()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+
+
 def test_direct_forward_strided_operands_and_workspace():
     c = _case(n=3, icg=1, ocg=4, sshape=(9, 8), pad=(1, 2))
     x, w = _direct_arrays(c)
@@ -354,8 +383,8 @@ def test_direct_forward_refuses_strides_and_long_reductions():
     assert not conv_direct.usable_direct_forward(x, w, y, (2, 2), (0, 0), _ONE)
     with pytest.raises(ValueError, match="direct"):
         conv_direct.bind_direct_forward(x, w, y, (2, 2), (0, 0), _ONE)
-    wide = np.zeros((1, 2, 64, 3, 3), np.float32)
-    xw = np.zeros((1, 64, 9, 9), np.float32)
+    wide = np.zeros((1, 2, 256, 3, 3), np.float32)
+    xw = np.zeros((1, 256, 9, 9), np.float32)
     assert not conv_direct.usable_direct_forward(xw, wide, np.zeros((1, 2, 7, 7)), _ONE, (0, 0),
                                                  _ONE)  # fmt: skip
 
