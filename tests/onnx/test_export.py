@@ -203,7 +203,9 @@ def test_export_elemwise_shifts(dtype, rng):
     av = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (4, 6)).astype(dtype)
     kv = rng.integers(0, bits, (4, 6)).astype(dtype)
     outs = [mgb.opr.elemwise(a, k, mode=m) for m in ("SHL", "SHR", "RMULH")]
-    model = _roundtrip(outs, [(a, av), (k, kv)])
+    # computed in int64 (and a UINT64 BitShift): megbrain.onnx.load holds INT64 as int32, so
+    # these models are checked against onnxruntime only
+    model = _roundtrip(outs, [(a, av), (k, kv)], reload=False)
     got = _session(model).run(None, {"a": av, "k": kv})
     np.testing.assert_array_equal(got[1], np.right_shift(av, kv))
 
@@ -262,7 +264,8 @@ def test_export_elemwise_multi_type_rounding_shifts(rng):
         emt(a16, x16, m16, k8, lo, hi, mode="FUSE_ADD_RMULH_ROUND_SHR_SATURATE_INT16x16x16x8"),
         emt(a32, b32, m32, k8, lo, hi, mode="FUSE_ADD_RMULH_ROUND_SHR_SATURATE_INT32x32x32x8"),
     ]
-    _roundtrip(outs, [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10], rtol=0, atol=0)
+    # int64 arithmetic: not reloaded (megbrain.onnx.load holds INT64 as int32)
+    _roundtrip(outs, [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10], rtol=0, atol=0, reload=False)
 
 
 def test_export_refused_elemwise_mode_names_it():
