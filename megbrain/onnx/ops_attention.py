@@ -261,3 +261,84 @@ def _rotary_embedding(ctx):
     if len(shp) == 4:
         return mgb.opr.dimshuffle(y, [0, 2, 1, 3])
     return _reshape(y, shp)
+
+
+@converter(
+    "LinearAttention",
+    27,
+    attrs={
+        "chunk_size": None,
+        "kv_num_heads": None,
+        "q_num_heads": None,
+        "scale": None,
+        "update_rule": Attr("gated_delta", frozenset({"linear", "gated", "delta", "gated_delta"})),
+    },
+)
+def _linear_attention(ctx):
+    # the recurrence unrolled over the (static) sequence: per step the state (B, H, dk, dv)
+    # decays (gated), is corrected toward v (delta), takes k v^T, and is read by q
+    rule = ctx.attr("update_rule")
+    gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    if gating != ctx.has(4) or delta != ctx.has(5):
+        raise ctx.fail(f"update_rule {rule!r} needs decay: {gating}, beta: {delta}")
+    hq, hk = ctx.attr("q_num_heads"), ctx.attr("kv_num_heads")
+    if not hq or not hk or hq % hk:
+        raise ctx.fail(f"q_num_heads {hq} must be a positive multiple of kv_num_heads {hk}")
+    out_dtype = ctx.input(0).dtype
+    q = _heads_first(ctx, _f32(ctx.input(0)), hq, "query")
+    k = _heads_first(ctx, _f32(ctx.input(1)), hk, "key")
+    v = _heads_first(ctx, _f32(ctx.input(2)), hk, "value")
+    b, _, t, dk = static_shape(ctx, q)
+    dv = static_shape(ctx, v)[3]
+    decay = beta = None
+    if gating:
+        last = static_shape(ctx, ctx.input(4), "decay")[2]
+        if last == hk:
+            decay = mgb.opr.dimshuffle(_reshape(_f32(ctx.input(4)), (b, t, hk, 1)), [0, 2, 1, 3])
+        elif last == hk * dk:
+            decay = _heads_first(ctx, _f32(ctx.input(4)), hk, "decay")
+        else:
+            raise ctx.fail(f"decay's last dim {last} must be {hk} or {hk * dk}")
+        decay = E(decay, mode="EXP")
+    if delta:
+        last = static_shape(ctx, ctx.input(5), "beta")[2]
+        if last not in (hk, 1):
+            raise ctx.fail(f"beta's last dim {last} must be {hk} or 1")
+        beta = mgb.opr.dimshuffle(_reshape(_f32(ctx.input(5)), (b, t, last, 1)), [0, 2, 1, 3])
+    if ctx.has(3):
+        state = _f32(ctx.input(3))
+        state_dtype = ctx.input(3).dtype
+        if static_shape(ctx, state, "past_state") != (b, hk, dk, dv):
+            raise ctx.fail(f"past_state must have shape {(b, hk, dk, dv)}")
+    else:
+        state = ctx.imm(np.zeros((b, hk, dk, dv), np.float32))
+        state_dtype = out_dtype
+    scale = ctx.attr("scale")
+    scale = 1.0 / np.sqrt(dk) if not scale else float(scale)
+    g = hq // hk
+    outs = []
+    for i in range(t):
+        kt = _reshape(k[:, :, i : i + 1, :], (b, hk, dk, 1))
+        vt = _reshape(v[:, :, i : i + 1, :], (b, hk, 1, dv))
+        if gating:
+            gt = decay[:, :, i : i + 1, :]  # (b, hk, 1, 1 or dk)
+            state = E(state, _reshape(gt, (b, hk, static_shape(ctx, gt)[3], 1)), mode="MUL")
+        if delta:
+            got = mgb.opr.reduce_(E(state, kt, mode="MUL"), "SUM", 2, True)  # (b, hk, 1, dv)
+            bt = _reshape(beta[:, :, i : i + 1, :], (b, static_shape(ctx, beta)[1], 1, 1))
+            vt = E(bt, E(vt, got, mode="SUB"), mode="MUL")
+        state = E(state, E(kt, vt, mode="MUL"), mode="ADD")
+        read = state
+        if g > 1:
+            read = mgb.opr.broadcast(_reshape(state, (b, hk, 1, dk, dv)), (b, hk, g, dk, dv))
+            read = _reshape(read, (b, hq, dk, dv))
+        qt = _reshape(q[:, :, i : i + 1, :], (b, hq, dk, 1))
+        ot = mgb.opr.reduce_(E(qt, read, mode="MUL"), "SUM", 2, True)  # (b, hq, 1, dv)
+        outs.append(E(ot, ctx.imm(np.float32(scale)), mode="MUL"))
+    y = mgb.opr.concat(*outs, axis=2) if len(outs) > 1 else outs[0]
+    y = _reshape(mgb.opr.dimshuffle(y, [0, 2, 1, 3]), (b, t, hq * dv))
+
+    def back(v, dt):
+        return v if np.dtype(v.dtype) == np.dtype(dt) else mgb.opr.typecvt(v, dt)
+
+    return [back(y, out_dtype), back(state, state_dtype)]
