@@ -764,3 +764,31 @@ def _col2im(ctx):
         if pads[i] or pads[nd + i]:
             acc = _take(acc, 2 + i, pads[i], pads[i] + image[i])
     return acc
+
+
+@converter("MaxUnpool", 9, attrs={"kernel_shape": None, "pads": None, "strides": None})
+def _max_unpool(ctx):
+    # zeros with x written at the (flat) indices MaxPool gave; an output_shape larger than the
+    # inferred one pads with zeros at the end of each axis (as onnx's reference)
+    x, ind = ctx.input(0), ctx.input(1)
+    src = static_shape(ctx, x)
+    kernel = list(ctx.attr("kernel_shape"))
+    n = len(kernel)
+    strides = list(ctx.attr("strides") or [1] * n)
+    pads = list(ctx.attr("pads") or [0] * (2 * n))
+    inferred = list(src[:2]) + [
+        (src[2 + i] - 1) * strides[i] - pads[i] - pads[n + i] + kernel[i] for i in range(n)
+    ]
+    total = int(np.prod(inferred))
+    count = int(np.prod(src))
+    flat = _reshape(mgb.opr.typecvt(ind, np.int32), (count,))
+    zeros = ctx.imm(np.zeros(total, np.dtype(x.dtype)))
+    y = _reshape(mgb.opr.set_advanced_indexing(zeros, _reshape(x, (count,)))[flat], inferred)
+    if ctx.has(2):
+        shape = [int(v) for v in ctx.const(2, "output_shape").ravel()]
+        extra = [s - d for s, d in zip(shape, inferred)]
+        if any(e < 0 for e in extra) or len(shape) != len(inferred):
+            raise ctx.fail(f"output_shape {shape} is smaller than the unpooled {inferred}")
+        if any(extra):
+            y = _pad_impl(ctx, y, [0] * len(shape) + extra, "constant", _c(ctx, 0, x))
+    return y
