@@ -812,3 +812,43 @@ def _blackman_window(ctx):
     return _window(
         ctx, lambda n, d: 0.42 - 0.5 * np.cos(2 * np.pi * n / d) + 0.08 * np.cos(4 * np.pi * n / d)
     )
+
+
+@converter(
+    "TensorScatter",
+    24,
+    attrs={"axis": -2, "mode": Attr("linear", frozenset({"linear", "circular"}))},
+)
+def _tensor_scatter(ctx):
+    # a cache write: update[b, ..., s, ...] goes to position write_indices[b] + s of the axis
+    # (modulo the cache length when circular)
+    cache, upd = ctx.input(0), ctx.input(1)
+    src, us = static_shape(ctx, cache), static_shape(ctx, upd, "update")
+    nd = len(src)
+    axis = _norm_axis(ctx, ctx.attr("axis"), nd)
+    if axis == 0 or any(a != b for i, (a, b) in enumerate(zip(src, us)) if i != axis):
+        raise ctx.fail(f"update {us} does not fit cache {src} along axis {axis}")
+    if us[axis] > src[axis]:
+        raise ctx.fail(f"update {us} is longer than cache {src} along axis {axis}")
+    strides = [int(np.prod(src[i + 1 :])) for i in range(nd)]
+    grids = np.meshgrid(*[np.arange(d) for d in us], indexing="ij")
+    other = sum(g * s for i, (g, s) in enumerate(zip(grids, strides)) if i != axis)
+    pos = ctx.imm(grids[axis].astype(np.int32))
+    if ctx.has(2):
+        wi = _reshape(_cast_int32(ctx.input(2)), (src[0],) + (1,) * (nd - 1))
+        pos = E(pos, wi, mode="ADD")
+    if ctx.attr("mode") == "circular":
+        pos = E(pos, ctx.imm(np.int32(src[axis])), mode="MOD")
+    flat = E(
+        E(pos, ctx.imm(np.int32(strides[axis])), mode="MUL"),
+        ctx.imm(np.asarray(other, np.int32)),
+        mode="ADD",
+    )
+    n = int(np.prod(us))
+    rows = _reshape(cache, (int(np.prod(src)),))
+    out = _scatter_rows(ctx, rows, _reshape(flat, (n,)), _reshape(upd, (n,)), "none")
+    return _reshape(out, src)
+
+
+def _cast_int32(v):
+    return v if np.dtype(v.dtype) == np.int32 else mgb.opr.typecvt(v, np.int32)
