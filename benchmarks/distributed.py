@@ -176,8 +176,10 @@ def part_cnn(iters: int, rounds: int, batch: int) -> dict:
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             th = {k: v - th0.get(k, 0.0) for k, v in _thread_cpu().items()}
             # blocked: in the executor's waits for the communication node's results, or in
-            # collectives run on the computation's own node (SyncBatchNorm's)
-            blocked = timer.blocked + dcomm.THREAD_STATS.get("mgb-cpu0:0", 0.0)
+            # collectives run on the computation's own node (SyncBatchNorm's; all of them
+            # when the step has one comp node and runs on the caller's thread)
+            blocked = timer.blocked + sum(dcomm.THREAD_STATS.get(t, 0.0)
+                                          for t in ("mgb-cpu0:0", "MainThread"))
             res = {"wall": wall, "cpu": cpu, "blocked": blocked,
                    "cpu_compute": th.get("mgb-cpu0:0", 0.0) + th.get("MainThread", 0.0),
                    "cpu_comm": th.get("mgb-cpu0:1024", 0.0),

@@ -160,8 +160,9 @@ def all_reduce_mean(grads, *, key: str, pack_max_size: int = DEFAULT_PACK_MAX_SI
                     nr_ranks: int | None = None, rank: int | None = None) -> list:
     """``grads`` averaged over the ranks: packed into buckets (ParamPackConcat), all-reduced
     (``collective_comm`` ALL_REDUCE_SUM on the communication comp node, which starts a
-    bucket as soon as its gradients are computed), scaled by ``1/nr_ranks`` and split back
-    (ParamPackSplit). None entries stay None.
+    bucket as soon as its gradients are computed, overlapping the rest of the backward pass;
+    a single bucket runs on the gradients' own node, as nothing can overlap it), scaled by
+    ``1/nr_ranks`` and split back (ParamPackSplit). None entries stay None.
 
     Parameters
     ----------
@@ -191,7 +192,9 @@ def all_reduce_mean(grads, *, key: str, pack_max_size: int = DEFAULT_PACK_MAX_SI
     for k, bucket in enumerate(buckets):
         parts = [grads[i] for i in bucket]
         cn = parts[0].comp_node
-        ccn = _comm.comm_comp_node(cn)
+        # one bucket can overlap nothing (it waits for the whole backward pass, the update
+        # waits for it): run inline on the computation's node, without two thread hand-offs
+        ccn = cn if len(buckets) == 1 else _comm.comm_comp_node(cn)
         # first among the ready operators once its gradients exist (see _prioritize)
         with mgb.config.opr_priority_scope(parts[0].owner_graph, BUCKET_PRIORITY + k):
             packed = mgb.opr.param_pack_concat(parts, comp_node=ccn)

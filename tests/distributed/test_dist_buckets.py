@@ -32,6 +32,7 @@ def test_each_bucket_all_reduced_as_soon_as_its_gradients_exist():
     pos = {o: i for i, o in enumerate(seq)}
     colls = [o for o in seq if o.type_name == "CollectiveComm"]
     assert len(colls) == 4
+    assert {str(o.comp_node) for o in colls} == {"cpu0:1024"}  # the communication node
     ks = [o.priority - BUCKET_PRIORITY for o in colls]
     assert ks == sorted(ks) == [0, 1, 2, 3]
     # bucket 0 (the last layer) goes before every gradient of the layers below: the
@@ -40,9 +41,12 @@ def test_each_bucket_all_reduced_as_soon_as_its_gradients_exist():
     assert len(grads_below) >= 3  # dx of layer 3, dW2, dx of layer 2, dW1
 
 
-def test_one_bucket_keeps_the_virtual_gradients():
-    """A single bucket (nothing to overlap) leaves the gradients to the compile's expansion,
-    which builds them from the optimized forward graph (ADD + RELU fused)."""
+def test_one_bucket_runs_inline_and_keeps_the_virtual_gradients():
+    """A single bucket (nothing to overlap) runs on the gradients' own comp node, without
+    thread hand-offs, and leaves the gradients to the compile's expansion, which builds them
+    from the optimized forward graph (ADD + RELU fused)."""
     seq = _compiled_seq(4 << 20)
-    assert sum(o.type_name == "CollectiveComm" for o in seq) == 1
+    colls = [o for o in seq if o.type_name == "CollectiveComm"]
+    assert len(colls) == 1
+    assert str(colls[0].comp_node) == "cpu0:0"
     assert any(o.type_name == "Elemwise" and o.param.mode == "FUSE_ADD_RELU" for o in seq)
