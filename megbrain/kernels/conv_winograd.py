@@ -24,13 +24,11 @@ nothing is allocated when the bound callable runs.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import conv_loops, workspace
+from . import conv_loops, parallel, workspace
 from .dnn_conv import _Conv, compute_dtype
 from .steps import Step, chain
 
@@ -55,8 +53,8 @@ BUFFER_LIMIT = 2 << 20
 #: HEURISTIC takes Winograd when both channel counts of a group are at least this (the GEMMs'
 #: dims; below, their (OC, IC) @ (IC, tiles) products are too thin to pay for the transforms)
 MIN_CHANNELS = 16
-#: Python threads a transform is split over; None: the BLAS thread count (so that both sides
-#: of a comparison, and ranks sharing a machine, use the threads BLAS is given), at most
+#: Python threads a transform is split over; None: :func:`parallel.num_threads` (the BLAS
+#: thread count, so that both sides of a comparison use the same threads), at most
 #: :data:`MAX_THREADS`
 THREADS: int | None = None
 MAX_THREADS = 4
@@ -64,25 +62,10 @@ MAX_THREADS = 4
 #: planes (each thread's call costs a few microseconds)
 _MIN_SPLIT_PLANES = 8
 
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(MAX_THREADS - 1, thread_name_prefix="mgb-conv")
-        return _pool
-
-
 def threads() -> int:
     """The thread count the transforms are split over now (:data:`THREADS`)."""
-    if THREADS is not None:
-        return max(1, min(MAX_THREADS, int(THREADS)))
-    from . import conv_algos  # the registry imports this module
-
-    return max(1, min(MAX_THREADS, conv_algos.blas_threads()))
+    n = parallel.num_threads() if THREADS is None else int(THREADS)
+    return max(1, min(MAX_THREADS, n))
 
 
 def _split(total: int, parts: int) -> list[tuple[int, int]]:
@@ -92,21 +75,16 @@ def _split(total: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _parallel(calls: list[Callable[[], None]]) -> Step:
-    """A step running ``calls`` (GIL-free compiled loops) at once: the last on the calling
-    thread, the others on the pool."""
+    """A step running ``calls`` (GIL-free compiled loops, each with its own scratch) at once,
+    through :func:`parallel.split`'s pool."""
     if len(calls) == 1:
         return calls[0]
-    first, last = calls[:-1], calls[-1]
 
-    def run() -> None:
-        futures = [_executor().submit(c) for c in first]
-        try:
-            last()
-        finally:
-            for f in futures:
-                f.result()
+    def run(lo: int, hi: int) -> None:
+        for k in range(lo, hi):
+            calls[k]()
 
-    return run
+    return parallel.split(run, len(calls), 1)
 
 
 def _geometry_ok(nd: int, fshape, stride, dilate, dtype) -> bool:
