@@ -109,10 +109,11 @@ def main() -> None:
         if any(re.search(p, run_name) for p in EXCLUDED_CASES):
             stats[fam]["excluded"] += 1
             continue
-        if any(re.search(p, run_name) for p in KNOWN_GAPS):
-            stats[fam]["known gap"] += 1
-            continue
         stats[fam]["claimed"] += 1
+        if any(re.search(p, run_name) for p in KNOWN_GAPS):
+            stats[fam]["known gap"] += 1  # claimed, fails, listed with its reason
+            failures.append(f"{name}: known gap")
+            continue
         try:
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
@@ -146,7 +147,7 @@ def main() -> None:
         f" {tot['not claimed']:>12}"
     )
     if tot["known gap"]:
-        print(f"known gaps (KNOWN_GAPS): {tot['known gap']}")
+        print(f"claimed cases failing, listed in KNOWN_GAPS: {tot['known gap']}")
     if args.failures:
         print("\nfailing claimed cases:")
         print("\n".join(failures) or "(none)")
