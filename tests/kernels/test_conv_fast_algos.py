@@ -405,3 +405,16 @@ def test_direct_gradient_through_the_operator_matches_finite_differences():
     x = rng.uniform(-1, 1, (2, 1, 5, 4))
     w = rng.uniform(-1, 1, (3, 1, 3, 3))
     check_grad(lambda a, b: O.convolution(a, b, pad_h=1, pad_w=1), [x, w])
+
+
+@pytest.mark.parametrize("algo", ["winograd", "direct"])
+def test_bfloat16_operands_compute_in_float32(algo):
+    import ml_dtypes
+
+    c = _case(n=2, icg=3, ocg=4, sshape=(6, 7))
+    x, w, dy = _arrays(c, ml_dtypes.bfloat16)
+    y = np.full(dy.shape, np.nan, ml_dtypes.bfloat16)
+    bind = _FWD if algo == "winograd" else conv_direct.bind_direct_forward
+    bind(x, w, y, *_geometry(c))()
+    want = ref_forward(c, x.astype(np.float64), w.astype(np.float64))
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=1e-2, atol=5e-2)
