@@ -16,6 +16,7 @@ from ..device import CompNode
 from ..dtype import canonize_dtype, convert_array, to_mgb_supported_dtype
 from ..errors import ConversionError, MegBrainError, SerializationError
 from ..graph import InferPending, InferType, OperatorNodeBase, ParamBase, register_opr, sereg
+from ..tensor import TensorND
 from . import param_defs as _pdefs
 from .base import (
     SymbolVar,
@@ -51,6 +52,41 @@ def _tensor_array(t) -> np.ndarray | None:
     if t.empty():
         return None
     return t.as_ndarray()
+
+
+def _tensor_state(t, watch_value: bool) -> tuple | None:
+    """What the executor compares before every run for a source holding ``t``: shape,
+    strides and the buffer's identity (plus the bytes when values are watched); None for an
+    empty tensor. No array view is built: one per tensor per run cost more than the small
+    kernels of a training step."""
+    if t.empty():
+        return None
+    if isinstance(t, TensorND):
+        lay = t.layout
+        st = (tuple(lay.shape), tuple(lay.strides), _BufferIdentity(t.storage))
+    else:  # any object of the tensor protocol (empty, shape, dtype, comp_node, as_ndarray)
+        arr = t.as_ndarray()
+        st = (arr.shape, arr.strides, arr.__array_interface__["data"][0])
+    if watch_value:
+        st = st + (t.as_ndarray().tobytes(),)
+    return st
+
+
+class _BufferIdentity:
+    """Equal to another for the same buffer object at the same offset. It holds the buffer,
+    so that the buffer's id can not be reused by a new one while a state refers to it."""
+
+    __slots__ = ("buf", "offset")
+
+    def __init__(self, storage):
+        self.buf, self.offset = storage.buffer, storage.offset
+
+    def __eq__(self, other):
+        return (
+            type(other) is _BufferIdentity and other.buf is self.buf and other.offset == self.offset
+        )
+
+    __hash__ = None
 
 
 class _SourceOpr(OperatorNodeBase):
@@ -184,11 +220,7 @@ class SharedDeviceTensor(_SourceOpr):
         return [(CONST, RT_STATIC)]
 
     def runtime_state(self, watch_value=False):
-        arr = _tensor_array(self.tensor)
-        st = None if arr is None else (arr.shape, arr.__array_interface__["data"][0])
-        if watch_value and arr is not None:
-            st = st + (arr.tobytes(),)
-        return st
+        return _tensor_state(self.tensor, watch_value)
 
     def state_change_error(self, old, new) -> MegBrainError:
         return MegBrainError(
@@ -250,14 +282,7 @@ class MultipleDeviceTensorHolder(OperatorNodeBase):
         raise InferPending("MultipleDeviceTensorHolder: values are not statically inferable")
 
     def runtime_state(self, watch_value=False):
-        st = []
-        for t in self.tensors:
-            arr = _tensor_array(t)
-            s = None if arr is None else (arr.shape, arr.__array_interface__["data"][0])
-            if watch_value and arr is not None:
-                s = s + (arr.tobytes(),)
-            st.append(s)
-        return tuple(st)
+        return tuple(_tensor_state(t, watch_value) for t in self.tensors)
 
     def state_change_error(self, old, new) -> MegBrainError:
         bad = [k for k, (a, b) in enumerate(zip(old, new)) if a != b]
@@ -315,12 +340,9 @@ class VolatileSharedDeviceTensor(_SourceOpr):
         return [(RT_STATIC, RT_STATIC)]
 
     def runtime_state(self, watch_value=False):
-        arr = _tensor_array(self.tensor)
-        if arr is None:
+        st = _tensor_state(self.tensor, watch_value)
+        if st is None:
             raise MegBrainError(f"VolatileSharedDeviceTensor {self.name!r}: tensor is empty")
-        st = (arr.shape, arr.__array_interface__["data"][0], arr.strides)
-        if watch_value:
-            st += (arr.tobytes(),)
         return st
 
     def fwd_views(self, ins):

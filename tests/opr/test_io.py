@@ -65,6 +65,27 @@ def test_shared_device_tensor_rejects_replaced_buffer_until_restored():
     np.testing.assert_array_equal(got["v"], [15, 18, 21, 24])
 
 
+def test_shared_device_tensornd_rejects_a_grown_buffer():
+    # a DeviceTensorND's per-run check compares its storage's buffer identity: growing the
+    # storage in place (same Storage object, new buffer) must be caught like a new tensor
+    from megbrain.tensor import DeviceTensorND
+
+    g = make_graph()
+    t = DeviceTensorND("cpu0", shape=(4,), dtype=np.float32)
+    t.as_ndarray()[:] = np.arange(4)
+    w = shared_device_tensor(g, t, name="w")
+    f, got = _compile(g, w * 3)
+    f.execute().wait()
+    np.testing.assert_array_equal(got["v"], np.arange(4) * 3)
+    t.as_ndarray()[:] = 1  # a value written in place is read, nothing re-planned
+    f.execute().wait()
+    np.testing.assert_array_equal(got["v"], [3, 3, 3, 3])
+    t.storage.ensure_size(1 << 16)
+    with pytest.raises(MegBrainError, match="SharedDeviceTensor 'w'"):
+        f.execute()
+        f.wait()
+
+
 def test_volatile_shared_device_tensor_follows_new_buffer():
     g = make_graph()
     dv = DevValue(np.arange(4, dtype=np.float32))
