@@ -852,3 +852,45 @@ def _tensor_scatter(ctx):
 
 def _cast_int32(v):
     return v if np.dtype(v.dtype) == np.int32 else mgb.opr.typecvt(v, np.int32)
+
+
+# ------------------------------------------------------------ value-dependent output shapes
+def _true_offsets(ctx, mask):
+    """The flat offsets where ``mask`` is nonzero (a var of dynamic length), in order."""
+    return mgb.opr.cond_take(mask, mask, "NEQ", 0)[1]
+
+
+@converter("NonZero", 9)
+def _nonzero(ctx):
+    # the offsets of the nonzero elements, split into one row of coordinates per axis
+    x = ctx.input(0)
+    src = static_shape(ctx, x)
+    off = _true_offsets(ctx, x)
+    rows = []
+    for i, d in enumerate(src):
+        stride = int(np.prod(src[i + 1 :]))
+        coord = E(off, ctx.imm(np.int32(stride)), mode="FLOOR_DIV") if stride > 1 else off
+        if i > 0:
+            coord = E(coord, ctx.imm(np.int32(d)), mode="MOD")
+        rows.append(mgb.opr.add_axis(coord, 0))
+    return mgb.opr.concat(*rows, axis=0) if len(rows) > 1 else rows[0]
+
+
+@converter("Compress", 9, attrs={"axis": None})
+def _compress(ctx):
+    # the slices along axis whose condition is true (a condition shorter than the axis
+    # counts as false beyond its end); no axis: the flattened input's elements
+    x, cond = ctx.input(0), ctx.input(1)
+    src = static_shape(ctx, x)
+    axis = ctx.attr("axis")
+    if axis is None:
+        x = _reshape(x, (int(np.prod(src)),))
+        axis, dim = 0, int(np.prod(src))
+    else:
+        axis = _norm_axis(ctx, axis, len(src))
+        dim = src[axis]
+    n = static_shape(ctx, cond, "condition")[0]
+    if n > dim:
+        raise ctx.fail(f"condition of length {n} is longer than axis {axis} ({dim})")
+    idx = _true_offsets(ctx, cond)
+    return mgb.opr.advanced_indexing(x)[(slice(None),) * axis + (idx,)]

@@ -401,3 +401,25 @@ def test_dft_matches_numpy_fft(inverse, onesided, complex_in, length):
     m = _model([node], [_vi("x", list(x.shape))], [_vi("y", None)], inits, opset=20)
     (y,) = _run(load(m), x)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+
+
+def test_nonzero_and_compress_have_run_time_shapes():
+    nodes = [
+        helper.make_node("NonZero", ["x"], ["y"]),
+        helper.make_node("Compress", ["v", "c"], ["z"], axis=0),
+    ]
+    m = _model(
+        nodes,
+        [_vi("x", [2, 3]), _vi("v", [4, 2]), _vi("c", [4], TensorProto.BOOL)],
+        [_vi("y", None, TensorProto.INT64), _vi("z", None)],
+        opset=13,
+    )
+    res = load(m)
+    v = np.arange(8, dtype=np.float32).reshape(4, 2)
+    for x, c in [
+        (np.array([[0, 1, 0], [2, 0, 3]], np.float32), [1, 0, 1, 1]),
+        (np.zeros((2, 3), np.float32), [0, 0, 0, 1]),
+    ]:
+        y, z = _run(res, x, v, np.array(c, bool))
+        np.testing.assert_array_equal(np.asarray(y).reshape(2, -1), np.stack(np.nonzero(x)))
+        np.testing.assert_array_equal(z, v[np.array(c, bool)])
