@@ -533,3 +533,49 @@ def _bitwise_not(ctx):
     if t == TensorProto.UINT8:
         return E(_f(ctx, 255, x), x, mode="SUB")
     return E(E(_f(ctx, 0, x), x, mode="SUB"), _f(ctx, 1, x), mode="SUB")
+
+
+def _bitwise(ctx, combine):
+    # bit by bit in int32: bit k is (x >> k) - 2 * (x >> (k + 1)); the bits are combined
+    # arithmetically and summed back with weights 2^k (the top bit of a signed type weighs
+    # -2^(width - 1), two's complement)
+    a, b = ctx.input(0), ctx.input(1)
+    t = ctx.in_type(0) or TensorProto.INT32
+    bits, signed = min(_BITS[t], 32), t in _SIGNED
+    dt = np.dtype(a.dtype)
+    a32, b32 = _cast(a, np.int32), _cast(b, np.int32)
+
+    def bit(x, k):
+        hi = E(x, ctx.imm(np.int32(k + 1)), mode="SHR")
+        lo = E(x, ctx.imm(np.int32(k)), mode="SHR") if k else x
+        return E(lo, E(hi, ctx.imm(np.int32(2)), mode="MUL"), mode="SUB")
+
+    acc = None
+    for k in range(bits):
+        ba, bb = bit(a32, k), bit(b32, k)
+        both = E(ba, bb, mode="MUL")
+        if combine == "and":
+            r = both
+        elif combine == "or":
+            r = E(E(ba, bb, mode="ADD"), both, mode="SUB")
+        else:
+            r = E(E(ba, bb, mode="ADD"), E(both, ctx.imm(np.int32(2)), mode="MUL"), mode="SUB")
+        weight = -(1 << (bits - 1)) if signed and k == bits - 1 else 1 << k
+        term = E(r, ctx.imm(np.int32(weight)), mode="MUL") if weight != 1 else r
+        acc = term if acc is None else E(acc, term, mode="ADD")
+    return _cast(acc, dt) if dt != np.int32 else acc
+
+
+@converter("BitwiseAnd", 18, validate=_check_int_types)
+def _bitwise_and(ctx):
+    return _bitwise(ctx, "and")
+
+
+@converter("BitwiseOr", 18, validate=_check_int_types)
+def _bitwise_or(ctx):
+    return _bitwise(ctx, "or")
+
+
+@converter("BitwiseXor", 18, validate=_check_int_types)
+def _bitwise_xor(ctx):
+    return _bitwise(ctx, "xor")

@@ -423,3 +423,24 @@ def test_nonzero_and_compress_have_run_time_shapes():
         y, z = _run(res, x, v, np.array(c, bool))
         np.testing.assert_array_equal(np.asarray(y).reshape(2, -1), np.stack(np.nonzero(x)))
         np.testing.assert_array_equal(z, v[np.array(c, bool)])
+
+
+@pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor"])
+@pytest.mark.parametrize(
+    ("np_dt", "onnx_t"),
+    [(np.int8, TensorProto.INT8), (np.uint8, TensorProto.UINT8), (np.int32, TensorProto.INT32)],
+)
+def test_bitwise_ops_match_numpy(op, np_dt, onnx_t):
+    rng = np.random.default_rng(11)
+    info = np.iinfo(np_dt)
+    a = rng.integers(info.min, info.max, (4, 5), endpoint=True).astype(np_dt)
+    b = rng.integers(info.min, info.max, (5,), endpoint=True).astype(np_dt)
+    m = _model(
+        [helper.make_node(op, ["a", "b"], ["y"])],
+        [_vi("a", [4, 5], onnx_t), _vi("b", [5], onnx_t)],
+        [_vi("y", [4, 5], onnx_t)],
+        opset=18,
+    )
+    fn = {"BitwiseAnd": np.bitwise_and, "BitwiseOr": np.bitwise_or, "BitwiseXor": np.bitwise_xor}
+    (y,) = _run(load(m), a, b)
+    np.testing.assert_array_equal(y, fn[op](a, b))
