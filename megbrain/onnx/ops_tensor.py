@@ -188,7 +188,20 @@ def _transpose(ctx):
 @converter("Squeeze", 1, attrs={"axes": None})
 def _squeeze(ctx):
     x = ctx.input(0)
-    src = static_shape(ctx, x)
+    try:
+        src = tuple(int(d) for d in x.imm_shape)
+    except mgb.MegBrainError:  # a run-time shape (NonZero, Compress): drop the given axes
+        if ctx.opset >= 13:
+            axes = ctx.const(1, "axes").ravel().tolist() if ctx.has(1) else []
+        else:
+            axes = list(ctx.attr("axes") or [])
+        if not axes or min(axes) < 0:
+            raise ctx.fail(
+                "squeezing a tensor of run-time shape needs explicit non-negative axes"
+            ) from None
+        for a in sorted({int(a) for a in axes}, reverse=True):
+            x = mgb.opr.remove_axis(x, a)
+        return x
     axes = _axes_of(ctx, "axes", len(src), input_idx=1)
     if axes is None:
         axes = [i for i, d in enumerate(src) if d == 1]
