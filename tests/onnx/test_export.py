@@ -750,7 +750,9 @@ def test_every_operator_type_is_exported_or_refused():
     from megbrain.graph.operator import OPR_REGISTRY
 
     known = set(exportable_operator_types()) | set(refused_operator_types())
-    missing = sorted(set(OPR_REGISTRY) - known)
+    # megbrain's own operators (tests register operator classes of their own)
+    ours = {n for n, cls in OPR_REGISTRY.items() if cls.__module__.startswith("megbrain.")}
+    missing = sorted(ours - known)
     assert not missing, f"operator types neither exported nor refused: {missing}"
     assert not set(exportable_operator_types()) & set(refused_operator_types())
 
