@@ -38,6 +38,9 @@ __all__ = [
     "THREADS",
     "bind_winograd_backward_data",
     "MIN_CHANNELS",
+    "MIN_PLANE",
+    "MIN_PLANE_BACKWARD_DATA",
+    "MIN_POSITIONS",
     "bind_winograd_forward",
     "preferred_winograd_backward_data",
     "preferred_winograd_forward",
@@ -53,6 +56,17 @@ BUFFER_LIMIT = 2 << 20
 #: HEURISTIC takes Winograd when both channel counts of a group are at least this (the GEMMs'
 #: dims; below, their (OC, IC) @ (IC, tiles) products are too thin to pay for the transforms)
 MIN_CHANNELS = 16
+#: HEURISTIC's size rule, measured on an idle 2-core machine (OpenBLAS, 2 threads) against
+#: im2col + GEMM: Winograd's 16 GEMMs per chunk have only ``tiles`` columns, and its
+#: transforms work row by row, so small planes or batches lose. Forward: 28x28 planes with
+#: batch 32 (32 channels) 9.3 vs 11.0 ms, 56x56 batch 4 (64) 8.8 vs 12.2, batch 8 13.8 vs 21.6;
+#: but 14x14 batch 64 (64) 21.6 vs 15.1, and ResNet50's batch-1 layers tie at 56x56 and lose
+#: 2.4x at 14x14 and 5x at 7x7. Backward data won only from 56x56 (8.9 vs 10.0 ms; 28x28 10.2
+#: vs 9.4). The fewest output positions of one plane (forward; backward data: of the gradient)
+MIN_PLANE = 28 * 28
+MIN_PLANE_BACKWARD_DATA = 56 * 56
+#: ... and of the whole batch, for HEURISTIC to take Winograd
+MIN_POSITIONS = 12544
 #: Python threads a transform is split over; None: :func:`parallel.num_threads` (the BLAS
 #: thread count, so that both sides of a comparison use the same threads), at most
 #: :data:`MAX_THREADS`
@@ -132,20 +146,29 @@ def usable_winograd_backward_data(
     )
 
 
-def preferred_winograd_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
-    """HEURISTIC's rule: usable, and both ICg and OCg at least :data:`MIN_CHANNELS`."""
+def _large_enough(filt, out, min_plane: int) -> bool:
+    n, (oh, ow) = out.shape[0], out.shape[2:]
     return (
-        usable_winograd_forward(src, filt, out, stride, pad, dilate, flip)
-        and min(filt.shape[1], filt.shape[2]) >= MIN_CHANNELS
+        min(filt.shape[1], filt.shape[2]) >= MIN_CHANNELS
+        and oh * ow >= min_plane
+        and n * oh * ow >= MIN_POSITIONS
+    )
+
+
+def preferred_winograd_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
+    """HEURISTIC's rule: usable, both ICg and OCg at least :data:`MIN_CHANNELS`, output planes
+    of at least :data:`MIN_PLANE` and :data:`MIN_POSITIONS` output positions in all."""
+    return usable_winograd_forward(src, filt, out, stride, pad, dilate, flip) and _large_enough(
+        filt, out, MIN_PLANE
     )
 
 
 def preferred_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
-    """HEURISTIC's rule: usable, and both ICg and OCg at least :data:`MIN_CHANNELS`."""
-    return (
-        usable_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip)
-        and min(filt.shape[1], filt.shape[2]) >= MIN_CHANNELS
-    )
+    """HEURISTIC's rule: usable, both ICg and OCg at least :data:`MIN_CHANNELS`, gradient
+    planes of at least :data:`MIN_PLANE_BACKWARD_DATA` and :data:`MIN_POSITIONS` positions."""
+    return usable_winograd_backward_data(
+        filt, diff, grad, stride, pad, dilate, flip
+    ) and _large_enough(filt, grad, MIN_PLANE_BACKWARD_DATA)
 
 
 def bind_winograd_forward(

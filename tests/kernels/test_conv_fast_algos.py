@@ -239,18 +239,34 @@ def _select(kind, c):
 
 
 @pytest.mark.parametrize("kind", ["forward", "backward_data"])
-def test_heuristic_takes_winograd_from_sixteen_channels(kind):
-    assert _select(kind, _case(icg=16, ocg=32, sshape=(14, 14))) == "WINOGRAD_F23"
-    assert _select(kind, _case(icg=32, ocg=16, sshape=(14, 14))) == "WINOGRAD_F23"
-    assert _select(kind, _case(icg=8, ocg=32, sshape=(14, 14))) != "WINOGRAD_F23"
-    strided = dict(_case(icg=16, ocg=16, sshape=(14, 14)), stride=(2, 2))
-    strided["oshape"] = (7, 7)
+def test_heuristic_takes_winograd_from_sixteen_channels_on_large_planes(kind):
+    big = dict(n=4, sshape=(56, 56))
+    assert _select(kind, _case(icg=16, ocg=32, **big)) == "WINOGRAD_F23"
+    assert _select(kind, _case(icg=32, ocg=16, **big)) == "WINOGRAD_F23"
+    assert _select(kind, _case(icg=8, ocg=32, **big)) != "WINOGRAD_F23"
+    # small planes, or one sample: the 16 thin GEMMs and the row transforms lose
+    assert _select(kind, _case(icg=16, ocg=16, n=64, sshape=(14, 14))) != "WINOGRAD_F23"
+    assert _select(kind, _case(icg=16, ocg=16, n=1, sshape=(56, 56))) != "WINOGRAD_F23"
+    strided = dict(_case(icg=16, ocg=16, **big), stride=(2, 2))
+    strided["oshape"] = (28, 28)
     assert _select(kind, strided) != "WINOGRAD_F23"
 
 
+def test_heuristic_takes_winograd_forward_from_28x28_planes():
+    assert _select("forward", _case(icg=16, ocg=16, n=16, sshape=(28, 28))) == "WINOGRAD_F23"
+    assert _select("backward_data", _case(icg=16, ocg=16, n=16, sshape=(28, 28))) != (
+        "WINOGRAD_F23"
+    )
+
+
 # ---- through the operators -----------------------------------------------------------------
-def test_gradient_through_the_operators_matches_float64():
+def test_gradient_through_the_operators_matches_float64(monkeypatch):
     from opr_harness import inputs, make_graph, run
+
+    from megbrain.kernels import conv_winograd
+
+    for rule in ("MIN_PLANE", "MIN_PLANE_BACKWARD_DATA", "MIN_POSITIONS"):
+        monkeypatch.setattr(conv_winograd, rule, 1)  # HEURISTIC takes Winograd on small shapes
 
     import megbrain.opr as O
     from megbrain.opr.grad import grad as graph_grad
