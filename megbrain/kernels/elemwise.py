@@ -17,6 +17,7 @@ import numpy as np
 from numpy.polynomial import chebyshev as _cheb
 
 from .. import dtype as _dt
+from .arrays import same_elements
 from .steps import Step, chain
 
 __all__ = [
@@ -572,13 +573,8 @@ def _compiled_bind(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray):
         return None
     if out.dtype != _F32 or out.size < COMPILED_MIN_SIZE:
         return None
-    ptr = out.__array_interface__["data"][0]
     for x in inputs:
-        if np.may_share_memory(x, out) and not (
-            x.shape == out.shape
-            and x.strides == out.strides
-            and x.__array_interface__["data"][0] == ptr
-        ):
+        if np.may_share_memory(x, out) and not same_elements(x, out):
             return None
     from . import jit_codegen
 

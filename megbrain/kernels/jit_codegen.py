@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from . import elemwise as ew
+from .arrays import same_elements
 from .steps import chain
 
 __all__ = [
@@ -884,14 +885,8 @@ def _bind_unfused(expr, inputs, out, reduce) -> Callable[[], None]:
 def _alias(args: list[np.ndarray]) -> int | None:
     """The input that ``out`` (the last arg) is exactly (same memory, shape and strides)."""
     out = args[-1]
-    ptr = out.__array_interface__["data"][0]
     for k, a in enumerate(args[:-1]):
-        if (
-            a.shape == out.shape
-            and a.strides == out.strides
-            and a.__array_interface__["data"][0] == ptr
-            and a.flags.writeable
-        ):
+        if same_elements(a, out) and a.flags.writeable:
             return k
     return None
 

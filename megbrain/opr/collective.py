@@ -30,6 +30,7 @@ from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_op
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..graph.var import InferType
+from ..kernels.arrays import same_elements
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, check_graph, insert_opr
 from .param_args import opr_params
@@ -103,13 +104,7 @@ class _Out:
 
 
 def _same_memory(a: np.ndarray | None, b: np.ndarray) -> bool:
-    """Whether ``a`` and ``b`` are the same elements (one array, or views alike)."""
-    return (
-        a is not None
-        and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-        and a.shape == b.shape
-        and a.strides == b.strides
-    )
+    return a is not None and same_elements(a, b)
 
 
 def _copy_then(src: np.ndarray, buf: np.ndarray, post):

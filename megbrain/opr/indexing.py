@@ -19,6 +19,7 @@ from ..graph import OperatorNodeBase, ParamBase, register_opr, sereg
 from ..graph.operator import fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.static_infer import infer_value as static_value
+from ..kernels.arrays import same_elements
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 
 __all__ = [
@@ -217,11 +218,7 @@ class _ModifySubtensor(_IndexedOpr):
 
     def bind(self, ins, outs):
         out, src, value = outs[0], ins[0], ins[1]
-        same = out is src or (
-            out.__array_interface__["data"][0] == src.__array_interface__["data"][0]
-            and out.strides == src.strides
-            and out.shape == src.shape
-        )
+        same = out is src or same_elements(out, src)
 
         def run():
             if not same:

@@ -24,6 +24,7 @@ from ..graph import (
     static_shape,
 )
 from ..graph.operator import fmt_shape
+from ..kernels.arrays import same_elements
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, input_list, insert_opr
 from .indexing import SubtensorIndexError, register_index_desc_opr
@@ -62,14 +63,6 @@ __all__ = [
     "param_pack_concat",
     "param_pack_offsets",
 ]
-
-
-def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
-    return (
-        a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-        and a.strides == b.strides
-        and a.shape == b.shape
-    )
 
 
 def _copy_unless_same(out: np.ndarray, src: np.ndarray, same: bool) -> None:
@@ -173,7 +166,7 @@ class IndexingSetOneHot(_OneHotBase):
     def bind(self, ins, outs):
         src, index, value, out = ins[0], ins[1], ins[2], outs[0]
         ax = self.param.axis % src.ndim
-        same = _same_memory(out, src)
+        same = same_elements(out, src)
 
         def run():
             _copy_unless_same(out, src, same)
@@ -397,7 +390,7 @@ class _VecIndexBase(OperatorNodeBase):
                 np.copyto(out, view[self._index_tuple(view.shape, axes, idx)])
 
             return run
-        value, same = ins[1], _same_memory(out, src)
+        value, same = ins[1], same_elements(out, src)
 
         def run_modify():
             _copy_unless_same(out, src, same)
