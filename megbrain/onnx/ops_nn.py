@@ -553,18 +553,7 @@ def _layer_norm(ctx):
     x, scale = ctx.input(0), ctx.input(1)
     src = static_shape(ctx, x)
     axis = _norm_axis(ctx, ctx.attr("axis"), len(src))
-    xf = x if np.dtype(x.dtype) == np.float32 else mgb.opr.typecvt(x, np.float32)
-    mean = xf
-    for a in range(axis, len(src)):
-        mean = mgb.opr.reduce_(mean, "MEAN", a, True)
-    d = E(xf, mean, mode="SUB")
-    v = E(d, d, mode="MUL")
-    for a in range(axis, len(src)):
-        v = mgb.opr.reduce_(v, "MEAN", a, True)
-    inv = E(E(v, _c(ctx, ctx.attr("epsilon"), xf), mode="ADD"), _c(ctx, -0.5, xf), mode="POW")
-    y = E(d, inv, mode="MUL")
-    if np.dtype(x.dtype) != np.float32:
-        y = mgb.opr.typecvt(y, x.dtype)
+    y, mean, inv = _normalized_parts(ctx, x, range(axis, len(src)), ctx.attr("epsilon"))
     y = E(y, scale, mode="MUL")
     if ctx.has(2):
         y = E(y, ctx.input(2), mode="ADD")
@@ -627,10 +616,12 @@ def _lrn(ctx):
     return E(x, E(den, _c(ctx, -ctx.attr("beta"), x), mode="POW"), mode="MUL")
 
 
-def _normalize(ctx, x, axes, eps, center=True):
-    """(x - mean) / sqrt(var + eps) over ``axes`` (kept), computed in float32."""
+def _normalized_parts(ctx, x, axes, eps, center=True):
+    """``(y, mean, inv)``: ``y = (x - mean) * inv`` in ``x``'s dtype with
+    ``inv = 1 / sqrt(var + eps)``, statistics over ``axes`` (kept), computed in float32
+    (``mean`` is None when not centering)."""
     xf = x if np.dtype(x.dtype) == np.float32 else mgb.opr.typecvt(x, np.float32)
-    d = xf
+    d, mean = xf, None
     if center:
         mean = xf
         for a in axes:
@@ -641,7 +632,13 @@ def _normalize(ctx, x, axes, eps, center=True):
         v = mgb.opr.reduce_(v, "MEAN", a, True)
     inv = E(E(v, _c(ctx, eps, xf), mode="ADD"), _c(ctx, -0.5, xf), mode="POW")
     y = E(d, inv, mode="MUL")
-    return y if np.dtype(x.dtype) == np.float32 else mgb.opr.typecvt(y, x.dtype)
+    y = y if np.dtype(x.dtype) == np.float32 else mgb.opr.typecvt(y, x.dtype)
+    return y, mean, inv
+
+
+def _normalize(ctx, x, axes, eps, center=True):
+    """(x - mean) / sqrt(var + eps) over ``axes`` (kept), computed in float32."""
+    return _normalized_parts(ctx, x, axes, eps, center)[0]
 
 
 @converter("InstanceNormalization", 6, attrs={"epsilon": 1e-5})
