@@ -22,8 +22,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import conv_loops, conv_winograd, workspace
-from .conv_winograd import _parallel, _split
+from . import conv_loops, conv_winograd, parallel, workspace
 from .dnn_conv import _Conv, _padded, compute_dtype
 from .steps import Step, chain
 
@@ -140,11 +139,11 @@ def bind_direct_forward(
     planes = geo.n * geo.g * geo.ocg
     if planes == 0 or oh <= 0 or ow <= 0:
         return chain(steps + post)
-    parts = _split(planes, conv_winograd.threads())
+    parts = parallel.ranges(planes, conv_winograd.threads(), conv_winograd._MIN_SPLIT_PLANES)
     acc = workspace.empty((len(parts), 2 * ((oh - 1) * xp.shape[3] + ow)), dt)
     calls = [_plane_step(xp, w, y, acc[i], geo.dilate, flip, p0, p1)
              for i, (p0, p1) in enumerate(parts)]  # fmt: skip
-    steps.append(_parallel(calls))
+    steps.append(parallel.concurrently(calls))
     return chain(steps + post)
 
 

@@ -82,25 +82,6 @@ def threads() -> int:
     return max(1, min(MAX_THREADS, n))
 
 
-def _split(total: int, parts: int) -> list[tuple[int, int]]:
-    parts = max(1, min(parts, total // _MIN_SPLIT_PLANES or 1))
-    bounds = [total * i // parts for i in range(parts + 1)]
-    return [(bounds[i], bounds[i + 1]) for i in range(parts)]
-
-
-def _parallel(calls: list[Callable[[], None]]) -> Step:
-    """A step running ``calls`` (GIL-free compiled loops, each with its own scratch) at once,
-    through :func:`parallel.split`'s pool."""
-    if len(calls) == 1:
-        return calls[0]
-
-    def run(lo: int, hi: int) -> None:
-        for k in range(lo, hi):
-            calls[k]()
-
-    return parallel.split(run, len(calls), 1)
-
-
 def _geometry_ok(nd: int, fshape, stride, dilate, dtype) -> bool:
     try:
         compute_dtype(dtype)
@@ -309,18 +290,18 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
         m = mflat[: 16 * oc * k * per_sample]
         v3, m3 = v.reshape(16, c, k * per_sample), m.reshape(16, oc, k * per_sample)
         calls = []
-        for i, (p0, p1) in enumerate(_split(k * c, nt)):
+        for i, (p0, p1) in enumerate(parallel.ranges(k * c, nt, _MIN_SPLIT_PLANES)):
             calls.append(_partial_input(x, v, iscratch[i], ph, pw, th, tw, a, c, p0, p1))
-        steps.append(_parallel(calls))
+        steps.append(parallel.concurrently(calls))
         for e in range(16):
             for gi in range(g):
                 steps.append(_matmul(u[e, gi], v3[e, gi * icg : (gi + 1) * icg],
                                      m3[e, gi * ocg : (gi + 1) * ocg]))  # fmt: skip
         calls = [
             _partial_output(m, y, oscratch[i], th, tw, a, oc, p0, p1)
-            for i, (p0, p1) in enumerate(_split(k * oc, nt))
+            for i, (p0, p1) in enumerate(parallel.ranges(k * oc, nt, _MIN_SPLIT_PLANES))
         ]
-        steps.append(_parallel(calls))
+        steps.append(parallel.concurrently(calls))
     if geo.n == 0:
         steps = []
     return chain(steps + post)

@@ -15,11 +15,11 @@ import concurrent.futures
 import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .steps import Step
 
-__all__ = ["num_threads", "split"]
+__all__ = ["concurrently", "num_threads", "ranges", "split"]
 
 _lock = threading.Lock()
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -71,10 +71,9 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
     min_items : int
         Fewest items worth one thread (below it, the hand-over costs more than it saves).
     """
-    parts = min(num_threads(), n // max(1, min_items))
-    if parts <= 1:
+    bounds = ranges(n, num_threads(), min_items)
+    if len(bounds) == 1:
         return functools.partial(fn, 0, n)
-    bounds = [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
     head, rest = bounds[0], bounds[1:]
 
     def run() -> None:
@@ -87,3 +86,23 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
                 f.result()
 
     return run
+
+
+def ranges(n: int, parts: int, min_items: int = 1) -> list[tuple[int, int]]:
+    """``[0, n)`` as at most ``parts`` contiguous ``(lo, hi)`` ranges of at least
+    ``min_items`` items each (a single range when that allows no more)."""
+    parts = max(1, min(parts, n // max(1, min_items)))
+    return [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
+
+
+def concurrently(calls: Sequence[Callable[[], None]]) -> Step:
+    """A step running ``calls`` (GIL-free kernels writing disjoint memory, each with its own
+    scratch) at once through :func:`split`'s pool; the call itself when there is one."""
+    if len(calls) == 1:
+        return calls[0]
+
+    def run(lo: int, hi: int) -> None:
+        for k in range(lo, hi):
+            calls[k]()
+
+    return split(run, len(calls), 1)
