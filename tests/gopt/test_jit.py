@@ -278,14 +278,65 @@ def test_falls_back_to_unfused_kernels_when_numba_fails(monkeypatch, reduce):
     np.testing.assert_allclose(out, jc.interpret(expr, [x, y], reduce), rtol=1e-6)
 
 
-def test_parallel_kernel(monkeypatch):
+def _record_parts(monkeypatch, parts: int = 3) -> list:
+    """Make parallel kernels split into ``parts``; returns the list of the part counts bound."""
+    seen: list = []
+    real = jc.concurrently
+
+    def concurrently(calls):
+        seen.append(len(calls))
+        return real(calls)
+
     monkeypatch.setattr(jc, "PARALLEL_MIN_SIZE", 1024)
+    monkeypatch.setattr(jc, "num_threads", lambda: parts)
+    monkeypatch.setattr(jc, "concurrently", concurrently)
+    return seen
+
+
+_EXPR3 = (("MUL", (("i", 0), ("i", 1))), ("EXP", (("t", 0),)), ("ADD", (("t", 1), ("i", 0))))
+
+
+@pytest.mark.parametrize(
+    "xshape, yshape",
+    [
+        ((5000,), (5000,)),  # flat: split along the index
+        ((1, 24, 9, 10), (1, 24, 1, 1)),  # bcast with A = 1: split along the channels
+        ((6, 8, 70), (1, 8, 1)),  # bcast: split along A, the channel operand read whole
+        ((12, 5, 40), (12, 1, 40)),  # nd: split along the first dim
+    ],
+)
+def test_parallel_kernel_is_split_over_the_kernel_pool(monkeypatch, xshape, yshape):
+    seen = _record_parts(monkeypatch)
     rng = np.random.default_rng(4)
-    x, y = (rng.uniform(-2, 2, 5000).astype(F32) for _ in range(2))
-    expr = (("MUL", (("i", 0), ("i", 1))), ("EXP", (("t", 0),)), ("ADD", (("t", 1), ("i", 0))))
-    out = np.empty_like(x)
-    jc.bind(expr, [x, y], out)()
+    x = rng.uniform(-2, 2, xshape).astype(F32)
+    y = rng.uniform(-2, 2, yshape).astype(F32)
+    out = np.full(np.broadcast_shapes(xshape, yshape), np.nan, F32)
+    jc.bind(_EXPR3, [x, y], out)()
+    assert seen == [3]
     np.testing.assert_allclose(out, np.exp(x * y) + x, rtol=2e-6, atol=1e-6)
+
+
+def test_parallel_kernel_in_place_and_no_numba_threading_layer(monkeypatch):
+    seen = _record_parts(monkeypatch, parts=2)
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-2, 2, (1, 16, 8, 9)).astype(F32)
+    b = rng.uniform(-2, 2, (1, 16, 1, 1)).astype(F32)
+    want = np.exp(x * b) + x
+    jc.bind(_EXPR3, [x, b], x)()  # the output is input 0
+    assert seen == [2]
+    np.testing.assert_allclose(x, want, rtol=2e-6, atol=1e-6)
+    import numba.np.ufunc.parallel as npar
+
+    assert not npar._is_initialized  # no OpenMP/TBB/workqueue pool next to OpenBLAS's
+
+
+def test_small_kernel_is_one_call(monkeypatch):
+    seen = _record_parts(monkeypatch)
+    x = np.ones(600, F32)  # below PARALLEL_MIN_SIZE // 2 per part: one part
+    out = np.empty_like(x)
+    jc.bind(_EXPR3, [x, x], out)()
+    assert seen == [1]
+    np.testing.assert_allclose(out, np.exp(1.0) + 1.0, rtol=1e-6)
 
 
 # ---- the pass -----------------------------------------------------------------------------
