@@ -297,8 +297,10 @@ def _pool(ctx, mode):
         factor = ctx.imm((np.prod(kernel) / count).astype(np.dtype(x.dtype))[None, None])
         include = True
     exclude = not include
-    if mode == "MAX" or factor is not None:
-        # pad explicitly (max: with the lowest value; average: with zeros)
+    direct_max = mode == "MAX" and all(b == e and b < k for (b, e), k in zip(pads, kernel))
+    if (mode == "MAX" and not direct_max) or factor is not None:
+        # pad explicitly (max: with the lowest value; average: with zeros); symmetric pads
+        # smaller than the window go to MAX pooling itself, which ignores padding
         dt = np.dtype(x.dtype)
         lowest = np.iinfo(dt).min if dt.kind in "iu" else -np.inf
         fill = lowest if mode == "MAX" else 0

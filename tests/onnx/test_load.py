@@ -444,3 +444,31 @@ def test_bitwise_ops_match_numpy(op, np_dt, onnx_t):
     fn = {"BitwiseAnd": np.bitwise_and, "BitwiseOr": np.bitwise_or, "BitwiseXor": np.bitwise_xor}
     (y,) = _run(load(m), a, b)
     np.testing.assert_array_equal(y, fn[op](a, b))
+
+
+@pytest.mark.parametrize(
+    "pads, ceil, direct",
+    [
+        ([1, 1, 1, 1], 0, True),  # ResNet's stem pooling: MAX pooling's own padding
+        ([0, 0, 0, 0], 1, False),  # ceil mode adds end pads: padded explicitly
+        ([1, 0, 0, 1], 0, False),  # asymmetric
+        ([2, 2, 2, 2], 0, True),  # the widest pad MAX pooling takes: every window holds input
+    ],
+)
+def test_maxpool_pads_go_to_pooling_when_symmetric(pads, ceil, direct):
+    from onnx.reference import ReferenceEvaluator
+
+    node = helper.make_node(
+        "MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=pads, ceil_mode=ceil
+    )
+    m = _model([node], [_vi("x", [1, 3, 10, 9])], [_vi("y", None)])
+    x = np.random.default_rng(3).uniform(-1, 1, (1, 3, 10, 9)).astype(np.float32)
+    res = load(m)
+    args = list(res.inputs.values())
+    f = res.graph.compile(args, [mgb.copy_output(v) for v in res.outputs.values()])
+    types = [o.type_name for o in f._func.iter_opr_seq()]
+    assert types.count("PoolingForward") == 1
+    assert ("Concat" not in types) == direct
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x})
+    (y,) = f(x)
+    np.testing.assert_array_equal(y, want)
