@@ -38,6 +38,9 @@ class _Plan:
         self.step_oprs: list = []
         self.node_steps: dict = {}  # comp node -> [(fn, opr)] for threaded runs
         self.events: list[threading.Event] = []
+        #: per part: whether a threaded function runs it on the caller's thread (one comp
+        #: node has work in it: nothing to overlap, no hand-offs)
+        self.inline: list[bool] = []
         self.sizes: dict = {}  # comp node -> arena bytes
         self.lower_bound: dict = {}
         self.arenas: dict = {}
@@ -133,7 +136,7 @@ class AsyncExecutable:
         if self._observers:
             for ob in self._observers:
                 ob.on_run_start(self, part)
-        if self._threaded:
+        if self._threaded and not plan.inline[part]:
             self._run_threaded(plan, part)
         else:
             t0 = time.perf_counter()
@@ -610,7 +613,7 @@ class AsyncExecutable:
             plan.step_oprs.append(step_oprs)
             plan.node_steps.append(per_node)
         if self._threaded:
-            plan.events = []
+            plan.events, plan.inline = [], []
             for k in range(len(self.parts)):
                 self._add_cross_node_sync(plan, k)
 
@@ -642,22 +645,33 @@ class AsyncExecutable:
         return run
 
     def _add_cross_node_sync(self, plan: _Plan, part: int) -> None:
-        """Make each comp node wait for vars it reads from another node (one Event per var)."""
+        """Make each comp node wait for vars it reads from another node (one Event per var).
+
+        A var is ready before the run when nothing in the part computes it: its operator
+        has no step and reads only such vars (a shared or immutable tensor and views of
+        it); its readers need no Event. A part whose work is then on one comp node runs on
+        the caller's thread (``plan.inline``), unless the async level asks for threads."""
         events: dict[VarNode, threading.Event] = {}
         waits: dict = {}
         start, end = self.part_bounds[part]
         seq = self.seq[start:end]
         in_part = set(seq)
-        for opr in seq:
-            for v in data_inputs(opr):
-                if v.comp_node != opr.comp_node and v.owner in in_part:
-                    ev = events.setdefault(v, threading.Event())
-                    waits.setdefault(opr, []).append(ev)
-        node_steps: dict = {}
         by_opr: dict = {}
         for lst in plan.node_steps[part].values():
             for fn, opr in lst:
                 by_opr.setdefault(opr, []).append(fn)
+        ready = set()  # operators of the part whose outputs are ready before the run
+        for opr in seq:
+            if opr not in by_opr and all(
+                v.owner in ready or v.owner not in in_part for v in data_inputs(opr)
+            ):
+                ready.add(opr)
+        for opr in seq:
+            for v in data_inputs(opr):
+                if v.comp_node != opr.comp_node and v.owner in in_part and v.owner not in ready:
+                    ev = events.setdefault(v, threading.Event())
+                    waits.setdefault(opr, []).append(ev)
+        node_steps: dict = {}
         for opr in seq:
             lst = node_steps.setdefault(opr.comp_node, [])
             for ev in waits.get(opr, ()):
@@ -670,6 +684,8 @@ class AsyncExecutable:
                     lst.append((ev.set, opr))
         plan.node_steps[part] = node_steps
         plan.events.append(list(events.values()))
+        busy = sum(1 for lst in node_steps.values() if lst)
+        plan.inline.append(busy <= 1 and not self.graph.options.async_exec_level & 0b110)
 
     def _run_threaded(self, plan: _Plan, part: int) -> None:
         events = plan.events[part]

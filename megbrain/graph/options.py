@@ -109,8 +109,8 @@ class GraphOptions:
     force_dynamic_alloc: bool = False
     #: Reshape dynamically shaped grads whose wrt has a static shape.
     enable_grad_var_static_reshape: bool = False
-    #: 0: run on the caller's thread; 1: dispatch to comp node workers when a function uses
-    #: more than one comp node; mask 0b10: also for a single CPU comp node; 0b100: always.
+    #: 0: run on the caller's thread; 1: dispatch to comp node workers when more than one
+    #: comp node has work in a run; mask 0b10: also for a single CPU comp node; 0b100: always.
     async_exec_level: int = 1
     #: 0 disabled; 1 arithmetic simplification while building; 2 also global passes before
     #: compile (and the threshold of the VirtualGrad default); 3 also JIT; negative: check.
