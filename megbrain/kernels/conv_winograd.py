@@ -5,20 +5,25 @@ convolution of ``diff`` with the transposed, flipped filter).
 Each 2x2 block of outputs (a tile) is computed from the 4x4 input patch under it as
 ``A^T [U * V] A``, with ``U = G g G^T`` the transformed filter and ``V = B^T d B`` the
 transformed patch: summed over the input channels, the 16 elementwise products become 16
-GEMMs ``M[e] = U[e] (OC, IC) @ V[e] (IC, tiles)`` (one per group and element ``e``), 2.25x
-fewer multiplications than im2col + GEMM, and the transformed input holds 4 values per
-input element instead of im2col's 9. The transforms are compiled loops
-(:mod:`conv_loops`), split over :func:`threads` Python threads; the GEMMs are 2-d
-``np.matmul`` calls (OpenBLAS threads them). The batch is processed in chunks keeping the
-transformed input and the products under :data:`BUFFER_LIMIT` bytes.
+GEMMs ``M[e] = U[e] (OC, IC) @ V[e] (IC, tiles)`` (per group), 2.25x fewer multiplications
+than im2col + GEMM.
+
+The work is cut into *bands* (a few tile rows of one sample, every channel), each small enough
+(:data:`BAND_BYTES`) that its transformed input and products stay in the core's cache between
+the three stages: input transform (compiled, :mod:`conv_winograd_loops`), one batched
+``np.matmul`` of the 16 (per group) GEMMs with the band's tiles as their long dimension, and
+output transform straight into the output rows. The bands are split over :func:`threads`
+threads, each a whole pipeline with its own buffers, BLAS running single-threaded on each
+(:func:`parallel.blas_single_threaded`): OpenBLAS's own threads on these thin GEMMs scaled
+1.4x on 2 cores, and spinning, they fought the transform threads for the cores under load.
 
 F(2x2, 3x3) is as accurate as im2col + GEMM in float32 (its transforms only add, subtract
-and halve); the larger F(4x4, 3x3) tiles are not used, their transforms (coefficients up to
-8 and 1/24) lose about two more digits.
+and halve; the filter transform is computed in float64); the larger F(4x4, 3x3) tiles are
+not used, their transforms (coefficients up to 8 and 1/24) lose about two more digits.
 
-Every buffer rewritten on each run (transformed filter, input and products, scratch rows,
-the float32 copies of a float16/bfloat16 operand) comes from :func:`workspace.empty`;
-nothing is allocated when the bound callable runs.
+Every buffer rewritten on each run (transformed filter, each thread's transformed band and
+products and scratch, the float32 copies of a float16/bfloat16 operand) comes from
+:func:`workspace.empty`; nothing is allocated when the bound callable runs.
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import conv_loops, parallel, workspace
+from . import conv_winograd_loops, parallel, workspace
 from .dnn_conv import _Conv, compute_dtype
 from .steps import Step, chain
 
 __all__ = [
-    "BUFFER_LIMIT",
+    "BAND_BYTES",
     "MAX_THREADS",
     "THREADS",
     "bind_winograd_backward_data",
@@ -49,10 +54,9 @@ __all__ = [
     "usable_winograd_forward",
 ]
 
-#: the most bytes the transformed input and the products of one batch chunk take together
-#: (at least one sample): measured on 2 cores, 2 MiB chunks ran 1.3x faster than 64 MiB ones
-#: for 128x16x14x14 (the transforms then read and write cache, not memory)
-BUFFER_LIMIT = 2 << 20
+#: the most bytes one band's transformed input and products take together (at least one tile
+#: row): the three stages of a band then work in the core's cache (L2 is 512 KiB here)
+BAND_BYTES = 512 << 10
 #: HEURISTIC takes Winograd when both channel counts of a group are at least this (the GEMMs'
 #: dims; below, their (OC, IC) @ (IC, tiles) products are too thin to pay for the transforms)
 MIN_CHANNELS = 16
@@ -67,14 +71,15 @@ MIN_PLANE = 28 * 28
 MIN_PLANE_BACKWARD_DATA = 56 * 56
 #: ... and of the whole batch, for HEURISTIC to take Winograd
 MIN_POSITIONS = 12544
-#: Python threads a transform is split over; None: :func:`parallel.num_threads` (the BLAS
+#: threads the bands are split over; None: :func:`parallel.num_threads` (the BLAS
 #: thread count, so that both sides of a comparison use the same threads), at most
 #: :data:`MAX_THREADS`
 THREADS: int | None = None
 MAX_THREADS = 4
-#: a transform is split over threads only when it has at least this many (sample, channel)
-#: planes (each thread's call costs a few microseconds)
+#: conv_direct splits its planes over threads only when each thread gets at least this many
+#: (sample, channel) planes (each thread's call costs a few microseconds)
 _MIN_SPLIT_PLANES = 8
+
 
 def threads() -> int:
     """The thread count the transforms are split over now (:data:`THREADS`)."""
@@ -248,6 +253,18 @@ def bind_winograd_backward_data(
     return _bind(geo, diff, tfilt, grad, not flip, "ConvolutionBackwardData")
 
 
+def _band_rows(n: int, th: int, per_row: int, nt: int) -> int:
+    """Tile rows per band: at most :data:`BAND_BYTES` of buffers (at least one row), the
+    fewest tile rows on the busiest of ``nt`` threads, the largest bands among those."""
+    rmax = max(1, min(th, BAND_BYTES // max(1, per_row)))
+    best = (0, 0)
+    for r in range(rmax, 0, -1):
+        path = -(-n * -(-th // r) // nt) * r
+        if not best[0] or path < best[0]:
+            best = (path, r)
+    return best[1]
+
+
 def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], None]:
     dt = compute_dtype(src.dtype)
     steps: list[Step] = []
@@ -264,65 +281,54 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     if out.dtype != dt or not out.flags.c_contiguous:
         y = workspace.empty(out.shape, dt)
         post.append(functools.partial(np.copyto, out, y, "unsafe"))
+    if geo.n == 0:
+        return chain([])
     g, ocg, icg = geo.g, geo.ocg, geo.icg
     c, oc = geo.c, g * ocg
     (ph, pw), (oh, ow) = geo.pad, geo.oshape
     th, tw = (oh + 1) // 2, (ow + 1) // 2
-    per_sample = th * tw
-    # the transformed input (16, C, k tiles) and the products (16, OC, k tiles) of a chunk
-    nb = max(1, min(geo.n, BUFFER_LIMIT // max(1, 16 * (c + oc) * per_sample * dt.itemsize)))
-    vflat = workspace.empty((16 * c * nb * per_sample,), dt)
-    mflat = workspace.empty((16 * oc * nb * per_sample,), dt)
+    nt = threads() if parallel.can_single_thread_blas() else 1
+    rows = _band_rows(geo.n, th, 16 * (c + oc) * tw * dt.itemsize, nt)
+    bands = [(k, r0, min(th, r0 + rows)) for k in range(geo.n) for r0 in range(0, th, rows)]
+    nt = min(nt, len(bands))
+    ffilter, finput, foutput = conv_winograd_loops.compiled()
     u = workspace.empty((16, g, ocg, icg), dt)
-    tscratch = workspace.empty((4, 3), dt)
-    nt = threads()
-    iscratch = workspace.empty((nt, 2 * (tw + 1) + 8 * (th + 1) * tw), dt)
-    oscratch = workspace.empty((nt, 4 * th * tw), dt)
 
-    def filter_step(f=filt, u=u, t=tscratch, flip=flip, g=g):
-        conv_loops.winograd_filter(f, u, t, flip, 0, g)
+    def filter_part(lo: int, hi: int, f=filt, u=u, flip=bool(flip)) -> None:
+        ffilter(f, u, flip, lo, hi)
 
-    steps.append(filter_step)
-    for a in range(0, geo.n, nb):
-        b = min(geo.n, a + nb)
-        k = b - a
-        v = vflat[: 16 * c * k * per_sample]
-        m = mflat[: 16 * oc * k * per_sample]
-        v3, m3 = v.reshape(16, c, k * per_sample), m.reshape(16, oc, k * per_sample)
-        calls = []
-        for i, (p0, p1) in enumerate(parallel.ranges(k * c, nt, _MIN_SPLIT_PLANES)):
-            calls.append(_partial_input(x, v, iscratch[i], ph, pw, th, tw, a, c, p0, p1))
-        steps.append(parallel.concurrently(calls))
-        for e in range(16):
-            for gi in range(g):
-                steps.append(_matmul(u[e, gi], v3[e, gi * icg : (gi + 1) * icg],
-                                     m3[e, gi * ocg : (gi + 1) * ocg]))  # fmt: skip
-        calls = [
-            _partial_output(m, y, oscratch[i], th, tw, a, oc, p0, p1)
-            for i, (p0, p1) in enumerate(parallel.ranges(k * oc, nt, _MIN_SPLIT_PLANES))
-        ]
-        steps.append(parallel.concurrently(calls))
-    if geo.n == 0:
-        steps = []
+    steps.append(parallel.split(filter_part, g * ocg, max(1, 2048 // (icg + 1))))
+    calls = []
+    for p0, p1 in parallel.ranges(len(bands), nt):
+        tb = rows * tw
+        v = workspace.empty((16 * c * tb,), dt)
+        m = workspace.empty((16 * oc * tb,), dt)
+        s = workspace.empty((2 * (tw + 1) + 8 * (rows + 1) * tw,), dt)
+        z = workspace.empty((4 * tb,), dt)
+        work = []
+        for k, r0, r1 in bands[p0:p1]:
+            n = (r1 - r0) * tw
+            v4 = v[: 16 * c * n].reshape(16, g, icg, n)
+            m4 = m[: 16 * oc * n].reshape(16, g, ocg, n)
+            work.append((k, r0, r1, v4, m4))
+        calls.append(_pipeline(x, y, u, v, m, s, z, ph, pw, tw, work, finput, foutput))
+    run = parallel.concurrently(calls)
+    if nt > 1:
+        def run(run=run) -> None:
+            with parallel.blas_single_threaded():
+                run()
+
+    steps.append(run)
     return chain(steps + post)
 
 
-def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
+def _pipeline(x, y, u, v, m, s, z, ph, pw, tw, work, finput, foutput) -> Step:
+    """One thread's bands, each transformed, multiplied and transformed back in turn."""
+
     def step() -> None:
-        np.matmul(a, b, out=out)
-
-    return step
-
-
-def _partial_input(x, v, scratch, ph, pw, th, tw, a, c, p0, p1) -> Step:
-    def step() -> None:
-        conv_loops.winograd_input(x, v, scratch, ph, pw, th, tw, a, c, p0, p1)
-
-    return step
-
-
-def _partial_output(m, y, scratch, th, tw, a, oc, p0, p1) -> Step:
-    def step() -> None:
-        conv_loops.winograd_output(m, y, scratch, th, tw, a, oc, p0, p1)
+        for k, r0, r1, v4, m4 in work:
+            finput(x, v, s, k, ph, pw, tw, r0, r1)
+            np.matmul(u, v4, out=m4)
+            foutput(m, y, z, k, tw, r0, r1)
 
     return step

@@ -12,6 +12,7 @@ such parts and never submit work themselves, so callers cannot deadlock on it.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import os
 import threading
@@ -19,7 +20,14 @@ from collections.abc import Callable, Sequence
 
 from .steps import Step
 
-__all__ = ["concurrently", "num_threads", "ranges", "split"]
+__all__ = [
+    "blas_single_threaded",
+    "can_single_thread_blas",
+    "concurrently",
+    "num_threads",
+    "ranges",
+    "split",
+]
 
 _lock = threading.Lock()
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -106,3 +114,55 @@ def concurrently(calls: Sequence[Callable[[], None]]) -> Step:
             calls[k]()
 
     return split(run, len(calls), 1)
+
+
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_saved: list[int] = []
+
+
+@functools.cache
+def _blas_libs() -> tuple:
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return ()
+    return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+
+
+def can_single_thread_blas() -> bool:
+    """Whether :func:`blas_single_threaded` can set the BLAS thread count (``threadpoolctl``
+    is installed and finds the BLAS library)."""
+    return bool(_blas_libs())
+
+
+@contextlib.contextmanager
+def blas_single_threaded():
+    """Run the block with BLAS at one thread, so that several threads of a split kernel can
+    each call BLAS on their own part (a BLAS call from a thread then runs on that thread, and
+    OpenBLAS's threaded GEMMs, which serialize on one lock, are not entered).
+
+    The thread count is process-wide: a GEMM another thread starts meanwhile runs
+    single-threaded too (its result is the same). Nested and concurrent blocks are counted:
+    the count is restored when the last one ends. Without ``threadpoolctl`` nothing changes.
+    """
+    global _blas_users, _blas_saved
+    libs = _blas_libs()
+    if not libs:
+        yield
+        return
+    num_threads()  # measured before it is lowered
+    with _blas_lock:
+        if _blas_users == 0:
+            _blas_saved = [lib.get_num_threads() for lib in libs]
+            for lib in libs:
+                lib.set_num_threads(1)
+        _blas_users += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0:
+                for lib, n in zip(libs, _blas_saved):
+                    lib.set_num_threads(n)

@@ -87,19 +87,16 @@ def test_backward_data_matches_float64(c, dtype):
 
 
 @settings(max_examples=20, deadline=None)
-@given(c=winograd_cases(max_pad=2), per_chunk=st.integers(1, 2), threads=st.integers(1, 3))
-def test_batch_chunks_and_thread_splits_match_float64(c, per_chunk, threads):
+@given(c=winograd_cases(max_pad=2), band=st.integers(1, 3), threads=st.integers(1, 3))
+def test_bands_and_thread_splits_match_float64(c, band, threads):
     c = dict(c, n=3)
     x, w, dy = _arrays(c)
     y, gx = np.full(dy.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
-    tiles = ((c["oshape"][0] + 1) // 2) * ((c["oshape"][1] + 1) // 2)
     with pytest.MonkeyPatch.context() as mp:
-        # one or two samples per chunk (a short last chunk), planes split over threads
-        limit = 16 * c["g"] * (c["icg"] + c["ocg"]) * 4 * per_chunk
-        mp.setattr(conv_winograd, "BUFFER_LIMIT", limit * max(tiles, (c["sshape"][0] + 1) // 2
-                                                              * ((c["sshape"][1] + 1) // 2)))
+        # bands of one to three tile rows (a short last band), split over threads
+        per_row = 16 * c["g"] * (c["icg"] + c["ocg"]) * 4 * ((max(c["sshape"]) + 3) // 2)
+        mp.setattr(conv_winograd, "BAND_BYTES", per_row * band)
         mp.setattr(conv_winograd, "THREADS", threads)
-        mp.setattr(conv_winograd, "_MIN_SPLIT_PLANES", 1)
         _FWD(x, w, y, *_geometry(c))()
         _BWD(w, dy, gx, *_geometry(c))()
     np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
@@ -220,15 +217,17 @@ def test_empty_batch():
 
 
 def test_runs_are_bitwise_reproducible():
+    # the same bands give the same bits on every run and over any number of threads (each
+    # band's GEMMs run on one thread); the band size is fixed at bind time
     c = _case(n=4, icg=8, ocg=8, sshape=(12, 12))
     x, w, dy = _arrays(c)
-    y1, y2 = np.empty(dy.shape, np.float32), np.empty(dy.shape, np.float32)
-    _FWD(x, w, y1, *_geometry(c))()
+    ys = [np.empty(dy.shape, np.float32) for _ in range(3)]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(conv_winograd, "THREADS", 3)
-        mp.setattr(conv_winograd, "_MIN_SPLIT_PLANES", 1)
-        _FWD(x, w, y2, *_geometry(c))()
-    assert np.array_equal(y1, y2)
+        mp.setattr(conv_winograd, "BAND_BYTES", 1)
+        for y, threads in zip(ys, (2, 3, 3)):
+            mp.setattr(conv_winograd, "THREADS", threads)
+            _FWD(x, w, y, *_geometry(c))()
+    assert np.array_equal(ys[0], ys[1]) and np.array_equal(ys[1], ys[2])
 
 
 # ---- registration and HEURISTIC ------------------------------------------------------------
