@@ -14,6 +14,12 @@ CNNs) have their own single-pass loops, and so has the MAX backward of 3x3 windo
 and padding 1 (ResNet's stem), which computes each gradient element once instead of zeroing
 the gradient and adding to it per window offset.
 
+The 2x2 loops work in explicit vector chunks of 8 (or 4) outputs, emitted as LLVM vector IR
+(:func:`_chunk_2x2`): LLVM's loop vectoriser needs rows of at least 16 outputs before its
+vector body runs (the CNNs' 28x28 .. 8x8 planes have 14 .. 4) and Numba leaves the SLP
+vectoriser off. A row's last chunk overlaps the one before it instead of a scalar tail: the
+loops only write, so recomputing a few outputs gives the same values.
+
 MAX propagates NaN as ``numpy.maximum`` does; its backward gives each window's ``diff`` to
 every element equal to the window's maximum (MegDNN's rule: ties share it).
 
@@ -143,20 +149,38 @@ def _fwd_max_2x2(x, y, lo, hi):  # pragma: no cover - compiled
     oh_, ow_ = y.shape[1], y.shape[2]
     for p in range(lo, hi):
         for i in range(oh_):
-            r0, r1, yr = x[p, 2 * i], x[p, 2 * i + 1], y[p, i]
-            for j in range(ow_):
-                a, b = r0[2 * j], r0[2 * j + 1]
-                c, d = r1[2 * j], r1[2 * j + 1]
-                yr[j] = np.maximum(np.maximum(a, b), np.maximum(c, d))
+            if ow_ >= 8:
+                for j in range(0, ow_ - 7, 8):
+                    _v_fwd_max8(x, y, p, i, j)
+                if ow_ % 8:
+                    _v_fwd_max8(x, y, p, i, ow_ - 8)
+            elif ow_ >= 4:
+                _v_fwd_max4(x, y, p, i, 0)
+                _v_fwd_max4(x, y, p, i, ow_ - 4)
+            else:
+                r0, r1, yr = x[p, 2 * i], x[p, 2 * i + 1], y[p, i]
+                for j in range(ow_):
+                    a, b = r0[2 * j], r0[2 * j + 1]
+                    c, d = r1[2 * j], r1[2 * j + 1]
+                    yr[j] = np.maximum(np.maximum(a, c), np.maximum(b, d))
 
 
 def _fwd_avg_2x2(x, y, inv, lo, hi):  # pragma: no cover - compiled
     oh_, ow_ = y.shape[1], y.shape[2]
     for p in range(lo, hi):
         for i in range(oh_):
-            r0, r1, yr = x[p, 2 * i], x[p, 2 * i + 1], y[p, i]
-            for j in range(ow_):
-                yr[j] = ((r0[2 * j] + r0[2 * j + 1]) + (r1[2 * j] + r1[2 * j + 1])) * inv
+            if ow_ >= 8:
+                for j in range(0, ow_ - 7, 8):
+                    _v_fwd_avg8(x, y, inv, p, i, j)
+                if ow_ % 8:
+                    _v_fwd_avg8(x, y, inv, p, i, ow_ - 8)
+            elif ow_ >= 4:
+                _v_fwd_avg4(x, y, inv, p, i, 0)
+                _v_fwd_avg4(x, y, inv, p, i, ow_ - 4)
+            else:  # the vector chunks' order of additions
+                r0, r1, yr = x[p, 2 * i], x[p, 2 * i + 1], y[p, i]
+                for j in range(ow_):
+                    yr[j] = ((r0[2 * j] + r1[2 * j]) + (r0[2 * j + 1] + r1[2 * j + 1])) * inv
 
 
 def _bwd_max(x, y, d, g, wh, ww, sh, sw, ph, pw, lo, hi):  # pragma: no cover - compiled
@@ -251,18 +275,27 @@ def _bwd_max_2x2(x, y, d, g, lo, hi):  # pragma: no cover - compiled
     z = np.zeros(1, g.dtype)[0]
     for p in range(lo, hi):
         for i in range(oh_):
-            r0, r1 = x[p, 2 * i], x[p, 2 * i + 1]
-            g0, g1 = g[p, 2 * i], g[p, 2 * i + 1]
-            yr, dr = y[p, i], d[p, i]
-            for j in range(ow_):
-                m, v = yr[j], dr[j]
-                g0[2 * j] = v if r0[2 * j] == m else z
-                g0[2 * j + 1] = v if r0[2 * j + 1] == m else z
-                g1[2 * j] = v if r1[2 * j] == m else z
-                g1[2 * j + 1] = v if r1[2 * j + 1] == m else z
+            if ow_ >= 8:
+                for j in range(0, ow_ - 7, 8):
+                    _v_bwd_max8(x, y, d, g, p, i, j)
+                if ow_ % 8:
+                    _v_bwd_max8(x, y, d, g, p, i, ow_ - 8)
+            elif ow_ >= 4:
+                _v_bwd_max4(x, y, d, g, p, i, 0)
+                _v_bwd_max4(x, y, d, g, p, i, ow_ - 4)
+            else:
+                r0, r1 = x[p, 2 * i], x[p, 2 * i + 1]
+                g0, g1 = g[p, 2 * i], g[p, 2 * i + 1]
+                yr, dr = y[p, i], d[p, i]
+                for j in range(ow_):
+                    m, v = yr[j], dr[j]
+                    g0[2 * j] = v if r0[2 * j] == m else z
+                    g0[2 * j + 1] = v if r0[2 * j + 1] == m else z
+                    g1[2 * j] = v if r1[2 * j] == m else z
+                    g1[2 * j + 1] = v if r1[2 * j + 1] == m else z
             for j in range(2 * ow_, w_):
-                g0[j] = 0
-                g1[j] = 0
+                g[p, 2 * i, j] = 0
+                g[p, 2 * i + 1, j] = 0
         for hh in range(2 * oh_, h_):
             for j in range(w_):
                 g[p, hh, j] = 0
@@ -273,19 +306,129 @@ def _bwd_avg_2x2(d, g, inv, lo, hi):  # pragma: no cover - compiled
     oh_, ow_ = d.shape[1], d.shape[2]
     for p in range(lo, hi):
         for i in range(oh_):
-            g0, g1, dr = g[p, 2 * i], g[p, 2 * i + 1], d[p, i]
-            for j in range(ow_):
-                v = dr[j] * inv
-                g0[2 * j] = v
-                g0[2 * j + 1] = v
-                g1[2 * j] = v
-                g1[2 * j + 1] = v
+            if ow_ >= 8:
+                for j in range(0, ow_ - 7, 8):
+                    _v_bwd_avg8(d, g, inv, p, i, j)
+                if ow_ % 8:
+                    _v_bwd_avg8(d, g, inv, p, i, ow_ - 8)
+            elif ow_ >= 4:
+                _v_bwd_avg4(d, g, inv, p, i, 0)
+                _v_bwd_avg4(d, g, inv, p, i, ow_ - 4)
+            else:
+                g0, g1, dr = g[p, 2 * i], g[p, 2 * i + 1], d[p, i]
+                for j in range(ow_):
+                    v = dr[j] * inv
+                    g0[2 * j] = v
+                    g0[2 * j + 1] = v
+                    g1[2 * j] = v
+                    g1[2 * j + 1] = v
             for j in range(2 * ow_, w_):
-                g0[j] = 0
-                g1[j] = 0
+                g[p, 2 * i, j] = 0
+                g[p, 2 * i + 1, j] = 0
         for hh in range(2 * oh_, h_):
             for j in range(w_):
                 g[p, hh, j] = 0
+
+
+# ---- vector chunks of the 2x2 loops ------------------------------------------------------
+_CHUNK_ARGS = {"fwd_max": 2, "fwd_avg": 3, "bwd_max": 4, "bwd_avg": 3}
+# the chunks, bound by _compile before the loops calling them are compiled
+_v_fwd_max4 = _v_fwd_max8 = _v_fwd_avg4 = _v_fwd_avg8 = None
+_v_bwd_max4 = _v_bwd_max8 = _v_bwd_avg4 = _v_bwd_avg8 = None
+
+
+def _chunk_2x2(kind: str, width: int):
+    """A Numba intrinsic computing ``width`` outputs ``j .. j + width - 1`` of output row ``i``
+    of plane ``p`` of a 2x2, stride-2 pooling (``kind``: ``fwd_max(x, y, p, i, j)``,
+    ``fwd_avg(x, y, inv, p, i, j)``, ``bwd_max(x, y, d, g, p, i, j)``,
+    ``bwd_avg(d, g, inv, p, i, j)``) as LLVM vector instructions: the two source rows'
+    ``2 * width`` elements are loaded as vectors, folded top with bottom, then even with odd
+    lanes (forward); the backward duplicates ``dst`` / ``diff`` into lane pairs. MAX is
+    ``llvm.maximum`` (NaN-propagating, as ``numpy.maximum``); its backward selects ``diff``
+    where ``src == dst`` (an ordered compare: a NaN maximum gives no gradient)."""
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    i32 = ir.IntType(32)
+
+    def lanes(n, f):
+        return ir.Constant(ir.VectorType(i32, n), [f(k) for k in range(n)])
+
+    pairs = lanes(2 * width, lambda k: k // 2)  # lane k of 2 * width: element k // 2
+    even, odd = lanes(width, lambda k: 2 * k), lanes(width, lambda k: 2 * k + 1)
+
+    def codegen(context, builder, sig, args):
+        elt = context.get_data_type(sig.args[0].dtype)
+        align = context.get_abi_sizeof(elt)
+        wide, narrow = ir.VectorType(elt, 2 * width), ir.VectorType(elt, width)
+        p, i, j = args[-3:]
+        i2 = builder.add(i, i)
+        rows = (i2, builder.add(i2, ir.Constant(i.type, 1)))
+        j2 = builder.add(j, j)
+
+        def ptr(k, row, col, vty):
+            ary = context.make_array(sig.args[k])(context, builder, args[k])
+            item = cgutils.get_item_pointer(
+                context, builder, sig.args[k], ary, [p, row, col], wraparound=False
+            )
+            return builder.bitcast(item, vty.as_pointer())
+
+        def load(k, row, col, vty):
+            return builder.load(ptr(k, row, col, vty), align=align)
+
+        def store(val, k, row, col):
+            builder.store(val, ptr(k, row, col, val.type), align=align)
+
+        def vmax(a, b):
+            suffix = "f32" if isinstance(elt, ir.FloatType) else "f64"
+            fnty = ir.FunctionType(a.type, [a.type, a.type])
+            name = f"llvm.maximum.v{a.type.count}{suffix}"
+            return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), [a, b])
+
+        def splat(s, vty):
+            v = builder.insert_element(ir.Constant(vty, ir.Undefined), s, ir.Constant(i32, 0))
+            return builder.shuffle_vector(v, v, lanes(vty.count, lambda k: 0))
+
+        def halves(v):
+            return builder.shuffle_vector(v, v, even), builder.shuffle_vector(v, v, odd)
+
+        if kind == "fwd_max":
+            store(vmax(*halves(vmax(*(load(0, r, j2, wide) for r in rows)))), 1, i, j)
+        elif kind == "fwd_avg":
+            total = builder.fadd(*halves(builder.fadd(*(load(0, r, j2, wide) for r in rows))))
+            store(builder.fmul(total, splat(args[2], narrow)), 1, i, j)
+        elif kind == "bwd_max":
+            m, v = load(1, i, j, narrow), load(2, i, j, narrow)
+            mm, vv = builder.shuffle_vector(m, m, pairs), builder.shuffle_vector(v, v, pairs)
+            for r in rows:
+                hit = builder.fcmp_ordered("==", load(0, r, j2, wide), mm)
+                store(builder.select(hit, vv, ir.Constant(wide, None)), 3, r, j2)
+        else:
+            v = builder.fmul(load(0, i, j, narrow), splat(args[2], narrow))
+            vv = builder.shuffle_vector(v, v, pairs)
+            for r in rows:
+                store(vv, 1, r, j2)
+        return context.get_dummy_value()
+
+    if _CHUNK_ARGS[kind] == 2:
+
+        def typer(typingctx, a, b, p, i, j):
+            return types.void(a, b, p, i, j), codegen
+
+    elif _CHUNK_ARGS[kind] == 3:
+
+        def typer(typingctx, a, b, c, p, i, j):
+            return types.void(a, b, c, p, i, j), codegen
+
+    else:
+
+        def typer(typingctx, a, b, c, e, p, i, j):
+            return types.void(a, b, c, e, p, i, j), codegen
+
+    typer.__name__ = f"_v_{kind}{width}"
+    return intrinsic(typer)
 
 
 _compile_lock = threading.Lock()
@@ -311,6 +454,12 @@ def _compile() -> SimpleNamespace:
 
     jit = functools.partial(njit, nogil=True, cache=True, error_model="numpy")
     global _cols, _row_max, _row_add, _row_bwd_max, _row_bwd_add, _row_bwd_max_3s2
+    global _v_fwd_max4, _v_fwd_max8, _v_fwd_avg4, _v_fwd_avg8
+    global _v_bwd_max4, _v_bwd_max8, _v_bwd_avg4, _v_bwd_avg8
+    _v_fwd_max4, _v_fwd_max8 = _chunk_2x2("fwd_max", 4), _chunk_2x2("fwd_max", 8)
+    _v_fwd_avg4, _v_fwd_avg8 = _chunk_2x2("fwd_avg", 4), _chunk_2x2("fwd_avg", 8)
+    _v_bwd_max4, _v_bwd_max8 = _chunk_2x2("bwd_max", 4), _chunk_2x2("bwd_max", 8)
+    _v_bwd_avg4, _v_bwd_avg8 = _chunk_2x2("bwd_avg", 4), _chunk_2x2("bwd_avg", 8)
     inline = njit(inline="always")
     _cols, _row_max, _row_add = inline(_cols), inline(_row_max), inline(_row_add)
     _row_bwd_max, _row_bwd_add = inline(_row_bwd_max), inline(_row_bwd_add)

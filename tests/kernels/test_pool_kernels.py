@@ -157,6 +157,35 @@ def test_compiled_loops_odd_and_even_sizes(mode, geometry, size):
     _check(mode, (w, w), (s, s), (p, p), size, (2, 3), np.float32, True, False, seed=3)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ow", [1, 3, 4, 5, 7, 8, 9, 14, 16, 17])
+def test_2x2_vector_chunks(mode, dtype, ow):
+    # the 2x2 loops' vector chunks: 8 outputs (a last chunk overlapping the one before when
+    # ow % 8), 4 outputs twice for 4 <= ow < 8, scalar below; an odd last row / column
+    for size in [(4, 2 * ow), (5, 2 * ow + 1)]:
+        _check(mode, (2, 2), (2, 2), (0, 0), size, (2, 3), dtype, True, False, seed=ow)
+
+
+@pytest.mark.parametrize("ow", [2, 5, 8, 11])
+def test_2x2_max_propagates_nan_in_every_lane(ow):
+    rng = np.random.default_rng(ow)
+    x = rng.uniform(-1, 1, (1, 2, 4, 2 * ow)).astype(np.float32)
+    x[0, 0, 1, ::3] = np.nan  # a NaN in every third window of row 0
+    y = np.empty((1, 2, 2, ow), np.float32)
+    dnn_pool.bind_pooling(x, y, "MAX", (2, 2), (2, 2), (0, 0))()
+    want = ref_forward(x, "MAX", (2, 2), (2, 2), (0, 0))
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+    np.testing.assert_allclose(y[~np.isnan(y)], want[~np.isnan(want)], rtol=0)
+    # a NaN maximum gives its window no gradient (src == dst is false), the others do
+    gx = np.full_like(x, 7.0)
+    dy = np.ones_like(y)
+    dnn_pool.bind_pooling_backward(x, y, dy, gx, "MAX", (2, 2), (2, 2), (0, 0))()
+    want_gx = ref_backward(x, y, dy, "MAX", (2, 2), (2, 2), (0, 0))
+    assert not want_gx[0, 0, :2, ::6].any() and want_gx[0, 1].any()
+    np.testing.assert_array_equal(gx, want_gx)
+
+
 def test_max_ties_share_the_diff():
     x = np.ones((1, 1, 4, 4), np.float32)
     y = np.empty((1, 1, 2, 2), np.float32)
