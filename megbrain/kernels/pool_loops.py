@@ -229,27 +229,36 @@ def _bwd_avg(d, g, wh, ww, sh, sw, ph, pw, exclude, inv, lo, hi):  # pragma: no 
                         _row_bwd_add(gr, dr, jlo, jhi, s0, sw, inv)
 
 
-def _row_bwd_max_3s2(gr, xr, yr, dr, ow, w, acc):  # pragma: no cover - compiled
-    """One source row's gradient from one output row of a 3-wide, stride-2, pad-1 window: the
-    even column ``2t`` is tap 1 of output ``t``, the odd column ``2t + 1`` tap 2 of ``t`` and
-    tap 0 of ``t + 1``; written (``acc`` False) or added. Each column is computed once, so the
-    stride-2 stores come in full pairs, which LLVM vectorises."""
-    if acc:
-        for t in range(ow - 1):
-            m0, m1, d0, d1, xe, xo = yr[t], yr[t + 1], dr[t], dr[t + 1], xr[2 * t], xr[2 * t + 1]
-            gr[2 * t] += d0 * (xe == m0)
-            gr[2 * t + 1] += d0 * (xo == m0) + d1 * (xo == m1)
-    else:
-        for t in range(ow - 1):
-            m0, m1, d0, d1, xe, xo = yr[t], yr[t + 1], dr[t], dr[t + 1], xr[2 * t], xr[2 * t + 1]
-            gr[2 * t] = d0 * (xe == m0)
-            gr[2 * t + 1] = d0 * (xo == m0) + d1 * (xo == m1)
+def _row_bwd_max_3s2(gr, xr, yr, dr, ow, w):  # pragma: no cover - compiled
+    """One source row's gradient from the one output row (``yr`` / ``dr``) of 3-wide, stride-2,
+    pad-1 windows that reads it: the even column ``2t`` is tap 1 of output ``t``, the odd
+    column ``2t + 1`` tap 2 of ``t`` and tap 0 of ``t + 1``. Each column is computed once, so
+    the stride-2 stores come in full pairs, which LLVM vectorises."""
+    for t in range(ow - 1):
+        m0, m1, d0, d1, xe, xo = yr[t], yr[t + 1], dr[t], dr[t + 1], xr[2 * t], xr[2 * t + 1]
+        gr[2 * t] = d0 * (xe == m0)
+        gr[2 * t + 1] = d0 * (xo == m0) + d1 * (xo == m1)
     t = ow - 1
-    ve = dr[t] * (xr[2 * t] == yr[t])
-    gr[2 * t] = gr[2 * t] + ve if acc else ve
+    gr[2 * t] = dr[t] * (xr[2 * t] == yr[t])
     if 2 * t + 1 < w:
-        vo = dr[t] * (xr[2 * t + 1] == yr[t])
-        gr[2 * t + 1] = gr[2 * t + 1] + vo if acc else vo
+        gr[2 * t + 1] = dr[t] * (xr[2 * t + 1] == yr[t])
+
+
+def _row_bwd_max_3s2_two(gr, xr, yr, dr, ur, er, ow, w):  # pragma: no cover - compiled
+    """:func:`_row_bwd_max_3s2` for a source row read by two output rows (window row 2 of
+    ``yr`` / ``dr``, window row 0 of ``ur`` / ``er``), in one pass: the row is read and its
+    gradient written once."""
+    for t in range(ow - 1):
+        m0, m1, d0, d1, xe, xo = yr[t], yr[t + 1], dr[t], dr[t + 1], xr[2 * t], xr[2 * t + 1]
+        n0, n1, e0, e1 = ur[t], ur[t + 1], er[t], er[t + 1]
+        gr[2 * t] = d0 * (xe == m0) + e0 * (xe == n0)
+        gr[2 * t + 1] = (d0 * (xo == m0) + d1 * (xo == m1)) + (e0 * (xo == n0) + e1 * (xo == n1))
+    t = ow - 1
+    xe = xr[2 * t]
+    gr[2 * t] = dr[t] * (xe == yr[t]) + er[t] * (xe == ur[t])
+    if 2 * t + 1 < w:
+        xo = xr[2 * t + 1]
+        gr[2 * t + 1] = dr[t] * (xo == yr[t]) + er[t] * (xo == ur[t])
 
 
 def _bwd_max_3s2p1(x, y, d, g, lo, hi):  # pragma: no cover - compiled
@@ -261,12 +270,10 @@ def _bwd_max_3s2p1(x, y, d, g, lo, hi):  # pragma: no cover - compiled
         for hh in range(h_):
             xr, gr = x[p, hh], g[p, hh]
             i = hh // 2
-            if hh % 2 == 0:
-                _row_bwd_max_3s2(gr, xr, y[p, i], d[p, i], ow_, w_, False)
+            if hh % 2 == 1 and i + 1 < oh_:
+                _row_bwd_max_3s2_two(gr, xr, y[p, i], d[p, i], y[p, i + 1], d[p, i + 1], ow_, w_)
             else:
-                _row_bwd_max_3s2(gr, xr, y[p, i], d[p, i], ow_, w_, False)
-                if i + 1 < oh_:
-                    _row_bwd_max_3s2(gr, xr, y[p, i + 1], d[p, i + 1], ow_, w_, True)
+                _row_bwd_max_3s2(gr, xr, y[p, i], d[p, i], ow_, w_)
 
 
 def _bwd_max_2x2(x, y, d, g, lo, hi):  # pragma: no cover - compiled
@@ -453,7 +460,8 @@ def _compile() -> SimpleNamespace:
     from numba import njit
 
     jit = functools.partial(njit, nogil=True, cache=True, error_model="numpy")
-    global _cols, _row_max, _row_add, _row_bwd_max, _row_bwd_add, _row_bwd_max_3s2
+    global _cols, _row_max, _row_add, _row_bwd_max, _row_bwd_add
+    global _row_bwd_max_3s2, _row_bwd_max_3s2_two
     global _v_fwd_max4, _v_fwd_max8, _v_fwd_avg4, _v_fwd_avg8
     global _v_bwd_max4, _v_bwd_max8, _v_bwd_avg4, _v_bwd_avg8
     _v_fwd_max4, _v_fwd_max8 = _chunk_2x2("fwd_max", 4), _chunk_2x2("fwd_max", 8)
@@ -464,6 +472,7 @@ def _compile() -> SimpleNamespace:
     _cols, _row_max, _row_add = inline(_cols), inline(_row_max), inline(_row_add)
     _row_bwd_max, _row_bwd_add = inline(_row_bwd_max), inline(_row_bwd_add)
     _row_bwd_max_3s2 = inline(_row_bwd_max_3s2)
+    _row_bwd_max_3s2_two = inline(_row_bwd_max_3s2_two)
     return SimpleNamespace(
         fwd_max=jit(_fwd_max),
         fwd_avg=jit(_fwd_avg),
