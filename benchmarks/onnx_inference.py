@@ -4,12 +4,25 @@ model, machine and run, as a ratio of their times (higher is better for megbrain
 Models: the light ResNet50 of the onnx wheel's test data (batch 1, 224x224; weights from
 ConstantOfShape) and the digits CNN exported with ``megbrain.onnx.export``.
 
-    python benchmarks/onnx_inference.py [--threads N] [--repeat R]
+Both sides get the same thread count (``--threads``, default the CPU count): megbrain's BLAS
+through ``threadpoolctl`` (which also sizes the kernel pool of ``megbrain.kernels.parallel``),
+onnxruntime's intra-op pool through its session options. Rounds are interleaved (one run of
+each side per round, the order alternating), so that a change in the machine's load hits both;
+the table has the median and the best of the rounds and their ratios, and the header the
+thread settings and the load average before and after.
+
+    python benchmarks/onnx_inference.py [--threads N] [--rounds R] [--models resnet50,digits]
+        [--ort-no-spin] [--profile]
+
+``--profile`` adds megbrain's time per operator type (its CompGraphProfiler, summed over the
+operators of a type, median over the rounds) for each model; megbrain's times then include the
+profiler's own small cost per operator.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import tempfile
@@ -18,17 +31,7 @@ import time
 import numpy as np
 
 
-def _time(fn, repeat: int) -> float:
-    fn()  # warm up (compile, allocate)
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
-def _megbrain_runner(path: str, feed: dict):
+def _megbrain_runner(path: str, feed: dict, profile: bool = False):
     import megbrain as mgb
     import megbrain.onnx as mo
 
@@ -36,17 +39,23 @@ def _megbrain_runner(path: str, feed: dict):
     names = list(res.outputs)
     outs = mgb.optimize_for_inference([res.outputs[n] for n in names])
     res.graph.set_option("graph_opt.jit", 1)
+    prof = None
+    if profile:
+        from megbrain.plugin import CompGraphProfiler
+
+        prof = CompGraphProfiler(res.graph)
     func = res.graph.compile([res.inputs[k] for k in feed], [mgb.copy_output(o) for o in outs])
     args = [feed[k] for k in feed]
-    return lambda: func(*args)
+    return (lambda: func(*args)), prof
 
 
-def _ort_runner(path: str, feed: dict, threads: int):
+def _ort_runner(path: str, feed: dict, threads: int, spin: bool):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     so.log_severity_level = 3  # not the warnings about initializers it drops
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     return lambda: sess.run(None, feed)
@@ -88,24 +97,104 @@ def _resnet50() -> tuple[str, dict] | None:
     return path, feed
 
 
+def interleaved(fns: dict, rounds: int, warmup: int = 3) -> dict[str, list[float]]:
+    """Wall times (s) of each callable over ``rounds`` rounds of one call each, the order of
+    the callables alternating between rounds, after ``warmup`` untimed rounds."""
+    names = list(fns)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(warmup + rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for k in order:
+            t0 = time.perf_counter()
+            fns[k]()
+            if r >= warmup:
+                times[k].append(time.perf_counter() - t0)
+    return times
+
+
+def _op_types(prof) -> list[tuple[str, float]]:
+    """Per operator type, the sum over its operators of their median time (s) over the runs
+    (the warm-up rounds too: the median is robust to the first, slower run)."""
+    per = collections.defaultdict(list)
+    for opr, _cn, _ident, t0, t1, _run in list(prof._observer.events):
+        per[opr].append(t1 - t0)
+    agg: dict[str, float] = collections.defaultdict(float)
+    for opr, ts in per.items():
+        agg[opr.type_name] += statistics.median(ts)
+    return sorted(agg.items(), key=lambda kv: -kv[1])
+
+
+def _settings(threads: int, spin: bool) -> str:
+    from threadpoolctl import threadpool_info
+
+    from megbrain.kernels import jit_codegen, parallel
+
+    blas = ", ".join(
+        f"{i['internal_api']} {i['num_threads']} threads"
+        for i in threadpool_info()
+        if i["user_api"] == "blas"
+    )
+    return (
+        f"threads {threads}: megbrain BLAS ({blas}), kernel pool {parallel.num_threads()} "
+        f"threads, JIT kernels serial below {jit_codegen.PARALLEL_MIN_SIZE} elements; "
+        f"onnxruntime intra-op {threads}, inter-op 1, spinning {'on' if spin else 'off'}; "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
+    )
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--repeat", type=int, help=argparse.SUPPRESS)  # the old name of --rounds
+    ap.add_argument("--models", default="resnet50,digits")
+    ap.add_argument("--ort-no-spin", action="store_true", help="onnxruntime threads sleep")
+    ap.add_argument("--profile", action="store_true", help="megbrain's time per operator type")
     args = ap.parse_args(argv)
-    rows = []
+    rounds = args.repeat or args.rounds
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(args.threads)  # before megbrain sizes its kernel pool from it
+    spin = not args.ort_no_spin
+    models = args.models.split(",")
+    rows, profiles = [], []
+    load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        cases = [("digits CNN (batch 64)", _digits_model(tmp))]
-        r50 = _resnet50()
+        cases = []
+        if "digits" in models:
+            cases.append(("digits CNN (batch 64)", _digits_model(tmp)))
+        r50 = _resnet50() if "resnet50" in models else None
         if r50 is not None:
             cases.append(("light ResNet50 (batch 1)", r50))
         for name, (path, feed) in cases:
-            t_ort = _time(_ort_runner(path, feed, args.threads), args.repeat)
-            t_mgb = _time(_megbrain_runner(path, feed), args.repeat)
-            rows.append((name, t_mgb * 1e3, t_ort * 1e3, t_ort / t_mgb))
-    print(f"{'model':28s} {'megbrain ms':>12s} {'onnxruntime ms':>15s} {'ratio':>7s}")
-    for name, a, b, r in rows:
-        print(f"{name:28s} {a:12.2f} {b:15.2f} {r:7.2f}")
+            mgb_run, prof = _megbrain_runner(path, feed, args.profile)
+            fns = {"megbrain": mgb_run, "onnxruntime": _ort_runner(path, feed, args.threads, spin)}
+            threadpool_limits(args.threads)  # BLAS libraries loaded since (SciPy's) too
+            t = interleaved(fns, rounds)
+            med = {k: statistics.median(v) for k, v in t.items()}
+            best = {k: min(v) for k, v in t.items()}
+            rows.append((name, med, best))
+            if prof is not None:
+                profiles.append((name, _op_types(prof)))
+    load1 = os.getloadavg()
+    print(_settings(args.threads, spin))
+    print(f"{rounds} interleaved rounds; load average {load0[0]:.2f} before, {load1[0]:.2f} after")
+    print(
+        f"{'model':26s} {'megbrain ms':>18s} {'onnxruntime ms':>18s} {'ratio':>13s}\n"
+        f"{'':26s} {'median':>9s}{'best':>9s} {'median':>9s}{'best':>9s} {'median':>7s}{'best':>6s}"
+    )
+    for name, med, best in rows:
+        a, b = med["megbrain"], med["onnxruntime"]
+        c, d = best["megbrain"], best["onnxruntime"]
+        print(
+            f"{name:26s} {a * 1e3:9.2f}{c * 1e3:9.2f} {b * 1e3:9.2f}{d * 1e3:9.2f} "
+            f"{b / a:7.2f}{d / c:6.2f}"
+        )
+    for name, agg in profiles:
+        print(f"\nmegbrain per operator type, {name} (ms):")
+        for t, s in agg:
+            if s >= 1e-5:
+                print(f"  {t:28s} {s * 1e3:8.3f}")
 
 
 if __name__ == "__main__":
