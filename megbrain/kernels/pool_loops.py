@@ -183,23 +183,33 @@ def _fwd_avg_2x2(x, y, inv, lo, hi):  # pragma: no cover - compiled
                     yr[j] = ((r0[2 * j] + r1[2 * j]) + (r0[2 * j + 1] + r1[2 * j + 1])) * inv
 
 
+def _zero_rows(gp, lo, hi):  # pragma: no cover - compiled
+    """Zero rows ``[lo, hi)`` of plane ``gp``; returns ``max(lo, hi)``, the rows zeroed so far.
+    The general backward loops zero each gradient row just before its first window adds to
+    it (it is then in L1), instead of a separate pass over the plane."""
+    for hh in range(lo, hi):
+        gr = gp[hh]
+        for j in range(gr.shape[0]):
+            gr[j] = 0
+    return max(lo, hi)
+
+
 def _bwd_max(x, y, d, g, wh, ww, sh, sw, ph, pw, lo, hi):  # pragma: no cover - compiled
     h_, w_ = x.shape[1], x.shape[2]
     oh_, ow_ = y.shape[1], y.shape[2]
     for p in range(lo, hi):
         gp = g[p]
-        for hh in range(h_):
-            gr = gp[hh]
-            for j in range(w_):
-                gr[j] = 0
+        zeroed = 0
         for i in range(oh_):
             yr, dr = y[p, i], d[p, i]
             h0 = i * sh - ph
+            zeroed = _zero_rows(gp, zeroed, min(h0 + wh, h_))
             for a in range(max(0, -h0), min(wh, h_ - h0)):
                 xr, gr = x[p, h0 + a], gp[h0 + a]
                 for b in range(ww):
                     jlo, jhi, s0 = _cols(b, sw, pw, w_, ow_)
                     _row_bwd_max(gr, xr, yr, dr, jlo, jhi, s0, sw)
+        _zero_rows(gp, zeroed, h_)  # rows below the last window
 
 
 def _bwd_avg(d, g, wh, ww, sh, sw, ph, pw, exclude, inv, lo, hi):  # pragma: no cover - compiled
@@ -208,13 +218,11 @@ def _bwd_avg(d, g, wh, ww, sh, sw, ph, pw, exclude, inv, lo, hi):  # pragma: no 
     one = inv - inv + 1
     for p in range(lo, hi):
         gp = g[p]
-        for hh in range(h_):
-            gr = gp[hh]
-            for j in range(w_):
-                gr[j] = 0
+        zeroed = 0
         for i in range(oh_):
             dr = d[p, i]
             h0 = i * sh - ph
+            zeroed = _zero_rows(gp, zeroed, min(h0 + wh, h_))
             ch = min(h0 + wh, h_) - max(h0, 0)
             for a in range(max(0, -h0), min(wh, h_ - h0)):
                 gr = gp[h0 + a]
@@ -227,6 +235,7 @@ def _bwd_avg(d, g, wh, ww, sh, sw, ph, pw, exclude, inv, lo, hi):  # pragma: no 
                             gr[j * sw + b - pw] += dr[j] * (one / (ch * cw))
                     else:
                         _row_bwd_add(gr, dr, jlo, jhi, s0, sw, inv)
+        _zero_rows(gp, zeroed, h_)  # rows below the last window
 
 
 def _row_bwd_max_3s2(gr, xr, yr, dr, ow, w):  # pragma: no cover - compiled
@@ -460,7 +469,7 @@ def _compile() -> SimpleNamespace:
     from numba import njit
 
     jit = functools.partial(njit, nogil=True, cache=True, error_model="numpy")
-    global _cols, _row_max, _row_add, _row_bwd_max, _row_bwd_add
+    global _cols, _row_max, _row_add, _row_bwd_max, _row_bwd_add, _zero_rows
     global _row_bwd_max_3s2, _row_bwd_max_3s2_two
     global _v_fwd_max4, _v_fwd_max8, _v_fwd_avg4, _v_fwd_avg8
     global _v_bwd_max4, _v_bwd_max8, _v_bwd_avg4, _v_bwd_avg8
@@ -472,6 +481,7 @@ def _compile() -> SimpleNamespace:
     _cols, _row_max, _row_add = inline(_cols), inline(_row_max), inline(_row_add)
     _row_bwd_max, _row_bwd_add = inline(_row_bwd_max), inline(_row_bwd_add)
     _row_bwd_max_3s2 = inline(_row_bwd_max_3s2)
+    _zero_rows = inline(_zero_rows)
     _row_bwd_max_3s2_two = inline(_row_bwd_max_3s2_two)
     return SimpleNamespace(
         fwd_max=jit(_fwd_max),
