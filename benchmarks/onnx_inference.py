@@ -124,6 +124,18 @@ def _op_types(prof) -> list[tuple[str, float]]:
     return sorted(agg.items(), key=lambda kv: -kv[1])
 
 
+def _limit_threads(n: int) -> None:
+    """Every BLAS library loaded so far at ``n`` threads (SciPy's OpenBLAS loads late, with
+    the digits data), and megbrain's kernel pool sized from them again: the kernels bound
+    after this split into at most ``n`` parts."""
+    from threadpoolctl import threadpool_limits
+
+    from megbrain.kernels import parallel
+
+    threadpool_limits(n)
+    parallel.num_threads.cache_clear()
+
+
 def _settings(threads: int, spin: bool) -> str:
     from threadpoolctl import threadpool_info
 
@@ -152,9 +164,7 @@ def main(argv=None) -> None:
     ap.add_argument("--profile", action="store_true", help="megbrain's time per operator type")
     args = ap.parse_args(argv)
     rounds = args.repeat or args.rounds
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(args.threads)  # before megbrain sizes its kernel pool from it
+    _limit_threads(args.threads)
     spin = not args.ort_no_spin
     models = args.models.split(",")
     rows, profiles = [], []
@@ -167,9 +177,9 @@ def main(argv=None) -> None:
         if r50 is not None:
             cases.append(("light ResNet50 (batch 1)", r50))
         for name, (path, feed) in cases:
+            _limit_threads(args.threads)
             mgb_run, prof = _megbrain_runner(path, feed, args.profile)
             fns = {"megbrain": mgb_run, "onnxruntime": _ort_runner(path, feed, args.threads, spin)}
-            threadpool_limits(args.threads)  # BLAS libraries loaded since (SciPy's) too
             t = interleaved(fns, rounds)
             med = {k: statistics.median(v) for k, v in t.items()}
             best = {k: min(v) for k, v in t.items()}
