@@ -53,9 +53,14 @@ def limit_threads_per_rank() -> int | None:
 
     Ranks sharing a machine each start a BLAS pool as large as the machine; their threads
     then contend for the cores (OpenBLAS's threads poll while idle), which can cost more
-    than the second rank brings. Nothing is changed when the user set a thread count
-    (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``) or threadpoolctl
-    is not installed. Every rank must call it (it may split ``COMM_WORLD``).
+    than the second rank brings. The pools loaded now are capped through threadpoolctl;
+    those loaded later (SciPy's own OpenBLAS and scikit-learn's OpenMP come with their first
+    import) read the thread count from the environment when they load, so it is set there
+    too (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``): else a BLAS
+    pool loaded after the cap kept the whole machine and, since the kernels' split follows
+    the largest BLAS pool, so did megbrain's kernels. Nothing is changed when the user set
+    a thread count or threadpoolctl is not installed. Every rank must call it (it may split
+    ``COMM_WORLD``).
 
     Returns
     -------
@@ -70,6 +75,8 @@ def limit_threads_per_rank() -> int | None:
         return None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     n = max(1, (cpus or 1) // _local_ranks())
+    for var in THREAD_ENV:  # for the pools loaded from now on
+        os.environ[var] = str(n)
     threadpool_limits(limits=n)
     from ..kernels import parallel
 
