@@ -1,10 +1,10 @@
 """Pooling kernels (MegDNN's PoolingForward and PoolingBackward) for batch-channel-first
 layouts, bound once.
 
-2-d pooling runs the compiled loops of :mod:`.pool_loops` over the ``N * C`` planes, in the
-calling thread unless :data:`SPLIT_MIN_ELEMS` is set (then split over
-:func:`parallel.num_threads` threads by :func:`parallel.split`). The loops want C-contiguous
-arrays of one float dtype, so float16 / bfloat16 arrays (computed in float32) and
+2-d pooling runs the compiled loops of :mod:`.pool_loops` over the ``N * C`` planes, split
+over :func:`parallel.num_threads` threads by :func:`parallel.split` when each part gets at
+least :data:`SPLIT_MIN_ELEMS` source elements (else in the calling thread). The loops want
+C-contiguous arrays of one float dtype, so float16 / bfloat16 arrays (computed in float32) and
 non-contiguous ones go through contiguous staging copies.
 Other ranks (3-d pooling) use the NumPy formulation: one strided ufunc pass per window
 offset, reading the source directly (no padded copy).
@@ -35,11 +35,14 @@ __all__ = [
 
 _partial = functools.partial
 POOLING_MODES = ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING")
-#: the fewest source elements one thread of a split 2-d pooling gets; None (the default) runs
-#: every pooling in the calling thread. Measured on the shared 2-core machines (load 6), the
-#: split was slower in every benchmark case (8x64x112x112 3x3/s2 MAX forward 13.1 vs 10.9 ms,
-#: the CNN's 128x16x28x28 2x2 MAX backward 1.8 vs 1.1 ms): its second part waits for a core.
-SPLIT_MIN_ELEMS: int | None = None
+#: the fewest source elements one thread of a split 2-d pooling gets (None: every pooling runs
+#: in the calling thread). Timed on the 2-core machine while the other core was (nearly) idle,
+#: two threads against one: 2x2 MAX forward 1.3-1.9x and backward 1.3-1.4x on the CNNs'
+#: 128x16x28x28, 128x32x14x14 and 64x20x24x24, 3x3/s2/p1 MAX 1.8x forward and 1.6x backward
+#: on 8x64x112x112; LeNet's 64x50x8x8 (205K elements, split too) 1.03x forward (0.1 ms: the
+#: hand-over costs what the second core saves), 1.3x backward. On a loaded machine the second
+#: part waits for a core and the split loses (up to 1.4x slower at load 6).
+SPLIT_MIN_ELEMS: int | None = 1 << 16
 
 
 def pool_out_size(size: int, window: int, stride: int, pad: int) -> int:

@@ -219,6 +219,29 @@ def test_split_over_threads_matches(monkeypatch, mode):
         _check(mode, window, stride, pad, (9, 8), (2, 5), np.float32, True, False, seed=5)
 
 
+@pytest.mark.parametrize("mode", ["MAX", "AVERAGE"])
+def test_large_poolings_split_by_default(monkeypatch, mode):
+    # SPLIT_MIN_ELEMS (on by default) splits the planes of a large pooling in two parts,
+    # forward and backward, and a small one not at all
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    parts = []
+    real = parallel.split
+
+    def spy(fn, n, min_items):
+        parts.append(len(parallel.ranges(n, 2, min_items)))
+        return real(fn, n, min_items)
+
+    monkeypatch.setattr(parallel, "split", spy)
+    size = (16, 16)  # 256 elements a plane
+    big = (2, dnn_pool.SPLIT_MIN_ELEMS // 256)
+    _check(mode, (2, 2), (2, 2), (0, 0), size, big, np.float32, True, False, seed=4)
+    _check(mode, (3, 3), (2, 2), (1, 1), size, big, np.float32, True, False, seed=4)
+    assert parts == [2, 2, 2, 2]
+    parts.clear()
+    _check(mode, (2, 2), (2, 2), (0, 0), size, (1, 3), np.float32, True, False, seed=4)
+    assert parts == [1, 1]
+
+
 def test_planes_are_split_in_ranges(monkeypatch):
     calls = []
     monkeypatch.setattr(parallel, "num_threads", lambda: 3)
