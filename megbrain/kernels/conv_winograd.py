@@ -39,6 +39,7 @@ from .steps import Step, chain
 
 __all__ = [
     "BAND_BYTES",
+    "MIN_BAND_TILES",
     "MAX_THREADS",
     "THREADS",
     "bind_winograd_backward_data",
@@ -55,8 +56,12 @@ __all__ = [
 ]
 
 #: the most bytes one band's transformed input and products take together (at least one tile
-#: row): the three stages of a band then work in the core's cache (L2 is 512 KiB here)
-BAND_BYTES = 512 << 10
+#: row): the three stages of a band then work in the core's cache (L2 is 512 KiB here, L3
+#: 32 MiB; measured single-threaded, 0.5-2 MiB bands ran alike, 4 MiB ones up to 1.3x slower)
+BAND_BYTES = 1 << 20
+#: ... but at least this many tiles (the GEMMs' long dimension: thinner, they run slower and
+#: re-read a large transformed filter from memory once per band)
+MIN_BAND_TILES = 128
 #: HEURISTIC takes Winograd when both channel counts of a group are at least this (the GEMMs'
 #: dims; below, their (OC, IC) @ (IC, tiles) products are too thin to pay for the transforms)
 MIN_CHANNELS = 16
@@ -253,16 +258,28 @@ def bind_winograd_backward_data(
     return _bind(geo, diff, tfilt, grad, not flip, "ConvolutionBackwardData")
 
 
-def _band_rows(n: int, th: int, per_row: int, nt: int) -> int:
-    """Tile rows per band: at most :data:`BAND_BYTES` of buffers (at least one row), the
-    fewest tile rows on the busiest of ``nt`` threads, the largest bands among those."""
-    rmax = max(1, min(th, BAND_BYTES // max(1, per_row)))
-    best = (0, 0)
-    for r in range(rmax, 0, -1):
-        path = -(-n * -(-th // r) // nt) * r
+def _bands(n: int, th: int, tw: int, per_tile: int, nt: int) -> list[list[tuple]]:
+    """The bands, each a list of ``(sample, r0, r1, offset)`` parts: ``rows`` tile rows of
+    one sample, or whole samples when a band of :data:`BAND_BYTES` (and at least
+    :data:`MIN_BAND_TILES` tiles) holds more than one; among the sizes within those bounds,
+    the one putting the fewest tiles on the busiest of ``nt`` threads, the largest on ties."""
+    most = max(MIN_BAND_TILES, BAND_BYTES // max(1, per_tile))
+    best = (0, 0, 0)
+    for size in range(max(1, min(n * th, most // tw)), 0, -1):  # tile rows per band
+        if size > th and size % th:
+            continue
+        items = n * -(-th // size) if size <= th else -(-n // (size // th))
+        path = -(-items // nt) * size
         if not best[0] or path < best[0]:
-            best = (path, r)
-    return best[1]
+            best = (path, size, items)
+    size = best[1]
+    if size <= th:
+        return [[(k, r0, min(th, r0 + size), 0)] for k in range(n) for r0 in range(0, th, size)]
+    per = size // th
+    return [
+        [(k, 0, th, (k - k0) * th * tw) for k in range(k0, min(n, k0 + per))]
+        for k0 in range(0, n, per)
+    ]
 
 
 def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], None]:
@@ -288,9 +305,9 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     (ph, pw), (oh, ow) = geo.pad, geo.oshape
     th, tw = (oh + 1) // 2, (ow + 1) // 2
     nt = threads() if parallel.can_single_thread_blas() else 1
-    rows = _band_rows(geo.n, th, 16 * (c + oc) * tw * dt.itemsize, nt)
-    bands = [(k, r0, min(th, r0 + rows)) for k in range(geo.n) for r0 in range(0, th, rows)]
+    bands = _bands(geo.n, th, tw, 16 * (c + oc) * dt.itemsize, nt)
     nt = min(nt, len(bands))
+    most = max(sum(r1 - r0 for _, r0, r1, _ in band) for band in bands)  # tile rows
     ffilter, finput, foutput = conv_winograd_loops.compiled()
     u = workspace.empty((16, g, ocg, icg), dt)
 
@@ -300,20 +317,21 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     steps.append(parallel.split(filter_part, g * ocg, max(1, 2048 // (icg + 1))))
     calls = []
     for p0, p1 in parallel.ranges(len(bands), nt):
-        tb = rows * tw
-        v = workspace.empty((16 * c * tb,), dt)
-        m = workspace.empty((16 * oc * tb,), dt)
+        v = workspace.empty((16 * c * most * tw,), dt)
+        m = workspace.empty((16 * oc * most * tw,), dt)
+        rows = max(r1 - r0 for band in bands[p0:p1] for _, r0, r1, _ in band)
         s = workspace.empty((2 * (tw + 1) + 8 * (rows + 1) * tw,), dt)
-        z = workspace.empty((4 * tb,), dt)
+        z = workspace.empty((4 * rows * tw,), dt)
         work = []
-        for k, r0, r1 in bands[p0:p1]:
-            n = (r1 - r0) * tw
-            v4 = v[: 16 * c * n].reshape(16, g, icg, n)
-            m4 = m[: 16 * oc * n].reshape(16, g, ocg, n)
-            work.append((k, r0, r1, v4, m4))
+        for band in bands[p0:p1]:
+            ld = sum(r1 - r0 for _, r0, r1, _ in band) * tw
+            v4 = v[: 16 * c * ld].reshape(16, g, icg, ld)
+            m4 = m[: 16 * oc * ld].reshape(16, g, ocg, ld)
+            work.append((tuple(band), ld, v4, m4))
         calls.append(_pipeline(x, y, u, v, m, s, z, ph, pw, tw, work, finput, foutput))
     run = parallel.concurrently(calls)
     if nt > 1:
+
         def run(run=run) -> None:
             with parallel.blas_single_threaded():
                 run()
@@ -326,9 +344,11 @@ def _pipeline(x, y, u, v, m, s, z, ph, pw, tw, work, finput, foutput) -> Step:
     """One thread's bands, each transformed, multiplied and transformed back in turn."""
 
     def step() -> None:
-        for k, r0, r1, v4, m4 in work:
-            finput(x, v, s, k, ph, pw, tw, r0, r1)
+        for band, ld, v4, m4 in work:
+            for k, r0, r1, off in band:
+                finput(x, v, s, k, ph, pw, tw, r0, r1, ld, off)
             np.matmul(u, v4, out=m4)
-            foutput(m, y, z, k, tw, r0, r1)
+            for k, r0, r1, off in band:
+                foutput(m, y, z, k, tw, r0, r1, ld, off)
 
     return step

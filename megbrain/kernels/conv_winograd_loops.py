@@ -5,9 +5,10 @@ With ``B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]``,
 ``A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]``, the 2x2 outputs of a 4x4 input tile ``d`` are
 ``A^T [(G g G^T) * (B^T d B)] A`` (elementwise product in the middle).
 
-The input and output transforms work on a *band*: the tile rows ``[r0, r1)`` of one sample,
-every channel; the transformed band is laid out ``(16, C, tiles of the band)``, so that the 16
-GEMMs of :mod:`conv_winograd` have the band's tiles as their long, contiguous dimension. The
+The input and output transforms work on the tile rows ``[r0, r1)`` of one sample, every
+channel, within a *band* (such rows, or several whole samples) laid out ``(16, C, tiles of the
+band)``, so that the 16 GEMMs of :mod:`conv_winograd` have the band's tiles as their long,
+contiguous dimension. The
 long loops run along whole bands of contiguous 1-d views indexed by the loop variable (LLVM
 vectorizes those; a computed index, or loops as short as one row of tiles, did not).
 
@@ -31,36 +32,43 @@ def _filter_py(w, u, flip, p0, p1):  # pragma: no cover - compiled
     o_, i_ = w.shape[1], w.shape[2]
     for p in range(p0, p1):
         g, o = p // o_, p % o_
+        wk = w[g, o]  # (I, 3, 3): the loop runs along I, writing 16 contiguous rows of u
+        uk = u[:, g, o]
         for i in range(i_):
-            k = w[g, o, i]
             if flip:
-                a0, a1, a2 = float(k[2, 2]), float(k[2, 1]), float(k[2, 0])
-                b0, b1, b2 = float(k[1, 2]), float(k[1, 1]), float(k[1, 0])
-                c0, c1, c2 = float(k[0, 2]), float(k[0, 1]), float(k[0, 0])
+                a0, a1, a2 = wk[i, 2, 2], wk[i, 2, 1], wk[i, 2, 0]
+                b0, b1, b2 = float(wk[i, 1, 2]), float(wk[i, 1, 1]), float(wk[i, 1, 0])
+                c0, c1, c2 = float(wk[i, 0, 2]), float(wk[i, 0, 1]), float(wk[i, 0, 0])
             else:
-                a0, a1, a2 = float(k[0, 0]), float(k[0, 1]), float(k[0, 2])
-                b0, b1, b2 = float(k[1, 0]), float(k[1, 1]), float(k[1, 2])
-                c0, c1, c2 = float(k[2, 0]), float(k[2, 1]), float(k[2, 2])
-            # the rows of G k: k's rows a, b, c combined
-            for r in range(4):
-                if r == 0:
-                    t0, t1, t2 = a0, a1, a2
-                elif r == 1:
-                    t0, t1, t2 = 0.5 * (a0 + b0 + c0), 0.5 * (a1 + b1 + c1), 0.5 * (a2 + b2 + c2)
-                elif r == 2:
-                    t0, t1, t2 = 0.5 * (a0 - b0 + c0), 0.5 * (a1 - b1 + c1), 0.5 * (a2 - b2 + c2)
-                else:
-                    t0, t1, t2 = c0, c1, c2
-                u[4 * r + 0, g, o, i] = t0
-                u[4 * r + 1, g, o, i] = 0.5 * (t0 + t1 + t2)
-                u[4 * r + 2, g, o, i] = 0.5 * (t0 - t1 + t2)
-                u[4 * r + 3, g, o, i] = t2
+                a0, a1, a2 = float(wk[i, 0, 0]), float(wk[i, 0, 1]), float(wk[i, 0, 2])
+                b0, b1, b2 = float(wk[i, 1, 0]), float(wk[i, 1, 1]), float(wk[i, 1, 2])
+                c0, c1, c2 = float(wk[i, 2, 0]), float(wk[i, 2, 1]), float(wk[i, 2, 2])
+            # the rows of G k (k's rows a, b, c combined), each then times G^T
+            d0, d1, d2 = 0.5 * (a0 + b0 + c0), 0.5 * (a1 + b1 + c1), 0.5 * (a2 + b2 + c2)
+            e0, e1, e2 = 0.5 * (a0 - b0 + c0), 0.5 * (a1 - b1 + c1), 0.5 * (a2 - b2 + c2)
+            uk[0, i] = a0
+            uk[1, i] = 0.5 * (a0 + a1 + a2)
+            uk[2, i] = 0.5 * (a0 - a1 + a2)
+            uk[3, i] = a2
+            uk[4, i] = d0
+            uk[5, i] = 0.5 * (d0 + d1 + d2)
+            uk[6, i] = 0.5 * (d0 - d1 + d2)
+            uk[7, i] = d2
+            uk[8, i] = e0
+            uk[9, i] = 0.5 * (e0 + e1 + e2)
+            uk[10, i] = 0.5 * (e0 - e1 + e2)
+            uk[11, i] = e2
+            uk[12, i] = c0
+            uk[13, i] = 0.5 * (c0 + c1 + c2)
+            uk[14, i] = 0.5 * (c0 - c1 + c2)
+            uk[15, i] = c2
 
 
-def _input_py(x, v, s, n, ph, pw, tw, r0, r1):  # pragma: no cover - compiled
-    """v[4 p + q, c, (i - r0) tw + j] = (B^T d B)[p, q] for the tile d at rows 2 i - ph..,
-    columns 2 j - pw.. of x[n, c] (zero-padded), tile rows i in [r0, r1), every channel c of
-    ``x`` (N, C, H, W); ``v`` is flat, (16, C, (r1 - r0) tw) at its start.
+def _input_py(x, v, s, n, ph, pw, tw, r0, r1, ld, off):  # pragma: no cover - compiled
+    """v[4 p + q, c, off + (i - r0) tw + j] = (B^T d B)[p, q] for the tile d at rows
+    2 i - ph.., columns 2 j - pw.. of x[n, c] (zero-padded), tile rows i in [r0, r1), every
+    channel c of ``x`` (N, C, H, W); ``v`` is flat, (16, C, ld) at its start (a band of
+    several samples puts each at its own offset ``off``).
 
     ``s`` is a flat scratch of 2 (tw + 1) + 8 (r1 - r0 + 1) tw values. Each padded input row
     is split into its even and odd columns, whose column combinations d B (4 per tile) go to
@@ -76,7 +84,7 @@ def _input_py(x, v, s, n, ph, pw, tw, r0, r1):  # pragma: no cover - compiled
     ps = (nr + 1) * tw  # one of the 8 (combination, parity) planes
     qlo = min(wq, (pw + 1) // 2)
     qhi = max(qlo, min(wq, (w_ + pw - 2) // 2 + 1))
-    st = c_ * tb
+    st = c_ * ld
     for c in range(c_):
         for yy in range(2 * nr + 2):
             y = 2 * r0 + yy - ph
@@ -110,7 +118,7 @@ def _input_py(x, v, s, n, ph, pw, tw, r0, r1):  # pragma: no cover - compiled
                 c1[j] = o0 + e1
                 c2[j] = e1 - o0
                 c3[j] = o0 - o1
-        vb = c * tb
+        vb = c * ld + off
         for q in range(4):
             ce = s[cs + q * ps : cs + q * ps + ps]
             co = s[cs + (4 + q) * ps : cs + (4 + q) * ps + ps]
@@ -126,22 +134,22 @@ def _input_py(x, v, s, n, ph, pw, tw, r0, r1):  # pragma: no cover - compiled
                 vd[t] = d1 - d3
 
 
-def _output_py(m, y, z, n, tw, r0, r1):  # pragma: no cover - compiled
-    """y[n, o, 2 i + a, 2 j + b] = (A^T M A)[a, b] for M[e] = m[e, o, (i - r0) tw + j], tile
-    rows i in [r0, r1), every channel o of ``y`` (N, O, OH, OW; C-contiguous); ``m`` is flat,
-    (16, O, (r1 - r0) tw) at its start. ``z`` is a flat scratch of 4 (r1 - r0) tw values: the
+def _output_py(m, y, z, n, tw, r0, r1, ld, off):  # pragma: no cover - compiled
+    """y[n, o, 2 i + a, 2 j + b] = (A^T M A)[a, b] for M[e] = m[e, o, off + (i - r0) tw + j],
+    tile rows i in [r0, r1), every channel o of ``y`` (N, O, OH, OW; C-contiguous); ``m`` is
+    flat, (16, O, ld) at its start. ``z`` is a flat scratch of 4 (r1 - r0) tw values: the
     4 outputs of every tile of the band, computed along the band (contiguous loops), then
     spread into the output rows (outputs past OH, OW are dropped)."""
     o_, oh_, ow_ = y.shape[1], y.shape[2], y.shape[3]
     nr = r1 - r0
     tb = nr * tw
-    st = o_ * tb
+    st = o_ * ld
     yf = y.reshape(-1)
     z0, z1 = z[0:tb], z[tb : 2 * tb]
     z2, z3 = z[2 * tb : 3 * tb], z[3 * tb : 4 * tb]
     jf = ow_ // 2
     for o in range(o_):
-        mb = o * tb
+        mb = o * ld + off
         q0, q1 = m[mb : mb + tb], m[mb + st : mb + st + tb]
         q2, q3 = m[mb + 2 * st : mb + 2 * st + tb], m[mb + 3 * st : mb + 3 * st + tb]
         q4, q5 = m[mb + 4 * st : mb + 4 * st + tb], m[mb + 5 * st : mb + 5 * st + tb]
@@ -188,17 +196,19 @@ def filter_transform(w, u, flip: bool, p0: int, p1: int) -> None:
     _compiled("filter")(w, u, bool(flip), int(p0), int(p1))
 
 
-def input_transform(x, v, scratch, n: int, ph: int, pw: int, tw: int, r0: int, r1: int) -> None:
+def input_transform(x, v, scratch, n, ph, pw, tw, r0, r1, ld, off) -> None:
     """The F(2x2, 3x3) input transform of tile rows ``[r0, r1)`` of sample ``n`` of ``x``
-    (N, C, H, W), zero-padded by ``ph``, ``pw``, into the flat ``v`` ((16, C, band tiles) at
-    its start); ``tw`` tiles a row."""
-    _compiled("input")(x, v, scratch, int(n), int(ph), int(pw), int(tw), int(r0), int(r1))
+    (N, C, H, W), zero-padded by ``ph``, ``pw``, into the flat ``v`` ((16, C, ld) at its
+    start) from column ``off`` on; ``tw`` tiles a row. ``scratch`` holds
+    2 (tw + 1) + 8 (r1 - r0 + 1) tw values."""
+    _compiled("input")(x, v, scratch, *map(int, (n, ph, pw, tw, r0, r1, ld, off)))
 
 
-def output_transform(m, y, scratch, n: int, tw: int, r0: int, r1: int) -> None:
-    """The F(2x2, 3x3) output transform of the flat ``m`` ((16, O, band tiles) at its start)
-    into the output rows of tile rows ``[r0, r1)`` of sample ``n`` of ``y`` (N, O, OH, OW)."""
-    _compiled("output")(m, y, scratch, int(n), int(tw), int(r0), int(r1))
+def output_transform(m, y, scratch, n, tw, r0, r1, ld, off) -> None:
+    """The F(2x2, 3x3) output transform of the flat ``m`` ((16, O, ld) at its start, from
+    column ``off`` on) into the output rows of tile rows ``[r0, r1)`` of sample ``n`` of ``y``
+    (N, O, OH, OW; C-contiguous). ``scratch`` holds 4 (r1 - r0) tw values."""
+    _compiled("output")(m, y, scratch, *map(int, (n, tw, r0, r1, ld, off)))
 
 
 def compiled() -> tuple:

@@ -87,15 +87,18 @@ def test_backward_data_matches_float64(c, dtype):
 
 
 @settings(max_examples=20, deadline=None)
-@given(c=winograd_cases(max_pad=2), band=st.integers(1, 3), threads=st.integers(1, 3))
+@given(c=winograd_cases(max_pad=2), band=st.integers(1, 12), threads=st.integers(1, 3))
 def test_bands_and_thread_splits_match_float64(c, band, threads):
     c = dict(c, n=3)
     x, w, dy = _arrays(c)
     y, gx = np.full(dy.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
     with pytest.MonkeyPatch.context() as mp:
-        # bands of one to three tile rows (a short last band), split over threads
-        per_row = 16 * c["g"] * (c["icg"] + c["ocg"]) * 4 * ((max(c["sshape"]) + 3) // 2)
-        mp.setattr(conv_winograd, "BAND_BYTES", per_row * band)
+        # bands of one to three tile rows (a short last band) or of whole samples (two and
+        # one), split over threads
+        per_tile = 16 * c["g"] * (c["icg"] + c["ocg"]) * 4
+        tw = (c["oshape"][1] + 1) // 2
+        mp.setattr(conv_winograd, "BAND_BYTES", per_tile * tw * band)
+        mp.setattr(conv_winograd, "MIN_BAND_TILES", 1)
         mp.setattr(conv_winograd, "THREADS", threads)
         _FWD(x, w, y, *_geometry(c))()
         _BWD(w, dy, gx, *_geometry(c))()
@@ -224,6 +227,7 @@ def test_runs_are_bitwise_reproducible():
     ys = [np.empty(dy.shape, np.float32) for _ in range(3)]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv_winograd, "BAND_BYTES", 1)
+        mp.setattr(conv_winograd, "MIN_BAND_TILES", 1)
         for y, threads in zip(ys, (2, 3, 3)):
             mp.setattr(conv_winograd, "THREADS", threads)
             _FWD(x, w, y, *_geometry(c))()
