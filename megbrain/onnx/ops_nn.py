@@ -279,6 +279,14 @@ def _pool(ctx, mode):
             new.append((b, e + extra))
         pads = new
     include = bool(ctx.attr("count_include_pad")) if mode == "AVERAGE" else True
+    if (
+        not want_indices
+        and list(kernel) == list(src[2:])
+        and all(d == 1 for d in dil)
+        and not any(b or e for b, e in pads)
+    ):
+        # one window over the whole unpadded plane (ResNet's head): a global pooling
+        return _global_reduce(x, "MAX" if mode == "MAX" else "MEAN", src)
     if n == 3 or any(d != 1 for d in dil) or want_indices:
         return _pool_slices(ctx, x, mode, kernel, strides, dil, pads, base, include, want_indices)
     factor = None
@@ -469,12 +477,23 @@ def _causal_conv_with_state(ctx):
     return [acc, state]
 
 
+def _global_reduce(x, mode: str, shape: tuple):
+    """``mode`` (MEAN or MAX) of ``x`` ``(N, C, *S)`` over its spatial axes, kept with size 1:
+    one reduction over the planes seen as ``(N, C, prod(S))`` (a view of a contiguous input;
+    one reduction per axis took 5x as long for ResNet's 2048x7x7 head)."""
+    n, c, sp = shape[0], shape[1], shape[2:]
+    if not sp:
+        return x
+    if len(sp) == 1:
+        return mgb.opr.reduce_(x, mode, 2, True)
+    y = mgb.opr.reduce_(_reshape(x, (n, c, int(np.prod(sp)))), mode, 2, True)
+    return _reshape(y, (n, c) + (1,) * len(sp))
+
+
 def _global_pool(mode):
     def conv(ctx):
-        y = ctx.input(0)
-        for a in range(2, len(static_shape(ctx, y))):
-            y = mgb.opr.reduce_(y, mode, a, True)
-        return y
+        x = ctx.input(0)
+        return _global_reduce(x, mode, static_shape(ctx, x))
 
     return conv
 

@@ -472,3 +472,29 @@ def test_maxpool_pads_go_to_pooling_when_symmetric(pads, ceil, direct):
     (want,) = ReferenceEvaluator(m).run(None, {"x": x})
     (y,) = f(x)
     np.testing.assert_array_equal(y, want)
+
+
+@pytest.mark.parametrize(
+    "op, attrs, shape",
+    [
+        ("AveragePool", {"kernel_shape": [7, 7]}, [1, 6, 7, 7]),  # ResNet's head
+        ("MaxPool", {"kernel_shape": [3, 5], "strides": [2, 2]}, [2, 4, 3, 5]),
+        ("GlobalAveragePool", {}, [2, 3, 4, 5, 6]),
+        ("GlobalMaxPool", {}, [2, 3, 4, 9]),
+        ("AveragePool", {"kernel_shape": [9]}, [2, 3, 9]),  # 1-d
+    ],
+)
+def test_whole_plane_pooling_is_one_reduction(op, attrs, shape):
+    from onnx.reference import ReferenceEvaluator
+
+    m = _model([helper.make_node(op, ["x"], ["y"], **attrs)], [_vi("x", shape)], [_vi("y", None)])
+    x = np.random.default_rng(4).uniform(-1, 1, shape).astype(np.float32)
+    res = load(m)
+    args = list(res.inputs.values())
+    f = res.graph.compile(args, [mgb.copy_output(v) for v in res.outputs.values()])
+    types = [o.type_name for o in f._func.iter_opr_seq()]
+    assert types.count("Reduce") == 1 and "PoolingForward" not in types
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x})
+    (y,) = f(x)
+    assert y.shape == want.shape
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7)
