@@ -1,0 +1,60 @@
+"""How a collective waits for its peers (megbrain/device/mpi_comm.py), without an MPI job:
+requests are stand-ins whose Test() answers after a given number of polls."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from megbrain.device import mpi_comm
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+
+
+class _Req:
+    """Completes on the ``after``-th Test(); records the thread's timer slack at each."""
+
+    def __init__(self, after: int):
+        self.after, self.calls, self.slack = after, 0, []
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        self.calls += 1
+        prev = mpi_comm._timer_slack(0)  # 0 sets the thread's default; read it back below
+        if prev is not None:
+            mpi_comm._timer_slack(prev)
+        self.slack.append(prev)
+        return self.calls >= self.after
+
+
+@linux
+def test_sleeps_with_a_small_timer_slack_and_restores_it():
+    before = mpi_comm._timer_slack(123_000)
+    assert before is not None
+    try:
+        req = _Req(after=6)
+        # the spin phase is over at once: it polls between sleeps from the start
+        mpi_comm._sleep_until(req, time.perf_counter() - 1.0)
+        assert req.calls == 6
+        assert set(req.slack) == {mpi_comm.TIMER_SLACK_NS}
+        assert mpi_comm._timer_slack(before) == 123_000  # restored after the wait
+    finally:
+        mpi_comm._timer_slack(before)
+
+
+def test_a_request_done_while_spinning_never_sleeps(monkeypatch):
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    req = _Req(after=3)
+    mpi_comm._sleep_until(req, time.perf_counter())
+    assert req.calls == 3 and slept == []
+
+
+def test_sleeps_double_up_to_the_cap(monkeypatch):
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    req = _Req(after=9)
+    mpi_comm._sleep_until(req, time.perf_counter() - 1.0)
+    assert slept[:4] == pytest.approx([20e-6, 40e-6, 80e-6, 160e-6])
+    assert max(slept) == pytest.approx(mpi_comm.MAX_SLEEP_S)
