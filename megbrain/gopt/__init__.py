@@ -1,5 +1,6 @@
 """Graph optimizer: rewrites registered by name and applied in a readable preset order."""
 
+from . import training  # noqa: F401, I001 - registers mask_pool_grad, before jit_fusion
 from . import jit  # noqa: F401  (registers the jit_fusion pass)
 from .inference import (
     INFERENCE_PASSES,
