@@ -156,13 +156,13 @@ def _fwd_max_2x2(x, y, lo, hi):  # pragma: no cover - compiled
                     _v_fwd_max8(x, y, p, i, ow_ - 8)
             elif ow_ >= 4:
                 _v_fwd_max4(x, y, p, i, 0)
-                _v_fwd_max4(x, y, p, i, ow_ - 4)
-            else:
-                r0, r1, yr = x[p, 2 * i], x[p, 2 * i + 1], y[p, i]
+                if ow_ > 4:
+                    _v_fwd_max4(x, y, p, i, ow_ - 4)
+            else:  # 3-d indexing: row views here would cost reference counting every row
                 for j in range(ow_):
-                    a, b = r0[2 * j], r0[2 * j + 1]
-                    c, d = r1[2 * j], r1[2 * j + 1]
-                    yr[j] = np.maximum(np.maximum(a, c), np.maximum(b, d))
+                    a, b = x[p, 2 * i, 2 * j], x[p, 2 * i, 2 * j + 1]
+                    c, d = x[p, 2 * i + 1, 2 * j], x[p, 2 * i + 1, 2 * j + 1]
+                    y[p, i, j] = np.maximum(np.maximum(a, c), np.maximum(b, d))
 
 
 def _fwd_avg_2x2(x, y, inv, lo, hi):  # pragma: no cover - compiled
@@ -176,11 +176,13 @@ def _fwd_avg_2x2(x, y, inv, lo, hi):  # pragma: no cover - compiled
                     _v_fwd_avg8(x, y, inv, p, i, ow_ - 8)
             elif ow_ >= 4:
                 _v_fwd_avg4(x, y, inv, p, i, 0)
-                _v_fwd_avg4(x, y, inv, p, i, ow_ - 4)
+                if ow_ > 4:
+                    _v_fwd_avg4(x, y, inv, p, i, ow_ - 4)
             else:  # the vector chunks' order of additions
-                r0, r1, yr = x[p, 2 * i], x[p, 2 * i + 1], y[p, i]
                 for j in range(ow_):
-                    yr[j] = ((r0[2 * j] + r1[2 * j]) + (r0[2 * j + 1] + r1[2 * j + 1])) * inv
+                    a, b = x[p, 2 * i, 2 * j], x[p, 2 * i, 2 * j + 1]
+                    c, d = x[p, 2 * i + 1, 2 * j], x[p, 2 * i + 1, 2 * j + 1]
+                    y[p, i, j] = ((a + c) + (b + d)) * inv
 
 
 def _zero_rows(gp, lo, hi):  # pragma: no cover - compiled
@@ -298,17 +300,14 @@ def _bwd_max_2x2(x, y, d, g, lo, hi):  # pragma: no cover - compiled
                     _v_bwd_max8(x, y, d, g, p, i, ow_ - 8)
             elif ow_ >= 4:
                 _v_bwd_max4(x, y, d, g, p, i, 0)
-                _v_bwd_max4(x, y, d, g, p, i, ow_ - 4)
-            else:
-                r0, r1 = x[p, 2 * i], x[p, 2 * i + 1]
-                g0, g1 = g[p, 2 * i], g[p, 2 * i + 1]
-                yr, dr = y[p, i], d[p, i]
+                if ow_ > 4:
+                    _v_bwd_max4(x, y, d, g, p, i, ow_ - 4)
+            else:  # 3-d indexing (no row views, see _fwd_max_2x2)
                 for j in range(ow_):
-                    m, v = yr[j], dr[j]
-                    g0[2 * j] = v if r0[2 * j] == m else z
-                    g0[2 * j + 1] = v if r0[2 * j + 1] == m else z
-                    g1[2 * j] = v if r1[2 * j] == m else z
-                    g1[2 * j + 1] = v if r1[2 * j + 1] == m else z
+                    m, v = y[p, i, j], d[p, i, j]
+                    for r in range(2 * i, 2 * i + 2):
+                        g[p, r, 2 * j] = v if x[p, r, 2 * j] == m else z
+                        g[p, r, 2 * j + 1] = v if x[p, r, 2 * j + 1] == m else z
             for j in range(2 * ow_, w_):
                 g[p, 2 * i, j] = 0
                 g[p, 2 * i + 1, j] = 0
@@ -329,15 +328,14 @@ def _bwd_avg_2x2(d, g, inv, lo, hi):  # pragma: no cover - compiled
                     _v_bwd_avg8(d, g, inv, p, i, ow_ - 8)
             elif ow_ >= 4:
                 _v_bwd_avg4(d, g, inv, p, i, 0)
-                _v_bwd_avg4(d, g, inv, p, i, ow_ - 4)
-            else:
-                g0, g1, dr = g[p, 2 * i], g[p, 2 * i + 1], d[p, i]
+                if ow_ > 4:
+                    _v_bwd_avg4(d, g, inv, p, i, ow_ - 4)
+            else:  # 3-d indexing (no row views, see _fwd_max_2x2)
                 for j in range(ow_):
-                    v = dr[j] * inv
-                    g0[2 * j] = v
-                    g0[2 * j + 1] = v
-                    g1[2 * j] = v
-                    g1[2 * j + 1] = v
+                    v = d[p, i, j] * inv
+                    for r in range(2 * i, 2 * i + 2):
+                        g[p, r, 2 * j] = v
+                        g[p, r, 2 * j + 1] = v
             for j in range(2 * ow_, w_):
                 g[p, 2 * i, j] = 0
                 g[p, 2 * i + 1, j] = 0
