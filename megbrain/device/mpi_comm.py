@@ -250,8 +250,9 @@ class _Watch:
     def wait(req, nbytes: int | None = None) -> None:
         """Complete ``req``, a transfer of ``nbytes`` whose peers have all joined: MPI's own
         Wait (it polls at full speed, only while the data moves; a peer still asleep in its
-        wait for the peers costs at most :data:`MAX_SLEEP_S` of it), or, for transfers of at
-        most :data:`SMALL_BYTES` (done in a few polls) and with ``yield``, polls and sleeps."""
+        wait for the peers costs at most that sleep, see :func:`_sleep_until`), or, for
+        transfers of at most :data:`SMALL_BYTES` (done in a few polls) and with ``yield``,
+        polls and sleeps."""
         if COMM_WAIT == "yield" or (
             COMM_WAIT == "auto" and nbytes is not None and nbytes <= SMALL_BYTES
         ):
@@ -264,7 +265,10 @@ class _Watch:
 def _sleep_until(req, t0: float) -> None:
     """Poll ``req`` with MPI's Test, sleeping between tests: back-to-back for the first
     :data:`SPIN_S` seconds (a peer that is about to arrive), then sleeps doubling from
-    20 us to :data:`MAX_SLEEP_S` (a late peer costs at most that much latency and no core).
+    20 us to :data:`SHORT_SLEEP_S`, and in a long wait to :data:`LATE_SLEEP_FRACTION` of
+    the time waited so far, at most :data:`MAX_SLEEP_S` (a late peer costs at most that
+    share of latency and no core; a rank idle in a barrier wakes a few hundred times a
+    second, not 5000, each wake-up taking the core from whatever computes on it).
 
     While it sleeps, the thread's timer slack is :data:`TIMER_SLACK_NS` (restored after):
     Linux's default 50 us slack made a 20 us sleep last 75-105 us, which a peer arriving
@@ -280,7 +284,8 @@ def _sleep_until(req, t0: float) -> None:
         while not test():
             sleep(dt)
             if dt < MAX_SLEEP_S:
-                dt = min(2 * dt, MAX_SLEEP_S)
+                cap = max(SHORT_SLEEP_S, (clock() - t0) * LATE_SLEEP_FRACTION)
+                dt = min(2 * dt, cap, MAX_SLEEP_S)
     finally:
         if prev is not None:
             _timer_slack(prev)
@@ -341,8 +346,13 @@ COMM_WAIT = os.environ.get("MGB_COMM_WAIT", "auto")
 #: seconds a wait polls back to back before it starts sleeping (a peer about to arrive);
 #: environment ``MGB_COMM_SPIN_US``, in microseconds
 SPIN_S = float(os.environ.get("MGB_COMM_SPIN_US", "200")) * 1e-6
-#: the longest sleep between two polls of a wait (the latency a late peer adds at most)
-MAX_SLEEP_S = 200e-6
+#: the longest sleep between two polls while a wait is young (the latency a peer arriving
+#: soon adds at most)
+SHORT_SLEEP_S = 200e-6
+#: in a longer wait, sleeps grow to this share of the time waited so far ...
+LATE_SLEEP_FRACTION = 1 / 8
+#: ... up to this many seconds
+MAX_SLEEP_S = 5e-3
 #: the timer slack (ns) of a thread sleeping between polls (how late a sleep may end)
 TIMER_SLACK_NS = 1000
 #: transfers up to this size complete in a few polls: waited for like the peers (MPI's Wait
