@@ -214,6 +214,8 @@ def _forward_loop(geo: _Pool, x: np.ndarray, y: np.ndarray, dt: np.dtype):
             return _partial(k.fwd_max_2x2, x, y)
         return _partial(k.fwd_avg_2x2, x, y, inv)
     if geo.mode == "MAX":
+        if geo.is_(3, 2, 1):
+            return _partial(k.fwd_max_3s2p1, x, y)
         return _partial(k.fwd_max, x, y, *geo.geometry())
     exclude = geo.mode == "AVERAGE_COUNT_EXCLUDE_PADDING"
     return _partial(k.fwd_avg, x, y, *geo.geometry(), exclude, inv)

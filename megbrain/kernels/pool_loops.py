@@ -10,9 +10,10 @@ The general loops work one output row at a time: for each window offset ``(a, b)
 compute once the output columns whose source column ``j * sw - pw + b`` lies inside the
 image, so that no element test is left in the innermost loop (which LLVM vectorises), and the
 border needs no separate code. 2x2 windows of stride 2 without padding (the pooling of most
-CNNs) have their own single-pass loops, and so has the MAX backward of 3x3 windows of stride 2
-and padding 1 (ResNet's stem), which computes each gradient element once instead of zeroing
-the gradient and adding to it per window offset.
+CNNs) have their own single-pass loops, and so has MAX of 3x3 windows of stride 2 and padding 1
+(ResNet's stem): its forward reads each output's three source rows in one pass, its backward
+computes each gradient element once instead of zeroing the gradient and adding to it per
+window offset.
 
 The 2x2 loops work in explicit vector chunks of 8 (or 4) outputs, emitted as LLVM vector IR
 (:func:`_chunk_2x2`): LLVM's loop vectoriser needs rows of at least 16 outputs before its
@@ -118,6 +119,45 @@ def _fwd_max(x, y, wh, ww, sh, sw, ph, pw, lo, hi):  # pragma: no cover - compil
                 for b in range(ww):
                     jlo, jhi, s0 = _cols(b, sw, pw, w_, ow_)
                     _row_max(yr, xr, jlo, jhi, s0, sw)
+
+
+def _max3(a, b, c):  # pragma: no cover - compiled
+    return np.maximum(np.maximum(a, b), c)
+
+
+def _row_fwd_max_3s2(yr, ra, rb, rc, ow, w):  # pragma: no cover - compiled
+    """One output row of 3x3, stride-2, pad-1 MAX windows from its three source rows (a
+    padding row is passed as a repeat of a real one: max is idempotent), in one pass: output
+    ``t`` reads columns ``2t - 1 .. 2t + 1``; the first and last outputs lose the padding
+    column. The interior loop indexes from 0 into slices that start at column 1 (see
+    :func:`_row_max`)."""
+    m = _max3(ra[0], rb[0], rc[0])
+    if w > 1:
+        m = np.maximum(m, _max3(ra[1], rb[1], rc[1]))
+    yr[0] = m
+    tend = min(ow, w // 2)  # outputs [1, tend) read only columns inside the row
+    sa, sb, sc, ys = ra[1:], rb[1:], rc[1:], yr[1:]
+    for k in range(tend - 1):
+        c0 = _max3(sa[2 * k], sb[2 * k], sc[2 * k])
+        c1 = _max3(sa[2 * k + 1], sb[2 * k + 1], sc[2 * k + 1])
+        c2 = _max3(sa[2 * k + 2], sb[2 * k + 2], sc[2 * k + 2])
+        ys[k] = _max3(c0, c1, c2)
+    for t in range(max(tend, 1), ow):  # the last output when its column 2t + 1 is padding
+        m = _max3(ra[2 * t - 1], rb[2 * t - 1], rc[2 * t - 1])
+        if 2 * t < w:
+            m = np.maximum(m, _max3(ra[2 * t], rb[2 * t], rc[2 * t]))
+        yr[t] = m
+
+
+def _fwd_max_3s2p1(x, y, lo, hi):  # pragma: no cover - compiled
+    h_ = x.shape[1]
+    oh_, ow_ = y.shape[1], y.shape[2]
+    for p in range(lo, hi):
+        for i in range(oh_):
+            c = 2 * i  # source rows c - 1 .. c + 1, a padding row replaced by row c
+            a = c - 1 if c > 0 else c
+            b = c + 1 if c + 1 < h_ else c
+            _row_fwd_max_3s2(y[p, i], x[p, a], x[p, c], x[p, b], ow_, x.shape[2])
 
 
 def _fwd_avg(x, y, wh, ww, sh, sw, ph, pw, exclude, inv, lo, hi):  # pragma: no cover - compiled
@@ -451,8 +491,8 @@ _compiled: SimpleNamespace | None = None
 
 def kernels() -> SimpleNamespace:
     """The compiled loops (compiled on first call for each dtype, cached on disk):
-    ``fwd_max``, ``fwd_avg``, ``fwd_max_2x2``, ``fwd_avg_2x2``, ``bwd_max``, ``bwd_avg``,
-    ``bwd_max_2x2``, ``bwd_max_3s2p1``, ``bwd_avg_2x2``. Each takes its arrays, the geometry
+    ``fwd_max``, ``fwd_avg``, ``fwd_max_2x2``, ``fwd_avg_2x2``, ``fwd_max_3s2p1``, ``bwd_max``,
+    ``bwd_avg``, ``bwd_max_2x2``, ``bwd_max_3s2p1``, ``bwd_avg_2x2``. Each takes its arrays, the geometry
     (``wh, ww, sh, sw, ph, pw``; none for the special-case loops), for the average modes
     ``exclude`` (divide by the non-padding count; the general loops only) and ``inv``
     (``1 / window area`` in the arrays' dtype), and the plane range ``lo, hi``."""
@@ -468,7 +508,7 @@ def _compile() -> SimpleNamespace:
 
     jit = functools.partial(njit, nogil=True, cache=True, error_model="numpy")
     global _cols, _row_max, _row_add, _row_bwd_max, _row_bwd_add, _zero_rows
-    global _row_bwd_max_3s2, _row_bwd_max_3s2_two
+    global _row_bwd_max_3s2, _row_bwd_max_3s2_two, _max3, _row_fwd_max_3s2
     global _v_fwd_max4, _v_fwd_max8, _v_fwd_avg4, _v_fwd_avg8
     global _v_bwd_max4, _v_bwd_max8, _v_bwd_avg4, _v_bwd_avg8
     _v_fwd_max4, _v_fwd_max8 = _chunk_2x2("fwd_max", 4), _chunk_2x2("fwd_max", 8)
@@ -480,11 +520,13 @@ def _compile() -> SimpleNamespace:
     _row_bwd_max, _row_bwd_add = inline(_row_bwd_max), inline(_row_bwd_add)
     _row_bwd_max_3s2 = inline(_row_bwd_max_3s2)
     _zero_rows = inline(_zero_rows)
+    _max3, _row_fwd_max_3s2 = inline(_max3), inline(_row_fwd_max_3s2)
     _row_bwd_max_3s2_two = inline(_row_bwd_max_3s2_two)
     return SimpleNamespace(
         fwd_max=jit(_fwd_max),
         fwd_avg=jit(_fwd_avg),
         fwd_max_2x2=jit(_fwd_max_2x2),
+        fwd_max_3s2p1=jit(_fwd_max_3s2p1),
         fwd_avg_2x2=jit(_fwd_avg_2x2),
         bwd_max=jit(_bwd_max),
         bwd_avg=jit(_bwd_avg),

@@ -167,6 +167,15 @@ def test_2x2_vector_chunks(mode, dtype, ow):
         _check(mode, (2, 2), (2, 2), (0, 0), size, (2, 3), dtype, True, False, seed=ow)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("size", [(1, 1), (1, 2), (2, 1), (5, 1), (3, 33), (4, 34), (6, 17)])
+def test_3x3_s2_p1_edges(mode, size):
+    # the 3x3/s2/p1 loops' first / last rows and columns (padding on one or both sides, a
+    # last output whose third column is padding), and rows long enough to vectorise
+    _check(mode, (3, 3), (2, 2), (1, 1), size, (2, 3), np.float32, True, False, seed=6)
+    _check(mode, (3, 3), (2, 2), (1, 1), size, (1, 2), np.float64, False, True, seed=6)
+
+
 @pytest.mark.parametrize("ow", [2, 5, 8, 11])
 def test_2x2_max_propagates_nan_in_every_lane(ow):
     rng = np.random.default_rng(ow)
