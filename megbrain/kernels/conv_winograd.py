@@ -43,9 +43,8 @@ __all__ = [
     "MAX_THREADS",
     "THREADS",
     "bind_winograd_backward_data",
+    "MAX_CHANNELS",
     "MIN_CHANNELS",
-    "MIN_PLANE",
-    "MIN_PLANE_BACKWARD_DATA",
     "MIN_POSITIONS",
     "bind_winograd_forward",
     "preferred_winograd_backward_data",
@@ -62,20 +61,23 @@ BAND_BYTES = 1 << 20
 #: ... but at least this many tiles (the GEMMs' long dimension: thinner, they run slower and
 #: re-read a large transformed filter from memory once per band)
 MIN_BAND_TILES = 128
+#: the most channels one output sums over (ICg forward, OCg backward data) for Winograd to be
+#: usable: its float32 error grows with them faster than im2col + GEMM's (its GEMMs multiply
+#: transformed values up to 4x the inputs and the outputs sum 9 products), measured against
+#: float64 with inputs in [-1, 1], as error over (atol 1e-5 + rtol 1e-4 |ref|): 64 channels
+#: 0.89 at worst over 1.6M outputs (8x64x56x56), 128 channels 1.16 (4 of 131K outputs
+#: outside), 256 channels 2.0 (im2col: 0.5 at 256)
+MAX_CHANNELS = 64
 #: HEURISTIC takes Winograd when both channel counts of a group are at least this (the GEMMs'
 #: dims; below, their (OC, IC) @ (IC, tiles) products are too thin to pay for the transforms)
 MIN_CHANNELS = 16
-#: HEURISTIC's size rule, measured on an idle 2-core machine (OpenBLAS, 2 threads) against
-#: im2col + GEMM: Winograd's 16 GEMMs per chunk have only ``tiles`` columns, and its
-#: transforms work row by row, so small planes or batches lose. Forward: 28x28 planes with
-#: batch 32 (32 channels) 9.3 vs 11.0 ms, 56x56 batch 4 (64) 8.8 vs 12.2, batch 8 13.8 vs 21.6;
-#: but 14x14 batch 64 (64) 21.6 vs 15.1, and ResNet50's batch-1 layers tie at 56x56 and lose
-#: 2.4x at 14x14 and 5x at 7x7. Backward data won only from 56x56 (8.9 vs 10.0 ms; 28x28 10.2
-#: vs 9.4). The fewest output positions of one plane (forward; backward data: of the gradient)
-MIN_PLANE = 28 * 28
-MIN_PLANE_BACKWARD_DATA = 56 * 56
-#: ... and of the whole batch, for HEURISTIC to take Winograd
-MIN_POSITIONS = 12544
+#: ... and the output (backward data: the gradient) has at least this many positions in all
+#: (N OH OW, 4 per tile): below, the GEMMs are too thin and the filter transform does not pay.
+#: Measured single-threaded (thread time; load 6-8 on the 2 cores), ms, Winograd vs the best
+#: im2col algorithm, forward / backward data: 8x64x56x56 24.1 vs 34.2 / 23.5 vs 22.7;
+#: 1x64x56x56 3.1 vs 4.3 / 3.0 vs 4.2; 64x64x14x14 13.0 vs 21.2 / 12.8 vs 19.6; 128x16x14x14
+#: to 32 5.9 vs 6.6; 2x64x28x28 2.9 vs 2.9 / 2.4 vs 3.0; 32x16x14x14 1.6 vs 1.7 / 1.7 vs 1.9
+MIN_POSITIONS = 1024
 #: threads the bands are split over; None: :func:`parallel.num_threads` (the BLAS
 #: thread count, so that both sides of a comparison use the same threads), at most
 #: :data:`MAX_THREADS`
@@ -115,9 +117,12 @@ def usable_winograd_forward(
     flip: bool = False,
 ) -> bool:
     """Whether :func:`bind_winograd_forward` accepts the convolution: 2-d, 3x3, stride 1,
-    dilation 1, floating point (any padding and group count)."""
-    return _geometry_ok(src.ndim, filt.shape[3:], stride, dilate, src.dtype) and all(
-        p >= 0 for p in pad
+    dilation 1, floating point, at most :data:`MAX_CHANNELS` input channels per group (any
+    padding and group count)."""
+    return (
+        _geometry_ok(src.ndim, filt.shape[3:], stride, dilate, src.dtype)
+        and all(p >= 0 for p in pad)
+        and filt.shape[2] <= MAX_CHANNELS
     )
 
 
@@ -131,35 +136,34 @@ def usable_winograd_backward_data(
     flip: bool = False,
 ) -> bool:
     """Whether :func:`bind_winograd_backward_data` accepts the gradient: 2-d, 3x3, stride 1,
-    dilation 1, padding at most 2, floating point."""
-    return _geometry_ok(grad.ndim, filt.shape[3:], stride, dilate, diff.dtype) and all(
-        0 <= p <= 2 for p in pad
-    )
-
-
-def _large_enough(filt, out, min_plane: int) -> bool:
-    n, (oh, ow) = out.shape[0], out.shape[2:]
+    dilation 1, padding at most 2, floating point, at most :data:`MAX_CHANNELS` output
+    channels per group (the channels a gradient value sums over)."""
     return (
-        min(filt.shape[1], filt.shape[2]) >= MIN_CHANNELS
-        and oh * ow >= min_plane
-        and n * oh * ow >= MIN_POSITIONS
+        _geometry_ok(grad.ndim, filt.shape[3:], stride, dilate, diff.dtype)
+        and all(0 <= p <= 2 for p in pad)
+        and filt.shape[1] <= MAX_CHANNELS
     )
+
+
+def _large_enough(filt, out) -> bool:
+    n, (oh, ow) = out.shape[0], out.shape[2:]
+    return min(filt.shape[1], filt.shape[2]) >= MIN_CHANNELS and n * oh * ow >= MIN_POSITIONS
 
 
 def preferred_winograd_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
-    """HEURISTIC's rule: usable, both ICg and OCg at least :data:`MIN_CHANNELS`, output planes
-    of at least :data:`MIN_PLANE` and :data:`MIN_POSITIONS` output positions in all."""
+    """HEURISTIC's rule: usable, both ICg and OCg at least :data:`MIN_CHANNELS` and at least
+    :data:`MIN_POSITIONS` output positions in all."""
     return usable_winograd_forward(src, filt, out, stride, pad, dilate, flip) and _large_enough(
-        filt, out, MIN_PLANE
+        filt, out
     )
 
 
 def preferred_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
-    """HEURISTIC's rule: usable, both ICg and OCg at least :data:`MIN_CHANNELS`, gradient
-    planes of at least :data:`MIN_PLANE_BACKWARD_DATA` and :data:`MIN_POSITIONS` positions."""
+    """HEURISTIC's rule: usable, both ICg and OCg at least :data:`MIN_CHANNELS` and at least
+    :data:`MIN_POSITIONS` gradient positions in all."""
     return usable_winograd_backward_data(
         filt, diff, grad, stride, pad, dilate, flip
-    ) and _large_enough(filt, grad, MIN_PLANE_BACKWARD_DATA)
+    ) and _large_enough(filt, grad)
 
 
 def bind_winograd_forward(
@@ -201,8 +205,9 @@ def bind_winograd_forward(
     geo = _Conv("Convolution", src.shape, filt.shape, out.shape, stride, pad, dilate)
     if not usable_winograd_forward(src, filt, out, stride, pad, dilate, flip):
         raise ValueError(
-            f"Convolution (winograd F(2x2,3x3)): needs a 2-d 3x3 filter, stride 1 and "
-            f"dilation 1, got filter {tuple(filt.shape)}, stride={tuple(stride)}, "
+            f"Convolution (winograd F(2x2,3x3)): needs a 2-d 3x3 filter, stride 1, "
+            f"dilation 1 and at most {MAX_CHANNELS} input channels per group, got filter "
+            f"{tuple(filt.shape)}, stride={tuple(stride)}, "
             f"dilate={tuple(dilate)}, dtype {src.dtype}"
         )
     return _bind(geo, src, filt, out, flip, "Convolution")
@@ -247,7 +252,8 @@ def bind_winograd_backward_data(
     if not usable_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip):
         raise ValueError(
             f"ConvolutionBackwardData (winograd F(2x2,3x3)): needs a 2-d 3x3 filter, "
-            f"stride 1, dilation 1 and pad <= 2, got filter {tuple(filt.shape)}, "
+            f"stride 1, dilation 1, pad <= 2 and at most {MAX_CHANNELS} output channels per "
+            f"group, got filter {tuple(filt.shape)}, "
             f"stride={tuple(stride)}, pad={tuple(pad)}, dilate={tuple(dilate)}, "
             f"dtype {diff.dtype}"
         )

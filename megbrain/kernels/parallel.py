@@ -123,6 +123,7 @@ _blas_saved: list[int] = []
 
 @functools.cache
 def _blas_libs() -> tuple:
+    # the BLAS libraries loaded at the first call: NumPy's, whose GEMMs the kernels call
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:

@@ -1,0 +1,126 @@
+"""Winograd F(2x2, 3x3) (megbrain.kernels.conv_winograd): the band plan, the widest reductions
+it accepts against the float64 reference, the refusal beyond them, and the single-threaded
+BLAS its pipelines run under. (Drawn shapes, dtypes, workspace, HEURISTIC and gradients are in
+test_conv_fast_algos.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_conv_algos import ATOL, RTOL, ref_backward_data, ref_forward
+
+from megbrain.kernels import conv_winograd, dnn_conv, parallel
+
+_ONE = (1, 1)
+
+
+def _case(n, icg, ocg, sshape, pad, g=1, flip=False, seed=0):
+    oshape = tuple(dnn_conv.conv_out_size(s, 3, 1, p, 1) for s, p in zip(sshape, pad))
+    return dict(n=n, g=g, icg=icg, ocg=ocg, fshape=(3, 3), stride=_ONE, pad=pad, dilate=_ONE,
+                sshape=sshape, oshape=oshape, flip=flip, seed=seed)  # fmt: skip
+
+
+def _arrays(c):
+    rng = np.random.default_rng(c["seed"])
+    x = rng.uniform(-1, 1, (c["n"], c["g"] * c["icg"], *c["sshape"])).astype(np.float32)
+    w = rng.uniform(-1, 1, (c["g"], c["ocg"], c["icg"], 3, 3)).astype(np.float32)
+    dy = rng.uniform(-1, 1, (c["n"], c["g"] * c["ocg"], *c["oshape"])).astype(np.float32)
+    return x, w, dy
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 5),
+    th=st.integers(1, 30),
+    tw=st.integers(1, 30),
+    per_tile=st.integers(1, 1 << 16),
+    nt=st.integers(1, 4),
+    band_bytes=st.integers(1, 1 << 22),
+    min_tiles=st.integers(1, 512),
+)
+def test_bands_cover_every_tile_row_once(n, th, tw, per_tile, nt, band_bytes, min_tiles):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_winograd, "BAND_BYTES", band_bytes)
+        mp.setattr(conv_winograd, "MIN_BAND_TILES", min_tiles)
+        bands = conv_winograd._bands(n, th, tw, per_tile, nt)
+    seen = np.zeros((n, th), int)
+    most = max(min_tiles, band_bytes // per_tile)
+    for band in bands:
+        offset = 0
+        for k, r0, r1, off in band:
+            assert 0 <= r0 < r1 <= th and off == offset  # parts follow each other in the band
+            seen[k, r0:r1] += 1
+            offset += (r1 - r0) * tw
+        # within the size bound, or a single tile row when even one is larger
+        assert offset <= max(most, tw)
+        if len(band) > 1:
+            assert all((r0, r1) == (0, th) for _, r0, r1, _ in band)  # whole samples
+    assert (seen == 1).all()
+
+
+@pytest.mark.parametrize("pad,sshape,flip", [((1, 1), (11, 13), False), ((0, 2), (9, 6), True)])
+def test_the_widest_reductions_match_float64(pad, sshape, flip):
+    # MAX_CHANNELS channels summed per value: forward over ICg, backward data over OCg
+    top = conv_winograd.MAX_CHANNELS
+    for icg, ocg in ((top, 5), (5, top)):
+        c = _case(n=2, icg=icg, ocg=ocg, sshape=sshape, pad=pad, g=2, flip=flip, seed=icg)
+        x, w, dy = _arrays(c)
+        geo = (c["stride"], c["pad"], c["dilate"], c["flip"])
+        y, gx = np.full(dy.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
+        if icg == top:
+            conv_winograd.bind_winograd_forward(x, w, y, *geo)()
+            np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+        if ocg == top and max(pad) <= 2:
+            conv_winograd.bind_winograd_backward_data(w, dy, gx, *geo)()
+            np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), rtol=RTOL, atol=ATOL)
+
+
+def test_wider_reductions_are_refused():
+    wide = conv_winograd.MAX_CHANNELS + 1
+    c = _case(n=1, icg=wide, ocg=wide, sshape=(6, 6), pad=(1, 1))
+    x, w, dy = _arrays(c)
+    geo = (c["stride"], c["pad"], c["dilate"])
+    assert not conv_winograd.usable_winograd_forward(x, w, dy, *geo)
+    assert not conv_winograd.usable_winograd_backward_data(w, dy, x, *geo)
+    with pytest.raises(ValueError, match=f"at most {wide - 1} input channels"):
+        conv_winograd.bind_winograd_forward(x, w, dy, *geo)
+    with pytest.raises(ValueError, match=f"at most {wide - 1} output channels"):
+        conv_winograd.bind_winograd_backward_data(w, dy, x, *geo)
+    # the other channel count may be as large as it likes
+    c = _case(n=1, icg=8, ocg=wide, sshape=(6, 6), pad=(1, 1))
+    x, w, dy = _arrays(c)
+    y = np.empty(dy.shape, np.float32)
+    conv_winograd.bind_winograd_forward(x, w, y, *geo)()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.skipif(not parallel.can_single_thread_blas(), reason="needs threadpoolctl")
+def test_blas_single_threaded_counts_nested_blocks_and_restores():
+    libs = parallel._blas_libs()  # the BLAS libraries loaded when first asked (NumPy's)
+    before = [lib.get_num_threads() for lib in libs]
+    with parallel.blas_single_threaded():
+        assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+        with parallel.blas_single_threaded():
+            pass
+        assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)  # still inside one
+    assert [lib.get_num_threads() for lib in libs] == before
+    with pytest.raises(RuntimeError), parallel.blas_single_threaded():
+        raise RuntimeError
+    assert [lib.get_num_threads() for lib in libs] == before
+
+
+def test_pipelines_leave_the_blas_thread_count_as_they_found_it():
+    c = _case(n=4, icg=16, ocg=16, sshape=(12, 12), pad=(1, 1))
+    x, w, dy = _arrays(c)
+    y = np.empty(dy.shape, np.float32)
+    libs = parallel._blas_libs()
+    before = [lib.get_num_threads() for lib in libs]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_winograd, "THREADS", 2)
+        mp.setattr(conv_winograd, "MIN_BAND_TILES", 1)
+        mp.setattr(conv_winograd, "BAND_BYTES", 1)
+        conv_winograd.bind_winograd_forward(x, w, y, _ONE, (1, 1), _ONE)()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+    assert [lib.get_num_threads() for lib in libs] == before
