@@ -1,15 +1,23 @@
 """Convolution kernels (MegDNN's Convolution{,3D}{Forward,BackwardData,BackwardFilter}) for
 batch-channel-first layouts, bound once (pooling is in :mod:`.dnn_pool`).
 
-Convolution is im2col plus one GEMM per batch chunk. The source is read through a strided
-window view (``as_strided``) of a zero-padded copy whose interior is refreshed each run; the
-windows of a whole chunk are copied once into a column buffer in the batch-inner layout
-``(C, *F, k, *O)``, so that one 2-d matmul per group, ``res[g] = W[g] @ col[g]`` with
-``col[g]`` of shape ``(K, k * L)``, covers every sample; a strided copy puts the
-``(OC, k, *O)`` result into the ``(k, OC, *O)`` output. Backward data with stride 1 and a
-"same" padding is the forward convolution of ``diff`` with the transposed, flipped filter;
-otherwise it is the transposed GEMM ``W^T @ diff`` followed by col2im (one strided add per
-filter offset).
+Convolution is im2col plus one GEMM per batch chunk. The windows of a chunk of samples are
+copied once into a column buffer in the batch-inner layout ``(C, *F, k, *O)``, so that one
+2-d matmul per group, ``res[g] = W[g] @ col[g]`` with ``col[g]`` of shape ``(K, k * L)``,
+covers every sample; a copy puts the ``(OC, k, *O)`` result into the ``(k, OC, *O)`` output
+(a one-sample chunk's GEMM writes the output itself). 2-d float32/float64 columns are filled
+by the compiled loops of :mod:`conv_gemm_loops` straight from the source (padding written as
+zeros by the loop), in chunks of at most :data:`CACHE_CHUNK_BYTES`, so that the GEMM reads the
+columns from the cache the loop just wrote them to; with at least as many samples as kernel
+threads, each thread runs its own im2col + GEMM pipeline over its part of the batch, BLAS
+single-threaded (:func:`parallel.blas_single_threaded`), one fork/join per call. Other
+convolutions (1-d, 3-d) read the source through a strided window view (``as_strided``) of a
+zero-padded copy, one NumPy copy per chunk.
+
+Backward data with stride 1 and a "same" padding may be the forward convolution of ``diff``
+with the transposed, flipped filter (AS_FORWARD_CONV); GEMM_COL2IM is the transposed GEMM
+``W^T @ diff`` followed by col2im, compiled (and pipelined per thread, chunk by chunk, as the
+forward pass) for 2-d gradients, else one strided add per filter offset.
 Backward filter is the GEMM ``col (K, k * L) @ diff (k * L, OCg)`` against a channel-last copy
 of ``diff``, the batch summed inside the GEMM. Any number of spatial dims works (2-d and 3-d
 convolution share the code). Filters are grouped, ``(G, OCg, ICg, *F)``; a dense filter is
@@ -21,25 +29,22 @@ with a ``usable`` predicate) that :mod:`megbrain.kernels.conv_algos` registers; 
 per shape through it, as their ``strategy`` (the execution policy) says; HEURISTIC, the
 default, makes the choices described here.
 
-Measured on the 2-core machines (OpenBLAS, 2 threads): per-sample GEMMs with a few dozen
-output channels kept OpenBLAS's threads far from their peak (the 8x64x56x56 3x3 forward went
-from 0.3x to about 0.9x PyTorch with one GEMM per chunk); NumPy's stacked (1, M, K) @ (1, K, N)
-matmul ran 3-4x slower than the 2-d call on the same operands; and ``diff @ col^T`` (OCg rows)
-ran 4-5x slower than ``col @ diff^T`` (K rows), its threads synchronising once per block of
-the long k * L reduction.
+Measured on the 2-core machines (OpenBLAS, 2 threads): one GEMM per chunk beat per-sample
+GEMMs threaded by OpenBLAS (the 8x64x56x56 3x3 forward went from 0.3x to about 0.9x
+PyTorch); NumPy's stacked (1, M, K) @ (1, K, N) matmul ran 3-4x slower than the 2-d call on
+the same operands; and ``diff @ col^T`` (OCg rows) ran 4-5x slower than ``col @ diff^T`` (K
+rows), its threads synchronising once per block of the long k * L reduction. Under load,
+OpenBLAS's threads synchronising (and spinning) on every small chunk's GEMM cost far more
+than the GEMMs (128x16x14x14 3x3 forward: 76 ms of CPU time against 7 ms for the per-thread
+pipelines, PyTorch 9 ms).
 
 Every buffer (padded source, column buffer, staging copies) is allocated at bind time, so the
 bound callables allocate nothing. The buffers rewritten on every run (the column buffers,
 the GEMM results, the batch-inner and channel-last copies of ``diff``, backward data's
-padded gradient) come from :func:`workspace.empty`, so
+padded gradient, contiguous staging copies) come from :func:`workspace.empty`, so
 the executor places them in the static memory plan (a workspace); the padded source,
 whose border is written once, stays private. The column buffer is capped at
 :data:`COL_BUFFER_LIMIT` bytes by processing the batch in chunks.
-
-No Numba in these formulations, measured on the 2-core machines: a parallel Numba im2col was
-slower than the strided NumPy copy (6.1 vs 5.0 ms for 8x64x56x56, 3x3) and its OpenMP threads
-slowed the following OpenBLAS matmul. The compiled algorithms (Winograd, direct convolution)
-live in their own modules.
 """
 
 from __future__ import annotations
@@ -52,12 +57,16 @@ import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import workspace
+from . import parallel, workspace
+from .parallel import split
 from .steps import Step, chain
 
 __all__ = [
+    "CACHE_CHUNK_BYTES",
+    "COL2IM_MAX_SAMPLE_BYTES",
     "COL_BUFFER_LIMIT",
     "PER_SAMPLE_MAX_K",
+    "SPLIT_MIN_ELEMS",
     "bind_conv_backward_data",
     "bind_conv_backward_filter",
     "bind_convolution",
@@ -77,6 +86,11 @@ COL_BUFFER_LIMIT = 256 << 20
 #: sample: measured on 2 cores, (16, 9) @ (9, 784) x 128 took 2 ms, the single
 #: (16, 9) @ (9, 100352) GEMM 46 ms (OpenBLAS threads it); from K = 144 on, the single GEMM wins
 PER_SAMPLE_MAX_K = 32
+#: the most column bytes one batch chunk of a compiled (2-d) im2col + GEMM takes: small
+#: enough that the GEMM reads the columns from the cache (L2 is 512 KB per core here)
+CACHE_CHUNK_BYTES = 512 << 10
+#: fewest elements a compiled im2col / col2im call splits over the kernel threads
+SPLIT_MIN_ELEMS = 1 << 15
 
 
 # ---- sizes ---------------------------------------------------------------------------------
@@ -154,6 +168,16 @@ def _matrix_out(
     return buf.reshape(shape)
 
 
+def _contiguous(a: np.ndarray, dtype, steps: list) -> np.ndarray:
+    """``a`` itself when it is C-contiguous in ``dtype``, else a workspace copy a step
+    refreshes."""
+    if a.dtype == dtype and a.flags.c_contiguous:
+        return a
+    buf = workspace.empty(a.shape, dtype)
+    steps.append(_partial(np.copyto, buf, a, "unsafe"))
+    return buf
+
+
 def _interior(a: np.ndarray, pad: Sequence[int], spatial: Sequence[int]) -> np.ndarray:
     idx = (slice(None), slice(None), *(slice(p, p + s) for p, s in zip(pad, spatial)))
     return a[idx]
@@ -194,9 +218,12 @@ def _offset_slices(fshape, oshape, stride, dilate):
         yield f, (slice(None), slice(None), *idx)
 
 
-def _chunks(n: int, per_sample_bytes: int) -> tuple[int, list[tuple[int, int]]]:
-    """Batch chunk size keeping a column buffer under the limit, and the (begin, end) chunks."""
-    nb = max(1, min(n, COL_BUFFER_LIMIT // max(1, per_sample_bytes)))
+def _chunks(
+    n: int, per_sample_bytes: int, limit: int | None = None
+) -> tuple[int, list[tuple[int, int]]]:
+    """Batch chunk size keeping a column buffer under the limits, and the (begin, end) chunks."""
+    cap = COL_BUFFER_LIMIT if limit is None else min(limit, COL_BUFFER_LIMIT)
+    nb = max(1, min(n, cap // max(1, per_sample_bytes)))
     return nb, [(i, min(n, i + nb)) for i in range(0, n, nb)]
 
 
@@ -252,15 +279,29 @@ class _Conv:
         inner dim, so that one matrix (G, K, k * L) holds every sample's columns."""
         return (self.c, *self.fshape, k, *self.oshape)
 
-    def chunks(self, dtype) -> tuple[int, list[tuple[int, int]]]:
-        return _chunks(self.n, self.c * math.prod(self.fshape) * self.l * dtype.itemsize)
+    def chunks(self, dtype, limit: int | None = None) -> tuple[int, list[tuple[int, int]]]:
+        """Batch chunk size and chunks keeping one column buffer under :data:`COL_BUFFER_LIMIT`
+        and ``limit`` bytes."""
+        per_sample = self.c * math.prod(self.fshape) * self.l * dtype.itemsize
+        return _chunks(self.n, per_sample, limit)
 
-    def im2col(self, src: np.ndarray, dtype, steps: list):
+    def compiled_loops(self, dtype) -> bool:
+        """Whether :mod:`conv_gemm_loops` handles this geometry in ``dtype`` (2-d, float32 or
+        float64); other convolutions take the NumPy strided copies."""
+        return self.nsp == 2 and dtype in (_F32, _F64) and self.l > 0
+
+    def im2col(self, src: np.ndarray, dtype, steps: list, limit: int | None = None):
         """Per batch chunk, (begin, end, column matrix (G, K, k * L), fill step).
 
         The columns of a chunk of ``k`` samples go into one workspace buffer in the
         batch-inner layout, so that one GEMM covers the chunk (per-sample GEMMs with a few
-        dozen output channels keep OpenBLAS's threads far below its peak)."""
+        dozen output channels keep OpenBLAS's threads far below its peak); ``limit`` caps the
+        buffer's bytes (cache blocking). 2-d float32/float64 columns are filled by the
+        compiled :func:`conv_gemm_loops.im2col`, split over the kernel threads, from the
+        source itself (or a C-contiguous copy of it); others by a strided NumPy copy from a
+        padded copy of the source."""
+        if self.compiled_loops(dtype):
+            return self._compiled_im2col(src, dtype, steps, limit)
         padded = _padded(src, self.pad, dtype, 0, steps)
         win = _windows(padded, self.fshape, self.oshape, self.stride, self.dilate)
         perm = (1, *range(2, 2 + self.nsp), 0, *range(2 + self.nsp, 2 + 2 * self.nsp))
@@ -273,6 +314,22 @@ class _Conv:
             colm = col.reshape(self.g, self.k, (b - a) * self.l)
             sl = (slice(None),) * (1 + self.nsp) + (slice(a, b),)
             res.append((a, b, colm, _partial(np.copyto, col, win[sl])))
+        return res
+
+    def _compiled_im2col(self, src: np.ndarray, dtype, steps: list, limit: int | None):
+        from . import conv_gemm_loops
+
+        x = _contiguous(src, dtype, steps)
+        nb, chunks = self.chunks(dtype, limit)
+        rows = self.c * math.prod(self.fshape)
+        flat = workspace.empty((rows * nb * self.l,), dtype)
+        geom = (self.stride, self.pad, self.dilate, self.fshape)
+        res = []
+        for a, b in chunks:
+            cols = flat[: rows * (b - a) * self.l].reshape(rows, (b - a) * self.l)
+            fill = _partial(conv_gemm_loops.im2col, x, cols, a, b, *geom)
+            min_rows = -(-SPLIT_MIN_ELEMS // cols.shape[1])
+            res.append((a, b, cols.reshape(self.g, self.k, -1), split(fill, rows, min_rows)))
         return res
 
     def batch_inner_matrix(self, a: np.ndarray, nb: int, dtype, steps: list):
@@ -344,24 +401,83 @@ def _per_sample_out(geo: _Conv, out: np.ndarray, dt) -> np.ndarray | None:
 
 
 def fwd_im2col_gemm(src, filt, out, stride, pad, dilate, flip=False) -> Callable[[], None]:
-    """Forward IM2COL_GEMM: one GEMM per batch chunk on batch-inner columns, then a strided
-    copy of the ``(OC, k, *O)`` result into the output."""
+    """Forward IM2COL_GEMM: per batch chunk, the columns, one GEMM per group, then a copy of
+    the ``(OC, k, *O)`` result into the output (a one-sample chunk's GEMM writes into the
+    output itself).
+
+    A 2-d convolution of at least as many samples as kernel threads runs as one pipeline per
+    thread (:func:`_pipelines`); otherwise the compiled im2col is split over the threads and
+    OpenBLAS threads each GEMM."""
     geo = _geometry("forward", src, filt, out, stride, pad, dilate)
     dt = compute_dtype(src.dtype)
     steps: list[Step] = []
     wm = geo.filter_matrix(filt, flip, dt, steps)
     oc = geo.g * geo.ocg
-    chunks = geo.im2col(src, dt, steps)
-    nb = max((b - a for a, b, _, _ in chunks), default=0)
-    flat = workspace.empty((oc * nb * geo.l,), dt)  # the GEMM result, ``(OC, k, *O)``
+    outm = _per_sample_out(geo, out, dt)
+
+    def chunk_steps(a: int, b: int, colm: np.ndarray, res: np.ndarray | None) -> list[Step]:
+        if b - a == 1 and outm is not None:
+            return _gemms(wm, colm, outm[a])
+        res = res[: oc * (b - a) * geo.l]
+        resv = _swap01(res.reshape(oc, b - a, *geo.oshape))
+        return _gemms(wm, colm, res.reshape(geo.g, geo.ocg, -1)) + [
+            _partial(np.copyto, out[a:b], resv, "unsafe")
+        ]
+
+    def result_buffer(nb: int) -> np.ndarray | None:
+        # the GEMM result ``(OC, k, *O)`` of a chunk, unless every chunk writes ``out``
+        return workspace.empty((oc * nb * geo.l,), dt) if nb > 1 or outm is None else None
+
+    if geo.compiled_loops(dt) and geo.n >= parallel.num_threads():
+        steps.append(_pipelines(geo, src, dt, steps, result_buffer, chunk_steps))
+        return chain(steps)
+    chunks = geo.im2col(src, dt, steps, CACHE_CHUNK_BYTES if geo.compiled_loops(dt) else None)
+    res = result_buffer(max((b - a for a, b, _, _ in chunks), default=0))
     for a, b, colm, fill in chunks:
-        k = b - a
-        res = flat[: oc * k * geo.l]
         steps.append(fill)
-        steps += _gemms(wm, colm, res.reshape(geo.g, geo.ocg, k * geo.l))
-        resv = _swap01(res.reshape(oc, k, *geo.oshape))
-        steps.append(_partial(np.copyto, out[a:b], resv, "unsafe"))
+        steps += chunk_steps(a, b, colm, res)
     return chain(steps)
+
+
+def _pipelines(geo: _Conv, src, dt, steps: list, result_buffer, chunk_steps) -> Step:
+    """One step running a 2-d im2col + GEMM pipeline on each kernel thread.
+
+    The batch is split into :func:`parallel.num_threads` parts; each thread walks its part in
+    chunks of at most :data:`CACHE_CHUNK_BYTES` of columns, each filled by the compiled
+    im2col, then multiplied while still in the core's cache (``chunk_steps(begin, end,
+    column matrix, result buffer)`` gives the GEMM and output steps), with its own buffers.
+    BLAS runs single-threaded meanwhile (:func:`parallel.blas_single_threaded`). Measured on
+    the 2-core machines under load, CPU time of a 128x16x14x14 3x3 forward: 7 ms (PyTorch
+    9 ms on 2 threads); one shared chunk loop with OpenBLAS's 2 threads spent 76 ms, its
+    threads synchronising (and spinning) on every chunk's GEMM."""
+    from . import conv_gemm_loops
+
+    x = _contiguous(src, dt, steps)
+    rows = geo.c * math.prod(geo.fshape)
+    parts = parallel.ranges(geo.n, parallel.num_threads())
+    most = max(hi - lo for lo, hi in parts)
+    nb = max(1, min(most, CACHE_CHUNK_BYTES // max(1, rows * geo.l * dt.itemsize)))
+    geom = (geo.stride, geo.pad, geo.dilate, geo.fshape)
+    calls = []
+    for lo, hi in parts:
+        cflat = workspace.empty((rows * nb * geo.l,), dt)
+        res = result_buffer(min(nb, hi - lo))
+        part: list[Step] = []
+        for a in range(lo, hi, nb):
+            b = min(hi, a + nb)
+            cols = cflat[: rows * (b - a) * geo.l].reshape(rows, -1)
+            part.append(_partial(conv_gemm_loops.im2col, x, cols, a, b, *geom, 0, rows))
+            part += chunk_steps(a, b, cols.reshape(geo.g, geo.k, -1), res)
+        calls.append(chain(part))
+    run = parallel.concurrently(calls)
+    if len(calls) == 1:
+        return run
+
+    def threaded() -> None:
+        with parallel.blas_single_threaded():
+            run()
+
+    return threaded
 
 
 def fwd_per_sample_usable(src, filt, out, stride, pad, dilate, flip=False) -> bool:
@@ -388,7 +504,8 @@ def fwd_per_sample_gemm(src, filt, out, stride, pad, dilate, flip=False) -> Call
         )
     steps: list[Step] = []
     wm = geo.filter_matrix(filt, flip, dt, steps)
-    for a, b, colm, fill in geo.im2col(src, dt, steps):
+    limit = CACHE_CHUNK_BYTES if geo.compiled_loops(dt) else None
+    for a, b, colm, fill in geo.im2col(src, dt, steps, limit):
         steps.append(fill)
         for i in range(b - a):
             cols = colm[:, :, i * geo.l : (i + 1) * geo.l]
@@ -438,6 +555,12 @@ def bind_convolution(
     return conv_algos.bind("forward", src, filt, out, stride, pad, dilate, flip, strategy=strategy)
 
 
+#: HEURISTIC takes GEMM_COL2IM's compiled pipelines over AS_FORWARD_CONV for a 2-d gradient
+#: whose one sample's columns take at most this many bytes. Measured on one core (CPU time,
+#: under load; PyTorch in brackets): 128x16x14x14 3x3 5.9 vs 16 ms (6.7), 64x20x12x12 5x5
+#: 4.0 vs 19 (7.3), ResNet50's batch-1 7x7 7.2 vs 12.4 (7.2), 14x14 4.6 vs 6.2 (4.8), 28x28
+#: 4.5 vs 4.7 (3.9, 3.6 MB of columns); at 56x56 (7.2 MB) the forward route won, 4.5 vs 5.5
+COL2IM_MAX_SAMPLE_BYTES = 2 << 20
 #: backward data runs as a forward convolution when the gradient has at most this many times
 #: the positions of ``diff`` (that GEMM has prod(S) columns, col2im's has prod(O))
 AS_FORWARD_MAX_GROWTH = 1.25
@@ -468,8 +591,14 @@ def bwd_data_as_forward_usable(filt, diff, grad, stride, pad, dilate, flip=False
 
 
 def bwd_data_as_forward_preferred(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
-    """The heuristic: as a forward convolution for a "same" padding (:func:`_as_forward`)."""
+    """The heuristic: as a forward convolution for a "same" padding (:func:`_as_forward`),
+    unless GEMM_COL2IM runs compiled with one sample's columns of at most
+    :data:`COL2IM_MAX_SAMPLE_BYTES`."""
     geo = _geometry("backward_data", filt, diff, grad, stride, pad, dilate)
+    dt = compute_dtype(diff.dtype)
+    per_sample = geo.c * math.prod(geo.fshape) * geo.l * dt.itemsize
+    if geo.compiled_loops(dt) and per_sample <= COL2IM_MAX_SAMPLE_BYTES:
+        return False
     return _as_forward(geo) is not None
 
 
@@ -500,6 +629,8 @@ def bwd_data_gemm_col2im(filt, diff, grad, stride, pad, dilate, flip=False) -> C
     dt = compute_dtype(diff.dtype)
     steps: list[Step] = []
     wmt = geo.filter_matrix(filt, flip, dt, steps).transpose(0, 2, 1)  # (G, K, OCg)
+    if geo.compiled_loops(dt):
+        return _col2im_pipelines(geo, wmt, diff, grad, dt, steps)
     nb, chunks = geo.chunks(dt)
     diff_matrix = geo.batch_inner_matrix(diff, nb, dt, steps)
     # col2im into a padded gradient in the batch-inner layout ``(C, k, *Spad)``
@@ -520,6 +651,50 @@ def bwd_data_gemm_col2im(filt, diff, grad, stride, pad, dilate, flip=False) -> C
         inner = _swap01(_interior(target, geo.pad, geo.sshape))
         steps.append(_partial(np.copyto, grad[a:b], inner, "unsafe"))
     return chain(steps)
+
+
+def _col2im_pipelines(geo: _Conv, wmt, diff, grad, dt, steps: list) -> Callable[[], None]:
+    """GEMM_COL2IM of a 2-d gradient: per batch chunk of at most :data:`CACHE_CHUNK_BYTES`
+    of columns, the batch-inner copy of ``diff``, the GEMM ``W^T @ diff`` into the columns
+    and the compiled :func:`conv_gemm_loops.col2im` adding them into the gradient while they
+    are in the cache; one such pipeline per kernel thread (BLAS single-threaded) when there
+    are at least as many samples, else one whose col2im is split over the channels."""
+    from . import conv_gemm_loops
+
+    post: list[Step] = []
+    target = grad
+    if grad.dtype != dt or not grad.flags.c_contiguous or not grad.flags.writeable:
+        target = workspace.empty(grad.shape, dt)
+        post.append(_partial(np.copyto, grad, target, "unsafe"))
+    rows = geo.c * math.prod(geo.fshape)
+    nt = parallel.num_threads()
+    parts = parallel.ranges(geo.n, nt) if geo.n >= nt else [(0, geo.n)]
+    most = max(hi - lo for lo, hi in parts)
+    nb = max(1, min(most, CACHE_CHUNK_BYTES // max(1, rows * geo.l * dt.itemsize)))
+    geom = (geo.stride, geo.pad, geo.dilate, geo.fshape)
+    min_channels = -(-SPLIT_MIN_ELEMS // max(1, math.prod(geo.sshape) * nb))
+    calls = []
+    for lo, hi in parts:
+        part: list[Step] = []
+        diff_matrix = geo.batch_inner_matrix(diff, min(nb, max(1, hi - lo)), dt, part)
+        cflat = workspace.empty((rows * nb * geo.l,), dt)
+        for a in range(lo, hi, nb):
+            b = min(hi, a + nb)
+            cols = cflat[: rows * (b - a) * geo.l].reshape(rows, -1)
+            part += _gemms(wmt, diff_matrix(a, b), cols.reshape(geo.g, geo.k, -1))
+            back = _partial(conv_gemm_loops.col2im, cols, target, a, b, *geom)
+            whole = len(parts) > 1  # a thread's pipeline adds its chunks itself
+            part.append(_partial(back, 0, geo.c) if whole else split(back, geo.c, min_channels))
+        calls.append(chain(part))
+    run = parallel.concurrently(calls)
+    if len(calls) > 1:
+        inner = run
+
+        def run() -> None:
+            with parallel.blas_single_threaded():
+                inner()
+
+    return chain(steps + [run] + post)
 
 
 def bind_conv_backward_data(

@@ -3,11 +3,29 @@ algorithms built on them, against NumPy and float64 references."""
 
 from __future__ import annotations
 
+import os
+import sys
+import tracemalloc
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_conv_algos import (
+    ATOL,
+    RTOL,
+    _arrays,
+    _carved,
+    conv_cases,
+    ref_backward_data,
+    ref_backward_filter,
+    ref_forward,
+)
 
-from megbrain.kernels import conv_gemm_loops, dnn_conv
+from megbrain.kernels import conv_algos, conv_gemm_loops, dnn_conv, parallel
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "opr"))
+from opr_harness import check_grad  # noqa: E402
 
 
 @st.composite
@@ -90,3 +108,170 @@ def test_col2im_is_the_adjoint_of_im2col(g):
     want = np.zeros(chunk.size)
     np.add.at(want, where[where >= 0], cols[where >= 0])
     np.testing.assert_allclose(chunk.reshape(-1), want, rtol=1e-12, atol=1e-12)
+
+
+# ---- the algorithms on the compiled loops --------------------------------------------------
+_ALGOS = [
+    ("forward", "IM2COL_GEMM"),
+    ("forward", "IM2COL_GEMM_PER_SAMPLE"),
+    ("backward_data", "GEMM_COL2IM"),
+    ("backward_data", "AS_FORWARD_CONV"),
+]
+
+
+def _algo(kind, name):
+    return {a.name: a for a in conv_algos.algorithms(kind)}[name]
+
+
+def _bind(kind, name, c, x, w, dy, out):
+    args = (x, w, out) if kind == "forward" else (w, dy, out)
+    geom = (c["stride"], c["pad"], c["dilate"], c["flip"])
+    algo = _algo(kind, name)
+    if not algo.usable(*args, *geom):
+        return None
+    return algo.bind(*args, *geom)
+
+
+def _ref(kind, c, x, w, dy):
+    return ref_forward(c, x, w) if kind == "forward" else ref_backward_data(c, w, dy)
+
+
+def _tol(dtype):
+    return dict(rtol=RTOL, atol=ATOL) if dtype != np.float16 else dict(rtol=2e-3, atol=2e-2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    c=conv_cases(nsp=2),
+    algo=st.sampled_from(_ALGOS),
+    n=st.integers(0, 7),
+    threads=st.integers(1, 3),
+    chunk=st.sampled_from([1, 2000, 1 << 20]),
+    dtype=st.sampled_from([np.float32, np.float32, np.float64, np.float16]),
+)
+def test_algorithms_match_float64(c, algo, n, threads, chunk, dtype):
+    # thread pipelines (n >= threads) or one shared chunk loop, one or several chunks per
+    # thread (a short last one), float16 staged through float32
+    kind, name = algo
+    c = dict(c, n=n)
+    x, w, dy = _arrays(c, dtype)
+    out = np.full((x if kind == "backward_data" else dy).shape, np.nan, dtype)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parallel, "num_threads", lambda: threads)
+        mp.setattr(dnn_conv, "CACHE_CHUNK_BYTES", chunk)
+        fn = _bind(kind, name, c, x, w, dy, out)
+        if fn is None:
+            return
+        fn()
+    np.testing.assert_allclose(out, _ref(kind, c, x, w, dy), **_tol(dtype))
+
+
+@pytest.mark.parametrize("kind,name", _ALGOS)
+def test_non_contiguous_operands(kind, name):
+    c = dict(n=4, g=2, icg=3, ocg=2, fshape=(3, 2), stride=(1, 1), pad=(1, 1), dilate=(1, 2),
+             sshape=(7, 6), flip=True, seed=5)  # fmt: skip
+    c["oshape"] = _oshape(c)
+    x, w, dy = _arrays(c)
+
+    def strided(a):  # every other element of a twice-wider array
+        big = np.full(a.shape[:-1] + (2 * a.shape[-1],), np.nan, a.dtype)
+        big[..., ::2] = a
+        return big[..., ::2]
+
+    out_base = np.full((x if kind == "backward_data" else dy).shape[:-1] + (99,), 7.0, np.float32)
+    out = out_base[..., 1 : 1 + (x if kind == "backward_data" else dy).shape[-1]]
+    fn = _bind(kind, name, c, strided(x), strided(w), strided(dy), out)
+    if fn is None:
+        pytest.skip(f"{name} does not apply")
+    fn()
+    np.testing.assert_allclose(out, _ref(kind, c, x, w, dy), rtol=RTOL, atol=ATOL)
+    assert (out_base[..., 0] == 7).all() and (out_base[..., 1 + out.shape[-1] :] == 7).all()
+
+
+@pytest.mark.parametrize("kind,name", _ALGOS)
+@pytest.mark.parametrize("n", [1, 5])
+def test_workspace_is_written_before_read_and_nothing_is_allocated(kind, name, n):
+    c = dict(n=n, g=2, icg=2, ocg=3, fshape=(3, 3), stride=(1, 1), pad=(1, 1), dilate=(1, 1),
+             sshape=(6, 5), flip=False, seed=11)  # fmt: skip
+    c["oshape"] = _oshape(c)
+    x, w, dy = _arrays(c)
+    out = np.empty((x if kind == "backward_data" else dy).shape, np.float32)
+    want = _ref(kind, c, x, w, dy)
+    for threads in (2, 1):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(parallel, "num_threads", lambda threads=threads: threads)
+            mp.setattr(dnn_conv, "CACHE_CHUNK_BYTES", 2000)  # several chunks per thread
+            fn, buf = _carved(lambda: _bind(kind, name, c, x, w, dy, out))
+        assert buf.nbytes > 1  # the columns are workspace
+        for _ in range(2):
+            buf[:] = 0xFF  # NaN as float32
+            fn()
+            np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL)
+    # on one thread (no pool hand-over objects), NumPy's allocations are traced: none
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        fn()
+        assert tracemalloc.get_traced_memory()[1] - before < 4096
+    finally:
+        tracemalloc.stop()
+
+
+def test_runs_are_bitwise_reproducible_over_threads():
+    # each chunk's GEMM runs on one thread with a chunk size fixed at bind time
+    c = dict(n=6, g=1, icg=4, ocg=5, fshape=(3, 3), stride=(1, 1), pad=(1, 1), dilate=(1, 1),
+             sshape=(8, 8), flip=False, seed=2)  # fmt: skip
+    c["oshape"] = _oshape(c)
+    x, w, dy = _arrays(c)
+    got = []
+    for threads in (2, 3, 3):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(parallel, "num_threads", lambda threads=threads: threads)
+            mp.setattr(dnn_conv, "CACHE_CHUNK_BYTES", 1)  # one sample per chunk
+            y, gx = np.empty(dy.shape, np.float32), np.empty(x.shape, np.float32)
+            _bind("forward", "IM2COL_GEMM", c, x, w, dy, y)()
+            _bind("backward_data", "GEMM_COL2IM", c, x, w, dy, gx)()
+        got.append((y, gx))
+    for y, gx in got[1:]:
+        assert np.array_equal(y, got[0][0]) and np.array_equal(gx, got[0][1])
+
+
+def test_heuristic_prefers_col2im_to_the_forward_route_for_small_planes():
+    def as_forward(n, c, h, oc, f, p):
+        o = h + 2 * p - f + 1
+        w = np.zeros((1, oc, c, f, f), np.float32)
+        dy, x = np.zeros((n, oc, o, o), np.float32), np.zeros((n, c, h, h), np.float32)
+        return dnn_conv.bwd_data_as_forward_preferred(w, dy, x, (1, 1), (p, p), (1, 1))
+
+    assert not as_forward(128, 16, 14, 32, 3, 1)  # the CNN's second layer
+    assert not as_forward(1, 256, 14, 256, 3, 1)  # 1.8 MB of columns
+    assert as_forward(1, 64, 56, 64, 3, 1)  # 7.2 MB of columns
+
+
+def test_gradients_through_the_operators_match_finite_differences():
+    import megbrain.opr as O
+
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-1, 1, (3, 4, 5, 6))
+    w = rng.uniform(-1, 1, (3, 4, 3, 3))
+    check_grad(lambda a, b: O.convolution(a, b, pad_h=1, pad_w=0, dilate_w=2), [x, w])
+    check_grad(lambda a, b: O.convolution(a, b, stride_h=2, pad_h=2, pad_w=1), [x, w])
+    grouped = rng.uniform(-1, 1, (2, 2, 2, 2, 2))
+    check_grad(lambda a, b: O.convolution(a, b, sparse="GROUP", pad_w=1), [x, grouped])
+
+
+def test_training_shapes_match_float64():
+    # the CNN's second layer, at a reduced batch: forward, backward data and filter
+    c = dict(n=6, g=1, icg=16, ocg=32, fshape=(3, 3), stride=(1, 1), pad=(1, 1), dilate=(1, 1),
+             sshape=(14, 14), flip=False, seed=9)  # fmt: skip
+    c["oshape"] = _oshape(c)
+    x, w, dy = _arrays(c)
+    geom = (c["stride"], c["pad"], c["dilate"])
+    y, gx, gw = (np.empty(a.shape, np.float32) for a in (dy, x, w))
+    _bind("forward", "IM2COL_GEMM", c, x, w, dy, y)()
+    _bind("backward_data", "GEMM_COL2IM", c, x, w, dy, gx)()
+    dnn_conv.bind_conv_backward_filter(x, dy, gw, *geom)()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(gw, ref_backward_filter(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)

@@ -226,7 +226,9 @@ def _case(sshape=(8, 8), fshape=(3, 3), stride=(1, 1), pad=(1, 1), icg=2, ocg=3,
     [
         ("forward", _case(icg=2), "IM2COL_GEMM_PER_SAMPLE"),  # K = 18 <= PER_SAMPLE_MAX_K
         ("forward", _case(icg=8), "IM2COL_GEMM"),  # K = 72
-        ("backward_data", _case(), "AS_FORWARD_CONV"),  # "same" padding
+        # "same" padding: the compiled col2im while one sample's columns are small
+        ("backward_data", _case(), "GEMM_COL2IM"),
+        ("backward_data", _case(sshape=(56, 56), icg=64, ocg=64, n=1), "AS_FORWARD_CONV"),
         ("backward_data", _case(stride=(2, 2)), "GEMM_COL2IM"),
         ("backward_data", _case(sshape=(12, 12), fshape=(5, 5), pad=(0, 0)), "GEMM_COL2IM"),
         ("backward_filter", _case(), "IM2COL_GEMM_DIFF_NHWC"),
