@@ -345,7 +345,7 @@ def watch(what: str) -> _Watch:
 COMM_WAIT = os.environ.get("MGB_COMM_WAIT", "auto")
 #: seconds a wait polls back to back before it starts sleeping (a peer about to arrive);
 #: environment ``MGB_COMM_SPIN_US``, in microseconds
-SPIN_S = float(os.environ.get("MGB_COMM_SPIN_US", "200")) * 1e-6
+SPIN_S = float(os.environ.get("MGB_COMM_SPIN_US", "50")) * 1e-6
 #: the longest sleep between two polls while a wait is young (the latency a peer arriving
 #: soon adds at most)
 SHORT_SLEEP_S = 200e-6
