@@ -47,7 +47,9 @@ Built-in algorithms (megbrain.kernels.dnn_conv), by kind:
   transposed, flipped filter; priority 10, the heuristic's for a "same" padding),
   ``GEMM_COL2IM`` (``W^T @ diff`` per batch chunk, then col2im; the fallback);
 - backward_filter: ``IM2COL_GEMM_DIFF_NHWC`` (columns @ channel-last diff; priority 10),
-  ``IM2COL_GEMM_DIFF_ROWS`` (diff @ columns^T; a PROFILE candidate).
+  ``IM2COL_GEMM_DIFF_ROWS`` (diff @ columns^T; a PROFILE candidate); 2-d ones in
+  :mod:`megbrain.kernels.conv_bwd_filter`: ``IM2COL_GEMM_BLOCKED`` (compiled im2col of
+  cache-sized blocks, each GEMM-accumulated; priority 20).
 """
 
 from __future__ import annotations
@@ -540,3 +542,15 @@ for _algo in (
 ):
     register(_algo)
 del _algo
+from . import conv_bwd_filter  # noqa: E402
+
+register(
+    ConvAlgorithm(
+        "IM2COL_GEMM_BLOCKED",
+        "backward_filter",
+        conv_bwd_filter.bind_blocked,
+        conv_bwd_filter.usable_blocked,
+        priority=20,
+        heuristic=conv_bwd_filter.preferred_blocked,
+    )
+)

@@ -1,0 +1,350 @@
+"""Backward filter of 2-d convolutions as cache-blocked im2col + GEMM (IM2COL_GEMM_BLOCKED).
+
+:func:`bind_blocked` computes the filter gradient ``dW (OC, K) = sum over the output
+positions of diff (OC, P) @ cols^T (P, K)`` (``K = C * FH * FW``) block by block: the ``N * OH``
+output rows of the batch are cut into blocks of about :data:`BLOCK_POSITIONS` positions
+(whole samples when a sample is smaller, rows of one sample otherwise, so that batch 1 blocks
+too), a compiled im2col writes a block's ``(K, P)`` columns into a buffer of at most
+:data:`BLOCK_BYTES`, and one GEMM per group ``diff_block (OCg, P) @ cols^T (P, Kg)``, still in
+the core's cache, adds it into a running sum. A block inside one sample reads ``diff`` in place
+(a row-strided matrix); a block of several samples first copies their ``diff`` planes side by
+side.
+
+The :func:`parallel.num_threads` threads each run whole block pipelines with BLAS
+single-threaded (:func:`parallel.blas_single_threaded`), one fork/join per call: with at least
+as many blocks as threads, each thread takes an even share of consecutive blocks into its own
+partial sum, and the partial sums are added at the end in thread order; with fewer blocks
+(one small sample), each thread takes its share of the ``K`` column rows of every block
+(disjoint columns of ``dW``). Either way every sum runs in an order fixed at bind time, so a
+given thread count always gives the same bits (reproducible). Measured under load (8-9 on the
+2-core machines), OpenBLAS's own two threads over the blocks' GEMMs spent 4-10x longer,
+synchronising on every GEMM.
+
+Compared with IM2COL_GEMM_DIFF_NHWC of :mod:`.dnn_conv` (the columns of a whole batch chunk
+built by NumPy's strided copy, 58 MB for 8x64x56x56 3x3, then one GEMM), the columns of a
+block stay in cache between the im2col and the GEMM and the copy is compiled (see
+:data:`BLOCK_POSITIONS` for the measurements).
+
+float16 and bfloat16 compute in float32; operands that are not C-contiguous in the compute
+dtype are copied into workspace buffers first. Every buffer is allocated at bind time
+(:func:`workspace.empty`, so that the executor places it in the memory plan) and fully
+written on every run before it is read. Numba is imported on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from . import parallel, workspace
+from .dnn_conv import _Conv, compute_dtype
+from .steps import Step, chain
+
+__all__ = [
+    "BLOCK_BYTES",
+    "BLOCK_POSITIONS",
+    "bind_blocked",
+    "preferred_blocked",
+    "usable_blocked",
+]
+
+#: output positions per block of IM2COL_GEMM_BLOCKED (whole output rows; whole samples when
+#: a sample has fewer). Measured on one core (CPU time), 8x64x56x56 3x3: 1024 positions
+#: 34.8 ms, 256 (one output row) 56.5 ms, unblocked NHWC 40.0 ms; a (64, 1024) @ (1024, 576)
+#: GEMM ran at 73-82 GFLOP/s, the (64, 25088) @ (25088, 576) one at 67
+BLOCK_POSITIONS = 1024
+#: the most bytes of one block's columns and diff copy (a block has at least one output row)
+BLOCK_BYTES = 4 << 20
+#: a gradient of fewer multiply-adds (x2) than this runs on one thread
+_MIN_THREAD_FLOPS = 4_000_000
+
+
+# ---- compiled loops ------------------------------------------------------------------------
+def _valid_py(n_out, size, off, step):  # pragma: no cover - compiled
+    """[lo, hi) of the outputs o with 0 <= o * step + off < size."""
+    lo = 0
+    if off < 0:
+        lo = min(n_out, (-off + step - 1) // step)
+    hi = 0
+    if size - off > 0:
+        hi = min(n_out, (size - off - 1) // step + 1)
+    return lo, max(lo, hi)
+
+
+def _cols_py(x, cols, g0, g1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, r0, r1):
+    # pragma: no cover - compiled
+    """Rows [r0, r1) of the (C * FH * FW, (g1 - g0) * OW) columns of the output rows
+    [g0, g1) of the whole batch (row g is output row g % OH of sample g // OH): row
+    (c * FH + a) * FW + b, column (g - g0) * OW + j gets x[n, c, i * sh - ph + a * dh,
+    j * sw - pw + b * dw], 0 outside ``x``. Offsets are unsigned, so that LLVM vectorizes the
+    row copies (a signed index is checked for wrap-around)."""
+    c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
+    xf = x.reshape(-1)
+    cf = cols.reshape(-1)
+    ncol = (g1 - g0) * ow_
+    n_first = g0 // oh_
+    n_last = (g1 - 1) // oh_
+    for r in range(r0, r1):
+        c = r // (fh_ * fw_)
+        a = (r // fw_) % fh_
+        b = r % fw_
+        off = b * dw - pw
+        jlo, jhi = _valid_c(ow_, w_, off, sw)
+        ilo, ihi = _valid_c(oh_, h_, a * dh - ph, sh)
+        m = jhi - jlo
+        for n in range(n_first, n_last + 1):
+            base = n * oh_
+            ia = max(0, g0 - base)
+            ib = min(oh_, g1 - base)
+            plane = (n * c_ + c) * h_ * w_
+            d0 = r * ncol + (base + ia - g0) * ow_
+            lo = max(ia, min(ilo, ib))
+            hi = max(lo, min(ihi, ib))
+            for t in range((lo - ia) * ow_):
+                cf[np.uintp(d0 + t)] = 0.0
+            for i in range(lo, hi):
+                s = plane + (i * sh - ph + a * dh) * w_ + jlo * sw + off
+                d = d0 + (i - ia) * ow_
+                for j in range(jlo):
+                    cf[np.uintp(d + j)] = 0.0
+                dd = d + jlo
+                if sw == 1:
+                    for j in range(m):
+                        cf[np.uintp(dd + j)] = xf[np.uintp(s + j)]
+                else:
+                    for j in range(m):
+                        cf[np.uintp(dd + j)] = xf[np.uintp(s + j * sw)]
+                for j in range(jhi, ow_):
+                    cf[np.uintp(d + j)] = 0.0
+            for t in range((hi - ia) * ow_, (ib - ia) * ow_):
+                cf[np.uintp(d0 + t)] = 0.0
+
+
+_valid_c = None  # the compiled _valid_py, set on first compile (the loops call it by this name)
+
+
+@functools.cache
+def _compiled(name: str):
+    # numba is imported on first use: ``import megbrain`` stays free of its import time
+    global _valid_c
+    from numba import njit
+
+    if _valid_c is None:
+        _valid_c = njit(nogil=True, cache=True, inline="always")(_valid_py)
+    fn = {"cols": _cols_py}[name]
+    return njit(nogil=True, cache=True, error_model="numpy")(fn)
+
+
+# ---- shared binding helpers ----------------------------------------------------------------
+def _float_dtype(a: np.ndarray) -> bool:
+    try:
+        compute_dtype(a.dtype)
+    except ValueError:
+        return False
+    return True
+
+
+def _contiguous(a: np.ndarray, dt: np.dtype, steps: list) -> np.ndarray:
+    """``a`` itself when it is C-contiguous in ``dt``, else a workspace copy a step refreshes."""
+    if a.dtype == dt and a.flags.c_contiguous:
+        return a
+    buf = workspace.empty(a.shape, dt)
+    steps.append(functools.partial(np.copyto, buf, a, "unsafe"))
+    return buf
+
+
+def _store(res: np.ndarray, grad: np.ndarray, flip: bool) -> Step:
+    """The step copying the (G, OCg, ICg, FH, FW) result into ``grad`` (flipped spatially for
+    CONVOLUTION mode)."""
+    view = res[..., ::-1, ::-1] if flip else res
+    return functools.partial(np.copyto, grad, view, "unsafe")
+
+
+def _checked(name: str, src, diff, grad, stride, pad, dilate, usable: Callable, why: str):
+    geo = _Conv("ConvolutionBackwardFilter", src.shape, grad.shape, diff.shape, stride, pad,
+                dilate)  # fmt: skip
+    if not usable(src, diff, grad, stride, pad, dilate):
+        raise ValueError(
+            f"ConvolutionBackwardFilter ({name}): needs {why}; got src {tuple(src.shape)} "
+            f"{src.dtype}, diff {tuple(diff.shape)}, grad {tuple(grad.shape)}, "
+            f"stride={tuple(stride)}, pad={tuple(pad)}, dilate={tuple(dilate)}"
+        )
+    return geo, compute_dtype(src.dtype)
+
+
+# ---- IM2COL_GEMM_BLOCKED -------------------------------------------------------------------
+def usable_blocked(src, diff, grad, stride, pad, dilate, flip=False) -> bool:
+    """Whether :func:`bind_blocked` accepts the gradient: 2-d, floating point, pad >= 0."""
+    return src.ndim == 4 and _float_dtype(src) and all(p >= 0 for p in pad)
+
+
+def preferred_blocked(src, diff, grad, stride, pad, dilate, flip=False) -> bool:
+    """HEURISTIC's rule: wherever usable (it matched or beat IM2COL_GEMM_DIFF_NHWC on every
+    measured shape, see :data:`BLOCK_POSITIONS`)."""
+    return usable_blocked(src, diff, grad, stride, pad, dilate, flip)
+
+
+def _blocks(n: int, oh: int, ow: int, per_row_bytes: int, parts: int = 1) -> list[tuple]:
+    """The [g0, g1) blocks of the ``n * oh`` output rows: whole samples when a sample has at
+    most :data:`BLOCK_POSITIONS` positions (and fits :data:`BLOCK_BYTES`), else rows of one
+    sample; as many blocks as a multiple of ``parts`` allows (so that ``parts`` threads get
+    even shares), each about as large as the limits allow."""
+    rows = min(-(-BLOCK_POSITIONS // max(1, ow)), BLOCK_BYTES // max(1, per_row_bytes))
+    rows = max(1, rows)
+    if rows >= oh:  # whole samples, ``k`` a block
+        count = max(-(-n // max(1, rows // oh)), min(parts, n))
+        if count >= parts:
+            count = -(-count // parts) * parts
+        k = -(-n // count)
+        return [(a, min(n * oh, a + k * oh)) for a in range(0, n * oh, k * oh)]
+    per_sample = -(-oh // rows)
+    if n * per_sample >= parts:
+        while (n * per_sample) % parts and per_sample < oh:
+            per_sample += 1
+    rows = -(-oh // per_sample)
+    return [
+        (s * oh + i, s * oh + min(oh, i + rows)) for s in range(n) for i in range(0, oh, rows)
+    ]
+
+
+def bind_blocked(
+    src: np.ndarray,
+    diff: np.ndarray,
+    grad: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+) -> Callable[[], None]:
+    """Bind the gradient of a 2-d convolution w.r.t. its filter as IM2COL_GEMM_BLOCKED.
+
+    Parameters
+    ----------
+    src : numpy.ndarray
+        The ``(N, G*ICg, H, W)`` input of the forward convolution (any strides).
+    diff : numpy.ndarray
+        The ``(N, G*OCg, OH, OW)`` gradient of the forward output (any strides).
+    grad : numpy.ndarray
+        The grouped ``(G, OCg, ICg, FH, FW)`` result.
+    stride, pad, dilate : sequence of int
+        Two values each.
+    flip : bool
+        True for CONVOLUTION mode (the filter is flipped spatially).
+
+    Returns
+    -------
+    Callable[[], None]
+        A zero-argument callable computing ``grad``.
+
+    Raises
+    ------
+    ValueError
+        When the shapes do not match or :func:`usable_blocked` refuses the gradient.
+    """
+    geo, dt = _checked("IM2COL_GEMM_BLOCKED", src, diff, grad, stride, pad, dilate,
+                       usable_blocked, "a 2-d floating-point convolution, pad >= 0")  # fmt: skip
+    steps: list[Step] = []
+    res = workspace.empty(grad.shape, dt)  # (G, OCg, ICg, FH, FW), summed over the blocks
+    oh, ow = geo.oshape
+    if geo.n * oh * ow == 0 or res.size == 0:
+        steps.append(functools.partial(np.copyto, res, 0))
+        steps.append(_store(res, grad, flip))
+        return chain(steps)
+    b = _Blocked(geo, dt, _contiguous(src, dt, steps), _contiguous(diff, dt, steps))
+    nt = parallel.num_threads() if parallel.can_single_thread_blas() else 1
+    if 2 * b.oc * b.ktot * geo.n * oh * ow < _MIN_THREAD_FLOPS:
+        nt = 1
+    blocks = _blocks(geo.n, oh, ow, (b.ktot + b.oc) * ow * dt.itemsize, nt)
+    width = max(g1 - g0 for g0, g1 in blocks) * ow
+    resm = res.reshape(geo.g, geo.ocg, geo.k)
+    calls = []
+    if len(blocks) >= nt:  # each thread its blocks, all rows, into its own partial sum
+        whole = [(gi, 0, geo.k) for gi in range(geo.g)]
+        parts = parallel.ranges(len(blocks), nt)
+        sums = [resm] + [workspace.empty(resm.shape, dt) for _ in parts[1:]]
+        for (lo, hi), acc in zip(parts, sums):
+            calls.append(b.thread(blocks[lo:hi], whole, workspace.empty((b.ktot * width,), dt),
+                                  acc, width))  # fmt: skip
+        sums = sums[1:]
+    else:  # few blocks: each thread its column rows of every block (disjoint gradient columns)
+        cols = workspace.empty((b.ktot * width,), dt)
+        for r0, r1 in parallel.ranges(geo.k, nt):
+            rowset = [(gi, r0, r1) for gi in range(geo.g)]
+            calls.append(b.thread(blocks, rowset, cols, resm, width))
+        sums = []
+    run = parallel.concurrently(calls)
+    if len(calls) > 1:
+
+        def run(run=run) -> None:
+            with parallel.blas_single_threaded():
+                run()
+
+    steps.append(run)
+    for acc in sums:  # the threads' partial sums, in a fixed order
+        steps.append(functools.partial(np.add, resm, acc, out=resm))
+    steps.append(_store(res, grad, flip))
+    return chain(steps)
+
+
+class _Blocked:
+    """The operands of one IM2COL_GEMM_BLOCKED binding, and the steps of one thread."""
+
+    def __init__(self, geo: _Conv, dt: np.dtype, x: np.ndarray, dy: np.ndarray):
+        self.geo, self.dt, self.x = geo, dt, x
+        self.ktot, self.oc = geo.g * geo.k, geo.g * geo.ocg
+        oh, ow = geo.oshape
+        self.dyf = dy.reshape(geo.n, self.oc, oh * ow)
+        self.ints = (*geo.stride, *geo.pad, *geo.dilate, *geo.fshape, oh, ow)
+        self.cols_fn = _compiled("cols")
+
+    def thread(self, blocks, rowset, colbuf, acc, width) -> Step:
+        """The step of one thread: per block, the im2col of the column rows ``rowset``
+        ((group, first, end) within each group), the diff rows of the block (in place inside
+        one sample, else copied side by side), and one GEMM per group into ``acc`` (the
+        first block) or a partial buffer added to it."""
+        geo, dt, oc = self.geo, self.dt, self.oc
+        g, ocg, kg = geo.g, geo.ocg, geo.k
+        oh, ow = geo.oshape
+        ll = oh * ow
+        several = any((g1 - 1) // oh != g0 // oh for g0, g1 in blocks)
+        dbuf = workspace.empty((oc * width,), dt) if several else None
+        part = workspace.empty(acc.shape, dt) if len(blocks) > 1 else None
+        rows = [(gi * kg + r0, gi * kg + r1) for gi, r0, r1 in rowset if r1 > r0]
+        if len(rows) == g and all(r1 - r0 == kg for r0, r1 in rows):
+            rows = [(0, self.ktot)]  # every row: one im2col call
+        steps: list[Step] = []
+        for u, (g0, g1) in enumerate(blocks):
+            ncol = (g1 - g0) * ow
+            cols = colbuf[: self.ktot * ncol].reshape(self.ktot, ncol)
+            for r0, r1 in rows:
+                steps.append(_cols_step(self.cols_fn, self.x, cols, g0, g1, self.ints, r0, r1))
+            n0 = g0 // oh
+            if (g1 - 1) // oh == n0:  # inside one sample: diff's rows in place
+                i0 = g0 - n0 * oh
+                dm = self.dyf[n0, :, i0 * ow : (i0 + g1 - g0) * ow]
+            else:  # whole samples: their diff planes side by side
+                k = (g1 - g0) // oh
+                dbv = dbuf[: oc * ncol].reshape(oc, k, ll)
+                planes = self.dyf[n0 : n0 + k].swapaxes(0, 1)
+                steps.append(functools.partial(np.copyto, dbv, planes))
+                dm = dbv.reshape(oc, ncol)
+            dst = acc if u == 0 else part
+            for gi, r0, r1 in rowset:
+                if r1 <= r0:
+                    continue
+                dmg = dm[gi * ocg : (gi + 1) * ocg]
+                colg = cols[gi * kg + r0 : gi * kg + r1]
+                steps.append(functools.partial(np.matmul, dmg, colg.T, out=dst[gi, :, r0:r1]))
+                if u:
+                    a = acc[gi, :, r0:r1]
+                    steps.append(functools.partial(np.add, a, part[gi, :, r0:r1], out=a))
+        return chain(steps)
+
+
+def _cols_step(fn, x, cols, g0, g1, ints, r0, r1) -> Step:
+    def step() -> None:
+        fn(x, cols, g0, g1, *ints, r0, r1)
+
+    return step

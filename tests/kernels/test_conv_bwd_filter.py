@@ -1,0 +1,195 @@
+"""The backward-filter algorithms of megbrain.kernels.conv_bwd_filter (IM2COL_GEMM_BLOCKED)
+against the float64 reference: drawn shapes, strides, paddings, dilations, groups and flips,
+with blocks of one row up to whole batches; float16/bfloat16/float64; strided operands; the
+workspace contract; reproducibility; the HEURISTIC choice; the filter gradient through the
+convolution operator against finite differences."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_conv_algos import ATOL, RTOL, _arrays, _carved, _geometry, conv_cases
+from test_conv_algos import ref_backward_filter as ref
+
+from megbrain.kernels import conv_algos, conv_bwd_filter, dnn_conv, parallel
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "opr"))
+from opr_harness import check_grad  # noqa: E402
+
+_BLOCKED = conv_bwd_filter.bind_blocked
+
+
+def _case(n=2, g=1, icg=3, ocg=4, sshape=(7, 6), fshape=(3, 3), stride=(1, 1), pad=(1, 1),
+          dilate=(1, 1), flip=False, seed=3):  # fmt: skip
+    oshape = tuple(
+        dnn_conv.conv_out_size(*a) for a in zip(sshape, fshape, stride, pad, dilate)
+    )
+    return dict(n=n, g=g, icg=icg, ocg=ocg, fshape=fshape, stride=stride, pad=pad,
+                dilate=dilate, sshape=sshape, oshape=oshape, flip=flip, seed=seed)  # fmt: skip
+
+
+def _run(bind, c, x, dy, dtype=None):
+    gw = np.full((c["g"], c["ocg"], c["icg"], *c["fshape"]), np.nan, dtype or x.dtype)
+    assert conv_bwd_filter.usable_blocked(x, dy, gw, c["stride"], c["pad"], c["dilate"])
+    bind(x, dy, gw, *_geometry(c))()
+    return gw
+
+
+@settings(max_examples=80, deadline=None)
+@given(c=conv_cases(nsp=2), block=st.sampled_from([1, 2, 5, 1024]))
+def test_blocked_matches_float64(c, block):
+    # a block of ``block`` positions is one output row, or whole samples
+    x, w, dy = _arrays(c)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_bwd_filter, "BLOCK_POSITIONS", block)
+        gw = _run(_BLOCKED, c, x, dy)
+    np.testing.assert_allclose(gw, ref(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)
+
+
+@settings(max_examples=40, deadline=None)
+@given(c=conv_cases(nsp=2), block=st.sampled_from([1, 3, 1024]), threads=st.integers(2, 3))
+def test_thread_splits_match_float64(c, block, threads):
+    # each thread its blocks (partial sums added at the end), or its column rows of each block
+    x, w, dy = _arrays(c)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_bwd_filter, "BLOCK_POSITIONS", block)
+        mp.setattr(conv_bwd_filter, "_MIN_THREAD_FLOPS", 0)
+        mp.setattr(parallel, "num_threads", lambda: threads)
+        gw = _run(_BLOCKED, c, x, dy)
+    np.testing.assert_allclose(gw, ref(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)
+
+
+def test_blocks_cover_the_batch_in_rows_or_whole_samples(monkeypatch):
+    monkeypatch.setattr(conv_bwd_filter, "BLOCK_POSITIONS", 100)
+    # 10-position rows: 3 blocks of at most 10 rows inside one sample (batch 1 blocks too),
+    # as even as whole rows allow
+    assert conv_bwd_filter._blocks(1, 25, 10, 40) == [(0, 9), (9, 18), (18, 25)]
+    # 4x4 samples: at most 6 whole samples (96 positions) per block, 2 even blocks of 4
+    assert conv_bwd_filter._blocks(8, 4, 4, 16) == [(0, 16), (16, 32)]
+    # the byte cap wins over the position target, at least one row per block
+    monkeypatch.setattr(conv_bwd_filter, "BLOCK_BYTES", 100)
+    assert conv_bwd_filter._blocks(1, 3, 10, 40) == [(0, 2), (2, 3)]
+    assert conv_bwd_filter._blocks(1, 2, 10, 1000) == [(0, 1), (1, 2)]
+    # for 2 threads: an even number of blocks (7 rows of 10 positions -> 4 blocks of 2 rows;
+    # 5 samples of 16 positions, at most 6 a block -> blocks of 3 and 2; one sample that fits
+    # a block stays one: the threads split its column rows)
+    monkeypatch.setattr(conv_bwd_filter, "BLOCK_BYTES", 1 << 20)
+    monkeypatch.setattr(conv_bwd_filter, "BLOCK_POSITIONS", 30)
+    assert conv_bwd_filter._blocks(1, 7, 10, 40, 2) == [(0, 2), (2, 4), (4, 6), (6, 7)]
+    monkeypatch.setattr(conv_bwd_filter, "BLOCK_POSITIONS", 100)
+    assert conv_bwd_filter._blocks(5, 4, 4, 16, 2) == [(0, 12), (12, 20)]
+    assert conv_bwd_filter._blocks(1, 4, 4, 16, 2) == [(0, 4)]
+
+
+def test_large_reduction_and_batch_one_row_blocks_match_float64():
+    # 64 channels, 3x3: 576 products per filter tap row, one sample in several row blocks
+    c = _case(n=1, icg=64, ocg=8, sshape=(40, 37))
+    x, w, dy = _arrays(c)
+    gw = _run(_BLOCKED, c, x, dy)
+    assert len(conv_bwd_filter._blocks(1, 40, 37, (64 * 9 + 8) * 37 * 4)) > 1
+    np.testing.assert_allclose(gw, ref(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float64])
+def test_other_dtypes(dtype):
+    c = _case(n=3, g=2, icg=2, ocg=3, stride=(2, 1), flip=True)
+    x, w, dy = _arrays(c, dtype)
+    gw = _run(_BLOCKED, c, x, dy)
+    assert gw.dtype == dtype
+    want = ref(c, x, dy, w.shape)
+    if dtype == np.float64:
+        np.testing.assert_allclose(gw, want, rtol=1e-10, atol=1e-12)
+    else:  # float32 compute, one rounding to the narrow dtype at the end
+        np.testing.assert_allclose(gw.astype(np.float64), want, rtol=1e-2, atol=5e-2)
+
+
+def test_strided_operands():
+    c = _case(n=3, g=2, icg=2, ocg=3, sshape=(6, 7), pad=(0, 2), dilate=(2, 1))
+    x, w, dy = _arrays(c)
+    xs = np.asfortranarray(x)  # not C-contiguous
+    dys = np.concatenate([dy, dy], axis=3)[..., ::2]  # a strided view of other values
+    dys[:] = dy
+    gws = np.full((*w.shape[:4], 6), np.nan, np.float32)[..., ::2]  # a strided result
+    assert not gws.flags.c_contiguous and gws.shape == w.shape
+    _BLOCKED(xs, dys, gws, *_geometry(c))()
+    np.testing.assert_allclose(gws, ref(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("block", [3, 1024])
+def test_workspace_is_written_before_read(block, monkeypatch):
+    monkeypatch.setattr(conv_bwd_filter, "BLOCK_POSITIONS", block)
+    c = _case(n=3, g=2, icg=2, ocg=3, sshape=(6, 5), stride=(2, 1), pad=(0, 2), flip=True)
+    x, w, dy = _arrays(c)
+    x16, dy16 = x.astype(np.float16), dy.astype(np.float16)  # conversion buffers too
+    for xs, dys in ((x, dy), (x16, dy16)):
+        gw = np.empty(w.shape, np.float32)
+        fn, buf = _carved(functools.partial(_BLOCKED, xs, dys, gw, *_geometry(c)))
+        assert buf.nbytes > 1
+        for _ in range(2):
+            buf[:] = 0xFF  # NaN as float32
+            fn()
+            tol = dict(rtol=RTOL, atol=ATOL) if xs is x else dict(rtol=1e-2, atol=5e-2)
+            np.testing.assert_allclose(gw, ref(c, xs, dys, w.shape), **tol)
+
+
+@pytest.mark.parametrize("n", [1, 6])  # column rows split, or blocks split
+def test_runs_are_reproducible(n, monkeypatch):
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    c = _case(n=n, icg=16, ocg=16, sshape=(40, 40), seed=5)
+    x, _, dy = _arrays(c)
+    gw = np.empty((1, 16, 16, 3, 3), np.float32)
+    fn = _BLOCKED(x, dy, gw, *_geometry(c))
+    fn()
+    first = gw.copy()
+    for _ in range(3):
+        fn()
+        assert np.array_equal(gw, first)
+
+
+def test_empty_batch_gives_zero():
+    x = np.zeros((0, 2, 4, 4), np.float32)
+    dy = np.zeros((0, 3, 4, 4), np.float32)
+    gw = np.full((1, 3, 2, 3, 3), np.nan, np.float32)
+    _BLOCKED(x, dy, gw, (1, 1), (1, 1), (1, 1))()
+    assert not gw.any()
+
+
+def test_refuses_what_it_does_not_compute():
+    x = np.zeros((1, 2, 4, 4, 4), np.float32)  # 3-d
+    dy = np.zeros((1, 3, 4, 4, 4), np.float32)
+    gw = np.zeros((1, 3, 2, 3, 3, 3), np.float32)
+    assert not conv_bwd_filter.usable_blocked(x, dy, gw, (1,) * 3, (1,) * 3, (1,) * 3)
+    with pytest.raises(ValueError, match="ConvolutionBackwardFilter"):
+        _BLOCKED(x, dy, gw, (1,) * 3, (1,) * 3, (1,) * 3)
+    with pytest.raises(ValueError, match="do not give"):  # shapes that do not match
+        _BLOCKED(x[..., 0], dy[..., 0], gw[..., 0], (1, 1), (0, 0), (1, 1))
+
+
+def _select(c):
+    x, w, dy = _arrays(c)
+    return conv_algos.select("backward_filter", x, dy, np.empty_like(w), *_geometry(c)).name
+
+
+def test_registered_and_heuristic_choice():
+    names = [a.name for a in conv_algos.algorithms("backward_filter")]
+    assert "IM2COL_GEMM_BLOCKED" in names
+    assert _select(_case()) == "IM2COL_GEMM_BLOCKED"
+    c3 = dict(_case(), fshape=(3, 3, 3), stride=(1,) * 3, pad=(1,) * 3, dilate=(1,) * 3,
+              sshape=(4, 4, 4), oshape=(4, 4, 4))  # fmt: skip
+    assert _select(c3) == "IM2COL_GEMM_DIFF_NHWC"  # 3-d stays with the n-d algorithm
+
+
+def test_filter_gradient_through_the_operator_matches_finite_differences():
+    import megbrain.opr as O
+
+    rng = np.random.default_rng(8)
+    x = rng.uniform(-1, 1, (2, 3, 5, 6))
+    w = rng.uniform(-1, 1, (4, 3, 3, 3))
+    check_grad(lambda a, b: O.convolution(a, b, pad_h=1, pad_w=0, stride_w=2), [x, w], wrt=[1])
