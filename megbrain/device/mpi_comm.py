@@ -257,14 +257,16 @@ class _Watch:
             COMM_WAIT == "auto" and nbytes is not None and nbytes <= SMALL_BYTES
         ):
             if not req.Test():
-                _sleep_until(req, time.perf_counter())
+                _sleep_until(req, time.perf_counter(), TRANSFER_SPIN_S)
         else:
             req.Wait()
 
 
-def _sleep_until(req, t0: float) -> None:
+def _sleep_until(req, t0: float, spin: float | None = None) -> None:
     """Poll ``req`` with MPI's Test, sleeping between tests: back-to-back for the first
-    :data:`SPIN_S` seconds (a peer that is about to arrive), then sleeps doubling from
+    ``spin`` seconds (default :data:`SPIN_S`: a peer that is about to arrive;
+    :data:`TRANSFER_SPIN_S` for a transfer whose peers are all there, which moves only
+    while the ranks poll), then sleeps doubling from
     20 us to :data:`SHORT_SLEEP_S`, and in a long wait to :data:`LATE_SLEEP_FRACTION` of
     the time waited so far, at most :data:`MAX_SLEEP_S` (a late peer costs at most that
     share of latency and no core; a rank idle in a barrier wakes a few hundred times a
@@ -274,7 +276,7 @@ def _sleep_until(req, t0: float) -> None:
     Linux's default 50 us slack made a 20 us sleep last 75-105 us, which a peer arriving
     during the sleep waited for."""
     test, sleep, clock = req.Test, time.sleep, time.perf_counter
-    t_spin = t0 + SPIN_S
+    t_spin = t0 + (SPIN_S if spin is None else spin)
     while clock() < t_spin:
         if test():
             return
@@ -346,6 +348,10 @@ COMM_WAIT = os.environ.get("MGB_COMM_WAIT", "auto")
 #: seconds a wait polls back to back before it starts sleeping (a peer about to arrive);
 #: environment ``MGB_COMM_SPIN_US``, in microseconds
 SPIN_S = float(os.environ.get("MGB_COMM_SPIN_US", "50")) * 1e-6
+#: seconds a small transfer's wait (its peers all arrived) polls back to back before it
+#: sleeps: MPICH moves a 64 KB all-reduce in several steps, each needing both ranks' polls,
+#: so a sleep in the middle of it adds its length to the transfer
+TRANSFER_SPIN_S = 200e-6
 #: the longest sleep between two polls while a wait is young (the latency a peer arriving
 #: soon adds at most)
 SHORT_SLEEP_S = 200e-6

@@ -70,3 +70,17 @@ def test_sleeps_grow_with_the_time_waited_up_to_the_cap(monkeypatch):
     mpi_comm._sleep_until(_Req(after=12), time.perf_counter() - 10.0)
     assert max(slept) == pytest.approx(mpi_comm.MAX_SLEEP_S)
     assert slept[:2] == pytest.approx([20e-6, 40e-6])  # still starts short
+
+
+def test_a_small_transfer_spins_longer_than_a_wait_for_the_peers(monkeypatch):
+    """Once the peers are there, a small transfer moves only while the ranks poll: its wait
+    spins :data:`TRANSFER_SPIN_S` before sleeping; waiting for the peers spins less."""
+    if mpi_comm.COMM_WAIT != "auto":
+        pytest.skip("MGB_COMM_WAIT sets another policy")
+    spins = []
+    monkeypatch.setattr(mpi_comm, "_sleep_until", lambda req, t0, spin=None: spins.append(spin))
+    mpi_comm.wait(_Req(after=2), 1024)
+    with mpi_comm.watch("test wait") as w:
+        w.wait_peers(_Req(after=2))
+    assert spins == [mpi_comm.TRANSFER_SPIN_S, None]
+    assert mpi_comm.TRANSFER_SPIN_S > mpi_comm.SPIN_S
