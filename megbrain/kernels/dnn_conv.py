@@ -50,6 +50,7 @@ whose border is written once, stays private. The column buffer is capped at
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Sequence
 
@@ -405,9 +406,11 @@ def fwd_im2col_gemm(src, filt, out, stride, pad, dilate, flip=False) -> Callable
     the ``(OC, k, *O)`` result into the output (a one-sample chunk's GEMM writes into the
     output itself).
 
-    A 2-d convolution of at least as many samples as kernel threads runs as one pipeline per
-    thread (:func:`_pipelines`); otherwise the compiled im2col is split over the threads and
-    OpenBLAS threads each GEMM."""
+    A 2-d convolution of several cache-sized chunks runs them on the kernel threads
+    (:func:`_chunk_pipelines`); a single chunk's compiled im2col is split over the threads
+    and OpenBLAS threads its GEMM."""
+    from . import conv_gemm_loops
+
     geo = _geometry("forward", src, filt, out, stride, pad, dilate)
     dt = compute_dtype(src.dtype)
     steps: list[Step] = []
@@ -428,8 +431,21 @@ def fwd_im2col_gemm(src, filt, out, stride, pad, dilate, flip=False) -> Callable
         # the GEMM result ``(OC, k, *O)`` of a chunk, unless every chunk writes ``out``
         return workspace.empty((oc * nb * geo.l,), dt) if nb > 1 or outm is None else None
 
-    if geo.compiled_loops(dt) and geo.n >= parallel.num_threads():
-        steps.append(_pipelines(geo, src, dt, steps, result_buffer, chunk_steps))
+    rows = geo.c * math.prod(geo.fshape)
+    nb, chunks = geo.chunks(dt, CACHE_CHUNK_BYTES)
+    if geo.compiled_loops(dt) and len(chunks) > 1:
+        x = _contiguous(src, dt, steps)
+        geom = (geo.stride, geo.pad, geo.dilate, geo.fshape)
+
+        def slot():  # one thread's buffers: its columns and GEMM result
+            return workspace.empty((rows * nb * geo.l,), dt), result_buffer(nb)
+
+        def pipeline(buffers, a: int, b: int) -> list[Step]:
+            cols = buffers[0][: rows * (b - a) * geo.l].reshape(rows, -1)
+            fill = _partial(conv_gemm_loops.im2col, x, cols, a, b, *geom, 0, rows)
+            return [fill] + chunk_steps(a, b, cols.reshape(geo.g, geo.k, -1), buffers[1])
+
+        steps.append(_chunk_pipelines(chunks, slot, pipeline))
         return chain(steps)
     chunks = geo.im2col(src, dt, steps, CACHE_CHUNK_BYTES if geo.compiled_loops(dt) else None)
     res = result_buffer(max((b - a for a, b, _, _ in chunks), default=0))
@@ -439,45 +455,44 @@ def fwd_im2col_gemm(src, filt, out, stride, pad, dilate, flip=False) -> Callable
     return chain(steps)
 
 
-def _pipelines(geo: _Conv, src, dt, steps: list, result_buffer, chunk_steps) -> Step:
-    """One step running a 2-d im2col + GEMM pipeline on each kernel thread.
+def _chunk_pipelines(chunks: list[tuple[int, int]], slot, pipeline) -> Step:
+    """One step running the batch chunks' pipelines on :func:`parallel.num_threads` threads.
 
-    The batch is split into :func:`parallel.num_threads` parts; each thread walks its part in
-    chunks of at most :data:`CACHE_CHUNK_BYTES` of columns, each filled by the compiled
-    im2col, then multiplied while still in the core's cache (``chunk_steps(begin, end,
-    column matrix, result buffer)`` gives the GEMM and output steps), with its own buffers.
-    BLAS runs single-threaded meanwhile (:func:`parallel.blas_single_threaded`). Measured on
-    the 2-core machines under load, CPU time of a 128x16x14x14 3x3 forward: 7 ms (PyTorch
-    9 ms on 2 threads); one shared chunk loop with OpenBLAS's 2 threads spent 76 ms, its
-    threads synchronising (and spinning) on every chunk's GEMM."""
-    from . import conv_gemm_loops
+    ``slot()`` allocates one thread's buffers (called once per thread, at bind time);
+    ``pipeline(buffers, begin, end)`` gives the steps of one chunk on them (a compiled loop
+    and GEMMs, each chunk writing its own samples of the output). Each run, the threads take
+    the chunks in turn from a shared counter, so that a thread the OS leaves waiting (a loaded
+    machine) costs the others only the chunk it holds; BLAS runs single-threaded meanwhile
+    (:func:`parallel.blas_single_threaded`), one fork/join per call. A chunk's result does not
+    depend on the thread that computes it (its GEMM runs on that thread alone).
 
-    x = _contiguous(src, dt, steps)
-    rows = geo.c * math.prod(geo.fshape)
-    parts = parallel.ranges(geo.n, parallel.num_threads())
-    most = max(hi - lo for lo, hi in parts)
-    nb = max(1, min(most, CACHE_CHUNK_BYTES // max(1, rows * geo.l * dt.itemsize)))
-    geom = (geo.stride, geo.pad, geo.dilate, geo.fshape)
-    calls = []
-    for lo, hi in parts:
-        cflat = workspace.empty((rows * nb * geo.l,), dt)
-        res = result_buffer(min(nb, hi - lo))
-        part: list[Step] = []
-        for a in range(lo, hi, nb):
-            b = min(hi, a + nb)
-            cols = cflat[: rows * (b - a) * geo.l].reshape(rows, -1)
-            part.append(_partial(conv_gemm_loops.im2col, x, cols, a, b, *geom, 0, rows))
-            part += chunk_steps(a, b, cols.reshape(geo.g, geo.k, -1), res)
-        calls.append(chain(part))
-    run = parallel.concurrently(calls)
-    if len(calls) == 1:
+    Measured on the 2-core machines under load, CPU time of the 128x16x14x14 3x3 forward:
+    about 7 ms (PyTorch 9 ms on 2 threads); one chunk loop threading each GEMM through
+    OpenBLAS spent 76 ms, its threads synchronising (and spinning) on every chunk's GEMM."""
+    nt = max(1, min(parallel.num_threads(), len(chunks)))
+    table = [[chain(pipeline(bufs, a, b)) for a, b in chunks] for bufs in
+             [slot() for _ in range(nt)]]  # fmt: skip
+    if nt == 1:
+        return chain(table[0])
+    count = len(chunks)
+    state: list = [None]
+
+    def worker(todo: list[Step]) -> Step:
+        def run() -> None:
+            take = state[0]
+            while (i := next(take)) < count:
+                todo[i]()
+
         return run
 
-    def threaded() -> None:
-        with parallel.blas_single_threaded():
-            run()
+    workers = parallel.concurrently([worker(t) for t in table])
 
-    return threaded
+    def run() -> None:
+        state[0] = itertools.count()  # next() on it is atomic under the GIL
+        with parallel.blas_single_threaded():
+            workers()
+
+    return run
 
 
 def fwd_per_sample_usable(src, filt, out, stride, pad, dilate, flip=False) -> bool:
@@ -657,8 +672,8 @@ def _col2im_pipelines(geo: _Conv, wmt, diff, grad, dt, steps: list) -> Callable[
     """GEMM_COL2IM of a 2-d gradient: per batch chunk of at most :data:`CACHE_CHUNK_BYTES`
     of columns, the batch-inner copy of ``diff``, the GEMM ``W^T @ diff`` into the columns
     and the compiled :func:`conv_gemm_loops.col2im` adding them into the gradient while they
-    are in the cache; one such pipeline per kernel thread (BLAS single-threaded) when there
-    are at least as many samples, else one whose col2im is split over the channels."""
+    are in the cache; several chunks run on the kernel threads (:func:`_chunk_pipelines`), a
+    single one with its col2im split over the channels."""
     from . import conv_gemm_loops
 
     post: list[Step] = []
@@ -667,33 +682,28 @@ def _col2im_pipelines(geo: _Conv, wmt, diff, grad, dt, steps: list) -> Callable[
         target = workspace.empty(grad.shape, dt)
         post.append(_partial(np.copyto, grad, target, "unsafe"))
     rows = geo.c * math.prod(geo.fshape)
-    nt = parallel.num_threads()
-    parts = parallel.ranges(geo.n, nt) if geo.n >= nt else [(0, geo.n)]
-    most = max(hi - lo for lo, hi in parts)
-    nb = max(1, min(most, CACHE_CHUNK_BYTES // max(1, rows * geo.l * dt.itemsize)))
+    nb, chunks = geo.chunks(dt, CACHE_CHUNK_BYTES)
     geom = (geo.stride, geo.pad, geo.dilate, geo.fshape)
-    min_channels = -(-SPLIT_MIN_ELEMS // max(1, math.prod(geo.sshape) * nb))
-    calls = []
-    for lo, hi in parts:
-        part: list[Step] = []
-        diff_matrix = geo.batch_inner_matrix(diff, min(nb, max(1, hi - lo)), dt, part)
+
+    def slot():  # one thread's buffers: the batch-inner diff and the columns
+        copies: list[Step] = []
         cflat = workspace.empty((rows * nb * geo.l,), dt)
-        for a in range(lo, hi, nb):
-            b = min(hi, a + nb)
-            cols = cflat[: rows * (b - a) * geo.l].reshape(rows, -1)
-            part += _gemms(wmt, diff_matrix(a, b), cols.reshape(geo.g, geo.k, -1))
-            back = _partial(conv_gemm_loops.col2im, cols, target, a, b, *geom)
-            whole = len(parts) > 1  # a thread's pipeline adds its chunks itself
-            part.append(_partial(back, 0, geo.c) if whole else split(back, geo.c, min_channels))
-        calls.append(chain(part))
-    run = parallel.concurrently(calls)
-    if len(calls) > 1:
-        inner = run
+        return geo.batch_inner_matrix(diff, nb, dt, copies), copies, cflat
 
-        def run() -> None:
-            with parallel.blas_single_threaded():
-                inner()
+    def pipeline(buffers, a: int, b: int, whole: bool = True) -> list[Step]:
+        diff_matrix, copies, cflat = buffers
+        dm = diff_matrix(a, b)  # appends the copy of diff[a:b] to ``copies``
+        cols = cflat[: rows * (b - a) * geo.l].reshape(rows, -1)
+        back = _partial(conv_gemm_loops.col2im, cols, target, a, b, *geom)
+        min_channels = -(-SPLIT_MIN_ELEMS // max(1, math.prod(geo.sshape) * (b - a)))
+        add = _partial(back, 0, geo.c) if whole else split(back, geo.c, min_channels)
+        return [copies.pop()] + _gemms(wmt, dm, cols.reshape(geo.g, geo.k, -1)) + [add]
 
+    if len(chunks) > 1:
+        run = _chunk_pipelines(chunks, slot, pipeline)
+    else:  # one chunk (or none): its col2im split over the threads, BLAS threads its GEMM
+        buffers = slot()
+        run = chain([s for a, b in chunks for s in pipeline(buffers, a, b, whole=False)])
     return chain(steps + [run] + post)
 
 
