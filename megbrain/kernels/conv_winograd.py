@@ -45,6 +45,7 @@ __all__ = [
     "bind_winograd_backward_data",
     "MAX_CHANNELS",
     "MIN_CHANNELS",
+    "MIN_CHANNELS_BACKWARD_DATA",
     "MIN_POSITIONS",
     "bind_winograd_forward",
     "preferred_winograd_backward_data",
@@ -71,6 +72,11 @@ MAX_CHANNELS = 64
 #: HEURISTIC takes Winograd when both channel counts of a group are at least this (the GEMMs'
 #: dims; below, their (OC, IC) @ (IC, tiles) products are too thin to pay for the transforms)
 MIN_CHANNELS = 16
+#: ... and, for backward data, at least this: its input transform (the costlier one) runs over
+#: OCg channels and its output transform over ICg, so narrow diffs gain least; single-threaded
+#: at 128x32x14x14 -> 16 channels (the CNN's second layer) Winograd took 10.2 ms, the compiled
+#: GEMM + col2im 8.3
+MIN_CHANNELS_BACKWARD_DATA = 32
 #: ... and the output (backward data: the gradient) has at least this many positions in all
 #: (N OH OW, 4 per tile): below, the GEMMs are too thin and the filter transform does not pay.
 #: Measured single-threaded (thread time; load 6-8 on the 2 cores), ms, Winograd vs the best
@@ -145,25 +151,25 @@ def usable_winograd_backward_data(
     )
 
 
-def _large_enough(filt, out) -> bool:
+def _large_enough(filt, out, min_channels: int) -> bool:
     n, (oh, ow) = out.shape[0], out.shape[2:]
-    return min(filt.shape[1], filt.shape[2]) >= MIN_CHANNELS and n * oh * ow >= MIN_POSITIONS
+    return min(filt.shape[1], filt.shape[2]) >= min_channels and n * oh * ow >= MIN_POSITIONS
 
 
 def preferred_winograd_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
     """HEURISTIC's rule: usable, both ICg and OCg at least :data:`MIN_CHANNELS` and at least
     :data:`MIN_POSITIONS` output positions in all."""
     return usable_winograd_forward(src, filt, out, stride, pad, dilate, flip) and _large_enough(
-        filt, out
+        filt, out, MIN_CHANNELS
     )
 
 
 def preferred_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
-    """HEURISTIC's rule: usable, both ICg and OCg at least :data:`MIN_CHANNELS` and at least
-    :data:`MIN_POSITIONS` gradient positions in all."""
+    """HEURISTIC's rule: usable, both ICg and OCg at least :data:`MIN_CHANNELS_BACKWARD_DATA`
+    and at least :data:`MIN_POSITIONS` gradient positions in all."""
     return usable_winograd_backward_data(
         filt, diff, grad, stride, pad, dilate, flip
-    ) and _large_enough(filt, grad)
+    ) and _large_enough(filt, grad, MIN_CHANNELS_BACKWARD_DATA)
 
 
 def bind_winograd_forward(
