@@ -375,20 +375,21 @@ def matmul_section(repeat):
 
 
 @contextlib.contextmanager
-def _pool_threads(split: bool):
-    """Pooling bound meanwhile splits its planes over the kernel threads (when ``split``)."""
+def _pool_threads(one: bool):
+    """Pooling bound meanwhile runs in the calling thread (when ``one``), not split over the
+    kernel threads (``dnn_pool.SPLIT_MIN_ELEMS``)."""
     saved = dnn_pool.SPLIT_MIN_ELEMS
-    dnn_pool.SPLIT_MIN_ELEMS = 1 << 15 if split else saved
+    dnn_pool.SPLIT_MIN_ELEMS = None if one else saved
     try:
-        yield " [split]" if split else ""
+        yield " [1 thread]" if one else ""
     finally:
         dnn_pool.SPLIT_MIN_ELEMS = saved
 
 
-def _pool_fwd_row(x, mode, f, s, p, repeat, split=False):
+def _pool_fwd_row(x, mode, f, s, p, repeat, one=False):
     n, c, h, _ = x.shape
     kw = dict(mode=mode, window_h=f, window_w=f, stride_h=s, stride_w=s, pad_h=p, pad_w=p)
-    with _pool_threads(split) as tag:
+    with _pool_threads(one) as tag:
         ours = Compiled(lambda v: pooling(v, **kw), [x])
     peer = torch_peer(
         "max_pool2d" if mode == "MAX" else "avg_pool2d", x, kernel_size=f, stride=s, padding=p
@@ -398,13 +399,13 @@ def _pool_fwd_row(x, mode, f, s, p, repeat, split=False):
     return row(name, None, ours, baseline, 1.0, {"torch": peer}, repeat)
 
 
-def _pool_bwd_row(x, mode, f, s, p, repeat, split=False):
+def _pool_bwd_row(x, mode, f, s, p, repeat, one=False):
     n, c, h, _ = x.shape
     kw = dict(mode=mode, window_h=f, window_w=f, stride_h=s, stride_w=s, pad_h=p, pad_w=p)
     y = Compiled(lambda v: pooling(v, **kw), [x]).result()
     dy = f32(*y.shape)
     param = PoolingParam(mode, p, p, s, s, f, f)
-    with _pool_threads(split) as tag:
+    with _pool_threads(one) as tag:
         bwd = Compiled(_create("PoolingBackward", param), [x, y, dy])
     baseline = functools.partial(
         np_pool_bwd_max if mode == "MAX" else np_pool_bwd_avg, f=f, stride=s, pad=p
@@ -414,6 +415,21 @@ def _pool_bwd_row(x, mode, f, s, p, repeat, split=False):
     )
     name = f"pooling bwd {mode} {f}x{f} s{s} p{p} {n}x{c}x{h}x{h}{tag}"
     return row(name, None, bwd, baseline, 1.0, {"torch": peer}, repeat)
+
+
+def _rotated_best_times(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Best time of each callable over ``rounds`` rounds, each round starting one callable
+    later than the one before (every callable runs at every position of a round equally
+    often: none always follows the same neighbour, whose cache footprint it would inherit)."""
+    best_times(fns, 1)  # warmup
+    names = list(fns)
+    best = dict.fromkeys(names, float("inf"))
+    for r in range(rounds):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            fns[k]()
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return best
 
 
 def _pool_offsets_row(x, repeat, count=5):
@@ -436,7 +452,7 @@ def _pool_offsets_row(x, repeat, count=5):
             runs[f"offset {rel}"] = ours.run
         if len(runs) == count:
             break
-    t = best_times(runs, 4 * repeat)  # a ratio of bests: more rounds than the other rows
+    t = _rotated_best_times(runs, 20 * repeat)  # a ratio of bests: more rounds
     worst, best = max(t.values()), min(t.values())
     detail = ", ".join(f"{k} B {v * 1e3:.2f} ms" for k, v in t.items())
     name = f"pooling AVERAGE 2x2 {n}x{c}x{h}x{h} offsets"
@@ -446,7 +462,9 @@ def _pool_offsets_row(x, repeat, count=5):
 
 def pooling_section(repeat):
     x = f32(8, 64, 112, 112)
-    cnn = f32(128, 16, 28, 28)  # benchmarks/training.py's CNN: its first 2x2 max-pool
+    # benchmarks/training.py's CNN: its two 2x2 max-pools; the LeNet's two
+    cnn, cnn2 = f32(128, 16, 28, 28), f32(128, 32, 14, 14)
+    lenet, lenet2 = f32(64, 20, 24, 24), f32(64, 50, 8, 8)
     return [
         _pool_fwd_row(x, "MAX", 3, 2, 1, repeat),
         _pool_fwd_row(x, "AVERAGE", 2, 2, 0, repeat),
@@ -454,11 +472,16 @@ def pooling_section(repeat):
         _pool_bwd_row(x, "AVERAGE", 2, 2, 0, repeat),
         _pool_fwd_row(cnn, "MAX", 2, 2, 0, repeat),
         _pool_bwd_row(cnn, "MAX", 2, 2, 0, repeat),
+        _pool_fwd_row(cnn2, "MAX", 2, 2, 0, repeat),
+        _pool_bwd_row(cnn2, "MAX", 2, 2, 0, repeat),
+        _pool_bwd_row(lenet, "MAX", 2, 2, 0, repeat),
+        _pool_bwd_row(lenet2, "MAX", 2, 2, 0, repeat),
         _pool_offsets_row(x, repeat),
-        # the same kernels split over the planes (dnn_pool.SPLIT_MIN_ELEMS; off by default)
-        _pool_fwd_row(x, "MAX", 3, 2, 1, repeat, split=True),
-        _pool_fwd_row(x, "AVERAGE", 2, 2, 0, repeat, split=True),
-        _pool_bwd_row(cnn, "MAX", 2, 2, 0, repeat, split=True),
+        # the same kernels in one thread (dnn_pool.SPLIT_MIN_ELEMS=None): whether the split pays
+        _pool_fwd_row(x, "MAX", 3, 2, 1, repeat, one=True),
+        _pool_bwd_row(x, "MAX", 3, 2, 1, repeat, one=True),
+        _pool_bwd_row(cnn, "MAX", 2, 2, 0, repeat, one=True),
+        _pool_bwd_row(cnn2, "MAX", 2, 2, 0, repeat, one=True),
     ]
 
 
