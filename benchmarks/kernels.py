@@ -27,7 +27,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 import megbrain as mgb
-from megbrain.kernels import dnn_pool
+from megbrain.kernels import dnn_pool, parallel
 from megbrain.opr.base import create_opr
 from megbrain.opr.blas import matrix_mul
 from megbrain.opr.dnn import ConvolutionParam, PoolingParam, convolution, deconvolution, pooling
@@ -301,8 +301,10 @@ def ort_conv_peer(x, w, pad):
         ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
     )
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = parallel.num_threads()  # the threads ours use (BLAS's)
     sess = ort.InferenceSession(
-        onnx.helper.make_model(graph).SerializeToString(), providers=["CPUExecutionProvider"]
+        onnx.helper.make_model(graph).SerializeToString(), opts, providers=["CPUExecutionProvider"]
     )
     return lambda: sess.run(None, {"x": x, "w": w})
 
