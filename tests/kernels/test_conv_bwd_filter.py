@@ -43,23 +43,28 @@ def _run(bind, c, x, dy, dtype=None):
 
 
 @settings(max_examples=80, deadline=None)
-@given(c=conv_cases(nsp=2), block=st.sampled_from([1, 2, 5, 1024]))
-def test_blocked_matches_float64(c, block):
-    # a block of ``block`` positions is one output row, or whole samples
+@given(c=conv_cases(nsp=2), block=st.sampled_from([1, 2, 5, 1024]), trans=st.booleans())
+def test_blocked_matches_float64(c, block, trans):
+    # a block of ``block`` positions is one output row, or whole samples; either GEMM
     x, w, dy = _arrays(c)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv_bwd_filter, "BLOCK_POSITIONS", block)
+        mp.setattr(conv_bwd_filter, "BLOCK_CACHE_BYTES", 0)
+        mp.setattr(conv_bwd_filter, "TRANSPOSED_MIN_POSITIONS", 0 if trans else 1 << 30)
         gw = _run(_BLOCKED, c, x, dy)
     np.testing.assert_allclose(gw, ref(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)
 
 
 @settings(max_examples=40, deadline=None)
-@given(c=conv_cases(nsp=2), block=st.sampled_from([1, 3, 1024]), threads=st.integers(2, 3))
-def test_thread_splits_match_float64(c, block, threads):
+@given(c=conv_cases(nsp=2), block=st.sampled_from([1, 3, 1024]), threads=st.integers(2, 3),
+       trans=st.booleans())  # fmt: skip
+def test_thread_splits_match_float64(c, block, threads, trans):
     # each thread its blocks (partial sums added at the end), or its column rows of each block
     x, w, dy = _arrays(c)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv_bwd_filter, "BLOCK_POSITIONS", block)
+        mp.setattr(conv_bwd_filter, "BLOCK_CACHE_BYTES", 0)
+        mp.setattr(conv_bwd_filter, "TRANSPOSED_MIN_POSITIONS", 0 if trans else 1 << 30)
         mp.setattr(conv_bwd_filter, "_MIN_THREAD_FLOPS", 0)
         mp.setattr(parallel, "num_threads", lambda: threads)
         gw = _run(_BLOCKED, c, x, dy)
@@ -68,6 +73,7 @@ def test_thread_splits_match_float64(c, block, threads):
 
 def test_blocks_cover_the_batch_in_rows_or_whole_samples(monkeypatch):
     monkeypatch.setattr(conv_bwd_filter, "BLOCK_POSITIONS", 100)
+    monkeypatch.setattr(conv_bwd_filter, "BLOCK_CACHE_BYTES", 0)
     # 10-position rows: 3 blocks of at most 10 rows inside one sample (batch 1 blocks too),
     # as even as whole rows allow
     assert conv_bwd_filter._blocks(1, 25, 10, 40) == [(0, 9), (9, 18), (18, 25)]
@@ -122,9 +128,11 @@ def test_strided_operands():
     np.testing.assert_allclose(gws, ref(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("block", [3, 1024])
-def test_workspace_is_written_before_read(block, monkeypatch):
+@pytest.mark.parametrize("block,trans", [(3, False), (1024, True)])
+def test_workspace_is_written_before_read(block, trans, monkeypatch):
     monkeypatch.setattr(conv_bwd_filter, "BLOCK_POSITIONS", block)
+    monkeypatch.setattr(conv_bwd_filter, "BLOCK_CACHE_BYTES", 0)
+    monkeypatch.setattr(conv_bwd_filter, "TRANSPOSED_MIN_POSITIONS", 0 if trans else 1 << 30)
     c = _case(n=3, g=2, icg=2, ocg=3, sshape=(6, 5), stride=(2, 1), pad=(0, 2), flip=True)
     x, w, dy = _arrays(c)
     x16, dy16 = x.astype(np.float16), dy.astype(np.float16)  # conversion buffers too
