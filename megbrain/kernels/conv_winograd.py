@@ -8,18 +8,22 @@ transformed patch: summed over the input channels, the 16 elementwise products b
 GEMMs ``M[e] = U[e] (OC, IC) @ V[e] (IC, tiles)`` (per group), 2.25x fewer multiplications
 than im2col + GEMM.
 
-The work is cut into *bands* (a few tile rows of one sample, every channel), each small enough
-(:data:`BAND_BYTES`) that its transformed input and products stay in the core's cache between
-the three stages: input transform (compiled, :mod:`conv_winograd_loops`), one batched
+The work is cut into *bands* (a few tile rows of one sample, or a few whole samples; every
+channel), each small enough (:data:`BAND_BYTES`) that its transformed input and products stay
+in the core's cache between the three stages, and long enough (:data:`MIN_BAND_TILES`) for
+the GEMMs: input transform (compiled, :mod:`conv_winograd_loops`), one batched
 ``np.matmul`` of the 16 (per group) GEMMs with the band's tiles as their long dimension, and
 output transform straight into the output rows. The bands are split over :func:`threads`
 threads, each a whole pipeline with its own buffers, BLAS running single-threaded on each
 (:func:`parallel.blas_single_threaded`): OpenBLAS's own threads on these thin GEMMs scaled
 1.4x on 2 cores, and spinning, they fought the transform threads for the cores under load.
 
-F(2x2, 3x3) is as accurate as im2col + GEMM in float32 (its transforms only add, subtract
-and halve; the filter transform is computed in float64); the larger F(4x4, 3x3) tiles are
-not used, their transforms (coefficients up to 8 and 1/24) lose about two more digits.
+In float32, F(2x2, 3x3)'s error is 2-3x im2col + GEMM's (its GEMMs multiply transformed
+values up to 4x the inputs, and each output sums 9 products), so it is usable only up to
+:data:`MAX_CHANNELS` summed channels, where it stays within the float64 reference's
+tolerance; the filter transform is computed in float64. The larger F(4x4, 3x3) tiles are not
+used: with coefficients up to 8 and 1/24, even float64 transforms left it outside the
+tolerance from 16 channels.
 
 Every buffer rewritten on each run (transformed filter, each thread's transformed band and
 products and scratch, the float32 copies of a float16/bfloat16 operand) comes from
@@ -271,10 +275,11 @@ def bind_winograd_backward_data(
 
 
 def _bands(n: int, th: int, tw: int, per_tile: int, nt: int) -> list[list[tuple]]:
-    """The bands, each a list of ``(sample, r0, r1, offset)`` parts: ``rows`` tile rows of
-    one sample, or whole samples when a band of :data:`BAND_BYTES` (and at least
-    :data:`MIN_BAND_TILES` tiles) holds more than one; among the sizes within those bounds,
-    the one putting the fewest tiles on the busiest of ``nt`` threads, the largest on ties."""
+    """The bands, each a list of ``(sample, r0, r1, offset)`` parts (tile rows ``[r0, r1)`` of
+    the sample, at tile ``offset`` of the band): a run of tile rows of one sample, or whole
+    samples when a band of :data:`BAND_BYTES` (or of :data:`MIN_BAND_TILES` tiles, whichever
+    is more) holds more than one. Of the band sizes within that bound, the one putting the
+    fewest tile rows on the busiest of ``nt`` threads, the largest on ties."""
     most = max(MIN_BAND_TILES, BAND_BYTES // max(1, per_tile))
     best = (0, 0, 0)
     for size in range(max(1, min(n * th, most // tw)), 0, -1):  # tile rows per band
