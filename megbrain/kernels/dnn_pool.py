@@ -39,10 +39,11 @@ POOLING_MODES = ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING")
 #: in the calling thread). Timed on the 2-core machine while the other core was (nearly) idle,
 #: two threads against one: 2x2 MAX forward 1.3-1.9x and backward 1.3-1.4x on the CNNs'
 #: 128x16x28x28, 128x32x14x14 and 64x20x24x24, 3x3/s2/p1 MAX 1.8x forward and 1.6x backward
-#: on 8x64x112x112; LeNet's 64x50x8x8 (205K elements, split too) 1.03x forward (0.1 ms: the
-#: hand-over costs what the second core saves), 1.3x backward. On a loaded machine the second
-#: part waits for a core and the split loses (up to 1.4x slower at load 6).
-SPLIT_MIN_ELEMS: int | None = 1 << 16
+#: on 8x64x112x112. The vector loops do 2x2 at 0.1 (forward) to 0.3 (backward) ns an element,
+#: so a part of 256K elements is 25-80 us of work, about what handing it over costs: LeNet's
+#: 64x50x8x8 (205K elements, 0.02 / 0.07 ms) stays in one thread. On a loaded machine the
+#: second part waits for a core and the split loses (up to 1.4x slower at load 6-8).
+SPLIT_MIN_ELEMS: int | None = 1 << 18
 
 
 def pool_out_size(size: int, window: int, stride: int, pad: int) -> int:
