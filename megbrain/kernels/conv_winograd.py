@@ -14,9 +14,10 @@ in the core's cache between the three stages, and long enough (:data:`MIN_BAND_T
 the GEMMs: input transform (compiled, :mod:`conv_winograd_loops`), one batched
 ``np.matmul`` of the 16 (per group) GEMMs with the band's tiles as their long dimension, and
 output transform straight into the output rows. The bands are split over :func:`threads`
-threads, each a whole pipeline with its own buffers, BLAS running single-threaded on each
-(:func:`parallel.blas_single_threaded`): OpenBLAS's own threads on these thin GEMMs scaled
-1.4x on 2 cores, and spinning, they fought the transform threads for the cores under load.
+threads, each a whole pipeline with its own buffers taking the next band until none is
+left, BLAS running single-threaded on each (:func:`parallel.blas_single_threaded`):
+OpenBLAS's own threads on these thin GEMMs scaled 1.4x on 2 cores, and spinning, they fought
+the transform threads for the cores under load.
 
 In float32, F(2x2, 3x3)'s error is 2-3x im2col + GEMM's (its GEMMs multiply transformed
 values up to 4x the inputs, and each output sums 9 products), so it is usable only up to
@@ -33,6 +34,7 @@ products and scratch, the float32 copies of a float16/bfloat16 operand) comes fr
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -332,36 +334,46 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
         ffilter(f, u, flip, lo, hi)
 
     steps.append(parallel.split(filter_part, g * ocg, max(1, 2048 // (icg + 1))))
+    # the threads take the bands in turn from one counter (reset each run): a thread the
+    # scheduler holds back delays one band, not a fixed share of them
+    rows = max(r1 - r0 for band in bands for _, r0, r1, _ in band)
+    counter = [itertools.count()]
     calls = []
-    for p0, p1 in parallel.ranges(len(bands), nt):
+    for _ in range(nt):
         v = workspace.empty((16 * c * most * tw,), dt)
         m = workspace.empty((16 * oc * most * tw,), dt)
-        rows = max(r1 - r0 for band in bands[p0:p1] for _, r0, r1, _ in band)
         s = workspace.empty((2 * (tw + 1) + 8 * (rows + 1) * tw,), dt)
         z = workspace.empty((4 * rows * tw,), dt)
         work = []
-        for band in bands[p0:p1]:
+        for band in bands:
             ld = sum(r1 - r0 for _, r0, r1, _ in band) * tw
             v4 = v[: 16 * c * ld].reshape(16, g, icg, ld)
             m4 = m[: 16 * oc * ld].reshape(16, g, ocg, ld)
             work.append((tuple(band), ld, v4, m4))
-        calls.append(_pipeline(x, y, u, v, m, s, z, ph, pw, tw, work, finput, foutput))
-    run = parallel.concurrently(calls)
-    if nt > 1:
+        calls.append(_pipeline(x, y, u, v, m, s, z, ph, pw, tw, work, counter, finput, foutput))
+    pipelines = parallel.concurrently(calls)
 
-        def run(run=run) -> None:
+    def run(pipelines=pipelines, counter=counter) -> None:
+        counter[0] = itertools.count()
+        if nt > 1:
             with parallel.blas_single_threaded():
-                run()
+                pipelines()
+        else:
+            pipelines()
 
     steps.append(run)
     return chain(steps + post)
 
 
-def _pipeline(x, y, u, v, m, s, z, ph, pw, tw, work, finput, foutput) -> Step:
-    """One thread's bands, each transformed, multiplied and transformed back in turn."""
+def _pipeline(x, y, u, v, m, s, z, ph, pw, tw, work, counter, finput, foutput) -> Step:
+    """One thread's pipeline: it takes the next band from ``counter`` until none is left, and
+    transforms, multiplies and transforms it back in its own buffers."""
+    nb = len(work)
 
     def step() -> None:
-        for band, ld, v4, m4 in work:
+        take = counter[0].__next__
+        while (i := take()) < nb:
+            band, ld, v4, m4 = work[i]
             for k, r0, r1, off in band:
                 finput(x, v, s, k, ph, pw, tw, r0, r1, ld, off)
             np.matmul(u, v4, out=m4)
