@@ -28,10 +28,10 @@ __all__ = ["col2im", "im2col"]
 
 # Each loop computes, per filter offset, the outputs [lo, hi) whose source index o * step + off
 # lies in [0, size) (inlined by hand: a compiled helper function was not inlined and cost 2x).
-def _im2col_py(x, cols, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, r0, r1):
+def _im2col_py(x, cols, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, i0, i1, r0, r1):
     # pragma: no cover - compiled
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
-    ll = oh_ * ow_
+    ll = (i1 - i0) * ow_  # the output rows [i0, i1) of each sample
     xf = x.reshape(-1)
     cf = cols.reshape(-1)
     ncol = (n1 - n0) * ll
@@ -45,11 +45,13 @@ def _im2col_py(x, cols, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, r0, 
         offh = a * dh - ph
         ilo = min(oh_, (-offh + sh - 1) // sh) if offh < 0 else 0
         ihi = max(ilo, min(oh_, (h_ - offh - 1) // sh + 1)) if h_ > offh else ilo
+        ilo = min(max(ilo, i0), i1)
+        ihi = max(ilo, min(ihi, i1))
         m = jhi - jlo
         for k in range(n1 - n0):
             plane = ((n0 + k) * c_ + c) * h_ * w_
-            d0 = r * ncol + k * ll
-            for t in range(ilo * ow_):
+            d0 = r * ncol + k * ll - i0 * ow_  # the column of output row i is d0 + i * ow_
+            for t in range(i0 * ow_, ilo * ow_):
                 cf[np.uintp(d0 + t)] = 0.0
             for i in range(ilo, ihi):
                 s = plane + (i * sh + offh) * w_ + jlo * sw + off
@@ -61,7 +63,7 @@ def _im2col_py(x, cols, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, r0, 
                     cf[np.uintp(dd + j)] = xf[np.uintp(s + j * sw)]
                 for j in range(jhi, ow_):
                     cf[np.uintp(d + j)] = 0.0
-            for t in range(ihi * ow_, ll):
+            for t in range(ihi * ow_, i1 * ow_):
                 cf[np.uintp(d0 + t)] = 0.0
 
 
@@ -118,8 +120,10 @@ def im2col(
     fshape: tuple[int, int],
     r0: int,
     r1: int,
+    out_rows: tuple[int, int] | None = None,
 ) -> None:
-    """Rows ``[r0, r1)`` of the column matrix of samples ``[n0, n1)`` of a 2-d convolution.
+    """Rows ``[r0, r1)`` of the column matrix of samples ``[n0, n1)`` of a 2-d convolution
+    (of their output rows ``out_rows`` only, when given).
 
     Parameters
     ----------
@@ -136,10 +140,16 @@ def im2col(
         The convolution's geometry (two values each).
     r0, r1 : int
         The rows to write (disjoint ranges may run concurrently).
+    out_rows : tuple of int, optional
+        ``(i0, i1)``: only the output rows ``i0 <= i < i1`` of each sample, so that ``cols``
+        is ``(C * FH * FW, (n1 - n0) * (i1 - i0) * OW)`` and column ``k * (i1 - i0) * OW +
+        (i - i0) * OW + j`` holds output position (i, j) of sample n0 + k (a block of one
+        large sample's columns that fits in the cache).
     """
     oh, ow = _out_shape(x, stride, pad, dilate, fshape)
+    i0, i1 = (0, oh) if out_rows is None else (int(out_rows[0]), int(out_rows[1]))
     _compiled("im2col")(x, cols, int(n0), int(n1), *_ints(stride, pad, dilate, fshape),
-                        oh, ow, int(r0), int(r1))  # fmt: skip
+                        oh, ow, i0, i1, int(r0), int(r1))  # fmt: skip
 
 
 def col2im(

@@ -85,6 +85,22 @@ def test_im2col_matches_numpy(g, dtype):
     np.testing.assert_array_equal(cols, ref)
 
 
+@settings(max_examples=60, deadline=None)
+@given(g=geometries(), data=st.data())
+def test_im2col_of_output_rows_matches_numpy(g, data):
+    # a block of output rows [i0, i1) of each sample (a cache-sized piece of a large sample)
+    rng = np.random.default_rng(g["seed"])
+    x = rng.uniform(-1, 1, (g["n"], g["c"], *g["sshape"])).astype(np.float32)
+    oh, ow = _oshape(g)
+    i0 = data.draw(st.integers(0, oh - 1))
+    i1 = data.draw(st.integers(i0 + 1, oh))
+    k = g["n1"] - g["n0"]
+    ref = _ref_cols(g, x).reshape(-1, k, oh, ow)[:, :, i0:i1].reshape(-1, k * (i1 - i0) * ow)
+    cols = np.full(ref.shape, np.nan, np.float32)
+    conv_gemm_loops.im2col(x, cols, g["n0"], g["n1"], *_args(g), 0, ref.shape[0], (i0, i1))
+    np.testing.assert_array_equal(cols, ref)
+
+
 @settings(max_examples=80, deadline=None)
 @given(g=geometries())
 def test_col2im_is_the_adjoint_of_im2col(g):
@@ -216,6 +232,30 @@ def test_workspace_is_written_before_read_and_nothing_is_allocated(kind, name, n
         assert tracemalloc.get_traced_memory()[1] - before < 4096
     finally:
         tracemalloc.stop()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_forward_in_blocks_of_output_rows_matches_float64(dtype, threads):
+    # one sample's columns over the cache limit: blocks of 2 output rows (a short last one)
+    c = dict(n=2, g=2, icg=2, ocg=3, fshape=(3, 3), stride=(1, 2), pad=(1, 1), dilate=(1, 1),
+             sshape=(9, 12), flip=True, seed=3)  # fmt: skip
+    c["oshape"] = _oshape(c)
+    x, w, dy = _arrays(c, dtype)
+    per_row = 2 * 2 * 9 * c["oshape"][1] * 4
+    y = np.full(dy.shape, np.nan, dtype)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parallel, "num_threads", lambda: threads)
+        mp.setattr(dnn_conv, "CACHE_CHUNK_BYTES", 2 * per_row)
+        geo = dnn_conv._geometry("forward", x, w, y, *_geometry_of(c))
+        units, _ = dnn_conv._forward_units(geo, np.dtype(np.float32))
+        assert len(units) == 2 * 5 and units[4] == (0, 1, 8, 9)
+        _bind("forward", "IM2COL_GEMM", c, x, w, dy, y)()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), **_tol(dtype))
+
+
+def _geometry_of(c):
+    return c["stride"], c["pad"], c["dilate"]
 
 
 def test_runs_are_bitwise_reproducible_over_threads():
