@@ -42,9 +42,11 @@ Built-in algorithms (megbrain.kernels.dnn_conv), by kind:
 
 - forward: ``IM2COL_GEMM_PER_SAMPLE`` (batch-inner columns, one GEMM per sample straight into
   the output; priority 10, the heuristic's for reductions of at most ``PER_SAMPLE_MAX_K``),
-  ``IM2COL_GEMM`` (one GEMM per batch chunk; the fallback);
+  ``IM2COL_GEMM`` (one GEMM per batch chunk; the fallback; 2-d: compiled im2col of
+  cache-sized chunks, one pipeline per kernel thread);
 - backward_data: ``AS_FORWARD_CONV`` (stride 1: the forward convolution of diff with the
-  transposed, flipped filter; priority 10, the heuristic's for a "same" padding),
+  transposed, flipped filter; priority 10, the heuristic's for a "same" padding unless
+  GEMM_COL2IM runs compiled on at most ``COL2IM_MAX_SAMPLE_BYTES`` of columns per sample),
   ``GEMM_COL2IM`` (``W^T @ diff`` per batch chunk, then col2im; the fallback);
 - backward_filter: ``IM2COL_GEMM_DIFF_NHWC`` (columns @ channel-last diff; priority 10),
   ``IM2COL_GEMM_DIFF_ROWS`` (diff @ columns^T; a PROFILE candidate); 2-d ones in
