@@ -3,9 +3,11 @@
 
 1. all-reduce of float32 (64 KB: latency, 4 MB: the target, 64 MB: bandwidth), 2 ranks:
    mpi4py's ``Allreduce`` on the same buffers vs ``collective_comm`` as a compiled function
-   (the operator's run on the communication comp node's thread: executor dispatch, header
-   exchange, transfer) and vs the operator's bound kernel called directly (no executor: what
-   the operator itself adds). Sides alternate in rounds; best round of each.
+   (executor, header exchange, transfer; the function's only work is on the communication
+   comp node, so it runs on the caller's thread) and vs the operator's bound kernel called
+   directly (no executor: what the operator itself adds). Like mpi4py's call, which reads
+   ``src`` and writes ``dst``, the function reads the shared tensor's memory and writes its
+   planned output, with no copy in or out. Sides alternate in rounds; best round of each.
 2. digits CNN training steps, batch 64 per rank: data-parallel over the 2 ranks
    (SyncBatchNorm, or per-rank BatchNorm statistics; gradients all-reduced) vs 1 rank (rank 0
    alone, the other rank sleeping). The three alternate in rounds inside one job, so the
@@ -13,9 +15,11 @@
    samples/s, step time, CPU seconds per step and rank (spinning shows as CPU beyond the
    1-rank step's), the share of step time the compute thread is blocked waiting on
    communication, the MPI time (all threads) and the part of it spent waiting for the other
-   rank to arrive; and the speed-up the CPU times give on idle cores (``2 * cpu(1 rank) /
-   cpu(2 ranks)``: what the step would reach without other load and without waiting), since
-   on a loaded machine the ranks mostly wait for each other's preempted time.
+   rank to arrive; how often the machine's other load preempted the computation per step;
+   and the speed-up the CPU times give on idle cores (``2 * cpu(1 rank) / cpu(2 ranks)``:
+   what the step would reach without other load and without waiting), since on a loaded
+   machine the ranks mostly wait for each other's preempted time. Each rank's thread pools
+   (every BLAS/OpenMP library loaded, the kernels' split, the threads) are printed too.
 
 ``--part allreduce|cnn`` runs one part inside an existing ``mpiexec`` (what the launcher
 does); ``--iters`` / ``--rounds`` set the repetitions.
@@ -38,13 +42,35 @@ ENV1 = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": 
 SIZES = (64 << 10, 4 << 20, 64 << 20)
 
 
-def _blas_threads() -> dict:
-    """``{library: threads}`` of the BLAS/OpenMP pools this process loaded (threadpoolctl)."""
+def _threads_report() -> dict:
+    """This rank's thread pools: every BLAS/OpenMP library loaded (threadpoolctl; a process
+    may load several, e.g. NumPy's and SciPy's own OpenBLAS), the kernels' split
+    (``kernels.parallel.num_threads``) and the names of the process's threads."""
+    import threading
+
+    from megbrain.kernels import parallel
+
     try:
         from threadpoolctl import threadpool_info
     except ImportError:  # pragma: no cover - benchmark-only dependency
-        return {}
-    return {i["internal_api"]: i["num_threads"] for i in threadpool_info()}
+        pools = {}
+    else:
+        pools = {os.path.basename(i["filepath"]): i["num_threads"] for i in threadpool_info()}
+    return {"pools": pools, "kernel_split": parallel.num_threads(),
+            "threads": sorted(t.name for t in threading.enumerate())}
+
+
+def _preemptions() -> int:
+    """Involuntary context switches of the calling thread so far (Linux; 0 elsewhere): how
+    often the machine's other load took its core."""
+    try:
+        with open("/proc/thread-self/status") as f:
+            for line in f:
+                if line.startswith("nonvoluntary_ctxt_switches"):
+                    return int(line.split()[1])
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return 0
 
 
 def part_allreduce(iters: int, rounds: int) -> dict:
@@ -171,9 +197,11 @@ def part_cnn(iters: int, rounds: int, batch: int) -> dict:
             dcomm.reset_stats()
             timer.blocked = 0.0
             th0 = _thread_cpu()
+            p0 = _preemptions()
             c0, t0 = time.process_time(), time.perf_counter()
             run(steps[name])
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            preempted = _preemptions() - p0
             th = {k: v - th0.get(k, 0.0) for k, v in _thread_cpu().items()}
             # blocked: in the executor's waits for the communication node's results, or in
             # collectives run on the computation's own node (SyncBatchNorm's; all of them
@@ -184,15 +212,16 @@ def part_cnn(iters: int, rounds: int, batch: int) -> dict:
                    "cpu_compute": th.get("mgb-cpu0:0", 0.0) + th.get("MainThread", 0.0),
                    "cpu_comm": th.get("mgb-cpu0:1024", 0.0),
                    "comm": dcomm.STATS["comm_s"], "peers": dcomm.STATS["peers_s"],
-                   "calls": dcomm.STATS["calls"]}
+                   "calls": dcomm.STATS["calls"], "preempted": preempted}
             if name != "1 rank":
                 res = {k: world.allreduce(v, MPI.MAX) for k, v in res.items()}
             if name not in best or res["wall"] < best[name]["wall"]:
                 best[name] = res
+    threads = world.gather(_threads_report(), root=0)
     if rank != 0:
         return {}
     ranks = {"1 rank": 1}
-    out = {"blas_threads": _blas_threads()}
+    out = {"threads": threads}
     for name, res in best.items():
         k = ranks.get(name, n)
         out[name] = {
@@ -205,6 +234,7 @@ def part_cnn(iters: int, rounds: int, batch: int) -> dict:
             "mpi_share": res["comm"] / res["wall"],
             "peers_share": res["peers"] / res["wall"],
             "collectives_per_step": res["calls"] / iters,
+            "preemptions_per_step": res["preempted"] / iters,
         }
     return out
 
@@ -246,14 +276,17 @@ def main() -> None:
                   f"kernel alone {v['operator_kernel'] * 1e3:.3f} ms ({v['ratio_kernel']:.2f}x)")
         cnn = _launch(["--part", "cnn", "--batch", str(a.batch), "--rounds", str(a.rounds)]
                       + (["--iters", str(a.iters)] if a.iters else []), 2)
-        print(f"digits CNN, batch {a.batch} per rank, BLAS threads per rank "
-              f"{cnn.pop('blas_threads')}:")
+        print(f"digits CNN, batch {a.batch} per rank; threads per rank:")
+        for r, t in enumerate(cnn.pop("threads")):
+            print(f"  rank {r}: pools {t['pools']}, kernel split {t['kernel_split']}, "
+                  f"threads {t['threads']}")
         one = cnn["1 rank"]
         for name, v in cnn.items():
             line = (f"  {name}: {v['samples_per_s']:.0f} samples/s ({v['step_ms']:.2f} ms/step,"
                     f" {v['cpu_ms_per_step']:.2f} CPU ms/step per rank, of which compute "
                     f"{v['compute_cpu_ms_per_step']:.2f}, communication thread "
-                    f"{v['comm_cpu_ms_per_step']:.2f})")
+                    f"{v['comm_cpu_ms_per_step']:.2f}; preempted "
+                    f"{v['preemptions_per_step']:.1f}x per step)")
             if name != "1 rank":
                 line += (f", speed-up {v['samples_per_s'] / one['samples_per_s']:.2f}x (>= 1.6 "
                          f"wanted); compute waiting on communication "
