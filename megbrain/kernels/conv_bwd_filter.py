@@ -28,7 +28,8 @@ block stay in cache between the im2col and the GEMM and the copy is compiled (se
 float16 and bfloat16 compute in float32; operands that are not C-contiguous in the compute
 dtype are copied into workspace buffers first. Every buffer is allocated at bind time
 (:func:`workspace.empty`, so that the executor places it in the memory plan) and fully
-written on every run before it is read. Numba is imported on first use.
+written on every run before it is read. The im2col is :func:`conv_gemm_loops.im2col` (Numba,
+compiled on first use), over whole samples or over output rows of one sample.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import parallel, workspace
+from . import conv_gemm_loops, parallel, workspace
 from .dnn_conv import _Conv, compute_dtype
 from .steps import Step, chain
 
@@ -69,82 +70,6 @@ BLOCK_CACHE_BYTES = 512 << 10
 TRANSPOSED_MIN_POSITIONS = 512
 #: a gradient of fewer multiply-adds (x2) than this runs on one thread
 _MIN_THREAD_FLOPS = 4_000_000
-
-
-# ---- compiled loops ------------------------------------------------------------------------
-def _valid_py(n_out, size, off, step):  # pragma: no cover - compiled
-    """[lo, hi) of the outputs o with 0 <= o * step + off < size."""
-    lo = 0
-    if off < 0:
-        lo = min(n_out, (-off + step - 1) // step)
-    hi = 0
-    if size - off > 0:
-        hi = min(n_out, (size - off - 1) // step + 1)
-    return lo, max(lo, hi)
-
-
-def _cols_py(x, cols, g0, g1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, r0, r1):
-    # pragma: no cover - compiled
-    """Rows [r0, r1) of the (C * FH * FW, (g1 - g0) * OW) columns of the output rows
-    [g0, g1) of the whole batch (row g is output row g % OH of sample g // OH): row
-    (c * FH + a) * FW + b, column (g - g0) * OW + j gets x[n, c, i * sh - ph + a * dh,
-    j * sw - pw + b * dw], 0 outside ``x``. Offsets are unsigned, so that LLVM vectorizes the
-    row copies (a signed index is checked for wrap-around)."""
-    c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
-    xf = x.reshape(-1)
-    cf = cols.reshape(-1)
-    ncol = (g1 - g0) * ow_
-    n_first = g0 // oh_
-    n_last = (g1 - 1) // oh_
-    for r in range(r0, r1):
-        c = r // (fh_ * fw_)
-        a = (r // fw_) % fh_
-        b = r % fw_
-        off = b * dw - pw
-        jlo, jhi = _valid_c(ow_, w_, off, sw)
-        ilo, ihi = _valid_c(oh_, h_, a * dh - ph, sh)
-        m = jhi - jlo
-        for n in range(n_first, n_last + 1):
-            base = n * oh_
-            ia = max(0, g0 - base)
-            ib = min(oh_, g1 - base)
-            plane = (n * c_ + c) * h_ * w_
-            d0 = r * ncol + (base + ia - g0) * ow_
-            lo = max(ia, min(ilo, ib))
-            hi = max(lo, min(ihi, ib))
-            for t in range((lo - ia) * ow_):
-                cf[np.uintp(d0 + t)] = 0.0
-            for i in range(lo, hi):
-                s = plane + (i * sh - ph + a * dh) * w_ + jlo * sw + off
-                d = d0 + (i - ia) * ow_
-                for j in range(jlo):
-                    cf[np.uintp(d + j)] = 0.0
-                dd = d + jlo
-                if sw == 1:
-                    for j in range(m):
-                        cf[np.uintp(dd + j)] = xf[np.uintp(s + j)]
-                else:
-                    for j in range(m):
-                        cf[np.uintp(dd + j)] = xf[np.uintp(s + j * sw)]
-                for j in range(jhi, ow_):
-                    cf[np.uintp(d + j)] = 0.0
-            for t in range((hi - ia) * ow_, (ib - ia) * ow_):
-                cf[np.uintp(d0 + t)] = 0.0
-
-
-_valid_c = None  # the compiled _valid_py, set on first compile (the loops call it by this name)
-
-
-@functools.cache
-def _compiled(name: str):
-    # numba is imported on first use: ``import megbrain`` stays free of its import time
-    global _valid_c
-    from numba import njit
-
-    if _valid_c is None:
-        _valid_c = njit(nogil=True, cache=True, inline="always")(_valid_py)
-    fn = {"cols": _cols_py}[name]
-    return njit(nogil=True, cache=True, error_model="numpy")(fn)
 
 
 # ---- shared binding helpers ----------------------------------------------------------------
@@ -312,8 +237,7 @@ class _Blocked:
         self.ktot, self.oc = geo.g * geo.k, geo.g * geo.ocg
         oh, ow = geo.oshape
         self.dyf = dy.reshape(geo.n, self.oc, oh * ow)
-        self.ints = (*geo.stride, *geo.pad, *geo.dilate, *geo.fshape, oh, ow)
-        self.cols_fn = _compiled("cols")
+        self.geom = (geo.stride, geo.pad, geo.dilate, geo.fshape)
 
     def thread(self, blocks, rowset, colbuf, acc, width, trans) -> Step:
         """The step of one thread: per block, the im2col of the column rows ``rowset``
@@ -335,9 +259,15 @@ class _Blocked:
         for u, (g0, g1) in enumerate(blocks):
             ncol = (g1 - g0) * ow
             cols = colbuf[: self.ktot * ncol].reshape(self.ktot, ncol)
-            for r0, r1 in rows:
-                steps.append(_cols_step(self.cols_fn, self.x, cols, g0, g1, self.ints, r0, r1))
             n0 = g0 // oh
+            if (g1 - 1) // oh == n0:  # output rows of one sample
+                span = dict(out_rows=(g0 - n0 * oh, g1 - n0 * oh))
+                n1 = n0 + 1
+            else:  # whole samples
+                span, n1 = {}, g1 // oh
+            for r0, r1 in rows:
+                steps.append(functools.partial(conv_gemm_loops.im2col, self.x, cols, n0, n1,
+                                               *self.geom, r0, r1, **span))  # fmt: skip
             if (g1 - 1) // oh == n0:  # inside one sample: diff's rows in place
                 i0 = g0 - n0 * oh
                 dm = self.dyf[n0, :, i0 * ow : (i0 + g1 - g0) * ow]
@@ -361,10 +291,3 @@ class _Blocked:
                 if u:
                     steps.append(functools.partial(np.add, acc[sl], part[sl], out=acc[sl]))
         return chain(steps)
-
-
-def _cols_step(fn, x, cols, g0, g1, ints, r0, r1) -> Step:
-    def step() -> None:
-        fn(x, cols, g0, g1, *ints, r0, r1)
-
-    return step
