@@ -857,11 +857,14 @@ def bind_conv_backward_filter(
 ) -> Callable[[], None]:
     """Bind the gradient of a convolution w.r.t. its filter.
 
-    The HEURISTIC choice computes, per batch chunk, the transposed gradient (G, K, OCg): the
-    columns (G, K, k * L) times a channel-last copy of ``diff`` (G, k * L, OCg), the batch
-    summed inside the GEMM. Measured on 2 cores, this orientation (the K = ICg * prod(F) rows
-    split between OpenBLAS's threads) ran 4-5x faster than ``diff @ columns^T`` (OCg rows),
-    whose threads synchronise once per block of the long reduction dim.
+    HEURISTIC takes IM2COL_GEMM_BLOCKED (:mod:`megbrain.kernels.conv_bwd_filter`: cache-sized
+    blocks of columns, each GEMM-accumulated, one pipeline per thread) for 2-d convolutions.
+    Otherwise (1-d, 3-d) it computes, per batch chunk, the transposed gradient (G, K, OCg):
+    the columns (G, K, k * L) times a channel-last copy of ``diff`` (G, k * L, OCg), the
+    batch summed inside the GEMM. Measured on 2 cores, this orientation (the K =
+    ICg * prod(F) rows split between OpenBLAS's threads) ran 4-5x faster than
+    ``diff @ columns^T`` (OCg rows), whose threads synchronise once per block of the long
+    reduction dim.
 
     Parameters
     ----------
