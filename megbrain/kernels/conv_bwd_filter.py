@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from . import conv_gemm_loops, parallel, workspace
-from .dnn_conv import _Conv, compute_dtype
+from .dnn_conv import _contiguous, _Conv, compute_dtype
 from .steps import Step, chain
 
 __all__ = [
@@ -79,15 +79,6 @@ def _float_dtype(a: np.ndarray) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _contiguous(a: np.ndarray, dt: np.dtype, steps: list) -> np.ndarray:
-    """``a`` itself when it is C-contiguous in ``dt``, else a workspace copy a step refreshes."""
-    if a.dtype == dt and a.flags.c_contiguous:
-        return a
-    buf = workspace.empty(a.shape, dt)
-    steps.append(functools.partial(np.copyto, buf, a, "unsafe"))
-    return buf
 
 
 def _store(res: np.ndarray, grad: np.ndarray, flip: bool) -> Step:
