@@ -116,6 +116,18 @@ def test_other_dtypes(dtype):
         np.testing.assert_allclose(gw.astype(np.float64), want, rtol=1e-2, atol=5e-2)
 
 
+@settings(max_examples=30, deadline=None)
+@given(c=conv_cases(nsp=2), dtype=st.sampled_from([np.float16, ml_dtypes.bfloat16, np.float64]))
+def test_drawn_shapes_in_other_dtypes(c, dtype):
+    x, w, dy = _arrays(c, dtype)
+    gw = _run(_BLOCKED, c, x, dy)
+    assert gw.dtype == dtype
+    want = ref(c, x, dy, w.shape)
+    # float16/bfloat16: float32 compute, one rounding to the narrow dtype at the end
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-2, atol=5e-2)
+    np.testing.assert_allclose(gw.astype(np.float64), want, **tol)
+
+
 def test_strided_operands():
     c = _case(n=3, g=2, icg=2, ocg=3, sshape=(6, 7), pad=(0, 2), dilate=(2, 1))
     x, w, dy = _arrays(c)
