@@ -125,13 +125,18 @@ def _op_types(prof) -> list[tuple[str, float]]:
 
 
 def _limit_threads(n: int) -> None:
-    """Every BLAS library loaded so far at ``n`` threads (SciPy's OpenBLAS loads late, with
-    the digits data), and megbrain's kernel pool sized from them again: the kernels bound
-    after this split into at most ``n`` parts."""
+    """Every BLAS library at ``n`` threads, and megbrain's kernel pool sized from them again:
+    the kernels bound after this split into at most ``n`` parts. SciPy's OpenBLAS is loaded
+    first: Numba loads it on its first compile (and the digits data with scikit-learn), and
+    the kernel pool follows the largest BLAS pool."""
     from threadpoolctl import threadpool_limits
 
     from megbrain.kernels import parallel
 
+    try:
+        import scipy.linalg.cython_blas  # noqa: F401
+    except ImportError:
+        pass
     threadpool_limits(n)
     parallel.num_threads.cache_clear()
 
