@@ -492,10 +492,10 @@ _compiled: SimpleNamespace | None = None
 def kernels() -> SimpleNamespace:
     """The compiled loops (compiled on first call for each dtype, cached on disk):
     ``fwd_max``, ``fwd_avg``, ``fwd_max_2x2``, ``fwd_avg_2x2``, ``fwd_max_3s2p1``, ``bwd_max``,
-    ``bwd_avg``, ``bwd_max_2x2``, ``bwd_max_3s2p1``, ``bwd_avg_2x2``. Each takes its arrays, the geometry
-    (``wh, ww, sh, sw, ph, pw``; none for the special-case loops), for the average modes
-    ``exclude`` (divide by the non-padding count; the general loops only) and ``inv``
-    (``1 / window area`` in the arrays' dtype), and the plane range ``lo, hi``."""
+    ``bwd_avg``, ``bwd_max_2x2``, ``bwd_max_3s2p1``, ``bwd_avg_2x2``. Each takes its arrays,
+    the geometry (``wh, ww, sh, sw, ph, pw``; none for the special-case loops), for the
+    average modes ``exclude`` (divide by the non-padding count; the general loops only) and
+    ``inv`` (``1 / window area`` in the arrays' dtype), and the plane range ``lo, hi``."""
     global _compiled
     with _compile_lock:  # once: the row helpers are replaced by their compiled forms
         if _compiled is None:
