@@ -36,13 +36,14 @@ __all__ = [
 _partial = functools.partial
 POOLING_MODES = ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING")
 #: the fewest source elements one thread of a split 2-d pooling gets (None: every pooling runs
-#: in the calling thread). Timed on the 2-core machine while the other core was (nearly) idle,
-#: two threads against one: 2x2 MAX forward 1.3-1.9x and backward 1.3-1.4x on the CNNs'
-#: 128x16x28x28, 128x32x14x14 and 64x20x24x24, 3x3/s2/p1 MAX 1.8x forward and 1.6x backward
-#: on 8x64x112x112. The vector loops do 2x2 at 0.1 (forward) to 0.3 (backward) ns an element,
-#: so a part of 256K elements is 25-80 us of work, about what handing it over costs: LeNet's
-#: 64x50x8x8 (205K elements, 0.02 / 0.07 ms) stays in one thread. On a loaded machine the
-#: second part waits for a core and the split loses (up to 1.4x slower at load 6-8).
+#: in the calling thread). Timed on the 2-core machine while the machine was under 30% busy,
+#: two threads against one: 2x2 MAX forward 2.0-2.4x and backward 1.45-1.75x on the CNNs'
+#: 128x16x28x28, 128x32x14x14 and 64x20x24x24, 3x3/s2/p1 MAX 1.45x forward and 1.4x backward
+#: on 8x64x112x112, AVERAGE 2x2 1.4-1.5x. The vector loops do 2x2 at 0.1 (forward) to 0.3
+#: (backward) ns an element, so a part of 256K elements is 25-80 us of work, about what
+#: handing it over costs: LeNet's 64x50x8x8 (205K elements, 0.02 / 0.07 ms, 1.1x) stays in
+#: one thread. Once the other core is busy the second part waits for it and the split loses:
+#: 1.2-1.8x slower at load 2-8.
 SPLIT_MIN_ELEMS: int | None = 1 << 18
 
 
