@@ -7,12 +7,20 @@ that takes a range ``[lo, hi)`` of independent items (planes, rows) and releases
 the others, and the call returns when all are done. The pool has one thread fewer than
 :func:`num_threads` (the BLAS thread count, else the number of CPUs); its threads only run
 such parts and never submit work themselves, so callers cannot deadlock on it.
+
+OpenBLAS's own worker threads spin for about 2**28 CPU cycles (~0.1 s) after each threaded
+call before they sleep; a split kernel or a per-thread GEMM pipeline that follows a threaded
+GEMM then shares a core with a spinning worker (measured: the CNN training step ran 1.5x
+slower). The first use of the pool or of :func:`blas_single_threaded` therefore shortens that
+spin to :data:`BLAS_SPIN_LOG2_CYCLES` (OpenBLAS's ``OPENBLAS_THREAD_TIMEOUT``), unless the
+environment sets ``OPENBLAS_THREAD_TIMEOUT`` itself: see :func:`quiet_blas_workers`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import functools
 import os
 import threading
@@ -25,6 +33,7 @@ __all__ = [
     "can_single_thread_blas",
     "concurrently",
     "num_threads",
+    "quiet_blas_workers",
     "ranges",
     "split",
 ]
@@ -47,8 +56,53 @@ def num_threads() -> int:
     return max(1, n or os.cpu_count() or 1)
 
 
+#: log2 of the CPU cycles OpenBLAS's idle workers spin before sleeping (2**18 ~ 0.1 ms):
+#: back-to-back threaded GEMMs still find them awake, the kernels that follow do not compete
+#: with them for a core
+BLAS_SPIN_LOG2_CYCLES = 18
+
+
+@functools.cache
+def quiet_blas_workers() -> bool:
+    """Shorten the spin of OpenBLAS's idle worker threads to :data:`BLAS_SPIN_LOG2_CYCLES`.
+
+    Does nothing when the environment sets ``OPENBLAS_THREAD_TIMEOUT`` (the user's choice) or
+    ``threadpoolctl`` is missing. Otherwise it sets the variable (so that an OpenBLAS loaded
+    later reads it) and, for each OpenBLAS already loaded with a longer spin, has it re-read
+    its environment and restart its workers (``openblas_read_env``, ``blas_thread_shutdown_``:
+    the workers start again, with the new timeout, at the next threaded call). Runs once, at
+    the first use of the kernel pool or of :func:`blas_single_threaded`.
+
+    Returns
+    -------
+    bool
+        Whether the spin is now :data:`BLAS_SPIN_LOG2_CYCLES` cycles (False when the user's
+        setting or a missing library left it alone).
+    """
+    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        return False
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return False
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(BLAS_SPIN_LOG2_CYCLES)
+    for info in threadpool_info():
+        if info.get("internal_api") != "openblas":
+            continue
+        lib = ctypes.CDLL(info["filepath"])
+        needed = ("openblas_thread_timeout", "openblas_read_env", "blas_thread_shutdown_")
+        if not all(hasattr(lib, name) for name in needed):
+            continue
+        lib.openblas_thread_timeout.restype = ctypes.c_int
+        if lib.openblas_thread_timeout() != BLAS_SPIN_LOG2_CYCLES:
+            lib.openblas_read_env()
+            lib.blas_thread_shutdown_()
+    return True
+
+
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
     global _pool
+    quiet_blas_workers()
     with _lock:
         if _pool is None:
             _pool = concurrent.futures.ThreadPoolExecutor(
@@ -128,6 +182,7 @@ def _blas_libs() -> tuple:
         from threadpoolctl import ThreadpoolController
     except ImportError:
         return ()
+    quiet_blas_workers()
     return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
 
 
