@@ -46,6 +46,9 @@ def test_sleeps_with_a_small_timer_slack_and_restores_it():
 def test_a_request_done_while_spinning_never_sleeps(monkeypatch):
     slept = []
     monkeypatch.setattr(time, "sleep", slept.append)
+    # a spin long enough for the three polls on a loaded machine (the first Test also pays
+    # the first prctl call)
+    monkeypatch.setattr(mpi_comm, "SPIN_S", 1.0)
     req = _Req(after=3)
     mpi_comm._sleep_until(req, time.perf_counter())
     assert req.calls == 3 and slept == []
@@ -75,8 +78,7 @@ def test_sleeps_grow_with_the_time_waited_up_to_the_cap(monkeypatch):
 def test_a_small_transfer_spins_longer_than_a_wait_for_the_peers(monkeypatch):
     """Once the peers are there, a small transfer moves only while the ranks poll: its wait
     spins :data:`TRANSFER_SPIN_S` before sleeping; waiting for the peers spins less."""
-    if mpi_comm.COMM_WAIT != "auto":
-        pytest.skip("MGB_COMM_WAIT sets another policy")
+    monkeypatch.setattr(mpi_comm, "wait_policy", lambda: "poll")
     spins = []
     monkeypatch.setattr(mpi_comm, "_sleep_until", lambda req, t0, spin=None: spins.append(spin))
     mpi_comm.wait(_Req(after=2), 1024)
@@ -84,3 +86,26 @@ def test_a_small_transfer_spins_longer_than_a_wait_for_the_peers(monkeypatch):
         w.wait_peers(_Req(after=2))
     assert spins == [mpi_comm.TRANSFER_SPIN_S, None]
     assert mpi_comm.TRANSFER_SPIN_S > mpi_comm.SPIN_S
+
+
+@pytest.mark.parametrize(
+    ("ranks", "cpus", "policy"), [(2, 2, "busy"), (1, 2, "busy"), (3, 2, "poll"), (8, 4, "poll")]
+)
+def test_auto_polls_a_core_only_while_each_rank_has_one(monkeypatch, ranks, cpus, policy):
+    monkeypatch.setattr(mpi_comm, "COMM_WAIT", "auto")
+    monkeypatch.setenv("MPI_LOCALNRANKS", str(ranks))
+    monkeypatch.setattr(mpi_comm.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    mpi_comm.wait_policy.cache_clear()
+    try:
+        assert mpi_comm.wait_policy() == policy
+    finally:
+        mpi_comm.wait_policy.cache_clear()
+
+
+def test_an_explicit_policy_is_kept(monkeypatch):
+    monkeypatch.setattr(mpi_comm, "COMM_WAIT", "yield")
+    mpi_comm.wait_policy.cache_clear()
+    try:
+        assert mpi_comm.wait_policy() == "yield"
+    finally:
+        mpi_comm.wait_policy.cache_clear()
