@@ -204,14 +204,7 @@ def bind_blocked(
             rowset = [(gi, r0, r1) for gi in range(geo.g)]
             calls.append(b.thread(blocks, rowset, cols, total, width, trans))
         sums = []
-    run = parallel.concurrently(calls)
-    if len(calls) > 1:
-
-        def run(run=run) -> None:
-            with parallel.blas_single_threaded():
-                run()
-
-    steps.append(run)
+    steps.append(parallel.concurrently_blas_single_threaded(calls))
     for acc in sums:  # the threads' partial sums, in a fixed order
         steps.append(functools.partial(np.add, total, acc, out=total))
     if trans:

@@ -351,15 +351,11 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
             m4 = m[: 16 * oc * ld].reshape(16, g, ocg, ld)
             work.append((tuple(band), ld, v4, m4))
         calls.append(_pipeline(x, y, u, v, m, s, z, ph, pw, tw, work, counter, finput, foutput))
-    pipelines = parallel.concurrently(calls)
+    pipelines = parallel.concurrently_blas_single_threaded(calls)
 
     def run(pipelines=pipelines, counter=counter) -> None:
         counter[0] = itertools.count()
-        if nt > 1:
-            with parallel.blas_single_threaded():
-                pipelines()
-        else:
-            pipelines()
+        pipelines()
 
     steps.append(run)
     return chain(steps + post)

@@ -515,12 +515,11 @@ def _chunk_pipelines(chunks: list[tuple], slot, pipeline) -> Step:
 
         return run
 
-    workers = parallel.concurrently([worker(t) for t in table])
+    workers = parallel.concurrently_blas_single_threaded([worker(t) for t in table])
 
     def run() -> None:
         state[0] = itertools.count()  # next() on it is atomic under the GIL
-        with parallel.blas_single_threaded():
-            workers()
+        workers()
 
     return run
 

@@ -32,6 +32,7 @@ __all__ = [
     "blas_single_threaded",
     "can_single_thread_blas",
     "concurrently",
+    "concurrently_blas_single_threaded",
     "num_threads",
     "quiet_blas_workers",
     "ranges",
@@ -222,3 +223,18 @@ def blas_single_threaded():
             if _blas_users == 0:
                 for lib, n in zip(libs, _blas_saved):
                     lib.set_num_threads(n)
+
+
+def concurrently_blas_single_threaded(calls: Sequence[Callable[[], None]]) -> Step:
+    """:func:`concurrently`, with BLAS single-threaded (:func:`blas_single_threaded`) while
+    more than one call runs: each call's GEMMs then run on its own thread instead of queueing
+    for OpenBLAS's threads. One call runs as it is."""
+    run = concurrently(calls)
+    if len(calls) == 1:
+        return run
+
+    def step() -> None:
+        with blas_single_threaded():
+            run()
+
+    return step
