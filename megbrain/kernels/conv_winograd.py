@@ -34,7 +34,6 @@ products and scratch, the float32 copies of a float16/bfloat16 operand) comes fr
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -337,8 +336,7 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     # the threads take the bands in turn from one counter (reset each run): a thread the
     # scheduler holds back delays one band, not a fixed share of them
     rows = max(r1 - r0 for band in bands for _, r0, r1, _ in band)
-    counter = [itertools.count()]
-    calls = []
+    table = []
     for _ in range(nt):
         v = workspace.empty((16 * c * most * tw,), dt)
         m = workspace.empty((16 * oc * most * tw,), dt)
@@ -350,30 +348,22 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
             v4 = v[: 16 * c * ld].reshape(16, g, icg, ld)
             m4 = m[: 16 * oc * ld].reshape(16, g, ocg, ld)
             work.append((tuple(band), ld, v4, m4))
-        calls.append(_pipeline(x, y, u, v, m, s, z, ph, pw, tw, work, counter, finput, foutput))
-    pipelines = parallel.concurrently_blas_single_threaded(calls)
-
-    def run(pipelines=pipelines, counter=counter) -> None:
-        counter[0] = itertools.count()
-        pipelines()
-
-    steps.append(run)
+        table.append(
+            [_band_step(x, y, u, v, m, s, z, ph, pw, tw, item, finput, foutput) for item in work]
+        )
+    steps.append(parallel.take_in_turn(table))
     return chain(steps + post)
 
 
-def _pipeline(x, y, u, v, m, s, z, ph, pw, tw, work, counter, finput, foutput) -> Step:
-    """One thread's pipeline: it takes the next band from ``counter`` until none is left, and
-    transforms, multiplies and transforms it back in its own buffers."""
-    nb = len(work)
+def _band_step(x, y, u, v, m, s, z, ph, pw, tw, item, finput, foutput) -> Step:
+    """One band on one thread's buffers: transform it in, multiply, transform it back."""
+    band, ld, v4, m4 = item
 
     def step() -> None:
-        take = counter[0].__next__
-        while (i := take()) < nb:
-            band, ld, v4, m4 = work[i]
-            for k, r0, r1, off in band:
-                finput(x, v, s, k, ph, pw, tw, r0, r1, ld, off)
-            np.matmul(u, v4, out=m4)
-            for k, r0, r1, off in band:
-                foutput(m, y, z, k, tw, r0, r1, ld, off)
+        for k, r0, r1, off in band:
+            finput(x, v, s, k, ph, pw, tw, r0, r1, ld, off)
+        np.matmul(u, v4, out=m4)
+        for k, r0, r1, off in band:
+            foutput(m, y, z, k, tw, r0, r1, ld, off)
 
     return step

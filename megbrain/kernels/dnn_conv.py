@@ -50,7 +50,6 @@ whose border is written once, stays private. The column buffer is capped at
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from collections.abc import Callable, Sequence
 
@@ -492,8 +491,8 @@ def _chunk_pipelines(chunks: list[tuple], slot, pipeline) -> Step:
     ``pipeline(buffers, *chunk)`` gives the steps of one chunk on them (a compiled loop
     and GEMMs, each chunk writing its own samples of the output). Each run, the threads take
     the chunks in turn from a shared counter, so that a thread the OS leaves waiting (a loaded
-    machine) costs the others only the chunk it holds; BLAS runs single-threaded meanwhile
-    (:func:`parallel.blas_single_threaded`), one fork/join per call. A chunk's result does not
+    machine) costs the others only the chunk it holds (:func:`parallel.take_in_turn`); BLAS
+    runs single-threaded meanwhile, one fork/join per call. A chunk's result does not
     depend on the thread that computes it (its GEMM runs on that thread alone).
 
     Measured on the 2-core machines under load, CPU time of the 128x16x14x14 3x3 forward:
@@ -502,26 +501,7 @@ def _chunk_pipelines(chunks: list[tuple], slot, pipeline) -> Step:
     nt = max(1, min(parallel.num_threads(), len(chunks)))
     table = [[chain(pipeline(bufs, *c)) for c in chunks] for bufs in
              [slot() for _ in range(nt)]]  # fmt: skip
-    if nt == 1:
-        return chain(table[0])
-    count = len(chunks)
-    state: list = [None]
-
-    def worker(todo: list[Step]) -> Step:
-        def run() -> None:
-            take = state[0]
-            while (i := next(take)) < count:
-                todo[i]()
-
-        return run
-
-    workers = parallel.concurrently_blas_single_threaded([worker(t) for t in table])
-
-    def run() -> None:
-        state[0] = itertools.count()  # next() on it is atomic under the GIL
-        workers()
-
-    return run
+    return parallel.take_in_turn(table)
 
 
 def fwd_per_sample_usable(src, filt, out, stride, pad, dilate, flip=False) -> bool:

@@ -22,11 +22,12 @@ import concurrent.futures
 import contextlib
 import ctypes
 import functools
+import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
 
-from .steps import Step
+from .steps import Step, chain
 
 __all__ = [
     "blas_single_threaded",
@@ -37,6 +38,7 @@ __all__ = [
     "quiet_blas_workers",
     "ranges",
     "split",
+    "take_in_turn",
 ]
 
 _lock = threading.Lock()
@@ -238,3 +240,34 @@ def concurrently_blas_single_threaded(calls: Sequence[Callable[[], None]]) -> St
             run()
 
     return step
+
+
+def take_in_turn(table: Sequence[Sequence[Callable[[], None]]]) -> Step:
+    """A step running ``n`` work items once each on ``len(table)`` threads.
+
+    ``table[t]`` holds the same ``n`` items bound to thread ``t``'s own buffers; each run,
+    the threads take the next item index from one shared counter (``next`` on it is atomic
+    under the GIL), so that a thread the OS holds back delays only the item it has, not a
+    fixed share of them. An item's result must not depend on the thread running it. BLAS
+    runs single-threaded while several threads run (:func:`concurrently_blas_single_threaded`).
+    """
+    if len(table) == 1:
+        return chain(list(table[0]))
+    n = len(table[0])
+    counter: list = [None]
+
+    def worker(todo: Sequence[Callable[[], None]]) -> Step:
+        def run() -> None:
+            take = counter[0].__next__
+            while (i := take()) < n:
+                todo[i]()
+
+        return run
+
+    workers = concurrently_blas_single_threaded([worker(t) for t in table])
+
+    def run() -> None:
+        counter[0] = itertools.count()
+        workers()
+
+    return run
