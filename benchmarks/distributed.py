@@ -5,9 +5,11 @@
    mpi4py's ``Allreduce`` on the same buffers vs ``collective_comm`` as a compiled function
    (executor, header exchange, transfer; the function's only work is on the communication
    comp node, so it runs on the caller's thread) and vs the operator's bound kernel called
-   directly (no executor: what the operator itself adds). Like mpi4py's call, which reads
-   ``src`` and writes ``dst``, the function reads the shared tensor's memory and writes its
-   planned output, with no copy in or out. Sides alternate in rounds; best round of each.
+   directly (no executor: what the operator itself adds). All three read the same input
+   (the shared tensor's memory) and write the same output (the function's planned output
+   array): with other buffers per side the 2 ranks' 4 MB buffers fill the 32 MB L3 and each
+   side's first call of a round reads from memory. Sides alternate in rounds (three times
+   ``--rounds``, of ~10 calls at 4 MB); best round of each.
 2. digits CNN training steps, batch 64 per rank: data-parallel over the 2 ranks
    (SyncBatchNorm, or per-rank BatchNorm statistics; gradients all-reduced) vs 1 rank (rank 0
    alone, the other rank sleeping). The three alternate in rounds inside one job, so the
@@ -82,17 +84,18 @@ def part_allreduce(iters: int, rounds: int) -> dict:
     r, n = world.Get_rank(), world.Get_size()
     out = {}
     for nbytes in SIZES:
-        src = np.random.RandomState(r).rand(nbytes // 4).astype(np.float32)
-        dst = np.empty_like(src)
+        value = np.random.RandomState(r).rand(nbytes // 4).astype(np.float32)
         g = mgb.comp_graph()
-        x = mgb.make_shared("cpu0", value=src, comp_graph=g)
+        x = mgb.make_shared("cpu0", value=value, comp_graph=g)
         y = mgb.opr.collective_comm(x, key=f"bench{nbytes}", nr_devices=n, is_root=r == 0,
                                     rank=r, mode="ALL_REDUCE_SUM")
         f = g.compile(None, [y])
         f()  # first run: plan, communicator, root
+        arrays = f._func.var_arrays()  # the function's own memory: its input and output
+        src, dst = arrays[x.node], arrays[y.node]
         kernel = y.node.owner.bind([src], [dst])  # the operator without the executor
         kernel()
-        np.testing.assert_allclose(dst, world.allreduce(src, MPI.SUM), rtol=1e-6)
+        np.testing.assert_allclose(dst, world.allreduce(value, MPI.SUM), rtol=1e-6)
         it = min(max(3, iters * (4 << 20) // nbytes), 1000)
         sides = {
             "mpi4py": functools.partial(world.Allreduce, src, dst, MPI.SUM),
@@ -260,20 +263,25 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=64, help="CNN batch per rank")
+    ap.add_argument("--only", choices=("allreduce", "cnn"), help="launch one part only")
     a = ap.parse_args()
     if a.part == "allreduce":
-        res = part_allreduce(a.iters or 20, a.rounds)
+        res = part_allreduce(a.iters or 10, 3 * a.rounds)
     elif a.part == "cnn":
         res = part_cnn(a.iters or 40, a.rounds, a.batch)
     else:
         print(f"before: {_load()}")
-        ar = _launch(["--part", "allreduce", "--rounds", str(a.rounds)], 2)
+        ar = {} if a.only == "cnn" else _launch(["--part", "allreduce", "--rounds",
+                                                  str(a.rounds)], 2)
         for nbytes, v in ar.items():
             print(f"all-reduce {int(nbytes) >> 10} KB float32, 2 ranks: mpi4py Allreduce "
                   f"{v['mpi4py'] * 1e3:.3f} ms, collective_comm {v['collective_comm'] * 1e3:.3f}"
                   f" ms: ratio {v['ratio']:.2f}x"
                   f"{' (>= 0.9 wanted)' if int(nbytes) == 4 << 20 else ''}; the operator's "
                   f"kernel alone {v['operator_kernel'] * 1e3:.3f} ms ({v['ratio_kernel']:.2f}x)")
+        if a.only == "allreduce":
+            print(f"after: {_load()}")
+            return
         cnn = _launch(["--part", "cnn", "--batch", str(a.batch), "--rounds", str(a.rounds)]
                       + (["--iters", str(a.iters)] if a.iters else []), 2)
         print(f"digits CNN, batch {a.batch} per rank; threads per rank:")

@@ -117,16 +117,21 @@ def _copy_then(src: np.ndarray, buf: np.ndarray, post):
 
 class _Bound:
     """A collective bound to its arrays (one per memory plan): the contiguous buffers, this
-    rank's header and the MPI call are fixed here, so that a run is the header exchange, the
-    transfer and a byte comparison of the headers with the last ones that passed the check.
+    rank's header and the MPI calls are fixed here, so that a run is the header exchange, a
+    byte comparison of the headers with the last ones that passed the check, and the
+    transfer.
 
-    A run posts the header Iallgather and (once the root is known) the transfer together,
-    waits for the header as for the other ranks' arrival (:func:`mpi_comm.wait_peers`, which
-    does not spin a core), then for the transfer (:func:`mpi_comm.wait`).
+    The header exchange completes before the transfer starts, so ranks whose shapes differ
+    raise before any data moves (nothing is left pending). Under the ``busy`` wait policy
+    both are MPI's blocking collectives: MPICH's blocking Allreduce is its fastest on one
+    node (its non-blocking one, and one overlapped with the header, measured slower), and
+    an Iallgather overlapped with the transfer saved nothing. Under ``poll`` / ``yield``
+    they are non-blocking requests completed by :meth:`mpi_comm._Watch.wait_peers` and
+    :func:`mpi_comm.wait`, which do not spin a core.
     """
 
-    __slots__ = ("opr", "src_in", "src", "out", "o", "mine", "infos", "ok", "comm", "post",
-                 "what", "zero_out", "nbytes")
+    __slots__ = ("opr", "src_in", "src", "out", "o", "mine", "infos", "ok", "comm", "calls",
+                 "watch", "zero_out", "nbytes", "shapeless")
 
     def __init__(self, opr: CollectiveComm, src: np.ndarray | None, out: np.ndarray | None):
         self.opr = opr
@@ -136,49 +141,55 @@ class _Bound:
                                                                                  src.dtype)
         self.out = out
         self.o = None if out is None else _Out(out)
+        #: no input and no given output shape: the output is made on the root's shape
+        self.shapeless = out is None
         self.mine, self.infos = opr._header(self.src, opr.outputs[0].dtype)
         self.ok = None  # the headers' bytes of the last run that passed the check
         self.comm = None
-        self.post = None
-        self.what = f"{opr.type_name} {opr.name!r} ({opr.param.mode}, rank {opr.rank})"
+        #: (blocking call, posting call) of the transfer, made when the headers pass
+        self.calls = None
+        #: the watchdog's guard of every run (reused: a bound never runs twice at once)
+        self.watch = _dist.watch(
+            f"{opr.type_name} {opr.name!r} ({opr.param.mode}, rank {opr.rank})")
         self.zero_out = opr.param.mode in ("REDUCE_SUM", "GATHER")
         #: the bytes this rank moves: its input's or output's, whichever is larger
         self.nbytes = max(0 if src is None else src.nbytes, 0 if out is None else out.nbytes)
 
-    def __call__(self):
+    def _passed(self, infos: np.ndarray) -> None:
+        """Check new headers; learn the root (and a shape-less output's shape), make the
+        transfer's calls. Raises on every rank alike when the headers disagree."""
         opr = self.opr
+        root, root_shape = opr._check(infos)
+        remade = False
+        if self.shapeless:  # the output takes the root's shape (which may change)
+            shape = root_shape if opr.param.mode == "BROADCAST" else (
+                root_shape[0] // opr.nr_devices, *root_shape[1:])
+            if self.out is None or self.out.shape != shape:
+                self.out = np.empty(shape, opr.outputs[0].dtype)
+                self.o = _Out(self.out)
+                remade = True
+        if self.calls is None or remade or root != opr._root:
+            opr._root = root
+            self.calls = (opr._poster(self.comm, root, self.src, self.o.buf, blocking=True),
+                          opr._poster(self.comm, root, self.src, self.o.buf, blocking=False))
+        self.ok = infos.tobytes()
+
+    def __call__(self):
         if self.src is not self.src_in:
             np.copyto(self.src, self.src_in)
-        comm = self.comm
-        if comm is None:
-            comm = self.comm = opr._comm()
+        if self.comm is None:
+            self.comm = self.opr._comm()
         infos = self.infos
-        post = self.post
-        with _dist.watch(self.what) as w:
-            hreq = comm.Iallgather(self.mine, infos)
-            if post is None and opr._root is not None and self.o is not None:
-                post = self.post = opr._poster(comm, opr._root, self.src, self.o.buf)
-            if post is not None:  # the root is known: the transfer overlaps the header
-                dreq = post()
-                w.wait_peers(hreq)
-                if infos.tobytes() != self.ok:
-                    opr._check(infos)  # on a mismatch the transfer is left pending, unread
-                    self.ok = infos.tobytes()
-            else:  # the first run learns the root (and a shape-less output's shape)
-                w.wait_peers(hreq)
-                root, root_shape = opr._check(infos)
-                self.ok = infos.tobytes()
-                opr._root = root
-                if self.o is None:
-                    shape = root_shape if opr.param.mode == "BROADCAST" else (
-                        root_shape[0] // opr.nr_devices, *root_shape[1:])
-                    self.out = np.empty(shape, opr.outputs[0].dtype)
-                    self.o = _Out(self.out)
-                post = self.post = opr._poster(comm, root, self.src, self.o.buf)
-                dreq = post()
-            w.wait(dreq, self.nbytes)
+        with self.watch as w:
+            w.exchange(self.comm, self.mine, infos)
+            if infos.tobytes() != self.ok:
+                self._passed(infos)
+            if _dist.wait_policy() == "busy":
+                self.calls[0]()
+            else:
+                w.wait(self.calls[1](), self.nbytes)
         o = self.o
-        if self.zero_out and opr.rank != opr._root:
+        if self.zero_out and self.opr.rank != self.opr._root:
             o.buf.fill(0)
         o.done()
         return self.out
@@ -343,36 +354,41 @@ class CollectiveComm(OperatorNodeBase):
             raise self.error(f"input shapes differ across the ranks of key {self.key!r}: {desc}")
         return root, rows[root][1]
 
-    def _poster(self, comm, root: int, src, buf):
-        """A zero-argument callable posting one transfer (a non-blocking MPI collective)
-        between the bound arrays and returning its request: everything but the call itself
-        (the MPI op, in place or not, which buffers) is decided here, once per binding."""
+    def _poster(self, comm, root: int, src, buf, blocking: bool):
+        """A zero-argument callable doing one transfer between the bound arrays: MPI's
+        blocking collective, or (``blocking=False``) posting the non-blocking one and
+        returning its request. Everything but the call itself (the MPI op, in place or
+        not, which buffers) is decided here, once per binding."""
         MPI = _dist.mpi()
         mode, me = self.param.mode, self.rank
+
+        def call(name, *args):
+            return partial(getattr(comm, name if blocking else "I" + name.lower()), *args)
+
         if mode.startswith("ALL_REDUCE_"):
             op = {"SUM": MPI.SUM, "MAX": MPI.MAX, "MIN": MPI.MIN, "PROD": MPI.PROD}[mode[11:]]
             if _same_memory(src, buf):  # the memory plan runs it in place: no copy at all
-                return partial(comm.Iallreduce, MPI.IN_PLACE, buf, op)
+                return call("Allreduce", MPI.IN_PLACE, buf, op)
             if np.may_share_memory(src, buf):
-                return _copy_then(src, buf, partial(comm.Iallreduce, MPI.IN_PLACE, buf, op))
-            return partial(comm.Iallreduce, src, buf, op)
+                return _copy_then(src, buf, call("Allreduce", MPI.IN_PLACE, buf, op))
+            return call("Allreduce", src, buf, op)
         if mode == "BROADCAST":
-            post = partial(comm.Ibcast, buf, root)
+            post = call("Bcast", buf, root)
             if me == root and not _same_memory(src, buf):
                 return _copy_then(src, buf, post)
             return post
         if mode == "REDUCE_SUM":
-            return partial(comm.Ireduce, src, buf if me == root else None, MPI.SUM, root)
+            return call("Reduce", src, buf if me == root else None, MPI.SUM, root)
         if mode == "ALL_GATHER":
-            return partial(comm.Iallgather, src, buf)
+            return call("Allgather", src, buf)
         if mode == "REDUCE_SCATTER_SUM":
-            return partial(comm.Ireduce_scatter_block, src, buf, MPI.SUM)
+            return call("Reduce_scatter_block", src, buf, MPI.SUM)
         if mode == "GATHER":
-            return partial(comm.Igather, src, buf if me == root else None, root)
+            return call("Gather", src, buf if me == root else None, root)
         if mode == "SCATTER":
-            return partial(comm.Iscatter, src if me == root else None, buf, root)
+            return call("Scatter", src if me == root else None, buf, root)
         if mode == "ALL_TO_ALL":
-            return partial(comm.Ialltoall, src, buf)
+            return call("Alltoall", src, buf)
         raise self.error(f"mode {mode} is not implemented")  # pragma: no cover
 
     def _run(self, src, out):

@@ -126,6 +126,29 @@ def test_mode_and_grad(mode):
     _check_mode(mode)
 
 
+@pytest.mark.parametrize("policy", ["busy", "poll", "yield"])
+def test_every_mode_under_each_wait_policy(monkeypatch, policy):
+    """``busy`` runs MPI's blocking collectives, ``poll`` and ``yield`` non-blocking ones
+    completed by polling: the same results, then a shape change on one rank after runs
+    that passed raises on every rank, before any data moves (the next run is fine)."""
+    from megbrain.device import mpi_comm
+
+    monkeypatch.setattr(mpi_comm, "wait_policy", lambda: policy)
+    for mode in MODES:
+        _check_mode(mode)
+    r, n = _ctx()
+    g = mgb.comp_graph()
+    x = mgb.make_arg("cpu0", g, shape=(2, 3), dtype="float32")
+    y = mgb.opr.collective_comm(x, key=f"t{next(_key)}", nr_devices=n, is_root=r == 0,
+                                rank=r, mode="ALL_REDUCE_SUM")
+    f = g.compile([x], [mgb.copy_output(y)])
+    for _ in range(2):
+        np.testing.assert_array_equal(f(np.ones((2, 3), "float32"))[0], np.full((2, 3), n))
+    with pytest.raises(MegBrainError, match=r"input shapes differ.*rank 1: \{3,3\}"):
+        f(np.ones((2 + (r == 1), 3), "float32"))
+    np.testing.assert_array_equal(f(np.full((2, 3), 2, "float32"))[0], np.full((2, 3), 2 * n))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_mode_and_grad_more_rows(mode):
@@ -314,7 +337,7 @@ def test_waiting_for_a_late_rank_does_not_spin(monkeypatch):
                                 rank=r, mode="ALL_REDUCE_SUM")
     f = g.compile(None, [mgb.copy_output(y)])
     f()
-    for _ in range(2):  # the first run (header alone) and an overlapped one
+    for _ in range(2):  # the first run (which learns the root) and a later one
         if r != 0:
             time.sleep(0.5)
         c0, t0 = time.process_time(), time.perf_counter()
