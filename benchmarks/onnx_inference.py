@@ -97,14 +97,22 @@ def _resnet50() -> tuple[str, dict] | None:
     return path, feed
 
 
+#: seconds each call waits before it starts: onnxruntime's worker threads spin on after its
+#: call returns (its default), and a megbrain call started at once found both cores taken
+#: (the digits CNN's median 11 ms against 1.4 ms with onnxruntime's spinning off)
+SETTLE_S = 0.02
+
+
 def interleaved(fns: dict, rounds: int, warmup: int = 3) -> dict[str, list[float]]:
     """Wall times (s) of each callable over ``rounds`` rounds of one call each, the order of
-    the callables alternating between rounds, after ``warmup`` untimed rounds."""
+    the callables alternating between rounds, after ``warmup`` untimed rounds; each call
+    starts :data:`SETTLE_S` after the previous one ended."""
     names = list(fns)
     times: dict[str, list[float]] = {k: [] for k in names}
     for r in range(warmup + rounds):
         order = names if r % 2 == 0 else names[::-1]
         for k in order:
+            time.sleep(SETTLE_S)
             t0 = time.perf_counter()
             fns[k]()
             if r >= warmup:

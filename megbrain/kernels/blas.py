@@ -4,6 +4,9 @@ Transposes are views prepared at bind time; float16/bfloat16 compute in float32,
 operands multiply in ``out``'s wider integer dtype (int32, or int16 for int8), and quantized
 operands (QuantizedS8, Quantized8Asymm, Quantized4Asymm) multiply their stored integers, less
 their zero points, with exact int32 accumulation into a QuantizedS32 ``out``.
+
+The products run on megbrain's kernel threads with BLAS single-threaded (:mod:`.gemm`): a
+large matrix product is split into row or column blocks, a batch into its matrices.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
+from . import parallel
 from .elemwise import quant_params
-from .steps import chain
+from .gemm import matmul_step
+from .steps import Step, chain
 
 __all__ = ["bind_batched_matmul", "bind_dot", "bind_matmul"]
 
@@ -51,8 +56,9 @@ def _compute_dtype(name: str, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> 
     return dtype
 
 
-def _bind(name: str, fn, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Callable[[], None]:
-    """``fn(a, b, out)`` with operands and result converted to the compute dtype if needed.
+def _bind(name: str, product, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    """The step ``product(a, b, out)`` binds, with operands and result converted to the
+    compute dtype if needed.
 
     Quantized operands are converted to their stored integers less their zero points."""
     dtype = _compute_dtype(name, a, b, out)
@@ -68,7 +74,7 @@ def _bind(name: str, fn, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Calla
             x = x32
         operands.append(x)
     res = out if out.dtype == dtype else np.empty(out.shape, dtype)
-    steps.append(_partial(fn, *operands, res))
+    steps.append(product(*operands, res))
     if res is not out:
         steps.append(_partial(np.copyto, out, res, "unsafe"))
     return chain(steps)
@@ -106,7 +112,7 @@ def bind_matmul(
             f"MatrixMul: shapes {a.shape} and {b.shape} (transpose_a={transpose_a}, "
             f"transpose_b={transpose_b}) do not give output shape {out.shape}"
         )
-    return _bind("MatrixMul", np.matmul, x, y, out)
+    return _bind("MatrixMul", matmul_step, x, y, out)
 
 
 def bind_batched_matmul(
@@ -144,7 +150,18 @@ def bind_batched_matmul(
             f"BatchedMatrixMul: shapes {a.shape} and {b.shape} (transpose_a={transpose_a}, "
             f"transpose_b={transpose_b}) do not give output shape {out.shape}"
         )
-    return _bind("BatchedMatrixMul", np.matmul, x, y, out)
+    return _bind("BatchedMatrixMul", _batched_step, x, y, out)
+
+
+def _batched_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
+    """``out[i] = a[i] @ b[i]``: a batch of at least :func:`parallel.num_threads` matrices
+    runs one product per thread at a time (:func:`parallel.take_in_turn`, BLAS
+    single-threaded), a smaller one splits each product (:func:`matmul_step`)."""
+    nt = parallel.num_threads() if parallel.can_single_thread_blas() else 1
+    if a.shape[0] >= nt > 1:
+        items = [_partial(np.matmul, a[i], b[i], out=out[i]) for i in range(a.shape[0])]
+        return parallel.take_in_turn([items] * nt)
+    return chain([matmul_step(a[i], b[i], out[i]) for i in range(a.shape[0])])
 
 
 def bind_dot(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Callable[[], None]:
@@ -173,4 +190,8 @@ def bind_dot(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Callable[[], None
             b = np.broadcast_to(b, a.shape)
         else:
             raise ValueError(f"Dot: vectors of different lengths, shapes {a.shape} and {b.shape}")
-    return _bind("Dot", np.dot, a, b, out.reshape(()))
+    return _bind("Dot", _dot_step, a, b, out.reshape(()))
+
+
+def _dot_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
+    return parallel.concurrently_blas_single_threaded([_partial(np.dot, a, b, out)])

@@ -484,6 +484,9 @@ for _algo in (
     ),
     ConvAlgorithm("IM2COL_GEMM", "forward", dnn_conv.fwd_im2col_gemm, _always),
     ConvAlgorithm(
+        "CONV1X1_GEMM", "forward", dnn_conv.fwd_1x1_gemm, dnn_conv.fwd_1x1_usable, priority=30
+    ),
+    ConvAlgorithm(
         "AS_FORWARD_CONV",
         "backward_data",
         dnn_conv.bwd_data_as_forward,

@@ -8,18 +8,17 @@ the others, and the call returns when all are done. The pool has one thread fewe
 :func:`num_threads` (the BLAS thread count, else the number of CPUs); its threads only run
 such parts and never submit work themselves, so callers cannot deadlock on it.
 
-OpenBLAS's own worker threads spin for about 2**28 CPU cycles (~0.1 s) after each threaded
-call before they sleep; a split kernel or a per-thread GEMM pipeline that follows a threaded
-GEMM then shares a core with a spinning worker (measured: the CNN training step ran 1.5x
-slower). The first use of the pool or of :func:`blas_single_threaded` therefore shortens that
-spin to :data:`BLAS_SPIN_LOG2_CYCLES` (OpenBLAS's ``OPENBLAS_THREAD_TIMEOUT``), unless the
-environment sets ``OPENBLAS_THREAD_TIMEOUT`` itself: see :func:`quiet_blas_workers`.
+megbrain's kernels never use BLAS's own threads: every GEMM runs with BLAS single-threaded
+(:func:`blas_single_threaded`), a large one split here over the kernel threads (see
+:mod:`megbrain.kernels.gemm`). OpenBLAS's workers spin ~0.1 s after each threaded call,
+sharing a core with the kernels that follow (the CNN training step ran 1.5x slower), and once
+asleep the first threaded call after an idle moment waited ~10 ms for them on the 2-core
+machines (a 64x128x64 product took 10-12 ms after a 20 ms pause against 0.03 ms back to back).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import ctypes
 import functools
 import itertools
@@ -31,11 +30,11 @@ from .steps import Step, chain
 
 __all__ = [
     "blas_single_threaded",
+    "blas_thread_counts",
     "can_single_thread_blas",
     "concurrently",
     "concurrently_blas_single_threaded",
     "num_threads",
-    "quiet_blas_workers",
     "ranges",
     "split",
     "take_in_turn",
@@ -59,53 +58,8 @@ def num_threads() -> int:
     return max(1, n or os.cpu_count() or 1)
 
 
-#: log2 of the CPU cycles OpenBLAS's idle workers spin before sleeping (2**18 ~ 0.1 ms):
-#: back-to-back threaded GEMMs still find them awake, the kernels that follow do not compete
-#: with them for a core
-BLAS_SPIN_LOG2_CYCLES = 18
-
-
-@functools.cache
-def quiet_blas_workers() -> bool:
-    """Shorten the spin of OpenBLAS's idle worker threads to :data:`BLAS_SPIN_LOG2_CYCLES`.
-
-    Does nothing when the environment sets ``OPENBLAS_THREAD_TIMEOUT`` (the user's choice) or
-    ``threadpoolctl`` is missing. Otherwise it sets the variable (so that an OpenBLAS loaded
-    later reads it) and, for each OpenBLAS already loaded with a longer spin, has it re-read
-    its environment and restart its workers (``openblas_read_env``, ``blas_thread_shutdown_``:
-    the workers start again, with the new timeout, at the next threaded call). Runs once, at
-    the first use of the kernel pool or of :func:`blas_single_threaded`.
-
-    Returns
-    -------
-    bool
-        Whether the spin is now :data:`BLAS_SPIN_LOG2_CYCLES` cycles (False when the user's
-        setting or a missing library left it alone).
-    """
-    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
-        return False
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return False
-    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(BLAS_SPIN_LOG2_CYCLES)
-    for info in threadpool_info():
-        if info.get("internal_api") != "openblas":
-            continue
-        lib = ctypes.CDLL(info["filepath"])
-        needed = ("openblas_thread_timeout", "openblas_read_env", "blas_thread_shutdown_")
-        if not all(hasattr(lib, name) for name in needed):
-            continue
-        lib.openblas_thread_timeout.restype = ctypes.c_int
-        if lib.openblas_thread_timeout() != BLAS_SPIN_LOG2_CYCLES:
-            lib.openblas_read_env()
-            lib.blas_thread_shutdown_()
-    return True
-
-
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
     global _pool
-    quiet_blas_workers()
     with _lock:
         if _pool is None:
             _pool = concurrent.futures.ThreadPoolExecutor(
@@ -178,15 +132,39 @@ _blas_users = 0
 _blas_saved: list[int] = []
 
 
+def _openblas_calls(lib) -> tuple | None:
+    """OpenBLAS's own thread-count getter and setter (its pthreads build), called directly:
+    threadpoolctl lets only the first thread that set a limit set one again (the executor's
+    worker threads would silently change nothing), and its call took ~8 us."""
+    if lib.internal_api != "openblas" or getattr(lib, "threading_layer", "") == "openmp":
+        return None
+    dl = ctypes.CDLL(lib.filepath)
+    for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
+        get = getattr(dl, f"{prefix}openblas_get_num_threads{suffix}", None)
+        put = getattr(dl, f"{prefix}openblas_set_num_threads{suffix}", None)
+        if get is not None and put is not None:
+            get.restype, get.argtypes = ctypes.c_int, []
+            put.restype, put.argtypes = None, [ctypes.c_int]
+            return get, put
+    return None
+
+
 @functools.cache
 def _blas_libs() -> tuple:
-    # the BLAS libraries loaded at the first call: NumPy's, whose GEMMs the kernels call
+    """``(get_num_threads, set_num_threads)`` of each BLAS library loaded at the first call
+    (NumPy's, whose GEMMs the kernels call), found by ``threadpoolctl``."""
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:
         return ()
-    quiet_blas_workers()
-    return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+    libs = ThreadpoolController().select(user_api="blas").lib_controllers
+    return tuple(_openblas_calls(lib) or (lib.get_num_threads, lib.set_num_threads)
+                 for lib in libs)  # fmt: skip
+
+
+def blas_thread_counts() -> list[int]:
+    """The thread count of each BLAS library :func:`blas_single_threaded` sets."""
+    return [get() for get, _ in _blas_libs()]
 
 
 def can_single_thread_blas() -> bool:
@@ -195,44 +173,58 @@ def can_single_thread_blas() -> bool:
     return bool(_blas_libs())
 
 
-@contextlib.contextmanager
-def blas_single_threaded():
-    """Run the block with BLAS at one thread, so that several threads of a split kernel can
-    each call BLAS on their own part (a BLAS call from a thread then runs on that thread, and
-    OpenBLAS's threaded GEMMs, which serialize on one lock, are not entered).
+class _BlasSingleThreaded:
+    """The context manager :func:`blas_single_threaded` returns (a class: entering and
+    leaving cost ~2 us, a third of a generator-based one's)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        global _blas_users, _blas_saved
+        libs = _blas_libs()
+        if not libs:
+            return
+        with _blas_lock:
+            if _blas_users == 0:
+                _blas_saved = [get() for get, _ in libs]
+                for _, put in libs:
+                    put(1)
+            _blas_users += 1
+
+    def __exit__(self, *exc) -> None:
+        global _blas_users
+        libs = _blas_libs()
+        if not libs:
+            return
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0:
+                for (_, put), n in zip(libs, _blas_saved):
+                    put(n)
+
+
+_BLAS_SINGLE = _BlasSingleThreaded()
+
+
+def blas_single_threaded() -> _BlasSingleThreaded:
+    """A context manager running its block with BLAS at one thread, so that several threads
+    of a split kernel can each call BLAS on their own part (a BLAS call from a thread then
+    runs on that thread, and OpenBLAS's threaded GEMMs, which serialize on one lock, are not
+    entered).
 
     The thread count is process-wide: a GEMM another thread starts meanwhile runs
     single-threaded too (its result is the same). Nested and concurrent blocks are counted:
     the count is restored when the last one ends. Without ``threadpoolctl`` nothing changes.
     """
-    global _blas_users, _blas_saved
-    libs = _blas_libs()
-    if not libs:
-        yield
-        return
     num_threads()  # measured before it is lowered
-    with _blas_lock:
-        if _blas_users == 0:
-            _blas_saved = [lib.get_num_threads() for lib in libs]
-            for lib in libs:
-                lib.set_num_threads(1)
-        _blas_users += 1
-    try:
-        yield
-    finally:
-        with _blas_lock:
-            _blas_users -= 1
-            if _blas_users == 0:
-                for lib, n in zip(libs, _blas_saved):
-                    lib.set_num_threads(n)
+    return _BLAS_SINGLE
 
 
 def concurrently_blas_single_threaded(calls: Sequence[Callable[[], None]]) -> Step:
-    """:func:`concurrently`, with BLAS single-threaded (:func:`blas_single_threaded`) while
-    more than one call runs: each call's GEMMs then run on its own thread instead of queueing
-    for OpenBLAS's threads. One call runs as it is."""
+    """:func:`concurrently`, with BLAS single-threaded (:func:`blas_single_threaded`): each
+    call's GEMMs run on its own thread, never on BLAS's threads (a single call too)."""
     run = concurrently(calls)
-    if len(calls) == 1:
+    if not can_single_thread_blas():
         return run
 
     def step() -> None:

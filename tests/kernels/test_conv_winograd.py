@@ -98,29 +98,27 @@ def test_wider_reductions_are_refused():
 
 @pytest.mark.skipif(not parallel.can_single_thread_blas(), reason="needs threadpoolctl")
 def test_blas_single_threaded_counts_nested_blocks_and_restores():
-    libs = parallel._blas_libs()  # the BLAS libraries loaded when first asked (NumPy's)
-    before = [lib.get_num_threads() for lib in libs]
+    before = parallel.blas_thread_counts()  # the BLAS libraries loaded when first asked
     with parallel.blas_single_threaded():
-        assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)
+        assert parallel.blas_thread_counts() == [1] * len(before)
         with parallel.blas_single_threaded():
             pass
-        assert [lib.get_num_threads() for lib in libs] == [1] * len(libs)  # still inside one
-    assert [lib.get_num_threads() for lib in libs] == before
+        assert parallel.blas_thread_counts() == [1] * len(before)  # still inside one
+    assert parallel.blas_thread_counts() == before
     with pytest.raises(RuntimeError), parallel.blas_single_threaded():
         raise RuntimeError
-    assert [lib.get_num_threads() for lib in libs] == before
+    assert parallel.blas_thread_counts() == before
 
 
 def test_pipelines_leave_the_blas_thread_count_as_they_found_it():
     c = _case(n=4, icg=16, ocg=16, sshape=(12, 12), pad=(1, 1))
     x, w, dy = _arrays(c)
     y = np.empty(dy.shape, np.float32)
-    libs = parallel._blas_libs()
-    before = [lib.get_num_threads() for lib in libs]
+    before = parallel.blas_thread_counts()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv_winograd, "THREADS", 2)
         mp.setattr(conv_winograd, "MIN_BAND_TILES", 1)
         mp.setattr(conv_winograd, "BAND_BYTES", 1)
         conv_winograd.bind_winograd_forward(x, w, y, _ONE, (1, 1), _ONE)()
     np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
-    assert [lib.get_num_threads() for lib in libs] == before
+    assert parallel.blas_thread_counts() == before

@@ -1,0 +1,125 @@
+"""GEMMs run on megbrain's kernel threads with BLAS single-threaded, never on BLAS's own."""
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from megbrain.kernels import blas, gemm, parallel
+
+needs_blas_control = pytest.mark.skipif(
+    not parallel.can_single_thread_blas(), reason="needs threadpoolctl and a known BLAS"
+)
+
+
+@pytest.mark.parametrize(
+    "m,k,n", [(300, 70, 60), (60, 70, 300), (16, 9, 17), (1, 1, 1), (0, 5, 4), (257, 3, 255)]
+)
+def test_matmul_step_equals_one_product(m, k, n):
+    rng = np.random.default_rng(m * 7 + n)
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    step = gemm.matmul_step(a, b, out)
+    step()
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    first = out.copy()
+    a *= 2  # the step reads the operands' current contents, the same way each run
+    step()
+    np.testing.assert_array_equal(out, 2 * first)
+
+
+def test_matmul_step_writes_a_strided_result_in_place():
+    rng = np.random.default_rng(1)
+    a = rng.uniform(-1, 1, (40, 300)).astype(np.float32)
+    b = rng.uniform(-1, 1, (300, 200)).astype(np.float32)
+    big = np.zeros((40, 260), np.float32)
+    out = big[:, 30:230]  # a column block: rows 260 apart
+    gemm.matmul_step(a, b, out)()
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
+    assert not big[:, :30].any() and not big[:, 230:].any()
+
+
+@needs_blas_control
+@pytest.mark.parametrize("shape", [(512, 256, 64), (64, 256, 512)])
+def test_a_large_product_is_split_over_the_kernel_threads_blas_single_threaded(
+    shape, monkeypatch
+):
+    m, k, n = shape
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    seen = []
+    real = np.matmul
+
+    def recording(x, y, out):
+        seen.append((threading.current_thread().name, parallel.blas_thread_counts(), out.shape))
+        return real(x, y, out=out)
+
+    monkeypatch.setattr(np, "matmul", recording)
+    a, b = np.ones((m, k), np.float32), np.ones((k, n), np.float32)
+    out = np.empty((m, n), np.float32)
+    before = parallel.blas_thread_counts()
+    gemm.matmul_step(a, b, out)()
+    assert np.all(out == k)
+    assert len(seen) == 2 and len({name for name, _, _ in seen}) == 2  # two threads
+    assert all(counts == [1] * len(before) for _, counts, _ in seen)
+    halves = [(m // 2, n), (m // 2, n)] if m >= n else [(m, n // 2), (m, n // 2)]
+    assert sorted(s for _, _, s in seen) == halves
+    assert parallel.blas_thread_counts() == before  # restored
+
+
+@needs_blas_control
+def test_a_small_product_is_one_single_threaded_call(monkeypatch):
+    seen = []
+    real = np.matmul
+
+    def recording(x, y, out):
+        seen.append(parallel.blas_thread_counts())
+        return real(x, y, out=out)
+
+    monkeypatch.setattr(np, "matmul", recording)
+    a, b = np.ones((8, 8), np.float32), np.ones((8, 8), np.float32)
+    out = np.empty((8, 8), np.float32)
+    blas.bind_matmul(a, b, out)()
+    assert len(seen) == 1 and seen[0] == [1] * len(seen[0])
+
+
+def _thread_cpu_ticks() -> dict[int, int]:
+    ticks = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks[int(tid)] = int(fields[11]) + int(fields[12])  # utime + stime
+    return ticks
+
+
+def _thread_names() -> dict[int, str]:
+    return {t.native_id: t.name for t in threading.enumerate()}
+
+
+@needs_blas_control
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+def test_blas_worker_threads_get_no_work_from_megbrain():
+    if parallel.num_threads() < 2 or max(parallel.blas_thread_counts()) < 2:
+        pytest.skip("BLAS runs one thread here")
+    a = np.random.default_rng(0).random((768, 768), dtype=np.float32)
+    out = np.empty_like(a)
+    matmul = blas.bind_matmul(a, a, out)
+    matmul()  # starts the kernel pool
+    mine = {tid for tid, name in _thread_names().items()
+            if name == "MainThread" or name.startswith("mgb-kernel")}  # fmt: skip
+    mine.add(threading.get_native_id())
+    time.sleep(0.5)  # OpenBLAS's workers spin ~0.1 s after the tests' own NumPy products
+    before = _thread_cpu_ticks()
+    for _ in range(40):
+        matmul()
+    after = _thread_cpu_ticks()
+    others = {tid: after[tid] - before.get(tid, 0) for tid in after if tid not in mine}
+    used = sum(after[t] - before.get(t, 0) for t in after if t in mine)
+    assert used > 0  # the products ran (ticks are 10 ms)
+    # BLAS's own workers (and any other thread) did none of it
+    assert sum(others.values()) <= 1, others
