@@ -268,15 +268,22 @@ def _abort(msg: str, code: int = 1) -> None:
     os._exit(code)  # pragma: no cover - Abort does not return
 
 
+def _late(now: float) -> tuple[str, float] | None:
+    """(what, seconds waited) of a watched call waiting longer than :data:`COMM_TIMEOUT`."""
+    for r in list(_records):
+        t0, what = r.t0, r.what
+        if t0 > 0.0 and now - t0 > COMM_TIMEOUT:
+            return what, now - t0
+    return None
+
+
 def _watch_loop() -> None:
     while True:
         time.sleep(min(1.0, COMM_TIMEOUT / 4))
-        now = time.monotonic()
-        for r in list(_records):
-            t0, what = r.t0, r.what
-            if t0 > 0.0 and now - t0 > COMM_TIMEOUT:
-                _abort(f"{what}: no answer from the other ranks for {now - t0:.0f} s "
-                       f"(MGB_COMM_TIMEOUT={COMM_TIMEOUT:g})")
+        late = _late(_clock())
+        if late is not None:
+            _abort(f"{late[0]}: no answer from the other ranks for {late[1]:.0f} s "
+                   f"(MGB_COMM_TIMEOUT={COMM_TIMEOUT:g})")
 
 
 class _Watch:

@@ -4,6 +4,7 @@ requests are stand-ins whose Test() answers after a given number of polls."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 import pytest
@@ -109,3 +110,44 @@ def test_an_explicit_policy_is_kept(monkeypatch):
         assert mpi_comm.wait_policy() == "yield"
     finally:
         mpi_comm.wait_policy.cache_clear()
+
+
+def test_a_watch_names_the_waiting_call_to_the_watchdog_and_counts_it(monkeypatch):
+    mpi_comm.reset_stats()
+    before = dict(mpi_comm.THREAD_STATS)
+    w = mpi_comm.watch("outer op")
+    with w:
+        rec = mpi_comm._local.rec
+        assert rec.t0 > 0 and rec.what == "outer op"
+        with mpi_comm.watch("inner op"):  # a watch inside a watch restores the outer one
+            assert rec.what == "inner op"
+        assert rec.what == "outer op" and rec.t0 > 0
+        now = time.monotonic()
+        monkeypatch.setattr(mpi_comm, "COMM_TIMEOUT", 5.0)
+        assert mpi_comm._late(now + 1.0) is None
+        what, waited = mpi_comm._late(now + 6.0)
+        assert what == "outer op" and waited > 5.0
+        time.sleep(0.01)
+    assert rec.t0 == 0.0 and mpi_comm._late(time.monotonic() + 1e6) is None
+    with w:  # reusable
+        pass
+    assert mpi_comm.STATS["calls"] == 3
+    assert mpi_comm.STATS["comm_s"] >= 0.01
+    name = threading.current_thread().name
+    assert mpi_comm.THREAD_STATS[name] - before.get(name, 0.0) >= 0.01
+
+
+def test_watched_calls_of_another_thread_count_under_its_name():
+    mpi_comm.reset_stats()
+
+    def work():
+        with mpi_comm.watch("worker op"):
+            time.sleep(0.005)
+
+    t = threading.Thread(target=work, name="test-comm-worker")
+    t.start()
+    t.join()
+    assert mpi_comm.THREAD_STATS["test-comm-worker"] >= 0.005
+    assert mpi_comm.STATS["calls"] == 1
+    mpi_comm.reset_stats()
+    assert mpi_comm.STATS["calls"] == 0 and mpi_comm.THREAD_STATS["test-comm-worker"] == 0.0
