@@ -6,7 +6,8 @@ operands (QuantizedS8, Quantized8Asymm, Quantized4Asymm) multiply their stored i
 their zero points, with exact int32 accumulation into a QuantizedS32 ``out``.
 
 The products run on megbrain's kernel threads with BLAS single-threaded (:mod:`.gemm`): a
-large matrix product is split into row or column blocks, a batch into its matrices.
+large matrix product is split into row or column blocks, a batch into its matrices; only a
+MatrixMul of at least ``gemm.BLAS_THREADED_MIN_FLOPS`` runs on BLAS's own threads.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from . import parallel
 from .elemwise import quant_params
-from .gemm import matmul_step
+from .gemm import BLAS_THREADED_MIN_FLOPS, matmul_step
 from .steps import Step, chain
 
 __all__ = ["bind_batched_matmul", "bind_dot", "bind_matmul"]
@@ -112,7 +113,11 @@ def bind_matmul(
             f"MatrixMul: shapes {a.shape} and {b.shape} (transpose_a={transpose_a}, "
             f"transpose_b={transpose_b}) do not give output shape {out.shape}"
         )
-    return _bind("MatrixMul", matmul_step, x, y, out)
+    return _bind("MatrixMul", _matrix_mul_step, x, y, out)
+
+
+def _matrix_mul_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
+    return matmul_step(a, b, out, blas_threaded_min_flops=BLAS_THREADED_MIN_FLOPS)
 
 
 def bind_batched_matmul(

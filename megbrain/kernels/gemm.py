@@ -5,8 +5,16 @@ A product of at least :data:`SPLIT_MIN_FLOPS` is split into one part per kernel 
 with BLAS single-threaded (:func:`parallel.blas_single_threaded`); a smaller one is a single
 single-threaded call. BLAS's own threads stay asleep: OpenBLAS's spin ~0.1 s after each
 threaded call (on a core the next kernel needs), and waking them after an idle moment cost
-~10 ms on the 2-core machines. The split is fixed for a thread count, so results are
-reproducible from run to run.
+~10 ms on the 2-core machines when their spin was shortened (``OPENBLAS_THREAD_TIMEOUT``
+of 26 or less; NumPy's default 28 does not stall). The split is fixed for a thread count,
+so results are reproducible from run to run.
+
+The one exception: a MatrixMul product of at least :data:`BLAS_THREADED_MIN_FLOPS` (the
+512-wide layers of an MLP) runs on BLAS's threads. In a training step these back-to-back
+products ran 10-25% faster there (OpenBLAS's workers, still spinning from the previous
+product, start at once and share their packed panels); below that size, where a conv net's
+products are, the workers' 0.1 s spin after each call cost more than it saved (it shares a
+core with the kernel threads' next parts).
 
 Measured on ResNet50's batch-1 layers (2 threads, idle): the 1x1 256->1024 convolution at
 14x14 (a 1024x256 @ 256x196 product) 0.78 ms split against 1.0 ms threaded by OpenBLAS; the
@@ -22,15 +30,20 @@ import numpy as np
 from . import parallel
 from .steps import Step
 
-__all__ = ["SPLIT_MIN_FLOPS", "matmul_step"]
+__all__ = ["BLAS_THREADED_MIN_FLOPS", "SPLIT_MIN_FLOPS", "matmul_step"]
 
 #: the fewest floating-point operations (2 m n k) worth splitting: ~30 us on one core
 SPLIT_MIN_FLOPS = 1 << 21
+#: the fewest floating-point operations of a MatrixMul product that runs on BLAS's own
+#: threads (``blas_threaded_min_flops`` of :func:`matmul_step`; ~0.5 ms on 2 cores)
+BLAS_THREADED_MIN_FLOPS = 1 << 26
 #: the fewest rows (or columns) of ``out`` one part takes
 MIN_PART = 16
 
 
-def matmul_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
+def matmul_step(
+    a: np.ndarray, b: np.ndarray, out: np.ndarray, blas_threaded_min_flops: float | None = None
+) -> Step:
     """A step computing ``out = a @ b`` (2-d operands; ``out`` a writable (m, n) array, any
     strides NumPy's ``matmul(out=)`` accepts) on the kernel threads, BLAS single-threaded.
 
@@ -40,6 +53,9 @@ def matmul_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
         The (m, k) and (k, n) operands.
     out : numpy.ndarray
         The (m, n) result.
+    blas_threaded_min_flops : float, optional
+        From this many floating-point operations on, the product is one call on BLAS's own
+        threads instead (see :data:`BLAS_THREADED_MIN_FLOPS`).
 
     Returns
     -------
@@ -48,6 +64,8 @@ def matmul_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
     """
     m, k = a.shape
     n = b.shape[1]
+    if blas_threaded_min_flops is not None and 2 * m * n * k >= blas_threaded_min_flops:
+        return functools.partial(np.matmul, a, b, out=out)
     parts = 1
     if 2 * m * n * k >= SPLIT_MIN_FLOPS and parallel.can_single_thread_blas():
         parts = parallel.num_threads()

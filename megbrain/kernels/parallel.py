@@ -5,20 +5,22 @@ layers (OpenMP, TBB, workqueue) are not safe to enter from several threads at on
 that takes a range ``[lo, hi)`` of independent items (planes, rows) and releases the GIL
 (``nogil``) is instead split here: the calling thread runs the first part, the pool's threads
 the others, and the call returns when all are done. The pool has one thread fewer than
-:func:`num_threads` (the BLAS thread count, else the number of CPUs); its threads only run
-such parts and never submit work themselves, so callers cannot deadlock on it.
+:func:`num_threads` (the BLAS thread count, else the number of CPUs). One caller at a time
+holds it: a split started while another holds it (a second comp node's thread, or a part
+splitting again) runs all its parts on its own thread, as the cores are busy anyway, so
+callers never wait for the pool nor deadlock on it. Each worker waits on a lock of its own
+for its part: a fork/join took ~16 us against ~36 us through ``concurrent.futures``. Both
+sides poll a counter for about 0.1 ms before they block (:data:`SPIN_ITERS`), so that
+back-to-back splits find the other thread awake.
 
-megbrain's kernels never use BLAS's own threads: every GEMM runs with BLAS single-threaded
-(:func:`blas_single_threaded`), a large one split here over the kernel threads (see
-:mod:`megbrain.kernels.gemm`). OpenBLAS's workers spin ~0.1 s after each threaded call,
-sharing a core with the kernels that follow (the CNN training step ran 1.5x slower), and once
-asleep the first threaded call after an idle moment waited ~10 ms for them on the 2-core
-machines (a 64x128x64 product took 10-12 ms after a 20 ms pause against 0.03 ms back to back).
+megbrain's GEMMs run with BLAS single-threaded (:func:`blas_single_threaded`), a large one
+split here over the kernel threads (:mod:`megbrain.kernels.gemm`, which says why and names
+the one exception): OpenBLAS's workers spin ~0.1 s after each threaded call, sharing a core
+with the kernels that follow (the CNN training step ran 1.5x slower).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import functools
 import itertools
@@ -40,10 +42,6 @@ __all__ = [
     "take_in_turn",
 ]
 
-_lock = threading.Lock()
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
 @functools.cache
 def num_threads() -> int:
     """Threads a split kernel uses: OpenBLAS's (through ``threadpoolctl`` when it is
@@ -58,19 +56,94 @@ def num_threads() -> int:
     return max(1, n or os.cpu_count() or 1)
 
 
-def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    with _lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                max(1, num_threads() - 1), thread_name_prefix="mgb-kernel"
-            )
-        return _pool
+#: ``sched_yield`` calls a waiting side polls before it blocks (~0.65 us each when the core
+#: is free; longer while another thread takes it); read when the poll is first compiled
+SPIN_ITERS = 200
+
+
+@functools.cache
+def _spinner():
+    """``spin(counters, i, seen)``, compiled without the GIL: polls until ``counters[i]``
+    differs from ``seen``, for up to :data:`SPIN_ITERS` ``sched_yield`` calls; None where
+    libc's ``sched_yield`` is not found (the threads then block at once)."""
+    try:
+        sched_yield = ctypes.CDLL(None).sched_yield
+    except (OSError, AttributeError, TypeError):
+        return None
+    sched_yield.restype, sched_yield.argtypes = ctypes.c_int, []
+    from numba import njit  # imported on first use, as the compiled kernels do
+
+    @njit(nogil=True)
+    def spin(counters, i, seen):  # pragma: no cover - compiled
+        for _ in range(SPIN_ITERS):
+            if counters[i] != seen:
+                return
+            sched_yield()  # an opaque call: counters[i] is loaded again each time
+
+    return spin
+
+
+class _Worker:
+    """A pool thread: runs the part it is given (``job``) once ``go`` is released, then
+    releases ``done``; an exception is kept for the caller. ``counters`` (parts given, parts
+    done) let either side poll a moment before it blocks on its lock."""
+
+    def __init__(self, name: str) -> None:
+        import numpy as np
+
+        self.go = threading.Lock()
+        self.go.acquire()
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.counters = np.zeros(2, np.int64)
+        self.job: tuple | None = None
+        self.error: BaseException | None = None
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def start(self, fn, lo: int, hi: int) -> None:
+        self.job = (fn, lo, hi)
+        self.counters[0] += 1
+        self.go.release()
+
+    def join(self, spin) -> None:
+        if spin is not None:
+            spin(self.counters, 1, self.counters[0] - 1)
+        self.done.acquire()
+
+    def _serve(self) -> None:
+        spin = _spinner()
+        given = 0
+        while True:
+            if spin is not None:
+                spin(self.counters, 0, given)
+            self.go.acquire()
+            given += 1
+            fn, lo, hi = self.job
+            try:
+                fn(lo, hi)
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+                self.error = exc
+            self.job = None
+            self.counters[1] += 1
+            self.done.release()
+
+
+_pool_lock = threading.Lock()  # creates the workers
+_claim = threading.Lock()  # held by the caller whose parts the workers run
+_workers: list[_Worker] = []
+
+
+def _pool() -> list[_Worker]:
+    with _pool_lock:
+        if not _workers:
+            _workers.extend(_Worker(f"mgb-kernel_{i}") for i in range(num_threads() - 1))
+        return _workers
 
 
 def _forget_pool() -> None:  # a forked child has none of the parent's threads
-    global _pool
-    _pool = None
+    global _claim
+    _workers.clear()
+    _claim = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_pool)
@@ -96,13 +169,30 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
     head, rest = bounds[0], bounds[1:]
 
     def run() -> None:
-        pool = _executor()
-        futures = [pool.submit(fn, lo, hi) for lo, hi in rest]
+        workers = _pool()
+        if not _claim.acquire(blocking=False):  # the pool runs another caller's parts
+            for lo, hi in bounds:
+                fn(lo, hi)
+            return
         try:
-            fn(*head)
+            used = workers[: len(rest)]
+            for w, (lo, hi) in zip(used, rest):
+                w.start(fn, lo, hi)
+            try:
+                fn(*head)
+                for lo, hi in rest[len(used) :]:  # more parts than workers: a larger count
+                    fn(lo, hi)  # was set after the pool started
+            finally:
+                spin = _spinner()
+                for w in used:
+                    w.join(spin)
+            errors = [w.error for w in used if w.error is not None]
+            for w in used:
+                w.error = None
         finally:
-            for f in futures:
-                f.result()
+            _claim.release()
+        if errors:
+            raise errors[0]
 
     return run
 

@@ -1,5 +1,6 @@
 """GEMMs run on megbrain's kernel threads with BLAS single-threaded, never on BLAS's own."""
 
+import functools
 import os
 import threading
 import time
@@ -70,6 +71,16 @@ def test_a_large_product_is_split_over_the_kernel_threads_blas_single_threaded(
 
 
 @needs_blas_control
+def test_a_large_matrix_mul_product_runs_on_blas_threads():
+    a = np.ones((512, 256), np.float32)
+    b = np.ones((256, 512), np.float32)  # 2 * 512 * 512 * 256 = 2**27 flops
+    out = np.empty((512, 512), np.float32)
+    step = blas.bind_matmul(a, b, out)
+    assert isinstance(step, functools.partial) and step.func is np.matmul  # one BLAS call
+    step()
+    assert np.all(out == 256)
+
+
 def test_a_small_product_is_one_single_threaded_call(monkeypatch):
     seen = []
     real = np.matmul
@@ -108,7 +119,7 @@ def test_blas_worker_threads_get_no_work_from_megbrain():
         pytest.skip("BLAS runs one thread here")
     a = np.random.default_rng(0).random((768, 768), dtype=np.float32)
     out = np.empty_like(a)
-    matmul = blas.bind_matmul(a, a, out)
+    matmul = gemm.matmul_step(a, a, out)
     matmul()  # starts the kernel pool
     mine = {tid for tid, name in _thread_names().items()
             if name == "MainThread" or name.startswith("mgb-kernel")}  # fmt: skip
