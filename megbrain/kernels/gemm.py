@@ -1,4 +1,4 @@
-"""GEMMs as bound steps that run on megbrain's kernel threads, never on BLAS's own.
+"""GEMMs as bound steps that run on megbrain's kernel threads, BLAS single-threaded.
 
 A product of at least :data:`SPLIT_MIN_FLOPS` is split into one part per kernel thread
 (rows of ``out`` when it has more rows than columns, else columns), each part a BLAS call
@@ -12,7 +12,7 @@ so results are reproducible from run to run.
 The one exception: a MatrixMul product of at least :data:`BLAS_THREADED_MIN_FLOPS` (the
 512-wide layers of an MLP) runs on BLAS's threads. In a training step these back-to-back
 products ran 10-25% faster there (OpenBLAS's workers, still spinning from the previous
-product, start at once and share their packed panels); below that size, where a conv net's
+product, start at once); below that size, where a conv net's
 products are, the workers' 0.1 s spin after each call cost more than it saved (it shares a
 core with the kernel threads' next parts).
 
