@@ -20,7 +20,7 @@ import numpy as np
 
 from . import parallel
 from .elemwise import quant_params
-from .gemm import BLAS_THREADED_MIN_FLOPS, matmul_step
+from .gemm import BLAS_THREADED_MIN_FLOPS, matmul_step, products_step
 from .steps import Step, chain
 
 __all__ = ["bind_batched_matmul", "bind_dot", "bind_matmul"]
@@ -159,14 +159,8 @@ def bind_batched_matmul(
 
 
 def _batched_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
-    """``out[i] = a[i] @ b[i]``: a batch of at least :func:`parallel.num_threads` matrices
-    runs one product per thread at a time (:func:`parallel.take_in_turn`, BLAS
-    single-threaded), a smaller one splits each product (:func:`matmul_step`)."""
-    nt = parallel.num_threads() if parallel.can_single_thread_blas() else 1
-    if a.shape[0] >= nt > 1:
-        items = [_partial(np.matmul, a[i], b[i], out=out[i]) for i in range(a.shape[0])]
-        return parallel.take_in_turn([items] * nt)
-    return chain([matmul_step(a[i], b[i], out[i]) for i in range(a.shape[0])])
+    """``out[i] = a[i] @ b[i]``, the batch's products as :func:`products_step` runs them."""
+    return products_step([(a[i], b[i], out[i]) for i in range(a.shape[0])])
 
 
 def bind_dot(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Callable[[], None]:

@@ -28,9 +28,9 @@ import functools
 import numpy as np
 
 from . import parallel
-from .steps import Step
+from .steps import Step, chain
 
-__all__ = ["BLAS_THREADED_MIN_FLOPS", "SPLIT_MIN_FLOPS", "matmul_step"]
+__all__ = ["BLAS_THREADED_MIN_FLOPS", "SPLIT_MIN_FLOPS", "matmul_step", "products_step"]
 
 #: the fewest floating-point operations (2 m n k) worth splitting: ~30 us on one core
 SPLIT_MIN_FLOPS = 1 << 21
@@ -76,3 +76,14 @@ def matmul_step(
         calls = [functools.partial(np.matmul, a, b[:, lo:hi], out=out[:, lo:hi])
                  for lo, hi in parallel.ranges(n, parts, MIN_PART)]  # fmt: skip
     return parallel.concurrently_blas_single_threaded(calls)
+
+
+def products_step(products: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> Step:
+    """A step computing independent products ``out = a @ b`` (2-d, as :func:`matmul_step`):
+    at least :func:`parallel.num_threads` of them run one product per thread at a time
+    (:func:`parallel.take_in_turn`, BLAS single-threaded), fewer split each product."""
+    nt = parallel.num_threads() if parallel.can_single_thread_blas() else 1
+    if len(products) >= nt > 1:
+        items = [functools.partial(np.matmul, a, b, out=out) for a, b, out in products]
+        return parallel.take_in_turn([items] * nt)
+    return chain([matmul_step(a, b, out) for a, b, out in products])
