@@ -42,6 +42,7 @@ __all__ = [
     "take_in_turn",
 ]
 
+
 @functools.cache
 def num_threads() -> int:
     """Threads a split kernel uses: OpenBLAS's (through ``threadpoolctl`` when it is
@@ -134,6 +135,8 @@ _workers: list[_Worker] = []
 
 
 def _pool() -> list[_Worker]:
+    if _workers:  # every split's run comes here: no lock once the pool exists
+        return _workers
     with _pool_lock:
         if not _workers:
             _workers.extend(_Worker(f"mgb-kernel_{i}") for i in range(num_threads() - 1))
@@ -182,13 +185,13 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
                 fn(*head)
                 for lo, hi in rest[len(used) :]:  # more parts than workers: a larger count
                     fn(lo, hi)  # was set after the pool started
-            finally:
+            finally:  # the workers' errors are taken even when the caller's part raised
                 spin = _spinner()
                 for w in used:
                     w.join(spin)
-            errors = [w.error for w in used if w.error is not None]
-            for w in used:
-                w.error = None
+                errors = [w.error for w in used if w.error is not None]
+                for w in used:
+                    w.error = None
         finally:
             _claim.release()
         if errors:

@@ -83,3 +83,14 @@ def test_nested_and_concurrent_splits_complete(two_threads):
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads)
     assert all(np.all(o == 50) for o in outs)
+
+
+def test_a_workers_error_is_not_left_for_the_next_run_when_the_caller_also_failed(two_threads):
+    def both_fail(lo: int, hi: int) -> None:
+        raise ValueError("caller's part" if lo == 0 else "worker's part")
+
+    with pytest.raises(ValueError, match="caller's part"):
+        parallel.split(both_fail, 10, 1)()
+    out = np.zeros(10, np.int64)
+    parallel.split(_marking(out), 10, 1)()  # raised the worker's stale error before
+    assert np.all(out == 1)
