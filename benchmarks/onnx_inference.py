@@ -39,6 +39,9 @@ def _megbrain_runner(path: str, feed: dict, profile: bool = False):
     names = list(res.outputs)
     outs = mgb.optimize_for_inference([res.outputs[n] for n in names])
     res.graph.set_option("graph_opt.jit", 1)
+    # the folded filters are not written again: convolutions pack them once (as onnxruntime
+    # prepacks its initializers)
+    res.graph.set_option("graph_opt.weight_preprocess", 1)
     prof = None
     if profile:
         from megbrain.plugin import CompGraphProfiler

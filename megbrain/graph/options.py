@@ -82,6 +82,11 @@ class GraphOptOptions:
     jit: int = 0
     #: TensorRT replacement; accepted and ignored (no TensorRT backend).
     tensorrt: bool = False
+    #: Convolutions may prepare a parameter filter (SharedDeviceTensor or
+    #: MultipleDeviceTensorHolder output) once, at their first run, and reuse it: a promise
+    #: that the parameters are not written after that run (an ImmutableTensor filter is
+    #: prepared once anyway). For inference; costs a packed copy of each such filter.
+    weight_preprocess: bool = False
 
 
 @dataclass
@@ -148,6 +153,7 @@ class GraphOptions:
         "async_exec_level": _U16,
         "graph_opt.jit": _U8,
         "graph_opt.tensorrt": _BOOL,
+        "graph_opt.weight_preprocess": _BOOL,
         "graph_opt_level": _I16,
         "allreduce_pack_max_size": _I16,
         "allreduce_pack_ignore_first": _I16,

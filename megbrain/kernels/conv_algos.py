@@ -67,6 +67,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import dnn_conv, workspace
+from .constant_operands import filter_is_constant
 
 __all__ = [
     "CACHE_CATEGORY",
@@ -271,12 +272,14 @@ def choice_key(
     candidates: Sequence[ConvAlgorithm],
 ) -> str:
     """The cache key of a profiled choice: the kind, the operands' dtypes, shapes and
-    strides, the geometry, the BLAS thread count and the candidates' names."""
+    strides, the geometry, the BLAS thread count, whether the filter is constant
+    (:func:`constant_operands.filter_is_constant`: an algorithm may then prepare it once)
+    and the candidates' names."""
     geometry = f"stride={list(stride)} pad={list(pad)} dilate={list(dilate)} flip={bool(flip)}"
     names = ",".join(sorted(c.name for c in candidates))
     return (
         f"{kind}|{_layout(a)}|{_layout(b)}|{_layout(out)}|{geometry}|"
-        f"blas_threads={blas_threads()}|{names}"
+        f"blas_threads={blas_threads()}|constant_filter={filter_is_constant()}|{names}"
     )
 
 
@@ -509,9 +512,17 @@ for _algo in (
     register(_algo)
 del _algo
 # further algorithm modules register here, below the built-in ones
-from . import conv_direct, conv_winograd  # noqa: E402
+from . import conv_direct, conv_nchw8c, conv_winograd  # noqa: E402
 
 for _algo in (
+    ConvAlgorithm(
+        "DIRECT_NCHW8C",
+        "forward",
+        conv_nchw8c.bind_nchw8c_forward,
+        conv_nchw8c.usable_nchw8c_forward,
+        priority=25,
+        heuristic=conv_nchw8c.preferred_nchw8c_forward,
+    ),
     ConvAlgorithm(
         "WINOGRAD_F23",
         "forward",

@@ -24,10 +24,15 @@ from ..kernels import conv_algos
 from ..kernels import dnn_conv as conv_kernels
 from ..kernels import dnn_pool as pool_kernels
 from ..kernels import elemwise as ew_kernels
+from ..kernels.constant_operands import constant_filter
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .param_args import opr_params
 from .sereg_params import register_strict, register_with_policy
+
+#: operators whose outputs are parameters: their values change only when the user writes
+#: them (``graph_opt.weight_preprocess`` promises that no write follows the first run)
+_PARAM_SOURCES = ("SharedDeviceTensor", "MultipleDeviceTensorHolder")
 
 __all__ = [
     "Convolution",
@@ -322,12 +327,27 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
         keep_any = opts is not None and opts.no_profiling_on_shape_change
         same = layouts == getattr(self, "_chosen_for", None)
         keep = self.chosen_algorithm if same or keep_any else None
-        try:
-            algo = conv_algos.select(kind, *args, strategy=self.param.strategy, keep=keep)
-        except ValueError as exc:
-            raise self.error(str(exc)) from None
-        self.chosen_algorithm, self._chosen_for = algo.name, layouts
-        return algo.bind(*args)
+        with constant_filter(kind == "forward" and self._filter_is_constant()):
+            try:
+                algo = conv_algos.select(kind, *args, strategy=self.param.strategy, keep=keep)
+            except ValueError as exc:
+                raise self.error(str(exc)) from None
+            self.chosen_algorithm, self._chosen_for = algo.name, layouts
+            return algo.bind(*args)
+
+    def _filter_is_constant(self) -> bool:
+        """Whether the filter (input 1) keeps its values from run to run: an ImmutableTensor,
+        or, under ``graph_opt.weight_preprocess``, a parameter (the user's promise that it is
+        not updated after the first run, as in the reference)."""
+        owner = self.inputs[1].owner
+        if owner.type_name == "ImmutableTensor":
+            return True
+        opts = getattr(self.graph, "options", None)
+        return (
+            opts is not None
+            and bool(opts.graph_opt.weight_preprocess)
+            and owner.type_name in _PARAM_SOURCES
+        )
 
 
 def _make(cls, inputs, param) -> SymbolVar:

@@ -1,0 +1,276 @@
+"""The direct NCHW8c convolution (megbrain.kernels.conv_nchw8c) against the float64
+reference: drawn batches, groups, channel blocks, filter sizes, paddings, dilations and
+flips; strided and read-only operands; the workspace contract; the constant filter packed
+once (and a changing filter followed on every run otherwise); its HEURISTIC rule; the
+operator telling it which filters are constant (ImmutableTensor, weight_preprocess)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_conv_algos import ATOL, RTOL, ref_forward
+
+import megbrain as mgb
+from megbrain.kernels import conv_algos, conv_nchw8c, dnn_conv, workspace
+from megbrain.kernels.constant_operands import constant_filter, filter_is_constant
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "opr"))
+
+_BIND = conv_nchw8c.bind_nchw8c_forward
+_ONE = (1, 1)
+
+
+@st.composite
+def cases(draw):
+    fshape = (draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+    dilate = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pad = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
+    # at least one output position: size + 2 pad >= dilate (f - 1) + 1
+    sshape = tuple(
+        draw(st.integers(max(1, d * (f - 1) + 1 - 2 * p), 11))
+        for f, p, d in zip(fshape, pad, dilate)
+    )
+    return dict(
+        n=draw(st.integers(1, 3)),
+        g=draw(st.integers(1, 2)),
+        icg=8 * draw(st.integers(1, 2)),
+        ocg=16 * draw(st.integers(1, 2)),
+        fshape=fshape,
+        stride=_ONE,
+        pad=pad,
+        dilate=dilate,
+        sshape=sshape,
+        oshape=tuple(
+            dnn_conv.conv_out_size(s, f, 1, p, d) for s, f, p, d in zip(sshape, fshape, pad, dilate)
+        ),  # fmt: skip
+        flip=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def _arrays(c):
+    rng = np.random.default_rng(c["seed"])
+    x = rng.uniform(-1, 1, (c["n"], c["g"] * c["icg"], *c["sshape"])).astype(np.float32)
+    w = rng.uniform(-1, 1, (c["g"], c["ocg"], c["icg"], *c["fshape"])).astype(np.float32)
+    return x, w
+
+
+def _geometry(c):
+    return c["stride"], c["pad"], c["dilate"], c["flip"]
+
+
+def _out(c):
+    return np.full((c["n"], c["g"] * c["ocg"], *c["oshape"]), np.nan, np.float32)
+
+
+def _case(n=2, g=1, icg=8, ocg=16, sshape=(7, 9), fshape=(3, 3), pad=(1, 1), flip=False, seed=5):
+    oshape = tuple(dnn_conv.conv_out_size(s, f, 1, p, 1) for s, f, p in zip(sshape, fshape, pad))
+    return dict(n=n, g=g, icg=icg, ocg=ocg, fshape=fshape, stride=_ONE, pad=pad, dilate=_ONE,
+                sshape=sshape, oshape=oshape, flip=flip, seed=seed)  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(c=cases(), constant=st.booleans())
+def test_forward_matches_float64(c, constant):
+    x, w = _arrays(c)
+    y = _out(c)
+    assert conv_nchw8c.usable_nchw8c_forward(x, w, y, *_geometry(c))
+    with constant_filter(constant):
+        step = _BIND(x, w, y, *_geometry(c))
+    step()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+    step()  # a second run (the constant filter is not packed again) gives the same bits
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+
+
+def test_a_wide_layer_matches_float64():
+    # several units per thread, full and partial row bands, two channel blocks per tile
+    c = _case(n=1, icg=32, ocg=48, sshape=(30, 17))
+    x, w = _arrays(c)
+    y = _out(c)
+    _BIND(x, w, y, *_geometry(c))()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+
+
+def test_strided_and_read_only_operands():
+    c = _case(g=2)
+    x, w = _arrays(c)
+    xs = np.repeat(x, 2, axis=1)[:, ::2]  # channel stride 2 planes
+    ws = np.moveaxis(np.ascontiguousarray(np.moveaxis(w, 2, 4)), 4, 2)  # non-contiguous
+    assert not xs.flags.c_contiguous and not ws.flags.c_contiguous
+    xs.flags.writeable = ws.flags.writeable = False
+    y = _out(c)
+    _BIND(xs, ws, y, *_geometry(c))()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("constant", [False, True])
+def test_workspace_is_written_before_read_and_nothing_is_allocated(constant):
+    c = _case(n=3, g=2, pad=(2, 1), flip=True)
+    x, w = _arrays(c)
+    y = np.empty((c["n"], c["g"] * c["ocg"], *c["oshape"]), np.float32)
+
+    def bind():
+        with constant_filter(constant):
+            return _BIND(x, w, y, *_geometry(c))
+
+    rec = workspace.Recorder()
+    with workspace.allocating(rec):
+        bind()
+    buf = np.empty(max(rec.nbytes, 1), np.uint8)
+    with workspace.allocating(workspace.Carver(buf)):
+        step = bind()
+    step()  # compiles; packs a constant filter
+    tracemalloc.start()
+    try:
+        for _ in range(2):
+            buf[:] = 0xFF  # NaN in every workspace byte, the packed input's borders too
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            step()
+            assert tracemalloc.get_traced_memory()[1] - before < 4096
+            np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_constant_filter_is_packed_at_the_first_run_only():
+    c = _case()
+    x, w = _arrays(c)
+    first = ref_forward(c, x, w)
+    y = _out(c)
+    with constant_filter(True):
+        step = _BIND(x, w, y, *_geometry(c))
+    w[:] = 0  # before the first run: the first run's values are the ones packed
+    step()
+    np.testing.assert_allclose(y, 0, atol=0)
+    w[:] = _arrays(c)[1]
+    step()
+    np.testing.assert_allclose(y, 0, atol=0)  # not packed again
+    assert not np.allclose(first, 0)
+
+
+def test_a_filter_not_declared_constant_is_read_on_every_run():
+    c = _case()
+    x, w = _arrays(c)
+    y = _out(c)
+    step = _BIND(x, w, y, *_geometry(c))
+    step()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+    w *= -2
+    step()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+
+
+def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch):
+    from megbrain.kernels import parallel
+
+    c = _case(n=3, icg=16, ocg=32, sshape=(12, 13))
+    x, w = _arrays(c)
+    ys = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(parallel, "num_threads", lambda t=threads: t)
+        ys.append(_out(c))
+        _BIND(x, w, ys[-1], *_geometry(c))()
+    assert np.array_equal(ys[0], ys[1]) and np.array_equal(ys[1], ys[2])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(dtype=np.float64),
+        dict(stride=(2, 1)),
+        dict(icg=4),
+        dict(ocg=8),
+        dict(pad=(conv_nchw8c.MAX_PAD + 1, 0)),
+        dict(out_view=True),
+    ],
+)
+def test_unusable_geometry_is_refused(change):
+    icg, ocg = change.get("icg", 8), change.get("ocg", 16)
+    stride, pad = change.get("stride", _ONE), change.get("pad", (1, 1))
+    dt = change.get("dtype", np.float32)
+    x = np.zeros((1, icg, 6, 6), dt)
+    w = np.zeros((1, ocg, icg, 3, 3), dt)
+    oshape = tuple(dnn_conv.conv_out_size(6, 3, s, p, 1) for s, p in zip(stride, pad))
+    y = np.zeros((1, ocg, *oshape), dt)
+    if change.get("out_view"):
+        y = np.zeros((1, ocg, oshape[0], oshape[1] + 1), dt)[..., 1:]
+    assert not conv_nchw8c.usable_nchw8c_forward(x, w, y, stride, pad, _ONE)
+    with pytest.raises(ValueError, match=r"DIRECT_NCHW8C.*src \(1, "):
+        _BIND(x, w, y, stride, pad, _ONE)
+
+
+def test_mismatched_shapes_are_refused():
+    c = _case()
+    x, w = _arrays(c)
+    with pytest.raises(ValueError, match="Convolution: src"):
+        _BIND(x, w, _out(c)[:, :, 1:], *_geometry(c))
+
+
+# ---- HEURISTIC and the operator ------------------------------------------------------------
+def _chosen(c, constant):
+    x, w = _arrays(c)
+    with constant_filter(constant):
+        return conv_algos.select("forward", x, w, _out(c), *_geometry(c)).name
+
+
+def test_heuristic_takes_it_for_constant_filters_only():
+    c = _case(icg=16, ocg=32, sshape=(14, 14))
+    assert _chosen(c, True) == "DIRECT_NCHW8C"
+    assert _chosen(c, False) != "DIRECT_NCHW8C"
+    assert not filter_is_constant()  # the block restored the default
+    # pointwise convolutions stay with the GEMM on the source itself
+    assert _chosen(_case(fshape=(1, 1), pad=(0, 0)), True) == "CONV1X1_GEMM"
+
+
+def test_profile_keys_tell_constant_filters_apart():
+    c = _case()
+    x, w = _arrays(c)
+    keys = []
+    for constant in (False, True):
+        with constant_filter(constant):
+            keys.append(conv_algos.choice_key("forward", x, w, _out(c), *_geometry(c), []))
+    assert keys[0] != keys[1]
+
+
+CN = "cpu0"
+
+
+def _graph_conv(filter_kind, weight_preprocess=False):
+    c = _case(n=1, icg=16, ocg=16, sshape=(9, 9))
+    x, w = _arrays(c)
+    g = mgb.comp_graph()
+    if weight_preprocess:
+        g.set_option("graph_opt.weight_preprocess", 1)
+    xv = mgb.make_arg(CN, g, name="x", shape=x.shape)
+    if filter_kind == "immutable":
+        wv = mgb.make_immutable(CN, g, w[0])
+    else:
+        wv = mgb.make_shared(CN, value=w[0], comp_graph=g, name="w")
+    y = mgb.opr.convolution(xv, wv, pad_h=1, pad_w=1)
+    f = g.compile([xv], [mgb.copy_output(y)])
+    got = f(x)[0]
+    return c, x, w, y, got, wv, f
+
+
+@pytest.mark.parametrize(
+    "filter_kind, weight_preprocess, expected",
+    [("immutable", False, True), ("shared", False, False), ("shared", True, True)],
+)
+def test_the_operator_declares_constant_filters(filter_kind, weight_preprocess, expected):
+    c, x, w, y, got, _, _ = _graph_conv(filter_kind, weight_preprocess)
+    np.testing.assert_allclose(np.asarray(got), ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+    assert (y.node.owner.chosen_algorithm == "DIRECT_NCHW8C") == expected
+
+
+def test_a_shared_filter_without_weight_preprocess_follows_its_updates():
+    c, x, w, _, _, wv, f = _graph_conv("shared")
+    wv.set_value(-w[0])
+    np.testing.assert_allclose(np.asarray(f(x)[0]), -ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
