@@ -17,6 +17,7 @@ OPTIONS = {
     "async_exec_level": (1, 0b110, 6),
     "graph_opt.jit": (0, 2, 2),
     "graph_opt.tensorrt": (False, True, True),
+    "graph_opt.weight_preprocess": (False, 1, True),
     "graph_opt_level": (2, -1, -1),
     "allreduce_pack_max_size": (0, 16, 16),
     "allreduce_pack_ignore_first": (2, 5, 5),
