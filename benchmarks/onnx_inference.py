@@ -30,6 +30,10 @@ import time
 
 import numpy as np
 
+#: optimize_for_inference's fuse_conv_bias_nonlinearity: the convolutions add the bias and
+#: apply the ReLU as they write their output (``MGB_BENCH_NO_FUSE=1`` turns it off)
+FUSE_CONV_BIAS = os.environ.get("MGB_BENCH_NO_FUSE") != "1"
+
 
 def _megbrain_runner(path: str, feed: dict, profile: bool = False):
     import megbrain as mgb
@@ -37,7 +41,9 @@ def _megbrain_runner(path: str, feed: dict, profile: bool = False):
 
     res = mo.load(path)
     names = list(res.outputs)
-    outs = mgb.optimize_for_inference([res.outputs[n] for n in names])
+    outs = mgb.optimize_for_inference(
+        [res.outputs[n] for n in names], fuse_conv_bias_nonlinearity=FUSE_CONV_BIAS
+    )
     res.graph.set_option("graph_opt.jit", 1)
     # the folded filters are not written again: convolutions pack them once (as onnxruntime
     # prepacks its initializers)

@@ -137,6 +137,10 @@ class ConvAlgorithm:
     heuristic : Callable or None
         Same arguments as ``bind`` -> bool: whether HEURISTIC may choose it for this shape
         (None: wherever usable). PROFILE ignores it.
+    epilogue : bool
+        Whether ``bind`` also takes ``epilogue=`` (a
+        :class:`megbrain.kernels.conv_epilogue.Epilogue`, forward only): ``act(conv +
+        bias)`` applied by the algorithm as it writes each block of the output.
     """
 
     name: str
@@ -146,6 +150,7 @@ class ConvAlgorithm:
     reproducible: bool = True
     priority: int = 0
     heuristic: Callable | None = None
+    epilogue: bool = False
 
 
 _lock = threading.RLock()
@@ -487,7 +492,12 @@ for _algo in (
     ),
     ConvAlgorithm("IM2COL_GEMM", "forward", dnn_conv.fwd_im2col_gemm, _always),
     ConvAlgorithm(
-        "CONV1X1_GEMM", "forward", dnn_conv.fwd_1x1_gemm, dnn_conv.fwd_1x1_usable, priority=30
+        "CONV1X1_GEMM",
+        "forward",
+        dnn_conv.fwd_1x1_gemm,
+        dnn_conv.fwd_1x1_usable,
+        priority=30,
+        epilogue=True,
     ),
     ConvAlgorithm(
         "AS_FORWARD_CONV",
@@ -522,6 +532,7 @@ for _algo in (
         conv_nchw8c.usable_nchw8c_forward,
         priority=25,
         heuristic=conv_nchw8c.preferred_nchw8c_forward,
+        epilogue=True,
     ),
     ConvAlgorithm(
         "WINOGRAD_F23",

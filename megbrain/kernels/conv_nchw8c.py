@@ -1,9 +1,10 @@
 """Direct 2-d convolution on channel-blocked (NCHW8c) copies, register-tiled: forward,
-float32, stride 1, any padding (up to :data:`MAX_PAD`), dilation and group count, with
-``ICg`` a multiple of 8 and ``OCg`` a multiple of 16.
+float32, any stride, padding and dilation (each reach up to :data:`MAX_PAD`) and group
+count, with ``ICg`` a multiple of 8 and ``OCg`` a multiple of 16.
 
-Per run the source is copied into zero-padded planes of 8 channels per position
-(:func:`conv_nchw8c_loops.pack_input`, about the size of the source), and each tile of six
+Per run the source is copied into zero-padded planes of 8 channels per position, one per
+stride phase (:func:`conv_nchw8c_loops.pack_input`, about the size of the source), and each
+tile of six
 output positions by sixteen output channels sums its whole reduction in registers
 (:mod:`megbrain.kernels.tiled_jit`), reading the input and the packed filter in place: no
 column matrix (im2col copies the source ``FH * FW`` times) and no GEMM packing. The filter,
@@ -28,6 +29,7 @@ import numpy as np
 from . import conv_nchw8c_loops as loops
 from . import parallel, workspace
 from .constant_operands import filter_is_constant
+from .conv_epilogue import Epilogue
 from .dnn_conv import SPLIT_MIN_ELEMS, _Conv
 
 __all__ = [
@@ -38,13 +40,16 @@ __all__ = [
     "usable_nchw8c_forward",
 ]
 
-#: the largest padding accepted (the packed planes are followed by
-#: :data:`conv_nchw8c_loops.SLACK` positions that the last tiles of a sample may read)
+#: the largest padding, and dilated filter reach ``(F - 1) * dilate``, accepted (the packed
+#: planes are followed by :data:`conv_nchw8c_loops.SLACK` positions that the last tiles of a
+#: sample may read)
 MAX_PAD = 32
 #: output positions (whole rows) a work unit covers at least: its tiles reuse the unit's
 #: block of the packed filter from the core's cache
 ROW_POSITIONS = 96
 _F32 = np.dtype(np.float32)
+_NO_BIAS = np.zeros(1, _F32)
+_NO_BIAS.flags.writeable = False
 
 
 def usable_nchw8c_forward(
@@ -57,14 +62,16 @@ def usable_nchw8c_forward(
     flip: bool = False,
 ) -> bool:
     """Whether :func:`bind_nchw8c_forward` accepts the convolution: 2-d, float32 operands,
-    stride 1, padding in ``[0, MAX_PAD]``, ``ICg % 8 == 0`` and ``OCg % 16 == 0``, at least
-    one sample and output position, and a C-contiguous, writable output."""
+    padding and dilated filter reach in ``[0, MAX_PAD]``, ``ICg % 8 == 0`` and
+    ``OCg % 16 == 0``, at least one sample and output position, and a C-contiguous,
+    writable output."""
     return (
         src.ndim == 4
         and filt.ndim == 5
         and src.dtype == filt.dtype == out.dtype == _F32
-        and tuple(stride) == (1, 1)
+        and all(s >= 1 for s in stride)
         and all(0 <= p <= MAX_PAD for p in pad)
+        and all((f - 1) * d <= MAX_PAD for f, d in zip(filt.shape[3:], dilate))
         and filt.shape[2] % loops.CB == 0
         and filt.shape[1] % loops.OB == 0
         and filt.shape[1] > 0
@@ -91,6 +98,7 @@ def bind_nchw8c_forward(
     pad: Sequence[int],
     dilate: Sequence[int],
     flip: bool = False,
+    epilogue: Epilogue | None = None,
 ) -> Callable[[], None]:
     """Bind the grouped convolution ``out = conv(src, filt)`` as the direct NCHW8c one.
 
@@ -103,10 +111,12 @@ def bind_nchw8c_forward(
     out : numpy.ndarray
         The float32 ``(N, G*OCg, OH, OW)`` output, C-contiguous.
     stride, pad, dilate : sequence of int
-        Two values each; the stride must be 1.
+        Two values each.
     flip : bool
         True for CONVOLUTION mode (the filter is flipped spatially), False for
         CROSS_CORRELATION.
+    epilogue : Epilogue, optional
+        ``act(conv + bias)`` applied as each output block is written.
 
     Returns
     -------
@@ -123,40 +133,56 @@ def bind_nchw8c_forward(
     geo = _Conv("Convolution", src.shape, filt.shape, out.shape, stride, pad, dilate)
     if not usable_nchw8c_forward(src, filt, out, stride, pad, dilate, flip):
         raise ValueError(
-            f"Convolution (DIRECT_NCHW8C): needs float32 operands, stride 1, pad <= {MAX_PAD}, "
-            f"ICg % {loops.CB} == 0, OCg % {loops.OB} == 0 and a C-contiguous output; got src "
-            f"{tuple(src.shape)} {src.dtype}, filter {tuple(filt.shape)} {filt.dtype}, out "
-            f"{tuple(out.shape)} {out.dtype}, stride={tuple(stride)}, pad={tuple(pad)}"
+            f"Convolution (DIRECT_NCHW8C): needs float32 operands, pad and dilated filter reach "
+            f"<= {MAX_PAD}, ICg % {loops.CB} == 0, OCg % {loops.OB} == 0 and a C-contiguous "
+            f"output; got src {tuple(src.shape)} {src.dtype}, filter {tuple(filt.shape)} "
+            f"{filt.dtype}, out {tuple(out.shape)} {out.dtype}, stride={tuple(stride)}, "
+            f"pad={tuple(pad)}, dilate={tuple(dilate)}"
         )
     (h, w), (oh, ow) = geo.sshape, geo.oshape
-    pt, pl = geo.pad
+    (sh, sw), (pt, pl), (dh, dw) = geo.stride, geo.pad, geo.dilate
     fh, fw = geo.fshape
-    wpd = max(w + pl, ow)  # each row's gap holds the left and right padding (equal here)
-    hp = h + 2 * pt
-    blocks = geo.n * geo.c // loops.CB
-    plane = hp * wpd * loops.CB
-    xp = workspace.empty((geo.n * (geo.c // loops.CB * plane + loops.SLACK * loops.CB),), _F32)
+    if (sh, sw) == (1, 1):
+        # one phase; each row's gap holds the left and right padding (equal here)
+        hq, wq = h + 2 * pt, max(w + pl, ow)
+        col_off = shift = wq - w
+        shift -= pl
+    else:  # SH x SW phases: tap (a, b) reads phase (a DH % SH, b DW % SW) at stride 1
+        hq, wq = -(-(h + 2 * pt) // sh), -(-(w + 2 * pl) // sw)
+        col_off, shift = pl, 0
+    phase = hq * wq
+    taps = np.array([((a * dh % sh) * sw + b * dw % sw) * phase + a * dh // sh * wq
+                     + b * dw // sw for a in range(fh) for b in range(fw)], np.int64)  # fmt: skip
+    cstride = sh * sw * phase * loops.CB
+    sample = geo.c // loops.CB * cstride + loops.SLACK * loops.CB
+    xp = workspace.empty((geo.n * sample,), _F32)
     packed_size = geo.g * geo.ocg * geo.icg * fh * fw
     constant = filter_is_constant()
     # a constant filter's packed copy must outlive the run: private memory, not workspace
     wp = np.empty(packed_size, _F32) if constant else workspace.empty((packed_size,), _F32)
-    rows = max(1, min(oh, -(-ROW_POSITIONS // wpd)))
+    rows = max(1, min(oh, -(-ROW_POSITIONS // wq)))
     units = geo.n * geo.g * (geo.ocg // loops.OB) * -(-oh // rows)
-    geom = np.array([geo.g, geo.ocg // loops.OB, geo.icg // loops.CB, fh, fw, *geo.dilate, hp,
-                     wpd, oh, ow, wpd - w - pl, rows], np.int64)  # fmt: skip
+    geom = np.array([geo.g, geo.ocg // loops.OB, geo.icg // loops.CB, wq, oh, ow, rows,
+                     cstride, sample, shift], np.int64)  # fmt: skip
     parts = parallel.ranges(units, parallel.num_threads(), 1)
-    rbs = workspace.empty((len(parts), (rows * wpd + loops.P) * loops.OB), _F32)
+    rbs = workspace.empty((len(parts), (rows * wq + loops.P) * loops.OB), _F32)
     outf = out.reshape(-1)
     pack_in = parallel.split(
-        functools.partial(loops.pack_input, loops.readonly_view(src), xp, pt, wpd - w, hp, wpd),
-        blocks,
-        max(1, SPLIT_MIN_ELEMS // plane),
+        functools.partial(loops.pack_input, loops.readonly_view(src), xp, geo.stride, pt,
+                          col_off, hq, wq),  # fmt: skip
+        geo.n * geo.c // loops.CB,
+        max(1, SPLIT_MIN_ELEMS // cstride),
     )
+    if epilogue is None:
+        bias, epi = _NO_BIAS, 0
+    else:
+        bias, epi = loops.readonly_view(epilogue.bias), 2 if epilogue.relu else 1
     conv = parallel.concurrently(
         [
-            functools.partial(loops.conv_units, xp, wp, outf, rbs[i], geom, lo, hi)
+            functools.partial(loops.conv_units, xp, wp, outf, rbs[i], taps, geom, bias, epi,
+                              lo, hi)  # fmt: skip
             for i, (lo, hi) in enumerate(parts)
-        ]  # fmt: skip
+        ]
     )
     pack_w = functools.partial(loops.pack_filter, loops.readonly_view(filt), wp, flip)
     if not constant:

@@ -3,14 +3,17 @@ and filter packing and the register-tiled convolution of a range of work units.
 
 Layouts (float32, flat C-contiguous buffers):
 
-- packed input: per sample and block of 8 input channels, a zero-padded plane of
-  ``HP x WP`` positions of 8 values (the channels innermost), then :data:`SLACK` positions.
-  Row ``r`` of a plane holds ``GAP = WP - W`` zeros, then the ``W`` source values of source
-  row ``r - PT`` (rows outside the source are zeros). Output position ``(i, j)`` is plane
-  position ``q = i WP + j``, and its filter tap ``(a, b)`` reads position
-  ``q + a DH WP + b DW + GAP - PL``: a tap left or right of the source lands in a row's gap,
-  so one tile of :data:`P` consecutive positions needs no bounds tests (positions with
-  ``j >= OW`` are computed and dropped);
+- packed input: per sample and block of 8 input channels, ``SH x SW`` *phase planes* of
+  ``HQ x WQ`` positions of 8 values (the channels innermost), then, after a sample's last
+  block, :data:`SLACK` positions. Phase plane ``(rho, phi)`` holds source value
+  ``x[SH r + rho - ROW_OFF, SW c + phi - COL_OFF]`` at ``(r, c)`` (zero outside the
+  source), so that output position ``(i, j)``, plane position ``q = i WQ + j``, reads its
+  filter tap ``(a, b)`` at ``q + taps[a FW + b] + SHIFT``, a fixed offset: one tile of
+  :data:`P` consecutive positions needs no bounds tests, and positions with ``j >= OW`` are
+  computed and dropped. With stride 1 there is one phase whose rows are ``GAP = WQ - W``
+  zeros then a source row (a tap left or right of the source lands in a gap; ``COL_OFF =
+  GAP``, ``SHIFT = GAP - PL``); with stride ``s`` the phases make each tap a stride-1 read
+  (``COL_OFF = PL``, ``SHIFT = 0``);
 - packed filter: ``(G, OCg / 16, ICg / 8, FH, FW, 8, 16)``, the 16 output channels of a
   block innermost (two vectors);
 - a unit: sample, group, block of 16 output channels and a band of output rows. Its tiles'
@@ -45,36 +48,34 @@ _TILE = P * OB
 stack_tile = None  # the tiled_jit intrinsic, bound by _compiled() before compiling
 
 
-def _tile_py(xp, x0, wp, w0, cbn, fh, fw, row_step, col_step, plane, rb, r0):
+def _tile_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0):
     # pragma: no cover - compiled
     acc = carray(stack_tile(_TILE, np.float32), _TILE)  # noqa: F821 - numba.carray
     for i in range(_TILE):
         acc[i] = 0.0
     wi = w0
     for cb in range(cbn):
-        for a in range(fh):
-            for b in range(fw):
-                xb = x0 + cb * plane + a * row_step + b * col_step
-                for ic in range(CB):
-                    for pos in range(P):
-                        v = xp[np.uintp(xb + pos * CB + ic)]
-                        for j in range(OB):
-                            acc[pos * OB + j] += v * wp[np.uintp(wi + j)]
-                    wi += OB
+        for t in range(taps.size):
+            xb = x0 + cb * cstride + taps[t] * CB
+            for ic in range(CB):
+                for pos in range(P):
+                    v = xp[np.uintp(xb + pos * CB + ic)]
+                    for j in range(OB):
+                        acc[pos * OB + j] += v * wp[np.uintp(wi + j)]
+                wi += OB
     for i in range(_TILE):
         rb[np.uintp(r0 + i)] = acc[i]
 
 
-def _conv_units_py(xp, wp, out, rb, geom, u0, u1):
+def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, u0, u1):
     # pragma: no cover - compiled
-    # geom: G, OCB (blocks per group), ICB, FH, FW, DH, DW, HP, WP, OH, OW, SHIFT, ROWS
-    g_, ocb_n, icb_n, fh, fw, dh, dw, hp, wpd, oh_n, ow_n, shift, rows = (
+    # geom: G, OCB (blocks per group), ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT;
+    # epi: 0 none, 1 + bias[oc], 2 also ReLU
+    g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift = (
         geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8],
-        geom[9], geom[10], geom[11], geom[12],
+        geom[9],
     )  # fmt: skip
-    plane = (hp * wpd) * CB
-    sample = g_ * icb_n * plane + SLACK * CB
-    wsz = icb_n * fh * fw * CB * OB
+    wsz = icb_n * taps.size * CB * OB
     ohw = oh_n * ow_n
     nblk = (oh_n + rows - 1) // rows
     for u in range(u0, u1):
@@ -86,49 +87,60 @@ def _conv_units_py(xp, wp, out, rb, geom, u0, u1):
         n = rest // g_
         h0 = blk * rows
         h1 = min(oh_n, h0 + rows)
-        q0 = h0 * wpd
-        q1 = (h1 - 1) * wpd + ow_n
-        x0 = n * sample + g * icb_n * plane + shift * CB
+        q0 = h0 * wq
+        q1 = (h1 - 1) * wq + ow_n
+        x0 = n * sample + g * icb_n * cstride + shift * CB
         w0 = (g * ocb_n + ocb) * wsz
         for q in range(q0, q1, P):
-            _tile(xp, x0 + q * CB, wp, w0, icb_n, fh, fw, dh * wpd * CB, dw * CB, plane, rb,
-                  (q - q0) * OB)  # fmt: skip
+            _tile(xp, x0 + q * CB, wp, w0, icb_n, cstride, taps, rb, (q - q0) * OB)
         oc0 = (g * ocb_n + ocb) * OB
         for j in range(OB):
             ob = ((n * g_ * ocb_n) * OB + oc0 + j) * ohw
+            b = bias[oc0 + j] if epi else np.float32(0.0)
             for i in range(h0, h1):
-                rq = (i * wpd - q0) * OB + j
+                rq = (i * wq - q0) * OB + j
                 d = ob + i * ow_n
                 for k in range(ow_n):
-                    out[np.uintp(d + k)] = rb[np.uintp(rq + k * OB)]
+                    v = rb[np.uintp(rq + k * OB)]
+                    if epi:  # not v + 0 without a bias: -0.0 stays -0.0
+                        v += b
+                        if epi == 2 and v < 0:  # not max(): NaN stays NaN
+                            v = np.float32(0.0)
+                    out[np.uintp(d + k)] = v
 
 
-def _pack_input_py(x, xp, pt, gap, hp, wpd, b0, b1):
+def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, b0, b1):
     # pragma: no cover - compiled
-    # blocks [b0, b1) of (sample, channel block); x (N, C, H, W) any strides
+    # blocks [b0, b1) of (sample, channel block); x (N, C, H, W) any strides. Phase plane
+    # (rho, phi) of a block holds x[sh r + rho - row_off, sw c + phi - col_off] at (r, c)
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
     cbs = c_ // CB
-    plane = hp * wpd * CB
-    sample = cbs * plane + SLACK * CB
+    phase = hq * wq * CB
+    cstride = sh * sw * phase
+    sample = cbs * cstride + SLACK * CB
     for blk in range(b0, b1):
         n = blk // cbs
         cb = blk % cbs
-        base = n * sample + cb * plane
-        for r in range(hp):
-            d = base + r * wpd * CB
-            src = r - pt
-            if src < 0 or src >= h_:
-                for t in range(wpd * CB):
-                    xp[np.uintp(d + t)] = 0.0
-                continue
-            for t in range(gap * CB):
-                xp[np.uintp(d + t)] = 0.0
-            d += gap * CB
-            for k in range(w_):
-                for ic in range(CB):
-                    xp[np.uintp(d + k * CB + ic)] = x[n, cb * CB + ic, src, k]
+        for rho in range(sh):
+            for phi in range(sw):
+                base = n * sample + cb * cstride + (rho * sw + phi) * phase
+                for r in range(hq):
+                    d = base + r * wq * CB
+                    src = sh * r + rho - row_off
+                    if src < 0 or src >= h_:
+                        for t in range(wq * CB):
+                            xp[np.uintp(d + t)] = 0.0
+                        continue
+                    for k in range(wq):
+                        col = sw * k + phi - col_off
+                        if col < 0 or col >= w_:
+                            for ic in range(CB):
+                                xp[np.uintp(d + k * CB + ic)] = 0.0
+                        else:
+                            for ic in range(CB):
+                                xp[np.uintp(d + k * CB + ic)] = x[n, cb * CB + ic, src, col]
         if cb == cbs - 1:
-            tail = n * sample + cbs * plane
+            tail = n * sample + cbs * cstride
             for t in range(SLACK * CB):
                 xp[np.uintp(tail + t)] = 0.0
 
@@ -166,21 +178,25 @@ def _compiled() -> dict:
 
     stack_tile, carray = _stack_tile(), _carray
     f1, i8 = t.float32[::1], t.int64
-    _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, i8, i8, i8, i8, f1, i8)])
-    units = compile_tiled(_conv_units_py, [t.void(f1, f1, f1, f1, t.int64[::1], i8, i8)])
+    ints = t.int64[::1]
+    _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
+    b1 = t.Array(t.float32, 1, "A", readonly=True)
+    units = compile_tiled(_conv_units_py, [t.void(f1, f1, f1, f1, ints, ints, b1, i8, i8, i8)])
     # the sources are typed read-only (readonly_view): one signature fits every operand
     x4 = t.Array(t.float32, 4, "A", readonly=True)
     w5 = t.Array(t.float32, 5, "A", readonly=True)
-    pack_in = compile_tiled(_pack_input_py, [t.void(x4, f1, i8, i8, i8, i8, i8, i8)])
+    pack_in = compile_tiled(_pack_input_py, [t.void(x4, f1, i8, i8, i8, i8, i8, i8, i8, i8)])
     pack_w = compile_tiled(_pack_filter_py, [t.void(w5, f1, t.boolean)])
     return {"units": units, "pack_input": pack_in, "pack_filter": pack_w}
 
 
-def conv_units(xp, wp, out, rb, geom, u0: int, u1: int) -> None:
+def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, u0: int, u1: int) -> None:
     """Units ``[u0, u1)`` of the convolution into the flat NCHW ``out``; ``rb`` a row buffer
-    of at least ``(ROWS WP + P) 16`` values; ``geom`` the int64 array of the units' geometry
-    (see the source)."""
-    _compiled()["units"](xp, wp, out, rb, geom, u0, u1)
+    of at least ``(ROWS WQ + P) 16`` values; ``taps`` the int64 plane offsets (positions) of
+    the filter taps, row-major; ``geom`` the int64 array of the units' geometry (see the
+    source); ``epi`` 0, or 1 to add ``bias`` (a :func:`readonly_view` per output channel),
+    2 to add it and apply ReLU."""
+    _compiled()["units"](xp, wp, out, rb, taps, geom, bias, epi, u0, u1)
 
 
 def readonly_view(a: np.ndarray) -> np.ndarray:
@@ -191,11 +207,13 @@ def readonly_view(a: np.ndarray) -> np.ndarray:
     return view
 
 
-def pack_input(x, xp, pt: int, gap: int, hp: int, wpd: int, b0: int, b1: int) -> None:
+def pack_input(x, xp, stride, row_off: int, col_off: int, hq: int, wq: int, b0: int,
+               b1: int) -> None:  # fmt: skip
     """Blocks ``[b0, b1)`` (sample, 8 channels) of the float32 ``(N, C, H, W)`` source
-    (a :func:`readonly_view`) into the packed input ``xp`` (every value of those planes
-    written, borders and gaps zero)."""
-    _compiled()["pack_input"](x, xp, pt, gap, hp, wpd, b0, b1)
+    (a :func:`readonly_view`) into the packed input ``xp``: per block ``SH x SW`` phase
+    planes of ``hq x wq`` positions, every value written (zero outside the source)."""
+    _compiled()["pack_input"](x, xp, int(stride[0]), int(stride[1]), row_off, col_off, hq, wq,
+                              b0, b1)  # fmt: skip
 
 
 def pack_filter(w, wp, flip: bool) -> None:

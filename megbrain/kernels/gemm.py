@@ -24,6 +24,7 @@ Measured on ResNet50's batch-1 layers (2 threads, idle): the 1x1 256->1024 convo
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -39,10 +40,16 @@ SPLIT_MIN_FLOPS = 1 << 21
 BLAS_THREADED_MIN_FLOPS = 1 << 26
 #: the fewest rows (or columns) of ``out`` one part takes
 MIN_PART = 16
+#: ``then(block, rows) -> Step``: an epilogue on one part's block of a product's output
+Then = Callable[[np.ndarray, slice], Step]
 
 
 def matmul_step(
-    a: np.ndarray, b: np.ndarray, out: np.ndarray, blas_threaded_min_flops: float | None = None
+    a: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray,
+    blas_threaded_min_flops: float | None = None,
+    then: Then | None = None,
 ) -> Step:
     """A step computing ``out = a @ b`` (2-d operands; ``out`` a writable (m, n) array, any
     strides NumPy's ``matmul(out=)`` accepts) on the kernel threads, BLAS single-threaded.
@@ -56,6 +63,11 @@ def matmul_step(
     blas_threaded_min_flops : float, optional
         From this many floating-point operations on, the product is one call on BLAS's own
         threads instead (see :data:`BLAS_THREADED_MIN_FLOPS`).
+    then : Callable[[numpy.ndarray, slice], Step], optional
+        Called at bind time with each part's block of ``out`` and the rows of ``out`` it
+        spans (a ``slice(lo, hi)``); the step it returns runs right after the part's
+        product, on the same thread (an epilogue on the block while it is in the core's
+        cache).
 
     Returns
     -------
@@ -65,25 +77,37 @@ def matmul_step(
     m, k = a.shape
     n = b.shape[1]
     if blas_threaded_min_flops is not None and 2 * m * n * k >= blas_threaded_min_flops:
-        return functools.partial(np.matmul, a, b, out=out)
+        return _then(functools.partial(np.matmul, a, b, out=out), then, out, slice(0, m))
     parts = 1
     if 2 * m * n * k >= SPLIT_MIN_FLOPS and parallel.can_single_thread_blas():
         parts = parallel.num_threads()
     if m >= n:
-        calls = [functools.partial(np.matmul, a[lo:hi], b, out=out[lo:hi])
+        calls = [_then(functools.partial(np.matmul, a[lo:hi], b, out=out[lo:hi]), then,
+                       out[lo:hi], slice(lo, hi))
                  for lo, hi in parallel.ranges(m, parts, MIN_PART)]  # fmt: skip
     else:
-        calls = [functools.partial(np.matmul, a, b[:, lo:hi], out=out[:, lo:hi])
+        calls = [_then(functools.partial(np.matmul, a, b[:, lo:hi], out=out[:, lo:hi]), then,
+                       out[:, lo:hi], slice(0, m))
                  for lo, hi in parallel.ranges(n, parts, MIN_PART)]  # fmt: skip
     return parallel.concurrently_blas_single_threaded(calls)
 
 
-def products_step(products: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> Step:
+def _then(product: Step, then: Then | None, block: np.ndarray, rows: slice) -> Step:
+    return product if then is None else chain([product, then(block, rows)])
+
+
+def products_step(
+    products: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    thens: list[Then] | None = None,
+) -> Step:
     """A step computing independent products ``out = a @ b`` (2-d, as :func:`matmul_step`):
     at least :func:`parallel.num_threads` of them run one product per thread at a time
-    (:func:`parallel.take_in_turn`, BLAS single-threaded), fewer split each product."""
+    (:func:`parallel.take_in_turn`, BLAS single-threaded), fewer split each product.
+    ``thens`` (one per product, optional) are :func:`matmul_step`'s ``then``."""
+    thens = thens or [None] * len(products)
     nt = parallel.num_threads() if parallel.can_single_thread_blas() else 1
     if len(products) >= nt > 1:
-        items = [functools.partial(np.matmul, a, b, out=out) for a, b, out in products]
+        items = [_then(functools.partial(np.matmul, a, b, out=out), t, out, slice(0, len(out)))
+                 for (a, b, out), t in zip(products, thens)]  # fmt: skip
         return parallel.take_in_turn([items] * nt)
-    return chain([matmul_step(a, b, out) for a, b, out in products])
+    return chain([matmul_step(a, b, out, then=t) for (a, b, out), t in zip(products, thens)])

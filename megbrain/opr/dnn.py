@@ -20,7 +20,7 @@ from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
-from ..kernels import conv_algos
+from ..kernels import conv_algos, conv_epilogue
 from ..kernels import dnn_conv as conv_kernels
 from ..kernels import dnn_pool as pool_kernels
 from ..kernels import elemwise as ew_kernels
@@ -316,9 +316,12 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
     #: the name of the kernel algorithm the last bind chose (None before the first)
     chosen_algorithm: str | None = None
 
-    def _bind_kernel(self, kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray):
+    def _bind_kernel(self, kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,
+                     epilogue=None):  # fmt: skip
         """Bind the ``kind`` convolution kernel the param's strategy chooses, recording its
-        name in :attr:`chosen_algorithm`."""
+        name in :attr:`chosen_algorithm`. With an ``epilogue``
+        (:class:`megbrain.kernels.conv_epilogue.Epilogue`), returns ``(step, fused)``: the
+        algorithm applies it when it takes epilogues (``fused``), else the caller must."""
         args = (a, b, out, *self._kernel_args())
         layouts = tuple((x.shape, x.strides, x.dtype) for x in (a, b, out))
         # the executor binds twice (the workspace size, then into the plan): the same layouts
@@ -333,7 +336,10 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
             except ValueError as exc:
                 raise self.error(str(exc)) from None
             self.chosen_algorithm, self._chosen_for = algo.name, layouts
-            return algo.bind(*args)
+            if epilogue is not None and algo.epilogue:
+                return algo.bind(*args, epilogue=epilogue), True
+            step = algo.bind(*args)
+        return step if epilogue is None else (step, False)
 
     def _filter_is_constant(self) -> bool:
         """Whether the filter (input 1) keeps its values from run to run: an ImmutableTensor,
@@ -578,7 +584,15 @@ class ConvBias(_ConvBase):
         return [out]
 
     def bind(self, ins, outs):
-        conv = self._bind_kernel("forward", ins[0], self._grouped(ins[1]), outs[0])
+        epilogue = conv_epilogue.for_conv_bias(self.param.nonlineMode, ins[2], outs[0])
+        if epilogue is not None:
+            conv, fused = self._bind_kernel(
+                "forward", ins[0], self._grouped(ins[1]), outs[0], epilogue=epilogue
+            )
+            if fused:  # the convolution adds the bias and activates as it writes
+                return conv
+        else:
+            conv = self._bind_kernel("forward", ins[0], self._grouped(ins[1]), outs[0])
         act = ew_kernels.bind(_BIAS_ACT[self.param.nonlineMode], [outs[0], ins[2]], outs[0])
 
         def run() -> None:

@@ -1,8 +1,11 @@
 """The direct NCHW8c convolution (megbrain.kernels.conv_nchw8c) against the float64
-reference: drawn batches, groups, channel blocks, filter sizes, paddings, dilations and
-flips; strided and read-only operands; the workspace contract; the constant filter packed
-once (and a changing filter followed on every run otherwise); its HEURISTIC rule; the
-operator telling it which filters are constant (ImmutableTensor, weight_preprocess)."""
+reference: drawn batches, groups, channel blocks, filter sizes, strides, paddings,
+dilations and flips; strided and read-only operands; the workspace contract; the constant
+filter packed once (and a changing filter followed on every run otherwise); its HEURISTIC
+rule; the
+operator telling it which filters are constant (ImmutableTensor, weight_preprocess); the
+ConvBias epilogues (bias and ReLU applied as the output is written) of DIRECT_NCHW8C and
+CONV1X1_GEMM."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from hypothesis import strategies as st
 from test_conv_algos import ATOL, RTOL, ref_forward
 
 import megbrain as mgb
-from megbrain.kernels import conv_algos, conv_nchw8c, dnn_conv, workspace
+from megbrain.kernels import conv_algos, conv_epilogue, conv_nchw8c, dnn_conv, workspace
 from megbrain.kernels.constant_operands import constant_filter, filter_is_constant
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "opr"))
@@ -29,11 +32,12 @@ _ONE = (1, 1)
 @st.composite
 def cases(draw):
     fshape = (draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     dilate = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     pad = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
     # at least one output position: size + 2 pad >= dilate (f - 1) + 1
     sshape = tuple(
-        draw(st.integers(max(1, d * (f - 1) + 1 - 2 * p), 11))
+        draw(st.integers(max(1, d * (f - 1) + 1 - 2 * p), 13))
         for f, p, d in zip(fshape, pad, dilate)
     )
     return dict(
@@ -42,13 +46,13 @@ def cases(draw):
         icg=8 * draw(st.integers(1, 2)),
         ocg=16 * draw(st.integers(1, 2)),
         fshape=fshape,
-        stride=_ONE,
+        stride=stride,
         pad=pad,
         dilate=dilate,
         sshape=sshape,
         oshape=tuple(
-            dnn_conv.conv_out_size(s, f, 1, p, d) for s, f, p, d in zip(sshape, fshape, pad, dilate)
-        ),  # fmt: skip
+            dnn_conv.conv_out_size(*a) for a in zip(sshape, fshape, stride, pad, dilate)
+        ),
         flip=draw(st.booleans()),
         seed=draw(st.integers(0, 2**16)),
     )
@@ -69,9 +73,11 @@ def _out(c):
     return np.full((c["n"], c["g"] * c["ocg"], *c["oshape"]), np.nan, np.float32)
 
 
-def _case(n=2, g=1, icg=8, ocg=16, sshape=(7, 9), fshape=(3, 3), pad=(1, 1), flip=False, seed=5):
-    oshape = tuple(dnn_conv.conv_out_size(s, f, 1, p, 1) for s, f, p in zip(sshape, fshape, pad))
-    return dict(n=n, g=g, icg=icg, ocg=ocg, fshape=fshape, stride=_ONE, pad=pad, dilate=_ONE,
+def _case(n=2, g=1, icg=8, ocg=16, sshape=(7, 9), fshape=(3, 3), pad=(1, 1), flip=False, seed=5,
+          stride=_ONE):  # fmt: skip
+    oshape = tuple(dnn_conv.conv_out_size(s, f, t, p, 1)
+                   for s, f, t, p in zip(sshape, fshape, stride, pad))  # fmt: skip
+    return dict(n=n, g=g, icg=icg, ocg=ocg, fshape=fshape, stride=stride, pad=pad, dilate=_ONE,
                 sshape=sshape, oshape=oshape, flip=flip, seed=seed)  # fmt: skip
 
 
@@ -89,9 +95,10 @@ def test_forward_matches_float64(c, constant):
     np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
 
 
-def test_a_wide_layer_matches_float64():
-    # several units per thread, full and partial row bands, two channel blocks per tile
-    c = _case(n=1, icg=32, ocg=48, sshape=(30, 17))
+@pytest.mark.parametrize("stride", [(1, 1), (2, 2)])
+def test_a_wide_layer_matches_float64(stride):
+    # several units per thread, full and partial row bands, four channel blocks
+    c = _case(n=1, icg=32, ocg=48, sshape=(30, 17), stride=stride)
     x, w = _arrays(c)
     y = _out(c)
     _BIND(x, w, y, *_geometry(c))()
@@ -112,7 +119,7 @@ def test_strided_and_read_only_operands():
 
 @pytest.mark.parametrize("constant", [False, True])
 def test_workspace_is_written_before_read_and_nothing_is_allocated(constant):
-    c = _case(n=3, g=2, pad=(2, 1), flip=True)
+    c = _case(n=3, g=2, pad=(2, 1), flip=True, stride=(2, 1))
     x, w = _arrays(c)
     y = np.empty((c["n"], c["g"] * c["ocg"], *c["oshape"]), np.float32)
 
@@ -185,7 +192,7 @@ def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch):
     "change",
     [
         dict(dtype=np.float64),
-        dict(stride=(2, 1)),
+        dict(reach=True),
         dict(icg=4),
         dict(ocg=8),
         dict(pad=(conv_nchw8c.MAX_PAD + 1, 0)),
@@ -196,15 +203,18 @@ def test_unusable_geometry_is_refused(change):
     icg, ocg = change.get("icg", 8), change.get("ocg", 16)
     stride, pad = change.get("stride", _ONE), change.get("pad", (1, 1))
     dt = change.get("dtype", np.float32)
-    x = np.zeros((1, icg, 6, 6), dt)
-    w = np.zeros((1, ocg, icg, 3, 3), dt)
-    oshape = tuple(dnn_conv.conv_out_size(6, 3, s, p, 1) for s, p in zip(stride, pad))
+    f, dil = (3, conv_nchw8c.MAX_PAD // 2 + 1) if change.get("reach") else (3, 1)
+    x = np.zeros((1, icg, 6 * dil, 6), dt)
+    w = np.zeros((1, ocg, icg, f, f), dt)
+    dilate = (dil, 1)
+    oshape = tuple(dnn_conv.conv_out_size(x.shape[2 + i], f, stride[i], pad[i], dilate[i])
+                   for i in range(2))  # fmt: skip
     y = np.zeros((1, ocg, *oshape), dt)
     if change.get("out_view"):
         y = np.zeros((1, ocg, oshape[0], oshape[1] + 1), dt)[..., 1:]
-    assert not conv_nchw8c.usable_nchw8c_forward(x, w, y, stride, pad, _ONE)
+    assert not conv_nchw8c.usable_nchw8c_forward(x, w, y, stride, pad, dilate)
     with pytest.raises(ValueError, match=r"DIRECT_NCHW8C.*src \(1, "):
-        _BIND(x, w, y, stride, pad, _ONE)
+        _BIND(x, w, y, stride, pad, dilate)
 
 
 def test_mismatched_shapes_are_refused():
@@ -274,3 +284,78 @@ def test_a_shared_filter_without_weight_preprocess_follows_its_updates():
     c, x, w, _, _, wv, f = _graph_conv("shared")
     wv.set_value(-w[0])
     np.testing.assert_allclose(np.asarray(f(x)[0]), -ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+
+
+# ---- epilogues: act(conv + bias) as the output is written ----------------------------------
+def _epilogue(c, relu, nan_at=None):
+    bias = np.random.default_rng(c["seed"] + 1).uniform(-1, 1, (1, c["g"] * c["ocg"], 1, 1))
+    bias = bias.astype(np.float32)
+    if nan_at is not None:
+        bias[0, nan_at] = np.nan
+    out = _out(c)
+    ep = conv_epilogue.for_conv_bias("RELU" if relu else "IDENTITY", bias, out)
+    return bias, out, ep
+
+
+def _ref_epilogue(c, x, w, bias, relu):
+    ref = ref_forward(c, x, w) + bias.astype(np.float64)
+    return np.maximum(ref, 0) if relu else ref
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("stride", [(1, 1), (2, 1)])
+def test_direct_epilogue_matches_float64(relu, stride):
+    c = _case(n=2, g=2, icg=8, ocg=16, stride=stride)
+    x, w = _arrays(c)
+    bias, y, ep = _epilogue(c, relu, nan_at=3)
+    step = _BIND(x, w, y, *_geometry(c), epilogue=ep)
+    step()
+    ref = _ref_epilogue(c, x, w, bias, relu)
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=ATOL)  # NaN where ref is (channel 3)
+    assert np.isnan(y[:, 3]).all()
+    bias[0, 5] += 10  # read at every run
+    step()
+    np.testing.assert_allclose(y, _ref_epilogue(c, x, w, bias, relu), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("n, g", [(1, 1), (1, 2), (3, 2)])  # split products; one per thread
+def test_1x1_gemm_epilogue_matches_float64(relu, n, g):
+    c = _case(n=n, g=g, icg=24, ocg=40, sshape=(20, 30), fshape=(1, 1), pad=(0, 0))
+    x, w = _arrays(c)
+    bias, y, ep = _epilogue(c, relu, nan_at=g * 40 - 1)
+    assert dnn_conv.fwd_1x1_usable(x, w, y, *_geometry(c))
+    dnn_conv.fwd_1x1_gemm(x, w, y, *_geometry(c), epilogue=ep)()
+    np.testing.assert_allclose(y, _ref_epilogue(c, x, w, bias, relu), rtol=RTOL, atol=ATOL)
+
+
+def test_only_per_channel_identity_or_relu_epilogues_exist():
+    out = np.zeros((2, 16, 3, 3), np.float32)
+    per_channel = np.zeros((1, 16, 1, 1), np.float32)
+    assert conv_epilogue.for_conv_bias("RELU", per_channel, out) is not None
+    assert conv_epilogue.for_conv_bias("SIGMOID", per_channel, out) is None
+    assert conv_epilogue.for_conv_bias("RELU", np.zeros(out.shape, np.float32), out) is None
+    assert conv_epilogue.for_conv_bias("RELU", per_channel.astype(np.float64), out) is None
+    strided = np.zeros((1, 32, 1, 1), np.float32)[:, ::2]
+    assert conv_epilogue.for_conv_bias("RELU", strided, out) is not None  # a strided view
+
+
+@pytest.mark.parametrize("mode", ["IDENTITY", "RELU", "SIGMOID"])
+@pytest.mark.parametrize("fshape", [(1, 1), (3, 3)])
+def test_conv_bias_operator_matches_float64(mode, fshape):
+    pad = fshape[0] // 2
+    c = _case(n=1, icg=16, ocg=32, sshape=(9, 9), fshape=fshape, pad=(pad, pad))
+    x, w = _arrays(c)
+    bias = np.random.default_rng(2).uniform(-1, 1, (1, 32, 1, 1)).astype(np.float32)
+    g = mgb.comp_graph()
+    xv = mgb.make_arg(CN, g, name="x", shape=x.shape)
+    y = mgb.opr.conv_bias_activation(
+        xv, mgb.make_immutable(CN, g, w[0]), mgb.make_immutable(CN, g, bias),
+        pad_h=pad, pad_w=pad, nonlineMode=mode,
+    )  # fmt: skip
+    got = np.asarray(g.compile([xv], [mgb.copy_output(y)])(x)[0])
+    pre = ref_forward(c, x, w) + bias
+    ref = {"IDENTITY": pre, "RELU": np.maximum(pre, 0), "SIGMOID": 1 / (1 + np.exp(-pre))}[mode]
+    np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
+    expected = "CONV1X1_GEMM" if fshape == (1, 1) else "DIRECT_NCHW8C"
+    assert y.node.owner.chosen_algorithm == expected

@@ -32,6 +32,36 @@ def test_matmul_step_equals_one_product(m, k, n):
     np.testing.assert_array_equal(out, 2 * first)
 
 
+@pytest.mark.parametrize("m,k,n", [(300, 70, 60), (60, 70, 300), (16, 9, 17)])
+@pytest.mark.parametrize("threaded", [None, 1])
+def test_then_runs_on_each_part_after_its_product(m, k, n, threaded):
+    rng = np.random.default_rng(m + n)
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    ref = a.astype(np.float64) @ b
+    seen = []
+
+    def then(block, rows):
+        assert block.shape[0] == rows.stop - rows.start
+        c0 = (block.ctypes.data - out[rows.start].ctypes.data) // out.itemsize
+
+        def step():  # the part's product is done: its block is final
+            np.testing.assert_allclose(block, ref[rows, c0 : c0 + block.shape[1]], rtol=1e-5,
+                                       atol=1e-5)  # fmt: skip
+            seen.append(block.size)
+            np.multiply(block, 2, out=block)
+
+        return step
+
+    gemm.matmul_step(a, b, out, blas_threaded_min_flops=threaded, then=then)()
+    assert sum(seen) == m * n  # the parts cover the output once
+    np.testing.assert_allclose(out, 2 * ref, rtol=1e-5, atol=1e-5)
+    seen.clear()
+    gemm.products_step([(a, b, out)] * 3, [then] * 3)()  # one per thread, or each split
+    assert sum(seen) == 3 * m * n
+
+
 def test_matmul_step_writes_a_strided_result_in_place():
     rng = np.random.default_rng(1)
     a = rng.uniform(-1, 1, (40, 300)).astype(np.float32)

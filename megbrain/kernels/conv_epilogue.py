@@ -1,0 +1,82 @@
+"""Epilogues fused into forward convolutions: ``out = act(conv + bias)`` with a per-channel
+bias and an identity or ReLU activation, applied by the convolution algorithm to each block
+of its output right after computing it (in the core's cache), instead of by a separate
+elementwise pass over the whole output (ConvBias's default).
+
+An algorithm registered with ``epilogue=True`` takes ``epilogue=`` (an :class:`Epilogue`)
+in its bind; ConvBias offers one when :func:`for_conv_bias` builds it. The bias is read at
+every run (a view of the operator's input, never a copy), and the activation has ELEMWISE
+RELU's semantics (``max(x, 0)``: NaN stays NaN).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import numpy as np
+
+from .steps import Step
+
+__all__ = ["Epilogue", "bias_act_step", "for_conv_bias", "rows_then"]
+
+
+class Epilogue(NamedTuple):
+    """``act(conv + bias)``: ``bias`` a 1-d view of the per-output-channel bias (of the
+    output's dtype), ``relu`` whether the activation is ReLU (else the identity)."""
+
+    bias: np.ndarray
+    relu: bool
+
+
+def for_conv_bias(mode: str, bias: np.ndarray, out: np.ndarray) -> Epilogue | None:
+    """The epilogue of a ConvBias with activation ``mode`` and bias array ``bias`` into
+    ``out``, or None when it has none: an activation other than IDENTITY or RELU, a bias not
+    of shape (1, OC, 1, 1) or of another dtype than ``out``'s, or one whose channels are not
+    a view."""
+    if mode not in ("IDENTITY", "RELU") or out.ndim != 4 or bias.dtype != out.dtype:
+        return None
+    if bias.shape != (1, out.shape[1], 1, 1):
+        return None
+    flat = bias.reshape(-1)
+    if not np.shares_memory(flat, bias):  # a copy would freeze the bias at bind time
+        return None
+    return Epilogue(flat, mode == "RELU")
+
+
+def _bias_act_py(block, bias, relu):
+    # pragma: no cover - compiled
+    for r in range(block.shape[0]):
+        b = bias[r]
+        for c in range(block.shape[1]):
+            v = block[r, c] + b
+            if relu and v < 0:  # not max(): NaN stays NaN, as np.maximum's
+                v = 0.0
+            block[r, c] = v
+
+
+@functools.cache
+def _compiled():
+    from numba import njit
+
+    return njit(nogil=True, cache=True, error_model="numpy")(_bias_act_py)
+
+
+def bias_act_step(ep: Epilogue, block: np.ndarray, rows: slice) -> Step:
+    """A step applying ``ep`` to the 2-d ``block`` (channels x positions of one sample) of
+    output channels ``rows``, in place."""
+    return functools.partial(_run_bias_act, block, ep.bias[rows], ep.relu)
+
+
+def rows_then(ep: Epilogue, row0: int):
+    """A :func:`gemm.matmul_step` ``then`` applying ``ep`` to a product whose output's row
+    0 is output channel ``row0`` (a group's first)."""
+
+    def then(block: np.ndarray, rows: slice) -> Step:
+        return bias_act_step(ep, block, slice(row0 + rows.start, row0 + rows.stop))
+
+    return then
+
+
+def _run_bias_act(block, bias, relu) -> None:
+    _compiled()(block, bias, relu)
