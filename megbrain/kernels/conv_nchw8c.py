@@ -14,14 +14,16 @@ says it is constant (:mod:`constant_operands`: an ImmutableTensor, or a paramete
 the size of the filter), else on every run into the workspace.
 
 Measured on 2 cores (AVX2, the batch-1 3x3 layers of ResNet50, filter packed): 64->64 at
-56x56 2.0 ms (im2col + GEMM 2.1), 128->128 at 28x28 1.9 (2.6), 256->256 at 14x14 1.9 (2.1),
-512->512 at 7x7 2.8 (3.1). Pointwise convolutions stay with CONV1X1_GEMM (OpenBLAS on the
-source itself was 1.1-1.6x faster than packing it).
+56x56 2.0 ms (im2col + GEMM 2.1-2.8), 128->128 at 28x28 1.9 (2.5), 256->256 at 14x14 1.9-2.1
+(2.1-2.4), 512->512 at 7x7 2.3-2.8 (2.5-3.1). Pointwise convolutions stay with CONV1X1_GEMM
+(OpenBLAS on the source itself was 1.1-1.6x faster than packing it), strided ones with
+im2col (:func:`preferred_nchw8c_forward`).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -84,10 +86,20 @@ def usable_nchw8c_forward(
 
 
 def preferred_nchw8c_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
-    """HEURISTIC's rule: usable and the filter constant (:func:`filter_is_constant`), so that
-    its packing is done once; with a filter changing every run (training), im2col + GEMM
-    stays the default."""
-    return filter_is_constant() and usable_nchw8c_forward(src, filt, out, stride, pad, dilate)
+    """HEURISTIC's rule: usable, the filter constant (:func:`filter_is_constant`), so that
+    its packing is done once, stride 1 and a filter of more than one tap.
+
+    With a filter changing every run (training), im2col + GEMM stays the default. Strided
+    and 1x1 convolutions ran no faster than im2col + OpenBLAS (ResNet50's batch-1 layers, 2
+    threads: 3x3 stride 2 2.9/2.6/3.6 ms against 2.8/2.6/3.2, 1x1 stride 2 2.9/2.8 against
+    2.2/2.8: a stride-2 unit's four phase planes overflow the core's cache, and a 1x1 tile
+    has too short a reduction for its transposing write)."""
+    return (
+        filter_is_constant()
+        and tuple(stride) == (1, 1)
+        and math.prod(filt.shape[3:]) > 1
+        and usable_nchw8c_forward(src, filt, out, stride, pad, dilate)
+    )
 
 
 def bind_nchw8c_forward(

@@ -236,8 +236,11 @@ def test_heuristic_takes_it_for_constant_filters_only():
     assert _chosen(c, True) == "DIRECT_NCHW8C"
     assert _chosen(c, False) != "DIRECT_NCHW8C"
     assert not filter_is_constant()  # the block restored the default
-    # pointwise convolutions stay with the GEMM on the source itself
+    # pointwise convolutions stay with the GEMM on the source itself, strided ones and 1x1
+    # ones with padding with im2col
     assert _chosen(_case(fshape=(1, 1), pad=(0, 0)), True) == "CONV1X1_GEMM"
+    assert _chosen(_case(icg=16, ocg=32, sshape=(14, 14), stride=(2, 2)), True) != "DIRECT_NCHW8C"
+    assert _chosen(_case(fshape=(1, 1), pad=(1, 1)), True) != "DIRECT_NCHW8C"
 
 
 def test_profile_keys_tell_constant_filters_apart():
