@@ -1,6 +1,10 @@
 """ONNX inference: megbrain (optimize_for_inference, JIT fusion) against onnxruntime on the same
 model, machine and run, as a ratio of their times (higher is better for megbrain).
 
+megbrain optimizes with ``fuse_conv_bias_nonlinearity`` (convolution, bias and ReLU in one
+operator; ``MGB_BENCH_NO_FUSE=1`` turns it off) and sets ``graph_opt.weight_preprocess``
+(its convolutions pack their filters once, as onnxruntime prepacks its initializers).
+
 Models: the light ResNet50 of the onnx wheel's test data (batch 1, 224x224; weights from
 ConstantOfShape) and the digits CNN exported with ``megbrain.onnx.export``.
 
