@@ -38,12 +38,13 @@ def test_then_runs_on_each_part_after_its_product(m, k, n, threaded):
     rng = np.random.default_rng(m + n)
     a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
     b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
-    out = np.full((m, n), np.nan, np.float32)
+    outs = np.full((4, m, n), np.nan, np.float32)  # one for matmul_step, 3 for products
     ref = a.astype(np.float64) @ b
     seen = []
 
     def then(block, rows):
         assert block.shape[0] == rows.stop - rows.start
+        out = next(o for o in outs if np.shares_memory(o, block))
         c0 = (block.ctypes.data - out[rows.start].ctypes.data) // out.itemsize
 
         def step():  # the part's product is done: its block is final
@@ -54,12 +55,15 @@ def test_then_runs_on_each_part_after_its_product(m, k, n, threaded):
 
         return step
 
-    gemm.matmul_step(a, b, out, blas_threaded_min_flops=threaded, then=then)()
+    gemm.matmul_step(a, b, outs[0], blas_threaded_min_flops=threaded, then=then)()
     assert sum(seen) == m * n  # the parts cover the output once
-    np.testing.assert_allclose(out, 2 * ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[0], 2 * ref, rtol=1e-5, atol=1e-5)
     seen.clear()
-    gemm.products_step([(a, b, out)] * 3, [then] * 3)()  # one per thread, or each split
+    # products of their own outputs: one per thread at a time, or each split
+    gemm.products_step([(a, b, o) for o in outs[1:]], [then] * 3)()
     assert sum(seen) == 3 * m * n
+    np.testing.assert_allclose(outs[1:], 2 * np.broadcast_to(ref, (3, m, n)), rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
 
 
 def test_matmul_step_writes_a_strided_result_in_place():
