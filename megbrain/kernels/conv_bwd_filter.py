@@ -199,9 +199,12 @@ def bind_blocked(
             calls.append(b.thread(blocks[lo:hi], whole, cols, acc, width, trans))
         sums = sums[1:]
     else:  # few blocks: each thread its column rows of every block (disjoint gradient columns)
-        cols = workspace.empty((b.ktot * width,), dt)
         for r0, r1 in parallel.ranges(geo.k, nt):
             rowset = [(gi, r0, r1) for gi in range(geo.g)]
+            # a column buffer per thread: a block's (K, ncol) view of a shared one puts a
+            # thread's rows at offsets that depend on the block's width, so a thread a block
+            # ahead overwrote another's columns (blocks of unequal widths)
+            cols = workspace.empty((b.ktot * width,), dt)
             calls.append(b.thread(blocks, rowset, cols, total, width, trans))
         sums = []
     steps.append(parallel.concurrently_blas_single_threaded(calls))

@@ -71,6 +71,26 @@ def test_thread_splits_match_float64(c, block, threads, trans):
     np.testing.assert_allclose(gw, ref(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)
 
 
+def test_threads_on_blocks_of_unequal_widths_keep_their_own_columns(monkeypatch):
+    # two blocks of 3 and 2 output rows, three threads on their column rows of each: a
+    # thread a block ahead of another once wrote its rows where the other's block-0 rows
+    # were (one shared column buffer, viewed with each block's width); a part of three runs
+    # after another on the calling thread, so the worker is often a block ahead
+    c = _case(n=1, g=2, icg=3, ocg=1, sshape=(3, 3), fshape=(1, 3), stride=(1, 2), pad=(1, 0))
+    x, w, dy = _arrays(c)
+    monkeypatch.setattr(conv_bwd_filter, "BLOCK_POSITIONS", 3)
+    monkeypatch.setattr(conv_bwd_filter, "BLOCK_CACHE_BYTES", 0)
+    monkeypatch.setattr(conv_bwd_filter, "TRANSPOSED_MIN_POSITIONS", 1 << 30)
+    monkeypatch.setattr(conv_bwd_filter, "_MIN_THREAD_FLOPS", 0)
+    monkeypatch.setattr(parallel, "num_threads", lambda: 3)
+    gw = np.full(w.shape, np.nan, x.dtype)
+    step = _BLOCKED(x, dy, gw, *_geometry(c))
+    expected = ref(c, x, dy, w.shape)
+    for _ in range(300):  # ~25% of the runs went wrong
+        step()
+        np.testing.assert_allclose(gw, expected, rtol=RTOL, atol=ATOL)
+
+
 def test_blocks_cover_the_batch_in_rows_or_whole_samples(monkeypatch):
     monkeypatch.setattr(conv_bwd_filter, "BLOCK_POSITIONS", 100)
     monkeypatch.setattr(conv_bwd_filter, "BLOCK_CACHE_BYTES", 0)
