@@ -25,6 +25,7 @@ from ..kernels import dnn_conv as conv_kernels
 from ..kernels import dnn_pool as pool_kernels
 from ..kernels import elemwise as ew_kernels
 from ..kernels.constant_operands import constant_filter
+from ..kernels.steps import chain
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .param_args import opr_params
@@ -317,11 +318,11 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
     chosen_algorithm: str | None = None
 
     def _bind_kernel(self, kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,
-                     epilogue=None):  # fmt: skip
+                     epilogue=None, then=None):  # fmt: skip
         """Bind the ``kind`` convolution kernel the param's strategy chooses, recording its
-        name in :attr:`chosen_algorithm`. With an ``epilogue``
-        (:class:`megbrain.kernels.conv_epilogue.Epilogue`), returns ``(step, fused)``: the
-        algorithm applies it when it takes epilogues (``fused``), else the caller must."""
+        name in :attr:`chosen_algorithm`. An ``epilogue``
+        (:class:`megbrain.kernels.conv_epilogue.Epilogue`) goes to an algorithm that takes
+        epilogues; otherwise ``then()``, when given, binds the step run after the kernel."""
         args = (a, b, out, *self._kernel_args())
         layouts = tuple((x.shape, x.strides, x.dtype) for x in (a, b, out))
         # the executor binds twice (the workspace size, then into the plan): the same layouts
@@ -337,9 +338,9 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
                 raise self.error(str(exc)) from None
             self.chosen_algorithm, self._chosen_for = algo.name, layouts
             if epilogue is not None and algo.epilogue:
-                return algo.bind(*args, epilogue=epilogue), True
+                return algo.bind(*args, epilogue=epilogue)
             step = algo.bind(*args)
-        return step if epilogue is None else (step, False)
+        return step if then is None else chain([step, then()])
 
     def _filter_is_constant(self) -> bool:
         """Whether the filter (input 1) keeps its values from run to run: an ImmutableTensor,
@@ -584,22 +585,15 @@ class ConvBias(_ConvBase):
         return [out]
 
     def bind(self, ins, outs):
-        epilogue = conv_epilogue.for_conv_bias(self.param.nonlineMode, ins[2], outs[0])
-        if epilogue is not None:
-            conv, fused = self._bind_kernel(
-                "forward", ins[0], self._grouped(ins[1]), outs[0], epilogue=epilogue
-            )
-            if fused:  # the convolution adds the bias and activates as it writes
-                return conv
-        else:
-            conv = self._bind_kernel("forward", ins[0], self._grouped(ins[1]), outs[0])
-        act = ew_kernels.bind(_BIAS_ACT[self.param.nonlineMode], [outs[0], ins[2]], outs[0])
+        mode = self.param.nonlineMode
 
-        def run() -> None:
-            conv()
-            act()
+        def act():  # bias and activation in a pass of their own, when the kernel does not
+            return ew_kernels.bind(_BIAS_ACT[mode], [outs[0], ins[2]], outs[0])
 
-        return run
+        epilogue = conv_epilogue.for_conv_bias(mode, ins[2], outs[0])
+        return self._bind_kernel(
+            "forward", ins[0], self._grouped(ins[1]), outs[0], epilogue=epilogue, then=act
+        )
 
     def grad(self, wrt_idx, out_grads):
         from .basic_arith import elemwise
