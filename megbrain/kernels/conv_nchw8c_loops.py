@@ -20,6 +20,15 @@ Layouts (float32, flat C-contiguous buffers):
   accumulators go to a per-thread row buffer (position-major) and from there, transposed,
   to the NCHW output rows.
 
+The NCHW88 (channel-blocked) operators use the same tiles
+(:func:`conv_units_blocked`): their source, ``(N, C/8, H, W, 8)``, is copied into the
+phase planes row by row (:func:`pack_blocked_input`), or read in place by a pointwise
+convolution with stride 1 and no padding (its plane is the source's ``H x W`` positions);
+each tile writes its 6 positions by 16 channels straight into two blocks of the
+``(N, OC/8, OH, OW, 8)`` output, adding the bias and the residual ``z`` and applying the
+ReLU on the way. A tile that would read past a plane's end starts ``P`` positions before
+it instead and writes only the positions not written yet.
+
 Each tile is :data:`P` positions by 16 output channels: per input channel and tap, two
 vector loads of the filter, six broadcasts of the input and twelve fused multiply-adds, the
 accumulators in registers (:mod:`megbrain.kernels.tiled_jit`). Every sum runs over input
@@ -33,7 +42,18 @@ import functools
 
 import numpy as np
 
-__all__ = ["OB", "CB", "P", "SLACK", "conv_units", "pack_filter", "pack_input", "readonly_view"]
+__all__ = [
+    "OB",
+    "CB",
+    "P",
+    "SLACK",
+    "conv_units",
+    "conv_units_blocked",
+    "pack_blocked_input",
+    "pack_filter",
+    "pack_input",
+    "readonly_view",
+]
 
 #: output channels of a tile (two 8-float vectors)
 OB = 16
@@ -48,11 +68,11 @@ _TILE = P * OB
 stack_tile = None  # the tiled_jit intrinsic, bound by _compiled() before compiling
 
 
-def _tile_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0):
+def _tile_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more):
     # pragma: no cover - compiled
     acc = carray(stack_tile(_TILE, np.float32), _TILE)  # noqa: F821 - numba.carray
-    for i in range(_TILE):
-        acc[i] = 0.0
+    for i in range(_TILE):  # more: continue the sums rb holds
+        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
     wi = w0
     for cb in range(cbn):
         for t in range(taps.size):
@@ -92,7 +112,7 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, u0, u1):
         x0 = n * sample + g * icb_n * cstride + shift * CB
         w0 = (g * ocb_n + ocb) * wsz
         for q in range(q0, q1, P):
-            _tile(xp, x0 + q * CB, wp, w0, icb_n, cstride, taps, rb, (q - q0) * OB)
+            _tile(xp, x0 + q * CB, wp, w0, icb_n, cstride, taps, rb, (q - q0) * OB, False)
         oc0 = (g * ocb_n + ocb) * OB
         for j in range(OB):
             ob = ((n * g_ * ocb_n) * OB + oc0 + j) * ohw
@@ -107,6 +127,139 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, u0, u1):
                         if epi == 2 and v < 0:  # not max(): NaN stays NaN
                             v = np.float32(0.0)
                     out[np.uintp(d + k)] = v
+
+
+def _tile_out_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, out, z, bias, oc0, epi,
+                 obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
+    # pragma: no cover - compiled
+    # _tile_py's sums (continued from rb when ``more``), the epilogue applied in registers,
+    # written straight to the NCHW88 output: positions q + p in [qlo, qhi) of a plane row,
+    # not in its gap. Only stores to ``out`` are conditional: a conditional write to ``acc``
+    # (or a branch around its reads) made the compiler keep it in memory (3x slower)
+    acc = carray(stack_tile(_TILE, np.float32), _TILE)  # noqa: F821 - numba.carray
+    for i in range(_TILE):
+        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
+    wi = w0
+    for cb in range(cbn):
+        for t in range(taps.size):
+            xb = x0 + cb * cstride + taps[t] * CB
+            for ic in range(CB):
+                for pos in range(P):
+                    v = xp[np.uintp(xb + pos * CB + ic)]
+                    for j in range(OB):
+                        acc[pos * OB + j] += v * wp[np.uintp(wi + j)]
+                wi += OB
+    if epi & 1:
+        for pos in range(P):
+            for j in range(OB):
+                acc[pos * OB + j] += bias[oc0 + j]
+    offs = carray(stack_tile(P, np.int64), P)  # noqa: F821 - an output offset, or -1
+    row = q // wq
+    col = q - row * wq
+    for pos in range(P):
+        qq = q + pos
+        ok = qlo <= qq < qhi and col < ow
+        offs[pos] = obase + (row * ow + col) * CB if ok else -1
+        col += 1
+        if col == wq:
+            row += 1
+            col = 0
+    if epi & 2:  # a dropped position reads the block's first (any in-bounds value)
+        for pos in range(P):
+            o = max(offs[pos], obase)
+            for c in range(CB):
+                acc[pos * OB + c] += z[np.uintp(o + c)]
+            for c in range(CB):
+                acc[pos * OB + CB + c] += z[np.uintp(o + ohw8 + c)]
+    if epi & 4:
+        for i in range(_TILE):
+            a = acc[i]
+            acc[i] = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
+    for pos in range(P):
+        o = offs[pos]
+        if o >= 0:
+            for c in range(CB):
+                out[np.uintp(o + c)] = acc[pos * OB + c]
+            for c in range(CB):
+                out[np.uintp(o + ohw8 + c)] = acc[pos * OB + CB + c]
+
+
+def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, u0, u1):
+    # pragma: no cover - compiled
+    # geom: G, OCB, ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, LIMIT (a tile reads at most
+    # LIMIT positions of a plane), CHUNK; epi bits: 1 + bias[oc], 2 + z (out's layout), 4 ReLU.
+    # A unit's tiles sum CHUNK channel blocks at a time, into rb (its positions, from q0 - P)
+    # but for the last chunk, whose tiles write the output: the chunk's filter and source
+    # rows stay in the core's L1 cache across the unit
+    g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift, limit, chunk = (
+        geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8],
+        geom[9], geom[10], geom[11],
+    )  # fmt: skip
+    wcb = taps.size * CB * OB
+    wsz = icb_n * wcb
+    ohw8 = oh_n * ow_n * CB
+    nblk = (oh_n + rows - 1) // rows
+    last = (icb_n - 1) // chunk * chunk
+    for u in range(u0, u1):
+        ocb = u % ocb_n
+        rest = u // ocb_n
+        blk = rest % nblk
+        rest //= nblk
+        g = rest % g_
+        n = rest // g_
+        h0 = blk * rows
+        h1 = min(oh_n, h0 + rows)
+        q0 = h0 * wq
+        q1 = (h1 - 1) * wq + ow_n
+        x0 = n * sample + g * icb_n * cstride + shift * CB
+        w0 = (g * ocb_n + ocb) * wsz
+        oc0 = (g * ocb_n + ocb) * OB
+        obase = (n * g_ * ocb_n * 2 + (g * ocb_n + ocb) * 2) * ohw8
+        # tiles [q0, qt) read within the planes; one more, from limit - P, ends the unit
+        qt = q0 + min((q1 - q0 + P - 1) // P, max(0, limit - q0) // P) * P
+        for c0 in range(0, last, chunk):
+            for q in range(q0, qt, P):
+                _tile(xp, x0 + c0 * cstride + q * CB, wp, w0 + c0 * wcb, chunk, cstride,
+                      taps, rb, (q - q0 + P) * OB, c0 > 0)  # fmt: skip
+        for q in range(q0, qt, P):
+            _tile_out(xp, x0 + last * cstride + q * CB, wp, w0 + last * wcb, icb_n - last,
+                      cstride, taps, rb, (q - q0 + P) * OB, last > 0, out, z, bias, oc0, epi,
+                      obase, ohw8, q, q0, q1, wq, ow_n)  # fmt: skip
+        if qt < q1:  # its first positions repeat equal sums; it writes the others
+            qs = limit - P
+            _tile_out(xp, x0 + qs * CB, wp, w0, icb_n, cstride, taps, rb, 0, False, out, z,
+                      bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)  # fmt: skip
+
+
+def _pack_blocked_py(x, xp, sh, sw, row_off, col_off, hq, wq, b0, b1):
+    # pragma: no cover - compiled
+    # blocks [b0, b1) of (sample, channel block) of x (N, C/8, H, W, 8), any strides, into
+    # the phase planes of _pack_input_py's layout
+    cbs, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
+    phase = hq * wq * CB
+    cstride = sh * sw * phase
+    sample = cbs * cstride + SLACK * CB
+    for blk in range(b0, b1):
+        n = blk // cbs
+        cb = blk % cbs
+        for rho in range(sh):
+            for phi in range(sw):
+                base = n * sample + cb * cstride + (rho * sw + phi) * phase
+                for r in range(hq):
+                    d = base + r * wq * CB
+                    src = sh * r + rho - row_off
+                    for k in range(wq):
+                        col = sw * k + phi - col_off
+                        if src < 0 or src >= h_ or col < 0 or col >= w_:
+                            for ic in range(CB):
+                                xp[np.uintp(d + k * CB + ic)] = 0.0
+                        else:
+                            for ic in range(CB):
+                                xp[np.uintp(d + k * CB + ic)] = x[n, cb, src, col, ic]
+        if cb == cbs - 1:
+            tail = n * sample + cbs * cstride
+            for t in range(SLACK * CB):
+                xp[np.uintp(tail + t)] = 0.0
 
 
 def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, b0, b1):
@@ -163,13 +316,14 @@ def _pack_filter_py(w, wp, flip):
                                 i += 1
 
 
-_tile = None  # the compiled tile, bound by _compiled() before compiling _conv_units_py
+_tile = None  # the compiled tiles, bound by _compiled() before compiling the units
+_tile_out = None
 
 
 @functools.cache
 def _compiled() -> dict:
     # numba is imported on first use: ``import megbrain`` stays free of its import time
-    global stack_tile, _tile, carray
+    global stack_tile, _tile, _tile_out, carray
     from numba import carray as _carray
     from numba import types as t
 
@@ -179,15 +333,33 @@ def _compiled() -> dict:
     stack_tile, carray = _stack_tile(), _carray
     f1, i8 = t.float32[::1], t.int64
     ints = t.int64[::1]
-    _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
+    fr = t.Array(t.float32, 1, "C", readonly=True)
+    # the NCHW88 units read a source in place: a read-only one too
+    bo = t.boolean
+    _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, bo),
+                                     t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])  # fmt: skip
     b1 = t.Array(t.float32, 1, "A", readonly=True)
+    _tile_out = compile_tiled(_tile_out_py, [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo, f1,
+                                                    fr, b1, i8, i8, i8, i8, i8, i8, i8, i8,
+                                                    i8)])  # fmt: skip
     units = compile_tiled(_conv_units_py, [t.void(f1, f1, f1, f1, ints, ints, b1, i8, i8, i8)])
     # the sources are typed read-only (readonly_view): one signature fits every operand
     x4 = t.Array(t.float32, 4, "A", readonly=True)
     w5 = t.Array(t.float32, 5, "A", readonly=True)
     pack_in = compile_tiled(_pack_input_py, [t.void(x4, f1, i8, i8, i8, i8, i8, i8, i8, i8)])
     pack_w = compile_tiled(_pack_filter_py, [t.void(w5, f1, t.boolean)])
-    return {"units": units, "pack_input": pack_in, "pack_filter": pack_w}
+    blocked = compile_tiled(
+        _conv_units_blocked_py, [t.void(fr, f1, f1, fr, f1, ints, ints, b1, i8, i8, i8)]
+    )
+    x5 = t.Array(t.float32, 5, "A", readonly=True)
+    pack_b = compile_tiled(_pack_blocked_py, [t.void(x5, f1, i8, i8, i8, i8, i8, i8, i8, i8)])
+    return {
+        "units": units,
+        "pack_input": pack_in,
+        "pack_filter": pack_w,
+        "units_blocked": blocked,
+        "pack_blocked": pack_b,
+    }
 
 
 def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, u0: int, u1: int) -> None:
@@ -197,6 +369,24 @@ def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, u0: int, u1: int) ->
     source); ``epi`` 0, or 1 to add ``bias`` (a :func:`readonly_view` per output channel),
     2 to add it and apply ReLU."""
     _compiled()["units"](xp, wp, out, rb, taps, geom, bias, epi, u0, u1)
+
+
+def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, u0: int,
+                       u1: int) -> None:  # fmt: skip
+    """Units ``[u0, u1)`` into the flat NCHW88 ``out``: as :func:`conv_units`, the source
+    ``xp`` (a :func:`readonly_view`, flat) either packed planes or, for a pointwise
+    convolution read in place, the source itself; ``rb`` a buffer of ``P * 16`` values;
+    ``geom`` also holding the last position a tile may start at; ``epi`` the sum of 1 (add
+    ``bias``), 2 (add ``z``, flat, laid out as ``out``) and 4 (ReLU)."""
+    _compiled()["units_blocked"](xp, wp, out, z, rb, taps, geom, bias, epi, u0, u1)
+
+
+def pack_blocked_input(x, xp, stride, row_off: int, col_off: int, hq: int, wq: int, b0: int,
+                       b1: int) -> None:  # fmt: skip
+    """:func:`pack_input` from the float32 NCHW88 ``(N, C/8, H, W, 8)`` source (a
+    :func:`readonly_view`)."""
+    _compiled()["pack_blocked"](x, xp, int(stride[0]), int(stride[1]), row_off, col_off, hq,
+                                wq, b0, b1)  # fmt: skip
 
 
 def readonly_view(a: np.ndarray) -> np.ndarray:

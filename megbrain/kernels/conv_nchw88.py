@@ -1,0 +1,365 @@
+"""Forward convolution in the NCHW88 format (MegDNN's channel-blocked layout for AVX2): the
+source ``(N, C/8, H, W, 8)``, the output ``(N, OC/8, OH, OW, 8)`` and the filter
+
+- dense ``(OC/8, IC/8, FH, FW, 8 ic, 8 oc)``;
+- grouped (``sparse=GROUP``) ``(G, OCg/8, ICg/8, FH, FW, 8 ic, 8 oc)``;
+- channel-wise (``sparse=GROUP``, one input and output channel per group)
+  ``(G/8, 1, 1, FH, FW, 8)``;
+- hybrid (the first layer of a network: an NCHW source of at most 8 channels)
+  ``(OC/8, FH, FW, IC, 8 oc)``.
+
+Two algorithms:
+
+- DIRECT_NCHW88 (float32, dense or grouped, ``OCg % 16 == 0``, padding and dilated filter
+  reach at most :data:`conv_nchw8c.MAX_PAD`, a C-contiguous output): the register tiles
+  of :mod:`conv_nchw8c` reading the blocked source (copied into zero-padded phase planes
+  row by row, or read in place by a pointwise convolution with stride 1 and no padding)
+  and writing the blocked output directly, with the bias, the residual ``z`` and the ReLU
+  of a ConvBias applied on the way. A network kept in NCHW88 between its convolutions
+  (``optimize_for_inference(use_nchw88=True)``) so spends no time on the copies and the
+  transposing writes an NCHW convolution pays for at every layer.
+- NCHW88_AS_NCHW (any other case): the source and filter copied to NCHW, an NCHW
+  convolution chosen as usual (:mod:`conv_algos`), its result copied back.
+
+Both give the sums in the order of the NCHW algorithms they share tiles with: DIRECT_NCHW88
+equals DIRECT_NCHW8C on the same values, bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from . import conv_nchw8c_loops as loops
+from . import parallel, workspace
+from .constant_operands import filter_is_constant
+from .conv_epilogue import Epilogue
+from .conv_nchw8c import MAX_PAD, ROW_POSITIONS
+from .dnn_conv import SPLIT_MIN_ELEMS, conv_out_size
+from .steps import Step, chain
+
+__all__ = [
+    "Nchw88Geometry",
+    "bind_nchw88_forward",
+    "nchw88_geometry",
+    "to_nchw",
+    "to_nchw88",
+    "usable_direct_nchw88",
+]
+
+_F32 = np.dtype(np.float32)
+_PACK = 8
+#: the most positions a unit takes whole (a 14x14 plane): more are split in bands of at
+#: least ROW_POSITIONS positions
+WHOLE_PLANE = 256
+_EMPTY = np.zeros(1, _F32)
+_EMPTY.flags.writeable = False
+
+
+class Nchw88Geometry(NamedTuple):
+    """A checked NCHW88 convolution: ``kind`` (dense, group, chan or hybrid), groups,
+    channels per group, filter spatial shape and the output shape."""
+
+    kind: str
+    g: int
+    icg: int
+    ocg: int
+    fshape: tuple[int, int]
+    out_shape: tuple[int, ...]
+
+
+def nchw88_geometry(src_shape, filt_shape, group: bool, stride, pad, dilate) -> Nchw88Geometry:
+    """The geometry of an NCHW88 forward convolution; ValueError (a message naming the shapes)
+    when the shapes do not make one."""
+    src, flt = tuple(src_shape), tuple(filt_shape)
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"NCHW88: {why}; got src {src}, filter {flt}")
+
+    if len(src) == 5:
+        if src[4] != _PACK:
+            raise bad("the source's last dim must be 8, (N, C/8, H, W, 8)")
+        c = src[1] * _PACK
+        if not group:
+            if len(flt) != 6 or flt[4:] != (_PACK, _PACK):
+                raise bad("a dense filter is (OC/8, IC/8, FH, FW, 8, 8)")
+            kind, g, ocg, icg, fsp = "dense", 1, flt[0] * _PACK, flt[1] * _PACK, flt[2:4]
+        elif len(flt) == 7:
+            if flt[5:] != (_PACK, _PACK):
+                raise bad("a grouped filter is (G, OCg/8, ICg/8, FH, FW, 8, 8)")
+            kind, g, ocg, icg, fsp = "group", flt[0], flt[1] * _PACK, flt[2] * _PACK, flt[3:5]
+        elif len(flt) == 6:
+            if flt[1:3] != (1, 1) or flt[5] != _PACK:
+                raise bad("a channel-wise filter is (G/8, 1, 1, FH, FW, 8)")
+            kind, g, ocg, icg, fsp = "chan", flt[0] * _PACK, 1, 1, flt[3:5]
+        else:
+            raise bad("sparse=GROUP needs a 7-d grouped or 6-d channel-wise filter")
+    elif len(src) == 4:
+        if group or len(flt) != 5 or flt[4] != _PACK:
+            raise bad("an NCHW source (hybrid) needs a dense (OC/8, FH, FW, IC, 8) filter")
+        c = src[1]
+        if c > _PACK:
+            raise bad("an NCHW source (hybrid) has at most 8 channels")
+        kind, g, ocg, icg, fsp = "hybrid", 1, flt[0] * _PACK, flt[3], flt[1:3]
+    else:
+        raise bad("the source must be (N, C/8, H, W, 8), or NCHW with at most 8 channels")
+    if c != g * icg:
+        raise bad(f"the source has {c} channels, the filter expects {g * icg}")
+    if any(v <= 0 for v in (*src, *flt)):
+        raise bad("every dim must be positive")
+    osp = tuple(conv_out_size(*a) for a in zip(src[2:4], fsp, stride, pad, dilate))
+    if any(o <= 0 for o in osp):
+        raise bad(f"the output size {osp} is not positive (pad={tuple(pad)}, "
+                  f"dilate={tuple(dilate)})")  # fmt: skip
+    return Nchw88Geometry(kind, g, icg, ocg, tuple(fsp), (src[0], g * ocg // _PACK, *osp, _PACK))
+
+
+def to_nchw88(x: np.ndarray) -> np.ndarray:
+    """The (N, C/8, H, W, 8) view of an NCHW array's values (a strided view: no copy)."""
+    n, c, h, w = x.shape
+    return x.reshape(n, c // _PACK, _PACK, h, w).transpose(0, 1, 3, 4, 2)
+
+
+def to_nchw(x: np.ndarray) -> np.ndarray:
+    """The (N, C, H, W) values of an NCHW88 array (a copy when ``x`` is not a view from
+    :func:`to_nchw88`)."""
+    n, cb, h, w, p = x.shape
+    return x.transpose(0, 1, 4, 2, 3).reshape(n, cb * p, h, w)
+
+
+def _grouped_nchw_view(filt: np.ndarray, kind: str, g: int, ocg: int, icg: int):
+    """``(buffer shape (G, OCg, ICg, FH, FW), a function writing filt's values into such a
+    buffer)``."""
+    fh, fw = (filt.shape[2:4] if kind == "dense" else filt.shape[3:5] if kind != "hybrid"
+              else filt.shape[1:3])  # fmt: skip
+    shape = (g, ocg, icg, fh, fw)
+
+    def write(buf: np.ndarray) -> None:
+        if kind == "dense":  # (O8, I8, FH, FW, 8i, 8o) -> (O8, 8o, I8, 8i, FH, FW)
+            dst = buf.reshape(ocg // _PACK, _PACK, icg // _PACK, _PACK, fh, fw)
+            np.copyto(dst, filt.transpose(0, 5, 1, 4, 2, 3))
+        elif kind == "group":  # (G, O8, I8, FH, FW, 8i, 8o)
+            dst = buf.reshape(g, ocg // _PACK, _PACK, icg // _PACK, _PACK, fh, fw)
+            np.copyto(dst, filt.transpose(0, 1, 6, 2, 5, 3, 4))
+        elif kind == "chan":  # (G/8, 1, 1, FH, FW, 8) -> (G/8, 8, FH, FW)
+            dst = buf.reshape(g // _PACK, _PACK, fh, fw)
+            np.copyto(dst, filt[:, 0, 0].transpose(0, 3, 1, 2))
+        else:  # hybrid (O8, FH, FW, IC, 8o) -> (O8, 8o, IC, FH, FW)
+            dst = buf.reshape(ocg // _PACK, _PACK, icg, fh, fw)
+            np.copyto(dst, filt.transpose(0, 4, 3, 1, 2))
+
+    return shape, write
+
+
+def usable_direct_nchw88(src, filt, out, geo: Nchw88Geometry, pad, dilate) -> bool:
+    """Whether DIRECT_NCHW88 computes the convolution: float32, dense or grouped,
+    ``OCg % 16 == 0``, padding and dilated reach at most MAX_PAD, C-contiguous output."""
+    return (
+        geo.kind in ("dense", "group")
+        and src.dtype == filt.dtype == out.dtype == _F32
+        and geo.ocg % loops.OB == 0
+        and all(0 <= p <= MAX_PAD for p in pad)
+        and all((f - 1) * d <= MAX_PAD for f, d in zip(geo.fshape, dilate))
+        and out.flags.c_contiguous
+        and out.flags.writeable
+    )
+
+
+def bind_nchw88_forward(
+    src: np.ndarray,
+    filt: np.ndarray,
+    out: np.ndarray,
+    stride: Sequence[int],
+    pad: Sequence[int],
+    dilate: Sequence[int],
+    flip: bool = False,
+    *,
+    group: bool = False,
+    epilogue: Epilogue | None = None,
+    z: np.ndarray | None = None,
+    select_nchw: Callable | None = None,
+) -> tuple[str, Callable[[], None]]:
+    """Bind the NCHW88 convolution ``out = conv(src, filt)`` (with ``epilogue``,
+    ``act(conv + bias + z)``).
+
+    Parameters
+    ----------
+    src, filt, out : numpy.ndarray
+        The operands in the NCHW88 layouts of this module (``group`` selects the grouped
+        and channel-wise filters).
+    stride, pad, dilate : sequence of int
+        Two values each.
+    flip : bool
+        CONVOLUTION mode (the filter flipped spatially).
+    group : bool
+        ``sparse=GROUP``.
+    epilogue : Epilogue, optional
+        The per-channel bias (a 1-d view of OC values) and ReLU to apply.
+    z : numpy.ndarray, optional
+        An array of the output's shape added (after the bias, before the activation).
+    select_nchw : callable, optional
+        ``select_nchw(src, filt, out) -> step`` binding the NCHW convolution of the
+        NCHW88_AS_NCHW algorithm (the operator's own choice of algorithm and its epilogue
+        handling; NCHW ``src``, grouped ``filt``, NCHW ``out``).
+
+    Returns
+    -------
+    (str, Callable[[], None])
+        The algorithm's name and the step computing ``out``.
+
+    Raises
+    ------
+    ValueError
+        When the shapes do not make an NCHW88 convolution into ``out``.
+    """
+    geo = nchw88_geometry(src.shape, filt.shape, group, stride, pad, dilate)
+    if tuple(out.shape) != geo.out_shape:
+        raise ValueError(f"NCHW88: out {tuple(out.shape)} must be {geo.out_shape} for src "
+                         f"{tuple(src.shape)} and filter {tuple(filt.shape)}")  # fmt: skip
+    if z is not None and tuple(z.shape) != geo.out_shape:
+        raise ValueError(f"NCHW88: z {tuple(z.shape)} must have the output's shape "
+                         f"{geo.out_shape}")  # fmt: skip
+    if usable_direct_nchw88(src, filt, out, geo, pad, dilate) and (
+        z is None or z.dtype == _F32
+    ):
+        return "DIRECT_NCHW88", _bind_direct(src, filt, out, geo, stride, pad, dilate, flip,
+                                             epilogue, z)  # fmt: skip
+    return "NCHW88_AS_NCHW", _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip,
+                                           epilogue, z, select_nchw)  # fmt: skip
+
+
+def _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z, select_nchw):
+    from . import conv_algos
+
+    n, _, h, w = (src.shape[0], 0, *src.shape[2:4])
+    steps: list[Step] = []
+    if geo.kind == "hybrid":
+        x = src
+    else:
+        x = workspace.empty((n, geo.g * geo.icg, h, w), src.dtype)
+        steps.append(functools.partial(np.copyto, to_nchw88(x), src))
+    wshape, write = _grouped_nchw_view(filt, geo.kind, geo.g, geo.ocg, geo.icg)
+    wbuf = workspace.empty(wshape, filt.dtype)
+    steps.append(functools.partial(write, wbuf))
+    y = workspace.empty((n, geo.g * geo.ocg, *geo.out_shape[2:4]), out.dtype)
+    if select_nchw is not None:
+        steps.append(select_nchw(x, wbuf, y))
+    else:
+        steps.append(conv_algos.bind("forward", x, wbuf, y, stride, pad, dilate, flip))
+    y88 = to_nchw88(y)
+    if epilogue is not None:
+        bias = epilogue.bias.reshape(1, -1, 1, 1)
+        steps.append(functools.partial(np.add, y, bias, out=y))
+    if z is not None:
+        steps.append(functools.partial(np.add, y88, z, out=y88))
+    if epilogue is not None and epilogue.relu:
+        steps.append(functools.partial(_relu, y))
+    steps.append(functools.partial(np.copyto, out, y88))
+    return chain(steps)
+
+
+def _chunk(taps: int) -> int:
+    """Channel blocks a tile sums at a time (:func:`conv_nchw8c_loops.conv_units_blocked`):
+    the best of 1-32 and all on ResNet50's batch-1 layers (2 threads), 8 for pointwise
+    convolutions (1024->256 at 14x14: 0.79x the time of summing all 128 at once), 4 for
+    3x3 ones (512->512 at 7x7: 0.86x)."""
+    return 8 if taps == 1 else 4
+
+
+def _relu(a: np.ndarray) -> None:
+    np.maximum(a, 0, out=a)  # NaN stays NaN, as ELEMWISE RELU's
+
+
+def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
+    n, cb_n, h, w, _ = src.shape
+    oh, ow = geo.out_shape[2:4]
+    (sh, sw), (pt, pl), (dh, dw) = tuple(stride), tuple(pad), tuple(dilate)
+    fh, fw = geo.fshape
+    steps: list[Step] = []
+    pointwise = geo.fshape == (1, 1) and (pt, pl) == (0, 0) and oh * ow >= loops.P
+    if pointwise and ((sh, sw) != (1, 1) or not src.flags.c_contiguous):
+        # a strided pointwise convolution reads one position in sh * sw: the subsampled
+        # source, copied (a quarter of the phase planes at stride 2), is read in place
+        sub = workspace.empty((n, cb_n, oh, ow, loops.CB), _F32)
+        steps.append(functools.partial(np.copyto, sub, src[:, :, : sh * oh : sh, : sw * ow : sw]))
+        src, (h, w), (sh, sw) = sub, (oh, ow), (1, 1)
+    if pointwise:
+        hq, wq, shift = h, w, 0
+        cstride = h * w * loops.CB
+        sample = cb_n * cstride
+        taps = np.zeros(1, np.int64)
+        xp = loops.readonly_view(src.reshape(-1))
+        limit = h * w  # a tile never reads past its plane
+    else:
+        if (sh, sw) == (1, 1):
+            hq, wq = h + 2 * pt, max(w + pl, ow)
+            col_off = shift = wq - w
+            shift -= pl
+        else:
+            hq, wq = -(-(h + 2 * pt) // sh), -(-(w + 2 * pl) // sw)
+            col_off, shift = pl, 0
+        phase = hq * wq
+        taps = np.array([((a * dh % sh) * sw + b * dw % sw) * phase + a * dh // sh * wq
+                         + b * dw // sw for a in range(fh) for b in range(fw)],
+                        np.int64)  # fmt: skip
+        cstride = sh * sw * phase * loops.CB
+        sample = cb_n * cstride + loops.SLACK * loops.CB
+        buf = workspace.empty((n * sample,), _F32)
+        xp = loops.readonly_view(buf)
+        limit = hq * wq + loops.SLACK  # the planes are followed by SLACK zero positions
+        steps.append(parallel.split(
+            functools.partial(loops.pack_blocked_input, loops.readonly_view(src), buf,
+                              (sh, sw), pt, col_off, hq, wq),  # fmt: skip
+            n * cb_n,
+            max(1, SPLIT_MIN_ELEMS // cstride),
+        ))  # fmt: skip
+    constant = filter_is_constant()
+    packed_size = geo.g * geo.ocg * geo.icg * fh * fw
+    wp = np.empty(packed_size, _F32) if constant else workspace.empty((packed_size,), _F32)
+    wshape, write = _grouped_nchw_view(filt, geo.kind, geo.g, geo.ocg, geo.icg)
+    wtmp = np.empty(wshape, _F32) if constant else workspace.empty(wshape, _F32)
+
+    def pack_w() -> None:
+        write(wtmp)
+        loops.pack_filter(loops.readonly_view(wtmp), wp, flip)
+
+    rows = oh if oh * wq <= WHOLE_PLANE else max(1, min(oh, -(-ROW_POSITIONS // wq)))
+    units = n * geo.g * (geo.ocg // loops.OB) * -(-oh // rows)
+    geom = np.array([geo.g, geo.ocg // loops.OB, geo.icg // loops.CB, wq, oh, ow, rows,
+                     cstride, sample, shift, limit, _chunk(taps.size)], np.int64)  # fmt: skip
+    parts = parallel.ranges(units, parallel.num_threads(), 1)
+    rbs = workspace.empty((len(parts), (rows * wq + 2 * loops.P) * loops.OB), _F32)
+    outf = out.reshape(-1)
+    epi = 0
+    bias = _EMPTY
+    if epilogue is not None:
+        bias = loops.readonly_view(epilogue.bias)
+        epi |= 1 | (4 if epilogue.relu else 0)
+    zf = _EMPTY
+    if z is not None:
+        zc = z if z.flags.c_contiguous else None
+        if zc is None:
+            zc = workspace.empty(z.shape, _F32)
+            steps.append(functools.partial(np.copyto, zc, z))
+        zf = loops.readonly_view(zc.reshape(-1))
+        epi |= 2
+    steps.append(parallel.concurrently([
+        functools.partial(loops.conv_units_blocked, xp, wp, outf, zf, rbs[i], taps, geom, bias,
+                          epi, lo, hi)  # fmt: skip
+        for i, (lo, hi) in enumerate(parts)
+    ]))  # fmt: skip
+    conv = chain(steps)
+    if not constant:
+        return chain([pack_w, conv])
+    state = {"packed": False}
+
+    def run_constant() -> None:
+        if not state["packed"]:
+            pack_w()
+            state["packed"] = True
+        conv()
+
+    return run_constant

@@ -1,0 +1,287 @@
+"""The NCHW88 forward convolution (megbrain.kernels.conv_nchw88) against the float64
+reference: drawn batches, groups, channel counts, filter sizes, strides, paddings,
+dilations and flips, in the dense, grouped, channel-wise and hybrid filter layouts; both
+algorithms (DIRECT_NCHW88 and NCHW88_AS_NCHW); the epilogue (bias, residual ``z``, ReLU
+keeping NaN); DIRECT_NCHW88 equal bit for bit to DIRECT_NCHW8C; the workspace contract;
+the constant filter packed once; the errors."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_conv_algos import ATOL, RTOL, ref_forward
+
+from megbrain.kernels import conv_nchw8c, conv_nchw88, dnn_conv, workspace
+from megbrain.kernels.constant_operands import constant_filter
+from megbrain.kernels.conv_epilogue import Epilogue
+
+_BIND = conv_nchw88.bind_nchw88_forward
+
+
+def _to88(x):
+    """An NCHW array's (N, C/8, H, W, 8) copy."""
+    return np.ascontiguousarray(conv_nchw88.to_nchw88(x))
+
+
+def _filter88(w, kind):
+    """The NCHW88 filter of grouped ``w`` (G, OCg, ICg, FH, FW) in layout ``kind``."""
+    g, ocg, icg, fh, fw = w.shape
+    if kind == "dense":  # (O8, I8, FH, FW, 8i, 8o)
+        return np.ascontiguousarray(
+            w[0].reshape(ocg // 8, 8, icg // 8, 8, fh, fw).transpose(0, 2, 4, 5, 3, 1)
+        )
+    if kind == "group":  # (G, O8, I8, FH, FW, 8i, 8o)
+        return np.ascontiguousarray(
+            w.reshape(g, ocg // 8, 8, icg // 8, 8, fh, fw).transpose(0, 1, 3, 5, 6, 4, 2)
+        )
+    if kind == "chan":  # (G/8, 1, 1, FH, FW, 8)
+        return np.ascontiguousarray(w.reshape(g // 8, 8, fh, fw).transpose(0, 2, 3, 1))[
+            :, None, None
+        ]
+    # hybrid (O8, FH, FW, IC, 8o)
+    return np.ascontiguousarray(w[0].reshape(ocg // 8, 8, icg, fh, fw).transpose(0, 3, 4, 2, 1))
+
+
+@st.composite
+def cases(draw, kind=None):
+    kind = kind or draw(st.sampled_from(["dense", "group", "chan", "hybrid"]))
+    fshape = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dilate = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pad = (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
+    sshape = tuple(
+        draw(st.integers(max(1, d * (f - 1) + 1 - 2 * p), 12))
+        for f, p, d in zip(fshape, pad, dilate)
+    )
+    if kind == "dense":
+        g, icg, ocg = 1, 8 * draw(st.integers(1, 3)), 8 * draw(st.integers(1, 4))
+    elif kind == "group":
+        g, icg, ocg = draw(st.integers(2, 3)), 8 * draw(st.integers(1, 2)), 8 * draw(
+            st.integers(1, 3)
+        )
+    elif kind == "chan":
+        g, icg, ocg = 8 * draw(st.integers(1, 2)), 1, 1
+    else:
+        g, icg, ocg = 1, draw(st.integers(1, 8)), 8 * draw(st.integers(1, 3))
+    return dict(
+        kind=kind,
+        n=draw(st.integers(1, 2)),
+        g=g,
+        icg=icg,
+        ocg=ocg,
+        fshape=fshape,
+        stride=stride,
+        pad=pad,
+        dilate=dilate,
+        sshape=sshape,
+        oshape=tuple(
+            dnn_conv.conv_out_size(*a) for a in zip(sshape, fshape, stride, pad, dilate)
+        ),
+        flip=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def _operands(c):
+    rng = np.random.default_rng(c["seed"])
+    x = rng.uniform(-1, 1, (c["n"], c["g"] * c["icg"], *c["sshape"])).astype(np.float32)
+    w = rng.uniform(-1, 1, (c["g"], c["ocg"], c["icg"], *c["fshape"])).astype(np.float32)
+    src = x if c["kind"] == "hybrid" else _to88(x)
+    return x, w, src, _filter88(w, c["kind"])
+
+
+def _out88(c):
+    oc = c["g"] * c["ocg"]
+    return np.full((c["n"], oc // 8, *c["oshape"], 8), np.nan, np.float32)
+
+
+def _bind(c, src, filt, out, **kw):
+    return _BIND(src, filt, out, c["stride"], c["pad"], c["dilate"], c["flip"],
+                 group=c["kind"] in ("group", "chan"), **kw)  # fmt: skip
+
+
+def _case(kind="dense", n=1, g=1, icg=16, ocg=32, sshape=(9, 7), fshape=(3, 3), pad=(1, 1),
+          stride=(1, 1), seed=3):  # fmt: skip
+    oshape = tuple(dnn_conv.conv_out_size(s, f, t, p, 1)
+                   for s, f, t, p in zip(sshape, fshape, stride, pad))  # fmt: skip
+    return dict(kind=kind, n=n, g=g, icg=icg, ocg=ocg, fshape=fshape, stride=stride, pad=pad,
+                dilate=(1, 1), sshape=sshape, oshape=oshape, flip=False, seed=seed)  # fmt: skip
+
+
+@settings(max_examples=80, deadline=None)
+@given(c=cases(), constant=st.booleans())
+def test_forward_matches_float64(c, constant):
+    x, w, src, filt = _operands(c)
+    out = _out88(c)
+    with constant_filter(constant):
+        name, step = _bind(c, src, filt, out)
+    direct = c["kind"] in ("dense", "group") and c["ocg"] % 16 == 0
+    assert name == ("DIRECT_NCHW88" if direct else "NCHW88_AS_NCHW")
+    want = ref_forward(c, x, w)
+    for _ in range(2):  # the second run reuses a constant filter's packed copy
+        step()
+        np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
+@settings(max_examples=40, deadline=None)
+@given(c=cases(kind="dense"), relu=st.booleans(), with_z=st.booleans())
+def test_the_epilogue_adds_bias_and_z_then_applies_relu(c, relu, with_z):
+    x, w, src, filt = _operands(c)
+    rng = np.random.default_rng(c["seed"] + 1)
+    oc = c["g"] * c["ocg"]
+    bias = rng.uniform(-1, 1, oc).astype(np.float32)
+    want = ref_forward(c, x, w) + bias[None, :, None, None]
+    z = None
+    if with_z:
+        zn = rng.uniform(-1, 1, want.shape).astype(np.float32)
+        z, want = _to88(zn), want + zn
+    if relu:
+        want = np.maximum(want, 0)
+    out = _out88(c)
+    _, step = _bind(c, src, filt, out, epilogue=Epilogue(bias, relu), z=z)
+    step()
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("ocg", [16, 24])  # DIRECT_NCHW88, NCHW88_AS_NCHW
+def test_relu_keeps_nan_and_a_strided_z_is_read(ocg):
+    c = _case(ocg=ocg)
+    _, _, src, filt = _operands(c)
+    src = src.copy()
+    src[0, 0, 4, 3, 0] = np.nan  # reaches the 3x3 window around (4, 3)
+    bias = np.full(ocg, -100, np.float32)  # every finite sum negative: ReLU gives 0
+    zbig = np.zeros((c["n"], ocg // 8, *c["oshape"], 16), np.float32)
+    z = zbig[..., ::2]  # not contiguous
+    out = _out88(c)
+    _, step = _bind(c, src, filt, out, epilogue=Epilogue(bias, True), z=z)
+    step()
+    y = conv_nchw88.to_nchw(out)
+    assert np.isnan(y[0, :, 3:6, 2:5]).all()
+    y[0, :, 3:6, 2:5] = 0
+    assert (y == 0).all()
+
+
+@pytest.mark.parametrize(
+    "geometry",
+    [dict(), dict(fshape=(1, 1), pad=(0, 0)), dict(fshape=(1, 1), pad=(0, 0), stride=(2, 2)),
+     dict(stride=(2, 1))],
+)  # fmt: skip
+def test_direct_equals_direct_nchw8c_bit_for_bit(geometry):
+    c = _case(n=2, icg=24, ocg=32, sshape=(11, 13), **geometry)
+    x, w, src, filt = _operands(c)
+    out = _out88(c)
+    _, step = _bind(c, src, filt, out)
+    step()
+    y = np.empty((c["n"], c["ocg"], *c["oshape"]), np.float32)
+    conv_nchw8c.bind_nchw8c_forward(x, w, y, c["stride"], c["pad"], c["dilate"])()
+    assert np.array_equal(conv_nchw88.to_nchw(out), y)
+
+
+@pytest.mark.parametrize("sshape", [(2, 3), (1, 6), (7, 7), (14, 14), (30, 5)])
+def test_pointwise_read_in_place_covers_every_position(sshape):
+    # the last tile of a plane starts P positions before its end (overlapping the previous
+    # one): every position is written once with the right sum, nothing is read past the end
+    c = _case(icg=16, ocg=16, sshape=sshape, fshape=(1, 1), pad=(0, 0))
+    x, w, src, filt = _operands(c)
+    src = src[..., :]  # a view: the source buffer ends right after the last position
+    out = _out88(c)
+    _, step = _bind(c, src, filt, out)
+    step()
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), ref_forward(c, x, w), rtol=RTOL,
+                               atol=ATOL)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+@pytest.mark.parametrize("constant", [False, True])
+def test_workspace_is_written_before_read_and_nothing_is_allocated(kind, constant):
+    c = _case(kind=kind, n=2, icg=16 if kind == "dense" else 3, stride=(2, 1))
+    x, w, src, filt = _operands(c)
+    bias = np.linspace(-1, 1, c["ocg"], dtype=np.float32)
+    out = _out88(c)
+
+    def bind():
+        with constant_filter(constant):
+            return _bind(c, src, filt, out, epilogue=Epilogue(bias, True))[1]
+
+    rec = workspace.Recorder()
+    with workspace.allocating(rec):
+        bind()
+    buf = np.empty(max(rec.nbytes, 1), np.uint8)
+    with workspace.allocating(workspace.Carver(buf)):
+        step = bind()
+    step()
+    want = np.maximum(ref_forward(c, x, w) + bias[None, :, None, None], 0)
+    tracemalloc.start()
+    try:
+        for _ in range(2):
+            buf[:] = 0xFF  # NaN in every workspace byte
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            step()
+            assert tracemalloc.get_traced_memory()[1] - before < 64 << 10
+            np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_constant_filter_is_packed_once_and_another_read_every_run():
+    c = _case()
+    x, w, src, filt = _operands(c)
+    out = _out88(c)
+    with constant_filter(True):
+        _, packed_once = _bind(c, src, filt, out)
+    _, every_run = _bind(c, src, filt, _out88(c))
+    packed_once()
+    filt *= -1
+    packed_once()
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), ref_forward(c, x, w), rtol=RTOL,
+                               atol=ATOL)  # fmt: skip
+    out2 = _out88(c)
+    _, every_run = _bind(c, src, filt, out2)
+    every_run()
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out2), -ref_forward(c, x, w), rtol=RTOL,
+                               atol=ATOL)  # fmt: skip
+
+
+def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch):
+    from megbrain.kernels import parallel
+
+    c = _case(n=2, icg=16, ocg=32, sshape=(12, 13))
+    _, _, src, filt = _operands(c)
+    outs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(parallel, "num_threads", lambda t=threads: t)
+        outs.append(_out88(c))
+        _bind(c, src, filt, outs[-1])[1]()
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[1], outs[2])
+
+
+@pytest.mark.parametrize(
+    "src_shape, filt_shape, group, match",
+    [
+        ((1, 2, 5, 5, 4), (2, 2, 3, 3, 8, 8), False, "last dim must be 8"),
+        ((1, 2, 5, 5, 8), (2, 3, 3, 3, 8, 8), False, "16 channels, the filter expects 24"),
+        ((1, 2, 5, 5, 8), (2, 2, 3, 3, 8), False, "dense filter"),
+        ((1, 2, 5, 5, 8), (2, 2, 1, 3, 3, 4, 8), True, "grouped filter"),
+        ((1, 2, 5, 5, 8), (2, 1, 2, 3, 3, 8), True, "channel-wise filter"),
+        ((1, 9, 5, 5), (2, 3, 3, 9, 8), False, "at most 8 channels"),
+        ((1, 2, 2, 2, 8), (2, 2, 3, 3, 8, 8), False, "not positive"),
+    ],
+)
+def test_bad_shapes_are_refused_naming_them(src_shape, filt_shape, group, match):
+    with pytest.raises(ValueError, match=match) as info:
+        conv_nchw88.nchw88_geometry(src_shape, filt_shape, group, (1, 1), (0, 0), (1, 1))
+    assert "NCHW88" in str(info.value) and str(src_shape) in str(info.value)
+
+
+def test_a_wrong_output_or_z_shape_is_refused():
+    c = _case()
+    _, _, src, filt = _operands(c)
+    with pytest.raises(ValueError, match="out .* must be"):
+        _bind(c, src, filt, _out88(c)[:, :, 1:])
+    with pytest.raises(ValueError, match="z .* must have the output's shape"):
+        _bind(c, src, filt, _out88(c), z=_out88(c)[:, :1])
