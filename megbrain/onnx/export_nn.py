@@ -77,6 +77,8 @@ def _conv_bias(w, op, ins):
         y = w.node("Conv", [ins[0], weight, b], group=group, **geo)
     else:
         y = w.node("Add", [w.node("Conv", [ins[0], weight], group=group, **geo), ins[2]])
+    if len(ins) == 4:  # z, added after the bias as the operator does
+        y = w.node("Add", [y, ins[3]])
     act = _ACT[op.params["nonlineMode"]]
     return y if act is None else emit_mode(w, act, [y], op.outputs[0].dtype)
 

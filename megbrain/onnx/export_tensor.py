@@ -516,6 +516,8 @@ REFUSED.update(
         "CallbackInjector": "it runs a Python callback",
         "Craniotome": "it is an operator defined in Python",
         "Timestamp": "it records profiling timestamps",
+        "RelayoutFormat": "ONNX tensors have no channel-blocked (NCHW88) layout; export the "
+        "graph before optimize_for_inference(use_nchw88=True)",
         "VirtualGrad": "a symbolic gradient (expanded only when compiling)",
         "VirtualLoss": "a symbolic gradient (expanded only when compiling)",
         "AssertEqual": "a run-time check with no ONNX form",

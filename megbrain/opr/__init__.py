@@ -89,6 +89,7 @@ from .tensor_manip import (
     concat,
     dimshuffle,
     get_var_shape,
+    relayout_format,
     remove_axis,
     reshape,
 )
@@ -204,6 +205,7 @@ __all__ = [
     "reduce_general",
     "remote_recv",
     "remote_send",
+    "relayout_format",
     "remove_axis",
     "require_input_dynamic_storage",
     "reshape",

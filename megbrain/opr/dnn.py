@@ -3,8 +3,12 @@ ConvolutionBackwardFilter, ConvBias, Convolution3D (and its backward oprs), Pool
 PoolingBackward, with the ``mgb.opr`` functions ``convolution``, ``deconvolution``,
 ``conv_bias_activation``, ``convolution3d``, ``deconvolution3d`` and ``pooling``.
 
-Only the batch-channel-first formats (NCHW, NCDHW) and floating-point dtypes are implemented;
-the other formats of the reference are accepted by the params and refused at inference.
+Only the batch-channel-first formats (NCHW, NCDHW) and floating-point dtypes are implemented,
+and, for the forward 2-d convolutions (Convolution and ConvBias), the channel-blocked NCHW88
+(:mod:`megbrain.kernels.conv_nchw88`, the layout ``optimize_for_inference(use_nchw88=True)``
+converts a network to; it has no gradient here); the other formats of the reference are
+accepted by the params and refused at inference. ConvBias takes an optional fourth input
+``z`` of the output's shape: ``act(conv + bias + z)``, as the reference's.
 Gradients are built from the backward operators, whose own gradients are convolutions, so
 second-order gradients work.
 """
@@ -20,7 +24,7 @@ from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
-from ..kernels import conv_algos, conv_epilogue
+from ..kernels import conv_algos, conv_epilogue, conv_nchw88
 from ..kernels import dnn_conv as conv_kernels
 from ..kernels import dnn_pool as pool_kernels
 from ..kernels import elemwise as ew_kernels
@@ -258,11 +262,26 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
     uses_workspace = True  # the im2col column buffer
     nsp = 2
     layout = "NCHW"
+    #: whether the operator computes the NCHW88 format too (the forward 2-d convolutions)
+    blocked_format = False
 
     def _check_format(self):
-        if self.param.format != self.layout:
+        if self.param.format == self.layout or self._nchw88():
+            return
+        also = " and NCHW88" if self.blocked_format else ""
+        raise self.error(
+            f"format {self.param.format} is not supported (only {self.layout}{also} is "
+            "implemented)"
+        )
+
+    def _nchw88(self) -> bool:
+        return self.blocked_format and self.param.format == "NCHW88"
+
+    def _no_nchw88_grad(self):
+        if self.param.format == "NCHW88":
             raise self.error(
-                f"format {self.param.format} is not supported (only {self.layout} is implemented)"
+                "the NCHW88 format has no gradient here (it is an inference layout, from "
+                "optimize_for_inference(use_nchw88=True)); differentiate the NCHW graph"
             )
 
     def _filter_geometry(self, fshape: tuple) -> tuple[int, int, int, tuple]:
@@ -298,6 +317,8 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
     def _fwd_shape(self, src: tuple, filt: tuple, src_name: str = "src") -> tuple:
         """Forward output shape of ``src`` convolved with ``filt``, checking channels."""
         self._check_format()
+        if self._nchw88():
+            return self._nchw88_geometry(src, filt).out_shape
         self._check_ndim(src_name, src)
         g, ocg, icg, fsp = self._filter_geometry(filt)
         if src[1] != g * icg:
@@ -306,6 +327,35 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
                 f"{fmt_shape(filt)} expects {g * icg} (groups={g}, channels per group={icg})"
             )
         return (src[0], g * ocg) + self._out_spatial(src[2:], fsp, f"{src_name} {fmt_shape(src)}")
+
+    def _nchw88_geometry(self, src: tuple, filt: tuple) -> conv_nchw88.Nchw88Geometry:
+        p = self.param
+        try:
+            return conv_nchw88.nchw88_geometry(src, filt, p.group, p.stride, p.pad, p.dilate)
+        except ValueError as exc:
+            raise self.error(str(exc)) from None
+
+    def _bind_nchw88(self, src, filt, out, epilogue=None, z=None):
+        """The NCHW88 forward step (:func:`conv_nchw88.bind_nchw88_forward`), recording its
+        algorithm; its NCHW fallback chooses an NCHW algorithm by the param's strategy."""
+
+        def select_nchw(x, w, y):
+            step = self._bind_kernel("forward", x, w, y)
+            inner[0] = self.chosen_algorithm
+            return step
+
+        inner = [None]
+        p = self.param
+        with constant_filter(self._filter_is_constant()):
+            try:
+                name, step = conv_nchw88.bind_nchw88_forward(
+                    src, filt, out, p.stride, p.pad, p.dilate, p.flip, group=bool(p.group),
+                    epilogue=epilogue, z=z, select_nchw=select_nchw,
+                )  # fmt: skip
+            except ValueError as exc:
+                raise self.error(str(exc)) from None
+        self.chosen_algorithm = name if inner[0] is None else f"{name}:{inner[0]}"
+        return step
 
     def _grouped(self, filt: np.ndarray) -> np.ndarray:
         return filt if self.param.group else filt[None]
@@ -375,12 +425,15 @@ class _ConvForward(_ConvBase):
         return [self._fwd_shape(tuple(in_shapes[0]), tuple(in_shapes[1]))]
 
     def bind(self, ins, outs):
+        if self._nchw88():
+            return self._bind_nchw88(ins[0], ins[1], outs[0])
         return self._bind_kernel("forward", ins[0], self._grouped(ins[1]), outs[0])
 
     def grad(self, wrt_idx, out_grads):
         og = out_grads[0]
         if og is None:
             return None
+        self._no_nchw88_grad()
         src, filt = self.inputs
         if wrt_idx == 0:
             return _make(self.bwd_data, [filt, og, src], self.param).node
@@ -495,6 +548,7 @@ class Convolution(_ConvForward):
     type_name = "ConvolutionForward"
 
     short_name = "conv"
+    blocked_format = True
 
 
 @register_opr
@@ -559,8 +613,10 @@ del _fwd, _data, _filt, _cls
 
 @register_opr
 class ConvBias(_ConvBase):
-    """``act(convolution(src, filter) + bias)`` with bias (1, OC, 1, 1) or of the output's
-    shape; act is IDENTITY, RELU, SIGMOID or H_SWISH (``nonlineMode``)."""
+    """``act(convolution(src, filter) + bias [+ z])`` with bias (1, OC, 1, 1) (NCHW88:
+    (1, OC/8, 1, 1, 8)) or of the output's shape and the optional ``z`` of the output's
+    shape (summed in that order); act is IDENTITY, RELU, SIGMOID or H_SWISH
+    (``nonlineMode``)."""
 
     #: the reference's C++ type (ConvBias is an alias of ConvBiasForward)
     type_name = "ConvBiasForward"
@@ -568,32 +624,65 @@ class ConvBias(_ConvBase):
     short_name = "conv_bias"
 
     Param = ConvBiasParam
+    blocked_format = True
 
     def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) != 3:
-            raise self.error(f"expected 3 inputs (src, filter, bias), got {len(in_dtypes)}")
-        return [_float_dtype(self, in_dtypes, ("src", "filter", "bias"))]
+        if len(in_dtypes) not in (3, 4):
+            raise self.error(
+                f"expected 3 or 4 inputs (src, filter, bias[, z]), got {len(in_dtypes)}"
+            )
+        return [_float_dtype(self, in_dtypes, ("src", "filter", "bias", "z"))]
+
+    def _channel_bias_shape(self, out: tuple) -> tuple:
+        if self._nchw88():
+            return (1, out[1], 1, 1, out[4])
+        return (1, out[1], 1, 1)
 
     def infer_shapes(self, in_shapes, in_values):
         out = self._fwd_shape(tuple(in_shapes[0]), tuple(in_shapes[1]))
         bias = tuple(in_shapes[2])
-        if bias not in ((1, out[1], 1, 1), out):
+        per_channel = self._channel_bias_shape(out)
+        if bias not in (per_channel, out):
             raise self.error(
-                f"bias {fmt_shape(bias)} must be {fmt_shape((1, out[1], 1, 1))} or the output "
+                f"bias {fmt_shape(bias)} must be {fmt_shape(per_channel)} or the output "
                 f"shape {fmt_shape(out)}"
+            )
+        if len(in_shapes) == 4 and tuple(in_shapes[3]) != out:
+            raise self.error(
+                f"z {fmt_shape(tuple(in_shapes[3]))} must have the output shape {fmt_shape(out)}"
             )
         return [out]
 
     def bind(self, ins, outs):
         mode = self.param.nonlineMode
+        z = ins[3] if len(ins) == 4 else None
 
-        def act():  # bias and activation in a pass of their own, when the kernel does not
-            return ew_kernels.bind(_BIAS_ACT[mode], [outs[0], ins[2]], outs[0])
+        def act():  # bias (and z) and activation in passes of their own
+            if z is None:
+                return ew_kernels.bind(_BIAS_ACT[mode], [outs[0], ins[2]], outs[0])
+            return chain([
+                ew_kernels.bind("ADD", [outs[0], ins[2]], outs[0]),
+                ew_kernels.bind(_BIAS_ACT[mode], [outs[0], z], outs[0]),
+            ])  # fmt: skip
 
-        epilogue = conv_epilogue.for_conv_bias(mode, ins[2], outs[0])
+        if self._nchw88():
+            epilogue = self._nchw88_epilogue(mode, ins[2], outs[0])
+            if epilogue is not None:
+                return self._bind_nchw88(ins[0], ins[1], outs[0], epilogue=epilogue, z=z)
+            return chain([self._bind_nchw88(ins[0], ins[1], outs[0]), act()])
+        epilogue = None if z is not None else conv_epilogue.for_conv_bias(mode, ins[2], outs[0])
         return self._bind_kernel(
             "forward", ins[0], self._grouped(ins[1]), outs[0], epilogue=epilogue, then=act
         )
+
+    def _nchw88_epilogue(self, mode: str, bias: np.ndarray, out: np.ndarray):
+        """The epilogue of an NCHW88 ConvBias (its per-channel bias as OC values, a view),
+        or None when the kernel can not apply it."""
+        if mode not in ("IDENTITY", "RELU") or bias.dtype != out.dtype:
+            return None
+        if bias.shape != self._channel_bias_shape(out.shape) or not bias.flags.c_contiguous:
+            return None
+        return conv_epilogue.Epilogue(bias.reshape(-1), mode == "RELU")
 
     def grad(self, wrt_idx, out_grads):
         from .basic_arith import elemwise
@@ -602,8 +691,9 @@ class ConvBias(_ConvBase):
         og = out_grads[0]
         if og is None:
             return None
+        self._no_nchw88_grad()
         og, y = sv(og), sv(self.outputs[0])
-        src, filt, bias = self.inputs
+        src, filt, bias = self.inputs[:3]
         cparam = self.param.conv_param()
         mode = self.param.nonlineMode
         # the gradient of the pre-activation value conv + bias
@@ -615,11 +705,15 @@ class ConvBias(_ConvBase):
             gpre = elemwise(y, og, mode="SIGMOID_GRAD")
         else:
             pre = elemwise(_make(Convolution, [src, filt], cparam), sv(bias), mode="ADD")
+            if len(self.inputs) == 4:
+                pre = elemwise(pre, sv(self.inputs[3]), mode="ADD")
             gpre = elemwise(pre, og, mode="H_SWISH_GRAD")
         if wrt_idx == 0:
             return _make(ConvolutionBackwardData, [filt, gpre, src], cparam).node
         if wrt_idx == 1:
             return _make(ConvolutionBackwardFilter, [src, gpre, filt], cparam).node
+        if wrt_idx == 3:  # z, of the output's shape
+            return gpre.node
         return reduce_to_input(gpre, bias)
 
 

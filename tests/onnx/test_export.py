@@ -316,6 +316,33 @@ def test_export_conv_bias_full_bias_grouped_flipped_and_average_pooling(rng):
     _roundtrip([y, p], feeds)
 
 
+def test_export_conv_bias_with_z(rng):
+    g = mgb.comp_graph()
+    x = _arg(g, (2, 4, 6, 6), "x")
+    z = _arg(g, (2, 8, 6, 6), "z")
+    w = _shared(g, rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w")
+    b = _shared(g, rng.standard_normal((1, 8, 1, 1)).astype(np.float32), "b")
+    y = mgb.opr.elem.relu(mgb.opr.convolution(x, w, pad_h=1, pad_w=1) + b + z)
+    (fused,) = mgb.optimize_for_inference(
+        [y], fuse_conv_bias_nonlinearity=True, fuse_conv_bias_with_z=True
+    )
+    (cb,) = [o for o in mgb.cgtools.get_oprs_seq([fused]) if o.type == "ConvBiasForward"]
+    assert len(cb.inputs) == 4
+    feeds = [(x, rng.standard_normal((2, 4, 6, 6)).astype(np.float32)),
+             (z, rng.standard_normal((2, 8, 6, 6)).astype(np.float32))]  # fmt: skip
+    _roundtrip([fused], feeds)
+
+
+def test_export_refuses_the_nchw88_layout_saying_what_to_do(rng, tmp_path):
+    g = mgb.comp_graph()
+    x = _arg(g, (1, 16, 6, 6), "x")
+    w = _shared(g, rng.standard_normal((16, 16, 3, 3)).astype(np.float32), "w")
+    (y,) = mgb.optimize_for_inference([mgb.opr.convolution(x, w, pad_h=1, pad_w=1)],
+                                      use_nchw88=True)  # fmt: skip
+    with pytest.raises(ONNXConversionError, match="RelayoutFormat.*before optimize_for_inf"):
+        export([y], str(tmp_path / "m.onnx"))
+
+
 def test_export_conv_true_convolution_mode_and_dilation(rng):
     g = mgb.comp_graph()
     x = _arg(g, (1, 2, 9, 9), "x")
