@@ -1,9 +1,12 @@
 """ONNX inference: megbrain (optimize_for_inference, JIT fusion) against onnxruntime on the same
 model, machine and run, as a ratio of their times (higher is better for megbrain).
 
-megbrain optimizes with ``fuse_conv_bias_nonlinearity`` (convolution, bias and ReLU in one
-operator; ``MGB_BENCH_NO_FUSE=1`` turns it off) and sets ``graph_opt.weight_preprocess``
-(its convolutions pack their filters once, as onnxruntime prepacks its initializers).
+megbrain optimizes with ``fuse_conv_bias_nonlinearity`` and ``fuse_conv_bias_with_z``
+(convolution, bias, residual and ReLU in one operator; ``MGB_BENCH_NO_FUSE=1`` turns both
+off) and ``use_nchw88`` (the channel-blocked layout between the convolutions, as
+onnxruntime's NCHWc transformer; ``MGB_BENCH_NCHW=1`` keeps NCHW), and sets
+``graph_opt.weight_preprocess`` (its convolutions pack their filters once, as onnxruntime
+prepacks its initializers).
 
 Models: the light ResNet50 of the onnx wheel's test data (batch 1, 224x224; weights from
 ConstantOfShape) and the digits CNN exported with ``megbrain.onnx.export``.
@@ -34,9 +37,12 @@ import time
 
 import numpy as np
 
-#: optimize_for_inference's fuse_conv_bias_nonlinearity: the convolutions add the bias and
-#: apply the ReLU as they write their output (``MGB_BENCH_NO_FUSE=1`` turns it off)
+#: optimize_for_inference's fuse_conv_bias_nonlinearity and fuse_conv_bias_with_z: the
+#: convolutions add the bias and the residual and apply the ReLU as they write their output
+#: (``MGB_BENCH_NO_FUSE=1`` turns them off)
 FUSE_CONV_BIAS = os.environ.get("MGB_BENCH_NO_FUSE") != "1"
+#: optimize_for_inference's use_nchw88 (``MGB_BENCH_NCHW=1`` turns it off)
+NCHW88 = os.environ.get("MGB_BENCH_NCHW") != "1"
 
 
 def _megbrain_runner(path: str, feed: dict, profile: bool = False):
@@ -46,7 +52,10 @@ def _megbrain_runner(path: str, feed: dict, profile: bool = False):
     res = mo.load(path)
     names = list(res.outputs)
     outs = mgb.optimize_for_inference(
-        [res.outputs[n] for n in names], fuse_conv_bias_nonlinearity=FUSE_CONV_BIAS
+        [res.outputs[n] for n in names],
+        fuse_conv_bias_nonlinearity=FUSE_CONV_BIAS,
+        fuse_conv_bias_with_z=FUSE_CONV_BIAS,
+        use_nchw88=NCHW88,
     )
     res.graph.set_option("graph_opt.jit", 1)
     # the folded filters are not written again: convolutions pack them once (as onnxruntime
@@ -111,9 +120,11 @@ def _resnet50() -> tuple[str, dict] | None:
 
 
 #: seconds each call waits before it starts: onnxruntime's worker threads spin on after its
-#: call returns (its default), and a megbrain call started at once found both cores taken
-#: (the digits CNN's median 11 ms against 1.4 ms with onnxruntime's spinning off)
-SETTLE_S = 0.02
+#: call returns (its default), and a megbrain call started before they stop finds a core
+#: taken. They spun for 40-80 ms after a ResNet50 call (one core's CPU time, sampled every
+#: 20 ms); after 20 ms, megbrain's first layers ran 2-3x slower than alone (the digits CNN's
+#: median 11 ms against 1.4 ms with no wait at all)
+SETTLE_S = 0.15
 
 
 def interleaved(fns: dict, rounds: int, warmup: int = 3) -> dict[str, list[float]]:

@@ -18,12 +18,17 @@
 8. ``arith_fuse``: ``act(a + b)`` becomes FUSE_ADD_<act>, products in sums FUSE_MUL_ADD3/4;
 9. ``reorder_arith_chain`` again, ``remove_redundant_typecvt``, ``param_fuse`` again;
 10. ``fuse_conv_bias_nonlinearity`` (flag): ``act(convolution(x, w) + b)`` becomes ConvBias;
-11. ``fuse_conv_bias_with_z`` (flag): ``convolution(x, w) + z`` with ``z`` of the output's
-    shape becomes ConvBias with ``z`` as its bias;
-12. ``convert_f16_io`` (``f16_io_comp`` / ``f16_io_f32_comp``): float32 vars become float16,
+11. ``fuse_conv_bias_with_z`` (flag): ``act(convolution(x, w) + z)`` with ``z`` of the
+    output's shape becomes ConvBias with ``z`` as its bias, ``act(conv_bias(x, w, b) + z)``
+    (an IDENTITY ConvBias read once; ``act(conv_bias(x, w, z) + b)`` with a per-channel ``b``
+    alike) the four-input ``conv_bias(x, w, b, z)`` with ``act``;
+12. ``use_nchw88`` (flag): the convolutions and the elementwise operators between them
+    compute in the channel-blocked NCHW88 layout (:mod:`megbrain.gopt.nchw88`);
+13. ``convert_f16_io`` (``f16_io_comp`` / ``f16_io_f32_comp``): float32 vars become float16,
     the outputs are converted back to float32;
-13. ``param_fuse`` again: the parameters converted to float16 and the ConvBias biases;
-14. ``param_merge``: every SharedDeviceTensor becomes an output of one
+14. ``param_fuse`` again: the parameters converted to float16 or NCHW88 and the ConvBias
+    biases;
+15. ``param_merge``: every SharedDeviceTensor becomes an output of one
     MultipleDeviceTensorHolder.
 
 A pass is ``f(graph, dest, options) -> {old var: new var}``.
@@ -50,6 +55,7 @@ from ..opr.io import (
     shared_device_tensor,
 )
 from ..opr.tensor_manip import broadcast, reshape
+from .nchw88 import use_nchw88
 from .passes import (
     FUSE_ADD_ACTS,
     PASSES,
@@ -71,7 +77,7 @@ __all__ = [
     "LAYOUT_FLAGS",
 ]
 
-#: the layout flags of the reference; none is implemented (convolution is NCHW only)
+#: the layout flags of the reference; of them, ``use_nchw88`` is implemented
 LAYOUT_FLAGS = (
     "use_nhwcd4", "use_nchw32", "use_nchw4", "use_nchw88", "use_nchw44", "use_nchw44_dot",
     "use_chwn4",
@@ -94,6 +100,7 @@ class InferenceOptions:
     f16_io_comp: bool = False
     fuse_conv_bias_nonlinearity: bool = False
     fuse_conv_bias_with_z: bool = False
+    use_nchw88: bool = False
 
 
 INFERENCE_PASSES: dict[str, Callable] = {}
@@ -114,6 +121,7 @@ INFERENCE_PRESET: list[str] = [
     "param_fuse",
     "fuse_conv_bias_nonlinearity",
     "fuse_conv_bias_with_z",
+    "use_nchw88",
     "convert_f16_io",
     "param_fuse",
     "param_merge",
@@ -457,19 +465,45 @@ def _conv_bias_from(cb, inputs, mode: str) -> VarNode:
 @register_inference_pass("fuse_conv_bias_with_z", lambda o: o.fuse_conv_bias_with_z)
 def fuse_conv_bias_with_z(graph, dest, options):
     """``act(convolution(x, w) + z)`` with ``z`` of the output's shape becomes ConvBias with
-    ``z`` as its (full-shape) bias."""
+    ``z`` as its (full-shape) bias; ``act(conv_bias(x, w, b) + z)``, the ConvBias IDENTITY
+    with three inputs and read once, becomes ``conv_bias(x, w, b, z)`` with ``act``."""
     rw = Rewriter(graph, dest)
 
     def rule(opr):
         if opr.type_name != "Elemwise" or opr.param.mode not in _ADD_ACT or opr.extra_deps:
             return None
+        mode = _ADD_ACT[opr.param.mode]
         for c, z in (opr.inputs, opr.inputs[::-1]):
+            out = static_shape(c)
             zs = static_shape(z)
-            if _is_conv(c, rw) and zs is not None and zs == static_shape(c):
-                return [_conv_bias(c.owner, z, _ADD_ACT[opr.param.mode])]
+            if out is None or zs is None:
+                continue
+            if zs == out and _is_conv(c, rw):
+                return [_conv_bias(c.owner, z, mode)]
+            o = c.owner
+            if not (
+                o.type_name == ConvBias.type_name
+                and o.param.format == "NCHW"
+                and o.param.nonlineMode == "IDENTITY"
+                and len(o.inputs) == 3
+                and not o.extra_deps
+                and rw.sole_reader(c)
+            ):
+                continue
+            src, w, bias = o.inputs
+            if zs == out:  # act(conv + b + z)
+                return [_conv_bias_from(o, [src, w, bias, z], mode)]
+            per_channel = _per_channel_bias(z, out[1]) if len(out) == 4 else None
+            if per_channel is not None and static_shape(bias) == out:
+                # act((conv + z) + b) with a per-channel b: the bias is b, z the sum's
+                # other term (the sum reassociated, as reorder_arith_chain does)
+                return [_conv_bias_from(o, [src, w, per_channel, bias], mode)]
         return None
 
     return rw.apply(rule, "convolution and z fused into ConvBias")
+
+
+register_inference_pass("use_nchw88", lambda o: o.use_nchw88)(use_nchw88)
 
 
 # ---- 7. float16 --------------------------------------------------------------------------
@@ -726,9 +760,13 @@ def optimize_for_inference(
         Fuse convolution, per-channel bias and activation into ConvBias.
     fuse_conv_bias_with_z : bool
         Fuse convolution plus a tensor of its output's shape into ConvBias.
-    use_nhwcd4, use_nchw32, use_nchw4, use_nchw88, use_nchw44, use_nchw44_dot, use_chwn4 : bool
-        Layout transforms of the reference. At most one may be set; none is implemented
-        here (convolution computes NCHW only), so setting one raises MegBrainError.
+    use_nchw88 : bool
+        Compute the convolutions (float32, channels per group multiples of 8) and the
+        elementwise operators between them in the channel-blocked NCHW88 layout
+        (:mod:`megbrain.gopt.nchw88`); the outputs keep their layout.
+    use_nhwcd4, use_nchw32, use_nchw4, use_nchw44, use_nchw44_dot, use_chwn4 : bool
+        Layout transforms of the reference that are not implemented here: setting one
+        raises MegBrainError. At most one layout flag may be set.
 
     Returns
     -------
@@ -747,10 +785,10 @@ def optimize_for_inference(
         raise MegBrainError(
             f"optimize_for_inference: at most one layout flag may be set, got {', '.join(layouts)}"
         )
-    if layouts:
+    if layouts and layouts[0] != "use_nchw88":
         raise MegBrainError(
             f"optimize_for_inference: {layouts[0]} is not implemented "
-            "(convolution supports only the NCHW format here)"
+            "(convolution supports the NCHW and NCHW88 formats here: use_nchw88)"
         )
     if f16_io_f32_comp and f16_io_comp:
         raise MegBrainError(
@@ -761,6 +799,7 @@ def optimize_for_inference(
         f16_io_comp=bool(f16_io_comp),
         fuse_conv_bias_nonlinearity=bool(fuse_conv_bias_nonlinearity),
         fuse_conv_bias_with_z=bool(fuse_conv_bias_with_z),
+        use_nchw88=bool(use_nchw88),
     )
     single = as_var(output_vars) is not None
     dest = [_var(v) for v in ([output_vars] if single else list(output_vars))]

@@ -1,0 +1,135 @@
+"""``use_nchw88``: an inference graph in the channel-blocked NCHW88 layout (the reference's
+EnableNchwxxPass for NCHW88).
+
+Float32 2-d Convolution and ConvBias operators whose input and output channels per group are
+multiples of 8 (dense, or grouped with ``sparse=GROUP``) become their NCHW88 form: the filter
+converted by RelayoutFormat (folded into a constant by the ``param_fuse`` that follows), the
+per-channel bias (1, OC, 1, 1) to (1, OC/8, 1, 1, 8), ``z`` and a full-shape bias to NCHW88.
+Elementwise operators follow when one input is NCHW88 and every other one is NCHW88, of a
+shape broadcasting per channel or per position (``(N, 1, H, W)``), or a scalar. Every other
+reader of a converted var reads it back in NCHW (RelayoutFormat NCHW88_NCHW, made once per
+var), as do the outputs: the graph computes the same values in another layout.
+
+Not converted (they stay NCHW, behind a relayout): the hybrid first layer of the reference
+(an NCHW source of fewer than 8 channels: it ran faster as an NCHW convolution here than as
+the NCHW fallback of the NCHW88 one), channel-wise convolutions (no blocked kernel),
+pooling and all other operators.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..graph import VarNode, static_shape
+from ..opr.base import SymbolVar
+from ..opr.dnn import ConvBias, Convolution
+from ..opr.tensor_manip import relayout_format, reshape
+from .passes import Rewriter, VarMap, inherit_props
+
+__all__ = ["use_nchw88"]
+
+_F32 = np.dtype(np.float32)
+_CONVS = (Convolution.type_name, ConvBias.type_name)
+
+
+def _conv_weight_mode(opr) -> str | None:
+    """The filter's RelayoutFormat mode when ``opr`` converts, else None."""
+    p = opr.param
+    if opr.type_name not in _CONVS or p.format != "NCHW" or opr.extra_deps:
+        return None
+    if opr.outputs[0].dtype != _F32 or any(v.dtype != _F32 for v in opr.inputs):
+        return None
+    src, filt = static_shape(opr.inputs[0]), static_shape(opr.inputs[1])
+    out = static_shape(opr.outputs[0])
+    if src is None or filt is None or out is None or len(src) != 4:
+        return None
+    if p.group:  # (G, OCg, ICg, FH, FW)
+        if len(filt) != 5 or filt[1] % 8 or filt[2] % 8:
+            return None
+        return "NCHW_NCHW88_CONV_GROUP_WEIGHT"
+    if len(filt) != 4 or filt[0] % 8 or filt[1] % 8:
+        return None
+    return "NCHW_NCHW88_CONV_DENSE_WEIGHT"
+
+
+def use_nchw88(graph, dest, options) -> VarMap:
+    """The NCHW88 rewrite of the graph of ``dest`` (see the module's docstring)."""
+    rw = Rewriter(graph, dest)
+    blocked: dict[VarNode, VarNode] = {}  # original var -> its NCHW88 var
+
+    def nchw(v: VarNode) -> VarNode:
+        if v in blocked and v not in rw.varmap:
+            back = relayout_format(SymbolVar(blocked[v]), mode="NCHW88_NCHW").node
+            rw.replace(v, back, "read back from NCHW88")
+        return rw.get(v)
+
+    def to88(v: VarNode) -> VarNode:
+        if v not in blocked:
+            blocked[v] = relayout_format(SymbolVar(rw.get(v)), mode="NCHW_NCHW88").node
+        return blocked[v]
+
+    def operand88(v: VarNode, out: tuple) -> VarNode | None:
+        """An elementwise operand of NCHW88 output ``out`` (its NCHW shape), or None."""
+        if v in blocked:
+            return blocked[v]
+        s = static_shape(v)
+        if s is None:
+            return None
+        if all(d == 1 for d in s):
+            return rw.get(v)
+        if len(s) != 4 or any(d not in (1, o) for d, o in zip(s, out)):
+            return None
+        if s[1] == out[1]:
+            return to88(v)
+        if s[1] == 1:
+            return reshape(SymbolVar(rw.get(v)), (s[0], 1, s[2], s[3], 1)).node
+        return None
+
+    def convert_conv(opr, wmode: str) -> VarNode:
+        src = to88(opr.inputs[0])
+        filt = relayout_format(SymbolVar(rw.get(opr.inputs[1])), mode=wmode).node
+        ins = [src, filt]
+        if opr.type_name == ConvBias.type_name:
+            bias = opr.inputs[2]
+            ins.append(relayout_format(SymbolVar(rw.get(bias)), mode="NCHW_NCHW88").node
+                       if bias not in blocked else blocked[bias])  # fmt: skip
+            ins += [to88(z) for z in opr.inputs[3:]]
+        param = dataclasses.replace(opr.param, format="NCHW88")
+        return graph.insert_opr(type(opr)(ins, param, opr.config))[0]
+
+    def convert_elemwise(opr) -> VarNode | None:
+        out = static_shape(opr.outputs[0])
+        if (
+            opr.type_name != "Elemwise"
+            or opr.extra_deps
+            or out is None
+            or len(out) != 4
+            or out[1] % 8
+            or not any(v in blocked for v in opr.inputs)
+        ):
+            return None
+        ins = [operand88(v, tuple(out)) for v in opr.inputs]
+        if any(v is None for v in ins):
+            return None
+        return graph.insert_opr(opr.clone(ins))[0]
+
+    for opr in rw.oprs:
+        with inherit_props(graph, opr):
+            wmode = _conv_weight_mode(opr)
+            new = convert_conv(opr, wmode) if wmode is not None else convert_elemwise(opr)
+            if new is not None:
+                blocked[opr.outputs[0]] = new
+                continue
+            for v in (*opr.inputs, *opr.extra_deps):
+                nchw(v)
+            for old, rebuilt in zip(opr.outputs, rw.rebuild(opr)):
+                rw.replace(old, rebuilt)
+    for v in dest:
+        nchw(v)
+    varmap = rw.varmap
+    for v in dest:
+        if v in blocked:
+            varmap.reasons[v] = "computed in NCHW88"
+    return varmap

@@ -1,0 +1,133 @@
+"""optimize_for_inference's use_nchw88 (the channel-blocked layout between the convolutions)
+and the four-input ConvBias of fuse_conv_bias_with_z: the rewritten graphs compute what the
+original ones do, with the operators converted that should be and the others read back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import megbrain as mgb
+from megbrain.opr.dnn import convolution
+
+CN = "cpu0"
+F32 = np.float32
+
+
+def _shared(g, rng, shape, name):
+    return mgb.make_shared(CN, value=rng.standard_normal(shape).astype(F32) * 0.3, comp_graph=g,
+                           name=name)  # fmt: skip
+
+
+def _oprs(outs):
+    g = outs[0].owner_graph
+    f = g.compile(None, [mgb.copy_output(v) for v in outs])
+    return f, list(f._func.iter_opr_seq())
+
+
+def _results(outs, feed):
+    f, _ = _oprs(outs)
+    names = {v.name for v in f.inputs}
+    return f(**{k: v for k, v in feed.items() if k in names})
+
+
+def _residual_net(seed=0, c=16, mid=16, groups=1):
+    """A ResNet bottleneck (1x1, 3x3 (grouped), 1x1 + the input, ReLU), a strided 3x3 with a
+    channel count that is no multiple of 8, max pooling and a sigmoid gate, the outputs in
+    NCHW: what the NCHW88 rewrite must keep."""
+    rng = np.random.default_rng(seed)
+    g = mgb.comp_graph(check_env_var=False)
+    g.set_option("log_level", 0)
+    x = mgb.make_arg(CN, g, name="x", shape=(2, c, 10, 9))
+    relu = mgb.opr.elem.relu
+
+    def conv(v, ic, oc, k, name, **kw):
+        w = _shared(g, rng, (oc, ic, k, k), name)
+        y = convolution(v, w, pad_h=k // 2, pad_w=k // 2, **kw)
+        return y + _shared(g, rng, (1, oc, 1, 1), name + "_b")
+
+    h = relu(conv(x, c, mid, 1, "a"))
+    if groups > 1:
+        wg = _shared(g, rng, (groups, mid // groups, mid // groups, 3, 3), "bg")
+        h = relu(convolution(h, wg, pad_h=1, pad_w=1, sparse="GROUP")
+                 + _shared(g, rng, (1, mid, 1, 1), "bg_b"))  # fmt: skip
+    else:
+        h = relu(conv(h, mid, mid, 3, "b"))
+    y = relu(conv(h, mid, c, 1, "c") + x)
+    odd = conv(y, c, 12, 3, "d", stride_h=2, stride_w=2)  # 12 channels: stays NCHW
+    pooled = mgb.opr.pooling(y, window_h=2, window_w=2)
+    gate = mgb.opr.elem.sigmoid(y) * y
+    feed = {"x": rng.standard_normal((2, c, 10, 9)).astype(F32)}
+    return g, [y, odd, pooled, gate], feed
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("fuse", [False, True])
+def test_use_nchw88_computes_the_same(groups, fuse):
+    _, outs, feed = _residual_net(groups=groups)
+    want = _results(outs, feed)
+    opts = dict(fuse_conv_bias_nonlinearity=fuse, fuse_conv_bias_with_z=fuse)
+    new = mgb.optimize_for_inference(outs, use_nchw88=True, **opts)
+    got = _results(new, feed)
+    for a, b in zip(want, got):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+    _, seq = _oprs(new)
+    convs = [o for o in seq if o.type_name.startswith("Conv")]
+    formats = sorted(o.param.format for o in convs)
+    assert formats == ["NCHW", "NCHW88", "NCHW88", "NCHW88"]  # the 12-channel one stays
+    assert any(o.type_name == "RelayoutFormat" for o in seq)
+    # the filters were converted once, at optimization (param_fuse): no relayout of a
+    # parameter runs
+    for o in seq:
+        if o.type_name == "RelayoutFormat":
+            assert o.inputs[0].owner.type_name not in ("SharedDeviceTensor",
+                                                       "MultipleDeviceTensorHolder",
+                                                       "ImmutableTensor")  # fmt: skip
+
+
+def test_use_nchw88_fuses_the_residual_into_the_last_convolution():
+    _, outs, feed = _residual_net()
+    new = mgb.optimize_for_inference(
+        outs[:1], use_nchw88=True, fuse_conv_bias_nonlinearity=True, fuse_conv_bias_with_z=True
+    )
+    np.testing.assert_allclose(_results(new, feed)[0], _results(outs[:1], feed)[0], rtol=1e-4,
+                               atol=1e-5)  # fmt: skip
+    _, seq = _oprs(new)
+    types = [o.type_name for o in seq]
+    assert "Elemwise" not in types  # bias, residual and ReLUs all inside the ConvBias ops
+    last = [o for o in seq if o.type_name == "ConvBiasForward"][-1]
+    assert len(last.inputs) == 4 and last.param.nonlineMode == "RELU"
+    assert last.param.format == "NCHW88" and last.chosen_algorithm == "DIRECT_NCHW88"
+
+
+def test_use_nchw88_leaves_a_graph_without_convertible_convolutions():
+    rng = np.random.default_rng(1)
+    g = mgb.comp_graph(check_env_var=False)
+    x = mgb.make_arg(CN, g, name="x", shape=(1, 3, 6, 6))
+    y = mgb.opr.elem.relu(convolution(x, _shared(g, rng, (5, 3, 3, 3), "w")))
+    new = mgb.optimize_for_inference([y], use_nchw88=True)
+    _, seq = _oprs(new)
+    assert not any(o.type_name == "RelayoutFormat" for o in seq)
+
+
+@pytest.mark.parametrize("order", ["conv+b+z", "conv+z+b"])
+def test_fuse_conv_bias_with_z_builds_the_four_input_conv_bias(order):
+    rng = np.random.default_rng(2)
+    g = mgb.comp_graph(check_env_var=False)
+    x = mgb.make_arg(CN, g, name="x", shape=(2, 4, 6, 6))
+    z = mgb.make_arg(CN, g, name="z", shape=(2, 8, 6, 6))
+    c = convolution(x, _shared(g, rng, (8, 4, 3, 3), "w"), pad_h=1, pad_w=1)
+    b = _shared(g, rng, (1, 8, 1, 1), "b")
+    y = mgb.opr.elem.relu((c + b) + z if order == "conv+b+z" else (c + z) + b)
+    feed = {"x": rng.standard_normal((2, 4, 6, 6)).astype(F32),
+            "z": rng.standard_normal((2, 8, 6, 6)).astype(F32)}  # fmt: skip
+    new = mgb.optimize_for_inference(
+        [y], fuse_conv_bias_nonlinearity=True, fuse_conv_bias_with_z=True
+    )
+    np.testing.assert_allclose(_results(new, feed)[0], _results([y], feed)[0], rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+    _, seq = _oprs(new)
+    (cb,) = [o for o in seq if o.type_name == "ConvBiasForward"]
+    assert len(cb.inputs) == 4 and cb.param.nonlineMode == "RELU"
+    assert not any(o.type_name == "Elemwise" for o in seq)
