@@ -330,8 +330,9 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
     units = n * geo.g * (geo.ocg // loops.OB) * -(-oh // rows)
     geom = np.array([geo.g, geo.ocg // loops.OB, geo.icg // loops.CB, wq, oh, ow, rows,
                      cstride, sample, shift, limit, _chunk(taps.size)], np.int64)  # fmt: skip
-    parts = parallel.ranges(units, parallel.num_threads(), 1)
-    rbs = workspace.empty((len(parts), (rows * wq + 2 * loops.P) * loops.OB), _F32)
+    threads = max(1, min(units, parallel.num_threads()))
+    rbs = workspace.empty((threads, (rows * wq + 2 * loops.P) * loops.OB), _F32)
+    counter = np.zeros(1, np.int64)  # the next unit: the threads take units as they go
     outf = out.reshape(-1)
     epi = 0
     bias = _EMPTY
@@ -346,10 +347,11 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
             steps.append(functools.partial(np.copyto, zc, z))
         zf = loops.readonly_view(zc.reshape(-1))
         epi |= 2
+    steps.append(functools.partial(counter.fill, 0))
     steps.append(parallel.concurrently([
         functools.partial(loops.conv_units_blocked, xp, wp, outf, zf, rbs[i], taps, geom, bias,
-                          epi, lo, hi)  # fmt: skip
-        for i, (lo, hi) in enumerate(parts)
+                          epi, counter, units)  # fmt: skip
+        for i in range(threads)
     ]))  # fmt: skip
     conv = chain(steps)
     if not constant:

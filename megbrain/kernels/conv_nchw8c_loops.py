@@ -65,7 +65,7 @@ P = 6
 SLACK = 64
 _TILE = P * OB
 
-stack_tile = None  # the tiled_jit intrinsic, bound by _compiled() before compiling
+stack_tile = fetch_add = None  # the tiled_jit intrinsics, bound by _compiled() first
 
 
 def _tile_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more):
@@ -184,7 +184,7 @@ def _tile_out_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, out, z, bias,
                 out[np.uintp(o + ohw8 + c)] = acc[pos * OB + CB + c]
 
 
-def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, u0, u1):
+def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, units):
     # pragma: no cover - compiled
     # geom: G, OCB, ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, LIMIT (a tile reads at most
     # LIMIT positions of a plane), CHUNK; epi bits: 1 + bias[oc], 2 + z (out's layout), 4 ReLU.
@@ -200,7 +200,10 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, u0, u1):
     ohw8 = oh_n * ow_n * CB
     nblk = (oh_n + rows - 1) // rows
     last = (icb_n - 1) // chunk * chunk
-    for u in range(u0, u1):
+    while True:  # the units the other threads have not taken
+        u = fetch_add(counter, 0, 1)  # noqa: F821 - the tiled_jit intrinsic
+        if u >= units:
+            break
         ocb = u % ocb_n
         rest = u // ocb_n
         blk = rest % nblk
@@ -323,14 +326,15 @@ _tile_out = None
 @functools.cache
 def _compiled() -> dict:
     # numba is imported on first use: ``import megbrain`` stays free of its import time
-    global stack_tile, _tile, _tile_out, carray
+    global stack_tile, fetch_add, _tile, _tile_out, carray
     from numba import carray as _carray
     from numba import types as t
 
     from .tiled_jit import compile_tiled
+    from .tiled_jit import fetch_add as _fetch_add
     from .tiled_jit import stack_tile as _stack_tile
 
-    stack_tile, carray = _stack_tile(), _carray
+    stack_tile, fetch_add, carray = _stack_tile(), _fetch_add(), _carray
     f1, i8 = t.float32[::1], t.int64
     ints = t.int64[::1]
     fr = t.Array(t.float32, 1, "C", readonly=True)
@@ -349,7 +353,7 @@ def _compiled() -> dict:
     pack_in = compile_tiled(_pack_input_py, [t.void(x4, f1, i8, i8, i8, i8, i8, i8, i8, i8)])
     pack_w = compile_tiled(_pack_filter_py, [t.void(w5, f1, t.boolean)])
     blocked = compile_tiled(
-        _conv_units_blocked_py, [t.void(fr, f1, f1, fr, f1, ints, ints, b1, i8, i8, i8)]
+        _conv_units_blocked_py, [t.void(fr, f1, f1, fr, f1, ints, ints, b1, i8, ints, i8)]
     )
     x5 = t.Array(t.float32, 5, "A", readonly=True)
     pack_b = compile_tiled(_pack_blocked_py, [t.void(x5, f1, i8, i8, i8, i8, i8, i8, i8, i8)])
@@ -371,14 +375,17 @@ def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, u0: int, u1: int) ->
     _compiled()["units"](xp, wp, out, rb, taps, geom, bias, epi, u0, u1)
 
 
-def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, u0: int,
-                       u1: int) -> None:  # fmt: skip
-    """Units ``[u0, u1)`` into the flat NCHW88 ``out``: as :func:`conv_units`, the source
+def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter,
+                       units: int) -> None:  # fmt: skip
+    """The units ``[counter[0], units)`` into the flat NCHW88 ``out``, one at a time, each
+    taken by an atomic increment of ``counter[0]`` (int64): the threads running this with
+    one counter share the units as they go. As :func:`conv_units` otherwise: the source
     ``xp`` (a :func:`readonly_view`, flat) either packed planes or, for a pointwise
-    convolution read in place, the source itself; ``rb`` a buffer of ``P * 16`` values;
-    ``geom`` also holding the last position a tile may start at; ``epi`` the sum of 1 (add
-    ``bias``), 2 (add ``z``, flat, laid out as ``out``) and 4 (ReLU)."""
-    _compiled()["units_blocked"](xp, wp, out, z, rb, taps, geom, bias, epi, u0, u1)
+    convolution read in place, the source itself; ``rb`` this thread's buffer of a unit's
+    positions plus ``2 P``, by 16 values; ``geom`` also holding the positions a tile may read
+    in a plane and the channel blocks summed at a time; ``epi`` the sum of 1 (add ``bias``),
+    2 (add ``z``, flat, laid out as ``out``) and 4 (ReLU)."""
+    _compiled()["units_blocked"](xp, wp, out, z, rb, taps, geom, bias, epi, counter, units)
 
 
 def pack_blocked_input(x, xp, stride, row_off: int, col_off: int, hq: int, wq: int, b0: int,

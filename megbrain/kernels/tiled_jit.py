@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["compile_tiled", "stack_tile"]
+__all__ = ["compile_tiled", "fetch_add", "stack_tile"]
 
 
 @functools.cache
@@ -56,6 +56,33 @@ def stack_tile():
         return types.CPointer(dtype.dtype)(size, dtype), codegen
 
     return stack_tile
+
+
+@functools.cache
+def fetch_add():
+    """The ``fetch_add(counters, i, n)`` Numba intrinsic: atomically adds ``n`` to
+    ``counters[i]`` (an int64 array) and returns the value before. Threads taking work
+    items from one counter this way need no lock and no GIL: a thread the OS holds back
+    takes fewer items instead of delaying the others (a fixed split waits for its slowest
+    part). Built on first use, as :func:`stack_tile`."""
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def fetch_add(typingctx, counters, index, n):
+        if not (isinstance(counters, types.Array) and counters.dtype == types.int64):
+            return None
+
+        def codegen(context, builder, signature, args):
+            ary, idx, inc = args
+            arr = context.make_array(signature.args[0])(context, builder, ary)
+            ptr = cgutils.get_item_pointer(context, builder, signature.args[0], arr, [idx],
+                                           wraparound=False)  # fmt: skip
+            return builder.atomic_rmw("add", ptr, inc, "seq_cst")
+
+        return types.int64(counters, types.int64, types.int64), codegen
+
+    return fetch_add
 
 
 def compile_tiled(fn, signatures: list, **options):
