@@ -1,6 +1,7 @@
 """Direct 2-d convolution on channel-blocked (NCHW8c) copies, register-tiled: forward,
 float32, any stride, padding and dilation (each reach up to :data:`MAX_PAD`) and group
-count, with ``ICg`` a multiple of 8 and ``OCg`` a multiple of 16.
+count, with ``OCg`` a multiple of 16; a source whose channels per group are not a multiple
+of 8 is copied into planes of one channel instead (:func:`block_channels`).
 
 Per run the source is copied into zero-padded planes of 8 channels per position, one per
 stride phase (:func:`conv_nchw8c_loops.pack_input`, about the size of the source), and each
@@ -54,6 +55,12 @@ _NO_BIAS = np.zeros(1, _F32)
 _NO_BIAS.flags.writeable = False
 
 
+def block_channels(icg: int) -> int:
+    """The input channels of a packed block: 8, or 1 (planes of one channel) for a source of
+    ``icg`` channels per group that is not a multiple of 8 (a network's RGB input)."""
+    return loops.CB if icg % loops.CB == 0 else 1
+
+
 def usable_nchw8c_forward(
     src: np.ndarray,
     filt: np.ndarray,
@@ -64,9 +71,9 @@ def usable_nchw8c_forward(
     flip: bool = False,
 ) -> bool:
     """Whether :func:`bind_nchw8c_forward` accepts the convolution: 2-d, float32 operands,
-    padding and dilated filter reach in ``[0, MAX_PAD]``, ``ICg % 8 == 0`` and
-    ``OCg % 16 == 0``, at least one sample and output position, and a C-contiguous,
-    writable output."""
+    padding and dilated filter reach in ``[0, MAX_PAD]``, ``OCg % 16 == 0``, at least one
+    sample and output position, and a C-contiguous, writable output (any ``ICg``: blocks of 8
+    channels, or of one, :func:`block_channels`)."""
     return (
         src.ndim == 4
         and filt.ndim == 5
@@ -74,7 +81,6 @@ def usable_nchw8c_forward(
         and all(s >= 1 for s in stride)
         and all(0 <= p <= MAX_PAD for p in pad)
         and all((f - 1) * d <= MAX_PAD for f, d in zip(filt.shape[3:], dilate))
-        and filt.shape[2] % loops.CB == 0
         and filt.shape[1] % loops.OB == 0
         and filt.shape[1] > 0
         and filt.shape[2] > 0
@@ -87,16 +93,19 @@ def usable_nchw8c_forward(
 
 def preferred_nchw8c_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
     """HEURISTIC's rule: usable, the filter constant (:func:`filter_is_constant`), so that
-    its packing is done once, stride 1 and a filter of more than one tap.
+    its packing is done once, a filter of more than one tap, and stride 1 or a source of
+    fewer than 8 channels per group (a network's first layer).
 
     With a filter changing every run (training), im2col + GEMM stays the default. Strided
     and 1x1 convolutions ran no faster than im2col + OpenBLAS (ResNet50's batch-1 layers, 2
     threads: 3x3 stride 2 2.9/2.6/3.6 ms against 2.8/2.6/3.2, 1x1 stride 2 2.9/2.8 against
     2.2/2.8: a stride-2 unit's four phase planes overflow the core's cache, and a 1x1 tile
-    has too short a reduction for its transposing write)."""
+    has too short a reduction for its transposing write), but for a first layer, whose
+    im2col copies the source 49 times (ResNet50's 7x7 stride-2 3->64 at 224x224: 3.9 ms
+    against 4.5)."""
     return (
         filter_is_constant()
-        and tuple(stride) == (1, 1)
+        and (tuple(stride) == (1, 1) or block_channels(filt.shape[2]) == 1)
         and math.prod(filt.shape[3:]) > 1
         and usable_nchw8c_forward(src, filt, out, stride, pad, dilate)
     )
@@ -146,7 +155,7 @@ def bind_nchw8c_forward(
     if not usable_nchw8c_forward(src, filt, out, stride, pad, dilate, flip):
         raise ValueError(
             f"Convolution (DIRECT_NCHW8C): needs float32 operands, pad and dilated filter reach "
-            f"<= {MAX_PAD}, ICg % {loops.CB} == 0, OCg % {loops.OB} == 0 and a C-contiguous "
+            f"<= {MAX_PAD}, OCg % {loops.OB} == 0 and a C-contiguous "
             f"output; got src {tuple(src.shape)} {src.dtype}, filter {tuple(filt.shape)} "
             f"{filt.dtype}, out {tuple(out.shape)} {out.dtype}, stride={tuple(stride)}, "
             f"pad={tuple(pad)}, dilate={tuple(dilate)}"
@@ -165,8 +174,9 @@ def bind_nchw8c_forward(
     phase = hq * wq
     taps = np.array([((a * dh % sh) * sw + b * dw % sw) * phase + a * dh // sh * wq
                      + b * dw // sw for a in range(fh) for b in range(fw)], np.int64)  # fmt: skip
-    cstride = sh * sw * phase * loops.CB
-    sample = geo.c // loops.CB * cstride + loops.SLACK * loops.CB
+    bs = block_channels(geo.icg)
+    cstride = sh * sw * phase * bs
+    sample = geo.c // bs * cstride + loops.SLACK * bs
     xp = workspace.empty((geo.n * sample,), _F32)
     packed_size = geo.g * geo.ocg * geo.icg * fh * fw
     constant = filter_is_constant()
@@ -174,15 +184,15 @@ def bind_nchw8c_forward(
     wp = np.empty(packed_size, _F32) if constant else workspace.empty((packed_size,), _F32)
     rows = max(1, min(oh, -(-ROW_POSITIONS // wq)))
     units = geo.n * geo.g * (geo.ocg // loops.OB) * -(-oh // rows)
-    geom = np.array([geo.g, geo.ocg // loops.OB, geo.icg // loops.CB, wq, oh, ow, rows,
-                     cstride, sample, shift], np.int64)  # fmt: skip
+    geom = np.array([geo.g, geo.ocg // loops.OB, geo.icg // bs, wq, oh, ow, rows,
+                     cstride, sample, shift, bs], np.int64)  # fmt: skip
     parts = parallel.ranges(units, parallel.num_threads(), 1)
     rbs = workspace.empty((len(parts), (rows * wq + loops.P) * loops.OB), _F32)
     outf = out.reshape(-1)
     pack_in = parallel.split(
         functools.partial(loops.pack_input, loops.readonly_view(src), xp, geo.stride, pt,
-                          col_off, hq, wq),  # fmt: skip
-        geo.n * geo.c // loops.CB,
+                          col_off, hq, wq, bs=bs),  # fmt: skip
+        geo.n * geo.c // bs,
         max(1, SPLIT_MIN_ELEMS // cstride),
     )
     if epilogue is None:
@@ -196,7 +206,7 @@ def bind_nchw8c_forward(
             for i, (lo, hi) in enumerate(parts)
         ]
     )
-    pack_w = functools.partial(loops.pack_filter, loops.readonly_view(filt), wp, flip)
+    pack_w = functools.partial(loops.pack_filter, loops.readonly_view(filt), wp, flip, bs)
     if not constant:
 
         def run() -> None:

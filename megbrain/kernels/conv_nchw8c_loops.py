@@ -87,15 +87,34 @@ def _tile_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more):
         rb[np.uintp(r0 + i)] = acc[i]
 
 
+def _tile1_py(xp, x0, wp, w0, cn, cstride, taps, rb, r0):
+    # pragma: no cover - compiled
+    # _tile_py over planes of one channel (a source of fewer than 8 channels per group)
+    acc = carray(stack_tile(_TILE, np.float32), _TILE)  # noqa: F821 - numba.carray
+    for i in range(_TILE):
+        acc[i] = np.float32(0.0)
+    wi = w0
+    for c in range(cn):
+        for t in range(taps.size):
+            xb = x0 + c * cstride + taps[t]
+            for pos in range(P):
+                v = xp[np.uintp(xb + pos)]
+                for j in range(OB):
+                    acc[pos * OB + j] += v * wp[np.uintp(wi + j)]
+            wi += OB
+    for i in range(_TILE):
+        rb[np.uintp(r0 + i)] = acc[i]
+
+
 def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, u0, u1):
     # pragma: no cover - compiled
-    # geom: G, OCB (blocks per group), ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT;
-    # epi: 0 none, 1 + bias[oc], 2 also ReLU
-    g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift = (
+    # geom: G, OCB (blocks per group), ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, BS (the
+    # channels of a packed block: CB, or 1); epi: 0 none, 1 + bias[oc], 2 also ReLU
+    g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift, bs = (
         geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8],
-        geom[9],
+        geom[9], geom[10],
     )  # fmt: skip
-    wsz = icb_n * taps.size * CB * OB
+    wsz = icb_n * taps.size * bs * OB
     ohw = oh_n * ow_n
     nblk = (oh_n + rows - 1) // rows
     for u in range(u0, u1):
@@ -109,10 +128,13 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, u0, u1):
         h1 = min(oh_n, h0 + rows)
         q0 = h0 * wq
         q1 = (h1 - 1) * wq + ow_n
-        x0 = n * sample + g * icb_n * cstride + shift * CB
+        x0 = n * sample + g * icb_n * cstride + shift * bs
         w0 = (g * ocb_n + ocb) * wsz
         for q in range(q0, q1, P):
-            _tile(xp, x0 + q * CB, wp, w0, icb_n, cstride, taps, rb, (q - q0) * OB, False)
+            if bs == 1:
+                _tile1(xp, x0 + q, wp, w0, icb_n, cstride, taps, rb, (q - q0) * OB)
+            else:
+                _tile(xp, x0 + q * CB, wp, w0, icb_n, cstride, taps, rb, (q - q0) * OB, False)
         oc0 = (g * ocb_n + ocb) * OB
         for j in range(OB):
             ob = ((n * g_ * ocb_n) * OB + oc0 + j) * ohw
@@ -265,15 +287,15 @@ def _pack_blocked_py(x, xp, sh, sw, row_off, col_off, hq, wq, b0, b1):
                 xp[np.uintp(tail + t)] = 0.0
 
 
-def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, b0, b1):
+def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, b0, b1, bs):
     # pragma: no cover - compiled
-    # blocks [b0, b1) of (sample, channel block); x (N, C, H, W) any strides. Phase plane
-    # (rho, phi) of a block holds x[sh r + rho - row_off, sw c + phi - col_off] at (r, c)
+    # blocks [b0, b1) of (sample, block of bs channels); x (N, C, H, W) any strides. Phase
+    # plane (rho, phi) of a block holds x[sh r + rho - row_off, sw c + phi - col_off] at (r, c)
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
-    cbs = c_ // CB
-    phase = hq * wq * CB
+    cbs = c_ // bs
+    phase = hq * wq * bs
     cstride = sh * sw * phase
-    sample = cbs * cstride + SLACK * CB
+    sample = cbs * cstride + SLACK * bs
     for blk in range(b0, b1):
         n = blk // cbs
         cb = blk % cbs
@@ -281,52 +303,53 @@ def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, b0, b1):
             for phi in range(sw):
                 base = n * sample + cb * cstride + (rho * sw + phi) * phase
                 for r in range(hq):
-                    d = base + r * wq * CB
+                    d = base + r * wq * bs
                     src = sh * r + rho - row_off
                     if src < 0 or src >= h_:
-                        for t in range(wq * CB):
+                        for t in range(wq * bs):
                             xp[np.uintp(d + t)] = 0.0
                         continue
                     for k in range(wq):
                         col = sw * k + phi - col_off
                         if col < 0 or col >= w_:
-                            for ic in range(CB):
-                                xp[np.uintp(d + k * CB + ic)] = 0.0
+                            for ic in range(bs):
+                                xp[np.uintp(d + k * bs + ic)] = 0.0
                         else:
-                            for ic in range(CB):
-                                xp[np.uintp(d + k * CB + ic)] = x[n, cb * CB + ic, src, col]
+                            for ic in range(bs):
+                                xp[np.uintp(d + k * bs + ic)] = x[n, cb * bs + ic, src, col]
         if cb == cbs - 1:
             tail = n * sample + cbs * cstride
-            for t in range(SLACK * CB):
+            for t in range(SLACK * bs):
                 xp[np.uintp(tail + t)] = 0.0
 
 
-def _pack_filter_py(w, wp, flip):
+def _pack_filter_py(w, wp, flip, bs):
     # pragma: no cover - compiled
-    # w (G, OCg, ICg, FH, FW) any strides -> wp (G, OCg/16, ICg/8, FH, FW, 8, 16)
+    # w (G, OCg, ICg, FH, FW) any strides -> wp (G, OCg/16, ICg/bs, FH, FW, bs, 16)
     g_, ocg, icg, fh, fw = w.shape[0], w.shape[1], w.shape[2], w.shape[3], w.shape[4]
     i = 0
     for g in range(g_):
         for ocb in range(ocg // OB):
-            for cb in range(icg // CB):
+            for cb in range(icg // bs):
                 for a in range(fh):
                     for b in range(fw):
                         sa = fh - 1 - a if flip else a
                         sb = fw - 1 - b if flip else b
-                        for ic in range(CB):
+                        for ic in range(bs):
                             for j in range(OB):
-                                wp[np.uintp(i)] = w[g, ocb * OB + j, cb * CB + ic, sa, sb]
+                                wp[np.uintp(i)] = w[g, ocb * OB + j, cb * bs + ic, sa, sb]
                                 i += 1
 
 
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
+_tile1 = None
 _tile_out = None
 
 
 @functools.cache
 def _compiled() -> dict:
     # numba is imported on first use: ``import megbrain`` stays free of its import time
-    global stack_tile, fetch_add, _tile, _tile_out, carray
+    global stack_tile, fetch_add, _tile, _tile1, _tile_out, carray
     from numba import carray as _carray
     from numba import types as t
 
@@ -342,6 +365,7 @@ def _compiled() -> dict:
     bo = t.boolean
     _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, bo),
                                      t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])  # fmt: skip
+    _tile1 = compile_tiled(_tile1_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
     b1 = t.Array(t.float32, 1, "A", readonly=True)
     _tile_out = compile_tiled(_tile_out_py, [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo, f1,
                                                     fr, b1, i8, i8, i8, i8, i8, i8, i8, i8,
@@ -350,8 +374,9 @@ def _compiled() -> dict:
     # the sources are typed read-only (readonly_view): one signature fits every operand
     x4 = t.Array(t.float32, 4, "A", readonly=True)
     w5 = t.Array(t.float32, 5, "A", readonly=True)
-    pack_in = compile_tiled(_pack_input_py, [t.void(x4, f1, i8, i8, i8, i8, i8, i8, i8, i8)])
-    pack_w = compile_tiled(_pack_filter_py, [t.void(w5, f1, t.boolean)])
+    pack_in = compile_tiled(_pack_input_py, [t.void(x4, f1, i8, i8, i8, i8, i8, i8, i8, i8,
+                                                     i8)])  # fmt: skip
+    pack_w = compile_tiled(_pack_filter_py, [t.void(w5, f1, t.boolean, i8)])
     blocked = compile_tiled(
         _conv_units_blocked_py, [t.void(fr, f1, f1, fr, f1, ints, ints, b1, i8, ints, i8)]
     )
@@ -405,15 +430,17 @@ def readonly_view(a: np.ndarray) -> np.ndarray:
 
 
 def pack_input(x, xp, stride, row_off: int, col_off: int, hq: int, wq: int, b0: int,
-               b1: int) -> None:  # fmt: skip
-    """Blocks ``[b0, b1)`` (sample, 8 channels) of the float32 ``(N, C, H, W)`` source
-    (a :func:`readonly_view`) into the packed input ``xp``: per block ``SH x SW`` phase
-    planes of ``hq x wq`` positions, every value written (zero outside the source)."""
+               b1: int, bs: int = CB) -> None:  # fmt: skip
+    """Blocks ``[b0, b1)`` (sample, ``bs`` channels: CB, or 1 for planes of one channel) of
+    the float32 ``(N, C, H, W)`` source (a :func:`readonly_view`) into the packed input
+    ``xp``: per block ``SH x SW`` phase planes of ``hq x wq`` positions, every value written
+    (zero outside the source)."""
     _compiled()["pack_input"](x, xp, int(stride[0]), int(stride[1]), row_off, col_off, hq, wq,
-                              b0, b1)  # fmt: skip
+                              b0, b1, bs)  # fmt: skip
 
 
-def pack_filter(w, wp, flip: bool) -> None:
+def pack_filter(w, wp, flip: bool, bs: int = CB) -> None:
     """The float32 ``(G, OCg, ICg, FH, FW)`` filter (a :func:`readonly_view`) into the
-    packed ``wp``, flipped spatially when ``flip`` (CONVOLUTION mode)."""
-    _compiled()["pack_filter"](w, wp, bool(flip))
+    packed ``wp`` (blocks of ``bs`` input channels), flipped spatially when ``flip``
+    (CONVOLUTION mode)."""
+    _compiled()["pack_filter"](w, wp, bool(flip), bs)

@@ -1,8 +1,8 @@
 """The direct NCHW8c convolution (megbrain.kernels.conv_nchw8c) against the float64
 reference: drawn batches, groups, channel blocks, filter sizes, strides, paddings,
 dilations and flips; strided and read-only operands; the workspace contract; the constant
-filter packed once (and a changing filter followed on every run otherwise); its HEURISTIC
-rule; the
+filter packed once (and a changing filter followed on every run otherwise); sources of
+fewer than 8 channels (planes of one channel); its HEURISTIC rule; the
 operator telling it which filters are constant (ImmutableTensor, weight_preprocess); the
 ConvBias epilogues (bias and ReLU applied as the output is written) of DIRECT_NCHW8C and
 CONV1X1_GEMM."""
@@ -43,7 +43,7 @@ def cases(draw):
     return dict(
         n=draw(st.integers(1, 3)),
         g=draw(st.integers(1, 2)),
-        icg=8 * draw(st.integers(1, 2)),
+        icg=draw(st.sampled_from([8, 16, 1, 3, 5])),  # not a multiple of 8: planes of 1
         ocg=16 * draw(st.integers(1, 2)),
         fshape=fshape,
         stride=stride,
@@ -193,7 +193,6 @@ def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch):
     [
         dict(dtype=np.float64),
         dict(reach=True),
-        dict(icg=4),
         dict(ocg=8),
         dict(pad=(conv_nchw8c.MAX_PAD + 1, 0)),
         dict(out_view=True),
@@ -241,6 +240,10 @@ def test_heuristic_takes_it_for_constant_filters_only():
     assert _chosen(_case(fshape=(1, 1), pad=(0, 0)), True) == "CONV1X1_GEMM"
     assert _chosen(_case(icg=16, ocg=32, sshape=(14, 14), stride=(2, 2)), True) != "DIRECT_NCHW8C"
     assert _chosen(_case(fshape=(1, 1), pad=(1, 1)), True) != "DIRECT_NCHW8C"
+    # a first layer (3 channels) takes it at stride 2 too: its im2col copies the source
+    # once per filter tap
+    stem = _case(icg=3, ocg=16, sshape=(32, 32), fshape=(7, 7), pad=(3, 3), stride=(2, 2))
+    assert _chosen(stem, True) == "DIRECT_NCHW8C"
 
 
 def test_profile_keys_tell_constant_filters_apart():
