@@ -13,10 +13,12 @@ ConstantOfShape) and the digits CNN exported with ``megbrain.onnx.export``.
 
 Both sides get the same thread count (``--threads``, default the CPU count): megbrain's BLAS
 through ``threadpoolctl`` (which also sizes the kernel pool of ``megbrain.kernels.parallel``),
-onnxruntime's intra-op pool through its session options. Rounds are interleaved (one run of
-each side per round, the order alternating), so that a change in the machine's load hits both;
-the table has the median and the best of the rounds and their ratios, and the header the
-thread settings and the load average before and after.
+onnxruntime's intra-op pool through its session options. Rounds are interleaved (one block of
+:data:`BLOCK` back-to-back calls of each side per round, the order alternating, the blocks
+:data:`SETTLE_S` apart), so that a change in the machine's load hits both. The table has
+the median and the best of the steady-state calls (all but the first of each block) and
+their ratios, the median of the first calls (after the rest, the cores' threads asleep)
+and its ratio, and the header the thread settings and the load average before and after.
 
     python benchmarks/onnx_inference.py [--threads N] [--rounds R] [--models resnet50,digits]
         [--ort-no-spin] [--profile]
@@ -119,29 +121,38 @@ def _resnet50() -> tuple[str, dict] | None:
     return path, feed
 
 
-#: seconds each call waits before it starts: onnxruntime's worker threads spin on after its
+#: seconds of rest before each block of calls: onnxruntime's worker threads spin on after its
 #: call returns (its default), and a megbrain call started before they stop finds a core
 #: taken. They spun for 40-80 ms after a ResNet50 call (one core's CPU time, sampled every
-#: 20 ms); after 20 ms, megbrain's first layers ran 2-3x slower than alone (the digits CNN's
-#: median 11 ms against 1.4 ms with no wait at all)
+#: 20 ms); 20 ms after one, megbrain's first layers ran 2-3x slower than alone
 SETTLE_S = 0.15
+#: calls per block: the first one is the block's warm-up (after the rest, both runtimes'
+#: first call is slower: the cores' threads are asleep; on the 2-vCPU machines megbrain's
+#: ResNet50 call 20-30% slower, onnxruntime's 5-10%), the others are timed back to back
+BLOCK = 4
 
 
-def interleaved(fns: dict, rounds: int, warmup: int = 3) -> dict[str, list[float]]:
-    """Wall times (s) of each callable over ``rounds`` rounds of one call each, the order of
-    the callables alternating between rounds, after ``warmup`` untimed rounds; each call
-    starts :data:`SETTLE_S` after the previous one ended."""
+def interleaved(fns: dict, rounds: int, warmup: int = 1, block: int = BLOCK
+                ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:  # fmt: skip
+    """Wall times (s) of each callable over ``rounds`` rounds, the order of the callables
+    alternating between rounds, after ``warmup`` untimed rounds. In a round each callable
+    runs one block of ``block`` calls, :data:`SETTLE_S` after the previous block ended.
+
+    Returns ``(steady, first)``: per callable the times of the calls after the first of
+    each block (back to back: the steady state), and of the first calls (after the rest)."""
     names = list(fns)
-    times: dict[str, list[float]] = {k: [] for k in names}
+    steady: dict[str, list[float]] = {k: [] for k in names}
+    first: dict[str, list[float]] = {k: [] for k in names}
     for r in range(warmup + rounds):
         order = names if r % 2 == 0 else names[::-1]
         for k in order:
             time.sleep(SETTLE_S)
-            t0 = time.perf_counter()
-            fns[k]()
-            if r >= warmup:
-                times[k].append(time.perf_counter() - t0)
-    return times
+            for i in range(block):
+                t0 = time.perf_counter()
+                fns[k]()
+                if r >= warmup:
+                    (first if i == 0 else steady)[k].append(time.perf_counter() - t0)
+    return steady, first
 
 
 def _op_types(prof) -> list[tuple[str, float]]:
@@ -217,25 +228,32 @@ def main(argv=None) -> None:
             _limit_threads(args.threads)
             mgb_run, prof = _megbrain_runner(path, feed, args.profile)
             fns = {"megbrain": mgb_run, "onnxruntime": _ort_runner(path, feed, args.threads, spin)}
-            t = interleaved(fns, rounds)
+            t, first = interleaved(fns, rounds)
             med = {k: statistics.median(v) for k, v in t.items()}
             best = {k: min(v) for k, v in t.items()}
-            rows.append((name, med, best))
+            cold = {k: statistics.median(v) for k, v in first.items()}
+            rows.append((name, med, best, cold))
             if prof is not None:
                 profiles.append((name, _op_types(prof)))
     load1 = os.getloadavg()
     print(_settings(args.threads, spin))
-    print(f"{rounds} interleaved rounds; load average {load0[0]:.2f} before, {load1[0]:.2f} after")
     print(
-        f"{'model':26s} {'megbrain ms':>18s} {'onnxruntime ms':>18s} {'ratio':>13s}\n"
-        f"{'':26s} {'median':>9s}{'best':>9s} {'median':>9s}{'best':>9s} {'median':>7s}{'best':>6s}"
+        f"{rounds} interleaved rounds of {BLOCK}-call blocks, {SETTLE_S * 1e3:.0f} ms apart; "
+        f"load average {load0[0]:.2f} before, {load1[0]:.2f} after"
     )
-    for name, med, best in rows:
+    print(
+        f"{'model':26s} {'megbrain ms':>18s} {'onnxruntime ms':>18s} {'ratio':>13s} "
+        f"{'first call of a block':>30s}\n"
+        f"{'':26s} {'median':>9s}{'best':>9s} {'median':>9s}{'best':>9s} {'median':>7s}"
+        f"{'best':>6s} {'megbrain':>10s}{'onnxrt':>9s}{'ratio':>7s}"
+    )
+    for name, med, best, cold in rows:
         a, b = med["megbrain"], med["onnxruntime"]
         c, d = best["megbrain"], best["onnxruntime"]
+        e, f = cold["megbrain"], cold["onnxruntime"]
         print(
             f"{name:26s} {a * 1e3:9.2f}{c * 1e3:9.2f} {b * 1e3:9.2f}{d * 1e3:9.2f} "
-            f"{b / a:7.2f}{d / c:6.2f}"
+            f"{b / a:7.2f}{d / c:6.2f} {e * 1e3:10.2f}{f * 1e3:9.2f}{f / e:7.2f}"
         )
     for name, agg in profiles:
         print(f"\nmegbrain per operator type, {name} (ms):")
