@@ -186,8 +186,9 @@ def bind_nchw8c_forward(
     units = geo.n * geo.g * (geo.ocg // loops.OB) * -(-oh // rows)
     geom = np.array([geo.g, geo.ocg // loops.OB, geo.icg // bs, wq, oh, ow, rows,
                      cstride, sample, shift, bs], np.int64)  # fmt: skip
-    parts = parallel.ranges(units, parallel.num_threads(), 1)
-    rbs = workspace.empty((len(parts), (rows * wq + loops.P) * loops.OB), _F32)
+    threads = max(1, min(units, parallel.num_threads()))
+    rbs = workspace.empty((threads, (rows * wq + loops.P) * loops.OB), _F32)
+    counter = np.zeros(1, np.int64)  # the next unit: the threads take units as they go
     outf = out.reshape(-1)
     pack_in = parallel.split(
         functools.partial(loops.pack_input, loops.readonly_view(src), xp, geo.stride, pt,
@@ -199,13 +200,18 @@ def bind_nchw8c_forward(
         bias, epi = _NO_BIAS, 0
     else:
         bias, epi = loops.readonly_view(epilogue.bias), 2 if epilogue.relu else 1
-    conv = parallel.concurrently(
+    units_run = parallel.concurrently(
         [
             functools.partial(loops.conv_units, xp, wp, outf, rbs[i], taps, geom, bias, epi,
-                              lo, hi)  # fmt: skip
-            for i, (lo, hi) in enumerate(parts)
+                              counter, units)  # fmt: skip
+            for i in range(threads)
         ]
     )
+
+    def conv() -> None:
+        counter.fill(0)
+        units_run()
+
     pack_w = functools.partial(loops.pack_filter, loops.readonly_view(filt), wp, flip, bs)
     if not constant:
 

@@ -106,7 +106,7 @@ def _tile1_py(xp, x0, wp, w0, cn, cstride, taps, rb, r0):
         rb[np.uintp(r0 + i)] = acc[i]
 
 
-def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, u0, u1):
+def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, units):
     # pragma: no cover - compiled
     # geom: G, OCB (blocks per group), ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, BS (the
     # channels of a packed block: CB, or 1); epi: 0 none, 1 + bias[oc], 2 also ReLU
@@ -117,7 +117,10 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, u0, u1):
     wsz = icb_n * taps.size * bs * OB
     ohw = oh_n * ow_n
     nblk = (oh_n + rows - 1) // rows
-    for u in range(u0, u1):
+    while True:  # the units the other threads have not taken
+        u = fetch_add(counter, 0, 1)  # noqa: F821 - the tiled_jit intrinsic
+        if u >= units:
+            break
         blk = u % nblk
         rest = u // nblk
         ocb = rest % ocb_n
@@ -370,7 +373,7 @@ def _compiled() -> dict:
     _tile_out = compile_tiled(_tile_out_py, [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo, f1,
                                                     fr, b1, i8, i8, i8, i8, i8, i8, i8, i8,
                                                     i8)])  # fmt: skip
-    units = compile_tiled(_conv_units_py, [t.void(f1, f1, f1, f1, ints, ints, b1, i8, i8, i8)])
+    units = compile_tiled(_conv_units_py, [t.void(f1, f1, f1, f1, ints, ints, b1, i8, ints, i8)])
     # the sources are typed read-only (readonly_view): one signature fits every operand
     x4 = t.Array(t.float32, 4, "A", readonly=True)
     w5 = t.Array(t.float32, 5, "A", readonly=True)
@@ -391,13 +394,15 @@ def _compiled() -> dict:
     }
 
 
-def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, u0: int, u1: int) -> None:
-    """Units ``[u0, u1)`` of the convolution into the flat NCHW ``out``; ``rb`` a row buffer
+def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, units: int) -> None:
+    """The units ``[counter[0], units)`` of the convolution into the flat NCHW ``out``, each
+    taken by an atomic increment of ``counter[0]`` (int64: the threads running this with one
+    counter share the units as they go); ``rb`` this thread's row buffer
     of at least ``(ROWS WQ + P) 16`` values; ``taps`` the int64 plane offsets (positions) of
     the filter taps, row-major; ``geom`` the int64 array of the units' geometry (see the
     source); ``epi`` 0, or 1 to add ``bias`` (a :func:`readonly_view` per output channel),
     2 to add it and apply ReLU."""
-    _compiled()["units"](xp, wp, out, rb, taps, geom, bias, epi, u0, u1)
+    _compiled()["units"](xp, wp, out, rb, taps, geom, bias, epi, counter, units)
 
 
 def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter,
