@@ -312,6 +312,10 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
         sample = cb_n * cstride + loops.SLACK * loops.CB
         buf = workspace.empty((n * sample,), _F32)
         xp = loops.readonly_view(buf)
+        if not src.flags.c_contiguous:  # the packing reads rows as contiguous runs
+            dense = workspace.empty(src.shape, _F32)
+            steps.append(functools.partial(np.copyto, dense, src))
+            src = dense
         limit = hq * wq + loops.SLACK  # the planes are followed by SLACK zero positions
         steps.append(parallel.split(
             functools.partial(loops.pack_blocked_input, loops.readonly_view(src), buf,

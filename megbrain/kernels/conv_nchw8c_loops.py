@@ -259,31 +259,46 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, u
                       bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)  # fmt: skip
 
 
-def _pack_blocked_py(x, xp, sh, sw, row_off, col_off, hq, wq, b0, b1):
+def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1):
     # pragma: no cover - compiled
-    # blocks [b0, b1) of (sample, channel block) of x (N, C/8, H, W, 8), any strides, into
-    # the phase planes of _pack_input_py's layout
-    cbs, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
+    # blocks [b0, b1) of (sample, channel block) of the flat C-contiguous x (N, C/8, H, W, 8)
+    # (dims: C/8, H, W) into the phase planes of _pack_input_py's layout; a row's columns
+    # inside the source are one contiguous copy at stride 1
+    cbs, h_, w_ = dims[0], dims[1], dims[2]
     phase = hq * wq * CB
     cstride = sh * sw * phase
     sample = cbs * cstride + SLACK * CB
     for blk in range(b0, b1):
         n = blk // cbs
         cb = blk % cbs
+        s0 = blk * h_ * w_ * CB
         for rho in range(sh):
             for phi in range(sw):
                 base = n * sample + cb * cstride + (rho * sw + phi) * phase
+                # the columns k of a row inside the source: sw k + phi - col_off in [0, W)
+                k0 = max(0, -(-(col_off - phi) // sw))
+                k1 = min(wq, max(k0, (w_ - 1 - phi + col_off) // sw + 1))
                 for r in range(hq):
                     d = base + r * wq * CB
                     src = sh * r + rho - row_off
-                    for k in range(wq):
-                        col = sw * k + phi - col_off
-                        if src < 0 or src >= h_ or col < 0 or col >= w_:
+                    if src < 0 or src >= h_:
+                        for t in range(wq * CB):
+                            xp[np.uintp(d + t)] = 0.0
+                        continue
+                    for t in range(k0 * CB):
+                        xp[np.uintp(d + t)] = 0.0
+                    srow = s0 + src * w_ * CB
+                    if sw == 1:
+                        o = srow + (k0 + phi - col_off) * CB - k0 * CB
+                        for t in range(k0 * CB, k1 * CB):
+                            xp[np.uintp(d + t)] = x[np.uintp(o + t)]
+                    else:
+                        for k in range(k0, k1):
+                            o = srow + (sw * k + phi - col_off) * CB
                             for ic in range(CB):
-                                xp[np.uintp(d + k * CB + ic)] = 0.0
-                        else:
-                            for ic in range(CB):
-                                xp[np.uintp(d + k * CB + ic)] = x[n, cb, src, col, ic]
+                                xp[np.uintp(d + k * CB + ic)] = x[np.uintp(o + ic)]
+                    for t in range(k1 * CB, wq * CB):
+                        xp[np.uintp(d + t)] = 0.0
         if cb == cbs - 1:
             tail = n * sample + cbs * cstride
             for t in range(SLACK * CB):
@@ -383,8 +398,8 @@ def _compiled() -> dict:
     blocked = compile_tiled(
         _conv_units_blocked_py, [t.void(fr, f1, f1, fr, f1, ints, ints, b1, i8, ints, i8)]
     )
-    x5 = t.Array(t.float32, 5, "A", readonly=True)
-    pack_b = compile_tiled(_pack_blocked_py, [t.void(x5, f1, i8, i8, i8, i8, i8, i8, i8, i8)])
+    pack_b = compile_tiled(_pack_blocked_py, [t.void(fr, f1, ints, i8, i8, i8, i8, i8, i8, i8,
+                                                     i8)])  # fmt: skip
     return {
         "units": units,
         "pack_input": pack_in,
@@ -420,10 +435,11 @@ def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter,
 
 def pack_blocked_input(x, xp, stride, row_off: int, col_off: int, hq: int, wq: int, b0: int,
                        b1: int) -> None:  # fmt: skip
-    """:func:`pack_input` from the float32 NCHW88 ``(N, C/8, H, W, 8)`` source (a
-    :func:`readonly_view`)."""
-    _compiled()["pack_blocked"](x, xp, int(stride[0]), int(stride[1]), row_off, col_off, hq,
-                                wq, b0, b1)  # fmt: skip
+    """:func:`pack_input` from the float32, C-contiguous NCHW88 ``(N, C/8, H, W, 8)`` source
+    (a :func:`readonly_view`)."""
+    dims = np.array(x.shape[1:4], np.int64)
+    _compiled()["pack_blocked"](x.reshape(-1), xp, dims, int(stride[0]), int(stride[1]),
+                                row_off, col_off, hq, wq, b0, b1)  # fmt: skip
 
 
 def readonly_view(a: np.ndarray) -> np.ndarray:

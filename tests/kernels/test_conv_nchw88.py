@@ -181,6 +181,22 @@ def test_direct_equals_direct_nchw8c_bit_for_bit(geometry):
     assert np.array_equal(conv_nchw88.to_nchw(out), y)
 
 
+@pytest.mark.parametrize("fshape, pad, stride", [((3, 3), (1, 1), (1, 1)), ((1, 1), (0, 0), (1, 1)),
+                                                ((3, 3), (1, 1), (2, 2))])  # fmt: skip
+def test_a_strided_source_is_read(fshape, pad, stride):
+    c = _case(n=2, fshape=fshape, pad=pad, stride=stride)
+    x, w, src, filt = _operands(c)
+    wide = np.zeros(src.shape[:-1] + (16,), np.float32)
+    wide[..., ::2] = src
+    strided = wide[..., ::2]
+    assert not strided.flags.c_contiguous
+    out = _out88(c)
+    _, step = _bind(c, strided, filt, out)
+    step()
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), ref_forward(c, x, w), rtol=RTOL,
+                               atol=ATOL)  # fmt: skip
+
+
 @pytest.mark.parametrize("sshape", [(2, 3), (1, 6), (7, 7), (14, 14), (30, 5)])
 def test_pointwise_read_in_place_covers_every_position(sshape):
     # the last tile of a plane starts P positions before its end (overlapping the previous
