@@ -44,6 +44,7 @@ from .steps import Step, chain
 __all__ = [
     "Nchw88Geometry",
     "bind_nchw88_forward",
+    "direct_geometry",
     "nchw88_geometry",
     "to_nchw",
     "to_nchw88",
@@ -157,15 +158,23 @@ def _grouped_nchw_view(filt: np.ndarray, kind: str, g: int, ocg: int, icg: int):
     return shape, write
 
 
-def usable_direct_nchw88(src, filt, out, geo: Nchw88Geometry, pad, dilate) -> bool:
-    """Whether DIRECT_NCHW88 computes the convolution: float32, dense or grouped,
-    ``OCg % 16 == 0``, padding and dilated reach at most MAX_PAD, C-contiguous output."""
+def direct_geometry(geo: Nchw88Geometry, pad, dilate) -> bool:
+    """Whether DIRECT_NCHW88 takes the geometry: dense or grouped, ``OCg % 16 == 0``,
+    padding and dilated filter reach at most MAX_PAD."""
     return (
         geo.kind in ("dense", "group")
-        and src.dtype == filt.dtype == out.dtype == _F32
         and geo.ocg % loops.OB == 0
         and all(0 <= p <= MAX_PAD for p in pad)
         and all((f - 1) * d <= MAX_PAD for f, d in zip(geo.fshape, dilate))
+    )
+
+
+def usable_direct_nchw88(src, filt, out, geo: Nchw88Geometry, pad, dilate) -> bool:
+    """Whether DIRECT_NCHW88 computes the convolution: float32 operands, a geometry
+    :func:`direct_geometry` takes, a C-contiguous writable output."""
+    return (
+        src.dtype == filt.dtype == out.dtype == _F32
+        and direct_geometry(geo, pad, dilate)
         and out.flags.c_contiguous
         and out.flags.writeable
     )

@@ -24,6 +24,7 @@ from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
+from ..graph.static_infer import static_shape
 from ..kernels import conv_algos, conv_epilogue, conv_nchw88
 from ..kernels import dnn_conv as conv_kernels
 from ..kernels import dnn_pool as pool_kernels
@@ -674,6 +675,33 @@ class ConvBias(_ConvBase):
         return self._bind_kernel(
             "forward", ins[0], self._grouped(ins[1]), outs[0], epilogue=epilogue, then=act
         )
+
+    def inplace_input(self):
+        """``z`` (input 3) when DIRECT_NCHW88 applies ``act(conv + bias + z)``: it reads each
+        position's ``z`` before it writes the position, so the output may take ``z``'s
+        memory (one stream less than reading ``z`` and writing elsewhere); no other algorithm
+        and no other case (``z`` also read as the source, say) may."""
+        if len(self.inputs) != 4 or not self._nchw88():
+            return None
+        z = self.inputs[3]
+        if any(v is z for v in self.inputs[:3]):
+            return None
+        shapes = [static_shape(v) for v in self.inputs]
+        if any(s is None for s in shapes) or self.param.nonlineMode not in ("IDENTITY", "RELU"):
+            return None
+        if tuple(shapes[2]) != self._channel_bias_shape(tuple(shapes[3])):
+            return None  # a full-shape bias is added in a pass of its own, after the kernel
+        p = self.param
+        try:
+            geo = conv_nchw88.nchw88_geometry(shapes[0], shapes[1], p.group, p.stride, p.pad,
+                                              p.dilate)  # fmt: skip
+        except ValueError:
+            return None
+        f32 = np.dtype(np.float32)
+        direct = all(v.dtype == f32 for v in self.inputs) and conv_nchw88.direct_geometry(
+            geo, p.pad, p.dilate
+        )
+        return 3 if direct else None
 
     def _nchw88_epilogue(self, mode: str, bias: np.ndarray, out: np.ndarray):
         """The epilogue of an NCHW88 ConvBias (its per-channel bias as OC values, a view),

@@ -280,3 +280,43 @@ def test_relayout_format_of_a_padded_source_has_no_gradient():
     y = relayout_format(x, mode="NCHW_NCHW88")
     with pytest.raises(MegBrainError, match="no gradient"):
         graph_grad(y.sum(), x)
+
+
+def _plan_run(outs, g):
+    got = {}
+    spec = [(o.node, (lambda a, i=i: got.__setitem__(i, np.array(a)))) for i, o in enumerate(outs)]
+    f = g.compile(spec)
+    f.execute().wait()
+    return f, [got[i] for i in range(len(outs))]
+
+
+@pytest.mark.parametrize("fshape", [(1, 1), (3, 3)])
+def test_nchw88_conv_bias_output_takes_z_memory(fshape):
+    # the residual z is read once, by this ConvBias: the output may overwrite it, and the
+    # kernel reads each position's z before writing it
+    rng = np.random.default_rng(12)
+    x, w, b = _rand(rng, 1, 16, 9, 9), _rand(rng, 32, 16, *fshape), _rand(rng, 1, 32, 1, 1)
+    zsrc = _rand(rng, 1, 32, 9, 9)
+    g = make_graph()
+    (xv, wv, bv, zv), _ = inputs(g, _to88(x), _dense88(w), _to88(b), _to88(zsrc))
+    z = mgb.opr.elem.exp(zv)  # a var of the plan's own (an input's copy is not overwritten)
+    pad = fshape[0] // 2
+    param = ConvBiasParam(pad_h=pad, pad_w=pad, nonlineMode="RELU", format="NCHW88")
+    y = _conv_bias([xv, wv, bv, z], param)
+    f, (got,) = _plan_run([y], g)
+    assert f._plan.decisions[y.node] == ("inplace", 3)
+    want = np.maximum(ref_conv(x, w, (1, 1), (pad, pad), (1, 1)) + b + np.exp(zsrc), 0)
+    np.testing.assert_allclose(_from88(got), want, rtol=1e-4, atol=1e-5)
+
+
+def test_z_read_again_or_as_the_source_keeps_its_memory():
+    rng = np.random.default_rng(13)
+    g = make_graph()
+    (xv, wv, bv), _ = inputs(g, _to88(_rand(rng, 1, 16, 6, 6)), _dense88(_rand(rng, 16, 16, 1, 1)),
+                             _to88(_rand(rng, 1, 16, 1, 1)))  # fmt: skip
+    src = mgb.opr.elem.exp(xv)
+    param = ConvBiasParam(nonlineMode="RELU", format="NCHW88")
+    y = _conv_bias([src, wv, bv, src], param)  # z is the source: no in-place
+    f, (got,) = _plan_run([y], g)
+    assert f._plan.decisions[y.node][0] == "alloc"
+    assert y.node.owner.inplace_input() is None
