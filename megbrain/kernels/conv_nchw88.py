@@ -246,7 +246,7 @@ def bind_nchw88_forward(
 def _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z, select_nchw):
     from . import conv_algos
 
-    n, _, h, w = (src.shape[0], 0, *src.shape[2:4])
+    n, (h, w) = src.shape[0], src.shape[2:4]
     steps: list[Step] = []
     if geo.kind == "hybrid":
         x = src

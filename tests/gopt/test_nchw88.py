@@ -56,7 +56,7 @@ def _residual_net(seed=0, c=16, mid=16, groups=1):
     y = relu(conv(h, mid, c, 1, "c") + x)
     odd = conv(y, c, 12, 3, "d", stride_h=2, stride_w=2)  # 12 channels: stays NCHW
     pooled = mgb.opr.pooling(y, window_h=2, window_w=2)
-    gate = mgb.opr.elem.sigmoid(y) * y
+    gate = mgb.opr.elem.sigmoid(y) * y * 0.5  # a scalar operand broadcasts in NCHW88 too
     feed = {"x": rng.standard_normal((2, c, 10, 9)).astype(F32)}
     return g, [y, odd, pooled, gate], feed
 
