@@ -68,6 +68,22 @@ _TILE = P * OB
 stack_tile = fetch_add = None  # the tiled_jit intrinsics, bound by _compiled() first
 
 
+def _unit_py(u, nblk, ocb_n, g_, bands_first):
+    # pragma: no cover - compiled
+    # work unit u as (sample, group, block of 16 output channels, band of rows), the bands
+    # varying fastest (bands_first) or the channel blocks
+    if bands_first:
+        blk = u % nblk
+        rest = u // nblk
+        ocb = rest % ocb_n
+    else:
+        ocb = u % ocb_n
+        rest = u // ocb_n
+        blk = rest % nblk
+    rest = u // (nblk * ocb_n)
+    return rest // g_, rest % g_, ocb, blk
+
+
 def _tile_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more):
     # pragma: no cover - compiled
     acc = carray(stack_tile(_TILE, np.float32), _TILE)  # noqa: F821 - numba.carray
@@ -121,12 +137,7 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, units):
         u = fetch_add(counter, 0, 1)  # noqa: F821 - the tiled_jit intrinsic
         if u >= units:
             break
-        blk = u % nblk
-        rest = u // nblk
-        ocb = rest % ocb_n
-        rest //= ocb_n
-        g = rest % g_
-        n = rest // g_
+        n, g, ocb, blk = _unit(u, nblk, ocb_n, g_, True)
         h0 = blk * rows
         h1 = min(oh_n, h0 + rows)
         q0 = h0 * wq
@@ -157,6 +168,8 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, units):
 def _tile_out_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, out, z, bias, oc0, epi,
                  obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
     # pragma: no cover - compiled
+    # (its sums repeat _tile_py's loops: the tile must stay in this function's registers, and
+    # a call would take it through memory)
     # _tile_py's sums (continued from rb when ``more``), the epilogue applied in registers,
     # written straight to the NCHW88 output: positions q + p in [qlo, qhi) of a plane row,
     # not in its gap. Only stores to ``out`` are conditional: a conditional write to ``acc``
@@ -229,12 +242,7 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, u
         u = fetch_add(counter, 0, 1)  # noqa: F821 - the tiled_jit intrinsic
         if u >= units:
             break
-        ocb = u % ocb_n
-        rest = u // ocb_n
-        blk = rest % nblk
-        rest //= nblk
-        g = rest % g_
-        n = rest // g_
+        n, g, ocb, blk = _unit(u, nblk, ocb_n, g_, False)
         h0 = blk * rows
         h1 = min(oh_n, h0 + rows)
         q0 = h0 * wq
@@ -359,6 +367,7 @@ def _pack_filter_py(w, wp, flip, bs):
                                 i += 1
 
 
+_unit = None  # compiled by _compiled() before the units
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
 _tile1 = None
 _tile_out = None
@@ -367,7 +376,7 @@ _tile_out = None
 @functools.cache
 def _compiled() -> dict:
     # numba is imported on first use: ``import megbrain`` stays free of its import time
-    global stack_tile, fetch_add, _tile, _tile1, _tile_out, carray
+    global stack_tile, fetch_add, _unit, _tile, _tile1, _tile_out, carray
     from numba import carray as _carray
     from numba import types as t
 
@@ -381,6 +390,7 @@ def _compiled() -> dict:
     fr = t.Array(t.float32, 1, "C", readonly=True)
     # the NCHW88 units read a source in place: a read-only one too
     bo = t.boolean
+    _unit = compile_tiled(_unit_py, [t.UniTuple(i8, 4)(i8, i8, i8, i8, bo)])
     _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, bo),
                                      t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])  # fmt: skip
     _tile1 = compile_tiled(_tile1_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
