@@ -37,7 +37,7 @@ from . import conv_nchw8c_loops as loops
 from . import parallel, workspace
 from .constant_operands import filter_is_constant
 from .conv_epilogue import Epilogue
-from .conv_nchw8c import MAX_PAD
+from .conv_nchw8c import MAX_PAD, filter_packed, plane_geometry, units_as_they_go
 from .dnn_conv import SPLIT_MIN_ELEMS, conv_out_size
 from .steps import Step, chain
 
@@ -288,7 +288,7 @@ def _relu(a: np.ndarray) -> None:
 def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
     n, cb_n, h, w, _ = src.shape
     oh, ow = geo.out_shape[2:4]
-    (sh, sw), (pt, pl), (dh, dw) = tuple(stride), tuple(pad), tuple(dilate)
+    (sh, sw), (pt, pl) = tuple(stride), tuple(pad)
     fh, fw = geo.fshape
     steps: list[Step] = []
     pointwise = geo.fshape == (1, 1) and (pt, pl) == (0, 0) and oh * ow >= loops.P
@@ -306,18 +306,9 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
         xp = loops.readonly_view(src.reshape(-1))
         limit = h * w  # a tile never reads past its plane
     else:
-        if (sh, sw) == (1, 1):
-            hq, wq = h + 2 * pt, max(w + pl, ow)
-            col_off = shift = wq - w
-            shift -= pl
-        else:
-            hq, wq = -(-(h + 2 * pt) // sh), -(-(w + 2 * pl) // sw)
-            col_off, shift = pl, 0
-        phase = hq * wq
-        taps = np.array([((a * dh % sh) * sw + b * dw % sw) * phase + a * dh // sh * wq
-                         + b * dw // sw for a in range(fh) for b in range(fw)],
-                        np.int64)  # fmt: skip
-        cstride = sh * sw * phase * loops.CB
+        hq, wq, col_off, shift, taps = plane_geometry((h, w), (oh, ow), (sh, sw), (pt, pl),
+                                                      dilate, geo.fshape)  # fmt: skip
+        cstride = sh * sw * hq * wq * loops.CB
         sample = cb_n * cstride + loops.SLACK * loops.CB
         buf = workspace.empty((n * sample,), _F32)
         xp = loops.readonly_view(buf)
@@ -346,9 +337,6 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
     units = n * geo.g * (geo.ocg // loops.OB) * -(-oh // rows)
     geom = np.array([geo.g, geo.ocg // loops.OB, geo.icg // loops.CB, wq, oh, ow, rows,
                      cstride, sample, shift, limit, _chunk(taps.size)], np.int64)  # fmt: skip
-    threads = max(1, min(units, parallel.num_threads()))
-    rbs = workspace.empty((threads, (rows * wq + 2 * loops.P) * loops.OB), _F32)
-    counter = np.zeros(1, np.int64)  # the next unit: the threads take units as they go
     outf = out.reshape(-1)
     epi = 0
     bias = _EMPTY
@@ -363,21 +351,11 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
             steps.append(functools.partial(np.copyto, zc, z))
         zf = loops.readonly_view(zc.reshape(-1))
         epi |= 2
-    steps.append(functools.partial(counter.fill, 0))
-    steps.append(parallel.concurrently([
-        functools.partial(loops.conv_units_blocked, xp, wp, outf, zf, rbs[i], taps, geom, bias,
-                          epi, counter, units)  # fmt: skip
-        for i in range(threads)
-    ]))  # fmt: skip
-    conv = chain(steps)
-    if not constant:
-        return chain([pack_w, conv])
-    state = {"packed": False}
 
-    def run_constant() -> None:
-        if not state["packed"]:
-            pack_w()
-            state["packed"] = True
-        conv()
+    def bind_part(counter: np.ndarray) -> Step:
+        rb = workspace.empty(((rows * wq + 2 * loops.P) * loops.OB,), _F32)  # this thread's
+        return functools.partial(loops.conv_units_blocked, xp, wp, outf, zf, rb, taps, geom,
+                                 bias, epi, counter, units)  # fmt: skip
 
-    return run_constant
+    steps.append(units_as_they_go(units, bind_part))
+    return filter_packed(pack_w, chain(steps), constant)

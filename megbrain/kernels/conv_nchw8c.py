@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,12 +35,17 @@ from . import parallel, workspace
 from .constant_operands import filter_is_constant
 from .conv_epilogue import Epilogue
 from .dnn_conv import SPLIT_MIN_ELEMS, _Conv
+from .steps import Step, chain
 
 __all__ = [
     "MAX_PAD",
     "ROW_POSITIONS",
+    "PlaneGeometry",
     "bind_nchw8c_forward",
+    "filter_packed",
+    "plane_geometry",
     "preferred_nchw8c_forward",
+    "units_as_they_go",
     "usable_nchw8c_forward",
 ]
 
@@ -53,6 +59,72 @@ ROW_POSITIONS = 96
 _F32 = np.dtype(np.float32)
 _NO_BIAS = np.zeros(1, _F32)
 _NO_BIAS.flags.writeable = False
+
+
+class PlaneGeometry(NamedTuple):
+    """The packed planes of a source: ``hq x wq`` positions per phase plane, the column
+    offset of the source in a plane row, the shift of a tile's first read and the plane
+    offsets (positions) of the filter taps, row-major."""
+
+    hq: int
+    wq: int
+    col_off: int
+    shift: int
+    taps: np.ndarray
+
+
+def plane_geometry(sshape, oshape, stride, pad, dilate, fshape) -> PlaneGeometry:
+    """The phase planes a source of spatial shape ``sshape`` is packed into (see
+    :mod:`conv_nchw8c_loops`): with stride 1 one plane whose rows' gap holds the left and
+    right padding; with stride ``s``, ``SH x SW`` phases, tap ``(a, b)`` reading phase
+    ``(a DH % SH, b DW % SW)`` at stride 1."""
+    (h, w), (_, ow) = sshape, oshape
+    (sh, sw), (pt, pl), (dh, dw) = stride, pad, dilate
+    fh, fw = fshape
+    if (sh, sw) == (1, 1):
+        hq, wq = h + 2 * pt, max(w + pl, ow)
+        col_off = wq - w
+        shift = col_off - pl
+    else:
+        hq, wq = -(-(h + 2 * pt) // sh), -(-(w + 2 * pl) // sw)
+        col_off, shift = pl, 0
+    phase = hq * wq
+    taps = np.array([((a * dh % sh) * sw + b * dw % sw) * phase + a * dh // sh * wq
+                     + b * dw // sw for a in range(fh) for b in range(fw)], np.int64)  # fmt: skip
+    return PlaneGeometry(hq, wq, col_off, shift, taps)
+
+
+def units_as_they_go(units: int, bind_part: Callable[[np.ndarray], Step]) -> Step:
+    """A step running ``bind_part(counter)`` on up to :func:`parallel.num_threads` threads
+    at once (one bound part per thread, each with its own buffers): the parts take work
+    units ``0 .. units - 1`` from ``counter`` (an int64 array, reset every run) by atomic
+    increments, so that a thread the OS holds back delays only the unit it has (a fixed
+    split waited for its slowest part)."""
+    counter = np.zeros(1, np.int64)
+    threads = max(1, min(units, parallel.num_threads()))
+    run = parallel.concurrently([bind_part(counter) for _ in range(threads)])
+
+    def step() -> None:
+        counter.fill(0)
+        run()
+
+    return step
+
+
+def filter_packed(pack_filter: Step, run: Step, constant: bool) -> Step:
+    """``run`` after ``pack_filter``: on every run, or, for a constant filter, only before
+    the first one."""
+    if not constant:
+        return chain([pack_filter, run])
+    state = {"packed": False}
+
+    def run_constant() -> None:
+        if not state["packed"]:
+            pack_filter()
+            state["packed"] = True
+        run()
+
+    return run_constant
 
 
 def block_channels(icg: int) -> int:
@@ -160,22 +232,13 @@ def bind_nchw8c_forward(
             f"{filt.dtype}, out {tuple(out.shape)} {out.dtype}, stride={tuple(stride)}, "
             f"pad={tuple(pad)}, dilate={tuple(dilate)}"
         )
-    (h, w), (oh, ow) = geo.sshape, geo.oshape
-    (sh, sw), (pt, pl), (dh, dw) = geo.stride, geo.pad, geo.dilate
+    oh, ow = geo.oshape
+    (sh, sw), pt = geo.stride, geo.pad[0]
     fh, fw = geo.fshape
-    if (sh, sw) == (1, 1):
-        # one phase; each row's gap holds the left and right padding (equal here)
-        hq, wq = h + 2 * pt, max(w + pl, ow)
-        col_off = shift = wq - w
-        shift -= pl
-    else:  # SH x SW phases: tap (a, b) reads phase (a DH % SH, b DW % SW) at stride 1
-        hq, wq = -(-(h + 2 * pt) // sh), -(-(w + 2 * pl) // sw)
-        col_off, shift = pl, 0
-    phase = hq * wq
-    taps = np.array([((a * dh % sh) * sw + b * dw % sw) * phase + a * dh // sh * wq
-                     + b * dw // sw for a in range(fh) for b in range(fw)], np.int64)  # fmt: skip
+    hq, wq, col_off, shift, taps = plane_geometry(geo.sshape, geo.oshape, geo.stride, geo.pad,
+                                                  geo.dilate, geo.fshape)  # fmt: skip
     bs = block_channels(geo.icg)
-    cstride = sh * sw * phase * bs
+    cstride = sh * sw * hq * wq * bs
     sample = geo.c // bs * cstride + loops.SLACK * bs
     xp = workspace.empty((geo.n * sample,), _F32)
     packed_size = geo.g * geo.ocg * geo.icg * fh * fw
@@ -186,9 +249,6 @@ def bind_nchw8c_forward(
     units = geo.n * geo.g * (geo.ocg // loops.OB) * -(-oh // rows)
     geom = np.array([geo.g, geo.ocg // loops.OB, geo.icg // bs, wq, oh, ow, rows,
                      cstride, sample, shift, bs], np.int64)  # fmt: skip
-    threads = max(1, min(units, parallel.num_threads()))
-    rbs = workspace.empty((threads, (rows * wq + loops.P) * loops.OB), _F32)
-    counter = np.zeros(1, np.int64)  # the next unit: the threads take units as they go
     outf = out.reshape(-1)
     pack_in = parallel.split(
         functools.partial(loops.pack_input, loops.readonly_view(src), xp, geo.stride, pt,
@@ -200,34 +260,11 @@ def bind_nchw8c_forward(
         bias, epi = _NO_BIAS, 0
     else:
         bias, epi = loops.readonly_view(epilogue.bias), 2 if epilogue.relu else 1
-    units_run = parallel.concurrently(
-        [
-            functools.partial(loops.conv_units, xp, wp, outf, rbs[i], taps, geom, bias, epi,
-                              counter, units)  # fmt: skip
-            for i in range(threads)
-        ]
-    )
 
-    def conv() -> None:
-        counter.fill(0)
-        units_run()
+    def bind_part(counter: np.ndarray) -> Step:
+        rb = workspace.empty(((rows * wq + loops.P) * loops.OB,), _F32)  # this thread's
+        return functools.partial(loops.conv_units, xp, wp, outf, rb, taps, geom, bias, epi,
+                                 counter, units)  # fmt: skip
 
     pack_w = functools.partial(loops.pack_filter, loops.readonly_view(filt), wp, flip, bs)
-    if not constant:
-
-        def run() -> None:
-            pack_w()
-            pack_in()
-            conv()
-
-        return run
-    state = {"packed": False}
-
-    def run_constant() -> None:
-        if not state["packed"]:
-            pack_w()
-            state["packed"] = True
-        pack_in()
-        conv()
-
-    return run_constant
+    return filter_packed(pack_w, chain([pack_in, units_as_they_go(units, bind_part)]), constant)

@@ -73,13 +73,9 @@ def _unit_py(u, nblk, ocb_n, g_, bands_first):
     # work unit u as (sample, group, block of 16 output channels, band of rows), the bands
     # varying fastest (bands_first) or the channel blocks
     if bands_first:
-        blk = u % nblk
-        rest = u // nblk
-        ocb = rest % ocb_n
+        blk, ocb = u % nblk, u // nblk % ocb_n
     else:
-        ocb = u % ocb_n
-        rest = u // ocb_n
-        blk = rest % nblk
+        ocb, blk = u % ocb_n, u // ocb_n % nblk
     rest = u // (nblk * ocb_n)
     return rest // g_, rest % g_, ocb, blk
 
@@ -168,12 +164,11 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, units):
 def _tile_out_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, out, z, bias, oc0, epi,
                  obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
     # pragma: no cover - compiled
-    # (its sums repeat _tile_py's loops: the tile must stay in this function's registers, and
-    # a call would take it through memory)
-    # _tile_py's sums (continued from rb when ``more``), the epilogue applied in registers,
-    # written straight to the NCHW88 output: positions q + p in [qlo, qhi) of a plane row,
-    # not in its gap. Only stores to ``out`` are conditional: a conditional write to ``acc``
-    # (or a branch around its reads) made the compiler keep it in memory (3x slower)
+    # _tile_py's sums (continued from rb when ``more``; its loops repeated here, as the tile
+    # must stay in this function's registers), the epilogue applied in registers, written
+    # straight to the NCHW88 output: positions q + p in [qlo, qhi) of a plane row, not in
+    # its gap. Only stores to ``out`` are conditional: a conditional write to ``acc`` (or a
+    # branch around its reads) made the compiler keep it in memory (3x slower)
     acc = carray(stack_tile(_TILE, np.float32), _TILE)  # noqa: F821 - numba.carray
     for i in range(_TILE):
         acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
@@ -297,7 +292,7 @@ def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1):
                         xp[np.uintp(d + t)] = 0.0
                     srow = s0 + src * w_ * CB
                     if sw == 1:
-                        o = srow + (k0 + phi - col_off) * CB - k0 * CB
+                        o = srow + (phi - col_off) * CB
                         for t in range(k0 * CB, k1 * CB):
                             xp[np.uintp(d + t)] = x[np.uintp(o + t)]
                     else:
