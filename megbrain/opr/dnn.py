@@ -16,6 +16,7 @@ second-order gradients work.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,7 @@ from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_op
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..graph.static_infer import static_shape
-from ..kernels import conv_algos, conv_epilogue, conv_nchw88
+from ..kernels import conv_algos, conv_epilogue, conv_nchw88, workspace
 from ..kernels import dnn_conv as conv_kernels
 from ..kernels import dnn_pool as pool_kernels
 from ..kernels import elemwise as ew_kernels
@@ -670,7 +671,14 @@ class ConvBias(_ConvBase):
             epilogue = self._nchw88_epilogue(mode, ins[2], outs[0])
             if epilogue is not None:
                 return self._bind_nchw88(ins[0], ins[1], outs[0], epilogue=epilogue, z=z)
-            return chain([self._bind_nchw88(ins[0], ins[1], outs[0]), act()])
+            steps = []
+            if z is not None and np.may_share_memory(z, outs[0]):
+                # the plan gave the output z's memory (inplace_input) but the kernel can not
+                # take the epilogue (a non-contiguous bias): z is kept before it is written
+                kept = workspace.empty(z.shape, z.dtype)
+                steps.append(functools.partial(np.copyto, kept, z))
+                z = kept
+            return chain([*steps, self._bind_nchw88(ins[0], ins[1], outs[0]), act()])
         epilogue = None if z is not None else conv_epilogue.for_conv_bias(mode, ins[2], outs[0])
         return self._bind_kernel(
             "forward", ins[0], self._grouped(ins[1]), outs[0], epilogue=epilogue, then=act

@@ -320,3 +320,22 @@ def test_z_read_again_or_as_the_source_keeps_its_memory():
     f, (got,) = _plan_run([y], g)
     assert f._plan.decisions[y.node][0] == "alloc"
     assert y.node.owner.inplace_input() is None
+
+
+def test_z_memory_given_to_the_output_is_kept_when_the_bias_is_a_strided_view():
+    # the plan gives the output z's memory; a non-contiguous bias keeps the kernel from
+    # applying the epilogue, so the bias and z are added after: z must be kept first
+    rng = np.random.default_rng(14)
+    x, w = _rand(rng, 1, 16, 5, 5), _rand(rng, 16, 16, 3, 3)
+    b, zsrc = _rand(rng, 1, 16, 1, 1), _rand(rng, 1, 16, 5, 5)
+    g = make_graph()
+    bt = np.ascontiguousarray(_to88(b).transpose(0, 4, 2, 3, 1))  # (1, 8, 1, 1, 2)
+    (xv, wv, btv, zv), _ = inputs(g, _to88(x), _dense88(w), bt, _to88(zsrc))
+    bias = btv.dimshuffle(0, 4, 2, 3, 1)  # a strided view of shape (1, 2, 1, 1, 8)
+    z = mgb.opr.elem.exp(zv)
+    param = ConvBiasParam(pad_h=1, pad_w=1, nonlineMode="RELU", format="NCHW88")
+    y = _conv_bias([xv, wv, bias, z], param)
+    f, (got,) = _plan_run([y], g)
+    assert f._plan.decisions[y.node] == ("inplace", 3)
+    want = np.maximum(ref_conv(x, w, (1, 1), (1, 1), (1, 1)) + b + np.exp(zsrc), 0)
+    np.testing.assert_allclose(_from88(got), want, rtol=1e-4, atol=1e-5)
