@@ -291,7 +291,7 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
     (sh, sw), (pt, pl) = tuple(stride), tuple(pad)
     fh, fw = geo.fshape
     steps: list[Step] = []
-    pointwise = geo.fshape == (1, 1) and (pt, pl) == (0, 0) and oh * ow >= loops.P
+    pointwise = geo.fshape == (1, 1) and (pt, pl) == (0, 0) and oh * ow >= loops.tile_positions()
     if pointwise and ((sh, sw) != (1, 1) or not src.flags.c_contiguous):
         # a strided pointwise convolution reads one position in sh * sw: the subsampled
         # source, copied (a quarter of the phase planes at stride 2), is read in place
@@ -352,10 +352,10 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
         zf = loops.readonly_view(zc.reshape(-1))
         epi |= 2
 
-    def bind_part(counter: np.ndarray) -> Step:
-        rb = workspace.empty(((rows * wq + 2 * loops.P) * loops.OB,), _F32)  # this thread's
+    def bind_part(counter: np.ndarray, me: int) -> Step:
+        rb = workspace.empty(((rows * wq + 2 * loops.tile_positions()) * loops.OB,), _F32)
         return functools.partial(loops.conv_units_blocked, xp, wp, outf, zf, rb, taps, geom,
-                                 bias, epi, counter, units)  # fmt: skip
+                                 bias, epi, counter, me)  # fmt: skip
 
     steps.append(units_as_they_go(units, bind_part))
     return filter_packed(pack_w, chain(steps), constant)

@@ -5,10 +5,10 @@ of 8 is copied into planes of one channel instead (:func:`block_channels`).
 
 Per run the source is copied into zero-padded planes of 8 channels per position, one per
 stride phase (:func:`conv_nchw8c_loops.pack_input`, about the size of the source), and each
-tile of six
-output positions by sixteen output channels sums its whole reduction in registers
-(:mod:`megbrain.kernels.tiled_jit`), reading the input and the packed filter in place: no
-column matrix (im2col copies the source ``FH * FW`` times) and no GEMM packing. The filter,
+tile of 12 (AVX-512) or 6 (AVX2) output positions by sixteen output channels sums its whole
+reduction in registers (:func:`megbrain.kernels.tiled_jit.fma_tile`), reading the input
+and the packed filter in place: no column matrix (im2col copies the source ``FH * FW``
+times) and no GEMM packing. The filter,
 packed in blocks of 16 output channels, is packed once, at the first run, when the operator
 says it is constant (:mod:`constant_operands`: an ImmutableTensor, or a parameter under
 ``graph_opt.weight_preprocess``; the packed copy is then private memory of the bound step,
@@ -94,18 +94,23 @@ def plane_geometry(sshape, oshape, stride, pad, dilate, fshape) -> PlaneGeometry
     return PlaneGeometry(hq, wq, col_off, shift, taps)
 
 
-def units_as_they_go(units: int, bind_part: Callable[[np.ndarray], Step]) -> Step:
-    """A step running ``bind_part(counter)`` on up to :func:`parallel.num_threads` threads
-    at once (one bound part per thread, each with its own buffers): the parts take work
-    units ``0 .. units - 1`` from ``counter`` (an int64 array, reset every run) by atomic
-    increments, so that a thread the OS holds back delays only the unit it has (a fixed
-    split waited for its slowest part)."""
-    counter = np.zeros(1, np.int64)
+def units_as_they_go(units: int, bind_part: Callable[[np.ndarray, int], Step]) -> Step:
+    """A step running ``bind_part(counter, me)`` for ``me`` in ``0 .. T - 1`` on ``T`` (up
+    to :func:`parallel.num_threads`) threads at once, one bound part per thread, each with
+    its own buffers. Units ``0 .. units - 1`` are cut into ``T`` contiguous ranges, and
+    ``counter`` (int64, reset every run) holds each range's next unit and end: part ``me``
+    takes the units of its range one at a time by atomic increments, then what is left of
+    the others'. A thread the OS holds back delays only the unit it has (a fixed split
+    waited for its slowest part), and each thread keeps to the same part of the output
+    from one layer to the next, so that it reads mostly what it wrote itself (the units
+    are band-major, the rows of a layer's output that feed the same rows of the next)."""
     threads = max(1, min(units, parallel.num_threads()))
-    run = parallel.concurrently([bind_part(counter) for _ in range(threads)])
+    bounds = np.array(parallel.ranges(units, threads), np.int64).reshape(-1)
+    counter = bounds.copy()
+    run = parallel.concurrently([bind_part(counter, me) for me in range(threads)])
 
     def step() -> None:
-        counter.fill(0)
+        counter[:] = bounds
         run()
 
     return step
@@ -261,10 +266,10 @@ def bind_nchw8c_forward(
     else:
         bias, epi = loops.readonly_view(epilogue.bias), 2 if epilogue.relu else 1
 
-    def bind_part(counter: np.ndarray) -> Step:
-        rb = workspace.empty(((rows * wq + loops.P) * loops.OB,), _F32)  # this thread's
+    def bind_part(counter: np.ndarray, me: int) -> Step:
+        rb = workspace.empty(((rows * wq + loops.tile_positions()) * loops.OB,), _F32)
         return functools.partial(loops.conv_units, xp, wp, outf, rb, taps, geom, bias, epi,
-                                 counter, units)  # fmt: skip
+                                 counter, me)  # fmt: skip
 
     pack_w = functools.partial(loops.pack_filter, loops.readonly_view(filt), wp, flip, bs)
     return filter_packed(pack_w, chain([pack_in, units_as_they_go(units, bind_part)]), constant)

@@ -24,14 +24,15 @@ The NCHW88 (channel-blocked) operators use the same tiles
 (:func:`conv_units_blocked`): their source, ``(N, C/8, H, W, 8)``, is copied into the
 phase planes row by row (:func:`pack_blocked_input`), or read in place by a pointwise
 convolution with stride 1 and no padding (its plane is the source's ``H x W`` positions);
-each tile writes its 6 positions by 16 channels straight into two blocks of the
+each tile writes its ``P`` positions by 16 channels straight into two blocks of the
 ``(N, OC/8, OH, OW, 8)`` output, adding the bias and the residual ``z`` and applying the
 ReLU on the way. A tile that would read past a plane's end starts ``P`` positions before
 it instead and writes only the positions not written yet.
 
-Each tile is :data:`P` positions by 16 output channels: per input channel and tap, two
-vector loads of the filter, six broadcasts of the input and twelve fused multiply-adds, the
-accumulators in registers (:mod:`megbrain.kernels.tiled_jit`). Every sum runs over input
+Each tile is ``P`` positions (:func:`tile_positions`) by 16 output channels, computed by
+:func:`megbrain.kernels.tiled_jit.fma_tile`: per input channel and tap, the filter's 16
+values in one AVX-512 vector (two AVX2 ones), a broadcast of the input per position and one
+fused multiply-add per vector, the accumulators in registers. Every sum runs over input
 channel blocks, filter rows, filter columns and the 8 channels of a block in that order:
 the result does not depend on the thread split (reproducible).
 """
@@ -45,7 +46,6 @@ import numpy as np
 __all__ = [
     "OB",
     "CB",
-    "P",
     "SLACK",
     "conv_units",
     "conv_units_blocked",
@@ -53,19 +53,20 @@ __all__ = [
     "pack_filter",
     "pack_input",
     "readonly_view",
+    "tile_positions",
 ]
 
-#: output channels of a tile (two 8-float vectors)
+#: output channels of a tile (one AVX-512 vector, or two AVX2 vectors)
 OB = 16
 #: input channels of a packed block
 CB = 8
-#: output positions of a tile
-P = 6
-#: positions after the last plane, read by the last tiles of a sample (dropped outputs)
+#: positions after the last plane, read by the last tiles of a sample (dropped outputs; at
+#: least a tile's positions)
 SLACK = 64
-_TILE = P * OB
-
-stack_tile = fetch_add = None  # the tiled_jit intrinsics, bound by _compiled() first
+#: the output positions of a tile (:func:`tile_positions`, by the target's vector width) and
+#: the tile's size, bound by _compiled() first, as the tiled_jit intrinsics
+P = _TILE = None
+stack_tile = fetch_add = fma_tile = None
 
 
 def _unit_py(u, nblk, ocb_n, g_, bands_first):
@@ -80,21 +81,27 @@ def _unit_py(u, nblk, ocb_n, g_, bands_first):
     return rest // g_, rest % g_, ocb, blk
 
 
+def _take_py(counter, me):
+    # pragma: no cover - compiled
+    # the next unit of thread ``me``: counter holds (next, end) per thread's range of units;
+    # its own range first, then the others' (-1 when all are taken)
+    nr = counter.size // 2
+    for r in range(nr):
+        k = (me + r) % nr
+        if counter[2 * k] < counter[2 * k + 1]:  # a plain read spares the atomic
+            u = fetch_add(counter, 2 * k, 1)  # noqa: F821 - the tiled_jit intrinsic
+            if u < counter[2 * k + 1]:
+                return u
+    return -1
+
+
 def _tile_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more):
     # pragma: no cover - compiled
-    acc = carray(stack_tile(_TILE, np.float32), _TILE)  # noqa: F821 - numba.carray
+    tile = stack_tile(_TILE, np.float32)  # noqa: F821 - the tiled_jit intrinsic
+    acc = carray(tile, _TILE)  # noqa: F821 - numba.carray
     for i in range(_TILE):  # more: continue the sums rb holds
         acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
-    wi = w0
-    for cb in range(cbn):
-        for t in range(taps.size):
-            xb = x0 + cb * cstride + taps[t] * CB
-            for ic in range(CB):
-                for pos in range(P):
-                    v = xp[np.uintp(xb + pos * CB + ic)]
-                    for j in range(OB):
-                        acc[pos * OB + j] += v * wp[np.uintp(wi + j)]
-                wi += OB
+    fma_tile(tile, P, OB, CB, xp, x0, wp, w0, cbn, cstride, taps, 0)  # noqa: F821
     for i in range(_TILE):
         rb[np.uintp(r0 + i)] = acc[i]
 
@@ -102,23 +109,16 @@ def _tile_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more):
 def _tile1_py(xp, x0, wp, w0, cn, cstride, taps, rb, r0):
     # pragma: no cover - compiled
     # _tile_py over planes of one channel (a source of fewer than 8 channels per group)
-    acc = carray(stack_tile(_TILE, np.float32), _TILE)  # noqa: F821 - numba.carray
+    tile = stack_tile(_TILE, np.float32)  # noqa: F821 - the tiled_jit intrinsic
+    acc = carray(tile, _TILE)  # noqa: F821 - numba.carray
     for i in range(_TILE):
         acc[i] = np.float32(0.0)
-    wi = w0
-    for c in range(cn):
-        for t in range(taps.size):
-            xb = x0 + c * cstride + taps[t]
-            for pos in range(P):
-                v = xp[np.uintp(xb + pos)]
-                for j in range(OB):
-                    acc[pos * OB + j] += v * wp[np.uintp(wi + j)]
-            wi += OB
+    fma_tile(tile, P, OB, 1, xp, x0, wp, w0, cn, cstride, taps, 0)  # noqa: F821
     for i in range(_TILE):
         rb[np.uintp(r0 + i)] = acc[i]
 
 
-def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, units):
+def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
     # pragma: no cover - compiled
     # geom: G, OCB (blocks per group), ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, BS (the
     # channels of a packed block: CB, or 1); epi: 0 none, 1 + bias[oc], 2 also ReLU
@@ -130,8 +130,8 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, units):
     ohw = oh_n * ow_n
     nblk = (oh_n + rows - 1) // rows
     while True:  # the units the other threads have not taken
-        u = fetch_add(counter, 0, 1)  # noqa: F821 - the tiled_jit intrinsic
-        if u >= units:
+        u = _take(counter, me)
+        if u < 0:
             break
         n, g, ocb, blk = _unit(u, nblk, ocb_n, g_, True)
         h0 = blk * rows
@@ -164,24 +164,15 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, units):
 def _tile_out_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, out, z, bias, oc0, epi,
                  obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
     # pragma: no cover - compiled
-    # _tile_py's sums (continued from rb when ``more``; its loops repeated here, as the tile
-    # must stay in this function's registers), the epilogue applied in registers, written
-    # straight to the NCHW88 output: positions q + p in [qlo, qhi) of a plane row, not in
-    # its gap. Only stores to ``out`` are conditional: a conditional write to ``acc`` (or a
-    # branch around its reads) made the compiler keep it in memory (3x slower)
-    acc = carray(stack_tile(_TILE, np.float32), _TILE)  # noqa: F821 - numba.carray
+    # _tile_py's sums (continued from rb when ``more``), the epilogue applied in registers,
+    # written straight to the NCHW88 output: positions q + p in [qlo, qhi) of a plane row,
+    # not in its gap. Only stores to ``out`` are conditional: a conditional write to ``acc``
+    # (or a branch around its reads) made the compiler keep it in memory (3x slower)
+    tile = stack_tile(_TILE, np.float32)  # noqa: F821 - the tiled_jit intrinsic
+    acc = carray(tile, _TILE)  # noqa: F821 - numba.carray
     for i in range(_TILE):
         acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
-    wi = w0
-    for cb in range(cbn):
-        for t in range(taps.size):
-            xb = x0 + cb * cstride + taps[t] * CB
-            for ic in range(CB):
-                for pos in range(P):
-                    v = xp[np.uintp(xb + pos * CB + ic)]
-                    for j in range(OB):
-                        acc[pos * OB + j] += v * wp[np.uintp(wi + j)]
-                wi += OB
+    fma_tile(tile, P, OB, CB, xp, x0, wp, w0, cbn, cstride, taps, 0)  # noqa: F821
     if epi & 1:
         for pos in range(P):
             for j in range(OB):
@@ -217,7 +208,7 @@ def _tile_out_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, out, z, bias,
                 out[np.uintp(o + ohw8 + c)] = acc[pos * OB + CB + c]
 
 
-def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, units):
+def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, me):
     # pragma: no cover - compiled
     # geom: G, OCB, ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, LIMIT (a tile reads at most
     # LIMIT positions of a plane), CHUNK; epi bits: 1 + bias[oc], 2 + z (out's layout), 4 ReLU.
@@ -234,8 +225,8 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, u
     nblk = (oh_n + rows - 1) // rows
     last = (icb_n - 1) // chunk * chunk
     while True:  # the units the other threads have not taken
-        u = fetch_add(counter, 0, 1)  # noqa: F821 - the tiled_jit intrinsic
-        if u >= units:
+        u = _take(counter, me)
+        if u < 0:
             break
         n, g, ocb, blk = _unit(u, nblk, ocb_n, g_, False)
         h0 = blk * rows
@@ -362,7 +353,7 @@ def _pack_filter_py(w, wp, flip, bs):
                                 i += 1
 
 
-_unit = None  # compiled by _compiled() before the units
+_unit = _take = None  # compiled by _compiled() before the units
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
 _tile1 = None
 _tile_out = None
@@ -371,21 +362,25 @@ _tile_out = None
 @functools.cache
 def _compiled() -> dict:
     # numba is imported on first use: ``import megbrain`` stays free of its import time
-    global stack_tile, fetch_add, _unit, _tile, _tile1, _tile_out, carray
+    global stack_tile, fetch_add, fma_tile, P, _TILE, _unit, _take, _tile, _tile1, _tile_out
+    global carray
     from numba import carray as _carray
     from numba import types as t
 
-    from .tiled_jit import compile_tiled
-    from .tiled_jit import fetch_add as _fetch_add
-    from .tiled_jit import stack_tile as _stack_tile
+    from . import tiled_jit
 
-    stack_tile, fetch_add, carray = _stack_tile(), _fetch_add(), _carray
+    stack_tile, fetch_add, carray = tiled_jit.stack_tile(), tiled_jit.fetch_add(), _carray
+    fma_tile = tiled_jit.fma_tile()
+    P = tile_positions()
+    _TILE = P * OB
+    compile_tiled = tiled_jit.compile_tiled
     f1, i8 = t.float32[::1], t.int64
     ints = t.int64[::1]
     fr = t.Array(t.float32, 1, "C", readonly=True)
     # the NCHW88 units read a source in place: a read-only one too
     bo = t.boolean
     _unit = compile_tiled(_unit_py, [t.UniTuple(i8, 4)(i8, i8, i8, i8, bo)])
+    _take = compile_tiled(_take_py, [i8(ints, i8)])
     _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, bo),
                                      t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])  # fmt: skip
     _tile1 = compile_tiled(_tile1_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
@@ -414,28 +409,36 @@ def _compiled() -> dict:
     }
 
 
-def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, units: int) -> None:
-    """The units ``[counter[0], units)`` of the convolution into the flat NCHW ``out``, each
-    taken by an atomic increment of ``counter[0]`` (int64: the threads running this with one
-    counter share the units as they go); ``rb`` this thread's row buffer
-    of at least ``(ROWS WQ + P) 16`` values; ``taps`` the int64 plane offsets (positions) of
-    the filter taps, row-major; ``geom`` the int64 array of the units' geometry (see the
-    source); ``epi`` 0, or 1 to add ``bias`` (a :func:`readonly_view` per output channel),
-    2 to add it and apply ReLU."""
-    _compiled()["units"](xp, wp, out, rb, taps, geom, bias, epi, counter, units)
+def tile_positions() -> int:
+    """The output positions of a tile: 12 where the compiler targets AVX-512, else 6
+    (:func:`megbrain.kernels.tiled_jit.tile_positions`)."""
+    from .tiled_jit import tile_positions as positions
+
+    return positions()
+
+
+def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, me: int) -> None:
+    """Thread ``me``'s share of the convolution's units into the flat NCHW ``out``: units
+    taken one at a time from ``counter`` (int64, a ``(next, end)`` pair per thread's range of
+    units, :func:`megbrain.kernels.conv_nchw8c.units_as_they_go`) by atomic increments, its
+    own range first, then what the other threads have not taken of theirs; ``rb`` this
+    thread's row buffer of at least ``(ROWS WQ + P) 16`` values; ``taps`` the int64 plane
+    offsets (positions) of the filter taps, row-major; ``geom`` the int64 array of the
+    units' geometry (see the source); ``epi`` 0, or 1 to add ``bias`` (a
+    :func:`readonly_view` per output channel), 2 to add it and apply ReLU."""
+    _compiled()["units"](xp, wp, out, rb, taps, geom, bias, epi, counter, me)
 
 
 def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter,
-                       units: int) -> None:  # fmt: skip
-    """The units ``[counter[0], units)`` into the flat NCHW88 ``out``, one at a time, each
-    taken by an atomic increment of ``counter[0]`` (int64): the threads running this with
-    one counter share the units as they go. As :func:`conv_units` otherwise: the source
-    ``xp`` (a :func:`readonly_view`, flat) either packed planes or, for a pointwise
-    convolution read in place, the source itself; ``rb`` this thread's buffer of a unit's
-    positions plus ``2 P``, by 16 values; ``geom`` also holding the positions a tile may read
-    in a plane and the channel blocks summed at a time; ``epi`` the sum of 1 (add ``bias``),
-    2 (add ``z``, flat, laid out as ``out``) and 4 (ReLU)."""
-    _compiled()["units_blocked"](xp, wp, out, z, rb, taps, geom, bias, epi, counter, units)
+                       me: int) -> None:  # fmt: skip
+    """Thread ``me``'s share of the units into the flat NCHW88 ``out``, taken as by
+    :func:`conv_units`. As :func:`conv_units` otherwise: the source ``xp`` (a
+    :func:`readonly_view`, flat) either packed planes or, for a pointwise convolution read
+    in place, the source itself; ``rb`` this thread's buffer of a unit's positions plus
+    ``2 P``, by 16 values; ``geom`` also holding the positions a tile may read in a plane
+    and the channel blocks summed at a time; ``epi`` the sum of 1 (add ``bias``), 2 (add
+    ``z``, flat, laid out as ``out``) and 4 (ReLU)."""
+    _compiled()["units_blocked"](xp, wp, out, z, rb, taps, geom, bias, epi, counter, me)
 
 
 def pack_blocked_input(x, xp, stride, row_off: int, col_off: int, hq: int, wq: int, b0: int,

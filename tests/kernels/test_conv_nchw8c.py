@@ -188,6 +188,42 @@ def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch):
     assert np.array_equal(ys[0], ys[1]) and np.array_equal(ys[1], ys[2])
 
 
+def test_each_thread_takes_its_own_range_of_units_first_then_the_others():
+    from megbrain.kernels import conv_nchw8c_loops as loops
+
+    loops._compiled()
+    # two ranges, [0, 3) and [3, 7), as (next, end) pairs
+    counter = np.array([0, 3, 3, 7], np.int64)
+    got = [loops._take(counter, 1) for _ in range(8)]
+    assert got == [3, 4, 5, 6, 0, 1, 2, -1]
+    assert loops._take(counter, 0) == -1
+
+
+def test_units_as_they_go_gives_every_unit_to_exactly_one_part(monkeypatch):
+    from megbrain.kernels import parallel
+
+    monkeypatch.setattr(parallel, "num_threads", lambda: 3)
+    counters, seen = [], []
+
+    def bind_part(counter, me):
+        counters.append(counter)
+
+        def part():
+            while (u := int(counter[2 * me])) < counter[2 * me + 1]:
+                counter[2 * me] += 1  # one thread per range here: no race to guard
+                seen.append((me, u))
+
+        return part
+
+    step = conv_nchw8c.units_as_they_go(10, bind_part)
+    for _ in range(2):  # the counter is reset at every run
+        seen.clear()
+        step()
+        assert sorted(u for _, u in seen) == list(range(10))
+        assert {me for me, u in seen if u < 3} == {0} and {me for me, u in seen if u >= 6} == {2}
+    assert all(c is counters[0] for c in counters)
+
+
 @pytest.mark.parametrize(
     "change",
     [

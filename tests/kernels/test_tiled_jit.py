@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 from megbrain.kernels import tiled_jit
 
@@ -68,3 +69,56 @@ def test_fetch_add_gives_each_item_to_exactly_one_thread():
         th.join()
     assert (mark == 1).all()  # no item lost or taken twice
     assert counter[0] >= items and set(np.unique(owner)) <= {0, 1, 2}
+
+
+def _fma_tile_kernel(positions: int, width: int, channels: int):
+    from numba import carray
+    from numba import types as t
+
+    stack_tile, fma_tile = tiled_jit.stack_tile(), tiled_jit.fma_tile()
+    size = positions * width
+
+    def tile_py(xp, x0, wp, w0, cbn, cstride, taps, wnext, out):
+        acc = stack_tile(size, np.float32)
+        a = carray(acc, size)
+        for i in range(size):
+            a[i] = out[i]  # the sums continue from out
+        fma_tile(acc, positions, width, channels, xp, x0, wp, w0, cbn, cstride, taps, wnext)
+        for i in range(size):
+            out[i] = a[i]
+
+    f1, i8 = t.float32[::1], t.int64
+    sig = t.void(f1, i8, f1, i8, i8, i8, t.int64[::1], i8, f1)
+    return tiled_jit.compile_tiled(tile_py, [sig], cache=False)
+
+
+@pytest.mark.parametrize("positions,width,channels", [(12, 16, 8), (6, 16, 8), (5, 32, 1)])
+def test_fma_tile_sums_as_the_scalar_loops_in_their_order(positions, width, channels):
+    rng = np.random.default_rng(3)
+    tile = _fma_tile_kernel(positions, width, channels)
+    cbn, cstride, taps = 3, 200, np.array([0, 1, 9, 11], np.int64)
+    wnext = 1000  # the second block of 16 filter values of a 32-wide row
+    xp = rng.uniform(-1, 1, 2000).astype(np.float32)
+    wp = rng.uniform(-1, 1, 4000).astype(np.float32)
+    x0, w0 = 7, 5
+    start = rng.uniform(-1, 1, positions * width).astype(np.float32)
+    got = start.copy()
+    tile(xp, x0, wp, w0, cbn, cstride, taps, wnext, got)
+    want = start.reshape(positions, width).astype(np.float64)
+    for cb in range(cbn):
+        for t_, tap in enumerate(taps):
+            for ic in range(channels):
+                row = ((cb * len(taps) + t_) * channels + ic) * 16
+                w = np.concatenate([wp[w0 + b * wnext + row:][:16] for b in range(width // 16)])
+                for p in range(positions):
+                    want[p] += xp[x0 + cb * cstride + (tap + p) * channels + ic] * w
+    np.testing.assert_allclose(got.reshape(positions, width), want, rtol=1e-5, atol=1e-5)
+
+
+def test_fma_tile_computes_with_vectors_of_the_target_width():
+    tile = _fma_tile_kernel(tiled_jit.tile_positions(), 16, 8)
+    llvm = tile.inspect_llvm(tile.signatures[0])
+    lanes = tiled_jit.vector_width()
+    assert lanes in (8, 16)
+    assert f"llvm.fmuladd.v{lanes}f32" in llvm
+    assert tiled_jit.tile_positions() == (12 if lanes == 16 else 6)
