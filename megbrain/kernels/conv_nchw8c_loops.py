@@ -24,7 +24,8 @@ The NCHW88 (channel-blocked) operators use the same tiles
 (:func:`conv_units_blocked`): their source, ``(N, C/8, H, W, 8)``, is copied into the
 phase planes row by row (:func:`pack_blocked_input`), or read in place by a pointwise
 convolution with stride 1 and no padding (its plane is the source's ``H x W`` positions);
-each tile writes its ``P`` positions by 16 channels straight into two blocks of the
+each tile writes its ``P`` positions by 16 channels (32 for wide units,
+:func:`megbrain.kernels.conv_nchw88.wide_units`) straight into two (four) blocks of the
 ``(N, OC/8, OH, OW, 8)`` output, adding the bias and the residual ``z`` and applying the
 ReLU on the way. A tile that would read past a plane's end starts ``P`` positions before
 it instead and writes only the positions not written yet.
@@ -58,6 +59,8 @@ __all__ = [
 
 #: output channels of a tile (one AVX-512 vector, or two AVX2 vectors)
 OB = 16
+#: output channels of a wide tile (two blocks of 16, :func:`conv_nchw88.wide_units`)
+WIDE = 2 * OB
 #: input channels of a packed block
 CB = 8
 #: positions after the last plane, read by the last tiles of a sample (dropped outputs; at
@@ -65,7 +68,7 @@ CB = 8
 SLACK = 64
 #: the output positions of a tile (:func:`tile_positions`, by the target's vector width) and
 #: the tile's size, bound by _compiled() first, as the tiled_jit intrinsics
-P = _TILE = None
+P = _TILE = _WIDE_TILE = None
 stack_tile = fetch_add = fma_tile = None
 
 
@@ -103,6 +106,18 @@ def _tile_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more):
         acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
     fma_tile(tile, P, OB, CB, xp, x0, wp, w0, cbn, cstride, taps, 0)  # noqa: F821
     for i in range(_TILE):
+        rb[np.uintp(r0 + i)] = acc[i]
+
+
+def _tile32_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext):
+    # pragma: no cover - compiled
+    # _tile_py for a wide tile: 32 output channels, two blocks of the packed filter wnext apart
+    tile = stack_tile(_WIDE_TILE, np.float32)  # noqa: F821 - the tiled_jit intrinsic
+    acc = carray(tile, _WIDE_TILE)  # noqa: F821 - numba.carray
+    for i in range(_WIDE_TILE):
+        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
+    fma_tile(tile, P, WIDE, CB, xp, x0, wp, w0, cbn, cstride, taps, wnext)  # noqa: F821
+    for i in range(_WIDE_TILE):
         rb[np.uintp(r0 + i)] = acc[i]
 
 
@@ -161,22 +176,43 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
                     out[np.uintp(d + k)] = v
 
 
-def _tile_out_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, out, z, bias, oc0, epi,
-                 obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
+def _tile_out16_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out, z, bias,
+                   oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
     # pragma: no cover - compiled
-    # _tile_py's sums (continued from rb when ``more``), the epilogue applied in registers,
-    # written straight to the NCHW88 output: positions q + p in [qlo, qhi) of a plane row,
-    # not in its gap. Only stores to ``out`` are conditional: a conditional write to ``acc``
-    # (or a branch around its reads) made the compiler keep it in memory (3x slower)
+    # _tile_py's sums of 16 channels (continued from rb when ``more``), written to the NCHW88
+    # output by _write_out (its width a constant here: the tile stays in registers)
     tile = stack_tile(_TILE, np.float32)  # noqa: F821 - the tiled_jit intrinsic
     acc = carray(tile, _TILE)  # noqa: F821 - numba.carray
     for i in range(_TILE):
         acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
     fma_tile(tile, P, OB, CB, xp, x0, wp, w0, cbn, cstride, taps, 0)  # noqa: F821
+    _write_out(tile, OB, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
+
+
+def _tile_out32_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out, z, bias,
+                   oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
+    # pragma: no cover - compiled
+    # _tile_out16_py for a wide tile (two blocks of the packed filter, wnext apart)
+    tile = stack_tile(_WIDE_TILE, np.float32)  # noqa: F821 - the tiled_jit intrinsic
+    acc = carray(tile, _WIDE_TILE)  # noqa: F821 - numba.carray
+    for i in range(_WIDE_TILE):
+        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
+    fma_tile(tile, P, WIDE, CB, xp, x0, wp, w0, cbn, cstride, taps, wnext)  # noqa: F821
+    _write_out(tile, WIDE, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
+
+
+def _write_out_py(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):
+    # pragma: no cover - compiled
+    # the epilogue applied to a tile of P x width sums (width 16 or 32: blocks of 8 channels
+    # ohw8 apart in the NCHW88 output), written to positions q + p in [qlo, qhi) of a plane
+    # row, not in its gap. Inlined into its callers, whose width is a constant: only stores
+    # to ``out`` are conditional (a conditional write to the tile, or a branch around its
+    # reads, made the compiler keep it in memory: 3x slower)
+    acc = carray(tile, P * width)  # noqa: F821 - numba.carray
     if epi & 1:
         for pos in range(P):
-            for j in range(OB):
-                acc[pos * OB + j] += bias[oc0 + j]
+            for j in range(width):
+                acc[pos * width + j] += bias[oc0 + j]
     offs = carray(stack_tile(P, np.int64), P)  # noqa: F821 - an output offset, or -1
     row = q // wq
     col = q - row * wq
@@ -191,34 +227,35 @@ def _tile_out_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, out, z, bias,
     if epi & 2:  # a dropped position reads the block's first (any in-bounds value)
         for pos in range(P):
             o = max(offs[pos], obase)
-            for c in range(CB):
-                acc[pos * OB + c] += z[np.uintp(o + c)]
-            for c in range(CB):
-                acc[pos * OB + CB + c] += z[np.uintp(o + ohw8 + c)]
+            for h in range(width // CB):
+                for c in range(CB):
+                    acc[pos * width + h * CB + c] += z[np.uintp(o + h * ohw8 + c)]
     if epi & 4:
-        for i in range(_TILE):
+        for i in range(P * width):
             a = acc[i]
             acc[i] = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
     for pos in range(P):
         o = offs[pos]
         if o >= 0:
-            for c in range(CB):
-                out[np.uintp(o + c)] = acc[pos * OB + c]
-            for c in range(CB):
-                out[np.uintp(o + ohw8 + c)] = acc[pos * OB + CB + c]
+            for h in range(width // CB):
+                for c in range(CB):
+                    out[np.uintp(o + h * ohw8 + c)] = acc[pos * width + h * CB + c]
 
 
 def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, me):
     # pragma: no cover - compiled
     # geom: G, OCB, ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, LIMIT (a tile reads at most
-    # LIMIT positions of a plane), CHUNK; epi bits: 1 + bias[oc], 2 + z (out's layout), 4 ReLU.
+    # LIMIT positions of a plane), CHUNK, WIDE (units of 32 output channels, two blocks of
+    # 16); epi bits: 1 + bias[oc], 2 + z (out's layout), 4 ReLU.
     # A unit's tiles sum CHUNK channel blocks at a time, into rb (its positions, from q0 - P)
     # but for the last chunk, whose tiles write the output: the chunk's filter and source
     # rows stay in the core's L1 cache across the unit
-    g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift, limit, chunk = (
+    g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift, limit, chunk, wide = (
         geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8],
-        geom[9], geom[10], geom[11],
+        geom[9], geom[10], geom[11], geom[12] != 0,
     )  # fmt: skip
+    per = 2 if wide else 1  # blocks of 16 output channels per unit
+    width = per * OB
     wcb = taps.size * CB * OB
     wsz = icb_n * wcb
     ohw8 = oh_n * ow_n * CB
@@ -228,7 +265,8 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
         u = _take(counter, me)
         if u < 0:
             break
-        n, g, ocb, blk = _unit(u, nblk, ocb_n, g_, False)
+        n, g, ocu, blk = _unit(u, nblk, ocb_n // per, g_, False)
+        ocb = ocu * per
         h0 = blk * rows
         h1 = min(oh_n, h0 + rows)
         q0 = h0 * wq
@@ -241,16 +279,27 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
         qt = q0 + min((q1 - q0 + P - 1) // P, max(0, limit - q0) // P) * P
         for c0 in range(0, last, chunk):
             for q in range(q0, qt, P):
-                _tile(xp, x0 + c0 * cstride + q * CB, wp, w0 + c0 * wcb, chunk, cstride,
-                      taps, rb, (q - q0 + P) * OB, c0 > 0)  # fmt: skip
+                x1, w1, r1 = x0 + c0 * cstride + q * CB, w0 + c0 * wcb, (q - q0 + P) * width
+                if wide:
+                    _tile32(xp, x1, wp, w1, chunk, cstride, taps, rb, r1, c0 > 0, wsz)
+                else:
+                    _tile(xp, x1, wp, w1, chunk, cstride, taps, rb, r1, c0 > 0)
         for q in range(q0, qt, P):
-            _tile_out(xp, x0 + last * cstride + q * CB, wp, w0 + last * wcb, icb_n - last,
-                      cstride, taps, rb, (q - q0 + P) * OB, last > 0, out, z, bias, oc0, epi,
-                      obase, ohw8, q, q0, q1, wq, ow_n)  # fmt: skip
+            x1, w1, r1 = x0 + last * cstride + q * CB, w0 + last * wcb, (q - q0 + P) * width
+            if wide:
+                _tile_out32(xp, x1, wp, w1, icb_n - last, cstride, taps, rb, r1, last > 0,
+                            wsz, out, z, bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
+            else:
+                _tile_out16(xp, x1, wp, w1, icb_n - last, cstride, taps, rb, r1, last > 0,
+                            wsz, out, z, bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
         if qt < q1:  # its first positions repeat equal sums; it writes the others
             qs = limit - P
-            _tile_out(xp, x0 + qs * CB, wp, w0, icb_n, cstride, taps, rb, 0, False, out, z,
-                      bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)  # fmt: skip
+            if wide:
+                _tile_out32(xp, x0 + qs * CB, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz,
+                            out, z, bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)
+            else:
+                _tile_out16(xp, x0 + qs * CB, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz,
+                            out, z, bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)
 
 
 def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1):
@@ -356,14 +405,14 @@ def _pack_filter_py(w, wp, flip, bs):
 _unit = _take = None  # compiled by _compiled() before the units
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
 _tile1 = None
-_tile_out = None
+_tile32 = _write_out = _tile_out16 = _tile_out32 = None
 
 
 @functools.cache
 def _compiled() -> dict:
     # numba is imported on first use: ``import megbrain`` stays free of its import time
-    global stack_tile, fetch_add, fma_tile, P, _TILE, _unit, _take, _tile, _tile1, _tile_out
-    global carray
+    global stack_tile, fetch_add, fma_tile, P, _TILE, _WIDE_TILE, _unit, _take, _tile, _tile1
+    global _tile32, _write_out, _tile_out16, _tile_out32, carray
     from numba import carray as _carray
     from numba import types as t
 
@@ -373,6 +422,7 @@ def _compiled() -> dict:
     fma_tile = tiled_jit.fma_tile()
     P = tile_positions()
     _TILE = P * OB
+    _WIDE_TILE = 2 * _TILE
     compile_tiled = tiled_jit.compile_tiled
     f1, i8 = t.float32[::1], t.int64
     ints = t.int64[::1]
@@ -383,11 +433,16 @@ def _compiled() -> dict:
     _take = compile_tiled(_take_py, [i8(ints, i8)])
     _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, bo),
                                      t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])  # fmt: skip
+    _tile32 = compile_tiled(_tile32_py, [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8)])
     _tile1 = compile_tiled(_tile1_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
     b1 = t.Array(t.float32, 1, "A", readonly=True)
-    _tile_out = compile_tiled(_tile_out_py, [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo, f1,
-                                                    fr, b1, i8, i8, i8, i8, i8, i8, i8, i8,
-                                                    i8)])  # fmt: skip
+    _write_out = compile_tiled(_write_out_py, [t.void(t.CPointer(t.float32), i8, f1, fr, b1, i8,
+                                                      i8, i8, i8, i8, i8, i8, i8, i8)],
+                               inline="always")
+    out_sig = [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8, f1, fr, b1, i8, i8, i8, i8,
+                      i8, i8, i8, i8, i8)]  # fmt: skip
+    _tile_out16 = compile_tiled(_tile_out16_py, out_sig)
+    _tile_out32 = compile_tiled(_tile_out32_py, out_sig)
     units = compile_tiled(_conv_units_py, [t.void(f1, f1, f1, f1, ints, ints, b1, i8, ints, i8)])
     # the sources are typed read-only (readonly_view): one signature fits every operand
     x4 = t.Array(t.float32, 4, "A", readonly=True)

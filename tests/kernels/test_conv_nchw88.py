@@ -263,6 +263,30 @@ def test_a_constant_filter_is_packed_once_and_another_read_every_run():
                                atol=ATOL)  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "geometry",
+    [dict(), dict(fshape=(1, 1), pad=(0, 0)), dict(fshape=(1, 1), pad=(0, 0), sshape=(5, 6)),
+     dict(stride=(2, 2), g=2)],
+)  # fmt: skip
+def test_wide_units_equal_units_of_16_channels_bit_for_bit(monkeypatch, geometry):
+    # 32 output channels a tile (AVX-512 hosts) or 16 (the others), either forced here
+    geometry = {"n": 2, "icg": 16, "ocg": 64, "sshape": (11, 13), **geometry}
+    c = _case(kind="group" if geometry.get("g", 1) > 1 else "dense", **geometry)
+    _, _, src, filt = _operands(c)
+    rng = np.random.default_rng(5)
+    oc = c["g"] * c["ocg"]
+    bias = rng.uniform(-1, 1, oc).astype(np.float32)
+    z = rng.uniform(-1, 1, _out88(c).shape).astype(np.float32)
+    outs = []
+    for wide in (False, True):
+        monkeypatch.setattr(conv_nchw88, "wide_units", lambda ocb, w=wide: w)
+        outs.append(_out88(c))
+        name, step = _bind(c, src, filt, outs[-1], epilogue=Epilogue(bias, True), z=z)
+        assert name == "DIRECT_NCHW88"
+        step()
+    assert np.array_equal(outs[0], outs[1])
+
+
 def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch):
     from megbrain.kernels import parallel
 
