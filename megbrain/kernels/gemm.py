@@ -2,8 +2,11 @@
 
 A product of at least :data:`SPLIT_MIN_FLOPS` is split into one part per kernel thread
 (rows of ``out`` when it has more rows than columns, else columns), each part a BLAS call
-with BLAS single-threaded (:func:`parallel.blas_single_threaded`); a smaller one is a single
-single-threaded call. BLAS's own threads stay asleep: OpenBLAS's spin ~0.1 s after each
+with BLAS single-threaded (:func:`parallel.blas_single_threaded`); a smaller one, and a
+matrix-vector product (``out`` of one row or column: it streams the matrix once, and two
+halves at once ran slower than the whole on one thread, ResNet50's 1x2048 @ 2048x1000
+classifier 0.44-0.64 ms against 0.35 with caches flushed), is a single single-threaded
+call. BLAS's own threads stay asleep: OpenBLAS's spin ~0.1 s after each
 threaded call (on a core the next kernel needs), and waking them after an idle moment cost
 ~10 ms on the 2-core machines when their spin was shortened (``OPENBLAS_THREAD_TIMEOUT``
 of 26 or less; NumPy's default 28 does not stall). The split is fixed for a thread count,
@@ -79,7 +82,7 @@ def matmul_step(
     if blas_threaded_min_flops is not None and 2 * m * n * k >= blas_threaded_min_flops:
         return _then(functools.partial(np.matmul, a, b, out=out), then, out, slice(0, m))
     parts = 1
-    if 2 * m * n * k >= SPLIT_MIN_FLOPS and parallel.can_single_thread_blas():
+    if 2 * m * n * k >= SPLIT_MIN_FLOPS and min(m, n) > 1 and parallel.can_single_thread_blas():
         parts = parallel.num_threads()
     if m >= n:
         calls = [_then(functools.partial(np.matmul, a[lo:hi], b, out=out[lo:hi]), then,
