@@ -125,39 +125,30 @@ def _max3(a, b, c):  # pragma: no cover - compiled
     return np.maximum(np.maximum(a, b), c)
 
 
-def _row_fwd_max_3s2(yr, ra, rb, rc, ow, w):  # pragma: no cover - compiled
+def _row_fwd_max_3s2(yr, ra, rb, rc, ow, w, cm):  # pragma: no cover - compiled
     """One output row of 3x3, stride-2, pad-1 MAX windows from its three source rows (a
-    padding row is passed as a repeat of a real one: max is idempotent), in one pass: output
-    ``t`` reads columns ``2t - 1 .. 2t + 1``; the first and last outputs lose the padding
-    column. The interior loop indexes from 0 into slices that start at column 1 (see
-    :func:`_row_max`)."""
-    m = _max3(ra[0], rb[0], rc[0])
-    if w > 1:
-        m = np.maximum(m, _max3(ra[1], rb[1], rc[1]))
-    yr[0] = m
-    tend = min(ow, w // 2)  # outputs [1, tend) read only columns inside the row
-    sa, sb, sc, ys = ra[1:], rb[1:], rc[1:], yr[1:]
-    for k in range(tend - 1):
-        c0 = _max3(sa[2 * k], sb[2 * k], sc[2 * k])
-        c1 = _max3(sa[2 * k + 1], sb[2 * k + 1], sc[2 * k + 1])
-        c2 = _max3(sa[2 * k + 2], sb[2 * k + 2], sc[2 * k + 2])
-        ys[k] = _max3(c0, c1, c2)
-    for t in range(max(tend, 1), ow):  # the last output when its column 2t + 1 is padding
-        m = _max3(ra[2 * t - 1], rb[2 * t - 1], rc[2 * t - 1])
-        if 2 * t < w:
-            m = np.maximum(m, _max3(ra[2 * t], rb[2 * t], rc[2 * t]))
-        yr[t] = m
+    padding row is passed as a repeat of a real one: max is idempotent), in two passes that
+    both vectorize: the column maxima of the three rows into ``cm`` (``w + 2`` values, a
+    padding column a repeat of its neighbour), then output ``t`` the maximum of ``cm[2t]
+    .. cm[2t + 2]`` (a scalar pass over the strided windows ran 4x slower)."""
+    for j in range(w):
+        cm[j + 1] = _max3(ra[j], rb[j], rc[j])
+    cm[0] = cm[1]
+    cm[w + 1] = cm[w]
+    for t in range(ow):
+        yr[t] = _max3(cm[2 * t], cm[2 * t + 1], cm[2 * t + 2])
 
 
 def _fwd_max_3s2p1(x, y, lo, hi):  # pragma: no cover - compiled
-    h_ = x.shape[1]
+    h_, w_ = x.shape[1], x.shape[2]
     oh_, ow_ = y.shape[1], y.shape[2]
+    cm = np.empty(w_ + 2, x.dtype)
     for p in range(lo, hi):
         for i in range(oh_):
             c = 2 * i  # source rows c - 1 .. c + 1, a padding row replaced by row c
             a = c - 1 if c > 0 else c
             b = c + 1 if c + 1 < h_ else c
-            _row_fwd_max_3s2(y[p, i], x[p, a], x[p, c], x[p, b], ow_, x.shape[2])
+            _row_fwd_max_3s2(y[p, i], x[p, a], x[p, c], x[p, b], ow_, w_, cm)
 
 
 def _fwd_avg(x, y, wh, ww, sh, sw, ph, pw, exclude, inv, lo, hi):  # pragma: no cover - compiled
