@@ -10,8 +10,9 @@ holds it: a split started while another holds it (a second comp node's thread, o
 splitting again) runs all its parts on its own thread, as the cores are busy anyway, so
 callers never wait for the pool nor deadlock on it. Each worker waits on a lock of its own
 for its part: a fork/join took ~16 us against ~36 us through ``concurrent.futures``. Both
-sides poll a counter for about 0.1 ms before they block (:data:`SPIN_ITERS`), so that
-back-to-back splits find the other thread awake.
+sides poll a counter for 0.3-1.3 ms before they block (:data:`SPIN_ITERS`), so that
+back-to-back splits find the other thread awake, and a worker counts its part done without
+the GIL (:func:`_spinner` says why).
 
 megbrain's GEMMs run with BLAS single-threaded (:func:`blas_single_threaded`), a large one
 split here over the kernel threads (:mod:`megbrain.kernels.gemm`, which says why and names
@@ -57,16 +58,26 @@ def num_threads() -> int:
     return max(1, n or os.cpu_count() or 1)
 
 
-#: ``sched_yield`` calls a waiting side polls before it blocks (~0.65 us each when the core
-#: is free; longer while another thread takes it); read when the poll is first compiled
-SPIN_ITERS = 200
+#: ``sched_yield`` calls a waiting side polls before it blocks (0.15-0.65 us each: 0.3-1.3
+#: ms). A worker that blocked on its lock took 35-45 us to wake on the 2-vCPU machines, and
+#: the gaps between a network's kernels (the executor, a small serial operator) are often
+#: longer than the 30 us that 200 polls lasted there: ResNet50 at batch 1 ran in 29.6-29.9
+#: ms with 2000 or 10000 polls, 31.7 with 200
+SPIN_ITERS = 2000
 
 
 @functools.cache
 def _spinner():
-    """``spin(counters, i, seen)``, compiled without the GIL: polls until ``counters[i]``
-    differs from ``seen``, for up to :data:`SPIN_ITERS` ``sched_yield`` calls; None where
-    libc's ``sched_yield`` is not found (the threads then block at once)."""
+    """``spin(counters, i, seen, signal)``, compiled without the GIL: first adds one to
+    ``counters[signal]`` when ``signal >= 0``, then polls until ``counters[i]`` differs from
+    ``seen``, for up to :data:`SPIN_ITERS` ``sched_yield`` calls. None where libc's
+    ``sched_yield`` is not found (the threads then block at once).
+
+    A worker announces its part done through ``signal``, from inside this function: a
+    thread that wants the GIL while another holds it sleeps on a condition variable, and
+    the caller, seeing the count change while the worker still ran Python to get here,
+    slept 20-40 us (ResNet50 at batch 1: 31.7 ms with the count raised before, 29.6-29.9
+    with it raised here)."""
     try:
         sched_yield = ctypes.CDLL(None).sched_yield
     except (OSError, AttributeError, TypeError):
@@ -74,8 +85,14 @@ def _spinner():
     sched_yield.restype, sched_yield.argtypes = ctypes.c_int, []
     from numba import njit  # imported on first use, as the compiled kernels do
 
+    from .tiled_jit import fetch_add
+
+    add = fetch_add()
+
     @njit(nogil=True)
-    def spin(counters, i, seen):  # pragma: no cover - compiled
+    def spin(counters, i, seen, signal):  # pragma: no cover - compiled
+        if signal >= 0:
+            add(counters, signal, 1)  # atomic: the part's writes are visible before it
         for _ in range(SPIN_ITERS):
             if counters[i] != seen:
                 return
@@ -108,15 +125,16 @@ class _Worker:
 
     def join(self, spin) -> None:
         if spin is not None:
-            spin(self.counters, 1, self.counters[0] - 1)
+            spin(self.counters, 1, self.counters[0] - 1, -1)
         self.done.acquire()
 
     def _serve(self) -> None:
         spin = _spinner()
         given = 0
+        signal = -1  # no part done yet
         while True:
             if spin is not None:
-                spin(self.counters, 0, given)
+                spin(self.counters, 0, given, signal)  # counts the part done, then waits
             self.go.acquire()
             given += 1
             fn, lo, hi = self.job
@@ -125,8 +143,10 @@ class _Worker:
             except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
                 self.error = exc
             self.job = None
-            self.counters[1] += 1
             self.done.release()
+            if spin is None:
+                self.counters[1] += 1
+            signal = 1
 
 
 _pool_lock = threading.Lock()  # creates the workers
