@@ -37,7 +37,7 @@ from . import conv_nchw8c_loops as loops
 from . import parallel, workspace
 from .constant_operands import filter_is_constant
 from .conv_epilogue import Epilogue
-from .conv_nchw8c import MAX_PAD, filter_packed, plane_geometry, units_as_they_go
+from .conv_nchw8c import MAX_PAD, filter_packed, plane_geometry, units_as_they_go, wide_units
 from .dnn_conv import SPLIT_MIN_ELEMS, conv_out_size
 from .steps import Step, chain
 
@@ -279,18 +279,6 @@ def _chunk(taps: int) -> int:
     convolutions (1024->256 at 14x14: 0.79x the time of summing all 128 at once), 4 for
     3x3 ones (512->512 at 7x7: 0.86x)."""
     return 8 if taps == 1 else 4
-
-
-def wide_units(ocb: int) -> bool:
-    """Whether DIRECT_NCHW88's units (and tiles) take 32 output channels, two of the ``ocb``
-    blocks of 16 of a group: where the compiler targets AVX-512 (a tile is then 24 vectors:
-    each input value loaded feeds two multiply-adds, and a unit's source rows are read from
-    the core's L2 cache half as often) and ``ocb`` is even. On the 2-core AVX-512 machines,
-    ResNet50 at batch 1 ran in 33.6 ms against 38-39 ms with units of 16 channels (the
-    pointwise 64->256 at 56x56 with the residual alone: 0.71 against 0.80 ms)."""
-    from .tiled_jit import vector_width
-
-    return ocb % 2 == 0 and vector_width() == 16
 
 
 def _relu(a: np.ndarray) -> None:

@@ -133,14 +133,29 @@ def _tile1_py(xp, x0, wp, w0, cn, cstride, taps, rb, r0):
         rb[np.uintp(r0 + i)] = acc[i]
 
 
+def _tile1_32_py(xp, x0, wp, w0, cn, cstride, taps, rb, r0, wnext):
+    # pragma: no cover - compiled
+    # _tile1_py for a wide tile (32 output channels, as _tile32_py)
+    tile = stack_tile(_WIDE_TILE, np.float32)  # noqa: F821 - the tiled_jit intrinsic
+    acc = carray(tile, _WIDE_TILE)  # noqa: F821 - numba.carray
+    for i in range(_WIDE_TILE):
+        acc[i] = np.float32(0.0)
+    fma_tile(tile, P, WIDE, 1, xp, x0, wp, w0, cn, cstride, taps, wnext)  # noqa: F821
+    for i in range(_WIDE_TILE):
+        rb[np.uintp(r0 + i)] = acc[i]
+
+
 def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
     # pragma: no cover - compiled
     # geom: G, OCB (blocks per group), ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, BS (the
-    # channels of a packed block: CB, or 1); epi: 0 none, 1 + bias[oc], 2 also ReLU
-    g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift, bs = (
+    # channels of a packed block: CB, or 1), WIDE (units of 32 output channels); epi: 0 none,
+    # 1 + bias[oc], 2 also ReLU
+    g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift, bs, wide = (
         geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8],
-        geom[9], geom[10],
+        geom[9], geom[10], geom[11] != 0,
     )  # fmt: skip
+    per = 2 if wide else 1  # blocks of 16 output channels per unit
+    width = per * OB
     wsz = icb_n * taps.size * bs * OB
     ohw = oh_n * ow_n
     nblk = (oh_n + rows - 1) // rows
@@ -148,7 +163,8 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
         u = _take(counter, me)
         if u < 0:
             break
-        n, g, ocb, blk = _unit(u, nblk, ocb_n, g_, True)
+        n, g, ocu, blk = _unit(u, nblk, ocb_n // per, g_, True)
+        ocb = ocu * per
         h0 = blk * rows
         h1 = min(oh_n, h0 + rows)
         q0 = h0 * wq
@@ -156,19 +172,24 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
         x0 = n * sample + g * icb_n * cstride + shift * bs
         w0 = (g * ocb_n + ocb) * wsz
         for q in range(q0, q1, P):
-            if bs == 1:
-                _tile1(xp, x0 + q, wp, w0, icb_n, cstride, taps, rb, (q - q0) * OB)
+            r0 = (q - q0) * width
+            if bs == 1 and wide:
+                _tile1_32(xp, x0 + q, wp, w0, icb_n, cstride, taps, rb, r0, wsz)
+            elif bs == 1:
+                _tile1(xp, x0 + q, wp, w0, icb_n, cstride, taps, rb, r0)
+            elif wide:
+                _tile32(xp, x0 + q * CB, wp, w0, icb_n, cstride, taps, rb, r0, False, wsz)
             else:
-                _tile(xp, x0 + q * CB, wp, w0, icb_n, cstride, taps, rb, (q - q0) * OB, False)
+                _tile(xp, x0 + q * CB, wp, w0, icb_n, cstride, taps, rb, r0, False)
         oc0 = (g * ocb_n + ocb) * OB
-        for j in range(OB):
+        for j in range(width):
             ob = ((n * g_ * ocb_n) * OB + oc0 + j) * ohw
             b = bias[oc0 + j] if epi else np.float32(0.0)
             for i in range(h0, h1):
-                rq = (i * wq - q0) * OB + j
+                rq = (i * wq - q0) * width + j
                 d = ob + i * ow_n
                 for k in range(ow_n):
-                    v = rb[np.uintp(rq + k * OB)]
+                    v = rb[np.uintp(rq + k * width)]
                     if epi:  # not v + 0 without a bias: -0.0 stays -0.0
                         v += b
                         if epi == 2 and v < 0:  # not max(): NaN stays NaN
@@ -405,14 +426,14 @@ def _pack_filter_py(w, wp, flip, bs):
 _unit = _take = None  # compiled by _compiled() before the units
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
 _tile1 = None
-_tile32 = _write_out = _tile_out16 = _tile_out32 = None
+_tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = None
 
 
 @functools.cache
 def _compiled() -> dict:
     # numba is imported on first use: ``import megbrain`` stays free of its import time
     global stack_tile, fetch_add, fma_tile, P, _TILE, _WIDE_TILE, _unit, _take, _tile, _tile1
-    global _tile32, _write_out, _tile_out16, _tile_out32, carray
+    global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, carray
     from numba import carray as _carray
     from numba import types as t
 
@@ -433,7 +454,9 @@ def _compiled() -> dict:
     _take = compile_tiled(_take_py, [i8(ints, i8)])
     _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, bo),
                                      t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])  # fmt: skip
-    _tile32 = compile_tiled(_tile32_py, [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8)])
+    _tile32 = compile_tiled(_tile32_py, [t.void(x, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8)
+                                         for x in (f1, fr)])  # fmt: skip
+    _tile1_32 = compile_tiled(_tile1_32_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, i8)])
     _tile1 = compile_tiled(_tile1_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
     b1 = t.Array(t.float32, 1, "A", readonly=True)
     _write_out = compile_tiled(_write_out_py, [t.void(t.CPointer(t.float32), i8, f1, fr, b1, i8,

@@ -10,9 +10,9 @@ holds it: a split started while another holds it (a second comp node's thread, o
 splitting again) runs all its parts on its own thread, as the cores are busy anyway, so
 callers never wait for the pool nor deadlock on it. Each worker waits on a lock of its own
 for its part: a fork/join took ~16 us against ~36 us through ``concurrent.futures``. Both
-sides poll a counter for 0.3-1.3 ms before they block (:data:`SPIN_ITERS`), so that
-back-to-back splits find the other thread awake, and a worker counts its part done without
-the GIL (:func:`_spinner` says why).
+sides poll a counter for 0.5 ms before they block (:data:`SPIN_NS`), so that back-to-back
+splits find the other thread awake, and hand the GIL over without making the other side
+sleep on it (:func:`_spinner`).
 
 megbrain's GEMMs run with BLAS single-threaded (:func:`blas_single_threaded`), a large one
 split here over the kernel threads (:mod:`megbrain.kernels.gemm`, which says why and names
@@ -27,6 +27,7 @@ import functools
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from .steps import Step, chain
@@ -58,45 +59,70 @@ def num_threads() -> int:
     return max(1, n or os.cpu_count() or 1)
 
 
-#: ``sched_yield`` calls a waiting side polls before it blocks (0.15-0.65 us each: 0.3-1.3
-#: ms). A worker that blocked on its lock took 35-45 us to wake on the 2-vCPU machines, and
-#: the gaps between a network's kernels (the executor, a small serial operator) are often
-#: longer than the 30 us that 200 polls lasted there: ResNet50 at batch 1 ran in 29.6-29.9
-#: ms with 2000 or 10000 polls, 31.7 with 200
-SPIN_ITERS = 2000
+#: nanoseconds a waiting side polls before it blocks on its lock. A worker that blocked took
+#: 35-45 us to wake on the 2-vCPU machines, and the gaps between a network's kernels (the
+#: executor, a small serial operator) are often longer than the 30 us the earlier 200
+#: ``sched_yield`` polls lasted there (0.15 us each): ResNet50 at batch 1 ran in 29.6-29.9
+#: ms polling 0.3 ms or longer, 31.7 ms with 30 us
+SPIN_NS = 500_000
+#: nanoseconds a woken worker still waits, once the caller has marked its own part started,
+#: before it takes the GIL: about the caller's way from there into its GIL-free kernel
+#: (ResNet50: the worker started 15 us after the caller with 10 us, 47 us with none)
+SETTLE_NS = 10_000
 
 
 @functools.cache
 def _spinner():
-    """``spin(counters, i, seen, signal)``, compiled without the GIL: first adds one to
-    ``counters[signal]`` when ``signal >= 0``, then polls until ``counters[i]`` differs from
-    ``seen``, for up to :data:`SPIN_ITERS` ``sched_yield`` calls. None where libc's
-    ``sched_yield`` is not found (the threads then block at once).
+    """``spin(counters, i, seen, signal, ready, clock)``, compiled without the GIL: first
+    adds one to ``counters[signal]`` when ``signal >= 0``, then polls (``sched_yield``
+    between polls) until ``counters[i]`` differs from ``seen``, for up to :data:`SPIN_NS`;
+    with ``ready >= 0``, once it does, until ``counters[ready]`` reaches ``counters[i]``,
+    then :data:`SETTLE_NS` more. ``clock`` is the calling thread's int64 pair for
+    ``clock_gettime``. None where libc's ``sched_yield`` or ``clock_gettime`` is not found
+    (the threads then block at once).
 
-    A worker announces its part done through ``signal``, from inside this function: a
-    thread that wants the GIL while another holds it sleeps on a condition variable, and
-    the caller, seeing the count change while the worker still ran Python to get here,
-    slept 20-40 us (ResNet50 at batch 1: 31.7 ms with the count raised before, 29.6-29.9
-    with it raised here)."""
+    The GIL is why: a thread that wants it while another thread holds it sleeps on a
+    condition variable, and waking it took 20-40 us on the 2-vCPU machines, as long as a
+    small kernel part. So each side takes it only once the other is (about to be) without
+    it: a worker announces its part done from inside this function (``signal``), and
+    starts its next part once the caller has marked its own part started (``ready``) and
+    is on its way into its kernel (ResNet50 at batch 1: 31.7 ms with both sides taking the
+    GIL at once, 29.0 with neither)."""
     try:
-        sched_yield = ctypes.CDLL(None).sched_yield
+        libc = ctypes.CDLL(None)
+        sched_yield, clock_gettime = libc.sched_yield, libc.clock_gettime
     except (OSError, AttributeError, TypeError):
         return None
     sched_yield.restype, sched_yield.argtypes = ctypes.c_int, []
+    clock_gettime.restype = ctypes.c_int
+    clock_gettime.argtypes = [ctypes.c_int, ctypes.c_void_p]
     from numba import njit  # imported on first use, as the compiled kernels do
 
     from .tiled_jit import fetch_add
 
     add = fetch_add()
+    monotonic = time.CLOCK_MONOTONIC
 
     @njit(nogil=True)
-    def spin(counters, i, seen, signal):  # pragma: no cover - compiled
+    def now(clock):  # pragma: no cover - compiled
+        clock_gettime(monotonic, clock.ctypes.data)
+        return clock[0] * 1_000_000_000 + clock[1]
+
+    @njit(nogil=True)
+    def spin(counters, i, seen, signal, ready, clock):  # pragma: no cover - compiled
         if signal >= 0:
             add(counters, signal, 1)  # atomic: the part's writes are visible before it
-        for _ in range(SPIN_ITERS):
-            if counters[i] != seen:
+        end = now(clock) + SPIN_NS
+        while counters[i] == seen:  # the opaque calls make each test load it again
+            if now(clock) > end:
                 return
-            sched_yield()  # an opaque call: counters[i] is loaded again each time
+            sched_yield()
+        if ready >= 0:
+            while counters[ready] < counters[i] and now(clock) <= end:
+                sched_yield()
+            settle = now(clock) + SETTLE_NS
+            while now(clock) < settle:
+                sched_yield()
 
     return spin
 
@@ -104,7 +130,9 @@ def _spinner():
 class _Worker:
     """A pool thread: runs the part it is given (``job``) once ``go`` is released, then
     releases ``done``; an exception is kept for the caller. ``counters`` (parts given, parts
-    done) let either side poll a moment before it blocks on its lock."""
+    done, parts whose caller has started its own part) let either side poll a moment before
+    it blocks on its lock (:func:`_spinner`); ``clocks`` are the worker's and the caller's
+    buffers for the poll's clock."""
 
     def __init__(self, name: str) -> None:
         import numpy as np
@@ -113,7 +141,8 @@ class _Worker:
         self.go.acquire()
         self.done = threading.Lock()
         self.done.acquire()
-        self.counters = np.zeros(2, np.int64)
+        self.counters = np.zeros(3, np.int64)
+        self.clocks = np.zeros((2, 2), np.int64)
         self.job: tuple | None = None
         self.error: BaseException | None = None
         threading.Thread(target=self._serve, name=name, daemon=True).start()
@@ -123,9 +152,13 @@ class _Worker:
         self.counters[0] += 1
         self.go.release()
 
+    def caller_started(self) -> None:
+        """Marks the caller's own part started: the worker may take the GIL soon."""
+        self.counters[2] = self.counters[0]
+
     def join(self, spin) -> None:
         if spin is not None:
-            spin(self.counters, 1, self.counters[0] - 1, -1)
+            spin(self.counters, 1, self.counters[0] - 1, -1, -1, self.clocks[1])
         self.done.acquire()
 
     def _serve(self) -> None:
@@ -134,7 +167,8 @@ class _Worker:
         signal = -1  # no part done yet
         while True:
             if spin is not None:
-                spin(self.counters, 0, given, signal)  # counts the part done, then waits
+                # counts the part done, then waits for the next one
+                spin(self.counters, 0, given, signal, 2, self.clocks[0])
             self.go.acquire()
             given += 1
             fn, lo, hi = self.job
@@ -202,6 +236,8 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
             for w, (lo, hi) in zip(used, rest):
                 w.start(fn, lo, hi)
             try:
+                for w in used:
+                    w.caller_started()
                 fn(*head)
                 for lo, hi in rest[len(used) :]:  # more parts than workers: a larger count
                     fn(lo, hi)  # was set after the pool started

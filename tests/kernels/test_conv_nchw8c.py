@@ -188,6 +188,21 @@ def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch):
     assert np.array_equal(ys[0], ys[1]) and np.array_equal(ys[1], ys[2])
 
 
+@pytest.mark.parametrize("icg,stride,g", [(3, (2, 2), 1), (8, (1, 1), 2), (16, (2, 1), 1)])
+def test_wide_units_equal_units_of_16_channels_bit_for_bit(monkeypatch, icg, stride, g):
+    # 32 output channels a unit (AVX-512 hosts) or 16 (the others), either forced here; a
+    # source of 3 channels is packed as planes of one channel
+    c = _case(n=2, g=g, icg=icg, ocg=64, sshape=(13, 11), stride=stride)
+    x, w = _arrays(c)
+    outs = []
+    for wide in (False, True):
+        monkeypatch.setattr(conv_nchw8c, "wide_units", lambda ocb, v=wide: v)
+        outs.append(_out(c))
+        _BIND(x, w, outs[-1], *_geometry(c))()
+    assert np.array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[1], ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+
+
 def test_each_thread_takes_its_own_range_of_units_first_then_the_others():
     from megbrain.kernels import conv_nchw8c_loops as loops
 
