@@ -34,11 +34,11 @@ from typing import NamedTuple
 import numpy as np
 
 from . import conv_nchw8c_loops as loops
-from . import parallel, workspace
+from . import workspace
 from .constant_operands import filter_is_constant
 from .conv_epilogue import Epilogue
 from .conv_nchw8c import MAX_PAD, filter_packed, plane_geometry, units_as_they_go, wide_units
-from .dnn_conv import SPLIT_MIN_ELEMS, conv_out_size
+from .dnn_conv import conv_out_size
 from .steps import Step, chain
 
 __all__ = [
@@ -291,6 +291,7 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
     (sh, sw), (pt, pl) = tuple(stride), tuple(pad)
     fh, fw = geo.fshape
     steps: list[Step] = []
+    packing = None
     pointwise = geo.fshape == (1, 1) and (pt, pl) == (0, 0) and oh * ow >= loops.tile_positions()
     if pointwise and ((sh, sw) != (1, 1) or not src.flags.c_contiguous):
         # a strided pointwise convolution reads one position in sh * sw: the subsampled
@@ -317,12 +318,9 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
             steps.append(functools.partial(np.copyto, dense, src))
             src = dense
         limit = hq * wq + loops.SLACK  # the planes are followed by SLACK zero positions
-        steps.append(parallel.split(
-            functools.partial(loops.pack_blocked_input, loops.readonly_view(src), buf,
-                              (sh, sw), pt, col_off, hq, wq),  # fmt: skip
-            n * cb_n,
-            max(1, SPLIT_MIN_ELEMS // cstride),
-        ))  # fmt: skip
+        # packed by the units' threads, in the same call (blocked_packing)
+        packing = loops.blocked_packing(src, buf, (sh, sw), pt, col_off, hq, wq)
+        steps.append(functools.partial(packing[-1].fill, 0))
     constant = filter_is_constant()
     packed_size = geo.g * geo.ocg * geo.icg * fh * fw
     wp = np.empty(packed_size, _F32) if constant else workspace.empty((packed_size,), _F32)
@@ -358,7 +356,7 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
     def bind_part(counter: np.ndarray, me: int) -> Step:
         rb = workspace.empty(((rows * wq + 2 * loops.tile_positions()) * width,), _F32)
         return functools.partial(loops.conv_units_blocked, xp, wp, outf, zf, rb, taps, geom,
-                                 bias, epi, counter, me)  # fmt: skip
+                                 bias, epi, counter, me, packing)  # fmt: skip
 
     steps.append(units_as_they_go(units, bind_part))
     return filter_packed(pack_w, chain(steps), constant)

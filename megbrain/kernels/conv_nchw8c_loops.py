@@ -45,6 +45,7 @@ import functools
 import numpy as np
 
 __all__ = [
+    "blocked_packing",
     "OB",
     "CB",
     "SLACK",
@@ -263,11 +264,28 @@ def _write_out_py(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi,
                     out[np.uintp(o + h * ohw8 + c)] = acc[pos * width + h * CB + c]
 
 
-def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, me):
+def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, me, src, xbuf,
+                           pack, dims, packed):  # fmt: skip
     # pragma: no cover - compiled
     # geom: G, OCB, ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, LIMIT (a tile reads at most
     # LIMIT positions of a plane), CHUNK, WIDE (units of 32 output channels, two blocks of
     # 16); epi bits: 1 + bias[oc], 2 + z (out's layout), 4 ReLU.
+    # pack: BLOCKS (0: xp is the source itself), SH, SW, ROW_OFF, COL_OFF, HQ, WQ: first the
+    # parts pack the source src into xbuf (xp's memory), one (sample, channel block) at a
+    # time taken from packed[0] and counted done in packed[1], and wait for every block
+    # (a part only waits for blocks another running part has taken: run one after the other,
+    # the first packs them all)
+    blocks = pack[0]
+    if blocks > 0:
+        while True:
+            b = fetch_add(packed, 0, 1)  # noqa: F821 - the tiled_jit intrinsic
+            if b >= blocks:
+                break
+            _pack_blocked(src, xbuf, dims, pack[1], pack[2], pack[3], pack[4], pack[5],
+                          pack[6], b, b + 1)  # fmt: skip
+            fetch_add(packed, 1, 1)  # noqa: F821
+        while fetch_add(packed, 1, 0) < blocks:  # noqa: F821 - the others' blocks
+            pass
     # A unit's tiles sum CHUNK channel blocks at a time, into rb (its positions, from q0 - P)
     # but for the last chunk, whose tiles write the output: the chunk's filter and source
     # rows stay in the core's L1 cache across the unit
@@ -424,16 +442,19 @@ def _pack_filter_py(w, wp, flip, bs):
 
 
 _unit = _take = None  # compiled by _compiled() before the units
+_NO_PACKING = (np.zeros(1, np.float32), np.zeros(1, np.float32), np.zeros(7, np.int64),
+               np.zeros(3, np.int64), np.zeros(2, np.int64))  # fmt: skip
+_NO_PACKING[0].flags.writeable = False
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
 _tile1 = None
-_tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = None
+_tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = None
 
 
 @functools.cache
 def _compiled() -> dict:
     # numba is imported on first use: ``import megbrain`` stays free of its import time
     global stack_tile, fetch_add, fma_tile, P, _TILE, _WIDE_TILE, _unit, _take, _tile, _tile1
-    global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, carray
+    global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, carray
     from numba import carray as _carray
     from numba import types as t
 
@@ -473,11 +494,12 @@ def _compiled() -> dict:
     pack_in = compile_tiled(_pack_input_py, [t.void(x4, f1, i8, i8, i8, i8, i8, i8, i8, i8,
                                                      i8)])  # fmt: skip
     pack_w = compile_tiled(_pack_filter_py, [t.void(w5, f1, t.boolean, i8)])
-    blocked = compile_tiled(
-        _conv_units_blocked_py, [t.void(fr, f1, f1, fr, f1, ints, ints, b1, i8, ints, i8)]
-    )
     pack_b = compile_tiled(_pack_blocked_py, [t.void(fr, f1, ints, i8, i8, i8, i8, i8, i8, i8,
                                                      i8)])  # fmt: skip
+    _pack_blocked = pack_b
+    blocked = compile_tiled(_conv_units_blocked_py, [t.void(fr, f1, f1, fr, f1, ints, ints, b1,
+                                                            i8, ints, i8, fr, f1, ints, ints,
+                                                            ints)])  # fmt: skip
     return {
         "units": units,
         "pack_input": pack_in,
@@ -507,16 +529,32 @@ def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, me: int) ->
     _compiled()["units"](xp, wp, out, rb, taps, geom, bias, epi, counter, me)
 
 
-def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter,
-                       me: int) -> None:  # fmt: skip
+def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter, me: int,
+                       packing=None) -> None:  # fmt: skip
     """Thread ``me``'s share of the units into the flat NCHW88 ``out``, taken as by
     :func:`conv_units`. As :func:`conv_units` otherwise: the source ``xp`` (a
     :func:`readonly_view`, flat) either packed planes or, for a pointwise convolution read
     in place, the source itself; ``rb`` this thread's buffer of a unit's positions plus
     ``2 P``, by 16 values; ``geom`` also holding the positions a tile may read in a plane
     and the channel blocks summed at a time; ``epi`` the sum of 1 (add ``bias``), 2 (add
-    ``z``, flat, laid out as ``out``) and 4 (ReLU)."""
-    _compiled()["units_blocked"](xp, wp, out, z, rb, taps, geom, bias, epi, counter, me)
+    ``z``, flat, laid out as ``out``) and 4 (ReLU).
+
+    ``packing`` (a :func:`blocked_packing`) makes the threads first pack the source into
+    the planes ``xp`` views, a (sample, channel block) at a time, in the same call: the
+    packing costs no hand-over of its own between the threads."""
+    src, xbuf, pack, dims, packed = packing or _NO_PACKING
+    _compiled()["units_blocked"](xp, wp, out, z, rb, taps, geom, bias, epi, counter, me, src,
+                                 xbuf, pack, dims, packed)  # fmt: skip
+
+
+def blocked_packing(x, xbuf, stride, row_off: int, col_off: int, hq: int, wq: int) -> tuple:
+    """The ``packing`` of :func:`conv_units_blocked`: the float32, C-contiguous NCHW88 source
+    ``x`` (N, C/8, H, W, 8) packed into the flat ``xbuf`` as :func:`pack_blocked_input`
+    does. Its counter (an int64 pair, the last item) must be zeroed before every run."""
+    blocks = x.shape[0] * x.shape[1]
+    pack = np.array([blocks, stride[0], stride[1], row_off, col_off, hq, wq], np.int64)
+    dims = np.array(x.shape[1:4], np.int64)
+    return readonly_view(x.reshape(-1)), xbuf, pack, dims, np.zeros(2, np.int64)
 
 
 def pack_blocked_input(x, xp, stride, row_off: int, col_off: int, hq: int, wq: int, b0: int,
