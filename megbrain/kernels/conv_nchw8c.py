@@ -272,11 +272,11 @@ def bind_nchw8c_forward(
     geom = np.array([geo.g, ocb, geo.icg // bs, wq, oh, ow, rows,
                      cstride, sample, shift, bs, wide], np.int64)  # fmt: skip
     outf = out.reshape(-1)
-    pack_in = parallel.split(
+    pack_in = parallel.split(  # phase planes: a strided stem's 3 channels make 12
         functools.partial(loops.pack_input, loops.readonly_view(src), xp, geo.stride, pt,
                           col_off, hq, wq, bs=bs),  # fmt: skip
-        geo.n * geo.c // bs,
-        max(1, SPLIT_MIN_ELEMS // cstride),
+        geo.n * geo.c // bs * sh * sw,
+        max(1, SPLIT_MIN_ELEMS // (hq * wq * bs)),
     )
     if epilogue is None:
         bias, epi = _NO_BIAS, 0

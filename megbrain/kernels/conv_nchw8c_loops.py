@@ -341,6 +341,15 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
                             out, z, bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)
 
 
+def _inside_py(phi, sw, col_off, w_, wq):
+    # pragma: no cover - compiled
+    # the columns [k0, k1) of a phase-phi plane row inside a source row of w_ columns:
+    # sw k + phi - col_off in [0, w_)
+    k0 = min(wq, max(0, -(-(col_off - phi) // sw)))
+    k1 = min(wq, max(k0, (w_ - 1 - phi + col_off) // sw + 1))
+    return k0, k1
+
+
 def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1):
     # pragma: no cover - compiled
     # blocks [b0, b1) of (sample, channel block) of the flat C-contiguous x (N, C/8, H, W, 8)
@@ -357,9 +366,7 @@ def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1):
         for rho in range(sh):
             for phi in range(sw):
                 base = n * sample + cb * cstride + (rho * sw + phi) * phase
-                # the columns k of a row inside the source: sw k + phi - col_off in [0, W)
-                k0 = max(0, -(-(col_off - phi) // sw))
-                k1 = min(wq, max(k0, (w_ - 1 - phi + col_off) // sw + 1))
+                k0, k1 = _inside(phi, sw, col_off, w_, wq)
                 for r in range(hq):
                     d = base + r * wq * CB
                     src = sh * r + rho - row_off
@@ -387,37 +394,40 @@ def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1):
                 xp[np.uintp(tail + t)] = 0.0
 
 
-def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, b0, b1, bs):
+def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, i0, i1, bs):
     # pragma: no cover - compiled
-    # blocks [b0, b1) of (sample, block of bs channels); x (N, C, H, W) any strides. Phase
-    # plane (rho, phi) of a block holds x[sh r + rho - row_off, sw c + phi - col_off] at (r, c)
+    # phase planes [i0, i1) of (sample, block of bs channels, phase); x (N, C, H, W) any
+    # strides. Phase plane (rho, phi) of a block holds x[sh r + rho - row_off, sw c + phi -
+    # col_off] at (r, c); the columns inside the source are one loop without tests
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
     cbs = c_ // bs
+    phases = sh * sw
     phase = hq * wq * bs
-    cstride = sh * sw * phase
+    cstride = phases * phase
     sample = cbs * cstride + SLACK * bs
-    for blk in range(b0, b1):
+    for item in range(i0, i1):
+        blk, ph = item // phases, item % phases
+        rho, phi = ph // sw, ph % sw
         n = blk // cbs
         cb = blk % cbs
-        for rho in range(sh):
-            for phi in range(sw):
-                base = n * sample + cb * cstride + (rho * sw + phi) * phase
-                for r in range(hq):
-                    d = base + r * wq * bs
-                    src = sh * r + rho - row_off
-                    if src < 0 or src >= h_:
-                        for t in range(wq * bs):
-                            xp[np.uintp(d + t)] = 0.0
-                        continue
-                    for k in range(wq):
-                        col = sw * k + phi - col_off
-                        if col < 0 or col >= w_:
-                            for ic in range(bs):
-                                xp[np.uintp(d + k * bs + ic)] = 0.0
-                        else:
-                            for ic in range(bs):
-                                xp[np.uintp(d + k * bs + ic)] = x[n, cb * bs + ic, src, col]
-        if cb == cbs - 1:
+        base = n * sample + cb * cstride + ph * phase
+        k0, k1 = _inside(phi, sw, col_off, w_, wq)
+        for r in range(hq):
+            d = base + r * wq * bs
+            src = sh * r + rho - row_off
+            if src < 0 or src >= h_:
+                for t in range(wq * bs):
+                    xp[np.uintp(d + t)] = 0.0
+                continue
+            for t in range(k0 * bs):
+                xp[np.uintp(d + t)] = 0.0
+            for ic in range(bs):
+                row = x[n, cb * bs + ic, src]
+                for k in range(k0, k1):
+                    xp[np.uintp(d + k * bs + ic)] = row[sw * k + phi - col_off]
+            for t in range(k1 * bs, wq * bs):
+                xp[np.uintp(d + t)] = 0.0
+        if cb == cbs - 1 and ph == phases - 1:
             tail = n * sample + cbs * cstride
             for t in range(SLACK * bs):
                 xp[np.uintp(tail + t)] = 0.0
@@ -447,14 +457,15 @@ _NO_PACKING = (np.zeros(1, np.float32), np.zeros(1, np.float32), np.zeros(7, np.
 _NO_PACKING[0].flags.writeable = False
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
 _tile1 = None
-_tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = None
+_tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = _inside = None
 
 
 @functools.cache
 def _compiled() -> dict:
     # numba is imported on first use: ``import megbrain`` stays free of its import time
     global stack_tile, fetch_add, fma_tile, P, _TILE, _WIDE_TILE, _unit, _take, _tile, _tile1
-    global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, carray
+    global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
+    global carray
     from numba import carray as _carray
     from numba import types as t
 
@@ -472,6 +483,7 @@ def _compiled() -> dict:
     # the NCHW88 units read a source in place: a read-only one too
     bo = t.boolean
     _unit = compile_tiled(_unit_py, [t.UniTuple(i8, 4)(i8, i8, i8, i8, bo)])
+    _inside = compile_tiled(_inside_py, [t.UniTuple(i8, 2)(i8, i8, i8, i8, i8)])
     _take = compile_tiled(_take_py, [i8(ints, i8)])
     _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, bo),
                                      t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])  # fmt: skip
@@ -576,10 +588,11 @@ def readonly_view(a: np.ndarray) -> np.ndarray:
 
 def pack_input(x, xp, stride, row_off: int, col_off: int, hq: int, wq: int, b0: int,
                b1: int, bs: int = CB) -> None:  # fmt: skip
-    """Blocks ``[b0, b1)`` (sample, ``bs`` channels: CB, or 1 for planes of one channel) of
-    the float32 ``(N, C, H, W)`` source (a :func:`readonly_view`) into the packed input
-    ``xp``: per block ``SH x SW`` phase planes of ``hq x wq`` positions, every value written
-    (zero outside the source)."""
+    """Phase planes ``[b0, b1)`` of the float32 ``(N, C, H, W)`` source (a
+    :func:`readonly_view`) into the packed input ``xp``: per block (sample, ``bs`` channels:
+    CB, or 1 for planes of one channel) ``SH x SW`` phase planes of ``hq x wq`` positions,
+    plane ``i`` of the whole being phase ``i % (SH SW)`` of block ``i // (SH SW)``; every
+    value written (zero outside the source)."""
     _compiled()["pack_input"](x, xp, int(stride[0]), int(stride[1]), row_off, col_off, hq, wq,
                               b0, b1, bs)  # fmt: skip
 
