@@ -341,6 +341,12 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
                             out, z, bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)
 
 
+def _zeros_py(xp, lo, hi):
+    # pragma: no cover - compiled
+    for t in range(lo, hi):
+        xp[np.uintp(t)] = 0.0
+
+
 def _inside_py(phi, sw, col_off, w_, wq):
     # pragma: no cover - compiled
     # the columns [k0, k1) of a phase-phi plane row inside a source row of w_ columns:
@@ -371,11 +377,9 @@ def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1):
                     d = base + r * wq * CB
                     src = sh * r + rho - row_off
                     if src < 0 or src >= h_:
-                        for t in range(wq * CB):
-                            xp[np.uintp(d + t)] = 0.0
+                        _zeros(xp, d, d + wq * CB)
                         continue
-                    for t in range(k0 * CB):
-                        xp[np.uintp(d + t)] = 0.0
+                    _zeros(xp, d, d + k0 * CB)
                     srow = s0 + src * w_ * CB
                     if sw == 1:
                         o = srow + (phi - col_off) * CB
@@ -386,12 +390,10 @@ def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1):
                             o = srow + (sw * k + phi - col_off) * CB
                             for ic in range(CB):
                                 xp[np.uintp(d + k * CB + ic)] = x[np.uintp(o + ic)]
-                    for t in range(k1 * CB, wq * CB):
-                        xp[np.uintp(d + t)] = 0.0
+                    _zeros(xp, d + k1 * CB, d + wq * CB)
         if cb == cbs - 1:
             tail = n * sample + cbs * cstride
-            for t in range(SLACK * CB):
-                xp[np.uintp(tail + t)] = 0.0
+            _zeros(xp, tail, tail + SLACK * CB)
 
 
 def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, i0, i1, bs):
@@ -416,21 +418,17 @@ def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, i0, i1, bs):
             d = base + r * wq * bs
             src = sh * r + rho - row_off
             if src < 0 or src >= h_:
-                for t in range(wq * bs):
-                    xp[np.uintp(d + t)] = 0.0
+                _zeros(xp, d, d + wq * bs)
                 continue
-            for t in range(k0 * bs):
-                xp[np.uintp(d + t)] = 0.0
+            _zeros(xp, d, d + k0 * bs)
             for ic in range(bs):
                 row = x[n, cb * bs + ic, src]
                 for k in range(k0, k1):
                     xp[np.uintp(d + k * bs + ic)] = row[sw * k + phi - col_off]
-            for t in range(k1 * bs, wq * bs):
-                xp[np.uintp(d + t)] = 0.0
+            _zeros(xp, d + k1 * bs, d + wq * bs)
         if cb == cbs - 1 and ph == phases - 1:
             tail = n * sample + cbs * cstride
-            for t in range(SLACK * bs):
-                xp[np.uintp(tail + t)] = 0.0
+            _zeros(xp, tail, tail + SLACK * bs)
 
 
 def _pack_filter_py(w, wp, flip, bs):
@@ -458,6 +456,7 @@ _NO_PACKING[0].flags.writeable = False
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
 _tile1 = None
 _tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = _inside = None
+_zeros = None
 
 
 @functools.cache
@@ -465,7 +464,7 @@ def _compiled() -> dict:
     # numba is imported on first use: ``import megbrain`` stays free of its import time
     global stack_tile, fetch_add, fma_tile, P, _TILE, _WIDE_TILE, _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
-    global carray
+    global _zeros, carray
     from numba import carray as _carray
     from numba import types as t
 
@@ -484,6 +483,7 @@ def _compiled() -> dict:
     bo = t.boolean
     _unit = compile_tiled(_unit_py, [t.UniTuple(i8, 4)(i8, i8, i8, i8, bo)])
     _inside = compile_tiled(_inside_py, [t.UniTuple(i8, 2)(i8, i8, i8, i8, i8)])
+    _zeros = compile_tiled(_zeros_py, [t.void(f1, i8, i8)])
     _take = compile_tiled(_take_py, [i8(ints, i8)])
     _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, bo),
                                      t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])  # fmt: skip
