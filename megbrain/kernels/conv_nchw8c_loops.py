@@ -44,11 +44,13 @@ import functools
 
 import numpy as np
 
+from .tiled_jit import tile_positions
+
 __all__ = [
-    "blocked_packing",
     "OB",
     "CB",
     "SLACK",
+    "blocked_packing",
     "conv_units",
     "conv_units_blocked",
     "pack_blocked_input",
@@ -519,14 +521,6 @@ def _compiled() -> dict:
         "units_blocked": blocked,
         "pack_blocked": pack_b,
     }
-
-
-def tile_positions() -> int:
-    """The output positions of a tile: 12 where the compiler targets AVX-512, else 6
-    (:func:`megbrain.kernels.tiled_jit.tile_positions`)."""
-    from .tiled_jit import tile_positions as positions
-
-    return positions()
 
 
 def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, me: int) -> None:

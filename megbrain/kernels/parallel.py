@@ -65,29 +65,28 @@ def num_threads() -> int:
 #: ``sched_yield`` polls lasted there (0.15 us each): ResNet50 at batch 1 ran in 29.6-29.9
 #: ms polling 0.3 ms or longer, 31.7 ms with 30 us
 SPIN_NS = 500_000
-#: nanoseconds a woken worker still waits, once the caller has marked its own part started,
-#: before it takes the GIL: about the caller's way from there into its GIL-free kernel
-#: (ResNet50: the worker started 15 us after the caller with 10 us, 47 us with none)
+#: nanoseconds a woken worker still waits before it takes the GIL: about the caller's way
+#: from starting it into its own GIL-free kernel (ResNet50: the worker started 15 us after
+#: the caller with 10 us, 47 us with none)
 SETTLE_NS = 10_000
 
 
 @functools.cache
 def _spinner():
-    """``spin(counters, i, seen, signal, ready, clock)``, compiled without the GIL: first
+    """``spin(counters, i, seen, signal, settle, clock)``, compiled without the GIL: first
     adds one to ``counters[signal]`` when ``signal >= 0``, then polls (``sched_yield``
-    between polls) until ``counters[i]`` differs from ``seen``, for up to :data:`SPIN_NS`;
-    with ``ready >= 0``, once it does, until ``counters[ready]`` reaches ``counters[i]``,
-    then :data:`SETTLE_NS` more. ``clock`` is the calling thread's int64 pair for
-    ``clock_gettime``. None where libc's ``sched_yield`` or ``clock_gettime`` is not found
-    (the threads then block at once).
+    between polls) until ``counters[i]`` differs from ``seen``, for up to :data:`SPIN_NS`,
+    and once it does waits ``settle`` nanoseconds more. ``clock`` is the calling thread's
+    int64 pair for ``clock_gettime``. None where libc's ``sched_yield`` or
+    ``clock_gettime`` is not found (the threads then block at once).
 
     The GIL is why: a thread that wants it while another thread holds it sleeps on a
     condition variable, and waking it took 20-40 us on the 2-vCPU machines, as long as a
     small kernel part. So each side takes it only once the other is (about to be) without
     it: a worker announces its part done from inside this function (``signal``), and
-    starts its next part once the caller has marked its own part started (``ready``) and
-    is on its way into its kernel (ResNet50 at batch 1: 31.7 ms with both sides taking the
-    GIL at once, 29.0 with neither)."""
+    starts its next part :data:`SETTLE_NS` after it was given, the caller then on its way
+    into its own kernel (ResNet50 at batch 1: 31.7 ms with both sides taking the GIL at
+    once, 29.0 with neither)."""
     try:
         libc = ctypes.CDLL(None)
         sched_yield, clock_gettime = libc.sched_yield, libc.clock_gettime
@@ -109,7 +108,7 @@ def _spinner():
         return clock[0] * 1_000_000_000 + clock[1]
 
     @njit(nogil=True)
-    def spin(counters, i, seen, signal, ready, clock):  # pragma: no cover - compiled
+    def spin(counters, i, seen, signal, settle, clock):  # pragma: no cover - compiled
         if signal >= 0:
             add(counters, signal, 1)  # atomic: the part's writes are visible before it
         end = now(clock) + SPIN_NS
@@ -117,12 +116,9 @@ def _spinner():
             if now(clock) > end:
                 return
             sched_yield()
-        if ready >= 0:
-            while counters[ready] < counters[i] and now(clock) <= end:
-                sched_yield()
-            settle = now(clock) + SETTLE_NS
-            while now(clock) < settle:
-                sched_yield()
+        until = now(clock) + settle
+        while now(clock) < until:
+            sched_yield()
 
     return spin
 
@@ -130,9 +126,8 @@ def _spinner():
 class _Worker:
     """A pool thread: runs the part it is given (``job``) once ``go`` is released, then
     releases ``done``; an exception is kept for the caller. ``counters`` (parts given, parts
-    done, parts whose caller has started its own part) let either side poll a moment before
-    it blocks on its lock (:func:`_spinner`); ``clocks`` are the worker's and the caller's
-    buffers for the poll's clock."""
+    done) let either side poll a moment before it blocks on its lock (:func:`_spinner`);
+    ``clocks`` are the worker's and the caller's buffers for the poll's clock."""
 
     def __init__(self, name: str) -> None:
         import numpy as np
@@ -141,7 +136,7 @@ class _Worker:
         self.go.acquire()
         self.done = threading.Lock()
         self.done.acquire()
-        self.counters = np.zeros(3, np.int64)
+        self.counters = np.zeros(2, np.int64)
         self.clocks = np.zeros((2, 2), np.int64)
         self.job: tuple | None = None
         self.error: BaseException | None = None
@@ -152,13 +147,9 @@ class _Worker:
         self.counters[0] += 1
         self.go.release()
 
-    def caller_started(self) -> None:
-        """Marks the caller's own part started: the worker may take the GIL soon."""
-        self.counters[2] = self.counters[0]
-
     def join(self, spin) -> None:
         if spin is not None:
-            spin(self.counters, 1, self.counters[0] - 1, -1, -1, self.clocks[1])
+            spin(self.counters, 1, self.counters[0] - 1, -1, 0, self.clocks[1])
         self.done.acquire()
 
     def _serve(self) -> None:
@@ -168,7 +159,7 @@ class _Worker:
         while True:
             if spin is not None:
                 # counts the part done, then waits for the next one
-                spin(self.counters, 0, given, signal, 2, self.clocks[0])
+                spin(self.counters, 0, given, signal, SETTLE_NS, self.clocks[0])
             self.go.acquire()
             given += 1
             fn, lo, hi = self.job
@@ -236,8 +227,6 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
             for w, (lo, hi) in zip(used, rest):
                 w.start(fn, lo, hi)
             try:
-                for w in used:
-                    w.caller_started()
                 fn(*head)
                 for lo, hi in rest[len(used) :]:  # more parts than workers: a larger count
                     fn(lo, hi)  # was set after the pool started
