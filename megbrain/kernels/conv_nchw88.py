@@ -323,7 +323,7 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
         steps.append(functools.partial(packing[-1].fill, 0))
     constant = filter_is_constant()
     packed_size = geo.g * geo.ocg * geo.icg * fh * fw
-    wp = np.empty(packed_size, _F32) if constant else workspace.empty((packed_size,), _F32)
+    wp = (workspace.aligned if constant else workspace.empty)((packed_size,), _F32)
     wshape, write = _grouped_nchw_view(filt, geo.kind, geo.g, geo.ocg, geo.icg)
     wtmp = np.empty(wshape, _F32) if constant else workspace.empty(wshape, _F32)
 

@@ -263,7 +263,7 @@ def bind_nchw8c_forward(
     packed_size = geo.g * geo.ocg * geo.icg * fh * fw
     constant = filter_is_constant()
     # a constant filter's packed copy must outlive the run: private memory, not workspace
-    wp = np.empty(packed_size, _F32) if constant else workspace.empty((packed_size,), _F32)
+    wp = (workspace.aligned if constant else workspace.empty)((packed_size,), _F32)
     rows = max(1, min(oh, -(-ROW_POSITIONS // wq)))
     ocb = geo.ocg // loops.OB
     wide = wide_units(ocb)
