@@ -2,11 +2,13 @@
 
 A product of at least :data:`SPLIT_MIN_FLOPS` is split into one part per kernel thread
 (rows of ``out`` when it has more rows than columns, else columns), each part a BLAS call
-with BLAS single-threaded (:func:`parallel.blas_single_threaded`); a smaller one, and a
-matrix-vector product (``out`` of one row or column: it streams the matrix once, and two
-halves at once ran slower than the whole on one thread, ResNet50's 1x2048 @ 2048x1000
-classifier 0.44-0.64 ms against 0.35 with caches flushed), is a single single-threaded
-call. BLAS's own threads stay asleep: OpenBLAS's spin ~0.1 s after each
+with BLAS single-threaded (:func:`parallel.blas_single_threaded`); a smaller one is a single
+single-threaded call. A float32 matrix-vector product (``out`` of one row or column) whose
+matrix rows are contiguous runs :mod:`.gemv_loops` instead, its rows split over the kernel
+threads from the same size on: two BLAS ``sgemv`` halves ran slower than the whole on one
+thread (ResNet50's 1x2048 @ 2048x1000 classifier, 0.54 against 0.47 ms in the model), the
+compiled halves in half the time (0.24 ms). Any other matrix-vector product is a single
+single-threaded BLAS call. BLAS's own threads stay asleep: OpenBLAS's spin ~0.1 s after each
 threaded call (on a core the next kernel needs), and waking them after an idle moment cost
 ~10 ms on the 2-core machines when their spin was shortened (``OPENBLAS_THREAD_TIMEOUT``
 of 26 or less; NumPy's default 28 does not stall). The split is fixed for a thread count,
@@ -31,7 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import parallel
+from . import gemv_loops, parallel
 from .steps import Step, chain
 
 __all__ = ["BLAS_THREADED_MIN_FLOPS", "SPLIT_MIN_FLOPS", "matmul_step", "products_step"]
@@ -81,6 +83,9 @@ def matmul_step(
     n = b.shape[1]
     if blas_threaded_min_flops is not None and 2 * m * n * k >= blas_threaded_min_flops:
         return _then(functools.partial(np.matmul, a, b, out=out), then, out, slice(0, m))
+    rows = _matrix_vector_step(a, b, out)
+    if rows is not None:
+        return _then(rows, then, out, slice(0, m))
     parts = 1
     if 2 * m * n * k >= SPLIT_MIN_FLOPS and min(m, n) > 1 and parallel.can_single_thread_blas():
         parts = parallel.num_threads()
@@ -93,6 +98,28 @@ def matmul_step(
                        out[:, lo:hi], slice(0, m))
                  for lo, hi in parallel.ranges(n, parts, MIN_PART)]  # fmt: skip
     return parallel.concurrently_blas_single_threaded(calls)
+
+
+def _matrix_vector_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:
+    """``out = a @ b`` by :func:`gemv_loops.dot_rows` when it is a float32 matrix-vector
+    product of a matrix with contiguous rows (``a`` a row and ``b`` the transpose of such a
+    matrix, or ``b`` a column and ``a`` the matrix), else None."""
+    m, k = a.shape
+    n = b.shape[1]
+    if not (a.dtype == b.dtype == out.dtype == np.float32 and out.flags.c_contiguous):
+        return None
+    if m == 1 and b.T.flags.c_contiguous and a.flags.c_contiguous:
+        x, rows = a[0], b.T
+    elif n == 1 and a.flags.c_contiguous and b.T.flags.c_contiguous:
+        x, rows = b[:, 0], a
+    else:
+        return None
+    x, w = (v.view() for v in (x, rows.reshape(-1)))
+    x.flags.writeable = w.flags.writeable = False  # the loop's read-only signature
+    y = out.reshape(-1)
+    fn = functools.partial(gemv_loops.dot_rows(), x, w, y)
+    # parts of at least half of SPLIT_MIN_FLOPS: a product of SPLIT_MIN_FLOPS splits in two
+    return parallel.split(fn, y.size, max(MIN_PART, -(-SPLIT_MIN_FLOPS // (4 * max(1, k)))))
 
 
 def _then(product: Step, then: Then | None, block: np.ndarray, rows: slice) -> Step:

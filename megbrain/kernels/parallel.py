@@ -96,18 +96,23 @@ def _spinner():
     clock_gettime.restype = ctypes.c_int
     clock_gettime.argtypes = [ctypes.c_int, ctypes.c_void_p]
     from numba import njit  # imported on first use, as the compiled kernels do
+    from numba import types as t
 
     from .tiled_jit import fetch_add
 
     add = fetch_add()
     monotonic = time.CLOCK_MONOTONIC
+    ints = t.int64[::1]
 
-    @njit(nogil=True)
+    # compiled here, by the thread that creates the pool: Numba's first compilation in a
+    # process, made by a worker while the caller compiled a kernel, deadlocked inside Numba
+    # (its compiler lock against the lock of its lazily built target context)
+    @njit([t.int64(ints)], nogil=True)
     def now(clock):  # pragma: no cover - compiled
         clock_gettime(monotonic, clock.ctypes.data)
         return clock[0] * 1_000_000_000 + clock[1]
 
-    @njit(nogil=True)
+    @njit([t.void(ints, t.int64, t.int64, t.int64, t.int64, ints)], nogil=True)
     def spin(counters, i, seen, signal, settle, clock):  # pragma: no cover - compiled
         if signal >= 0:
             add(counters, signal, 1)  # atomic: the part's writes are visible before it
@@ -184,6 +189,7 @@ def _pool() -> list[_Worker]:
         return _workers
     with _pool_lock:
         if not _workers:
+            _spinner()  # compiled before any worker runs (see there)
             _workers.extend(_Worker(f"mgb-kernel_{i}") for i in range(num_threads() - 1))
         return _workers
 

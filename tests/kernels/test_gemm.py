@@ -168,3 +168,71 @@ def test_blas_worker_threads_get_no_work_from_megbrain():
     assert used > 0  # the products ran (ticks are 10 ms)
     # BLAS's own workers (and any other thread) did none of it
     assert sum(others.values()) <= 1, others
+
+
+def _vector_product_cases():
+    rng = np.random.default_rng(5)
+    for rows, k in [(1000, 2048), (37, 19), (300, 16), (5, 1), (0, 7)]:
+        w = rng.uniform(-1, 1, (rows, k)).astype(np.float32)
+        x = rng.uniform(-1, 1, k).astype(np.float32)
+        yield x[None, :], w.T, (1, rows)  # a row times the transpose of a matrix
+        yield w, x[:, None], (rows, 1)  # a matrix times a column
+
+
+@pytest.mark.parametrize("a,b,shape", list(_vector_product_cases()),
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else None)
+def test_a_matrix_vector_product_is_split_over_rows_and_exact_to_float32(a, b, shape,
+                                                                         monkeypatch):  # fmt: skip
+    ref = a.astype(np.float64) @ b
+    outs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(parallel, "num_threads", lambda t=threads: t)
+        out = np.full(shape, np.nan, np.float32)
+        step = gemm.matmul_step(a, b, out)
+        step()
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.sqrt(a.shape[1]))
+        outs.append(out)
+    for out in outs[1:]:  # the sums' order does not depend on the split
+        np.testing.assert_array_equal(out, outs[0])
+
+
+def test_a_large_matrix_vector_product_runs_its_rows_on_several_threads(monkeypatch):
+    from megbrain.kernels import gemv_loops
+
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    seen = []
+    real = gemv_loops.dot_rows()
+    monkeypatch.setattr(gemv_loops, "dot_rows", lambda: lambda *a: seen.append(
+        (threading.current_thread().name, a[3:])) or real(*a))  # fmt: skip
+    w = np.ones((1000, 2048), np.float32)
+    out = np.empty((1, 1000), np.float32)
+    gemm.matmul_step(np.ones((1, 2048), np.float32), w.T, out)()
+    assert np.all(out == 2048)
+    assert sorted(r for _, r in seen) == [(0, 500), (500, 1000)]
+    assert len({name for name, _ in seen}) == 2
+
+
+def test_a_matrix_vector_product_propagates_nan_and_inf():
+    w = np.ones((40, 64), np.float32)
+    x = np.ones((1, 64), np.float32)
+    w[3, 10] = np.nan
+    w[7, 63] = np.inf
+    w[9, 0], w[9, 1] = np.inf, -np.inf
+    out = np.empty((1, 40), np.float32)
+    gemm.matmul_step(x, w.T, out)()
+    assert np.isnan(out[0, 3]) and out[0, 7] == np.inf and np.isnan(out[0, 9])
+    assert np.all(out[0, [0, 1, 2, 4, 5, 6, 8]] == 64)
+
+
+def test_other_matrix_vector_products_stay_blas_calls(monkeypatch):
+    seen = []
+    real = np.matmul
+    monkeypatch.setattr(np, "matmul", lambda x, y, out: seen.append(x.dtype) or real(x, y, out=out))
+    rng = np.random.default_rng(2)
+    a = rng.random((1, 50))
+    b = rng.random((50, 30))  # float64; and float32 with strided matrix rows below
+    for x, y in [(a, b), (a.astype(np.float32), b.astype(np.float32))]:
+        out = np.empty((1, 30), x.dtype)
+        gemm.matmul_step(x, y, out)()
+        np.testing.assert_allclose(out, a @ b, rtol=1e-5)
+    assert len(seen) == 2
