@@ -17,8 +17,10 @@ Layouts (float32, flat C-contiguous buffers):
 - packed filter: ``(G, OCg / 16, ICg / 8, FH, FW, 8, 16)``, the 16 output channels of a
   block innermost (two vectors);
 - a unit: sample, group, block of 16 output channels and a band of output rows. Its tiles'
-  accumulators go to a per-thread row buffer (position-major) and from there, transposed,
-  to the NCHW output rows.
+  accumulators go to a per-thread row buffer (position-major) and from there to the NCHW
+  output rows, square blocks of a vector's width transposed in registers
+  (:func:`megbrain.kernels.tiled_jit.transpose_store`; the network's first layer 1.11 ->
+  1.03 ms in ResNet50 against a scalar loop), a row's last columns one value at a time.
 
 The NCHW88 (channel-blocked) operators use the same tiles
 (:func:`conv_units_blocked`): their source, ``(N, C/8, H, W, 8)``, is copied into the
@@ -72,7 +74,9 @@ SLACK = 64
 #: the output positions of a tile (:func:`tile_positions`, by the target's vector width) and
 #: the tile's size, bound by _compiled() first, as the tiled_jit intrinsics
 P = _TILE = _WIDE_TILE = None
-stack_tile = fetch_add = fma_tile = None
+#: the vector width, the side of the blocks the NCHW write-back transposes
+_LANES = None
+stack_tile = fetch_add = fma_tile = transpose_store = None
 
 
 def _unit_py(u, nblk, ocb_n, g_, bands_first):
@@ -185,13 +189,26 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
             else:
                 _tile(xp, x0 + q * CB, wp, w0, icb_n, cstride, taps, rb, r0, False)
         oc0 = (g * ocb_n + ocb) * OB
-        for j in range(width):
-            ob = ((n * g_ * ocb_n) * OB + oc0 + j) * ohw
+        c0 = (n * g_ * ocb_n) * OB + oc0  # the output channel of the unit's first sums
+        kv = ow_n // _LANES * _LANES  # whole blocks of a row, written transposed
+        for i in range(h0, h1):
+            for jb in range(0, width, _LANES):
+                for k0 in range(0, kv, _LANES):
+                    s0 = (i * wq - q0 + k0) * width + jb
+                    d0 = (c0 + jb) * ohw + i * ow_n + k0
+                    if epi == 0:
+                        transpose_store(rb, s0, width, out, d0, ohw, bias, oc0 + jb, 0)  # noqa: F821
+                    elif epi == 1:
+                        transpose_store(rb, s0, width, out, d0, ohw, bias, oc0 + jb, 1)  # noqa: F821
+                    else:
+                        transpose_store(rb, s0, width, out, d0, ohw, bias, oc0 + jb, 2)  # noqa: F821
+        for j in range(width if kv < ow_n else 0):  # the rows' last columns
+            ob = (c0 + j) * ohw
             b = bias[oc0 + j] if epi else np.float32(0.0)
             for i in range(h0, h1):
                 rq = (i * wq - q0) * width + j
                 d = ob + i * ow_n
-                for k in range(ow_n):
+                for k in range(kv, ow_n):
                     v = rb[np.uintp(rq + k * width)]
                     if epi:  # not v + 0 without a bias: -0.0 stays -0.0
                         v += b
@@ -464,7 +481,8 @@ _zeros = None
 @functools.cache
 def _compiled() -> dict:
     # numba is imported on first use: ``import megbrain`` stays free of its import time
-    global stack_tile, fetch_add, fma_tile, P, _TILE, _WIDE_TILE, _unit, _take, _tile, _tile1
+    global stack_tile, fetch_add, fma_tile, transpose_store, P, _TILE, _WIDE_TILE, _LANES
+    global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
     global _zeros, carray
     from numba import carray as _carray
@@ -473,7 +491,8 @@ def _compiled() -> dict:
     from . import tiled_jit
 
     stack_tile, fetch_add, carray = tiled_jit.stack_tile(), tiled_jit.fetch_add(), _carray
-    fma_tile = tiled_jit.fma_tile()
+    fma_tile, transpose_store = tiled_jit.fma_tile(), tiled_jit.transpose_store()
+    _LANES = tiled_jit.vector_width()
     P = tile_positions()
     _TILE = P * OB
     _WIDE_TILE = 2 * _TILE

@@ -33,7 +33,15 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["compile_tiled", "fetch_add", "fma_tile", "stack_tile", "tile_positions", "vector_width"]
+__all__ = [
+    "compile_tiled",
+    "fetch_add",
+    "fma_tile",
+    "stack_tile",
+    "tile_positions",
+    "transpose_store",
+    "vector_width",
+]
 
 
 @functools.cache
@@ -257,3 +265,85 @@ def fma_tile():
         return sig, codegen
 
     return fma_tile
+
+
+@functools.cache
+def transpose_store():
+    """The ``transpose_store(src, s0, sstride, dst, d0, dstride, bias, b0, epi)`` Numba
+    intrinsic: the square block of :func:`vector_width` ``L`` rows of ``L`` float32 values
+    at ``src[s0 + p sstride:][:L]`` (``p < L``) written transposed, row ``c`` of the result
+    (the block's column ``c``) to ``dst[d0 + c dstride:][:L]``, with the literal ``epi``
+    0 (as is), 1 (``+ bias[b0 + c]``) or 2 (then ReLU, NaN staying NaN).
+
+    The write-back of a convolution's position-major buffer to NCHW rows: as scalar loops
+    a strided read or a strided write per value; here ``L`` vector loads, ``L log2 L``
+    two-vector shuffles (each stage swaps the off-diagonal blocks of twice the size) and
+    ``L`` vector stores. No index is checked (the caller keeps them in bounds).
+    """
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    lanes = vector_width()
+
+    @intrinsic
+    def transpose_store(typingctx, src, s0, sstride, dst, d0, dstride, bias, b0, epi):
+        if not isinstance(epi, types.IntegerLiteral) or epi.literal_value not in (0, 1, 2):
+            return None
+        if not all(isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float32
+                   for a in (src, dst, bias)):  # fmt: skip
+            return None
+        mode = epi.literal_value
+
+        def codegen(context, builder, signature, args):
+            src_v, s0_v, ss_v, dst_v, d0_v, ds_v, bias_v, b0_v, _ = args
+            i64, f32 = ir.IntType(64), ir.FloatType()
+            vec = ir.VectorType(f32, lanes)
+
+            def const(v):
+                return ir.Constant(i64, v)
+
+            sdata = context.make_array(signature.args[0])(context, builder, src_v).data
+            ddata = context.make_array(signature.args[3])(context, builder, dst_v).data
+            barr = context.make_array(signature.args[6])(context, builder, bias_v)
+
+            def at(data, base, stride, k):
+                off = builder.add(base, builder.mul(stride, const(k)))
+                ptr = builder.gep(data, [off], inbounds=True)
+                return builder.bitcast(ptr, vec.as_pointer())
+
+            rows = [builder.load(at(sdata, s0_v, ss_v, p), align=4) for p in range(lanes)]
+            i32 = ir.IntType(32)
+
+            def mask(indices):
+                return ir.Constant(ir.VectorType(i32, lanes), [ir.Constant(i32, m)
+                                                               for m in indices])  # fmt: skip
+
+            d = 1
+            while d < lanes:  # swap the off-diagonal d x d blocks of each 2d x 2d block
+                low = [j if j & d == 0 else lanes + j - d for j in range(lanes)]
+                high = [j + d if j & d == 0 else lanes + j for j in range(lanes)]
+                for i in range(lanes):
+                    if i & d == 0:
+                        a, b = rows[i], rows[i + d]
+                        rows[i] = builder.shuffle_vector(a, b, mask(low))
+                        rows[i + d] = builder.shuffle_vector(a, b, mask(high))
+                d *= 2
+            zero = ir.Constant(vec, None)
+            splat = ir.Constant(ir.VectorType(i32, lanes), None)
+            undef = ir.Constant(vec, ir.Undefined)
+            for c, v in enumerate(rows):
+                if mode:
+                    bptr = cgutils.get_item_pointer(context, builder, signature.args[6], barr,
+                                                    [builder.add(b0_v, const(c))],
+                                                    wraparound=False)  # fmt: skip
+                    one = builder.insert_element(undef, builder.load(bptr), const(0))
+                    v = builder.fadd(v, builder.shuffle_vector(one, undef, splat))
+                if mode == 2:  # v < 0 is false for NaN: NaN stays NaN
+                    v = builder.select(builder.fcmp_ordered("<", v, zero), zero, v)
+                builder.store(v, at(ddata, d0_v, ds_v, c), align=4)
+            return context.get_dummy_value()
+
+        return types.void(src, s0, sstride, dst, d0, dstride, bias, b0, epi), codegen
+
+    return transpose_store

@@ -361,8 +361,12 @@ def _ref_epilogue(c, x, w, bias, relu):
 
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("stride", [(1, 1), (2, 1)])
-def test_direct_epilogue_matches_float64(relu, stride):
-    c = _case(n=2, g=2, icg=8, ocg=16, stride=stride)
+# rows of whole vector blocks (written back transposed) and of a few last columns; planes of
+# one channel (3) in units of 32 channels, as a network's first layer
+@pytest.mark.parametrize("icg, ocg, sshape", [(8, 16, (7, 9)), (8, 16, (5, 37)),
+                                              (3, 64, (6, 75))])  # fmt: skip
+def test_direct_epilogue_matches_float64(relu, stride, icg, ocg, sshape):
+    c = _case(n=2, g=2, icg=icg, ocg=ocg, stride=stride, sshape=sshape)
     x, w = _arrays(c)
     bias, y, ep = _epilogue(c, relu, nan_at=3)
     step = _BIND(x, w, y, *_geometry(c), epilogue=ep)

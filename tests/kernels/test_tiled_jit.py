@@ -122,3 +122,46 @@ def test_fma_tile_computes_with_vectors_of_the_target_width():
     assert lanes in (8, 16)
     assert f"llvm.fmuladd.v{lanes}f32" in llvm
     assert tiled_jit.tile_positions() == (12 if lanes == 16 else 6)
+
+
+def _transpose_kernel():
+    from numba import types as t
+
+    ts = tiled_jit.transpose_store()
+
+    def run(src, s0, ss, dst, d0, ds, bias, b0, epi):  # pragma: no cover - compiled
+        if epi == 0:
+            ts(src, s0, ss, dst, d0, ds, bias, b0, 0)
+        elif epi == 1:
+            ts(src, s0, ss, dst, d0, ds, bias, b0, 1)
+        else:
+            ts(src, s0, ss, dst, d0, ds, bias, b0, 2)
+
+    f1, i8 = t.float32[::1], t.int64
+    b1 = t.Array(t.float32, 1, "A", readonly=True)
+    return tiled_jit.compile_tiled(run, [t.void(f1, i8, i8, f1, i8, i8, b1, i8, i8)], cache=False)
+
+
+@pytest.mark.parametrize("epi", [0, 1, 2])
+def test_transpose_store_writes_the_block_transposed_with_its_epilogue(epi):
+    lanes = tiled_jit.vector_width()
+    run = _transpose_kernel()
+    rng = np.random.default_rng(epi)
+    src = rng.standard_normal(40 * 32).astype(np.float32)
+    src[3 + 32 * 2 + 5] = np.nan  # row 2, column 5: NaN at (5, 2), kept by the ReLU
+    src[3 + 32 * 4 + 1] = -0.0  # kept as is without a bias
+    bias = rng.standard_normal(2 * lanes + 9).astype(np.float32)[::2]  # a strided view
+    bias.flags.writeable = False
+    dst = np.full(lanes * 50 + 9, 7.0, np.float32)
+    run(src, 3, 32, dst, 7, 50, bias, 4, epi)
+    want = src[3 : 3 + 32 * lanes].reshape(lanes, 32)[:, :lanes].T.astype(np.float32)
+    if epi:
+        want = want + bias[4 : 4 + lanes, None]
+    if epi == 2:
+        want = np.where(want < 0, np.float32(0), want)
+    got = dst[7 : 7 + 50 * lanes].reshape(lanes, 50)
+    np.testing.assert_array_equal(got[:, :lanes], want)  # NaN where want has it
+    assert np.isnan(got[5, 2])
+    if epi == 0:
+        assert np.signbit(got[1, 4])
+    assert np.all(got[:, lanes:] == 7) and np.all(dst[:7] == 7)  # nothing else written
