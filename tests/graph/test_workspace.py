@@ -84,4 +84,5 @@ def test_recorder_and_carver():
         b = workspace.empty((7,), np.int8)
     assert np.shares_memory(a, buf) and np.shares_memory(b, buf)
     assert not np.shares_memory(a, b)
-    assert workspace.empty((2,), np.float32).base is None  # outside: plain np.empty
+    outside = workspace.empty((2,), np.float32)  # outside: a fresh aligned array of its own
+    assert not np.shares_memory(outside, buf) and outside.ctypes.data % workspace.ALIGN == 0
