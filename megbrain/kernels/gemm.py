@@ -108,6 +108,8 @@ def _matrix_vector_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step |
     n = b.shape[1]
     if not (a.dtype == b.dtype == out.dtype == np.float32 and out.flags.c_contiguous):
         return None
+    if np.shares_memory(out, a) or np.shares_memory(out, b):  # the loop reads as it writes
+        return None
     if m == 1 and b.T.flags.c_contiguous and a.flags.c_contiguous:
         x, rows = a[0], b.T
     elif n == 1 and a.flags.c_contiguous and b.T.flags.c_contiguous:

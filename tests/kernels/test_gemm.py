@@ -172,7 +172,7 @@ def test_blas_worker_threads_get_no_work_from_megbrain():
 
 def _vector_product_cases():
     rng = np.random.default_rng(5)
-    for rows, k in [(1000, 2048), (37, 19), (300, 16), (5, 1), (0, 7)]:
+    for rows, k in [(1000, 2048), (37, 19), (300, 16), (5, 1), (0, 7), (4, 0)]:
         w = rng.uniform(-1, 1, (rows, k)).astype(np.float32)
         x = rng.uniform(-1, 1, k).astype(np.float32)
         yield x[None, :], w.T, (1, rows)  # a row times the transpose of a matrix
@@ -236,3 +236,8 @@ def test_other_matrix_vector_products_stay_blas_calls(monkeypatch):
         gemm.matmul_step(x, y, out)()
         np.testing.assert_allclose(out, a @ b, rtol=1e-5)
     assert len(seen) == 2
+    w = rng.random((8, 8)).astype(np.float32)  # the output overlapping an operand
+    want = w[:1] @ w.T
+    gemm.matmul_step(w[:1], w.T, w[:1])()
+    np.testing.assert_allclose(w[:1], want, rtol=1e-6)
+    assert len(seen) == 3
