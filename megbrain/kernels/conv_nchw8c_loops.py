@@ -289,9 +289,10 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
     # geom: G, OCB, ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, LIMIT (a tile reads at most
     # LIMIT positions of a plane), CHUNK, WIDE (units of 32 output channels, two blocks of
     # 16); epi bits: 1 + bias[oc], 2 + z (out's layout), 4 ReLU.
-    # pack: BLOCKS (0: xp is the source itself), SH, SW, ROW_OFF, COL_OFF, HQ, WQ: first the
-    # parts pack the source src into xbuf (xp's memory), one (sample, channel block) at a
-    # time taken from packed[0] and counted done in packed[1], and wait for every block
+    # pack: BLOCKS (0: xp is the source itself), SH, SW, ROW_OFF, COL_OFF, HQ, WQ, PHASES:
+    # first the parts pack the source src into xbuf (xp's memory), one (sample, channel
+    # block) at a time taken from packed[0] and counted done in packed[1], and wait for every
+    # block
     # (a part only waits for blocks another running part has taken: run one after the other,
     # the first packs them all)
     blocks = pack[0]
@@ -301,7 +302,7 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
             if b >= blocks:
                 break
             _pack_blocked(src, xbuf, dims, pack[1], pack[2], pack[3], pack[4], pack[5],
-                          pack[6], b, b + 1)  # fmt: skip
+                          pack[6], b, b + 1, pack[7])  # fmt: skip
             fetch_add(packed, 1, 1)  # noqa: F821
         while fetch_add(packed, 1, 0) < blocks:  # noqa: F821 - the others' blocks
             pass
@@ -375,41 +376,42 @@ def _inside_py(phi, sw, col_off, w_, wq):
     return k0, k1
 
 
-def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1):
+def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1, phases):
     # pragma: no cover - compiled
     # blocks [b0, b1) of (sample, channel block) of the flat C-contiguous x (N, C/8, H, W, 8)
-    # (dims: C/8, H, W) into the phase planes of _pack_input_py's layout; a row's columns
-    # inside the source are one contiguous copy at stride 1
+    # (dims: C/8, H, W) into the first ``phases`` phase planes (all sh * sw, or 1: the
+    # subsampled source of a strided pointwise convolution) of _pack_input_py's layout; a
+    # row's columns inside the source are one contiguous copy at stride 1
     cbs, h_, w_ = dims[0], dims[1], dims[2]
     phase = hq * wq * CB
-    cstride = sh * sw * phase
+    cstride = phases * phase
     sample = cbs * cstride + SLACK * CB
     for blk in range(b0, b1):
         n = blk // cbs
         cb = blk % cbs
         s0 = blk * h_ * w_ * CB
-        for rho in range(sh):
-            for phi in range(sw):
-                base = n * sample + cb * cstride + (rho * sw + phi) * phase
-                k0, k1 = _inside(phi, sw, col_off, w_, wq)
-                for r in range(hq):
-                    d = base + r * wq * CB
-                    src = sh * r + rho - row_off
-                    if src < 0 or src >= h_:
-                        _zeros(xp, d, d + wq * CB)
-                        continue
-                    _zeros(xp, d, d + k0 * CB)
-                    srow = s0 + src * w_ * CB
-                    if sw == 1:
-                        o = srow + (phi - col_off) * CB
-                        for t in range(k0 * CB, k1 * CB):
-                            xp[np.uintp(d + t)] = x[np.uintp(o + t)]
-                    else:
-                        for k in range(k0, k1):
-                            o = srow + (sw * k + phi - col_off) * CB
-                            for ic in range(CB):
-                                xp[np.uintp(d + k * CB + ic)] = x[np.uintp(o + ic)]
-                    _zeros(xp, d + k1 * CB, d + wq * CB)
+        for ph in range(phases):
+            rho, phi = ph // sw, ph % sw
+            base = n * sample + cb * cstride + ph * phase
+            k0, k1 = _inside(phi, sw, col_off, w_, wq)
+            for r in range(hq):
+                d = base + r * wq * CB
+                src = sh * r + rho - row_off
+                if src < 0 or src >= h_:
+                    _zeros(xp, d, d + wq * CB)
+                    continue
+                _zeros(xp, d, d + k0 * CB)
+                srow = s0 + src * w_ * CB
+                if sw == 1:
+                    o = srow + (phi - col_off) * CB
+                    for t in range(k0 * CB, k1 * CB):
+                        xp[np.uintp(d + t)] = x[np.uintp(o + t)]
+                else:
+                    for k in range(k0, k1):
+                        o = srow + (sw * k + phi - col_off) * CB
+                        for ic in range(CB):
+                            xp[np.uintp(d + k * CB + ic)] = x[np.uintp(o + ic)]
+                _zeros(xp, d + k1 * CB, d + wq * CB)
         if cb == cbs - 1:
             tail = n * sample + cbs * cstride
             _zeros(xp, tail, tail + SLACK * CB)
@@ -469,7 +471,7 @@ def _pack_filter_py(w, wp, flip, bs):
 
 
 _unit = _take = None  # compiled by _compiled() before the units
-_NO_PACKING = (np.zeros(1, np.float32), np.zeros(1, np.float32), np.zeros(7, np.int64),
+_NO_PACKING = (np.zeros(1, np.float32), np.zeros(1, np.float32), np.zeros(8, np.int64),
                np.zeros(3, np.int64), np.zeros(2, np.int64))  # fmt: skip
 _NO_PACKING[0].flags.writeable = False
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
@@ -528,7 +530,7 @@ def _compiled() -> dict:
                                                      i8)])  # fmt: skip
     pack_w = compile_tiled(_pack_filter_py, [t.void(w5, f1, t.boolean, i8)])
     pack_b = compile_tiled(_pack_blocked_py, [t.void(fr, f1, ints, i8, i8, i8, i8, i8, i8, i8,
-                                                     i8)])  # fmt: skip
+                                                     i8, i8)])  # fmt: skip
     _pack_blocked = pack_b
     blocked = compile_tiled(_conv_units_blocked_py, [t.void(fr, f1, f1, fr, f1, ints, ints, b1,
                                                             i8, ints, i8, fr, f1, ints, ints,
@@ -572,23 +574,28 @@ def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter, 
                                  xbuf, pack, dims, packed)  # fmt: skip
 
 
-def blocked_packing(x, xbuf, stride, row_off: int, col_off: int, hq: int, wq: int) -> tuple:
+def blocked_packing(x, xbuf, stride, row_off: int, col_off: int, hq: int, wq: int,
+                    phases: int | None = None) -> tuple:  # fmt: skip
     """The ``packing`` of :func:`conv_units_blocked`: the float32, C-contiguous NCHW88 source
     ``x`` (N, C/8, H, W, 8) packed into the flat ``xbuf`` as :func:`pack_blocked_input`
     does. Its counter (an int64 pair, the last item) must be zeroed before every run."""
     blocks = x.shape[0] * x.shape[1]
-    pack = np.array([blocks, stride[0], stride[1], row_off, col_off, hq, wq], np.int64)
+    phases = stride[0] * stride[1] if phases is None else phases
+    pack = np.array([blocks, stride[0], stride[1], row_off, col_off, hq, wq, phases], np.int64)
     dims = np.array(x.shape[1:4], np.int64)
     return readonly_view(x.reshape(-1)), xbuf, pack, dims, np.zeros(2, np.int64)
 
 
 def pack_blocked_input(x, xp, stride, row_off: int, col_off: int, hq: int, wq: int, b0: int,
-                       b1: int) -> None:  # fmt: skip
+                       b1: int, phases: int | None = None) -> None:  # fmt: skip
     """:func:`pack_input` from the float32, C-contiguous NCHW88 ``(N, C/8, H, W, 8)`` source
-    (a :func:`readonly_view`)."""
+    (a :func:`readonly_view`), blocks ``[b0, b1)`` of (sample, channel block). ``phases``
+    packs the first phase planes only (1: phase (0, 0), the source subsampled by the stride;
+    the planes of a block then follow each other ``phases`` planes apart)."""
     dims = np.array(x.shape[1:4], np.int64)
+    phases = int(stride[0]) * int(stride[1]) if phases is None else phases
     _compiled()["pack_blocked"](x.reshape(-1), xp, dims, int(stride[0]), int(stride[1]),
-                                row_off, col_off, hq, wq, b0, b1)  # fmt: skip
+                                row_off, col_off, hq, wq, b0, b1, phases)  # fmt: skip
 
 
 def readonly_view(a: np.ndarray) -> np.ndarray:

@@ -182,7 +182,8 @@ def test_direct_equals_direct_nchw8c_bit_for_bit(geometry):
 
 
 @pytest.mark.parametrize("fshape, pad, stride", [((3, 3), (1, 1), (1, 1)), ((1, 1), (0, 0), (1, 1)),
-                                                ((3, 3), (1, 1), (2, 2))])  # fmt: skip
+                                                ((3, 3), (1, 1), (2, 2)), ((1, 1), (0, 0), (2, 2)),
+                                                ((1, 1), (0, 0), (2, 1))])  # fmt: skip
 def test_a_strided_source_is_read(fshape, pad, stride):
     c = _case(n=2, fshape=fshape, pad=pad, stride=stride)
     x, w, src, filt = _operands(c)
