@@ -4,9 +4,29 @@ from __future__ import annotations
 
 import os
 
-from ..kernels.workspace import aligned_empty
+import numpy as np
 
 __all__ = ["aligned_empty", "host_mem_status"]
+
+
+def aligned_empty(nbytes: int, align: int) -> np.ndarray:
+    """Allocate an uninitialised 1-d uint8 array whose first byte is ``align``-aligned.
+
+    Parameters
+    ----------
+    nbytes:
+        Size of the buffer in bytes (0 allowed).
+    align:
+        Required alignment of the start address, a power of two.
+
+    Returns
+    -------
+    numpy.ndarray
+        A view of exactly ``nbytes`` bytes into a slightly larger allocation.
+    """
+    raw = np.empty(nbytes + align, np.uint8)
+    skip = -raw.ctypes.data % align
+    return raw[skip : skip + nbytes + 1][:nbytes]  # (an empty slice would keep raw's address)
 
 
 def _meminfo() -> dict[str, int]:

@@ -291,42 +291,39 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
     (sh, sw), (pt, pl) = tuple(stride), tuple(pad)
     fh, fw = geo.fshape
     steps: list[Step] = []
-    packing = None
     pointwise = geo.fshape == (1, 1) and (pt, pl) == (0, 0) and oh * ow >= loops.tile_positions()
     if not src.flags.c_contiguous:  # read in place, or packed a row at a time by runs
         dense = workspace.empty(src.shape, _F32)
         steps.append(functools.partial(np.copyto, dense, src))
         src = dense
-    if pointwise and (sh, sw) != (1, 1):
-        # a strided pointwise convolution reads one position in sh * sw: the units' threads
-        # pack that subsampled source (phase plane (0, 0) alone), then read it in place.
-        # Copied by NumPy before the units instead, ResNet50's three took 0.2 ms on one core
-        hq, wq, shift = oh, ow, 0
-        cstride = oh * ow * loops.CB
-        sample = cb_n * cstride + loops.SLACK * loops.CB
-        taps = np.zeros(1, np.int64)
-        buf = workspace.empty((n * sample,), _F32)
-        xp = loops.readonly_view(buf)
-        limit = oh * ow
-        packing = loops.blocked_packing(src, buf, (sh, sw), 0, 0, oh, ow, phases=1)
-        steps.append(functools.partial(packing[-1].fill, 0))
-    elif pointwise:
-        hq, wq, shift = h, w, 0
-        cstride = h * w * loops.CB
-        sample = cb_n * cstride
-        taps = np.zeros(1, np.int64)
-        xp = loops.readonly_view(src.reshape(-1))
-        limit = h * w  # a tile never reads past its plane
+    packing = None
+    packed = None  # (row_off, col_off, phases) of a source the units' threads pack
+    if pointwise:
+        taps, shift = np.zeros(1, np.int64), 0
+        if (sh, sw) == (1, 1):  # read in place
+            hq, wq = h, w
+            cstride = h * w * loops.CB
+            sample = cb_n * cstride
+            xp = loops.readonly_view(src.reshape(-1))
+        else:
+            # a strided pointwise convolution reads one position in sh * sw: the units'
+            # threads pack that subsampled source (phase plane (0, 0) alone). Copied by
+            # NumPy before the units instead, ResNet50's three took 0.2 ms on one core
+            hq, wq = oh, ow
+            packed = (0, 0, 1)
+        limit = hq * wq  # a tile never reads past its plane
     else:
         hq, wq, col_off, shift, taps = plane_geometry((h, w), (oh, ow), (sh, sw), (pt, pl),
                                                       dilate, geo.fshape)  # fmt: skip
-        cstride = sh * sw * hq * wq * loops.CB
+        packed = (pt, col_off, sh * sw)
+        limit = hq * wq + loops.SLACK  # the planes are followed by SLACK zero positions
+    if packed is not None:  # packed by the units' threads, in the same call
+        cstride = packed[2] * hq * wq * loops.CB
         sample = cb_n * cstride + loops.SLACK * loops.CB
         buf = workspace.empty((n * sample,), _F32)
         xp = loops.readonly_view(buf)
-        limit = hq * wq + loops.SLACK  # the planes are followed by SLACK zero positions
-        # packed by the units' threads, in the same call (blocked_packing)
-        packing = loops.blocked_packing(src, buf, (sh, sw), pt, col_off, hq, wq)
+        packing = loops.blocked_packing(src, buf, (sh, sw), *packed[:2], hq, wq,
+                                        phases=packed[2])  # fmt: skip
         steps.append(functools.partial(packing[-1].fill, 0))
     constant = filter_is_constant()
     packed_size = geo.g * geo.ocg * geo.icg * fh * fw

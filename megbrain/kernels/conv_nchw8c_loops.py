@@ -367,6 +367,19 @@ def _zeros_py(xp, lo, hi):
         xp[np.uintp(t)] = 0.0
 
 
+def _pad_row_py(xp, d, src, h_, k0, k1, wq, bs):
+    # pragma: no cover - compiled
+    # the zeros of the plane row at d (wq positions of bs values): all of it when its source
+    # row src is outside [0, h_), else its columns outside [k0, k1); whether it has source
+    # columns to copy
+    if src < 0 or src >= h_:
+        _zeros(xp, d, d + wq * bs)
+        return False
+    _zeros(xp, d, d + k0 * bs)
+    _zeros(xp, d + k1 * bs, d + wq * bs)
+    return True
+
+
 def _inside_py(phi, sw, col_off, w_, wq):
     # pragma: no cover - compiled
     # the columns [k0, k1) of a phase-phi plane row inside a source row of w_ columns:
@@ -397,10 +410,8 @@ def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1, phas
             for r in range(hq):
                 d = base + r * wq * CB
                 src = sh * r + rho - row_off
-                if src < 0 or src >= h_:
-                    _zeros(xp, d, d + wq * CB)
+                if not _pad_row(xp, d, src, h_, k0, k1, wq, CB):
                     continue
-                _zeros(xp, d, d + k0 * CB)
                 srow = s0 + src * w_ * CB
                 if sw == 1:
                     o = srow + (phi - col_off) * CB
@@ -411,7 +422,6 @@ def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1, phas
                         o = srow + (sw * k + phi - col_off) * CB
                         for ic in range(CB):
                             xp[np.uintp(d + k * CB + ic)] = x[np.uintp(o + ic)]
-                _zeros(xp, d + k1 * CB, d + wq * CB)
         if cb == cbs - 1:
             tail = n * sample + cbs * cstride
             _zeros(xp, tail, tail + SLACK * CB)
@@ -438,15 +448,12 @@ def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, i0, i1, bs):
         for r in range(hq):
             d = base + r * wq * bs
             src = sh * r + rho - row_off
-            if src < 0 or src >= h_:
-                _zeros(xp, d, d + wq * bs)
+            if not _pad_row(xp, d, src, h_, k0, k1, wq, bs):
                 continue
-            _zeros(xp, d, d + k0 * bs)
             for ic in range(bs):
                 row = x[n, cb * bs + ic, src]
                 for k in range(k0, k1):
                     xp[np.uintp(d + k * bs + ic)] = row[sw * k + phi - col_off]
-            _zeros(xp, d + k1 * bs, d + wq * bs)
         if cb == cbs - 1 and ph == phases - 1:
             tail = n * sample + cbs * cstride
             _zeros(xp, tail, tail + SLACK * bs)
@@ -477,7 +484,7 @@ _NO_PACKING[0].flags.writeable = False
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
 _tile1 = None
 _tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = _inside = None
-_zeros = None
+_zeros = _pad_row = None
 
 
 @functools.cache
@@ -486,7 +493,7 @@ def _compiled() -> dict:
     global stack_tile, fetch_add, fma_tile, transpose_store, P, _TILE, _WIDE_TILE, _LANES
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
-    global _zeros, carray
+    global _zeros, _pad_row, carray
     from numba import carray as _carray
     from numba import types as t
 
@@ -507,6 +514,7 @@ def _compiled() -> dict:
     _unit = compile_tiled(_unit_py, [t.UniTuple(i8, 4)(i8, i8, i8, i8, bo)])
     _inside = compile_tiled(_inside_py, [t.UniTuple(i8, 2)(i8, i8, i8, i8, i8)])
     _zeros = compile_tiled(_zeros_py, [t.void(f1, i8, i8)])
+    _pad_row = compile_tiled(_pad_row_py, [t.boolean(f1, i8, i8, i8, i8, i8, i8, i8)])
     _take = compile_tiled(_take_py, [i8(ints, i8)])
     _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, bo),
                                      t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])  # fmt: skip

@@ -19,7 +19,7 @@ def test_aligned_arrays_start_on_a_cache_line(shape, dtype):
 
 def test_default_scratch_is_aligned_and_carved_pieces_too():
     assert workspace.empty((1001,), np.float32).ctypes.data % workspace.ALIGN == 0
-    buf = workspace.aligned_empty(4096)
+    buf = workspace.aligned((4096,), np.uint8)
     carve = workspace.Carver(buf)
     pieces = [carve((n,), np.dtype(np.float32)) for n in (3, 17, 64)]
     assert all(p.ctypes.data % workspace.ALIGN == 0 for p in pieces)
