@@ -30,6 +30,20 @@ def _take_flat(ctx, x, flat, out_shape):
     return _reshape(mgb.opr.advanced_indexing(x)[f1], out_shape)
 
 
+def _element_offsets(ctx, ind, src, ishape, axis):
+    """The flat offsets into a ``src``-shaped tensor of the elements ``ind`` (of shape
+    ``ishape``) selects along ``axis``, its other coordinates those of each index."""
+    strides = [int(np.prod(src[i + 1 :])) for i in range(len(src))]
+    grids = np.meshgrid(*[np.arange(d) for d in ishape], indexing="ij")
+    other = sum(g * s for i, (g, s) in enumerate(zip(grids, strides)) if i != axis)
+    ind = _wrap_negative(ctx, ind, src[axis])
+    return E(
+        E(ind, ctx.imm(np.int32(strides[axis])), mode="MUL"),
+        ctx.imm(np.asarray(other, np.int32)),
+        mode="ADD",
+    )
+
+
 @converter("GatherElements", 11, attrs={"axis": 0})
 def _gather_elements(ctx):
     x, ind = ctx.input(0), ctx.input(1)
@@ -37,15 +51,7 @@ def _gather_elements(ctx):
     ishape = static_shape(ctx, ind, "indices")
     nd = len(src)
     axis = _norm_axis(ctx, ctx.attr("axis"), nd)
-    strides = [int(np.prod(src[i + 1 :])) for i in range(nd)]
-    grids = np.meshgrid(*[np.arange(d) for d in ishape], indexing="ij")
-    other = sum(g * s for i, (g, s) in enumerate(zip(grids, strides)) if i != axis)
-    ind = _wrap_negative(ctx, ind, src[axis])
-    flat = E(
-        E(ind, ctx.imm(np.int32(strides[axis])), mode="MUL"),
-        ctx.imm(np.asarray(other, np.int32)),
-        mode="ADD",
-    )
+    flat = _element_offsets(ctx, ind, src, ishape, axis)
     return _take_flat(ctx, _reshape(x, (int(np.prod(src)),)), flat, ishape)
 
 
@@ -131,15 +137,7 @@ def _scatter_elements_impl(ctx, axis_attr, reduction):
     n = int(np.prod(ishape))
     if n == 0:
         return mgb.opr.identity(x)
-    strides = [int(np.prod(src[i + 1 :])) for i in range(nd)]
-    grids = np.meshgrid(*[np.arange(d) for d in ishape], indexing="ij")
-    other = sum(g * s for i, (g, s) in enumerate(zip(grids, strides)) if i != axis)
-    ind = _wrap_negative(ctx, ind, src[axis])
-    flat = E(
-        E(ind, ctx.imm(np.int32(strides[axis])), mode="MUL"),
-        ctx.imm(np.asarray(other, np.int32)),
-        mode="ADD",
-    )
+    flat = _element_offsets(ctx, ind, src, ishape, axis)
     flat = _reshape(flat, (n,))
     rows = _reshape(x, (int(np.prod(src)),))
     out = _scatter_rows(ctx, rows, flat, _reshape(upd, (n,)), reduction)
