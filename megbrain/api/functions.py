@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import MegBrainError
+from ..graph import static_shape
 from ..graph.value_proxy import CompGraphCallbackValueProxy
 from ..opr import grad as _grad_mod
 from ..opr.base import SymbolVar, as_var
 from ..opr.utility import add_update_apply, add_update_coefs, virtual_grad
+from ..plugin.footprint import opr_footprint
 
 __all__ = [
     "grad",
@@ -146,9 +148,6 @@ def mark_as_input(comp_graph, var) -> None:
 
 
 def _footprint(opr) -> dict:
-    from ..graph import static_shape
-    from ..plugin.footprint import opr_footprint
-
     return opr_footprint(
         opr, [static_shape(v) for v in opr.inputs], [static_shape(v) for v in opr.outputs]
     )

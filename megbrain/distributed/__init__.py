@@ -34,12 +34,12 @@ from ..device.mpi_comm import (
 )
 
 _LAZY = {
-    "DEFAULT_PACK_MAX_SIZE": "parallel",
-    "all_reduce_mean": "parallel",
-    "bcast_params": "parallel",
-    "data_parallel": "parallel",
-    "limit_threads_per_rank": "parallel",
-    "SyncBatchNorm": "sync_bn",
+    "DEFAULT_PACK_MAX_SIZE": ".parallel",
+    "all_reduce_mean": ".parallel",
+    "bcast_params": ".parallel",
+    "data_parallel": ".parallel",
+    "limit_threads_per_rank": ".parallel",
+    "SyncBatchNorm": "..nn",  # a layer: it lives in nn, beside BatchNorm
 }
 
 
@@ -50,7 +50,7 @@ def __getattr__(name):
         raise AttributeError(f"module 'megbrain.distributed' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    return getattr(importlib.import_module(mod, __name__), name)
 
 
 __all__ = [

@@ -1,23 +1,17 @@
-"""Graph optimizer: rewrites registered by name and applied in a readable preset order."""
+"""Graph optimizer: rewrites registered by name and applied in a readable preset order
+(:mod:`megbrain.gopt.framework`)."""
 
-from . import training  # noqa: F401, I001 - registers mask_pool_grad, before jit_fusion
-from . import jit  # noqa: F401  (registers the jit_fusion pass)
-from .inference import (
-    INFERENCE_PASSES,
+from . import jit, nchw88, sublinear, training
+from .framework import (
     INFERENCE_PRESET,
-    optimize_for_inference,
-    optimize_nodes_for_inference,
-)
-from .passes import (
     PASSES,
     PRESET,
-    Rewriter,
-    arith_simplify_on_insert,
     get_replaced_var,
-    install,
-    optimize_for_compile,
     register_pass,
+    run_passes,
 )
+from .inference import INFERENCE_PASSES, optimize_for_inference, optimize_nodes_for_inference
+from .passes import Rewriter, arith_simplify_on_insert, install, optimize_for_compile
 
 __all__ = [
     "INFERENCE_PASSES",
@@ -28,9 +22,13 @@ __all__ = [
     "arith_simplify_on_insert",
     "get_replaced_var",
     "install",
+    "jit",
+    "nchw88",
     "optimize_for_compile",
     "optimize_for_inference",
     "optimize_nodes_for_inference",
     "register_pass",
+    "run_passes",
+    "sublinear",
+    "training",
 ]
-from . import sublinear  # noqa: E402, F401 - registers the sublinear_memory pass last

@@ -37,7 +37,7 @@ A pass is ``f(graph, dest, options) -> {old var: new var}``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -55,18 +55,24 @@ from ..opr.io import (
     shared_device_tensor,
 )
 from ..opr.tensor_manip import broadcast, reshape
+from .framework import (
+    INFERENCE_PRESET,
+    PASSES,
+    _record,
+    inference_preset,
+    register_pass,
+    run_passes,
+)
 from .nchw88 import use_nchw88
 from .passes import (
     FUSE_ADD_ACTS,
-    PASSES,
     Rewriter,
     VarMap,
     _chain_root,
-    _record,
     chain_terms,
     combine,
     inherit_props,
-    run_passes,
+    reorder_const_chain,
 )
 
 __all__ = [
@@ -103,42 +109,8 @@ class InferenceOptions:
     use_nchw88: bool = False
 
 
-INFERENCE_PASSES: dict[str, Callable] = {}
-#: pass name -> the option that enables it (absent: always on)
-_FLAG_OF: dict[str, Callable[[InferenceOptions], bool]] = {}
-
-INFERENCE_PRESET: list[str] = [
-    "expand_batch_norm",
-    "remove_non_computing",
-    "expand_fused_arith",
-    "normalize_affine_chain",
-    "fold_conv_scale",
-    "param_fuse",
-    "reorder_arith_chain",
-    "arith_fuse",
-    "reorder_arith_chain",
-    "remove_redundant_typecvt",
-    "param_fuse",
-    "fuse_conv_bias_nonlinearity",
-    "fuse_conv_bias_with_z",
-    "use_nchw88",
-    "convert_f16_io",
-    "param_fuse",
-    "param_merge",
-]
-
-
-def register_inference_pass(name: str, enabled: Callable[[InferenceOptions], bool] | None = None):
-    """Register an inference pass ``f(graph, dest, options) -> varmap`` under ``name``;
-    ``enabled(options)`` decides whether it runs."""
-
-    def deco(fn):
-        INFERENCE_PASSES[name] = fn
-        if enabled is not None:
-            _FLAG_OF[name] = enabled
-        return fn
-
-    return deco
+#: the one pass registry (:data:`megbrain.gopt.framework.PASSES`), under its former name
+INFERENCE_PASSES = PASSES
 
 
 # ---- what is a parameter -----------------------------------------------------------------
@@ -219,7 +191,7 @@ def _is_conv(v: VarNode, rw: Rewriter) -> bool:
 
 
 # ---- 1. BatchNorm in inference mode ------------------------------------------------------
-@register_inference_pass("expand_batch_norm")
+@register_pass("expand_batch_norm")
 def expand_batch_norm(graph, dest, options):
     """``y = (x - mean) / sqrt(var + eps) * scale + bias`` becomes ``x * k + b`` with
     ``k = scale / sqrt(var + eps)`` and ``b = bias - mean * k``."""
@@ -247,7 +219,7 @@ def _sqrt(x: SymbolVar) -> SymbolVar:
 
 
 # ---- 2. affine chains --------------------------------------------------------------------
-@register_inference_pass("normalize_affine_chain")
+@register_pass("normalize_affine_chain")
 def normalize_affine_chain(graph, dest, options):
     """A chain applying parameters ``p`` to one var ``x`` through ADD, SUB, MUL, TRUE_DIV
     (by ``p``) and NEGATE becomes ``x * K + B``, K and B computed from the parameters."""
@@ -323,7 +295,7 @@ def _neg(v: VarNode) -> VarNode:
 
 
 # ---- 3. per-channel scale into the convolution's filter ----------------------------------
-@register_inference_pass("fold_conv_scale")
+@register_pass("fold_conv_scale")
 def fold_conv_scale(graph, dest, options):
     """``convolution(x, w) * K`` with K a per-output-channel parameter becomes
     ``convolution(x, w * K)`` (K reshaped along the filter's output channels)."""
@@ -359,7 +331,7 @@ def fold_conv_scale(graph, dest, options):
 
 
 # ---- 4. ParamFuse ------------------------------------------------------------------------
-@register_inference_pass("param_fuse")
+@register_pass("param_fuse")
 def param_fuse(graph, dest, options):
     """Each var computed from parameters only and read by other computation (or an output)
     becomes a new SharedDeviceTensor holding its current value (ImmutableTensor when its
@@ -419,7 +391,7 @@ def _per_channel_bias(b: VarNode, oc: int) -> VarNode | None:
     return broadcast(reshape(_sv(b), (1, ch, 1, 1)), (1, oc, 1, 1)).node
 
 
-@register_inference_pass("fuse_conv_bias_nonlinearity", lambda o: o.fuse_conv_bias_nonlinearity)
+@register_pass("fuse_conv_bias_nonlinearity")
 def fuse_conv_bias_nonlinearity(graph, dest, options):
     """``act(convolution(x, w) + b)`` with a per-channel ``b`` becomes ``ConvBias`` (act is
     RELU, SIGMOID, H_SWISH or none; a FUSE_ADD_<act> is matched too)."""
@@ -462,7 +434,7 @@ def _conv_bias_from(cb, inputs, mode: str) -> VarNode:
 
 
 # ---- 6. ConvBias with z ------------------------------------------------------------------
-@register_inference_pass("fuse_conv_bias_with_z", lambda o: o.fuse_conv_bias_with_z)
+@register_pass("fuse_conv_bias_with_z")
 def fuse_conv_bias_with_z(graph, dest, options):
     """``act(convolution(x, w) + z)`` with ``z`` of the output's shape becomes ConvBias with
     ``z`` as its (full-shape) bias; ``act(conv_bias(x, w, b) + z)``, the ConvBias IDENTITY
@@ -503,11 +475,11 @@ def fuse_conv_bias_with_z(graph, dest, options):
     return rw.apply(rule, "convolution and z fused into ConvBias")
 
 
-register_inference_pass("use_nchw88", lambda o: o.use_nchw88)(use_nchw88)
+register_pass("use_nchw88")(use_nchw88)
 
 
 # ---- 7. float16 --------------------------------------------------------------------------
-@register_inference_pass("convert_f16_io", lambda o: o.f16_io_comp or o.f16_io_f32_comp)
+@register_pass("convert_f16_io")
 def convert_f16_io(graph, dest, options):
     """Every float32 var becomes float16: float32 sources and the outputs of operators that
     can not take float16 are converted by TypeCvt, TypeCvt to float32 converts to float16,
@@ -571,7 +543,7 @@ def _rebuild_f16(rw: Rewriter, opr, ins: list[VarNode], f32_comp: bool) -> list[
 _NON_COMPUTING = ("MarkNoBroadcastElemwise", "SetGrad", "Identity")
 
 
-@register_inference_pass("remove_non_computing")
+@register_pass("remove_non_computing")
 def remove_non_computing(graph, dest, options):
     """MarkNoBroadcastElemwise, SetGrad and Identity are replaced by their input (the
     reference's RemoveNonComputingOprPass)."""
@@ -588,7 +560,7 @@ def remove_non_computing(graph, dest, options):
 _FUSE_ADD = FUSE_ADD_ACTS
 
 
-@register_inference_pass("expand_fused_arith")
+@register_pass("expand_fused_arith")
 def expand_fused_arith(graph, dest, options):
     """FUSE_MUL_ADD3/4 and FUSE_ADD_<act> become their plain operators, so that the chain
     passes see every term (ArithFuse fuses them again at the end)."""
@@ -654,12 +626,18 @@ def _merge_terms(mode: str, terms: list, compatible: bool) -> None:
                 break
 
 
-@register_inference_pass("reorder_arith_chain")
-def reorder_arith_chain(graph, dest, options):
+@register_pass("reorder_arith_chain")
+def reorder_arith_chain(graph, dest, options=None):
     """Each ADD, MUL, MAX or MIN chain is reduced again: terms of one shape together,
     parameter terms (constants and params) first among themselves, then every term in
     increasing size (the reference's ReorderArithChainPass with params as constants), so
-    ``conv(x, w) + b`` becomes ``b + conv(x, w)`` and parameter subexpressions fold."""
+    ``conv(x, w) + b`` becomes ``b + conv(x, w)`` and parameter subexpressions fold.
+
+    Without ``options`` (the compile preset, where parameters may change between runs) it
+    is :func:`~megbrain.gopt.passes.reorder_const_chain`: CONST terms only, the reference's
+    pass with constants only."""
+    if options is None:
+        return reorder_const_chain(graph, dest)
     rw = Rewriter(graph, dest)
     is_param = ParamOnly()
 
@@ -692,21 +670,8 @@ def reorder_arith_chain(graph, dest, options):
     return rw.apply(rule, "arith chain reordered")
 
 
-# ---- ArithFuse -------------------------------------------------------------------------------
-@register_inference_pass("arith_fuse")
-def arith_fuse(graph, dest, options):
-    """The compile preset's ``arith_fuse`` (:func:`megbrain.gopt.passes.arith_fuse`)."""
-    return PASSES["arith_fuse"](graph, dest)
-
-
-@register_inference_pass("remove_redundant_typecvt")
-def remove_redundant_typecvt(graph, dest, options):
-    """TypeCvt to its input's dtype is the identity."""
-    return PASSES["remove_redundant_typecvt"](graph, dest)
-
-
 # ---- ParamMerge ------------------------------------------------------------------------------
-@register_inference_pass("param_merge")
+@register_pass("param_merge")
 def param_merge(graph, dest, options):
     """Every SharedDeviceTensor becomes an output of one MultipleDeviceTensorHolder (one per
     comp node here: our operators have one comp node), which keeps the names given to the
@@ -809,8 +774,7 @@ def optimize_for_inference(
     for v in dest:
         if v.graph is not graph:
             raise MegBrainError(f"optimize_for_inference: var {v.name!r} belongs to another graph")
-    names = [n for n in INFERENCE_PRESET if _FLAG_OF.get(n, lambda o: True)(options)]
-    new = run_passes(graph, dest, names, INFERENCE_PASSES, options)
+    new = run_passes(graph, dest, inference_preset(options), PASSES, options)
     _record(graph, {}, zip(dest, new))
     return [SymbolVar(v) for v in new]
 

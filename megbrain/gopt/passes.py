@@ -2,18 +2,18 @@
 
 * level 1: arithmetic simplification while the graph is built (``x*1``, ``x+0``, ``x/x``,
   double negation, elementwise operators over constants), :func:`arith_simplify_on_insert`;
-* level 2: global passes before compile, in the order of :data:`PRESET`, read top to bottom
-  below: common subexpression merging, chain reordering, constant folding, redundant TypeCvt
-  removal, arithmetic fusion (``act(a + b)`` -> FUSE_ADD_<act>, products in sums ->
-  FUSE_MUL_ADD3/4) (then the JIT fusion and sublinear memory passes of their own modules);
-  :func:`optimize_for_compile` runs them;
+* level 2: global passes before compile, in the order of
+  :data:`~megbrain.gopt.framework.PRESET`: common subexpression merging, chain reordering,
+  constant folding, redundant TypeCvt removal, arithmetic fusion (``act(a + b)`` ->
+  FUSE_ADD_<act>, products in sums -> FUSE_MUL_ADD3/4) (then the gradient, JIT fusion and
+  sublinear memory passes of their own modules); :func:`optimize_for_compile` runs them;
 * a negative level runs the same passes and checks each replaced output against the
   unoptimized one at run time (AssertEqual).
 
-A pass is ``f(graph, dest_vars) -> {old var: new var}``; passes are small registered
-functions, so the optimizer is data. Most are a *rule* applied by
-:class:`Rewriter`, the one rewrite engine: a topological sweep that rebuilds each operator
-over its replaced inputs and offers it to the rule.
+A pass is ``f(graph, dest_vars, options=None) -> {old var: new var}``; passes are small
+functions registered by name (:mod:`megbrain.gopt.framework`), so the optimizer is data.
+Most are a *rule* applied by :class:`Rewriter`, the one rewrite engine: a topological sweep
+that rebuilds each operator over its replaced inputs and offers it to the rule.
 """
 
 from __future__ import annotations
@@ -26,20 +26,30 @@ import numpy as np
 
 from ..errors import GraphError
 from ..graph import InferType, OperatorNodeConfig, VarNode
-from ..graph.replace import dep_oprs, replace_vars
+from ..graph.replace import dep_oprs
 from ..graph.static_infer import Inferer, static_shape
 from ..opr.base import SymbolVar
 from ..opr.basic_arith import elemwise, fill_retain_dtype
 from ..opr.io import ImmutableTensor
+from .framework import (
+    PASSES,
+    PRESET,
+    SUBLINEAR_ENDPOINTS,
+    get_replaced_var,
+    register_pass,
+    run_passes,
+)
 
 __all__ = [
     "PASSES",
     "PRESET",
+    "SUBLINEAR_ENDPOINTS",
     "FUSE_ADD_ACTS",
     "Rewriter",
     "VarMap",
     "inherit_props",
     "register_pass",
+    "reorder_const_chain",
     "run_passes",
     "optimize_for_compile",
     "arith_simplify_on_insert",
@@ -50,28 +60,12 @@ __all__ = [
 
 logger = logging.getLogger("megbrain")
 
-PASSES: dict[str, Callable] = {}
-#: the order passes run in at graph_opt_level >= 2
-PRESET: list[str] = []
-
 _FOLD_MAX_BYTES = 1 << 20
 #: Elemwise modes whose two operands may be swapped
 _COMMUTATIVE = frozenset(
     {"ADD", "MUL", "MAX", "MIN", "EQ", "LOG_SUM_EXP", "FUSE_ADD_RELU", "FUSE_ADD_SIGMOID",
      "FUSE_ADD_TANH", "FUSE_ADD_H_SWISH"}
 )  # fmt: skip
-
-
-def register_pass(name: str, preset: bool = True):
-    """Register a pass ``f(graph, dest) -> varmap`` under ``name`` (appended to PRESET)."""
-
-    def deco(fn):
-        PASSES[name] = fn
-        if preset:
-            PRESET.append(name)
-        return fn
-
-    return deco
 
 
 def _is_scalar_const(v: VarNode, value: float) -> bool:
@@ -362,9 +356,9 @@ def reorder_chains(rw: Rewriter, is_const: Callable[[VarNode], bool], reason: st
     return rw.apply(rule, reason)
 
 
-@register_pass("reorder_arith_chain")
-def reorder_arith_chain(graph, dest):
-    """``(x + c1) + c2 -> x + (c1 + c2)`` (and MUL) for constant ``c1``, ``c2``."""
+def reorder_const_chain(graph, dest):
+    """``(x + c1) + c2 -> x + (c1 + c2)`` (and MUL) for constant ``c1``, ``c2``: the compile
+    preset's ``reorder_arith_chain`` (:func:`megbrain.gopt.inference.reorder_arith_chain`)."""
     return reorder_chains(
         Rewriter(graph, dest), lambda v: v.value_type == InferType.CONST, "arith chain reorder"
     )
@@ -393,7 +387,7 @@ def fold_constants(graph, dest):
 
 
 @register_pass("remove_redundant_typecvt")
-def remove_redundant_typecvt(graph, dest):
+def remove_redundant_typecvt(graph, dest, options=None):
     """TypeCvt to the dtype its input already has is the identity."""
     varmap = VarMap()
     for o in dep_oprs(dest):
@@ -421,7 +415,7 @@ def _chain_root(rw: Rewriter, opr, modes) -> bool:
 
 
 @register_pass("arith_fuse")
-def arith_fuse(graph, dest):
+def arith_fuse(graph, dest, options=None):
     """``act(a + b)`` becomes ``FUSE_ADD_<act>(a, b)`` (act RELU, SIGMOID, TANH, H_SWISH);
     in an ADD chain, products read only by the chain become FUSE_MUL_ADD4 in pairs and a
     last one FUSE_MUL_ADD3 with a term of one of its factors' shape (the reference's
@@ -499,32 +493,7 @@ def arith_fuse(graph, dest):
     return rw.apply(rule, "arithmetic fused")
 
 
-# ---- running passes ----------------------------------------------------------------------
-def run_passes(graph, dest: list[VarNode], names: Iterable[str], table: dict, *args):
-    """Apply ``table[name](graph, dest, *args)`` for each name in order; record and log the
-    replacements. Returns the new dest vars."""
-    cur = list(dest)
-    summary = []
-    for name in names:
-        got = table[name](graph, cur, *args)
-        varmap = {k: v for k, v in got.items() if k is not v} if got else {}
-        if not varmap:
-            continue
-        if graph.options.log_level >= 2:
-            reasons = getattr(got, "reasons", None)
-            for k in reasons or varmap:
-                why = reasons[k] if reasons else name
-                logger.info("gopt %s: replace %s -> %s (%s)", name, k.name, varmap[k].name, why)
-        new = replace_vars(cur, varmap)
-        _record(graph, varmap, zip(cur, new))
-        _carry_endpoints(graph, varmap)
-        summary.append(f"{name} {len(varmap)}")
-        cur = new
-    if summary and graph.options.log_level >= 1:
-        logger.info("gopt: vars replaced per pass: %s", ", ".join(summary))
-    return cur
-
-
+# ---- running the preset -----------------------------------------------------------------
 def optimize_for_compile(
     graph, dest: list[VarNode], *, only: tuple | None = None, skip: tuple = ()
 ) -> list[VarNode]:
@@ -544,39 +513,3 @@ def optimize_for_compile(
             for o, v in zip(dest, cur)
         ]
     return cur
-
-
-#: graph.user_data key of the operators marked by ``set_opr_sublinear_memory_endpoint``
-SUBLINEAR_ENDPOINTS = "__sublinear_endpoints__"
-
-
-def _carry_endpoints(graph, varmap: dict) -> None:
-    """The operator replacing a sublinear-memory endpoint's output is an endpoint too."""
-    eps = graph.user_data.get(SUBLINEAR_ENDPOINTS)
-    for o in list(eps or ()):
-        for v in o.outputs:
-            nv = varmap.get(v)
-            if nv is not None and nv.owner is not o:
-                eps.add(nv.owner)
-
-
-def _record(graph, varmap: dict, pairs) -> None:
-    table = graph.__dict__.setdefault("gopt_replaced", {})
-    table.update(varmap)
-    for k, v in pairs:
-        if k is not v:
-            table[k] = v
-
-
-def get_replaced_var(src: VarNode) -> VarNode:
-    """The var that finally replaced ``src`` in the graph optimizer (``src`` if none)."""
-    table = getattr(src.graph, "gopt_replaced", None)
-    if not table:
-        return src
-    v, seen = src, {src}
-    while v in table:
-        v = table[v]
-        if v in seen:
-            break
-        seen.add(v)
-    return v

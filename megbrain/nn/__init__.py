@@ -16,6 +16,7 @@ from .layers import (
 )
 from .module import Buffer, Module, Parameter, Sequential, pending_updates
 from .serialization import load_weights, save_weights
+from .sync_bn import SyncBatchNorm
 
 __all__ = [
     "AvgPool2d",
@@ -40,12 +41,3 @@ __all__ = [
     "pending_updates",
     "save_weights",
 ]
-
-
-def __getattr__(name):
-    # SyncBatchNorm lives with the MPI code (megbrain.distributed), which imports this package
-    if name == "SyncBatchNorm":
-        from ..distributed.sync_bn import SyncBatchNorm
-
-        return SyncBatchNorm
-    raise AttributeError(f"module 'megbrain.nn' has no attribute {name!r}")

@@ -15,6 +15,7 @@ from . import (  # noqa: F401 - the converters register themselves
     ops_attention,
     ops_einsum,
     ops_elemwise,
+    ops_index,
     ops_loss,
     ops_nn,
     ops_quant,

@@ -1,6 +1,7 @@
-"""DFT as one matrix product: the transform along an axis is linear in the input's real and
-imaginary parts, so its (n_in * c, n_out * c_out) real matrix is computed at load with NumPy's
-FFT of each basis vector and applied with a matrix multiply."""
+"""Signal ONNX operators: the window functions (HannWindow, HammingWindow, BlackmanWindow),
+computed at load, and DFT as one matrix product: the transform along an axis is linear in the
+input's real and imaginary parts, so its (n_in * c, n_out * c_out) real matrix is computed at
+load with NumPy's FFT of each basis vector and applied with a matrix multiply."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 
 import megbrain as mgb
 
+from .loader import onnx_to_np_dtype
 from .ops_tensor import _norm_axis, _reshape, static_shape
 from .registry import Attr, converter
 
@@ -74,3 +76,34 @@ def _dft17(ctx):
 @converter("DFT", 20, attrs=_DFT_ATTRS)
 def _dft20(ctx):
     return _dft(ctx, int(ctx.const(2, "axis").ravel()[0]) if ctx.has(2) else -2)
+
+
+# ---- window functions --------------------------------------------------------------------
+def _window(ctx, fn):
+    size = int(ctx.const(0, "size").ravel()[0])
+    n = np.arange(size, dtype=np.float64)
+    denom = size if ctx.attr("periodic") else size - 1
+    dt = onnx_to_np_dtype(ctx.attr("output_datatype"), where=ctx.where)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return ctx.imm(fn(n, denom).astype(dt), dt)
+
+
+_WINDOW_ATTRS = {"output_datatype": 1, "periodic": Attr(1, frozenset({0, 1}))}
+
+
+@converter("HannWindow", 17, attrs=_WINDOW_ATTRS)
+def _hann_window(ctx):
+    return _window(ctx, lambda n, d: np.sin(np.pi * n / d) ** 2)
+
+
+@converter("HammingWindow", 17, attrs=_WINDOW_ATTRS)
+def _hamming_window(ctx):
+    a = 25.0 / 46.0
+    return _window(ctx, lambda n, d: a - (1 - a) * np.cos(2 * np.pi * n / d))
+
+
+@converter("BlackmanWindow", 17, attrs=_WINDOW_ATTRS)
+def _blackman_window(ctx):
+    return _window(
+        ctx, lambda n, d: 0.42 - 0.5 * np.cos(2 * np.pi * n / d) + 0.08 * np.cos(4 * np.pi * n / d)
+    )

@@ -9,8 +9,8 @@ import numpy as np
 import megbrain as mgb
 
 from ..device import mpi_comm as _comm
-from ..nn.layers import _BatchNorm, _param_var
-from ..nn.module import _add_state_update
+from .layers import _BatchNorm, _param_var
+from .module import _add_state_update
 
 __all__ = ["SyncBatchNorm"]
 
