@@ -1,29 +1,21 @@
 """``mgb.opr``: the operators, one module per family, and their functions.
 
 Importing a family module registers its operators (the deserializer creates operators by
-registry name), so every family is imported here.
+registry name), so every family is imported here, in a fixed order: a family imports
+``base``, the helper layer ``_internal`` and only the families before it (``FAMILIES``);
+what it builds from a later family it reaches through ``_internal``'s builders. SymbolVar's
+operator methods are bound last (``symbolvar_methods``), once every family is loaded.
 """
 
-from . import (
-    basic_arith,
-    blas,
-    collective,
-    cond,
-    craniotome,
-    dnn,
-    dnn_image,
-    dnn_norm,
-    gen,
-    indexing,
-    indexing_adv,
-    io,
-    linalg,
-    loop,
-    misc,
-    rand,
-    tensor_manip,
-    utility,
-)
+# isort: off
+# in the order of FAMILIES (below)
+from . import io, tensor_manip, basic_arith, grad, utility, basic_arith_grad  # noqa: F401
+from . import indexing, misc, indexing_adv, gen, rand, blas, linalg  # noqa: F401
+from . import elemwise_multi_type as _emt  # noqa: F401 - the name is the function's
+from . import dnn, dnn_local, dnn_norm, dnn_image, jit, cond, loop, collective  # noqa: F401
+from . import craniotome, operator_handle, symbolvar_methods  # noqa: F401
+
+# isort: on
 from .base import SymbolVar, canonize_input_vars, create_opr, insert_opr, make_opr_config
 from .basic_arith import (
     elem,
@@ -109,6 +101,14 @@ from .utility import (
     virtual_loss,
     zero_grad,
 )
+
+#: the family order: a family imports only the helper layer and the families before it
+FAMILIES = (
+    "io", "tensor_manip", "basic_arith", "grad", "utility", "basic_arith_grad", "indexing",
+    "misc", "indexing_adv", "gen", "rand", "blas", "linalg", "elemwise_multi_type", "dnn",
+    "dnn_local", "dnn_norm", "dnn_image", "jit", "cond", "loop", "collective", "craniotome",
+    "operator_handle", "symbolvar_methods",
+)  # fmt: skip
 
 __all__ = [
     "SymbolVar",

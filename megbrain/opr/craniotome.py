@@ -47,6 +47,7 @@ from ..graph.operator import fmt_shape
 from ..graph.static_infer import static_shape
 from ..graph.value_proxy import CompGraphCallbackValueProxy
 from .base import SymbolVar, _merge_config, canonize_input_vars
+from .tensor_manip import get_var_shape, reshape
 
 __all__ = [
     "Craniotome",
@@ -864,8 +865,6 @@ class Craniotome(OperatorNodeBase):
             gshp = static_shape(g)
             if gshp is None:
                 # give the gradient its input's shape statically, as the reference does
-                from .tensor_manip import get_var_shape, reshape
-
                 return reshape(SymbolVar(g), get_var_shape(SymbolVar(inp))).node
             if gshp != ishp:
                 raise GraphError(

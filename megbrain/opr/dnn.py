@@ -33,7 +33,9 @@ from ..kernels import elemwise as ew_kernels
 from ..kernels.constant_operands import constant_filter
 from ..kernels.steps import chain
 from . import param_defs as pdefs
+from ._internal import reduce_to_input, sv
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .basic_arith import elemwise
 from .param_args import opr_params
 from .sereg_params import register_strict, register_with_policy
 
@@ -721,9 +723,6 @@ class ConvBias(_ConvBase):
         return conv_epilogue.Epilogue(bias.reshape(-1), mode == "RELU")
 
     def grad(self, wrt_idx, out_grads):
-        from .basic_arith import elemwise
-        from .grad import reduce_to_input, sv
-
         og = out_grads[0]
         if og is None:
             return None

@@ -26,10 +26,21 @@ from ..graph import (
 from ..graph.operator import fmt_shape
 from ..kernels.arrays import same_elements
 from . import param_defs as pdefs
-from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, input_list, insert_opr
+from ._internal import provide, reduce_to_input
+from .base import (
+    SymbolVar,
+    _merge_config,
+    as_var,
+    canonize_input_vars,
+    input_list,
+    insert_opr,
+    make_immutable,
+)
+from .basic_arith import fill_retain_dtype
 from .indexing import SubtensorIndexError, register_index_desc_opr
 from .misc import AxisParam, check_int, int_var, norm_axis
 from .param_args import as_axis, as_int, opr_params
+from .tensor_manip import add_axis, remove_axis, reshape
 
 __all__ = [
     "IndexingOneHot",
@@ -71,14 +82,10 @@ def _copy_unless_same(out: np.ndarray, src: np.ndarray, same: bool) -> None:
 
 
 def _zeros_like(v) -> SymbolVar:
-    from .basic_arith import fill_retain_dtype
-
     return fill_retain_dtype(SymbolVar(v), 0)
 
 
 def _zero_scalar(v) -> SymbolVar:
-    from .io import make_immutable
-
     return make_immutable(v.comp_node, v.graph, np.zeros(1, v.dtype), dtype=v.dtype)
 
 
@@ -417,8 +424,6 @@ class _VecIndexBase(OperatorNodeBase):
             if self._modify == "incr":
                 return og
             return _insert(set_, [og, _zero_scalar(self.inputs[0]).node, *index], self.param)
-        from .grad import reduce_to_input
-
         return reduce_to_input(_insert(get, [og, *index], self.param), self.inputs[1])
 
     def default_name(self):
@@ -542,8 +547,6 @@ class _VecIndexer:
             )
         descs, values, new_axes = _cvt_index(data[0], idx, allow_newaxis=getter)
         if new_axes:
-            from .tensor_manip import add_axis
-
             data[0] = add_axis(data[0], new_axes).node
         if not any(d[1] == "index" for d in descs):
             raise IndexError("vector indexing needs an int array index; use var[idx] for slices")
@@ -635,8 +638,6 @@ def indexing_one_hot(
     out = insert_opr(IndexingOneHot([v, int_var(index, v)], AxisParam(axis), cfg))[0]
     if keepdims:
         return out
-    from .tensor_manip import remove_axis
-
     return remove_axis(out, axis)
 
 
@@ -651,8 +652,6 @@ def indexing_set_one_hot(
     v, val = canonize_input_vars([src, value], comp_graph=comp_graph, config=cfg)
     ss, vs = static_shape(v), static_shape(val)
     if ss is not None and vs is not None and len(vs) == len(ss) - 1:
-        from .tensor_manip import add_axis
-
         val = add_axis(SymbolVar(val), axis % len(ss)).node
     param = AxisParam(axis)
     return insert_opr(IndexingSetOneHot([v, int_var(index, v), val], param, cfg))[0]
@@ -898,8 +897,6 @@ class ParamPackConcat(OperatorNodeBase):
         if out_grads[0] is None:
             return None
         b, e = self.param.offsets[2 * wrt_idx : 2 * wrt_idx + 2]
-        from .tensor_manip import reshape
-
         return reshape(SymbolVar(out_grads[0])[b:e], self.param.shapes[wrt_idx]).node
 
 
@@ -933,3 +930,6 @@ def param_pack_concat(srcs, *, name=None, comp_node=None, config=None) -> Symbol
     offsets = param_pack_offsets(shapes, vars_[0].dtype, vars_[0].comp_node)
     param = ParamPackConcatParam(offsets, tuple(shapes), 0)
     return insert_opr(ParamPackConcat(vars_, param, cfg))[0]
+
+
+provide(incr_advanced_indexing)

@@ -12,6 +12,7 @@ from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..graph.static_infer import static_shape
 from . import param_defs as pdefs
+from ._internal import incr_advanced_indexing
 from .base import (
     SymbolVar,
     _merge_config,
@@ -19,8 +20,11 @@ from .base import (
     canonize_input_vars,
     entry_point_name,
     insert_opr,
+    make_immutable,
 )
+from .basic_arith import elemwise, fill_retain_dtype
 from .param_args import as_axis, as_int, is_int, opr_params
+from .tensor_manip import add_axis, remove_axis, reshape
 
 __all__ = [
     "AxisParam",
@@ -50,8 +54,6 @@ def int_var(x, ref, dtype=_I32):
     v = as_var(x)
     if v is not None:
         return v
-    from .io import make_immutable
-
     arr = np.asarray(x)
     if arr.dtype.kind not in "iub" and arr.size:
         raise TypeError(f"{entry_point_name('int_var')}: expected ints, got {arr.dtype} {x!r}")
@@ -290,9 +292,6 @@ class TopK(_NamedOpr):
             return None
         if self.param.mode != "KTH_ONLY":
             return argsort_backward(og, self.outputs[1], self.inputs[0]).node
-        from .basic_arith import elemwise
-        from .tensor_manip import add_axis
-
         x = SymbolVar(self.inputs[0])
         mask = elemwise(add_axis(SymbolVar(self.outputs[0]), 1), x, mode="EQ")
         share = add_axis(SymbolVar(og), 1) / mask.sum(axis=1, keepdims=True)
@@ -409,10 +408,6 @@ class CondTake(_NamedOpr):
     def grad(self, wrt_idx, out_grads):
         if wrt_idx != 0 or out_grads[0] is None:
             return None
-        from .basic_arith import fill_retain_dtype
-        from .indexing_adv import incr_advanced_indexing
-        from .tensor_manip import reshape
-
         data = SymbolVar(self.inputs[0])
         flat = fill_retain_dtype(data.flatten(), 0)
         g = incr_advanced_indexing(flat, SymbolVar(out_grads[0]))[SymbolVar(self.outputs[1])]
@@ -444,8 +439,6 @@ def _arg_reduce(cls, src, axis, keepdims, name, comp_node, config, comp_graph):
     out = insert_opr(cls([v], AxisParam(axis), cfg))[0]
     if keepdims:
         return out
-    from .tensor_manip import remove_axis
-
     return remove_axis(out, axis)
 
 
