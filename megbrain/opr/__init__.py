@@ -10,10 +10,12 @@ operator methods are bound last (``symbolvar_methods``), once every family is lo
 # isort: off
 # in the order of FAMILIES (below)
 from . import io, tensor_manip, basic_arith, grad, utility, basic_arith_grad  # noqa: F401
-from . import indexing, misc, indexing_adv, gen, rand, blas, linalg  # noqa: F401
+from . import indexing, misc, indexing_adv, param_pack, gen, rand, blas, linalg  # noqa: F401
 from . import elemwise_multi_type as _emt  # noqa: F401 - the name is the function's
-from . import dnn, dnn_local, dnn_norm, dnn_image, jit, cond, loop, collective  # noqa: F401
-from . import craniotome, operator_handle, symbolvar_methods  # noqa: F401
+from . import dnn, dnn_conv_bias, dnn_pool, dnn_local, dnn_norm, dnn_image  # noqa: F401
+from . import jit, cond, loop, collective, craniotome, craniotome_desc  # noqa: F401
+from . import operator_handle  # noqa: F401
+from . import symbolvar_methods  # noqa: F401
 
 # isort: on
 from .base import SymbolVar, canonize_input_vars, create_opr, insert_opr, make_opr_config
@@ -38,19 +40,18 @@ from .cond import (
     cond_exec_pred_logical,
 )
 from .dnn import (
-    conv_bias_activation,
-    conv_bias_activation_v1,
     convolution,
     convolution3d,
     convolution_v0,
     deconvolution,
     deconvolution3d,
     deconvolution_v0,
-    pooling,
 )
+from .dnn_conv_bias import conv_bias_activation, conv_bias_activation_v1
 from .dnn_image import resize, roi_align, roi_pooling, warp_perspective
 from .dnn_local import group_local, local
 from .dnn_norm import batch_norm, batch_norm_no_statistic, lrn
+from .dnn_pool import pooling
 from .elemwise_multi_type import elemwise_multi_type
 from .gen import alloc, eye, linspace
 from .indexing import incr_subtensor, set_subtensor
@@ -65,8 +66,6 @@ from .indexing_adv import (
     indexing_remap,
     indexing_set_one_hot,
     mesh_indexing,
-    param_pack_concat,
-    param_pack_split,
     set_advanced_indexing,
     set_mesh_indexing,
 )
@@ -74,6 +73,7 @@ from .io import copy, host2device_copy, make_immutable, shared_device_tensor
 from .linalg import matrix_inverse, svd
 from .loop import LoopDesc, make_loop
 from .misc import argmax, argmin, argsort, cond_take, cumsum, top_k
+from .param_pack import param_pack_concat, param_pack_split
 from .rand import gaussian_rng, uniform_rng
 from .tensor_manip import (
     add_axis,
@@ -105,8 +105,9 @@ from .utility import (
 #: the family order: a family imports only the helper layer and the families before it
 FAMILIES = (
     "io", "tensor_manip", "basic_arith", "grad", "utility", "basic_arith_grad", "indexing",
-    "misc", "indexing_adv", "gen", "rand", "blas", "linalg", "elemwise_multi_type", "dnn",
-    "dnn_local", "dnn_norm", "dnn_image", "jit", "cond", "loop", "collective", "craniotome",
+    "misc", "indexing_adv", "param_pack", "gen", "rand", "blas", "linalg",
+    "elemwise_multi_type", "dnn", "dnn_conv_bias", "dnn_pool", "dnn_local", "dnn_norm",
+    "dnn_image", "jit", "cond", "loop", "collective", "craniotome", "craniotome_desc",
     "operator_handle", "symbolvar_methods",
 )  # fmt: skip
 
