@@ -46,8 +46,6 @@ get_var_shape = _builder("get_var_shape")
 reshape = _builder("reshape")
 concat = _builder("concat")
 subtensor_getitem = _builder("subtensor_getitem")
-assert_equal = _builder("assert_equal")
-virtual_dep = _builder("virtual_dep")
 incr_advanced_indexing = _builder("incr_advanced_indexing")
 
 

@@ -201,6 +201,102 @@ def _float_dtype(opr: OperatorNodeBase, dtypes, names) -> np.dtype:
     return dt
 
 
+# ---- the forward / backward-data / backward-filter trio (MegBrain's megdnn_opr_wrapper) ----
+class _TrioMember:
+    """One of a trio of bilinear operators (forward, backward data, backward filter): the
+    gradients of each are the other two, so gradients of every order exist."""
+
+    #: (forward, backward data, backward filter) of the trio, set by :func:`bind_trio`
+    family: tuple = ()
+
+    def _check_grad(self) -> None:
+        """Refuse a gradient the operator can not have (a hook; all are allowed here)."""
+
+
+class _TrioForward(_TrioMember):
+    """Inputs (src, filter)."""
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) != 2:
+            raise self.error(f"expected 2 inputs (src, filter), got {len(in_dtypes)}")
+        return [_float_dtype(self, in_dtypes, ("src", "filter"))]
+
+    def grad(self, wrt_idx, out_grads):
+        og = out_grads[0]
+        if og is None:
+            return None
+        self._check_grad()
+        _, bwd_data, bwd_filter = self.family
+        src, filt = self.inputs
+        if wrt_idx == 0:
+            return _make(bwd_data, [filt, og, src], self.param).node
+        return _make(bwd_filter, [src, og, filt], self.param).node
+
+
+class _TrioBackwardData(_TrioMember):
+    """Inputs (filter, diff, src for shape); the third may be left out where
+    ``shape_input_optional`` (the output shape then follows from the geometry)."""
+
+    shape_only_inputs = (2,)
+    shape_input_optional = False
+
+    def infer_dtypes(self, in_dtypes):
+        if self.shape_input_optional and len(in_dtypes) not in (2, 3):
+            raise self.error(
+                f"expected 2 or 3 inputs (filter, diff[, src for shape]), got {len(in_dtypes)}"
+            )
+        if not self.shape_input_optional and len(in_dtypes) != 3:
+            raise self.error(
+                f"expected 3 inputs (filter, diff, src for shape), got {len(in_dtypes)}"
+            )
+        return [_float_dtype(self, in_dtypes[:2], ("filter", "diff"))]
+
+    def grad(self, wrt_idx, out_grads):
+        og = out_grads[0]
+        if og is None or wrt_idx == 2:
+            return None
+        fwd, _, bwd_filter = self.family
+        filt, diff = self.inputs[:2]
+        if wrt_idx == 0:  # <bwd_data(filt, diff), og> = <fwd(og, filt), diff>
+            return _make(bwd_filter, [og, diff, filt], self.param).node
+        return _make(fwd, [og, filt], self.param).node
+
+
+class _TrioBackwardFilter(_TrioMember):
+    """Inputs (src, diff, filter for shape)."""
+
+    shape_only_inputs = (2,)
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) != 3:
+            raise self.error(
+                f"expected 3 inputs (src, diff, filter for shape), got {len(in_dtypes)}"
+            )
+        return [_float_dtype(self, in_dtypes[:2], ("src", "diff"))]
+
+    def grad(self, wrt_idx, out_grads):
+        og = out_grads[0]
+        if og is None or wrt_idx == 2:
+            return None
+        fwd, bwd_data, _ = self.family
+        src, diff = self.inputs[:2]
+        if wrt_idx == 0:  # <bwd_filter(src, diff), og> = <fwd(src, og), diff>
+            return _make(bwd_data, [og, diff, src], self.param).node
+        return _make(fwd, [src, og], self.param).node
+
+
+def bind_trio(forward: type, backward_data: type, backward_filter: type) -> None:
+    """Make three operator classes one trio: each one's gradients use the other two.
+
+    Parameters
+    ----------
+    forward, backward_data, backward_filter : type
+        Subclasses of the trio's forward, backward-data and backward-filter bases.
+    """
+    for cls in (forward, backward_data, backward_filter):
+        cls.family = (forward, backward_data, backward_filter)
+
+
 class _ConvBase(_NamedByKind, OperatorNodeBase):
     """Shared geometry of the convolution operators over ``nsp`` spatial dims."""
 
@@ -359,13 +455,8 @@ def _make(cls, inputs, param) -> SymbolVar:
     return insert_opr(cls(nodes, param, OperatorNodeConfig()))[0]
 
 
-class _ConvForward(_ConvBase):
+class _ConvForward(_TrioForward, _ConvBase):
     """Convolution: inputs (src, filter)."""
-
-    def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) != 2:
-            raise self.error(f"expected 2 inputs (src, filter), got {len(in_dtypes)}")
-        return [_float_dtype(self, in_dtypes, ("src", "filter"))]
 
     def infer_shapes(self, in_shapes, in_values):
         return [self._fwd_shape(tuple(in_shapes[0]), tuple(in_shapes[1]))]
@@ -375,28 +466,14 @@ class _ConvForward(_ConvBase):
             return self._bind_nchw88(ins[0], ins[1], outs[0])
         return self._bind_kernel("forward", ins[0], self._grouped(ins[1]), outs[0])
 
-    def grad(self, wrt_idx, out_grads):
-        og = out_grads[0]
-        if og is None:
-            return None
+    def _check_grad(self) -> None:
         self._no_nchw88_grad()
-        src, filt = self.inputs
-        if wrt_idx == 0:
-            return _make(self.bwd_data, [filt, og, src], self.param).node
-        return _make(self.bwd_filter, [src, og, filt], self.param).node
 
 
-class _ConvBackwardData(_ConvBase):
+class _ConvBackwardData(_TrioBackwardData, _ConvBase):
     """Deconvolution: inputs (filter, diff[, src_for_shape]); output of src's shape."""
 
-    shape_only_inputs = (2,)
-
-    def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) not in (2, 3):
-            raise self.error(
-                f"expected 2 or 3 inputs (filter, diff[, src for shape]), got {len(in_dtypes)}"
-            )
-        return [_float_dtype(self, in_dtypes[:2], ("filter", "diff"))]
+    shape_input_optional = True
 
     def infer_shapes(self, in_shapes, in_values):
         self._check_format()
@@ -439,27 +516,9 @@ class _ConvBackwardData(_ConvBase):
     def bind(self, ins, outs):
         return self._bind_kernel("backward_data", self._grouped(ins[0]), ins[1], outs[0])
 
-    def grad(self, wrt_idx, out_grads):
-        og = out_grads[0]
-        if og is None or wrt_idx == 2:
-            return None
-        filt, diff = self.inputs[:2]
-        if wrt_idx == 0:
-            return _make(self.bwd_filter, [og, diff, filt], self.param).node
-        return _make(self.forward, [og, filt], self.param).node
 
-
-class _ConvBackwardFilter(_ConvBase):
+class _ConvBackwardFilter(_TrioBackwardFilter, _ConvBase):
     """Filter gradient: inputs (src, diff, filter_for_shape); output of the filter's shape."""
-
-    shape_only_inputs = (2,)
-
-    def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) != 3:
-            raise self.error(
-                f"expected 3 inputs (src, diff, filter for shape), got {len(in_dtypes)}"
-            )
-        return [_float_dtype(self, in_dtypes[:2], ("src", "diff"))]
 
     def infer_shapes(self, in_shapes, in_values):
         src, diff, filt = (tuple(s) for s in in_shapes)
@@ -474,15 +533,6 @@ class _ConvBackwardFilter(_ConvBase):
 
     def bind(self, ins, outs):
         return self._bind_kernel("backward_filter", ins[0], ins[1], self._grouped(outs[0]))
-
-    def grad(self, wrt_idx, out_grads):
-        og = out_grads[0]
-        if og is None or wrt_idx == 2:
-            return None
-        src, diff = self.inputs[:2]
-        if wrt_idx == 0:
-            return _make(self.bwd_data, [og, diff, src], self.param).node
-        return _make(self.forward, [src, og], self.param).node
 
 
 @register_opr
@@ -548,13 +598,8 @@ class Convolution3DBackwardFilter(_ConvBackwardFilter):
     layout = "NCDHW"
 
 
-for _fwd, _data, _filt in [
-    (Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter),
-    (Convolution3D, Convolution3DBackwardData, Convolution3DBackwardFilter),
-]:
-    for _cls in (_fwd, _data, _filt):
-        _cls.forward, _cls.bwd_data, _cls.bwd_filter = _fwd, _data, _filt
-del _fwd, _data, _filt, _cls
+bind_trio(Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter)
+bind_trio(Convolution3D, Convolution3DBackwardData, Convolution3DBackwardFilter)
 
 
 # ---- functions ---------------------------------------------------------------------------
