@@ -1,4 +1,5 @@
-"""Shared plumbing of the ``mgb.opr`` functions: SymbolVar, input canonization, configs.
+"""Shared plumbing of the ``mgb.opr`` functions: SymbolVar (its operator methods are bound by
+``symbolvar_methods`` once the families are loaded), input canonization, constants, configs.
 
 Every operator function has the common signature ``f(inputs..., *, <params>, name=None,
 comp_node=None, config=None, comp_graph=None, dtype=None)`` and inserts its operator through

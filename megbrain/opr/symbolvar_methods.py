@@ -177,4 +177,7 @@ def _unpack_shape(shape):
 _CLASS_MACHINERY = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__"})
 for _name, _member in vars(_FamilyMethods).items():
     if _name not in _CLASS_MACHINERY:
+        # named as SymbolVar's own in reprs and the API reference
+        _fn = _member.fget if isinstance(_member, property) else _member
+        _fn.__qualname__ = f"SymbolVar.{_name}"
         setattr(SymbolVar, _name, _member)
