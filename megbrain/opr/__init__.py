@@ -10,7 +10,7 @@ operator methods are bound last (``symbolvar_methods``), once every family is lo
 # isort: off
 # in the order of FAMILIES (below)
 from . import io, tensor_manip, basic_arith, grad, utility, basic_arith_grad  # noqa: F401
-from . import indexing, misc, indexing_adv, param_pack, gen, rand, blas, linalg  # noqa: F401
+from . import indexing, indexing_adv, param_pack, misc, gen, rand, blas, linalg  # noqa: F401
 from . import elemwise_multi_type as _emt  # noqa: F401 - the name is the function's
 from . import dnn, dnn_conv_bias, dnn_pool, dnn_local, dnn_norm, dnn_image  # noqa: F401
 from . import jit, cond, loop, collective, craniotome, craniotome_desc  # noqa: F401
@@ -105,7 +105,7 @@ from .utility import (
 #: the family order: a family imports only the helper layer and the families before it
 FAMILIES = (
     "io", "tensor_manip", "basic_arith", "grad", "utility", "basic_arith_grad", "indexing",
-    "misc", "indexing_adv", "param_pack", "gen", "rand", "blas", "linalg",
+    "indexing_adv", "param_pack", "misc", "gen", "rand", "blas", "linalg",
     "elemwise_multi_type", "dnn", "dnn_conv_bias", "dnn_pool", "dnn_local", "dnn_norm",
     "dnn_image", "jit", "cond", "loop", "collective", "craniotome", "craniotome_desc",
     "operator_handle", "symbolvar_methods",

@@ -12,10 +12,9 @@ from ..errors import GraphError, ShapeDescError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, sereg
 from ..graph.operator import fmt_shape
 from . import param_defs as pdefs
-from ._internal import reduce_to_input
+from ._internal import check_int, reduce_to_input
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr, make_immutable
 from .basic_arith import typecvt
-from .misc import check_int
 from .param_args import as_int, is_int, opr_params
 from .tensor_manip import _as_int, int32_shape, shape_to_var
 

@@ -26,7 +26,7 @@ from ..graph import (
 from ..graph.operator import fmt_shape
 from ..kernels.arrays import same_elements
 from . import param_defs as pdefs
-from ._internal import provide, reduce_to_input
+from ._internal import AxisParam, check_int, int_var, norm_axis, reduce_to_input
 from .base import (
     SymbolVar,
     _merge_config,
@@ -37,7 +37,6 @@ from .base import (
 )
 from .basic_arith import fill_retain_dtype
 from .indexing import SubtensorIndexError, register_index_desc_opr
-from .misc import AxisParam, check_int, int_var, norm_axis
 from .param_args import as_axis, opr_params
 from .tensor_manip import add_axis, remove_axis
 
@@ -757,6 +756,3 @@ for _cls in (IndexingOneHot, IndexingSetOneHot):
     sereg.register_param_opr(_cls, pdefs.Axis)
 for _cls in (IndexingRemap, IndexingRemapBackward):
     sereg.register_param_opr(_cls, pdefs.IndexingRemap)
-
-
-provide(incr_advanced_indexing)
