@@ -30,8 +30,9 @@ import megbrain as mgb
 from megbrain.kernels import dnn_pool, parallel
 from megbrain.opr.base import create_opr
 from megbrain.opr.blas import matrix_mul
-from megbrain.opr.dnn import ConvolutionParam, PoolingParam, convolution, deconvolution, pooling
+from megbrain.opr.dnn import ConvolutionParam, convolution, deconvolution
 from megbrain.opr.dnn_norm import batch_norm_no_statistic
+from megbrain.opr.dnn_pool import PoolingParam, pooling
 
 CN = "cpu0"
 RNG = np.random.default_rng(0)

@@ -1,8 +1,9 @@
 """``megengine._internal.craniotome``: operators implemented in Python.
 
-The implementation is :mod:`megbrain.opr.craniotome`.
+The implementation is :mod:`megbrain.opr.craniotome_desc` (the descriptor base) and
+:mod:`megbrain.opr.craniotome` (the operator).
 """
 
-from .opr.craniotome import CraniotomeBase, make_opr, register_loader
+from .opr.craniotome_desc import CraniotomeBase, make_opr, register_loader
 
 __all__ = ["CraniotomeBase", "make_opr", "register_loader"]

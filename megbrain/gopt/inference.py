@@ -46,7 +46,8 @@ from ..graph import InferType, OperatorNodeConfig, VarNode, static_shape
 from ..graph.static_infer import Inferer
 from ..opr.base import SymbolVar, as_var
 from ..opr.basic_arith import elemwise, typecvt
-from ..opr.dnn import ConvBias, ConvBiasParam, Convolution, ConvolutionParam
+from ..opr.dnn import Convolution, ConvolutionParam
+from ..opr.dnn_conv_bias import ConvBias, ConvBiasParam
 from ..opr.dnn_norm import BatchNorm
 from ..opr.io import (
     ImmutableTensor,

@@ -24,7 +24,8 @@ import numpy as np
 
 from ..graph import VarNode, static_shape
 from ..opr.base import SymbolVar
-from ..opr.dnn import ConvBias, Convolution
+from ..opr.dnn import Convolution
+from ..opr.dnn_conv_bias import ConvBias
 from ..opr.tensor_manip import relayout_format, reshape
 from .passes import Rewriter, VarMap, inherit_props
 

@@ -1,29 +1,23 @@
 """``mgb.opr``: the operators, one module per family, and their functions.
 
 Importing a family module registers its operators (the deserializer creates operators by
-registry name), so every family is imported here.
+registry name), so every family is imported here, in a fixed order: a family imports
+``base``, the helper layer ``_internal`` and only the families before it (``FAMILIES``);
+what it builds from a later family it reaches through ``_internal``'s builders. SymbolVar's
+operator methods are bound last (``symbolvar_methods``), once every family is loaded.
 """
 
-from . import (
-    basic_arith,
-    blas,
-    collective,
-    cond,
-    craniotome,
-    dnn,
-    dnn_image,
-    dnn_norm,
-    gen,
-    indexing,
-    indexing_adv,
-    io,
-    linalg,
-    loop,
-    misc,
-    rand,
-    tensor_manip,
-    utility,
-)
+# isort: off
+# in the order of FAMILIES (below)
+from . import io, tensor_manip, basic_arith, grad, utility, basic_arith_grad  # noqa: F401
+from . import indexing, indexing_adv, param_pack, misc, gen, rand, blas, linalg  # noqa: F401
+from . import elemwise_multi_type as _emt  # noqa: F401 - the name is the function's
+from . import dnn, dnn_conv_bias, dnn_pool, dnn_local, dnn_norm, dnn_image  # noqa: F401
+from . import jit, cond, loop, collective, craniotome, craniotome_desc  # noqa: F401
+from . import operator_handle  # noqa: F401
+from . import symbolvar_methods  # noqa: F401
+
+# isort: on
 from .base import SymbolVar, canonize_input_vars, create_opr, insert_opr, make_opr_config
 from .basic_arith import (
     elem,
@@ -46,19 +40,18 @@ from .cond import (
     cond_exec_pred_logical,
 )
 from .dnn import (
-    conv_bias_activation,
-    conv_bias_activation_v1,
     convolution,
     convolution3d,
     convolution_v0,
     deconvolution,
     deconvolution3d,
     deconvolution_v0,
-    pooling,
 )
+from .dnn_conv_bias import conv_bias_activation, conv_bias_activation_v1
 from .dnn_image import resize, roi_align, roi_pooling, warp_perspective
 from .dnn_local import group_local, local
 from .dnn_norm import batch_norm, batch_norm_no_statistic, lrn
+from .dnn_pool import pooling
 from .elemwise_multi_type import elemwise_multi_type
 from .gen import alloc, eye, linspace
 from .indexing import incr_subtensor, set_subtensor
@@ -73,8 +66,6 @@ from .indexing_adv import (
     indexing_remap,
     indexing_set_one_hot,
     mesh_indexing,
-    param_pack_concat,
-    param_pack_split,
     set_advanced_indexing,
     set_mesh_indexing,
 )
@@ -82,6 +73,7 @@ from .io import copy, host2device_copy, make_immutable, shared_device_tensor
 from .linalg import matrix_inverse, svd
 from .loop import LoopDesc, make_loop
 from .misc import argmax, argmin, argsort, cond_take, cumsum, top_k
+from .param_pack import param_pack_concat, param_pack_split
 from .rand import gaussian_rng, uniform_rng
 from .tensor_manip import (
     add_axis,
@@ -109,6 +101,15 @@ from .utility import (
     virtual_loss,
     zero_grad,
 )
+
+#: the family order: a family imports only the helper layer and the families before it
+FAMILIES = (
+    "io", "tensor_manip", "basic_arith", "grad", "utility", "basic_arith_grad", "indexing",
+    "indexing_adv", "param_pack", "misc", "gen", "rand", "blas", "linalg",
+    "elemwise_multi_type", "dnn", "dnn_conv_bias", "dnn_pool", "dnn_local", "dnn_norm",
+    "dnn_image", "jit", "cond", "loop", "collective", "craniotome", "craniotome_desc",
+    "operator_handle", "symbolvar_methods",
+)  # fmt: skip
 
 __all__ = [
     "SymbolVar",

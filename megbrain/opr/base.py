@@ -1,4 +1,5 @@
-"""Shared plumbing of the ``mgb.opr`` functions: SymbolVar, input canonization, configs.
+"""Shared plumbing of the ``mgb.opr`` functions: SymbolVar (its operator methods are bound by
+``symbolvar_methods`` once the families are loaded), input canonization, constants, configs.
 
 Every operator function has the common signature ``f(inputs..., *, <params>, name=None,
 comp_node=None, config=None, comp_graph=None, dtype=None)`` and inserts its operator through
@@ -7,12 +8,15 @@ comp_node=None, config=None, comp_graph=None, dtype=None)`` and inserts its oper
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import GraphError, MegBrainError, set_entry_point_resolver
+from ..device import CompNode
+from ..dtype import canonize_dtype, convert_array, to_mgb_supported_dtype
+from ..errors import ConversionError, GraphError, MegBrainError, set_entry_point_resolver
 from ..graph import (
     OPR_REGISTRY,
     ComputingGraph,
@@ -30,6 +34,7 @@ __all__ = [
     "check_graph",
     "entry_point_name",
     "input_list",
+    "make_immutable",
     "make_opr_config",
     "insert_opr",
     "create_opr",
@@ -80,12 +85,6 @@ class SymbolVar:
         return self.node.graph.api_graph()
 
     @property
-    def owner_opr(self):
-        from .operator_handle import Operator
-
-        return Operator(self.node.owner)
-
-    @property
     def comp_node(self):
         return self.node.comp_node
 
@@ -120,13 +119,6 @@ class SymbolVar:
         return infer_value(self.node)
 
     @property
-    def shape(self) -> SymbolVar:
-        """The shape as a symbolic var (GetVarShape)."""
-        from .tensor_manip import get_var_shape
-
-        return get_var_shape(self)
-
-    @property
     def ndim(self) -> int:
         return len(self.imm_shape)
 
@@ -135,11 +127,6 @@ class SymbolVar:
         ev = self.node.graph.eager_evaluator
         return None if ev is None else ev.value_proxy(self.node)
 
-    def axis_shape(self, axis: int) -> SymbolVar:
-        from .tensor_manip import get_var_shape
-
-        return get_var_shape(self, axis=axis)
-
     def rename(self, name: str) -> SymbolVar:
         self.node.name = str(name)
         self.node.name_given = True
@@ -147,167 +134,6 @@ class SymbolVar:
 
     def _is_shared_device_tensor(self) -> bool:
         return self.node.owner.type_name == "SharedDeviceTensor"
-
-    # ---- methods --------------------------------------------------------------------------
-    def reshape(self, *shape) -> SymbolVar:
-        from .tensor_manip import reshape
-
-        return reshape(self, _unpack_shape(shape))
-
-    def broadcast(self, *shape) -> SymbolVar:
-        from .tensor_manip import broadcast
-
-        return broadcast(self, _unpack_shape(shape))
-
-    def flatten(self) -> SymbolVar:
-        return self.reshape(-1)
-
-    def dimshuffle(self, *pattern, ndim: int = 0) -> SymbolVar:
-        from .tensor_manip import dimshuffle
-
-        if len(pattern) == 1 and isinstance(pattern[0], (list, tuple)):
-            pattern = tuple(pattern[0])
-        return dimshuffle(self, pattern, ndim=ndim)
-
-    def astype(self, dtype) -> SymbolVar:
-        from .basic_arith import typecvt
-
-        return typecvt(self, dtype)
-
-    def fill_retain_dtype(self, value) -> SymbolVar:
-        from .basic_arith import fill_retain_dtype
-
-        return fill_retain_dtype(self, value)
-
-    def _reduce(self, mode, axis, keepdims):
-        from .basic_arith import reduce_
-
-        return reduce_(self, mode, axis, keepdims)
-
-    def sum(self, axis=None, keepdims=False):
-        return self._reduce("SUM", axis, keepdims)
-
-    def max(self, axis=None, keepdims=False):
-        return self._reduce("MAX", axis, keepdims)
-
-    def min(self, axis=None, keepdims=False):
-        return self._reduce("MIN", axis, keepdims)
-
-    def prod(self, axis=None, keepdims=False):
-        return self._reduce("PRODUCT", axis, keepdims)
-
-    def mean(self, axis=None, keepdims=False):
-        from .basic_arith import mean
-
-        return mean(self, axis, keepdims)
-
-    def __getitem__(self, idx):
-        from .indexing import subtensor_getitem
-
-        return subtensor_getitem(self, idx)
-
-    # ---- arithmetic -----------------------------------------------------------------------
-    def _ew(self, mode, *others, rev=False):
-        from .basic_arith import elemwise
-
-        args = (*others, self) if rev else (self, *others)
-        return elemwise(*args, mode=mode)
-
-    def _binary_opr(self, mode, rhs):
-        """``elemwise([self, rhs], mode)``; the binding's entry point behind the operators."""
-        return self._ew(mode, rhs)
-
-    def _binary_opr_lhs(self, mode, lhs):
-        """``elemwise([lhs, self], mode)``."""
-        return self._ew(mode, lhs, rev=True)
-
-    def __add__(self, o):
-        return self._ew("ADD", o)
-
-    def __radd__(self, o):
-        return self._ew("ADD", o, rev=True)
-
-    def __sub__(self, o):
-        return self._ew("SUB", o)
-
-    def __rsub__(self, o):
-        return self._ew("SUB", o, rev=True)
-
-    def __mul__(self, o):
-        return self._ew("MUL", o)
-
-    def __rmul__(self, o):
-        return self._ew("MUL", o, rev=True)
-
-    def __truediv__(self, o):
-        return self._ew("TRUE_DIV", o)
-
-    def __rtruediv__(self, o):
-        return self._ew("TRUE_DIV", o, rev=True)
-
-    def __floordiv__(self, o):
-        return self._ew("FLOOR_DIV", o)
-
-    def __rfloordiv__(self, o):
-        return self._ew("FLOOR_DIV", o, rev=True)
-
-    def __mod__(self, o):
-        return self._ew("MOD", o)
-
-    def __rmod__(self, o):
-        return self._ew("MOD", o, rev=True)
-
-    def __pow__(self, o):
-        return self._ew("POW", o)
-
-    def __rpow__(self, o):
-        return self._ew("POW", o, rev=True)
-
-    def __lshift__(self, o):
-        return self._ew("SHL", o)
-
-    def __rshift__(self, o):
-        return self._ew("SHR", o)
-
-    def __rlshift__(self, o):
-        return self._ew("SHL", o, rev=True)
-
-    def __rrshift__(self, o):
-        return self._ew("SHR", o, rev=True)
-
-    def __lt__(self, o):
-        return self._ew("LT", o)
-
-    def __le__(self, o):
-        return self._ew("LEQ", o)
-
-    def __gt__(self, o):
-        return self._ew("LT", o, rev=True)
-
-    def __ge__(self, o):
-        return self._ew("LEQ", o, rev=True)
-
-    def __neg__(self):
-        return self._ew("NEGATE")
-
-    def __abs__(self):
-        return self._ew("ABS")
-
-    def __matmul__(self, o):
-        from .blas import matrix_mul
-
-        return matrix_mul(self, o)
-
-    def __rmatmul__(self, o):
-        from .blas import matrix_mul
-
-        return matrix_mul(o, self)
-
-
-def _unpack_shape(shape):
-    if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
-        return shape[0]
-    return shape
 
 
 def make_opr_config(name=None, comp_node=None, output_dtype=None) -> OperatorNodeConfig:
@@ -395,10 +221,8 @@ _entry_names: frozenset[str] | None = None
 def _public_entry_names() -> frozenset[str]:
     global _entry_names
     if _entry_names is None:
-        import inspect
-
-        from .. import opr
-
+        # the package's namespace is complete by the first call: it is read, not imported
+        opr = sys.modules[__package__]
         fns = {n for n in opr.__all__ if inspect.isfunction(getattr(opr, n, None))}
         # the plumbing every operator function goes through blames the function above it
         fns -= {"canonize_input_vars", "insert_opr", "create_opr", "make_opr_config"}
@@ -500,8 +324,6 @@ def _non_numeric(x) -> bool:
 
 
 def _bad_input_error(what: str, label: str, x, cause: Exception | None = None):
-    from ..errors import ConversionError
-
     msg = f"{what}: {label} is {_describe(x)}; {_EXPECTED_INPUT}"
     if cause is not None:
         msg += f" ({cause})"
@@ -626,9 +448,6 @@ def canonize_input_vars(
                 raise _bad_input(inputs, i, what, names)
             cn = ref.comp_node if ref is not None else _config_cn(config, what)
             dt = dtype if dtype is not None else (ref.dtype if ref is not None else None)
-            from ..errors import ConversionError
-            from .io import make_immutable
-
             try:
                 v = out[i] = make_immutable(cn, graph, x, dtype=dt).node
             except (ConversionError, TypeError, ValueError, OverflowError) as exc:
@@ -641,6 +460,50 @@ def canonize_input_vars(
                 f"#{graph.id}; every input must be a var of one graph"
             )
     return out
+
+
+_WIDE_DTYPES = (np.dtype(np.float64), np.dtype(np.int64))
+
+
+def make_immutable(comp_node, comp_graph, value, *, dtype=None, name=None, config=None):
+    """An ImmutableTensor holding ``value`` (constant, deduplicated, value-inferable).
+
+    A scalar becomes shape (1,), as MegBrain has no 0-d tensors.
+
+    Raises
+    ------
+    TypeError
+        When ``comp_graph`` is not a computing graph.
+    ConversionError
+        When ``value`` is not numeric (None, a str, a dict, an object); the message names
+        the public function called.
+    """
+    check_graph(comp_graph)
+    try:
+        if dtype is not None:
+            dt = np.dtype(dtype)
+            if dt in _WIDE_DTYPES:
+                # 64-bit vars exist inside graphs built below the API (float64 gradient checks)
+                arr = np.asarray(value, dtype=dt)
+            else:
+                arr = convert_array(value, canonize_dtype(dtype))
+        else:
+            arr = np.asarray(value)
+            arr = convert_array(arr, to_mgb_supported_dtype(arr.dtype))
+    except (ConversionError, TypeError, ValueError, OverflowError) as exc:
+        what = entry_point_name("make_immutable")
+        # for None, a str or an object the type says it all; else say why it was refused
+        why = "" if _non_numeric(value) else f" ({str(exc).removeprefix(what + ': ')})"
+        raise ConversionError(
+            f"{what}: value is {_describe(value)}; expected a number or a numeric array{why}"
+        ) from exc
+    if arr.ndim == 0:
+        arr = arr.reshape(1)  # MegBrain has no 0-d tensors: a scalar is shape (1,)
+    cfg = _merge_config(name, None, config)
+    # by registry name, as the deserializer creates operators: io registers ImmutableTensor,
+    # and the constants every family makes from plain inputs start here, below the families
+    opr = OPR_REGISTRY["ImmutableTensor"](arr, CompNode.load(comp_node), cfg)
+    return SymbolVar(comp_graph.insert_opr(opr)[0])
 
 
 def input_list(x, arg: str, what: str | None = None) -> list:

@@ -9,15 +9,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtype import dtype_name, get_scale, is_bfloat16, is_quantize, qint32
-from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..graph import OperatorNodeBase, ParamBase, register_opr, static_shape
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..kernels import blas as blas_kernels
 from . import param_defs as pdefs
+from ._internal import reduce_to_input, sv
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .basic_arith import fmt_dtype, same_dtype
 from .param_args import opr_params
 from .sereg_params import register_strict
+from .tensor_manip import broadcast, get_var_shape
 
 __all__ = [
     "MatrixMul",
@@ -185,14 +187,9 @@ class Dot(OperatorNodeBase):
         return blas_kernels.bind_dot(ins[0], ins[1], outs[0])
 
     def grad(self, wrt_idx, out_grads):
-        from .grad import reduce_to_input, sv
-
         og = out_grads[0]
         if og is None or not np.issubdtype(self.inputs[wrt_idx].dtype, np.floating):
             return None
-        from ..graph import static_shape
-        from .tensor_manip import broadcast, get_var_shape
-
         x, other = self.inputs[wrt_idx], sv(self.inputs[1 - wrt_idx])
         g = sv(og) * other
         if static_shape(other.node) == (1,) and static_shape(x) != (1,):
@@ -202,8 +199,6 @@ class Dot(OperatorNodeBase):
 
 def _matmul_grad(opr, wrt_idx, out_grads, mm):
     """Gradients of ``C = op(A) @ op(B)``: each is one more (batched) matmul of dC."""
-    from .grad import sv
-
     og = out_grads[0]
     if og is None or not np.issubdtype(opr.inputs[wrt_idx].dtype, np.floating):
         return None

@@ -19,6 +19,7 @@ MegBrain ran these operators on NCCL between GPUs; here they run on MPI between 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import partial
 
@@ -26,11 +27,19 @@ import numpy as np
 
 from ..device import mpi_comm as _dist
 from ..errors import GraphError, MegBrainError
-from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, sereg
+from ..graph import (
+    OperatorNodeBase,
+    OperatorNodeConfig,
+    ParamBase,
+    register_opr,
+    sereg,
+    static_infer,
+)
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..graph.var import InferType
 from ..kernels.arrays import same_elements
+from . import basic_arith, indexing, tensor_manip
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, check_graph, insert_opr
 from .param_args import opr_params
@@ -437,9 +446,6 @@ class CollectiveComm(OperatorNodeBase):
 
     def _local_grad(self, g: SymbolVar, n: int, r: int):
         """The reference's gradients without communication (``local_grad=True``)."""
-        from ..graph import static_infer
-        from . import indexing, tensor_manip
-
         mode = self.param.mode
         rows = static_infer.infer_shape(g.node)[0]
         if mode == "ALL_GATHER":  # this rank's block of the output's gradient
@@ -453,9 +459,6 @@ class CollectiveComm(OperatorNodeBase):
         return indexing.set_subtensor(zero, g[rows_r])[rows_r].node
 
     def grad(self, wrt_idx, out_grads):
-        from ..graph import static_infer
-        from . import basic_arith, tensor_manip
-
         mode, x, y = self.param.mode, SymbolVar(self.inputs[0]), SymbolVar(self.outputs[0])
         og = out_grads[0]
         n, r = self.nr_devices, self.rank
@@ -623,8 +626,6 @@ class RemoteSend(OperatorNodeBase):
     def grad(self, wrt_idx, out_grads):
         if not self.is_grad:
             return None
-        from ..graph import static_infer
-
         shape = static_infer.infer_shape(self.inputs[0])
         opr = RemoteRecv([], None, OperatorNodeConfig(comp_node=self.outputs[0].comp_node),
                          key=self.key + ":grad", shape=shape, dtype=self.inputs[0].dtype)
@@ -726,8 +727,6 @@ def remote_recv(
 
 # ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
 def _cc_dump(ctx, opr) -> None:
-    import json
-
     ctx.write_param(pdefs.CollectiveComm(mode=opr.param.mode))
     extra = dict(key=opr.key, nr_devices=opr.nr_devices, is_root=opr.is_root, rank=opr.rank,
                  local_grad=opr.local_grad, backend=opr.backend,
@@ -737,8 +736,6 @@ def _cc_dump(ctx, opr) -> None:
 
 
 def _cc_load(ctx, inputs, config):
-    import json
-
     p = ctx.read_param(pdefs.CollectiveComm)
     extra = json.loads(ctx.load_buf().decode())
     param = CollectiveCommParam(mode=p.mode)

@@ -23,7 +23,9 @@ from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
+from .basic_arith import Elemwise
 from .param_args import as_int, opr_params
+from .tensor_manip import shape_to_var
 
 __all__ = [
     "CondExecMark",
@@ -211,8 +213,6 @@ class CondExecRegistry:
         built, the sum of gradient parts from sibling branches (SUM_COND_OUT merges, or vars
         of a branch) becomes one SUM_COND_OUT merge over all their branches, which runs when
         any of them is active."""
-        from .basic_arith import Elemwise
-
         if not (
             isinstance(opr, Elemwise)
             and opr.param.mode == "ADD"
@@ -789,8 +789,6 @@ def cond_exec_merge(
             raise GraphError(
                 f"cond_exec_merge: {len(out_shapes)} out_shapes given for {nr_output} outputs"
             )
-        from .tensor_manip import shape_to_var
-
         vs += [shape_to_var(s, SymbolVar(vs[0])).node for s in out_shapes]
     elif param.mode == "SUM_COND_OUT":
         reg = CondExecRegistry.find(vs[0].graph)

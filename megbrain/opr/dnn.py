@@ -1,7 +1,7 @@
-"""Convolution and pooling operators: Convolution, ConvolutionBackwardData,
-ConvolutionBackwardFilter, ConvBias, Convolution3D (and its backward oprs), Pooling and
-PoolingBackward, with the ``mgb.opr`` functions ``convolution``, ``deconvolution``,
-``conv_bias_activation``, ``convolution3d``, ``deconvolution3d`` and ``pooling``.
+"""Convolution operators: Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter,
+Convolution3D (and its backward oprs), with the ``mgb.opr`` functions ``convolution``,
+``deconvolution``, ``convolution3d`` and ``deconvolution3d``, and the geometry, params and
+checks the other dnn families share (ConvBias in ``dnn_conv_bias``, pooling in ``dnn_pool``).
 
 Only the batch-channel-first formats (NCHW, NCDHW) and floating-point dtypes are implemented,
 and, for the forward 2-d convolutions (Convolution and ConvBias), the channel-blocked NCHW88
@@ -16,7 +16,6 @@ second-order gradients work.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,17 +24,14 @@ from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
-from ..graph.static_infer import static_shape
-from ..kernels import conv_algos, conv_epilogue, conv_nchw88, workspace
+from ..kernels import conv_algos, conv_nchw88
 from ..kernels import dnn_conv as conv_kernels
-from ..kernels import dnn_pool as pool_kernels
-from ..kernels import elemwise as ew_kernels
 from ..kernels.constant_operands import constant_filter
 from ..kernels.steps import chain
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .param_args import opr_params
-from .sereg_params import register_strict, register_with_policy
+from .sereg_params import register_with_policy
 
 #: operators whose outputs are parameters: their values change only when the user writes
 #: them (``graph_opt.weight_preprocess`` promises that no write follows the first run)
@@ -45,25 +41,17 @@ __all__ = [
     "Convolution",
     "ConvolutionBackwardData",
     "ConvolutionBackwardFilter",
-    "ConvBias",
     "Convolution3D",
     "Convolution3DBackwardData",
     "Convolution3DBackwardFilter",
-    "Pooling",
-    "PoolingBackward",
     "ConvolutionParam",
-    "ConvBiasParam",
     "Convolution3DParam",
-    "PoolingParam",
     "convolution",
     "deconvolution",
-    "conv_bias_activation",
     "convolution3d",
     "deconvolution3d",
-    "pooling",
     "convolution_v0",
     "deconvolution_v0",
-    "conv_bias_activation_v1",
 ]
 
 CONV_MODES = members_of(pdefs.Convolution.Mode)
@@ -78,17 +66,6 @@ CONV3D_DATA_TYPES = members_of(pdefs.Convolution3D.DataType)
 #: the execution strategies of the reference, choosing the kernels' algorithm at bind time
 #: (megbrain.kernels.conv_algos)
 STRATEGIES = members_of(pdefs.ExecutionPolicy.Strategy)
-NONLINE_MODES = members_of(pdefs.ConvBias.NonlineMode)
-POOLING_MODES = members_of(pdefs.Pooling.Mode)
-#: MegDNN's pooling formats; only NCHW is implemented
-POOLING_FORMATS = members_of(pdefs.Pooling.Format)
-#: the Elemwise mode computing ``act(conv + bias)`` in place, per ConvBias nonlineMode
-_BIAS_ACT = {
-    "IDENTITY": "ADD",
-    "RELU": "FUSE_ADD_RELU",
-    "SIGMOID": "FUSE_ADD_SIGMOID",
-    "H_SWISH": "FUSE_ADD_H_SWISH",
-}
 
 
 # ---- params --------------------------------------------------------------------------------
@@ -168,19 +145,6 @@ class ConvolutionParam(_ConvParamMixin, _WindowParam):
 
 
 @dataclass(frozen=True)
-class ConvBiasParam(ConvolutionParam):
-    """Param of ConvBias: the convolution's fields plus the activation ``nonlineMode``."""
-
-    nonlineMode: str = "IDENTITY"
-    _choices = {**ConvolutionParam._choices, "nonlineMode": NONLINE_MODES}
-
-    def conv_param(self) -> ConvolutionParam:
-        """The param of the convolution inside."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(ConvolutionParam)}
-        return ConvolutionParam(**fields)
-
-
-@dataclass(frozen=True)
 class Convolution3DParam(_ConvParamMixin, _WindowParam):
     """Param of Convolution3D and its backward operators (MegDNN ``Convolution3D``)."""
 
@@ -206,26 +170,6 @@ class Convolution3DParam(_ConvParamMixin, _WindowParam):
         "format": CONV3D_FORMATS,
         "strategy": STRATEGIES,
     }
-
-
-@dataclass(frozen=True)
-class PoolingParam(_WindowParam):
-    """Param of Pooling and PoolingBackward (MegDNN ``Pooling``)."""
-
-    mode: str = "MAX"
-    pad_h: int = 0
-    pad_w: int = 0
-    stride_h: int = 2
-    stride_w: int = 2
-    window_h: int = 2
-    window_w: int = 2
-    format: str = "NCHW"
-    _int_fields = {"pad": 0, "stride": 1, "window": 1}
-    _choices = {"mode": POOLING_MODES, "format": POOLING_FORMATS}
-
-    @property
-    def window(self) -> tuple[int, ...]:
-        return self._per_axis("window")
 
 
 # ---- shared checks -------------------------------------------------------------------------
@@ -255,6 +199,102 @@ def _float_dtype(opr: OperatorNodeBase, dtypes, names) -> np.dtype:
     if want is not None and want != dt:
         raise opr.error(f"unsupported output dtype {want} for inputs of dtype {dt}")
     return dt
+
+
+# ---- the forward / backward-data / backward-filter trio (MegBrain's megdnn_opr_wrapper) ----
+class _TrioMember:
+    """One of a trio of bilinear operators (forward, backward data, backward filter): the
+    gradients of each are the other two, so gradients of every order exist."""
+
+    #: (forward, backward data, backward filter) of the trio, set by :func:`bind_trio`
+    family: tuple = ()
+
+    def _check_grad(self) -> None:
+        """Refuse a gradient the operator can not have (a hook; all are allowed here)."""
+
+
+class _TrioForward(_TrioMember):
+    """Inputs (src, filter)."""
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) != 2:
+            raise self.error(f"expected 2 inputs (src, filter), got {len(in_dtypes)}")
+        return [_float_dtype(self, in_dtypes, ("src", "filter"))]
+
+    def grad(self, wrt_idx, out_grads):
+        og = out_grads[0]
+        if og is None:
+            return None
+        self._check_grad()
+        _, bwd_data, bwd_filter = self.family
+        src, filt = self.inputs
+        if wrt_idx == 0:
+            return _make(bwd_data, [filt, og, src], self.param).node
+        return _make(bwd_filter, [src, og, filt], self.param).node
+
+
+class _TrioBackwardData(_TrioMember):
+    """Inputs (filter, diff, src for shape); the third may be left out where
+    ``shape_input_optional`` (the output shape then follows from the geometry)."""
+
+    shape_only_inputs = (2,)
+    shape_input_optional = False
+
+    def infer_dtypes(self, in_dtypes):
+        if self.shape_input_optional and len(in_dtypes) not in (2, 3):
+            raise self.error(
+                f"expected 2 or 3 inputs (filter, diff[, src for shape]), got {len(in_dtypes)}"
+            )
+        if not self.shape_input_optional and len(in_dtypes) != 3:
+            raise self.error(
+                f"expected 3 inputs (filter, diff, src for shape), got {len(in_dtypes)}"
+            )
+        return [_float_dtype(self, in_dtypes[:2], ("filter", "diff"))]
+
+    def grad(self, wrt_idx, out_grads):
+        og = out_grads[0]
+        if og is None or wrt_idx == 2:
+            return None
+        fwd, _, bwd_filter = self.family
+        filt, diff = self.inputs[:2]
+        if wrt_idx == 0:  # <bwd_data(filt, diff), og> = <fwd(og, filt), diff>
+            return _make(bwd_filter, [og, diff, filt], self.param).node
+        return _make(fwd, [og, filt], self.param).node
+
+
+class _TrioBackwardFilter(_TrioMember):
+    """Inputs (src, diff, filter for shape)."""
+
+    shape_only_inputs = (2,)
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) != 3:
+            raise self.error(
+                f"expected 3 inputs (src, diff, filter for shape), got {len(in_dtypes)}"
+            )
+        return [_float_dtype(self, in_dtypes[:2], ("src", "diff"))]
+
+    def grad(self, wrt_idx, out_grads):
+        og = out_grads[0]
+        if og is None or wrt_idx == 2:
+            return None
+        fwd, bwd_data, _ = self.family
+        src, diff = self.inputs[:2]
+        if wrt_idx == 0:  # <bwd_filter(src, diff), og> = <fwd(src, og), diff>
+            return _make(bwd_data, [og, diff, src], self.param).node
+        return _make(fwd, [src, og], self.param).node
+
+
+def bind_trio(forward: type, backward_data: type, backward_filter: type) -> None:
+    """Make three operator classes one trio: each one's gradients use the other two.
+
+    Parameters
+    ----------
+    forward, backward_data, backward_filter : type
+        Subclasses of the trio's forward, backward-data and backward-filter bases.
+    """
+    for cls in (forward, backward_data, backward_filter):
+        cls.family = (forward, backward_data, backward_filter)
 
 
 class _ConvBase(_NamedByKind, OperatorNodeBase):
@@ -415,13 +455,8 @@ def _make(cls, inputs, param) -> SymbolVar:
     return insert_opr(cls(nodes, param, OperatorNodeConfig()))[0]
 
 
-class _ConvForward(_ConvBase):
+class _ConvForward(_TrioForward, _ConvBase):
     """Convolution: inputs (src, filter)."""
-
-    def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) != 2:
-            raise self.error(f"expected 2 inputs (src, filter), got {len(in_dtypes)}")
-        return [_float_dtype(self, in_dtypes, ("src", "filter"))]
 
     def infer_shapes(self, in_shapes, in_values):
         return [self._fwd_shape(tuple(in_shapes[0]), tuple(in_shapes[1]))]
@@ -431,28 +466,14 @@ class _ConvForward(_ConvBase):
             return self._bind_nchw88(ins[0], ins[1], outs[0])
         return self._bind_kernel("forward", ins[0], self._grouped(ins[1]), outs[0])
 
-    def grad(self, wrt_idx, out_grads):
-        og = out_grads[0]
-        if og is None:
-            return None
+    def _check_grad(self) -> None:
         self._no_nchw88_grad()
-        src, filt = self.inputs
-        if wrt_idx == 0:
-            return _make(self.bwd_data, [filt, og, src], self.param).node
-        return _make(self.bwd_filter, [src, og, filt], self.param).node
 
 
-class _ConvBackwardData(_ConvBase):
+class _ConvBackwardData(_TrioBackwardData, _ConvBase):
     """Deconvolution: inputs (filter, diff[, src_for_shape]); output of src's shape."""
 
-    shape_only_inputs = (2,)
-
-    def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) not in (2, 3):
-            raise self.error(
-                f"expected 2 or 3 inputs (filter, diff[, src for shape]), got {len(in_dtypes)}"
-            )
-        return [_float_dtype(self, in_dtypes[:2], ("filter", "diff"))]
+    shape_input_optional = True
 
     def infer_shapes(self, in_shapes, in_values):
         self._check_format()
@@ -495,27 +516,9 @@ class _ConvBackwardData(_ConvBase):
     def bind(self, ins, outs):
         return self._bind_kernel("backward_data", self._grouped(ins[0]), ins[1], outs[0])
 
-    def grad(self, wrt_idx, out_grads):
-        og = out_grads[0]
-        if og is None or wrt_idx == 2:
-            return None
-        filt, diff = self.inputs[:2]
-        if wrt_idx == 0:
-            return _make(self.bwd_filter, [og, diff, filt], self.param).node
-        return _make(self.forward, [og, filt], self.param).node
 
-
-class _ConvBackwardFilter(_ConvBase):
+class _ConvBackwardFilter(_TrioBackwardFilter, _ConvBase):
     """Filter gradient: inputs (src, diff, filter_for_shape); output of the filter's shape."""
-
-    shape_only_inputs = (2,)
-
-    def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) != 3:
-            raise self.error(
-                f"expected 3 inputs (src, diff, filter for shape), got {len(in_dtypes)}"
-            )
-        return [_float_dtype(self, in_dtypes[:2], ("src", "diff"))]
 
     def infer_shapes(self, in_shapes, in_values):
         src, diff, filt = (tuple(s) for s in in_shapes)
@@ -530,15 +533,6 @@ class _ConvBackwardFilter(_ConvBase):
 
     def bind(self, ins, outs):
         return self._bind_kernel("backward_filter", ins[0], ins[1], self._grouped(outs[0]))
-
-    def grad(self, wrt_idx, out_grads):
-        og = out_grads[0]
-        if og is None or wrt_idx == 2:
-            return None
-        src, diff = self.inputs[:2]
-        if wrt_idx == 0:
-            return _make(self.bwd_data, [og, diff, src], self.param).node
-        return _make(self.forward, [src, og], self.param).node
 
 
 @register_opr
@@ -604,232 +598,8 @@ class Convolution3DBackwardFilter(_ConvBackwardFilter):
     layout = "NCDHW"
 
 
-for _fwd, _data, _filt in [
-    (Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter),
-    (Convolution3D, Convolution3DBackwardData, Convolution3DBackwardFilter),
-]:
-    for _cls in (_fwd, _data, _filt):
-        _cls.forward, _cls.bwd_data, _cls.bwd_filter = _fwd, _data, _filt
-del _fwd, _data, _filt, _cls
-
-
-@register_opr
-class ConvBias(_ConvBase):
-    """``act(convolution(src, filter) + bias [+ z])`` with bias (1, OC, 1, 1) (NCHW88:
-    (1, OC/8, 1, 1, 8)) or of the output's shape and the optional ``z`` of the output's
-    shape (summed in that order); act is IDENTITY, RELU, SIGMOID or H_SWISH
-    (``nonlineMode``)."""
-
-    #: the reference's C++ type (ConvBias is an alias of ConvBiasForward)
-    type_name = "ConvBiasForward"
-
-    short_name = "conv_bias"
-
-    Param = ConvBiasParam
-    blocked_format = True
-
-    def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) not in (3, 4):
-            raise self.error(
-                f"expected 3 or 4 inputs (src, filter, bias[, z]), got {len(in_dtypes)}"
-            )
-        return [_float_dtype(self, in_dtypes, ("src", "filter", "bias", "z"))]
-
-    def _channel_bias_shape(self, out: tuple) -> tuple:
-        if self._nchw88():
-            return (1, out[1], 1, 1, out[4])
-        return (1, out[1], 1, 1)
-
-    def infer_shapes(self, in_shapes, in_values):
-        out = self._fwd_shape(tuple(in_shapes[0]), tuple(in_shapes[1]))
-        bias = tuple(in_shapes[2])
-        per_channel = self._channel_bias_shape(out)
-        if bias not in (per_channel, out):
-            raise self.error(
-                f"bias {fmt_shape(bias)} must be {fmt_shape(per_channel)} or the output "
-                f"shape {fmt_shape(out)}"
-            )
-        if len(in_shapes) == 4 and tuple(in_shapes[3]) != out:
-            raise self.error(
-                f"z {fmt_shape(tuple(in_shapes[3]))} must have the output shape {fmt_shape(out)}"
-            )
-        return [out]
-
-    def bind(self, ins, outs):
-        mode = self.param.nonlineMode
-        z = ins[3] if len(ins) == 4 else None
-
-        def act():  # bias (and z) and activation in passes of their own
-            if z is None:
-                return ew_kernels.bind(_BIAS_ACT[mode], [outs[0], ins[2]], outs[0])
-            return chain([
-                ew_kernels.bind("ADD", [outs[0], ins[2]], outs[0]),
-                ew_kernels.bind(_BIAS_ACT[mode], [outs[0], z], outs[0]),
-            ])  # fmt: skip
-
-        if self._nchw88():
-            epilogue = self._nchw88_epilogue(mode, ins[2], outs[0])
-            if epilogue is not None:
-                return self._bind_nchw88(ins[0], ins[1], outs[0], epilogue=epilogue, z=z)
-            steps = []
-            if z is not None and np.may_share_memory(z, outs[0]):
-                # the plan gave the output z's memory (inplace_input) but the kernel can not
-                # take the epilogue (a non-contiguous bias): z is kept before it is written
-                kept = workspace.empty(z.shape, z.dtype)
-                steps.append(functools.partial(np.copyto, kept, z))
-                z = kept
-            return chain([*steps, self._bind_nchw88(ins[0], ins[1], outs[0]), act()])
-        epilogue = None if z is not None else conv_epilogue.for_conv_bias(mode, ins[2], outs[0])
-        return self._bind_kernel(
-            "forward", ins[0], self._grouped(ins[1]), outs[0], epilogue=epilogue, then=act
-        )
-
-    def inplace_input(self):
-        """``z`` (input 3) when DIRECT_NCHW88 applies ``act(conv + bias + z)``: it reads each
-        position's ``z`` before it writes the position, so the output may take ``z``'s
-        memory (one stream less than reading ``z`` and writing elsewhere); no other algorithm
-        and no other case (``z`` also read as the source, say) may."""
-        if len(self.inputs) != 4 or not self._nchw88():
-            return None
-        z = self.inputs[3]
-        if any(v is z for v in self.inputs[:3]):
-            return None
-        shapes = [static_shape(v) for v in self.inputs]
-        if any(s is None for s in shapes) or self.param.nonlineMode not in ("IDENTITY", "RELU"):
-            return None
-        if tuple(shapes[2]) != self._channel_bias_shape(tuple(shapes[3])):
-            return None  # a full-shape bias is added in a pass of its own, after the kernel
-        p = self.param
-        try:
-            geo = conv_nchw88.nchw88_geometry(shapes[0], shapes[1], p.group, p.stride, p.pad,
-                                              p.dilate)  # fmt: skip
-        except ValueError:
-            return None
-        f32 = np.dtype(np.float32)
-        direct = all(v.dtype == f32 for v in self.inputs) and conv_nchw88.direct_geometry(
-            geo, p.pad, p.dilate
-        )
-        return 3 if direct else None
-
-    def _nchw88_epilogue(self, mode: str, bias: np.ndarray, out: np.ndarray):
-        """The epilogue of an NCHW88 ConvBias (its per-channel bias as OC values, a view),
-        or None when the kernel can not apply it."""
-        if mode not in ("IDENTITY", "RELU") or bias.dtype != out.dtype:
-            return None
-        if bias.shape != self._channel_bias_shape(out.shape) or not bias.flags.c_contiguous:
-            return None
-        return conv_epilogue.Epilogue(bias.reshape(-1), mode == "RELU")
-
-    def grad(self, wrt_idx, out_grads):
-        from .basic_arith import elemwise
-        from .grad import reduce_to_input, sv
-
-        og = out_grads[0]
-        if og is None:
-            return None
-        self._no_nchw88_grad()
-        og, y = sv(og), sv(self.outputs[0])
-        src, filt, bias = self.inputs[:3]
-        cparam = self.param.conv_param()
-        mode = self.param.nonlineMode
-        # the gradient of the pre-activation value conv + bias
-        if mode == "IDENTITY":
-            gpre = og
-        elif mode == "RELU":
-            gpre = elemwise(y, og, mode="SWITCH_GT0")
-        elif mode == "SIGMOID":
-            gpre = elemwise(y, og, mode="SIGMOID_GRAD")
-        else:
-            pre = elemwise(_make(Convolution, [src, filt], cparam), sv(bias), mode="ADD")
-            if len(self.inputs) == 4:
-                pre = elemwise(pre, sv(self.inputs[3]), mode="ADD")
-            gpre = elemwise(pre, og, mode="H_SWISH_GRAD")
-        if wrt_idx == 0:
-            return _make(ConvolutionBackwardData, [filt, gpre, src], cparam).node
-        if wrt_idx == 1:
-            return _make(ConvolutionBackwardFilter, [src, gpre, filt], cparam).node
-        if wrt_idx == 3:  # z, of the output's shape
-            return gpre.node
-        return reduce_to_input(gpre, bias)
-
-
-class _PoolBase(_NamedByKind, OperatorNodeBase):
-    Param = PoolingParam
-
-    def _pooled_shape(self, src: tuple) -> tuple:
-        p = self.param
-        if p.format != "NCHW":
-            raise self.error(f"format {p.format} is not supported (only NCHW is implemented)")
-        if len(src) != 4:
-            raise self.error(f"src must be 4-d (NCHW), got {fmt_shape(src)}")
-        if any(pd >= w for pd, w in zip(p.pad, p.window)):
-            raise self.error(
-                f"padding {p.pad} must be smaller than the window {p.window}: a window would lie "
-                "entirely in the padding"
-            )
-        out = tuple(pool_kernels.pool_out_size(*a) for a in zip(src[2:], p.window, p.stride, p.pad))
-        if any(o <= 0 for o in out):
-            raise self.error(
-                f"src {fmt_shape(src)} is smaller than the window {p.window} (pad={p.pad})"
-            )
-        return src[:2] + out
-
-
-@register_opr
-class Pooling(_PoolBase):
-    """MAX / AVERAGE / AVERAGE_COUNT_EXCLUDE_PADDING pooling of NCHW ``src``."""
-
-    #: the reference's C++ type (Pooling is an alias of PoolingForward)
-    type_name = "PoolingForward"
-
-    short_name = "pooling"
-
-    def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) != 1:
-            raise self.error(f"expected 1 input (src), got {len(in_dtypes)}")
-        return [_float_dtype(self, in_dtypes, ("src",))]
-
-    def infer_shapes(self, in_shapes, in_values):
-        return [self._pooled_shape(tuple(in_shapes[0]))]
-
-    def bind(self, ins, outs):
-        p = self.param
-        return pool_kernels.bind_pooling(ins[0], outs[0], p.mode, p.window, p.stride, p.pad)
-
-    def grad(self, wrt_idx, out_grads):
-        if out_grads[0] is None:
-            return None
-        return _make(
-            PoolingBackward, [self.inputs[0], self.outputs[0], out_grads[0]], self.param
-        ).node
-
-
-@register_opr
-class PoolingBackward(_PoolBase):
-    """Gradient of Pooling w.r.t. src: inputs (src, dst, diff), output of src's shape."""
-
-    short_name = "pooling_bwd"
-
-    def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) != 3:
-            raise self.error(f"expected 3 inputs (src, dst, diff), got {len(in_dtypes)}")
-        return [_float_dtype(self, in_dtypes, ("src", "dst", "diff"))]
-
-    def infer_shapes(self, in_shapes, in_values):
-        src, dst, diff = (tuple(s) for s in in_shapes)
-        out = self._pooled_shape(src)
-        if dst != out or diff != out:
-            raise self.error(
-                f"dst {fmt_shape(dst)} and diff {fmt_shape(diff)} must have the pooled shape "
-                f"{fmt_shape(out)} of src {fmt_shape(src)}"
-            )
-        return [src]
-
-    def bind(self, ins, outs):
-        p = self.param
-        return pool_kernels.bind_pooling_backward(
-            ins[0], ins[1], ins[2], outs[0], p.mode, p.window, p.stride, p.pad
-        )
+bind_trio(Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter)
+bind_trio(Convolution3D, Convolution3DBackwardData, Convolution3DBackwardFilter)
 
 
 # ---- functions ---------------------------------------------------------------------------
@@ -927,37 +697,6 @@ def deconvolution(
     )
 
 
-@_conv_params(("param", "ConvBias"), *_POLICY)
-def conv_bias_activation(
-    src, filter, bias, *, nonlineMode="IDENTITY", param=None, dtype=None, name=None,
-    comp_node=None, config=None, comp_graph=None, **params,
-) -> SymbolVar:  # fmt: skip
-    """``nonlineMode(convolution(src, filter) + bias)`` (registry name ``ConvBias``).
-
-    Parameters
-    ----------
-    src, filter
-        As for :func:`convolution`.
-    bias : SymbolVar or array_like
-        The (1, OC, 1, 1) bias, or one of the output's shape.
-    nonlineMode : {"IDENTITY", "RELU", "SIGMOID", "H_SWISH"}
-        The activation.
-    param : ConvBiasParam, optional
-        The whole param, instead of fields (then ``nonlineMode`` is the param's).
-    dtype, name, comp_node, config, comp_graph, **params
-        As for :func:`convolution`.
-
-    Returns
-    -------
-    SymbolVar
-        The activated (N, OC, OH, OW) output.
-    """
-    if param is None:
-        params["nonlineMode"] = nonlineMode
-    p = _param(ConvBiasParam, "conv_bias_activation", param, params)
-    return _create(ConvBias, [src, filter, bias], p, dtype, name, comp_node, config, comp_graph)
-
-
 @_conv_params(("param", "Convolution3D"), *_POLICY)
 def convolution3d(
     src, filter, *, param=None, dtype=None, name=None, comp_node=None, config=None,
@@ -1008,41 +747,6 @@ def deconvolution3d(
     )
 
 
-@opr_params(("param", "Pooling"))
-def pooling(
-    src, *, mode="MAX", pad_h=0, pad_w=0, stride_h=2, stride_w=2, window_h=2, window_w=2,
-    format="NCHW", param=None, name=None, comp_node=None, config=None, comp_graph=None,
-) -> SymbolVar:  # fmt: skip
-    """2-d pooling of NCHW ``src`` (registry name ``Pooling``).
-
-    Parameters
-    ----------
-    src : SymbolVar or array_like
-        The (N, C, IH, IW) input.
-    mode : {"MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING"}
-        MAX ignores padding; AVERAGE divides by the window size (padding counts as zeros);
-        AVERAGE_COUNT_EXCLUDE_PADDING divides by the number of non-padding elements.
-    pad_h, pad_w, stride_h, stride_w, window_h, window_w : int
-        The geometry; padding must be smaller than the window.
-    format : {"NCHW"}
-        Only NCHW is implemented.
-    param : PoolingParam, optional
-        The whole param, instead of the fields.
-    name, comp_node, config, comp_graph
-        The operator config, as for every ``mgb.opr`` function.
-
-    Returns
-    -------
-    SymbolVar
-        The (N, C, (IH + 2 pad_h - window_h) // stride_h + 1, ...) output.
-    """
-    if param is None:
-        param = PoolingParam(mode, pad_h, pad_w, stride_h, stride_w, window_h, window_w, format)
-    elif not isinstance(param, PoolingParam):
-        raise MegBrainError(f"pooling: param must be a PoolingParam, got {param!r}")
-    return _create(Pooling, [src], param, None, name, comp_node, config, comp_graph)
-
-
 # ---- legacy param versions -------------------------------------------------------------------
 # the data_type of ConvolutionV0 and ConvBiasV1 chose MegDNN's mixed-precision kernels; FLOAT,
 # the default, is the plain computation of the functions above
@@ -1076,26 +780,10 @@ def deconvolution_v0(
     return deconvolution(src, filter, **cfg, **params)
 
 
-@_conv_params(("param", "ConvBiasV1"), *_POLICY, fixed=("data_type",))
-def conv_bias_activation_v1(
-    src, filter, bias, *, dtype=None, name=None, comp_node=None, config=None, comp_graph=None,
-    **params,
-) -> SymbolVar:  # fmt: skip
-    """:func:`conv_bias_activation` with the legacy param ``ConvBiasV1`` (``data_type`` FLOAT).
-
-    Returns
-    -------
-    SymbolVar
-        The activated (N, OC, OH, OW) output.
-    """
-    cfg = {"name": name, "comp_node": comp_node, "config": config, "comp_graph": comp_graph}
-    return conv_bias_activation(src, filter, bias, dtype=dtype, **cfg, **params)
-
-
 # ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
 # as the reference: the convolutions write their table then param.ExecutionPolicy (the
-# strategy); the current Convolution is registered as ConvolutionV1, ConvBias as
-# ConvBiasForwardV3 (type ids of the unversioned names); Pooling writes param.Pooling only
+# strategy); the current Convolution is registered as ConvolutionV1 (the type id of the
+# unversioned name)
 for _cls, _def, _name in [
     (Convolution, pdefs.Convolution, "ConvolutionV1"),
     (ConvolutionBackwardData, pdefs.Convolution, "ConvolutionBackwardDataV1"),
@@ -1103,9 +791,6 @@ for _cls, _def, _name in [
     (Convolution3D, pdefs.Convolution3D, "Convolution3D"),
     (Convolution3DBackwardData, pdefs.Convolution3D, "Convolution3DBackwardData"),
     (Convolution3DBackwardFilter, pdefs.Convolution3D, "Convolution3DBackwardFilter"),
-    (ConvBias, pdefs.ConvBias, "ConvBiasForwardV3"),
 ]:
     register_with_policy(_cls, _def, name=_name)
 del _cls, _def, _name
-register_strict(Pooling, pdefs.Pooling, name="Pooling")
-register_strict(PoolingBackward, pdefs.Pooling)

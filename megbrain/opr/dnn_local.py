@@ -17,7 +17,15 @@ from ..kernels import dnn_conv as conv_kernels
 from ..kernels import dnn_local as kern
 from . import param_defs as pdefs
 from .base import SymbolVar
-from .dnn import ConvolutionParam, _create, _float_dtype, _make, _NamedByKind
+from .dnn import (
+    ConvolutionParam,
+    _create,
+    _NamedByKind,
+    _TrioBackwardData,
+    _TrioBackwardFilter,
+    _TrioForward,
+    bind_trio,
+)
 from .param_args import opr_params
 from .sereg_params import register_strict
 
@@ -40,8 +48,6 @@ class _LocalBase(_NamedByKind, OperatorNodeBase):
     uses_workspace = True  # the column buffer
     #: the filter has a leading group axis (GroupLocal) or not (Local)
     grouped = True
-    #: (forward, backward data, backward filter) of this family, set below
-    family: tuple = ()
 
     @property
     def filter_layout(self) -> str:
@@ -104,13 +110,8 @@ class _LocalBase(_NamedByKind, OperatorNodeBase):
             raise self.error(f"{desc} gives {fmt_shape(fwd)}, not the diff shape {fmt_shape(diff)}")
 
 
-class _LocalForward(_LocalBase):
+class _LocalForward(_TrioForward, _LocalBase):
     """Inputs (src, filter)."""
-
-    def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) != 2:
-            raise self.error(f"expected 2 inputs (src, filter), got {len(in_dtypes)}")
-        return [_float_dtype(self, in_dtypes, ("src", "filter"))]
 
     def infer_shapes(self, in_shapes, in_values):
         return [self._fwd_shape(tuple(in_shapes[0]), tuple(in_shapes[1]))]
@@ -119,28 +120,9 @@ class _LocalForward(_LocalBase):
         p = self.param
         return kern.bind_group_local(ins[0], self._grouped(ins[1]), outs[0], p.stride, p.pad)
 
-    def grad(self, wrt_idx, out_grads):
-        og = out_grads[0]
-        if og is None:
-            return None
-        _, bwd_data, bwd_filter = self.family
-        src, filt = self.inputs
-        if wrt_idx == 0:
-            return _make(bwd_data, [filt, og, src], self.param).node
-        return _make(bwd_filter, [src, og, filt], self.param).node
 
-
-class _LocalBackwardData(_LocalBase):
+class _LocalBackwardData(_TrioBackwardData, _LocalBase):
     """Inputs (filter, diff, src_for_shape); output of src's shape."""
-
-    shape_only_inputs = (2,)
-
-    def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) != 3:
-            raise self.error(
-                f"expected 3 inputs (filter, diff, src for shape), got {len(in_dtypes)}"
-            )
-        return [_float_dtype(self, in_dtypes[:2], ("filter", "diff"))]
 
     def infer_shapes(self, in_shapes, in_values):
         filt, diff, src = (tuple(s) for s in in_shapes)
@@ -154,28 +136,9 @@ class _LocalBackwardData(_LocalBase):
             self._grouped(ins[0]), ins[1], outs[0], p.stride, p.pad
         )
 
-    def grad(self, wrt_idx, out_grads):
-        og = out_grads[0]
-        if og is None or wrt_idx == 2:
-            return None
-        fwd, _, bwd_filter = self.family
-        filt, diff = self.inputs[:2]
-        if wrt_idx == 0:  # <bwd_data(filt, diff), og> = <fwd(og, filt), diff>
-            return _make(bwd_filter, [og, diff, filt], self.param).node
-        return _make(fwd, [og, filt], self.param).node
 
-
-class _LocalBackwardFilter(_LocalBase):
+class _LocalBackwardFilter(_TrioBackwardFilter, _LocalBase):
     """Inputs (src, diff, filter_for_shape); output of the filter's shape."""
-
-    shape_only_inputs = (2,)
-
-    def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) != 3:
-            raise self.error(
-                f"expected 3 inputs (src, diff, filter for shape), got {len(in_dtypes)}"
-            )
-        return [_float_dtype(self, in_dtypes[:2], ("src", "diff"))]
 
     def infer_shapes(self, in_shapes, in_values):
         src, diff, filt = (tuple(s) for s in in_shapes)
@@ -188,16 +151,6 @@ class _LocalBackwardFilter(_LocalBase):
         return kern.bind_group_local_backward_filter(
             ins[0], ins[1], self._grouped(outs[0]), p.stride, p.pad
         )
-
-    def grad(self, wrt_idx, out_grads):
-        og = out_grads[0]
-        if og is None or wrt_idx == 2:
-            return None
-        fwd, bwd_data, _ = self.family
-        src, diff = self.inputs[:2]
-        if wrt_idx == 0:  # <bwd_filter(src, diff), og> = <fwd(src, og), diff>
-            return _make(bwd_data, [og, diff, src], self.param).node
-        return _make(fwd, [src, og], self.param).node
 
 
 @register_opr
@@ -253,11 +206,8 @@ class LocalBackwardFilter(_LocalBackwardFilter):
     grouped = False
 
 
-for _cls in (GroupLocal, GroupLocalBackwardData, GroupLocalBackwardFilter):
-    _cls.family = (GroupLocal, GroupLocalBackwardData, GroupLocalBackwardFilter)
-for _cls in (Local, LocalBackwardData, LocalBackwardFilter):
-    _cls.family = (Local, LocalBackwardData, LocalBackwardFilter)
-del _cls
+bind_trio(GroupLocal, GroupLocalBackwardData, GroupLocalBackwardFilter)
+bind_trio(Local, LocalBackwardData, LocalBackwardFilter)
 
 
 # ---- functions ---------------------------------------------------------------------------

@@ -12,9 +12,11 @@ from ..errors import GraphError, ShapeDescError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, sereg
 from ..graph.operator import fmt_shape
 from . import param_defs as pdefs
-from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
-from .misc import check_int
+from ._internal import check_int, reduce_to_input
+from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr, make_immutable
+from .basic_arith import typecvt
 from .param_args import as_int, is_int, opr_params
+from .tensor_manip import _as_int, int32_shape, shape_to_var
 
 __all__ = [
     "Alloc",
@@ -66,8 +68,6 @@ def shape_input(shape, cfg, comp_graph=None, fname: str = "shape_input"):
         For elements that are neither Python or NumPy integers nor int vars: ``(1.5, 4)``
         is refused rather than truncated to ``(1, 4)``.
     """
-    from .tensor_manip import _as_int, int32_shape, shape_to_var
-
     what = f"{fname}() shape"
     v = as_var(shape)
     if v is not None:
@@ -86,8 +86,6 @@ def shape_input(shape, cfg, comp_graph=None, fname: str = "shape_input"):
         raise ShapeDescError(f"{what}: bad shape {tuple(ints)}: dims must be >= 0")
     if comp_graph is None or not cfg.comp_nodes:
         raise GraphError(f"{fname}(): a shape given as ints needs comp_graph= and comp_node=")
-    from .io import make_immutable
-
     arr = int32_shape(ints, what)
     return make_immutable(cfg.comp_nodes[0], comp_graph, arr, dtype=_I32).node
 
@@ -212,9 +210,6 @@ class Linspace(OperatorNodeBase):
         og = out_grads[0]
         if wrt_idx == 2 or og is None:
             return None
-        from .grad import reduce_to_input
-        from .io import make_immutable
-
         start = self.inputs[0]
         og = SymbolVar(og)
 
@@ -308,12 +303,8 @@ def linspace(
     cfg = _merge_config(name, comp_node, config, dtype)
     a, b, n = canonize_input_vars([start, stop, num], comp_graph=comp_graph, config=cfg)
     if a.dtype.kind != "f" or b.dtype.kind != "f":
-        from .basic_arith import typecvt
-
         fdt = a.dtype if a.dtype.kind == "f" else (b.dtype if b.dtype.kind == "f" else _F32)
         a, b = (v if v.dtype == fdt else typecvt(v, fdt).node for v in (a, b))
     if n.dtype != _I32:
-        from .basic_arith import typecvt
-
         n = typecvt(n, _I32).node
     return insert_opr(Linspace([a, b, n], LinspaceParam(bool(endpoint)), cfg))[0]

@@ -10,53 +10,19 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 
-import numpy as np
-
 from ..errors import GraphError, MegBrainError
 from ..graph import VarNode
+from ..graph.replace import dep_oprs, replace_vars
 from ..graph.static_infer import static_shape
-from .base import SymbolVar
+from ._internal import elemwise, fill_retain_dtype, sv
 
-__all__ = ["grad", "current_grad_target", "reduce_to_input", "sv"]
-
-
-def sv(v) -> SymbolVar:
-    """The SymbolVar of a VarNode (grad methods mix both)."""
-    return v if isinstance(v, SymbolVar) else SymbolVar(v)
+__all__ = ["grad", "current_grad_target", "expand_virtual_grads"]
 
 
 def current_grad_target(graph) -> VarNode | None:
     """The target of the gradient being built in ``graph`` (for SetGrad callbacks)."""
     stack = getattr(graph, "_grad_target_stack", None)
     return stack[-1] if stack else None
-
-
-def reduce_to_input(g, inp: VarNode) -> VarNode:
-    """Sum a gradient ``g`` (of a broadcast result) back to ``inp``'s shape.
-
-    Static shortcuts are taken only for CONST shapes: RT_STATIC shapes may change between
-    runs, so the reduction then follows the shapes symbolically.
-    """
-    from ..graph import InferType
-    from .basic_arith import reduce_general
-    from .io import make_immutable
-    from .tensor_manip import concat, get_var_shape, reshape
-
-    g = sv(g)
-    const = g.node.shape_type == InferType.CONST and inp.shape_type == InferType.CONST
-    gs, xs = static_shape(g.node), static_shape(inp)
-    if const and gs == xs:
-        return g.node
-    if gs is not None and xs is not None and len(gs) > len(xs):
-        k = len(gs) - len(xs)
-        if const:
-            r = reduce_general(g, mode="SUM", target_shape=(1,) * k + tuple(xs))
-            return reshape(r, xs).node
-        ones = make_immutable(inp.comp_node, inp.graph, np.ones(k, np.int32))
-        xshape = get_var_shape(sv(inp))
-        r = reduce_general(g, mode="SUM", target_shape=concat([ones, xshape], axis=0))
-        return reshape(r, xshape).node
-    return reduce_general(g, mode="SUM", target_shape=get_var_shape(sv(inp))).node
 
 
 def _ancestors(target: VarNode) -> list:
@@ -79,8 +45,6 @@ def _ancestors(target: VarNode) -> list:
 
 
 def _accumulate(parts: list[VarNode]) -> VarNode:
-    from .basic_arith import elemwise
-
     if len(parts) == 1:
         return parts[0]
     acc = sv(parts[0])
@@ -99,8 +63,6 @@ def grad(
 
     A wrt the target does not depend on gets zeros (``return_zero_for_nodep``) or None.
     """
-    from .basic_arith import fill_retain_dtype
-
     target = sv(target).node
     wrts = [sv(w).node for w in (wrt if isinstance(wrt, Sequence) else [wrt])]
     graph = target.graph
@@ -166,8 +128,6 @@ def _prod(shape) -> int:
 
 def expand_virtual_grads(dest: list[VarNode]) -> list[VarNode]:
     """Replace every VirtualGrad that ``dest`` depends on by the real gradient."""
-    from ..graph.replace import dep_oprs, replace_vars
-
     vgs = [o for o in dep_oprs(dest) if o.type_name == "VirtualGrad"]
     if not vgs:
         return dest

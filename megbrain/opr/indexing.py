@@ -20,7 +20,10 @@ from ..graph.operator import fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.static_infer import infer_value as static_value
 from ..kernels.arrays import same_elements
-from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
+from ._internal import provide, reduce_to_input, sv
+from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr, make_immutable
+from .basic_arith import fill_retain_dtype
+from .tensor_manip import add_axis
 
 __all__ = [
     "Subtensor",
@@ -128,8 +131,6 @@ class _IndexedOpr(OperatorNodeBase):
 
     def _same_index(self, cls, *vars_) -> SymbolVar:
         """``cls`` over ``vars_`` followed by this operator's index inputs and param."""
-        from .grad import sv
-
         nodes = [sv(v).node for v in vars_] + self.inputs[self._first_index :]
         return insert_opr(cls(nodes, self.param))[0]
 
@@ -159,8 +160,6 @@ class Subtensor(_IndexedOpr):
         return run
 
     def grad(self, wrt_idx, out_grads):
-        from .basic_arith import fill_retain_dtype
-
         if wrt_idx != 0 or out_grads[0] is None:
             return None  # index inputs are not differentiable
         zeros = fill_retain_dtype(SymbolVar(self.inputs[0]), 0)
@@ -235,8 +234,6 @@ class _ModifySubtensor(_IndexedOpr):
     def grad(self, wrt_idx, out_grads):
         """src: by :meth:`_src_grad`; value: the indexed part of the output gradient,
         summed over the axes ``value`` was broadcast along."""
-        from .grad import reduce_to_input
-
         og = out_grads[0]
         if og is None or wrt_idx >= self._first_index:
             return None  # index inputs are not differentiable
@@ -254,8 +251,6 @@ class SetSubtensor(_ModifySubtensor):
 
     def _src_grad(self, og):
         # the overwritten part of src does not reach the output
-        from .io import make_immutable
-
         src = self.inputs[0]
         zero = make_immutable(src.comp_node, src.graph, np.zeros(1, src.dtype), dtype=src.dtype)
         return self._same_index(SetSubtensor, og, zero).node
@@ -350,8 +345,6 @@ def _cvt_getitem(src: SymbolVar, idx, allow_newaxis: bool = True):
                 f"bad index {v!r}: Subtensor takes ints, slices, int vars, None and ...; "
                 "use advanced_indexing for arrays"
             ) from None
-        from .io import make_immutable
-
         return make_immutable(node.comp_node, node.graph, np.array([i], np.int32)).node
 
     descs, values, new_axes = [], [], []
@@ -381,8 +374,6 @@ def _cvt_getitem(src: SymbolVar, idx, allow_newaxis: bool = True):
     if new_axes:
         if not allow_newaxis:
             raise IndexError("newaxis is not allowed here")
-        from .tensor_manip import add_axis
-
         src = add_axis(src, new_axes)
     return src, tuple(descs), values
 
@@ -425,3 +416,6 @@ def incr_subtensor(src, value, *, name=None, comp_node=None, config=None) -> _Mo
     (IncrSubtensor)."""
     cfg = _merge_config(name, comp_node, config)
     return _ModifyIndexer(IncrSubtensor, src, value, cfg, "incr_subtensor")
+
+
+provide(subtensor_getitem)

@@ -12,21 +12,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..device import CompNode
-from ..dtype import canonize_dtype, convert_array, to_mgb_supported_dtype
-from ..errors import ConversionError, MegBrainError, SerializationError
+from ..errors import MegBrainError, SerializationError
 from ..graph import InferPending, InferType, OperatorNodeBase, ParamBase, register_opr, sereg
 from ..tensor import TensorND
 from . import param_defs as _pdefs
 from .base import (
     SymbolVar,
-    _describe,
     _merge_config,
-    _non_numeric,
     canonize_input_vars,
     check_graph,
-    entry_point_name,
     insert_opr,
+    make_immutable,
 )
 from .param_args import opr_params
 
@@ -44,7 +40,6 @@ __all__ = [
     "copy",
 ]
 
-_WIDE_DTYPES = (np.dtype(np.float64), np.dtype(np.int64))
 CONST, RT_STATIC, MISSING = InferType.CONST, InferType.RT_STATIC, InferType.MISSING
 
 
@@ -411,8 +406,6 @@ class Copy(OperatorNodeBase):
         return functools.partial(np.copyto, outs[0], ins[0])
 
     def grad(self, wrt_idx, out_grads):
-        from .base import SymbolVar
-
         return copy(SymbolVar(out_grads[0]), comp_node=self.inputs[0].comp_node).node
 
 
@@ -430,44 +423,6 @@ def shared_device_tensor(graph, dev_tensor, *, volatile=False, name=None, config
     cfg = _merge_config(name, None, config)
     cls = VolatileSharedDeviceTensor if volatile else SharedDeviceTensor
     return SymbolVar(graph.insert_opr(cls(dev_tensor, SharedParam(id(dev_tensor)), cfg))[0])
-
-
-def make_immutable(comp_node, comp_graph, value, *, dtype=None, name=None, config=None):
-    """An ImmutableTensor holding ``value`` (constant, deduplicated, value-inferable).
-
-    A scalar becomes shape (1,), as MegBrain has no 0-d tensors.
-
-    Raises
-    ------
-    TypeError
-        When ``comp_graph`` is not a computing graph.
-    ConversionError
-        When ``value`` is not numeric (None, a str, a dict, an object); the message names
-        the public function called.
-    """
-    check_graph(comp_graph)
-    try:
-        if dtype is not None:
-            dt = np.dtype(dtype)
-            if dt in _WIDE_DTYPES:
-                # 64-bit vars exist inside graphs built below the API (float64 gradient checks)
-                arr = np.asarray(value, dtype=dt)
-            else:
-                arr = convert_array(value, canonize_dtype(dtype))
-        else:
-            arr = np.asarray(value)
-            arr = convert_array(arr, to_mgb_supported_dtype(arr.dtype))
-    except (ConversionError, TypeError, ValueError, OverflowError) as exc:
-        what = entry_point_name("make_immutable")
-        # for None, a str or an object the type says it all; else say why it was refused
-        why = "" if _non_numeric(value) else f" ({str(exc).removeprefix(what + ': ')})"
-        raise ConversionError(
-            f"{what}: value is {_describe(value)}; expected a number or a numeric array{why}"
-        ) from exc
-    if arr.ndim == 0:
-        arr = arr.reshape(1)  # MegBrain has no 0-d tensors: a scalar is shape (1,)
-    cfg = _merge_config(name, None, config)
-    return SymbolVar(comp_graph.insert_opr(ImmutableTensor(arr, CompNode.load(comp_node), cfg))[0])
 
 
 @opr_params(("param", "Empty"))

@@ -10,8 +10,11 @@ import numpy as np
 from ..errors import MegBrainError, SerializationError
 from ..graph import OperatorNodeBase, ParamBase, VarNode, register_opr, sereg
 from ..graph.operator import fmt_shape
+from ..graph.static_infer import infer_shape
 from ..kernels import jit_codegen
-from .base import SymbolVar, insert_opr
+from ._internal import sv
+from .base import SymbolVar, insert_opr, make_immutable
+from .basic_arith import elemwise, reduce_general
 
 __all__ = ["JITExecutor", "JITExecutorParam", "jit_executor", "expand"]
 
@@ -86,8 +89,6 @@ class JITExecutor(OperatorNodeBase):
     def inplace_input(self):
         if self.param.reduce is not None:
             return None
-        from ..graph.static_infer import infer_shape
-
         try:
             shape = infer_shape(self.outputs[0])
             for k, v in enumerate(self.inputs):
@@ -106,8 +107,6 @@ class JITExecutor(OperatorNodeBase):
     def grad(self, wrt_idx, out_grads):
         """The gradient of the unfused graph (:func:`expand`): its operators between the
         inputs and the result are differentiated one by one, as ``cg::grad`` would."""
-        from .grad import sv
-
         og = out_grads[0]
         if og is None:
             return None
@@ -153,9 +152,6 @@ def expand(opr: JITExecutor) -> VarNode:
 
     The var the fusion pass replaced when it is known, else the operators rebuilt.
     """
-    from .basic_arith import elemwise, reduce_general
-    from .io import make_immutable
-
     if opr.source is not None:
         return opr.source
 

@@ -11,8 +11,10 @@ from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_op
 from ..graph.operator import fmt_shape
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .blas import batched_matrix_mul, matrix_mul
 from .param_args import opr_params
 from .sereg_params import register_strict
+from .tensor_manip import add_axis, reshape
 
 __all__ = ["MatrixInverse", "SVD", "matrix_inverse", "svd"]
 
@@ -37,9 +39,6 @@ class _LinalgBase(OperatorNodeBase):
 
 def _matmul(a, b, ta: bool = False, tb: bool = False) -> SymbolVar:
     """``op(a) @ op(b)`` over batches ``[..., m, n]`` with static shapes."""
-    from .blas import batched_matrix_mul, matrix_mul
-    from .tensor_manip import reshape
-
     a, b = SymbolVar(a), SymbolVar(b)
     sa, sb = static_shape(a.node), static_shape(b.node)
     if len(sa) == 2:
@@ -124,8 +123,6 @@ class SVD(_LinalgBase):
             raise self.error("only the gradient through the singular values s is implemented")
         if gs is None:
             return None
-        from .tensor_manip import add_axis
-
         src = self.inputs[0]
         u, _, vt = insert_opr(SVD([src], SVDParam(False, True), OperatorNodeConfig()))
         lead = len(static_shape(src)) - 2

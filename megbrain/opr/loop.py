@@ -34,7 +34,10 @@ from ..graph import (
     register_opr,
 )
 from ..graph.operator import fmt_shape
-from .base import SymbolVar, _merge_config, as_var, insert_opr
+from ..graph.static_infer import Inferer, static_shape
+from .base import SymbolVar, _merge_config, as_var, insert_opr, make_opr_config
+from .basic_arith import elemwise, reduce_
+from .grad import grad
 from .param_args import as_int
 
 __all__ = ["Loop", "LoopDesc", "LoopGrad", "LoopInput", "make_loop"]
@@ -53,8 +56,6 @@ class LoopInput(OperatorNodeBase):
     dedup = False
 
     def __init__(self, dtype, comp_node, name: str):
-        from .base import make_opr_config
-
         super().__init__([], None, make_opr_config(name=name, comp_node=comp_node))
         self._dtype = np.dtype(dtype)
         self.value: np.ndarray | None = None
@@ -223,8 +224,6 @@ class LoopDesc:
 
 
 def _static_shape(v):
-    from ..graph.static_infer import static_shape
-
     try:
         return static_shape(v)
     except MegBrainError:
@@ -309,8 +308,6 @@ class Loop(OperatorNodeBase):
     def _shapes_static(self, in_shapes, check: bool):
         """The output shapes for the input shapes ``in_shapes`` (None: not static). With
         ``check``, an assignment changing an input's shape is an error."""
-        from ..graph.static_infer import Inferer
-
         d = self.desc
         if any(m != "LAST" and m != "SUM" for _, m in d.outputs) or None in in_shapes:
             return None
@@ -473,9 +470,6 @@ class LoopGrad(OperatorNodeBase):
         if self._built is not None:
             return self._built
         fwd = self.fwd
-        from .basic_arith import elemwise, reduce_
-        from .grad import grad
-
         d = _build_desc(fwd.desc_maker, fwd.desc.outer_graph, fwd.desc.comp_node, fwd.name)
         cn = d.comp_node
         terms, g_in, h_in = [], {}, {}

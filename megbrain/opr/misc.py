@@ -12,15 +12,18 @@ from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..graph.static_infer import static_shape
 from . import param_defs as pdefs
+from ._internal import AxisParam, check_int, int_var, norm_axis
 from .base import (
     SymbolVar,
     _merge_config,
     as_var,
     canonize_input_vars,
-    entry_point_name,
     insert_opr,
 )
+from .basic_arith import elemwise, fill_retain_dtype
+from .indexing_adv import incr_advanced_indexing
 from .param_args import as_axis, as_int, is_int, opr_params
+from .tensor_manip import add_axis, remove_axis, reshape
 
 __all__ = [
     "AxisParam",
@@ -43,34 +46,6 @@ INT_MAX = 2**31 - 1
 _I32 = np.dtype(np.int32)
 
 
-# ---- helpers shared by the operator modules of this family ----------------------------------
-def int_var(x, ref, dtype=_I32):
-    """``x`` as a VarNode: vars pass through, ints and arrays become int32 constants on the
-    graph and comp node of the var ``ref``."""
-    v = as_var(x)
-    if v is not None:
-        return v
-    from .io import make_immutable
-
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "iub" and arr.size:
-        raise TypeError(f"{entry_point_name('int_var')}: expected ints, got {arr.dtype} {x!r}")
-    ref = as_var(ref)
-    return make_immutable(ref.comp_node, ref.graph, arr.astype(dtype), dtype=dtype).node
-
-
-def norm_axis(opr: OperatorNodeBase, axis: int, shape: tuple) -> int:
-    """``axis`` made non-negative; an error naming ``opr`` when out of range for ``shape``."""
-    if not -len(shape) <= axis < len(shape):
-        raise opr.error(f"axis {axis} out of range for shape {fmt_shape(shape)}")
-    return axis % len(shape)
-
-
-def check_int(opr: OperatorNodeBase, dtype, what: str) -> None:
-    if dtype.kind not in "iu":
-        raise opr.error(f"{what} must be an int var, got {dtype}")
-
-
 def _insert(cls, inputs, param, cfg, comp_graph=None):
     vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
     return insert_opr(cls(vars_, param, cfg))
@@ -84,11 +59,6 @@ class _NamedOpr(OperatorNodeBase):
 
 
 # ---- Argmax / Argmin -----------------------------------------------------------------------
-@dataclass(frozen=True)
-class AxisParam(ParamBase):
-    axis: int = 0
-
-
 class _ArgReduce(OperatorNodeBase):
     """Index of the extreme along ``axis``, kept as size 1; int32 output."""
 
@@ -290,9 +260,6 @@ class TopK(_NamedOpr):
             return None
         if self.param.mode != "KTH_ONLY":
             return argsort_backward(og, self.outputs[1], self.inputs[0]).node
-        from .basic_arith import elemwise
-        from .tensor_manip import add_axis
-
         x = SymbolVar(self.inputs[0])
         mask = elemwise(add_axis(SymbolVar(self.outputs[0]), 1), x, mode="EQ")
         share = add_axis(SymbolVar(og), 1) / mask.sum(axis=1, keepdims=True)
@@ -409,10 +376,6 @@ class CondTake(_NamedOpr):
     def grad(self, wrt_idx, out_grads):
         if wrt_idx != 0 or out_grads[0] is None:
             return None
-        from .basic_arith import fill_retain_dtype
-        from .indexing_adv import incr_advanced_indexing
-        from .tensor_manip import reshape
-
         data = SymbolVar(self.inputs[0])
         flat = fill_retain_dtype(data.flatten(), 0)
         g = incr_advanced_indexing(flat, SymbolVar(out_grads[0]))[SymbolVar(self.outputs[1])]
@@ -444,8 +407,6 @@ def _arg_reduce(cls, src, axis, keepdims, name, comp_node, config, comp_graph):
     out = insert_opr(cls([v], AxisParam(axis), cfg))[0]
     if keepdims:
         return out
-    from .tensor_manip import remove_axis
-
     return remove_axis(out, axis)
 
 

@@ -21,7 +21,8 @@ from ..graph.operator import fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.var import InferType
 from . import param_defs as _pdefs
-from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
+from ._internal import provide, reduce_to_input, subtensor_getitem, typecvt
+from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr, make_immutable
 from .param_args import as_axes, as_axis, as_int, is_int, opr_params, optional_axis
 
 __all__ = [
@@ -206,8 +207,6 @@ class Broadcast(_TargetShapeOpr):
         return np.broadcast_to(src, shape)
 
     def grad(self, wrt_idx, out_grads):
-        from .grad import reduce_to_input
-
         if wrt_idx != 0 or out_grads[0] is None:
             return None
         return reduce_to_input(out_grads[0], self.inputs[0])
@@ -399,8 +398,6 @@ class Concat(OperatorNodeBase):
         The offsets are sums of the inputs' sizes on ``axis`` (GetVarShape), so a changed or
         dynamic input shape is followed; constant when every input shape is CONST.
         """
-        from .indexing import subtensor_getitem
-
         og = out_grads[0]
         if og is None:
             return None
@@ -703,8 +700,6 @@ def shape_to_var(shape, ref_var, *, what: str = "shape") -> SymbolVar:
         raise ShapeDescError(f"{what}: bad shape {shape!r}: expected ints or int vars")
 
     def const(ints):
-        from .io import make_immutable
-
         return make_immutable(ref.comp_node, ref.graph, int32_shape(ints, what).reshape(-1))
 
     parts, ints = [], []
@@ -731,8 +726,6 @@ def shape_to_var(shape, ref_var, *, what: str = "shape") -> SymbolVar:
     if len(parts) == 1:
         return parts[0]
     if any(p.dtype != _INT32 for p in parts):
-        from .basic_arith import typecvt
-
         parts = [p if p.dtype == _INT32 else typecvt(p, _INT32) for p in parts]
     return concat(parts, axis=0)
 
@@ -873,3 +866,6 @@ sereg.register_param_opr(
     to_def=lambda p: _pdefs.RelayoutFormat(mode=_pdefs.RelayoutFormat.Mode[p.mode]),
     from_def=lambda d: RelayoutFormatParam(d.mode.name),
 )
+
+
+provide(get_var_shape, reshape, concat)

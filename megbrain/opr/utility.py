@@ -22,12 +22,13 @@ from ..errors import (
     mark_user_exception,
     user_exception_note,
 )
-from ..graph import OperatorNodeBase, ParamBase, register_opr, sereg
+from ..graph import OperatorNodeBase, ParamBase, infer_shape, register_opr, sereg
 from ..graph.operator import fmt_shape
 from ..graph.value_proxy import CompGraphCallbackValueProxy
 from ..kernels import elemwise as ew_kernels
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, input_list, insert_opr
+from .basic_arith import typecvt
 from .param_args import as_int, opr_params
 
 __all__ = [
@@ -553,8 +554,6 @@ def add_update(
         )
     (dl,) = canonize_input_vars([SymbolVar(d), delta], config=cfg)[1:]
     if not same_dtype(dl.dtype, d.dtype):
-        from .basic_arith import typecvt  # basic_arith imports this module lazily too
-
         # as the reference, delta is converted to the dest's dtype first
         dl = typecvt(SymbolVar(dl), d.dtype).node
     coefs, extra = [], []
@@ -562,8 +561,6 @@ def add_update(
         cv = as_var(c, d.graph)
         if cv is not None:
             if cv.shape_static:
-                from ..graph import infer_shape
-
                 if int(np.prod(infer_shape(cv))) != 1:
                     raise GraphError(f"add_update: {nm} must be a scalar, got var {cv.name!r}")
             extra.append(cv)

@@ -11,7 +11,8 @@ import pytest
 import megbrain as mgb
 from megbrain import nn
 from megbrain.gopt.inference import INFERENCE_PASSES, INFERENCE_PRESET, InferenceOptions
-from megbrain.opr.dnn import conv_bias_activation, convolution
+from megbrain.opr.dnn import convolution
+from megbrain.opr.dnn_conv_bias import conv_bias_activation
 
 CN = "cpu0"
 F32 = np.float32

@@ -13,14 +13,13 @@ from megbrain.opr import make_immutable
 from megbrain.opr.base import create_opr
 from megbrain.opr.dnn import (
     ConvolutionParam,
-    PoolingParam,
-    conv_bias_activation,
     convolution,
     convolution3d,
     deconvolution,
     deconvolution3d,
-    pooling,
 )
+from megbrain.opr.dnn_conv_bias import conv_bias_activation
+from megbrain.opr.dnn_pool import PoolingParam, pooling
 
 
 # ---- naive references (float64, slicing per filter offset) ---------------------------------

@@ -12,7 +12,8 @@ from megbrain.errors import MegBrainError
 from megbrain.graph import static_shape
 from megbrain.opr import relayout_format
 from megbrain.opr.base import create_opr
-from megbrain.opr.dnn import ConvBiasParam, ConvolutionParam, convolution
+from megbrain.opr.dnn import ConvolutionParam, convolution
+from megbrain.opr.dnn_conv_bias import ConvBiasParam
 from megbrain.opr.grad import grad as graph_grad
 
 

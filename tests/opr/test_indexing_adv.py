@@ -24,12 +24,10 @@ from megbrain.opr.indexing_adv import (
     indexing_remap,
     indexing_set_one_hot,
     mesh_indexing,
-    param_pack_concat,
-    param_pack_offsets,
-    param_pack_split,
     set_advanced_indexing,
     set_mesh_indexing,
 )
+from megbrain.opr.param_pack import param_pack_concat, param_pack_offsets, param_pack_split
 
 shapes = st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple)
 

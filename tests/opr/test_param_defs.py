@@ -15,8 +15,19 @@ from megbrain.dtype import get_dtype_num, quint8
 from megbrain.errors import MegBrainError
 from megbrain.graph.param_def import ParamDefTable, enum_index, members_of, param_tag
 from megbrain.kernels import elemwise as ew_kernels
-from megbrain.opr import basic_arith, blas, dnn, dnn_image, dnn_norm, misc, param_defs
-from megbrain.opr.dnn import convolution, pooling
+from megbrain.opr import (
+    basic_arith,
+    blas,
+    dnn,
+    dnn_conv_bias,
+    dnn_image,
+    dnn_norm,
+    dnn_pool,
+    misc,
+    param_defs,
+)
+from megbrain.opr.dnn import convolution
+from megbrain.opr.dnn_pool import pooling
 
 
 def _tag(name: str, version: int = 0) -> int:
@@ -259,9 +270,9 @@ def test_operator_choices_are_the_tables():
     assert dnn.CONV_MODES == members_of(P.Convolution.Mode)
     assert dnn.ConvolutionParam._choices["format"] == members_of(P.Convolution.Format)
     assert dnn.ConvolutionParam._choices["strategy"] == members_of(P.ExecutionPolicy.Strategy)
-    assert dnn.ConvBiasParam._choices["nonlineMode"] == members_of(P.ConvBias.NonlineMode)
+    assert dnn_conv_bias.ConvBiasParam._choices["nonlineMode"] == members_of(P.ConvBias.NonlineMode)
     assert dnn.Convolution3DParam._choices["data_type"] == members_of(P.Convolution3D.DataType)
-    assert dnn.PoolingParam._choices["format"] == members_of(P.Pooling.Format)
+    assert dnn_pool.PoolingParam._choices["format"] == members_of(P.Pooling.Format)
     assert basic_arith.ElemwiseParam._choices["mode"] == members_of(P.Elemwise.Mode)
     assert basic_arith.ReduceParam._choices["mode"] == members_of(P.Reduce.Mode)
     assert blas.MatrixMulParam._choices["format"] == members_of(P.MatrixMul.Format)
@@ -284,7 +295,8 @@ def test_int_elemwise_mode_is_the_reference_index():
 
 def test_operator_params_accept_table_members():
     assert dnn.ConvolutionParam(mode=P.Convolution.Mode.CONVOLUTION).mode == "CONVOLUTION"
-    assert dnn.PoolingParam(mode=P.Pooling.Mode.AVERAGE) == dnn.PoolingParam(mode="AVERAGE")
+    pool = dnn_pool.PoolingParam
+    assert pool(mode=P.Pooling.Mode.AVERAGE) == pool(mode="AVERAGE")
     resize = dnn_image.ResizeParam(imode=P.Resize.InterpolationMode.INTER_NEAREST)
     assert resize.imode == "NEAREST"
     with pytest.raises(MegBrainError):

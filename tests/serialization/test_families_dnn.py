@@ -173,7 +173,7 @@ def test_registered_names_are_the_references():
     want = {
         mgb.opr.blas.MatrixMul: "MatrixMul",
         mgb.opr.dnn.Convolution: "Convolution",
-        mgb.opr.dnn.ConvBias: "ConvBiasForward",
+        mgb.opr.dnn_conv_bias.ConvBias: "ConvBiasForward",
         mgb.opr.dnn_local.Local: "Local",
         mgb.opr.dnn_local.GroupLocalBackwardData: "GroupLocalBackwardData",
         mgb.opr.dnn_image.Resize: "Resize",
@@ -313,7 +313,9 @@ def test_fused_conv_bias_of_optimize_for_inference(tmp_path, rng):
 def test_conv_bias_output_block_size_is_refused_at_load():
     with pytest.raises(SerializationError, match=r"ConvBias.output_block_size=2"):
         param_from_def(
-            mgb.opr.dnn.ConvBiasParam, pdefs.ConvBias(output_block_size=2), "ConvBiasForwardV3"
+            mgb.opr.dnn_conv_bias.ConvBiasParam,
+            pdefs.ConvBias(output_block_size=2),
+            "ConvBiasForwardV3",
         )
 
 

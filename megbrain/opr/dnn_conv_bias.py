@@ -1,0 +1,256 @@
+"""ConvBias: ``act(convolution(src, filter) + bias [+ z])`` in one operator, with the
+``mgb.opr`` functions ``conv_bias_activation`` and ``conv_bias_activation_v1``.
+
+Its kernels are the convolution's (:mod:`megbrain.opr.dnn`), the bias and activation applied
+by the algorithm as it writes (an epilogue) or by one in-place Elemwise step after it; the
+NCHW88 format is computed too. The optional fourth input ``z`` has the output's shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph import register_opr
+from ..graph.operator import fmt_shape
+from ..graph.param_def import members_of
+from ..graph.static_infer import static_shape
+from ..kernels import conv_epilogue, conv_nchw88, workspace
+from ..kernels import elemwise as ew_kernels
+from ..kernels.steps import chain
+from . import param_defs as pdefs
+from ._internal import reduce_to_input, sv
+from .base import SymbolVar
+from .basic_arith import elemwise
+from .dnn import (
+    _POLICY,
+    Convolution,
+    ConvolutionBackwardData,
+    ConvolutionBackwardFilter,
+    ConvolutionParam,
+    _conv_params,
+    _ConvBase,
+    _create,
+    _float_dtype,
+    _make,
+    _param,
+)
+from .sereg_params import register_with_policy
+
+__all__ = ["ConvBias", "ConvBiasParam", "conv_bias_activation", "conv_bias_activation_v1"]
+
+
+NONLINE_MODES = members_of(pdefs.ConvBias.NonlineMode)
+
+
+#: the Elemwise mode computing ``act(conv + bias)`` in place, per ConvBias nonlineMode
+_BIAS_ACT = {
+    "IDENTITY": "ADD",
+    "RELU": "FUSE_ADD_RELU",
+    "SIGMOID": "FUSE_ADD_SIGMOID",
+    "H_SWISH": "FUSE_ADD_H_SWISH",
+}
+
+
+@dataclass(frozen=True)
+class ConvBiasParam(ConvolutionParam):
+    """Param of ConvBias: the convolution's fields plus the activation ``nonlineMode``."""
+
+    nonlineMode: str = "IDENTITY"
+    _choices = {**ConvolutionParam._choices, "nonlineMode": NONLINE_MODES}
+
+    def conv_param(self) -> ConvolutionParam:
+        """The param of the convolution inside."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(ConvolutionParam)}
+        return ConvolutionParam(**fields)
+
+
+@register_opr
+class ConvBias(_ConvBase):
+    """``act(convolution(src, filter) + bias [+ z])`` with bias (1, OC, 1, 1) (NCHW88:
+    (1, OC/8, 1, 1, 8)) or of the output's shape and the optional ``z`` of the output's
+    shape (summed in that order); act is IDENTITY, RELU, SIGMOID or H_SWISH
+    (``nonlineMode``)."""
+
+    #: the reference's C++ type (ConvBias is an alias of ConvBiasForward)
+    type_name = "ConvBiasForward"
+
+    short_name = "conv_bias"
+
+    Param = ConvBiasParam
+    blocked_format = True
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) not in (3, 4):
+            raise self.error(
+                f"expected 3 or 4 inputs (src, filter, bias[, z]), got {len(in_dtypes)}"
+            )
+        return [_float_dtype(self, in_dtypes, ("src", "filter", "bias", "z"))]
+
+    def _channel_bias_shape(self, out: tuple) -> tuple:
+        if self._nchw88():
+            return (1, out[1], 1, 1, out[4])
+        return (1, out[1], 1, 1)
+
+    def infer_shapes(self, in_shapes, in_values):
+        out = self._fwd_shape(tuple(in_shapes[0]), tuple(in_shapes[1]))
+        bias = tuple(in_shapes[2])
+        per_channel = self._channel_bias_shape(out)
+        if bias not in (per_channel, out):
+            raise self.error(
+                f"bias {fmt_shape(bias)} must be {fmt_shape(per_channel)} or the output "
+                f"shape {fmt_shape(out)}"
+            )
+        if len(in_shapes) == 4 and tuple(in_shapes[3]) != out:
+            raise self.error(
+                f"z {fmt_shape(tuple(in_shapes[3]))} must have the output shape {fmt_shape(out)}"
+            )
+        return [out]
+
+    def bind(self, ins, outs):
+        mode = self.param.nonlineMode
+        z = ins[3] if len(ins) == 4 else None
+
+        def act():  # bias (and z) and activation in passes of their own
+            if z is None:
+                return ew_kernels.bind(_BIAS_ACT[mode], [outs[0], ins[2]], outs[0])
+            return chain([
+                ew_kernels.bind("ADD", [outs[0], ins[2]], outs[0]),
+                ew_kernels.bind(_BIAS_ACT[mode], [outs[0], z], outs[0]),
+            ])  # fmt: skip
+
+        if self._nchw88():
+            epilogue = self._nchw88_epilogue(mode, ins[2], outs[0])
+            if epilogue is not None:
+                return self._bind_nchw88(ins[0], ins[1], outs[0], epilogue=epilogue, z=z)
+            steps = []
+            if z is not None and np.may_share_memory(z, outs[0]):
+                # the plan gave the output z's memory (inplace_input) but the kernel can not
+                # take the epilogue (a non-contiguous bias): z is kept before it is written
+                kept = workspace.empty(z.shape, z.dtype)
+                steps.append(functools.partial(np.copyto, kept, z))
+                z = kept
+            return chain([*steps, self._bind_nchw88(ins[0], ins[1], outs[0]), act()])
+        epilogue = None if z is not None else conv_epilogue.for_conv_bias(mode, ins[2], outs[0])
+        return self._bind_kernel(
+            "forward", ins[0], self._grouped(ins[1]), outs[0], epilogue=epilogue, then=act
+        )
+
+    def inplace_input(self):
+        """``z`` (input 3) when DIRECT_NCHW88 applies ``act(conv + bias + z)``: it reads each
+        position's ``z`` before it writes the position, so the output may take ``z``'s
+        memory (one stream less than reading ``z`` and writing elsewhere); no other algorithm
+        and no other case (``z`` also read as the source, say) may."""
+        if len(self.inputs) != 4 or not self._nchw88():
+            return None
+        z = self.inputs[3]
+        if any(v is z for v in self.inputs[:3]):
+            return None
+        shapes = [static_shape(v) for v in self.inputs]
+        if any(s is None for s in shapes) or self.param.nonlineMode not in ("IDENTITY", "RELU"):
+            return None
+        if tuple(shapes[2]) != self._channel_bias_shape(tuple(shapes[3])):
+            return None  # a full-shape bias is added in a pass of its own, after the kernel
+        p = self.param
+        try:
+            geo = conv_nchw88.nchw88_geometry(shapes[0], shapes[1], p.group, p.stride, p.pad,
+                                              p.dilate)  # fmt: skip
+        except ValueError:
+            return None
+        f32 = np.dtype(np.float32)
+        direct = all(v.dtype == f32 for v in self.inputs) and conv_nchw88.direct_geometry(
+            geo, p.pad, p.dilate
+        )
+        return 3 if direct else None
+
+    def _nchw88_epilogue(self, mode: str, bias: np.ndarray, out: np.ndarray):
+        """The epilogue of an NCHW88 ConvBias (its per-channel bias as OC values, a view),
+        or None when the kernel can not apply it."""
+        if mode not in ("IDENTITY", "RELU") or bias.dtype != out.dtype:
+            return None
+        if bias.shape != self._channel_bias_shape(out.shape) or not bias.flags.c_contiguous:
+            return None
+        return conv_epilogue.Epilogue(bias.reshape(-1), mode == "RELU")
+
+    def grad(self, wrt_idx, out_grads):
+        og = out_grads[0]
+        if og is None:
+            return None
+        self._no_nchw88_grad()
+        og, y = sv(og), sv(self.outputs[0])
+        src, filt, bias = self.inputs[:3]
+        cparam = self.param.conv_param()
+        mode = self.param.nonlineMode
+        # the gradient of the pre-activation value conv + bias
+        if mode == "IDENTITY":
+            gpre = og
+        elif mode == "RELU":
+            gpre = elemwise(y, og, mode="SWITCH_GT0")
+        elif mode == "SIGMOID":
+            gpre = elemwise(y, og, mode="SIGMOID_GRAD")
+        else:
+            pre = elemwise(_make(Convolution, [src, filt], cparam), sv(bias), mode="ADD")
+            if len(self.inputs) == 4:
+                pre = elemwise(pre, sv(self.inputs[3]), mode="ADD")
+            gpre = elemwise(pre, og, mode="H_SWISH_GRAD")
+        if wrt_idx == 0:
+            return _make(ConvolutionBackwardData, [filt, gpre, src], cparam).node
+        if wrt_idx == 1:
+            return _make(ConvolutionBackwardFilter, [src, gpre, filt], cparam).node
+        if wrt_idx == 3:  # z, of the output's shape
+            return gpre.node
+        return reduce_to_input(gpre, bias)
+
+
+@_conv_params(("param", "ConvBias"), *_POLICY)
+def conv_bias_activation(
+    src, filter, bias, *, nonlineMode="IDENTITY", param=None, dtype=None, name=None,
+    comp_node=None, config=None, comp_graph=None, **params,
+) -> SymbolVar:  # fmt: skip
+    """``nonlineMode(convolution(src, filter) + bias)`` (registry name ``ConvBias``).
+
+    Parameters
+    ----------
+    src, filter
+        As for :func:`convolution`.
+    bias : SymbolVar or array_like
+        The (1, OC, 1, 1) bias, or one of the output's shape.
+    nonlineMode : {"IDENTITY", "RELU", "SIGMOID", "H_SWISH"}
+        The activation.
+    param : ConvBiasParam, optional
+        The whole param, instead of fields (then ``nonlineMode`` is the param's).
+    dtype, name, comp_node, config, comp_graph, **params
+        As for :func:`convolution`.
+
+    Returns
+    -------
+    SymbolVar
+        The activated (N, OC, OH, OW) output.
+    """
+    if param is None:
+        params["nonlineMode"] = nonlineMode
+    p = _param(ConvBiasParam, "conv_bias_activation", param, params)
+    return _create(ConvBias, [src, filter, bias], p, dtype, name, comp_node, config, comp_graph)
+
+
+@_conv_params(("param", "ConvBiasV1"), *_POLICY, fixed=("data_type",))
+def conv_bias_activation_v1(
+    src, filter, bias, *, dtype=None, name=None, comp_node=None, config=None, comp_graph=None,
+    **params,
+) -> SymbolVar:  # fmt: skip
+    """:func:`conv_bias_activation` with the legacy param ``ConvBiasV1`` (``data_type`` FLOAT).
+
+    Returns
+    -------
+    SymbolVar
+        The activated (N, OC, OH, OW) output.
+    """
+    cfg = {"name": name, "comp_node": comp_node, "config": config, "comp_graph": comp_graph}
+    return conv_bias_activation(src, filter, bias, dtype=dtype, **cfg, **params)
+
+
+# the current ConvBias is registered as ConvBiasForwardV3 (the type id of the unversioned name)
+register_with_policy(ConvBias, pdefs.ConvBias, name="ConvBiasForwardV3")

@@ -1,0 +1,165 @@
+"""Pooling operators: Pooling and PoolingBackward, with the ``mgb.opr`` function ``pooling``.
+
+Only the NCHW format and floating-point dtypes are implemented; the gradient is
+PoolingBackward (MegDNN's ``PoolingBackward``), computed from src, dst and diff.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import MegBrainError
+from ..graph import OperatorNodeBase, register_opr
+from ..graph.operator import fmt_shape
+from ..graph.param_def import members_of
+from ..kernels import dnn_pool as pool_kernels
+from . import param_defs as pdefs
+from .base import SymbolVar
+from .dnn import _create, _float_dtype, _make, _NamedByKind, _WindowParam
+from .param_args import opr_params
+from .sereg_params import register_strict
+
+__all__ = ["Pooling", "PoolingBackward", "PoolingParam", "pooling"]
+
+
+POOLING_MODES = members_of(pdefs.Pooling.Mode)
+#: MegDNN's pooling formats; only NCHW is implemented
+POOLING_FORMATS = members_of(pdefs.Pooling.Format)
+
+
+@dataclass(frozen=True)
+class PoolingParam(_WindowParam):
+    """Param of Pooling and PoolingBackward (MegDNN ``Pooling``)."""
+
+    mode: str = "MAX"
+    pad_h: int = 0
+    pad_w: int = 0
+    stride_h: int = 2
+    stride_w: int = 2
+    window_h: int = 2
+    window_w: int = 2
+    format: str = "NCHW"
+    _int_fields = {"pad": 0, "stride": 1, "window": 1}
+    _choices = {"mode": POOLING_MODES, "format": POOLING_FORMATS}
+
+    @property
+    def window(self) -> tuple[int, ...]:
+        return self._per_axis("window")
+
+
+class _PoolBase(_NamedByKind, OperatorNodeBase):
+    Param = PoolingParam
+
+    def _pooled_shape(self, src: tuple) -> tuple:
+        p = self.param
+        if p.format != "NCHW":
+            raise self.error(f"format {p.format} is not supported (only NCHW is implemented)")
+        if len(src) != 4:
+            raise self.error(f"src must be 4-d (NCHW), got {fmt_shape(src)}")
+        if any(pd >= w for pd, w in zip(p.pad, p.window)):
+            raise self.error(
+                f"padding {p.pad} must be smaller than the window {p.window}: a window would lie "
+                "entirely in the padding"
+            )
+        out = tuple(pool_kernels.pool_out_size(*a) for a in zip(src[2:], p.window, p.stride, p.pad))
+        if any(o <= 0 for o in out):
+            raise self.error(
+                f"src {fmt_shape(src)} is smaller than the window {p.window} (pad={p.pad})"
+            )
+        return src[:2] + out
+
+
+@register_opr
+class Pooling(_PoolBase):
+    """MAX / AVERAGE / AVERAGE_COUNT_EXCLUDE_PADDING pooling of NCHW ``src``."""
+
+    #: the reference's C++ type (Pooling is an alias of PoolingForward)
+    type_name = "PoolingForward"
+
+    short_name = "pooling"
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) != 1:
+            raise self.error(f"expected 1 input (src), got {len(in_dtypes)}")
+        return [_float_dtype(self, in_dtypes, ("src",))]
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [self._pooled_shape(tuple(in_shapes[0]))]
+
+    def bind(self, ins, outs):
+        p = self.param
+        return pool_kernels.bind_pooling(ins[0], outs[0], p.mode, p.window, p.stride, p.pad)
+
+    def grad(self, wrt_idx, out_grads):
+        if out_grads[0] is None:
+            return None
+        return _make(
+            PoolingBackward, [self.inputs[0], self.outputs[0], out_grads[0]], self.param
+        ).node
+
+
+@register_opr
+class PoolingBackward(_PoolBase):
+    """Gradient of Pooling w.r.t. src: inputs (src, dst, diff), output of src's shape."""
+
+    short_name = "pooling_bwd"
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) != 3:
+            raise self.error(f"expected 3 inputs (src, dst, diff), got {len(in_dtypes)}")
+        return [_float_dtype(self, in_dtypes, ("src", "dst", "diff"))]
+
+    def infer_shapes(self, in_shapes, in_values):
+        src, dst, diff = (tuple(s) for s in in_shapes)
+        out = self._pooled_shape(src)
+        if dst != out or diff != out:
+            raise self.error(
+                f"dst {fmt_shape(dst)} and diff {fmt_shape(diff)} must have the pooled shape "
+                f"{fmt_shape(out)} of src {fmt_shape(src)}"
+            )
+        return [src]
+
+    def bind(self, ins, outs):
+        p = self.param
+        return pool_kernels.bind_pooling_backward(
+            ins[0], ins[1], ins[2], outs[0], p.mode, p.window, p.stride, p.pad
+        )
+
+
+@opr_params(("param", "Pooling"))
+def pooling(
+    src, *, mode="MAX", pad_h=0, pad_w=0, stride_h=2, stride_w=2, window_h=2, window_w=2,
+    format="NCHW", param=None, name=None, comp_node=None, config=None, comp_graph=None,
+) -> SymbolVar:  # fmt: skip
+    """2-d pooling of NCHW ``src`` (registry name ``Pooling``).
+
+    Parameters
+    ----------
+    src : SymbolVar or array_like
+        The (N, C, IH, IW) input.
+    mode : {"MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING"}
+        MAX ignores padding; AVERAGE divides by the window size (padding counts as zeros);
+        AVERAGE_COUNT_EXCLUDE_PADDING divides by the number of non-padding elements.
+    pad_h, pad_w, stride_h, stride_w, window_h, window_w : int
+        The geometry; padding must be smaller than the window.
+    format : {"NCHW"}
+        Only NCHW is implemented.
+    param : PoolingParam, optional
+        The whole param, instead of the fields.
+    name, comp_node, config, comp_graph
+        The operator config, as for every ``mgb.opr`` function.
+
+    Returns
+    -------
+    SymbolVar
+        The (N, C, (IH + 2 pad_h - window_h) // stride_h + 1, ...) output.
+    """
+    if param is None:
+        param = PoolingParam(mode, pad_h, pad_w, stride_h, stride_w, window_h, window_w, format)
+    elif not isinstance(param, PoolingParam):
+        raise MegBrainError(f"pooling: param must be a PoolingParam, got {param!r}")
+    return _create(Pooling, [src], param, None, name, comp_node, config, comp_graph)
+
+
+register_strict(Pooling, pdefs.Pooling, name="Pooling")
+register_strict(PoolingBackward, pdefs.Pooling)
