@@ -160,12 +160,26 @@ def overlap_pairs(begins: Sequence[int], ends: Sequence[int]) -> int:
 
 
 def sweep_best_fit(b, e, s, conflicts=None) -> list[int]:
+    """Sweep over time forward and backward (:func:`_sweep`); the smaller arena wins.
+
+    A training step's lifetimes are nested around the end of the forward pass; freeing in
+    one direction can leave a gap that allocating in the other avoids, so both run (the
+    second only when the first misses the lower bound). ``conflicts`` is ignored."""
+    offs = _sweep(b, e, s)
+    tot = max((o + z for o, z in zip(offs, s)), default=0)
+    if tot <= interval_lower_bound(b, e, s):
+        return offs
+    last = max(e, default=0)
+    back = _sweep([last - x for x in e], [last - x for x in b], s)
+    return back if max((o + z for o, z in zip(back, s)), default=0) < tot else offs
+
+
+def _sweep(b, e, s) -> list[int]:
     """Place chunks in order of their first step, each in the smallest free gap that fits.
 
-    A sweep over time keeps the free gaps of the arena (coalesced, sorted by size): a chunk's
-    memory returns to them at its end step. Each chunk costs a few bisections of the gap
-    list, so a plan is O(n log n) (bar the gap list's memmoves) and needs no conflict lists
-    (``conflicts`` is ignored)."""
+    The sweep keeps the free gaps of the arena (coalesced, sorted by size): a chunk's memory
+    returns to them at its end step. Each chunk costs a few bisections of the gap list, so a
+    plan is O(n log n) (bar the gap list's memmoves) and needs no conflict lists."""
     n = len(s)
     offsets = [0] * n
     starts = sorted(range(n), key=lambda i: (b[i], -s[i], i))
