@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import GraphError, MegBrainError
 from .comp_seq import topo_order
 from .exec_env import ExecEnv
-from .mem_planner import MemPlanner, Plan, static_requests
+from .mem_planner import MemPlanner, Plan, gc_paused, static_requests
 from .static_infer import rt_static_source_deps
 from .var import VarNode
 
@@ -279,6 +279,7 @@ class AsyncExecutable:
         self._plan = plan = self._build_plan(allocate=True)
         return plan
 
+    @gc_paused()
     def _build_plan(self, allocate: bool) -> Plan:
         plan = self._planner.build(allocate)
         if allocate:

@@ -8,8 +8,10 @@ in one arena per comp node (see "Static memory plan" in docs/architecture.md).
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -21,7 +23,25 @@ from .operator import fmt_shape
 from .static_infer import Inferer
 from .var import VarNode
 
-__all__ = ["MemPlanner", "Plan", "bound_inputs", "host_empty", "static_requests"]
+__all__ = ["MemPlanner", "Plan", "bound_inputs", "gc_paused", "host_empty", "static_requests"]
+
+
+@contextmanager
+def gc_paused():
+    """Pause Python's cyclic garbage collector (a context manager and decorator).
+
+    Compiling and planning create many long-lived objects (operators, vars, closures); each
+    full collection on the way scans every one of them, which made large graphs' compile
+    and planning grow faster than their size. Nothing built there is garbage until the
+    graph goes, so collection waits until the end."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class Plan:
