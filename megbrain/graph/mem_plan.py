@@ -8,11 +8,13 @@ assigns offsets; ``tot_alloc()`` is the arena size and ``tot_alloc_lower_bound()
 bytes simultaneously live, which no placement can beat.
 
 Placement is a swappable *solver* (:data:`SOLVERS`), ``f(begins, ends, sizes) -> offsets``
-over the root chunks (overwrite specs are merged into their source before). Each solver is a
-greedy interval packer: chunks in some order, each put in a gap (lowest fitting, or the
-tightest) left by the already placed chunks whose lifetimes overlap its own. The default,
-``"best"``, runs several orderings and keeps the smallest arena, stopping as soon as one
-reaches the lower bound.
+over the root chunks (overwrite specs are merged into their source before). Most solvers are
+greedy interval packers: chunks in some order, each put in a gap (lowest fitting, or the
+tightest) left by the already placed chunks whose lifetimes overlap its own (per-chunk
+conflict lists: a cost that grows with the number of overlapping pairs). ``sweep_best_fit``
+instead sweeps over time with a free list of gaps, in O(n log n). The default, ``"best"``,
+runs them all and keeps the smallest arena, stopping as soon as one reaches the lower bound;
+above :data:`PORTFOLIO_PAIRS` overlapping pairs it runs the sweep alone.
 """
 
 from __future__ import annotations
