@@ -274,7 +274,7 @@ class AsyncExecutable:
 
     def _ensure_plan(self) -> Plan:
         plan = self._plan
-        if plan is not None and not self._states_changed(plan):
+        if plan is not None and not self._planner.states_changed(plan):
             return plan
         self._plan = plan = self._build_plan(allocate=True)
         return plan
