@@ -7,13 +7,22 @@ construction) and of the first run (static memory plan and program binding, whic
 call builds) are reported per operator of the compiled seq, with the optimizer's share.
 ``--profile`` prints the cProfile hot spots of compile + first run.
 
-Run: ``python benchmarks/compile_time.py [--layers N] [--profile]``.
+Then the scaling table: a residual MLP's training step (``h = h + relu(h @ w + b)`` per block,
+the gradient and update of every weight) at ``--blocks`` sizes (1,000 / 4,000 / 16,000 by
+default), in CPU seconds: compile, the first run's planning (the first run less a later
+one), their ratio (target <= 1.0) and the log-log slopes from the first size to the last
+(target <= 1.15); ``--big 64000`` also compiles and runs a graph of about 64,000 operators
+(target < 60 s).
+
+Run: ``python benchmarks/compile_time.py [--layers N] [--profile] [--blocks 1000,4000]
+[--big 64000]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import math
 import platform
 import pstats
 import time
@@ -58,6 +67,87 @@ def build(layers: int, width: int = 32, batch: int = 16, seed: int = 0):
     return g, [mgb.copy_output(loss)] + ups, feed
 
 
+def build_residual(blocks: int, width: int = 8, batch: int = 4, seed: int = 0):
+    """(graph, outspec, feed) of a residual MLP training step: ``blocks`` blocks of
+    ``h = h + relu(h @ w + b)``, a squared loss, the gradient of every weight and bias and
+    an ``add_update`` of each (tiny tensors: the graph's size, not the math, is measured)."""
+    rng = np.random.default_rng(seed)
+    g = mgb.comp_graph()
+    g.set_option("graph_opt_level", 2)
+    g.set_option("log_level", 0)
+    x = mgb.make_arg(CN, g, name="x", shape=(batch, width))
+    w0 = np.zeros((width, width), np.float32)  # the residual sum stays finite at any depth
+    b0 = np.zeros((1, width), np.float32)
+    params, h = [], x
+    for i in range(blocks):
+        w = mgb.make_shared(CN, value=w0, comp_graph=g, name=f"w{i}")
+        b = mgb.make_shared(CN, value=b0, comp_graph=g, name=f"b{i}")
+        params += [w, b]
+        h = h + mgb.opr.elem.relu(mgb.opr.matrix_mul(h, w) + b)
+    loss = (h * h).mean()
+    grads = mgb.grad(loss, params)
+    ups = [mgb.opr.add_update(p, gr, beta=-1e-4) for p, gr in zip(params, grads)]
+    feed = {"x": rng.standard_normal((batch, width)).astype(np.float32)}
+    return g, [mgb.copy_output(loss)] + ups, feed
+
+
+def measure_residual(blocks: int) -> dict:
+    """Compile time, first-run planning time (the first run less a later run) and the seq
+    length of the residual MLP of ``blocks`` blocks. Times are the process's CPU time: on a
+    shared machine wall-clock time mostly measures the neighbours."""
+    g, outspec, feed = build_residual(blocks)
+    clock = time.process_time
+    t0 = clock()
+    f = g.compile(None, outspec)
+    t1 = clock()
+    f(**feed)
+    t2 = clock()
+    f(**feed)
+    t3 = clock()
+    return {
+        "blocks": blocks,
+        "oprs": sum(1 for _ in f._func.iter_opr_seq()),
+        "compile": t1 - t0,
+        "plan": max((t2 - t1) - (t3 - t2), 1e-9),
+        "run": t3 - t2,
+    }
+
+
+def _slope(a: dict, b: dict, key: str) -> float:
+    return math.log(b[key] / a[key]) / math.log(b["blocks"] / a["blocks"])
+
+
+def residual_table(sizes: list[int], big_oprs: int = 0) -> None:
+    """Print compile and planning time of the residual MLP per size, their ratio and the
+    log-log slopes from the first size to the last; with ``big_oprs``, also the time to
+    compile and run the first step of a graph of about that many operators."""
+    print("\nresidual MLP training step (matmul, bias, ReLU, add per block), CPU seconds")
+    print(f"{'blocks':>8}{'oprs':>9}{'compile s':>11}{'plan s':>9}{'plan/compile':>14}")
+    rows = []
+    for n in sizes:
+        r = measure_residual(n)
+        rows.append(r)
+        print(f"{n:>8}{r['oprs']:>9}{r['compile']:>11.3f}{r['plan']:>9.3f}"
+              f"{r['plan'] / r['compile']:>14.2f}")  # fmt: skip
+    if len(rows) > 1:
+        a, b = rows[0], rows[-1]
+        print(f"log-log slope {a['blocks']} -> {b['blocks']} blocks: compile "
+              f"{_slope(a, b, 'compile'):.3f}, plan {_slope(a, b, 'plan'):.3f} "
+              f"(target <= 1.15)")  # fmt: skip
+    if big_oprs:
+        per_block = rows[-1]["oprs"] / rows[-1]["blocks"] if rows else 16
+        blocks = max(1, round(big_oprs / per_block))
+        t0 = time.process_time()
+        g, outspec, feed = build_residual(blocks)
+        t1 = time.process_time()
+        f = g.compile(None, outspec)
+        f(**feed)
+        t2 = time.process_time()
+        n = sum(1 for _ in f._func.iter_opr_seq())
+        print(f"{blocks} blocks, {n} operators: build {t1 - t0:.1f} s, compile + first step "
+              f"{t2 - t1:.1f} CPU s (target < 60 s)")  # fmt: skip
+
+
 def measure(layers: int, repeats: int = 5) -> dict:
     best = {}
     for _ in range(repeats):
@@ -67,10 +157,10 @@ def measure(layers: int, repeats: int = 5) -> dict:
         opt_time = [0.0]
         orig = gopt.optimize_for_compile
 
-        def timed(graph, dest, _orig=orig, _acc=opt_time):
+        def timed(graph, dest, _orig=orig, _acc=opt_time, **kw):
             t = time.perf_counter()
             try:
-                return _orig(graph, dest)
+                return _orig(graph, dest, **kw)
             finally:
                 _acc[0] += time.perf_counter() - t
 
@@ -112,6 +202,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument(
+        "--blocks", default="1000,4000,16000",
+        help="comma-separated residual-MLP sizes (blocks); empty to skip",
+    )  # fmt: skip
+    ap.add_argument(
+        "--big", type=int, default=0, metavar="OPRS",
+        help="also compile and run a residual MLP of about OPRS operators (e.g. 64000)",
+    )  # fmt: skip
     args = ap.parse_args()
     print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}")
     r = measure(args.layers)
@@ -131,6 +229,9 @@ def main() -> None:
           f"{'OK' if per <= TARGET_MS else 'ABOVE TARGET'}")  # fmt: skip
     if args.profile or per > TARGET_MS:
         profile(args.layers)
+    sizes = [int(n) for n in args.blocks.split(",") if n.strip()]
+    if sizes or args.big:
+        residual_table(sizes, args.big)
 
 
 if __name__ == "__main__":

@@ -54,15 +54,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
 KNOWN_CIRCLES: set[frozenset[str]] = set()
 #: (file, imported module) of imports inside a function (rule c)
 KNOWN_FUNCTION_IMPORTS: set[tuple[str, str]] = {
-    ("graph/cg.py", "megbrain.graph.eager"),
-    ("graph/cg.py", "megbrain.graph.executor"),
-    ("graph/eager.py", "megbrain.graph.value_proxy"),
-    ("graph/operator.py", "megbrain.device"),
-    ("graph/operator.py", "megbrain.dtype"),
-    ("graph/operator.py", "megbrain.graph.static_infer"),
-    ("graph/sereg.py", "megbrain.dtype"),
-    ("graph/sereg.py", "megbrain.graph.param_def"),
-    ("graph/sereg.py", "numpy"),
     ("kernels/conv_algos.py", "threadpoolctl"),
     ("kernels/conv_epilogue.py", "numba"),
     ("kernels/conv_gemm_loops.py", "numba"),

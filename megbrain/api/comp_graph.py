@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from .. import gopt
 from ..errors import GraphError, MegBrainError, is_user_exception
 from ..graph import ComputingGraph, GraphOptions
+from ..graph.mem_planner import gc_paused
 from ..opr.base import SymbolVar, as_var
 from .callback import CallbackWorker, FuncOutputSaver, copy_output, make_graph_callback
 
@@ -77,6 +78,7 @@ class CompGraph(ComputingGraph):
         return self
 
     # ---- compile ---------------------------------------------------------------------------
+    @gc_paused()
     def compile(self, inputs, outspec, *, copy: bool = False, optimize_for_inference=False):
         """Compile ``outspec`` into an :class:`AsyncExec`.
 
@@ -139,6 +141,7 @@ class CompGraph(ComputingGraph):
             return self.compile(inputs, [copy_output(v) for v in outputs])
         return self.compile(inputs, copy_output(outputs))
 
+    @gc_paused()
     def compile_multi_part(self, io_specs):
         """Compile ``[(inputs, outspec), ...]`` into AsyncExecs that must run in order.
 

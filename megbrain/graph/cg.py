@@ -7,6 +7,8 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from ..errors import GraphError
+from .eager import EagerEvaluator
+from .executor import AsyncExecutable, PartExecutable
 from .operator import OperatorNodeBase
 from .options import GraphOptions
 from .static_infer import InferPending, infer_shape, init_infer_types
@@ -107,8 +109,6 @@ class ComputingGraph:
         """The eager evaluator; switching to eager mode makes the graph hold oprs weakly."""
         ev = self.eager_evaluator
         if ev is None:
-            from .eager import EagerEvaluator
-
             ev = self.eager_evaluator = EagerEvaluator(self)
             self._dedup = weakref.WeakValueDictionary(self._dedup)
             self._weak_oprs = weakref.WeakSet()
@@ -134,8 +134,6 @@ class ComputingGraph:
 
         Compiling invalidates the previously compiled function of this graph.
         """
-        from .executor import AsyncExecutable
-
         if self.current_exec is not None:
             self.current_exec._invalidate()
         self._release_func_hooks()
@@ -150,8 +148,6 @@ class ComputingGraph:
         Returns one :class:`~megbrain.graph.executor.PartExecutable` per spec; they share
         one comp seq and memory plan, and compiling again invalidates all of them.
         """
-        from .executor import AsyncExecutable, PartExecutable
-
         if len(specs) < 1:
             raise GraphError("compile_multi_part needs at least one part")
         if self.current_exec is not None:

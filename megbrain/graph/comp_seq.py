@@ -97,17 +97,57 @@ def _order_overwrites(deps: dict) -> None:
                     f"var {var.name!r} is updated in place by two operators in one function: "
                     f"{prev.type_name} {prev.name!r} and {o.type_name} {o.name!r}"
                 )
+    if not writer_of:
+        return
+    readers: dict[VarNode, list] = {v: [] for v in writer_of}
+    for r in deps:
+        for v in dict.fromkeys(r.inputs):
+            lst = readers.get(v)
+            if lst is not None:
+                lst.append(r)
+    original = {o: list(d) for o, d in deps.items()}
     for var, w in writer_of.items():
-        for r in list(deps):
-            if r is w or var not in r.inputs:
-                continue
-            if _reaches(deps, r, w):
-                raise GraphError(
-                    f"operator {r.type_name} {r.name!r} reads both the old value of "
-                    f"{var.name!r} and its value updated by {w.type_name} {w.name!r}"
-                )
-            if r not in deps[w]:
+        have = set(deps[w])
+        for r in readers[var]:
+            if r is not w and r not in have:
                 deps[w].append(r)
+                have.add(r)
+    if _has_cycle(deps):
+        # a reader depends on the update it must precede: find which, as one check per
+        # pair would (the slow walk runs only to name the culprit)
+        deps.clear()
+        deps.update(original)
+        for var, w in writer_of.items():
+            for r in readers[var]:
+                if r is w:
+                    continue
+                if _reaches(deps, r, w):
+                    raise GraphError(
+                        f"operator {r.type_name} {r.name!r} reads both the old value of "
+                        f"{var.name!r} and its value updated by {w.type_name} {w.name!r}"
+                    )
+                if r not in deps[w]:
+                    deps[w].append(r)
+
+
+def _has_cycle(deps: dict) -> bool:
+    """Whether the dependency graph (operator -> operators it depends on) has a cycle."""
+    pending = {o: 0 for o in deps}
+    for ds in deps.values():
+        for d in ds:
+            if d in pending:
+                pending[d] += 1
+    stack = [o for o, n in pending.items() if n == 0]
+    seen = 0
+    while stack:
+        o = stack.pop()
+        seen += 1
+        for d in deps[o]:
+            if d in pending:
+                pending[d] -= 1
+                if pending[d] == 0:
+                    stack.append(d)
+    return seen < len(pending)
 
 
 def _reaches(deps: dict, start, goal) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import weakref
 
+from .value_proxy import CompGraphCallbackValueProxy
 from .var import VarNode
 
 __all__ = ["EagerEvaluator"]
@@ -71,8 +72,6 @@ class EagerEvaluator:
 
     def value_proxy(self, var: VarNode):
         """A (lazy, always active) value proxy over the var's current value."""
-        from .value_proxy import CompGraphCallbackValueProxy
-
         p = CompGraphCallbackValueProxy(var.comp_node)
         p.setup(var.eager_value, False)
         return p

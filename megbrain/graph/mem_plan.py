@@ -8,21 +8,38 @@ assigns offsets; ``tot_alloc()`` is the arena size and ``tot_alloc_lower_bound()
 bytes simultaneously live, which no placement can beat.
 
 Placement is a swappable *solver* (:data:`SOLVERS`), ``f(begins, ends, sizes) -> offsets``
-over the root chunks (overwrite specs are merged into their source before). Each solver is a
-greedy interval packer: chunks in some order, each put in a gap (lowest fitting, or the
-tightest) left by the already placed chunks whose lifetimes overlap its own. The default,
-``"best"``, runs several orderings and keeps the smallest arena, stopping as soon as one
-reaches the lower bound.
+over the root chunks (overwrite specs are merged into their source before). Most solvers are
+greedy interval packers: chunks in some order, each put in a gap (lowest fitting, or the
+tightest) left by the already placed chunks whose lifetimes overlap its own (per-chunk
+conflict lists: a cost that grows with the number of overlapping pairs). ``sweep_best_fit``
+instead sweeps over time with a free list of gaps, in O(n log n). The default, ``"best"``,
+runs them all and keeps the smallest arena, stopping as soon as one reaches the lower bound;
+above :data:`PORTFOLIO_PAIRS` overlapping pairs it runs the sweep alone.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SOLVERS", "StaticAllocator", "align_up", "interval_lower_bound", "overlaps", "pack"]
+__all__ = [
+    "PORTFOLIO_PAIRS",
+    "SOLVERS",
+    "StaticAllocator",
+    "align_up",
+    "interval_lower_bound",
+    "overlap_pairs",
+    "overlaps",
+    "pack",
+    "sweep_best_fit",
+]
+
+#: above this many pairs of chunks with intersecting lifetimes, ``"best"`` runs only the
+#: sweep (the other solvers walk every pair, a cost quadratic in a training graph's size)
+PORTFOLIO_PAIRS = 200_000
 
 
 def align_up(n: int, align: int) -> int:
@@ -112,9 +129,15 @@ def _solver(ordering, best_fit: bool) -> Callable:
 
 
 def _solve_best(b, e, s, conflicts=None):
-    """Every other solver in turn; the smallest arena wins (first to reach the bound stops)."""
+    """Every other solver in turn; the smallest arena wins (first to reach the bound stops).
+
+    The conflict-list solvers cost the number of overlapping pairs, which grows with the
+    square of a training graph's size: beyond :data:`PORTFOLIO_PAIRS` pairs only the sweep
+    runs (n log n)."""
     bound = interval_lower_bound(b, e, s)
     if conflicts is None:
+        if overlap_pairs(b, e) > PORTFOLIO_PAIRS:
+            return sweep_best_fit(b, e, s)
         conflicts = overlaps(b, e)
     best, best_tot = None, None
     for name, fn in SOLVERS.items():
@@ -129,6 +152,92 @@ def _solve_best(b, e, s, conflicts=None):
     return best if best is not None else []
 
 
+def overlap_pairs(begins: Sequence[int], ends: Sequence[int]) -> int:
+    """How many pairs of chunks have intersecting lifetimes (without listing them)."""
+    b = np.asarray(begins, np.int64)
+    e = np.asarray(ends, np.int64)
+    # j meets i when b[j] < e[i] and e[j] > b[i]; those with e[j] <= b[i] all have b[j] < e[i]
+    hits = np.searchsorted(np.sort(b), e, "left") - np.searchsorted(np.sort(e), b, "right")
+    return int(hits.sum() - len(b)) // 2
+
+
+def sweep_best_fit(b, e, s, conflicts=None) -> list[int]:
+    """Sweep over time forward and backward (:func:`_sweep`); the smaller arena wins.
+
+    A training step's lifetimes are nested around the end of the forward pass; freeing in
+    one direction can leave a gap that allocating in the other avoids, so both run (the
+    second only when the first misses the lower bound). ``conflicts`` is ignored."""
+    offs = _sweep(b, e, s)
+    tot = max((o + z for o, z in zip(offs, s)), default=0)
+    if tot <= interval_lower_bound(b, e, s):
+        return offs
+    last = max(e, default=0)
+    back = _sweep([last - x for x in e], [last - x for x in b], s)
+    return back if max((o + z for o, z in zip(back, s)), default=0) < tot else offs
+
+
+def _sweep(b, e, s) -> list[int]:
+    """Place chunks in order of their first step, each in the smallest free gap that fits.
+
+    The sweep keeps the free gaps of the arena (coalesced, sorted by size): a chunk's memory
+    returns to them at its end step. Each chunk costs a few bisections of the gap list, so a
+    plan is O(n log n) (bar the gap list's memmoves) and needs no conflict lists."""
+    n = len(s)
+    offsets = [0] * n
+    starts = sorted(range(n), key=lambda i: (b[i], -s[i], i))
+    ends = sorted(range(n), key=lambda i: e[i])
+    by_size: list[tuple[int, int]] = []  # (size, start) of each free gap
+    gap_at: dict[int, int] = {}  # start -> end of each free gap
+    gap_to: dict[int, int] = {}  # end -> start
+    top = 0
+    k = 0
+
+    def drop(lo, hi):
+        del gap_at[lo], gap_to[hi]
+        del by_size[bisect_left(by_size, (hi - lo, lo))]
+
+    for i in starts:
+        t = b[i]
+        while k < n and e[ends[k]] <= t:
+            j = ends[k]
+            k += 1
+            lo, hi = offsets[j], offsets[j] + s[j]
+            if lo == hi:
+                continue
+            if hi in gap_at:  # coalesce with the gap above
+                h2 = gap_at[hi]
+                drop(hi, h2)
+                hi = h2
+            if lo in gap_to:  # and the one below
+                l2 = gap_to[lo]
+                drop(l2, lo)
+                lo = l2
+            gap_at[lo], gap_to[hi] = hi, lo
+            insort(by_size, (hi - lo, lo))
+        size = s[i]
+        if size == 0:
+            offsets[i] = 0
+            continue
+        g = bisect_left(by_size, (size, -1))
+        if g < len(by_size):
+            room, lo = by_size[g]
+            hi = lo + room
+            drop(lo, hi)
+            if room > size:
+                gap_at[lo + size], gap_to[hi] = hi, lo + size
+                insort(by_size, (room - size, lo + size))
+            offsets[i] = lo
+        elif top in gap_to:  # a free gap at the top grows into the new space
+            lo = gap_to[top]
+            drop(lo, top)
+            offsets[i] = lo
+            top = lo + size
+        else:
+            offsets[i] = top
+            top += size
+    return offsets
+
+
 #: solver name -> ``f(begins, ends, sizes, conflicts=None) -> offsets`` (``conflicts``: the
 #: result of :func:`overlaps`, shared between solvers); ``StaticAllocator(solver=name)``
 SOLVERS: dict[str, Callable] = {
@@ -139,6 +248,7 @@ SOLVERS: dict[str, Callable] = {
         _solver(_by_area, True),
         _solver(_by_length, True),
         _solver(_by_begin, False),
+        sweep_best_fit,
     )
 }
 SOLVERS["best"] = _solve_best

@@ -8,8 +8,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..dtype import dtype_key
+from ..device import CompNode
+from ..dtype import canonize_dtype, dtype_key
 from ..errors import GraphError, MegBrainError
+from . import static_infer
 from .var import InferType, VarNode
 
 __all__ = [
@@ -103,14 +105,10 @@ class OperatorNodeConfig:
         return self
 
     def comp_node(self, cn) -> OperatorNodeConfig:
-        from ..device import CompNode
-
         self._comp_nodes = (CompNode.load(cn),)
         return self
 
     def comp_node_arr(self, cns: Sequence) -> OperatorNodeConfig:
-        from ..device import CompNode
-
         self._comp_nodes = tuple(CompNode.load(c) for c in cns)
         return self
 
@@ -123,8 +121,6 @@ class OperatorNodeConfig:
         return self._comp_nodes[0]
 
     def output_dtype(self, dtype) -> OperatorNodeConfig:
-        from ..dtype import canonize_dtype
-
         self._output_dtype = canonize_dtype(dtype)
         return self
 
@@ -353,8 +349,6 @@ class OperatorNodeBase:
 
     def error(self, msg: str, cls=MegBrainError) -> MegBrainError:
         """An error naming this operator and its inputs' shapes and dtypes."""
-        from . import static_infer
-
         parts = []
         for i, v in enumerate(self.inputs):
             try:

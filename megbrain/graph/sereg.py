@@ -71,9 +71,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 import xxhash
 
+from ..dtype import canonize_dtype, dtype_from_num, dtype_key, dtype_name
 from ..errors import MegBrainError, SerializationError
+from .param_def import enum_index
 
 __all__ = [
     "XXHASH_SEED",
@@ -575,8 +578,6 @@ def fbs_dtype_num(dtype: Any) -> int:
     SerializationError
         For a dtype the file format has no number for (bool, 64-bit types).
     """
-    from ..dtype import canonize_dtype, dtype_from_num, dtype_name
-
     try:
         dt = dtype_from_num(dtype) if isinstance(dtype, int) else canonize_dtype(dtype)
         name = dtype_name(dt)
@@ -598,8 +599,6 @@ def _pdef_spec(cls: type) -> TableSpec:
     tfields = []
     for f in cls.FIELDS:
         if f.ctype == "enum":
-            from .param_def import enum_index
-
             tfields.append(
                 TableField(f.name, "enum", f.enum, enum_index(f.enum.convert(f.default)))
             )
@@ -610,8 +609,6 @@ def _pdef_spec(cls: type) -> TableSpec:
     tfields = tuple(tfields)
 
     def values(obj: Any) -> list:
-        from .param_def import enum_index
-
         out = []
         for tf in tfields:
             v = getattr(obj, tf.name)
@@ -649,8 +646,6 @@ def _pdef_spec(cls: type) -> TableSpec:
 @functools.cache
 def _our_dtype_nums() -> dict[str, int]:
     """megbrain.dtype's DTypeEnum number of each dtype name."""
-    from ..dtype import dtype_from_num, dtype_name
-
     out = {}
     for num in range(64):
         for args in ((), (1.0,), (1.0, 0)):
@@ -763,10 +758,6 @@ CPP_PARAMS: dict[str, type[CppParam]] = {
 
 def persistent_scalar(value: float | int, dtype: Any = "float32") -> tuple[int, bytes]:
     """A ``PersistentDTypeScalar`` struct value: ``value`` stored as ``dtype`` (4 bytes)."""
-    import numpy as np
-
-    from ..dtype import canonize_dtype
-
     dt = canonize_dtype(dtype)
     raw = np.asarray(value, dtype=dt).tobytes()
     if len(raw) > 4:
@@ -776,10 +767,6 @@ def persistent_scalar(value: float | int, dtype: Any = "float32") -> tuple[int, 
 
 def persistent_scalar_value(scalar: tuple[int, bytes] | None) -> Any:
     """The Python number of a ``PersistentDTypeScalar`` struct value (None stays None)."""
-    import numpy as np
-
-    from ..dtype import dtype_from_num
-
     if scalar is None:
         return None
     dt = np.dtype(dtype_from_num(_dtype_from_fbs(scalar[0], "PersistentDTypeScalar")))
@@ -798,13 +785,9 @@ class DTypeParam:
     """
 
     def __init__(self, dtype: Any):
-        from ..dtype import canonize_dtype
-
         self.dtype = canonize_dtype(dtype)
 
     def __eq__(self, other: object) -> bool:
-        from ..dtype import dtype_key
-
         if not isinstance(other, DTypeParam):
             return NotImplemented
         return dtype_key(self.dtype) == dtype_key(other.dtype)
