@@ -5,7 +5,7 @@ PoolingBackward, with the ``mgb.opr`` functions ``convolution``, ``deconvolution
 
 Only the batch-channel-first formats (NCHW, NCDHW) and floating-point dtypes are implemented,
 and, for the forward 2-d convolutions (Convolution and ConvBias), the channel-blocked NCHW88
-(:mod:`megbrain.kernels.conv_nchw88`, the layout ``optimize_for_inference(use_nchw88=True)``
+(:mod:`megbrain.kernels.conv.nchw88`, the layout ``optimize_for_inference(use_nchw88=True)``
 converts a network to; it has no gradient here); the other formats of the reference are
 accepted by the params and refused at inference. ConvBias takes an optional fourth input
 ``z`` of the output's shape: ``act(conv + bias + z)``, as the reference's.
@@ -26,11 +26,14 @@ from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_op
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..graph.static_infer import static_shape
-from ..kernels import conv_algos, conv_epilogue, conv_nchw88, workspace
-from ..kernels import dnn_conv as conv_kernels
-from ..kernels import dnn_pool as pool_kernels
 from ..kernels import elemwise as ew_kernels
-from ..kernels.constant_operands import constant_filter
+from ..kernels import workspace
+from ..kernels.conv import common as conv_kernels
+from ..kernels.conv import epilogue as conv_epilogue
+from ..kernels.conv import nchw88 as conv_nchw88
+from ..kernels.conv import registry as conv_algos
+from ..kernels.conv.constant_operands import constant_filter
+from ..kernels.pool import binds as pool_kernels
 from ..kernels.steps import chain
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
@@ -76,7 +79,7 @@ CONV3D_FORMATS = members_of(pdefs.Convolution3D.Format)
 COMPUTE_MODES = members_of(pdefs.Convolution.ComputeMode)
 CONV3D_DATA_TYPES = members_of(pdefs.Convolution3D.DataType)
 #: the execution strategies of the reference, choosing the kernels' algorithm at bind time
-#: (megbrain.kernels.conv_algos)
+#: (megbrain.kernels.conv.registry)
 STRATEGIES = members_of(pdefs.ExecutionPolicy.Strategy)
 NONLINE_MODES = members_of(pdefs.ConvBias.NonlineMode)
 POOLING_MODES = members_of(pdefs.Pooling.Mode)
@@ -144,7 +147,7 @@ class ConvolutionParam(_ConvParamMixin, _WindowParam):
     ``mode=CONVOLUTION`` flips the filter spatially; ``sparse=GROUP`` takes a grouped
     (G, OC/G, IC/G, FH, FW) filter. ``compute_mode`` is accepted and stored (every mode
     computes float16 in float32); ``strategy`` (MegDNN's ExecutionPolicy) chooses the
-    algorithm at bind time, see :mod:`megbrain.kernels.conv_algos`.
+    algorithm at bind time, see :mod:`megbrain.kernels.conv.registry`.
     """
 
     mode: str = "CROSS_CORRELATION"
@@ -373,7 +376,7 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
                      epilogue=None, then=None):  # fmt: skip
         """Bind the ``kind`` convolution kernel the param's strategy chooses, recording its
         name in :attr:`chosen_algorithm`. An ``epilogue``
-        (:class:`megbrain.kernels.conv_epilogue.Epilogue`) goes to an algorithm that takes
+        (:class:`megbrain.kernels.conv.epilogue.Epilogue`) goes to an algorithm that takes
         epilogues; otherwise ``then()``, when given, binds the step run after the kernel."""
         args = (a, b, out, *self._kernel_args())
         layouts = tuple((x.shape, x.strides, x.dtype) for x in (a, b, out))

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from numpy.lib.stride_tricks import sliding_window_view
 from test_conv_algos import _carved
 
-from megbrain.kernels import dnn_pool, parallel, workspace
+from megbrain.kernels import parallel, workspace
+from megbrain.kernels.pool import binds as dnn_pool
 
 MODES = dnn_pool.POOLING_MODES
 RTOL, ATOL = 1e-4, 1e-5

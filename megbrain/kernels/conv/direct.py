@@ -3,10 +3,10 @@ stride 1, any padding, dilation and group count, ``ICg * FH * FW <= MAX_K``.
 
 With a reduction of 9 or 25 products (a 3x3 or 5x5 filter on one channel), im2col + GEMM
 copies the input 9 or 25 times for a GEMM too thin to keep BLAS busy. Here each (sample,
-output channel) plane is accumulated by a compiled loop (:func:`conv_loops.direct_conv2d`)
+output channel) plane is accumulated by a compiled loop (:func:`.loops.direct.direct_conv2d`)
 straight from a zero-padded copy of the source: one contiguous, vectorized pass over the
 plane per (input channel, three offsets of a filter row), in a fixed order (reproducible).
-The planes are split over :func:`conv_winograd.threads` Python threads.
+The planes are split over :func:`.common.threads` Python threads.
 
 The padded source is a private buffer whose border is written once (its interior is
 refreshed on every run); the accumulators and the float32 copies of float16/bfloat16
@@ -22,9 +22,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import conv_loops, conv_winograd, parallel, workspace
-from .dnn_conv import _Conv, _padded, compute_dtype
-from .steps import Step, chain
+from .. import parallel, workspace
+from ..steps import Step, chain
+from .common import _Conv, _padded, compute_dtype, threads
+from .loops import direct as direct_loops
+from .registry import ConvAlgorithm, register
 
 __all__ = [
     "MAX_K",
@@ -46,6 +48,9 @@ MAX_K = 1600
 #: for 64x2x28x28 3x3 (1.6 vs 2.9), 32x3x32x32 3x3 (1.9 vs 3.2) and 64x8x14x14 3x3 (K = 72,
 #: 1.7 vs 2.3), which HEURISTIC leaves to im2col for now (PROFILE finds them)
 PREFERRED_MAX_K = 25
+#: the planes are split over threads only when each thread gets at least this many
+#: (sample, channel) planes (each thread's call costs a few microseconds)
+_MIN_SPLIT_PLANES = 8
 
 
 def usable_direct_forward(
@@ -139,7 +144,7 @@ def bind_direct_forward(
     planes = geo.n * geo.g * geo.ocg
     if planes == 0 or oh <= 0 or ow <= 0:
         return chain(steps + post)
-    parts = parallel.ranges(planes, conv_winograd.threads(), conv_winograd._MIN_SPLIT_PLANES)
+    parts = parallel.ranges(planes, threads(), _MIN_SPLIT_PLANES)
     acc = workspace.empty((len(parts), 2 * ((oh - 1) * xp.shape[3] + ow)), dt)
     calls = [_plane_step(xp, w, y, acc[i], geo.dilate, flip, p0, p1)
              for i, (p0, p1) in enumerate(parts)]  # fmt: skip
@@ -149,7 +154,7 @@ def bind_direct_forward(
 
 def _plane_step(xp, w, y, acc, dilate, flip, p0, p1) -> Step:
     def step() -> None:
-        conv_loops.direct_conv2d(xp, w, y, acc, dilate, flip, p0, p1)
+        direct_loops.direct_conv2d(xp, w, y, acc, dilate, flip, p0, p1)
 
     return step
 
@@ -229,3 +234,13 @@ def bind_direct_backward_data(
         )
     tpad = _transposed_pad(filt, pad, dilate)
     return bind_direct_forward(diff, filt.swapaxes(1, 2), grad, stride, tpad, dilate, not flip)
+
+
+register(ConvAlgorithm(
+    "DIRECT", "forward", bind_direct_forward, usable_direct_forward,
+    priority=20, heuristic=preferred_direct_forward,
+))  # fmt: skip
+register(ConvAlgorithm(
+    "DIRECT", "backward_data", bind_direct_backward_data, usable_direct_backward_data,
+    priority=20, heuristic=preferred_direct_backward_data,
+))  # fmt: skip

@@ -1,5 +1,5 @@
-"""Compiled (Numba) loops of the direct convolution of :mod:`conv_direct` (the Winograd
-transforms are in :mod:`conv_winograd_loops`).
+"""Compiled (Numba) loops of the direct convolution of :mod:`..direct` (the Winograd
+transforms are in :mod:`.winograd`).
 
 Every loop is single-threaded and GIL-free (``nogil``) and takes a ``[begin, end)`` range
 of its outermost dim, so that a caller may split one call over a few Python threads; Numba's

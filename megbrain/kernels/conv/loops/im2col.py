@@ -4,7 +4,7 @@ The column matrix of a chunk of samples ``[n0, n1)`` of a 2-d convolution is the
 ``(C * FH * FW, k * OH * OW)`` matrix (``k = n1 - n0``) whose row ``(c * FH + a) * FW + b`` holds,
 sample after sample, the ``OH * OW`` source values ``x[n, c, i * sh - ph + a * dh,
 j * sw - pw + b * dw]`` (zero outside the source): the batch-inner layout of
-:mod:`megbrain.kernels.dnn_conv`, so that one GEMM ``W (OC, C FH FW) @ cols`` covers the chunk
+:mod:`megbrain.kernels.conv.im2col`, so that one GEMM ``W (OC, C FH FW) @ cols`` covers the chunk
 (and, with G groups, the rows of group g are the block ``[g K / G, (g + 1) K / G)``).
 
 The loops are single-threaded and GIL-free (``nogil``) and take a ``[r0, r1)`` range of rows

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .steps import Step
+from ..steps import Step
 
 __all__ = ["Epilogue", "bias_act_step", "for_conv_bias", "rows_then"]
 

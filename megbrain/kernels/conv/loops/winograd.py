@@ -1,4 +1,4 @@
-"""Compiled (Numba) transforms of the Winograd F(2x2, 3x3) convolution of :mod:`conv_winograd`.
+"""Compiled (Numba) transforms of the Winograd F(2x2, 3x3) convolution of :mod:`..winograd`.
 
 With ``B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]``,
 ``G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]`` and
@@ -7,7 +7,7 @@ With ``B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]``,
 
 The input and output transforms work on the tile rows ``[r0, r1)`` of one sample, every
 channel, within a *band* (such rows, or several whole samples) laid out ``(16, C, tiles of the
-band)``, so that the 16 GEMMs of :mod:`conv_winograd` have the band's tiles as their long,
+band)``, so that the 16 GEMMs of :mod:`..winograd` have the band's tiles as their long,
 contiguous dimension. The
 long loops run along whole bands of contiguous 1-d views indexed by the loop variable (LLVM
 vectorizes those; a computed index, or loops as short as one row of tiles, did not).

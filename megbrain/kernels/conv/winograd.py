@@ -11,7 +11,7 @@ than im2col + GEMM.
 The work is cut into *bands* (a few tile rows of one sample, or a few whole samples; every
 channel), each small enough (:data:`BAND_BYTES`) that its transformed input and products stay
 in the core's cache between the three stages, and long enough (:data:`MIN_BAND_TILES`) for
-the GEMMs: input transform (compiled, :mod:`conv_winograd_loops`), one batched
+the GEMMs: input transform (compiled, :mod:`.loops.winograd`), one batched
 ``np.matmul`` of the 16 (per group) GEMMs with the band's tiles as their long dimension, and
 output transform straight into the output rows. The bands are split over :func:`threads`
 threads, each a whole pipeline with its own buffers taking the next band until none is
@@ -38,15 +38,15 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import conv_winograd_loops, parallel, workspace
-from .dnn_conv import _Conv, compute_dtype
-from .steps import Step, chain
+from .. import parallel, workspace
+from ..steps import Step, chain
+from .common import _Conv, compute_dtype, threads
+from .loops import winograd as winograd_loops
+from .registry import ConvAlgorithm, register
 
 __all__ = [
     "BAND_BYTES",
     "MIN_BAND_TILES",
-    "MAX_THREADS",
-    "THREADS",
     "bind_winograd_backward_data",
     "MAX_CHANNELS",
     "MIN_CHANNELS",
@@ -89,20 +89,6 @@ MIN_CHANNELS_BACKWARD_DATA = 32
 #: 1x64x56x56 3.1 vs 4.3 / 3.0 vs 4.2; 64x64x14x14 13.0 vs 21.2 / 12.8 vs 19.6; 128x16x14x14
 #: to 32 5.9 vs 6.6; 2x64x28x28 2.9 vs 2.9 / 2.4 vs 3.0; 32x16x14x14 1.6 vs 1.7 / 1.7 vs 1.9
 MIN_POSITIONS = 1024
-#: threads the bands are split over; None: :func:`parallel.num_threads` (the BLAS
-#: thread count, so that both sides of a comparison use the same threads), at most
-#: :data:`MAX_THREADS`
-THREADS: int | None = None
-MAX_THREADS = 4
-#: conv_direct splits its planes over threads only when each thread gets at least this many
-#: (sample, channel) planes (each thread's call costs a few microseconds)
-_MIN_SPLIT_PLANES = 8
-
-
-def threads() -> int:
-    """The thread count the transforms are split over now (:data:`THREADS`)."""
-    n = parallel.num_threads() if THREADS is None else int(THREADS)
-    return max(1, min(MAX_THREADS, n))
 
 
 def _geometry_ok(nd: int, fshape, stride, dilate, dtype) -> bool:
@@ -326,7 +312,7 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     bands = _bands(geo.n, th, tw, 16 * (c + oc) * dt.itemsize, nt)
     nt = min(nt, len(bands))
     most = max(sum(r1 - r0 for _, r0, r1, _ in band) for band in bands)  # tile rows
-    ffilter, finput, foutput = conv_winograd_loops.compiled()
+    ffilter, finput, foutput = winograd_loops.compiled()
     u = workspace.empty((16, g, ocg, icg), dt)
 
     def filter_part(lo: int, hi: int, f=filt, u=u, flip=bool(flip)) -> None:
@@ -367,3 +353,13 @@ def _band_step(x, y, u, v, m, s, z, ph, pw, tw, item, finput, foutput) -> Step:
             foutput(m, y, z, k, tw, r0, r1, ld, off)
 
     return step
+
+
+register(ConvAlgorithm(
+    "WINOGRAD_F23", "forward", bind_winograd_forward, usable_winograd_forward,
+    priority=20, heuristic=preferred_winograd_forward,
+))  # fmt: skip
+register(ConvAlgorithm(
+    "WINOGRAD_F23", "backward_data", bind_winograd_backward_data,
+    usable_winograd_backward_data, priority=20, heuristic=preferred_winograd_backward_data,
+))  # fmt: skip

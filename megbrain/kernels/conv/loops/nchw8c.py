@@ -1,4 +1,4 @@
-"""Compiled (Numba) loops of the direct NCHW8c convolution (:mod:`conv_nchw8c`): the input
+"""Compiled (Numba) loops of the direct NCHW8c convolution (:mod:`..nchw8c`): the input
 and filter packing and the register-tiled convolution of a range of work units.
 
 Layouts (float32, flat C-contiguous buffers):
@@ -27,7 +27,7 @@ The NCHW88 (channel-blocked) operators use the same tiles
 phase planes row by row (:func:`pack_blocked_input`), or read in place by a pointwise
 convolution with stride 1 and no padding (its plane is the source's ``H x W`` positions);
 each tile writes its ``P`` positions by 16 channels (32 for wide units,
-:func:`megbrain.kernels.conv_nchw88.wide_units`) straight into two (four) blocks of the
+:func:`megbrain.kernels.conv.nchw88.wide_units`) straight into two (four) blocks of the
 ``(N, OC/8, OH, OW, 8)`` output, adding the bias and the residual ``z`` and applying the
 ReLU on the way. A tile that would read past a plane's end starts ``P`` positions before
 it instead and writes only the positions not written yet.
@@ -46,7 +46,7 @@ import functools
 
 import numpy as np
 
-from .tiled_jit import tile_positions
+from ...tiled_jit import tile_positions
 
 __all__ = [
     "OB",
@@ -64,7 +64,7 @@ __all__ = [
 
 #: output channels of a tile (one AVX-512 vector, or two AVX2 vectors)
 OB = 16
-#: output channels of a wide tile (two blocks of 16, :func:`conv_nchw88.wide_units`)
+#: output channels of a wide tile (two blocks of 16, :func:`..nchw8c.wide_units`)
 WIDE = 2 * OB
 #: input channels of a packed block
 CB = 8
@@ -497,7 +497,7 @@ def _compiled() -> dict:
     from numba import carray as _carray
     from numba import types as t
 
-    from . import tiled_jit
+    from ... import tiled_jit
 
     stack_tile, fetch_add, carray = tiled_jit.stack_tile(), tiled_jit.fetch_add(), _carray
     fma_tile, transpose_store = tiled_jit.fma_tile(), tiled_jit.transpose_store()
@@ -555,7 +555,7 @@ def _compiled() -> dict:
 def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, me: int) -> None:
     """Thread ``me``'s share of the convolution's units into the flat NCHW ``out``: units
     taken one at a time from ``counter`` (int64, a ``(next, end)`` pair per thread's range of
-    units, :func:`megbrain.kernels.conv_nchw8c.units_as_they_go`) by atomic increments, its
+    units, :func:`megbrain.kernels.conv.nchw8c.units_as_they_go`) by atomic increments, its
     own range first, then what the other threads have not taken of theirs; ``rb`` this
     thread's row buffer of at least ``(ROWS WQ + P) 16`` values; ``taps`` the int64 plane
     offsets (positions) of the filter taps, row-major; ``geom`` the int64 array of the
