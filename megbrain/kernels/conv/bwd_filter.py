@@ -41,7 +41,15 @@ import numpy as np
 
 from .. import parallel, workspace
 from ..steps import Step, chain
-from .common import _contiguous, _Conv, _flipped, _geometry, _split_gemms, compute_dtype
+from .common import (
+    _contiguous,
+    _Conv,
+    _flipped,
+    _geometry,
+    _split_gemms,
+    bind_doc,
+    compute_dtype,
+)
 from .loops import im2col as im2col_loops
 from .registry import ConvAlgorithm, always, register
 
@@ -139,40 +147,12 @@ def _blocks(n: int, oh: int, ow: int, per_row_bytes: int, parts: int = 1) -> lis
     ]
 
 
-def bind_blocked(
-    src: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> Callable[[], None]:
-    """Bind the gradient of a 2-d convolution w.r.t. its filter as IM2COL_GEMM_BLOCKED.
-
-    Parameters
-    ----------
-    src : numpy.ndarray
-        The ``(N, G*ICg, H, W)`` input of the forward convolution (any strides).
-    diff : numpy.ndarray
-        The ``(N, G*OCg, OH, OW)`` gradient of the forward output (any strides).
-    grad : numpy.ndarray
-        The grouped ``(G, OCg, ICg, FH, FW)`` result.
-    stride, pad, dilate : sequence of int
-        Two values each.
-    flip : bool
-        True for CONVOLUTION mode (the filter is flipped spatially).
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``grad``.
-
-    Raises
-    ------
-    ValueError
-        When the shapes do not match or :func:`usable_blocked` refuses the gradient.
-    """
+@bind_doc("backward_filter")
+def bind_blocked(src: np.ndarray, diff: np.ndarray, grad: np.ndarray, stride: Sequence[int],
+                 pad: Sequence[int], dilate: Sequence[int], flip: bool = False,
+                 ) -> Callable[[], None]:  # fmt: skip
+    """Bind the gradient of a 2-d convolution w.r.t. its filter as IM2COL_GEMM_BLOCKED
+    (:func:`usable_blocked`); any strides."""
     geo, dt = _checked("IM2COL_GEMM_BLOCKED", src, diff, grad, stride, pad, dilate,
                        usable_blocked, "a 2-d floating-point convolution, pad >= 0")  # fmt: skip
     steps: list[Step] = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -30,7 +30,9 @@ __all__ = [
     "MAX_THREADS",
     "SPLIT_MIN_ELEMS",
     "THREADS",
+    "bind_doc",
     "check_convolution",
+    "checked",
     "compute_dtype",
     "conv_out_size",
     "deconv_out_size",
@@ -335,6 +337,88 @@ def check_convolution(kind: str, a, b, out, stride, pad, dilate, flip=False) -> 
         compute_dtype(src.dtype)
     except ValueError as exc:
         raise ValueError(f"{_KIND_NAMES[kind]}: {exc}") from None
+
+#: each kind's operands, as the algorithms' binds take them
+_OPERANDS = {
+    "forward": ("src", "filter", "out"),
+    "backward_data": ("filter", "diff", "grad"),
+    "backward_filter": ("src", "diff", "grad"),
+}
+
+
+def checked(kind: str, algo: str, needs: str, usable: Callable, a, b, out, stride, pad, dilate,
+            flip: bool = False) -> _Conv:  # fmt: skip
+    """The checked geometry of a ``kind`` convolution that the algorithm ``algo`` binds: the
+    common prologue of the algorithms' binds. Raises ValueError when the geometry is not a
+    convolution, or, naming what the algorithm ``needs`` and the operands, when
+    ``usable(a, b, out, stride, pad, dilate, flip)`` refuses it."""
+    geo = _geometry(kind, a, b, out, stride, pad, dilate)
+    if not usable(a, b, out, stride, pad, dilate, flip):
+        got = ", ".join(f"{n} {tuple(x.shape)} {x.dtype}" for n, x in zip(_OPERANDS[kind],
+                                                                          (a, b, out)))  # fmt: skip
+        raise ValueError(
+            f"{_KIND_NAMES[kind]} ({algo}): needs {needs}; got {got}, stride={tuple(stride)}, "
+            f"pad={tuple(pad)}, dilate={tuple(dilate)}"
+        )
+    return geo
+
+
+_DOC_OPERANDS = {
+    "forward": """    src : numpy.ndarray
+        The ``(N, G*ICg, *S)`` input (any strides).
+    filt : numpy.ndarray
+        The grouped ``(G, OCg, ICg, *F)`` filter.
+    out : numpy.ndarray
+        The ``(N, G*OCg, *O)`` output, ``O = (S + 2 pad - dilate (F - 1) - 1) // stride + 1``.
+""",
+    "backward_data": """    filt : numpy.ndarray
+        The grouped ``(G, OCg, ICg, *F)`` filter of the forward convolution.
+    diff : numpy.ndarray
+        The ``(N, G*OCg, *O)`` gradient of the forward output.
+    grad : numpy.ndarray
+        The ``(N, G*ICg, *S)`` result; the forward convolution of an input of this shape must
+        give ``diff``'s shape.
+""",
+    "backward_filter": """    src : numpy.ndarray
+        The ``(N, G*ICg, *S)`` input of the forward convolution.
+    diff : numpy.ndarray
+        The ``(N, G*OCg, *O)`` gradient of the forward output.
+    grad : numpy.ndarray
+        The grouped ``(G, OCg, ICg, *F)`` result.
+""",
+}
+_DOC_STRATEGY = """    strategy : str
+        The execution policy choosing the algorithm (see :mod:`megbrain.kernels.conv.registry`):
+        HEURISTIC (default), HEURISTIC_REPRODUCIBLE, PROFILE, PROFILE_REPRODUCIBLE or
+        PROFILE_HEURISTIC.
+"""
+_DOC_EPILOGUE = """    epilogue : Epilogue, optional
+        ``act(conv + bias)`` (:class:`.epilogue.Epilogue`) applied as the output is written.
+"""
+
+
+def bind_doc(kind: str, *, strategy: bool = False, epilogue: bool = False):
+    """Decorate a ``kind`` convolution bind: its docstring (a summary saying what the bind
+    computes and which geometry it needs) gets the Parameters, Returns and Raises sections
+    every bind shares."""
+    result = {"forward": "out", "backward_data": "grad", "backward_filter": "grad"}[kind]
+    sections = (
+        "\n\n    Parameters\n    ----------\n" + _DOC_OPERANDS[kind]
+        + "    stride, pad, dilate : sequence of int\n        One value per spatial dim.\n"
+        + "    flip : bool\n        True for CONVOLUTION mode (the filter is flipped spatially), "
+        + "False for\n        CROSS_CORRELATION.\n"
+        + (_DOC_STRATEGY if strategy else "") + (_DOC_EPILOGUE if epilogue else "")
+        + "\n    Returns\n    -------\n    Callable[[], None]\n        A zero-argument callable "
+        + f"computing ``{result}`` from the current inputs.\n"
+        + "\n    Raises\n    ------\n    ValueError\n        When the operands and the geometry do "
+        + "not make a convolution the bind accepts.\n    "
+    )  # fmt: skip
+
+    def decorate(fn: Callable) -> Callable:
+        fn.__doc__ = (fn.__doc__ or "").rstrip() + sections
+        return fn
+
+    return decorate
 
 
 def _chunk_pipelines(chunks: list[tuple], slot, pipeline) -> Step:

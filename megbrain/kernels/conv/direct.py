@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import parallel, workspace
 from ..steps import Step, chain
-from .common import _Conv, _padded, compute_dtype, threads
+from .common import _padded, bind_doc, checked, compute_dtype, threads
 from .loops import direct as direct_loops
 from .registry import ConvAlgorithm, register
 
@@ -53,15 +53,7 @@ PREFERRED_MAX_K = 25
 _MIN_SPLIT_PLANES = 8
 
 
-def usable_direct_forward(
-    src: np.ndarray,
-    filt: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> bool:
+def usable_direct_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
     """Whether :func:`bind_direct_forward` accepts the convolution: 2-d, stride 1,
     floating point, ``ICg * FH * FW <= MAX_K``."""
     try:
@@ -83,48 +75,15 @@ def preferred_direct_forward(src, filt, out, stride, pad, dilate, flip=False) ->
     )
 
 
-def bind_direct_forward(
-    src: np.ndarray,
-    filt: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> Callable[[], None]:
-    """Bind the grouped convolution ``out = conv(src, filt)`` as a direct convolution.
-
-    Parameters
-    ----------
-    src : numpy.ndarray
-        The ``(N, G*ICg, H, W)`` input (any strides).
-    filt : numpy.ndarray
-        The grouped ``(G, OCg, ICg, FH, FW)`` filter.
-    out : numpy.ndarray
-        The ``(N, G*OCg, OH, OW)`` output (any strides).
-    stride, pad, dilate : sequence of int
-        Two values each; the stride must be 1.
-    flip : bool
-        True for CONVOLUTION mode (the filter is flipped spatially), False for
-        CROSS_CORRELATION.
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``out`` from the current inputs.
-
-    Raises
-    ------
-    ValueError
-        When the shapes do not match or the convolution is not one
-        :func:`usable_direct_forward` accepts.
-    """
-    geo = _Conv("Convolution", src.shape, filt.shape, out.shape, stride, pad, dilate)
-    if not usable_direct_forward(src, filt, out, stride, pad, dilate, flip):
-        raise ValueError(
-            f"Convolution (direct): needs a 2-d convolution with stride 1 and ICg*FH*FW <= "
-            f"{MAX_K}, got filter {tuple(filt.shape)}, stride={tuple(stride)}, dtype {src.dtype}"
-        )
+@bind_doc("forward")
+def bind_direct_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stride: Sequence[int],
+                        pad: Sequence[int], dilate: Sequence[int], flip: bool = False
+                        ) -> Callable[[], None]:  # fmt: skip
+    """Bind the grouped convolution ``out = conv(src, filt)`` as a direct convolution: 2-d,
+    stride 1, ``ICg * FH * FW <= MAX_K`` (:func:`usable_direct_forward`); any strides."""
+    needs = f"a 2-d convolution with stride 1 and ICg*FH*FW <= {MAX_K}"
+    geo = checked("forward", "direct", needs, usable_direct_forward, src, filt, out, stride, pad,
+                  dilate, flip)  # fmt: skip
     dt = compute_dtype(src.dtype)
     steps: list[Step] = []
     post: list[Step] = []
@@ -163,15 +122,7 @@ def _transposed_pad(filt, pad, dilate) -> tuple:
     return tuple(d * (f - 1) - p for f, p, d in zip(filt.shape[3:], pad, dilate))
 
 
-def usable_direct_backward_data(
-    filt: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> bool:
+def usable_direct_backward_data(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
     """Whether :func:`bind_direct_backward_data` accepts the gradient: 2-d, stride 1,
     ``pad <= dilate (F - 1)``, floating point, ``OCg * FH * FW <= MAX_K``."""
     return (
@@ -190,48 +141,17 @@ def preferred_direct_backward_data(filt, diff, grad, stride, pad, dilate, flip=F
     )
 
 
+@bind_doc("backward_data")
 def bind_direct_backward_data(
-    filt: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> Callable[[], None]:
+    filt: np.ndarray, diff: np.ndarray, grad: np.ndarray, stride: Sequence[int],
+    pad: Sequence[int], dilate: Sequence[int], flip: bool = False,
+) -> Callable[[], None]:  # fmt: skip
     """Bind the gradient of a stride-1 convolution w.r.t. its input as the direct forward
     convolution of ``diff``, padded by ``dilate (F - 1) - pad``, with the transposed,
-    flipped filter.
-
-    Parameters
-    ----------
-    filt : numpy.ndarray
-        The grouped ``(G, OCg, ICg, FH, FW)`` filter of the forward convolution.
-    diff : numpy.ndarray
-        The ``(N, G*OCg, OH, OW)`` gradient of the forward output.
-    grad : numpy.ndarray
-        The ``(N, G*ICg, H, W)`` result.
-    stride, pad, dilate, flip
-        As for :func:`bind_direct_forward`; ``pad <= dilate (F - 1)``.
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``grad``.
-
-    Raises
-    ------
-    ValueError
-        When the shapes do not match or the gradient is not one
-        :func:`usable_direct_backward_data` accepts.
-    """
-    _Conv("ConvolutionBackwardData", grad.shape, filt.shape, diff.shape, stride, pad, dilate)
-    if not usable_direct_backward_data(filt, diff, grad, stride, pad, dilate, flip):
-        raise ValueError(
-            f"ConvolutionBackwardData (direct): needs a 2-d gradient with stride 1, "
-            f"pad <= dilate*(F-1) and OCg*FH*FW <= {MAX_K}, got filter {tuple(filt.shape)}, "
-            f"stride={tuple(stride)}, pad={tuple(pad)}, dtype {diff.dtype}"
-        )
+    flipped filter (:func:`usable_direct_backward_data`: 2-d, ``pad <= dilate (F - 1)``)."""
+    needs = f"a 2-d gradient with stride 1, pad <= dilate*(F-1) and OCg*FH*FW <= {MAX_K}"
+    checked("backward_data", "direct", needs, usable_direct_backward_data, filt, diff, grad,
+            stride, pad, dilate, flip)  # fmt: skip
     tpad = _transposed_pad(filt, pad, dilate)
     return bind_direct_forward(diff, filt.swapaxes(1, 2), grad, stride, tpad, dilate, not flip)
 

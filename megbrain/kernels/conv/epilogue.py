@@ -15,6 +15,7 @@ import functools
 from typing import NamedTuple
 
 import numpy as np
+from numba import njit
 
 from ..steps import Step
 
@@ -53,7 +54,6 @@ def _bias_act_py(block, bias, relu):
 
 @functools.cache
 def _compiled():
-    from numba import njit
 
     return njit(nogil=True, cache=True, error_model="numpy")(_bias_act_py)
 

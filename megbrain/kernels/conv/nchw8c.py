@@ -33,7 +33,7 @@ import numpy as np
 from .. import parallel, workspace
 from ..steps import Step, chain
 from ..tiled_jit import vector_width
-from .common import SPLIT_MIN_ELEMS, _Conv
+from .common import SPLIT_MIN_ELEMS, bind_doc, checked
 from .constant_operands import filter_is_constant
 from .epilogue import Epilogue
 from .loops import nchw8c as loops
@@ -152,15 +152,7 @@ def block_channels(icg: int) -> int:
     return loops.CB if icg % loops.CB == 0 else 1
 
 
-def usable_nchw8c_forward(
-    src: np.ndarray,
-    filt: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> bool:
+def usable_nchw8c_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
     """Whether :func:`bind_nchw8c_forward` accepts the convolution: 2-d, float32 operands,
     padding and dilated filter reach in ``[0, MAX_PAD]``, ``OCg % 16 == 0``, at least one
     sample and output position, and a C-contiguous, writable output (any ``ICg``: blocks of 8
@@ -202,55 +194,18 @@ def preferred_nchw8c_forward(src, filt, out, stride, pad, dilate, flip=False) ->
     )
 
 
-def bind_nchw8c_forward(
-    src: np.ndarray,
-    filt: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-    epilogue: Epilogue | None = None,
-) -> Callable[[], None]:
-    """Bind the grouped convolution ``out = conv(src, filt)`` as the direct NCHW8c one.
-
-    Parameters
-    ----------
-    src : numpy.ndarray
-        The float32 ``(N, G*ICg, H, W)`` input (any strides).
-    filt : numpy.ndarray
-        The float32 grouped ``(G, OCg, ICg, FH, FW)`` filter (any strides).
-    out : numpy.ndarray
-        The float32 ``(N, G*OCg, OH, OW)`` output, C-contiguous.
-    stride, pad, dilate : sequence of int
-        Two values each.
-    flip : bool
-        True for CONVOLUTION mode (the filter is flipped spatially), False for
-        CROSS_CORRELATION.
-    epilogue : Epilogue, optional
-        ``act(conv + bias)`` applied as each output block is written.
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``out`` from the current inputs (and, for a
-        constant filter, from the filter's values at its first call).
-
-    Raises
-    ------
-    ValueError
-        When the shapes do not match or the convolution is not one
-        :func:`usable_nchw8c_forward` accepts.
-    """
-    geo = _Conv("Convolution", src.shape, filt.shape, out.shape, stride, pad, dilate)
-    if not usable_nchw8c_forward(src, filt, out, stride, pad, dilate, flip):
-        raise ValueError(
-            f"Convolution (DIRECT_NCHW8C): needs float32 operands, pad and dilated filter reach "
-            f"<= {MAX_PAD}, OCg % {loops.OB} == 0 and a C-contiguous "
-            f"output; got src {tuple(src.shape)} {src.dtype}, filter {tuple(filt.shape)} "
-            f"{filt.dtype}, out {tuple(out.shape)} {out.dtype}, stride={tuple(stride)}, "
-            f"pad={tuple(pad)}, dilate={tuple(dilate)}"
-        )
+@bind_doc("forward", epilogue=True)
+def bind_nchw8c_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stride: Sequence[int],
+                        pad: Sequence[int], dilate: Sequence[int], flip: bool = False,
+                        epilogue: Epilogue | None = None
+                        ) -> Callable[[], None]:  # fmt: skip
+    """Bind the grouped convolution ``out = conv(src, filt)`` as the direct NCHW8c one:
+    float32 operands, a C-contiguous output (:func:`usable_nchw8c_forward`). For a constant
+    filter the step reads the filter's values at its first call only."""
+    needs = (f"float32 operands, pad and dilated filter reach <= {MAX_PAD}, OCg % {loops.OB} == "
+             "0 and a C-contiguous output")  # fmt: skip
+    geo = checked("forward", "DIRECT_NCHW8C", needs, usable_nchw8c_forward, src, filt, out,
+                  stride, pad, dilate, flip)  # fmt: skip
     oh, ow = geo.oshape
     (sh, sw), pt = geo.stride, geo.pad[0]
     fh, fw = geo.fshape

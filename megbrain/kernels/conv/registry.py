@@ -62,6 +62,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
+from threadpoolctl import threadpool_info
 
 from .. import workspace
 from .common import _KIND_NAMES, check_convolution
@@ -197,17 +198,10 @@ def algorithms(kind: str) -> list[ConvAlgorithm]:
 
 
 def usable_algorithms(
-    kind: str,
-    a: np.ndarray,
-    b: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-    *,
+    kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, stride: Sequence[int],
+    pad: Sequence[int], dilate: Sequence[int], flip: bool = False, *,
     reproducible: bool = False,
-) -> list[ConvAlgorithm]:
+) -> list[ConvAlgorithm]:  # fmt: skip
     """The ``kind`` algorithms usable on these arrays (reproducible ones only if asked),
     highest priority first.
 
@@ -242,16 +236,11 @@ def clear_choices() -> None:
 
 
 def blas_threads() -> int:
-    """The thread count of the BLAS NumPy uses (threadpoolctl when installed, else the
-    usual environment variables, else 1)."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        threadpool_info = None
-    if threadpool_info is not None:
-        counts = [i.get("num_threads", 1) for i in threadpool_info() if i.get("user_api") == "blas"]
-        if counts:
-            return int(max(counts))
+    """The thread count of the BLAS NumPy uses (by threadpoolctl, else the usual environment
+    variables, else 1)."""
+    counts = [i.get("num_threads", 1) for i in threadpool_info() if i.get("user_api") == "blas"]
+    if counts:
+        return int(max(counts))
     for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
         v = os.environ.get(var, "")
         if v.isdigit():
@@ -378,19 +367,10 @@ def _profile(kind: str, cands: list[ConvAlgorithm], args: tuple) -> ConvAlgorith
 
 
 def select(
-    kind: str,
-    a: np.ndarray,
-    b: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-    *,
-    strategy: str = "HEURISTIC",
-    cache=None,
-    keep: str | None = None,
-) -> ConvAlgorithm:
+    kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, stride: Sequence[int],
+    pad: Sequence[int], dilate: Sequence[int], flip: bool = False, *,
+    strategy: str = "HEURISTIC", cache=None, keep: str | None = None,
+) -> ConvAlgorithm:  # fmt: skip
     """The ``kind`` algorithm ``strategy`` chooses for these arrays (see the module doc).
 
     Parameters
@@ -458,18 +438,10 @@ def select(
 
 
 def bind(
-    kind: str,
-    a: np.ndarray,
-    b: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-    *,
-    strategy: str = "HEURISTIC",
-    cache=None,
-) -> Callable[[], None]:
+    kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, stride: Sequence[int],
+    pad: Sequence[int], dilate: Sequence[int], flip: bool = False, *,
+    strategy: str = "HEURISTIC", cache=None,
+) -> Callable[[], None]:  # fmt: skip
     """Choose the ``kind`` algorithm (:func:`select`) and bind it; returns its step."""
     algo = select(kind, a, b, out, stride, pad, dilate, flip, strategy=strategy, cache=cache)
     return algo.bind(a, b, out, stride, pad, dilate, flip)

@@ -40,7 +40,7 @@ import numpy as np
 
 from .. import parallel, workspace
 from ..steps import Step, chain
-from .common import _Conv, compute_dtype, threads
+from .common import _Conv, bind_doc, checked, compute_dtype, threads
 from .loops import winograd as winograd_loops
 from .registry import ConvAlgorithm, register
 
@@ -104,15 +104,7 @@ def _geometry_ok(nd: int, fshape, stride, dilate, dtype) -> bool:
     )
 
 
-def usable_winograd_forward(
-    src: np.ndarray,
-    filt: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> bool:
+def usable_winograd_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
     """Whether :func:`bind_winograd_forward` accepts the convolution: 2-d, 3x3, stride 1,
     dilation 1, floating point, at most :data:`MAX_CHANNELS` input channels per group (any
     padding and group count)."""
@@ -123,15 +115,7 @@ def usable_winograd_forward(
     )
 
 
-def usable_winograd_backward_data(
-    filt: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> bool:
+def usable_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
     """Whether :func:`bind_winograd_backward_data` accepts the gradient: 2-d, 3x3, stride 1,
     dilation 1, padding at most 2, floating point, at most :data:`MAX_CHANNELS` output
     channels per group (the channels a gradient value sums over)."""
@@ -163,97 +147,31 @@ def preferred_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip
     ) and _large_enough(filt, grad, MIN_CHANNELS_BACKWARD_DATA)
 
 
-def bind_winograd_forward(
-    src: np.ndarray,
-    filt: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> Callable[[], None]:
-    """Bind the grouped convolution ``out = conv(src, filt)`` as Winograd F(2x2, 3x3).
-
-    Parameters
-    ----------
-    src : numpy.ndarray
-        The ``(N, G*ICg, H, W)`` input (any strides).
-    filt : numpy.ndarray
-        The grouped ``(G, OCg, ICg, 3, 3)`` filter.
-    out : numpy.ndarray
-        The ``(N, G*OCg, OH, OW)`` output, ``OH = H + 2 pad - 2``.
-    stride, pad, dilate : sequence of int
-        Two values each; stride and dilation must be 1.
-    flip : bool
-        True for CONVOLUTION mode (the filter is flipped spatially), False for
-        CROSS_CORRELATION.
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``out`` from the current inputs.
-
-    Raises
-    ------
-    ValueError
-        When the shapes do not match or the convolution is not one
-        :func:`usable_winograd_forward` accepts.
-    """
-    geo = _Conv("Convolution", src.shape, filt.shape, out.shape, stride, pad, dilate)
-    if not usable_winograd_forward(src, filt, out, stride, pad, dilate, flip):
-        raise ValueError(
-            f"Convolution (winograd F(2x2,3x3)): needs a 2-d 3x3 filter, stride 1, "
-            f"dilation 1 and at most {MAX_CHANNELS} input channels per group, got filter "
-            f"{tuple(filt.shape)}, stride={tuple(stride)}, "
-            f"dilate={tuple(dilate)}, dtype {src.dtype}"
-        )
+@bind_doc("forward")
+def bind_winograd_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stride: Sequence[int],
+                          pad: Sequence[int], dilate: Sequence[int], flip: bool = False
+                          ) -> Callable[[], None]:  # fmt: skip
+    """Bind the grouped convolution ``out = conv(src, filt)`` as Winograd F(2x2, 3x3): 2-d,
+    a 3x3 filter, stride and dilation 1 (:func:`usable_winograd_forward`); any strides."""
+    needs = (f"a 2-d 3x3 filter, stride 1, dilation 1 and at most {MAX_CHANNELS} input "
+             "channels per group")  # fmt: skip
+    geo = checked("forward", "winograd F(2x2,3x3)", needs, usable_winograd_forward, src, filt,
+                  out, stride, pad, dilate, flip)  # fmt: skip
     return _bind(geo, src, filt, out, flip, "Convolution")
 
 
+@bind_doc("backward_data")
 def bind_winograd_backward_data(
-    filt: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> Callable[[], None]:
+    filt: np.ndarray, diff: np.ndarray, grad: np.ndarray, stride: Sequence[int],
+    pad: Sequence[int], dilate: Sequence[int], flip: bool = False,
+) -> Callable[[], None]:  # fmt: skip
     """Bind the gradient of a convolution w.r.t. its input as Winograd F(2x2, 3x3): the
     forward convolution of ``diff``, padded by ``2 - pad``, with the transposed, flipped
-    filter.
-
-    Parameters
-    ----------
-    filt : numpy.ndarray
-        The grouped ``(G, OCg, ICg, 3, 3)`` filter of the forward convolution.
-    diff : numpy.ndarray
-        The ``(N, G*OCg, OH, OW)`` gradient of the forward output.
-    grad : numpy.ndarray
-        The ``(N, G*ICg, H, W)`` result.
-    stride, pad, dilate, flip
-        As for :func:`bind_winograd_forward`; ``pad <= 2``.
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``grad``.
-
-    Raises
-    ------
-    ValueError
-        When the shapes do not match or the gradient is not one
-        :func:`usable_winograd_backward_data` accepts.
-    """
-    _Conv("ConvolutionBackwardData", grad.shape, filt.shape, diff.shape, stride, pad, dilate)
-    if not usable_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip):
-        raise ValueError(
-            f"ConvolutionBackwardData (winograd F(2x2,3x3)): needs a 2-d 3x3 filter, "
-            f"stride 1, dilation 1, pad <= 2 and at most {MAX_CHANNELS} output channels per "
-            f"group, got filter {tuple(filt.shape)}, "
-            f"stride={tuple(stride)}, pad={tuple(pad)}, dilate={tuple(dilate)}, "
-            f"dtype {diff.dtype}"
-        )
+    filter (:func:`usable_winograd_backward_data`: as the forward one, ``pad <= 2``)."""
+    needs = (f"a 2-d 3x3 filter, stride 1, dilation 1, pad <= 2 and at most {MAX_CHANNELS} "
+             "output channels per group")  # fmt: skip
+    checked("backward_data", "winograd F(2x2,3x3)", needs, usable_winograd_backward_data, filt,
+            diff, grad, stride, pad, dilate, flip)  # fmt: skip
     tpad = tuple(2 - p for p in pad)
     tfilt = filt.swapaxes(1, 2)
     geo = _Conv("ConvolutionBackwardData", diff.shape, tfilt.shape, grad.shape, stride, tpad,

@@ -45,7 +45,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from numba import carray as _carray
+from numba import types as t
 
+from ... import tiled_jit
 from ...tiled_jit import tile_positions
 
 __all__ = [
@@ -363,8 +366,8 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
 
 def _zeros_py(xp, lo, hi):
     # pragma: no cover - compiled
-    for t in range(lo, hi):
-        xp[np.uintp(t)] = 0.0
+    for e in range(lo, hi):
+        xp[np.uintp(e)] = 0.0
 
 
 def _pad_row_py(xp, d, src, h_, k0, k1, wq, bs):
@@ -415,8 +418,8 @@ def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1, phas
                 srow = s0 + src * w_ * CB
                 if sw == 1:
                     o = srow + (phi - col_off) * CB
-                    for t in range(k0 * CB, k1 * CB):
-                        xp[np.uintp(d + t)] = x[np.uintp(o + t)]
+                    for e in range(k0 * CB, k1 * CB):
+                        xp[np.uintp(d + e)] = x[np.uintp(o + e)]
                 else:
                     for k in range(k0, k1):
                         o = srow + (sw * k + phi - col_off) * CB
@@ -489,15 +492,11 @@ _zeros = _pad_row = None
 
 @functools.cache
 def _compiled() -> dict:
-    # numba is imported on first use: ``import megbrain`` stays free of its import time
     global stack_tile, fetch_add, fma_tile, transpose_store, P, _TILE, _WIDE_TILE, _LANES
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
     global _zeros, _pad_row, carray
-    from numba import carray as _carray
-    from numba import types as t
 
-    from ... import tiled_jit
 
     stack_tile, fetch_add, carray = tiled_jit.stack_tile(), tiled_jit.fetch_add(), _carray
     fma_tile, transpose_store = tiled_jit.fma_tile(), tiled_jit.transpose_store()

@@ -14,13 +14,15 @@ vectorizes those; a computed index, or loops as short as one row of tiles, did n
 
 Every loop is single-threaded and GIL-free (``nogil``), so that a caller may run several on
 a few Python threads; Numba's parallel threading layers are not safe to enter from the
-executor's several worker threads. Numba is imported on first use (``import megbrain`` stays
-free of its import time); the loops allocate nothing: scratch comes from the caller.
+executor's several worker threads. The loops are compiled on first use and allocate nothing:
+scratch comes from the caller.
 """
 
 from __future__ import annotations
 
 import functools
+
+from numba import njit
 
 __all__ = ["compiled", "filter_transform", "input_transform", "output_transform"]
 
@@ -221,8 +223,5 @@ def compiled() -> tuple:
 
 @functools.cache
 def _compiled(name: str):
-    # numba is imported on first use: ``import megbrain`` stays free of its import time
-    from numba import njit
-
     fn = {"filter": _filter_py, "input": _input_py, "output": _output_py}[name]
     return njit(nogil=True, cache=True, error_model="numpy", fastmath=False)(fn)
