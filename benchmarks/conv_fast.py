@@ -48,7 +48,10 @@ def case_fns(name: str) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from megbrain.kernels import conv_direct, conv_winograd, dnn_conv
+    from megbrain.kernels.conv import bwd_data as conv_bwd_data
+    from megbrain.kernels.conv import direct as conv_direct
+    from megbrain.kernels.conv import im2col as conv_im2col
+    from megbrain.kernels.conv import winograd as conv_winograd
 
     n, c, h, oc, f, p = CASES[name]
     rng = np.random.default_rng(0)
@@ -58,8 +61,8 @@ def case_fns(name: str) -> dict:
     dy = rng.uniform(-1, 1, (n, oc, oh, oh)).astype(np.float32)
     y, gx = np.empty(dy.shape, np.float32), np.empty(x.shape, np.float32)
     one, pad = (1, 1), (p, p)
-    fwd_old = dnn_conv.fwd_per_sample_gemm if c * f * f <= dnn_conv.PER_SAMPLE_MAX_K else (
-        dnn_conv.fwd_im2col_gemm
+    fwd_old = conv_im2col.fwd_per_sample_gemm if c * f * f <= conv_im2col.PER_SAMPLE_MAX_K else (
+        conv_im2col.fwd_im2col_gemm
     )
     fns = {"fwd im2col": fwd_old(x, w, y, one, pad, one)}
     if f == 3:
@@ -69,10 +72,10 @@ def case_fns(name: str) -> dict:
     tx, tw, tdy = map(torch.from_numpy, (x, w[0], dy))
     fns["fwd torch"] = lambda: F.conv2d(tx, tw, padding=p)
     if c > 1:  # a first layer's data gradient is not computed
-        if dnn_conv.bwd_data_as_forward_preferred(w, dy, gx, one, pad, one):
-            fns["bwd data AS_FORWARD"] = dnn_conv.bwd_data_as_forward(w, dy, gx, one, pad, one)
+        if conv_bwd_data.bwd_data_as_forward_preferred(w, dy, gx, one, pad, one):
+            fns["bwd data AS_FORWARD"] = conv_bwd_data.bwd_data_as_forward(w, dy, gx, one, pad, one)
         else:
-            fns["bwd data COL2IM"] = dnn_conv.bwd_data_gemm_col2im(w, dy, gx, one, pad, one)
+            fns["bwd data COL2IM"] = conv_bwd_data.bwd_data_gemm_col2im(w, dy, gx, one, pad, one)
         if conv_direct.usable_direct_backward_data(w, dy, gx, one, pad, one):
             fns["bwd data DIRECT"] = conv_direct.bind_direct_backward_data(
                 w, dy, gx, one, pad, one

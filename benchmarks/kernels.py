@@ -27,7 +27,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 import megbrain as mgb
-from megbrain.kernels import dnn_pool, parallel
+from megbrain.kernels import parallel
+from megbrain.kernels.pool import binds as dnn_pool
 from megbrain.opr.base import create_opr
 from megbrain.opr.blas import matrix_mul
 from megbrain.opr.dnn import ConvolutionParam, convolution, deconvolution

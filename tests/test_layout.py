@@ -54,43 +54,9 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
 KNOWN_CIRCLES: set[frozenset[str]] = set()
 #: (file, imported module) of imports inside a function (rule c)
 KNOWN_FUNCTION_IMPORTS: set[tuple[str, str]] = {
-    ("kernels/conv_algos.py", "threadpoolctl"),
-    ("kernels/conv_epilogue.py", "numba"),
-    ("kernels/conv_gemm_loops.py", "numba"),
-    ("kernels/conv_loops.py", "numba"),
-    ("kernels/conv_nchw88.py", "megbrain.kernels.conv_algos"),
-    ("kernels/conv_nchw8c.py", "megbrain.kernels.tiled_jit"),
-    ("kernels/conv_nchw8c_loops.py", "megbrain.kernels.tiled_jit"),
-    ("kernels/conv_nchw8c_loops.py", "numba"),
-    ("kernels/conv_winograd_loops.py", "numba"),
-    ("kernels/dnn_conv.py", "megbrain.kernels.conv_algos"),
-    ("kernels/dnn_conv.py", "megbrain.kernels.conv_gemm_loops"),
-    ("kernels/elemwise.py", "megbrain.kernels.jit_codegen"),
-    ("kernels/elemwise.py", "numba"),
-    ("kernels/gemv_loops.py", "megbrain.kernels.tiled_jit"),
-    ("kernels/gemv_loops.py", "numba"),
-    ("kernels/jit_codegen.py", "megbrain.kernels.reduce"),
-    ("kernels/jit_codegen.py", "numba"),
-    ("kernels/jit_codegen.py", "warnings"),
-    ("kernels/parallel.py", "megbrain.kernels.tiled_jit"),
-    ("kernels/parallel.py", "numba"),
-    ("kernels/parallel.py", "numpy"),
-    ("kernels/parallel.py", "threadpoolctl"),
-    ("kernels/pool_loops.py", "llvmlite"),
-    ("kernels/pool_loops.py", "numba"),
-    ("kernels/pool_loops.py", "numba.core"),
-    ("kernels/pool_loops.py", "numba.extending"),
-    ("kernels/reduce.py", "numba"),
-    ("kernels/tiled_jit.py", "llvmlite"),
-    ("kernels/tiled_jit.py", "numba"),
-    ("kernels/tiled_jit.py", "numba.core"),
-    ("kernels/tiled_jit.py", "numba.core.compiler_lock"),
-    ("kernels/tiled_jit.py", "numba.extending"),
 }
 #: file -> its line count today, the most it may have until it is split (rule d)
 KNOWN_LONG: dict[str, int] = {
-    "kernels/dnn_conv.py": 948,
-    "kernels/jit_codegen.py": 936,
 }
 
 

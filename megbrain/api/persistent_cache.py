@@ -14,7 +14,7 @@ import os
 import shelve
 import threading
 
-from ..kernels import conv_algos
+from ..kernels.conv import registry as conv_algos
 from .version import __version__
 
 __all__ = ["PersistentCache", "PersistentCacheOnServer", "default_cache_dir"]

@@ -15,7 +15,7 @@ from ..errors import MegBrainError
 from ..graph import InferType, OperatorNodeConfig, VarNode
 from ..graph.replace import dep_oprs
 from ..graph.static_infer import infer_shape
-from ..kernels.jit_codegen import FUSABLE_MODES, REDUCE_MODES
+from ..kernels.elemwise_modes import FUSABLE_MODES, REDUCE_MODES
 from ..opr.jit import JITExecutor, JITExecutorParam
 from .passes import register_pass
 

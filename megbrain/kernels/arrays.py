@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
-__all__ = ["same_elements"]
+__all__ = ["compute_dtype", "same_elements"]
+
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+_LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
 def same_elements(a: np.ndarray, b: np.ndarray) -> bool:
@@ -16,3 +21,19 @@ def same_elements(a: np.ndarray, b: np.ndarray) -> bool:
         and a.strides == b.strides
         and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
     )
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype kernels compute in: float32 for float16/bfloat16, else the dtype itself.
+
+    Raises
+    ------
+    ValueError
+        For a dtype that is not floating point.
+    """
+    dtype = np.dtype(dtype)
+    if dtype in _LOW_FLOATS:
+        return _F32
+    if dtype in (_F32, _F64):
+        return dtype
+    raise ValueError(f"unsupported dtype {dtype.name} (floating point only)")

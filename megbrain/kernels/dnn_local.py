@@ -19,22 +19,18 @@ float16 and bfloat16 compute in float32. Buffers rewritten on every run come fro
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import workspace
-from .dnn_conv import (
-    _interior,
-    _matrix_in,
-    _matrix_out,
-    _padded,
-    _partial,
-    _windows,
-    compute_dtype,
-)
+from .arrays import compute_dtype
+from .conv.common import _interior, _matrix_in, _matrix_out, _padded, _windows
 from .steps import chain
+
+_partial = functools.partial
 
 __all__ = [
     "bind_group_local",

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import elemwise as ew
+from .elemwise_modes import arity as elemwise_arity
+from .elemwise_modes import compute
 from .steps import chain
 
 __all__ = [
@@ -116,7 +118,7 @@ def _round_shr_kernel(ins: Sequence[np.ndarray], out: np.ndarray) -> None:
 def _fuse_add_rmulh_round_shr(ins: Sequence[np.ndarray], out: np.ndarray) -> None:
     x, y, m, shift, lo, hi = ins
     s = np.add(x, y)  # wraps in the operands' dtype, as the C kernel's conversion back does
-    r = ew.compute("RMULH", s, m)
+    r = compute("RMULH", s, m)
     res = _round_shr_saturate(r, shift, out.dtype)
     np.minimum(res, hi, out=res)
     np.maximum(res, lo, out=res)
@@ -164,7 +166,7 @@ def arity(mode: str) -> int:
     if mode in INT_MODES:
         return len(INT_MODES[mode].inputs)
     if mode in QUANTIZED_MODES:
-        return ew.arity(QUANTIZED_MODES[mode])
+        return elemwise_arity(QUANTIZED_MODES[mode])
     raise ValueError(f"unknown ElemwiseMultiType mode {mode!r}")
 
 

@@ -13,6 +13,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from numba import carray as _carray
+from numba import types as t
+
+from . import tiled_jit
 
 __all__ = ["dot_rows"]
 
@@ -43,12 +47,8 @@ def _dot_rows_py(x, w, y, lo, hi):
 
 @functools.cache
 def _compiled():
-    # numba is imported on first use: ``import megbrain`` stays free of its import time
     global stack_tile, carray
-    from numba import carray as _carray
-    from numba import types as t
 
-    from . import tiled_jit
 
     stack_tile, carray = tiled_jit.stack_tile(), _carray
     fr = t.Array(t.float32, 1, "C", readonly=True)

@@ -7,12 +7,14 @@ the arrays' layout and returns a zero-argument callable computing the result int
 an optional closing reduction ``(mode, axis)`` reduces it on the way (SUM/MEAN/MAX/MIN).
 
 Kernels compute in float32 (float16 goes through float32 scratch: Numba has no CPU float16),
-follow the semantics of :mod:`megbrain.kernels.elemwise` op by op, and use vectorizable
-approximations for exp/log/tanh/erf/sigmoid (Numba's ``math.tanh`` and friends are scalar
+each node as the scalar form of its mode in the table of :mod:`.elemwise_modes` (vectorizable
+approximations for exp/log/tanh/erf/sigmoid: Numba's ``math.tanh`` and friends are scalar
 libm calls that do not vectorize). Compiled kernels are cached in memory and on disk: each
 kernel's source is written once to a module named by its hash under :func:`cache_dir` and
 compiled by Numba with ``cache=True``, so another process loads the machine code instead of
-compiling. Numba is imported on the first compile only.
+compiling. Kernels are compiled serial (no ``prange``): a parallel elementwise kernel is split
+by :func:`_split_parts` through :mod:`.parallel`'s pool, so that no Numba threading layer (and
+no OpenMP pool spinning or sleeping next to OpenBLAS's threads) is ever loaded.
 """
 
 from __future__ import annotations
@@ -25,19 +27,20 @@ import os
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numba
 import numpy as np
 
-from . import elemwise as ew
 from .arrays import same_elements
+from .elemwise_modes import JIT_FORMS, JIT_HELPERS, REDUCE_MODES, arity, bind_numpy, compute
 from .parallel import concurrently, num_threads, ranges
+from .reduce import bind_reduce
 from .steps import chain
 
 __all__ = [
-    "FUSABLE_MODES",
-    "REDUCE_MODES",
     "STATS",
     "bcast_shape",
     "bind",
@@ -51,7 +54,6 @@ __all__ = [
 
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
-REDUCE_MODES = ("SUM", "MEAN", "MAX", "MIN")
 #: elements from which an elementwise kernel is split over :mod:`.parallel`'s threads (each
 #: part gets at least half of it). These loops are memory bound: on 2 cores a split lost to
 #: one thread from 0.8M to 3.2M elements (docs/DECISIONS.md), hence the high bar
@@ -64,283 +66,6 @@ _kernels: dict[tuple, Callable] = {}  # (source hash, argument layout key) -> en
 _modules: dict[str, object] = {}  # source hash -> imported generated module
 _tmp_dir: Path | None = None
 
-# ---- helpers emitted into generated modules -----------------------------------------------
-# name -> (source, helpers it calls). Literals are float32 (``F``) or int32 (``I``) so that
-# nothing is promoted to float64/int64; selects use ``|``, not ``or`` (no branches), so that
-# the loops vectorize.
-_HELPERS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "_i2f": (
-        """
-@intrinsic
-def _i2f(typingctx, i):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], _llir.FloatType())
-    return types.float32(types.int32), codegen
-""",
-        (),
-    ),
-    "_f2i": (
-        """
-@intrinsic
-def _f2i(typingctx, f):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], _llir.IntType(32))
-    return types.int32(types.float32), codegen
-""",
-        (),
-    ),
-    # Cephes expf: exp(x) = 2^n exp(r), r = x - n ln2 (Cody-Waite), 2^n as two exponent
-    # fields so that subnormal results come out right; ~1.5 ulp.
-    "_exp": (
-        """
-@njit(**_OPTS)
-def _exp(x):
-    xc = x if x < F(89.0) else F(89.0)
-    xc = xc if xc > F(-104.0) else F(-104.0)
-    n = np.floor(xc * F(1.4426950408889634) + F(0.5))
-    r = xc - n * F(0.693359375)
-    r = r - n * F(-2.12194440e-4)
-    p = F(1.9875691500e-4)
-    p = p * r + F(1.3981999507e-3)
-    p = p * r + F(8.3334519073e-3)
-    p = p * r + F(4.1665795894e-2)
-    p = p * r + F(1.6666665459e-1)
-    p = p * r + F(5.0000001201e-1)
-    p = p * (r * r) + r + F(1.0)
-    ni = I(n)
-    n1 = ni >> I(1)
-    n2 = ni - n1
-    res = p * _i2f((n1 + I(127)) << I(23)) * _i2f((n2 + I(127)) << I(23))
-    res = F(np.inf) if x > F(88.72283905206835) else res
-    res = F(0.0) if x < F(-103.97208) else res
-    return x if x != x else res
-""",
-        ("_i2f",),
-    ),
-    # Cephes logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) by a degree-9 polynomial.
-    "_log": (
-        """
-@njit(**_OPTS)
-def _log(x):
-    sub = x < F(1.1754943508222875e-38)
-    xs = x * F(8388608.0) if sub else x
-    bits = _f2i(xs)
-    e = ((bits >> I(23)) & I(255)) - I(126)
-    e = e - I(23) if sub else e
-    m = _i2f((bits & I(-2139095041)) | I(1056964608))
-    small = m < F(0.7071067811865476)
-    fe = F(e) - (F(1.0) if small else F(0.0))
-    m = (m + m - F(1.0)) if small else (m - F(1.0))
-    z = m * m
-    y = F(7.0376836292e-2)
-    y = y * m - F(1.1514610310e-1)
-    y = y * m + F(1.1676998740e-1)
-    y = y * m - F(1.2420140846e-1)
-    y = y * m + F(1.4249322787e-1)
-    y = y * m - F(1.6668057665e-1)
-    y = y * m + F(2.0000714765e-1)
-    y = y * m - F(2.4999993993e-1)
-    y = y * m + F(3.3333331174e-1)
-    y = y * m * z
-    y = y + F(-2.12194440e-4) * fe
-    y = y - F(0.5) * z
-    r = m + y + F(0.693359375) * fe
-    r = F(-np.inf) if x == F(0.0) else r
-    r = F(np.nan) if x < F(0.0) else r
-    r = x if x == F(np.inf) else r
-    return x if x != x else r
-""",
-        ("_i2f", "_f2i"),
-    ),
-    # Eigen's rational tanh on [-7.9053, 7.9053] (tanh is +-1 in float32 beyond).
-    "_tanh": (
-        """
-@njit(**_OPTS)
-def _tanh(x):
-    xc = x if x < F(7.90531110763549805) else F(7.90531110763549805)
-    xc = xc if xc > F(-7.90531110763549805) else F(-7.90531110763549805)
-    x2 = xc * xc
-    p = F(-2.76076847742355e-16)
-    p = p * x2 + F(2.00018790482477e-13)
-    p = p * x2 + F(-8.60467152213735e-11)
-    p = p * x2 + F(5.12229709037114e-08)
-    p = p * x2 + F(1.48572235717979e-05)
-    p = p * x2 + F(6.37261928875436e-04)
-    p = p * x2 + F(4.89352455891786e-03)
-    p = p * xc
-    q = F(1.19825839466702e-06)
-    q = q * x2 + F(1.18534705686654e-04)
-    q = q * x2 + F(2.26843463243900e-03)
-    q = q * x2 + F(4.89352518554385e-03)
-    r = p / q
-    return x if (abs(x) < F(0.0004)) | (x != x) else r
-""",
-        (),
-    ),
-    # Eigen's rational erf on [-4, 4] (erf is +-1 in float32 beyond).
-    "_erf": (
-        """
-@njit(**_OPTS)
-def _erf(x):
-    xc = x if x < F(4.0) else F(4.0)
-    xc = xc if xc > F(-4.0) else F(-4.0)
-    x2 = xc * xc
-    p = F(-2.72614225801306e-10)
-    p = p * x2 + F(2.77068142495902e-08)
-    p = p * x2 + F(-2.10102402082508e-06)
-    p = p * x2 + F(-5.69250639462346e-05)
-    p = p * x2 + F(-7.34990630326855e-04)
-    p = p * x2 + F(-2.95459980854025e-03)
-    p = p * x2 + F(-1.60960333262415e-02)
-    p = p * xc
-    q = F(-1.45660718464996e-05)
-    q = q * x2 + F(-2.13374055278905e-04)
-    q = q * x2 + F(-1.68282697438203e-03)
-    q = q * x2 + F(-7.37332916720468e-03)
-    q = q * x2 + F(-1.42647390514189e-02)
-    r = p / q
-    return x if x != x else r
-""",
-        (),
-    ),
-    # 1 / (1 + exp(-x)) with exp's argument clipped at floor(log(FLT_MAX)), as the kernel does
-    "_sigmoid": (
-        """
-@njit(**_OPTS)
-def _sigmoid(x):
-    t = -x
-    t = t if (t < F(88.0)) | (t != t) else F(88.0)
-    return F(1.0) / (F(1.0) + _exp(t))
-""",
-        ("_exp",),
-    ),
-    "_lse": (
-        """
-@njit(**_OPTS)
-def _lse(a, b):
-    d = a - b
-    m = a if a > b else b
-    r = m + np.log1p(_exp(-abs(d)))
-    r = d if d != d else r
-    return a + F(0.6931471805599453) if a == b else r
-""",
-        ("_exp",),
-    ),
-    "_h_swish": (
-        """
-@njit(**_OPTS)
-def _h_swish(x):
-    w = x + F(3.0)
-    w = w if w > F(0.0) else F(0.0)
-    w = w if w < F(6.0) else F(6.0)
-    return w * x * F(1.0 / 6.0)
-""",
-        (),
-    ),
-    "_h_swish_grad": (
-        """
-@njit(**_OPTS)
-def _h_swish_grad(x, dy):
-    w = (x * F(2.0) + F(3.0)) / F(6.0) * dy
-    w = dy if x > F(3.0) else w
-    return F(0.0) if x < F(-3.0) else w
-""",
-        (),
-    ),
-    "_fast_tanh": (
-        """
-@njit(**_OPTS)
-def _fast_tanh(x):
-    sq = x * x
-    return (sq + F(27.0)) * x / (sq * F(9.0) + F(27.0))
-""",
-        (),
-    ),
-    "_fast_tanh_grad": (
-        """
-@njit(**_OPTS)
-def _fast_tanh_grad(x, dy):
-    sq = x * x
-    w = (sq - F(9.0)) / (sq + F(3.0))
-    return w * w * dy * F(1.0 / 9.0)
-""",
-        (),
-    ),
-    # half away from zero, like C round(); |x| >= 2^23 (and inf) is already integral
-    "_round": (
-        """
-@njit(**_OPTS)
-def _round(x):
-    t = np.trunc(x)
-    r = t + np.trunc((x - t) * F(2.0))
-    return x if abs(x) >= F(8388608.0) else r
-""",
-        (),
-    ),
-}
-
-
-def _relu(a: str) -> str:
-    return f"({a} if ({a} > F(0.0)) | ({a} != {a}) else F(0.0))"
-
-
-def _select(cond: str) -> str:
-    return f"(F(1.0) if {cond} else F(0.0))"
-
-
-# mode -> (template over argument names, helpers used)
-_TEMPLATES: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
-    "ADD": (lambda a, b: f"{a} + {b}", ()),
-    "SUB": (lambda a, b: f"{a} - {b}", ()),
-    "MUL": (lambda a, b: f"{a} * {b}", ()),
-    "TRUE_DIV": (lambda a, b: f"{a} / {b}", ()),
-    "NEGATE": (lambda a: f"-{a}", ()),
-    "ABS": (lambda a: f"abs({a})", ()),
-    "MAX": (lambda a, b: f"({a} if ({a} > {b}) | ({a} != {a}) else {b})", ()),
-    "MIN": (lambda a, b: f"({a} if ({a} < {b}) | ({a} != {a}) else {b})", ()),
-    "RELU": (_relu, ()),
-    "LT": (lambda a, b: _select(f"{a} < {b}"), ()),
-    "LEQ": (lambda a, b: _select(f"{a} <= {b}"), ()),
-    "EQ": (lambda a, b: _select(f"{a} == {b}"), ()),
-    "MOD": (lambda a, b: f"np.fmod({a}, {b})", ()),
-    "POW": (lambda a, b: f"{a} ** {b}", ()),
-    "ATAN2": (lambda a, b: f"np.arctan2({a}, {b})", ()),
-    "FLOOR_DIV": (lambda a, b: f"np.floor({a} / {b})", ()),
-    "LOG_SUM_EXP": (lambda a, b: f"_lse({a}, {b})", ("_lse",)),
-    "ACOS": (lambda a: f"np.arccos({a})", ()),
-    "ASIN": (lambda a: f"np.arcsin({a})", ()),
-    "CEIL": (lambda a: f"np.ceil({a})", ()),
-    "FLOOR": (lambda a: f"np.floor({a})", ()),
-    "COS": (lambda a: f"np.cos({a})", ()),
-    "SIN": (lambda a: f"np.sin({a})", ()),
-    "EXPM1": (lambda a: f"np.expm1({a})", ()),
-    "LOG1P": (lambda a: f"np.log1p({a})", ()),
-    "EXP": (lambda a: f"_exp({a})", ("_exp",)),
-    "LOG": (lambda a: f"_log({a})", ("_log",)),
-    "TANH": (lambda a: f"_tanh({a})", ("_tanh",)),
-    "ERF": (lambda a: f"_erf({a})", ("_erf",)),
-    "ERFC": (lambda a: f"F(math.erfc({a}))", ()),
-    "SIGMOID": (lambda a: f"_sigmoid({a})", ("_sigmoid",)),
-    "H_SWISH": (lambda a: f"_h_swish({a})", ("_h_swish",)),
-    "FAST_TANH": (lambda a: f"_fast_tanh({a})", ("_fast_tanh",)),
-    "ROUND": (lambda a: f"_round({a})", ("_round",)),
-    "ABS_GRAD": (lambda a, b: f"({b} if {a} > F(0.0) else -{b})", ()),
-    "SIGMOID_GRAD": (lambda a, b: f"(F(1.0) - {a}) * {a} * {b}", ()),
-    "TANH_GRAD": (lambda a, b: f"(F(1.0) - {a} * {a}) * {b}", ()),
-    "SWITCH_GT0": (lambda a, b: f"({b} if {a} > F(0.0) else F(0.0))", ()),
-    "FAST_TANH_GRAD": (lambda a, b: f"_fast_tanh_grad({a}, {b})", ("_fast_tanh_grad",)),
-    "H_SWISH_GRAD": (lambda a, b: f"_h_swish_grad({a}, {b})", ("_h_swish_grad",)),
-    "FUSE_ADD_RELU": (lambda a, b: _relu(f"({a} + {b})"), ()),
-    "FUSE_ADD_SIGMOID": (lambda a, b: f"_sigmoid({a} + {b})", ("_sigmoid",)),
-    "FUSE_ADD_TANH": (lambda a, b: f"_tanh({a} + {b})", ("_tanh",)),
-    "FUSE_ADD_H_SWISH": (lambda a, b: f"_h_swish({a} + {b})", ("_h_swish",)),
-    "COND_LEQ_MOV": (lambda a, b, c: f"({c} if {a} <= {b} else F(0.0))", ()),
-    "FUSE_MUL_ADD3": (lambda a, b, c: f"{a} * {b} + {c}", ()),
-    "FUSE_MUL_ADD4": (lambda a, b, c, d: f"{a} * {b} + {c} * {d}", ()),
-}
-
-#: the Elemwise modes a fused kernel can compute (floating-point inputs)
-FUSABLE_MODES = frozenset(_TEMPLATES)
 
 
 # ---- source generation ----------------------------------------------------------------------
@@ -364,7 +89,7 @@ def _node_expr(mode: str, args: list[str], consts: list) -> str:
             return a
         if e == 0.5:  # powf(x, 0.5) is sqrt(x) except at -inf
             return f"(np.sqrt({a}) if {a} != F(-np.inf) else F(np.inf))"
-    return _TEMPLATES[mode][0](*args)
+    return JIT_FORMS[mode][0](*args)
 
 
 def _helpers_of(expr: Sequence) -> list[str]:
@@ -373,12 +98,12 @@ def _helpers_of(expr: Sequence) -> list[str]:
     def add(name: str) -> None:
         if name in order:
             return
-        for dep in _HELPERS[name][1]:
+        for dep in JIT_HELPERS[name][1]:
             add(dep)
         order.append(name)
 
     for mode, _ in expr:
-        for h in _TEMPLATES[mode][1]:
+        for h in JIT_FORMS[mode][1]:
             add(h)
     return order
 
@@ -505,7 +230,7 @@ def kernel_source(
             else:
                 store = _acc_store(reduce[0], f"out[{oidx}]", count)
                 body += _ind(store, len(loops) - 1)
-    helpers = [_HELPERS[h][0] for h in _helpers_of(expr)]
+    helpers = [JIT_HELPERS[h][0] for h in _helpers_of(expr)]
     head_lines = [
         "# megbrain fused elementwise kernel, generated by megbrain.kernels.jit_codegen",
         f"# expr: {tuple(expr)!r}",
@@ -579,16 +304,6 @@ def cache_dir() -> Path:
     return _tmp_dir
 
 
-def _numba():
-    """Import Numba (lazily). Kernels are compiled serial (no ``prange``): a parallel
-    elementwise kernel is split by :func:`_split_parts` through :mod:`.parallel`'s pool, so
-    that no Numba threading layer (and no OpenMP pool spinning or sleeping next to OpenBLAS's
-    threads) is ever loaded."""
-    import numba
-
-    return numba
-
-
 def _num_parts() -> int:
     """Parts of a parallel kernel: :func:`.parallel.num_threads`, capped by
     ``$MGB_JIT_NUM_THREADS`` when set."""
@@ -636,7 +351,6 @@ def _kernel(src: str, args: Sequence[np.ndarray]) -> Callable:
         if fn is not None:
             STATS["memory_hits"] += 1
             return fn
-        numba = _numba()
         disp = _load_module(src).kernel
         sig = tuple(numba.typeof(a) for a in args)
         hits = sum(disp.stats.cache_hits.values())
@@ -655,10 +369,10 @@ def _kernel(src: str, args: Sequence[np.ndarray]) -> Callable:
 def check_expr(expr: Sequence, nin: int, reduce=None) -> None:
     """Raise ValueError unless ``expr`` over ``nin`` inputs (and ``reduce``) can be compiled."""
     for mode, args in expr:
-        if mode not in _TEMPLATES:
+        if mode not in JIT_FORMS:
             raise ValueError(f"jit: Elemwise mode {mode} can not be fused")
-        if len(args) != ew.arity(mode):
-            raise ValueError(f"jit: mode {mode} takes {ew.arity(mode)} inputs, got {len(args)}")
+        if len(args) != arity(mode):
+            raise ValueError(f"jit: mode {mode} takes {arity(mode)} inputs, got {len(args)}")
     if _nr_inputs(expr) != nin:
         raise ValueError(f"jit: expression reads {_nr_inputs(expr)} inputs, got {nin}")
     if reduce is not None and reduce[0] not in REDUCE_MODES:
@@ -732,7 +446,7 @@ def bind(
     Parameters
     ----------
     expr : sequence of (mode, args)
-        The expression (module docstring); every mode in :data:`FUSABLE_MODES`.
+        The expression (module docstring); every mode in :data:`.elemwise_modes.FUSABLE_MODES`.
     inputs : sequence of numpy.ndarray
         float32 or float16 arrays of one dtype, broadcasting together to the full shape.
     out : numpy.ndarray
@@ -825,8 +539,6 @@ def bind(
 
 
 def _warn_unfused(expr, exc: BaseException) -> None:
-    import warnings
-
     warnings.warn(
         f"jit: compiling a fused kernel failed ({type(exc).__name__}: {exc}); running "
         f"its {len(expr)} operators unfused",
@@ -837,8 +549,6 @@ def _warn_unfused(expr, exc: BaseException) -> None:
 
 def _bind_unfused(expr, inputs, out, reduce) -> Callable[[], None]:
     """The expression as one Elemwise kernel call per node (the fallback)."""
-    from . import reduce as red
-
     dtype = out.dtype
     shape = full_shape([x.shape for x in inputs])
     vals: list[np.ndarray] = []
@@ -854,13 +564,13 @@ def _bind_unfused(expr, inputs, out, reduce) -> Callable[[], None]:
                 xs.append(np.array([x], dtype))
         last = j == len(expr) - 1 and reduce is None
         res = out if last else np.empty(full_shape([a.shape for a in xs]), dtype)
-        steps.append(ew.bind(mode, xs, res, compiled=False))
+        steps.append(bind_numpy(mode, xs, res))
         vals.append(res)
     if reduce is not None:
         src = vals[-1]
         if src.shape != shape:
             src = np.broadcast_to(src, shape)
-        steps.append(red.bind_reduce(reduce[0], src, out, reduce[1]))
+        steps.append(bind_reduce(reduce[0], src, out, reduce[1]))
     return chain(steps)
 
 
@@ -913,8 +623,6 @@ def interpret(
 
     Used for static value inference and as the reference in tests.
     """
-    from . import reduce as red
-
     inputs = [np.asarray(x) for x in inputs]
     dtype = inputs[0].dtype
     vals: list[np.ndarray] = []
@@ -927,10 +635,10 @@ def interpret(
                 xs.append(vals[x])
             else:
                 xs.append(np.array(x, dtype).reshape(1))
-        vals.append(ew.compute(mode, *xs))
+        vals.append(compute(mode, *xs))
     res = vals[-1]
     if reduce is None:
         return res
     out = np.empty(reduced_shape(res.shape, reduce), dtype)
-    red.bind_reduce(reduce[0], res, out, reduce[1])()
+    bind_reduce(reduce[0], res, out, reduce[1])()
     return out

@@ -30,7 +30,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
+from numba import njit
+from numba import types as t
+from threadpoolctl import ThreadpoolController, threadpool_info
+
 from .steps import Step, chain
+from .tiled_jit import fetch_add
 
 __all__ = [
     "blas_single_threaded",
@@ -47,15 +53,9 @@ __all__ = [
 
 @functools.cache
 def num_threads() -> int:
-    """Threads a split kernel uses: OpenBLAS's (through ``threadpoolctl`` when it is
-    installed, so that ``OPENBLAS_NUM_THREADS`` caps both alike), else ``os.cpu_count()``."""
-    n = 0
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        pass
-    else:
-        n = max((i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"), default=0)
+    """Threads a split kernel uses: OpenBLAS's (through ``threadpoolctl``, so that
+    ``OPENBLAS_NUM_THREADS`` caps both alike), else ``os.cpu_count()``."""
+    n = max((i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"), default=0)
     return max(1, n or os.cpu_count() or 1)
 
 
@@ -95,10 +95,7 @@ def _spinner():
     sched_yield.restype, sched_yield.argtypes = ctypes.c_int, []
     clock_gettime.restype = ctypes.c_int
     clock_gettime.argtypes = [ctypes.c_int, ctypes.c_void_p]
-    from numba import njit  # imported on first use, as the compiled kernels do
-    from numba import types as t
 
-    from .tiled_jit import fetch_add
 
     add = fetch_add()
     monotonic = time.CLOCK_MONOTONIC
@@ -135,7 +132,6 @@ class _Worker:
     ``clocks`` are the worker's and the caller's buffers for the poll's clock."""
 
     def __init__(self, name: str) -> None:
-        import numpy as np
 
         self.go = threading.Lock()
         self.go.acquire()
@@ -297,10 +293,6 @@ def _openblas_calls(lib) -> tuple | None:
 def _blas_libs() -> tuple:
     """``(get_num_threads, set_num_threads)`` of each BLAS library loaded at the first call
     (NumPy's, whose GEMMs the kernels call), found by ``threadpoolctl``."""
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:
-        return ()
     libs = ThreadpoolController().select(user_api="blas").lib_controllers
     return tuple(_openblas_calls(lib) or (lib.get_num_threads, lib.set_num_threads)
                  for lib in libs)  # fmt: skip

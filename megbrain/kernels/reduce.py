@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
+from numba import njit
 
 from .steps import chain
 
@@ -119,9 +120,6 @@ def _sum_outer_inner_py(x, out):  # pragma: no cover - compiled
 
 @functools.cache
 def _sum_outer_inner():
-    # numba is imported on first use: ``import megbrain`` stays free of its import time
-    from numba import njit
-
     opts = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc"})
     return njit(**opts)(_sum_outer_inner_py)
 

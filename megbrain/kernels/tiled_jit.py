@@ -33,6 +33,12 @@ from __future__ import annotations
 
 import functools
 
+from llvmlite import binding, ir
+from numba import njit
+from numba.core import cgutils, config, types
+from numba.core.compiler_lock import global_compiler_lock
+from numba.extending import intrinsic
+
 __all__ = [
     "compile_tiled",
     "fetch_add",
@@ -48,11 +54,8 @@ __all__ = [
 def stack_tile():
     """The ``stack_tile(size, dtype)`` Numba intrinsic: a pointer to ``size`` (a compile-time
     constant) uninitialized values of ``dtype`` on the calling kernel's stack, to view with
-    ``numba.carray(ptr, size)``. Built on first use (``import megbrain`` stays free of
-    Numba's import time); a kernel module binds it to a global before compiling."""
-    from llvmlite import ir
-    from numba.core import cgutils, types
-    from numba.extending import intrinsic
+    ``numba.carray(ptr, size)``. Built on first use; a kernel module binds it to a global
+    before compiling."""
 
     @intrinsic
     def stack_tile(typingctx, size, dtype):
@@ -77,8 +80,6 @@ def fetch_add():
     items from one counter this way need no lock and no GIL: a thread the OS holds back
     takes fewer items instead of delaying the others (a fixed split waits for its slowest
     part). Built on first use, as :func:`stack_tile`."""
-    from numba.core import cgutils, types
-    from numba.extending import intrinsic
 
     @intrinsic
     def fetch_add(typingctx, counters, index, n):
@@ -107,10 +108,6 @@ def compile_tiled(fn, signatures: list, **options):
     multiply-add): no reassociation, so sums keep the order the kernel writes and NaN and
     infinity propagate as usual.
     """
-    from numba import njit
-    from numba.core import config
-    from numba.core.compiler_lock import global_compiler_lock
-
     opts = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
     opts.update(options)
     with global_compiler_lock:
@@ -127,12 +124,9 @@ def vector_width() -> int:
     """The float32 lanes of the vectors :func:`fma_tile` computes with: 16 where the compiler
     targets AVX-512 (``NUMBA_CPU_FEATURES``, else the host's), else 8 (AVX2; LLVM splits
     them into the registers another target has)."""
-    from numba.core import config
 
     features = config.CPU_FEATURES
     if features is None:
-        from llvmlite import binding
-
         features = binding.get_host_cpu_features().flatten()
     return 16 if "+avx512f" in features.split(",") else 8
 
@@ -174,10 +168,6 @@ def fma_tile():
     ahead; no index is checked (the caller's geometry keeps them in bounds; a prefetch
     never faults).
     """
-    from llvmlite import ir
-    from numba.core import cgutils, types
-    from numba.extending import intrinsic
-
     lanes = vector_width()
 
     @intrinsic
@@ -280,10 +270,6 @@ def transpose_store():
     two-vector shuffles (each stage swaps the off-diagonal blocks of twice the size) and
     ``L`` vector stores. No index is checked (the caller keeps them in bounds).
     """
-    from llvmlite import ir
-    from numba.core import cgutils, types
-    from numba.extending import intrinsic
-
     lanes = vector_width()
 
     @intrinsic

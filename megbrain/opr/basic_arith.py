@@ -24,6 +24,7 @@ from ..graph import OperatorNodeBase, ParamBase, infer_shape, register_opr, sere
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..kernels import elemwise as ew_kernels
+from ..kernels import elemwise_modes as ew_modes
 from ..kernels import elemwise_multi_type as emt_kernels
 from ..kernels import reduce as reduce_kernels
 from . import param_defs as pdefs
@@ -89,7 +90,7 @@ class Elemwise(OperatorNodeBase):
 
     def infer_dtypes(self, in_dtypes):
         mode = self.param.mode
-        n = ew_kernels.arity(mode)
+        n = ew_modes.arity(mode)
         if len(in_dtypes) != n:
             raise self.error(f"mode {mode} takes {n} inputs, got {len(in_dtypes)}")
         # the operator computes in one dtype; elemwise() converts mixed inputs before it
@@ -108,7 +109,7 @@ class Elemwise(OperatorNodeBase):
                 )
             return [dt]
         try:
-            ew_kernels.check_mode(mode, dt)
+            ew_modes.check_mode(mode, dt)
         except ValueError as exc:
             raise self.error(str(exc)) from None
         return [dt]
@@ -301,7 +302,7 @@ def elemwise(*inputs, mode="ADD", name=None, comp_node=None, config=None, comp_g
     param = ElemwiseParam(mode)
     vars_ = _elemwise_inputs(inputs, comp_graph, cfg)
     dtype = _promote_many(param.mode, [v.dtype for v in vars_])
-    trait = ew_kernels.MODES[param.mode]
+    trait = ew_modes.MODES[param.mode]
     if _category(dtype) == "int" and not trait.int_ok:
         dtype = _F32
     if _category(dtype) == "float" and not trait.float_ok:

@@ -5,7 +5,7 @@ checks the other dnn families share (ConvBias in ``dnn_conv_bias``, pooling in `
 
 Only the batch-channel-first formats (NCHW, NCDHW) and floating-point dtypes are implemented,
 and, for the forward 2-d convolutions (Convolution and ConvBias), the channel-blocked NCHW88
-(:mod:`megbrain.kernels.conv_nchw88`, the layout ``optimize_for_inference(use_nchw88=True)``
+(:mod:`megbrain.kernels.conv.nchw88`, the layout ``optimize_for_inference(use_nchw88=True)``
 converts a network to; it has no gradient here); the other formats of the reference are
 accepted by the params and refused at inference. ConvBias takes an optional fourth input
 ``z`` of the output's shape: ``act(conv + bias + z)``, as the reference's.
@@ -24,9 +24,10 @@ from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
-from ..kernels import conv_algos, conv_nchw88
-from ..kernels import dnn_conv as conv_kernels
-from ..kernels.constant_operands import constant_filter
+from ..kernels.conv import common as conv_kernels
+from ..kernels.conv import nchw88 as conv_nchw88
+from ..kernels.conv import registry as conv_algos
+from ..kernels.conv.constant_operands import constant_filter
 from ..kernels.steps import chain
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
@@ -64,7 +65,7 @@ CONV3D_FORMATS = members_of(pdefs.Convolution3D.Format)
 COMPUTE_MODES = members_of(pdefs.Convolution.ComputeMode)
 CONV3D_DATA_TYPES = members_of(pdefs.Convolution3D.DataType)
 #: the execution strategies of the reference, choosing the kernels' algorithm at bind time
-#: (megbrain.kernels.conv_algos)
+#: (megbrain.kernels.conv.registry)
 STRATEGIES = members_of(pdefs.ExecutionPolicy.Strategy)
 
 
@@ -121,7 +122,7 @@ class ConvolutionParam(_ConvParamMixin, _WindowParam):
     ``mode=CONVOLUTION`` flips the filter spatially; ``sparse=GROUP`` takes a grouped
     (G, OC/G, IC/G, FH, FW) filter. ``compute_mode`` is accepted and stored (every mode
     computes float16 in float32); ``strategy`` (MegDNN's ExecutionPolicy) chooses the
-    algorithm at bind time, see :mod:`megbrain.kernels.conv_algos`.
+    algorithm at bind time, see :mod:`megbrain.kernels.conv.registry`.
     """
 
     mode: str = "CROSS_CORRELATION"
@@ -413,7 +414,7 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
                      epilogue=None, then=None):  # fmt: skip
         """Bind the ``kind`` convolution kernel the param's strategy chooses, recording its
         name in :attr:`chosen_algorithm`. An ``epilogue``
-        (:class:`megbrain.kernels.conv_epilogue.Epilogue`) goes to an algorithm that takes
+        (:class:`megbrain.kernels.conv.epilogue.Epilogue`) goes to an algorithm that takes
         epilogues; otherwise ``then()``, when given, binds the step run after the kernel."""
         args = (a, b, out, *self._kernel_args())
         layouts = tuple((x.shape, x.strides, x.dtype) for x in (a, b, out))

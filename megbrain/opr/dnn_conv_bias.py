@@ -18,8 +18,10 @@ from ..graph import register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..graph.static_infer import static_shape
-from ..kernels import conv_epilogue, conv_nchw88, workspace
 from ..kernels import elemwise as ew_kernels
+from ..kernels import workspace
+from ..kernels.conv import epilogue as conv_epilogue
+from ..kernels.conv import nchw88 as conv_nchw88
 from ..kernels.steps import chain
 from . import param_defs as pdefs
 from ._internal import reduce_to_input, sv

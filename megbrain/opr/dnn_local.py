@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from ..graph import OperatorNodeBase, register_opr
 from ..graph.operator import fmt_shape
-from ..kernels import dnn_conv as conv_kernels
 from ..kernels import dnn_local as kern
+from ..kernels.conv import common as conv_kernels
 from . import param_defs as pdefs
 from .base import SymbolVar
 from .dnn import (

@@ -12,7 +12,7 @@ from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
-from ..kernels import dnn_pool as pool_kernels
+from ..kernels.pool import binds as pool_kernels
 from . import param_defs as pdefs
 from .base import SymbolVar
 from .dnn import _create, _float_dtype, _make, _NamedByKind, _WindowParam

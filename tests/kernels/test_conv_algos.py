@@ -1,6 +1,6 @@
 """The convolution kernels' algorithms against a float64 reference.
 
-Every algorithm of megbrain.kernels.dnn_conv (batch-inner im2col + one GEMM per chunk or one
+Every GEMM algorithm of megbrain.kernels.conv (batch-inner im2col + one GEMM per chunk or one
 GEMM per sample for the forward pass; backward data as a forward convolution or as GEMM +
 col2im; backward filter as columns @ channel-last diff) and pooling backward is checked on
 drawn shapes, strides, paddings, dilations, groups and modes, within rtol 1e-4 / atol 1e-5 of
@@ -18,7 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megbrain.kernels import dnn_conv, dnn_pool, workspace
+from megbrain.kernels import workspace
+from megbrain.kernels.conv import binds as conv_binds
+from megbrain.kernels.conv import bwd_data as conv_bwd_data
+from megbrain.kernels.conv import common as conv_common
+from megbrain.kernels.conv import im2col as conv_im2col
+from megbrain.kernels.pool import binds as dnn_pool
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -84,7 +89,7 @@ def test_reference_is_the_adjoint():
     rng = np.random.default_rng(3)
     c = dict(fshape=(2, 3), stride=(2, 1), pad=(1, 0), dilate=(1, 2), flip=True, sshape=(5, 7))
     c["oshape"] = tuple(
-        dnn_conv.conv_out_size(*a) for a in zip(c["sshape"], c["fshape"], c["stride"],
+        conv_common.conv_out_size(*a) for a in zip(c["sshape"], c["fshape"], c["stride"],
                                                 c["pad"], c["dilate"])
     )  # fmt: skip
     x = rng.uniform(-1, 1, (2, 4, *c["sshape"]))
@@ -108,7 +113,7 @@ def conv_cases(draw, nsp=None):
         for f, d, p in zip(fshape, dilate, pad)
     )
     oshape = tuple(
-        dnn_conv.conv_out_size(*a) for a in zip(sshape, fshape, stride, pad, dilate)
+        conv_common.conv_out_size(*a) for a in zip(sshape, fshape, stride, pad, dilate)
     )
     return dict(
         n=draw(st.integers(1, 3)),
@@ -142,9 +147,9 @@ def _run_all(c, x, w, dy):
     y = np.full(dy.shape, np.nan, dy.dtype)
     gx = np.full(x.shape, np.nan, x.dtype)
     gw = np.full(w.shape, np.nan, w.dtype)
-    dnn_conv.bind_convolution(x, w, y, *_geometry(c))()
-    dnn_conv.bind_conv_backward_data(w, dy, gx, *_geometry(c))()
-    dnn_conv.bind_conv_backward_filter(x, dy, gw, *_geometry(c))()
+    conv_binds.bind_convolution(x, w, y, *_geometry(c))()
+    conv_binds.bind_conv_backward_data(w, dy, gx, *_geometry(c))()
+    conv_binds.bind_conv_backward_filter(x, dy, gw, *_geometry(c))()
     return y, gx, gw
 
 
@@ -170,8 +175,8 @@ def test_both_backward_data_algorithms_match_float64(c, as_forward):
     x, w, dy = _arrays(c)
     gx = np.full(x.shape, np.nan, x.dtype)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(dnn_conv, "AS_FORWARD_MAX_GROWTH", math.inf if as_forward else 0.0)
-        dnn_conv.bind_conv_backward_data(w, dy, gx, *_geometry(c))()
+        mp.setattr(conv_bwd_data, "AS_FORWARD_MAX_GROWTH", math.inf if as_forward else 0.0)
+        conv_binds.bind_conv_backward_data(w, dy, gx, *_geometry(c))()
     np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), rtol=RTOL, atol=ATOL)
 
 
@@ -181,7 +186,7 @@ def test_both_forward_algorithms_match_float64(c, per_sample):
     # PER_SAMPLE_MAX_K decides between per-sample GEMMs and one GEMM per batch chunk
     x, w, dy = _arrays(c)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(dnn_conv, "PER_SAMPLE_MAX_K", math.inf if per_sample else 0)
+        mp.setattr(conv_im2col, "PER_SAMPLE_MAX_K", math.inf if per_sample else 0)
         got = _run_all(c, x, w, dy)
     _check_all(c, x, w, dy, got)
 
@@ -189,16 +194,17 @@ def test_both_forward_algorithms_match_float64(c, per_sample):
 def test_as_forward_choice():
     def geo(sshape, fshape, stride, pad):
         oshape = tuple(
-            dnn_conv.conv_out_size(s, f, t, p, 1) for s, f, t, p in zip(sshape, fshape, stride, pad)
+            conv_common.conv_out_size(s, f, t, p, 1)
+            for s, f, t, p in zip(sshape, fshape, stride, pad)
         )
-        return dnn_conv._Conv(
+        return conv_common._Conv(
             "t", (1, 1, *sshape), (1, 1, 1, *fshape), (1, 1, *oshape), stride, pad, (1, 1)
         )
 
-    assert dnn_conv._as_forward(geo((8, 8), (3, 3), (1, 1), (1, 1))) == (1, 1)  # "same"
-    assert dnn_conv._as_forward(geo((12, 12), (5, 5), (1, 1), (0, 0))) is None  # "valid"
-    assert dnn_conv._as_forward(geo((8, 8), (3, 3), (2, 2), (1, 1))) is None  # strided
-    assert dnn_conv._as_forward(geo((4, 4), (1, 1), (1, 1), (1, 1))) is None  # pad > F - 1
+    assert conv_bwd_data._as_forward(geo((8, 8), (3, 3), (1, 1), (1, 1))) == (1, 1)  # "same"
+    assert conv_bwd_data._as_forward(geo((12, 12), (5, 5), (1, 1), (0, 0))) is None  # "valid"
+    assert conv_bwd_data._as_forward(geo((8, 8), (3, 3), (2, 2), (1, 1))) is None  # strided
+    assert conv_bwd_data._as_forward(geo((4, 4), (1, 1), (1, 1), (1, 1))) is None  # pad > F - 1
 
 
 @settings(max_examples=15, deadline=None)
@@ -209,7 +215,7 @@ def test_batch_chunks_match_float64(c, seed):
     per_sample = c["g"] * c["icg"] * math.prod(c["fshape"]) * math.prod(c["oshape"]) * 4
     with pytest.MonkeyPatch.context() as mp:
         # one or two samples per chunk, so that a short last chunk occurs
-        mp.setattr(dnn_conv, "COL_BUFFER_LIMIT", per_sample * (1 + seed % 2))
+        mp.setattr(conv_common, "COL_BUFFER_LIMIT", per_sample * (1 + seed % 2))
         got = _run_all(c, x, w, dy)
     _check_all(c, x, w, dy, got)
 
@@ -219,7 +225,7 @@ def test_other_dtypes(dtype):
     c = dict(n=2, g=2, icg=3, ocg=2, fshape=(3, 3), stride=(1, 2), pad=(1, 1), dilate=(1, 1),
              sshape=(5, 6), flip=False, seed=7)  # fmt: skip
     c["oshape"] = tuple(
-        dnn_conv.conv_out_size(*a)
+        conv_common.conv_out_size(*a)
         for a in zip(c["sshape"], c["fshape"], c["stride"], c["pad"], c["dilate"])
     )
     x, w, dy = _arrays(c, dtype)
@@ -248,15 +254,15 @@ def test_workspace_is_written_before_read(pad, stride):
     c = dict(n=3, g=2, icg=2, ocg=3, fshape=(3, 3), stride=stride, pad=pad, dilate=(1, 1),
              sshape=(6, 5), flip=True, seed=11)  # fmt: skip
     c["oshape"] = tuple(
-        dnn_conv.conv_out_size(*a)
+        conv_common.conv_out_size(*a)
         for a in zip(c["sshape"], c["fshape"], c["stride"], c["pad"], c["dilate"])
     )
     x, w, dy = _arrays(c)
     y, gx, gw = (np.empty(a.shape, np.float32) for a in (dy, x, w))
     binds = [
-        lambda: dnn_conv.bind_convolution(x, w, y, *_geometry(c)),
-        lambda: dnn_conv.bind_conv_backward_data(w, dy, gx, *_geometry(c)),
-        lambda: dnn_conv.bind_conv_backward_filter(x, dy, gw, *_geometry(c)),
+        lambda: conv_binds.bind_convolution(x, w, y, *_geometry(c)),
+        lambda: conv_binds.bind_conv_backward_data(w, dy, gx, *_geometry(c)),
+        lambda: conv_binds.bind_conv_backward_filter(x, dy, gw, *_geometry(c)),
     ]
     carved = [_carved(b) for b in binds]
     assert all(buf.nbytes > 1 for _, buf in carved)  # each declares a workspace
@@ -271,7 +277,7 @@ def test_empty_batch_gives_zero_filter_gradient():
     x = np.zeros((0, 2, 4, 4), np.float32)
     dy = np.zeros((0, 3, 4, 4), np.float32)
     gw = np.full((1, 3, 2, 3, 3), np.nan, np.float32)
-    dnn_conv.bind_conv_backward_filter(x, dy, gw, (1, 1), (1, 1), (1, 1))()
+    conv_binds.bind_conv_backward_filter(x, dy, gw, (1, 1), (1, 1), (1, 1))()
     assert not gw.any()
 
 

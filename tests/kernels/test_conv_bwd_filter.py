@@ -18,7 +18,10 @@ from hypothesis import strategies as st
 from test_conv_algos import ATOL, RTOL, _arrays, _carved, _geometry, conv_cases
 from test_conv_algos import ref_backward_filter as ref
 
-from megbrain.kernels import conv_algos, conv_bwd_filter, dnn_conv, parallel
+from megbrain.kernels import parallel
+from megbrain.kernels.conv import bwd_filter as conv_bwd_filter
+from megbrain.kernels.conv import common as conv_common
+from megbrain.kernels.conv import registry as conv_algos
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "opr"))
 from opr_harness import check_grad  # noqa: E402
@@ -29,7 +32,7 @@ _BLOCKED = conv_bwd_filter.bind_blocked
 def _case(n=2, g=1, icg=3, ocg=4, sshape=(7, 6), fshape=(3, 3), stride=(1, 1), pad=(1, 1),
           dilate=(1, 1), flip=False, seed=3):  # fmt: skip
     oshape = tuple(
-        dnn_conv.conv_out_size(*a) for a in zip(sshape, fshape, stride, pad, dilate)
+        conv_common.conv_out_size(*a) for a in zip(sshape, fshape, stride, pad, dilate)
     )
     return dict(n=n, g=g, icg=icg, ocg=ocg, fshape=fshape, stride=stride, pad=pad,
                 dilate=dilate, sshape=sshape, oshape=oshape, flip=flip, seed=seed)  # fmt: skip

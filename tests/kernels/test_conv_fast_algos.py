@@ -1,4 +1,4 @@
-"""The fast convolution algorithms (Winograd F(2x2, 3x3): megbrain.kernels.conv_winograd)
+"""The fast convolution algorithms (Winograd F(2x2, 3x3): megbrain.kernels.conv.winograd)
 against the float64 reference: drawn batches, channels, groups, sizes, paddings, flips and
 dtypes; batch chunks and thread splits; the workspace contract (every workspace byte written
 before it is read, nothing allocated per run); their registration and HEURISTIC rule; the
@@ -16,7 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_conv_algos import ATOL, RTOL, ref_backward_data, ref_forward
 
-from megbrain.kernels import conv_algos, conv_direct, conv_winograd, dnn_conv, workspace
+from megbrain.kernels import workspace
+from megbrain.kernels.conv import common as conv_common
+from megbrain.kernels.conv import direct as conv_direct
+from megbrain.kernels.conv import registry as conv_algos
+from megbrain.kernels.conv import winograd as conv_winograd
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "opr"))
 from opr_harness import check_grad  # noqa: E402
@@ -40,7 +44,7 @@ def winograd_cases(draw, max_pad=3):
         pad=pad,
         dilate=_ONE,
         sshape=sshape,
-        oshape=tuple(dnn_conv.conv_out_size(s, 3, 1, p, 1) for s, p in zip(sshape, pad)),
+        oshape=tuple(conv_common.conv_out_size(s, 3, 1, p, 1) for s, p in zip(sshape, pad)),
         flip=draw(st.booleans()),
         seed=draw(st.integers(0, 2**16)),
     )
@@ -99,7 +103,7 @@ def test_bands_and_thread_splits_match_float64(c, band, threads):
         tw = (c["oshape"][1] + 1) // 2
         mp.setattr(conv_winograd, "BAND_BYTES", per_tile * tw * band)
         mp.setattr(conv_winograd, "MIN_BAND_TILES", 1)
-        mp.setattr(conv_winograd, "THREADS", threads)
+        mp.setattr(conv_common, "THREADS", threads)
         _FWD(x, w, y, *_geometry(c))()
         _BWD(w, dy, gx, *_geometry(c))()
     np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
@@ -107,7 +111,7 @@ def test_bands_and_thread_splits_match_float64(c, band, threads):
 
 
 def _case(n=2, icg=3, ocg=4, sshape=(7, 6), pad=(1, 1), g=1, flip=False, seed=3):
-    oshape = tuple(dnn_conv.conv_out_size(s, 3, 1, p, 1) for s, p in zip(sshape, pad))
+    oshape = tuple(conv_common.conv_out_size(s, 3, 1, p, 1) for s, p in zip(sshape, pad))
     return dict(n=n, g=g, icg=icg, ocg=ocg, fshape=(3, 3), stride=_ONE, pad=pad, dilate=_ONE,
                 sshape=sshape, oshape=oshape, flip=flip, seed=seed)  # fmt: skip
 
@@ -150,7 +154,9 @@ def test_unusable_geometry_is_refused(change):
     else:
         x, w = np.zeros((1, 2, 9, 9), dtype), np.zeros((1, 2, 2, *fshape), dtype)
         pad = (1, 1)
-        oshape = [dnn_conv.conv_out_size(9, f, s, 1, d) for f, s, d in zip(fshape, stride, dilate)]
+        oshape = [
+            conv_common.conv_out_size(9, f, s, 1, d) for f, s, d in zip(fshape, stride, dilate)
+        ]
         y = np.zeros((1, 2, *oshape), dtype)
     assert not conv_winograd.usable_winograd_forward(x, w, y, stride, pad, dilate)
     assert not conv_winograd.usable_winograd_backward_data(w, y, x, stride, pad, dilate)
@@ -229,7 +235,7 @@ def test_runs_are_bitwise_reproducible():
         mp.setattr(conv_winograd, "BAND_BYTES", 1)
         mp.setattr(conv_winograd, "MIN_BAND_TILES", 1)
         for y, threads in zip(ys, (2, 3, 3)):
-            mp.setattr(conv_winograd, "THREADS", threads)
+            mp.setattr(conv_common, "THREADS", threads)
             _FWD(x, w, y, *_geometry(c))()
     assert np.array_equal(ys[0], ys[1]) and np.array_equal(ys[1], ys[2])
 
@@ -274,7 +280,7 @@ def test_heuristic_leaves_winograd_above_max_channels(kind):
 def test_gradient_through_the_operators_matches_float64(monkeypatch):
     from opr_harness import inputs, make_graph, run
 
-    from megbrain.kernels import conv_winograd
+    from megbrain.kernels.conv import winograd as conv_winograd
 
     monkeypatch.setattr(conv_winograd, "MIN_POSITIONS", 1)  # HEURISTIC takes small shapes
     monkeypatch.setattr(conv_winograd, "MIN_CHANNELS_BACKWARD_DATA", 16)
@@ -327,7 +333,7 @@ def direct_cases(draw):
         pad=pad,
         dilate=dilate,
         sshape=sshape,
-        oshape=tuple(dnn_conv.conv_out_size(*a) for a in zip(sshape, fshape, _ONE, pad, dilate)),
+        oshape=tuple(conv_common.conv_out_size(*a) for a in zip(sshape, fshape, _ONE, pad, dilate)),
         flip=draw(st.booleans()),
         seed=draw(st.integers(0, 2**16)),
     )
@@ -347,8 +353,8 @@ def test_direct_forward_matches_float64(c, dtype, threads):
     y = np.full((c["n"], c["g"] * c["ocg"], *c["oshape"]), np.nan, dtype)
     assert conv_direct.usable_direct_forward(x, w, y, *_geometry(c))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(conv_winograd, "THREADS", threads)
-        mp.setattr(conv_winograd, "_MIN_SPLIT_PLANES", 1)
+        mp.setattr(conv_common, "THREADS", threads)
+        mp.setattr(conv_direct, "_MIN_SPLIT_PLANES", 1)
         conv_direct.bind_direct_forward(x, w, y, *_geometry(c))()
     np.testing.assert_allclose(y, ref_forward(c, x, w), **_tol(dtype))
 
@@ -375,7 +381,7 @@ def test_direct_backward_data_matches_float64(c, dtype):
 def test_direct_long_reductions_match_float64(icg, fshape):
     # channel blocks of 8 summed apart, then added (13: a short last block)
     c = dict(_case(n=1, icg=icg, ocg=3, sshape=(9, 8), pad=(1, 1)), fshape=fshape)
-    c["oshape"] = tuple(dnn_conv.conv_out_size(s, f, 1, 1, 1) for s, f in zip((9, 8), fshape))
+    c["oshape"] = tuple(conv_common.conv_out_size(s, f, 1, 1, 1) for s, f in zip((9, 8), fshape))
     x, w = _direct_arrays(c)
     y = np.empty((1, 3, *c["oshape"]), np.float32)
     conv_direct.bind_direct_forward(x, w, y, *_geometry(c))()

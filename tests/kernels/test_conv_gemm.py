@@ -22,7 +22,13 @@ from test_conv_algos import (
     ref_forward,
 )
 
-from megbrain.kernels import conv_algos, conv_gemm_loops, dnn_conv, parallel
+from megbrain.kernels import parallel
+from megbrain.kernels.conv import binds as conv_binds
+from megbrain.kernels.conv import bwd_data as conv_bwd_data
+from megbrain.kernels.conv import common as conv_common
+from megbrain.kernels.conv import im2col as conv_im2col
+from megbrain.kernels.conv import registry as conv_algos
+from megbrain.kernels.conv.loops import im2col as conv_gemm_loops
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "opr"))
 from opr_harness import check_grad  # noqa: E402
@@ -48,7 +54,7 @@ def geometries(draw):
 
 def _oshape(g):
     return tuple(
-        dnn_conv.conv_out_size(*a)
+        conv_common.conv_out_size(*a)
         for a in zip(g["sshape"], g["fshape"], g["stride"], g["pad"], g["dilate"])
     )
 
@@ -174,7 +180,7 @@ def test_algorithms_match_float64(c, algo, n, threads, chunk, dtype):
     out = np.full((x if kind == "backward_data" else dy).shape, np.nan, dtype)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(parallel, "num_threads", lambda: threads)
-        mp.setattr(dnn_conv, "CACHE_CHUNK_BYTES", chunk)
+        mp.setattr(conv_common, "CACHE_CHUNK_BYTES", chunk)
         fn = _bind(kind, name, c, x, w, dy, out)
         if fn is None:
             return
@@ -216,7 +222,7 @@ def test_workspace_is_written_before_read_and_nothing_is_allocated(kind, name, n
     for threads in (2, 1):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(parallel, "num_threads", lambda threads=threads: threads)
-            mp.setattr(dnn_conv, "CACHE_CHUNK_BYTES", 2000)  # several chunks per thread
+            mp.setattr(conv_common, "CACHE_CHUNK_BYTES", 2000)  # several chunks per thread
             fn, buf = _carved(lambda: _bind(kind, name, c, x, w, dy, out))
         assert buf.nbytes > 1  # the columns are workspace
         for _ in range(2):
@@ -246,9 +252,9 @@ def test_forward_in_blocks_of_output_rows_matches_float64(dtype, threads):
     y = np.full(dy.shape, np.nan, dtype)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(parallel, "num_threads", lambda: threads)
-        mp.setattr(dnn_conv, "CACHE_CHUNK_BYTES", 2 * per_row)
-        geo = dnn_conv._geometry("forward", x, w, y, *_geometry_of(c))
-        units, _ = dnn_conv._forward_units(geo, np.dtype(np.float32))
+        mp.setattr(conv_common, "CACHE_CHUNK_BYTES", 2 * per_row)
+        geo = conv_common._geometry("forward", x, w, y, *_geometry_of(c))
+        units, _ = conv_im2col._forward_units(geo, np.dtype(np.float32))
         assert len(units) == 2 * 5 and units[4] == (0, 1, 8, 9)
         _bind("forward", "IM2COL_GEMM", c, x, w, dy, y)()
     np.testing.assert_allclose(y, ref_forward(c, x, w), **_tol(dtype))
@@ -268,7 +274,7 @@ def test_runs_are_bitwise_reproducible_over_threads():
     for threads in (2, 3, 3):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(parallel, "num_threads", lambda threads=threads: threads)
-            mp.setattr(dnn_conv, "CACHE_CHUNK_BYTES", 1)  # one sample per chunk
+            mp.setattr(conv_common, "CACHE_CHUNK_BYTES", 1)  # one sample per chunk
             y, gx = np.empty(dy.shape, np.float32), np.empty(x.shape, np.float32)
             _bind("forward", "IM2COL_GEMM", c, x, w, dy, y)()
             _bind("backward_data", "GEMM_COL2IM", c, x, w, dy, gx)()
@@ -282,7 +288,7 @@ def test_heuristic_prefers_col2im_to_the_forward_route_for_small_planes():
         o = h + 2 * p - f + 1
         w = np.zeros((1, oc, c, f, f), np.float32)
         dy, x = np.zeros((n, oc, o, o), np.float32), np.zeros((n, c, h, h), np.float32)
-        return dnn_conv.bwd_data_as_forward_preferred(w, dy, x, (1, 1), (p, p), (1, 1))
+        return conv_bwd_data.bwd_data_as_forward_preferred(w, dy, x, (1, 1), (p, p), (1, 1))
 
     assert not as_forward(128, 16, 14, 32, 3, 1)  # the CNN's second layer
     assert not as_forward(1, 256, 14, 256, 3, 1)  # 1.8 MB of columns
@@ -311,7 +317,7 @@ def test_training_shapes_match_float64():
     y, gx, gw = (np.empty(a.shape, np.float32) for a in (dy, x, w))
     _bind("forward", "IM2COL_GEMM", c, x, w, dy, y)()
     _bind("backward_data", "GEMM_COL2IM", c, x, w, dy, gx)()
-    dnn_conv.bind_conv_backward_filter(x, dy, gw, *geom)()
+    conv_binds.bind_conv_backward_filter(x, dy, gw, *geom)()
     np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(gw, ref_backward_filter(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)

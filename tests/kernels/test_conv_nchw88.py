@@ -15,9 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_conv_algos import ATOL, RTOL, ref_forward
 
-from megbrain.kernels import conv_nchw8c, conv_nchw88, dnn_conv, workspace
-from megbrain.kernels.constant_operands import constant_filter
-from megbrain.kernels.conv_epilogue import Epilogue
+from megbrain.kernels import workspace
+from megbrain.kernels.conv import common as conv_common
+from megbrain.kernels.conv import nchw8c as conv_nchw8c
+from megbrain.kernels.conv import nchw88 as conv_nchw88
+from megbrain.kernels.conv.constant_operands import constant_filter
+from megbrain.kernels.conv.epilogue import Epilogue
 
 _BIND = conv_nchw88.bind_nchw88_forward
 
@@ -79,7 +82,7 @@ def cases(draw, kind=None):
         dilate=dilate,
         sshape=sshape,
         oshape=tuple(
-            dnn_conv.conv_out_size(*a) for a in zip(sshape, fshape, stride, pad, dilate)
+            conv_common.conv_out_size(*a) for a in zip(sshape, fshape, stride, pad, dilate)
         ),
         flip=draw(st.booleans()),
         seed=draw(st.integers(0, 2**16)),
@@ -106,7 +109,7 @@ def _bind(c, src, filt, out, **kw):
 
 def _case(kind="dense", n=1, g=1, icg=16, ocg=32, sshape=(9, 7), fshape=(3, 3), pad=(1, 1),
           stride=(1, 1), seed=3):  # fmt: skip
-    oshape = tuple(dnn_conv.conv_out_size(s, f, t, p, 1)
+    oshape = tuple(conv_common.conv_out_size(s, f, t, p, 1)
                    for s, f, t, p in zip(sshape, fshape, stride, pad))  # fmt: skip
     return dict(kind=kind, n=n, g=g, icg=icg, ocg=ocg, fshape=fshape, stride=stride, pad=pad,
                 dilate=(1, 1), sshape=sshape, oshape=oshape, flip=False, seed=seed)  # fmt: skip

@@ -20,8 +20,13 @@ from hypothesis import strategies as st
 from test_conv_algos import ATOL, RTOL, ref_forward
 
 import megbrain as mgb
-from megbrain.kernels import conv_algos, conv_epilogue, conv_nchw8c, dnn_conv, workspace
-from megbrain.kernels.constant_operands import constant_filter, filter_is_constant
+from megbrain.kernels import workspace
+from megbrain.kernels.conv import common as conv_common
+from megbrain.kernels.conv import epilogue as conv_epilogue
+from megbrain.kernels.conv import im2col as conv_im2col
+from megbrain.kernels.conv import nchw8c as conv_nchw8c
+from megbrain.kernels.conv import registry as conv_algos
+from megbrain.kernels.conv.constant_operands import constant_filter, filter_is_constant
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "opr"))
 
@@ -51,7 +56,7 @@ def cases(draw):
         dilate=dilate,
         sshape=sshape,
         oshape=tuple(
-            dnn_conv.conv_out_size(*a) for a in zip(sshape, fshape, stride, pad, dilate)
+            conv_common.conv_out_size(*a) for a in zip(sshape, fshape, stride, pad, dilate)
         ),
         flip=draw(st.booleans()),
         seed=draw(st.integers(0, 2**16)),
@@ -75,7 +80,7 @@ def _out(c):
 
 def _case(n=2, g=1, icg=8, ocg=16, sshape=(7, 9), fshape=(3, 3), pad=(1, 1), flip=False, seed=5,
           stride=_ONE):  # fmt: skip
-    oshape = tuple(dnn_conv.conv_out_size(s, f, t, p, 1)
+    oshape = tuple(conv_common.conv_out_size(s, f, t, p, 1)
                    for s, f, t, p in zip(sshape, fshape, stride, pad))  # fmt: skip
     return dict(n=n, g=g, icg=icg, ocg=ocg, fshape=fshape, stride=stride, pad=pad, dilate=_ONE,
                 sshape=sshape, oshape=oshape, flip=flip, seed=seed)  # fmt: skip
@@ -204,7 +209,7 @@ def test_wide_units_equal_units_of_16_channels_bit_for_bit(monkeypatch, icg, str
 
 
 def test_each_thread_takes_its_own_range_of_units_first_then_the_others():
-    from megbrain.kernels import conv_nchw8c_loops as loops
+    from megbrain.kernels.conv.loops import nchw8c as loops
 
     loops._compiled()
     # two ranges, [0, 3) and [3, 7), as (next, end) pairs
@@ -257,7 +262,7 @@ def test_unusable_geometry_is_refused(change):
     x = np.zeros((1, icg, 6 * dil, 6), dt)
     w = np.zeros((1, ocg, icg, f, f), dt)
     dilate = (dil, 1)
-    oshape = tuple(dnn_conv.conv_out_size(x.shape[2 + i], f, stride[i], pad[i], dilate[i])
+    oshape = tuple(conv_common.conv_out_size(x.shape[2 + i], f, stride[i], pad[i], dilate[i])
                    for i in range(2))  # fmt: skip
     y = np.zeros((1, ocg, *oshape), dt)
     if change.get("out_view"):
@@ -385,8 +390,8 @@ def test_1x1_gemm_epilogue_matches_float64(relu, n, g):
     c = _case(n=n, g=g, icg=24, ocg=40, sshape=(20, 30), fshape=(1, 1), pad=(0, 0))
     x, w = _arrays(c)
     bias, y, ep = _epilogue(c, relu, nan_at=g * 40 - 1)
-    assert dnn_conv.fwd_1x1_usable(x, w, y, *_geometry(c))
-    dnn_conv.fwd_1x1_gemm(x, w, y, *_geometry(c), epilogue=ep)()
+    assert conv_im2col.fwd_1x1_usable(x, w, y, *_geometry(c))
+    conv_im2col.fwd_1x1_gemm(x, w, y, *_geometry(c), epilogue=ep)()
     np.testing.assert_allclose(y, _ref_epilogue(c, x, w, bias, relu), rtol=RTOL, atol=ATOL)
 
 

@@ -1,4 +1,4 @@
-"""Convolution algorithm selection (megbrain.kernels.conv_algos): every registered algorithm
+"""Convolution algorithm selection (megbrain.kernels.conv.registry): every registered algorithm
 of every kind against the float64 reference wherever it is usable; the execution policy
 (HEURISTIC unchanged, PROFILE timing once and caching in memory and in the persistent cache,
 REPRODUCIBLE filtering, PROFILE_HEURISTIC reading only) and the operator param reaching it."""
@@ -26,13 +26,16 @@ from test_conv_algos import (
 
 from megbrain.api.persistent_cache import PersistentCacheOnServer
 from megbrain.errors import MegBrainError
-from megbrain.kernels import conv_algos, dnn_conv, workspace
+from megbrain.kernels import workspace
+from megbrain.kernels.conv import common as conv_common
+from megbrain.kernels.conv import im2col as conv_im2col
+from megbrain.kernels.conv import registry as conv_algos
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "opr"))
 from opr_harness import check_grad, inputs, make_graph  # noqa: E402
 
 KINDS = conv_algos.KINDS
-#: the algorithms of megbrain.kernels.dnn_conv, whose HEURISTIC choices predate the registry
+#: the GEMM algorithms of megbrain.kernels.conv, whose HEURISTIC choices predate the registry
 BUILT_IN = {
     "IM2COL_GEMM", "IM2COL_GEMM_PER_SAMPLE", "AS_FORWARD_CONV", "GEMM_COL2IM",
     "IM2COL_GEMM_DIFF_NHWC", "IM2COL_GEMM_DIFF_ROWS",
@@ -163,7 +166,7 @@ def test_every_algorithm_in_batch_chunks(c, kind, seed):
     a, b, out, ref = _operands(c, kind)
     args = (a, b, out, *_geometry(c))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(dnn_conv, "COL_BUFFER_LIMIT", per_sample * (1 + seed % 2))
+        mp.setattr(conv_common, "COL_BUFFER_LIMIT", per_sample * (1 + seed % 2))
         for algo in conv_algos.usable_algorithms(kind, *args):
             out[...] = np.nan
             algo.bind(*args)()
@@ -216,7 +219,7 @@ def test_every_algorithm_allocates_nothing_when_run(kind, stride):
 
 # ---- HEURISTIC -----------------------------------------------------------------------------
 def _case(sshape=(8, 8), fshape=(3, 3), stride=(1, 1), pad=(1, 1), icg=2, ocg=3, n=2, seed=1):
-    oshape = tuple(dnn_conv.conv_out_size(*a) for a in zip(sshape, fshape, stride, pad, (1, 1)))
+    oshape = tuple(conv_common.conv_out_size(*a) for a in zip(sshape, fshape, stride, pad, (1, 1)))
     return dict(n=n, g=1, icg=icg, ocg=ocg, fshape=fshape, stride=stride, pad=pad,
                 dilate=(1, 1), sshape=sshape, oshape=oshape, flip=False, seed=seed)  # fmt: skip
 
@@ -244,7 +247,7 @@ def test_heuristic_keeps_the_previous_choices(kind, case, name, built_in_only):
 def test_heuristic_follows_the_tunables(monkeypatch, built_in_only):
     c = _case(icg=8)
     a, b, out, _ = _operands(c, "forward")
-    monkeypatch.setattr(dnn_conv, "PER_SAMPLE_MAX_K", math.inf)
+    monkeypatch.setattr(conv_im2col, "PER_SAMPLE_MAX_K", math.inf)
     assert conv_algos.select("forward", a, b, out, *_geometry(c)).name == "IM2COL_GEMM_PER_SAMPLE"
 
 

@@ -1,4 +1,4 @@
-"""Winograd F(2x2, 3x3) (megbrain.kernels.conv_winograd): the band plan, the widest reductions
+"""Winograd F(2x2, 3x3) (megbrain.kernels.conv.winograd): the band plan, the widest reductions
 it accepts against the float64 reference, the refusal beyond them, and the single-threaded
 BLAS its pipelines run under. (Drawn shapes, dtypes, workspace, HEURISTIC and gradients are in
 test_conv_fast_algos.py.)"""
@@ -11,13 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_conv_algos import ATOL, RTOL, ref_backward_data, ref_forward
 
-from megbrain.kernels import conv_winograd, dnn_conv, parallel
+from megbrain.kernels import parallel
+from megbrain.kernels.conv import common as conv_common
+from megbrain.kernels.conv import winograd as conv_winograd
 
 _ONE = (1, 1)
 
 
 def _case(n, icg, ocg, sshape, pad, g=1, flip=False, seed=0):
-    oshape = tuple(dnn_conv.conv_out_size(s, 3, 1, p, 1) for s, p in zip(sshape, pad))
+    oshape = tuple(conv_common.conv_out_size(s, 3, 1, p, 1) for s, p in zip(sshape, pad))
     return dict(n=n, g=g, icg=icg, ocg=ocg, fshape=(3, 3), stride=_ONE, pad=pad, dilate=_ONE,
                 sshape=sshape, oshape=oshape, flip=flip, seed=seed)  # fmt: skip
 
@@ -116,7 +118,7 @@ def test_pipelines_leave_the_blas_thread_count_as_they_found_it():
     y = np.empty(dy.shape, np.float32)
     before = parallel.blas_thread_counts()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(conv_winograd, "THREADS", 2)
+        mp.setattr(conv_common, "THREADS", 2)
         mp.setattr(conv_winograd, "MIN_BAND_TILES", 1)
         mp.setattr(conv_winograd, "BAND_BYTES", 1)
         conv_winograd.bind_winograd_forward(x, w, y, _ONE, (1, 1), _ONE)()

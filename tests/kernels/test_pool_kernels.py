@@ -1,4 +1,4 @@
-"""Pooling kernels (megbrain.kernels.dnn_pool) against a float64 NumPy reference: every mode,
+"""Pooling kernels (megbrain.kernels.pool) against a float64 NumPy reference: every mode,
 forward and backward, 2-d (the compiled loops, including the 2x2/s2 and 3x3/s2/p1 special
 cases) and 3-d (the NumPy formulation), float32/float64/float16, non-contiguous arrays, ties
 in MAX, the split over threads, and the workspace contract (every workspace byte written
@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from numpy.lib.stride_tricks import sliding_window_view
 from test_conv_algos import _carved
 
-from megbrain.kernels import dnn_pool, parallel, workspace
+from megbrain.kernels import parallel, workspace
+from megbrain.kernels.pool import binds as dnn_pool
 
 MODES = dnn_pool.POOLING_MODES
 RTOL, ATOL = 1e-4, 1e-5

@@ -27,9 +27,9 @@ def test_default_scratch_is_aligned_and_carved_pieces_too():
 
 def test_a_constant_packed_filter_is_aligned():
     # the direct convolution's 64-byte filter vectors must not span two cache lines
-    from megbrain.kernels import conv_nchw88
-    from megbrain.kernels.constant_operands import constant_filter
-    from megbrain.kernels.conv_nchw8c_loops import conv_units_blocked
+    from megbrain.kernels.conv import nchw88 as conv_nchw88
+    from megbrain.kernels.conv.constant_operands import constant_filter
+    from megbrain.kernels.conv.loops.nchw8c import conv_units_blocked
 
     seen = []
 

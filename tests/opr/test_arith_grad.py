@@ -12,7 +12,7 @@ import pytest
 from opr_harness import check_grad, inputs, make_graph, run
 
 import megbrain as mgb
-from megbrain.kernels.elemwise import MODES
+from megbrain.kernels.elemwise_modes import MODES
 from megbrain.opr import SymbolVar, make_immutable
 from megbrain.opr.basic_arith import elemwise, reduce_, reduce_general, typecvt
 from megbrain.opr.grad import grad

@@ -9,7 +9,7 @@ from opr_harness import check_opr, inputs, make_graph, run
 
 from megbrain.errors import MegBrainError
 from megbrain.graph import InferType
-from megbrain.kernels.elemwise import MODES
+from megbrain.kernels.elemwise_modes import MODES
 from megbrain.opr import (
     elem,
     elemwise,

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from opr_harness import check_grad, check_opr, inputs, make_graph, run
 
 from megbrain.errors import MegBrainError
-from megbrain.kernels import dnn_conv, dnn_pool
+from megbrain.kernels.conv import common as conv_common
+from megbrain.kernels.pool import binds as dnn_pool
 from megbrain.opr import make_immutable
 from megbrain.opr.base import create_opr
 from megbrain.opr.dnn import (
@@ -270,7 +271,7 @@ def test_convolution_reads_strided_inputs_and_enum_by_index():
 
 def test_convolution_batch_chunks(monkeypatch):
     # a column buffer limit below one sample forces one chunk per sample in all three kernels
-    monkeypatch.setattr(dnn_conv, "COL_BUFFER_LIMIT", 1)
+    monkeypatch.setattr(conv_common, "COL_BUFFER_LIMIT", 1)
     rng = np.random.default_rng(5)
     x, w = _rand(rng, 3, 4, 6, 6), _rand(rng, 2, 2, 2, 3, 3)
     kw = dict(pad_h=1, pad_w=1, sparse="GROUP")

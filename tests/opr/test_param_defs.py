@@ -14,7 +14,7 @@ import megbrain.opr_param_defs as P
 from megbrain.dtype import get_dtype_num, quint8
 from megbrain.errors import MegBrainError
 from megbrain.graph.param_def import ParamDefTable, enum_index, members_of, param_tag
-from megbrain.kernels import elemwise as ew_kernels
+from megbrain.kernels import elemwise_modes as ew_modes
 from megbrain.opr import (
     basic_arith,
     blas,
@@ -285,7 +285,7 @@ def test_operator_choices_are_the_tables():
 
 
 def test_every_table_elemwise_mode_has_a_kernel():
-    assert set(ew_kernels.MODES) == set(members_of(P.Elemwise.Mode))
+    assert set(ew_modes.MODES) == set(members_of(P.Elemwise.Mode))
 
 
 def test_int_elemwise_mode_is_the_reference_index():

@@ -1,4 +1,4 @@
-"""Compiled (Numba) loops of the direct NCHW8c convolution (:mod:`conv_nchw8c`): the input
+"""Compiled (Numba) loops of the direct NCHW8c convolution (:mod:`..nchw8c`): the input
 and filter packing and the register-tiled convolution of a range of work units.
 
 Layouts (float32, flat C-contiguous buffers):
@@ -27,7 +27,7 @@ The NCHW88 (channel-blocked) operators use the same tiles
 phase planes row by row (:func:`pack_blocked_input`), or read in place by a pointwise
 convolution with stride 1 and no padding (its plane is the source's ``H x W`` positions);
 each tile writes its ``P`` positions by 16 channels (32 for wide units,
-:func:`megbrain.kernels.conv_nchw88.wide_units`) straight into two (four) blocks of the
+:func:`megbrain.kernels.conv.nchw88.wide_units`) straight into two (four) blocks of the
 ``(N, OC/8, OH, OW, 8)`` output, adding the bias and the residual ``z`` and applying the
 ReLU on the way. A tile that would read past a plane's end starts ``P`` positions before
 it instead and writes only the positions not written yet.
@@ -45,8 +45,11 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from numba import carray as _carray
+from numba import types as t
 
-from .tiled_jit import tile_positions
+from ... import tiled_jit
+from ...tiled_jit import tile_positions
 
 __all__ = [
     "OB",
@@ -64,7 +67,7 @@ __all__ = [
 
 #: output channels of a tile (one AVX-512 vector, or two AVX2 vectors)
 OB = 16
-#: output channels of a wide tile (two blocks of 16, :func:`conv_nchw88.wide_units`)
+#: output channels of a wide tile (two blocks of 16, :func:`..nchw8c.wide_units`)
 WIDE = 2 * OB
 #: input channels of a packed block
 CB = 8
@@ -363,8 +366,8 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
 
 def _zeros_py(xp, lo, hi):
     # pragma: no cover - compiled
-    for t in range(lo, hi):
-        xp[np.uintp(t)] = 0.0
+    for e in range(lo, hi):
+        xp[np.uintp(e)] = 0.0
 
 
 def _pad_row_py(xp, d, src, h_, k0, k1, wq, bs):
@@ -415,8 +418,8 @@ def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1, phas
                 srow = s0 + src * w_ * CB
                 if sw == 1:
                     o = srow + (phi - col_off) * CB
-                    for t in range(k0 * CB, k1 * CB):
-                        xp[np.uintp(d + t)] = x[np.uintp(o + t)]
+                    for e in range(k0 * CB, k1 * CB):
+                        xp[np.uintp(d + e)] = x[np.uintp(o + e)]
                 else:
                     for k in range(k0, k1):
                         o = srow + (sw * k + phi - col_off) * CB
@@ -489,15 +492,11 @@ _zeros = _pad_row = None
 
 @functools.cache
 def _compiled() -> dict:
-    # numba is imported on first use: ``import megbrain`` stays free of its import time
     global stack_tile, fetch_add, fma_tile, transpose_store, P, _TILE, _WIDE_TILE, _LANES
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
     global _zeros, _pad_row, carray
-    from numba import carray as _carray
-    from numba import types as t
 
-    from . import tiled_jit
 
     stack_tile, fetch_add, carray = tiled_jit.stack_tile(), tiled_jit.fetch_add(), _carray
     fma_tile, transpose_store = tiled_jit.fma_tile(), tiled_jit.transpose_store()
@@ -555,7 +554,7 @@ def _compiled() -> dict:
 def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, me: int) -> None:
     """Thread ``me``'s share of the convolution's units into the flat NCHW ``out``: units
     taken one at a time from ``counter`` (int64, a ``(next, end)`` pair per thread's range of
-    units, :func:`megbrain.kernels.conv_nchw8c.units_as_they_go`) by atomic increments, its
+    units, :func:`megbrain.kernels.conv.nchw8c.units_as_they_go`) by atomic increments, its
     own range first, then what the other threads have not taken of theirs; ``rb`` this
     thread's row buffer of at least ``(ROWS WQ + P) 16`` values; ``taps`` the int64 plane
     offsets (positions) of the filter taps, row-major; ``geom`` the int64 array of the

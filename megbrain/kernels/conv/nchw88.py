@@ -11,15 +11,15 @@ source ``(N, C/8, H, W, 8)``, the output ``(N, OC/8, OH, OW, 8)`` and the filter
 Two algorithms:
 
 - DIRECT_NCHW88 (float32, dense or grouped, ``OCg % 16 == 0``, padding and dilated filter
-  reach at most :data:`conv_nchw8c.MAX_PAD`, a C-contiguous output): the register tiles
-  of :mod:`conv_nchw8c` reading the blocked source (copied into zero-padded phase planes
+  reach at most :data:`.nchw8c.MAX_PAD`, a C-contiguous output): the register tiles
+  of :mod:`.nchw8c` reading the blocked source (copied into zero-padded phase planes
   row by row, or read in place by a pointwise convolution with stride 1 and no padding)
   and writing the blocked output directly, with the bias, the residual ``z`` and the ReLU
   of a ConvBias applied on the way. A network kept in NCHW88 between its convolutions
   (``optimize_for_inference(use_nchw88=True)``) so spends no time on the copies and the
   transposing writes an NCHW convolution pays for at every layer.
 - NCHW88_AS_NCHW (any other case): the source and filter copied to NCHW, an NCHW
-  convolution chosen as usual (:mod:`conv_algos`), its result copied back.
+  convolution chosen as usual (:mod:`.registry`), its result copied back.
 
 Both give the sums in the order of the NCHW algorithms they share tiles with: DIRECT_NCHW88
 equals DIRECT_NCHW8C on the same values, bit for bit.
@@ -33,13 +33,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import conv_nchw8c_loops as loops
-from . import workspace
+from .. import workspace
+from ..steps import Step, chain
+from .common import conv_out_size
 from .constant_operands import filter_is_constant
-from .conv_epilogue import Epilogue
-from .conv_nchw8c import MAX_PAD, filter_packed, plane_geometry, units_as_they_go, wide_units
-from .dnn_conv import conv_out_size
-from .steps import Step, chain
+from .epilogue import Epilogue
+from .loops import nchw8c as loops
+from .nchw8c import MAX_PAD, filter_packed, plane_geometry, units_as_they_go, wide_units
+from .registry import bind as bind_chosen
 
 __all__ = [
     "Nchw88Geometry",
@@ -244,8 +245,6 @@ def bind_nchw88_forward(
 
 
 def _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z, select_nchw):
-    from . import conv_algos
-
     n, (h, w) = src.shape[0], src.shape[2:4]
     steps: list[Step] = []
     if geo.kind == "hybrid":
@@ -260,7 +259,7 @@ def _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z, s
     if select_nchw is not None:
         steps.append(select_nchw(x, wbuf, y))
     else:
-        steps.append(conv_algos.bind("forward", x, wbuf, y, stride, pad, dilate, flip))
+        steps.append(bind_chosen("forward", x, wbuf, y, stride, pad, dilate, flip))
     y88 = to_nchw88(y)
     if epilogue is not None:
         bias = epilogue.bias.reshape(1, -1, 1, 1)
@@ -274,7 +273,7 @@ def _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z, s
 
 
 def _chunk(taps: int) -> int:
-    """Channel blocks a tile sums at a time (:func:`conv_nchw8c_loops.conv_units_blocked`):
+    """Channel blocks a tile sums at a time (:func:`.loops.nchw8c.conv_units_blocked`):
     the best of 1-32 and all on ResNet50's batch-1 layers (2 threads), 8 for pointwise
     convolutions (1024->256 at 14x14: 0.79x the time of summing all 128 at once), 4 for
     3x3 ones (512->512 at 7x7: 0.86x)."""

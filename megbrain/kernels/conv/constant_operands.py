@@ -1,6 +1,6 @@
 """Binding hint: whether the filter a convolution is being bound to is constant.
 
-An algorithm that rearranges its filter before computing (:mod:`conv_nchw8c` packs it in
+An algorithm that rearranges its filter before computing (:mod:`.nchw8c` packs it in
 blocks of 16 output channels) can do so once, at its step's first run, instead of on every
 run, when the filter's values never change between runs. Only the operator knows that (its
 filter var is an ImmutableTensor, or a parameter under the graph option

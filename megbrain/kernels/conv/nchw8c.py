@@ -4,13 +4,13 @@ count, with ``OCg`` a multiple of 16; a source whose channels per group are not 
 of 8 is copied into planes of one channel instead (:func:`block_channels`).
 
 Per run the source is copied into zero-padded planes of 8 channels per position, one per
-stride phase (:func:`conv_nchw8c_loops.pack_input`, about the size of the source), and each
+stride phase (:func:`.loops.nchw8c.pack_input`, about the size of the source), and each
 tile of 12 (AVX-512) or 6 (AVX2) output positions by sixteen output channels sums its whole
 reduction in registers (:func:`megbrain.kernels.tiled_jit.fma_tile`), reading the input
 and the packed filter in place: no column matrix (im2col copies the source ``FH * FW``
 times) and no GEMM packing. The filter,
 packed in blocks of 16 output channels, is packed once, at the first run, when the operator
-says it is constant (:mod:`constant_operands`: an ImmutableTensor, or a parameter under
+says it is constant (:mod:`.constant_operands`: an ImmutableTensor, or a parameter under
 ``graph_opt.weight_preprocess``; the packed copy is then private memory of the bound step,
 the size of the filter), else on every run into the workspace.
 
@@ -30,12 +30,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import conv_nchw8c_loops as loops
-from . import parallel, workspace
+from .. import parallel, workspace
+from ..steps import Step, chain
+from ..tiled_jit import vector_width
+from .common import SPLIT_MIN_ELEMS, bind_doc, checked
 from .constant_operands import filter_is_constant
-from .conv_epilogue import Epilogue
-from .dnn_conv import SPLIT_MIN_ELEMS, _Conv
-from .steps import Step, chain
+from .epilogue import Epilogue
+from .loops import nchw8c as loops
+from .registry import ConvAlgorithm, register
 
 __all__ = [
     "MAX_PAD",
@@ -51,7 +53,7 @@ __all__ = [
 ]
 
 #: the largest padding, and dilated filter reach ``(F - 1) * dilate``, accepted (the packed
-#: planes are followed by :data:`conv_nchw8c_loops.SLACK` positions that the last tiles of a
+#: planes are followed by :data:`.loops.nchw8c.SLACK` positions that the last tiles of a
 #: sample may read)
 MAX_PAD = 32
 #: output positions (whole rows) a work unit covers at least: its tiles reuse the unit's
@@ -76,7 +78,7 @@ class PlaneGeometry(NamedTuple):
 
 def plane_geometry(sshape, oshape, stride, pad, dilate, fshape) -> PlaneGeometry:
     """The phase planes a source of spatial shape ``sshape`` is packed into (see
-    :mod:`conv_nchw8c_loops`): with stride 1 one plane whose rows' gap holds the left and
+    :mod:`.loops.nchw8c`): with stride 1 one plane whose rows' gap holds the left and
     right padding; with stride ``s``, ``SH x SW`` phases, tap ``(a, b)`` reading phase
     ``(a DH % SH, b DW % SW)`` at stride 1."""
     (h, w), (_, ow) = sshape, oshape
@@ -125,8 +127,6 @@ def wide_units(ocb: int) -> bool:
     AVX-512 machines, ResNet50 at batch 1 ran in 33.6 ms against 38-39 ms with units of 16
     channels in DIRECT_NCHW88 (the pointwise 64->256 at 56x56 with the residual alone: 0.71
     against 0.80 ms), and its 7x7 stem (DIRECT_NCHW8C) in 1.20 ms against 1.34."""
-    from .tiled_jit import vector_width
-
     return ocb % 2 == 0 and vector_width() == 16
 
 
@@ -152,15 +152,7 @@ def block_channels(icg: int) -> int:
     return loops.CB if icg % loops.CB == 0 else 1
 
 
-def usable_nchw8c_forward(
-    src: np.ndarray,
-    filt: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> bool:
+def usable_nchw8c_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
     """Whether :func:`bind_nchw8c_forward` accepts the convolution: 2-d, float32 operands,
     padding and dilated filter reach in ``[0, MAX_PAD]``, ``OCg % 16 == 0``, at least one
     sample and output position, and a C-contiguous, writable output (any ``ICg``: blocks of 8
@@ -202,55 +194,18 @@ def preferred_nchw8c_forward(src, filt, out, stride, pad, dilate, flip=False) ->
     )
 
 
-def bind_nchw8c_forward(
-    src: np.ndarray,
-    filt: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-    epilogue: Epilogue | None = None,
-) -> Callable[[], None]:
-    """Bind the grouped convolution ``out = conv(src, filt)`` as the direct NCHW8c one.
-
-    Parameters
-    ----------
-    src : numpy.ndarray
-        The float32 ``(N, G*ICg, H, W)`` input (any strides).
-    filt : numpy.ndarray
-        The float32 grouped ``(G, OCg, ICg, FH, FW)`` filter (any strides).
-    out : numpy.ndarray
-        The float32 ``(N, G*OCg, OH, OW)`` output, C-contiguous.
-    stride, pad, dilate : sequence of int
-        Two values each.
-    flip : bool
-        True for CONVOLUTION mode (the filter is flipped spatially), False for
-        CROSS_CORRELATION.
-    epilogue : Epilogue, optional
-        ``act(conv + bias)`` applied as each output block is written.
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``out`` from the current inputs (and, for a
-        constant filter, from the filter's values at its first call).
-
-    Raises
-    ------
-    ValueError
-        When the shapes do not match or the convolution is not one
-        :func:`usable_nchw8c_forward` accepts.
-    """
-    geo = _Conv("Convolution", src.shape, filt.shape, out.shape, stride, pad, dilate)
-    if not usable_nchw8c_forward(src, filt, out, stride, pad, dilate, flip):
-        raise ValueError(
-            f"Convolution (DIRECT_NCHW8C): needs float32 operands, pad and dilated filter reach "
-            f"<= {MAX_PAD}, OCg % {loops.OB} == 0 and a C-contiguous "
-            f"output; got src {tuple(src.shape)} {src.dtype}, filter {tuple(filt.shape)} "
-            f"{filt.dtype}, out {tuple(out.shape)} {out.dtype}, stride={tuple(stride)}, "
-            f"pad={tuple(pad)}, dilate={tuple(dilate)}"
-        )
+@bind_doc("forward", epilogue=True)
+def bind_nchw8c_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stride: Sequence[int],
+                        pad: Sequence[int], dilate: Sequence[int], flip: bool = False,
+                        epilogue: Epilogue | None = None
+                        ) -> Callable[[], None]:  # fmt: skip
+    """Bind the grouped convolution ``out = conv(src, filt)`` as the direct NCHW8c one:
+    float32 operands, a C-contiguous output (:func:`usable_nchw8c_forward`). For a constant
+    filter the step reads the filter's values at its first call only."""
+    needs = (f"float32 operands, pad and dilated filter reach <= {MAX_PAD}, OCg % {loops.OB} == "
+             "0 and a C-contiguous output")  # fmt: skip
+    geo = checked("forward", "DIRECT_NCHW8C", needs, usable_nchw8c_forward, src, filt, out,
+                  stride, pad, dilate, flip)  # fmt: skip
     oh, ow = geo.oshape
     (sh, sw), pt = geo.stride, geo.pad[0]
     fh, fw = geo.fshape
@@ -290,3 +245,9 @@ def bind_nchw8c_forward(
 
     pack_w = functools.partial(loops.pack_filter, loops.readonly_view(filt), wp, flip, bs)
     return filter_packed(pack_w, chain([pack_in, units_as_they_go(units, bind_part)]), constant)
+
+
+register(ConvAlgorithm(
+    "DIRECT_NCHW8C", "forward", bind_nchw8c_forward, usable_nchw8c_forward,
+    priority=25, heuristic=preferred_nchw8c_forward, epilogue=True,
+))  # fmt: skip

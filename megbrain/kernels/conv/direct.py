@@ -3,10 +3,10 @@ stride 1, any padding, dilation and group count, ``ICg * FH * FW <= MAX_K``.
 
 With a reduction of 9 or 25 products (a 3x3 or 5x5 filter on one channel), im2col + GEMM
 copies the input 9 or 25 times for a GEMM too thin to keep BLAS busy. Here each (sample,
-output channel) plane is accumulated by a compiled loop (:func:`conv_loops.direct_conv2d`)
+output channel) plane is accumulated by a compiled loop (:func:`.loops.direct.direct_conv2d`)
 straight from a zero-padded copy of the source: one contiguous, vectorized pass over the
 plane per (input channel, three offsets of a filter row), in a fixed order (reproducible).
-The planes are split over :func:`conv_winograd.threads` Python threads.
+The planes are split over :func:`.common.threads` Python threads.
 
 The padded source is a private buffer whose border is written once (its interior is
 refreshed on every run); the accumulators and the float32 copies of float16/bfloat16
@@ -22,9 +22,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import conv_loops, conv_winograd, parallel, workspace
-from .dnn_conv import _Conv, _padded, compute_dtype
-from .steps import Step, chain
+from .. import parallel, workspace
+from ..steps import Step, chain
+from .common import _padded, bind_doc, checked, compute_dtype, threads
+from .loops import direct as direct_loops
+from .registry import ConvAlgorithm, register
 
 __all__ = [
     "MAX_K",
@@ -46,17 +48,12 @@ MAX_K = 1600
 #: for 64x2x28x28 3x3 (1.6 vs 2.9), 32x3x32x32 3x3 (1.9 vs 3.2) and 64x8x14x14 3x3 (K = 72,
 #: 1.7 vs 2.3), which HEURISTIC leaves to im2col for now (PROFILE finds them)
 PREFERRED_MAX_K = 25
+#: the planes are split over threads only when each thread gets at least this many
+#: (sample, channel) planes (each thread's call costs a few microseconds)
+_MIN_SPLIT_PLANES = 8
 
 
-def usable_direct_forward(
-    src: np.ndarray,
-    filt: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> bool:
+def usable_direct_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
     """Whether :func:`bind_direct_forward` accepts the convolution: 2-d, stride 1,
     floating point, ``ICg * FH * FW <= MAX_K``."""
     try:
@@ -78,48 +75,15 @@ def preferred_direct_forward(src, filt, out, stride, pad, dilate, flip=False) ->
     )
 
 
-def bind_direct_forward(
-    src: np.ndarray,
-    filt: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> Callable[[], None]:
-    """Bind the grouped convolution ``out = conv(src, filt)`` as a direct convolution.
-
-    Parameters
-    ----------
-    src : numpy.ndarray
-        The ``(N, G*ICg, H, W)`` input (any strides).
-    filt : numpy.ndarray
-        The grouped ``(G, OCg, ICg, FH, FW)`` filter.
-    out : numpy.ndarray
-        The ``(N, G*OCg, OH, OW)`` output (any strides).
-    stride, pad, dilate : sequence of int
-        Two values each; the stride must be 1.
-    flip : bool
-        True for CONVOLUTION mode (the filter is flipped spatially), False for
-        CROSS_CORRELATION.
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``out`` from the current inputs.
-
-    Raises
-    ------
-    ValueError
-        When the shapes do not match or the convolution is not one
-        :func:`usable_direct_forward` accepts.
-    """
-    geo = _Conv("Convolution", src.shape, filt.shape, out.shape, stride, pad, dilate)
-    if not usable_direct_forward(src, filt, out, stride, pad, dilate, flip):
-        raise ValueError(
-            f"Convolution (direct): needs a 2-d convolution with stride 1 and ICg*FH*FW <= "
-            f"{MAX_K}, got filter {tuple(filt.shape)}, stride={tuple(stride)}, dtype {src.dtype}"
-        )
+@bind_doc("forward")
+def bind_direct_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stride: Sequence[int],
+                        pad: Sequence[int], dilate: Sequence[int], flip: bool = False
+                        ) -> Callable[[], None]:  # fmt: skip
+    """Bind the grouped convolution ``out = conv(src, filt)`` as a direct convolution: 2-d,
+    stride 1, ``ICg * FH * FW <= MAX_K`` (:func:`usable_direct_forward`); any strides."""
+    needs = f"a 2-d convolution with stride 1 and ICg*FH*FW <= {MAX_K}"
+    geo = checked("forward", "direct", needs, usable_direct_forward, src, filt, out, stride, pad,
+                  dilate, flip)  # fmt: skip
     dt = compute_dtype(src.dtype)
     steps: list[Step] = []
     post: list[Step] = []
@@ -139,7 +103,7 @@ def bind_direct_forward(
     planes = geo.n * geo.g * geo.ocg
     if planes == 0 or oh <= 0 or ow <= 0:
         return chain(steps + post)
-    parts = parallel.ranges(planes, conv_winograd.threads(), conv_winograd._MIN_SPLIT_PLANES)
+    parts = parallel.ranges(planes, threads(), _MIN_SPLIT_PLANES)
     acc = workspace.empty((len(parts), 2 * ((oh - 1) * xp.shape[3] + ow)), dt)
     calls = [_plane_step(xp, w, y, acc[i], geo.dilate, flip, p0, p1)
              for i, (p0, p1) in enumerate(parts)]  # fmt: skip
@@ -149,7 +113,7 @@ def bind_direct_forward(
 
 def _plane_step(xp, w, y, acc, dilate, flip, p0, p1) -> Step:
     def step() -> None:
-        conv_loops.direct_conv2d(xp, w, y, acc, dilate, flip, p0, p1)
+        direct_loops.direct_conv2d(xp, w, y, acc, dilate, flip, p0, p1)
 
     return step
 
@@ -158,15 +122,7 @@ def _transposed_pad(filt, pad, dilate) -> tuple:
     return tuple(d * (f - 1) - p for f, p, d in zip(filt.shape[3:], pad, dilate))
 
 
-def usable_direct_backward_data(
-    filt: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> bool:
+def usable_direct_backward_data(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
     """Whether :func:`bind_direct_backward_data` accepts the gradient: 2-d, stride 1,
     ``pad <= dilate (F - 1)``, floating point, ``OCg * FH * FW <= MAX_K``."""
     return (
@@ -185,47 +141,26 @@ def preferred_direct_backward_data(filt, diff, grad, stride, pad, dilate, flip=F
     )
 
 
+@bind_doc("backward_data")
 def bind_direct_backward_data(
-    filt: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> Callable[[], None]:
+    filt: np.ndarray, diff: np.ndarray, grad: np.ndarray, stride: Sequence[int],
+    pad: Sequence[int], dilate: Sequence[int], flip: bool = False,
+) -> Callable[[], None]:  # fmt: skip
     """Bind the gradient of a stride-1 convolution w.r.t. its input as the direct forward
     convolution of ``diff``, padded by ``dilate (F - 1) - pad``, with the transposed,
-    flipped filter.
-
-    Parameters
-    ----------
-    filt : numpy.ndarray
-        The grouped ``(G, OCg, ICg, FH, FW)`` filter of the forward convolution.
-    diff : numpy.ndarray
-        The ``(N, G*OCg, OH, OW)`` gradient of the forward output.
-    grad : numpy.ndarray
-        The ``(N, G*ICg, H, W)`` result.
-    stride, pad, dilate, flip
-        As for :func:`bind_direct_forward`; ``pad <= dilate (F - 1)``.
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``grad``.
-
-    Raises
-    ------
-    ValueError
-        When the shapes do not match or the gradient is not one
-        :func:`usable_direct_backward_data` accepts.
-    """
-    _Conv("ConvolutionBackwardData", grad.shape, filt.shape, diff.shape, stride, pad, dilate)
-    if not usable_direct_backward_data(filt, diff, grad, stride, pad, dilate, flip):
-        raise ValueError(
-            f"ConvolutionBackwardData (direct): needs a 2-d gradient with stride 1, "
-            f"pad <= dilate*(F-1) and OCg*FH*FW <= {MAX_K}, got filter {tuple(filt.shape)}, "
-            f"stride={tuple(stride)}, pad={tuple(pad)}, dtype {diff.dtype}"
-        )
+    flipped filter (:func:`usable_direct_backward_data`: 2-d, ``pad <= dilate (F - 1)``)."""
+    needs = f"a 2-d gradient with stride 1, pad <= dilate*(F-1) and OCg*FH*FW <= {MAX_K}"
+    checked("backward_data", "direct", needs, usable_direct_backward_data, filt, diff, grad,
+            stride, pad, dilate, flip)  # fmt: skip
     tpad = _transposed_pad(filt, pad, dilate)
     return bind_direct_forward(diff, filt.swapaxes(1, 2), grad, stride, tpad, dilate, not flip)
+
+
+register(ConvAlgorithm(
+    "DIRECT", "forward", bind_direct_forward, usable_direct_forward,
+    priority=20, heuristic=preferred_direct_forward,
+))  # fmt: skip
+register(ConvAlgorithm(
+    "DIRECT", "backward_data", bind_direct_backward_data, usable_direct_backward_data,
+    priority=20, heuristic=preferred_direct_backward_data,
+))  # fmt: skip

@@ -2,7 +2,7 @@
 
 Every convolution kernel (forward, backward data, backward filter; 2-d and 3-d) is a
 registered :class:`ConvAlgorithm`: a bind function with the signature of
-:func:`megbrain.kernels.dnn_conv.bind_convolution` (``(a, b, out, stride, pad, dilate, flip)``
+:func:`megbrain.kernels.conv.binds.bind_convolution` (``(a, b, out, stride, pad, dilate, flip)``
 -> a zero-argument step), a ``usable`` predicate with the same arguments, a ``reproducible``
 flag and a ``priority``. :func:`select` chooses one for the bound arrays at bind time, as the
 operator param's ``strategy`` (MegDNN's ``ExecutionPolicy``) says:
@@ -38,20 +38,17 @@ Priorities: 0 for the general fallbacks (usable on every shape), 10 for the buil
 shape-specialised ones; a new algorithm registers with the priority that ranks it among them.
 A less accurate algorithm must not become the HEURISTIC default.
 
-Built-in algorithms (megbrain.kernels.dnn_conv), by kind:
+Registering is all this module does with the algorithms: each algorithm module of this
+package registers its own as it loads (:mod:`.binds` imports them all, in a fixed order, since
+registration order breaks priority ties), by kind:
 
-- forward: ``IM2COL_GEMM_PER_SAMPLE`` (batch-inner columns, one GEMM per sample straight into
-  the output; priority 10, the heuristic's for reductions of at most ``PER_SAMPLE_MAX_K``),
-  ``IM2COL_GEMM`` (one GEMM per batch chunk; the fallback; 2-d: compiled im2col of
-  cache-sized chunks, one pipeline per kernel thread);
-- backward_data: ``AS_FORWARD_CONV`` (stride 1: the forward convolution of diff with the
-  transposed, flipped filter; priority 10, the heuristic's for a "same" padding unless
-  GEMM_COL2IM runs compiled on at most ``COL2IM_MAX_SAMPLE_BYTES`` of columns per sample),
-  ``GEMM_COL2IM`` (``W^T @ diff`` per batch chunk, then col2im; the fallback);
-- backward_filter: ``IM2COL_GEMM_DIFF_NHWC`` (columns @ channel-last diff; priority 10),
-  ``IM2COL_GEMM_DIFF_ROWS`` (diff @ columns^T; a PROFILE candidate); 2-d ones in
-  :mod:`megbrain.kernels.conv_bwd_filter`: ``IM2COL_GEMM_BLOCKED`` (compiled im2col of
-  cache-sized blocks, each GEMM-accumulated; priority 20).
+- forward: :mod:`.im2col` (``IM2COL_GEMM_PER_SAMPLE``, priority 10; ``IM2COL_GEMM``, the
+  fallback; ``CONV1X1_GEMM``, 30), :mod:`.nchw8c` (``DIRECT_NCHW8C``, 25), :mod:`.winograd`
+  (``WINOGRAD_F23``, 20), :mod:`.direct` (``DIRECT``, 20);
+- backward_data: :mod:`.bwd_data` (``AS_FORWARD_CONV``, 10; ``GEMM_COL2IM``, the fallback),
+  :mod:`.winograd`, :mod:`.direct`;
+- backward_filter: :mod:`.bwd_filter` (``IM2COL_GEMM_DIFF_NHWC``, 10;
+  ``IM2COL_GEMM_DIFF_ROWS``, a PROFILE candidate; ``IM2COL_GEMM_BLOCKED``, 20).
 """
 
 from __future__ import annotations
@@ -65,8 +62,10 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
+from threadpoolctl import threadpool_info
 
-from . import dnn_conv, workspace
+from .. import workspace
+from .common import _KIND_NAMES, check_convolution
 from .constant_operands import filter_is_constant
 
 __all__ = [
@@ -123,7 +122,7 @@ class ConvAlgorithm:
         "forward", "backward_data" or "backward_filter".
     bind : Callable
         ``bind(a, b, out, stride, pad, dilate, flip) -> step``, as
-        :func:`megbrain.kernels.dnn_conv.bind_convolution` (forward: src, filter, dst),
+        :func:`megbrain.kernels.conv.binds.bind_convolution` (forward: src, filter, dst),
         ``bind_conv_backward_data`` (filter, diff, grad) or ``bind_conv_backward_filter``
         (src, diff, grad); it writes only ``out`` and takes its scratch from
         :func:`megbrain.kernels.workspace.empty`.
@@ -139,7 +138,7 @@ class ConvAlgorithm:
         (None: wherever usable). PROFILE ignores it.
     epilogue : bool
         Whether ``bind`` also takes ``epilogue=`` (a
-        :class:`megbrain.kernels.conv_epilogue.Epilogue`, forward only): ``act(conv +
+        :class:`megbrain.kernels.conv.epilogue.Epilogue`, forward only): ``act(conv +
         bias)`` applied by the algorithm as it writes each block of the output.
     """
 
@@ -199,17 +198,10 @@ def algorithms(kind: str) -> list[ConvAlgorithm]:
 
 
 def usable_algorithms(
-    kind: str,
-    a: np.ndarray,
-    b: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-    *,
+    kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, stride: Sequence[int],
+    pad: Sequence[int], dilate: Sequence[int], flip: bool = False, *,
     reproducible: bool = False,
-) -> list[ConvAlgorithm]:
+) -> list[ConvAlgorithm]:  # fmt: skip
     """The ``kind`` algorithms usable on these arrays (reproducible ones only if asked),
     highest priority first.
 
@@ -220,7 +212,7 @@ def usable_algorithms(
     """
     _check_kind(kind)
     args = (a, b, out, stride, pad, dilate, flip)
-    dnn_conv.check_convolution(kind, *args)
+    check_convolution(kind, *args)
     return [
         algo
         for algo in algorithms(kind)
@@ -244,16 +236,11 @@ def clear_choices() -> None:
 
 
 def blas_threads() -> int:
-    """The thread count of the BLAS NumPy uses (threadpoolctl when installed, else the
-    usual environment variables, else 1)."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        threadpool_info = None
-    if threadpool_info is not None:
-        counts = [i.get("num_threads", 1) for i in threadpool_info() if i.get("user_api") == "blas"]
-        if counts:
-            return int(max(counts))
+    """The thread count of the BLAS NumPy uses (by threadpoolctl, else the usual environment
+    variables, else 1)."""
+    counts = [i.get("num_threads", 1) for i in threadpool_info() if i.get("user_api") == "blas"]
+    if counts:
+        return int(max(counts))
     for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
         v = os.environ.get(var, "")
         if v.isdigit():
@@ -278,7 +265,7 @@ def choice_key(
 ) -> str:
     """The cache key of a profiled choice: the kind, the operands' dtypes, shapes and
     strides, the geometry, the BLAS thread count, whether the filter is constant
-    (:func:`constant_operands.filter_is_constant`: an algorithm may then prepare it once)
+    (:func:`.constant_operands.filter_is_constant`: an algorithm may then prepare it once)
     and the candidates' names."""
     geometry = f"stride={list(stride)} pad={list(pad)} dilate={list(dilate)} flip={bool(flip)}"
     names = ",".join(sorted(c.name for c in candidates))
@@ -380,19 +367,10 @@ def _profile(kind: str, cands: list[ConvAlgorithm], args: tuple) -> ConvAlgorith
 
 
 def select(
-    kind: str,
-    a: np.ndarray,
-    b: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-    *,
-    strategy: str = "HEURISTIC",
-    cache=None,
-    keep: str | None = None,
-) -> ConvAlgorithm:
+    kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, stride: Sequence[int],
+    pad: Sequence[int], dilate: Sequence[int], flip: bool = False, *,
+    strategy: str = "HEURISTIC", cache=None, keep: str | None = None,
+) -> ConvAlgorithm:  # fmt: skip
     """The ``kind`` algorithm ``strategy`` chooses for these arrays (see the module doc).
 
     Parameters
@@ -402,7 +380,7 @@ def select(
     a, b, out : numpy.ndarray
         The operands, as the kind's bind takes them.
     stride, pad, dilate, flip
-        The geometry, as for :func:`megbrain.kernels.dnn_conv.bind_convolution`.
+        The geometry, as for :func:`megbrain.kernels.conv.binds.bind_convolution`.
     strategy : str
         One of :data:`STRATEGIES`.
     cache : object, optional
@@ -432,7 +410,7 @@ def select(
     if not cands:
         which = "reproducible " if reproducible else ""
         raise ValueError(
-            f"{dnn_conv._KIND_NAMES[kind]}: no {which}algorithm is usable for operands "
+            f"{_KIND_NAMES[kind]}: no {which}algorithm is usable for operands "
             f"{_layout(a)}, {_layout(b)}, {_layout(out)} (stride={args[3]}, pad={args[4]}, "
             f"dilate={args[5]})"
         )
@@ -460,124 +438,15 @@ def select(
 
 
 def bind(
-    kind: str,
-    a: np.ndarray,
-    b: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-    *,
-    strategy: str = "HEURISTIC",
-    cache=None,
-) -> Callable[[], None]:
+    kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, stride: Sequence[int],
+    pad: Sequence[int], dilate: Sequence[int], flip: bool = False, *,
+    strategy: str = "HEURISTIC", cache=None,
+) -> Callable[[], None]:  # fmt: skip
     """Choose the ``kind`` algorithm (:func:`select`) and bind it; returns its step."""
     algo = select(kind, a, b, out, stride, pad, dilate, flip, strategy=strategy, cache=cache)
     return algo.bind(a, b, out, stride, pad, dilate, flip)
 
 
-def _always(*args) -> bool:
+def always(*args) -> bool:
+    """The ``usable`` predicate of an algorithm that applies to every checked geometry."""
     return True
-
-
-for _algo in (
-    ConvAlgorithm(
-        "IM2COL_GEMM_PER_SAMPLE",
-        "forward",
-        dnn_conv.fwd_per_sample_gemm,
-        dnn_conv.fwd_per_sample_usable,
-        priority=10,
-        heuristic=dnn_conv.fwd_per_sample_preferred,
-    ),
-    ConvAlgorithm("IM2COL_GEMM", "forward", dnn_conv.fwd_im2col_gemm, _always),
-    ConvAlgorithm(
-        "CONV1X1_GEMM",
-        "forward",
-        dnn_conv.fwd_1x1_gemm,
-        dnn_conv.fwd_1x1_usable,
-        priority=30,
-        epilogue=True,
-    ),
-    ConvAlgorithm(
-        "AS_FORWARD_CONV",
-        "backward_data",
-        dnn_conv.bwd_data_as_forward,
-        dnn_conv.bwd_data_as_forward_usable,
-        priority=10,
-        heuristic=dnn_conv.bwd_data_as_forward_preferred,
-    ),
-    ConvAlgorithm("GEMM_COL2IM", "backward_data", dnn_conv.bwd_data_gemm_col2im, _always),
-    ConvAlgorithm(
-        "IM2COL_GEMM_DIFF_NHWC",
-        "backward_filter",
-        dnn_conv.bwd_filter_diff_nhwc,
-        _always,
-        priority=10,
-    ),
-    ConvAlgorithm(
-        "IM2COL_GEMM_DIFF_ROWS", "backward_filter", dnn_conv.bwd_filter_diff_rows, _always
-    ),
-):
-    register(_algo)
-del _algo
-# further algorithm modules register here, below the built-in ones
-from . import conv_direct, conv_nchw8c, conv_winograd  # noqa: E402
-
-for _algo in (
-    ConvAlgorithm(
-        "DIRECT_NCHW8C",
-        "forward",
-        conv_nchw8c.bind_nchw8c_forward,
-        conv_nchw8c.usable_nchw8c_forward,
-        priority=25,
-        heuristic=conv_nchw8c.preferred_nchw8c_forward,
-        epilogue=True,
-    ),
-    ConvAlgorithm(
-        "WINOGRAD_F23",
-        "forward",
-        conv_winograd.bind_winograd_forward,
-        conv_winograd.usable_winograd_forward,
-        priority=20,
-        heuristic=conv_winograd.preferred_winograd_forward,
-    ),
-    ConvAlgorithm(
-        "WINOGRAD_F23",
-        "backward_data",
-        conv_winograd.bind_winograd_backward_data,
-        conv_winograd.usable_winograd_backward_data,
-        priority=20,
-        heuristic=conv_winograd.preferred_winograd_backward_data,
-    ),
-    ConvAlgorithm(
-        "DIRECT",
-        "forward",
-        conv_direct.bind_direct_forward,
-        conv_direct.usable_direct_forward,
-        priority=20,
-        heuristic=conv_direct.preferred_direct_forward,
-    ),
-    ConvAlgorithm(
-        "DIRECT",
-        "backward_data",
-        conv_direct.bind_direct_backward_data,
-        conv_direct.usable_direct_backward_data,
-        priority=20,
-        heuristic=conv_direct.preferred_direct_backward_data,
-    ),
-):
-    register(_algo)
-del _algo
-from . import conv_bwd_filter  # noqa: E402
-
-register(
-    ConvAlgorithm(
-        "IM2COL_GEMM_BLOCKED",
-        "backward_filter",
-        conv_bwd_filter.bind_blocked,
-        conv_bwd_filter.usable_blocked,
-        priority=20,
-        heuristic=conv_bwd_filter.preferred_blocked,
-    )
-)

@@ -11,7 +11,7 @@ than im2col + GEMM.
 The work is cut into *bands* (a few tile rows of one sample, or a few whole samples; every
 channel), each small enough (:data:`BAND_BYTES`) that its transformed input and products stay
 in the core's cache between the three stages, and long enough (:data:`MIN_BAND_TILES`) for
-the GEMMs: input transform (compiled, :mod:`conv_winograd_loops`), one batched
+the GEMMs: input transform (compiled, :mod:`.loops.winograd`), one batched
 ``np.matmul`` of the 16 (per group) GEMMs with the band's tiles as their long dimension, and
 output transform straight into the output rows. The bands are split over :func:`threads`
 threads, each a whole pipeline with its own buffers taking the next band until none is
@@ -38,15 +38,15 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import conv_winograd_loops, parallel, workspace
-from .dnn_conv import _Conv, compute_dtype
-from .steps import Step, chain
+from .. import parallel, workspace
+from ..steps import Step, chain
+from .common import _Conv, bind_doc, checked, compute_dtype, threads
+from .loops import winograd as winograd_loops
+from .registry import ConvAlgorithm, register
 
 __all__ = [
     "BAND_BYTES",
     "MIN_BAND_TILES",
-    "MAX_THREADS",
-    "THREADS",
     "bind_winograd_backward_data",
     "MAX_CHANNELS",
     "MIN_CHANNELS",
@@ -89,20 +89,6 @@ MIN_CHANNELS_BACKWARD_DATA = 32
 #: 1x64x56x56 3.1 vs 4.3 / 3.0 vs 4.2; 64x64x14x14 13.0 vs 21.2 / 12.8 vs 19.6; 128x16x14x14
 #: to 32 5.9 vs 6.6; 2x64x28x28 2.9 vs 2.9 / 2.4 vs 3.0; 32x16x14x14 1.6 vs 1.7 / 1.7 vs 1.9
 MIN_POSITIONS = 1024
-#: threads the bands are split over; None: :func:`parallel.num_threads` (the BLAS
-#: thread count, so that both sides of a comparison use the same threads), at most
-#: :data:`MAX_THREADS`
-THREADS: int | None = None
-MAX_THREADS = 4
-#: conv_direct splits its planes over threads only when each thread gets at least this many
-#: (sample, channel) planes (each thread's call costs a few microseconds)
-_MIN_SPLIT_PLANES = 8
-
-
-def threads() -> int:
-    """The thread count the transforms are split over now (:data:`THREADS`)."""
-    n = parallel.num_threads() if THREADS is None else int(THREADS)
-    return max(1, min(MAX_THREADS, n))
 
 
 def _geometry_ok(nd: int, fshape, stride, dilate, dtype) -> bool:
@@ -118,15 +104,7 @@ def _geometry_ok(nd: int, fshape, stride, dilate, dtype) -> bool:
     )
 
 
-def usable_winograd_forward(
-    src: np.ndarray,
-    filt: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> bool:
+def usable_winograd_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
     """Whether :func:`bind_winograd_forward` accepts the convolution: 2-d, 3x3, stride 1,
     dilation 1, floating point, at most :data:`MAX_CHANNELS` input channels per group (any
     padding and group count)."""
@@ -137,15 +115,7 @@ def usable_winograd_forward(
     )
 
 
-def usable_winograd_backward_data(
-    filt: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> bool:
+def usable_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
     """Whether :func:`bind_winograd_backward_data` accepts the gradient: 2-d, 3x3, stride 1,
     dilation 1, padding at most 2, floating point, at most :data:`MAX_CHANNELS` output
     channels per group (the channels a gradient value sums over)."""
@@ -177,97 +147,31 @@ def preferred_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip
     ) and _large_enough(filt, grad, MIN_CHANNELS_BACKWARD_DATA)
 
 
-def bind_winograd_forward(
-    src: np.ndarray,
-    filt: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> Callable[[], None]:
-    """Bind the grouped convolution ``out = conv(src, filt)`` as Winograd F(2x2, 3x3).
-
-    Parameters
-    ----------
-    src : numpy.ndarray
-        The ``(N, G*ICg, H, W)`` input (any strides).
-    filt : numpy.ndarray
-        The grouped ``(G, OCg, ICg, 3, 3)`` filter.
-    out : numpy.ndarray
-        The ``(N, G*OCg, OH, OW)`` output, ``OH = H + 2 pad - 2``.
-    stride, pad, dilate : sequence of int
-        Two values each; stride and dilation must be 1.
-    flip : bool
-        True for CONVOLUTION mode (the filter is flipped spatially), False for
-        CROSS_CORRELATION.
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``out`` from the current inputs.
-
-    Raises
-    ------
-    ValueError
-        When the shapes do not match or the convolution is not one
-        :func:`usable_winograd_forward` accepts.
-    """
-    geo = _Conv("Convolution", src.shape, filt.shape, out.shape, stride, pad, dilate)
-    if not usable_winograd_forward(src, filt, out, stride, pad, dilate, flip):
-        raise ValueError(
-            f"Convolution (winograd F(2x2,3x3)): needs a 2-d 3x3 filter, stride 1, "
-            f"dilation 1 and at most {MAX_CHANNELS} input channels per group, got filter "
-            f"{tuple(filt.shape)}, stride={tuple(stride)}, "
-            f"dilate={tuple(dilate)}, dtype {src.dtype}"
-        )
+@bind_doc("forward")
+def bind_winograd_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stride: Sequence[int],
+                          pad: Sequence[int], dilate: Sequence[int], flip: bool = False
+                          ) -> Callable[[], None]:  # fmt: skip
+    """Bind the grouped convolution ``out = conv(src, filt)`` as Winograd F(2x2, 3x3): 2-d,
+    a 3x3 filter, stride and dilation 1 (:func:`usable_winograd_forward`); any strides."""
+    needs = (f"a 2-d 3x3 filter, stride 1, dilation 1 and at most {MAX_CHANNELS} input "
+             "channels per group")  # fmt: skip
+    geo = checked("forward", "winograd F(2x2,3x3)", needs, usable_winograd_forward, src, filt,
+                  out, stride, pad, dilate, flip)  # fmt: skip
     return _bind(geo, src, filt, out, flip, "Convolution")
 
 
+@bind_doc("backward_data")
 def bind_winograd_backward_data(
-    filt: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> Callable[[], None]:
+    filt: np.ndarray, diff: np.ndarray, grad: np.ndarray, stride: Sequence[int],
+    pad: Sequence[int], dilate: Sequence[int], flip: bool = False,
+) -> Callable[[], None]:  # fmt: skip
     """Bind the gradient of a convolution w.r.t. its input as Winograd F(2x2, 3x3): the
     forward convolution of ``diff``, padded by ``2 - pad``, with the transposed, flipped
-    filter.
-
-    Parameters
-    ----------
-    filt : numpy.ndarray
-        The grouped ``(G, OCg, ICg, 3, 3)`` filter of the forward convolution.
-    diff : numpy.ndarray
-        The ``(N, G*OCg, OH, OW)`` gradient of the forward output.
-    grad : numpy.ndarray
-        The ``(N, G*ICg, H, W)`` result.
-    stride, pad, dilate, flip
-        As for :func:`bind_winograd_forward`; ``pad <= 2``.
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``grad``.
-
-    Raises
-    ------
-    ValueError
-        When the shapes do not match or the gradient is not one
-        :func:`usable_winograd_backward_data` accepts.
-    """
-    _Conv("ConvolutionBackwardData", grad.shape, filt.shape, diff.shape, stride, pad, dilate)
-    if not usable_winograd_backward_data(filt, diff, grad, stride, pad, dilate, flip):
-        raise ValueError(
-            f"ConvolutionBackwardData (winograd F(2x2,3x3)): needs a 2-d 3x3 filter, "
-            f"stride 1, dilation 1, pad <= 2 and at most {MAX_CHANNELS} output channels per "
-            f"group, got filter {tuple(filt.shape)}, "
-            f"stride={tuple(stride)}, pad={tuple(pad)}, dilate={tuple(dilate)}, "
-            f"dtype {diff.dtype}"
-        )
+    filter (:func:`usable_winograd_backward_data`: as the forward one, ``pad <= 2``)."""
+    needs = (f"a 2-d 3x3 filter, stride 1, dilation 1, pad <= 2 and at most {MAX_CHANNELS} "
+             "output channels per group")  # fmt: skip
+    checked("backward_data", "winograd F(2x2,3x3)", needs, usable_winograd_backward_data, filt,
+            diff, grad, stride, pad, dilate, flip)  # fmt: skip
     tpad = tuple(2 - p for p in pad)
     tfilt = filt.swapaxes(1, 2)
     geo = _Conv("ConvolutionBackwardData", diff.shape, tfilt.shape, grad.shape, stride, tpad,
@@ -326,7 +230,7 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     bands = _bands(geo.n, th, tw, 16 * (c + oc) * dt.itemsize, nt)
     nt = min(nt, len(bands))
     most = max(sum(r1 - r0 for _, r0, r1, _ in band) for band in bands)  # tile rows
-    ffilter, finput, foutput = conv_winograd_loops.compiled()
+    ffilter, finput, foutput = winograd_loops.compiled()
     u = workspace.empty((16, g, ocg, icg), dt)
 
     def filter_part(lo: int, hi: int, f=filt, u=u, flip=bool(flip)) -> None:
@@ -367,3 +271,13 @@ def _band_step(x, y, u, v, m, s, z, ph, pw, tw, item, finput, foutput) -> Step:
             foutput(m, y, z, k, tw, r0, r1, ld, off)
 
     return step
+
+
+register(ConvAlgorithm(
+    "WINOGRAD_F23", "forward", bind_winograd_forward, usable_winograd_forward,
+    priority=20, heuristic=preferred_winograd_forward,
+))  # fmt: skip
+register(ConvAlgorithm(
+    "WINOGRAD_F23", "backward_data", bind_winograd_backward_data,
+    usable_winograd_backward_data, priority=20, heuristic=preferred_winograd_backward_data,
+))  # fmt: skip

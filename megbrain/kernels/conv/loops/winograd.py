@@ -1,4 +1,4 @@
-"""Compiled (Numba) transforms of the Winograd F(2x2, 3x3) convolution of :mod:`conv_winograd`.
+"""Compiled (Numba) transforms of the Winograd F(2x2, 3x3) convolution of :mod:`..winograd`.
 
 With ``B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]``,
 ``G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]`` and
@@ -7,20 +7,22 @@ With ``B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]``,
 
 The input and output transforms work on the tile rows ``[r0, r1)`` of one sample, every
 channel, within a *band* (such rows, or several whole samples) laid out ``(16, C, tiles of the
-band)``, so that the 16 GEMMs of :mod:`conv_winograd` have the band's tiles as their long,
+band)``, so that the 16 GEMMs of :mod:`..winograd` have the band's tiles as their long,
 contiguous dimension. The
 long loops run along whole bands of contiguous 1-d views indexed by the loop variable (LLVM
 vectorizes those; a computed index, or loops as short as one row of tiles, did not).
 
 Every loop is single-threaded and GIL-free (``nogil``), so that a caller may run several on
 a few Python threads; Numba's parallel threading layers are not safe to enter from the
-executor's several worker threads. Numba is imported on first use (``import megbrain`` stays
-free of its import time); the loops allocate nothing: scratch comes from the caller.
+executor's several worker threads. The loops are compiled on first use and allocate nothing:
+scratch comes from the caller.
 """
 
 from __future__ import annotations
 
 import functools
+
+from numba import njit
 
 __all__ = ["compiled", "filter_transform", "input_transform", "output_transform"]
 
@@ -221,8 +223,5 @@ def compiled() -> tuple:
 
 @functools.cache
 def _compiled(name: str):
-    # numba is imported on first use: ``import megbrain`` stays free of its import time
-    from numba import njit
-
     fn = {"filter": _filter_py, "input": _input_py, "output": _output_py}[name]
     return njit(nogil=True, cache=True, error_model="numpy", fastmath=False)(fn)

@@ -4,7 +4,7 @@ The column matrix of a chunk of samples ``[n0, n1)`` of a 2-d convolution is the
 ``(C * FH * FW, k * OH * OW)`` matrix (``k = n1 - n0``) whose row ``(c * FH + a) * FW + b`` holds,
 sample after sample, the ``OH * OW`` source values ``x[n, c, i * sh - ph + a * dh,
 j * sw - pw + b * dw]`` (zero outside the source): the batch-inner layout of
-:mod:`megbrain.kernels.dnn_conv`, so that one GEMM ``W (OC, C FH FW) @ cols`` covers the chunk
+:mod:`megbrain.kernels.conv.im2col`, so that one GEMM ``W (OC, C FH FW) @ cols`` covers the chunk
 (and, with G groups, the rows of group g are the block ``[g K / G, (g + 1) K / G)``).
 
 The loops are single-threaded and GIL-free (``nogil``) and take a ``[r0, r1)`` range of rows
@@ -13,8 +13,8 @@ The loops are single-threaded and GIL-free (``nogil``) and take a ``[r0, r1)`` r
 views with unsigned offsets: a signed, computed index makes Numba test it for wrap-around,
 which kept LLVM from vectorizing the row copies (im2col of 128x16x14x14, 3x3: 6.4 -> 1.5 ms on
 one core; NumPy's strided copy of the same columns took 3.7 ms). Padding is written as zeros
-by the loops themselves, so no padded copy of the source is needed. Numba is imported on first
-use (``import megbrain`` stays free of its import time); no loop allocates.
+by the loops themselves, so no padded copy of the source is needed. The loops are compiled
+on first use; no loop allocates.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from numba import njit
 
 __all__ = ["col2im", "im2col"]
 
@@ -102,9 +103,6 @@ def _col2im_py(cols, x, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, c0, 
 
 @functools.cache
 def _compiled(name: str):
-    # numba is imported on first use: ``import megbrain`` stays free of its import time
-    from numba import njit
-
     fn = {"im2col": _im2col_py, "col2im": _col2im_py}[name]
     return njit(nogil=True, cache=True, error_model="numpy", fastmath=False)(fn)
 

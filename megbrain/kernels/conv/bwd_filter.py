@@ -20,7 +20,7 @@ given thread count always gives the same bits (reproducible). Measured under loa
 2-core machines), OpenBLAS's own two threads over the blocks' GEMMs spent 4-10x longer,
 synchronising on every GEMM.
 
-Compared with IM2COL_GEMM_DIFF_NHWC of :mod:`.dnn_conv` (the columns of a whole batch chunk
+Compared with IM2COL_GEMM_DIFF_NHWC of :mod:`.bwd_filter` (the columns of a whole batch chunk
 built by NumPy's strided copy, 58 MB for 8x64x56x56 3x3, then one GEMM), the columns of a
 block stay in cache between the im2col and the GEMM and the copy is compiled (see
 :data:`BLOCK_POSITIONS` for the measurements).
@@ -28,7 +28,7 @@ block stay in cache between the im2col and the GEMM and the copy is compiled (se
 float16 and bfloat16 compute in float32; operands that are not C-contiguous in the compute
 dtype are copied into workspace buffers first. Every buffer is allocated at bind time
 (:func:`workspace.empty`, so that the executor places it in the memory plan) and fully
-written on every run before it is read. The im2col is :func:`conv_gemm_loops.im2col` (Numba,
+written on every run before it is read. The im2col is :func:`im2col_loops.im2col` (Numba,
 compiled on first use), over whole samples or over output rows of one sample.
 """
 
@@ -39,9 +39,19 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import conv_gemm_loops, parallel, workspace
-from .dnn_conv import _contiguous, _Conv, compute_dtype
-from .steps import Step, chain
+from .. import parallel, workspace
+from ..steps import Step, chain
+from .common import (
+    _contiguous,
+    _Conv,
+    _flipped,
+    _geometry,
+    _split_gemms,
+    bind_doc,
+    compute_dtype,
+)
+from .loops import im2col as im2col_loops
+from .registry import ConvAlgorithm, always, register
 
 __all__ = [
     "BLOCK_BYTES",
@@ -137,40 +147,12 @@ def _blocks(n: int, oh: int, ow: int, per_row_bytes: int, parts: int = 1) -> lis
     ]
 
 
-def bind_blocked(
-    src: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
-) -> Callable[[], None]:
-    """Bind the gradient of a 2-d convolution w.r.t. its filter as IM2COL_GEMM_BLOCKED.
-
-    Parameters
-    ----------
-    src : numpy.ndarray
-        The ``(N, G*ICg, H, W)`` input of the forward convolution (any strides).
-    diff : numpy.ndarray
-        The ``(N, G*OCg, OH, OW)`` gradient of the forward output (any strides).
-    grad : numpy.ndarray
-        The grouped ``(G, OCg, ICg, FH, FW)`` result.
-    stride, pad, dilate : sequence of int
-        Two values each.
-    flip : bool
-        True for CONVOLUTION mode (the filter is flipped spatially).
-
-    Returns
-    -------
-    Callable[[], None]
-        A zero-argument callable computing ``grad``.
-
-    Raises
-    ------
-    ValueError
-        When the shapes do not match or :func:`usable_blocked` refuses the gradient.
-    """
+@bind_doc("backward_filter")
+def bind_blocked(src: np.ndarray, diff: np.ndarray, grad: np.ndarray, stride: Sequence[int],
+                 pad: Sequence[int], dilate: Sequence[int], flip: bool = False,
+                 ) -> Callable[[], None]:  # fmt: skip
+    """Bind the gradient of a 2-d convolution w.r.t. its filter as IM2COL_GEMM_BLOCKED
+    (:func:`usable_blocked`); any strides."""
     geo, dt = _checked("IM2COL_GEMM_BLOCKED", src, diff, grad, stride, pad, dilate,
                        usable_blocked, "a 2-d floating-point convolution, pad >= 0")  # fmt: skip
     steps: list[Step] = []
@@ -253,7 +235,7 @@ class _Blocked:
             else:  # whole samples
                 span, n1 = {}, g1 // oh
             for r0, r1 in rows:
-                steps.append(functools.partial(conv_gemm_loops.im2col, self.x, cols, n0, n1,
+                steps.append(functools.partial(im2col_loops.im2col, self.x, cols, n0, n1,
                                                *self.geom, r0, r1, **span))  # fmt: skip
             if (g1 - 1) // oh == n0:  # inside one sample: diff's rows in place
                 i0 = g0 - n0 * oh
@@ -278,3 +260,80 @@ class _Blocked:
                 if u:
                     steps.append(functools.partial(np.add, acc[sl], part[sl], out=acc[sl]))
         return chain(steps)
+
+
+# ---- IM2COL_GEMM_DIFF_NHWC and IM2COL_GEMM_DIFF_ROWS: whole batch chunks, any dims ------
+def _bwd_filter_common(src, diff, grad, stride, pad, dilate):
+    geo = _geometry("backward_filter", src, diff, grad, stride, pad, dilate)
+    return geo, compute_dtype(src.dtype)
+
+
+def bwd_filter_diff_nhwc(src, diff, grad, stride, pad, dilate, flip=False) -> Callable[[], None]:
+    """Backward filter IM2COL_GEMM_DIFF_NHWC: per batch chunk, the transposed gradient
+    (G, K, OCg) = columns (G, K, k * L) @ channel-last diff (G, k * L, OCg), the batch summed
+    inside the GEMM."""
+    geo, dt = _bwd_filter_common(src, diff, grad, stride, pad, dilate)
+    steps: list[Step] = []
+    g, ocg = geo.g, geo.ocg
+    res = np.empty((g, geo.k, ocg), dt)  # the transposed gradient, summed over the chunks
+    chunks = geo.im2col(src, dt, steps)
+    if not chunks:  # an empty batch
+        steps.append(functools.partial(np.copyto, res, 0))
+    nb = max((b - a for a, b, _, _ in chunks), default=0)
+    # diff channel-last, ``(k, *O, G, OCg)``: each group's (k * L, OCg) matrix is row-major
+    dflat = workspace.empty((nb * geo.l * g * ocg,), dt)
+    part = np.empty_like(res) if len(chunks) > 1 else None
+    for i, (a, b, colm, fill) in enumerate(chunks):
+        k = b - a
+        steps.append(fill)
+        dbuf = dflat[: k * geo.l * g * ocg].reshape(k, *geo.oshape, g * ocg)
+        steps.append(functools.partial(np.copyto, dbuf, np.moveaxis(diff[a:b], 1, -1), "unsafe"))
+        dm = dbuf.reshape(k * geo.l, g, ocg).swapaxes(0, 1)  # (G, k * L, OCg)
+        if i == 0:
+            steps += _split_gemms(colm, dm, res)
+        else:
+            steps += _split_gemms(colm, dm, part)
+            steps.append(functools.partial(np.add, res, part, res))
+    view = res.swapaxes(1, 2).reshape(grad.shape)  # ``(G, OCg, ICg, *F)``, a copy-free view
+    steps.append(functools.partial(np.copyto, grad, _flipped(view, geo.nsp) if flip else view,
+                                   "unsafe"))  # fmt: skip
+    return chain(steps)
+
+
+def bwd_filter_diff_rows(src, diff, grad, stride, pad, dilate, flip=False) -> Callable[[], None]:
+    """Backward filter IM2COL_GEMM_DIFF_ROWS: per batch chunk, the gradient (G, OCg, K) =
+    batch-inner diff (G, OCg, k * L) @ columns^T (G, k * L, K). Measured on 2 cores it ran
+    4-5x slower than IM2COL_GEMM_DIFF_NHWC for a few dozen channels (OpenBLAS's threads
+    synchronise once per block of the long reduction); a PROFILE candidate, never the
+    heuristic's."""
+    geo, dt = _bwd_filter_common(src, diff, grad, stride, pad, dilate)
+    steps: list[Step] = []
+    res = np.empty((geo.g, geo.ocg, geo.k), dt)  # summed over the chunks
+    nb, _ = geo.chunks(dt)
+    chunks = geo.im2col(src, dt, steps)
+    if not chunks:
+        steps.append(functools.partial(np.copyto, res, 0))
+    diff_matrix = geo.batch_inner_matrix(diff, max(nb, 1), dt, steps)
+    part = np.empty_like(res) if len(chunks) > 1 else None
+    for i, (a, b, colm, fill) in enumerate(chunks):
+        steps.append(fill)
+        dm = diff_matrix(a, b)  # (G, OCg, k * L)
+        cols_t = colm.transpose(0, 2, 1)  # (G, k * L, K), column-major matrices
+        if i == 0:
+            steps += _split_gemms(dm, cols_t, res)
+        else:
+            steps += _split_gemms(dm, cols_t, part)
+            steps.append(functools.partial(np.add, res, part, res))
+    view = res.reshape(grad.shape)
+    steps.append(functools.partial(np.copyto, grad, _flipped(view, geo.nsp) if flip else view,
+                                   "unsafe"))  # fmt: skip
+    return chain(steps)
+
+
+register(ConvAlgorithm("IM2COL_GEMM_DIFF_NHWC", "backward_filter", bwd_filter_diff_nhwc, always,
+                       priority=10))  # fmt: skip
+register(ConvAlgorithm("IM2COL_GEMM_DIFF_ROWS", "backward_filter", bwd_filter_diff_rows, always))
+register(ConvAlgorithm(
+    "IM2COL_GEMM_BLOCKED", "backward_filter", bind_blocked, usable_blocked,
+    priority=20, heuristic=preferred_blocked,
+))  # fmt: skip

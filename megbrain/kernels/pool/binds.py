@@ -1,7 +1,7 @@
 """Pooling kernels (MegDNN's PoolingForward and PoolingBackward) for batch-channel-first
 layouts, bound once.
 
-2-d pooling runs the compiled loops of :mod:`.pool_loops` over the ``N * C`` planes, split
+2-d pooling runs the compiled loops of :mod:`.loops` over the ``N * C`` planes, split
 over :func:`parallel.num_threads` threads by :func:`parallel.split` when each part gets at
 least :data:`SPLIT_MIN_ELEMS` source elements (else in the calling thread). The loops want
 C-contiguous arrays of one float dtype, so float16 / bfloat16 arrays (computed in float32) and
@@ -21,9 +21,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import parallel, pool_loops, workspace
-from .dnn_conv import compute_dtype
-from .steps import Step, chain
+from .. import parallel, workspace
+from ..arrays import compute_dtype
+from ..steps import Step, chain
+from . import loops as pool_loops
 
 __all__ = [
     "POOLING_MODES",

@@ -24,8 +24,7 @@ loops only write, so recomputing a few outputs gives the same values.
 MAX propagates NaN as ``numpy.maximum`` does; its backward gives each window's ``diff`` to
 every element equal to the window's maximum (MegDNN's rule: ties share it).
 
-numba is imported on first use (:func:`kernels`): ``import megbrain`` stays free of its
-import time.
+The loops are compiled on first use (:func:`kernels`).
 """
 
 from __future__ import annotations
@@ -35,6 +34,10 @@ import threading
 from types import SimpleNamespace
 
 import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 __all__ = ["kernels"]
 
@@ -391,10 +394,6 @@ def _chunk_2x2(kind: str, width: int):
     lanes (forward); the backward duplicates ``dst`` / ``diff`` into lane pairs. MAX is
     ``llvm.maximum`` (NaN-propagating, as ``numpy.maximum``); its backward selects ``diff``
     where ``src == dst`` (an ordered compare: a NaN maximum gives no gradient)."""
-    from llvmlite import ir
-    from numba import types
-    from numba.core import cgutils
-    from numba.extending import intrinsic
 
     i32 = ir.IntType(32)
 
@@ -458,7 +457,6 @@ def _chunk_2x2(kind: str, width: int):
         return context.get_dummy_value()
 
     if _CHUNK_ARGS[kind] == 2:
-
         def typer(typingctx, a, b, p, i, j):
             return types.void(a, b, p, i, j), codegen
 
@@ -468,7 +466,6 @@ def _chunk_2x2(kind: str, width: int):
             return types.void(a, b, c, p, i, j), codegen
 
     else:
-
         def typer(typingctx, a, b, c, e, p, i, j):
             return types.void(a, b, c, e, p, i, j), codegen
 
@@ -495,7 +492,6 @@ def kernels() -> SimpleNamespace:
 
 
 def _compile() -> SimpleNamespace:
-    from numba import njit
 
     jit = functools.partial(njit, nogil=True, cache=True, error_model="numpy")
     global _cols, _row_max, _row_add, _row_bwd_max, _row_bwd_add, _zero_rows

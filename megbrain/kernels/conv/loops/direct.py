@@ -1,17 +1,19 @@
-"""Compiled (Numba) loops of the direct convolution of :mod:`conv_direct` (the Winograd
-transforms are in :mod:`conv_winograd_loops`).
+"""Compiled (Numba) loops of the direct convolution of :mod:`..direct` (the Winograd
+transforms are in :mod:`.winograd`).
 
 Every loop is single-threaded and GIL-free (``nogil``) and takes a ``[begin, end)`` range
 of its outermost dim, so that a caller may split one call over a few Python threads; Numba's
 parallel threading layers are not safe to enter from the executor's several worker threads,
-and their OpenMP threads slowed the next OpenBLAS call. Numba is imported on first use, so
-that ``import megbrain`` stays free of its import time. No loop allocates: scratch buffers come
+and their OpenMP threads slowed the next OpenBLAS call. The loops are compiled on first use.
+No loop allocates: scratch buffers come
 from the caller.
 """
 
 from __future__ import annotations
 
 import functools
+
+from numba import njit
 
 __all__ = ["direct_conv2d"]
 
@@ -88,9 +90,6 @@ def direct_conv2d(xp, w, y, acc, dilate, flip: bool, p0: int, p1: int) -> None:
 
 @functools.cache
 def _compiled(name: str):
-    # numba is imported on first use: ``import megbrain`` stays free of its import time
-    from numba import njit
-
     fn = {
         "direct": _direct_conv2d_py,
     }[name]

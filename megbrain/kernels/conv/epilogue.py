@@ -15,8 +15,9 @@ import functools
 from typing import NamedTuple
 
 import numpy as np
+from numba import njit
 
-from .steps import Step
+from ..steps import Step
 
 __all__ = ["Epilogue", "bias_act_step", "for_conv_bias", "rows_then"]
 
@@ -53,7 +54,6 @@ def _bias_act_py(block, bias, relu):
 
 @functools.cache
 def _compiled():
-    from numba import njit
 
     return njit(nogil=True, cache=True, error_model="numpy")(_bias_act_py)
 

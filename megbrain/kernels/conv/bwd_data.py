@@ -1,0 +1,178 @@
+"""Backward data of a convolution through GEMMs: AS_FORWARD_CONV (a stride-1 gradient with a
+"same" padding is the forward convolution of ``diff`` with the transposed, flipped filter) and
+GEMM_COL2IM (the transposed GEMM ``W^T @ diff`` followed by col2im, compiled and pipelined per
+thread, chunk by chunk, as the forward pass, for 2-d gradients, else one strided add per
+filter offset).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from .. import workspace
+from ..parallel import split
+from ..steps import Step, chain
+from . import common
+from .common import (
+    SPLIT_MIN_ELEMS,
+    _chunk_pipelines,
+    _Conv,
+    _gemms,
+    _geometry,
+    _interior,
+    _offset_slices,
+    _split_gemms,
+    _swap01,
+    compute_dtype,
+)
+from .loops import im2col as im2col_loops
+from .registry import ConvAlgorithm, always, register
+from .registry import bind as bind_chosen
+
+__all__ = ["AS_FORWARD_MAX_GROWTH", "COL2IM_MAX_SAMPLE_BYTES"]
+
+_partial = functools.partial
+
+#: HEURISTIC takes GEMM_COL2IM's compiled pipelines over AS_FORWARD_CONV for a 2-d gradient
+#: whose one sample's columns take at most this many bytes. Measured on one core (CPU time,
+#: under load; PyTorch in brackets): 128x16x14x14 3x3 5.9 vs 16 ms (6.7), 64x20x12x12 5x5
+#: 4.0 vs 19 (7.3), ResNet50's batch-1 7x7 7.2 vs 12.4 (7.2), 14x14 4.6 vs 6.2 (4.8), 28x28
+#: 4.5 vs 4.7 (3.9, 3.6 MB of columns); at 56x56 (7.2 MB) the forward route won, 4.5 vs 5.5
+COL2IM_MAX_SAMPLE_BYTES = 2 << 20
+#: backward data runs as a forward convolution when the gradient has at most this many times
+#: the positions of ``diff`` (that GEMM has prod(S) columns, col2im's has prod(O))
+AS_FORWARD_MAX_GROWTH = 1.25
+
+
+def _as_forward_pad(geo: _Conv) -> tuple | None:
+    """The padding ``dilate (F - 1) - pad`` making backward data a stride-1 forward convolution
+    of ``diff`` with the transposed, flipped filter; None unless every stride is 1 and
+    ``pad <= dilate (F - 1)``."""
+    if any(s != 1 for s in geo.stride):
+        return None
+    tpad = tuple(d * (f - 1) - p for d, f, p in zip(geo.dilate, geo.fshape, geo.pad))
+    return tpad if all(p >= 0 for p in tpad) else None
+
+
+def _as_forward(geo: _Conv) -> tuple | None:
+    """The heuristic's choice: :func:`_as_forward_pad` where the gradient is not much larger
+    than ``diff`` (a "same" padding, :data:`AS_FORWARD_MAX_GROWTH`), else None."""
+    if math.prod(geo.sshape) > AS_FORWARD_MAX_GROWTH * geo.l:
+        return None
+    return _as_forward_pad(geo)
+
+
+def bwd_data_as_forward_usable(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
+    """Whether backward data is a stride-1 forward convolution (:func:`_as_forward_pad`)."""
+    geo = _geometry("backward_data", filt, diff, grad, stride, pad, dilate)
+    return _as_forward_pad(geo) is not None
+
+
+def bwd_data_as_forward_preferred(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
+    """The heuristic: as a forward convolution for a "same" padding (:func:`_as_forward`),
+    unless GEMM_COL2IM runs compiled with one sample's columns of at most
+    :data:`COL2IM_MAX_SAMPLE_BYTES`."""
+    geo = _geometry("backward_data", filt, diff, grad, stride, pad, dilate)
+    dt = compute_dtype(diff.dtype)
+    per_sample = geo.c * math.prod(geo.fshape) * geo.l * dt.itemsize
+    if geo.compiled_loops(dt) and per_sample <= COL2IM_MAX_SAMPLE_BYTES:
+        return False
+    return _as_forward(geo) is not None
+
+
+def bwd_data_as_forward(filt, diff, grad, stride, pad, dilate, flip=False) -> Callable[[], None]:
+    """Backward data AS_FORWARD_CONV: the forward convolution of ``diff`` padded by
+    ``dilate (F - 1) - pad`` with the filter transposed (input and output channels swapped)
+    and flipped; the forward algorithm is the HEURISTIC_REPRODUCIBLE one."""
+    geo = _geometry("backward_data", filt, diff, grad, stride, pad, dilate)
+    tpad = _as_forward_pad(geo)
+    if tpad is None:
+        raise ValueError(
+            f"ConvolutionBackwardData: stride {geo.stride} / pad {geo.pad} is not a stride-1 "
+            "forward convolution"
+        )
+    wt = filt.swapaxes(1, 2)
+    return bind_chosen(
+        "forward", diff, wt, grad, stride, tpad, dilate, not flip,
+        strategy="HEURISTIC_REPRODUCIBLE",
+    )  # fmt: skip
+
+
+def bwd_data_gemm_col2im(filt, diff, grad, stride, pad, dilate, flip=False) -> Callable[[], None]:
+    """Backward data GEMM_COL2IM: one GEMM ``W^T @ diff`` per batch chunk gives the columns,
+    which col2im adds into a padded gradient (one strided add per filter offset)."""
+    geo = _geometry("backward_data", filt, diff, grad, stride, pad, dilate)
+    dt = compute_dtype(diff.dtype)
+    steps: list[Step] = []
+    wmt = geo.filter_matrix(filt, flip, dt, steps).transpose(0, 2, 1)  # (G, K, OCg)
+    if geo.compiled_loops(dt):
+        return _col2im_pipelines(geo, wmt, diff, grad, dt, steps)
+    nb, chunks = geo.chunks(dt)
+    diff_matrix = geo.batch_inner_matrix(diff, nb, dt, steps)
+    # col2im into a padded gradient in the batch-inner layout ``(C, k, *Spad)``
+    spad = tuple(s + 2 * p for s, p in zip(geo.sshape, geo.pad))
+    tflat = workspace.empty((geo.c * nb * math.prod(spad),), dt)  # zeroed on every run below
+    cflat = workspace.empty((geo.c * math.prod(geo.fshape) * nb * geo.l,), dt)
+    offsets = list(_offset_slices(geo.fshape, geo.oshape, geo.stride, geo.dilate))
+    for a, b in chunks:
+        k = b - a
+        dm = diff_matrix(a, b)
+        dcol = cflat[: cflat.size // nb * k].reshape(geo.batch_inner(k))
+        target = tflat[: tflat.size // nb * k].reshape(geo.c, k, *spad)
+        steps += _split_gemms(wmt, dm, dcol.reshape(geo.g, geo.k, k * geo.l))
+        steps.append(_partial(np.copyto, target, 0))
+        for f, idx in offsets:
+            t = target[idx]
+            steps.append(_partial(np.add, t, dcol[(slice(None), *f)], t))
+        inner = _swap01(_interior(target, geo.pad, geo.sshape))
+        steps.append(_partial(np.copyto, grad[a:b], inner, "unsafe"))
+    return chain(steps)
+
+
+def _col2im_pipelines(geo: _Conv, wmt, diff, grad, dt, steps: list) -> Callable[[], None]:
+    """GEMM_COL2IM of a 2-d gradient: per batch chunk of at most
+    :data:`.common.CACHE_CHUNK_BYTES` of columns, the batch-inner copy of ``diff``, the GEMM
+    ``W^T @ diff`` into the columns and the compiled :func:`im2col_loops.col2im` adding them
+    into the gradient while they are in the cache; several chunks run on the kernel threads
+    (:func:`_chunk_pipelines`), a single one with its col2im split over the channels."""
+    post: list[Step] = []
+    target = grad
+    if grad.dtype != dt or not grad.flags.c_contiguous or not grad.flags.writeable:
+        target = workspace.empty(grad.shape, dt)
+        post.append(_partial(np.copyto, grad, target, "unsafe"))
+    rows = geo.c * math.prod(geo.fshape)
+    nb, chunks = geo.chunks(dt, common.CACHE_CHUNK_BYTES)
+    geom = (geo.stride, geo.pad, geo.dilate, geo.fshape)
+
+    def slot():  # one thread's buffers: the batch-inner diff and the columns
+        copies: list[Step] = []
+        cflat = workspace.empty((rows * nb * geo.l,), dt)
+        return geo.batch_inner_matrix(diff, nb, dt, copies), copies, cflat
+
+    def pipeline(buffers, a: int, b: int, whole: bool = True) -> list[Step]:
+        diff_matrix, copies, cflat = buffers
+        dm = diff_matrix(a, b)  # appends the copy of diff[a:b] to ``copies``
+        cols = cflat[: rows * (b - a) * geo.l].reshape(rows, -1)
+        back = _partial(im2col_loops.col2im, cols, target, a, b, *geom)
+        min_channels = -(-SPLIT_MIN_ELEMS // max(1, math.prod(geo.sshape) * (b - a)))
+        add = _partial(back, 0, geo.c) if whole else split(back, geo.c, min_channels)
+        gemms = _gemms if whole else _split_gemms
+        return [copies.pop()] + gemms(wmt, dm, cols.reshape(geo.g, geo.k, -1)) + [add]
+
+    if len(chunks) > 1:
+        run = _chunk_pipelines(chunks, slot, pipeline)
+    else:  # one chunk (or none): its GEMM and its col2im each split over the threads
+        buffers = slot()
+        run = chain([s for a, b in chunks for s in pipeline(buffers, a, b, whole=False)])
+    return chain(steps + [run] + post)
+
+
+register(ConvAlgorithm(
+    "AS_FORWARD_CONV", "backward_data", bwd_data_as_forward, bwd_data_as_forward_usable,
+    priority=10, heuristic=bwd_data_as_forward_preferred,
+))  # fmt: skip
+register(ConvAlgorithm("GEMM_COL2IM", "backward_data", bwd_data_gemm_col2im, always))

@@ -1,0 +1,1 @@
+"""The compiled (Numba) inner loops of the convolution algorithms, one module per algorithm."""
