@@ -3,9 +3,7 @@ the source with ``ast``: layers import only those below them, no import circle b
 files of one package, no import inside a function in the core layers, no module over 900
 lines.
 
-Where a rule does not hold yet, ``KNOWN_*`` lists today's violations. A list may only shrink:
-the test fails on a violation that is not listed and on a listed one that no longer occurs,
-so remove an entry in the change that fixes it.
+Every rule holds without exceptions: a violation fails the test with the file, line and rule.
 """
 
 from __future__ import annotations
@@ -14,8 +12,6 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "megbrain"
 
@@ -45,19 +41,6 @@ OPTIONAL = {"onnx", "mpi4py", "graphviz", "tqdm", "torch"}
 #: the packages in which no function imports (rule c)
 NO_FUNCTION_IMPORTS = ("opr", "kernels", "graph")
 MAX_LINES = 900
-
-#: (importing file, imported module) of imports that point up or sideways (rule a)
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    ("plugin/infkern_finder.py", "megbrain.logconf"),  # the logger lives in api/logconf.py
-}
-#: the files of an import circle within a package (rule b)
-KNOWN_CIRCLES: set[frozenset[str]] = set()
-#: (file, imported module) of imports inside a function (rule c)
-KNOWN_FUNCTION_IMPORTS: set[tuple[str, str]] = {
-}
-#: file -> its line count today, the most it may have until it is split (rule d)
-KNOWN_LONG: dict[str, int] = {
-}
 
 
 @dataclass(frozen=True)
@@ -143,12 +126,9 @@ def _top(rel_or_target: str) -> str:
     return Path(rel_or_target).parts[0].removesuffix(".py")
 
 
-def _check(found: dict, known, what: str) -> None:
-    """Fail on found violations not in ``known`` and on known ones no longer found."""
-    new = [msg for key, msg in found.items() if key not in known]
-    gone = sorted(str(k) for k in known if k not in found)
-    errors = [f"{m} [{what}]" for m in sorted(new)]
-    errors += [f"listed in the test as a known violation but no longer found: {g}" for g in gone]
+def _check(found: dict, what: str) -> None:
+    """Fail with every violation found, each naming its file, line and ``what`` rule."""
+    errors = [f"{m} [{what}]" for m in sorted(found.values())]
     assert not errors, "\n".join(errors)
 
 
@@ -173,7 +153,7 @@ def upward_imports() -> dict:
 
 
 def test_layers_import_only_those_below():
-    _check(upward_imports(), KNOWN_UPWARD, "rule: each layer imports only those below it")
+    _check(upward_imports(), "rule: each layer imports only those below it")
 
 
 # ---- (b) no import circle within a package -----------------------------------------------
@@ -234,7 +214,7 @@ def import_circles() -> dict:
 
 
 def test_no_import_circle_within_a_package():
-    _check(import_circles(), KNOWN_CIRCLES, "rule: no import circle between a package's files")
+    _check(import_circles(), "rule: no import circle between a package's files")
 
 
 def test_circle_search_finds_circles():
@@ -260,7 +240,6 @@ def function_imports() -> dict:
 def test_no_imports_inside_functions_of_the_core():
     _check(
         function_imports(),
-        KNOWN_FUNCTION_IMPORTS,
         f"rule: no import inside a function in {', '.join(NO_FUNCTION_IMPORTS)}",
     )
 
@@ -276,22 +255,4 @@ def long_modules() -> dict:
 
 
 def test_no_module_over_900_lines():
-    found = long_modules()
-    errors = [
-        f"{msg} [rule: no module over {MAX_LINES} lines]"
-        for rel, (n, msg) in sorted(found.items())
-        if n > KNOWN_LONG.get(rel, MAX_LINES)
-    ]
-    errors += [
-        f"listed in the test as a known long module but no longer over {MAX_LINES}: {rel}"
-        for rel in sorted(KNOWN_LONG)
-        if rel not in found
-    ]
-    assert not errors, "\n".join(errors)
-
-
-@pytest.mark.parametrize("known", [KNOWN_UPWARD, KNOWN_FUNCTION_IMPORTS, KNOWN_LONG])
-def test_known_violations_name_existing_files(known):
-    for entry in known:
-        rel = entry if isinstance(entry, str) else entry[0]
-        assert (PKG / rel).is_file(), f"known violation of a missing file: megbrain/{rel}"
+    _check({rel: msg for rel, (_, msg) in long_modules().items()}, "rule: no module over 900 lines")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import logging
 import os
 import queue
 import signal
@@ -15,6 +16,8 @@ import numpy as np
 
 from ..errors import ArgumentError, MegBrainError
 from .base import Observer, PluginBase, describe_var
+
+_log = logging.getLogger("megbrain")  # set_logger forwards its records
 
 __all__ = [
     "InfkernFinder",
@@ -198,8 +201,6 @@ class _FastSignal:
         self.lock = threading.Lock()
 
     def _worker(self) -> None:
-        from ..logconf import get_logger
-
         while True:
             signum = self.queue.get()
             if signum is None:
@@ -210,7 +211,7 @@ class _FastSignal:
             try:
                 cb()
             except Exception:  # noqa: BLE001 - a handler must not kill the worker
-                get_logger().exception(f"error calling signal handler for {signum}")
+                _log.exception(f"error calling signal handler for {signum}")
 
     def register_handler(self, signum: int, cb: Callable[[], None]) -> None:
         with self.lock:
@@ -264,8 +265,6 @@ class GlobalInfkernFinder:
     def add_graph(cls, comp_graph) -> InfkernFinder | None:
         """Register ``comp_graph``; returns its finder, or None when the environment
         variable is not set."""
-        from ..logconf import get_logger
-
         enabled = os.getenv("MGB_DBG_INFKERN_FINDER")
         if not enabled:
             return None
@@ -275,7 +274,7 @@ class GlobalInfkernFinder:
                 f"input values; got {enabled!r}"
             )
         finder = InfkernFinder(comp_graph, enabled == "2")
-        get_logger().warning(
+        _log.warning(
             f"interactive InfkernFinder {finder} registered to graph {comp_graph}; the graph "
             "would never be reclaimed. You can enter the interactive debug session by "
             f'executing "kill -{int(cls._signal)} {os.getpid()}". '
