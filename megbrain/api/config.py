@@ -7,8 +7,8 @@ import weakref
 
 from ..device import comp_node as _cn
 from ..errors import MegBrainError
-from ..graph import sereg
 from ..opr.base import as_var
+from ..serialization import sereg
 
 __all__ = [
     "set_device_map",

@@ -24,6 +24,7 @@ from ..serialization import (
     dump_graph,
     iter_graphs,
     load_graph,
+    sereg,
 )
 
 __all__ = [
@@ -97,8 +98,6 @@ def _strip_info(output_vars: list, content_hash: int) -> dict:
     a loader of the graph needs."""
     opr_types, dtypes, modes = set(), set(), set()
     for opr in dep_oprs(output_vars):
-        from ..graph import sereg
-
         if sereg.is_removed_in_dump(opr):
             continue
         opr_types.add(opr.type_name)

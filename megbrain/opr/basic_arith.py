@@ -20,13 +20,14 @@ from ..dtype import (
     to_mgb_supported_dtype,
 )
 from ..errors import ArgumentError, ConversionError, MegBrainError, SerializationError
-from ..graph import OperatorNodeBase, ParamBase, infer_shape, register_opr, sereg
+from ..graph import OperatorNodeBase, ParamBase, infer_shape, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..kernels import elemwise as ew_kernels
 from ..kernels import elemwise_modes as ew_modes
 from ..kernels import elemwise_multi_type as emt_kernels
 from ..kernels import reduce as reduce_kernels
+from ..serialization import sereg
 from . import param_defs as pdefs
 from ._internal import provide
 from .base import (
@@ -229,7 +230,7 @@ class Reduce(OperatorNodeBase):
         return f"{self.param.mode}({self.inputs[0].name})"
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 #: the reference's "no axis" value of param.Reduce (reduce to the target shape input)
 _REDUCE_NO_AXIS = 2**31 - 1
 

@@ -362,7 +362,7 @@ def batched_matrix_mul_v0(
     )  # fmt: skip
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # the reference registers its current MatrixMul as MatrixMulV2 (the type id of "MatrixMul")
 register_strict(MatrixMul, pdefs.MatrixMul, name="MatrixMulV2")
 register_strict(BatchedMatrixMul, pdefs.MatrixMul, name="BatchedMatrixMulV2")

@@ -725,7 +725,7 @@ def remote_recv(
                                                  dtype=dtype))[0])
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 def _cc_dump(ctx, opr) -> None:
     ctx.write_param(pdefs.CollectiveComm(mode=opr.param.mode))
     extra = dict(key=opr.key, nr_devices=opr.nr_devices, is_root=opr.is_root, rank=opr.rank,

@@ -21,6 +21,7 @@ from ..errors import GraphError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
+from ..serialization import sereg
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
 from .basic_arith import Elemwise
@@ -808,7 +809,6 @@ def cond_exec_merge(
 
 
 # ---- serialization: each operator is its param-def table and its inputs ----------------------
-from ..graph import sereg  # noqa: E402 - the registry is filled beside the operators
 
 sereg.register_param_opr(CondExecPred, pdefs.CondExecPred)
 sereg.register_param_opr(CondExecPredLogical, pdefs.CondExecPredLogical)

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import GraphError, MegBrainError, SerializationError
-from ..graph import ComputingGraph, sereg
+from ..graph import ComputingGraph
+from ..serialization import sereg
 from .base import SymbolVar, _merge_config, canonize_input_vars
 from .craniotome import (
     _STATE,
@@ -341,7 +342,7 @@ def make_opr(cls: type) -> Callable:
     return cls.make
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # As the reference: a craniotome is written with the type id of the registry's "dynamic"
 # entry and two blobs, the loader name its get_serialize_params() gives and the optional
 # param bytes; at load the name selects a loader registered with register_loader.

@@ -781,7 +781,7 @@ def deconvolution_v0(
     return deconvolution(src, filter, **cfg, **params)
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # as the reference: the convolutions write their table then param.ExecutionPolicy (the
 # strategy); the current Convolution is registered as ConvolutionV1 (the type id of the
 # unversioned name)

@@ -712,7 +712,7 @@ def resize(
     return _insert(Resize, [src, out_shape], param, name, comp_node, config, comp_graph, shape_at=1)
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # the reference's mat_idx input of WarpPerspective (4 inputs) is refused by the operator
 for _cls, _def in [
     (ROIPooling, pdefs.ROIPooling),

@@ -339,7 +339,7 @@ def local(
     return _create(Local, [src, filter], p, None, name, comp_node, config, comp_graph)
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # the reference's Local and GroupLocal write param.Convolution only (registered as
 # LocalV1...): the strategy field of ConvolutionParam is not kept (one algorithm here)
 for _cls in (

@@ -437,7 +437,7 @@ def lrn(
     return insert_opr(LRN(vars_, LRNParam(n, k, alpha, beta), cfg))[0]
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # param.BN's scale and bias fields have no place in BNParam: files must hold their defaults
 register_strict(BatchNorm, pdefs.BN, name="BatchNorm")
 register_strict(BatchNormBackward, pdefs.BN)

@@ -15,9 +15,10 @@ import numpy as np
 
 from ..dtype import dtype_name, is_quantize
 from ..errors import MegBrainError
-from ..graph import OperatorNodeBase, ParamBase, register_opr, sereg
+from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.param_def import members_of
 from ..kernels import elemwise_multi_type as emt_kernels
+from ..serialization import sereg
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .basic_arith import broadcast_shapes, fmt_dtype, same_dtype

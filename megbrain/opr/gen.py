@@ -9,8 +9,9 @@ import numpy as np
 
 from ..dtype import canonize_dtype, dtype_from_num
 from ..errors import GraphError, ShapeDescError
-from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, sereg
+from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
+from ..serialization import sereg
 from . import param_defs as pdefs
 from ._internal import check_int, reduce_to_input
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr, make_immutable
@@ -224,7 +225,7 @@ class Linspace(OperatorNodeBase):
         return reduce_to_input(og * w, self.inputs[wrt_idx])
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # param.DType / param.Eye hold the dtype as the file's DTypeEnum: float64 and int64 (used
 # below the API) have no number there, and the dump names them (fbs_dtype_num's error)
 sereg.register_param_opr(

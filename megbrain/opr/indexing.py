@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MegBrainError, SerializationError
-from ..graph import OperatorNodeBase, ParamBase, register_opr, sereg
+from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.static_infer import infer_value as static_value
 from ..kernels.arrays import same_elements
+from ..serialization import sereg
 from ._internal import provide, reduce_to_input, sv
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr, make_immutable
 from .basic_arith import fill_retain_dtype
@@ -273,7 +274,7 @@ class IncrSubtensor(_ModifySubtensor):
         return f"incr_subtensor({self.inputs[0].name},{self.inputs[1].name})"
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 def register_index_desc_opr(cls: type, param_cls: type) -> None:
     """Register an operator whose param is an index desc tuple (``descs`` of
     ``(axis, kind, has_begin, has_end, has_step, has_idx)``): the file holds the reference's

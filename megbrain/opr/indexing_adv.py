@@ -751,7 +751,7 @@ def indexing_remap(
     return insert_opr(IndexingRemap([v, int_var(map_, v)], param, cfg))[0]
 
 
-# ---- serialization of the one-hot and remap operators (megbrain/graph/sereg.py) ------------
+# ---- serialization of the one-hot and remap operators (serialization/sereg.py) -----------
 for _cls in (IndexingOneHot, IndexingSetOneHot):
     sereg.register_param_opr(_cls, pdefs.Axis)
 for _cls in (IndexingRemap, IndexingRemapBackward):

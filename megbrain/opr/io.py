@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MegBrainError, SerializationError
-from ..graph import InferPending, InferType, OperatorNodeBase, ParamBase, register_opr, sereg
+from ..graph import InferPending, InferType, OperatorNodeBase, ParamBase, register_opr
+from ..serialization import sereg
 from ..tensor import TensorND
 from . import param_defs as _pdefs
 from .base import (
@@ -433,7 +434,7 @@ def copy(src, *, comp_node=None, name=None, config=None, comp_graph=None) -> Sym
     return insert_opr(Copy([v], None, cfg))[0]
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 def _h2d_dump(ctx, opr) -> None:
     h2d = sereg.CPP_PARAMS["Host2DeviceCopy"]
     ctx.write_param(h2d(enable_value_infer=opr.param.enable_value_infer))

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MegBrainError, SerializationError
-from ..graph import OperatorNodeBase, ParamBase, VarNode, register_opr, sereg
+from ..graph import OperatorNodeBase, ParamBase, VarNode, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.static_infer import infer_shape
 from ..kernels import jit_codegen
+from ..serialization import sereg
 from ._internal import sv
 from .base import SymbolVar, insert_opr, make_immutable
 from .basic_arith import elemwise, reduce_general
@@ -193,7 +194,7 @@ def jit_executor(inputs, expr, reduce=None, *, config=None) -> SymbolVar:
     return insert_opr(JITExecutor(vs, param, config))[0]
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # The reference never writes a fused JIT operator (fusion happens at compile, after dumps);
 # its file form would be ours alone. A dump of one is refused with what to do instead; the
 # load entry only exists to pair with the dump and refuses as well.

@@ -163,6 +163,6 @@ def svd(
     return insert_opr(SVD([v], SVDParam(bool(full_matrices), bool(compute_uv)), cfg))
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 register_strict(MatrixInverse, pdefs.Empty)
 register_strict(SVD, pdefs.SVD)

@@ -35,6 +35,7 @@ from ..graph import (
 )
 from ..graph.operator import fmt_shape
 from ..graph.static_infer import Inferer, static_shape
+from ..serialization import sereg
 from .base import SymbolVar, _merge_config, as_var, insert_opr, make_opr_config
 from .basic_arith import elemwise, reduce_
 from .grad import grad
@@ -604,7 +605,6 @@ def make_loop(
 
 
 # ---- serialization: as in the reference, a Loop can not be dumped ---------------------------
-from ..graph import sereg  # noqa: E402 - the registry is filled beside the operators
 
 
 def _refuse_dump(ctx, opr) -> None:

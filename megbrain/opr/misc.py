@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, sereg
+from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..graph.static_infer import static_shape
+from ..serialization import sereg
 from . import param_defs as pdefs
 from ._internal import AxisParam, check_int, int_var, norm_axis
 from .base import (
@@ -382,7 +383,7 @@ class CondTake(_NamedOpr):
         return reshape(g, data.shape).node
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 for _cls in (Argmax, Argmin):
     sereg.register_param_opr(_cls, pdefs.Axis)
 sereg.register_param_opr(Argsort, pdefs.Argsort)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import register_opr, sereg
+from ..graph import register_opr
+from ..serialization import sereg
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, insert_opr
 from .gen import DTypeParam, ShapeSourceOpr, shape_input
@@ -104,7 +105,7 @@ class GaussianRNG(_RNGBase):
             np.copyto(out, buf, casting="unsafe")
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # The reference's RNG params have no dtype (its outputs are float32): another dtype is not
 # dumped. The seed is written as given; a loaded operator starts from it, as a fresh graph.
 def _rng_to_def(def_cls, names):

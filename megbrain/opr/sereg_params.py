@@ -1,8 +1,8 @@
-"""Param mapping for the operator families' graph-file registrations (``graph/sereg.py``).
+"""Param mapping for the operator families' graph-file registrations (``serialization/sereg.py``).
 
 An operator's ``Param`` dataclass and the reference's param table (a class of
 :mod:`megbrain.opr.param_defs`) mostly share field names. These helpers map one to the other
-by name and are strict where :func:`megbrain.graph.sereg.register_param_opr`'s defaults are
+by name and are strict where :func:`megbrain.serialization.sereg.register_param_opr`'s defaults are
 lenient: a table field our Param has no place for must hold its default when a file is
 loaded, else the load fails naming the operator, the field and its value (the graph would
 compute something else). The convolution-like operators write a second table,
@@ -16,7 +16,7 @@ import enum
 from typing import Any
 
 from ..errors import SerializationError
-from ..graph import sereg
+from ..serialization import sereg
 from . import param_defs as pdefs
 
 __all__ = ["param_to_def", "param_from_def", "register_strict", "register_with_policy"]

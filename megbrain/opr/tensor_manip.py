@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ArgumentError, GraphError, MegBrainError, SerializationError, ShapeDescError
-from ..graph import OperatorNodeBase, ParamBase, register_opr, sereg
+from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.var import InferType
+from ..serialization import sereg
 from . import param_defs as _pdefs
 from ._internal import provide, reduce_to_input, subtensor_getitem, typecvt
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr, make_immutable
@@ -578,7 +579,7 @@ def relayout_format(
     return insert_opr(RelayoutFormat([var], param, cfg))[0]
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 #: param.OptionalAxisV1's "no axis" (MAX_NDIM); valid axes are in [-MAX_NDIM, MAX_NDIM)
 _NO_AXIS = _pdefs.OptionalAxisV1.INVALID_AXIS
 

@@ -22,10 +22,11 @@ from ..errors import (
     mark_user_exception,
     user_exception_note,
 )
-from ..graph import OperatorNodeBase, ParamBase, infer_shape, register_opr, sereg
+from ..graph import OperatorNodeBase, ParamBase, infer_shape, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.value_proxy import CompGraphCallbackValueProxy
 from ..kernels import elemwise as ew_kernels
+from ..serialization import sereg
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, input_list, insert_opr
 from .basic_arith import typecvt
@@ -461,7 +462,7 @@ class AddUpdate(OperatorNodeBase):
         return f"AddUpdate({self.inputs[0].name})"
 
 
-# ---- serialization (megbrain/graph/sereg.py) ------------------------------------------------
+# ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 def _empty_def(param) -> object:
     return pdefs.Empty()
 

@@ -1,7 +1,7 @@
 """Graph files in MegBrain v0.6.0's own FlatBuffers format: dump (:func:`dump_graph`) and
 load (:func:`load_graph`, :func:`iter_graphs`), with the format's checks.
 
-Operators are dumped and loaded through the registry of :mod:`megbrain.graph.sereg`, which
+Operators are dumped and loaded through the registry of :mod:`megbrain.serialization.sereg`, which
 each operator family fills; the user API is ``megbrain.serialize_comp_graph_to_file`` and
 ``megbrain.load_comp_graph_from_file``.
 """

@@ -12,9 +12,7 @@ import flatbuffers
 import numpy as np
 
 from ..errors import SerializationError
-from ..graph import sereg
-from ..graph.sereg import TensorWriteMethod
-from . import fbs
+from . import fbs, sereg
 from .format import (
     FILE_IDENTIFIER,
     HEADER,
@@ -25,6 +23,7 @@ from .format import (
     TensorSlot,
     content_hash,
 )
+from .sereg import TensorWriteMethod
 
 __all__ = ["DumpConfig", "DumpResult", "TensorValueDumperContext", "dump_graph", "dep_oprs"]
 

@@ -1,5 +1,5 @@
 """FlatBuffers for graph files: a verifying reader over the bytes, and writers for the param
-tables described in :mod:`megbrain.graph.sereg`.
+tables described in :mod:`megbrain.serialization.sereg`.
 
 The Python ``flatbuffers`` runtime writes (its Builder lays out vtables and omits fields at
 their defaults, as flatc's generated code does) but has no verifier, so reading goes through
@@ -16,7 +16,15 @@ from typing import Any
 import flatbuffers
 
 from ..errors import SerializationError
-from ..graph.sereg import DTYPE_TABLE_UNION, SCALAR_FMT, FbsStruct, TableField, TableSpec
+from .sereg import (
+    DTYPE_TABLE_UNION,
+    FBS_DTYPES,
+    SCALAR_FMT,
+    FbsStruct,
+    TableField,
+    TableSpec,
+    fbs_dtype_num,
+)
 
 __all__ = ["Reader", "Table", "write_table", "read_table", "MAX_DEPTH", "MAX_TABLES"]
 
@@ -331,7 +339,6 @@ def read_table(tbl: Table, spec: TableSpec) -> Any:
 def write_dtype(b: flatbuffers.Builder, dtype: Any) -> int:
     """Write a ``DType`` table for ``dtype`` (quantized dtypes with their parameters)."""
     from ..dtype import canonize_dtype, dtype_name, get_scale, get_zero_point, is_quantize
-    from ..graph.sereg import fbs_dtype_num
 
     dt = canonize_dtype(dtype)
     num = fbs_dtype_num(dt)
@@ -354,7 +361,6 @@ def write_dtype(b: flatbuffers.Builder, dtype: Any) -> int:
 def read_dtype(tbl: Table) -> Any:
     """The numpy dtype of ``DType`` table ``tbl``."""
     from ..dtype import dtype_from_num, get_dtype_num, get_quantized_dtype
-    from ..graph.sereg import FBS_DTYPES
 
     num = tbl.scalar(0, "b", 0)
     if not 0 <= num < len(FBS_DTYPES):

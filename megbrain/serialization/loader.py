@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import MegBrainError, SerializationError
-from ..graph import ComputingGraph, OperatorNodeBase, OperatorNodeConfig, VarNode, sereg
+from ..graph import ComputingGraph, OperatorNodeBase, OperatorNodeConfig, VarNode
 from ..graph.operator import OPR_REGISTRY
-from . import fbs
+from . import fbs, sereg
 from .format import (
     FILE_IDENTIFIER,
     HEADER,
@@ -342,7 +342,7 @@ class _OprLoader:
             out = f"; its outputs are named {names}" if names else ""
             raise SerializationError(
                 f"operator #{idx}: failed to find opr with type id {type_id} ({type_id:#x}): "
-                f"{what}{out}; megbrain.graph.sereg.registered_oprs() maps ids to names"
+                f"{what}{out}; megbrain.serialization.sereg.registered_oprs() maps ids to names"
             )
         config = OperatorNodeConfig()
         odt = fbopr.table(OprSlot.OUTPUT_DTYPE, f"{self.where} output dtype")

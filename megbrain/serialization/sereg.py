@@ -10,7 +10,7 @@ Registering a family
 The common case, "the operator's Param is one param-def of ``megbrain.opr_param_defs``, the
 inputs are the file's inputs as they are"::
 
-    from ..graph import sereg
+    from ..serialization import sereg
     sereg.register_param_opr(Elemwise, pdefs.Elemwise)
 
 Fields are matched by name between the param-def class (``pdefs.Elemwise``: the FlatBuffers
@@ -76,7 +76,7 @@ import xxhash
 
 from ..dtype import canonize_dtype, dtype_from_num, dtype_key, dtype_name
 from ..errors import MegBrainError, SerializationError
-from .param_def import enum_index
+from ..graph.param_def import enum_index
 
 __all__ = [
     "XXHASH_SEED",
