@@ -352,7 +352,7 @@ class AsyncExec:
 
     def __init__(self, graph: CompGraph, lock=None):
         self.graph = graph
-        #: held for a whole call; a reentrant lock, so a callback may call the function
+        #: held for a whole call; reentrant, so that a thread holding it may call
         self.lock = lock if lock is not None else threading.RLock()
         self.callbefore_func = None
         self.callback_func = None

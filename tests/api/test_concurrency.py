@@ -109,6 +109,23 @@ def test_functions_of_one_graph_take_turns():
         run_threads([lambda: caller(f1, np.exp), lambda: caller(f2, lambda a: a * 3)] * 2, 60)
 
 
+def test_parts_share_the_lock_and_graphs_do_not():
+    """The parts of a multi-part compile share one lock; functions of different graphs
+    never wait for each other (a call of one runs while another thread holds the other's)."""
+    g = mgb.comp_graph()
+    x = mgb.make_arg("cpu0", g, shape=(4,), name="x")
+    p0, p1 = g.compile_multi_part([([x], mgb.copy_output(x + 1)), (None, mgb.copy_output(x * 2))])
+    assert p0.lock is p1.lock
+    with p0.lock:  # a sequence of parts no other thread can split
+        np.testing.assert_array_equal(p0(np.ones(4, np.float32)), np.full(4, 2))
+        np.testing.assert_array_equal(p1(), np.full(4, 2))
+    other = two_layer_function(False)
+    xv = inputs_for(1, 0)[0]
+    with p0.lock:
+        assert other.lock is not p0.lock
+        run_threads([lambda: other(xv)], 30)  # would hang if it waited for p0.lock
+
+
 def test_output_values_stay_valid_after_other_calls():
     """A copy_output value handed back stays valid after another thread's call."""
     f = two_layer_function(False)
@@ -117,6 +134,13 @@ def test_output_values_stay_valid_after_other_calls():
     kept = mine.copy()
     run_threads([lambda: [f(x) for x in inputs_for(5, 8)]] * 2, 60)
     np.testing.assert_array_equal(mine, kept)
+    # borrow_mem outputs are the function's buffer: the next call, from any thread, rewrites it
+    g = mgb.comp_graph()
+    x = mgb.make_arg("cpu0", g, shape=(4,), name="x")
+    fb = g.compile([x], mgb.copy_output(x + 1, borrow_mem=True))
+    first = fb(np.zeros(4, np.float32))
+    run_threads([lambda: fb(np.ones(4, np.float32))], 30)
+    np.testing.assert_array_equal(first, np.full(4, 2))
 
 
 def test_set_value_during_another_threads_run():
