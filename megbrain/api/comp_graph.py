@@ -543,12 +543,15 @@ class AsyncExec:
             return self._wait()
 
     def _wait(self) -> AsyncExec:
+        cbw = self._cb_worker
         try:
             self._func.wait()
         finally:
-            self._cb_worker.wait()
-            err = self._cb_worker.take_error()
+            if cbw._pending:  # no calls on the hot path, which pays for the call lock
+                cbw.wait()
+            err = cbw.error
         if err is not None:
+            cbw.error = None
             if isinstance(err, MegBrainError) or is_user_exception(err):
                 raise err  # a callback's own exception reaches the caller as it is
             if not isinstance(err, Exception):
