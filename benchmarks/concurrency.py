@@ -4,15 +4,16 @@ from 1, 2 and 4 caller threads, megbrain against one onnxruntime session.
 The model is exported to ONNX (opset 17, ``dynamo=False``; random weights) in a temporary
 directory, loaded with ``megbrain.onnx`` and optimized as in ``onnx_inference.py`` (its
 inference recipe). Each row runs every side for ``--seconds`` with ``T`` threads calling as
-fast as they can; the table has calls per second summed over the threads and the ratio to the
-same side's 1-thread row (issue 35's target: 4 threads >= 0.9x of 1). Sides:
+fast as they can, in ``--rounds`` interleaved rounds; the table has the median calls per
+second summed over the threads and the ratio to the same side's 1-thread row (issue 35's
+target: 4 threads >= 0.9x of 1). Sides:
 
 * ``mgb shared``: one compiled function called by all threads (calls take turns; each call's
   kernels split over the cores);
 * ``mgb per-thread``: each thread its own graph loaded from the same file;
 * ``ort``: one onnxruntime session (intra-op threads = the CPU count) run by all threads.
 
-    python benchmarks/concurrency.py [--seconds S] [--threads 1,2,4]
+    python benchmarks/concurrency.py [--seconds S] [--rounds R] [--threads 1,2,4]
 
 Needs torch and torchvision (benchmarks/requirements-peers.txt) and onnxruntime.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -116,8 +118,9 @@ def throughput(calls: list, seconds: float) -> float:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=5.0, help="timed seconds per row and side")
+    ap.add_argument("--seconds", type=float, default=2.0, help="timed seconds per row and side")
     ap.add_argument("--threads", default="1,2,4", help="caller thread counts")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds (the median is reported)")
     args = ap.parse_args(argv)
     counts = [int(t) for t in args.threads.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -131,17 +134,23 @@ def main(argv=None) -> None:
             "ort": lambda n: [ort] * n,
         }
         print(
-            f"ResNet-18 ({origin}) batch 1, {os.cpu_count()} CPUs, {args.seconds:g} s per row; "
-            "calls/s summed over the caller threads (x: over 1 thread)"
+            f"ResNet-18 ({origin}) batch 1, {os.cpu_count()} CPUs, {args.rounds} rounds of "
+            f"{args.seconds:g} s per row; calls/s summed over the caller threads (x: over 1 thread)"
         )
         print(f"{'threads':>8}" + "".join(f"{k:>22}" for k in sides))
-        base: dict = {}
+        # rounds interleave every row and side, so that a change in the machine's load hits
+        # them alike; the table has each one's median over the rounds
+        got: dict = {}
+        for _ in range(args.rounds):
+            for n in counts:
+                for name, make in sides.items():
+                    got.setdefault((n, name), []).append(throughput(make(n), args.seconds))
         for n in counts:
             row = []
-            for name, make in sides.items():
-                r = throughput(make(n), args.seconds)
-                base.setdefault(name, r)
-                row.append(f"{r:12.1f} ({r / base[name]:4.2f}x)")
+            for name in sides:
+                r = statistics.median(got[n, name])
+                r1 = statistics.median(got[counts[0], name])
+                row.append(f"{r:12.1f} ({r / r1:4.2f}x)")
             print(f"{n:>8}" + "".join(f"{c:>22}" for c in row), flush=True)
 
 
