@@ -60,9 +60,10 @@ class CompGraph(ComputingGraph):
         """
         if self._released:
             return 0
-        if self.current_exec is not None:
-            self.current_exec._invalidate()
-            self.current_exec = None
+        with self._run_lock:
+            if self.current_exec is not None:
+                self.current_exec._invalidate()
+                self.current_exec = None
         self._released = True
 
         def refuse(graph, opr):
@@ -129,7 +130,9 @@ class CompGraph(ComputingGraph):
         func = AsyncExec(target, self._run_lock)
         func._input_trans = trans
         spec, copied = _process_outspec(func, items)
-        func._bind(target.compile_graph_level(spec), copied, expand_single, user_outs)
+        with self._run_lock:  # compiling in place invalidates the function another call runs
+            core = target.compile_graph_level(spec)
+        func._bind(core, copied, expand_single, user_outs)
         if inputs is not None:
             func.inputs = inputs
         return func
@@ -173,7 +176,8 @@ class CompGraph(ComputingGraph):
             funcs.append(func)
             specs.append(spec)
             extra.append((copied, expand_single, inputs, user_outs))
-        parts = ComputingGraph.compile_multi_part(self, specs)
+        with self._run_lock:
+            parts = ComputingGraph.compile_multi_part(self, specs)
         for func, part, (copied, expand_single, inputs, user_outs) in zip(funcs, parts, extra):
             func._bind(part, copied, expand_single, user_outs)
             if inputs is not None:

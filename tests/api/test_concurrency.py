@@ -126,6 +126,28 @@ def test_parts_share_the_lock_and_graphs_do_not():
         run_threads([lambda: other(xv)], 30)  # would hang if it waited for p0.lock
 
 
+def test_compile_in_place_waits_for_the_running_call():
+    g = mgb.comp_graph()
+    x = mgb.make_arg("cpu0", g, shape=(4,), name="x")
+    f = g.compile([x], mgb.copy_output(x + 1))
+    started, seen = threading.Event(), []
+
+    def slow(v):
+        started.set()
+        time.sleep(0.2)
+        seen.append(v.get_value().copy())
+
+    f2 = g.compile([x], [(x * 2, mgb.callback_lazycopy(slow)), mgb.copy_output(x + 1)])
+    t = threading.Thread(target=lambda: f2(np.ones(4, np.float32)))
+    t.start()
+    started.wait()
+    g.compile([x], mgb.copy_output(x - 1))  # waits for f2's call, then invalidates it
+    assert len(seen) == 1  # the call had finished
+    t.join()
+    np.testing.assert_array_equal(seen[0], np.full(4, 2))
+    del f
+
+
 def test_output_values_stay_valid_after_other_calls():
     """A copy_output value handed back stays valid after another thread's call."""
     f = two_layer_function(False)
