@@ -1,8 +1,8 @@
 """The long concurrency run of issue 35 (``-m slow``): random graphs of the differential
-fuzzer on random comp nodes and async levels, built and called by many threads at once (each
-thread its own graphs, and functions shared by all), every result compared with a
-single-threaded run. ``MGB_CONC_FUZZ_SECONDS`` (default 120) and ``MGB_CONC_FUZZ_THREADS``
-(default 8) size it."""
+fuzzer on random comp nodes, async levels and (some) sublinear memory, built and called by
+many threads at once (each thread its own graphs, and functions shared by all), every result
+compared with a single-threaded run. ``MGB_CONC_FUZZ_SECONDS`` (default 120) and
+``MGB_CONC_FUZZ_THREADS`` (default 8) size it."""
 
 from __future__ import annotations
 
@@ -26,14 +26,18 @@ LEVELS = (0, 1, 0b100, 0b110)
 
 def _case(seed: int, rng: np.random.Generator):
     a, b = (int(c) for c in rng.choice(4, 2, replace=False))
-    return generate(seed), (a, b), int(rng.choice(LEVELS))
+    opts = {"async_exec_level": int(rng.choice(LEVELS))}
+    if rng.random() < 0.3:
+        opts["enable_sublinear_memory_opt"] = 1
+    return generate(seed), (a, b), opts
 
 
 def _build(case):
     """A function of ``case`` in a fresh graph, and its feed."""
-    desc, (a, b), level = case
+    desc, (a, b), opts = case
     g = mgb.comp_graph()
-    g.set_option("async_exec_level", level)
+    for k, v in opts.items():
+        g.set_option(k, v)
     src = desc.program("f32", True, False)
     src = src.replace('"cpu0"', '"@A"').replace('"cpu1"', '"@B"')
     src = src.replace('"@A"', f'"cpu{a}"').replace('"@B"', f'"cpu{b}"')
