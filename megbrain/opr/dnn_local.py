@@ -16,10 +16,9 @@ from ..graph.operator import fmt_shape
 from ..kernels import dnn_local as kern
 from ..kernels.conv import common as conv_kernels
 from . import param_defs as pdefs
-from .base import SymbolVar
+from .base import SymbolVar, build_opr
 from .dnn import (
     ConvolutionParam,
-    _create,
     _NamedByKind,
     _TrioBackwardData,
     _TrioBackwardFilter,
@@ -289,7 +288,7 @@ def group_local(
     p = _local_param(
         mode, pad_h, pad_w, stride_h, stride_w, dilate_h, dilate_w, sparse, format, compute_mode
     )
-    return _create(GroupLocal, [src, filter], p, None, name, comp_node, config, comp_graph)
+    return build_opr(GroupLocal, [src, filter], p, None, name, comp_node, config, comp_graph)
 
 
 @opr_params(("param", "ConvolutionV0"))
@@ -336,7 +335,7 @@ def local(
     p = _local_param(
         mode, pad_h, pad_w, stride_h, stride_w, dilate_h, dilate_w, sparse, format, "DEFAULT"
     )
-    return _create(Local, [src, filter], p, None, name, comp_node, config, comp_graph)
+    return build_opr(Local, [src, filter], p, None, name, comp_node, config, comp_graph)
 
 
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
