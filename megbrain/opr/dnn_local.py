@@ -104,9 +104,14 @@ class _LocalBase(_NamedByKind, OperatorNodeBase):
     def _grouped(self, filt):
         return filt if self.grouped else filt[None]
 
-    def _check_diff(self, fwd: tuple, diff: tuple, desc: str) -> None:
-        if fwd != tuple(diff):
-            raise self.error(f"{desc} gives {fmt_shape(fwd)}, not the diff shape {fmt_shape(diff)}")
+    def _check_backward(self, src: tuple, filt: tuple, diff: tuple) -> None:
+        """A backward operator's check: ``diff`` has the forward output's shape."""
+        fwd = self._fwd_shape(src, filt)
+        if fwd != diff:
+            raise self.error(
+                f"src {fmt_shape(src)} with filter {fmt_shape(filt)} gives {fmt_shape(fwd)}, "
+                f"not the diff shape {fmt_shape(diff)}"
+            )
 
 
 class _LocalForward(_TrioForward, _LocalBase):
@@ -125,8 +130,7 @@ class _LocalBackwardData(_TrioBackwardData, _LocalBase):
 
     def infer_shapes(self, in_shapes, in_values):
         filt, diff, src = (tuple(s) for s in in_shapes)
-        fwd = self._fwd_shape(src, filt)
-        self._check_diff(fwd, diff, f"src {fmt_shape(src)} with filter {fmt_shape(filt)}")
+        self._check_backward(src, filt, diff)
         return [src]
 
     def bind(self, ins, outs):
@@ -141,8 +145,7 @@ class _LocalBackwardFilter(_TrioBackwardFilter, _LocalBase):
 
     def infer_shapes(self, in_shapes, in_values):
         src, diff, filt = (tuple(s) for s in in_shapes)
-        fwd = self._fwd_shape(src, filt)
-        self._check_diff(fwd, diff, f"src {fmt_shape(src)} with filter {fmt_shape(filt)}")
+        self._check_backward(src, filt, diff)
         return [filt]
 
     def bind(self, ins, outs):
