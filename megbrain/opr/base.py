@@ -571,6 +571,32 @@ def insert_opr(opr) -> list[SymbolVar]:
     return [SymbolVar(v) for v in graph.insert_opr(opr)]
 
 
+def build_opr(
+    cls, inputs, param, dtype=None, name=None, comp_node=None, config=None, comp_graph=None
+) -> SymbolVar:
+    """The output of a new ``cls(inputs, param)``: the step every operator function ends with.
+
+    Parameters
+    ----------
+    cls : type
+        The operator class.
+    inputs : list
+        Its inputs, canonized onto one graph (vars, or values made constants).
+    param : ParamBase or None
+        Its param.
+    dtype, name, comp_node, config, comp_graph
+        The operator config from the function's keywords (``dtype`` the output dtype).
+
+    Returns
+    -------
+    SymbolVar
+        The operator's first output.
+    """
+    cfg = _merge_config(name, comp_node, config, dtype)
+    vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
+    return insert_opr(cls(vars_, param, cfg))[0]
+
+
 def create_opr(type_name: str, inputs: Sequence[VarNode], param, config) -> list[SymbolVar]:
     """Create an operator by registry name, exactly as the deserializer does."""
     cls = OPR_REGISTRY.get(type_name)

@@ -15,7 +15,7 @@ from ..graph.param_def import members_of
 from ..kernels import blas as blas_kernels
 from . import param_defs as pdefs
 from ._internal import reduce_to_input, sv
-from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .base import SymbolVar, build_opr
 from .basic_arith import fmt_dtype, same_dtype
 from .param_args import opr_params
 from .sereg_params import register_strict
@@ -214,12 +214,6 @@ def _matmul_grad(opr, wrt_idx, out_grads, mm):
 
 
 # ---- functions ---------------------------------------------------------------------------
-def _insert(cls, inputs, param, dtype, name, comp_node, config, comp_graph) -> SymbolVar:
-    cfg = _merge_config(name, comp_node, config, dtype)
-    vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
-    return insert_opr(cls(vars_, param, cfg))[0]
-
-
 @opr_params(("param", "MatrixMul"))
 def matrix_mul(
     opr0,
@@ -261,7 +255,7 @@ def matrix_mul(
         The (m, n) product.
     """
     param = MatrixMulParam(transposeA, transposeB, compute_mode, format)
-    return _insert(MatrixMul, [opr0, opr1], param, dtype, name, comp_node, config, comp_graph)
+    return build_opr(MatrixMul, [opr0, opr1], param, dtype, name, comp_node, config, comp_graph)
 
 
 @opr_params(("param", "MatrixMul"))
@@ -297,7 +291,7 @@ def batched_matrix_mul(
     """
     param = MatrixMulParam(transposeA, transposeB, compute_mode, format)
     vars_ = [opr0, opr1]
-    return _insert(BatchedMatrixMul, vars_, param, dtype, name, comp_node, config, comp_graph)
+    return build_opr(BatchedMatrixMul, vars_, param, dtype, name, comp_node, config, comp_graph)
 
 
 @opr_params(("param", "Empty"))
@@ -320,7 +314,7 @@ def dot(
     SymbolVar
         The (1,) dot product.
     """
-    return _insert(Dot, [opr0, opr1], None, dtype, name, comp_node, config, comp_graph)
+    return build_opr(Dot, [opr0, opr1], None, dtype, name, comp_node, config, comp_graph)
 
 
 # ---- legacy param version --------------------------------------------------------------------

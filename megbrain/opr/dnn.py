@@ -30,7 +30,7 @@ from ..kernels.conv import registry as conv_algos
 from ..kernels.conv.constant_operands import constant_filter
 from ..kernels.steps import chain
 from . import param_defs as pdefs
-from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
+from .base import SymbolVar, build_opr, insert_opr
 from .param_args import opr_params
 from .sereg_params import register_with_policy
 
@@ -630,12 +630,6 @@ def _conv_params(*specs: tuple[str, str], fixed: tuple[str, ...] = ()):
     return opr_params(*specs, ignore=("workspace_limit",), fixed=("output_block_size", *fixed))
 
 
-def _create(cls, inputs, param, dtype, name, comp_node, config, comp_graph):
-    cfg = _merge_config(name, comp_node, config, dtype)
-    vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
-    return insert_opr(cls(vars_, param, cfg))[0]
-
-
 @_conv_params(("param", "Convolution"), *_POLICY)
 def convolution(
     src, filter, *, param=None, dtype=None, name=None, comp_node=None, config=None,
@@ -667,7 +661,7 @@ def convolution(
         + 1``.
     """
     p = _param(ConvolutionParam, "convolution", param, params)
-    return _create(Convolution, [src, filter], p, dtype, name, comp_node, config, comp_graph)
+    return build_opr(Convolution, [src, filter], p, dtype, name, comp_node, config, comp_graph)
 
 
 @_conv_params(("param", "Convolution"), *_POLICY)
@@ -693,7 +687,7 @@ def deconvolution(
         The (N, IC, (H - 1) stride_h + dilate_h (FH - 1) + 1 - 2 pad_h, ...) output.
     """
     p = _param(ConvolutionParam, "deconvolution", param, params)
-    return _create(
+    return build_opr(
         ConvolutionBackwardData, [filter, src], p, dtype, name, comp_node, config, comp_graph
     )
 
@@ -726,7 +720,7 @@ def convolution3d(
         The (N, OC, OD, OH, OW) output.
     """
     p = _param(Convolution3DParam, "convolution3d", param, params)
-    return _create(Convolution3D, [src, filter], p, dtype, name, comp_node, config, comp_graph)
+    return build_opr(Convolution3D, [src, filter], p, dtype, name, comp_node, config, comp_graph)
 
 
 @_conv_params(("param", "Convolution3D"), *_POLICY)
@@ -743,7 +737,7 @@ def deconvolution3d(
         The (N, IC, (D - 1) stride_d + dilate_d (FD - 1) + 1 - 2 pad_d, ...) output.
     """
     p = _param(Convolution3DParam, "deconvolution3d", param, params)
-    return _create(
+    return build_opr(
         Convolution3DBackwardData, [filter, src], p, dtype, name, comp_node, config, comp_graph
     )
 

@@ -25,7 +25,7 @@ from ..kernels.conv import nchw88 as conv_nchw88
 from ..kernels.steps import chain
 from . import param_defs as pdefs
 from ._internal import reduce_to_input, sv
-from .base import SymbolVar
+from .base import SymbolVar, build_opr
 from .basic_arith import elemwise
 from .dnn import (
     _POLICY,
@@ -35,7 +35,6 @@ from .dnn import (
     ConvolutionParam,
     _conv_params,
     _ConvBase,
-    _create,
     _float_dtype,
     _make,
     _param,
@@ -235,7 +234,7 @@ def conv_bias_activation(
     if param is None:
         params["nonlineMode"] = nonlineMode
     p = _param(ConvBiasParam, "conv_bias_activation", param, params)
-    return _create(ConvBias, [src, filter, bias], p, dtype, name, comp_node, config, comp_graph)
+    return build_opr(ConvBias, [src, filter, bias], p, dtype, name, comp_node, config, comp_graph)
 
 
 @_conv_params(("param", "ConvBiasV1"), *_POLICY, fixed=("data_type",))

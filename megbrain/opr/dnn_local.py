@@ -16,10 +16,9 @@ from ..graph.operator import fmt_shape
 from ..kernels import dnn_local as kern
 from ..kernels.conv import common as conv_kernels
 from . import param_defs as pdefs
-from .base import SymbolVar
+from .base import SymbolVar, build_opr
 from .dnn import (
     ConvolutionParam,
-    _create,
     _NamedByKind,
     _TrioBackwardData,
     _TrioBackwardFilter,
@@ -105,9 +104,14 @@ class _LocalBase(_NamedByKind, OperatorNodeBase):
     def _grouped(self, filt):
         return filt if self.grouped else filt[None]
 
-    def _check_diff(self, fwd: tuple, diff: tuple, desc: str) -> None:
-        if fwd != tuple(diff):
-            raise self.error(f"{desc} gives {fmt_shape(fwd)}, not the diff shape {fmt_shape(diff)}")
+    def _check_backward(self, src: tuple, filt: tuple, diff: tuple) -> None:
+        """A backward operator's check: ``diff`` has the forward output's shape."""
+        fwd = self._fwd_shape(src, filt)
+        if fwd != diff:
+            raise self.error(
+                f"src {fmt_shape(src)} with filter {fmt_shape(filt)} gives {fmt_shape(fwd)}, "
+                f"not the diff shape {fmt_shape(diff)}"
+            )
 
 
 class _LocalForward(_TrioForward, _LocalBase):
@@ -126,8 +130,7 @@ class _LocalBackwardData(_TrioBackwardData, _LocalBase):
 
     def infer_shapes(self, in_shapes, in_values):
         filt, diff, src = (tuple(s) for s in in_shapes)
-        fwd = self._fwd_shape(src, filt)
-        self._check_diff(fwd, diff, f"src {fmt_shape(src)} with filter {fmt_shape(filt)}")
+        self._check_backward(src, filt, diff)
         return [src]
 
     def bind(self, ins, outs):
@@ -142,8 +145,7 @@ class _LocalBackwardFilter(_TrioBackwardFilter, _LocalBase):
 
     def infer_shapes(self, in_shapes, in_values):
         src, diff, filt = (tuple(s) for s in in_shapes)
-        fwd = self._fwd_shape(src, filt)
-        self._check_diff(fwd, diff, f"src {fmt_shape(src)} with filter {fmt_shape(filt)}")
+        self._check_backward(src, filt, diff)
         return [filt]
 
     def bind(self, ins, outs):
@@ -289,7 +291,7 @@ def group_local(
     p = _local_param(
         mode, pad_h, pad_w, stride_h, stride_w, dilate_h, dilate_w, sparse, format, compute_mode
     )
-    return _create(GroupLocal, [src, filter], p, None, name, comp_node, config, comp_graph)
+    return build_opr(GroupLocal, [src, filter], p, None, name, comp_node, config, comp_graph)
 
 
 @opr_params(("param", "ConvolutionV0"))
@@ -336,7 +338,7 @@ def local(
     p = _local_param(
         mode, pad_h, pad_w, stride_h, stride_w, dilate_h, dilate_w, sparse, format, "DEFAULT"
     )
-    return _create(Local, [src, filter], p, None, name, comp_node, config, comp_graph)
+    return build_opr(Local, [src, filter], p, None, name, comp_node, config, comp_graph)
 
 
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------

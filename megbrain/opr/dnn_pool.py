@@ -14,8 +14,8 @@ from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..kernels.pool import binds as pool_kernels
 from . import param_defs as pdefs
-from .base import SymbolVar
-from .dnn import _create, _float_dtype, _make, _NamedByKind, _WindowParam
+from .base import SymbolVar, build_opr
+from .dnn import _float_dtype, _make, _NamedByKind, _WindowParam
 from .param_args import opr_params
 from .sereg_params import register_strict
 
@@ -158,7 +158,7 @@ def pooling(
         param = PoolingParam(mode, pad_h, pad_w, stride_h, stride_w, window_h, window_w, format)
     elif not isinstance(param, PoolingParam):
         raise MegBrainError(f"pooling: param must be a PoolingParam, got {param!r}")
-    return _create(Pooling, [src], param, None, name, comp_node, config, comp_graph)
+    return build_opr(Pooling, [src], param, None, name, comp_node, config, comp_graph)
 
 
 register_strict(Pooling, pdefs.Pooling, name="Pooling")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -42,10 +43,19 @@ class SubtensorIndexError(MegBrainError, IndexError):
 
 
 @dataclass(frozen=True)
-class SubtensorParam(ParamBase):
-    #: ``((axis, kind, has_begin, has_end, has_step, has_idx), ...)``, kind ``"interval"`` or
-    #: ``"index"``; the present values are the operator's index inputs, in this order
+class AxisDescsParam(ParamBase):
+    """Param of the operators indexing by axis descs (Subtensor's and the vector indexing
+    families'): ``descs`` holds ``(axis, kind, has_begin, has_end, has_step, has_idx)``
+    tuples, kind ``"interval"`` (the present begin / end / step are index inputs) or
+    ``"index"`` (one index input), in the order of the operator's index inputs.
+
+    Each desc is checked (an interval has no index, an index no bounds; with ``_nonneg`` the
+    axis is not negative), the error naming ``_what``; then the subclass's ``_check``.
+    """
+
     descs: tuple = ()
+    _what: ClassVar[str] = ""
+    _nonneg: ClassVar[bool] = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -55,11 +65,35 @@ class SubtensorParam(ParamBase):
         for d in descs:
             interval = d[1] == "interval" and not d[5]
             index = d[1] == "index" and d[5] and not any(d[2:5])
-            if not (interval or index):
-                raise MegBrainError(f"bad Subtensor axis desc {d!r}")
+            if not (interval or index) or (self._nonneg and d[0] < 0):
+                raise MegBrainError(f"bad {self._what} axis desc {d!r}")
+        self._check(descs)
+        object.__setattr__(self, "descs", descs)
+
+    def _check(self, descs: tuple) -> None:
+        """Raise for descs that are each valid but wrong together."""
+
+
+def slice_desc(axis: int, item: slice) -> tuple[tuple | None, list]:
+    """The interval desc of ``item`` on ``axis`` and its present bounds (start, stop, step
+    that are not None), or ``(None, [])`` for the full slice, which indexes nothing."""
+    parts = (item.start, item.stop, item.step)
+    if all(p is None for p in parts):
+        return None, []
+    return (axis, "interval", *(p is not None for p in parts), False), [
+        p for p in parts if p is not None
+    ]
+
+
+@dataclass(frozen=True)
+class SubtensorParam(AxisDescsParam):
+    """Param of the Subtensor family: axes may be negative (counted from the end)."""
+
+    _what: ClassVar[str] = "Subtensor"
+
+    def _check(self, descs):
         if len({d[0] for d in descs}) != len(descs):
             raise MegBrainError(f"Subtensor: an axis is indexed twice in {descs!r}")
-        object.__setattr__(self, "descs", descs)
 
     @property
     def nr_values(self) -> int:
@@ -364,11 +398,10 @@ def _cvt_getitem(src: SymbolVar, idx, allow_newaxis: bool = True):
                 cur -= 1
             continue
         if isinstance(item, slice):
-            parts = (item.start, item.stop, item.step)
-            if all(p is None for p in parts):
-                continue
-            descs.append((cur, "interval", *(p is not None for p in parts), False))
-            values.extend(as_index_var(p) for p in parts if p is not None)
+            desc, parts = slice_desc(cur, item)
+            if desc is not None:
+                descs.append(desc)
+                values.extend(as_index_var(p) for p in parts)
         else:
             descs.append((cur, "index", False, False, False, True))
             values.append(as_index_var(item))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -36,7 +37,12 @@ from .base import (
     make_immutable,
 )
 from .basic_arith import fill_retain_dtype
-from .indexing import SubtensorIndexError, register_index_desc_opr
+from .indexing import (
+    AxisDescsParam,
+    SubtensorIndexError,
+    register_index_desc_opr,
+    slice_desc,
+)
 from .param_args import as_axis, opr_params
 from .tensor_manip import add_axis, remove_axis
 
@@ -192,28 +198,19 @@ def _insert(cls, inputs, param, cfg=None):
 
 # ---- vector indexing families ----------------------------------------------------------------
 @dataclass(frozen=True)
-class IndexDescParam(ParamBase):
-    #: ``((axis, kind, has_begin, has_end, has_step, has_idx), ...)`` with increasing
-    #: non-negative axes, kind ``"index"`` (an int array input) or ``"interval"`` (the
-    #: present begin / end / step inputs); at least one axis is indexed
-    descs: tuple = ()
+class IndexDescParam(AxisDescsParam):
+    """Param of the vector indexing families: increasing non-negative axes, kind ``"index"``
+    an int array input; at least one axis is indexed."""
 
-    def __post_init__(self):
-        super().__post_init__()
-        descs = tuple(
-            (int(a), str(k), bool(b), bool(e), bool(s), bool(i)) for a, k, b, e, s, i in self.descs
-        )
-        for d in descs:
-            interval = d[1] == "interval" and not d[5]
-            index = d[1] == "index" and d[5] and not any(d[2:5])
-            if not (interval or index) or d[0] < 0:
-                raise MegBrainError(f"bad vector indexing axis desc {d!r}")
+    _what: ClassVar[str] = "vector indexing"
+    _nonneg: ClassVar[bool] = True
+
+    def _check(self, descs):
         axes = [d[0] for d in descs]
         if axes != sorted(set(axes)):
             raise MegBrainError(f"vector indexing: axes must increase, got {axes}")
         if not any(d[1] == "index" for d in descs):
             raise MegBrainError("vector indexing: at least one axis must be indexed by an array")
-        object.__setattr__(self, "descs", descs)
 
 
 class _VecIndexBase(OperatorNodeBase):
@@ -500,13 +497,10 @@ def _cvt_index(src, idx, allow_newaxis: bool = False) -> tuple[tuple, list, list
             new_axes.append(axis)
             continue
         if isinstance(item, slice):
-            parts = (item.start, item.stop, item.step)
-            if all(p is None for p in parts):
-                continue
-            descs.append((axis, "interval", *(p is not None for p in parts), False))
-            values.extend(
-                int_var(p if as_var(p) else np.array([p]), src) for p in parts if p is not None
-            )
+            desc, parts = slice_desc(axis, item)
+            if desc is not None:
+                descs.append(desc)
+                values.extend(int_var(p if as_var(p) else np.array([p]), src) for p in parts)
             continue
         v = as_var(item)
         if v is None:

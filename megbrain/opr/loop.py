@@ -472,25 +472,23 @@ class LoopGrad(OperatorNodeBase):
             return self._built
         fwd = self.fwd
         d = _build_desc(fwd.desc_maker, fwd.desc.outer_graph, fwd.desc.comp_node, fwd.name)
-        cn = d.comp_node
         terms, g_in, h_in = [], {}, {}
-        for k in self.og_idx:
-            v, _ = d.outputs[k]
+
+        def grad_input(v, name: str, inputs: dict, key) -> None:
+            # the gradient flowing into the float var v: an input of the sub graph, and
+            # the term <v, its gradient> of the loss differentiated
             if v.dtype.kind != "f":
-                continue
-            src = LoopInput(v.dtype, cn, f"{fwd.name}:grad_out{k}")
+                return
+            src = LoopInput(v.dtype, d.comp_node, name)
             src.value = np.zeros(1, v.dtype)
             (gv,) = d.graph.insert_opr(src)
-            g_in[k] = src
+            inputs[key] = src
             terms.append(reduce_(elemwise(SymbolVar(v), SymbolVar(gv), mode="MUL"), "SUM"))
+
+        for k in self.og_idx:
+            grad_input(d.outputs[k][0], f"{fwd.name}:grad_out{k}", g_in, k)
         for src, val in d.assigns.items():
-            if val.dtype.kind != "f":
-                continue
-            h = LoopInput(val.dtype, cn, f"{src.name}:grad_next")
-            h.value = np.zeros(1, val.dtype)
-            (hv,) = d.graph.insert_opr(h)
-            h_in[src] = h
-            terms.append(reduce_(elemwise(SymbolVar(val), SymbolVar(hv), mode="MUL"), "SUM"))
+            grad_input(val, f"{src.name}:grad_next", h_in, src)
         loss = terms[0]
         for t in terms[1:]:
             loss = loss + t

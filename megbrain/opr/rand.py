@@ -60,8 +60,15 @@ class _RNGBase(ShapeSourceOpr):
         new.__dict__.pop("_rng", None)  # a copied graph starts from the seed
         return new
 
-    def _fill(self, rng: np.random.Generator, out: np.ndarray) -> None:
+    def _draw(self, rng: np.random.Generator, buf: np.ndarray) -> None:
+        """Fill the float32 or float64 C-contiguous ``buf`` with this operator's values."""
         raise NotImplementedError
+
+    def _fill(self, rng: np.random.Generator, out: np.ndarray) -> None:
+        buf, cast = _native(out)
+        self._draw(rng, buf)
+        if cast:
+            np.copyto(out, buf, casting="unsafe")
 
     def bind(self, ins, outs):
         out = outs[0]
@@ -81,12 +88,9 @@ class UniformRNG(_RNGBase):
 
     Param = UniformRNGParam
 
-    def _fill(self, rng, out):
-        buf, cast = _native(out)
+    def _draw(self, rng, buf):
         rng.random(dtype=buf.dtype, out=buf)
         np.subtract(1, buf, out=buf)  # [0, 1) -> (0, 1]
-        if cast:
-            np.copyto(out, buf, casting="unsafe")
 
 
 @register_opr
@@ -95,14 +99,11 @@ class GaussianRNG(_RNGBase):
 
     Param = GaussianRNGParam
 
-    def _fill(self, rng, out):
-        buf, cast = _native(out)
+    def _draw(self, rng, buf):
         rng.standard_normal(dtype=buf.dtype, out=buf)
         p = self.param
         buf *= p.std
         buf += p.mean
-        if cast:
-            np.copyto(out, buf, casting="unsafe")
 
 
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------

@@ -89,78 +89,6 @@ class _FamilyMethods:
         """``elemwise([lhs, self], mode)``."""
         return self._ew(mode, lhs, rev=True)
 
-    def __add__(self, o):
-        return self._ew("ADD", o)
-
-    def __radd__(self, o):
-        return self._ew("ADD", o, rev=True)
-
-    def __sub__(self, o):
-        return self._ew("SUB", o)
-
-    def __rsub__(self, o):
-        return self._ew("SUB", o, rev=True)
-
-    def __mul__(self, o):
-        return self._ew("MUL", o)
-
-    def __rmul__(self, o):
-        return self._ew("MUL", o, rev=True)
-
-    def __truediv__(self, o):
-        return self._ew("TRUE_DIV", o)
-
-    def __rtruediv__(self, o):
-        return self._ew("TRUE_DIV", o, rev=True)
-
-    def __floordiv__(self, o):
-        return self._ew("FLOOR_DIV", o)
-
-    def __rfloordiv__(self, o):
-        return self._ew("FLOOR_DIV", o, rev=True)
-
-    def __mod__(self, o):
-        return self._ew("MOD", o)
-
-    def __rmod__(self, o):
-        return self._ew("MOD", o, rev=True)
-
-    def __pow__(self, o):
-        return self._ew("POW", o)
-
-    def __rpow__(self, o):
-        return self._ew("POW", o, rev=True)
-
-    def __lshift__(self, o):
-        return self._ew("SHL", o)
-
-    def __rshift__(self, o):
-        return self._ew("SHR", o)
-
-    def __rlshift__(self, o):
-        return self._ew("SHL", o, rev=True)
-
-    def __rrshift__(self, o):
-        return self._ew("SHR", o, rev=True)
-
-    def __lt__(self, o):
-        return self._ew("LT", o)
-
-    def __le__(self, o):
-        return self._ew("LEQ", o)
-
-    def __gt__(self, o):
-        return self._ew("LT", o, rev=True)
-
-    def __ge__(self, o):
-        return self._ew("LEQ", o, rev=True)
-
-    def __neg__(self):
-        return self._ew("NEGATE")
-
-    def __abs__(self):
-        return self._ew("ABS")
-
     def __matmul__(self, o):
         return matrix_mul(self, o)
 
@@ -174,10 +102,48 @@ def _unpack_shape(shape):
     return shape
 
 
+#: SymbolVar's arithmetic and comparison operators: (method, Elemwise mode, whether self is
+#: the right operand); ``a > b`` is ``b < a``, as the binding computes it
+_OPERATORS = (
+    ("__add__", "ADD", False), ("__radd__", "ADD", True),
+    ("__sub__", "SUB", False), ("__rsub__", "SUB", True),
+    ("__mul__", "MUL", False), ("__rmul__", "MUL", True),
+    ("__truediv__", "TRUE_DIV", False), ("__rtruediv__", "TRUE_DIV", True),
+    ("__floordiv__", "FLOOR_DIV", False), ("__rfloordiv__", "FLOOR_DIV", True),
+    ("__mod__", "MOD", False), ("__rmod__", "MOD", True),
+    ("__pow__", "POW", False), ("__rpow__", "POW", True),
+    ("__lshift__", "SHL", False), ("__rshift__", "SHR", False),
+    ("__rlshift__", "SHL", True), ("__rrshift__", "SHR", True),
+    ("__lt__", "LT", False), ("__le__", "LEQ", False),
+    ("__gt__", "LT", True), ("__ge__", "LEQ", True),
+)  # fmt: skip
+#: the unary operators: (method, Elemwise mode)
+_UNARY_OPERATORS = (("__neg__", "NEGATE"), ("__abs__", "ABS"))
+
+
+def _binary_method(mode: str, rev: bool):
+    def method(self, o):
+        return self._ew(mode, o, rev=rev)
+
+    return method
+
+
+def _unary_method(mode: str):
+    def method(self):
+        return self._ew(mode)
+
+    return method
+
+
+for _name, _mode, _rev in _OPERATORS:
+    setattr(_FamilyMethods, _name, _binary_method(_mode, _rev))
+for _name, _mode in _UNARY_OPERATORS:
+    setattr(_FamilyMethods, _name, _unary_method(_mode))
+
 _CLASS_MACHINERY = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__"})
 for _name, _member in vars(_FamilyMethods).items():
     if _name not in _CLASS_MACHINERY:
         # named as SymbolVar's own in reprs and the API reference
         _fn = _member.fget if isinstance(_member, property) else _member
-        _fn.__qualname__ = f"SymbolVar.{_name}"
+        _fn.__name__, _fn.__qualname__ = _name, f"SymbolVar.{_name}"
         setattr(SymbolVar, _name, _member)

@@ -28,7 +28,15 @@ from ..graph.value_proxy import CompGraphCallbackValueProxy
 from ..kernels import elemwise as ew_kernels
 from ..serialization import sereg
 from . import param_defs as pdefs
-from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, input_list, insert_opr
+from .base import (
+    SymbolVar,
+    _merge_config,
+    as_var,
+    build_opr,
+    canonize_input_vars,
+    input_list,
+    insert_opr,
+)
 from .basic_arith import typecvt
 from .param_args import as_int, opr_params
 
@@ -636,9 +644,7 @@ def virtual_loss(
     ys, y_grads = input_list(ys, "ys"), input_list(y_grads, "y_grads")
     if len(ys) != len(y_grads):
         raise GraphError("virtual_loss: ys and y_grads differ in length")
-    cfg = _merge_config(name, comp_node, config)
-    vs = canonize_input_vars(ys + y_grads, comp_graph=comp_graph, config=cfg)
-    return insert_opr(VirtualLoss(vs, None, cfg))[0]
+    return build_opr(VirtualLoss, ys + y_grads, None, None, name, comp_node, config, comp_graph)
 
 
 def virtual_dep(symvars, *, name=None, comp_node=None, config=None, comp_graph=None) -> SymbolVar:
@@ -674,17 +680,15 @@ def mark_no_broadcast_elemwise(
     src, *, name=None, comp_node=None, config=None, comp_graph=None
 ) -> SymbolVar:
     """``src`` unchanged; elemwise operators reading it may not broadcast it."""
-    cfg = _merge_config(name, comp_node, config)
-    vs = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
-    return insert_opr(MarkNoBroadcastElemwise(vs, None, cfg))[0]
+    return build_opr(
+        MarkNoBroadcastElemwise, [src], None, None, name, comp_node, config, comp_graph
+    )
 
 
 @opr_params(("param", "Empty"))
 def identity(src, *, name=None, comp_node=None, config=None, comp_graph=None) -> SymbolVar:
     """``src`` unchanged; blocks the optimizer."""
-    cfg = _merge_config(name, comp_node, config)
-    vs = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
-    return insert_opr(Identity(vs, None, cfg))[0]
+    return build_opr(Identity, [src], None, None, name, comp_node, config, comp_graph)
 
 
 # ---- Timestamp, PersistentOutputStorage, RequireInputDynamicStorage -------------------------
@@ -847,9 +851,9 @@ def require_input_dynamic_storage(
     inp, *, name=None, comp_node=None, config=None, comp_graph=None
 ) -> SymbolVar:
     """``inp`` unchanged (its storage dynamically allocated in the reference)."""
-    cfg = _merge_config(name, comp_node, config)
-    vs = canonize_input_vars([inp], comp_graph=comp_graph, config=cfg)
-    return insert_opr(RequireInputDynamicStorage(vs, None, cfg))[0]
+    return build_opr(
+        RequireInputDynamicStorage, [inp], None, None, name, comp_node, config, comp_graph
+    )
 
 
 sereg.register_param_opr(PersistentOutputStorage, pdefs.PersistentOutputStorage)
