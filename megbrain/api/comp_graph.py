@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Sequence
 
@@ -23,6 +24,9 @@ class CompGraph(ComputingGraph):
     def __init__(self, options: GraphOptions | None = None):
         super().__init__(options)
         self._released = False
+        #: held by every call of a function compiled from this graph (copies and parts
+        #: included: they share its input tensors), so concurrent calls take turns
+        self._run_lock = threading.RLock()
         gopt.install(self)
 
     def __eq__(self, other) -> bool:
@@ -57,9 +61,10 @@ class CompGraph(ComputingGraph):
         """
         if self._released:
             return 0
-        if self.current_exec is not None:
-            self.current_exec._invalidate()
-            self.current_exec = None
+        with self._run_lock:
+            if self.current_exec is not None:
+                self.current_exec._invalidate()
+                self.current_exec = None
         self._released = True
 
         def refuse(graph, opr):
@@ -124,10 +129,12 @@ class CompGraph(ComputingGraph):
             items = _map_item_vars(items, copier)
             trans = holder.get("trans", {})
         items = _optimize_and_expand(target, items)
-        func = AsyncExec(target)
+        func = AsyncExec(target, self._run_lock)
         func._input_trans = trans
         spec, copied = _process_outspec(func, items)
-        func._bind(target.compile_graph_level(spec), copied, expand_single, user_outs)
+        with self._run_lock:  # compiling in place invalidates the function another call runs
+            core = target.compile_graph_level(spec)
+        func._bind(core, copied, expand_single, user_outs)
         if inputs is not None:
             func.inputs = inputs
         return func
@@ -167,12 +174,13 @@ class CompGraph(ComputingGraph):
         for inputs, expand_single, user_outs, n in parsed:
             items = all_items[start : start + n]
             start += n
-            func = AsyncExec(self)
+            func = AsyncExec(self, self._run_lock)
             spec, copied = _process_outspec(func, items)
             funcs.append(func)
             specs.append(spec)
             extra.append((copied, expand_single, inputs, user_outs))
-        parts = ComputingGraph.compile_multi_part(self, specs)
+        with self._run_lock:
+            parts = ComputingGraph.compile_multi_part(self, specs)
         for func, part, (copied, expand_single, inputs, user_outs) in zip(funcs, parts, extra):
             func._bind(part, copied, expand_single, user_outs)
             if inputs is not None:
@@ -345,10 +353,14 @@ class AsyncExec:
 
     Calling it sets the inputs (positional in :attr:`inputs` order, or keyword by var name),
     runs, waits (unless :meth:`disable_auto_wait`) and returns the ``copy_output`` values.
+    Calls from several threads take turns: a call holds ``lock`` (shared by the functions
+    compiled from one graph) from setting the inputs to reading the outputs.
     """
 
-    def __init__(self, graph: CompGraph):
+    def __init__(self, graph: CompGraph, lock=None):
         self.graph = graph
+        #: held for a whole call; reentrant, so that a thread holding it may call
+        self.lock = lock if lock is not None else threading.RLock()
         self.callbefore_func = None
         self.callback_func = None
         self._func = None
@@ -497,33 +509,35 @@ class AsyncExec:
 
     # ---- run -------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        if self.callbefore_func is not None:
-            self.callbefore_func()
-        if args or kwargs:
+        with self.lock:  # another thread's call finishes first (inputs, memory, outputs)
+            if self.callbefore_func is not None:
+                self.callbefore_func()
+            if args or kwargs:
+                if not self._auto_wait:
+                    self._func.wait()  # the previous run may still be reading the inputs
+                pairs = self._inputs
+                if not kwargs and self._inputs_explicit and len(args) == len(pairs):
+                    borrow = self._auto_wait  # the hot path: positional inputs
+                    for (_, proxy), val in zip(pairs, args):
+                        proxy.set_value(val, borrow=borrow)
+                else:
+                    self._setup_args(args, kwargs)
+            self._func.execute()
+            if self.callback_func is not None:
+                self.callback_func()
             if not self._auto_wait:
-                self._func.wait()  # the previous run may still be reading the inputs
-            pairs = self._inputs
-            if not kwargs and self._inputs_explicit and len(args) == len(pairs):
-                borrow = self._auto_wait  # the hot path: positional inputs
-                for (_, proxy), val in zip(pairs, args):
-                    proxy.set_value(val, borrow=borrow)
-            else:
-                self._setup_args(args, kwargs)
-        self._func.execute()
-        if self.callback_func is not None:
-            self.callback_func()
-        if not self._auto_wait:
-            return list(self._savers) if self._savers else None
-        self.wait()
-        if not self._savers:
-            return None
-        if self._expand_single:
-            return self._savers[0].get()
-        return [s.get() for s in self._savers]
+                return list(self._savers) if self._savers else None
+            self._wait()
+            if not self._savers:
+                return None
+            if self._expand_single:
+                return self._savers[0].get()
+            return [s.get() for s in self._savers]
 
     def execute(self) -> AsyncExec:
         """Start a run without setting inputs."""
-        self._func.execute()
+        with self.lock:
+            self._func.execute()
         return self
 
     def wait(self) -> AsyncExec:
@@ -532,14 +546,23 @@ class AsyncExec:
         The device is waited for first: a run dispatches its eager callbacks while it runs,
         so draining the callback worker before the run ended could miss the last ones.
         """
+        with self.lock:
+            return self._wait()
+
+    def _wait(self) -> AsyncExec:
+        cbw = self._cb_worker
         try:
             self._func.wait()
         finally:
-            self._cb_worker.wait()
-            err = self._cb_worker.take_error()
+            if cbw._pending:  # no calls on the hot path, which pays for the call lock
+                cbw.wait()
+            err = cbw.error
         if err is not None:
+            cbw.error = None
             if isinstance(err, MegBrainError) or is_user_exception(err):
                 raise err  # a callback's own exception reaches the caller as it is
+            if not isinstance(err, Exception):
+                raise err  # KeyboardInterrupt, SystemExit: caught by their type
             raise MegBrainError(f"callback worker failed: {type(err).__name__}: {err}") from err
         return self
 
@@ -577,8 +600,9 @@ class AsyncExec:
         return self._func.to_json()
 
     def clear_device_memory(self) -> None:
-        self.wait()
-        self._func.clear_device_memory()
+        with self.lock:
+            self._wait()
+            self._func.clear_device_memory()
 
     def update_static_alloc_plan_and_get_size(self) -> dict:
         """``{comp_node: bytes}`` of the static memory plan, without allocating."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from .event import Event, Marker
 from .memory import aligned_empty, host_mem_status
-from .worker import Worker
+from .worker import Worker, dispatch_lock
 
 if TYPE_CHECKING:
     from .comp_node import CompNode
@@ -104,7 +104,9 @@ class CompNodeImpl:
     def device_wait(self, event: Event) -> None:
         """Make work dispatched to this node from now on wait until ``event`` finished."""
         if event.comp_node.impl is not self:
-            self.dispatch(event.waiter())
+            waiter = event.waiter()
+            with dispatch_lock:  # never between the tasks of one execution
+                self.dispatch(waiter)
 
     def mem_status_bytes(self) -> tuple[int, int]:
         """``(total, free)`` bytes of the node's memory."""

@@ -2,7 +2,8 @@
 
 A task is a ``(fn, args)`` pair put on a ``queue.SimpleQueue`` (about 0.35 us per put, half
 the cost of a deque guarded by a Condition). The first exception a task raises is kept
-until :meth:`Worker.take_error` hands it out; later tasks still run.
+until :meth:`Worker.take_error` hands it out; later tasks still run. :data:`dispatch_lock`
+orders the enqueues that can make one worker wait for another's work (no deadlock).
 """
 
 from __future__ import annotations
@@ -11,7 +12,14 @@ import queue
 import threading
 from collections.abc import Callable
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "dispatch_lock"]
+
+#: Held while enqueueing work that waits for another worker's work: all the tasks of one
+#: execution (on every comp node it uses, at once) and each device wait. So every wait sits
+#: in its queue behind only work enqueued before the work it waits for, and no set of waits
+#: can form a cycle across the queues (docs/DECISIONS.md, "Dispatch across comp nodes").
+#: A task that waits on nothing (a copy, an event record) is enqueued without it.
+dispatch_lock = threading.Lock()
 
 
 class Worker:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..device.worker import dispatch_lock
 from ..errors import MegBrainError, is_user_exception
 from ..kernels import workspace
 from .comp_seq import data_inputs
@@ -199,13 +200,21 @@ class ExecEnv:
         t0 = time.perf_counter()
         self._t0 = t0
         self._t_end = t0
-        pending = []
-        for cn, lst in plan.node_steps[part].items():
-            if not lst:
-                continue
-            cn.dispatch(self._node_task, lst, events)
-            pending.append(cn)
-        self.func._threads_pending = pending
+        tasks = [(cn, lst) for cn, lst in plan.node_steps[part].items() if lst]
+        self.func._threads_pending = [cn for cn, _ in tasks]
+        task = self._node_task
+        try:
+            # all of a run's tasks enter the queues at once (see device.worker.dispatch_lock)
+            with dispatch_lock:
+                for cn, lst in tasks:
+                    cn.dispatch(task, lst, events)
+        except BaseException:
+            # interrupted between two nodes (Ctrl-C): the tasks already queued must not wait
+            # for events of tasks never queued
+            self._abort = True
+            for ev in events:
+                ev.set()
+            raise
 
     def _node_task(self, lst, events) -> None:
         func = self.func
@@ -231,8 +240,10 @@ class ExecEnv:
 
     @staticmethod
     def _wrap_error(opr, exc: BaseException) -> BaseException:
-        if is_user_exception(exc):
-            return exc  # the user's own exception, already noted with where it was raised
+        if is_user_exception(exc) or not isinstance(exc, Exception):
+            # the user's own exception, already noted with where it was raised; or an
+            # interruption (KeyboardInterrupt, SystemExit) that callers catch by its type
+            return exc
         if isinstance(exc, MegBrainError) and opr is not None and opr.name in str(exc):
             if exc.tracker is None:
                 exc.tracker = opr.tracker

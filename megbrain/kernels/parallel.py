@@ -180,6 +180,24 @@ _claim = threading.Lock()  # held by the caller whose parts the workers run
 _workers: list[_Worker] = []
 
 
+def _drain(used: list[_Worker]) -> None:
+    """Wait until every part given to ``used`` has ended and leave their ``done`` locks held,
+    whichever joins ran: after a KeyboardInterrupt raised while joining, the next split
+    must not find a part's ``done`` still released. Idempotent, so a second interrupt just
+    drains again; the interrupt itself is re-raised by the caller."""
+    while True:
+        try:
+            for w in used:
+                # counters[1] (parts ended) moves only after ``done`` was released
+                while w.counters[1] < w.counters[0]:
+                    time.sleep(1e-4)
+                w.done.acquire(blocking=False)
+                w.error = None
+            return
+        except BaseException:  # noqa: BLE001, S112 - a second Ctrl-C: drain to the end
+            continue
+
+
 def _pool() -> list[_Worker]:
     if _workers:  # every split's run comes here: no lock once the pool exists
         return _workers
@@ -224,18 +242,22 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
             for lo, hi in bounds:
                 fn(lo, hi)
             return
+        used = workers[: len(rest)]
         try:
-            used = workers[: len(rest)]
-            for w, (lo, hi) in zip(used, rest):
-                w.start(fn, lo, hi)
             try:
+                for w, (lo, hi) in zip(used, rest):
+                    w.start(fn, lo, hi)
                 fn(*head)
                 for lo, hi in rest[len(used) :]:  # more parts than workers: a larger count
                     fn(lo, hi)  # was set after the pool started
             finally:  # the workers' errors are taken even when the caller's part raised
-                spin = _spinner()
-                for w in used:
-                    w.join(spin)
+                try:
+                    spin = _spinner()
+                    for w in used:
+                        w.join(spin)
+                except BaseException:
+                    _drain(used)  # interrupted (Ctrl-C): the parts still end before we go
+                    raise
                 errors = [w.error for w in used if w.error is not None]
                 for w in used:
                     w.error = None

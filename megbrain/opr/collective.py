@@ -32,13 +32,13 @@ from ..graph import (
     OperatorNodeConfig,
     ParamBase,
     register_opr,
-    sereg,
     static_infer,
 )
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..graph.var import InferType
 from ..kernels.arrays import same_elements
+from ..serialization import sereg
 from . import basic_arith, indexing, tensor_manip
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, check_graph, insert_opr

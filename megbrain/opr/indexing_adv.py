@@ -20,11 +20,11 @@ from ..graph import (
     OperatorNodeConfig,
     ParamBase,
     register_opr,
-    sereg,
     static_shape,
 )
 from ..graph.operator import fmt_shape
 from ..kernels.arrays import same_elements
+from ..serialization import sereg
 from . import param_defs as pdefs
 from ._internal import AxisParam, check_int, int_var, norm_axis, reduce_to_input
 from .base import (

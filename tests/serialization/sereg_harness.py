@@ -2,8 +2,7 @@
 
 import struct
 
-from megbrain.graph import sereg
-from megbrain.serialization import fbs
+from megbrain.serialization import fbs, sereg
 from megbrain.serialization.format import GraphSlot, OprSlot
 
 

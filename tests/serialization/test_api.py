@@ -256,8 +256,8 @@ def test_bad_format_and_args(fpath):
 def test_input_with_default_value_loads_it(fpath, monkeypatch):
     """A file whose Host2DeviceCopy carries its value (the reference's dump_default_value,
     VALUE_INPUT) loads an input that runs without being fed."""
-    from megbrain.graph import sereg
     from megbrain.opr.io import Host2DeviceCopy
+    from megbrain.serialization import sereg
 
     entry = sereg._BY_CLASS[Host2DeviceCopy]
 

@@ -54,7 +54,7 @@ def _load(tmp_path, data, **kw):
 
 
 def _opr_index(oprs, type_name):
-    from megbrain.graph import sereg
+    from megbrain.serialization import sereg
 
     tid = sereg.type_id_of(type_name)
     return [i for i, o in enumerate(oprs) if o.scalar(OprSlot.TYPE_ID, "Q") == tid]
@@ -114,7 +114,7 @@ def test_garbage_version(tmp_path, good, version):
 
 
 def test_unknown_type_id_names_it(tmp_path, good):
-    from megbrain.graph import sereg
+    from megbrain.serialization import sereg
 
     start, oprs = _oprs(good)
     (i,) = _opr_index(oprs, "Elemwise")[-1:]

@@ -9,8 +9,7 @@ import xxhash
 import megbrain as mgb
 from megbrain.api.comp_graph import CompGraph
 from megbrain.errors import SerializationError
-from megbrain.graph import sereg
-from megbrain.serialization import DumpConfig, LoadConfig, dump_graph, load_graph
+from megbrain.serialization import DumpConfig, LoadConfig, dump_graph, load_graph, sereg
 
 
 def _graph():

@@ -16,7 +16,8 @@ from sereg_harness import file_tables
 
 import megbrain as mgb
 from megbrain.errors import SerializationError
-from megbrain.graph import OperatorNodeConfig, sereg
+from megbrain.graph import OperatorNodeConfig
+from megbrain.serialization import sereg
 
 _IO_TYPES = {
     "Host2DeviceCopy",

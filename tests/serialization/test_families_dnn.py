@@ -12,11 +12,11 @@ from sereg_harness import file_tables
 
 import megbrain as mgb
 from megbrain.errors import MegBrainError, SerializationError
-from megbrain.graph import sereg, static_shape
+from megbrain.graph import static_shape
 from megbrain.opr import param_defs as pdefs
 from megbrain.opr.base import SymbolVar
 from megbrain.opr.sereg_params import param_from_def
-from megbrain.serialization import dep_oprs
+from megbrain.serialization import dep_oprs, sereg
 
 F32 = np.float32
 

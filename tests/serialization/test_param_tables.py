@@ -7,9 +7,8 @@ import pytest
 
 import megbrain.opr_param_defs as pdefs
 from megbrain.errors import SerializationError
-from megbrain.graph import sereg
 from megbrain.opr.param_defs import PARAM_DEFS
-from megbrain.serialization import fbs
+from megbrain.serialization import fbs, sereg
 
 _UNION = [c for n, c in PARAM_DEFS.items() if not c.IS_LEGACY and n in sereg.OPERATOR_PARAM_UNION]
 

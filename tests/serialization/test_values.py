@@ -56,7 +56,7 @@ def test_value_round_trip(tmp_path_factory, shape, dt, seed, shared):
 
 
 def test_dtypes_without_file_number():
-    from megbrain.graph import sereg
+    from megbrain.serialization import sereg
 
     assert sereg.fbs_dtype_num(np.float32) == 0 and sereg.fbs_dtype_num("int8") == 2
     for dt in (np.bool_, np.float64):
