@@ -5,11 +5,15 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-__all__ = ["compute_dtype", "same_elements"]
+__all__ = ["BF16", "F16", "F32", "F64", "LOW_FLOATS", "compute_dtype", "same_elements"]
 
-_F32 = np.dtype(np.float32)
-_F64 = np.dtype(np.float64)
-_LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+#: the float dtypes kernels compare against
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+F16 = np.dtype(np.float16)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+#: the floats narrower than float32, which compute in float32
+LOW_FLOATS = (F16, BF16)
 
 
 def same_elements(a: np.ndarray, b: np.ndarray) -> bool:
@@ -32,8 +36,8 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
         For a dtype that is not floating point.
     """
     dtype = np.dtype(dtype)
-    if dtype in _LOW_FLOATS:
-        return _F32
-    if dtype in (_F32, _F64):
+    if dtype in LOW_FLOATS:
+        return F32
+    if dtype in (F32, F64):
         return dtype
     raise ValueError(f"unsupported dtype {dtype.name} (floating point only)")

@@ -15,10 +15,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-import ml_dtypes
 import numpy as np
 
 from . import parallel
+from .arrays import F32, LOW_FLOATS
 from .elemwise import quant_params
 from .gemm import BLAS_THREADED_MIN_FLOPS, matmul_step, products_step
 from .steps import Step, chain
@@ -26,9 +26,7 @@ from .steps import Step, chain
 __all__ = ["bind_batched_matmul", "bind_dot", "bind_matmul"]
 
 _partial = functools.partial
-_F32 = np.dtype(np.float32)
 _I32 = np.dtype(np.int32)
-_LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _I16 = np.dtype(np.int16)
 _SMALL_INTS = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
 _QUANT_OPERANDS = ("QuantizedS8", "Quantized8Asymm", "Quantized4Asymm")
@@ -48,8 +46,8 @@ def _compute_dtype(name: str, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> 
     if a.dtype != b.dtype:
         raise ValueError(f"{name}: operands of different dtypes {a.dtype.name}, {b.dtype.name}")
     dtype = a.dtype
-    if dtype in _LOW_FLOATS:
-        return _F32
+    if dtype in LOW_FLOATS:
+        return F32
     if dtype in _SMALL_INTS and out.dtype in (_I16, _I32) and out.dtype.itemsize > dtype.itemsize:
         return out.dtype  # accumulate in the output's width, as MegDNN's Int8x8x16/x32 do
     if dtype.kind not in "iuf":
@@ -82,12 +80,9 @@ def _bind(name: str, product, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> 
 
 
 def bind_matmul(
-    a: np.ndarray,
-    b: np.ndarray,
-    out: np.ndarray,
-    transpose_a: bool = False,
+    a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool = False,
     transpose_b: bool = False,
-) -> Callable[[], None]:
+) -> Callable[[], None]:  # fmt: skip
     """Bind ``out = op(a) @ op(b)`` for 2-d matrices, op transposing when asked.
 
     Parameters
@@ -104,16 +99,7 @@ def bind_matmul(
     Callable[[], None]
         A zero-argument callable computing the product into ``out``.
     """
-    if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"MatrixMul: operands must be 2-d, got shapes {a.shape} and {b.shape}")
-    x = a.T if transpose_a else a
-    y = b.T if transpose_b else b
-    if x.shape[1] != y.shape[0] or out.shape != (x.shape[0], y.shape[1]):
-        raise ValueError(
-            f"MatrixMul: shapes {a.shape} and {b.shape} (transpose_a={transpose_a}, "
-            f"transpose_b={transpose_b}) do not give output shape {out.shape}"
-        )
-    return _bind("MatrixMul", _matrix_mul_step, x, y, out)
+    return _bind_products("MatrixMul", 2, _matrix_mul_step, a, b, out, transpose_a, transpose_b)
 
 
 def _matrix_mul_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
@@ -121,41 +107,48 @@ def _matrix_mul_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
 
 
 def bind_batched_matmul(
-    a: np.ndarray,
-    b: np.ndarray,
-    out: np.ndarray,
-    transpose_a: bool = False,
+    a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool = False,
     transpose_b: bool = False,
-) -> Callable[[], None]:
-    """Bind ``out[i] = op(a[i]) @ op(b[i])`` for 3-d batches of matrices, batch first.
+) -> Callable[[], None]:  # fmt: skip
+    """Bind :func:`bind_matmul` over 3-d batches of matrices, batch first:
+    ``out[i] = op(a[i]) @ op(b[i])``.
 
     Parameters
     ----------
-    a, b : numpy.ndarray
-        3-d operands of one dtype with the same batch size.
-    out : numpy.ndarray
-        The (batch, m, n) result.
+    a, b, out : numpy.ndarray
+        :func:`bind_matmul`'s operands and result with a leading batch axis of one size.
     transpose_a, transpose_b : bool
         Whether to transpose every matrix of ``a`` / ``b``.
 
     Returns
     -------
     Callable[[], None]
-        A zero-argument callable computing the products into ``out``.
+        A zero-argument callable computing every product of the batch into ``out``.
     """
-    if a.ndim != 3 or b.ndim != 3:
+    return _bind_products(
+        "BatchedMatrixMul", 3, _batched_step, a, b, out, transpose_a, transpose_b
+    )
+
+
+def _bind_products(
+    name: str, ndim: int, product, a: np.ndarray, b: np.ndarray, out: np.ndarray,
+    transpose_a: bool, transpose_b: bool,
+) -> Callable[[], None]:  # fmt: skip
+    """:func:`_bind` of ``product`` on ``ndim``-d operands (matrices, or a batch of them
+    first), each transposed (its last two axes swapped) when asked, shapes checked."""
+    if a.ndim != ndim or b.ndim != ndim:
         raise ValueError(
-            f"BatchedMatrixMul: operands must be 3-d, got shapes {a.shape} and {b.shape}"
+            f"{name}: operands must be {ndim}-d, got shapes {a.shape} and {b.shape}"
         )
-    x = a.swapaxes(1, 2) if transpose_a else a
-    y = b.swapaxes(1, 2) if transpose_b else b
-    expected = (x.shape[0], x.shape[1], y.shape[2])
-    if x.shape[0] != y.shape[0] or x.shape[2] != y.shape[1] or out.shape != expected:
+    x = a.swapaxes(-1, -2) if transpose_a else a
+    y = b.swapaxes(-1, -2) if transpose_b else b
+    expected = (*x.shape[:-1], y.shape[-1])
+    if x.shape[:-2] != y.shape[:-2] or x.shape[-1] != y.shape[-2] or out.shape != expected:
         raise ValueError(
-            f"BatchedMatrixMul: shapes {a.shape} and {b.shape} (transpose_a={transpose_a}, "
+            f"{name}: shapes {a.shape} and {b.shape} (transpose_a={transpose_a}, "
             f"transpose_b={transpose_b}) do not give output shape {out.shape}"
         )
-    return _bind("BatchedMatrixMul", _batched_step, x, y, out)
+    return _bind(name, product, x, y, out)
 
 
 def _batched_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:

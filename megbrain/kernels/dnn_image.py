@@ -82,14 +82,9 @@ def _roi_pool_bins(roi, scale, ph_n, pw_n, h, w, ct):
 
 
 def bind_roi_pooling(
-    src: np.ndarray,
-    rois: np.ndarray,
-    dst: np.ndarray,
-    index: np.ndarray,
-    *,
-    mode: str,
+    src: np.ndarray, rois: np.ndarray, dst: np.ndarray, index: np.ndarray, *, mode: str,
     scale: float,
-) -> Callable[[], None]:
+) -> Callable[[], None]:  # fmt: skip
     """Caffe's ROI pooling: ``dst[r, c]`` pools ``src[rois[r, 0], c]`` over each bin.
 
     MAX writes the flat ``h*W + w`` position of the maximum into ``index`` (-1 for an empty
@@ -123,14 +118,9 @@ def bind_roi_pooling(
 
 
 def bind_roi_pooling_backward(
-    diff: np.ndarray,
-    rois: np.ndarray,
-    index: np.ndarray,
-    grad: np.ndarray,
-    *,
-    mode: str,
+    diff: np.ndarray, rois: np.ndarray, index: np.ndarray, grad: np.ndarray, *, mode: str,
     scale: float,
-) -> Callable[[], None]:
+) -> Callable[[], None]:  # fmt: skip
     """The gradient of ROI pooling w.r.t. ``src`` (shape of ``grad``)."""
     n, c, h, w = grad.shape
     ph_n, pw_n = diff.shape[2:]
@@ -197,17 +187,9 @@ def _bilinear_taps(hc: np.ndarray, wc: np.ndarray, h: int, w: int):
 
 
 def bind_roi_align(
-    src: np.ndarray,
-    rois: np.ndarray,
-    dst: np.ndarray,
-    index: np.ndarray,
-    *,
-    mode: str,
-    spatial_scale: float,
-    offset: float,
-    sample_height: int,
-    sample_width: int,
-) -> Callable[[], None]:
+    src: np.ndarray, rois: np.ndarray, dst: np.ndarray, index: np.ndarray, *, mode: str,
+    spatial_scale: float, offset: float, sample_height: int, sample_width: int,
+) -> Callable[[], None]:  # fmt: skip
     """ROIAlign: each bin pools ``sample_height x sample_width`` bilinear samples (zero outside).
 
     MAX writes the ``h_iter*sample_width + w_iter`` of the chosen sample into ``index``.
@@ -240,17 +222,9 @@ def bind_roi_align(
 
 
 def bind_roi_align_backward(
-    diff: np.ndarray,
-    rois: np.ndarray,
-    index: np.ndarray,
-    grad: np.ndarray,
-    *,
-    mode: str,
-    spatial_scale: float,
-    offset: float,
-    sample_height: int,
-    sample_width: int,
-) -> Callable[[], None]:
+    diff: np.ndarray, rois: np.ndarray, index: np.ndarray, grad: np.ndarray, *, mode: str,
+    spatial_scale: float, offset: float, sample_height: int, sample_width: int,
+) -> Callable[[], None]:  # fmt: skip
     """The gradient of ROIAlign w.r.t. ``src`` (shape of ``grad``)."""
     n, c, h, w = grad.shape
     ph_n, pw_n = diff.shape[2:]
@@ -344,14 +318,8 @@ def _linear_taps(ah, aw, ih_n, iw_n, bmode):
 
 
 def bind_warp_perspective(
-    src: np.ndarray,
-    mat: np.ndarray,
-    dst: np.ndarray,
-    *,
-    imode: str,
-    bmode: str,
-    border_val: float,
-) -> Callable[[], None]:
+    src: np.ndarray, mat: np.ndarray, dst: np.ndarray, *, imode: str, bmode: str, border_val: float,
+) -> Callable[[], None]:  # fmt: skip
     """``dst[n, c, oh, ow] = src[n, c, y, x]`` where ``(x, y, 1) ~ mat[n] @ (ow, oh, 1)``.
 
     LINEAR interpolates the four neighbours (each mapped by ``bmode``; CONSTANT uses
@@ -412,15 +380,13 @@ def bind_warp_perspective_backward_data(
 
 
 def bind_warp_perspective_backward_mat(
-    src: np.ndarray,
-    mat: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    *,
-    bmode: str,
+    src: np.ndarray, mat: np.ndarray, diff: np.ndarray, grad: np.ndarray, *, bmode: str,
     border_val: float,
-) -> Callable[[], None]:
-    """The gradient of LINEAR warp_perspective w.r.t. ``mat`` (MegDNN's BackwardMat)."""
+) -> Callable[[], None]:  # fmt: skip
+    """The gradient of LINEAR warp_perspective w.r.t. ``mat`` (MegDNN's BackwardMat): each
+    output's gradient through the bilinear interpolation's slope at its warped coordinate,
+    then through the projective division to the nine matrix entries (non-finite terms
+    dropped)."""
     n_b, _, ih_n, iw_n = src.shape
     oh_n, ow_n = diff.shape[2:]
     ct = _ct(src, mat)

@@ -118,23 +118,34 @@ def bind_group_local(
     return chain(steps + post)
 
 
-def bind_group_local_backward_data(
-    filt: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-) -> Callable[[], None]:
-    """Bind ``grad = d(sum(group_local(src, filt) * diff)) / d(src)``.
+#: backward kind -> (the doc of the operand before ``diff``, what ``grad`` holds)
+_BACKWARD_DOCS = {
+    "data": (
+        "filt : numpy.ndarray\n        The (G, OH, OW, ICg, FH, FW, OCg) filter.",
+        "The (N, G*ICg, IH, IW) source gradient",
+    ),
+    "filter": (
+        "src : numpy.ndarray\n        The (N, G*ICg, IH, IW) forward input.",
+        "The (G, OH, OW, ICg, FH, FW, OCg) filter gradient",
+    ),
+}
+
+
+def _backward_doc(kind: str):
+    """Decorate the ``kind`` backward bind: its docstring (a summary) gets the Parameters and
+    Returns sections the two share."""
+    operand, grad = _BACKWARD_DOCS[kind]
+
+    def decorate(fn: Callable) -> Callable:
+        fn.__doc__ = fn.__doc__.rstrip() + f"""
 
     Parameters
     ----------
-    filt : numpy.ndarray
-        The (G, OH, OW, ICg, FH, FW, OCg) filter.
+    {operand}
     diff : numpy.ndarray
         The (N, G*OCg, OH, OW) output gradient.
     grad : numpy.ndarray
-        The (N, G*ICg, IH, IW) source gradient written on every call.
+        {grad} written on every call.
     stride, pad : sequence of int
         (h, w) values of the forward operator.
 
@@ -143,6 +154,17 @@ def bind_group_local_backward_data(
     callable
         The bound computation.
     """
+        return fn
+
+    return decorate
+
+
+@_backward_doc("data")
+def bind_group_local_backward_data(
+    filt: np.ndarray, diff: np.ndarray, grad: np.ndarray, stride: Sequence[int], pad: Sequence[int]
+) -> Callable[[], None]:
+    """Bind ``grad = d(sum(group_local(src, filt) * diff)) / d(src)``: the columns' gradient
+    by one batched matmul, then col2im."""
     g, oh, ow, icg, fh, fw, ocg = _geometry(filt.shape)
     n, ic, ih, iw = grad.shape
     ct = compute_dtype(diff.dtype)
@@ -167,31 +189,11 @@ def bind_group_local_backward_data(
     return chain(steps)
 
 
+@_backward_doc("filter")
 def bind_group_local_backward_filter(
-    src: np.ndarray,
-    diff: np.ndarray,
-    grad: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
+    src: np.ndarray, diff: np.ndarray, grad: np.ndarray, stride: Sequence[int], pad: Sequence[int]
 ) -> Callable[[], None]:
-    """Bind ``grad = d(sum(group_local(src, filt) * diff)) / d(filt)``.
-
-    Parameters
-    ----------
-    src : numpy.ndarray
-        The (N, G*ICg, IH, IW) forward input.
-    diff : numpy.ndarray
-        The (N, G*OCg, OH, OW) output gradient.
-    grad : numpy.ndarray
-        The (G, OH, OW, ICg, FH, FW, OCg) filter gradient written on every call.
-    stride, pad : sequence of int
-        (h, w) values of the forward operator.
-
-    Returns
-    -------
-    callable
-        The bound computation.
-    """
+    """Bind ``grad = d(sum(group_local(src, filt) * diff)) / d(filt)``."""
     g, oh, ow, icg, fh, fw, ocg = _geometry(grad.shape)
     ct = compute_dtype(src.dtype)
     steps: list = []

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from functools import partial as _partial
 from typing import NamedTuple
 
-import ml_dtypes
 import numpy as np
 from numba import njit
 
 from .. import dtype as _dt
 from . import jit_codegen
-from .arrays import same_elements
+from .arrays import BF16, F32, same_elements
 from .elemwise_modes import check_operands, numpy_steps, round_in_place
 from .steps import Step, chain
 
@@ -37,9 +37,6 @@ __all__ = [
     "typecvt_bind",
 ]
 
-_partial = functools.partial
-_F32 = np.dtype(np.float32)
-_BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 #: modes run by one compiled loop (:mod:`megbrain.kernels.jit_codegen`) on large float32
@@ -66,7 +63,7 @@ def _compiled_bind(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray):
         layouts = ("bcast",)
     else:
         return None
-    if out.dtype != _F32 or out.size < COMPILED_MIN_SIZE:
+    if out.dtype != F32 or out.size < COMPILED_MIN_SIZE:
         return None
     for x in inputs:
         if np.may_share_memory(x, out) and not same_elements(x, out):
@@ -173,7 +170,7 @@ def quantize_steps(src: np.ndarray, out: np.ndarray, qp: QuantParams) -> list[St
     half away from zero (C ``roundf``), shifted by the zero point and clamped to the storage
     range; NaN gives ``qmin``, as ``fmin(fmax(qmin, v), qmax)`` does in C.
     """
-    w = np.empty(out.shape, _F32)
+    w = np.empty(out.shape, F32)
     steps: list[Step] = [_partial(np.true_divide, src, qp.scale, w)]
     steps += round_in_place(w)
     if qp.zero_point:
@@ -215,16 +212,16 @@ def typecvt_bind(src: np.ndarray, out: np.ndarray) -> Callable[[], None]:
         raise ValueError(f"TypeCvt: source shape {src.shape} does not fit output shape {out.shape}")
     src_q, out_q = quant_params(src.dtype), quant_params(out.dtype)
     if src_q is None and out_q is None:
-        one_bf16 = (src.dtype == _BF16) != (out.dtype == _BF16)
-        if not one_bf16 or _F32 in (src.dtype, out.dtype):
+        one_bf16 = (src.dtype == BF16) != (out.dtype == BF16)
+        if not one_bf16 or F32 in (src.dtype, out.dtype):
             return _partial(np.copyto, out, src, "unsafe")
     steps: list[Step] = []
     mid = src
     if src_q is not None:
-        mid = np.empty(src.shape, _F32)
+        mid = np.empty(src.shape, F32)
         steps += dequantize_steps(src, mid, src_q)
-    elif src.dtype != _F32:
-        mid = np.empty(src.shape, _F32)
+    elif src.dtype != F32:
+        mid = np.empty(src.shape, F32)
         steps.append(_partial(np.copyto, mid, src, "unsafe"))
     if out_q is not None:
         steps += quantize_steps(mid, out, out_q)
@@ -280,8 +277,8 @@ def compiled_scaled_update(
         ``fn(alpha, beta, bias)`` taking float32 scalars and updating ``dest``.
     """
     if (
-        dest.dtype != _F32
-        or delta.dtype != _F32
+        dest.dtype != F32
+        or delta.dtype != F32
         or dest.shape != delta.shape
         or dest.size < COMPILED_UPDATE_MIN_SIZE
         or not (dest.flags.c_contiguous and delta.flags.c_contiguous)

@@ -11,15 +11,15 @@ form computes with libm (or, for the erf family, :mod:`.special` in float64).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial as _partial
 
-import ml_dtypes
 import numpy as np
 
 from . import special
+from .arrays import BF16, F16, F32, F64, LOW_FLOATS
 from .steps import Step, chain
 
 __all__ = [
@@ -38,12 +38,6 @@ __all__ = [
     "round_in_place",
 ]
 
-_partial = functools.partial
-_F32 = np.dtype(np.float32)
-_F64 = np.dtype(np.float64)
-_F16 = np.dtype(np.float16)
-_BF16 = np.dtype(ml_dtypes.bfloat16)
-_LOW_FLOATS = (_F16, _BF16)
 _RMULH_DTYPES = (np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32))
 
 
@@ -112,7 +106,7 @@ class _Ctx:
         return [] if w is self.out else [_partial(np.copyto, self.out, w)]
 
 
-def _register(name: str, n: int, kernel, ints: bool, floats: bool = True, native=(_F16,)):
+def _register(name: str, n: int, kernel, ints: bool, floats: bool = True, native=(F16,)):
     MODES[name] = ModeTrait(name, n, kernel, ints, floats)
     _NATIVE_LOWP[name] = tuple(native)
 
@@ -389,7 +383,7 @@ _register("RMULH", 2, _rmulh, True, floats=False, native=())
 
 # ---- the erf family (:mod:`.special`, float64) ------------------------------------------------
 def _run_special(fn, x: np.ndarray, out: np.ndarray) -> None:
-    np.copyto(out, fn(x.astype(_F64)), "unsafe")
+    np.copyto(out, fn(x.astype(F64)), "unsafe")
 
 
 def _special(fn):
@@ -398,7 +392,7 @@ def _special(fn):
 
 for _name, _fn in [("ERF", special.erf), ("ERFC", special.erfc), ("ERFINV", special.erfinv),
     ("ERFCINV", special.erfcinv)]:
-    _register(_name, 1, _special(_fn), False, native=_LOW_FLOATS)
+    _register(_name, 1, _special(_fn), False, native=LOW_FLOATS)
 
 
 # ---- modes and dtypes -------------------------------------------------------------------------
@@ -410,7 +404,7 @@ def _trait(mode: str) -> ModeTrait:
 
 
 def _is_float(dtype: np.dtype) -> bool:
-    return (dtype.kind == "f" and dtype.itemsize <= 8) or dtype == _BF16
+    return (dtype.kind == "f" and dtype.itemsize <= 8) or dtype == BF16
 
 
 def arity(mode: str) -> int:
@@ -492,11 +486,11 @@ def numpy_steps(trait: ModeTrait, inputs: Sequence[np.ndarray], out: np.ndarray)
     dtype = inputs[0].dtype
     steps: list[Step] = []
     cdtype = dtype
-    if dtype in _LOW_FLOATS and dtype not in _NATIVE_LOWP[trait.name]:
-        cdtype = _F32
+    if dtype in LOW_FLOATS and dtype not in _NATIVE_LOWP[trait.name]:
+        cdtype = F32
         converted = []
         for x in inputs:
-            x32 = np.empty(x.shape, _F32)
+            x32 = np.empty(x.shape, F32)
             steps.append(_partial(np.copyto, x32, x, "unsafe"))
             converted.append(x32)
         inputs = converted
@@ -530,6 +524,51 @@ def compute(mode: str, *inputs: np.ndarray, dtype: np.dtype | type | None = None
     out = np.empty(shape, arrays[0].dtype if dtype is None and arrays else dtype)
     bind_numpy(mode, arrays, out)()
     return out
+
+
+#: Eigen's rational approximations (:func:`_rational`): name -> (bound, p, q, result); beyond
+#: the bound the function is +-1 in float32
+_EIGEN_RATIONALS = {
+    "_tanh": (
+        "7.90531110763549805",
+        "-2.76076847742355e-16 2.00018790482477e-13 -8.60467152213735e-11 5.12229709037114e-08 "
+        "1.48572235717979e-05 6.37261928875436e-04 4.89352455891786e-03",
+        "1.19825839466702e-06 1.18534705686654e-04 2.26843463243900e-03 4.89352518554385e-03",
+        "x if (abs(x) < F(0.0004)) | (x != x) else r",
+    ),
+    "_erf": (
+        "4.0",
+        "-2.72614225801306e-10 2.77068142495902e-08 -2.10102402082508e-06 -5.69250639462346e-05 "
+        "-7.34990630326855e-04 -2.95459980854025e-03 -1.60960333262415e-02",
+        "-1.45660718464996e-05 -2.13374055278905e-04 -1.68282697438203e-03 -7.37332916720468e-03 "
+        "-1.42647390514189e-02",
+        "x if x != x else r",
+    ),
+}
+
+
+def _rational(name: str, bound: str, p: str, q: str, result: str) -> str:
+    """The source of ``name(x)``, Eigen's rational approximation ``xc p(xc^2) / q(xc^2)``
+    (``p``, ``q`` the coefficients from the highest power, float literals apart by spaces) of
+    ``x`` clamped to ``[-bound, bound]``; it returns ``result`` (an expression of ``x`` and
+    ``r``, the quotient)."""
+
+    def horner(v: str, coefficients: str) -> str:
+        first, *rest = coefficients.split()
+        return "\n".join([f"    {v} = F({first})"] + [f"    {v} = {v} * x2 + F({c})" for c in rest])
+
+    return f"""
+@njit(**_OPTS)
+def {name}(x):
+    xc = x if x < F({bound}) else F({bound})
+    xc = xc if xc > F(-{bound}) else F(-{bound})
+    x2 = xc * xc
+{horner("p", p)}
+    p = p * xc
+{horner("q", q)}
+    r = p / q
+    return {result}
+"""
 
 
 # ---- the scalar forms the fused kernels compile ----------------------------------------------
@@ -623,57 +662,8 @@ def _log(x):
 """,
         ("_i2f", "_f2i"),
     ),
-    # Eigen's rational tanh on [-7.9053, 7.9053] (tanh is +-1 in float32 beyond).
-    "_tanh": (
-        """
-@njit(**_OPTS)
-def _tanh(x):
-    xc = x if x < F(7.90531110763549805) else F(7.90531110763549805)
-    xc = xc if xc > F(-7.90531110763549805) else F(-7.90531110763549805)
-    x2 = xc * xc
-    p = F(-2.76076847742355e-16)
-    p = p * x2 + F(2.00018790482477e-13)
-    p = p * x2 + F(-8.60467152213735e-11)
-    p = p * x2 + F(5.12229709037114e-08)
-    p = p * x2 + F(1.48572235717979e-05)
-    p = p * x2 + F(6.37261928875436e-04)
-    p = p * x2 + F(4.89352455891786e-03)
-    p = p * xc
-    q = F(1.19825839466702e-06)
-    q = q * x2 + F(1.18534705686654e-04)
-    q = q * x2 + F(2.26843463243900e-03)
-    q = q * x2 + F(4.89352518554385e-03)
-    r = p / q
-    return x if (abs(x) < F(0.0004)) | (x != x) else r
-""",
-        (),
-    ),
-    # Eigen's rational erf on [-4, 4] (erf is +-1 in float32 beyond).
-    "_erf": (
-        """
-@njit(**_OPTS)
-def _erf(x):
-    xc = x if x < F(4.0) else F(4.0)
-    xc = xc if xc > F(-4.0) else F(-4.0)
-    x2 = xc * xc
-    p = F(-2.72614225801306e-10)
-    p = p * x2 + F(2.77068142495902e-08)
-    p = p * x2 + F(-2.10102402082508e-06)
-    p = p * x2 + F(-5.69250639462346e-05)
-    p = p * x2 + F(-7.34990630326855e-04)
-    p = p * x2 + F(-2.95459980854025e-03)
-    p = p * x2 + F(-1.60960333262415e-02)
-    p = p * xc
-    q = F(-1.45660718464996e-05)
-    q = q * x2 + F(-2.13374055278905e-04)
-    q = q * x2 + F(-1.68282697438203e-03)
-    q = q * x2 + F(-7.37332916720468e-03)
-    q = q * x2 + F(-1.42647390514189e-02)
-    r = p / q
-    return x if x != x else r
-""",
-        (),
-    ),
+    "_tanh": (_rational("_tanh", *_EIGEN_RATIONALS["_tanh"]), ()),
+    "_erf": (_rational("_erf", *_EIGEN_RATIONALS["_erf"]), ()),
     # 1 / (1 + exp(-x)) with exp's argument clipped at floor(log(FLT_MAX)), as the kernel does
     "_sigmoid": (
         """

@@ -34,7 +34,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from .arrays import same_elements
+from .arrays import F16, F32, same_elements
 from .elemwise_modes import JIT_FORMS, JIT_HELPERS, REDUCE_MODES, arity, bind_numpy, compute
 from .parallel import concurrently, num_threads, ranges
 from .reduce import bind_reduce
@@ -52,8 +52,6 @@ __all__ = [
     "reduced_shape",
 ]
 
-_F32 = np.dtype(np.float32)
-_F16 = np.dtype(np.float16)
 #: elements from which an elementwise kernel is split over :mod:`.parallel`'s threads (each
 #: part gets at least half of it). These loops are memory bound: on 2 cores a split lost to
 #: one thread from 0.8M to 3.2M elements (docs/DECISIONS.md), hence the high bar
@@ -471,7 +469,7 @@ def bind(
     """
     check_expr(expr, len(inputs), reduce)
     dtype = out.dtype
-    if dtype not in (_F32, _F16) or any(x.dtype != dtype for x in inputs):
+    if dtype not in (F32, F16) or any(x.dtype != dtype for x in inputs):
         dts = ", ".join(x.dtype.name for x in inputs)
         raise ValueError(f"jit: inputs ({dts}) and output ({dtype}) must be one float dtype")
     shape = full_shape([x.shape for x in inputs])
@@ -486,14 +484,14 @@ def bind(
         return _noop
     steps: list[Callable[[], object]] = []
     res, inputs_orig = out, inputs
-    if dtype == _F16:  # compute through float32 scratch
+    if dtype == F16:  # compute through float32 scratch
         conv = []
         for x in inputs:
-            x32 = np.empty(x.shape, _F32)
+            x32 = np.empty(x.shape, F32)
             steps.append(functools.partial(np.copyto, x32, x, "unsafe"))
             conv.append(x32)
         inputs = conv
-        res = np.empty(out.shape, _F32)
+        res = np.empty(out.shape, F32)
     ndim = len(shape)
     flat = (
         "flat" in layouts
@@ -554,14 +552,7 @@ def _bind_unfused(expr, inputs, out, reduce) -> Callable[[], None]:
     vals: list[np.ndarray] = []
     steps = []
     for j, (mode, args) in enumerate(expr):
-        xs = []
-        for kind, x in args:
-            if kind == "i":
-                xs.append(inputs[x])
-            elif kind == "t":
-                xs.append(vals[x])
-            else:
-                xs.append(np.array([x], dtype))
+        xs = [_operand(kind, x, inputs, vals, dtype) for kind, x in args]
         last = j == len(expr) - 1 and reduce is None
         res = out if last else np.empty(full_shape([a.shape for a in xs]), dtype)
         steps.append(bind_numpy(mode, xs, res))
@@ -572,6 +563,16 @@ def _bind_unfused(expr, inputs, out, reduce) -> Callable[[], None]:
             src = np.broadcast_to(src, shape)
         steps.append(bind_reduce(reduce[0], src, out, reduce[1]))
     return chain(steps)
+
+
+def _operand(kind: str, x, inputs: Sequence[np.ndarray], vals: list, dtype) -> np.ndarray:
+    """An expression node's argument: input ``x`` (kind "i"), the value of node ``x`` ("t"),
+    or the constant ``x`` as a (1,) array of ``dtype``."""
+    if kind == "i":
+        return inputs[x]
+    if kind == "t":
+        return vals[x]
+    return np.array([x], dtype)
 
 
 def _alias(args: list[np.ndarray]) -> int | None:
@@ -627,14 +628,7 @@ def interpret(
     dtype = inputs[0].dtype
     vals: list[np.ndarray] = []
     for mode, args in expr:
-        xs = []
-        for kind, x in args:
-            if kind == "i":
-                xs.append(inputs[x])
-            elif kind == "t":
-                xs.append(vals[x])
-            else:
-                xs.append(np.array(x, dtype).reshape(1))
+        xs = [_operand(kind, x, inputs, vals, dtype) for kind, x in args]
         vals.append(compute(mode, *xs))
     res = vals[-1]
     if reduce is None:

@@ -11,10 +11,10 @@ import functools
 import math
 from collections.abc import Callable
 
-import ml_dtypes
 import numpy as np
 from numba import njit
 
+from .arrays import F32, LOW_FLOATS
 from .steps import chain
 
 __all__ = [
@@ -26,8 +26,6 @@ __all__ = [
 ]
 
 _partial = functools.partial
-_F32 = np.dtype(np.float32)
-_LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 #: mode name -> the ufunc whose ``reduce`` does the work
 REDUCE_MODES: dict[str, np.ufunc] = {
@@ -48,9 +46,9 @@ def _bind(mode: str, src: np.ndarray, out: np.ndarray, view: np.ndarray, axes: t
         raise ValueError(f"unknown Reduce mode {mode!r}") from None
     mode = mode.upper()
     dtype = src.dtype
-    if not (dtype.kind in "iuf" or dtype in _LOW_FLOATS):
+    if not (dtype.kind in "iuf" or dtype in LOW_FLOATS):
         raise ValueError(f"Reduce mode {mode} does not support dtype {dtype.name}")
-    acc = _F32 if dtype in _LOW_FLOATS else dtype
+    acc = F32 if dtype in LOW_FLOATS else dtype
     count = math.prod(src.shape[a] for a in axes)
     if count == 0 and mode in ("MIN", "MAX", "MEAN") and view.size:
         raise ValueError(f"Reduce mode {mode}: reducing {src.shape} over empty axes {axes}")
@@ -189,7 +187,7 @@ def bind_reduce_to_shape(mode: str, src: np.ndarray, out: np.ndarray) -> Callabl
     Parameters
     ----------
     mode : str
-        SUM, SUM_SQR, PRODUCT, MIN, MAX or MEAN, in any case.
+        One of :func:`bind_reduce`'s modes.
     src : numpy.ndarray
         The input.
     out : numpy.ndarray

@@ -11,15 +11,15 @@ from :func:`workspace.empty`, so the executor places them in the static memory p
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
+from functools import partial as _partial
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import gemm, parallel, workspace
-from ..arrays import compute_dtype
+from ..arrays import F32, F64, compute_dtype
 from ..parallel import split
 from ..steps import Step, chain
 from .loops import im2col as im2col_loops
@@ -39,9 +39,6 @@ __all__ = [
     "threads",
 ]
 
-_partial = functools.partial
-_F32 = np.dtype(np.float32)
-_F64 = np.dtype(np.float64)
 #: the most bytes one column buffer may take; larger batches are processed in chunks
 COL_BUFFER_LIMIT = 256 << 20
 #: the most column bytes one batch chunk of a compiled (2-d) im2col + GEMM takes: small
@@ -87,13 +84,7 @@ def _matrix_in(
 ) -> np.ndarray:
     """``a`` as ``shape`` in ``dtype`` (a BLAS operand unless ``blas`` is False): a view, or a
     buffer a step refreshes from ``a``."""
-    if a.dtype == dtype:
-        r = _reshaped(a, shape)
-        if r is not None and (not blas or _blasable(r)):
-            return r
-    buf = np.empty(a.shape, dtype)
-    steps.append(_partial(np.copyto, buf, a, "unsafe"))
-    return buf.reshape(shape)
+    return _matrix_view(a, shape, dtype, steps, blas, output=False)
 
 
 def _matrix_out(
@@ -101,12 +92,19 @@ def _matrix_out(
 ) -> np.ndarray:
     """A writable ``shape`` view of output ``a`` (a BLAS result unless ``blas`` is False), or a
     buffer a step copies into ``a`` after."""
-    if a.dtype == dtype and a.flags.writeable:
+    return _matrix_view(a, shape, dtype, post, blas, output=True)
+
+
+def _matrix_view(
+    a: np.ndarray, shape: tuple, dtype: np.dtype, steps: list, blas: bool, output: bool
+) -> np.ndarray:
+    if a.dtype == dtype and (a.flags.writeable or not output):
         r = _reshaped(a, shape)
         if r is not None and (not blas or _blasable(r)):
             return r
     buf = np.empty(a.shape, dtype)
-    post.append(_partial(np.copyto, a, buf, "unsafe"))
+    src, dst = (buf, a) if output else (a, buf)
+    steps.append(_partial(np.copyto, dst, src, "unsafe"))
     return buf.reshape(shape)
 
 
@@ -230,7 +228,7 @@ class _Conv:
     def compiled_loops(self, dtype) -> bool:
         """Whether :mod:`.loops.im2col` handles this geometry in ``dtype`` (2-d, float32 or
         float64); other convolutions take the NumPy strided copies."""
-        return self.nsp == 2 and dtype in (_F32, _F64) and self.l > 0
+        return self.nsp == 2 and dtype in (F32, F64) and self.l > 0
 
     def im2col(self, src: np.ndarray, dtype, steps: list, limit: int | None = None):
         """Per batch chunk, (begin, end, column matrix (G, K, k * L), fill step).

@@ -253,16 +253,9 @@ def _layout(a: np.ndarray) -> str:
 
 
 def choice_key(
-    kind: str,
-    a: np.ndarray,
-    b: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool,
-    candidates: Sequence[ConvAlgorithm],
-) -> str:
+    kind: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, stride: Sequence[int],
+    pad: Sequence[int], dilate: Sequence[int], flip: bool, candidates: Sequence[ConvAlgorithm],
+) -> str:  # fmt: skip
     """The cache key of a profiled choice: the kind, the operands' dtypes, shapes and
     strides, the geometry, the BLAS thread count, whether the filter is constant
     (:func:`.constant_operands.filter_is_constant`: an algorithm may then prepare it once)
@@ -288,16 +281,10 @@ def _scratch_like(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def time_algorithms(
-    algos: Sequence[ConvAlgorithm],
-    a: np.ndarray,
-    b: np.ndarray,
-    out: np.ndarray,
-    stride: Sequence[int],
-    pad: Sequence[int],
-    dilate: Sequence[int],
-    flip: bool = False,
+    algos: Sequence[ConvAlgorithm], a: np.ndarray, b: np.ndarray, out: np.ndarray,
+    stride: Sequence[int], pad: Sequence[int], dilate: Sequence[int], flip: bool = False,
     runs: int | None = None,
-) -> dict[str, float]:
+) -> dict[str, float]:  # fmt: skip
     """Seconds each of ``algos`` takes on scratch copies of the operands, by name.
 
     Each algorithm is bound and run once (a warm-up), then the algorithms run in turns,

@@ -108,18 +108,10 @@ def _compiled(name: str):
 
 
 def im2col(
-    x: np.ndarray,
-    cols: np.ndarray,
-    n0: int,
-    n1: int,
-    stride: tuple[int, int],
-    pad: tuple[int, int],
-    dilate: tuple[int, int],
-    fshape: tuple[int, int],
-    r0: int,
-    r1: int,
+    x: np.ndarray, cols: np.ndarray, n0: int, n1: int, stride: tuple[int, int],
+    pad: tuple[int, int], dilate: tuple[int, int], fshape: tuple[int, int], r0: int, r1: int,
     out_rows: tuple[int, int] | None = None,
-) -> None:
+) -> None:  # fmt: skip
     """Rows ``[r0, r1)`` of the column matrix of samples ``[n0, n1)`` of a 2-d convolution
     (of their output rows ``out_rows`` only, when given).
 
@@ -151,17 +143,9 @@ def im2col(
 
 
 def col2im(
-    cols: np.ndarray,
-    x: np.ndarray,
-    n0: int,
-    n1: int,
-    stride: tuple[int, int],
-    pad: tuple[int, int],
-    dilate: tuple[int, int],
-    fshape: tuple[int, int],
-    c0: int,
-    c1: int,
-) -> None:
+    cols: np.ndarray, x: np.ndarray, n0: int, n1: int, stride: tuple[int, int],
+    pad: tuple[int, int], dilate: tuple[int, int], fshape: tuple[int, int], c0: int, c1: int,
+) -> None:  # fmt: skip
     """Channels ``[c0, c1)`` of samples ``[n0, n1)`` of ``x`` set to the sum of the column
     matrix ``cols`` scattered back (the adjoint of :func:`im2col`): each plane is zeroed, then
     every column value is added at the source position :func:`im2col` read it from.

@@ -82,16 +82,20 @@ _LANES = None
 stack_tile = fetch_add = fma_tile = transpose_store = None
 
 
-def _unit_py(u, nblk, ocb_n, g_, bands_first):
+def _unit_py(u, nblk, ocb_n, per, g_, rows, oh_n, wq, ow_n, bands_first):
     # pragma: no cover - compiled
-    # work unit u as (sample, group, block of 16 output channels, band of rows), the bands
-    # varying fastest (bands_first) or the channel blocks
+    # work unit u as (sample, group, first block of 16 output channels, output rows [h0, h1),
+    # packed positions [q0, q1)): units of ``per`` channel blocks and bands of ``rows`` rows,
+    # the bands varying fastest (bands_first) or the channel blocks
+    ocu_n = ocb_n // per
     if bands_first:
-        blk, ocb = u % nblk, u // nblk % ocb_n
+        blk, ocu = u % nblk, u // nblk % ocu_n
     else:
-        ocb, blk = u % ocb_n, u // ocb_n % nblk
-    rest = u // (nblk * ocb_n)
-    return rest // g_, rest % g_, ocb, blk
+        ocu, blk = u % ocu_n, u // ocu_n % nblk
+    rest = u // (nblk * ocu_n)
+    h0 = blk * rows
+    h1 = min(oh_n, h0 + rows)
+    return rest // g_, rest % g_, ocu * per, h0, h1, h0 * wq, (h1 - 1) * wq + ow_n
 
 
 def _take_py(counter, me):
@@ -173,12 +177,7 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
         u = _take(counter, me)
         if u < 0:
             break
-        n, g, ocu, blk = _unit(u, nblk, ocb_n // per, g_, True)
-        ocb = ocu * per
-        h0 = blk * rows
-        h1 = min(oh_n, h0 + rows)
-        q0 = h0 * wq
-        q1 = (h1 - 1) * wq + ow_n
+        n, g, ocb, h0, h1, q0, q1 = _unit(u, nblk, ocb_n, per, g_, rows, oh_n, wq, ow_n, True)
         x0 = n * sample + g * icb_n * cstride + shift * bs
         w0 = (g * ocb_n + ocb) * wsz
         for q in range(q0, q1, P):
@@ -327,16 +326,11 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
         u = _take(counter, me)
         if u < 0:
             break
-        n, g, ocu, blk = _unit(u, nblk, ocb_n // per, g_, False)
-        ocb = ocu * per
-        h0 = blk * rows
-        h1 = min(oh_n, h0 + rows)
-        q0 = h0 * wq
-        q1 = (h1 - 1) * wq + ow_n
-        x0 = n * sample + g * icb_n * cstride + shift * CB
-        w0 = (g * ocb_n + ocb) * wsz
+        n, g, ocb, h0, h1, q0, q1 = _unit(u, nblk, ocb_n, per, g_, rows, oh_n, wq, ow_n, False)
         oc0 = (g * ocb_n + ocb) * OB
         obase = (n * g_ * ocb_n * 2 + (g * ocb_n + ocb) * 2) * ohw8
+        x0 = n * sample + g * icb_n * cstride + shift * CB
+        w0 = (g * ocb_n + ocb) * wsz
         # tiles [q0, qt) read within the planes; one more, from limit - P, ends the unit
         qt = q0 + min((q1 - q0 + P - 1) // P, max(0, limit - q0) // P) * P
         for c0 in range(0, last, chunk):
@@ -510,7 +504,7 @@ def _compiled() -> dict:
     fr = t.Array(t.float32, 1, "C", readonly=True)
     # the NCHW88 units read a source in place: a read-only one too
     bo = t.boolean
-    _unit = compile_tiled(_unit_py, [t.UniTuple(i8, 4)(i8, i8, i8, i8, bo)])
+    _unit = compile_tiled(_unit_py, [t.UniTuple(i8, 7)(i8, i8, i8, i8, i8, i8, i8, i8, i8, bo)])
     _inside = compile_tiled(_inside_py, [t.UniTuple(i8, 2)(i8, i8, i8, i8, i8)])
     _zeros = compile_tiled(_zeros_py, [t.void(f1, i8, i8)])
     _pad_row = compile_tiled(_pad_row_py, [t.boolean(f1, i8, i8, i8, i8, i8, i8, i8)])

@@ -48,22 +48,20 @@ def _filter_py(w, u, flip, p0, p1):  # pragma: no cover - compiled
             # the rows of G k (k's rows a, b, c combined), each then times G^T
             d0, d1, d2 = 0.5 * (a0 + b0 + c0), 0.5 * (a1 + b1 + c1), 0.5 * (a2 + b2 + c2)
             e0, e1, e2 = 0.5 * (a0 - b0 + c0), 0.5 * (a1 - b1 + c1), 0.5 * (a2 - b2 + c2)
-            uk[0, i] = a0
-            uk[1, i] = 0.5 * (a0 + a1 + a2)
-            uk[2, i] = 0.5 * (a0 - a1 + a2)
-            uk[3, i] = a2
-            uk[4, i] = d0
-            uk[5, i] = 0.5 * (d0 + d1 + d2)
-            uk[6, i] = 0.5 * (d0 - d1 + d2)
-            uk[7, i] = d2
-            uk[8, i] = e0
-            uk[9, i] = 0.5 * (e0 + e1 + e2)
-            uk[10, i] = 0.5 * (e0 - e1 + e2)
-            uk[11, i] = e2
-            uk[12, i] = c0
-            uk[13, i] = 0.5 * (c0 + c1 + c2)
-            uk[14, i] = 0.5 * (c0 - c1 + c2)
-            uk[15, i] = c2
+            _times_gt(uk, 0, i, a0, a1, a2)
+            _times_gt(uk, 4, i, d0, d1, d2)
+            _times_gt(uk, 8, i, e0, e1, e2)
+            _times_gt(uk, 12, i, c0, c1, c2)
+
+
+@njit(inline="always")
+def _times_gt(uk, k, i, r0, r1, r2):  # pragma: no cover - compiled
+    """Rows ``k .. k + 3`` of column ``i`` of ``uk``: the row ``(r0, r1, r2)`` of G k times
+    G^T."""
+    uk[k, i] = r0
+    uk[k + 1, i] = 0.5 * (r0 + r1 + r2)
+    uk[k + 2, i] = 0.5 * (r0 - r1 + r2)
+    uk[k + 3, i] = r2
 
 
 def _input_py(x, v, s, n, ph, pw, tw, r0, r1, ld, off):  # pragma: no cover - compiled
