@@ -142,6 +142,18 @@ def _out_shape(v) -> list | None:
     return None if shp is None else list(shp)
 
 
+def _name_dynamic_axes(shape: list, name: str, dyn: dict, what: str) -> None:
+    """Give the axes of ``dyn[name]`` their symbolic names in ``shape`` (of an input or
+    output, ``what``), refusing an axis out of range."""
+    for ax, dname in dyn.get(name, {}).items():
+        if not 0 <= ax < len(shape):
+            raise ONNXConversionError(
+                f"export: dynamic axis {ax} of {what} {name!r} is out of range for its "
+                f"{len(shape)} dims"
+            )
+        shape[ax] = dname
+
+
 def _check_dynamic(model, out_values, dyn, node_owner, baked) -> dict:
     """Output dims as ONNX shape inference sees them; raises where a dim named dynamic is
     fixed by the graph (naming the operator that fixes it)."""
@@ -294,13 +306,7 @@ def export(
         name = w.unique(in_names[n_in] if n_in < len(in_names) else out.name)
         n_in += 1
         shape = static_shape(w, out, "input")
-        for ax, dname in dyn.get(name, {}).items():
-            if not 0 <= ax < len(shape):
-                raise ONNXConversionError(
-                    f"export: dynamic axis {ax} of input {name!r} is out of range for "
-                    f"its {len(shape)} dims"
-                )
-            shape[ax] = dname
+        _name_dynamic_axes(shape, name, dyn, "input")
         graph_inputs.append(helper.make_tensor_value_info(name, onnx_dtype(out.dtype), shape))
         w.names[out.id] = name
     if n_in < len(in_names):
@@ -371,13 +377,7 @@ def export(
                     shape[k] = f"{name}_dim{k}"
                 elif isinstance(d, str):
                     shape[k] = d
-        for ax, dname in dyn.get(name, {}).items():
-            if not 0 <= ax < len(shape):
-                raise ONNXConversionError(
-                    f"export: dynamic axis {ax} of output {name!r} is out of range for its "
-                    f"{len(shape)} dims"
-                )
-            shape[ax] = dname
+        _name_dynamic_axes(shape, name, dyn, "output")
         shapes[name] = shape
     model = build(shapes)
     onnx.checker.check_model(model, full_check=True)

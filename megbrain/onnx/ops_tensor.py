@@ -433,13 +433,18 @@ def _trilu(ctx):
     return E(x, ctx.imm(mask.astype(np.dtype(x.dtype))), mode="MUL")
 
 
-@converter(
-    "DepthToSpace", 1, attrs={"blocksize": None, "mode": Attr("DCR", frozenset({"DCR", "CRD"}))}
-)
-def _depth_to_space(ctx):
+_BLOCK_ATTRS = {"blocksize": None, "mode": Attr("DCR", frozenset({"DCR", "CRD"}))}
+
+
+def _blocks(ctx):
+    """DepthToSpace's and SpaceToDepth's input, its NCHW shape and the block size."""
     x = ctx.input(0)
-    n, c, h, w = static_shape(ctx, x)
-    b = int(ctx.attr("blocksize"))
+    return x, static_shape(ctx, x), int(ctx.attr("blocksize"))
+
+
+@converter("DepthToSpace", 1, attrs=_BLOCK_ATTRS)
+def _depth_to_space(ctx):
+    x, (n, c, h, w), b = _blocks(ctx)
     if ctx.attr("mode") == "DCR":
         t = mgb.opr.dimshuffle(_reshape(x, (n, b, b, c // (b * b), h, w)), [0, 3, 4, 1, 5, 2])
     else:
@@ -447,13 +452,9 @@ def _depth_to_space(ctx):
     return _reshape(t, (n, c // (b * b), h * b, w * b))
 
 
-@converter(
-    "SpaceToDepth", 1, attrs={"blocksize": None, "mode": Attr("DCR", frozenset({"DCR", "CRD"}))}
-)
+@converter("SpaceToDepth", 1, attrs=_BLOCK_ATTRS)
 def _space_to_depth(ctx):
-    x = ctx.input(0)
-    n, c, h, w = static_shape(ctx, x)
-    b = int(ctx.attr("blocksize"))
+    x, (n, c, h, w), b = _blocks(ctx)
     perm = [0, 3, 5, 1, 2, 4] if ctx.attr("mode") == "DCR" else [0, 1, 3, 5, 2, 4]
     t = mgb.opr.dimshuffle(_reshape(x, (n, c, h // b, b, w // b, b)), perm)
     return _reshape(t, (n, c * b * b, h // b, w // b))
