@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..graph.replace import postorder
 from . import export_elemwise, export_nn, export_tensor  # noqa: F401 - register exporters
 from .export_base import EXPORTERS, REFUSED, Writer, imm_shape, onnx_dtype, static_shape
 from .registry import ONNXConversionError
@@ -41,22 +42,11 @@ def refused_operator_types() -> dict[str, str]:
 
 def _topo_order(outs) -> list:
     """The operators ``outs`` need, every input (value-only ones too) before its reader."""
-    order, seen = [], set()
-    for v in outs:
-        stack = [(v.owner_opr, False)]
-        while stack:
-            op, done = stack.pop()
-            if done:
-                order.append(op)
-                continue
-            if op.id in seen:
-                continue
-            seen.add(op.id)
-            stack.append((op, True))
-            for inp in reversed(op.inputs):
-                if inp.owner_opr.id not in seen:
-                    stack.append((inp.owner_opr, False))
-    return order
+    return postorder(
+        [v.owner_opr for v in outs],
+        lambda op: [i.owner_opr for i in reversed(op.inputs)],
+        key=lambda op: op.id,
+    )
 
 
 class _Names(Sequence):
