@@ -470,14 +470,18 @@ def _eye_like(ctx):
     return ctx.imm(np.eye(n, m, int(ctx.attr("k")), dtype=dt))
 
 
-@converter(
-    "CumSum",
-    11,
-    attrs={"exclusive": Attr(0, frozenset({0, 1})), "reverse": Attr(0, frozenset({0, 1}))},
-)
+_SCAN_ATTRS = {"exclusive": Attr(0, frozenset({0, 1})), "reverse": Attr(0, frozenset({0, 1}))}
+
+
+def _scan_axis(ctx, x):
+    """CumSum's and CumProd's axis (input 1) as a non-negative axis of ``x``."""
+    return _norm_axis(ctx, int(ctx.const(1, "axis").ravel()[0]), len(static_shape(ctx, x)))
+
+
+@converter("CumSum", 11, attrs=_SCAN_ATTRS)
 def _cumsum(ctx):
     x = ctx.input(0)
-    axis = _norm_axis(ctx, int(ctx.const(1, "axis").ravel()[0]), len(static_shape(ctx, x)))
+    axis = _scan_axis(ctx, x)
     return mgb.opr.cumsum(x, axis, bool(ctx.attr("exclusive")), bool(ctx.attr("reverse")))
 
 
@@ -529,17 +533,13 @@ def _top_k(ctx):
     return outs
 
 
-@converter(
-    "CumProd",
-    26,
-    attrs={"exclusive": Attr(0, frozenset({0, 1})), "reverse": Attr(0, frozenset({0, 1}))},
-)
+@converter("CumProd", 26, attrs=_SCAN_ATTRS)
 def _cumprod(ctx):
     # a log-depth (Hillis-Steele) scan: after step s every element holds the product of the
     # 2^s elements ending at it; shifts pad with ones
     x = ctx.input(0)
     src = static_shape(ctx, x)
-    axis = _norm_axis(ctx, int(ctx.const(1, "axis").ravel()[0]), len(src))
+    axis = _scan_axis(ctx, x)
     n = src[axis]
     dt = np.dtype(x.dtype)
     rev = (slice(None),) * axis + (slice(None, None, -1),)
