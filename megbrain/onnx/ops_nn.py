@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 
 import megbrain as mgb
+from megbrain.graph.param_def import per_axis_fields
 
 from .ops_tensor import _norm_axis, _pad_impl, _reshape, _take, static_shape
 from .registry import Attr, converter
@@ -105,16 +106,6 @@ def _explicit_pad(ctx, x, pads, value=0.0):
     return _pad_impl(ctx, x, full, "constant", _c(ctx, value, x)), [0] * len(pads)
 
 
-def _axis_kw(**per_axis):
-    """MegBrain's per-axis keywords (``pad_h``, ``stride_w``, ``*_d`` in 3-d) from lists of
-    two or three values, one list per keyword stem."""
-    return {
-        f"{stem}_{axis}": v
-        for stem, values in per_axis.items()
-        for axis, v in zip("dhw"[-len(values) :], values)
-    }
-
-
 def _grouped(ctx, w, ws):
     """``(w, kw)``: the weight of shape ``ws`` split into ``group`` groups, and the
     ``sparse`` keyword that says so (nothing for one group)."""
@@ -149,7 +140,7 @@ def _conv(ctx):
         strides, dil, sym = strides + [1], dil + [1], sym + [0]
     w, kw = _grouped(ctx, w, ws)
     conv = mgb.opr.convolution3d if n == 3 else mgb.opr.convolution
-    y = conv(x, w, **_axis_kw(pad=sym, stride=strides, dilate=dil), **kw)
+    y = conv(x, w, **per_axis_fields(pad=sym, stride=strides, dilate=dil), **kw)
     if n == 1:
         ys = static_shape(ctx, y)
         y = _reshape(y, ys[:3])
@@ -197,7 +188,7 @@ def _conv_transpose(ctx):
     dl = (dil + [1])[: max(n, 2)]
     ww, kw = _grouped(ctx, ww, ws)
     deconv = mgb.opr.deconvolution3d if n == 3 else mgb.opr.deconvolution
-    y = deconv(xx, ww, **_axis_kw(stride=sh, dilate=dl), **kw)
+    y = deconv(xx, ww, **per_axis_fields(stride=sh, dilate=dl), **kw)
     if n == 1:
         y = _reshape(y, static_shape(ctx, y)[:3])
     # crop the begin pads, then cut or zero-extend to the output size
@@ -295,7 +286,7 @@ def _pool(ctx, mode):
     y = mgb.opr.pooling(
         x,
         mode=pmode,
-        **_axis_kw(pad=sym, stride=strides, window=kernel),
+        **per_axis_fields(pad=sym, stride=strides, window=kernel),
     )
     if n == 1:
         y = _reshape(y, static_shape(ctx, y)[:3])
