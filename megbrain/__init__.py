@@ -65,14 +65,7 @@ from .api.serialization import (
 )
 from .device import CompNode, add_device_map, as_comp_node, del_device_map
 from .dtype import to_mgb_supported_dtype
-from .errors import (
-    AssertionError,  # noqa: A004
-    ConversionError,
-    GraphError,
-    MegBrainError,
-    SerializationError,
-    ShapeDescError,
-)
+from .exc import *  # noqa: F403 - the binding's exception classes, listed in exc.__all__
 from .gopt import optimize_for_inference
 from .graph import OperatorNodeConfig
 from .logconf import get_logger
@@ -97,19 +90,13 @@ __all__ = [
     "logconf",
     "version",
     "version_info",
-    "AssertionError",
     "AsyncExec",
     "CompGraph",
     "CompGraphCallbackValueProxy",
     "CompNode",
-    "ConversionError",
     "FuncOutputSaver",
-    "GraphError",
-    "MegBrainError",
     "OperatorNodeConfig",
     "ProxySharedNDAndSymbolVar",
-    "SerializationError",
-    "ShapeDescError",
     "SharedND",
     "SharedNDLazyInitializer",
     "SharedScalar",
@@ -160,4 +147,5 @@ __all__ = [
     "iter_comp_graphs_from_file",
     "load_comp_graph_from_file",
     "serialize_comp_graph_to_file",
+    *exc.__all__,
 ]

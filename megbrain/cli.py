@@ -476,13 +476,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"{PROG} {mgb.__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("inspect", help="operators, inputs, outputs, params and comp nodes")
-    p.add_argument("model", help="graph file")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_inspect)
+    def command(name, func, help):
+        p = sub.add_parser(name, help=help)
+        p.add_argument("model", help="graph file")
+        p.set_defaults(func=func)
+        return p
 
-    p = sub.add_parser("run", help="load, compile and run a graph, with timing")
-    p.add_argument("model", help="graph file")
+    def which_graph(p):
+        p.add_argument("--graph", type=int, default=0, help="which graph of the file (default 0)")
+
+    p = command("inspect", cmd_inspect, "operators, inputs, outputs, params and comp nodes")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = command("run", cmd_run, "load, compile and run a graph, with timing")
     p.add_argument(
         "--input",
         action="append",
@@ -502,12 +508,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="apply optimize_for_inference before compiling",
     )
-    p.add_argument("--graph", type=int, default=0, help="which graph of the file (default 0)")
+    which_graph(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("dot", help="draw the graph with Graphviz")
-    p.add_argument("model", help="graph file")
+    p = command("dot", cmd_dot, "draw the graph with Graphviz")
     p.add_argument(
         "-o",
         "--output",
@@ -515,8 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="drawing to write (its suffix is the format: .svg, .png, .pdf; .dot for text)",
     )
-    p.add_argument("--graph", type=int, default=0, help="which graph of the file (default 0)")
-    p.set_defaults(func=cmd_dot)
+    which_graph(p)
     return ap
 
 

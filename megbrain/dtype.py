@@ -273,6 +273,12 @@ def dtype_size(dt: DTypeLike) -> int:
     return canonize_dtype(dt).itemsize
 
 
+def _named_in(dt: DTypeLike, names) -> bool:
+    """Whether ``dt`` (None gives False) carries ``mgb_dtype`` metadata named in ``names``."""
+    meta = None if dt is None else _meta(_resolve(dt))
+    return meta is not None and meta.get("name") in names
+
+
 def is_quantize(dt: DTypeLike) -> bool:
     """Whether ``dt`` is a quantized dtype (carries a quantized ``mgb_dtype`` metadata).
 
@@ -285,8 +291,7 @@ def is_quantize(dt: DTypeLike) -> bool:
     -------
     bool
     """
-    meta = None if dt is None else _meta(_resolve(dt))
-    return meta is not None and meta.get("name") in _QUANT_BY_NAME
+    return _named_in(dt, _QUANT_BY_NAME)
 
 
 def is_lowbit(dt: DTypeLike) -> bool:
@@ -301,8 +306,7 @@ def is_lowbit(dt: DTypeLike) -> bool:
     -------
     bool
     """
-    meta = None if dt is None else _meta(_resolve(dt))
-    return meta is not None and meta.get("name") in _LOWBIT_NAMES
+    return _named_in(dt, _LOWBIT_NAMES)
 
 
 def is_bfloat16(dt: DTypeLike) -> bool:

@@ -1,6 +1,6 @@
 """``exc``: the exception classes of the binding."""
 
-from .errors import (  # noqa: F401
+from .errors import (
     AssertionError,  # noqa: A004
     ConversionError,
     GraphError,
@@ -8,3 +8,12 @@ from .errors import (  # noqa: F401
     SerializationError,
     ShapeDescError,
 )
+
+__all__ = [
+    "AssertionError",
+    "ConversionError",
+    "GraphError",
+    "MegBrainError",
+    "SerializationError",
+    "ShapeDescError",
+]

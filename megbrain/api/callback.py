@@ -12,7 +12,7 @@ import numpy as np
 
 from ..device.worker import Worker
 from ..errors import MegBrainError, mark_user_exception, user_exception_note
-from ..graph.value_proxy import CompGraphCallbackValueProxy
+from ..graph.value_proxy import CompGraphCallbackValueProxy, copy_into_buffer
 
 __all__ = [
     "CompGraphCallbackValueProxy",
@@ -59,11 +59,7 @@ class FuncOutputSaver:
     def save_array(self, arr: np.ndarray) -> None:
         """Fast path used by the function itself: one copy straight from device memory."""
         if self.borrow_mem:
-            buf = self._buf
-            if buf is None or buf.shape != arr.shape or buf.dtype != arr.dtype:
-                buf = self._buf = np.empty(arr.shape, arr.dtype)
-            np.copyto(buf, arr)
-            self._value = buf
+            self._value = self._buf = copy_into_buffer(self._buf, arr)
         else:
             self._value = arr.copy()
 

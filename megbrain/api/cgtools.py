@@ -6,6 +6,7 @@ import collections
 from collections.abc import Iterable
 
 from ..errors import MegBrainError
+from ..graph.replace import dep_oprs, postorder
 from ..opr.base import SymbolVar, as_var
 from ..opr.operator_handle import Operator
 
@@ -102,25 +103,7 @@ def get_oprs_seq(outputs, prune_reshape: bool = False) -> list[Operator]:
     """
     dest = [as_var(v) for v in _as_list(outputs)]
     # every input counts here (not only run-time data inputs)
-    order, seen = [], set()
-
-    def visit(opr):
-        stack = [(opr, False)]
-        while stack:
-            o, done = stack.pop()
-            if done:
-                order.append(o)
-                continue
-            if o in seen:
-                continue
-            seen.add(o)
-            stack.append((o, True))
-            for inp in reversed(o.inputs):
-                if inp.owner not in seen:
-                    stack.append((inp.owner, False))
-
-    for v in dest:
-        visit(v.owner)
+    order = postorder([v.owner for v in dest], lambda o: [i.owner for i in reversed(o.inputs)])
     if prune_reshape:
         needed = set()
         stack = [v.owner for v in dest]
@@ -168,8 +151,6 @@ def replace_oprs(dst, oprmap) -> list[SymbolVar]:
 
 def set_priority_to_id(dest_vars) -> None:
     """Give every operator ``dest_vars`` depend on whose priority is 0 priority = its id."""
-    from ..graph.replace import dep_oprs
-
     for opr in dep_oprs([as_var(v) for v in _as_list(dest_vars)]):
         if opr.priority == 0:
             opr.priority = opr.id

@@ -7,21 +7,8 @@ so a CUDA backend is one more implementation class (see ``impl.py``).
 
 from __future__ import annotations
 
-from .comp_node import (
-    CompNode,
-    _mgb_global_finalize,
-    add_device_map,
-    as_comp_node,
-    cn_thread_local,
-    del_device_map,
-    finalize,
-    get_device_count,
-    locator_to_str,
-    parse_locator,
-    set_default_device,
-    set_device_map,
-    set_unspec_device_type,
-)
+from . import comp_node
+from .comp_node import *  # noqa: F403 - the comp node API, listed in comp_node.__all__
 from .event import Event
 from .impl import (
     CPU,
@@ -35,7 +22,6 @@ from .impl import (
 )
 
 __all__ = [
-    "CompNode",
     "Event",
     "CompNodeImpl",
     "CpuCompNodeImpl",
@@ -43,18 +29,7 @@ __all__ = [
     "CUDA",
     "CPU",
     "DEVICE_CPU_DEFAULT",
-    "as_comp_node",
-    "parse_locator",
-    "locator_to_str",
-    "set_device_map",
-    "set_default_device",
-    "set_unspec_device_type",
-    "get_device_count",
-    "cn_thread_local",
-    "add_device_map",
-    "del_device_map",
-    "finalize",
-    "_mgb_global_finalize",
     "register_backend",
     "get_backend",
+    *comp_node.__all__,
 ]

@@ -138,6 +138,20 @@ class Rewriter:
         rs = self.readers_of(v)
         return len(rs) == 1 and rs[0] is not None and v not in self.graph.options.extra_vardeps
 
+    def sole_source(self, v: VarNode, type_name: str, mode: str | None = None):
+        """The owner of ``v`` when it is a ``type_name`` operator (of param ``mode`` when
+        given) without extra deps and ``v`` has a sole reader (so the owner may be fused
+        into it); else None."""
+        o = v.owner
+        if (
+            o.type_name == type_name
+            and (mode is None or o.param.mode == mode)
+            and not o.extra_deps
+            and self.sole_reader(v)
+        ):
+            return o
+        return None
+
     def replace(self, old: VarNode, new: VarNode, reason: str | None = None) -> None:
         """Record ``old -> new`` (``old`` an original var)."""
         if old is new:
@@ -292,13 +306,8 @@ def chain_terms(rw: Rewriter, opr, mode: str) -> list[VarNode]:
     out, stack = [], list(reversed(opr.inputs))
     while stack:
         v = stack.pop()
-        o = v.owner
-        if (
-            o.type_name == "Elemwise"
-            and o.param.mode == mode
-            and not o.extra_deps
-            and rw.sole_reader(v)
-        ):
+        o = rw.sole_source(v, "Elemwise", mode)
+        if o is not None:
             stack.extend(reversed(o.inputs))
         else:
             out.append(v)
@@ -428,14 +437,8 @@ def arith_fuse(graph, dest, options=None):
 
     def fuse_act(opr):
         (x,) = opr.inputs
-        o = x.owner
-        if (
-            o.type_name != "Elemwise"
-            or o.param.mode != "ADD"
-            or o.extra_deps
-            or not rw.sole_reader(x)
-            or x.dtype.metadata
-        ):
+        o = rw.sole_source(x, "Elemwise", "ADD")
+        if o is None or x.dtype.metadata:
             return None
         return [elemwise(sv(o.inputs[0]), sv(o.inputs[1]), mode=acts[opr.param.mode]).node]
 
@@ -443,13 +446,8 @@ def arith_fuse(graph, dest, options=None):
         ts = chain_terms(rw, opr, "ADD")
         muls, bias = [], []
         for t in ts:
-            o = t.owner
-            if (
-                o.type_name == "Elemwise"
-                and o.param.mode == "MUL"
-                and not o.extra_deps
-                and rw.sole_reader(t)
-            ):
+            o = rw.sole_source(t, "Elemwise", "MUL")
+            if o is not None:
                 a, b = o.inputs
                 sa, sb = static_shape(a), static_shape(b)
                 if sa is None or sb is None:

@@ -52,13 +52,8 @@ def mask_pool_grad(graph, dest: list[VarNode]) -> dict:
         if opr.type_name != "Elemwise" or opr.param.mode != "SWITCH_GT0" or opr.extra_deps:
             return None
         cond, grad = opr.inputs
-        bwd = grad.owner
-        if (
-            bwd.type_name != "PoolingBackward"
-            or bwd.param.mode != "MAX"
-            or bwd.extra_deps
-            or not rw.sole_reader(grad)
-        ):
+        bwd = rw.sole_source(grad, "PoolingBackward", "MAX")
+        if bwd is None:
             return None
         src, dst, diff = bwd.inputs
         fwd = dst.owner

@@ -23,7 +23,7 @@ import functools
 import hashlib
 import inspect
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "enum_index",
     "param_tag",
     "default_name_field",
+    "per_axis_fields",
 ]
 
 #: C type name -> (struct format char, Python converter); ``dtype`` converts through the
@@ -168,6 +169,27 @@ def default_name_field(enum_name: str) -> str:
     str
     """
     return enum_name[0].lower() + enum_name[1:]
+
+
+def per_axis_fields(**per_axis: Sequence) -> dict[str, Any]:
+    """The per-axis fields of a spatial param (``pad_h``, ``stride_w``, ``dilate_d``, ...)
+    from one list of two (h, w) or three (d, h, w) values per field stem.
+
+    Parameters
+    ----------
+    **per_axis:
+        ``stem=[values]``, e.g. ``pad=[1, 1], stride=[2, 2]``.
+
+    Returns
+    -------
+    dict
+        ``{"pad_h": 1, "pad_w": 1, "stride_h": 2, "stride_w": 2}`` for that example.
+    """
+    return {
+        f"{stem}_{axis}": v
+        for stem, values in per_axis.items()
+        for axis, v in zip("dhw"[-len(values) :], values)
+    }
 
 
 class ParamDefBase:

@@ -3,31 +3,62 @@ the destination vars over the new inputs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from ..errors import GraphError
 from .var import VarNode
 
-__all__ = ["replace_vars", "dep_oprs"]
+__all__ = ["replace_vars", "dep_oprs", "postorder"]
+
+
+def postorder(
+    roots: Iterable, inputs_of: Callable[[Any], Iterable], key: Callable | None = None
+) -> list:
+    """Every node reachable from ``roots`` once, each after all of ``inputs_of(node)``.
+
+    A depth-first post-order without recursion (deep graphs do not overflow the stack): the
+    roots are walked in order, and a node's inputs are pushed in the order ``inputs_of``
+    gives them, so the last one is visited first.
+
+    Parameters
+    ----------
+    roots:
+        The nodes to start from.
+    inputs_of:
+        The nodes a node depends on.
+    key:
+        What identifies a node (the node itself when None).
+
+    Returns
+    -------
+    list
+        The nodes, inputs first.
+    """
+    key = key or (lambda node: node)
+    order, seen = [], set()
+    for root in roots:
+        stack = [(root, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+                continue
+            if key(node) in seen:
+                continue
+            seen.add(key(node))
+            stack.append((node, True))
+            stack.extend((i, False) for i in inputs_of(node) if key(i) not in seen)
+    return order
 
 
 def dep_oprs(dest: Iterable[VarNode]) -> list:
     """Every operator ``dest`` depends on (through any input), inputs first."""
-    order, seen = [], set()
-    stack = [(v.owner, False) for v in dest]
-    while stack:
-        opr, done = stack.pop()
-        if done:
-            order.append(opr)
-            continue
-        if opr in seen:
-            continue
-        seen.add(opr)
-        stack.append((opr, True))
-        for v in list(opr.inputs) + list(opr.extra_deps):
-            if v.owner not in seen:
-                stack.append((v.owner, False))
-    return order
+    # the last of dest is walked first, as one stack holding them all would
+    return postorder(
+        [v.owner for v in reversed(list(dest))],
+        lambda opr: [v.owner for v in (*opr.inputs, *opr.extra_deps)],
+    )
 
 
 def replace_vars(

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import MegBrainError
 
-__all__ = ["CompGraphCallbackValueProxy", "pubapi_dev_tensor_ptr"]
+__all__ = ["CompGraphCallbackValueProxy", "copy_into_buffer", "pubapi_dev_tensor_ptr"]
 
 
 def pubapi_dev_tensor_ptr(version: int, raw_ptr: int) -> int:
@@ -71,6 +71,28 @@ def dlpack_protocol(arr: np.ndarray, stream, max_version, dl_device, copy):
     return arr.__dlpack__(**kw)
 
 
+def copy_into_buffer(buf: np.ndarray | None, arr: np.ndarray) -> np.ndarray:
+    """A copy of ``arr`` in ``buf``, or in a new array when ``buf`` is None or of another
+    shape or dtype (so that repeated copies of same-shaped values reuse one buffer).
+
+    Parameters
+    ----------
+    buf:
+        The buffer of the previous copy, or None.
+    arr:
+        The value to copy.
+
+    Returns
+    -------
+    numpy.ndarray
+        The buffer holding the copy (``buf`` itself when it fits).
+    """
+    if buf is None or buf.shape != arr.shape or buf.dtype != arr.dtype:
+        buf = np.empty(arr.shape, arr.dtype)
+    np.copyto(buf, arr)
+    return buf
+
+
 class CompGraphCallbackValueProxy:
     """The value handed to an output callback; valid only while the callback runs.
 
@@ -97,10 +119,7 @@ class CompGraphCallbackValueProxy:
         self._dev = dev_value
         self._eager = eager_copy
         if eager_copy:
-            hv = self._hv
-            if hv is None or hv.shape != dev_value.shape or hv.dtype != dev_value.dtype:
-                hv = self._hv = np.empty(dev_value.shape, dev_value.dtype)
-            np.copyto(hv, dev_value)
+            self._hv = copy_into_buffer(self._hv, dev_value)
             self._value_used = False
         else:
             self._value_used = True

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 import megbrain as mgb
+from megbrain.graph.param_def import per_axis_fields
 from megbrain.tensor import SubTensorSpec, TensorLayout
 
 from . import init
@@ -93,12 +94,7 @@ class Conv2d(Module):
         y = mgb.opr.convolution(
             x,
             w,
-            pad_h=self.padding[0],
-            pad_w=self.padding[1],
-            stride_h=self.stride[0],
-            stride_w=self.stride[1],
-            dilate_h=self.dilation[0],
-            dilate_w=self.dilation[1],
+            **per_axis_fields(pad=self.padding, stride=self.stride, dilate=self.dilation),
             sparse="GROUP" if self.groups > 1 else "DENSE",
         )
         if self.bias is not None:
@@ -223,12 +219,7 @@ class _Pool2d(Module):
         return mgb.opr.pooling(
             x,
             mode=self.mode,
-            window_h=self.kernel[0],
-            window_w=self.kernel[1],
-            stride_h=self.stride[0],
-            stride_w=self.stride[1],
-            pad_h=self.padding[0],
-            pad_w=self.padding[1],
+            **per_axis_fields(window=self.kernel, stride=self.stride, pad=self.padding),
         )
 
 

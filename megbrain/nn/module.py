@@ -12,26 +12,25 @@ import megbrain as mgb
 __all__ = ["Parameter", "Buffer", "Module", "Sequential", "pending_updates"]
 
 
-class Parameter(mgb.SharedND):
+class _StateTensor(mgb.SharedND):
+    """A float32 SharedND holding a module's state from its initial value."""
+
+    def __init__(self, value, comp_node="cpu0"):
+        value = np.asarray(value, dtype=np.float32)
+        super().__init__(comp_node, value.dtype)
+        self.set_value(value)
+
+
+class Parameter(_StateTensor):
     """A trainable tensor (a SharedND that optimizers update in place)."""
 
     requires_grad = True
 
-    def __init__(self, value, comp_node="cpu0"):
-        value = np.asarray(value, dtype=np.float32)
-        super().__init__(comp_node, value.dtype)
-        self.set_value(value)
 
-
-class Buffer(mgb.SharedND):
+class Buffer(_StateTensor):
     """A non-trainable state tensor (e.g. BatchNorm running statistics)."""
 
     requires_grad = False
-
-    def __init__(self, value, comp_node="cpu0"):
-        value = np.asarray(value, dtype=np.float32)
-        super().__init__(comp_node, value.dtype)
-        self.set_value(value)
 
 
 def pending_updates(graph) -> list:

@@ -57,12 +57,17 @@ def _check_compute(w, op):
         raise w.error(f"data_type {op.params['data_type']} has no ONNX form")
 
 
-@exports("ConvolutionForward", "Convolution3DForward")
-def _conv(w, op, ins):
-    nsp = 3 if op.type == "Convolution3DForward" else 2
+def _conv_parts(w, op, ins, k):
+    """``(nsp, geometry, weight, group)`` of a (3-d) convolution whose filter is input ``k``."""
+    nsp = 3 if op.type.startswith("Convolution3D") else 2
     _check_compute(w, op)
     geo = _geometry(w, op, nsp)
-    weight, group = _filter(w, op, ins[1], op.inputs[1], nsp)
+    return (nsp, geo, *_filter(w, op, ins[k], op.inputs[k], nsp))
+
+
+@exports("ConvolutionForward", "Convolution3DForward")
+def _conv(w, op, ins):
+    _, geo, weight, group = _conv_parts(w, op, ins, 1)
     return w.node("Conv", [ins[0], weight], group=group, **geo)
 
 
@@ -85,10 +90,7 @@ def _conv_bias(w, op, ins):
 
 @exports("ConvolutionBackwardData", "Convolution3DBackwardData")
 def _deconv(w, op, ins):
-    nsp = 3 if op.type == "Convolution3DBackwardData" else 2
-    _check_compute(w, op)
-    geo = _geometry(w, op, nsp)
-    weight, group = _filter(w, op, ins[0], op.inputs[0], nsp)
+    nsp, geo, weight, group = _conv_parts(w, op, ins, 0)
     diff = static_shape(w, op.inputs[1], "deconvolution input")
     filt = static_shape(w, op.inputs[0], "filter")
     out = static_shape(w, op.outputs[0], "deconvolution output")

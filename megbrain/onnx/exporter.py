@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..graph.replace import postorder
 from . import export_elemwise, export_nn, export_tensor  # noqa: F401 - register exporters
 from .export_base import EXPORTERS, REFUSED, Writer, imm_shape, onnx_dtype, static_shape
 from .registry import ONNXConversionError
@@ -41,22 +42,11 @@ def refused_operator_types() -> dict[str, str]:
 
 def _topo_order(outs) -> list:
     """The operators ``outs`` need, every input (value-only ones too) before its reader."""
-    order, seen = [], set()
-    for v in outs:
-        stack = [(v.owner_opr, False)]
-        while stack:
-            op, done = stack.pop()
-            if done:
-                order.append(op)
-                continue
-            if op.id in seen:
-                continue
-            seen.add(op.id)
-            stack.append((op, True))
-            for inp in reversed(op.inputs):
-                if inp.owner_opr.id not in seen:
-                    stack.append((inp.owner_opr, False))
-    return order
+    return postorder(
+        [v.owner_opr for v in outs],
+        lambda op: [i.owner_opr for i in reversed(op.inputs)],
+        key=lambda op: op.id,
+    )
 
 
 class _Names(Sequence):
@@ -140,6 +130,18 @@ def _dims(vi) -> list:
 def _out_shape(v) -> list | None:
     shp = imm_shape(v)
     return None if shp is None else list(shp)
+
+
+def _name_dynamic_axes(shape: list, name: str, dyn: dict, what: str) -> None:
+    """Give the axes of ``dyn[name]`` their symbolic names in ``shape`` (of an input or
+    output, ``what``), refusing an axis out of range."""
+    for ax, dname in dyn.get(name, {}).items():
+        if not 0 <= ax < len(shape):
+            raise ONNXConversionError(
+                f"export: dynamic axis {ax} of {what} {name!r} is out of range for its "
+                f"{len(shape)} dims"
+            )
+        shape[ax] = dname
 
 
 def _check_dynamic(model, out_values, dyn, node_owner, baked) -> dict:
@@ -294,13 +296,7 @@ def export(
         name = w.unique(in_names[n_in] if n_in < len(in_names) else out.name)
         n_in += 1
         shape = static_shape(w, out, "input")
-        for ax, dname in dyn.get(name, {}).items():
-            if not 0 <= ax < len(shape):
-                raise ONNXConversionError(
-                    f"export: dynamic axis {ax} of input {name!r} is out of range for "
-                    f"its {len(shape)} dims"
-                )
-            shape[ax] = dname
+        _name_dynamic_axes(shape, name, dyn, "input")
         graph_inputs.append(helper.make_tensor_value_info(name, onnx_dtype(out.dtype), shape))
         w.names[out.id] = name
     if n_in < len(in_names):
@@ -371,13 +367,7 @@ def export(
                     shape[k] = f"{name}_dim{k}"
                 elif isinstance(d, str):
                     shape[k] = d
-        for ax, dname in dyn.get(name, {}).items():
-            if not 0 <= ax < len(shape):
-                raise ONNXConversionError(
-                    f"export: dynamic axis {ax} of output {name!r} is out of range for its "
-                    f"{len(shape)} dims"
-                )
-            shape[ax] = dname
+        _name_dynamic_axes(shape, name, dyn, "output")
         shapes[name] = shape
     model = build(shapes)
     onnx.checker.check_model(model, full_check=True)

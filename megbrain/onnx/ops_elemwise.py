@@ -69,16 +69,23 @@ def _sqrt(ctx):
     return E(ctx.input(0), _f(ctx, 0.5, ctx.input(0)), mode="POW")
 
 
-@converter("Reciprocal", 6)
-def _reciprocal(ctx):
-    x = ctx.input(0)
-    return E(_f(ctx, 1, x), x, mode="TRUE_DIV")
+# x against the constant 1: op type -> (first opset, mode, the constant on the left)
+_WITH_ONE = {
+    "Reciprocal": (6, "TRUE_DIV", True),
+    "Atan": (7, "ATAN2", False),
+    "Not": (1, "SUB", True),
+}
 
 
-@converter("Atan", 7)
-def _atan(ctx):
+def _with_one(ctx):
+    _, mode, one_first = _WITH_ONE[ctx.node.op_type]
     x = ctx.input(0)
-    return E(x, _f(ctx, 1, x), mode="ATAN2")
+    one = _f(ctx, 1, x)
+    return E(one, x, mode=mode) if one_first else E(x, one, mode=mode)
+
+
+for _op, (_since, _, _) in _WITH_ONE.items():
+    converter(_op, _since)(_with_one)
 
 
 @converter("Tan", 7)
@@ -223,19 +230,15 @@ def _clip11(ctx):
     return x
 
 
-@converter("Add", 7)
-def _add(ctx):
-    return E(ctx.input(0), ctx.input(1), mode="ADD")
+# one elemwise mode each; And/Or act on 0/1 bools
+_BINARY = {"Add": "ADD", "Sub": "SUB", "Mul": "MUL", "And": "MUL", "Or": "MAX"}
 
 
-@converter("Sub", 7)
-def _sub(ctx):
-    return E(ctx.input(0), ctx.input(1), mode="SUB")
+def _binary(ctx):
+    return E(ctx.input(0), ctx.input(1), mode=_BINARY[ctx.node.op_type])
 
 
-@converter("Mul", 7)
-def _mul(ctx):
-    return E(ctx.input(0), ctx.input(1), mode="MUL")
+converter(list(_BINARY), 7)(_binary)
 
 
 def _trunc_div(a, b):
@@ -302,45 +305,23 @@ def _cmp(ctx, a, b, mode, swap=False):
     return _bool(E(a, b, mode=mode))
 
 
-@converter("Equal", 7)
-def _equal(ctx):
-    return _cmp(ctx, ctx.input(0), ctx.input(1), "EQ")
+# op type -> (first opset, mode, swap the operands): Greater(a, b) is Less(b, a)
+_COMPARE = {
+    "Equal": (7, "EQ", False),
+    "Less": (7, "LT", False),
+    "Greater": (7, "LT", True),
+    "LessOrEqual": (12, "LEQ", False),
+    "GreaterOrEqual": (12, "LEQ", True),
+}
 
 
-@converter("Less", 7)
-def _less(ctx):
-    return _cmp(ctx, ctx.input(0), ctx.input(1), "LT")
+def _compare(ctx):
+    _, mode, swap = _COMPARE[ctx.node.op_type]
+    return _cmp(ctx, ctx.input(0), ctx.input(1), mode, swap=swap)
 
 
-@converter("Greater", 7)
-def _greater(ctx):
-    return _cmp(ctx, ctx.input(0), ctx.input(1), "LT", swap=True)
-
-
-@converter("LessOrEqual", 12)
-def _less_eq(ctx):
-    return _cmp(ctx, ctx.input(0), ctx.input(1), "LEQ")
-
-
-@converter("GreaterOrEqual", 12)
-def _greater_eq(ctx):
-    return _cmp(ctx, ctx.input(0), ctx.input(1), "LEQ", swap=True)
-
-
-@converter("Not", 1)
-def _not(ctx):
-    x = ctx.input(0)
-    return E(_f(ctx, 1, x), x, mode="SUB")
-
-
-@converter("And", 7)
-def _and(ctx):
-    return E(ctx.input(0), ctx.input(1), mode="MUL")
-
-
-@converter("Or", 7)
-def _or(ctx):
-    return E(ctx.input(0), ctx.input(1), mode="MAX")
+for _op, (_since, _, _) in _COMPARE.items():
+    converter(_op, _since)(_compare)
 
 
 @converter("Xor", 7)

@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 
 import megbrain as mgb
+from megbrain.graph.param_def import per_axis_fields
 
 from .ops_tensor import _norm_axis, _pad_impl, _reshape, _take, static_shape
 from .registry import Attr, converter
@@ -105,6 +106,15 @@ def _explicit_pad(ctx, x, pads, value=0.0):
     return _pad_impl(ctx, x, full, "constant", _c(ctx, value, x)), [0] * len(pads)
 
 
+def _grouped(ctx, w, ws):
+    """``(w, kw)``: the weight of shape ``ws`` split into ``group`` groups, and the
+    ``sparse`` keyword that says so (nothing for one group)."""
+    g = ctx.attr("group")
+    if g == 1:
+        return w, {}
+    return _reshape(w, (g, ws[0] // g) + ws[1:]), {"sparse": "GROUP"}
+
+
 _CONV_ATTRS = {
     "auto_pad": Attr("NOTSET", _AUTO_PAD),
     "dilations": None,
@@ -128,38 +138,9 @@ def _conv(ctx):
         w = _reshape(w, ws + (1,))
         ws = ws + (1,)
         strides, dil, sym = strides + [1], dil + [1], sym + [0]
-    g = ctx.attr("group")
-    kw = {}
-    if g != 1:
-        w = _reshape(w, (g, ws[0] // g) + ws[1:])
-        kw["sparse"] = "GROUP"
-    if n == 3:
-        y = mgb.opr.convolution3d(
-            x,
-            w,
-            pad_d=sym[0],
-            pad_h=sym[1],
-            pad_w=sym[2],
-            stride_d=strides[0],
-            stride_h=strides[1],
-            stride_w=strides[2],
-            dilate_d=dil[0],
-            dilate_h=dil[1],
-            dilate_w=dil[2],
-            **kw,
-        )
-    else:
-        y = mgb.opr.convolution(
-            x,
-            w,
-            pad_h=sym[0],
-            pad_w=sym[1],
-            stride_h=strides[0],
-            stride_w=strides[1],
-            dilate_h=dil[0],
-            dilate_w=dil[1],
-            **kw,
-        )
+    w, kw = _grouped(ctx, w, ws)
+    conv = mgb.opr.convolution3d if n == 3 else mgb.opr.convolution
+    y = conv(x, w, **per_axis_fields(pad=sym, stride=strides, dilate=dil), **kw)
     if n == 1:
         ys = static_shape(ctx, y)
         y = _reshape(y, ys[:3])
@@ -182,17 +163,15 @@ def _conv_transpose(ctx):
     opad = list(ctx.attr("output_padding") or [0] * n)
     full = [strides[i] * (src[2 + i] - 1) + (k[i] - 1) * dil[i] + 1 for i in range(n)]
     oshape = ctx.attr("output_shape")
-    if oshape is not None:
-        oshape = list(oshape)[-n:]
+    if oshape is not None or ctx.attr("auto_pad") in ("SAME_UPPER", "SAME_LOWER"):
+        # the pads that give output_shape, or input size * stride under SAME_*
+        if oshape is not None:
+            target = list(oshape)[-n:]
+        else:
+            target = [src[2 + i] * strides[i] for i in range(n)]
         pads = []
         for i in range(n):
-            total = full[i] + opad[i] - oshape[i]
-            b = total // 2 if ctx.attr("auto_pad") == "SAME_UPPER" else total - total // 2
-            pads.append((b, total - b))
-    elif ctx.attr("auto_pad") in ("SAME_UPPER", "SAME_LOWER"):
-        pads = []
-        for i in range(n):
-            total = full[i] + opad[i] - src[2 + i] * strides[i]
+            total = full[i] + opad[i] - target[i]
             b = total // 2 if ctx.attr("auto_pad") == "SAME_UPPER" else total - total // 2
             pads.append((b, total - b))
     elif ctx.attr("auto_pad") == "VALID":
@@ -205,29 +184,11 @@ def _conv_transpose(ctx):
         xx = _reshape(x, src + (1,))
         ww = _reshape(w, ws + (1,))
         ws = ws + (1,)
-    sh = (strides + [1])[:2]
-    dl = (dil + [1])[:2]
-    g = ctx.attr("group")
-    kw = {}
-    if g != 1:
-        ww = _reshape(ww, (g, ws[0] // g) + ws[1:])
-        kw["sparse"] = "GROUP"
-    if n == 3:
-        y = mgb.opr.deconvolution3d(
-            xx,
-            ww,
-            stride_d=strides[0],
-            stride_h=strides[1],
-            stride_w=strides[2],
-            dilate_d=dil[0],
-            dilate_h=dil[1],
-            dilate_w=dil[2],
-            **kw,
-        )
-    else:
-        y = mgb.opr.deconvolution(
-            xx, ww, stride_h=sh[0], stride_w=sh[1], dilate_h=dl[0], dilate_w=dl[1], **kw
-        )
+    sh = (strides + [1])[: max(n, 2)]
+    dl = (dil + [1])[: max(n, 2)]
+    ww, kw = _grouped(ctx, ww, ws)
+    deconv = mgb.opr.deconvolution3d if n == 3 else mgb.opr.deconvolution
+    y = deconv(xx, ww, **per_axis_fields(stride=sh, dilate=dl), **kw)
     if n == 1:
         y = _reshape(y, static_shape(ctx, y)[:3])
     # crop the begin pads, then cut or zero-extend to the output size
@@ -325,12 +286,7 @@ def _pool(ctx, mode):
     y = mgb.opr.pooling(
         x,
         mode=pmode,
-        pad_h=sym[0],
-        pad_w=sym[1],
-        stride_h=strides[0],
-        stride_w=strides[1],
-        window_h=kernel[0],
-        window_w=kernel[1],
+        **per_axis_fields(pad=sym, stride=strides, window=kernel),
     )
     if n == 1:
         y = _reshape(y, static_shape(ctx, y)[:3])
@@ -532,13 +488,7 @@ def _batch_norm_training(ctx, x, scale, bias, mean, var, nd):
     variance over every axis but the channel's) and return the running statistics updated
     as ``running * momentum + batch * (1 - momentum)``."""
     axes = [a for a in range(nd) if a != 1]
-    bmean = x
-    for a in axes:
-        bmean = mgb.opr.reduce_(bmean, "MEAN", a, True)
-    d = E(x, bmean, mode="SUB")
-    bvar = E(d, d, mode="MUL")
-    for a in axes:
-        bvar = mgb.opr.reduce_(bvar, "MEAN", a, True)
+    bmean, _, bvar = _moments(x, axes)
     c = static_shape(ctx, x)[1]
     bmean_c, bvar_c = _reshape(bmean, (c,)), _reshape(bvar, (c,))
     y = _batch_norm_apply(ctx, x, scale, bias, bmean_c, bvar_c, nd)
@@ -551,30 +501,51 @@ def _batch_norm_training(ctx, x, scale, bias, mean, var, nd):
     return [y, update(mean, bmean_c), update(var, bvar_c)]
 
 
+def _moments(x, axes, center=True):
+    """``(mean, x - mean, var)`` over ``axes`` (kept); without centering ``mean`` is None
+    and ``var`` is the mean square."""
+    mean, d = None, x
+    if center:
+        mean = x
+        for a in axes:
+            mean = mgb.opr.reduce_(mean, "MEAN", a, True)
+        d = E(x, mean, mode="SUB")
+    var = E(d, d, mode="MUL")
+    for a in axes:
+        var = mgb.opr.reduce_(var, "MEAN", a, True)
+    return mean, d, var
+
+
+def _channel_affine(ctx, y, s, scale, bias, nd):
+    """``y * (s * scale) + bias`` with ``scale`` and ``bias`` per channel (axis 1 of ``nd``
+    axes); ``s`` None means 1."""
+    sc = _channel(ctx, scale, nd)
+    y = E(y, sc if s is None else E(s, sc, mode="MUL"), mode="MUL")
+    return E(y, _channel(ctx, bias, nd), mode="ADD")
+
+
 def _batch_norm_apply(ctx, x, scale, bias, mean, var, nd):
     s = E(
         E(_channel(ctx, var, nd), _c(ctx, ctx.attr("epsilon"), x), mode="ADD"),
         _c(ctx, -0.5, x),
         mode="POW",
     )
-    y = E(
-        E(x, _channel(ctx, mean, nd), mode="SUB"),
-        E(s, _channel(ctx, scale, nd), mode="MUL"),
-        mode="MUL",
-    )
-    return E(y, _channel(ctx, bias, nd), mode="ADD")
+    return _channel_affine(ctx, E(x, _channel(ctx, mean, nd), mode="SUB"), s, scale, bias, nd)
 
 
-@converter(
-    "LayerNormalization",
-    17,
-    attrs={"axis": -1, "epsilon": 1e-5, "stash_type": Attr(1, frozenset({1}))},
-)
+# LayerNormalization and RMSNormalization: statistics over the axes from ``axis`` on
+_TRAILING_NORM_ATTRS = {"axis": -1, "epsilon": 1e-5, "stash_type": Attr(1, frozenset({1}))}
+
+
+def _trailing_axes(ctx, x):
+    nd = len(static_shape(ctx, x))
+    return range(_norm_axis(ctx, ctx.attr("axis"), nd), nd)
+
+
+@converter("LayerNormalization", 17, attrs=_TRAILING_NORM_ATTRS)
 def _layer_norm(ctx):
     x, scale = ctx.input(0), ctx.input(1)
-    src = static_shape(ctx, x)
-    axis = _norm_axis(ctx, ctx.attr("axis"), len(src))
-    y, mean, inv = _normalized_parts(ctx, x, range(axis, len(src)), ctx.attr("epsilon"))
+    y, mean, inv = _normalized_parts(ctx, x, _trailing_axes(ctx, x), ctx.attr("epsilon"))
     y = E(y, scale, mode="MUL")
     if ctx.has(2):
         y = E(y, ctx.input(2), mode="ADD")
@@ -642,15 +613,7 @@ def _normalized_parts(ctx, x, axes, eps, center=True):
     ``inv = 1 / sqrt(var + eps)``, statistics over ``axes`` (kept), computed in float32
     (``mean`` is None when not centering)."""
     xf = x if np.dtype(x.dtype) == np.float32 else mgb.opr.typecvt(x, np.float32)
-    d, mean = xf, None
-    if center:
-        mean = xf
-        for a in axes:
-            mean = mgb.opr.reduce_(mean, "MEAN", a, True)
-        d = E(xf, mean, mode="SUB")
-    v = E(d, d, mode="MUL")
-    for a in axes:
-        v = mgb.opr.reduce_(v, "MEAN", a, True)
+    mean, d, v = _moments(xf, axes, center)
     inv = E(E(v, _c(ctx, eps, xf), mode="ADD"), _c(ctx, -0.5, xf), mode="POW")
     y = E(d, inv, mode="MUL")
     y = y if np.dtype(x.dtype) == np.float32 else mgb.opr.typecvt(y, x.dtype)
@@ -667,8 +630,7 @@ def _instance_norm(ctx):
     x, scale, bias = ctx.inputs[:3]
     nd = len(static_shape(ctx, x))
     y = _normalize(ctx, x, range(2, nd), ctx.attr("epsilon"))
-    y = E(y, _channel(ctx, scale, nd), mode="MUL")
-    return E(y, _channel(ctx, bias, nd), mode="ADD")
+    return _channel_affine(ctx, y, None, scale, bias, nd)
 
 
 @converter(
@@ -688,20 +650,13 @@ def _group_norm(ctx):
         rep = src[1] // g
         sc = _reshape(mgb.opr.broadcast(_reshape(scale, (g, 1)), (g, rep)), (src[1],))
         bi = _reshape(mgb.opr.broadcast(_reshape(bias, (g, 1)), (g, rep)), (src[1],))
-    y = E(y, _channel(ctx, sc, nd), mode="MUL")
-    return E(y, _channel(ctx, bi, nd), mode="ADD")
+    return _channel_affine(ctx, y, None, sc, bi, nd)
 
 
-@converter(
-    "RMSNormalization",
-    23,
-    attrs={"axis": -1, "epsilon": 1e-5, "stash_type": Attr(1, frozenset({1}))},
-)
+@converter("RMSNormalization", 23, attrs=_TRAILING_NORM_ATTRS)
 def _rms_norm(ctx):
     x, scale = ctx.input(0), ctx.input(1)
-    src = static_shape(ctx, x)
-    axis = _norm_axis(ctx, ctx.attr("axis"), len(src))
-    y = _normalize(ctx, x, range(axis, len(src)), ctx.attr("epsilon"), center=False)
+    y = _normalize(ctx, x, _trailing_axes(ctx, x), ctx.attr("epsilon"), center=False)
     return E(y, scale, mode="MUL")
 
 

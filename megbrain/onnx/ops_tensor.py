@@ -433,13 +433,18 @@ def _trilu(ctx):
     return E(x, ctx.imm(mask.astype(np.dtype(x.dtype))), mode="MUL")
 
 
-@converter(
-    "DepthToSpace", 1, attrs={"blocksize": None, "mode": Attr("DCR", frozenset({"DCR", "CRD"}))}
-)
-def _depth_to_space(ctx):
+_BLOCK_ATTRS = {"blocksize": None, "mode": Attr("DCR", frozenset({"DCR", "CRD"}))}
+
+
+def _blocks(ctx):
+    """DepthToSpace's and SpaceToDepth's input, its NCHW shape and the block size."""
     x = ctx.input(0)
-    n, c, h, w = static_shape(ctx, x)
-    b = int(ctx.attr("blocksize"))
+    return x, static_shape(ctx, x), int(ctx.attr("blocksize"))
+
+
+@converter("DepthToSpace", 1, attrs=_BLOCK_ATTRS)
+def _depth_to_space(ctx):
+    x, (n, c, h, w), b = _blocks(ctx)
     if ctx.attr("mode") == "DCR":
         t = mgb.opr.dimshuffle(_reshape(x, (n, b, b, c // (b * b), h, w)), [0, 3, 4, 1, 5, 2])
     else:
@@ -447,13 +452,9 @@ def _depth_to_space(ctx):
     return _reshape(t, (n, c // (b * b), h * b, w * b))
 
 
-@converter(
-    "SpaceToDepth", 1, attrs={"blocksize": None, "mode": Attr("DCR", frozenset({"DCR", "CRD"}))}
-)
+@converter("SpaceToDepth", 1, attrs=_BLOCK_ATTRS)
 def _space_to_depth(ctx):
-    x = ctx.input(0)
-    n, c, h, w = static_shape(ctx, x)
-    b = int(ctx.attr("blocksize"))
+    x, (n, c, h, w), b = _blocks(ctx)
     perm = [0, 3, 5, 1, 2, 4] if ctx.attr("mode") == "DCR" else [0, 1, 3, 5, 2, 4]
     t = mgb.opr.dimshuffle(_reshape(x, (n, c, h // b, b, w // b, b)), perm)
     return _reshape(t, (n, c * b * b, h // b, w // b))
@@ -469,14 +470,18 @@ def _eye_like(ctx):
     return ctx.imm(np.eye(n, m, int(ctx.attr("k")), dtype=dt))
 
 
-@converter(
-    "CumSum",
-    11,
-    attrs={"exclusive": Attr(0, frozenset({0, 1})), "reverse": Attr(0, frozenset({0, 1}))},
-)
+_SCAN_ATTRS = {"exclusive": Attr(0, frozenset({0, 1})), "reverse": Attr(0, frozenset({0, 1}))}
+
+
+def _scan_axis(ctx, x):
+    """CumSum's and CumProd's axis (input 1) as a non-negative axis of ``x``."""
+    return _norm_axis(ctx, int(ctx.const(1, "axis").ravel()[0]), len(static_shape(ctx, x)))
+
+
+@converter("CumSum", 11, attrs=_SCAN_ATTRS)
 def _cumsum(ctx):
     x = ctx.input(0)
-    axis = _norm_axis(ctx, int(ctx.const(1, "axis").ravel()[0]), len(static_shape(ctx, x)))
+    axis = _scan_axis(ctx, x)
     return mgb.opr.cumsum(x, axis, bool(ctx.attr("exclusive")), bool(ctx.attr("reverse")))
 
 
@@ -528,17 +533,13 @@ def _top_k(ctx):
     return outs
 
 
-@converter(
-    "CumProd",
-    26,
-    attrs={"exclusive": Attr(0, frozenset({0, 1})), "reverse": Attr(0, frozenset({0, 1}))},
-)
+@converter("CumProd", 26, attrs=_SCAN_ATTRS)
 def _cumprod(ctx):
     # a log-depth (Hillis-Steele) scan: after step s every element holds the product of the
     # 2^s elements ending at it; shifts pad with ones
     x = ctx.input(0)
     src = static_shape(ctx, x)
-    axis = _norm_axis(ctx, int(ctx.const(1, "axis").ravel()[0]), len(src))
+    axis = _scan_axis(ctx, x)
     n = src[axis]
     dt = np.dtype(x.dtype)
     rev = (slice(None),) * axis + (slice(None, None, -1),)

@@ -165,31 +165,30 @@ class Table:
         v = self._vector(slot, 1, what)
         return None if v is None else bytes(self.r.buf[v[0] : v[0] + v[1]])
 
-    def tables(self, slot: int, what: str) -> list[Table] | None:
+    def _offsets(self, slot: int, what: str) -> list[tuple[int, int]] | None:
+        """``(position, offset)`` of each element of a vector of offsets (tables, strings)."""
         v = self._vector(slot, 4, what)
         if v is None:
             return None
         start, n = v
+        return [(p, _U32.unpack_from(self.r.buf, p)[0]) for p in range(start, start + 4 * n, 4)]
+
+    def tables(self, slot: int, what: str) -> list[Table] | None:
+        offs = self._offsets(slot, what)
+        if offs is None:
+            return None
         out = []
-        for i in range(n):
-            p = start + 4 * i
-            off = _U32.unpack_from(self.r.buf, p)[0]
+        for i, (p, off) in enumerate(offs):
             if off == 0:
                 raise self.r.error(f"{what}[{i}] is a null offset")
             out.append(Table(self.r, p + off, self.depth + 1, f"{what}[{i}]"))
         return out
 
     def strings(self, slot: int, what: str) -> list[str] | None:
-        v = self._vector(slot, 4, what)
-        if v is None:
+        offs = self._offsets(slot, what)
+        if offs is None:
             return None
-        start, n = v
-        out = []
-        for i in range(n):
-            p = start + 4 * i
-            off = _U32.unpack_from(self.r.buf, p)[0]
-            out.append(_string_at(self.r, p + off, f"{what}[{i}]"))
-        return out
+        return [_string_at(self.r, p + off, f"{what}[{i}]") for i, (p, off) in enumerate(offs)]
 
     def struct(self, slot: int, spec: FbsStruct) -> tuple | None:
         p = self.field_pos(slot, spec.size)

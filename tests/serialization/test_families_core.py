@@ -17,6 +17,7 @@ from sereg_harness import file_tables
 import megbrain as mgb
 from megbrain.errors import SerializationError
 from megbrain.graph import OperatorNodeConfig
+from megbrain.graph.replace import postorder
 from megbrain.serialization import sereg
 
 _IO_TYPES = {
@@ -29,25 +30,11 @@ _IO_TYPES = {
 
 def _oprs(outputs) -> list:
     """The operators computing ``outputs``, in a deterministic topological order."""
-    order, seen = [], set()
-
-    def visit(opr):
-        stack = [(opr, False)]
-        while stack:
-            o, done = stack.pop()
-            if done:
-                order.append(o)
-                continue
-            if id(o) in seen:
-                continue
-            seen.add(id(o))
-            stack.append((o, True))
-            for v in reversed(list(o.inputs) + list(o.extra_deps)):
-                stack.append((v.owner, False))
-
-    for v in outputs:
-        visit(_node(v).owner)
-    return order
+    return postorder(
+        [_node(v).owner for v in outputs],
+        lambda o: [v.owner for v in reversed((*o.inputs, *o.extra_deps))],
+        key=id,
+    )
 
 
 def _node(v):
