@@ -628,6 +628,13 @@ class TensorND:
         """Whether a shape has been set (``ndim != 0``)."""
         return bool(self._layout.shape)
 
+    @property
+    def memory_state(self) -> tuple[Storage, TensorLayout]:
+        """``(storage, layout)``: a new pair whenever the tensor is re-allocated, borrowed or
+        reshaped, the same one across same-shaped value copies (what a compiled function
+        compares before each run, in one attribute read)."""
+        return self._storage, self._layout
+
     # -- shape and storage
     def _need_comp_node(self) -> Storage:
         st = self._storage

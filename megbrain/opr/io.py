@@ -171,13 +171,19 @@ class Host2DeviceCopy(_SourceOpr):
         # the tensor is still only shape-hinted is part of the state: the first value set into
         # its memory must re-bind the copy that refuses to run (see ``bind``)
         t = self.tensor
-        if not t.shape_valid():
+        try:
+            state = t.memory_state  # read before every run: one attribute, no calls
+            valid = bool(state[1].shape)
+        except AttributeError:  # another object of the host tensor protocol
+            valid = t.shape_valid()
+            state = (t.storage, t.layout) if valid else None
+        if not valid:
             self._raise_empty()
-        if is_shape_only(t):
-            return (t.storage, t.layout, "shape only")
+        if _SHAPE_ONLY.get(id(t)) is t:
+            return (*state, "shape only")
         if watch_value:
-            return (t.storage, t.layout, t.as_ndarray().tobytes())
-        return (t.storage, t.layout)
+            return (*state, t.as_ndarray().tobytes())
+        return state
 
     def _raise_empty(self, shape_only: bool = False):
         given = " (it was given a shape but never a value)" if shape_only else ""
