@@ -3,7 +3,7 @@ about 1e-12 relative error: the math of the plain ERF/ERFC/ERFINV/ERFCINV Elemwi
 
 For z >= 0.5, erfc(z) = t * exp(-z^2 + P(u)) with t = 2 / (2 + z) and u = t mapped onto
 [-1, 1]; P interpolates log(erfc(z) e^(z^2) / t), a smooth function of t, over z in [0.5, 26]
-(relative error of erfc below 1e-12). For |x| < 0.5, erf(x) = x * Q(8 x^2 - 1). The inverses
+(relative error of erfc below 1e-12). For abs(x) < 0.5, erf(x) = x * Q(8 x^2 - 1). The inverses
 start from Giles' single-precision approximation (an asymptotic guess in the far tail) and take
 two Newton steps: on erf near 0, on log(erfc) elsewhere, where erfc is concave and Newton
 converges monotonically. Coefficients are fitted at import from ``math.erf``/``math.erfc``.
