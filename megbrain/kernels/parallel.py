@@ -176,7 +176,11 @@ class _Worker:
 
 
 _pool_lock = threading.Lock()  # creates the workers
-_claim = threading.Lock()  # held by the caller whose parts the workers run
+#: ``{0: token}`` while one caller's parts run on the pool. Claimed by ``setdefault`` inside the
+#: ``try`` that releases it: a KeyboardInterrupt raised right after a lock's ``acquire``
+#: returned (Python runs signal handlers after a call) would leave the lock held for good, and
+#: every later split would run unsplit
+_claim: dict[int, object] = {}
 _workers: list[_Worker] = []
 
 
@@ -209,9 +213,8 @@ def _pool() -> list[_Worker]:
 
 
 def _forget_pool() -> None:  # a forked child has none of the parent's threads
-    global _claim
     _workers.clear()
-    _claim = threading.Lock()
+    _claim.clear()
 
 
 os.register_at_fork(after_in_child=_forget_pool)
@@ -237,13 +240,13 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
     head, rest = bounds[0], bounds[1:]
 
     def run() -> None:
-        workers = _pool()
-        if not _claim.acquire(blocking=False):  # the pool runs another caller's parts
-            for lo, hi in bounds:
-                fn(lo, hi)
-            return
-        used = workers[: len(rest)]
+        used = _pool()[: len(rest)]
+        token = object()
         try:
+            if _claim.setdefault(0, token) is not token:  # the pool runs another's parts
+                for lo, hi in bounds:
+                    fn(lo, hi)
+                return
             try:
                 for w, (lo, hi) in zip(used, rest):
                     w.start(fn, lo, hi)
@@ -262,7 +265,8 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
                 for w in used:
                     w.error = None
         finally:
-            _claim.release()
+            if 0 in _claim and _claim[0] is token:  # no call in between: no signal handler
+                del _claim[0]
         if errors:
             raise errors[0]
 

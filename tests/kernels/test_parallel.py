@@ -94,3 +94,25 @@ def test_a_workers_error_is_not_left_for_the_next_run_when_the_caller_also_faile
     out = np.zeros(10, np.int64)
     parallel.split(_marking(out), 10, 1)()  # raised the worker's stale error before
     assert np.all(out == 1)
+
+
+class _InterruptedRightAfterClaiming(dict):
+    """The pool's claim, with a Ctrl-C whose handler runs as soon as the claiming call
+    returns (Python runs signal handlers after calls)."""
+
+    def setdefault(self, key, value):
+        super().setdefault(key, value)
+        raise KeyboardInterrupt
+
+
+def test_an_interrupt_right_after_claiming_the_pool_leaves_it_free(two_threads, monkeypatch):
+    claim = _InterruptedRightAfterClaiming()
+    monkeypatch.setattr(parallel, "_claim", claim)
+    out = np.zeros(100, np.int64)
+    with pytest.raises(KeyboardInterrupt):
+        parallel.split(_marking(out), 100, 1)()
+    assert not claim  # released: later splits still use the workers
+    monkeypatch.setattr(parallel, "_claim", {})
+    names: list = []
+    parallel.split(_marking(out, names), 100, 1)()
+    assert np.all(out == 1) and len(set(names)) == 2
