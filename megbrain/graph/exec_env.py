@@ -187,10 +187,11 @@ class ExecEnv:
                 ev = events.get(o)
                 if ev is not None:
                     lst.append((ev.set, opr))
-        plan.node_steps[part] = node_steps
+        # the tasks a threaded run hands out, fixed here rather than filtered at every run
+        tasks = [(cn, lst) for cn, lst in node_steps.items() if lst]
+        plan.node_steps[part] = tasks
         plan.events.append(list(events.values()))
-        busy = sum(1 for lst in node_steps.values() if lst)
-        plan.inline.append(busy <= 1 and not self.graph.options.async_exec_level & 0b110)
+        plan.inline.append(len(tasks) <= 1 and not self.graph.options.async_exec_level & 0b110)
 
     def _run_threaded(self, plan: Plan, part: int) -> None:
         events = plan.events[part]
@@ -200,7 +201,7 @@ class ExecEnv:
         t0 = time.perf_counter()
         self._t0 = t0
         self._t_end = t0
-        tasks = [(cn, lst) for cn, lst in plan.node_steps[part].items() if lst]
+        tasks = plan.node_steps[part]
         self.func._threads_pending = [cn for cn, _ in tasks]
         task = self._node_task
         try:

@@ -54,7 +54,9 @@ class Plan:
         self.states: list = []  # (opr, state) of watched sources
         self.steps: list[Callable[[], None]] = []
         self.step_oprs: list = []
-        self.node_steps: dict = {}  # comp node -> [(fn, opr)] for threaded runs
+        #: per part: comp node -> [(fn, opr)] while binding; once the cross-node events are
+        #: added, the [(comp node, steps)] a threaded run dispatches (nodes with work only)
+        self.node_steps: list = []
         self.events: list[threading.Event] = []
         #: per part: whether a threaded function runs it on the caller's thread (one comp
         #: node has work in it: nothing to overlap, no hand-offs)
