@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, register_opr
-from ..graph.operator import fmt_shape
+from ..graph.operator import fmt_shape, table_param
 from ..graph.param_def import members_of
 from ..kernels.pool import binds as pool_kernels
 from . import param_defs as pdefs
@@ -23,24 +23,15 @@ __all__ = ["Pooling", "PoolingBackward", "PoolingParam", "pooling"]
 
 
 POOLING_MODES = members_of(pdefs.Pooling.Mode)
-#: MegDNN's pooling formats; only NCHW is implemented
-POOLING_FORMATS = members_of(pdefs.Pooling.Format)
 
 
 @dataclass(frozen=True)
+@table_param(pdefs.Pooling)
 class PoolingParam(_WindowParam):
-    """Param of Pooling and PoolingBackward (MegDNN ``Pooling``)."""
+    """Param of Pooling and PoolingBackward (MegDNN ``Pooling``); of the formats only NCHW
+    is implemented."""
 
-    mode: str = "MAX"
-    pad_h: int = 0
-    pad_w: int = 0
-    stride_h: int = 2
-    stride_w: int = 2
-    window_h: int = 2
-    window_w: int = 2
-    format: str = "NCHW"
     _int_fields = {"pad": 0, "stride": 1, "window": 1}
-    _choices = {"mode": POOLING_MODES, "format": POOLING_FORMATS}
 
     @property
     def window(self) -> tuple[int, ...]:
