@@ -350,6 +350,7 @@ def batched_matrix_mul_v0(
 
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # the reference registers its current MatrixMul as MatrixMulV2 (the type id of "MatrixMul")
-register_strict(MatrixMul, pdefs.MatrixMul, name="MatrixMulV2")
-register_strict(BatchedMatrixMul, pdefs.MatrixMul, name="BatchedMatrixMulV2")
+# both write param.MatrixMul, MatrixMulParam's table
+register_strict(MatrixMul, name="MatrixMulV2")
+register_strict(BatchedMatrixMul, name="BatchedMatrixMulV2")
 register_strict(Dot, pdefs.Empty)

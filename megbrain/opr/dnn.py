@@ -738,16 +738,16 @@ def deconvolution_v0(
 
 
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
-# as the reference: the convolutions write their table then param.ExecutionPolicy (the
-# strategy); the current Convolution is registered as ConvolutionV1 (the type id of the
-# unversioned name)
-for _cls, _def, _name in [
-    (Convolution, pdefs.Convolution, "ConvolutionV1"),
-    (ConvolutionBackwardData, pdefs.Convolution, "ConvolutionBackwardDataV1"),
-    (ConvolutionBackwardFilter, pdefs.Convolution, "ConvolutionBackwardFilterV1"),
-    (Convolution3D, pdefs.Convolution3D, "Convolution3D"),
-    (Convolution3DBackwardData, pdefs.Convolution3D, "Convolution3DBackwardData"),
-    (Convolution3DBackwardFilter, pdefs.Convolution3D, "Convolution3DBackwardFilter"),
+# as the reference: the convolutions write their Param's table (param.Convolution,
+# param.Convolution3D) then param.ExecutionPolicy (the strategy); the current Convolution is
+# registered as ConvolutionV1 (the type id of the unversioned name)
+for _cls, _name in [
+    (Convolution, "ConvolutionV1"),
+    (ConvolutionBackwardData, "ConvolutionBackwardDataV1"),
+    (ConvolutionBackwardFilter, "ConvolutionBackwardFilterV1"),
+    (Convolution3D, "Convolution3D"),
+    (Convolution3DBackwardData, "Convolution3DBackwardData"),
+    (Convolution3DBackwardFilter, "Convolution3DBackwardFilter"),
 ]:
-    register_with_policy(_cls, _def, name=_name)
-del _cls, _def, _name
+    register_with_policy(_cls, name=_name)
+del _cls, _name

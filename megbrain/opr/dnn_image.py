@@ -688,17 +688,12 @@ def resize(
 
 
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
-# the reference's mat_idx input of WarpPerspective (4 inputs) is refused by the operator
-for _cls, _def in [
-    (ROIPooling, pdefs.ROIPooling),
-    (ROIPoolingBackward, pdefs.ROIPooling),
-    (ROIAlign, pdefs.ROIAlign),
-    (ROIAlignBackward, pdefs.ROIAlign),
-    (WarpPerspective, pdefs.WarpPerspective),
-    (WarpPerspectiveBackwardData, pdefs.WarpPerspective),
-    (WarpPerspectiveBackwardMat, pdefs.WarpPerspective),
-    (ResizeBackward, pdefs.Resize),
-]:
-    register_strict(_cls, _def, name=_cls.__name__)  # the registered names are the aliases
-del _cls, _def
-register_strict(Resize, pdefs.Resize, name="ResizeV1")
+# each writes its Param's table; the reference's mat_idx input of WarpPerspective (4 inputs)
+# is refused by the operator
+for _cls in (
+    ROIPooling, ROIPoolingBackward, ROIAlign, ROIAlignBackward,
+    WarpPerspective, WarpPerspectiveBackwardData, WarpPerspectiveBackwardMat, ResizeBackward,
+):  # fmt: skip
+    register_strict(_cls, name=_cls.__name__)  # the registered names are the aliases
+del _cls
+register_strict(Resize, name="ResizeV1")

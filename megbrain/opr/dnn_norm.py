@@ -38,6 +38,7 @@ __all__ = [
     "lrn",
 ]
 
+
 def _is_float(dt: np.dtype) -> bool:
     return (dt.kind == "f" and not dt.metadata) or is_bfloat16(dt)
 
@@ -427,7 +428,8 @@ def lrn(
 
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # param.BN's scale and bias fields have no place in BNParam: files must hold their defaults
-register_strict(BatchNorm, pdefs.BN, name="BatchNorm")
-register_strict(BatchNormBackward, pdefs.BN)
-register_strict(LRN, pdefs.LRN, name="LRN")
-register_strict(LRNBackward, pdefs.LRN)
+# param.BN and param.LRN, their Params' tables
+register_strict(BatchNorm, name="BatchNorm")
+register_strict(BatchNormBackward)
+register_strict(LRN, name="LRN")
+register_strict(LRNBackward)

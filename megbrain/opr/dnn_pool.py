@@ -152,5 +152,5 @@ def pooling(
     return build_opr(Pooling, [src], param, None, name, comp_node, config, comp_graph)
 
 
-register_strict(Pooling, pdefs.Pooling, name="Pooling")
-register_strict(PoolingBackward, pdefs.Pooling)
+register_strict(Pooling, name="Pooling")  # param.Pooling, PoolingParam's table
+register_strict(PoolingBackward)

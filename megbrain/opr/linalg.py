@@ -7,15 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import (
-    OperatorNodeBase,
-    OperatorNodeConfig,
-    ParamBase,
-    register_opr,
-    static_shape,
-    table_param,
-)
-from ..graph.operator import fmt_shape
+from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, static_shape
+from ..graph.operator import fmt_shape, table_param
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .blas import batched_matrix_mul, matrix_mul
@@ -172,4 +165,4 @@ def svd(
 
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 register_strict(MatrixInverse, pdefs.Empty)
-register_strict(SVD, pdefs.SVD)
+register_strict(SVD)  # param.SVD, SVDParam's table
