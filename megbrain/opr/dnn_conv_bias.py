@@ -52,8 +52,8 @@ _BIAS_ACT = {
 }
 
 
-# the convolution's fields come first, as ConvolutionParam's (positional arguments rely on
-# it); output_block_size, a winograd setting, is not supported
+# the convolution's fields are inherited from ConvolutionParam, in its order (not the
+# table's), and nonlineMode follows; output_block_size, a winograd setting, is not supported
 @dataclass(frozen=True)
 @table_param(pdefs.ConvBias, skip=("output_block_size",))
 class ConvBiasParam(ConvolutionParam):
