@@ -119,16 +119,16 @@ class CondExecRegistry:
 
     @classmethod
     def get(cls, graph) -> CondExecRegistry:
-        reg = graph.user_data.get(cls.KEY)
+        reg = graph.internal_data.get(cls.KEY)
         if reg is None:
-            reg = graph.user_data[cls.KEY] = cls()
+            reg = graph.internal_data[cls.KEY] = cls()
             graph.opr_insert_hooks.append(reg.on_new_opr)
             graph.insert_rewriters.append(reg.merge_grad_sum)
         return reg
 
     @classmethod
     def find(cls, graph) -> CondExecRegistry | None:
-        return graph.user_data.get(cls.KEY)
+        return graph.internal_data.get(cls.KEY)
 
     def mask_of(self, var) -> ExecutionMask | None:
         return self.var2mask.get(var)

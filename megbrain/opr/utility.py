@@ -804,7 +804,7 @@ class PersistentOutputStorage(OperatorNodeBase):
             if buf is None or buf.shape != tuple(shape) or buf.dtype != dtype:
                 buf = self._own = np.zeros(shape, dtype)
             return buf
-        pool = self.graph.user_data.setdefault("persistent_output_storage", {})
+        pool = self.graph.internal_data.setdefault("persistent_output_storage", {})
         k = (key, tuple(shape), np.dtype(dtype).str)
         if k not in pool:
             pool[k] = np.zeros(shape, dtype)
