@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ArgumentError, GraphError, MegBrainError, SerializationError, ShapeDescError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
-from ..graph.operator import fmt_shape
+from ..graph.operator import NoGradient, fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.var import InferType
 from ..serialization import sereg
@@ -272,7 +272,7 @@ class Dimshuffle(_ViewOpr):
             return None
         kept = [i for i in p.pattern if i >= 0]
         if len(set(kept)) != len(kept):
-            raise self.error(f"pattern {p.pattern} repeats an axis: no gradient")
+            raise self.error(f"pattern {p.pattern} repeats an axis: no gradient", NoGradient)
         inv = tuple(p.pattern.index(i) if i in kept else "x" for i in range(p.ndim))
         return dimshuffle(out_grads[0], inv, len(p.pattern)).node
 
@@ -528,7 +528,7 @@ class RelayoutFormat(OperatorNodeBase):
             return relayout_format(og, mode="NCHW_NCHW88").node
         if mode == "NCHW_NCHW88" and infer_shape(self.inputs[0])[1] % 8 == 0:
             return relayout_format(og, mode=_FROM_NCHW88).node
-        raise self.error(f"mode {mode} has no gradient here")
+        raise self.error(f"mode {mode} has no gradient here", NoGradient)
 
     def default_name(self):
         return f"relayout_format({self.inputs[0].name})"
