@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import megbrain as mgb
+from megbrain.graph import static_shape as graph_static_shape
 
 from .loader import narrow as _narrow
 from .registry import Attr, converter
@@ -12,12 +13,19 @@ from .registry import Attr, converter
 E = mgb.opr.elemwise
 
 
+def known_shape(var) -> tuple | None:
+    """The static shape of ``var``, None for a run-time one (``imm_shape`` would say ``()``,
+    which is also the shape of an ONNX 0-d value)."""
+    shp = graph_static_shape(var.node)
+    return None if shp is None else tuple(int(d) for d in shp)
+
+
 def static_shape(ctx, var, what="input") -> tuple:
     """The shape of ``var``, which must be known when the graph is built."""
-    shp = var.imm_shape
+    shp = known_shape(var)
     if shp is None:
         raise ctx.fail(f"the shape of the {what} must be known at load")
-    return tuple(int(d) for d in shp)
+    return shp
 
 
 def _norm_axis(ctx, axis, ndim):
@@ -29,7 +37,7 @@ def _norm_axis(ctx, axis, ndim):
 
 def _reshape(var, shape):
     shape = tuple(int(d) for d in shape)
-    if tuple(var.imm_shape or ()) == shape and var.imm_shape is not None:
+    if known_shape(var) == shape:
         return var
     return mgb.opr.reshape(var, shape)
 
@@ -136,7 +144,7 @@ def _range(ctx):
 @converter("Shape", 1, attrs={"start": 0, "end": None})
 def _shape(ctx):
     x = ctx.input(0)
-    shp = x.imm_shape
+    shp = known_shape(x)
     if shp is not None:
         shp = np.asarray(shp, np.int32)
         r = len(shp)
@@ -188,17 +196,14 @@ def _transpose(ctx):
 @converter("Squeeze", 1, attrs={"axes": None})
 def _squeeze(ctx):
     x = ctx.input(0)
-    try:
-        src = tuple(int(d) for d in x.imm_shape)
-    except mgb.MegBrainError:  # a run-time shape (NonZero, Compress): drop the given axes
+    src = known_shape(x)
+    if src is None:  # a run-time shape (NonZero, Compress): drop the given axes
         if ctx.opset >= 13:
             axes = ctx.const(1, "axes").ravel().tolist() if ctx.has(1) else []
         else:
             axes = list(ctx.attr("axes") or [])
         if not axes or min(axes) < 0:
-            raise ctx.fail(
-                "squeezing a tensor of run-time shape needs explicit non-negative axes"
-            ) from None
+            raise ctx.fail("squeezing a tensor of run-time shape needs explicit non-negative axes")
         for a in sorted({int(a) for a in axes}, reverse=True):
             x = mgb.opr.remove_axis(x, a)
         return x
@@ -411,9 +416,8 @@ def _pad11(ctx):
     x = ctx.input(0)
     pads = _int64_list(ctx, 1, "pads")
     if ctx.has(2):
-        value = (
-            _reshape(ctx.input(2), ()) if ctx.input(2).imm_shape not in ((), None) else ctx.input(2)
-        )
+        v = ctx.input(2)
+        value = _reshape(v, ()) if known_shape(v) not in ((), None) else v
     else:
         value = ctx.imm(np.zeros((), np.dtype(x.dtype)))
     axes = _int64_list(ctx, 3, "axes") if ctx.has(3) else None
