@@ -15,14 +15,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ArgumentError, GraphError, MegBrainError, SerializationError, ShapeDescError
+from ..dtype import same_dtype
+from ..errors import (
+    ArgumentError,
+    ConversionError,
+    GraphError,
+    MegBrainError,
+    SerializationError,
+    ShapeDescError,
+)
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import NoGradient, fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.var import InferType
 from ..serialization import sereg
 from . import param_defs as _pdefs
-from ._internal import provide, reduce_to_input, subtensor_getitem, typecvt
+from ._internal import dtype_promotion, provide, reduce_to_input, subtensor_getitem, typecvt
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr, make_immutable
 from .param_args import as_axes, as_axis, as_int, is_int, opr_params, optional_axis
 
@@ -853,13 +861,22 @@ def remove_axis(src, axis, *, name=None, comp_node=None, config=None, comp_graph
 def concat(
     *inputs, axis: int, name=None, comp_node=None, config=None, comp_graph=None
 ) -> SymbolVar:
-    """Concatenate ``inputs`` (vars or a list of them) along ``axis`` (``Concat``)."""
+    """Concatenate ``inputs`` (vars or a list of them) along ``axis`` (``Concat``).
+
+    Inputs of different dtypes are first converted to their promoted dtype, as Elemwise's
+    (MegBrain's ``BatchedDTypePromotion``): an int32 and a float32 var give float32.
+    """
     if len(inputs) == 1 and isinstance(inputs[0], (list, tuple)):
         inputs = tuple(inputs[0])
     if not inputs:
         raise MegBrainError("concat: needs at least one input")
     cfg = _merge_config(name, comp_node, config)
     vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
+    try:
+        dtype = functools.reduce(dtype_promotion, [v.dtype for v in vars_])
+    except ConversionError as exc:
+        raise ConversionError(f"concat: {exc.msg}") from None
+    vars_ = [v if same_dtype(v.dtype, dtype) else typecvt(SymbolVar(v), dtype).node for v in vars_]
     return insert_opr(Concat(vars_, ConcatParam(as_axis(axis, "concat")), cfg))[0]
 sereg.register_param_opr(
     RelayoutFormat,
