@@ -70,6 +70,9 @@ class Inferer:
         #: source operators whose current shape / value an answer depended on
         self.watch_shape: set = set()
         self.watch_value: set = set()
+        #: each value-watched source's ``runtime_state(watch_value=True)`` when it was read
+        #: (None where the source can not tell a changed value)
+        self.value_states: dict = {}
 
     # dependencies of one request: a list of (var, want_value)
     @staticmethod
@@ -151,8 +154,9 @@ class Inferer:
             for v in opr.outputs:
                 if v.shape_type == RT_STATIC:
                     self.watch_shape.add(opr)
-                if want_value and v.value_type == RT_STATIC:
+                if want_value and v.value_type == RT_STATIC and opr not in self.watch_value:
                     self.watch_value.add(opr)
+                    self.value_states[opr] = _value_state(opr)
         in_shapes = [self.shape(v) for v in ins]
         if want_value:
             in_values = [
@@ -210,16 +214,20 @@ def _graph_inferer(graph) -> Inferer:
 
     Building a graph queries shapes at every insertion; a fresh Inferer per query walks back
     to the inputs each time (quadratic in graph size). The cached one is dropped when a
-    watched source changed shape, when an answer depended on a source's value, and is
-    never used for eager graphs (which hold operators weakly).
+    watched source changed shape or value (a detector's ``gt_boxes[:, :im_info[4]]`` makes
+    shapes depend on an input's value), and is never used for eager graphs (which hold
+    operators weakly).
     """
     if graph.options.eager_evaluation:
         return Inferer()
     inf = getattr(graph, "_shape_inferer", None)
     if inf is not None:
-        if inf.watch_value:
-            inf = None
-        else:
+        for opr in inf.watch_value:
+            old = inf.value_states.get(opr)
+            if old is None or _value_state(opr) != old:
+                inf = None
+                break
+        if inf is not None:
             for opr in inf.watch_shape:
                 try:
                     cur = tuple(opr.infer_shapes([], {})[0])
@@ -231,6 +239,14 @@ def _graph_inferer(graph) -> Inferer:
     if inf is None:
         inf = graph._shape_inferer = Inferer()
     return inf
+
+
+def _value_state(opr):
+    """What tells whether source ``opr``'s value changed; None when nothing does."""
+    try:
+        return opr.runtime_state(watch_value=True)
+    except MegBrainError:  # no value yet
+        return None
 
 
 def infer_value(var: VarNode) -> np.ndarray | None:

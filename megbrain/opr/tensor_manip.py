@@ -118,7 +118,11 @@ class GetVarShape(_ViewOpr):
         return val
 
     def infer_value(self, in_values, out_shapes):
-        return [self._view([None])]
+        # the inferer hands a stand-in of the input's shape: asking the graph's inferer again
+        # here would start a nested inference per GetVarShape
+        val = self._value(in_values[0].shape)
+        val.flags.writeable = False
+        return [val]
 
     def grad(self, wrt_idx, out_grads):
         return None  # a shape is not differentiable

@@ -230,3 +230,25 @@ def test_multi_part_earlier_input_changed_before_a_later_part():
     # a sequence started again from part 0 sees the new shape
     f0()
     np.testing.assert_array_equal(f1()[0], np.full(4, 4, F32))
+
+
+def test_shapes_depending_on_an_input_value_keep_the_graph_inferer_while_it_is_unchanged():
+    # a detector's gt_boxes[:, :im_info[4]]: every later insertion infers a shape that reads
+    # the input's value; the graph's inferer is kept until that value changes (a fresh one
+    # per insertion re-walked the whole graph: RetinaNet's first training step took minutes)
+    from megbrain.graph import static_infer
+
+    g = _graph()
+    x = mgb.make_arg(CN, g, name="x", value=X)
+    n = mgb.make_arg(CN, g, name="n", dtype=I32, value=np.array([3], I32))
+    y = x[:, : n[0]]
+    assert y.imm_shape == (5, 3)
+    inf = g._shape_inferer
+    for _ in range(20):
+        y = y * 2 + 1
+    assert y.imm_shape == (5, 3)
+    assert g._shape_inferer is inf
+    n.set_value(np.array([2], I32))
+    assert y.imm_shape == (5, 2)
+    assert g._shape_inferer is not inf
+    assert static_infer.infer_shape(y.node) == (5, 2)
