@@ -281,6 +281,12 @@ class OperatorNodeBase:
         """Called for each operator of a function's comp seq when it is compiled, before
         anything is planned; raising refuses the compile (InvalidGrad). Default: nothing."""
 
+    def shape_tracked(self) -> bool:
+        """For sources: whether every change of the output shape bumps
+        ``TensorND.layout_epoch`` (static inference then re-reads the shape only after a
+        bump). Default: False (re-read at every check)."""
+        return False
+
     def source_infer(self) -> list[tuple[InferType, InferType]]:
         """For operators without inputs: (shape type, value type) of each output."""
         return [(InferType.CONST, InferType.CONST)] * self.nr_outputs

@@ -14,6 +14,7 @@ from collections.abc import Container, Iterable
 import numpy as np
 
 from ..errors import MegBrainError
+from ..tensor import TensorND
 from .var import InferType, VarNode
 
 __all__ = [
@@ -73,6 +74,10 @@ class Inferer:
         #: each value-watched source's ``runtime_state(watch_value=True)`` when it was read
         #: (None where the source can not tell a changed value)
         self.value_states: dict = {}
+        #: ``TensorND.layout_epoch`` when the watched shapes were last checked, and whether
+        #: a watched source's shape can change without a bump
+        self.epoch = TensorND.layout_epoch
+        self.untracked = False
 
     # dependencies of one request: a list of (var, want_value)
     @staticmethod
@@ -152,8 +157,9 @@ class Inferer:
         ins = opr.inputs
         if not ins:
             for v in opr.outputs:
-                if v.shape_type == RT_STATIC:
+                if v.shape_type == RT_STATIC and opr not in self.watch_shape:
                     self.watch_shape.add(opr)
+                    self.untracked = self.untracked or not opr.shape_tracked()
                 if want_value and v.value_type == RT_STATIC and opr not in self.watch_value:
                     self.watch_value.add(opr)
                     self.value_states[opr] = _value_state(opr)
@@ -227,7 +233,8 @@ def _graph_inferer(graph) -> Inferer:
             if old is None or _value_state(opr) != old:
                 inf = None
                 break
-        if inf is not None:
+        epoch = TensorND.layout_epoch
+        if inf is not None and (inf.untracked or epoch != inf.epoch):
             for opr in inf.watch_shape:
                 try:
                     cur = tuple(opr.infer_shapes([], {})[0])
@@ -236,6 +243,8 @@ def _graph_inferer(graph) -> Inferer:
                 if cur != inf.shapes.get(opr.outputs[0]):
                     inf = None
                     break
+            else:
+                inf.epoch = epoch
     if inf is None:
         inf = graph._shape_inferer = Inferer()
     return inf
