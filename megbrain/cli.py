@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 import megbrain as mgb
+from megbrain.graph import static_shape as graph_static_shape
 
 __all__ = ["main", "CliError"]
 
@@ -155,10 +156,9 @@ def _pick_graph(graphs: list, index: int, path: str):
 
 def _shape_of(var) -> tuple | None:
     """The static shape of ``var``, or None when it is not known before running."""
-    try:
-        return tuple(int(d) for d in var.imm_shape)
-    except mgb.MegBrainError:
-        return None
+    # not imm_shape: that is () while unknown, and a dynamic var's last shape after a run
+    shp = graph_static_shape(var.node)
+    return None if shp is None else tuple(int(d) for d in shp)
 
 
 def _dtype_name(dtype: Any) -> str:

@@ -512,6 +512,10 @@ class TensorND:
         The element dtype; None leaves it unset (taken from the source of ``copy_from``).
     """
 
+    #: bumped whenever a tensor's layout is set (resize, reset, copy_from): static inference
+    #: re-reads its sources' shapes only after a bump
+    layout_epoch: ClassVar[int] = 0
+
     __slots__ = ("_storage", "_layout")
     _host: ClassVar[bool] = False
     _default_comp_node: ClassVar[str] = "xpux"
@@ -661,6 +665,7 @@ class TensorND:
         if st.size < need:
             self._storage = st._grown(need)
         self._layout = layout
+        TensorND.layout_epoch += 1
         return self
 
     def reset(self, storage: Storage, layout: TensorLayout) -> TensorND:
@@ -673,6 +678,7 @@ class TensorND:
         """
         self._check_span(storage, layout)
         self._storage, self._layout = storage, layout
+        TensorND.layout_epoch += 1
         return self
 
     @staticmethod
@@ -733,6 +739,7 @@ class TensorND:
         if st.size < need:
             st = st._grown(need)
         self._storage, self._layout = st, layout
+        TensorND.layout_epoch += 1
         _dispatch_copy(self, src)
         return self
 

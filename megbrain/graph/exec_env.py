@@ -146,6 +146,7 @@ class ExecEnv:
             outs = opr.run_dynamic(ins)
             for v, a in zip(opr.outputs, outs):
                 slots[v] = a
+                v.rt_shape = a.shape
 
         return run
 

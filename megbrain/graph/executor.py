@@ -51,6 +51,8 @@ class AsyncExecutable:
                     done.add(opr)
                     self.seq.append(opr)
             self.part_bounds.append((start, len(self.seq)))
+        for opr in self.seq:
+            opr.add_input_layout_constraint()
         self._rt_static_deps: dict = {}  # part (None: all) -> get_rt_static_source_deps()
         self._next_part = 0
         self._valid = True

@@ -18,12 +18,18 @@ from .var import InferType, VarNode
 __all__ = [
     "OPR_REGISTRY",
     "OperatorNodeBase",
+    "NoGradient",
     "OperatorNodeConfig",
     "ParamBase",
     "table_param",
     "register_opr",
     "fmt_shape",
 ]
+
+class NoGradient(MegBrainError):
+    """Raised by an operator's ``grad`` where the gradient is not defined; the gradient walk
+    puts an InvalidGrad operator in its place, which fails only when a function needs it."""
+
 
 #: registry name -> operator class; the name the serializer writes.
 OPR_REGISTRY: dict[str, type[OperatorNodeBase]] = {}
@@ -380,8 +386,21 @@ class OperatorNodeBase:
         return outs
 
     def grad(self, wrt_idx: int, out_grads: list):
-        """Symbolic gradient w.r.t. input ``wrt_idx``; None means no gradient (zero)."""
-        raise MegBrainError(f"operator {self.type_name} ({self.name}) has no gradient")
+        """Symbolic gradient w.r.t. input ``wrt_idx``; None means no gradient (zero).
+
+        Raises :class:`NoGradient` where the gradient is not defined (the default).
+        """
+        raise NoGradient(f"operator {self.type_name} ({self.name}) has no gradient")
+
+    def add_input_layout_constraint(self) -> None:
+        """Called for each operator of a function's comp seq when it is compiled, before
+        anything is planned; raising refuses the compile (InvalidGrad). Default: nothing."""
+
+    def shape_tracked(self) -> bool:
+        """For sources: whether every change of the output shape bumps
+        ``TensorND.layout_epoch`` (static inference then re-reads the shape only after a
+        bump). Default: False (re-read at every check)."""
+        return False
 
     def source_infer(self) -> list[tuple[InferType, InferType]]:
         """For operators without inputs: (shape type, value type) of each output."""

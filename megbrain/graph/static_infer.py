@@ -14,6 +14,7 @@ from collections.abc import Container, Iterable
 import numpy as np
 
 from ..errors import MegBrainError
+from ..tensor import TensorND
 from .var import InferType, VarNode
 
 __all__ = [
@@ -70,6 +71,13 @@ class Inferer:
         #: source operators whose current shape / value an answer depended on
         self.watch_shape: set = set()
         self.watch_value: set = set()
+        #: each value-watched source's ``runtime_state(watch_value=True)`` when it was read
+        #: (None where the source can not tell a changed value)
+        self.value_states: dict = {}
+        #: ``TensorND.layout_epoch`` when the watched shapes were last checked, and whether
+        #: a watched source's shape can change without a bump
+        self.epoch = TensorND.layout_epoch
+        self.untracked = False
 
     # dependencies of one request: a list of (var, want_value)
     @staticmethod
@@ -149,10 +157,12 @@ class Inferer:
         ins = opr.inputs
         if not ins:
             for v in opr.outputs:
-                if v.shape_type == RT_STATIC:
+                if v.shape_type == RT_STATIC and opr not in self.watch_shape:
                     self.watch_shape.add(opr)
-                if want_value and v.value_type == RT_STATIC:
+                    self.untracked = self.untracked or not opr.shape_tracked()
+                if want_value and v.value_type == RT_STATIC and opr not in self.watch_value:
                     self.watch_value.add(opr)
+                    self.value_states[opr] = _value_state(opr)
         in_shapes = [self.shape(v) for v in ins]
         if want_value:
             in_values = [
@@ -210,16 +220,21 @@ def _graph_inferer(graph) -> Inferer:
 
     Building a graph queries shapes at every insertion; a fresh Inferer per query walks back
     to the inputs each time (quadratic in graph size). The cached one is dropped when a
-    watched source changed shape, when an answer depended on a source's value, and is
-    never used for eager graphs (which hold operators weakly).
+    watched source changed shape or value (a detector's ``gt_boxes[:, :im_info[4]]`` makes
+    shapes depend on an input's value), and is never used for eager graphs (which hold
+    operators weakly).
     """
     if graph.options.eager_evaluation:
         return Inferer()
     inf = getattr(graph, "_shape_inferer", None)
     if inf is not None:
-        if inf.watch_value:
-            inf = None
-        else:
+        for opr in inf.watch_value:
+            old = inf.value_states.get(opr)
+            if old is None or _value_state(opr) != old:
+                inf = None
+                break
+        epoch = TensorND.layout_epoch
+        if inf is not None and (inf.untracked or epoch != inf.epoch):
             for opr in inf.watch_shape:
                 try:
                     cur = tuple(opr.infer_shapes([], {})[0])
@@ -228,9 +243,19 @@ def _graph_inferer(graph) -> Inferer:
                 if cur != inf.shapes.get(opr.outputs[0]):
                     inf = None
                     break
+            else:
+                inf.epoch = epoch
     if inf is None:
         inf = graph._shape_inferer = Inferer()
     return inf
+
+
+def _value_state(opr):
+    """What tells whether source ``opr``'s value changed; None when nothing does."""
+    try:
+        return opr.runtime_state(watch_value=True)
+    except MegBrainError:  # no value yet
+        return None
 
 
 def infer_value(var: VarNode) -> np.ndarray | None:

@@ -48,6 +48,7 @@ class VarNode:
         "const_value",
         "name_given",
         "eager_value",
+        "rt_shape",
         "__weakref__",
     )
 
@@ -74,6 +75,8 @@ class VarNode:
         self.const_value: np.ndarray | None = None
         #: the value computed at insertion in an eager graph
         self.eager_value: np.ndarray | None = None
+        #: the shape a run last computed for a var without a static shape (None before)
+        self.rt_shape: tuple | None = None
 
     def __repr__(self) -> str:
         return f"VarNode(id={self.id},name={self.name})"

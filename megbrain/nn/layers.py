@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 import megbrain as mgb
+from megbrain.graph import static_shape
 from megbrain.graph.param_def import per_axis_fields
 from megbrain.tensor import SubTensorSpec, TensorLayout
 
@@ -26,6 +27,15 @@ __all__ = [
     "Dropout",
     "Flatten",
 ]
+
+
+def _known_shape(x, who: str) -> tuple:
+    """The shape of ``x`` the layer ``who`` builds from, which must be static (``imm_shape``
+    would say ``()`` while it is unknown)."""
+    shape = static_shape(x.node)
+    if shape is None:
+        raise mgb.MegBrainError(f"{who}: the shape of input {x.name!r} must be static")
+    return tuple(shape)
 
 
 def _param_var(p, x):
@@ -141,7 +151,7 @@ class _BatchNorm(Module):
         return mgb.opr.shared_device_tensor(graph, cached[1], name=name)
 
     def forward(self, x):
-        shape = tuple(x.imm_shape)
+        shape = _known_shape(x, type(self).__name__)
         ndim = len(shape)
         bshape = self._bshape(ndim)
         if self.training:
@@ -259,5 +269,5 @@ class Flatten(Module):
     """(N, ...) -> (N, prod(...))."""
 
     def forward(self, x):
-        shp = x.imm_shape
+        shp = _known_shape(x, "Flatten")
         return x.reshape(-1, int(np.prod(shp[1:])))

@@ -9,7 +9,7 @@ import numpy as np
 import megbrain as mgb
 
 from ..device import mpi_comm as _comm
-from .layers import _BatchNorm, _param_var
+from .layers import _BatchNorm, _known_shape, _param_var
 from .module import _add_state_update
 
 __all__ = ["SyncBatchNorm"]
@@ -36,7 +36,7 @@ class SyncBatchNorm(_BatchNorm):
     def forward(self, x):
         if not self.training:
             return super().forward(x)
-        shape = tuple(x.imm_shape)
+        shape = _known_shape(x, "SyncBatchNorm")
         ndim = len(shape)
         if ndim not in (2, 3, 4):
             raise mgb.MegBrainError(

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from ..errors import MegBrainError
+from ..graph import static_shape as graph_static_shape
 from .registry import ONNXConversionError
 
 __all__ = [
@@ -201,10 +201,8 @@ class Writer:
 
 def imm_shape(var) -> tuple | None:
     """The static shape of ``var``, or None where it is known only by running."""
-    try:
-        shp = var.imm_shape
-    except MegBrainError:  # DynamicShapeError: a data-dependent shape
-        return None
+    # not imm_shape: after a run, that is the last computed shape of a dynamic var too
+    shp = graph_static_shape(var.node)
     return None if shp is None else tuple(int(d) for d in shp)
 
 

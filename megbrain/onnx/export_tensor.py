@@ -520,6 +520,7 @@ REFUSED.update(
         "graph before optimize_for_inference(use_nchw88=True)",
         "VirtualGrad": "a symbolic gradient (expanded only when compiling)",
         "VirtualLoss": "a symbolic gradient (expanded only when compiling)",
+        "InvalidGrad": "an undefined gradient (no function can compute it)",
         "AssertEqual": "a run-time check with no ONNX form",
         "GaussianRNG": "ONNX random operators draw from another generator",
         "UniformRNG": "ONNX random operators draw from another generator",

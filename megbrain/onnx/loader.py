@@ -11,6 +11,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import megbrain as mgb
+from megbrain.graph import static_shape as graph_static_shape
 
 from .registry import ONNXConversionError, as_numpy_attr, lookup
 
@@ -70,6 +71,13 @@ def _describe(node: onnx.NodeProto, idx: int, opset: int) -> str:
     return f"ONNX node {name!r} (op {node.op_type}, opset {opset})"
 
 
+def known_shape(var) -> tuple | None:
+    """The static shape of ``var``, None for a run-time one (``imm_shape`` would say ``()``,
+    which is also the shape of an ONNX 0-d value)."""
+    shp = graph_static_shape(var.node)
+    return None if shp is None else tuple(int(d) for d in shp)
+
+
 def physical_shape(shape) -> tuple:
     """The shape megbrain holds an ONNX value of shape ``shape`` in: a 0-d one is (1,)."""
     shape = tuple(int(d) for d in shape)
@@ -114,11 +122,7 @@ class NodeContext:
         shape = tuple(int(d) for d in shape)
         self.set_rank(len(shape), i)
         phys = physical_shape(shape)
-        try:
-            now = var.imm_shape
-        except mgb.MegBrainError:
-            now = None
-        return var if now is not None and tuple(now) == phys else mgb.opr.reshape(var, phys)
+        return var if known_shape(var) == phys else mgb.opr.reshape(var, phys)
 
     def fail(self, msg: str) -> ONNXConversionError:
         """An error naming this node; raise it."""
@@ -241,13 +245,9 @@ def _output_rank(ctx, i: int, var, inferred: int | None) -> int | None:
     unknown) when every input is 0-d, as an elementwise operator's output is."""
     if i in ctx.out_ranks:
         return ctx.out_ranks[i]
-    try:
-        shape = var.imm_shape
-    except mgb.MegBrainError:
-        shape = None
+    shape = known_shape(var)
     if shape is None:
         return inferred
-    shape = tuple(shape)
     if shape not in ((), (1,)):
         return len(shape)
     if inferred is not None:

@@ -6,8 +6,8 @@ import numpy as np
 
 import megbrain as mgb
 
+from .loader import known_shape, physical_shape
 from .loader import narrow as _narrow
-from .loader import physical_shape
 from .registry import Attr, converter
 
 E = mgb.opr.elemwise
@@ -16,12 +16,12 @@ E = mgb.opr.elemwise
 def static_shape(ctx, var, what="input") -> tuple:
     """The ONNX shape of ``var``, which must be known when the graph is built: () for a 0-d
     input of the node (held as (1,))."""
-    shp = var.imm_shape
+    shp = known_shape(var)
     if shp is None:
         raise ctx.fail(f"the shape of the {what} must be known at load")
     if ctx.rank_of(var) == 0:
         return ()
-    return tuple(int(d) for d in shp)
+    return shp
 
 
 def _norm_axis(ctx, axis, ndim):
@@ -33,7 +33,7 @@ def _norm_axis(ctx, axis, ndim):
 
 def _reshape(var, shape):
     shape = physical_shape(shape)
-    if tuple(var.imm_shape or ()) == shape and var.imm_shape is not None:
+    if known_shape(var) == shape:
         return var
     return mgb.opr.reshape(var, shape)
 
@@ -142,7 +142,7 @@ def _range(ctx):
 def _shape(ctx):
     x = ctx.input(0)
     ctx.set_rank(1)
-    shp = x.imm_shape
+    shp = known_shape(x)
     if shp is not None:
         shp = np.asarray(static_shape(ctx, x), np.int32)
         r = len(shp)
@@ -197,20 +197,17 @@ def _transpose(ctx):
 @converter("Squeeze", 1, attrs={"axes": None})
 def _squeeze(ctx):
     x = ctx.input(0)
-    try:
-        src = static_shape(ctx, x)
-    except mgb.MegBrainError:  # a run-time shape (NonZero, Compress): drop the given axes
+    if known_shape(x) is None:  # a run-time shape (NonZero, Compress): drop the given axes
         if ctx.opset >= 13:
             axes = ctx.const(1, "axes").ravel().tolist() if ctx.has(1) else []
         else:
             axes = list(ctx.attr("axes") or [])
         if not axes or min(axes) < 0:
-            raise ctx.fail(
-                "squeezing a tensor of run-time shape needs explicit non-negative axes"
-            ) from None
+            raise ctx.fail("squeezing a tensor of run-time shape needs explicit non-negative axes")
         for a in sorted({int(a) for a in axes}, reverse=True):
             x = mgb.opr.remove_axis(x, a)
         return x
+    src = static_shape(ctx, x)
     axes = _axes_of(ctx, "axes", len(src), input_idx=1)
     if axes is None:
         axes = [i for i, d in enumerate(src) if d == 1]
@@ -421,9 +418,8 @@ def _pad11(ctx):
     x = ctx.input(0)
     pads = _int64_list(ctx, 1, "pads")
     if ctx.has(2):
-        value = (
-            _reshape(ctx.input(2), ()) if ctx.input(2).imm_shape not in ((), None) else ctx.input(2)
-        )
+        v = ctx.input(2)
+        value = _reshape(v, ()) if known_shape(v) not in ((), None) else v
     else:
         value = ctx.imm(np.zeros((), np.dtype(x.dtype)))
     axes = _int64_list(ctx, 3, "axes") if ctx.has(3) else None

@@ -53,6 +53,7 @@ def _builder(name: str) -> Callable:
 
 # what the families and the gradient walk build from families after them
 typecvt = _builder("typecvt")
+dtype_promotion = _builder("dtype_promotion")
 elemwise = _builder("elemwise")
 fill_retain_dtype = _builder("fill_retain_dtype")
 reduce_general = _builder("reduce_general")

@@ -110,8 +110,13 @@ class SymbolVar:
 
     @property
     def imm_shape(self) -> tuple:
-        """The statically inferred shape as a tuple (raises if it is dynamic)."""
-        return infer_shape(self.node)
+        """The var's current shape, as MegBrain's ``_get_imm_shape``: the statically inferred
+        one, else the shape the last run computed, else ``()`` (never raises)."""
+        try:
+            shp = infer_shape(self.node)
+        except MegBrainError:  # dynamic, or an input without a value yet
+            shp = self.node.rt_shape
+        return () if shp is None else tuple(shp)
 
     @property
     def inferred_value(self) -> np.ndarray | None:

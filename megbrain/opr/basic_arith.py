@@ -699,4 +699,4 @@ def fill_retain_dtype(var, value) -> SymbolVar:
     return broadcast(const, get_var_shape(SymbolVar(v)))
 
 
-provide(elemwise, typecvt, reduce_general, fill_retain_dtype)
+provide(elemwise, typecvt, reduce_general, fill_retain_dtype, dtype_promotion)

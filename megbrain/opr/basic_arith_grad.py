@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import InferType, OperatorNodeConfig, infer_value
+from ..graph.operator import NoGradient
 from ..graph.static_infer import static_shape
 from ._internal import reduce_to_input, sv
 from .base import SymbolVar, insert_opr
@@ -87,7 +88,7 @@ def _elemwise_grad(opr: Elemwise, i: int, og):
     if mode == "MOD":
         if i == 0:
             return og
-        raise opr.error("MOD has no gradient with respect to the divisor")
+        raise opr.error("MOD has no gradient with respect to the divisor", NoGradient)
     if mode == "LOG_SUM_EXP":
         return og * _ew("SIGMOID", x[i] - x[1 - i])
     if mode == "ATAN2":
@@ -126,7 +127,7 @@ def _elemwise_grad(opr: Elemwise, i: int, og):
         sq = a * a
         p = sq + 3.0
         return og * b * (48.0 / 9.0) * a * (sq - 9.0) / (p * p * p)
-    raise opr.error(f"mode {mode} has no gradient")
+    raise opr.error(f"mode {mode} has no gradient", NoGradient)
 
 
 def _elemwise_grad_method(self, wrt_idx, out_grads):
@@ -165,7 +166,7 @@ def _reduce_grad(self, wrt_idx, out_grads):
         return (bog * elemwise(x, broadcast(y, shp), mode="EQ")).node
     if mode == "PRODUCT":
         return (bog * _product_grad_factor(self, x)).node
-    raise self.error(f"Reduce mode {mode} has no gradient")
+    raise self.error(f"Reduce mode {mode} has no gradient", NoGradient)
 
 
 def _reduced_axes(opr: Reduce, shape: tuple) -> list[int] | None:

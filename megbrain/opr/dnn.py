@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
-from ..graph.operator import fmt_shape, table_param
+from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..graph.param_def import members_of
 from ..kernels.conv import common as conv_kernels
 from ..kernels.conv import nchw88 as conv_nchw88
@@ -286,7 +286,8 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
         if self.param.format == "NCHW88":
             raise self.error(
                 "the NCHW88 format has no gradient here (it is an inference layout, from "
-                "optimize_for_inference(use_nchw88=True)); differentiate the NCHW graph"
+                "optimize_for_inference(use_nchw88=True)); differentiate the NCHW graph",
+                NoGradient,
             )
 
     def _filter_geometry(self, fshape: tuple) -> tuple[int, int, int, tuple]:

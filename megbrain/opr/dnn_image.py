@@ -14,7 +14,7 @@ import numpy as np
 
 from ..dtype import is_bfloat16, is_quantize
 from ..graph import OperatorNodeBase, ParamBase, register_opr
-from ..graph.operator import fmt_shape, table_param
+from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..graph.param_def import members_of
 from ..kernels import dnn_image as kern
 from . import param_defs as pdefs
@@ -353,7 +353,7 @@ class WarpPerspective(OperatorNodeBase):
         if wrt_idx == 2 or not _grad_input(self, out_grads):
             return None
         if self.param.imode != "LINEAR":
-            raise self.error(f"no gradient for imode {self.param.imode} (only LINEAR)")
+            raise self.error(f"no gradient for imode {self.param.imode} (only LINEAR)", NoGradient)
         src, mat = self.inputs[0], self.inputs[1]
         if wrt_idx == 0:
             bwd = WarpPerspectiveBackwardData([mat, out_grads[0], src], self.param, None)

@@ -2,21 +2,70 @@
 
 Each operator's ``grad(wrt_idx, out_grads)`` returns a var (or None for a zero gradient)
 built from other operators, so gradients of gradients work wherever those have gradients.
-Contributions to a var used many times are summed.
+Contributions to a var used many times are summed. Where an operator's gradient is not
+defined (it raises NoGradient) the walk puts an :class:`InvalidGrad` operator, as MegBrain
+does: building the gradient never fails, compiling a function that needs it does.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..errors import GraphError, MegBrainError
-from ..graph import VarNode
+from ..graph import OperatorNodeBase, ParamBase, VarNode, register_opr
+from ..graph.operator import NoGradient
 from ..graph.replace import dep_oprs, replace_vars
 from ..graph.static_infer import static_shape
 from ._internal import elemwise, fill_retain_dtype, sv
+from .base import insert_opr
 
-__all__ = ["grad", "current_grad_target", "expand_virtual_grads"]
+__all__ = ["InvalidGrad", "grad", "current_grad_target", "expand_virtual_grads"]
+
+
+@dataclass(frozen=True)
+class InvalidGradParam(ParamBase):
+    grad_opr_id: int
+    inp_idx: int
+
+
+@register_opr
+class InvalidGrad(OperatorNodeBase):
+    """Stands for the undefined gradient w.r.t. input ``inp_idx`` of ``grad_opr``: shaped like
+    that input (its only input), it refuses to be compiled, naming the operator and input."""
+
+    Param = InvalidGradParam
+    value_inferable = False
+
+    def __init__(self, inputs, grad_opr, inp_idx: int, reason: str, config=None):
+        super().__init__(inputs, InvalidGradParam(grad_opr.id, inp_idx), config)
+        self.grad_opr = grad_opr
+        self.reason = reason
+
+    def infer_shapes(self, in_shapes, in_values):
+        return [in_shapes[0]]
+
+    def default_name(self):
+        return f"invalid_grad[{self.grad_opr.name}:{self.param.inp_idx}]"
+
+    def add_input_layout_constraint(self):
+        o, i = self.grad_opr, self.param.inp_idx
+        raise GraphError(
+            f"invalid grad: can not take grad with respect to input {i} "
+            f"({o.inputs[i].name!r}) of operator {o.type_name} {o.name!r}: {self.reason}"
+        )
+
+    def bind(self, ins, outs):
+        self.add_input_layout_constraint()
+
+    def grad(self, wrt_idx, out_grads):
+        return None
+
+
+def invalid_grad(opr, inp_idx: int, reason: str) -> VarNode:
+    """The InvalidGrad var standing for the gradient w.r.t. input ``inp_idx`` of ``opr``."""
+    return insert_opr(InvalidGrad([opr.inputs[inp_idx]], opr, inp_idx, reason))[0].node
 
 
 def current_grad_target(graph) -> VarNode | None:
@@ -100,7 +149,10 @@ def grad(
             for i, inp in enumerate(opr.inputs):
                 if not depends.get(inp, inp in wrt_set):
                     continue
-                g = opr.grad(i, out_grads)
+                try:
+                    g = opr.grad(i, out_grads)
+                except NoGradient as exc:
+                    g = invalid_grad(opr, i, str(exc).split("\n", 1)[0])
                 if g is None:
                     continue
                 g = sv(g).node

@@ -122,9 +122,11 @@ class _IndexedOpr(OperatorNodeBase):
             )
 
     def infer_dtypes(self, in_dtypes):
+        # float indices are taken when integral, as the reference's static_cast_dtype_safe
+        # (a detector's gt_boxes[:im_info[4]] slices by a float32 count)
         for d, v in zip(in_dtypes[self._first_index :], self.inputs[self._first_index :]):
-            if d.kind not in "iu":
-                raise self.error(f"index var {v.name!r} must be an int var, got {d}")
+            if d.kind not in "iuf":
+                raise self.error(f"index var {v.name!r} must be an int or float var, got {d}")
         return super().infer_dtypes(in_dtypes)
 
     def _index(self, shape: tuple, vals: list) -> tuple:
@@ -155,9 +157,12 @@ class _IndexedOpr(OperatorNodeBase):
 
     def _scalar(self, val) -> int:
         arr = np.asarray(val)
-        if arr.size != 1 or arr.dtype.kind not in "iu":
+        if arr.size != 1 or arr.dtype.kind not in "iuf":
             raise self.error(f"index value must be one int, got {arr.dtype} {fmt_shape(arr.shape)}")
-        return int(arr.reshape(-1)[0])
+        x = arr.reshape(-1)[0]
+        if arr.dtype.kind == "f" and not (np.isfinite(x) and x == int(x)):
+            raise self.error(f"index value {x} ({arr.dtype}) is not an integer")
+        return int(x)
 
     def _sub(self, arr: np.ndarray, ins: list) -> np.ndarray:
         """The view of ``arr`` the index selects; shape (1,) when every axis is indexed."""
@@ -368,8 +373,10 @@ def _cvt_getitem(src: SymbolVar, idx, allow_newaxis: bool = True):
     def as_index_var(v):
         var = as_var(v)
         if var is not None:
-            if var.dtype.kind not in "iu":
-                raise IndexError(f"index var {var.name!r} must be an int var, got {var.dtype}")
+            if var.dtype.kind not in "iuf":
+                raise IndexError(
+                    f"index var {var.name!r} must be an int or float var, got {var.dtype}"
+                )
             return var
         if isinstance(v, (bool, np.bool_)):
             raise IndexError(f"bad index {v!r}: boolean indexing is not supported")

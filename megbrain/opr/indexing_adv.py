@@ -9,6 +9,7 @@ axis is indexed by an int array var ("index") or sliced by int begin / end / ste
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass
 from typing import ClassVar
@@ -37,7 +38,7 @@ from .base import (
     insert_opr,
     make_immutable,
 )
-from .basic_arith import fill_retain_dtype
+from .basic_arith import fill_retain_dtype, typecvt
 from .indexing import (
     AxisDescsParam,
     SubtensorIndexError,
@@ -622,7 +623,8 @@ def indexing_one_hot(
     cfg = _merge_config(name, comp_node, config)
     (v,) = canonize_input_vars([src], comp_graph=comp_graph, config=cfg)
     axis = as_axis(axis, "indexing_one_hot")
-    out = insert_opr(IndexingOneHot([v, int_var(index, v)], AxisParam(axis), cfg))[0]
+    idx = _index_int32(int_var(index, v), "indexing_one_hot")
+    out = insert_opr(IndexingOneHot([v, idx], AxisParam(axis), cfg))[0]
     if keepdims:
         return out
     return remove_axis(out, axis)
@@ -641,7 +643,19 @@ def indexing_set_one_hot(
     if ss is not None and vs is not None and len(vs) == len(ss) - 1:
         val = add_axis(SymbolVar(val), axis % len(ss)).node
     param = AxisParam(axis)
-    return insert_opr(IndexingSetOneHot([v, int_var(index, v), val], param, cfg))[0]
+    idx = _index_int32(int_var(index, v), "indexing_set_one_hot")
+    return insert_opr(IndexingSetOneHot([v, idx, val], param, cfg))[0]
+
+
+def _index_int32(index, who: str):
+    """The one-hot index as int32: the reference converts any other dtype, with a warning."""
+    if index.dtype == np.int32:
+        return index
+    logging.getLogger("megbrain").warning(
+        "%s: the index must be int32, got %s for var %r; converted implicitly",
+        who, index.dtype, index.name,
+    )
+    return typecvt(SymbolVar(index), np.int32).node
 
 
 # ---- IndexingRemap ---------------------------------------------------------------------------

@@ -105,6 +105,9 @@ class _SourceOpr(OperatorNodeBase):
             raise InferPending(f"{self.type_name} {self.name!r}: the tensor has no value yet")
         return [tuple(self.tensor.shape)]
 
+    def shape_tracked(self):
+        return isinstance(self.tensor, TensorND)
+
     def infer_value(self, in_values, out_shapes):
         arr = self.tensor.as_ndarray() if self.tensor.shape_valid() else None
         if arr is None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, static_shape
-from ..graph.operator import fmt_shape, table_param
+from ..graph.operator import NoGradient, fmt_shape, table_param
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .blas import batched_matrix_mul, matrix_mul
@@ -120,7 +120,9 @@ class SVD(_LinalgBase):
         """The gradient through s: ``u @ diag(gs) @ vt`` (thin u and vt)."""
         gu, gs, gvt = out_grads
         if gu is not None or gvt is not None:
-            raise self.error("only the gradient through the singular values s is implemented")
+            raise self.error(
+                "only the gradient through the singular values s is implemented", NoGradient
+            )
         if gs is None:
             return None
         src = self.inputs[0]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
-from ..graph.operator import fmt_shape, table_param
+from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..graph.static_infer import static_shape
 from ..serialization import sereg
 from . import param_defs as pdefs
@@ -184,7 +184,7 @@ class ArgsortBackward(OperatorNodeBase):
     def grad(self, wrt_idx, out_grads):
         if wrt_idx != 0:
             return None
-        raise self.error("the gradient with respect to diff is not implemented")
+        raise self.error("the gradient with respect to diff is not implemented", NoGradient)
 
 
 def argsort_backward(diff, indices, src) -> SymbolVar:

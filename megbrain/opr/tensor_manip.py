@@ -15,14 +15,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ArgumentError, GraphError, MegBrainError, SerializationError, ShapeDescError
+from ..dtype import same_dtype
+from ..errors import (
+    ArgumentError,
+    ConversionError,
+    GraphError,
+    MegBrainError,
+    SerializationError,
+    ShapeDescError,
+)
 from ..graph import OperatorNodeBase, ParamBase, register_opr, table_param
-from ..graph.operator import fmt_shape
+from ..graph.operator import NoGradient, fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.var import InferType
 from ..serialization import sereg
 from . import param_defs as _pdefs
-from ._internal import provide, reduce_to_input, subtensor_getitem, typecvt
+from ._internal import dtype_promotion, provide, reduce_to_input, subtensor_getitem, typecvt
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr, make_immutable
 from .param_args import as_axes, as_axis, as_int, is_int, opr_params, optional_axis
 
@@ -110,7 +118,11 @@ class GetVarShape(_ViewOpr):
         return val
 
     def infer_value(self, in_values, out_shapes):
-        return [self._view([None])]
+        # the inferer hands a stand-in of the input's shape: asking the graph's inferer again
+        # here would start a nested inference per GetVarShape
+        val = self._value(in_values[0].shape)
+        val.flags.writeable = False
+        return [val]
 
     def grad(self, wrt_idx, out_grads):
         return None  # a shape is not differentiable
@@ -272,7 +284,7 @@ class Dimshuffle(_ViewOpr):
             return None
         kept = [i for i in p.pattern if i >= 0]
         if len(set(kept)) != len(kept):
-            raise self.error(f"pattern {p.pattern} repeats an axis: no gradient")
+            raise self.error(f"pattern {p.pattern} repeats an axis: no gradient", NoGradient)
         inv = tuple(p.pattern.index(i) if i in kept else "x" for i in range(p.ndim))
         return dimshuffle(out_grads[0], inv, len(p.pattern)).node
 
@@ -527,7 +539,7 @@ class RelayoutFormat(OperatorNodeBase):
             return relayout_format(og, mode="NCHW_NCHW88").node
         if mode == "NCHW_NCHW88" and infer_shape(self.inputs[0])[1] % 8 == 0:
             return relayout_format(og, mode=_FROM_NCHW88).node
-        raise self.error(f"mode {mode} has no gradient here")
+        raise self.error(f"mode {mode} has no gradient here", NoGradient)
 
     def default_name(self):
         return f"relayout_format({self.inputs[0].name})"
@@ -852,13 +864,22 @@ def remove_axis(src, axis, *, name=None, comp_node=None, config=None, comp_graph
 def concat(
     *inputs, axis: int, name=None, comp_node=None, config=None, comp_graph=None
 ) -> SymbolVar:
-    """Concatenate ``inputs`` (vars or a list of them) along ``axis`` (``Concat``)."""
+    """Concatenate ``inputs`` (vars or a list of them) along ``axis`` (``Concat``).
+
+    Inputs of different dtypes are first converted to their promoted dtype, as Elemwise's
+    (MegBrain's ``BatchedDTypePromotion``): an int32 and a float32 var give float32.
+    """
     if len(inputs) == 1 and isinstance(inputs[0], (list, tuple)):
         inputs = tuple(inputs[0])
     if not inputs:
         raise MegBrainError("concat: needs at least one input")
     cfg = _merge_config(name, comp_node, config)
     vars_ = canonize_input_vars(inputs, comp_graph=comp_graph, config=cfg)
+    try:
+        dtype = functools.reduce(dtype_promotion, [v.dtype for v in vars_])
+    except ConversionError as exc:
+        raise ConversionError(f"concat: {exc.msg}") from None
+    vars_ = [v if same_dtype(v.dtype, dtype) else typecvt(SymbolVar(v), dtype).node for v in vars_]
     return insert_opr(Concat(vars_, ConcatParam(as_axis(axis, "concat")), cfg))[0]
 sereg.register_param_opr(
     RelayoutFormat,

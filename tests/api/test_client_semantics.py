@@ -233,3 +233,19 @@ def test_reduce_to_a_scalar_target_shape_of_any_ndim():
     got_r, got_g = _run(g, r, gx)
     np.testing.assert_array_equal(got_r, [a.sum()])
     np.testing.assert_array_equal(got_g, a[a > 0].sum() + a.sum() * (a > 0))
+
+
+def test_imm_shape_is_the_current_shape_and_never_raises():
+    # MegBrain's _get_imm_shape: the node's shape, empty while unknown (MegEngine's F.argsort
+    # asks len(imm_shape) of a var of run-time shape)
+    g = _graph()
+    cn = mgb.comp_node("cpu0")
+    x = mgb.make_shared(cn, value=np.array([1, 0, 2, 0], np.float32), comp_graph=g)
+    taken, _ = mgb.opr.cond_take(x, x, mode="EQ", val=0)
+    assert x.imm_shape == (4,)
+    assert taken.imm_shape == ()
+    assert taken.ndim == 0
+    pending = mgb.make_arg(cn, g, dtype=np.float32)  # an input without a value yet
+    assert pending.imm_shape == ()
+    _run(g, taken)
+    assert taken.imm_shape == (2,)

@@ -230,3 +230,57 @@ def test_multi_part_earlier_input_changed_before_a_later_part():
     # a sequence started again from part 0 sees the new shape
     f0()
     np.testing.assert_array_equal(f1()[0], np.full(4, 4, F32))
+
+
+def test_shapes_depending_on_an_input_value_keep_the_graph_inferer_while_it_is_unchanged():
+    # a detector's gt_boxes[:, :im_info[4]]: every later insertion infers a shape that reads
+    # the input's value; the graph's inferer is kept until that value changes (a fresh one
+    # per insertion re-walked the whole graph: RetinaNet's first training step took minutes)
+    from megbrain.graph import static_infer
+
+    g = _graph()
+    x = mgb.make_arg(CN, g, name="x", value=X)
+    n = mgb.make_arg(CN, g, name="n", dtype=I32, value=np.array([3], I32))
+    y = x[:, : n[0]]
+    assert y.imm_shape == (5, 3)
+    inf = g._shape_inferer
+    for _ in range(20):
+        y = y * 2 + 1
+    assert y.imm_shape == (5, 3)
+    assert g._shape_inferer is inf
+    n.set_value(np.array([2], I32))
+    assert y.imm_shape == (5, 2)
+    assert g._shape_inferer is not inf
+    assert static_infer.infer_shape(y.node) == (5, 2)
+
+
+def test_source_shapes_are_re_read_only_after_a_layout_change(monkeypatch):
+    # QAT graphs watch hundreds of volatile shared tensors: re-reading every watched shape at
+    # each insertion was quadratic; TensorND.layout_epoch says when a shape may have changed
+    from megbrain.opr.io import VolatileSharedDeviceTensor
+
+    g = _graph()
+    shared = [mgb.SharedND(CN, F32) for _ in range(3)]
+    for s in shared:
+        s.set_value(np.ones(4, F32))
+    vs = [s.symvar(g, volatile=True) for s in shared]
+    y = vs[0] + vs[1] + vs[2]
+    assert y.imm_shape == (4,)
+    reads = []
+    orig = VolatileSharedDeviceTensor.infer_shapes
+    monkeypatch.setattr(
+        VolatileSharedDeviceTensor,
+        "infer_shapes",
+        lambda self, *a: (reads.append(self), orig(self, *a))[1],
+    )
+    for _ in range(10):
+        y = y * 2
+    assert y.imm_shape == (4,)
+    assert reads == []
+    shared[1].set_value(np.ones(4, F32))  # same shape: re-read once, the inferer kept
+    inf = g._shape_inferer
+    assert (y * 3).imm_shape == (4,)
+    assert g._shape_inferer is inf and reads
+    for s in shared:
+        s.set_value(np.ones(5, F32))
+    assert y.imm_shape == (5,)

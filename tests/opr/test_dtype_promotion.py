@@ -209,3 +209,51 @@ def test_quantized_elemwise_rejects_other_modes():
     (x,), _ = inputs(g, np.zeros(3, np.int8).astype(q))
     with pytest.raises(MegBrainError, match="EXP does not support quantized dtype QuantizedS8"):
         elemwise(x, mode="EXP")
+
+
+# ---- the other makes that convert their inputs (Concat, AddUpdate, IndexingOneHot) ----------
+def test_concat_promotes_its_inputs_dtypes():
+    # faster_rcnn's RPN: F.concat([batch_inds (int32), rois (float32)], axis=1)
+    g = make_graph()
+    (i, f), _ = inputs(g, np.array([[1], [2]], np.int32), np.array([[0.5], [1.5]], np.float32))
+    y = mgb.opr.concat([i, f], axis=1)
+    assert y.dtype == F32
+    assert [v.owner.type_name for v in y.node.owner.inputs] == ["TypeCvt", f.node.owner.type_name]
+    (got,) = run([y], g)
+    np.testing.assert_array_equal(got, [[1.0, 0.5], [2.0, 1.5]])
+    (a, b), _ = inputs(g, np.ones(2, np.int16), np.ones(3, np.int32))
+    assert mgb.opr.concat([a, b], axis=0).dtype == I32
+    (u,), _ = inputs(g, np.ones(2, np.uint8))
+    with pytest.raises(ConversionError, match="concat: .*signedness"):
+        mgb.opr.concat([u, a], axis=0)
+
+
+def test_concat_operator_itself_still_takes_one_dtype():
+    from megbrain.opr import insert_opr, make_opr_config
+    from megbrain.opr.tensor_manip import Concat, ConcatParam
+
+    g = make_graph()
+    (x, y), _ = inputs(g, np.ones(3, np.float32), np.ones(3, np.int32))
+    with pytest.raises(MegBrainError, match="inputs must share one dtype"):
+        insert_opr(Concat([x.node, y.node], ConcatParam(0), make_opr_config()))
+
+
+def test_indexing_one_hot_converts_its_index_to_int32():
+    g = make_graph()
+    (x, k), _ = inputs(g, np.arange(6, dtype=np.float32).reshape(2, 3), np.array([2, 0], np.int16))
+    y = mgb.opr.indexing_one_hot(x, 1, k, keepdims=True)
+    assert y.node.owner.inputs[1].dtype == I32
+    (kf,), _ = inputs(g, np.array([1.0, 2.0], np.float32))
+    s = mgb.opr.indexing_set_one_hot(x, 1, kf, np.zeros(2, np.float32))
+    got = run([y, s], g)
+    np.testing.assert_array_equal(got[0], [[2], [3]])
+    np.testing.assert_array_equal(got[1], [[0, 0, 2], [3, 4, 0]])
+
+
+def test_add_update_converts_delta_to_the_dest_dtype():
+    g = make_graph()
+    dest = mgb.make_shared(mgb.comp_node("cpu0"), value=np.zeros(2, np.float32), comp_graph=g)
+    (d,), _ = inputs(g, np.array([1, 2], np.int32))
+    u = mgb.opr.add_update(dest, d)
+    assert u.node.owner.inputs[1].dtype == F32
+    np.testing.assert_array_equal(run([u], g)[0], [1.0, 2.0])

@@ -141,6 +141,23 @@ def test_subtensor_errors():
         run([y], g)
 
 
+def test_subtensor_takes_integral_float_index_vars():
+    # the reference casts index values with static_cast_dtype_safe: RPN's per_level_gt slices
+    # gt_boxes[:im_info[4]] by a float32 count; a fractional value is refused
+    g = make_graph()
+    (x, n), hn = inputs(g, _arr((5, 4)), np.array([3.0], np.float32))
+    y = x[: n[0]]
+    z = set_subtensor(x, np.zeros((1, 4), np.float32))[n[0] : n[0] + 1]
+    got = run([y, z], g)
+    np.testing.assert_array_equal(got[0], _arr((5, 4))[:3])
+    want = _arr((5, 4))
+    want[3] = 0
+    np.testing.assert_array_equal(got[1], want)
+    hn[1].arr = np.array([2.5], np.float32)
+    with pytest.raises(MegBrainError, match=r"index value 2.5 \(float32\) is not an integer"):
+        run([y], g)
+
+
 # ---- SetSubtensor / IncrSubtensor ------------------------------------------------------------
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), shape=shapes, incr=st.booleans())

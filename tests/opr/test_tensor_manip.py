@@ -270,9 +270,10 @@ def test_concat_dynamic_list_and_errors():
     f.execute().wait()
     b = _arr((2, 4), seed=4)
     np.testing.assert_array_equal(got[0], np.concatenate([b, b.reshape(4, 2).T]))
-    (i,), _ = inputs(g, np.zeros((2, 3), np.int32))
-    with pytest.raises(MegBrainError, match="Concat.*one dtype.*float32, int32"):
-        concat(x, i, axis=0)
+    (f, i, u), _ = inputs(g, *(np.zeros((2, 3), t) for t in (np.float32, np.int32, np.uint8)))
+    assert concat(f, i, axis=0).dtype == np.float32  # promoted, as MegBrain's Concat::make
+    with pytest.raises(MegBrainError, match="concat: .*different signedness"):
+        concat(u, i, axis=0)
     with pytest.raises(MegBrainError, match=r"Concat.*except on axis 1.*\{2,4\}, \{4,2\}"):
         concat(x, x.dimshuffle(1, 0), axis=1)
 
