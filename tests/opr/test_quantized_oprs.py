@@ -159,3 +159,12 @@ def test_shape_operators_keep_the_quantized_dtype():
         out, got = build_and_run(build, a)
         assert out.dtype.metadata == d.metadata
         _same(got, np.ascontiguousarray(want).view(d))
+
+
+def test_optimized_graph_keeps_a_typecvt_from_int8_to_qint8():
+    # numpy's dtype == ignores the quantization metadata: the redundant-TypeCvt pass must not
+    g = mgb.comp_graph()
+    x = mgb.make_arg("cpu0", g, name="x", shape=(1, 2), dtype=np.int8)
+    y = typecvt(typecvt(x, qint8(2.0)), np.float32)
+    f = g.compile([x], [mgb.copy_output(y)])
+    np.testing.assert_array_equal(f(np.array([[3, -7]], np.int8))[0], [[4.0, -8.0]])
