@@ -93,11 +93,12 @@ def bind_quantized_convolution(src: np.ndarray, filt: np.ndarray, out: np.ndarra
     y3 = y.reshape(n_, g_ * o_, p_)
     x = _plain(src)
     geo = ((fh, fw), tuple(stride), tuple(pad), tuple(dilate))
-    rows_min = max(1, _MIN_MACS_PER_THREAD // max(1, k_ * p_))
+    blocks = int8_loops.gemm_blocks(g_, o_)
+    blocks_min = max(1, _MIN_MACS_PER_THREAD // max(1, k_ * p_ * min(o_, 4)))
     for n in range(n_):
         im2col = _partial(_im2col_part, x, col, n, geo, ow, zx)
         steps.append(parallel.split(im2col, g_, 1))
-        steps.append(parallel.split(_partial(_gemm_part, col, w16, y3, n), g_ * o_, rows_min))
+        steps.append(parallel.split(_partial(_gemm_part, col, w16, y3, n), blocks, blocks_min))
     if not direct:
         steps.append(_partial(np.copyto, _plain(out), y, "unsafe"))
     return chain(steps)

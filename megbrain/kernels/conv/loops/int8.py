@@ -14,7 +14,7 @@ import functools
 import numpy as np
 from numba import njit
 
-__all__ = ["int8_gemm", "int8_im2col"]
+__all__ = ["gemm_blocks", "int8_gemm", "int8_im2col"]
 
 #: output positions per GEMM block: a block of the columns and the int32 rows stays in cache
 _BLOCK = 512
@@ -50,25 +50,60 @@ def _im2col_py(x, col, n, fh, fw, sh, sw, ph, pw, dh, dw, ow, zx, g0, g1):  # pr
 
 
 def _gemm_py(col, w, y, n, t0, t1):  # pragma: no cover - compiled
-    """Rows t = g * O + o in [t0, t1) of sample ``n``: ``y[n, t, p] = sum_k w[g, o, k] *
-    col[g, k, p]``, exact in int32 (y is (N, G*O, P) int32, w (G, O, K) int16)."""
+    """Row blocks t in [t0, t1) of sample ``n`` (block t = g * ceil(O / 4) + j holds the
+    output channels o = 4 j ... 4 j + 3 of group g): ``y[n, g * O + o, p] = sum_k w[g, o, k]
+    * col[g, k, p]``, exact in int32 (y is (N, G*O, P) int32, w (G, O, K) int16).
+
+    Four rows share each load of the columns, two k at a time: eight multiply-adds for two
+    column loads and four row loads and stores, where one row at a time does one."""
     k_, p_ = col.shape[1], col.shape[2]
     o_ = w.shape[1]
+    ob = (o_ + 3) // 4
     for t in range(t0, t1):
-        g, o = t // o_, t % o_
-        yr = y[n, t]
-        wr = w[g, o]
+        g, o0 = t // ob, (t % ob) * 4
+        rows = min(4, o_ - o0)
+        base = g * o_ + o0
         for pb in range(0, p_, _BLOCK):
             pe = min(pb + _BLOCK, p_)
-            for p in range(pb, pe):
-                yr[p] = 0
-            for k in range(k_):
-                wv = np.int32(wr[k])
-                if wv == 0:
-                    continue
-                cr = col[g, k]
+            for r in range(rows):
+                yr = y[n, base + r]
                 for p in range(pb, pe):
-                    yr[p] += wv * np.int32(cr[p])
+                    yr[p] = 0
+            if rows == 4:
+                y0, y1, y2, y3 = y[n, base], y[n, base + 1], y[n, base + 2], y[n, base + 3]
+                k = 0
+                while k + 2 <= k_:
+                    ca, cb = col[g, k], col[g, k + 1]
+                    a0, a1 = np.int32(w[g, o0, k]), np.int32(w[g, o0 + 1, k])
+                    a2, a3 = np.int32(w[g, o0 + 2, k]), np.int32(w[g, o0 + 3, k])
+                    b0, b1 = np.int32(w[g, o0, k + 1]), np.int32(w[g, o0 + 1, k + 1])
+                    b2, b3 = np.int32(w[g, o0 + 2, k + 1]), np.int32(w[g, o0 + 3, k + 1])
+                    for p in range(pb, pe):
+                        va, vb = np.int32(ca[p]), np.int32(cb[p])
+                        y0[p] += a0 * va + b0 * vb
+                        y1[p] += a1 * va + b1 * vb
+                        y2[p] += a2 * va + b2 * vb
+                        y3[p] += a3 * va + b3 * vb
+                    k += 2
+                if k < k_:
+                    ca = col[g, k]
+                    a0, a1 = np.int32(w[g, o0, k]), np.int32(w[g, o0 + 1, k])
+                    a2, a3 = np.int32(w[g, o0 + 2, k]), np.int32(w[g, o0 + 3, k])
+                    for p in range(pb, pe):
+                        va = np.int32(ca[p])
+                        y0[p] += a0 * va
+                        y1[p] += a1 * va
+                        y2[p] += a2 * va
+                        y3[p] += a3 * va
+                continue
+            for r in range(rows):
+                yr = y[n, base + r]
+                wr = w[g, o0 + r]
+                for k in range(k_):
+                    wv = np.int32(wr[k])
+                    cr = col[g, k]
+                    for p in range(pb, pe):
+                        yr[p] += wv * np.int32(cr[p])
 
 
 def int8_im2col(x, col, n, fsize, stride, pad, dilate, ow: int, zx: int, g0: int, g1: int):
@@ -80,9 +115,15 @@ def int8_im2col(x, col, n, fsize, stride, pad, dilate, ow: int, zx: int, g0: int
 
 
 def int8_gemm(col, w, y, n: int, t0: int, t1: int) -> None:
-    """Rows [t0, t1) (t = g * O + o) of sample ``n`` of the int32 ``y`` (N, G*O, P): the
-    int16 weights ``w`` (G, O, K) times the columns ``col`` (G, K, P), exact in int32."""
+    """Row blocks [t0, t1) (of four output channels each, :func:`gemm_blocks` in all) of
+    sample ``n`` of the int32 ``y`` (N, G*O, P): the int16 weights ``w`` (G, O, K) times the
+    columns ``col`` (G, K, P), exact in int32."""
     _compiled("gemm")(col, w, y, int(n), int(t0), int(t1))
+
+
+def gemm_blocks(groups: int, out_channels: int) -> int:
+    """The number of row blocks :func:`int8_gemm` takes for G groups of O output channels."""
+    return groups * -(-out_channels // 4)
 
 
 @functools.cache
