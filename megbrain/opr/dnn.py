@@ -8,8 +8,9 @@ and, for the forward 2-d convolutions (Convolution and ConvBias), the channel-bl
 (:mod:`megbrain.kernels.conv.nchw88`, the layout ``optimize_for_inference(use_nchw88=True)``
 converts a network to; it has no gradient here); the other formats of the reference are
 accepted by the params and refused at inference. ConvBias takes an optional fourth input
-``z`` of the output's shape: ``act(conv + bias + z)``, as the reference's.
-Gradients are built from the backward operators, whose own gradients are convolutions, so
+``z`` of the output's shape: ``act(conv + bias + z)``, as the reference's. The forward 2-d
+convolutions also take 8-bit quantized src and filter (NCHW; :mod:`megbrain.kernels.conv.
+quantized`, MegDNN's integer arithmetic, no gradient). Gradients are built from the backward operators, whose own gradients are convolutions, so
 second-order gradients work.
 """
 

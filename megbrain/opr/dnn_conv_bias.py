@@ -4,6 +4,8 @@
 Its kernels are the convolution's (:mod:`megbrain.opr.dnn`), the bias and activation applied
 by the algorithm as it writes (an epilogue) or by one in-place Elemwise step after it; the
 NCHW88 format is computed too. The optional fourth input ``z`` has the output's shape.
+Quantized inputs (QuantizedS8 or Quantized8Asymm src and filter, a QuantizedS32 bias) go to
+:mod:`megbrain.kernels.conv.quantized`: exact int32 sums, then MegDNN's naive epilogue.
 """
 
 from __future__ import annotations
