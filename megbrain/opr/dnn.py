@@ -9,9 +9,10 @@ and, for the forward 2-d convolutions (Convolution and ConvBias), the channel-bl
 converts a network to; it has no gradient here); the other formats of the reference are
 accepted by the params and refused at inference. ConvBias takes an optional fourth input
 ``z`` of the output's shape: ``act(conv + bias + z)``, as the reference's. The forward 2-d
-convolutions also take 8-bit quantized src and filter (NCHW; :mod:`megbrain.kernels.conv.
-quantized`, MegDNN's integer arithmetic, no gradient). Gradients are built from the backward operators, whose own gradients are convolutions, so
-second-order gradients work.
+convolutions also take 8-bit quantized src and filter (NCHW, no gradient:
+:mod:`megbrain.kernels.conv.quantized`, MegDNN's integer arithmetic). Gradients are built
+from the backward operators, whose own gradients are convolutions, so second-order
+gradients work.
 """
 
 from __future__ import annotations
