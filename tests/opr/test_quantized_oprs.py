@@ -168,3 +168,13 @@ def test_optimized_graph_keeps_a_typecvt_from_int8_to_qint8():
     y = typecvt(typecvt(x, qint8(2.0)), np.float32)
     f = g.compile([x], [mgb.copy_output(y)])
     np.testing.assert_array_equal(f(np.array([[3, -7]], np.int8))[0], [[4.0, -8.0]])
+
+
+def test_q_mode_fed_a_float_var_names_the_operator_var_and_dtypes():
+    a = np.zeros((2, 2), np.int8).view(qint8(0.5))
+    b = np.zeros((2, 2), np.float32)
+    with pytest.raises(mgb.MegBrainError) as info:
+        build_and_run(lambda x, y: elemwise_multi_type(x, y, mode="QADD", dtype=qint8(1.0)), a, b)
+    msg = str(info.value)
+    assert "ElemwiseMultiType" in msg and "'x1' float32" in msg
+    assert "'x0' QuantizedS8(scale=0.5)" in msg
