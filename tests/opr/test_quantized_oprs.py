@@ -178,3 +178,22 @@ def test_q_mode_fed_a_float_var_names_the_operator_var_and_dtypes():
     msg = str(info.value)
     assert "ElemwiseMultiType" in msg and "'x1' float32" in msg
     assert "'x0' QuantizedS8(scale=0.5)" in msg
+
+
+def test_elemwise_of_mismatched_scales_names_the_vars_and_dtypes():
+    a = np.zeros((2, 2), np.int8).view(qint8(0.5))
+    b = np.zeros((2, 2), np.int8).view(qint8(0.25))
+    with pytest.raises(mgb.MegBrainError) as info:
+        build_and_run(lambda x, y: elemwise(x, y, mode="ADD"), a, b)
+    msg = str(info.value)
+    assert "Elemwise mode ADD" in msg and "quantization parameters differ" in msg
+    assert "'x0' QuantizedS8(scale=0.5)" in msg and "'x1' QuantizedS8(scale=0.25)" in msg
+
+
+def test_an_out_of_range_zero_point_is_refused():
+    with pytest.raises(mgb.MegBrainError, match=r"zero_point .* \[0, 255\], got 300"):
+        quint8(0.1, 300)
+    bad = np.dtype(np.uint8, metadata={"mgb_dtype": {"name": "Quantized8Asymm", "scale": 0.1,
+                                                     "zero_point": 300}})  # fmt: skip
+    with pytest.raises(mgb.MegBrainError, match="zero_point"):
+        build_and_run(lambda v: pooling(v), np.zeros((1, 1, 2, 2), np.uint8).view(bad))
