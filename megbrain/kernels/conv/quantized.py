@@ -1,9 +1,9 @@
 """Quantized 2-d convolution and ConvBias kernels (NCHW, dense, grouped and depthwise) with
-MegDNN's semantics: 8-bit products accumulated exactly in int32 by a compiled integer GEMM
-(:mod:`.loops.int8`), the bias added in int32, then the naive kernels' float32 chain
-(``handle_z_inp_and_activation``): with a ``z``, the int32 sum and ``z`` dequantized and
-added, the activation applied and the result quantized; without one, the quantized
-activation (dequantize, activation, quantize) or a requantize to the output.
+MegDNN's semantics: 8-bit products accumulated exactly in int32 by a compiled im2col and
+integer GEMM of dot products (:mod:`.loops.int8`), the bias added in int32, then the naive
+kernels' float32 chain (``handle_z_inp_and_activation``): with a ``z``, the int32 sum and
+``z`` dequantized and added, the activation applied and the result quantized; without one,
+the quantized activation (dequantize, activation, quantize) or a requantize to the output.
 """
 
 from __future__ import annotations
@@ -81,13 +81,17 @@ def bind_quantized_convolution(src: np.ndarray, filt: np.ndarray, out: np.ndarra
             f"{out.shape} ({out.dtype}) do not agree"
         )
     k_, p_ = i_ * fh * fw, oh * ow
+    # int8 operands stay int8 (their products and sums widen in the GEMM); zero-point
+    # shifted 8-bit values span up to [-255, 255] and take int16
+    narrow = zx == 0 and zf == 0 and src.dtype.kind == "i" and filt.dtype.kind == "i"
+    lane = np.dtype(np.int8) if narrow else _I16
     steps: list[Step] = []
-    w16 = workspace.empty((g_, o_, k_), _I16)
+    wk = workspace.empty((g_, o_, k_), lane)
     fv = _plain(filt)[..., ::-1, ::-1] if flip else _plain(filt)
-    steps.append(_partial(np.copyto, w16.reshape(fv.shape), fv, "unsafe"))
+    steps.append(_partial(np.copyto, wk.reshape(fv.shape), fv, "unsafe"))
     if zf:
-        steps.append(_partial(np.subtract, w16, np.int16(zf), w16))
-    col = workspace.empty((g_, k_, p_), _I16)
+        steps.append(_partial(np.subtract, wk, np.int16(zf), wk))
+    col = workspace.empty((g_, p_, k_), lane)
     direct = out.flags.c_contiguous and out.dtype.kind == "i"
     y = _plain(out) if direct else workspace.empty(out.shape, _I32)
     y3 = y.reshape(n_, g_ * o_, p_)
@@ -98,7 +102,7 @@ def bind_quantized_convolution(src: np.ndarray, filt: np.ndarray, out: np.ndarra
     for n in range(n_):
         im2col = _partial(_im2col_part, x, col, n, geo, ow, zx)
         steps.append(parallel.split(im2col, g_, 1))
-        steps.append(parallel.split(_partial(_gemm_part, col, w16, y3, n), blocks, blocks_min))
+        steps.append(parallel.split(_partial(_gemm_part, col, wk, y3, n), blocks, blocks_min))
     if not direct:
         steps.append(_partial(np.copyto, _plain(out), y, "unsafe"))
     return chain(steps)
@@ -108,8 +112,8 @@ def _im2col_part(x, col, n, geo, ow, zx, g0, g1):
     int8_loops.int8_im2col(x, col, n, *geo, ow, zx, g0, g1)
 
 
-def _gemm_part(col, w16, y3, n, t0, t1):
-    int8_loops.int8_gemm(col, w16, y3, n, t0, t1)
+def _gemm_part(col, wk, y3, n, t0, t1):
+    int8_loops.int8_gemm(col, wk, y3, n, t0, t1)
 
 
 def bind_quantized_conv_bias(src: np.ndarray, filt: np.ndarray, bias: np.ndarray,
