@@ -16,6 +16,7 @@ import megbrain as mgb
 from megbrain.graph import OperatorNodeConfig
 from megbrain.opr import (
     concat,
+    conv_bias_activation,
     dimshuffle,
     elemwise,
     elemwise_multi_type,
@@ -90,12 +91,14 @@ _QMODES = {
     st.sampled_from([0.05, 0.2]),
     st.sampled_from([0.1, 0.5]),
     st.integers(0, 2**16),
+    st.sampled_from([None, 0, 128, 251]),
 )
-def test_q_modes_equal_the_reference(mode, s0, s1, so, seed):
+def test_q_modes_equal_the_reference(mode, s0, s1, so, seed, zp):
     rng = np.random.default_rng(seed)
     n, fn = _QMODES[mode]
-    xs = [_q(rng, (3, 5), qint8(s)) for s in (s0, s1)[:n]]
-    od = qint8(so)
+    kind = qint8 if zp is None else (lambda s, z=zp: quint8(s, z))
+    xs = [_q(rng, (3, 5), kind(s)) for s in (s0, s1)[:n]]
+    od = kind(so)
     _, got = build_and_run(lambda *v: elemwise_multi_type(*v, mode=mode, dtype=od), *xs)
     _same(got, ref.elemwise_q(fn, xs, od))
 
@@ -197,3 +200,23 @@ def test_an_out_of_range_zero_point_is_refused():
                                                      "zero_point": 300}})  # fmt: skip
     with pytest.raises(mgb.MegBrainError, match="zero_point"):
         build_and_run(lambda v: pooling(v), np.zeros((1, 1, 2, 2), np.uint8).view(bad))
+
+
+def test_optimize_for_inference_keeps_an_int8_graph_int8():
+    rng = np.random.default_rng(8)
+    g = mgb.comp_graph()
+    cn = mgb.comp_node("cpu0")
+    x = mgb.make_arg(cn, g, name="x", shape=(1, 4, 6, 6), dtype=np.int8)
+    w = mgb.make_shared(cn, value=_q(rng, (8, 4, 3, 3), qint8(0.1)), comp_graph=g)
+    b = mgb.make_shared(cn, value=_q(rng, (1, 8, 1, 1), qint32(0.05)), comp_graph=g)
+    q = typecvt(x, qint8(0.5))
+    y = conv_bias_activation(q, w, b, nonlineMode="RELU", pad_h=1, pad_w=1, dtype=qint8(0.3))
+    y = pooling(elemwise_multi_type(y, y, mode="QADD", dtype=qint8(0.6)), mode="AVERAGE")
+    out = typecvt(y, np.float32)
+    (opt,) = mgb.optimize_for_inference([out], fuse_conv_bias_nonlinearity=True)
+    kinds = [o.type for o in mgb.cgtools.get_oprs_seq([opt])]
+    assert kinds.count("TypeCvt") == 2  # the QuantStub and the DequantStub only
+    xv = rng.integers(-128, 128, (1, 4, 6, 6)).astype(np.int8)
+    want = g.compile([x], [mgb.copy_output(out)])(xv)[0]
+    got = g.compile([x], [mgb.copy_output(opt)])(xv)[0]
+    np.testing.assert_array_equal(got, want)
