@@ -15,7 +15,6 @@ from ..graph import OperatorNodeBase, register_opr
 from ..graph.operator import fmt_shape
 from ..graph.param_def import members_of
 from ..kernels.pool import binds as pool_kernels
-from ..kernels.pool import quantized as pool_quantized
 from . import param_defs as pdefs
 from .base import SymbolVar, build_opr
 from .dnn import _float_dtype, _make, _NamedByKind, _WindowParam
@@ -87,7 +86,7 @@ class Pooling(_PoolBase):
         src = in_dtypes[0]
         if not is_quantize(src):
             return [_float_dtype(self, in_dtypes, ("src",))]
-        kinds = pool_quantized.QUANTIZED_POOL_DTYPES
+        kinds = pool_kernels.QUANTIZED_POOL_DTYPES
         want = self.config.dtype_value
         if dtype_name(src) not in kinds:
             raise self.error(f"src {self.inputs[0].name!r} {fmt_dtype(src)}: quantized pooling "
@@ -102,10 +101,6 @@ class Pooling(_PoolBase):
 
     def bind(self, ins, outs):
         p = self.param
-        if is_quantize(ins[0].dtype):
-            return pool_quantized.bind_quantized_pooling(
-                ins[0], outs[0], p.mode, p.window, p.stride, p.pad
-            )
         return pool_kernels.bind_pooling(ins[0], outs[0], p.mode, p.window, p.stride, p.pad)
 
     def grad(self, wrt_idx, out_grads):

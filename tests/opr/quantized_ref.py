@@ -58,6 +58,19 @@ def quantize(x: np.ndarray, dt: np.dtype) -> np.ndarray:
     return v.astype(np.int64).astype(storage).view(dt)
 
 
+def random_q(rng: np.random.Generator, shape, dt: np.dtype) -> np.ndarray:
+    """Random stored values of the quantized dtype ``dt`` (QuantizedS32: within +-5000)."""
+    name = qinfo(dt)[0]
+    lo, hi = {"QuantizedS8": (-128, 128), "Quantized8Asymm": (0, 256)}.get(name, (-5000, 5000))
+    return rng.integers(lo, hi, shape).astype(dt.str).view(dt)
+
+
+def assert_same(got: np.ndarray, want: np.ndarray) -> None:
+    """Equal quantized arrays: the same dtype parameters and the same stored integers."""
+    assert got.dtype.metadata == want.dtype.metadata
+    np.testing.assert_array_equal(got.view(got.dtype.str), want.view(want.dtype.str))
+
+
 def ints(q: np.ndarray) -> np.ndarray:
     """The stored integers of a quantized array, as int64."""
     return np.asarray(q).view(np.dtype(q.dtype.str)).astype(np.int64)

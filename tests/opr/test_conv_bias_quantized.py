@@ -18,17 +18,6 @@ from megbrain.opr.dnn_conv_bias import ConvBias, ConvBiasParam
 qint8, qint32, quint8 = mgb.dtype.qint8, mgb.dtype.qint32, mgb.dtype.quint8
 
 
-def _q(rng, shape, dt):
-    name = dt.metadata["mgb_dtype"]["name"]
-    lo, hi = {"QuantizedS8": (-128, 128), "Quantized8Asymm": (0, 256)}.get(name, (-5000, 5000))
-    return rng.integers(lo, hi, shape).astype(dt.str).view(dt)
-
-
-def _same(got, want):
-    assert got.dtype.metadata == want.dtype.metadata
-    np.testing.assert_array_equal(got.view(got.dtype.str), want.view(want.dtype.str))
-
-
 _SCALES = st.sampled_from([0.5, 0.25, 0.1, 0.0173, 0.003, 1.7])
 
 
@@ -57,7 +46,8 @@ def _cases(draw, with_z=False, asymm=False):
               qint8(draw(_SCALES) * 4)) if out8 else qint32(bscale)  # fmt: skip
     modes = ["IDENTITY", "RELU", "H_SWISH"] + (["SIGMOID"] if with_z else [])
     return {
-        "src": _q(np.random.default_rng(draw(st.integers(0, 2**16))), (n, g * icg, h, w), sdt),
+        "src": ref.random_q(np.random.default_rng(draw(st.integers(0, 2**16))),
+                            (n, g * icg, h, w), sdt),
         "filt_shape": ((g, ocg, icg, fh, fw) if kind != "dense" else (ocg, icg, fh, fw)),
         "fdt": fdt, "bias_dt": qint32(bscale), "out_dt": out_dt, "src_kind": src_kind,
         "per_channel_bias": draw(st.booleans()), "mode": draw(st.sampled_from(modes)),
@@ -83,14 +73,14 @@ def _conv_kw(c):
 def _run_case(c, with_z):
     rng = np.random.default_rng(c["seed"])
     x = c["src"]
-    filt = _q(rng, c["filt_shape"], c["fdt"])
+    filt = ref.random_q(rng, c["filt_shape"], c["fdt"])
     acc_shape = ref.conv2d_int(x, filt, **_conv_kw(c)).shape
     bshape = (1, acc_shape[1], 1, 1) if c["per_channel_bias"] else acc_shape
-    bias = _q(rng, bshape, c["bias_dt"])
+    bias = ref.random_q(rng, bshape, c["bias_dt"])
     arrays = [x, filt, bias]
     z = None
     if with_z:
-        z = _q(rng, acc_shape, c["out_dt"])
+        z = ref.random_q(rng, acc_shape, c["out_dt"])
         arrays.append(z)
     p = _params(c)
 
@@ -100,7 +90,7 @@ def _run_case(c, with_z):
 
     _, got = build_and_run(build, *arrays)
     want = ref.conv_bias(x, filt, bias, z, c["out_dt"], c["mode"], **_conv_kw(c))
-    _same(got, want)
+    ref.assert_same(got, want)
 
 
 def _conv_bias_z(x, w, b, z, mode, dtype, p):
@@ -130,7 +120,7 @@ def test_conv_bias_quint8_subtracts_zero_points(c):
 @given(_cases())
 def test_convolution_on_quantized_gives_exact_int32_sums(c):
     rng = np.random.default_rng(c["seed"])
-    filt = _q(rng, c["filt_shape"], c["fdt"])
+    filt = ref.random_q(rng, c["filt_shape"], c["fdt"])
     out, got = build_and_run(lambda a, b: convolution(a, b, **_params(c)), c["src"], filt)
     assert mgb.dtype.dtype_name(out.dtype) == "QuantizedS32"
     assert mgb.dtype.get_scale(out.dtype) == pytest.approx(
@@ -143,12 +133,12 @@ def test_convolution_on_quantized_gives_exact_int32_sums(c):
 
 def test_convolution_to_qint8_requantizes_the_sums():
     rng = np.random.default_rng(1)
-    x, w = _q(rng, (1, 4, 6, 6), qint8(0.5)), _q(rng, (3, 4, 3, 3), qint8(0.1))
+    x, w = ref.random_q(rng, (1, 4, 6, 6), qint8(0.5)), ref.random_q(rng, (3, 4, 3, 3), qint8(0.1))
     od = qint8(7.0)
     _, got = build_and_run(lambda a, b: convolution(a, b, pad_h=1, pad_w=1, dtype=od), x, w)
     sums = ref.conv2d_int(x, w, pad=(1, 1)).view(qint32(float(np.float32(0.5) *
                                                               np.float32(0.1))))  # fmt: skip
-    _same(got, ref.quantize(ref.dequantize(sums), od))
+    ref.assert_same(got, ref.quantize(ref.dequantize(sums), od))
 
 
 def test_int8_sums_are_exact_where_float32_would_round():
@@ -168,8 +158,8 @@ def _err(build, *arrays):
 
 def _trio():
     rng = np.random.default_rng(2)
-    x, w = _q(rng, (1, 4, 5, 5), qint8(0.5)), _q(rng, (2, 4, 3, 3), qint8(0.25))
-    return x, w, _q(rng, (1, 2, 1, 1), qint32(0.125))
+    x, w = ref.random_q(rng, (1, 4, 5, 5), qint8(0.5)), ref.random_q(rng, (2, 4, 3, 3), qint8(0.25))
+    return x, w, ref.random_q(rng, (1, 2, 1, 1), qint32(0.125))
 
 
 def test_float_src_into_a_quantized_conv_bias_names_the_operator_var_and_dtypes():

@@ -29,17 +29,6 @@ from megbrain.opr import (
 qint8, qint32, quint8 = mgb.dtype.qint8, mgb.dtype.qint32, mgb.dtype.quint8
 
 
-def _q(rng, shape, dt):
-    name = dt.metadata["mgb_dtype"]["name"]
-    lo, hi = {"QuantizedS8": (-128, 128), "Quantized8Asymm": (0, 256)}.get(name, (-5000, 5000))
-    return rng.integers(lo, hi, shape).astype(dt.str).view(dt)
-
-
-def _same(got, want):
-    assert got.dtype.metadata == want.dtype.metadata
-    np.testing.assert_array_equal(got.view(got.dtype.str), want.view(want.dtype.str))
-
-
 # ---- pooling -------------------------------------------------------------------------------------
 @settings(max_examples=60, deadline=None)
 @given(
@@ -51,12 +40,12 @@ def _same(got, want):
 def test_pooling_on_quantized_equals_the_integer_reference(mode, dt, fh, fw, sh, sw, ph, pw, seed):
     ph, pw = min(ph, fh - 1), min(pw, fw - 1)
     rng = np.random.default_rng(seed)
-    x = _q(rng, (2, 3, rng.integers(fh, 8), rng.integers(fw, 8)), dt)
+    x = ref.random_q(rng, (2, 3, rng.integers(fh, 8), rng.integers(fw, 8)), dt)
     out, got = build_and_run(
         lambda v: pooling(v, mode=mode, window_h=fh, window_w=fw, stride_h=sh, stride_w=sw,
                           pad_h=ph, pad_w=pw), x)  # fmt: skip
     assert out.dtype.metadata == dt.metadata
-    _same(got, ref.pool2d_int(x, mode, (fh, fw), (sh, sw), (ph, pw)))
+    ref.assert_same(got, ref.pool2d_int(x, mode, (fh, fw), (sh, sw), (ph, pw)))
 
 
 def test_pooling_average_rounds_half_away_from_zero():
@@ -97,26 +86,26 @@ def test_q_modes_equal_the_reference(mode, s0, s1, so, seed, zp):
     rng = np.random.default_rng(seed)
     n, fn = _QMODES[mode]
     kind = qint8 if zp is None else (lambda s, z=zp: quint8(s, z))
-    xs = [_q(rng, (3, 5), kind(s)) for s in (s0, s1)[:n]]
+    xs = [ref.random_q(rng, (3, 5), kind(s)) for s in (s0, s1)[:n]]
     od = kind(so)
     _, got = build_and_run(lambda *v: elemwise_multi_type(*v, mode=mode, dtype=od), *xs)
-    _same(got, ref.elemwise_q(fn, xs, od))
+    ref.assert_same(got, ref.elemwise_q(fn, xs, od))
 
 
 def test_elemwise_add_of_quantized_vars_keeps_the_dtype():
     rng = np.random.default_rng(3)
     d = qint8(0.1)
-    a, b = _q(rng, (4, 4), d), _q(rng, (4, 4), d)
+    a, b = ref.random_q(rng, (4, 4), d), ref.random_q(rng, (4, 4), d)
     out, got = build_and_run(lambda x, y: elemwise(x, y, mode="ADD"), a, b)
     assert out.dtype.metadata == d.metadata
-    _same(got, ref.elemwise_q(lambda u, v: (u + v).astype(ref.F32), [a, b], d))
+    ref.assert_same(got, ref.elemwise_q(lambda u, v: (u + v).astype(ref.F32), [a, b], d))
 
 
 # ---- Linear: MatrixMul + qint32 bias, then TypeCvt -----------------------------------------------
 def test_linear_int8_matmul_bias_and_requantize():
     rng = np.random.default_rng(4)
-    x, w = _q(rng, (3, 20), qint8(0.5)), _q(rng, (6, 20), qint8(0.25))
-    b = _q(rng, (1, 6), qint32(0.125))
+    x, w = ref.random_q(rng, (3, 20), qint8(0.5)), ref.random_q(rng, (6, 20), qint8(0.25))
+    b = ref.random_q(rng, (1, 6), qint32(0.125))
     od = qint8(4.0)
 
     def build(xv, wv, bv):
@@ -126,23 +115,23 @@ def test_linear_int8_matmul_bias_and_requantize():
     _, got = build_and_run(build, x, w, b)
     sums = ref.wrap_i32(ref.ints(x) @ ref.ints(w).T).view(qint32(0.125))
     added = ref.elemwise_q(lambda u, v: (u + v).astype(ref.F32), [sums, b], qint32(0.125))
-    _same(got, ref.quantize(ref.dequantize(added), od))
+    ref.assert_same(got, ref.quantize(ref.dequantize(added), od))
 
 
 # ---- Concat and the shape operators --------------------------------------------------------------
 def test_concat_of_one_quantized_dtype_keeps_it():
     rng = np.random.default_rng(5)
     d = qint8(0.2)
-    a, b = _q(rng, (1, 2, 3, 3), d), _q(rng, (1, 4, 3, 3), d)
+    a, b = ref.random_q(rng, (1, 2, 3, 3), d), ref.random_q(rng, (1, 4, 3, 3), d)
     out, got = build_and_run(lambda x, y: concat([x, y], axis=1), a, b)
     assert out.dtype.metadata == d.metadata
-    _same(got, np.concatenate([a, b], axis=1).view(d))
+    ref.assert_same(got, np.concatenate([a, b], axis=1).view(d))
 
 
 def test_concat_after_requantizing_to_the_output_dtype():
     # MegEngine's quantized Concat: each input astype(output dtype), then Concat
     rng = np.random.default_rng(6)
-    a, b = _q(rng, (2, 3), qint8(0.2)), _q(rng, (2, 3), qint8(0.3))
+    a, b = ref.random_q(rng, (2, 3), qint8(0.2)), ref.random_q(rng, (2, 3), qint8(0.3))
     od = qint8(0.25)
     _, got = build_and_run(lambda x, y: concat([typecvt(x, od), typecvt(y, od)], axis=0), a, b)
     want = np.concatenate([ref.quantize(ref.dequantize(v), od).view(np.int8) for v in (a, b)])
@@ -152,7 +141,7 @@ def test_concat_after_requantizing_to_the_output_dtype():
 def test_shape_operators_keep_the_quantized_dtype():
     rng = np.random.default_rng(7)
     d = quint8(0.2, 9)
-    a = _q(rng, (2, 3, 4), d)
+    a = ref.random_q(rng, (2, 3, 4), d)
     for build, want in [
         (lambda v: reshape(v, (6, 4)), a.reshape(6, 4)),
         (lambda v: dimshuffle(v, (2, 0, 1)), a.transpose(2, 0, 1)),
@@ -161,7 +150,7 @@ def test_shape_operators_keep_the_quantized_dtype():
     ]:
         out, got = build_and_run(build, a)
         assert out.dtype.metadata == d.metadata
-        _same(got, np.ascontiguousarray(want).view(d))
+        ref.assert_same(got, np.ascontiguousarray(want).view(d))
 
 
 def test_optimized_graph_keeps_a_typecvt_from_int8_to_qint8():
@@ -207,8 +196,8 @@ def test_optimize_for_inference_keeps_an_int8_graph_int8():
     g = mgb.comp_graph()
     cn = mgb.comp_node("cpu0")
     x = mgb.make_arg(cn, g, name="x", shape=(1, 4, 6, 6), dtype=np.int8)
-    w = mgb.make_shared(cn, value=_q(rng, (8, 4, 3, 3), qint8(0.1)), comp_graph=g)
-    b = mgb.make_shared(cn, value=_q(rng, (1, 8, 1, 1), qint32(0.05)), comp_graph=g)
+    w = mgb.make_shared(cn, value=ref.random_q(rng, (8, 4, 3, 3), qint8(0.1)), comp_graph=g)
+    b = mgb.make_shared(cn, value=ref.random_q(rng, (1, 8, 1, 1), qint32(0.05)), comp_graph=g)
     q = typecvt(x, qint8(0.5))
     y = conv_bias_activation(q, w, b, nonlineMode="RELU", pad_h=1, pad_w=1, dtype=qint8(0.3))
     y = pooling(elemwise_multi_type(y, y, mode="QADD", dtype=qint8(0.6)), mode="AVERAGE")
