@@ -17,33 +17,40 @@ from numba import njit
 
 __all__ = ["gemm_blocks", "int8_gemm", "int8_im2col"]
 
+#: output positions filled together by the im2col (their rows stay in the L1 cache)
+_ROWS = 32
+
 def _im2col_py(x, col, n, fh, fw, sh, sw, ph, pw, dh, dw, ow, zx, g0, g1):  # pragma: no cover
     """Rows of sample ``n`` for the groups [g0, g1): ``col[g, r * OW + q, (i, a, b)]`` =
     ``x[n, g * I + i, r sh - ph + a dh, q sw - pw + b dw] - zx``, 0 outside the image (each
-    output position's window is one contiguous row, the operand of the GEMM's dots)."""
+    output position's window is one contiguous row, the operand of the GEMM's dots).
+
+    Blocks of :data:`_ROWS` positions are filled one (i, a, b) column at a time: the source
+    is read along its rows and the block's rows stay in cache while they are written
+    across."""
     p_, k_ = col.shape[1], col.shape[2]
     i_ = k_ // (fh * fw)
     h, w = x.shape[2], x.shape[3]
     for g in range(g0, g1):
-        for p in range(p_):
-            r, q = p // ow, p % ow
-            row = col[g, p]
+        for p0 in range(0, p_, _ROWS):
+            p1 = min(p0 + _ROWS, p_)
             for i in range(i_):
                 plane = x[n, g * i_ + i]
                 for a in range(fh):
-                    ih = r * sh - ph + a * dh
-                    base = (i * fh + a) * fw
-                    if ih < 0 or ih >= h:
-                        for b in range(fw):
-                            row[base + b] = 0
-                        continue
-                    xr = plane[ih]
                     for b in range(fw):
-                        iw = q * sw - pw + b * dw
-                        if iw < 0 or iw >= w:
-                            row[base + b] = 0
-                        else:
-                            row[base + b] = xr[iw] - zx
+                        k = (i * fh + a) * fw + b
+                        r, q = p0 // ow, p0 % ow
+                        for p in range(p0, p1):
+                            ih = r * sh - ph + a * dh
+                            iw = q * sw - pw + b * dw
+                            if ih < 0 or ih >= h or iw < 0 or iw >= w:
+                                col[g, p, k] = 0
+                            else:
+                                col[g, p, k] = plane[ih, iw] - zx
+                            q += 1
+                            if q == ow:
+                                q = 0
+                                r += 1
 
 
 def _gemm_py(col, w, y, n, t0, t1):  # pragma: no cover - compiled
