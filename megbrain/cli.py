@@ -1,5 +1,8 @@
 """The ``megbrain`` command: inspect, run and draw graph files, after MegBrain's load_and_run.
 
+A model is a MegBrain graph file or an ONNX model (``.onnx``, or any file that is not
+MegBrain's and parses as one), built with ``megbrain.onnx.load``.
+
 ``megbrain inspect model.mge [--json]``
     Operators by type, inputs and outputs with shapes and dtypes, parameter count and bytes,
     comp nodes, for every graph of the file.
@@ -57,19 +60,91 @@ class CliError(Exception):
 # ---- loading -------------------------------------------------------------------------------
 
 
-def _load_graphs(path: str) -> list:
-    """Every graph of the file, as CompGraphLoadResults; CliError(1) for a bad file."""
+def _load_graphs(path: str, values: dict[str, str] | None = None) -> list:
+    """Every graph of the file, as CompGraphLoadResults; CliError(1) for a bad file.
+
+    A MegBrain graph file, or an ONNX model (``.onnx``, or a file that is not MegBrain's
+    and parses as one): see :func:`_load_onnx` for ``values``.
+    """
     if not os.path.exists(path):
         raise CliError(f"model file not found: {path}")
     if os.path.isdir(path):
         raise CliError(f"model path is a directory: {path}")
+    if path.lower().endswith(".onnx"):
+        return [_load_onnx(path, _read_onnx(path), values or {})]
     try:
         graphs = list(mgb.iter_comp_graphs_from_file(path))
     except mgb.MegBrainError as exc:
-        raise CliError(f"can not load {path}: {exc}") from exc
+        model = _read_onnx(path, quiet=True)
+        if model is None:
+            raise CliError(f"can not load {path}: {exc}") from exc
+        return [_load_onnx(path, model, values or {})]
     if not graphs:
         raise CliError(f"can not load {path}: the file holds no graph")
     return graphs
+
+
+def _read_onnx(path: str, *, quiet: bool = False):
+    """The ONNX ModelProto in ``path``; None (``quiet``) or CliError when it holds none."""
+    try:
+        import onnx
+    except ImportError as exc:
+        if quiet:
+            return None
+        raise CliError(
+            f"can not load {path}: reading ONNX models needs the onnx package "
+            "(pip install 'megbrain[onnx]')"
+        ) from exc
+    try:
+        model = onnx.load(path)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
+        if quiet:
+            return None
+        raise CliError(f"can not load {path}: not an ONNX model: {exc}") from exc
+    if not model.graph.node and not model.opset_import:
+        # protobuf parses many byte strings as an empty message
+        if quiet:
+            return None
+        raise CliError(f"can not load {path}: not an ONNX model (no graph)")
+    return model
+
+
+def _static_dims(vi) -> bool:
+    t = vi.type.tensor_type
+    return t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim)
+
+
+def _load_onnx(path: str, model, values: dict[str, str]):
+    """An ONNX model built into a new graph (``megbrain.onnx.load``), as a
+    CompGraphLoadResult whose outputs carry the model's output names.
+
+    ``values`` (input name -> .npy file) gives the inputs whose shapes the model leaves open
+    (a named batch dim): they are built with those values' shapes.
+    """
+    import megbrain.onnx as mgb_onnx
+
+    init = {t.name for t in model.graph.initializer}
+    open_inputs = [
+        vi.name for vi in model.graph.input if vi.name not in init and not _static_dims(vi)
+    ]
+    static = {n: _read_npy(n, values[n]) for n in open_inputs if n in values}
+    try:
+        res = mgb_onnx.load(model, static_inputs=static)
+    except mgb.MegBrainError as exc:
+        hint = ""
+        if any(n not in values for n in open_inputs):
+            hint = (
+                " (inputs of open shape: " + ", ".join(open_inputs) + "; give their values "
+                "with --input NAME=FILE.npy)"
+            )
+        raise CliError(f"can not load ONNX model {path}: {exc}{hint}") from exc
+    outputs = {}
+    args = {id(v) for v in res.inputs.values()}
+    for name, var in res.outputs.items():
+        if var.name != name:
+            var = mgb.opr.identity(var, name=name) if id(var) in args else var.rename(name)
+        outputs[name] = var
+    return mgb.CompGraphLoadResult(res.graph, outputs, list(outputs.values()))
 
 
 def _pick_graph(graphs: list, index: int, path: str):
@@ -315,7 +390,7 @@ def cmd_run(args) -> int:
     if args.warmup < 0:
         raise CliError(f"--warmup must be >= 0, got {args.warmup}", status=2)
     given = _parse_input_args(args.input or [])
-    res = _pick_graph(_load_graphs(args.model), args.graph, args.model)
+    res = _pick_graph(_load_graphs(args.model, given), args.graph, args.model)
     graph, outputs = res.graph, list(res.output_vars_list)
     if not outputs:
         raise CliError(f"{args.model}: the graph has no outputs")

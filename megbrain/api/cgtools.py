@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable
 
-from ..errors import MegBrainError
+from ..errors import ArgumentError, MegBrainError
 from ..graph.replace import dep_oprs, postorder
 from ..opr.base import SymbolVar, as_var
 from ..opr.operator_handle import Operator
@@ -29,11 +29,44 @@ def _as_list(x) -> list:
     return [x]
 
 
+def _vars_arg(x, func: str, arg: str) -> list:
+    """``x`` (a var or a list of vars) as VarNodes; an ArgumentError naming ``func`` and
+    ``arg`` for anything else."""
+    out = []
+    for v in _as_list(x):
+        node = as_var(v)
+        if node is None:
+            raise ArgumentError(
+                f"{func}: {arg} must be a SymbolVar or a list of SymbolVars, got "
+                f"{type(v).__name__} {v!r}"
+            )
+        out.append(node)
+    return out
+
+
+def _pair_list(pairs, func: str, arg: str, what: str) -> list[tuple]:
+    """``pairs`` (a dict, or an iterable of 2-item pairs) as a list of 2-tuples; an
+    ArgumentError naming ``func``, ``arg`` and ``what`` the pairs hold for anything else."""
+    items = pairs.items() if isinstance(pairs, dict) else pairs
+    expected = f"{func}: {arg} must be {what}"
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise ArgumentError(f"{expected}, got {type(pairs).__name__} {pairs!r}")
+    out = []
+    for item in items:
+        pair = None
+        if not isinstance(item, (str, bytes)) and isinstance(item, Iterable):
+            pair = tuple(item)
+        if pair is None or len(pair) != 2:
+            raise ArgumentError(f"{expected}, got the item {item!r} in {pairs!r}")
+        out.append(pair)
+    return out
+
+
 def get_dep_vars(var, var_type=None) -> list[SymbolVar]:
     """Every var ``var`` depends on (itself included) whose owner type is in ``var_type``."""
     types = None if var_type is None else set(_as_list(var_type))
     out, seen = [], set()
-    stack = [as_var(v) for v in _as_list(var)]
+    stack = _vars_arg(var, "get_dep_vars", "var")
     while stack:
         v = stack.pop()
         if v in seen:
@@ -72,7 +105,7 @@ def graph_traversal(outputs: Iterable):
     map_oprs, map_vars = collections.defaultdict(set), collections.defaultdict(set)
     var2oprs = collections.defaultdict(list)
     opr2receivers = collections.defaultdict(list)
-    queue = [as_var(v).owner for v in _as_list(outputs)]
+    queue = [v.owner for v in _vars_arg(outputs, "graph_traversal", "outputs")]
     visited = set()
     while queue:
         opr = queue.pop(0)
@@ -101,7 +134,7 @@ def get_oprs_seq(outputs, prune_reshape: bool = False) -> list[Operator]:
 
     With ``prune_reshape``, operators that only compute Reshape target shapes are dropped.
     """
-    dest = [as_var(v) for v in _as_list(outputs)]
+    dest = _vars_arg(outputs, "get_oprs_seq", "outputs")
     # every input counts here (not only run-time data inputs)
     order = postorder([v.owner for v in dest], lambda o: [i.owner for i in reversed(o.inputs)])
     if prune_reshape:
@@ -125,9 +158,13 @@ def replace_vars(dst, varmap) -> list[SymbolVar]:
     """
     from ..graph.replace import replace_vars as _replace
 
-    pairs = varmap.items() if isinstance(varmap, dict) else varmap
-    vmap = {as_var(k): as_var(v) for k, v in pairs}
-    return [SymbolVar(v) for v in _replace([as_var(v) for v in _as_list(dst)], vmap)]
+    vmap = {}
+    what = "a dict or a list of (old, new) pairs of SymbolVars"
+    for k, v in _pair_list(varmap, "replace_vars", "varmap", what):
+        (old,) = _vars_arg(k, "replace_vars", "varmap's keys")
+        (new,) = _vars_arg(v, "replace_vars", "varmap's values")
+        vmap[old] = new
+    return [SymbolVar(v) for v in _replace(_vars_arg(dst, "replace_vars", "dst"), vmap)]
 
 
 def replace_oprs(dst, oprmap) -> list[SymbolVar]:
@@ -136,9 +173,9 @@ def replace_oprs(dst, oprmap) -> list[SymbolVar]:
     ``oprmap`` maps :class:`Operator` to :class:`Operator` (a dict or a list of pairs); the
     outputs of each old operator are replaced by those of the new one.
     """
-    pairs = oprmap.items() if isinstance(oprmap, dict) else oprmap
     varmap = []
-    for old, new in pairs:
+    what = "a dict or a list of (old, new) pairs of Operators"
+    for old, new in _pair_list(oprmap, "replace_oprs", "oprmap", what):
         old_outs, new_outs = old.opr.outputs, new.opr.outputs
         if len(old_outs) != len(new_outs):
             raise MegBrainError(

@@ -8,12 +8,15 @@ import threading
 import warnings
 from collections.abc import Sequence
 
+import numpy as np
+
 from .. import gopt
-from ..errors import GraphError, MegBrainError, is_user_exception
+from ..errors import ArgumentError, GraphError, MegBrainError, is_user_exception
 from ..graph import ComputingGraph, GraphOptions
 from ..graph.mem_planner import gc_paused
 from ..opr.base import SymbolVar, as_var
 from .callback import CallbackWorker, FuncOutputSaver, copy_output, make_graph_callback
+from .cgtools import _pair_list
 
 __all__ = ["CompGraph", "AsyncExec", "comp_graph"]
 
@@ -163,7 +166,8 @@ class CompGraph(ComputingGraph):
         # optimize all parts together: rewrites then see every part's readers, so a later
         # part reuses values an earlier part computed instead of a rewritten copy
         parsed, all_items = [], []
-        for inputs, outspec in io_specs:
+        what = "a list of (inputs, outspec) pairs, one per part"
+        for inputs, outspec in _pair_list(io_specs, "compile_multi_part", "io_specs", what):
             expand_single = isinstance(outspec, copy_output)
             items = [outspec] if expand_single else list(outspec)
             parsed.append((inputs, expand_single, _user_copy_outputs(items), len(items)))
@@ -348,6 +352,22 @@ def _var_of(x):
     return v
 
 
+def _feed(items, borrow: bool) -> None:
+    """Set each ``((var, host proxy), value)`` input of a compiled function; a value that
+    does not convert raises an ArgumentError naming the input."""
+    for (var, proxy), val in items:
+        try:
+            proxy.set_value(val, borrow=borrow)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, MegBrainError):
+                raise
+            shown = repr(val) if len(repr(val)) <= 60 else repr(val)[:57] + "..."
+            raise ArgumentError(
+                f"compiled function: input {var.name!r} takes an array of "
+                f"{np.dtype(var.dtype).name}, got {type(val).__name__} {shown} ({exc})"
+            ) from exc
+
+
 class AsyncExec:
     """A compiled function. Only the most recently compiled AsyncExec of a graph can be used.
 
@@ -488,13 +508,11 @@ class AsyncExec:
             pairs = self._inputs
             if len(args) != len(pairs):
                 raise TypeError(f"function takes {len(pairs)} inputs, got {len(args)}")
-            borrow = self._auto_wait
-            for (_, proxy), val in zip(pairs, args):
-                proxy.set_value(val, borrow=borrow)
+            _feed(zip(pairs, args), self._auto_wait)
         if kwargs:
             if self._inputs is None:
                 self.inputs  # noqa: B018 - computes the inputs
-            by_name = {v.name: p for v, p in self._inputs}
+            by_name = {v.name: (v, p) for v, p in self._inputs}
             missing = set(by_name) - set(kwargs)
             if missing and not args:
                 raise AssertionError(f"missing inputs: {sorted(missing)}")
@@ -502,10 +520,7 @@ class AsyncExec:
             if extra and not self._warned_keys:
                 self._warned_keys = True
                 warnings.warn(f"extra inputs ignored: {sorted(extra)}", stacklevel=3)
-            for k, val in kwargs.items():
-                p = by_name.get(k)
-                if p is not None:
-                    p.set_value(val, borrow=self._auto_wait)
+            _feed(((by_name[k], val) for k, val in kwargs.items() if k in by_name), self._auto_wait)
 
     # ---- run -------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -517,9 +532,7 @@ class AsyncExec:
                     self._func.wait()  # the previous run may still be reading the inputs
                 pairs = self._inputs
                 if not kwargs and self._inputs_explicit and len(args) == len(pairs):
-                    borrow = self._auto_wait  # the hot path: positional inputs
-                    for (_, proxy), val in zip(pairs, args):
-                        proxy.set_value(val, borrow=borrow)
+                    _feed(zip(pairs, args), self._auto_wait)  # the hot path: positional inputs
                 else:
                     self._setup_args(args, kwargs)
             self._func.execute()

@@ -183,7 +183,7 @@ def get_opr_tracker(cg, var_id: int):
 def set_opr_sublinear_memory_endpoint(var) -> None:
     """Sublinear memory splits only at operators marked by this."""
     v = as_var(var)
-    v.graph.user_data.setdefault("__sublinear_endpoints__", set()).add(v.owner)
+    v.graph.sublinear_endpoints.add(v.owner)
 
 
 def dump_registered_oprs() -> dict:

@@ -4,6 +4,7 @@ ProxySharedNDAndSymbolVar and make_shared / make_arg / make_immutable."""
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 import os
 import warnings
@@ -42,6 +43,10 @@ _EAGER_SHARE_WARN = (
 )
 
 
+#: the most elements a NumPy array (the host memory behind every tensor) can hold
+_MAX_ELEMENTS = np.iinfo(np.intp).max
+
+
 def _alloc_shape(shape, what: str) -> tuple:
     """``shape`` as a tuple of ints, refusing an empty shape and zero-sized or negative dims
     (the reference's ``vec2shape`` asserts both)."""
@@ -52,6 +57,11 @@ def _alloc_shape(shape, what: str) -> tuple:
     if not shp or min(shp) <= 0:
         raise MegBrainError(
             f"{what}: bad shape {shp}: a shape must be non-empty with every dim positive"
+        )
+    if math.prod(shp) > _MAX_ELEMENTS:
+        raise MegBrainError(
+            f"{what}: bad shape {shp}: {math.prod(shp)} elements, more than an array can hold "
+            f"({_MAX_ELEMENTS})"
         )
     return shp
 
@@ -95,8 +105,10 @@ class SharedND:
         return self._dev.comp_node
 
     @property
-    def dtype(self) -> np.dtype:
-        return self._dev.dtype
+    def dtype(self):
+        """The NumPy scalar type (``np.float32``), as the reference's ``_get_dtype`` gives it;
+        the dtype object for parametrized (quantized) dtypes."""
+        return self._get_dtype()
 
     @property
     def lazy_initializer(self):
@@ -294,7 +306,7 @@ class SharedND:
         if rhs is self:
             raise MegBrainError("share_memory_from: can not share memory with itself")
         _check_peer(self, rhs, "share_memory_from")
-        st = rhs._dev.storage.sub(rhs.dtype.itemsize * int(offset))
+        st = rhs._dev.storage.sub(rhs._dev.dtype.itemsize * int(offset))
         self._dev.reset(st, self._dev.layout)
 
     def reset_dev_tensor(self, rhs: SharedND) -> None:
@@ -334,7 +346,7 @@ class SharedND:
             self.set_value(state["value"])
 
     def __repr__(self) -> str:
-        return f"SharedND(shape={self.shape}, dtype={self.dtype}, comp_node={self.comp_node})"
+        return f"SharedND(shape={self.shape}, dtype={self._dev.dtype}, comp_node={self.comp_node})"
 
     # ---- zero-copy interop (NumPy's array protocol and DLPack) -----------------------------
     def _host_view(self, what: str) -> np.ndarray:
@@ -373,9 +385,10 @@ def _check_shared(b: SharedND, what: str) -> None:
 def _check_peer(a: SharedND, b: SharedND, what: str) -> None:
     """Memory sharing needs the same dtype and comp node (copies only need a SharedND)."""
     _check_shared(b, what)
-    if a.dtype != b.dtype or a.comp_node != b.comp_node:
+    da, db = a._dev.dtype, b._dev.dtype
+    if da != db or a.comp_node != b.comp_node:
         raise MegBrainError(
-            f"{what}: dtype/comp node mismatch: {a.dtype}@{a.comp_node} vs {b.dtype}@{b.comp_node}"
+            f"{what}: dtype/comp node mismatch: {da}@{a.comp_node} vs {db}@{b.comp_node}"
         )
 
 
@@ -527,10 +540,15 @@ class _HostSharedND:
         return t.as_ndarray().copy()
 
 
-def _scalar_value(val) -> np.ndarray:
+def _scalar_value(val, where: str) -> np.ndarray:
     """``val`` (a Python scalar, a 0-d or a 1-element 1-d value) as a (1,) array of the dtype
-    megbrain gives it (float64 -> float32, int64 -> int32)."""
+    megbrain gives it (float64 -> float32, int64 -> int32); ``where`` names the caller."""
     arr = np.asarray(val)
+    if arr.dtype.kind in "OSUMm":
+        raise TypeError(
+            f"{where}: val must be a number (a Python scalar, a 0-d or a (1,) numeric array); "
+            f"got {type(val).__name__} {val!r}"
+        )
     if arr.shape not in ((), (1,)):
         raise MegBrainError(
             f"value given to SharedScalar must be scalar (a number, a 0-d or a (1,) array); "
@@ -552,7 +570,7 @@ class SharedScalar:
     """
 
     def __init__(self, val):
-        self._value = _scalar_value(val)
+        self._value = _scalar_value(val, "SharedScalar")
         self._locked = False
         self._dev_copies: dict = {}
 
@@ -572,11 +590,13 @@ class SharedScalar:
 
         Raises
         ------
+        TypeError
+            For a value that is not a number (a string, None, an object).
         MegBrainError
             For a value that is not a scalar, or, once the dtype is locked, of another dtype
             (a Python float is float32, a Python int int32).
         """
-        new = _scalar_value(val)
+        new = _scalar_value(val, "SharedScalar.set")
         if self._locked:
             if not same_dtype(new.dtype, self.dtype):
                 raise MegBrainError(

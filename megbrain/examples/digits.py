@@ -186,8 +186,9 @@ class _PlainBar:
 
 def _progress_bar(disabled: bool):
     """``make(n, desc)``: a bar of ``n`` batches, advanced by ``update()`` as each batch
-    completes (tqdm when installed and not ``disabled``)."""
-    if not disabled:
+    completes (tqdm when installed, not ``disabled`` and stderr is a terminal: redraws piped
+    to a log file would fill it)."""
+    if not disabled and sys.stderr.isatty():
         try:
             from tqdm import tqdm
         except ImportError:

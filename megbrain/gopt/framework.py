@@ -21,7 +21,6 @@ __all__ = [
     "INFERENCE_PRESET",
     "PASSES",
     "PRESET",
-    "SUBLINEAR_ENDPOINTS",
     "get_replaced_var",
     "inference_preset",
     "register_pass",
@@ -124,14 +123,10 @@ def run_passes(graph, dest: list[VarNode], names: Iterable[str], table: dict, *a
     return cur
 
 
-#: graph.user_data key of the operators marked by ``set_opr_sublinear_memory_endpoint``
-SUBLINEAR_ENDPOINTS = "__sublinear_endpoints__"
-
-
 def _carry_endpoints(graph, varmap: dict) -> None:
     """The operator replacing a sublinear-memory endpoint's output is an endpoint too."""
-    eps = graph.user_data.get(SUBLINEAR_ENDPOINTS)
-    for o in list(eps or ()):
+    eps = graph.sublinear_endpoints
+    for o in list(eps):
         for v in o.outputs:
             nv = varmap.get(v)
             if nv is not None and nv.owner is not o:

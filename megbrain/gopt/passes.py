@@ -35,7 +35,6 @@ from ..opr.io import ImmutableTensor
 from .framework import (
     PASSES,
     PRESET,
-    SUBLINEAR_ENDPOINTS,
     get_replaced_var,
     register_pass,
     run_passes,
@@ -44,7 +43,6 @@ from .framework import (
 __all__ = [
     "PASSES",
     "PRESET",
-    "SUBLINEAR_ENDPOINTS",
     "FUSE_ADD_ACTS",
     "Rewriter",
     "VarMap",

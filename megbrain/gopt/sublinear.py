@@ -164,7 +164,7 @@ def sublinear_memory(graph, dest: list[VarNode]) -> dict:
     if not opts.enable_sublinear_memory_opt or opts.graph_opt_level < 0 or not dest:
         return {}
     seq = topo_order(dest, opts.extra_vardeps)
-    endpoints = set(graph.user_data.get("__sublinear_endpoints__", ())) & set(seq)
+    endpoints = graph.sublinear_endpoints & set(seq)
     plan = _Planner(seq, endpoints)
     plan.run()
     if not plan.late:

@@ -3,7 +3,14 @@ memory plan and executor. Knows operators only through the contract."""
 
 from .cg import ComputingGraph
 from .executor import AsyncExecutable
-from .operator import OPR_REGISTRY, OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
+from .operator import (
+    OPR_REGISTRY,
+    OperatorNodeBase,
+    OperatorNodeConfig,
+    ParamBase,
+    register_opr,
+    table_param,
+)
 from .options import GraphOptions
 from .static_infer import (
     DynamicShapeError,
@@ -27,6 +34,7 @@ __all__ = [
     "OperatorNodeBase",
     "OperatorNodeConfig",
     "ParamBase",
+    "table_param",
     "VarNode",
     "infer_shape",
     "infer_value",

@@ -31,7 +31,14 @@ class ComputingGraph:
     def __init__(self, options: GraphOptions | None = None):
         self.id = next(_graph_ids)
         self.options = options if options is not None else GraphOptions()
+        #: the user's own per-graph values; megbrain keeps nothing of its own here
         self.user_data: dict = {}
+        #: operators marked by ``set_opr_sublinear_memory_endpoint``: sublinear memory
+        #: splits only there (gopt carries a mark over to an operator's replacement)
+        self.sublinear_endpoints: set = set()
+        #: megbrain's own per-graph state, keyed by its owner (the conditional-execution
+        #: registry, the persistent output storage pool, the training layer's updates)
+        self.internal_data: dict = {}
         #: ``UserInputVars``: id(host tensor) -> the Host2DeviceCopy var the user made for it
         self.user_input_vars: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.oprs: list[OperatorNodeBase] = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -12,6 +12,7 @@ from ..device import CompNode
 from ..dtype import canonize_dtype, dtype_key
 from ..errors import GraphError, MegBrainError
 from . import static_infer
+from .param_def import members_of
 from .var import InferType, VarNode
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "OperatorNodeBase",
     "OperatorNodeConfig",
     "ParamBase",
+    "table_param",
     "register_opr",
     "fmt_shape",
 ]
@@ -50,9 +52,15 @@ class ParamBase:
     A subclass lists its enum fields in ``_choices = {"field": ("NAME0", "NAME1", ...)}``; a
     value may then be given as the name in any case, as an int index, or as an object with a
     ``.name``. The stored value is the upper-case name, so params are hashable and JSON-able.
+    A Param that is the operator's view of a param-def table is declared with
+    :func:`table_param`, which fills in the table's fields and ``_choices``.
     """
 
     _choices: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: the param-def table the Param is derived from (:func:`table_param`), or None
+    _table: ClassVar[type | None] = None
+    #: the table's fields the Param leaves out (a file must hold their defaults)
+    _table_skip: ClassVar[frozenset[str]] = frozenset()
 
     def __post_init__(self):
         for fname, names in self._choices.items():
@@ -83,6 +91,113 @@ class ParamBase:
                 v = list(v)
             out[f.name] = v
         return out
+
+
+#: the annotation of a derived field, per C type of the table (as the hand-written Params')
+_FIELD_TYPES = {
+    **dict.fromkeys(("int32", "uint32", "uint64"), "int"),
+    **dict.fromkeys(("float32", "float64"), "float"),
+    **{"bool": "bool", "dtype": "np.dtype", "enum": "str"},
+}
+
+
+def _table_default(field: Any) -> Any:
+    """A table field's default as a Param holds it: an enum member's name, a dtype as
+    ``np.dtype``, a number converted by the table's converter."""
+    if field.ctype == "enum":
+        return field.default
+    if field.ctype == "dtype":
+        return canonize_dtype(field.default)
+    return field.convert(field.default)
+
+
+def table_param(
+    table: type, *, skip: Iterable[str] = (), **defaults: Any
+) -> Callable[[type], type]:
+    """Class decorator deriving a Param's fields from the param-def class ``table``.
+
+    Applied under ``@dataclass(frozen=True)``, it adds the table's fields to the class
+    before the dataclass machinery runs, in table order: each with the table's default and
+    an annotation of its kind (``str`` for an enum, whose names go to ``_choices`` from
+    :func:`~megbrain.graph.param_def.members_of`; ``int``, ``float``, ``bool``; a ``dtype``
+    field's default as ``np.dtype``). The class body keeps what is the operator's own:
+
+    * ``defaults`` give other defaults than the table's to some of its fields;
+    * a table field annotated in the body overrides the table's (its default, its type; no
+      ``_choices`` entry is added for it) and keeps its table position;
+    * fields the table lacks, annotated in the body, follow the table's;
+    * fields a dataclass base already has are inherited, not added again;
+    * ``_choices`` of the body and of the bases are kept (the body's win).
+
+    The table and the skipped fields are kept as ``_table`` and ``_table_skip``.
+
+    Parameters
+    ----------
+    table:
+        A param-def class (``megbrain.opr.param_defs.Pooling``): its ``FIELDS`` give the
+        fields.
+    skip:
+        Table fields the Param does not have (a loaded file must hold their defaults).
+    **defaults:
+        ``field=default`` for table fields whose default the Param changes (an enum
+        field's default by its member name).
+
+    Returns
+    -------
+    callable
+        The decorator; it returns the class it is given.
+
+    Raises
+    ------
+    TypeError
+        When ``table`` is no param-def class, ``skip`` or ``defaults`` name no field of it,
+        an enum default names no member, the class is
+        already a dataclass (the decorator was applied above ``@dataclass``), or the body
+        sets a table field without annotating it.
+    """
+    fields = getattr(table, "FIELDS", None)
+    if fields is None:
+        raise TypeError(f"table_param: {table!r} is not a param-def class")
+    skip = frozenset(skip)
+    unknown = (skip | set(defaults)) - {f.name for f in fields}
+    if unknown:
+        raise TypeError(f"table_param: {table.__name__} has no field {', '.join(sorted(unknown))}")
+    for f in fields:
+        if f.enum is not None and f.name in defaults and defaults[f.name] not in members_of(f.enum):
+            raise TypeError(
+                f"table_param: {defaults[f.name]!r} is no member of {table.__name__}.{f.name}"
+            )
+
+    def derive(cls: type) -> type:
+        if "__dataclass_fields__" in cls.__dict__:
+            raise TypeError(f"{cls.__qualname__}: apply table_param under @dataclass")
+        own = dict(cls.__dict__.get("__annotations__", {}))
+        inherited = {n for b in cls.__mro__[1:] for n in getattr(b, "__dataclass_fields__", ())}
+        annotations: dict[str, Any] = {}
+        choices: dict[str, tuple[str, ...]] = {}
+        for f in fields:
+            if f.name in skip or f.name in inherited:
+                continue
+            if f.name in own:
+                annotations[f.name] = own.pop(f.name)
+                continue
+            if f.name in cls.__dict__:
+                raise TypeError(
+                    f"{cls.__qualname__}: {f.name} overrides {table.__name__}.{f.name} without "
+                    "an annotation"
+                )
+            annotations[f.name] = _FIELD_TYPES[f.ctype]
+            setattr(cls, f.name, defaults[f.name] if f.name in defaults else _table_default(f))
+            if f.enum is not None:
+                choices[f.name] = members_of(f.enum)
+        cls.__annotations__ = {**annotations, **own}
+        own_choices = cls.__dict__.get("_choices", {})
+        cls._choices = {**super(cls, cls)._choices, **choices, **own_choices}
+        cls._table = table
+        cls._table_skip = skip
+        return cls
+
+    return derive
 
 
 class OperatorNodeConfig:

@@ -37,11 +37,11 @@ def pending_updates(graph) -> list:
     """The state vars modules updated in place in ``graph`` in training mode (BatchNorm's
     running statistics after the update); include them in the compiled outspec of a training
     step so that it updates them even when it needs no output of those modules."""
-    return list(graph.user_data.get("__nn_updates__", []))
+    return list(graph.internal_data.get("__nn_updates__", []))
 
 
 def _add_state_update(graph, var) -> None:
-    graph.user_data.setdefault("__nn_updates__", []).append(var)
+    graph.internal_data.setdefault("__nn_updates__", []).append(var)
 
 
 class Module:
@@ -133,7 +133,7 @@ class Module:
                     )
                 if not np.can_cast(v.dtype, t.dtype, "same_kind"):
                     raise mgb.MegBrainError(
-                        f"load_state_dict: {k} has dtype {v.dtype}, expected {t.dtype}"
+                        f"load_state_dict: {k} has dtype {v.dtype}, expected {np.dtype(t.dtype)}"
                     )
         for k, t in own.items():
             if k in state:

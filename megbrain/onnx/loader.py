@@ -70,19 +70,55 @@ def _describe(node: onnx.NodeProto, idx: int, opset: int) -> str:
     return f"ONNX node {name!r} (op {node.op_type}, opset {opset})"
 
 
-class NodeContext:
-    """What a converter sees of one node: its input vars, attributes and helpers."""
+def physical_shape(shape) -> tuple:
+    """The shape megbrain holds an ONNX value of shape ``shape`` in: a 0-d one is (1,)."""
+    shape = tuple(int(d) for d in shape)
+    return shape or (1,)
 
-    def __init__(self, node, idx, opset, inputs, graph, comp_node, types, attrs):
+
+class NodeContext:
+    """What a converter sees of one node: its input vars, attributes and helpers.
+
+    ``ranks`` holds the ONNX rank of each input (None when absent or unknown): megbrain has
+    no 0-d tensors, so a 0-d ONNX value is a (1,) var whose rank only the importer knows.  A
+    converter gives an output's rank with :meth:`as_shape` or :meth:`set_rank`; the loader
+    derives the others (:func:`_output_rank`).
+    """
+
+    def __init__(self, node, idx, opset, inputs, graph, comp_node, types, attrs, ranks):
         self.node = node
         self.idx = idx
         self.opset = opset
         self.inputs = inputs
+        self.ranks = ranks
+        self.out_ranks: dict[int, int] = {}
         self.graph = graph
         self.comp_node = comp_node
         self._types = types
         self._attrs = attrs
         self.where = _describe(node, idx, opset)
+
+    def rank_of(self, var) -> int | None:
+        """The ONNX rank of ``var`` when it is one of this node's inputs, else None."""
+        for v, r in zip(self.inputs, self.ranks):
+            if v is var:
+                return r
+        return None
+
+    def set_rank(self, rank: int, i: int = 0) -> None:
+        """Declare the ONNX rank of output ``i``."""
+        self.out_ranks[i] = int(rank)
+
+    def as_shape(self, var, shape, i: int = 0):
+        """``var`` reshaped to the ONNX shape ``shape``, declared as output ``i``'s shape."""
+        shape = tuple(int(d) for d in shape)
+        self.set_rank(len(shape), i)
+        phys = physical_shape(shape)
+        try:
+            now = var.imm_shape
+        except mgb.MegBrainError:
+            now = None
+        return var if now is not None and tuple(now) == phys else mgb.opr.reshape(var, phys)
 
     def fail(self, msg: str) -> ONNXConversionError:
         """An error naming this node; raise it."""
@@ -175,16 +211,20 @@ def _read_attrs(node, conv, where) -> dict:
     return out
 
 
-def _value_types(model: onnx.ModelProto) -> dict[str, int]:
+def _value_types(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, int]]:
+    """The ONNX element type and, where ONNX's shape inference knows it, the rank of each
+    value."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # noqa: BLE001 - inference is a help, not a requirement
         inferred = model
     g = inferred.graph
-    types = {}
+    types, ranks = {}, {}
     for vi in list(g.value_info) + list(g.input) + list(g.output):
         if vi.type.HasField("tensor_type"):
             types[vi.name] = vi.type.tensor_type.elem_type
+            if vi.type.tensor_type.HasField("shape"):
+                ranks[vi.name] = len(vi.type.tensor_type.shape.dim)
     for init in g.initializer:
         types[init.name] = init.data_type
     for node in g.node:
@@ -192,7 +232,28 @@ def _value_types(model: onnx.ModelProto) -> dict[str, int]:
             for a in node.attribute:
                 if a.name == "value":
                     types[node.output[0]] = a.t.data_type
-    return types
+    return types, ranks
+
+
+def _output_rank(ctx, i: int, var, inferred: int | None) -> int | None:
+    """The ONNX rank of output ``i`` of a node: as its converter declared it, else the shape
+    megbrain gives it, where a (1,) var is 0-d when ONNX's shape inference says so or (that
+    unknown) when every input is 0-d, as an elementwise operator's output is."""
+    if i in ctx.out_ranks:
+        return ctx.out_ranks[i]
+    try:
+        shape = var.imm_shape
+    except mgb.MegBrainError:
+        shape = None
+    if shape is None:
+        return inferred
+    shape = tuple(shape)
+    if shape not in ((), (1,)):
+        return len(shape)
+    if inferred is not None:
+        return inferred
+    given = [r for v, r in zip(ctx.inputs, ctx.ranks) if v is not None]
+    return 0 if not shape or (given and all(r == 0 for r in given)) else 1
 
 
 def _static_shape(vi) -> tuple | None:
@@ -246,7 +307,7 @@ def load(
     model = _model_of(path_or_model)
     opset = _opset_of(model)
     g = model.graph
-    types = _value_types(model)
+    types, inferred_ranks = _value_types(model)
     static_inputs = dict(static_inputs or {})
 
     # 1. validate everything before building anything
@@ -277,12 +338,17 @@ def load(
     if graph is None:
         graph = mgb.comp_graph()
     env: dict[str, Any] = {}
+    ranks: dict[str, int | None] = {}  # each value's ONNX rank
     for t in g.initializer:
         arr = numpy_helper.to_array(t)
         dt = onnx_to_np_dtype(t.data_type)
         env[t.name] = mgb.make_shared(
-            cn, value=narrow(arr).astype(dt), comp_graph=graph, name=t.name or None
+            cn,
+            value=narrow(arr).astype(dt).reshape(physical_shape(arr.shape)),
+            comp_graph=graph,
+            name=t.name or None,
         )
+        ranks[t.name] = arr.ndim
     inputs = {}
     for vi in g.input:
         if vi.name in init_names:
@@ -290,25 +356,31 @@ def load(
         et = vi.type.tensor_type.elem_type
         dt = np.dtype(np.bool_) if et == TensorProto.BOOL else onnx_to_np_dtype(et)
         value = static_inputs.get(vi.name)
+        shape = _static_shape(vi)
+        ranks[vi.name] = inferred_ranks.get(vi.name)
         if value is not None:
             value = np.asarray(value)
+            ranks[vi.name] = value.ndim
             value = value if et == TensorProto.BOOL else narrow(value).astype(dt)
+            value = value.reshape(physical_shape(value.shape))
         arg = mgb.make_arg(
             cn,
             graph,
             dtype=dt,
-            shape=None if value is not None else _static_shape(vi),
+            shape=None if value is not None or shape is None else physical_shape(shape),
             name=vi.name,
             value=value,
         )
         inputs[vi.name] = arg
         env[vi.name] = mgb.opr.typecvt(arg, np.int32) if et == TensorProto.BOOL else arg
+    rank_of_var = {id(env[n]): r for n, r in ranks.items() if r is not None}
     for idx, node, conv, attrs in plans:
         ins = [env[n] if n else None for n in node.input]
         missing = [n for n in node.input if n and n not in env]
         if missing:
             raise ONNXConversionError(f"{_describe(node, idx, opset)}: unknown inputs {missing}")
-        ctx = NodeContext(node, idx, opset, ins, graph, cn, types, attrs)
+        in_ranks = [ranks.get(n) if n else None for n in node.input]
+        ctx = NodeContext(node, idx, opset, ins, graph, cn, types, attrs, in_ranks)
         try:
             outs = conv.fn(ctx)
         except ONNXConversionError:
@@ -317,9 +389,16 @@ def load(
             raise ctx.fail(f"{type(e).__name__}: {e}") from e
         if not isinstance(outs, (list, tuple)):
             outs = [outs]
-        for name, var in zip(node.output, outs):
-            if name:
-                env[name] = var
+        for i, (name, var) in enumerate(zip(node.output, outs)):
+            if not name:
+                continue
+            rank = _output_rank(ctx, i, var, inferred_ranks.get(name))
+            if rank is not None and rank != rank_of_var.setdefault(id(var), rank):
+                # one var stands for values of two ranks (a 0-d value unsqueezed to (1,)):
+                # converters find a var's rank by the var, so the new value gets its own
+                var = mgb.opr.identity(var)
+                rank_of_var[id(var)] = rank
+            env[name], ranks[name] = var, rank
     outputs = {}
     for vi in g.output:
         var = env[vi.name]

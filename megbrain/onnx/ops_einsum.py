@@ -91,9 +91,9 @@ def _einsum(ctx):
         raise ctx.fail("integer Einsum is not supported")
     eq = ctx.attr("equation").replace(" ", "")
     lhs = eq.partition("->")[0].split(",")
-    # megbrain holds a 0-d tensor as shape (1,): such operands of an empty term are scalars
-    scalars = [v for t, v in zip(lhs, vs) if t == "" and static_shape(ctx, v) == (1,)]
-    kept = [(t, v) for t, v in zip(lhs, vs) if not (t == "" and static_shape(ctx, v) == (1,))]
+    # the operands of an empty term are 0-d: scalars
+    scalars = [v for t, v in zip(lhs, vs) if t == ""]
+    kept = [(t, v) for t, v in zip(lhs, vs) if t != ""]
     scale = None
     for v in scalars:
         scale = v if scale is None else mgb.opr.elemwise(scale, v, mode="MUL")
@@ -136,5 +136,5 @@ def _einsum_terms(ctx, vs, terms, out):
         x, lx = _contract(ctx, x, lx, vs[i], terms[i], later)
     x, lx = _sum_out(x, lx, [c for c in lx if c not in out])
     if not out:
-        return _reshape(x, ()) if lx == "" and x.imm_shape != () else x
+        return ctx.as_shape(x, ()) if lx == "" else x
     return _perm(x, lx, out)

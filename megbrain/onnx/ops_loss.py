@@ -55,9 +55,9 @@ def _nll(ctx, logp, target, weight):
         return loss
     total = _sum_all(loss)
     if red == "sum":
-        return _reshape(total, ())
+        return ctx.as_shape(total, ())
     den = _sum_all(gw) if gw is not None else ctx.imm(np.asarray(float(np.prod(ts)), dt))
-    return _reshape(E(total, den, mode="TRUE_DIV"), ())
+    return ctx.as_shape(E(total, den, mode="TRUE_DIV"), ())
 
 
 def _cast(v, dt):

@@ -49,7 +49,7 @@ def _matmul(ctx):
         b3 = _reshape(mgb.opr.broadcast(b, batch + sb[-2:]), (nb,) + sb[-2:])
         out = mgb.opr.batched_matrix_mul(a3, b3)
     shape = batch + ((sa[-2],) if not va else ()) + ((sb[-1],) if not vb else ())
-    return _reshape(out, shape)
+    return ctx.as_shape(out, shape)
 
 
 @converter("Gemm", 7, attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0})

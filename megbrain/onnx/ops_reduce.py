@@ -7,7 +7,7 @@ import onnx
 
 import megbrain as mgb
 
-from .ops_tensor import _norm_axis, _reshape, static_shape
+from .ops_tensor import _norm_axis, static_shape
 from .registry import Attr, converter
 
 E = mgb.opr.elemwise
@@ -78,6 +78,7 @@ def _reduce(ctx):
     if ctx.opset >= _AXES_INPUT_SINCE.get(ctx.node.op_type, 18):
         axes = ctx.const(1, "axes").ravel().tolist() if ctx.has(1) else []
         if not axes and ctx.attr("noop_with_empty_axes"):
+            ctx.set_rank(nd)
             return mgb.opr.identity(x)
     else:
         axes = list(ctx.attr("axes") or [])
@@ -107,8 +108,8 @@ def _reduce(ctx):
     if lse_max is not None:
         y = E(y, lse_max, mode="ADD")
     if ctx.attr("keepdims"):
-        return y
-    return _reshape(y, [d for i, d in enumerate(src) if i not in axes])
+        return ctx.as_shape(y, [1 if i in axes else d for i, d in enumerate(src)])
+    return ctx.as_shape(y, [d for i, d in enumerate(src) if i not in axes])
 
 
 converter(list(_REDUCE), 1, attrs={"axes": None, "keepdims": 1, "noop_with_empty_axes": 0})(_reduce)
@@ -127,7 +128,7 @@ def _arg(ctx):
     else:
         idx = fn(x, axis, True)
     if not ctx.attr("keepdims"):
-        idx = _reshape(idx, src[:axis] + src[axis + 1 :])
+        return ctx.as_shape(idx, src[:axis] + src[axis + 1 :])
     return idx
 
 

@@ -7,16 +7,20 @@ import numpy as np
 import megbrain as mgb
 
 from .loader import narrow as _narrow
+from .loader import physical_shape
 from .registry import Attr, converter
 
 E = mgb.opr.elemwise
 
 
 def static_shape(ctx, var, what="input") -> tuple:
-    """The shape of ``var``, which must be known when the graph is built."""
+    """The ONNX shape of ``var``, which must be known when the graph is built: () for a 0-d
+    input of the node (held as (1,))."""
     shp = var.imm_shape
     if shp is None:
         raise ctx.fail(f"the shape of the {what} must be known at load")
+    if ctx.rank_of(var) == 0:
+        return ()
     return tuple(int(d) for d in shp)
 
 
@@ -28,7 +32,7 @@ def _norm_axis(ctx, axis, ndim):
 
 
 def _reshape(var, shape):
-    shape = tuple(int(d) for d in shape)
+    shape = physical_shape(shape)
     if tuple(var.imm_shape or ()) == shape and var.imm_shape is not None:
         return var
     return mgb.opr.reshape(var, shape)
@@ -112,7 +116,8 @@ def _constant(ctx):
         arr = np.asarray(v, np.float32)
     else:
         arr = np.asarray(v, np.int64)
-    return ctx.imm(_narrow(arr))
+    ctx.set_rank(arr.ndim)
+    return ctx.imm(_narrow(arr).reshape(physical_shape(arr.shape)))
 
 
 @converter("ConstantOfShape", 9, attrs={"value": None})
@@ -120,9 +125,8 @@ def _constant_of_shape(ctx):
     shape = ctx.const(0, "shape").ravel().tolist()
     v = ctx.attr("value")
     v = np.zeros(1, np.float32) if v is None else np.asarray(v).ravel()
-    if len(shape) == 0:
-        return ctx.imm(_narrow(v.reshape(())))
-    return ctx.imm(_narrow(np.full(shape, v[0], dtype=v.dtype)))
+    ctx.set_rank(len(shape))
+    return ctx.imm(_narrow(np.full(physical_shape(shape), v[0], dtype=v.dtype)))
 
 
 @converter("Range", 11)
@@ -130,15 +134,17 @@ def _range(ctx):
     s, l, d = (ctx.const(i, n).reshape(()) for i, n in enumerate(("start", "limit", "delta")))
     dt = np.result_type(s, l, d)
     n = max(int(np.ceil((float(l) - float(s)) / float(d))), 0)
+    ctx.set_rank(1)
     return ctx.imm(_narrow((s + d * np.arange(n)).astype(dt)))
 
 
 @converter("Shape", 1, attrs={"start": 0, "end": None})
 def _shape(ctx):
     x = ctx.input(0)
+    ctx.set_rank(1)
     shp = x.imm_shape
     if shp is not None:
-        shp = np.asarray(shp, np.int32)
+        shp = np.asarray(static_shape(ctx, x), np.int32)
         r = len(shp)
         st, en = ctx.attr("start"), ctx.attr("end")
         return ctx.imm(shp[slice(st, en if en is not None else r)])
@@ -149,7 +155,8 @@ def _shape(ctx):
 
 @converter("Size", 1)
 def _size(ctx):
-    return ctx.imm(np.asarray(int(np.prod(static_shape(ctx, ctx.input(0)))), np.int32))
+    n = int(np.prod(static_shape(ctx, ctx.input(0))))
+    return ctx.as_shape(ctx.imm(np.asarray([n], np.int32)), ())
 
 
 @converter("Reshape", 5, attrs={"allowzero": Attr(0, frozenset({0, 1}))})
@@ -164,7 +171,7 @@ def _reshape_op(ctx):
         shape[shape.index(-1)] = int(np.prod(src)) // known if known else 0
     if int(np.prod(shape)) != int(np.prod(src)):
         raise ctx.fail(f"cannot reshape {src} to {shape}")
-    return _reshape(x, shape)
+    return ctx.as_shape(x, shape)
 
 
 @converter("Flatten", 1, attrs={"axis": 1})
@@ -180,6 +187,8 @@ def _flatten(ctx):
 def _transpose(ctx):
     x = ctx.input(0)
     nd = len(static_shape(ctx, x))
+    if nd == 0:
+        return mgb.opr.identity(x)
     perm = ctx.attr("perm")
     perm = list(range(nd))[::-1] if perm is None else [int(p) for p in perm]
     return mgb.opr.dimshuffle(x, perm)
@@ -189,7 +198,7 @@ def _transpose(ctx):
 def _squeeze(ctx):
     x = ctx.input(0)
     try:
-        src = tuple(int(d) for d in x.imm_shape)
+        src = static_shape(ctx, x)
     except mgb.MegBrainError:  # a run-time shape (NonZero, Compress): drop the given axes
         if ctx.opset >= 13:
             axes = ctx.const(1, "axes").ravel().tolist() if ctx.has(1) else []
@@ -208,7 +217,7 @@ def _squeeze(ctx):
     for a in axes:
         if src[a] != 1:
             raise ctx.fail(f"axis {a} of shape {src} is not 1")
-    return _reshape(x, [d for i, d in enumerate(src) if i not in axes])
+    return ctx.as_shape(x, [d for i, d in enumerate(src) if i not in axes])
 
 
 @converter("Unsqueeze", 1, attrs={"axes": None})
@@ -223,7 +232,7 @@ def _unsqueeze(ctx):
     axes = sorted(_norm_axis(ctx, a, nd) for a in axes)
     for a in axes:
         src.insert(a, 1)
-    return _reshape(x, src)
+    return ctx.as_shape(x, src)
 
 
 @converter("Concat", 4, attrs={"axis": None})
@@ -317,7 +326,7 @@ def _gather(ctx):
     if int(np.prod(ishape)) == 0:
         raise ctx.fail("empty indices are not supported")
     out = mgb.opr.advanced_indexing(x)[(slice(None),) * axis + (flat,)]
-    return _reshape(out, src[:axis] + ishape + src[axis + 1 :])
+    return ctx.as_shape(out, src[:axis] + ishape + src[axis + 1 :])
 
 
 @converter("Expand", 8)
@@ -325,7 +334,8 @@ def _expand(ctx):
     x = ctx.input(0)
     shape = ctx.const(1, "shape").ravel().tolist()
     target = np.broadcast_shapes(static_shape(ctx, x), tuple(int(d) for d in shape))
-    return mgb.opr.broadcast(x, target)
+    ctx.set_rank(len(target))
+    return mgb.opr.broadcast(x, physical_shape(target))
 
 
 @converter("Tile", 6)

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import InferType, OperatorNodeBase, ParamBase, VarNode
+from ..graph import InferType, OperatorNodeBase, ParamBase, VarNode, table_param
 from ..graph.operator import fmt_shape
 from ..graph.static_infer import static_shape
+from . import param_defs as pdefs
 from .base import SymbolVar, as_var, entry_point_name, make_immutable
 
 __all__ = [
@@ -62,10 +63,9 @@ subtensor_getitem = _builder("subtensor_getitem")
 
 
 @dataclass(frozen=True)
+@table_param(pdefs.Axis)
 class AxisParam(ParamBase):
     """Param of the operators taking one axis (Argmax, Argmin, IndexingOneHot...)."""
-
-    axis: int = 0
 
 
 _I32 = np.dtype(np.int32)

@@ -21,7 +21,7 @@ from ..dtype import (
 )
 from ..errors import ArgumentError, ConversionError, MegBrainError, SerializationError
 from ..graph import OperatorNodeBase, ParamBase, infer_shape, register_opr
-from ..graph.operator import fmt_shape
+from ..graph.operator import fmt_shape, table_param
 from ..graph.param_def import members_of
 from ..kernels import elemwise as ew_kernels
 from ..kernels import elemwise_modes as ew_modes
@@ -77,10 +77,11 @@ def broadcast_shapes(opr: OperatorNodeBase, shapes) -> tuple:
         ) from None
 
 
+# the default mode is ADD, elemwise()'s, not the table's first member RELU
 @dataclass(frozen=True)
+@table_param(pdefs.Elemwise, mode="ADD")
 class ElemwiseParam(ParamBase):
-    mode: str = "ADD"
-    _choices = {"mode": ELEMWISE_MODES}
+    """Param of Elemwise: the ``mode``."""
 
 
 @register_opr
@@ -171,13 +172,13 @@ class TypeCvt(OperatorNodeBase):
         return f"TypeCvt[{fmt_dtype(self.param.dtype)}]({self.inputs[0].name})"
 
 
+# only data_type DEFAULT is supported (the file's other types are refused at load)
 @dataclass(frozen=True)
+@table_param(pdefs.Reduce, skip=("data_type",))
 class ReduceParam(ParamBase):
-    mode: str = "SUM"
-    #: the reduced axis (kept with size 1); None reduces everything to shape (1,) or, with a
-    #: second input, to the target shape given by that input's value
+    #: the reduced axis (kept with size 1); None, not the table's INT_MAX, reduces everything
+    #: to shape (1,) or, with a second input, to the target shape given by that input's value
     axis: int | None = None
-    _choices = {"mode": REDUCE_MODES}
 
 
 @register_opr

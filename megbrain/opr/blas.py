@@ -10,8 +10,7 @@ import numpy as np
 
 from ..dtype import dtype_name, get_scale, is_bfloat16, is_quantize, qint32
 from ..graph import OperatorNodeBase, ParamBase, register_opr, static_shape
-from ..graph.operator import fmt_shape
-from ..graph.param_def import members_of
+from ..graph.operator import fmt_shape, table_param
 from ..kernels import blas as blas_kernels
 from . import param_defs as pdefs
 from ._internal import reduce_to_input, sv
@@ -33,9 +32,6 @@ __all__ = [
     "batched_matrix_mul_v0",
 ]
 
-COMPUTE_MODES = members_of(pdefs.MatrixMul.ComputeMode)
-#: MegDNN's formats; only DEFAULT (row-major matrices) is implemented
-FORMATS = members_of(pdefs.MatrixMul.Format)
 _I32 = np.dtype(np.int32)
 _I16 = np.dtype(np.int16)
 _I8 = np.dtype(np.int8)
@@ -44,18 +40,14 @@ _WIDENED_INTS = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16))
 
 
 @dataclass(frozen=True)
+@table_param(pdefs.MatrixMul)
 class MatrixMulParam(ParamBase):
     """Param of MatrixMul and BatchedMatrixMul.
 
     ``compute_mode=FLOAT32`` asks float16 operands to be multiplied in float32; the kernels
-    always do so, so both modes give the same result.
+    always do so, so both modes give the same result. Of the formats only DEFAULT
+    (row-major matrices) is implemented.
     """
-
-    transposeA: bool = False
-    transposeB: bool = False
-    compute_mode: str = "DEFAULT"
-    format: str = "DEFAULT"
-    _choices = {"compute_mode": COMPUTE_MODES, "format": FORMATS}
 
     def __post_init__(self):
         super().__post_init__()
@@ -358,6 +350,7 @@ def batched_matrix_mul_v0(
 
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # the reference registers its current MatrixMul as MatrixMulV2 (the type id of "MatrixMul")
-register_strict(MatrixMul, pdefs.MatrixMul, name="MatrixMulV2")
-register_strict(BatchedMatrixMul, pdefs.MatrixMul, name="BatchedMatrixMulV2")
+# both write param.MatrixMul, MatrixMulParam's table
+register_strict(MatrixMul, name="MatrixMulV2")
+register_strict(BatchedMatrixMul, name="BatchedMatrixMulV2")
 register_strict(Dot, pdefs.Empty)

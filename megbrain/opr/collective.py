@@ -34,8 +34,7 @@ from ..graph import (
     register_opr,
     static_infer,
 )
-from ..graph.operator import fmt_shape
-from ..graph.param_def import members_of
+from ..graph.operator import fmt_shape, table_param
 from ..graph.var import InferType
 from ..kernels.arrays import same_elements
 from ..serialization import sereg
@@ -54,7 +53,6 @@ __all__ = [
     "MPI_DTYPES",
 ]
 
-MODES = members_of(pdefs.CollectiveComm.Mode)
 #: dtypes MPI transfers and reduces (mpi4py maps them to MPI datatypes)
 MPI_DTYPES = tuple(
     np.dtype(t)
@@ -79,9 +77,9 @@ _GRAD_MODE = {
 
 
 @dataclass(frozen=True)
+@table_param(pdefs.CollectiveComm)
 class CollectiveCommParam(ParamBase):
-    mode: str = "REDUCE_SUM"
-    _choices = {"mode": MODES}
+    """Param of CollectiveComm: the communication ``mode``."""
 
 
 def _check_backend(backend: str | None, what: str) -> str:

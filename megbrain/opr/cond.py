@@ -19,8 +19,7 @@ import numpy as np
 
 from ..errors import GraphError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
-from ..graph.operator import fmt_shape
-from ..graph.param_def import members_of
+from ..graph.operator import fmt_shape, table_param
 from ..serialization import sereg
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, as_var, canonize_input_vars, insert_opr
@@ -120,16 +119,16 @@ class CondExecRegistry:
 
     @classmethod
     def get(cls, graph) -> CondExecRegistry:
-        reg = graph.user_data.get(cls.KEY)
+        reg = graph.internal_data.get(cls.KEY)
         if reg is None:
-            reg = graph.user_data[cls.KEY] = cls()
+            reg = graph.internal_data[cls.KEY] = cls()
             graph.opr_insert_hooks.append(reg.on_new_opr)
             graph.insert_rewriters.append(reg.merge_grad_sum)
         return reg
 
     @classmethod
     def find(cls, graph) -> CondExecRegistry | None:
-        return graph.user_data.get(cls.KEY)
+        return graph.internal_data.get(cls.KEY)
 
     def mask_of(self, var) -> ExecutionMask | None:
         return self.var2mask.get(var)
@@ -258,10 +257,9 @@ class CondExecRegistry:
 
 # ---- CondExecPred ---------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.CondExecPred)
 class CondExecPredParam(ParamBase):
-    mode: str = "CASE"
-    eps: float = 1e-4
-    _choices = {"mode": members_of(pdefs.CondExecPred.Mode)}
+    """Param of CondExecPred: how the predicate selects branches, the float tolerance."""
 
 
 def _comparer(pred: np.ndarray, eps: float):
@@ -356,9 +354,9 @@ class CondExecPred(OperatorNodeBase):
 
 # ---- CondExecPredLogical --------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.CondExecPredLogical)
 class CondExecPredLogicalParam(ParamBase):
-    mode: str = "OR"
-    _choices = {"mode": members_of(pdefs.CondExecPredLogical.Mode)}
+    """Param of CondExecPredLogical: the logical function."""
 
 
 def logical_reduce(mode: str, flags) -> bool:
@@ -414,13 +412,9 @@ class CondExecPredLogical(OperatorNodeBase):
 
 # ---- CondExecMark ---------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.CondExecMark)
 class CondExecMarkParam(ParamBase):
-    grad_mode: str = "SUM"
-    static_infer: str = "SHAPE_VALUE"
-    _choices = {
-        "grad_mode": members_of(pdefs.CondExecMark.GradMode),
-        "static_infer": members_of(pdefs.CondExecMark.StaticInfer),
-    }
+    """Param of CondExecMark: the gradient's merge mode, what is statically inferred."""
 
 
 @register_opr
@@ -479,10 +473,9 @@ class CondExecMark(OperatorNodeBase):
 
 # ---- CondExecMerge --------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.CondExecMerge)
 class CondExecMergeParam(ParamBase):
-    nr_output: int = 1
-    mode: str = "EXACT_ONE"
-    _choices = {"mode": members_of(pdefs.CondExecMerge.Mode)}
+    """Param of CondExecMerge: the outputs per branch, how the branches merge."""
 
 
 @register_opr

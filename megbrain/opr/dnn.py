@@ -25,7 +25,7 @@ import numpy as np
 from ..dtype import dtype_name, fmt_dtype, get_scale, is_quantize, qint32
 from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
-from ..graph.operator import fmt_shape
+from ..graph.operator import fmt_shape, table_param
 from ..graph.param_def import members_of
 from ..kernels import elemwise as ew_kernels
 from ..kernels.conv import common as conv_kernels
@@ -61,14 +61,6 @@ __all__ = [
 ]
 
 CONV_MODES = members_of(pdefs.Convolution.Mode)
-SPARSE_MODES = members_of(pdefs.Convolution.Sparse)
-#: MegDNN's convolution formats; only NCHW is implemented
-CONV_FORMATS = members_of(pdefs.Convolution.Format)
-CONV3D_MODES = members_of(pdefs.Convolution3D.Mode)
-CONV3D_SPARSE_MODES = members_of(pdefs.Convolution3D.Sparse)
-CONV3D_FORMATS = members_of(pdefs.Convolution3D.Format)
-COMPUTE_MODES = members_of(pdefs.Convolution.ComputeMode)
-CONV3D_DATA_TYPES = members_of(pdefs.Convolution3D.DataType)
 #: the name :attr:`_ConvBase.chosen_algorithm` records for the quantized (int8) kernels
 QUANTIZED_ALGORITHM = "QUANTIZED_INT8_IM2COL_GEMM"
 #: the execution strategies of the reference, choosing the kernels' algorithm at bind time
@@ -123,61 +115,31 @@ class _ConvParamMixin:
 
 
 @dataclass(frozen=True)
+@table_param(pdefs.Convolution)
 class ConvolutionParam(_ConvParamMixin, _WindowParam):
     """Param of Convolution and its backward operators (MegDNN ``Convolution``).
 
     ``mode=CONVOLUTION`` flips the filter spatially; ``sparse=GROUP`` takes a grouped
     (G, OC/G, IC/G, FH, FW) filter. ``compute_mode`` is accepted and stored (every mode
     computes float16 in float32); ``strategy`` (MegDNN's ExecutionPolicy) chooses the
-    algorithm at bind time, see :mod:`megbrain.kernels.conv.registry`.
+    algorithm at bind time, see :mod:`megbrain.kernels.conv.registry`. Of the formats only
+    NCHW (and NCHW88 for the forward operator) is implemented.
     """
 
-    mode: str = "CROSS_CORRELATION"
-    pad_h: int = 0
-    pad_w: int = 0
-    stride_h: int = 1
-    stride_w: int = 1
-    dilate_h: int = 1
-    dilate_w: int = 1
-    sparse: str = "DENSE"
-    format: str = "NCHW"
-    compute_mode: str = "DEFAULT"
+    # not in the table: the reference writes it as a second one, param.ExecutionPolicy
     strategy: str = "HEURISTIC"
-    _choices = {
-        "mode": CONV_MODES,
-        "sparse": SPARSE_MODES,
-        "format": CONV_FORMATS,
-        "compute_mode": COMPUTE_MODES,
-        "strategy": STRATEGIES,
-    }
+    _choices = {"strategy": STRATEGIES}
 
 
 @dataclass(frozen=True)
+@table_param(pdefs.Convolution3D)
 class Convolution3DParam(_ConvParamMixin, _WindowParam):
     """Param of Convolution3D and its backward operators (MegDNN ``Convolution3D``)."""
 
-    mode: str = "CROSS_CORRELATION"
-    pad_d: int = 0
-    pad_h: int = 0
-    pad_w: int = 0
-    stride_d: int = 1
-    stride_h: int = 1
-    stride_w: int = 1
-    dilate_d: int = 1
-    dilate_h: int = 1
-    dilate_w: int = 1
-    sparse: str = "DENSE"
-    data_type: str = "FLOAT"
-    format: str = "NCDHW"
+    # not in the table: the reference writes it as a second one, param.ExecutionPolicy
     strategy: str = "HEURISTIC"
     _axes = ("d", "h", "w")
-    _choices = {
-        "mode": CONV3D_MODES,
-        "sparse": CONV3D_SPARSE_MODES,
-        "data_type": CONV3D_DATA_TYPES,
-        "format": CONV3D_FORMATS,
-        "strategy": STRATEGIES,
-    }
+    _choices = {"strategy": STRATEGIES}
 
 
 # ---- shared checks -------------------------------------------------------------------------
@@ -878,16 +840,16 @@ def deconvolution_v0(
 
 
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
-# as the reference: the convolutions write their table then param.ExecutionPolicy (the
-# strategy); the current Convolution is registered as ConvolutionV1 (the type id of the
-# unversioned name)
-for _cls, _def, _name in [
-    (Convolution, pdefs.Convolution, "ConvolutionV1"),
-    (ConvolutionBackwardData, pdefs.Convolution, "ConvolutionBackwardDataV1"),
-    (ConvolutionBackwardFilter, pdefs.Convolution, "ConvolutionBackwardFilterV1"),
-    (Convolution3D, pdefs.Convolution3D, "Convolution3D"),
-    (Convolution3DBackwardData, pdefs.Convolution3D, "Convolution3DBackwardData"),
-    (Convolution3DBackwardFilter, pdefs.Convolution3D, "Convolution3DBackwardFilter"),
+# as the reference: the convolutions write their Param's table (param.Convolution,
+# param.Convolution3D) then param.ExecutionPolicy (the strategy); the current Convolution is
+# registered as ConvolutionV1 (the type id of the unversioned name)
+for _cls, _name in [
+    (Convolution, "ConvolutionV1"),
+    (ConvolutionBackwardData, "ConvolutionBackwardDataV1"),
+    (ConvolutionBackwardFilter, "ConvolutionBackwardFilterV1"),
+    (Convolution3D, "Convolution3D"),
+    (Convolution3DBackwardData, "Convolution3DBackwardData"),
+    (Convolution3DBackwardFilter, "Convolution3DBackwardFilter"),
 ]:
-    register_with_policy(_cls, _def, name=_name)
-del _cls, _def, _name
+    register_with_policy(_cls, name=_name)
+del _cls, _name

@@ -18,8 +18,7 @@ import numpy as np
 
 from ..dtype import fmt_dtype, is_quantize
 from ..graph import register_opr
-from ..graph.operator import fmt_shape
-from ..graph.param_def import members_of
+from ..graph.operator import fmt_shape, table_param
 from ..graph.static_infer import static_shape
 from ..kernels import elemwise as ew_kernels
 from ..kernels import workspace
@@ -50,9 +49,6 @@ from .sereg_params import register_with_policy
 __all__ = ["ConvBias", "ConvBiasParam", "conv_bias_activation", "conv_bias_activation_v1"]
 
 
-NONLINE_MODES = members_of(pdefs.ConvBias.NonlineMode)
-
-
 #: the Elemwise mode computing ``act(conv + bias)`` in place, per ConvBias nonlineMode
 _BIAS_ACT = {
     "IDENTITY": "ADD",
@@ -62,12 +58,12 @@ _BIAS_ACT = {
 }
 
 
+# the convolution's fields are inherited from ConvolutionParam, in its order (not the
+# table's), and nonlineMode follows; output_block_size, a winograd setting, is not supported
 @dataclass(frozen=True)
+@table_param(pdefs.ConvBias, skip=("output_block_size",))
 class ConvBiasParam(ConvolutionParam):
     """Param of ConvBias: the convolution's fields plus the activation ``nonlineMode``."""
-
-    nonlineMode: str = "IDENTITY"
-    _choices = {**ConvolutionParam._choices, "nonlineMode": NONLINE_MODES}
 
     def conv_param(self) -> ConvolutionParam:
         """The param of the convolution inside."""

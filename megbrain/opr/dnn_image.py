@@ -14,7 +14,7 @@ import numpy as np
 
 from ..dtype import is_bfloat16, is_quantize
 from ..graph import OperatorNodeBase, ParamBase, register_opr
-from ..graph.operator import fmt_shape
+from ..graph.operator import fmt_shape, table_param
 from ..graph.param_def import members_of
 from ..kernels import dnn_image as kern
 from . import param_defs as pdefs
@@ -43,12 +43,7 @@ __all__ = [
     "resize",
 ]
 
-POOL_MODES = members_of(pdefs.ROIPooling.Mode)
-ROI_ALIGN_MODES = members_of(pdefs.ROIAlign.Mode)
 INTERP_MODES = members_of(pdefs.WarpPerspective.InterpolationMode)
-BORDER_MODES = members_of(pdefs.WarpPerspective.BorderMode)
-#: MegDNN's ConvolutionV0 formats; NCHW (and NHWC for warp/resize) are implemented
-FORMATS = members_of(pdefs.ConvolutionV0.Format)
 _I32 = np.dtype(np.int32)
 
 
@@ -128,12 +123,9 @@ def _grad_input(opr: OperatorNodeBase, out_grads) -> bool:
 
 # ---- ROIPooling ----------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.ROIPooling)
 class ROIPoolingParam(ParamBase):
     """Param of ROIPooling: pooling ``mode`` and the ``scale`` applied to ROI coordinates."""
-
-    mode: str = "MAX"
-    scale: float = 1.0
-    _choices = {"mode": POOL_MODES}
 
     def __post_init__(self):
         super().__post_init__()
@@ -220,18 +212,9 @@ ROIPooling.backward = ROIPoolingBackward
 
 # ---- ROIAlign ------------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.ROIAlign)
 class ROIAlignParam(ParamBase):
     """Param of ROIAlign (MegDNN's field names and defaults)."""
-
-    mode: str = "MAX"
-    format: str = "NCHW"
-    spatial_scale: float = 1.0
-    offset: float = 0.0
-    pooled_height: int = 1
-    pooled_width: int = 1
-    sample_height: int = 2
-    sample_width: int = 2
-    _choices = {"mode": ROI_ALIGN_MODES, "format": FORMATS}
 
     def __post_init__(self):
         super().__post_init__()
@@ -294,14 +277,9 @@ ROIAlign.backward = ROIAlignBackward
 
 # ---- WarpPerspective -----------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.WarpPerspective)
 class WarpPerspectiveParam(ParamBase):
     """Param of WarpPerspective; ``border_val`` is used by the CONSTANT border mode."""
-
-    imode: str = "LINEAR"
-    bmode: str = "REPLICATE"
-    format: str = "NCHW"
-    border_val: float = 0.0
-    _choices = {"imode": INTERP_MODES, "bmode": BORDER_MODES, "format": FORMATS}
 
     def __post_init__(self):
         _strip_alias(self, "imode", "INTER_")
@@ -432,12 +410,9 @@ class WarpPerspectiveBackwardMat(OperatorNodeBase):
 
 # ---- Resize --------------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.Resize)
 class ResizeParam(ParamBase):
     """Param of Resize; MegDNN's default format is NHWC."""
-
-    imode: str = "LINEAR"
-    format: str = "NHWC"
-    _choices = {"imode": INTERP_MODES, "format": FORMATS}
 
     def __post_init__(self):
         _strip_alias(self, "imode", "INTER_")
@@ -713,17 +688,12 @@ def resize(
 
 
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
-# the reference's mat_idx input of WarpPerspective (4 inputs) is refused by the operator
-for _cls, _def in [
-    (ROIPooling, pdefs.ROIPooling),
-    (ROIPoolingBackward, pdefs.ROIPooling),
-    (ROIAlign, pdefs.ROIAlign),
-    (ROIAlignBackward, pdefs.ROIAlign),
-    (WarpPerspective, pdefs.WarpPerspective),
-    (WarpPerspectiveBackwardData, pdefs.WarpPerspective),
-    (WarpPerspectiveBackwardMat, pdefs.WarpPerspective),
-    (ResizeBackward, pdefs.Resize),
-]:
-    register_strict(_cls, _def, name=_cls.__name__)  # the registered names are the aliases
-del _cls, _def
-register_strict(Resize, pdefs.Resize, name="ResizeV1")
+# each writes its Param's table; the reference's mat_idx input of WarpPerspective (4 inputs)
+# is refused by the operator
+for _cls in (
+    ROIPooling, ROIPoolingBackward, ROIAlign, ROIAlignBackward,
+    WarpPerspective, WarpPerspectiveBackwardData, WarpPerspectiveBackwardMat, ResizeBackward,
+):  # fmt: skip
+    register_strict(_cls, name=_cls.__name__)  # the registered names are the aliases
+del _cls
+register_strict(Resize, name="ResizeV1")

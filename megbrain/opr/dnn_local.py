@@ -15,7 +15,6 @@ from ..graph import OperatorNodeBase, register_opr
 from ..graph.operator import fmt_shape
 from ..kernels import dnn_local as kern
 from ..kernels.conv import common as conv_kernels
-from . import param_defs as pdefs
 from .base import SymbolVar, build_opr
 from .dnn import (
     ConvolutionParam,
@@ -348,5 +347,5 @@ for _cls in (
     Local, LocalBackwardData, LocalBackwardFilter,
     GroupLocal, GroupLocalBackwardData, GroupLocalBackwardFilter,
 ):  # fmt: skip
-    register_strict(_cls, pdefs.Convolution, name=_cls.__name__ + "V1")
+    register_strict(_cls, name=_cls.__name__ + "V1")
 del _cls

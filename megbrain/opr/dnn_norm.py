@@ -19,8 +19,7 @@ import numpy as np
 from ..dtype import is_bfloat16
 from ..errors import GraphError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
-from ..graph.operator import fmt_shape
-from ..graph.param_def import members_of
+from ..graph.operator import fmt_shape, table_param
 from ..kernels import dnn_norm as kern
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
@@ -39,9 +38,6 @@ __all__ = [
     "lrn",
 ]
 
-PARAM_DIMS = members_of(pdefs.BN.ParamDim)
-FWD_MODES = members_of(pdefs.BN.FwdMode)
-
 
 def _is_float(dt: np.dtype) -> bool:
     return (dt.kind == "f" and not dt.metadata) or is_bfloat16(dt)
@@ -52,19 +48,16 @@ def _check_float(opr: OperatorNodeBase, what: str, dt: np.dtype) -> None:
         raise opr.error(f"{what} must be a float var, got {dt}")
 
 
+# the table's scale and bias (constants of MegDNN's BN) are not supported: scale and bias
+# are the operator's inputs
 @dataclass(frozen=True)
+@table_param(pdefs.BN, skip=("scale", "bias"))
 class BNParam(ParamBase):
     """Param of BatchNorm (MegDNN's ``BN``).
 
     ``param_dim`` names the shape of scale, bias and the statistics; as in MegDNN's CPU kernel,
     the statistics are taken over the axes where scale has size 1.
     """
-
-    param_dim: str = "DIM_11HW"
-    fwd_mode: str = "TRAINING"
-    epsilon: float = 1e-4
-    avg_factor: float = 1.0
-    _choices = {"param_dim": PARAM_DIMS, "fwd_mode": FWD_MODES}
 
     def __post_init__(self):
         super().__post_init__()
@@ -215,13 +208,9 @@ class BatchNormBackward(OperatorNodeBase):
 
 
 @dataclass(frozen=True)
+@table_param(pdefs.LRN)
 class LRNParam(ParamBase):
     """Param of LRN: window ``n`` (odd) channels, ``(k + alpha * sum x**2) ** -beta``."""
-
-    n: int = 5
-    k: float = 2.0
-    alpha: float = 1e-4
-    beta: float = 0.75
 
     def __post_init__(self):
         super().__post_init__()
@@ -439,7 +428,8 @@ def lrn(
 
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # param.BN's scale and bias fields have no place in BNParam: files must hold their defaults
-register_strict(BatchNorm, pdefs.BN, name="BatchNorm")
-register_strict(BatchNormBackward, pdefs.BN)
-register_strict(LRN, pdefs.LRN, name="LRN")
-register_strict(LRNBackward, pdefs.LRN)
+# param.BN and param.LRN, their Params' tables
+register_strict(BatchNorm, name="BatchNorm")
+register_strict(BatchNormBackward)
+register_strict(LRN, name="LRN")
+register_strict(LRNBackward)

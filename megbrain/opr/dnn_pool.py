@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..dtype import dtype_name, fmt_dtype, is_quantize, same_dtype
 from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, register_opr
-from ..graph.operator import fmt_shape
+from ..graph.operator import fmt_shape, table_param
 from ..graph.param_def import members_of
 from ..kernels.pool import binds as pool_kernels
 from . import param_defs as pdefs
@@ -25,24 +25,15 @@ __all__ = ["Pooling", "PoolingBackward", "PoolingParam", "pooling"]
 
 
 POOLING_MODES = members_of(pdefs.Pooling.Mode)
-#: MegDNN's pooling formats; only NCHW is implemented
-POOLING_FORMATS = members_of(pdefs.Pooling.Format)
 
 
 @dataclass(frozen=True)
+@table_param(pdefs.Pooling)
 class PoolingParam(_WindowParam):
-    """Param of Pooling and PoolingBackward (MegDNN ``Pooling``)."""
+    """Param of Pooling and PoolingBackward (MegDNN ``Pooling``); of the formats only NCHW
+    is implemented."""
 
-    mode: str = "MAX"
-    pad_h: int = 0
-    pad_w: int = 0
-    stride_h: int = 2
-    stride_w: int = 2
-    window_h: int = 2
-    window_w: int = 2
-    format: str = "NCHW"
     _int_fields = {"pad": 0, "stride": 1, "window": 1}
-    _choices = {"mode": POOLING_MODES, "format": POOLING_FORMATS}
 
     @property
     def window(self) -> tuple[int, ...]:
@@ -176,5 +167,5 @@ def pooling(
     return build_opr(Pooling, [src], param, None, name, comp_node, config, comp_graph)
 
 
-register_strict(Pooling, pdefs.Pooling, name="Pooling")
-register_strict(PoolingBackward, pdefs.Pooling)
+register_strict(Pooling, name="Pooling")  # param.Pooling, PoolingParam's table
+register_strict(PoolingBackward)

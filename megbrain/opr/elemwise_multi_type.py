@@ -15,7 +15,7 @@ import numpy as np
 
 from ..dtype import dtype_name, is_quantize
 from ..errors import MegBrainError
-from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..graph import OperatorNodeBase, ParamBase, register_opr, table_param
 from ..graph.param_def import members_of
 from ..kernels import elemwise_multi_type as emt_kernels
 from ..serialization import sereg
@@ -35,10 +35,12 @@ _BY_UPPER = {m.upper(): m for m in MODES}
 
 
 @dataclass(frozen=True)
+@table_param(pdefs.ElemwiseMultiType)
 class ElemwiseMultiTypeParam(ParamBase):
     """The mode, stored under its reference name; given as that name in any case, its index
     or an enum member."""
 
+    # declared, not derived, so it gets no _choices entry: its check is __post_init__'s
     mode: str = MODES[0]
 
     # not ParamBase's _choices: those store names upper-cased, and these have lower-case

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..dtype import canonize_dtype, dtype_from_num
 from ..errors import GraphError, ShapeDescError
-from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
+from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, table_param
 from ..graph.operator import fmt_shape
 from ..serialization import sereg
 from . import param_defs as pdefs
@@ -115,9 +115,11 @@ class ShapeSourceOpr(OperatorNodeBase):
 
 
 # ---- Alloc -----------------------------------------------------------------------------------
+# float32, alloc()'s default, not the table's byte
 @dataclass(frozen=True)
+@table_param(pdefs.DType, dtype=np.dtype(np.float32))
 class AllocParam(DTypeParam):
-    dtype: np.dtype = np.dtype(np.float32)
+    """Param of Alloc: the output ``dtype``."""
 
 
 @register_opr
@@ -133,10 +135,10 @@ class Alloc(ShapeSourceOpr):
 
 # ---- Eye -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.Eye)
 class EyeParam(DTypeParam):
-    #: the diagonal: 0 the main one, > 0 above it, < 0 below
-    k: int = 0
-    dtype: np.dtype = np.dtype(np.float32)
+    """Param of Eye: the diagonal ``k`` (0 the main one, > 0 above it, < 0 below) and the
+    ``dtype``."""
 
 
 @register_opr
@@ -162,9 +164,9 @@ class Eye(ShapeSourceOpr):
 
 # ---- Linspace --------------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.Linspace)
 class LinspaceParam(ParamBase):
-    #: whether ``stop`` is the last value
-    endpoint: bool = True
+    """Param of Linspace: whether ``stop`` is the last value (``endpoint``)."""
 
 
 @register_opr

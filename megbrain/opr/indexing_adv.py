@@ -22,6 +22,7 @@ from ..graph import (
     ParamBase,
     register_opr,
     static_shape,
+    table_param,
 )
 from ..graph.operator import fmt_shape
 from ..kernels.arrays import same_elements
@@ -645,9 +646,10 @@ def indexing_set_one_hot(
 
 # ---- IndexingRemap ---------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.IndexingRemap)
 class IndexingRemapParam(ParamBase):
-    #: a promise that no two output positions read one src element (unused on CPU)
-    is_non_overlapping: bool = False
+    """Param of IndexingRemap: ``is_non_overlapping`` promises that no two output positions
+    read one src element (unused on CPU)."""
 
 
 class _RemapBase(OperatorNodeBase):

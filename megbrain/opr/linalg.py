@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr, static_shape
-from ..graph.operator import fmt_shape
+from ..graph.operator import fmt_shape, table_param
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .blas import batched_matrix_mul, matrix_mul
@@ -78,11 +78,11 @@ class MatrixInverse(_LinalgBase):
 
 # ---- SVD -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.SVD)
 class SVDParam(ParamBase):
-    #: u and vt square ([..., m, m] and [..., n, n]) instead of [..., m, k] and [..., k, n]
-    full_matrices: bool = False
-    #: compute u and vt; without, they are empty (shape (0,))
-    compute_uv: bool = True
+    """Param of SVD: ``full_matrices`` makes u and vt square ([..., m, m] and [..., n, n]
+    instead of [..., m, k] and [..., k, n]); without ``compute_uv`` they are empty (shape
+    (0,))."""
 
 
 @register_opr
@@ -165,4 +165,4 @@ def svd(
 
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 register_strict(MatrixInverse, pdefs.Empty)
-register_strict(SVD, pdefs.SVD)
+register_strict(SVD)  # param.SVD, SVDParam's table

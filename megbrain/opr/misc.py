@@ -8,8 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
-from ..graph.operator import fmt_shape
-from ..graph.param_def import members_of
+from ..graph.operator import fmt_shape, table_param
 from ..graph.static_infer import static_shape
 from ..serialization import sereg
 from . import param_defs as pdefs
@@ -103,9 +102,9 @@ class Argmin(_ArgReduce):
 
 # ---- Argsort ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.Argsort)
 class ArgsortParam(ParamBase):
-    order: str = "ASCENDING"
-    _choices = {"order": members_of(pdefs.Argsort.Order)}
+    """Param of Argsort: the sort ``order``."""
 
 
 def _sort_idx(src: np.ndarray, descending: bool) -> np.ndarray:
@@ -195,9 +194,9 @@ def argsort_backward(diff, indices, src) -> SymbolVar:
 
 # ---- TopK ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.TopK)
 class TopKParam(ParamBase):
-    mode: str = "KTH_ONLY"
-    _choices = {"mode": members_of(pdefs.TopK.Mode)}
+    """Param of TopK: what it outputs (``mode``)."""
 
 
 @register_opr
@@ -269,13 +268,11 @@ class TopK(_NamedOpr):
 
 # ---- Cumsum ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.Cumsum)
 class CumsumParam(ParamBase):
-    #: the axis; INT_MAX (the function's default) means over the flattened input
-    axis: int = INT_MAX
-    #: exclusive: out[i] sums the elements before i (out[0] = 0)
-    exclusive: bool = True
-    #: reverse: accumulate from the end of the axis
-    reverse: bool = False
+    """Param of Cumsum: the ``axis`` (INT_MAX, the default, means over the flattened input);
+    ``exclusive``: out[i] sums the elements before i (out[0] = 0); ``reverse``: accumulate
+    from the end of the axis."""
 
 
 @register_opr
@@ -317,12 +314,10 @@ class Cumsum(OperatorNodeBase):
 
 # ---- CondTake --------------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(pdefs.CondTake)
 class CondTakeParam(ParamBase):
-    mode: str = "EQ"
-    val: float = 0.0
-    #: tolerance of EQ / NEQ for float masks
-    eps: float = 1e-6
-    _choices = {"mode": members_of(pdefs.CondTake.Mode)}
+    """Param of CondTake: the comparison ``mode`` with ``val``; ``eps`` is the tolerance of
+    EQ / NEQ for float masks."""
 
 
 @register_opr

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import register_opr
+from ..graph import register_opr, table_param
 from ..serialization import sereg
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, insert_opr
@@ -22,17 +22,21 @@ from .param_args import as_int
 __all__ = ["UniformRNG", "GaussianRNG", "uniform_rng", "gaussian_rng"]
 
 
+# the tables have no dtype (the reference draws float32 only): ``dtype`` is ours, and a dump
+# of another dtype is refused
 @dataclass(frozen=True)
+@table_param(pdefs.UniformRNG)
 class UniformRNGParam(DTypeParam):
-    seed: int = 0
+    """Param of UniformRNG: the ``seed`` and the output ``dtype``."""
+
     dtype: np.dtype = np.dtype(np.float32)
 
 
 @dataclass(frozen=True)
+@table_param(pdefs.GaussianRNG)
 class GaussianRNGParam(DTypeParam):
-    seed: int = 0
-    mean: float = 0.0
-    std: float = 1.0
+    """Param of GaussianRNG: the ``seed``, ``mean``, ``std`` and the output ``dtype``."""
+
     dtype: np.dtype = np.dtype(np.float32)
 
 

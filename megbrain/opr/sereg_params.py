@@ -1,11 +1,13 @@
 """Param mapping for the operator families' graph-file registrations (``serialization/sereg.py``).
 
-An operator's ``Param`` dataclass and the reference's param table (a class of
-:mod:`megbrain.opr.param_defs`) mostly share field names. These helpers map one to the other
-by name and are strict where :func:`megbrain.serialization.sereg.register_param_opr`'s defaults are
-lenient: a table field our Param has no place for must hold its default when a file is
-loaded, else the load fails naming the operator, the field and its value (the graph would
-compute something else). The convolution-like operators write a second table,
+An operator's ``Param`` dataclass is derived from the reference's param table (a class of
+:mod:`megbrain.opr.param_defs`, see :func:`megbrain.graph.operator.table_param`), so the two
+share field names and the table an operator writes is its Param's ``_table``. These helpers
+map one to the other by name and are strict where
+:func:`megbrain.serialization.sereg.register_param_opr`'s defaults are lenient: a table field
+our Param has no place for (one it skips) must hold its default when a file is loaded, else
+the load fails naming the operator, the field and its value (the graph would compute
+something else). The convolution-like operators write a second table,
 ``param.ExecutionPolicy``, as the reference does.
 """
 
@@ -78,8 +80,13 @@ class _NoParam:
     """The Param of a param-less operator: every table field must be at its default."""
 
 
+def _table_of(opr_cls: type, def_cls: type | None) -> type:
+    # a Param derived from a table names the table its operator writes
+    return def_cls or opr_cls.Param._table
+
+
 def register_strict(
-    opr_cls: type, def_cls: type, *, name: str | None = None
+    opr_cls: type, def_cls: type | None = None, *, name: str | None = None
 ) -> sereg.OprSerializer:
     """Register ``opr_cls`` as one ``def_cls`` table and its inputs, mapped by
     :func:`param_to_def` / :func:`param_from_def`.
@@ -90,7 +97,7 @@ def register_strict(
         The operator class, built as ``opr_cls(inputs, param, config)``; its ``Param`` is a
         dataclass, or None for a param-less operator (``def_cls`` then ``Empty``).
     def_cls:
-        The reference's param table written.
+        The reference's param table written; default the one the Param is derived from.
     name:
         The reference's registered name (default the class's type name).
 
@@ -99,6 +106,7 @@ def register_strict(
     OprSerializer
     """
     reg_name = name or opr_cls.type_name
+    def_cls = _table_of(opr_cls, def_cls)
 
     def from_def(pdef: Any) -> Any:
         if opr_cls.Param is None:  # a param-less operator: only checks the table's fields
@@ -115,7 +123,9 @@ def register_strict(
     )
 
 
-def register_with_policy(opr_cls: type, def_cls: type, *, name: str) -> sereg.OprSerializer:
+def register_with_policy(
+    opr_cls: type, def_cls: type | None = None, *, name: str
+) -> sereg.OprSerializer:
     """Register a convolution-like operator as the reference writes it: its ``def_cls``
     table, then ``param.ExecutionPolicy`` holding the Param's ``strategy``.
 
@@ -128,7 +138,8 @@ def register_with_policy(opr_cls: type, def_cls: type, *, name: str) -> sereg.Op
         The operator class; its Param has the fields of ``def_cls`` (those it lacks must be
         at their defaults in a file) and ``strategy``.
     def_cls:
-        The operator's param table (``param.Convolution``, ``param.ConvBias``...).
+        The operator's param table (``param.Convolution``, ``param.ConvBias``...); default
+        the one the Param is derived from.
     name:
         The reference's registered name.
 
@@ -136,6 +147,7 @@ def register_with_policy(opr_cls: type, def_cls: type, *, name: str) -> sereg.Op
     -------
     OprSerializer
     """
+    def_cls = _table_of(opr_cls, def_cls)
 
     def dump(ctx: sereg.DumpContext, opr: Any) -> None:
         ctx.write_param(param_to_def(def_cls, opr.param))

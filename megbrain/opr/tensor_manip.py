@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ArgumentError, GraphError, MegBrainError, SerializationError, ShapeDescError
-from ..graph import OperatorNodeBase, ParamBase, register_opr
+from ..graph import OperatorNodeBase, ParamBase, register_opr, table_param
 from ..graph.operator import fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.var import InferType
@@ -348,8 +348,9 @@ class AxisAddRemove(_ViewOpr):
 
 # ---- Concat --------------------------------------------------------------------------------
 @dataclass(frozen=True)
+@table_param(_pdefs.Axis)
 class ConcatParam(ParamBase):
-    axis: int = 0
+    """Param of Concat: the ``axis``."""
 
 
 @register_opr
@@ -442,11 +443,9 @@ _FROM_NCHW88 = "NCHW88_NCHW"
 
 
 @dataclass(frozen=True)
+@table_param(_pdefs.RelayoutFormat)
 class RelayoutFormatParam(ParamBase):
     """Param of RelayoutFormat (MegDNN ``RelayoutFormat``): the conversion ``mode``."""
-
-    mode: str = "NHWC_NHWCD4"
-    _choices = {"mode": tuple(m.name for m in _pdefs.RelayoutFormat.Mode)}
 
 
 @register_opr

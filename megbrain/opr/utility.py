@@ -22,7 +22,7 @@ from ..errors import (
     mark_user_exception,
     user_exception_note,
 )
-from ..graph import OperatorNodeBase, ParamBase, infer_shape, register_opr
+from ..graph import OperatorNodeBase, ParamBase, infer_shape, register_opr, table_param
 from ..graph.operator import fmt_shape
 from ..graph.value_proxy import CompGraphCallbackValueProxy
 from ..kernels import elemwise as ew_kernels
@@ -206,9 +206,9 @@ class CallbackInjector(_Forward):
 
 
 @dataclass(frozen=True)
+@table_param(pdefs.AssertEqual)
 class AssertEqualParam(ParamBase):
-    maxerr: float = 1e-4
-    verbose: bool = False
+    """Param of AssertEqual: the largest error allowed, whether to print the values."""
 
 
 @register_opr
@@ -776,8 +776,9 @@ def timestamp(
 
 
 @dataclass(frozen=True)
+@table_param(pdefs.PersistentOutputStorage)
 class PersistentOutputStorageParam(ParamBase):
-    share_key: int = -1
+    """Param of PersistentOutputStorage: the storage's ``share_key`` (-1: private)."""
 
 
 @register_opr
@@ -803,7 +804,7 @@ class PersistentOutputStorage(OperatorNodeBase):
             if buf is None or buf.shape != tuple(shape) or buf.dtype != dtype:
                 buf = self._own = np.zeros(shape, dtype)
             return buf
-        pool = self.graph.user_data.setdefault("persistent_output_storage", {})
+        pool = self.graph.internal_data.setdefault("persistent_output_storage", {})
         k = (key, tuple(shape), np.dtype(dtype).str)
         if k not in pool:
             pool[k] = np.zeros(shape, dtype)

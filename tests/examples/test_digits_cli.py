@@ -79,10 +79,51 @@ def test_no_progress_works_without_tqdm(tmp_path):
     assert out.exists() and "tqdm" not in r.stderr
 
 
+def _run_on_terminal(*args, cwd, timeout=300):
+    """``_run`` with stderr on a pseudo-terminal (as in an interactive shell); the stderr
+    text is returned in ``.stderr``."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    # a new terminal is 0 columns wide, where tqdm draws nothing: make it 100 x 30
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "megbrain.examples.digits", *map(str, args)],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=slave, text=True,
+    )  # fmt: skip
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    out, _ = proc.communicate(timeout=timeout)
+    err = b"".join(chunks).decode(errors="replace")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def test_progress_bar_counts_batches(tmp_path):
+    pytest.importorskip("tqdm")
+    r = _run_on_terminal("--epochs", "1", "--model", "mlp", "--batch", "256", "--out",
+                         tmp_path / "w.npz", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    # 1437 // 256 = 5 batches; tqdm writes its bar to stderr
+    assert "5/5" in r.stderr and "batch" in r.stderr, r.stderr
+
+
+def test_no_progress_bar_when_piped(tmp_path):
+    # a CI log (stderr piped to a file) gets no bar redraws
     pytest.importorskip("tqdm")
     r = _run("--epochs", "1", "--model", "mlp", "--batch", "256", "--out", tmp_path / "w.npz",
              cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    # 1437 // 256 = 5 batches; tqdm writes its bar to stderr
-    assert "5/5" in r.stderr and "batch" in r.stderr, r.stderr
+    assert "\r" not in r.stderr and "5/5" not in r.stderr and "it/s" not in r.stderr, r.stderr

@@ -477,8 +477,6 @@ def test_training_step_with_fused_bias_relu_matches_unfused(level):
 
 def test_sublinear_endpoint_follows_its_replacement():
     from megbrain.api.config import set_opr_sublinear_memory_endpoint
-    from megbrain.gopt.passes import SUBLINEAR_ENDPOINTS
-
     g = _graph(2)
     x = mgb.make_arg(CN, g, name="x", shape=(4, 3))
     b = mgb.make_shared(CN, value=np.ones((1, 3), F32), comp_graph=g, name="b")
@@ -487,4 +485,4 @@ def test_sublinear_endpoint_follows_its_replacement():
     out = gopt.optimize_for_compile(g, [(h * 2.0).node])
     fused = out[0].owner.inputs[0].owner
     assert fused.param.mode == "FUSE_ADD_RELU"
-    assert fused in g.user_data[SUBLINEAR_ENDPOINTS]
+    assert fused in g.sublinear_endpoints
