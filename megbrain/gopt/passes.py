@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from ..dtype import same_dtype
 from ..errors import GraphError
 from ..graph import InferType, OperatorNodeConfig, VarNode
 from ..graph.replace import dep_oprs
@@ -395,10 +396,11 @@ def fold_constants(graph, dest):
 
 @register_pass("remove_redundant_typecvt")
 def remove_redundant_typecvt(graph, dest, options=None):
-    """TypeCvt to the dtype its input already has is the identity."""
+    """TypeCvt to the dtype its input already has is the identity (quantization parameters
+    included: int8 to QuantizedS8, or between two scales, converts values)."""
     varmap = VarMap()
     for o in dep_oprs(dest):
-        if o.type_name == "TypeCvt" and o.inputs[0].dtype == o.outputs[0].dtype:
+        if o.type_name == "TypeCvt" and same_dtype(o.inputs[0].dtype, o.outputs[0].dtype):
             varmap[o.outputs[0]] = o.inputs[0]
             varmap.reasons[o.outputs[0]] = "redundant TypeCvt"
     return varmap

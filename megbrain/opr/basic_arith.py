@@ -303,7 +303,7 @@ def elemwise(*inputs, mode="ADD", name=None, comp_node=None, config=None, comp_g
     cfg = _merge_config(name, comp_node, config)
     param = ElemwiseParam(mode)
     vars_ = _elemwise_inputs(inputs, comp_graph, cfg)
-    dtype = _promote_many(param.mode, [v.dtype for v in vars_])
+    dtype = _promote_many(param.mode, vars_)
     trait = ew_modes.MODES[param.mode]
     if _category(dtype) == "int" and not trait.int_ok:
         dtype = _F32
@@ -434,11 +434,12 @@ def dtype_promotion(t0: np.dtype, t1: np.dtype) -> np.dtype:
     return a if a.itemsize > b.itemsize else b
 
 
-def _promote_many(mode: str, dtypes: list) -> np.dtype:
+def _promote_many(mode: str, vars_: list) -> np.dtype:
     try:
-        return functools.reduce(dtype_promotion, dtypes)
+        return functools.reduce(dtype_promotion, [v.dtype for v in vars_])
     except ConversionError as exc:
-        raise ConversionError(f"Elemwise mode {mode}: {exc.msg}") from None
+        got = ", ".join(f"{v.name!r} {fmt_dtype(v.dtype)}" for v in vars_)
+        raise ConversionError(f"Elemwise mode {mode}: {exc.msg}; inputs {got}") from None
 
 
 # What each Elemwise mode computes, for the docstrings of ``mgb.opr.elem.<mode>``

@@ -8,9 +8,11 @@ and, for the forward 2-d convolutions (Convolution and ConvBias), the channel-bl
 (:mod:`megbrain.kernels.conv.nchw88`, the layout ``optimize_for_inference(use_nchw88=True)``
 converts a network to; it has no gradient here); the other formats of the reference are
 accepted by the params and refused at inference. ConvBias takes an optional fourth input
-``z`` of the output's shape: ``act(conv + bias + z)``, as the reference's.
-Gradients are built from the backward operators, whose own gradients are convolutions, so
-second-order gradients work.
+``z`` of the output's shape: ``act(conv + bias + z)``, as the reference's. The forward 2-d
+convolutions also take 8-bit quantized src and filter (NCHW, no gradient:
+:mod:`megbrain.kernels.conv.quantized`, MegDNN's integer arithmetic). Gradients are built
+from the backward operators, whose own gradients are convolutions, so second-order
+gradients work.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtype import dtype_name, fmt_dtype, get_scale, is_quantize, qint32
 from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, OperatorNodeConfig, ParamBase, register_opr
 from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..graph.param_def import members_of
+from ..kernels import elemwise as ew_kernels
 from ..kernels.conv import common as conv_kernels
 from ..kernels.conv import nchw88 as conv_nchw88
+from ..kernels.conv import quantized as conv_quantized
 from ..kernels.conv import registry as conv_algos
 from ..kernels.conv.constant_operands import constant_filter
 from ..kernels.steps import chain
@@ -56,6 +61,8 @@ __all__ = [
 ]
 
 CONV_MODES = members_of(pdefs.Convolution.Mode)
+#: the name :attr:`_ConvBase.chosen_algorithm` records for the quantized (int8) kernels
+QUANTIZED_ALGORITHM = "QUANTIZED_INT8_IM2COL_GEMM"
 #: the execution strategies of the reference, choosing the kernels' algorithm at bind time
 #: (megbrain.kernels.conv.registry)
 STRATEGIES = members_of(pdefs.ExecutionPolicy.Strategy)
@@ -162,6 +169,68 @@ def _float_dtype(opr: OperatorNodeBase, dtypes, names) -> np.dtype:
     if want is not None and want != dt:
         raise opr.error(f"unsupported output dtype {want} for inputs of dtype {dt}")
     return dt
+
+
+def _almost_equal(x: float, y: float) -> bool:
+    """MegDNN's ``almost_equal`` of two float32 scales (within one float32 ulp)."""
+    x32, y32 = np.float32(x), np.float32(y)
+    diff = abs(float(x32) - float(y32))
+    return diff < float(np.finfo(np.float32).eps) * abs(float(x32 + y32)) or diff < float(
+        np.finfo(np.float32).tiny
+    )
+
+
+def _quantized_dtype(opr: OperatorNodeBase, dtypes, names) -> np.dtype:
+    """The output dtype of a quantized convolution (MegDNN's ``check_or_deduce_dtype_fwd``
+    and ConvBias's ``check_exec``): src and filter of one 8-bit quantized kind; a bias
+    QuantizedS32 of scale ``src scale * filter scale`` (within 1e-6); the output
+    QuantizedS32 of that scale (the default) or of the source's kind; ``z`` of the output's
+    kind. Errors name the operator, the vars and their dtypes."""
+    descs = [f"{n} {opr.inputs[i].name!r} {fmt_dtype(d)}" for i, (n, d) in
+             enumerate(zip(names, dtypes))]  # fmt: skip
+    src, filt = dtypes[:2]
+    kinds = conv_quantized.QUANTIZED_SOURCES
+    if not (is_quantize(src) and is_quantize(filt)) or dtype_name(src) != dtype_name(filt) or (
+        dtype_name(src) not in kinds
+    ):
+        raise opr.error(
+            f"a quantized convolution needs src and filter of one quantized kind "
+            f"({' or '.join(kinds)}); got {descs[0]} and {descs[1]}"
+        )
+    # MegDNN's mul_scale: the float32 product of the float32 scales
+    scale = float(np.float32(get_scale(src)) * np.float32(get_scale(filt)))
+    if len(dtypes) > 2:
+        bias = dtypes[2]
+        if not is_quantize(bias) or dtype_name(bias) != "QuantizedS32":
+            raise opr.error(f"the bias of a quantized convolution must be QuantizedS32; got "
+                            f"{descs[2]} (with {descs[0]}, {descs[1]})")  # fmt: skip
+        if not abs(float(np.float32(scale) - np.float32(get_scale(bias)))) < 1e-6:
+            raise opr.error(
+                f"bias scale must be src scale * filter scale ({scale:g}); got {descs[2]} "
+                f"with {descs[0]} and {descs[1]}"
+            )
+    want = opr.config.dtype_value
+    if want is None:
+        out = qint32(scale)
+    elif is_quantize(want) and dtype_name(want) == "QuantizedS32" and _almost_equal(
+        get_scale(want), scale
+    ):
+        out = want
+    elif is_quantize(want) and dtype_name(want) == dtype_name(src):
+        out = want
+    else:
+        raise opr.error(
+            f"unsupported output dtype {fmt_dtype(want)} for {descs[0]} and {descs[1]} "
+            f"(QuantizedS32(scale={scale:g}) or {dtype_name(src)} expected)"
+        )
+    if len(dtypes) > 3 and not (is_quantize(dtypes[3]) and dtype_name(dtypes[3]) ==
+                                dtype_name(out)):  # fmt: skip
+        raise opr.error(f"z must be of the output's kind {fmt_dtype(out)}; got {descs[3]}")
+    if opr.param.format != "NCHW":
+        raise opr.error(
+            f"format {opr.param.format} is not implemented for quantized dtypes (NCHW only)"
+        )
+    return out
 
 
 # ---- the forward / backward-data / backward-filter trio (MegBrain's megdnn_opr_wrapper) ----
@@ -509,6 +578,39 @@ class Convolution(_ConvForward):
 
     short_name = "conv"
     blocked_format = True
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) == 2 and any(is_quantize(d) for d in in_dtypes):
+            return [_quantized_dtype(self, in_dtypes, ("src", "filter"))]
+        return super().infer_dtypes(in_dtypes)
+
+    def bind(self, ins, outs):
+        if not is_quantize(outs[0].dtype):
+            return super().bind(ins, outs)
+        # the int32 sums, requantized when the output is of the source's 8-bit kind (as
+        # MegDNN's CPU kernels do: ConvBias without bias, then TypeCvt)
+        src, filt, out = ins[0], self._grouped(ins[1]), outs[0]
+        p = self.param
+        self.chosen_algorithm = QUANTIZED_ALGORITHM
+        try:
+            if dtype_name(out.dtype) == "QuantizedS32":
+                return conv_quantized.bind_quantized_convolution(
+                    src, filt, out, p.stride, p.pad, p.dilate, p.flip
+                )
+            scale = float(np.float32(get_scale(src.dtype)) * np.float32(get_scale(filt.dtype)))
+            acc = np.empty(out.shape, qint32(scale))
+            return chain([
+                conv_quantized.bind_quantized_convolution(src, filt, acc, p.stride, p.pad,
+                                                          p.dilate, p.flip),
+                ew_kernels.typecvt_bind(acc, out),
+            ])  # fmt: skip
+        except ValueError as exc:
+            raise self.error(str(exc)) from None
+
+    def _check_grad(self) -> None:
+        super()._check_grad()
+        if is_quantize(self.outputs[0].dtype):
+            raise self.error("quantized convolutions have no gradient (inference only)")
 
 
 @register_opr

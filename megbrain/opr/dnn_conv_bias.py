@@ -4,6 +4,8 @@
 Its kernels are the convolution's (:mod:`megbrain.opr.dnn`), the bias and activation applied
 by the algorithm as it writes (an epilogue) or by one in-place Elemwise step after it; the
 NCHW88 format is computed too. The optional fourth input ``z`` has the output's shape.
+Quantized inputs (QuantizedS8 or Quantized8Asymm src and filter, a QuantizedS32 bias) go to
+:mod:`megbrain.kernels.conv.quantized`: exact int32 sums, then MegDNN's naive epilogue.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtype import fmt_dtype, is_quantize
 from ..graph import register_opr
 from ..graph.operator import fmt_shape, table_param
 from ..graph.static_infer import static_shape
@@ -21,6 +24,7 @@ from ..kernels import elemwise as ew_kernels
 from ..kernels import workspace
 from ..kernels.conv import epilogue as conv_epilogue
 from ..kernels.conv import nchw88 as conv_nchw88
+from ..kernels.conv import quantized as conv_quantized
 from ..kernels.steps import chain
 from . import param_defs as pdefs
 from ._internal import reduce_to_input, sv
@@ -28,6 +32,7 @@ from .base import SymbolVar, build_opr
 from .basic_arith import elemwise
 from .dnn import (
     _POLICY,
+    QUANTIZED_ALGORITHM,
     Convolution,
     ConvolutionBackwardData,
     ConvolutionBackwardFilter,
@@ -37,6 +42,7 @@ from .dnn import (
     _float_dtype,
     _make,
     _param,
+    _quantized_dtype,
 )
 from .sereg_params import register_with_policy
 
@@ -85,7 +91,16 @@ class ConvBias(_ConvBase):
             raise self.error(
                 f"expected 3 or 4 inputs (src, filter, bias[, z]), got {len(in_dtypes)}"
             )
-        return [_float_dtype(self, in_dtypes, ("src", "filter", "bias", "z"))]
+        names = ("src", "filter", "bias", "z")
+        if not any(is_quantize(d) for d in in_dtypes):
+            return [_float_dtype(self, in_dtypes, names)]
+        out = _quantized_dtype(self, in_dtypes, names)
+        if self.param.nonlineMode == "SIGMOID" and len(in_dtypes) == 3:
+            # MegDNN's naive kernel applies SIGMOID to float values only: those of a ``z`` sum
+            raise self.error(
+                f"nonlineMode SIGMOID needs a z for quantized dtypes (output {fmt_dtype(out)})"
+            )
+        return [out]
 
     def _channel_bias_shape(self, out: tuple) -> tuple:
         if self._nchw88():
@@ -110,6 +125,16 @@ class ConvBias(_ConvBase):
     def bind(self, ins, outs):
         mode = self.param.nonlineMode
         z = ins[3] if len(ins) == 4 else None
+        if is_quantize(outs[0].dtype):
+            p = self.param
+            self.chosen_algorithm = QUANTIZED_ALGORITHM
+            try:
+                return conv_quantized.bind_quantized_conv_bias(
+                    ins[0], self._grouped(ins[1]), ins[2], z, outs[0], p.stride, p.pad,
+                    p.dilate, p.flip, mode,
+                )  # fmt: skip
+            except ValueError as exc:
+                raise self.error(str(exc)) from None
 
         def act():  # bias (and z) and activation in passes of their own
             if z is None:
@@ -177,6 +202,8 @@ class ConvBias(_ConvBase):
         if og is None:
             return None
         self._no_nchw88_grad()
+        if is_quantize(self.outputs[0].dtype):
+            raise self.error("quantized ConvBias has no gradient (inference only)")
         og, y = sv(og), sv(self.outputs[0])
         src, filt, bias = self.inputs[:3]
         cparam = self.param.conv_param()

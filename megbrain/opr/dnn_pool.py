@@ -1,6 +1,7 @@
 """Pooling operators: Pooling and PoolingBackward, with the ``mgb.opr`` function ``pooling``.
 
-Only the NCHW format and floating-point dtypes are implemented; the gradient is
+Only the NCHW format is implemented, for floating-point dtypes and (forward only, MegDNN's
+integer arithmetic) the quantized ones; the gradient is
 PoolingBackward (MegDNN's ``PoolingBackward``), computed from src, dst and diff.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..dtype import dtype_name, fmt_dtype, is_quantize, same_dtype
 from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, register_opr
 from ..graph.operator import fmt_shape, table_param
@@ -72,7 +74,18 @@ class Pooling(_PoolBase):
     def infer_dtypes(self, in_dtypes):
         if len(in_dtypes) != 1:
             raise self.error(f"expected 1 input (src), got {len(in_dtypes)}")
-        return [_float_dtype(self, in_dtypes, ("src",))]
+        src = in_dtypes[0]
+        if not is_quantize(src):
+            return [_float_dtype(self, in_dtypes, ("src",))]
+        kinds = pool_kernels.QUANTIZED_POOL_DTYPES
+        want = self.config.dtype_value
+        if dtype_name(src) not in kinds:
+            raise self.error(f"src {self.inputs[0].name!r} {fmt_dtype(src)}: quantized pooling "
+                             f"takes {', '.join(kinds)}")  # fmt: skip
+        if want is not None and not same_dtype(want, src):
+            raise self.error(f"the output dtype {fmt_dtype(want)} must be src "
+                             f"{self.inputs[0].name!r}'s {fmt_dtype(src)}")  # fmt: skip
+        return [src]
 
     def infer_shapes(self, in_shapes, in_values):
         return [self._pooled_shape(tuple(in_shapes[0]))]
@@ -84,6 +97,8 @@ class Pooling(_PoolBase):
     def grad(self, wrt_idx, out_grads):
         if out_grads[0] is None:
             return None
+        if is_quantize(self.outputs[0].dtype):
+            raise self.error("quantized pooling has no gradient (inference only)")
         return _make(
             PoolingBackward, [self.inputs[0], self.outputs[0], out_grads[0]], self.param
         ).node

@@ -71,8 +71,8 @@ class ElemwiseMultiType(OperatorNodeBase):
     Param = ElemwiseMultiTypeParam
 
     def _dtype_error(self, what: str, in_dtypes):
-        got = ", ".join(fmt_dtype(d) for d in in_dtypes)
-        return self.error(f"mode {self.param.mode}: {what}; got inputs of dtypes {got}")
+        got = ", ".join(f"{v.name!r} {fmt_dtype(d)}" for v, d in zip(self.inputs, in_dtypes))
+        return self.error(f"mode {self.param.mode}: {what}; got inputs {got}")
 
     def infer_dtypes(self, in_dtypes):
         mode = self.param.mode

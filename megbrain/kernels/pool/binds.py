@@ -1,5 +1,5 @@
 """Pooling kernels (MegDNN's PoolingForward and PoolingBackward) for batch-channel-first
-layouts, bound once.
+layouts, bound once; quantized arrays are pooled forward by MegDNN's integer arithmetic.
 
 2-d pooling runs the compiled loops of :mod:`.loops` over the ``N * C`` planes, split
 over :func:`parallel.num_threads` threads by :func:`parallel.split` when each part gets at
@@ -22,12 +22,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .. import parallel, workspace
-from ..arrays import compute_dtype
+from ..arrays import F32, compute_dtype
+from ..elemwise import quant_params
+from ..elemwise_modes import round_in_place
 from ..steps import Step, chain
 from . import loops as pool_loops
 
 __all__ = [
     "POOLING_MODES",
+    "QUANTIZED_POOL_DTYPES",
     "SPLIT_MIN_ELEMS",
     "bind_pooling",
     "bind_pooling_backward",
@@ -180,6 +183,10 @@ def bind_pooling(
         MAX ignores padding (and propagates NaN); AVERAGE divides by the window size (padding
         counts as zeros); AVERAGE_COUNT_EXCLUDE_PADDING divides by the number of non-padding
         elements.
+        Quantized arrays (:data:`QUANTIZED_POOL_DTYPES`, ``out`` of the source's dtype) are
+        pooled as MegDNN's naive integer poolers do: MAX of the stored values; the averages
+        store ``round(float32(int32 sum) / float32(count))`` (half away from zero,
+        saturated), a Quantized8Asymm AVERAGE window's padding adding its zero point.
     window, stride, pad : sequence of int
         One value per spatial dim; ``pad < window``.
 
@@ -192,8 +199,10 @@ def bind_pooling(
     ------
     ValueError
         For an unknown mode, a geometry that does not give ``out``'s shape, or a dtype that is
-        not floating point.
+        neither floating point nor one of :data:`QUANTIZED_POOL_DTYPES`.
     """
+    if quant_params(src.dtype) is not None:
+        return _bind_quantized(src, out, mode, window, stride, pad)
     geo = _Pool("Pooling", src.shape, out.shape, mode, window, stride, pad)
     dt = compute_dtype(src.dtype)
     steps: list[Step] = []
@@ -244,6 +253,56 @@ def _numpy_forward(geo: _Pool, x: np.ndarray, acc: np.ndarray, dt: np.dtype, ste
             steps.append(_partial(np.multiply, acc, dt.type(1.0 / float(div)), acc))
         else:
             steps.append(_partial(np.true_divide, acc, div, acc))
+
+
+# ---- quantized -----------------------------------------------------------------------------
+_I32 = np.dtype(np.int32)
+#: the quantized dtypes MegDNN's naive pooling takes
+QUANTIZED_POOL_DTYPES = ("QuantizedS8", "Quantized8Asymm", "QuantizedS32")
+
+
+def _bind_quantized(src, out, mode, window, stride, pad) -> Step:
+    """The quantized pooling of :func:`bind_pooling`."""
+    qp = quant_params(src.dtype)
+    if qp.name not in QUANTIZED_POOL_DTYPES:
+        raise ValueError(
+            f"quantized pooling takes {', '.join(QUANTIZED_POOL_DTYPES)}, got {qp.name}"
+        )
+    geo = _Pool("Pooling", src.shape, out.shape, mode, window, stride, pad)
+    x = src.view(np.dtype(src.dtype.str))
+    y = out.view(np.dtype(out.dtype.str))
+    regions = list(geo.regions())
+    steps: list[Step] = []
+    if mode == "MAX":
+        steps.append(_partial(np.copyto, y, np.iinfo(y.dtype).min))
+        for oidx, sidx in regions:
+            a = y[oidx]
+            steps.append(_partial(np.maximum, a, x[sidx], out=a))
+        return chain(steps)
+    acc = workspace.empty(out.shape, _I32)
+    steps.append(_partial(np.copyto, acc, 0))
+    for oidx, sidx in regions:
+        a = acc[oidx]
+        steps.append(_partial(np.add, a, x[sidx], a, casting="unsafe"))  # wraps as C's int32
+    taps = _Pool("Pooling", src.shape, out.shape, "AVERAGE_COUNT_EXCLUDE_PADDING", window,
+                 stride, pad)  # fmt: skip
+    fed = taps.divisor(_I32)  # the in-image taps of each window
+    if mode == "AVERAGE":
+        count = geo.divisor(F32)
+        if qp.zero_point:
+            padded = (np.int32(count) - np.asarray(fed, _I32)) * np.int32(qp.zero_point)
+            steps.append(_partial(np.add, acc, padded, acc))
+    else:
+        count = np.asarray(fed, F32)
+    w = workspace.empty(out.shape, F32)
+    steps += [_partial(np.copyto, w, acc, "unsafe"), _partial(np.true_divide, w, count, w)]
+    steps += round_in_place(w)
+    steps += [
+        _partial(np.fmax, w, qp.qmin, w),
+        _partial(np.fmin, w, qp.qmax, w),
+        _partial(np.copyto, y, w, "unsafe"),
+    ]
+    return chain(steps)
 
 
 # ---- backward ------------------------------------------------------------------------------
