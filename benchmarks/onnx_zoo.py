@@ -52,8 +52,11 @@ def _describe(opr) -> tuple[str, str]:
         else:
             fh, fw = fshape[-2:]
         if p.sparse == "GROUP":
-            # a group filter is (G, OCpG, ICpG, ...): depthwise when both are one channel
-            grouping = "depthwise" if tuple(fshape[1:3]) == (1, 1) else "grouped"
+            # a group filter is (G, OCpG, ICpG, ...) (NCHW88: those counted in blocks of 8):
+            # depthwise when both are one channel
+            icg = fshape[2] * (8 if p.format == "NCHW88" and fshape[-2:] == (8, 8) else 1)
+            ocg = fshape[1] * (8 if p.format == "NCHW88" and fshape[-2:] == (8, 8) else 1)
+            grouping = "depthwise" if (icg, ocg) == (1, 1) else f"grouped {icg}/group"
         else:
             grouping = "dense"
         kind = (
