@@ -115,7 +115,8 @@ def load_inference(
     -------
     InferenceFunction
         Called with the inputs' values (positionally in the model's order, or by name), it
-        returns the list of output arrays in the model's order.
+        returns the list of output arrays in the model's order (a 0-d output as a 0-d
+        array).
 
     Raises
     ------
