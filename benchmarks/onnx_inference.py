@@ -1,12 +1,10 @@
-"""ONNX inference: megbrain (optimize_for_inference, JIT fusion) against onnxruntime on the same
+"""ONNX inference: megbrain (``megbrain.onnx.load_inference``) against onnxruntime on the same
 model, machine and run, as a ratio of their times (higher is better for megbrain).
 
-megbrain optimizes with ``fuse_conv_bias_nonlinearity`` and ``fuse_conv_bias_with_z``
-(convolution, bias, residual and ReLU in one operator; ``MGB_BENCH_NO_FUSE=1`` turns both
-off) and ``use_nchw88`` (the channel-blocked layout between the convolutions, as
-onnxruntime's NCHWc transformer; ``MGB_BENCH_NCHW=1`` keeps NCHW), and sets
-``graph_opt.weight_preprocess`` (its convolutions pack their filters once, as onnxruntime
-prepacks its initializers).
+megbrain runs the model as a user does, through ``load_inference``: ConvBias fusions, the
+channel-blocked NCHW88 layout between the convolutions (as onnxruntime's NCHWc transformer),
+JIT fusion and ``graph_opt.weight_preprocess`` (its convolutions pack their filters once, as
+onnxruntime prepacks its initializers).
 
 Models: the light ResNet50 of the onnx wheel's test data (batch 1, 224x224; weights from
 ConstantOfShape) and the digits CNN exported with ``megbrain.onnx.export``.
@@ -39,38 +37,19 @@ import time
 
 import numpy as np
 
-#: optimize_for_inference's fuse_conv_bias_nonlinearity and fuse_conv_bias_with_z: the
-#: convolutions add the bias and the residual and apply the ReLU as they write their output
-#: (``MGB_BENCH_NO_FUSE=1`` turns them off)
-FUSE_CONV_BIAS = os.environ.get("MGB_BENCH_NO_FUSE") != "1"
-#: optimize_for_inference's use_nchw88 (``MGB_BENCH_NCHW=1`` turns it off)
-NCHW88 = os.environ.get("MGB_BENCH_NCHW") != "1"
-
 
 def _megbrain_runner(path: str, feed: dict, profile: bool = False):
     import megbrain as mgb
     import megbrain.onnx as mo
 
-    res = mo.load(path)
-    names = list(res.outputs)
-    outs = mgb.optimize_for_inference(
-        [res.outputs[n] for n in names],
-        fuse_conv_bias_nonlinearity=FUSE_CONV_BIAS,
-        fuse_conv_bias_with_z=FUSE_CONV_BIAS,
-        use_nchw88=NCHW88,
-    )
-    res.graph.set_option("graph_opt.jit", 1)
-    # the folded filters are not written again: convolutions pack them once (as onnxruntime
-    # prepacks its initializers)
-    res.graph.set_option("graph_opt.weight_preprocess", 1)
+    graph = mgb.comp_graph()
     prof = None
     if profile:
         from megbrain.plugin import CompGraphProfiler
 
-        prof = CompGraphProfiler(res.graph)
-    func = res.graph.compile([res.inputs[k] for k in feed], [mgb.copy_output(o) for o in outs])
-    args = [feed[k] for k in feed]
-    return (lambda: func(*args)), prof
+        prof = CompGraphProfiler(graph)
+    func = mo.load_inference(path, graph=graph)
+    return (lambda: func(**feed)), prof
 
 
 def _ort_runner(path: str, feed: dict, threads: int, spin: bool):

@@ -1,7 +1,8 @@
 """The ``megbrain`` command: inspect, run and draw graph files, after MegBrain's load_and_run.
 
 A model is a MegBrain graph file or an ONNX model (``.onnx``, or any file that is not
-MegBrain's and parses as one), built with ``megbrain.onnx.load``.
+MegBrain's and parses as one), built with ``megbrain.onnx.load`` (``run``: compiled with
+``megbrain.onnx.load_inference``, its inference passes always on).
 
 ``megbrain inspect model.mge [--json]``
     Operators by type, inputs and outputs with shapes and dtypes, parameter count and bytes,
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import shutil
@@ -61,28 +63,34 @@ class CliError(Exception):
 # ---- loading -------------------------------------------------------------------------------
 
 
-def _load_graphs(path: str, values: dict[str, str] | None = None) -> list:
-    """Every graph of the file, as CompGraphLoadResults; CliError(1) for a bad file.
-
-    A MegBrain graph file, or an ONNX model (``.onnx``, or a file that is not MegBrain's
-    and parses as one): see :func:`_load_onnx` for ``values``.
-    """
+def _open_model(path: str) -> tuple[list | None, Any]:
+    """``(graphs, None)`` for a MegBrain graph file, ``(None, model)`` for an ONNX model (``.onnx``,
+    or a file that is not MegBrain's and parses as one); CliError(1) for a bad file."""
     if not os.path.exists(path):
         raise CliError(f"model file not found: {path}")
     if os.path.isdir(path):
         raise CliError(f"model path is a directory: {path}")
     if path.lower().endswith(".onnx"):
-        return [_load_onnx(path, _read_onnx(path), values or {})]
+        return None, _read_onnx(path)
     try:
         graphs = list(mgb.iter_comp_graphs_from_file(path))
     except mgb.MegBrainError as exc:
         model = _read_onnx(path, quiet=True)
         if model is None:
             raise CliError(f"can not load {path}: {exc}") from exc
-        return [_load_onnx(path, model, values or {})]
+        return None, model
     if not graphs:
         raise CliError(f"can not load {path}: the file holds no graph")
-    return graphs
+    return graphs, None
+
+
+def _load_graphs(path: str, values: dict[str, str] | None = None) -> list:
+    """Every graph of the file, as CompGraphLoadResults; CliError(1) for a bad file.
+
+    See :func:`_open_model` for what a model file may be, :func:`_load_onnx` for ``values``.
+    """
+    graphs, model = _open_model(path)
+    return graphs if model is None else [_load_onnx(path, model, values or {})]
 
 
 def _read_onnx(path: str, *, quiet: bool = False):
@@ -115,22 +123,20 @@ def _static_dims(vi) -> bool:
     return t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim)
 
 
-def _load_onnx(path: str, model, values: dict[str, str]):
-    """An ONNX model built into a new graph (``megbrain.onnx.load``), as a
-    CompGraphLoadResult whose outputs carry the model's output names.
+def _build_onnx(path: str, model, values: dict[str, str], build):
+    """``build(model, static_inputs=...)`` (a ``megbrain.onnx`` loader), the CLI's errors
+    for a model it refuses.
 
     ``values`` (input name -> .npy file) gives the inputs whose shapes the model leaves open
     (a named batch dim): they are built with those values' shapes.
     """
-    import megbrain.onnx as mgb_onnx
-
     init = {t.name for t in model.graph.initializer}
     open_inputs = [
         vi.name for vi in model.graph.input if vi.name not in init and not _static_dims(vi)
     ]
     static = {n: _read_npy(n, values[n]) for n in open_inputs if n in values}
     try:
-        res = mgb_onnx.load(model, static_inputs=static)
+        return build(model, static_inputs=static)
     except mgb.MegBrainError as exc:
         hint = ""
         if any(n not in values for n in open_inputs):
@@ -139,6 +145,15 @@ def _load_onnx(path: str, model, values: dict[str, str]):
                 "with --input NAME=FILE.npy)"
             )
         raise CliError(f"can not load ONNX model {path}: {exc}{hint}") from exc
+
+
+def _load_onnx(path: str, model, values: dict[str, str]):
+    """An ONNX model built into a new graph (``megbrain.onnx.load``), as a
+    CompGraphLoadResult whose outputs carry the model's output names (``values``: see
+    :func:`_build_onnx`)."""
+    import megbrain.onnx as mgb_onnx
+
+    res = _build_onnx(path, model, values, mgb_onnx.load)
     outputs = {}
     args = {id(v) for v in res.inputs.values()}
     for name, var in res.outputs.items():
@@ -384,18 +399,12 @@ def _timing_stats(times_s: list[float]) -> dict:
     }
 
 
-def cmd_run(args) -> int:
-    if args.iters < 1:
-        raise CliError(f"--iters must be >= 1, got {args.iters}", status=2)
-    if args.warmup < 0:
-        raise CliError(f"--warmup must be >= 0, got {args.warmup}", status=2)
-    given = _parse_input_args(args.input or [])
-    res = _pick_graph(_load_graphs(args.model, given), args.graph, args.model)
+def _graph_function(args, res) -> tuple[list, list[str], Any]:
+    """A MegBrain graph compiled as the options say: ``(input vars, output names, func)``."""
     graph, outputs = res.graph, list(res.output_vars_list)
     if not outputs:
         raise CliError(f"{args.model}: the graph has no outputs")
     inputs = _input_vars(outputs)
-    values = _input_values(inputs, given, args.random, args.seed)
     try:
         if args.opt_level is not None:
             graph.set_option("graph_opt_level", args.opt_level)
@@ -406,6 +415,38 @@ def cmd_run(args) -> int:
         )
     except mgb.MegBrainError as exc:
         raise CliError(f"can not compile {args.model}: {exc}") from exc
+    return inputs, [v.name for v in outputs], func
+
+
+def _onnx_function(args, model, given: dict[str, str]) -> tuple[list, list[str], Any]:
+    """An ONNX model compiled by ``megbrain.onnx.load_inference`` (its inference passes are
+    always on, so ``--optimize-for-inference`` changes nothing): ``(input vars in the model's
+    order, output names, func)``."""
+    import megbrain.onnx as mgb_onnx
+
+    graph = mgb.comp_graph()
+    if args.opt_level is not None:
+        graph.set_option("graph_opt_level", args.opt_level)
+    f = _build_onnx(
+        args.model, model, given, functools.partial(mgb_onnx.load_inference, graph=graph)
+    )
+    return list(f.inputs.values()), f.output_names, f
+
+
+def cmd_run(args) -> int:
+    if args.iters < 1:
+        raise CliError(f"--iters must be >= 1, got {args.iters}", status=2)
+    if args.warmup < 0:
+        raise CliError(f"--warmup must be >= 0, got {args.warmup}", status=2)
+    given = _parse_input_args(args.input or [])
+    graphs, model = _open_model(args.model)
+    if model is not None:
+        inputs, names, func = _onnx_function(
+            args, _pick_graph([model], args.graph, args.model), given
+        )
+    else:
+        inputs, names, func = _graph_function(args, _pick_graph(graphs, args.graph, args.model))
+    values = _input_values(inputs, given, args.random, args.seed)
     show = not args.no_progress and args.warmup + args.iters >= 20
     result = None
     times = []
@@ -418,12 +459,11 @@ def cmd_run(args) -> int:
             times.append(time.perf_counter() - t0)
     except (mgb.MegBrainError, MemoryError) as exc:
         raise CliError(f"running {args.model} failed: {type(exc).__name__}: {exc}") from exc
-    if len(outputs) == 1 and not isinstance(result, (list, tuple)):
+    if len(names) == 1 and not isinstance(result, (list, tuple)):
         result = [result]
-    names = _unique_names([v.name for v in outputs])
-    arrays = {n: np.asarray(r) for n, r in zip(names, result)}
+    arrays = {n: np.asarray(r) for n, r in zip(_unique_names(names), result)}
     stats = _timing_stats(times)
-    print(f"{args.model}: {len(inputs)} input(s), {len(outputs)} output(s)")
+    print(f"{args.model}: {len(inputs)} input(s), {len(names)} output(s)")
     for n, a in arrays.items():
         print(f"  {n}: {_fmt_shape(a.shape)} {a.dtype}")
     print(

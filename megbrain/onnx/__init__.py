@@ -1,4 +1,5 @@
-"""ONNX import: ``megbrain.onnx.load`` builds megbrain operators for an ONNX graph.
+"""ONNX import: ``megbrain.onnx.load_inference`` compiles an ONNX model into a fast inference
+function; ``megbrain.onnx.load`` builds megbrain operators for an ONNX graph.
 
 Each ONNX op type has one small converter registered by op type and opset range
 (``registry.converter``); ``support.claimed_op_types()`` lists them.
@@ -25,7 +26,16 @@ from . import (  # noqa: F401 - the converters register themselves
     ops_tensor,
 )
 from .exporter import export
+from .inference import InferenceFunction, load_inference
 from .loader import LoadResult, load
 from .registry import ONNXConversionError, claimed_op_types
 
-__all__ = ["export", "load", "LoadResult", "ONNXConversionError", "claimed_op_types"]
+__all__ = [
+    "export",
+    "load",
+    "load_inference",
+    "InferenceFunction",
+    "LoadResult",
+    "ONNXConversionError",
+    "claimed_op_types",
+]
