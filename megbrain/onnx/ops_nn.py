@@ -31,9 +31,14 @@ def _channel(ctx, v, nd):
 @converter("MatMul", 1)
 def _matmul(ctx):
     a, b = ctx.input(0), ctx.input(1)
-    sa, sb = static_shape(ctx, a), static_shape(ctx, b)
     if np.dtype(a.dtype).kind in "iub":
         raise ctx.fail(f"integer MatMul ({a.dtype}) is not supported")
+    return matmul_vars(ctx, a, b)
+
+
+def matmul_vars(ctx, a, b):
+    """``a @ b`` with ONNX MatMul's broadcasting and 1-d promotion (float or quantized vars)."""
+    sa, sb = static_shape(ctx, a), static_shape(ctx, b)
     va, vb = len(sa) == 1, len(sb) == 1
     if va:
         a, sa = _reshape(a, (1, sa[0])), (1, sa[0])
