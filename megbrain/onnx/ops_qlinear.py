@@ -8,24 +8,27 @@ import numpy as np
 from onnx import TensorProto
 
 import megbrain as mgb
-from megbrain.graph.param_def import per_axis_fields
+from megbrain.dtype import same_dtype
 
 from .ops_elemwise import round_half_even
-from .ops_nn import _CONV_ATTRS, _conv_common, _explicit_pad, _grouped, matmul_vars
+from .ops_nn import _CONV_ATTRS, _conv_common, _explicit_pad, conv_operands, matmul_vars
 from .ops_tensor import _reshape, static_shape
 from .registry import converter
 
 E = mgb.opr.elemwise
 _F32 = np.float32
+_I32 = np.dtype(np.int32)
 _RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127)}
 _ONNX_8BIT = {TensorProto.UINT8, TensorProto.INT8}
+#: scales (read at load, used as float32) and biases
+_OTHER_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32}
 
 
 def _check_8bit(attrs, in_types, where):
     from .registry import ONNXConversionError
 
     for t in in_types:
-        if t and t not in _ONNX_8BIT and t not in (TensorProto.FLOAT, TensorProto.INT32):
+        if t and t not in _ONNX_8BIT and t not in _OTHER_TYPES:
             raise ONNXConversionError(
                 f"{where}: type {TensorProto.DataType.Name(t)} is not supported (UINT8, INT8 are)"
             )
@@ -36,13 +39,15 @@ def _scale(ctx, i, what) -> np.ndarray:
     return ctx.const(i, what).astype(_F32).reshape(-1)
 
 
-def _zero_point(ctx, i, what) -> int:
-    """Zero point input ``i`` (0 when absent); per-channel ones must all be equal, as
-    megbrain's quantized dtypes hold one zero point."""
+def _zero_point(ctx, i, what, per_channel=False):
+    """Zero point input ``i`` (0 when absent) as an int; with ``per_channel``, differing
+    per-channel values come back as an int64 vector."""
     if not ctx.has(i):
         return 0
     z = ctx.const(i, what).reshape(-1).astype(np.int64)
     if z.size and not (z == z[0]).all():
+        if per_channel:
+            return z
         raise ctx.fail(
             f"per-channel {what} with differing values is not supported (megbrain's quantized"
             " dtypes have one zero point per tensor)"
@@ -74,13 +79,13 @@ def _quantized(d, x, zp, asymm):
 
 def _int32(acc):
     """The int32 sums of a QuantizedS32(1) var (through float32: exact up to 2**24)."""
-    return mgb.opr.typecvt(acc, np.int32)
+    return acc if same_dtype(acc.dtype, _I32) else mgb.opr.typecvt(acc, _I32)
 
 
 def _requantize(ctx, acc, mult, zp, out_dtype, axis):
     """onnxruntime's requantize of int32 sums: ``float32(acc) * mult`` (per tensor or along
     ``axis``), saturated, rounded half to even, plus the output zero point."""
-    f = mgb.opr.typecvt(acc, _F32)  # QuantizedS32 of scale 1: float32(acc) exactly
+    f = mgb.opr.typecvt(acc, _F32)  # QuantizedS32 of scale 1 or int32: float32(acc)
     if mult.size == 1:
         m = ctx.imm(mult.reshape(()))
     else:
@@ -96,22 +101,23 @@ def _requantize(ctx, acc, mult, zp, out_dtype, axis):
 
 def _conv_sums(ctx, x, zx, w, zw, bias=None):
     """Exact int32 sums of the ONNX convolution of ``x - zx`` by ``w - zw`` (plus an int32
-    ``bias``), as a QuantizedS32(1) var: a quantized Convolution, or ConvBias with a bias."""
+    ``bias``): a quantized Convolution, or ConvBias with a bias, into QuantizedS32(1).
+
+    Per-channel filter zero points ``zw`` (a vector) are subtracted after the sums, as
+    ``zw[c] * (window sums of x - zx)`` in int32 (a second convolution by ones).
+    """
     ws = static_shape(ctx, w, "weight")
     _src, n, strides, dil, pads = _conv_common(ctx, x, ws[2:])
     if n not in (1, 2):
         raise ctx.fail(f"{n}-d quantized convolution is not supported (1-d and 2-d are)")
-    asymm = _asymm(x, zx, w, zw)
+    zw_vec = zw if isinstance(zw, np.ndarray) else None
+    zw = 0 if zw_vec is not None else zw
+    asymm = zw_vec is not None or _asymm(x, zx, w, zw)
     d, sym = _explicit_pad(ctx, _shifted(x, zx), pads)  # the padding is the zero point
     xq = _quantized(d, x, zx, asymm)
     wq = _quantized(_shifted(w, zw), w, zw, asymm)
-    if n == 1:
-        xq = _reshape(xq, static_shape(ctx, xq) + (1,))
-        wq = _reshape(wq, ws + (1,))
-        ws = ws + (1,)
-        strides, dil, sym = strides + [1], dil + [1], sym + [0]
-    wq, kw = _grouped(ctx, wq, ws)
-    kw.update(per_axis_fields(pad=sym, stride=strides, dilate=dil))
+    xq, wq, kw = conv_operands(ctx, xq, wq, ws, strides, dil, sym)
+    ws = ws + (1,) * (4 - len(ws))
     acc_dt = mgb.dtype.qint32(1.0)
     if bias is None:
         y = mgb.opr.convolution(xq, wq, dtype=acc_dt, **kw)
@@ -119,9 +125,26 @@ def _conv_sums(ctx, x, zx, w, zw, bias=None):
         b = np.ascontiguousarray(bias.astype(np.int32).reshape(1, -1, 1, 1))
         bv = ctx.imm(b.view(acc_dt), acc_dt)
         y = mgb.opr.conv_bias_activation(xq, wq, bv, dtype=acc_dt, **kw)
+    if zw_vec is not None:
+        y = _minus_window_sums(ctx, y, xq, ws, zw_vec, kw)
     if n == 1:
         y = _reshape(y, static_shape(ctx, y)[:3])
     return y
+
+
+def _minus_window_sums(ctx, y, xq, ws, zw, kw):
+    """``y - zw[c] * sum(x - zx over c's window)`` in int32, for per-channel zero points."""
+    g = ctx.attr("group")
+    oc, icg = ws[0], ws[1]
+    if zw.size != oc:
+        raise ctx.fail(f"w_zero_point has {zw.size} values for {oc} output channels")
+    ones = np.ones((g, 1, icg) + tuple(ws[2:]), np.uint8).view(mgb.dtype.quint8(1.0, 0))
+    kw = {**kw, "sparse": "GROUP"}
+    sums = _int32(mgb.opr.convolution(xq, ctx.imm(ones, ones.dtype), dtype=y.dtype, **kw))
+    nb, _, oh, ow = static_shape(ctx, sums)
+    zv = ctx.imm(zw.astype(np.int32).reshape(1, g, oc // g, 1, 1))
+    corr = E(_reshape(sums, (nb, g, 1, oh, ow)), zv, mode="MUL")
+    return E(_int32(y), _reshape(corr, (nb, oc, oh, ow)), mode="SUB")
 
 
 def _matmul_sums(ctx, a, za, b, zb):
@@ -136,7 +159,7 @@ def _matmul_sums(ctx, a, za, b, zb):
 def _qlinear_conv(ctx):
     x, w = ctx.input(0), ctx.input(3)
     xs, ws, ys = _scale(ctx, 1, "x_scale"), _scale(ctx, 4, "w_scale"), _scale(ctx, 6, "y_scale")
-    zx, zw = _zero_point(ctx, 2, "x_zero_point"), _zero_point(ctx, 5, "w_zero_point")
+    zx, zw = _zero_point(ctx, 2, "x_zero_point"), _zero_point(ctx, 5, "w_zero_point", True)
     zy = _zero_point(ctx, 7, "y_zero_point")
     bias = ctx.const(8, "B") if ctx.has(8) else None
     acc = _conv_sums(ctx, x, zx, w, zw, bias)
@@ -161,7 +184,7 @@ def _qlinear_matmul(ctx):
 @converter("ConvInteger", 10, attrs=_CONV_ATTRS, validate=_check_8bit)
 def _conv_integer(ctx):
     x, w = ctx.input(0), ctx.input(1)
-    zx, zw = _zero_point(ctx, 2, "x_zero_point"), _zero_point(ctx, 3, "w_zero_point")
+    zx, zw = _zero_point(ctx, 2, "x_zero_point"), _zero_point(ctx, 3, "w_zero_point", True)
     return _int32(_conv_sums(ctx, x, zx, w, zw))
 
 

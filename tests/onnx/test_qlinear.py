@@ -11,6 +11,7 @@ ort = pytest.importorskip("onnxruntime")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import megbrain as mgb  # noqa: E402
 from megbrain.onnx import ONNXConversionError, load  # noqa: E402
@@ -28,11 +29,15 @@ def _model(node, inputs, out_type, inits, opset=13):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def _both(model, inputs):
-    """The outputs of onnxruntime and of megbrain's import."""
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+def _both(model, inputs, reference=False):
+    """The outputs of onnxruntime (or of ONNX's reference evaluator, for what onnxruntime
+    does not run) and of megbrain's import."""
     feeds = dict(inputs)
-    want = sess.run(None, feeds)
+    if reference:
+        want = ReferenceEvaluator(model).run(None, feeds)
+    else:
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        want = sess.run(None, feeds)
     res = load(model)
     f = res.graph.compile(list(res.inputs.values()),
                           [mgb.copy_output(v) for v in res.outputs.values()])  # fmt: skip
@@ -126,16 +131,20 @@ def test_qlinear_matmul_equals_onnxruntime(kinds, shapes, zero_a, per_column, sa
 
 @settings(max_examples=25, deadline=None)
 @given(st.sampled_from([np.uint8, np.int8]), st.integers(1, 2), st.integers(1, 3),
-       st.integers(0, 1), st.booleans(), st.integers(0, 2**16))  # fmt: skip
-def test_conv_integer_equals_onnxruntime(xt, g, k, pad, with_zp, seed):
+       st.integers(0, 1), st.booleans(), st.booleans(), st.integers(0, 2**16))  # fmt: skip
+def test_conv_integer_equals_onnxruntime(xt, g, k, pad, with_zp, per_channel, seed):
     rng = np.random.default_rng(seed)
     x, w = _q(rng, (2, 2 * g, 6, 5), xt), _q(rng, (3 * g, 2, k, k), np.uint8)
     names, inits = ["x", "w"], [("w", w)]
     if with_zp:
+        wz = rng.integers(0, 256, 3 * g).astype(np.uint8) if per_channel else _zp(
+            rng, np.uint8, False)  # fmt: skip
         names += ["xz", "wz"]
-        inits += [("xz", _zp(rng, xt, False)), ("wz", _zp(rng, np.uint8, False))]
+        inits += [("xz", _zp(rng, xt, False)), ("wz", wz)]
     node = helper.make_node("ConvInteger", names, ["y"], group=g, pads=[pad] * 4)
-    _assert_equal(*_both(_model(node, [("x", x)], TensorProto.INT32, inits), [("x", x)]))
+    # onnxruntime takes per-tensor zero points only
+    model = _model(node, [("x", x)], TensorProto.INT32, inits)
+    _assert_equal(*_both(model, [("x", x)], reference=with_zp and per_channel))
 
 
 @settings(max_examples=25, deadline=None)
@@ -187,13 +196,25 @@ def test_qlinear_conv_uses_the_quantized_operators():
     assert {"QuantizedS8", "QuantizedS32"} <= names
 
 
-def test_differing_per_channel_zero_points_are_refused_naming_the_node():
+def test_qlinear_conv_with_per_channel_weight_zero_points_equals_onnxruntime():
+    rng = np.random.default_rng(5)
+    x, w = _q(rng, (2, 4, 6, 6), np.uint8), _q(rng, (6, 2, 3, 3), np.uint8)
+    inits = [("xs", np.float32(0.03)), ("xz", np.uint8(90)), ("w", w),
+             ("ws", rng.uniform(0.01, 0.05, 6).astype(np.float32)),
+             ("wz", rng.integers(0, 256, 6).astype(np.uint8)), ("ys", np.float32(2.5)),
+             ("yz", np.uint8(128)), ("b", rng.integers(-900, 900, 6).astype(np.int32))]  # fmt: skip
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
+                            ["y"], group=2, pads=[1, 0, 1, 2])  # fmt: skip
+    _assert_equal(*_both(_model(node, [("x", x)], TensorProto.UINT8, inits), [("x", x)]))
+
+
+def test_differing_per_column_matmul_zero_points_are_refused_naming_the_node():
     rng = np.random.default_rng(2)
-    x, w = _q(rng, (1, 2, 4, 4), np.uint8), _q(rng, (2, 2, 1, 1), np.uint8)
-    inits = [("xs", np.float32(0.1)), ("xz", np.uint8(3)), ("w", w),
-             ("ws", np.array([0.1, 0.2], np.float32)), ("wz", np.array([1, 2], np.uint8)),
+    a, b = _q(rng, (2, 4), np.uint8), _q(rng, (4, 2), np.uint8)
+    inits = [("as", np.float32(0.1)), ("az", np.uint8(3)), ("b", b),
+             ("bs", np.array([0.1, 0.2], np.float32)), ("bz", np.array([1, 2], np.uint8)),
              ("ys", np.float32(0.5)), ("yz", np.uint8(0))]  # fmt: skip
-    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"],
-                            name="qc")  # fmt: skip
-    with pytest.raises(ONNXConversionError, match="qc.*w_zero_point"):
-        load(_model(node, [("x", x)], TensorProto.UINT8, inits))
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"],
+                            ["y"], name="qm")  # fmt: skip
+    with pytest.raises(ONNXConversionError, match="qm.*b_zero_point"):
+        load(_model(node, [("a", a)], TensorProto.UINT8, inits))
