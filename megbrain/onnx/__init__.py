@@ -19,6 +19,7 @@ from . import (  # noqa: F401 - the converters register themselves
     ops_index,
     ops_loss,
     ops_nn,
+    ops_qlinear,
     ops_quant,
     ops_reduce,
     ops_resize,

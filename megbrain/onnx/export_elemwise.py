@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from ..dtype import is_quantize
+from . import export_quant
 from .export_base import Writer, exports, onnx_dtype, static_shape
 
 _UNARY = {
@@ -369,6 +371,8 @@ def _round_shr_saturate(w, x, k, out_dt):
 
 @exports("TypeCvt")
 def _typecvt(w, op, ins):
+    if is_quantize(op.inputs[0].dtype) or is_quantize(op.outputs[0].dtype):
+        return export_quant.typecvt(w, op, ins)
     return w.cast(ins[0], op.outputs[0].dtype)
 
 

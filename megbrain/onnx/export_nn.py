@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
+from ..dtype import is_quantize
+from . import export_quant
 from .export_base import INT64_MIN, REFUSED, Writer, exports, static_shape
 from .export_elemwise import emit_mode
 
@@ -75,6 +77,8 @@ def _conv(w, op, ins):
 def _conv_bias(w, op, ins):
     geo = _geometry(w, op, 2)
     weight, group = _filter(w, op, ins[1], op.inputs[1], 2)
+    if is_quantize(op.inputs[0].dtype):
+        return export_quant.conv_bias(w, op, ins, geo, weight, group)
     bias_shape = static_shape(w, op.inputs[2], "bias")
     out_shape = static_shape(w, op.outputs[0], "output")
     if bias_shape == [1, out_shape[1], 1, 1]:

@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 from ..graph.replace import postorder
 from . import export_elemwise, export_nn, export_tensor  # noqa: F401 - register exporters
 from .export_base import EXPORTERS, REFUSED, Writer, imm_shape, onnx_dtype, static_shape
+from .export_quant import QUANTIZED_OPERATORS, quantized_storage
 from .registry import ONNXConversionError
 
 __all__ = ["export", "exportable_operator_types", "refused_operator_types"]
@@ -88,7 +89,8 @@ def _validate(oprs) -> None:
         elif op.type not in EXPORTERS:
             raise ONNXConversionError(f"export: operator {op.name!r} ({op.type}) has no ONNX form")
         for v in op.outputs:
-            if onnx_dtype(v.dtype) is None:
+            quantized = op.type in QUANTIZED_OPERATORS and quantized_storage(v.dtype)
+            if onnx_dtype(v.dtype) is None and not quantized:
                 raise ONNXConversionError(
                     f"export: operator {op.name!r} ({op.type}): output {v.name!r} has dtype "
                     f"{v.dtype}, which has no ONNX form"

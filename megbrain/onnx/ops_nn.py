@@ -31,9 +31,14 @@ def _channel(ctx, v, nd):
 @converter("MatMul", 1)
 def _matmul(ctx):
     a, b = ctx.input(0), ctx.input(1)
-    sa, sb = static_shape(ctx, a), static_shape(ctx, b)
     if np.dtype(a.dtype).kind in "iub":
         raise ctx.fail(f"integer MatMul ({a.dtype}) is not supported")
+    return matmul_vars(ctx, a, b)
+
+
+def matmul_vars(ctx, a, b):
+    """``a @ b`` with ONNX MatMul's broadcasting and 1-d promotion (float or quantized vars)."""
+    sa, sb = static_shape(ctx, a), static_shape(ctx, b)
     va, vb = len(sa) == 1, len(sb) == 1
     if va:
         a, sa = _reshape(a, (1, sa[0])), (1, sa[0])
@@ -115,6 +120,18 @@ def _grouped(ctx, w, ws):
     return _reshape(w, (g, ws[0] // g) + ws[1:]), {"sparse": "GROUP"}
 
 
+def conv_operands(ctx, x, w, ws, strides, dil, sym):
+    """``(x, w, kw)`` for megbrain's convolution: a 1-d one lifted to 2-d (a trailing axis of
+    1), the weight of shape ``ws`` grouped, ``kw`` the per-axis fields and ``sparse``."""
+    if len(ws) == 3:
+        x = _reshape(x, static_shape(ctx, x) + (1,))
+        w = _reshape(w, ws + (1,))
+        ws = ws + (1,)
+        strides, dil, sym = list(strides) + [1], list(dil) + [1], list(sym) + [0]
+    w, kw = _grouped(ctx, w, ws)
+    return x, w, {**kw, **per_axis_fields(pad=sym, stride=strides, dilate=dil)}
+
+
 _CONV_ATTRS = {
     "auto_pad": Attr("NOTSET", _AUTO_PAD),
     "dilations": None,
@@ -133,14 +150,9 @@ def _conv(ctx):
     if n not in (1, 2, 3):
         raise ctx.fail(f"{n}-d convolution is not supported (1-d to 3-d are)")
     x, sym = _explicit_pad(ctx, x, pads)
-    if n == 1:
-        x = _reshape(x, static_shape(ctx, x) + (1,))
-        w = _reshape(w, ws + (1,))
-        ws = ws + (1,)
-        strides, dil, sym = strides + [1], dil + [1], sym + [0]
-    w, kw = _grouped(ctx, w, ws)
+    x, w, kw = conv_operands(ctx, x, w, ws, strides, dil, sym)
     conv = mgb.opr.convolution3d if n == 3 else mgb.opr.convolution
-    y = conv(x, w, **per_axis_fields(pad=sym, stride=strides, dilate=dil), **kw)
+    y = conv(x, w, **kw)
     if n == 1:
         ys = static_shape(ctx, y)
         y = _reshape(y, ys[:3])
