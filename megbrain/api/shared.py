@@ -491,6 +491,39 @@ class _HostSharedND:
             self._view = None
         return self
 
+    def _feeder(self):
+        """``feed(w) -> bool`` for a compiled function's fast call: copies ``w`` into the
+        tensor's current memory where :meth:`set_value` would (an ndarray of its shape and
+        dtype, no borrowing, the same storage and layout) and returns True; else returns
+        False, having changed nothing. None while the tensor has no value in its own memory."""
+        t = self._tensor
+        if (
+            self._borrow_on_cpu
+            or self._borrowed_ptr is not None
+            or not t.shape_valid()
+            or io.is_shape_only(t)
+        ):
+            return None
+        st, lay = t.memory_state
+        view = t.as_ndarray()
+        shape, dt = view.shape, view.dtype
+        ndarray, copyto = np.ndarray, _copyto
+
+        def feed(w) -> bool:
+            if (
+                type(w) is ndarray
+                and w.shape == shape
+                and (w.dtype is dt or w.dtype == dt)
+                and t._storage is st
+                and t._layout is lay
+                and (w.size < 1024 or w.flags.c_contiguous)
+            ):
+                copyto(view, w)
+                return True
+            return False
+
+        return feed
+
     def _set_value_slow(self, w, borrow: bool) -> None:
         io.clear_shape_only(self._tensor)
         t = self._tensor

@@ -124,6 +124,73 @@ class AsyncExecutable:
             self.prev_exec_time = time.perf_counter() - t0
         return self
 
+    def fast_runner(self, fed=()) -> Callable[[], bool] | None:
+        """A runner of the current plan for the common call: one part, no plugins, run on
+        the caller's thread; None where the function needs :meth:`execute`.
+
+        It checks what :meth:`execute` checks, bound once (the plan, the watched sources),
+        runs the steps and returns True; or returns False, having run nothing, where the
+        function must go through :meth:`execute` and :meth:`wait` (invalidated, a run
+        pending, a source changed). A step's error is raised as :meth:`wait` raises it.
+
+        Parameters
+        ----------
+        fed : collection of HostTensorND
+            Host tensors of inputs that the caller checks itself before every run (their
+            memory is the one the plan was built for, and values are copied into it): their
+            sources are not checked again.
+        """
+        plan = self._plan
+        if (
+            plan is None
+            or not self._valid
+            or self._running
+            or len(self.parts) != 1
+            or self._observers
+            or (self._threaded and not plan.inline[0])
+        ):
+            return None
+        steps = tuple(plan.steps[0])
+        if len({id(s) for s in steps}) != len(steps):
+            return None  # a step's error is traced to its operator by the step's identity
+        fed = {id(t) for t in fed}
+        others = []
+        for opr, watch_value, state in plan.states:
+            t = getattr(opr, "tensor", None)
+            cur = opr.runtime_state(watch_value)
+            if cur != state:
+                return None
+            if watch_value or id(t) not in fed or state != t.memory_state:
+                others.append((opr, watch_value, state))
+        others = tuple(others)
+        step_oprs, slots, env = plan.step_oprs[0], self._slots, self._env
+        clock = time.perf_counter
+
+        def run() -> bool:
+            if self._plan is not plan or not self._valid or self._running:
+                return False
+            for opr, watch_value, state in others:
+                if opr.runtime_state(watch_value) != state:
+                    return False
+            if slots:
+                slots.clear()
+            err = None
+            t0 = clock()
+            try:
+                for step in steps:
+                    step()
+            except BaseException as exc:  # noqa: BLE001 - raised below as wait() does
+                i = next(i for i, s in enumerate(steps) if s is step)
+                err = env._wrap_error(step_oprs[i], exc)
+            if slots:
+                slots.clear()  # dynamic memory is freed after the run
+            self.prev_exec_time = clock() - t0
+            if err is not None:
+                raise err
+            return True
+
+        return run
+
     def wait(self) -> AsyncExecutable:
         """Block until the current run finishes; re-raise its first error."""
         if self._running:
