@@ -18,6 +18,7 @@ from ..graph.mem_planner import gc_paused
 from ..opr.base import SymbolVar, as_var
 from .callback import CallbackWorker, FuncOutputSaver, copy_output, make_graph_callback
 from .cgtools import _pair_list
+from .shared import _fast_feeder
 
 __all__ = ["CompGraph", "AsyncExec", "comp_graph"]
 
@@ -587,40 +588,34 @@ class AsyncExec:
             for _, cb in core.outspec
         ):
             return None  # user callbacks run on the callback worker: the general wait
-        feeds = ()
-        if self._inputs_explicit:
-            feeds = tuple(p._feeder() for _, p in self._inputs)
-            if None in feeds:
-                return None
-        run = core.fast_runner([p.tensor for _, p in self._inputs] if feeds else ())
+        fed = [p for _, p in self._inputs] if self._inputs_explicit else []
+        feed = _fast_feeder(fed)
+        run = core.fast_runner([p.tensor for p in fed]) if feed is not None else None
         if run is None:
             return None
-        n, savers, miss = len(feeds), tuple(self._savers), _MISS
+        n, miss = len(fed), _MISS
+        savers = tuple(self._savers)
         if self._expand_single:
             get = savers[0].get
 
-            def result():
+            def fast(args):
+                if len(args) != n or not feed(args) or not run():
+                    return miss
                 return get()
 
         elif savers:
 
-            def result():
+            def fast(args):
+                if len(args) != n or not feed(args) or not run():
+                    return miss
                 return [s.get() for s in savers]
 
         else:
 
-            def result():
-                return None
-
-        def fast(args):
-            if len(args) != n:
-                return miss
-            for feed, w in zip(feeds, args):
-                if not feed(w):
+            def fast(args):
+                if len(args) != n or not feed(args) or not run():
                     return miss
-            if not run():
-                return miss
-            return result()
+                return None
 
         return fast
 

@@ -491,39 +491,6 @@ class _HostSharedND:
             self._view = None
         return self
 
-    def _feeder(self):
-        """``feed(w) -> bool`` for a compiled function's fast call: copies ``w`` into the
-        tensor's current memory where :meth:`set_value` would (an ndarray of its shape and
-        dtype, no borrowing, the same storage and layout) and returns True; else returns
-        False, having changed nothing. None while the tensor has no value in its own memory."""
-        t = self._tensor
-        if (
-            self._borrow_on_cpu
-            or self._borrowed_ptr is not None
-            or not t.shape_valid()
-            or io.is_shape_only(t)
-        ):
-            return None
-        st, lay = t.memory_state
-        view = t.as_ndarray()
-        shape, dt = view.shape, view.dtype
-        ndarray, copyto = np.ndarray, _copyto
-
-        def feed(w) -> bool:
-            if (
-                type(w) is ndarray
-                and w.shape == shape
-                and (w.dtype is dt or w.dtype == dt)
-                and t._storage is st
-                and t._layout is lay
-                and (w.size < 1024 or w.flags.c_contiguous)
-            ):
-                copyto(view, w)
-                return True
-            return False
-
-        return feed
-
     def _set_value_slow(self, w, borrow: bool) -> None:
         io.clear_shape_only(self._tensor)
         t = self._tensor
@@ -571,6 +538,46 @@ class _HostSharedND:
         if t.empty() or not t.shape_valid():
             return None
         return t.as_ndarray().copy()
+
+
+def _fast_feeder(proxies):
+    """``feed(values) -> bool`` for a compiled function's fast call: copies each value into
+    its proxy's tensor where :meth:`_HostSharedND.set_value` would copy it in place (an
+    ndarray of the tensor's shape and dtype, no borrowing, the tensor's storage and layout
+    those of now) and returns True; returns False at the first value it can not take, the
+    values before it copied in. None while a tensor has no value in its own memory."""
+    specs = []
+    for p in proxies:
+        t = p.tensor
+        if (
+            p._borrow_on_cpu
+            or p._borrowed_ptr is not None
+            or not t.shape_valid()
+            or io.is_shape_only(t)
+        ):
+            return None
+        st, lay = t.memory_state
+        view = t.as_ndarray()
+        # set_value warns on a large non-contiguous value (the slow path): never taken here
+        specs.append((t, st, lay, view, view.shape, view.dtype, view.size < 1024))
+    specs = tuple(specs)
+    ndarray = np.ndarray
+
+    def feed(values) -> bool:
+        for (t, st, lay, view, shape, dt, small), w in zip(specs, values):
+            if not (
+                type(w) is ndarray
+                and w.shape == shape
+                and (w.dtype is dt or w.dtype == dt)
+                and t._storage is st
+                and t._layout is lay
+                and (small or w.flags.c_contiguous)
+            ):
+                return False
+            view[...] = w  # np.copyto's copy (same shape and dtype) minus its dispatch
+        return True
+
+    return feed
 
 
 def _scalar_value(val, where: str) -> np.ndarray:
