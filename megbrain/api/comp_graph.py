@@ -13,7 +13,7 @@ import numpy as np
 from .. import gopt
 from ..errors import ArgumentError, GraphError, MegBrainError, is_user_exception
 from ..graph import ComputingGraph, GraphOptions
-from ..graph.executor import AsyncExecutable
+from ..graph.executor import MISS, AsyncExecutable
 from ..graph.mem_planner import gc_paused
 from ..opr.base import SymbolVar, as_var
 from .callback import CallbackWorker, FuncOutputSaver, copy_output, make_graph_callback
@@ -21,9 +21,6 @@ from .cgtools import _pair_list
 from .shared import _fast_feeder
 
 __all__ = ["CompGraph", "AsyncExec", "comp_graph"]
-
-#: what a fast call returns where the general call must run instead
-_MISS = object()
 
 
 class CompGraph(ComputingGraph):
@@ -386,8 +383,8 @@ class AsyncExec:
         self.graph = graph
         #: held for a whole call; reentrant, so that a thread holding it may call
         self.lock = lock if lock is not None else threading.RLock()
-        self.callbefore_func = None
-        self.callback_func = None
+        self._callbefore_func = None
+        self._callback_func = None
         self._func = None
         self._cb_worker = CallbackWorker(f"func{id(self):x}")
         self._inputs = None  # list of (var, host proxy)
@@ -536,22 +533,42 @@ class AsyncExec:
     # ---- run -------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         with self.lock:  # another thread's call finishes first (inputs, memory, outputs)
-            if kwargs or self.callbefore_func is not None or self.callback_func is not None:
+            if kwargs:
                 return self._call(args, kwargs)
             fast = self._fast
             if fast is not None:
                 out = fast(args)
-                if out is not _MISS:
+                if out is not MISS:
                     return out
             out = self._call(args, kwargs)
             if self._fast_plan is not getattr(self._func, "_plan", self._fast_plan):
                 self._fast = self._make_fast()  # a new plan (or the first): bind it
             return out
 
+    @property
+    def callbefore_func(self):
+        """Called at the start of every call (None: nothing)."""
+        return self._callbefore_func
+
+    @callbefore_func.setter
+    def callbefore_func(self, fn) -> None:
+        self._callbefore_func = fn
+        self._drop_fast()
+
+    @property
+    def callback_func(self):
+        """Called after every call's run was started (None: nothing)."""
+        return self._callback_func
+
+    @callback_func.setter
+    def callback_func(self, fn) -> None:
+        self._callback_func = fn
+        self._drop_fast()
+
     def _call(self, args, kwargs):
         """The general call: any inputs, callbacks, asynchronous functions."""
-        if self.callbefore_func is not None:
-            self.callbefore_func()
+        if self._callbefore_func is not None:
+            self._callbefore_func()
         if args or kwargs:
             if not self._auto_wait:
                 self._func.wait()  # the previous run may still be reading the inputs
@@ -561,8 +578,8 @@ class AsyncExec:
             else:
                 self._setup_args(args, kwargs)
         self._func.execute()
-        if self.callback_func is not None:
-            self.callback_func()
+        if self._callback_func is not None:
+            self._callback_func()
         if not self._auto_wait:
             return list(self._savers) if self._savers else None
         self._wait()
@@ -576,12 +593,17 @@ class AsyncExec:
         """``fast(args)``: a call of the current plan bound once, for the common case (a
         function of one part run on the caller's thread, waited for, with positional
         ndarray inputs of the planned shapes and dtypes or none, no callbacks but the
-        outputs' copies); it returns the call's value, or ``_MISS`` where the general call
+        outputs' copies); it returns the call's value, or ``MISS`` where the general call
         must run instead, having run nothing (it may have copied some inputs in, as the
         general call does again). None where the function never takes it."""
         core = self._func
         self._fast_plan = getattr(core, "_plan", None)
-        if not isinstance(core, AsyncExecutable) or not self._auto_wait:
+        if (
+            not isinstance(core, AsyncExecutable)
+            or not self._auto_wait
+            or self._callbefore_func is not None
+            or self._callback_func is not None
+        ):
             return None
         if any(
             cb is not None and not isinstance(getattr(cb, "__self__", None), FuncOutputSaver)
@@ -590,34 +612,19 @@ class AsyncExec:
             return None  # user callbacks run on the callback worker: the general wait
         fed = [p for _, p in self._inputs] if self._inputs_explicit else []
         feed = _fast_feeder(fed)
-        run = core.fast_runner([p.tensor for p in fed]) if feed is not None else None
-        if run is None:
+        if feed is None:
             return None
-        n, miss = len(fed), _MISS
         savers = tuple(self._savers)
         if self._expand_single:
-            get = savers[0].get
-
-            def fast(args):
-                if len(args) != n or not feed(args) or not run():
-                    return miss
-                return get()
-
+            result = savers[0].get
         elif savers:
 
-            def fast(args):
-                if len(args) != n or not feed(args) or not run():
-                    return miss
+            def result():
                 return [s.get() for s in savers]
 
         else:
-
-            def fast(args):
-                if len(args) != n or not feed(args) or not run():
-                    return miss
-                return None
-
-        return fast
+            result = None
+        return core.fast_runner([p.tensor for p in fed], feed, result)
 
     def _drop_fast(self) -> None:
         """Forget the bound fast call: the next call takes the general path and binds again."""

@@ -541,11 +541,12 @@ class _HostSharedND:
 
 
 def _fast_feeder(proxies):
-    """``feed(values) -> bool`` for a compiled function's fast call: copies each value into
-    its proxy's tensor where :meth:`_HostSharedND.set_value` would copy it in place (an
-    ndarray of the tensor's shape and dtype, no borrowing, the tensor's storage and layout
-    those of now) and returns True; returns False at the first value it can not take, the
-    values before it copied in. None while a tensor has no value in its own memory."""
+    """``feed(values) -> bool`` for a compiled function's fast call: given one value per
+    proxy, copies each into its proxy's tensor where :meth:`_HostSharedND.set_value` would
+    copy it in place (an ndarray of the tensor's shape and dtype, no borrowing, the tensor's
+    storage and layout those of now) and returns True; returns False for another count of
+    values, or at the first value it can not take (the values before it copied in). None
+    while a tensor has no value in its own memory."""
     specs = []
     for p in proxies:
         t = p.tensor
@@ -563,7 +564,11 @@ def _fast_feeder(proxies):
     specs = tuple(specs)
     ndarray = np.ndarray
 
+    n = len(specs)
+
     def feed(values) -> bool:
+        if len(values) != n:
+            return False
         for (t, st, lay, view, shape, dt, small), w in zip(specs, values):
             if not (
                 type(w) is ndarray
