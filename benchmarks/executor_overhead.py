@@ -31,7 +31,9 @@ from jit_fusion import compile_mgb  # noqa: E402
 
 N = 16
 SHORT, LONG = 5, 105
-REPEATS = 5  # best of 5; --repeats changes it
+# many short timed loops, each function in turn: on a shared machine the best of many short
+# windows is the steadiest estimate (long ones are all hit by other processes)
+NUMBER, REPEATS = 100, 400
 
 
 def best_of(fns: dict, numbers: dict, repeats: int = REPEATS) -> dict:
@@ -144,7 +146,7 @@ def environment() -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", action="store_true", help="cProfile the 105-ADD chain")
-    ap.add_argument("--number", type=int, default=2000, help="calls per timed loop")
+    ap.add_argument("--number", type=int, default=NUMBER, help="calls per timed loop")
     ap.add_argument("--repeats", type=int, default=REPEATS, help="timed loops (best of)")
     args = ap.parse_args()
     number = args.number
