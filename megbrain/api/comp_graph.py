@@ -370,6 +370,21 @@ def _feed(items, borrow: bool) -> None:
             ) from exc
 
 
+class _CallHook:
+    """A function called by every call (None: nothing); setting it drops the bound fast
+    call, which runs without hooks."""
+
+    def __set_name__(self, owner, name):
+        self.attr = "_" + name
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(obj, self.attr)
+
+    def __set__(self, obj, fn) -> None:
+        setattr(obj, self.attr, fn)
+        obj._drop_fast()
+
+
 class AsyncExec:
     """A compiled function. Only the most recently compiled AsyncExec of a graph can be used.
 
@@ -378,6 +393,11 @@ class AsyncExec:
     Calls from several threads take turns: a call holds ``lock`` (shared by the functions
     compiled from one graph) from setting the inputs to reading the outputs.
     """
+
+    #: called at the start of every call
+    callbefore_func = _CallHook()
+    #: called by every call once its run started
+    callback_func = _CallHook()
 
     def __init__(self, graph: CompGraph, lock=None):
         self.graph = graph
@@ -544,26 +564,6 @@ class AsyncExec:
             if self._fast_plan is not getattr(self._func, "_plan", self._fast_plan):
                 self._fast = self._make_fast()  # a new plan (or the first): bind it
             return out
-
-    @property
-    def callbefore_func(self):
-        """Called at the start of every call (None: nothing)."""
-        return self._callbefore_func
-
-    @callbefore_func.setter
-    def callbefore_func(self, fn) -> None:
-        self._callbefore_func = fn
-        self._drop_fast()
-
-    @property
-    def callback_func(self):
-        """Called after every call's run was started (None: nothing)."""
-        return self._callback_func
-
-    @callback_func.setter
-    def callback_func(self, fn) -> None:
-        self._callback_func = fn
-        self._drop_fast()
 
     def _call(self, args, kwargs):
         """The general call: any inputs, callbacks, asynchronous functions."""
