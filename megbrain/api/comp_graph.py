@@ -13,10 +13,12 @@ import numpy as np
 from .. import gopt
 from ..errors import ArgumentError, GraphError, MegBrainError, is_user_exception
 from ..graph import ComputingGraph, GraphOptions
+from ..graph.executor import MISS, AsyncExecutable
 from ..graph.mem_planner import gc_paused
 from ..opr.base import SymbolVar, as_var
 from .callback import CallbackWorker, FuncOutputSaver, copy_output, make_graph_callback
 from .cgtools import _pair_list
+from .shared import _fast_feeder
 
 __all__ = ["CompGraph", "AsyncExec", "comp_graph"]
 
@@ -368,6 +370,21 @@ def _feed(items, borrow: bool) -> None:
             ) from exc
 
 
+class _CallHook:
+    """A function called by every call (None: nothing); setting it drops the bound fast
+    call, which runs without hooks."""
+
+    def __set_name__(self, owner, name):
+        self.attr = "_" + name
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(obj, self.attr)
+
+    def __set__(self, obj, fn) -> None:
+        setattr(obj, self.attr, fn)
+        obj._drop_fast()
+
+
 class AsyncExec:
     """A compiled function. Only the most recently compiled AsyncExec of a graph can be used.
 
@@ -377,12 +394,17 @@ class AsyncExec:
     compiled from one graph) from setting the inputs to reading the outputs.
     """
 
+    #: called at the start of every call
+    callbefore_func = _CallHook()
+    #: called by every call once its run started
+    callback_func = _CallHook()
+
     def __init__(self, graph: CompGraph, lock=None):
         self.graph = graph
         #: held for a whole call; reentrant, so that a thread holding it may call
         self.lock = lock if lock is not None else threading.RLock()
-        self.callbefore_func = None
-        self.callback_func = None
+        self._callbefore_func = None
+        self._callback_func = None
         self._func = None
         self._cb_worker = CallbackWorker(f"func{id(self):x}")
         self._inputs = None  # list of (var, host proxy)
@@ -396,6 +418,9 @@ class AsyncExec:
         self._warned_keys = False
         #: input var of a copied graph -> the user's original input var
         self._input_trans: dict = {}
+        #: the common call bound to the plan ``_fast_plan`` (see ``_make_fast``)
+        self._fast = None
+        self._fast_plan = None
 
     def _bind(self, func, copied, expand_single, user_outs=None):
         """``copied``: ``[(compiled var, saver)]`` per copy_output item; ``user_outs``: the
@@ -462,6 +487,7 @@ class AsyncExec:
         if vars_ is None:
             self._inputs = None
             self._inputs_explicit = False
+            self._drop_fast()
             return
         needed = self._find_mutable_input()
         given = [SymbolVar(_var_of(v)) for v in vars_]
@@ -491,10 +517,12 @@ class AsyncExec:
             pairs.append((v, proxy))
         self._inputs = pairs
         self._inputs_explicit = explicit
+        self._drop_fast()
 
     def enable_borrow_on_cpu(self, flag: bool = True) -> None:
         """Let inputs on CPU borrow the caller's arrays instead of copying them."""
         self._borrow_on_cpu = bool(flag)
+        self._drop_fast()
         if self._inputs is not None:
             for _, p in self._inputs:
                 p.enable_borrow_on_cpu(flag)
@@ -525,27 +553,82 @@ class AsyncExec:
     # ---- run -------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         with self.lock:  # another thread's call finishes first (inputs, memory, outputs)
-            if self.callbefore_func is not None:
-                self.callbefore_func()
-            if args or kwargs:
-                if not self._auto_wait:
-                    self._func.wait()  # the previous run may still be reading the inputs
-                pairs = self._inputs
-                if not kwargs and self._inputs_explicit and len(args) == len(pairs):
-                    _feed(zip(pairs, args), self._auto_wait)  # the hot path: positional inputs
-                else:
-                    self._setup_args(args, kwargs)
-            self._func.execute()
-            if self.callback_func is not None:
-                self.callback_func()
+            if kwargs:
+                return self._call(args, kwargs)
+            fast = self._fast
+            if fast is not None:
+                out = fast(args)
+                if out is not MISS:
+                    return out
+            out = self._call(args, kwargs)
+            if self._fast_plan is not getattr(self._func, "_plan", self._fast_plan):
+                self._fast = self._make_fast()  # a new plan (or the first): bind it
+            return out
+
+    def _call(self, args, kwargs):
+        """The general call: any inputs, callbacks, asynchronous functions."""
+        if self._callbefore_func is not None:
+            self._callbefore_func()
+        if args or kwargs:
             if not self._auto_wait:
-                return list(self._savers) if self._savers else None
-            self._wait()
-            if not self._savers:
-                return None
-            if self._expand_single:
-                return self._savers[0].get()
-            return [s.get() for s in self._savers]
+                self._func.wait()  # the previous run may still be reading the inputs
+            pairs = self._inputs
+            if not kwargs and self._inputs_explicit and len(args) == len(pairs):
+                _feed(zip(pairs, args), self._auto_wait)  # the hot path: positional inputs
+            else:
+                self._setup_args(args, kwargs)
+        self._func.execute()
+        if self._callback_func is not None:
+            self._callback_func()
+        if not self._auto_wait:
+            return list(self._savers) if self._savers else None
+        self._wait()
+        if not self._savers:
+            return None
+        if self._expand_single:
+            return self._savers[0].get()
+        return [s.get() for s in self._savers]
+
+    def _make_fast(self):
+        """``fast(args)``: a call of the current plan bound once, for the common case (a
+        function of one part run on the caller's thread, waited for, with positional
+        ndarray inputs of the planned shapes and dtypes or none, no callbacks but the
+        outputs' copies); it returns the call's value, or ``MISS`` where the general call
+        must run instead, having run nothing (it may have copied some inputs in, as the
+        general call does again). None where the function never takes it."""
+        core = self._func
+        self._fast_plan = getattr(core, "_plan", None)
+        if (
+            not isinstance(core, AsyncExecutable)
+            or not self._auto_wait
+            or self._callbefore_func is not None
+            or self._callback_func is not None
+        ):
+            return None
+        if any(
+            cb is not None and not isinstance(getattr(cb, "__self__", None), FuncOutputSaver)
+            for _, cb in core.outspec
+        ):
+            return None  # user callbacks run on the callback worker: the general wait
+        fed = [p for _, p in self._inputs] if self._inputs_explicit else []
+        feed = _fast_feeder(fed)
+        if feed is None:
+            return None
+        savers = tuple(self._savers)
+        if self._expand_single:
+            result = savers[0].get
+        elif savers:
+
+            def result():
+                return [s.get() for s in savers]
+
+        else:
+            result = None
+        return core.fast_runner([p.tensor for p in fed], feed, result)
+
+    def _drop_fast(self) -> None:
+        """Forget the bound fast call: the next call takes the general path and binds again."""
+        self._fast = self._fast_plan = None
 
     def execute(self) -> AsyncExec:
         """Start a run without setting inputs."""
@@ -582,6 +665,7 @@ class AsyncExec:
     def disable_auto_wait(self) -> None:
         """``__call__`` returns without waiting; outputs are FuncOutputSaver objects."""
         self._auto_wait = False
+        self._drop_fast()
 
     @property
     def prev_exec_time(self) -> float:
@@ -607,6 +691,7 @@ class AsyncExec:
         self._savers = savers
         self._output_vars = [SymbolVar(_var_of(v)) for v in vars_]
         self._expand_single = False
+        self._drop_fast()
 
     def dump(self) -> dict:
         """The internal graph and execution sequence as JSON."""

@@ -540,6 +540,51 @@ class _HostSharedND:
         return t.as_ndarray().copy()
 
 
+def _fast_feeder(proxies):
+    """``feed(values) -> bool`` for a compiled function's fast call: given one value per
+    proxy, copies each into its proxy's tensor where :meth:`_HostSharedND.set_value` would
+    copy it in place (an ndarray of the tensor's shape and dtype, no borrowing, the tensor's
+    storage and layout those of now) and returns True; returns False for another count of
+    values, or at the first value it can not take (the values before it copied in). None
+    while a tensor has no value in its own memory."""
+    specs = []
+    for p in proxies:
+        t = p.tensor
+        if (
+            p._borrow_on_cpu
+            or p._borrowed_ptr is not None
+            or not t.shape_valid()
+            or io.is_shape_only(t)
+        ):
+            return None
+        st, lay = t.memory_state
+        view = t.as_ndarray()
+        # set_value warns on a large non-contiguous value (the slow path): never taken here
+        specs.append((t, st, lay, view, view.shape, view.dtype, view.size < 1024))
+    specs = tuple(specs)
+    ndarray = np.ndarray
+
+    n = len(specs)
+
+    def feed(values) -> bool:
+        if len(values) != n:
+            return False
+        for (t, st, lay, view, shape, dt, small), w in zip(specs, values):
+            if not (
+                type(w) is ndarray
+                and w.shape == shape
+                and (w.dtype is dt or w.dtype == dt)
+                and t._storage is st
+                and t._layout is lay
+                and (small or w.flags.c_contiguous)
+            ):
+                return False
+            view[...] = w  # np.copyto's copy (same shape and dtype) minus its dispatch
+        return True
+
+    return feed
+
+
 def _scalar_value(val, where: str) -> np.ndarray:
     """``val`` (a Python scalar, a 0-d or a 1-element 1-d value) as a (1,) array of the dtype
     megbrain gives it (float64 -> float32, int64 -> int32); ``where`` names the caller."""

@@ -22,7 +22,14 @@ from .mem_planner import MemPlanner, Plan, gc_paused, static_requests
 from .static_infer import rt_static_source_deps
 from .var import VarNode
 
-__all__ = ["AsyncExecutable", "PartExecutable"]
+__all__ = ["AsyncExecutable", "PartExecutable", "MISS"]
+
+#: what a fast call (:meth:`AsyncExecutable.fast_runner`) returns where it did not run
+MISS = object()
+
+
+def _none() -> None:
+    return None
 
 
 class AsyncExecutable:
@@ -125,6 +132,80 @@ class AsyncExecutable:
                 self._slots.clear()  # dynamic memory is freed after the last part
             self.prev_exec_time = time.perf_counter() - t0
         return self
+
+    def fast_runner(self, fed=(), feed=None, result=None):
+        """A call of the current plan bound once, for the common case: one part, no
+        plugins, run on the caller's thread; None where the function needs :meth:`execute`.
+
+        ``run(args)`` feeds ``args``, checks what :meth:`execute` checks, bound once (the
+        plan, the watched sources), runs the steps and returns ``result()``; or returns
+        :data:`MISS`, having run nothing, where the function must go through
+        :meth:`execute` and :meth:`wait` (invalidated, a run pending, a source changed, an
+        input ``feed`` refuses). A step's error is raised as :meth:`wait` raises it.
+
+        Parameters
+        ----------
+        fed : collection of HostTensorND
+            Host tensors of inputs that ``feed`` checks itself (their memory is the one the
+            plan was built for, and values are copied into it): their sources are not
+            checked again.
+        feed : callable, optional
+            ``feed(args) -> bool``: sets the inputs, or returns False where it can not.
+        result : callable, optional
+            What ``run`` returns after the steps ran.
+        """
+        plan = self._plan
+        if (
+            plan is None
+            or not self._valid
+            or self._running
+            or len(self.parts) != 1
+            or self._observers
+            or (self._threaded and not plan.inline[0])
+        ):
+            return None
+        steps = tuple(plan.steps[0])
+        if len({id(s) for s in steps}) != len(steps):
+            return None  # a step's error is traced to its operator by the step's identity
+        fed = {id(t) for t in fed}
+        others = []
+        for opr, watch_value, state in plan.states:
+            t = getattr(opr, "tensor", None)
+            if opr.runtime_state(watch_value) != state:
+                return None
+            if watch_value or id(t) not in fed or state != t.memory_state:
+                others.append((opr, watch_value, state))
+        others = tuple(others)
+        step_oprs, slots, env = plan.step_oprs[0], self._slots, self._env
+        # dynamic vars live in the slots during a run (one part: empty between runs)
+        dynamic = bool(plan.dynamic)
+        feed = feed or (lambda args: not args)
+        result = result or _none
+        clock = time.perf_counter
+
+        def run(args):
+            if self._plan is not plan or not self._valid or self._running or not feed(args):
+                return MISS
+            # after the feed: a fed input whose value static inference read is watched here
+            for opr, watch_value, state in others:
+                if opr.runtime_state(watch_value) != state:
+                    return MISS
+            err = None
+            t0 = clock()
+            try:
+                for step in steps:
+                    step()
+            except BaseException as exc:  # noqa: BLE001 - raised below as wait() does
+                i = next(i for i, s in enumerate(steps) if s is step)
+                err = env._wrap_error(step_oprs[i], exc)
+            if dynamic:
+                slots.clear()  # dynamic memory is freed after the run
+            self.prev_exec_time = clock() - t0
+            if err is not None:
+                raise err
+            return result()
+
+        return run
 
     def wait(self) -> AsyncExecutable:
         """Block until the current run finishes; re-raise its first error."""
