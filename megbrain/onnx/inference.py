@@ -4,11 +4,13 @@ inference passes chosen for the host (what :func:`~megbrain.onnx.load` leaves to
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 
 import numpy as np
 
 import megbrain as mgb
+from megbrain.graph.static_infer import static_shape
 
 from .loader import _model_of, load
 
@@ -87,6 +89,7 @@ def load_inference(
     comp_node: str = "cpu0",
     graph=None,
     static_inputs: Mapping[str, np.ndarray] | None = None,
+    warm_up: bool = True,
 ) -> InferenceFunction:
     """Load an ONNX model and compile it for fast inference.
 
@@ -97,6 +100,13 @@ def load_inference(
     layout), compiled with JIT fusion of the elementwise chains (``graph_opt.jit``) and with
     the folded filters packed once for the host's kernels (``graph_opt.weight_preprocess``).
     The parameters are constants of the function: to fine-tune a model, use ``load``.
+
+    With ``warm_up``, the function is then run once on zeros (the static inputs on their
+    values), so that the work of a first call is done at load: the memory plan, the binding
+    of the kernels (loading or compiling their machine code), the packing of the constant
+    filters, the kernel threads, the first touch of the arena.  A run computes nothing that
+    the next one reads, so the results are those of a function never run; a model whose
+    outputs draw random numbers, or whose inputs' shapes are not all known, is not run.
 
     Parameters
     ----------
@@ -110,6 +120,9 @@ def load_inference(
     static_inputs:
         Values for some of the model's inputs, known at load (see ``load``); they are
         still inputs of the function.
+    warm_up:
+        Run the function once at load (see above); its cost is then the load's, not the
+        first call's.
 
     Returns
     -------
@@ -147,6 +160,36 @@ def load_inference(
     func = res.graph.compile([res.inputs[k] for k in fed], [mgb.copy_output(v) for v in outs])
     declared = {vi.name: vi.type.tensor_type for vi in model.graph.output}
     scalars = [declared[n].HasField("shape") and not declared[n].shape.dim for n in names]
+    if warm_up:
+        static = set(static_inputs or ())
+        _warm_up(func, [(res.inputs[k], k in static) for k in fed], outs)
     return InferenceFunction(
         res.graph, dict(res.inputs), dict(zip(names, outs)), func, fed, scalars
     )
+
+
+#: the operators whose output differs from one run to the next: a run advances their generator
+_STATEFUL_TYPES = ("UniformRNG", "GaussianRNG")
+
+
+def _warm_up(func, args, outs) -> None:
+    """Run ``func`` once on zeros for its arguments ``args`` (``(make_arg var, static)``
+    pairs; a static input on the value it holds), unless an output depends on an operator
+    of :data:`_STATEFUL_TYPES` or an input's shape is not static."""
+    if mgb.cgtools.get_dep_vars(outs, _STATEFUL_TYPES):
+        return
+    feed = []
+    for v, static in args:
+        if static:
+            feed.append(v.get_value())
+            continue
+        shape = static_shape(v.node)
+        if shape is None:
+            return
+        feed.append(np.zeros(shape, v.dtype))
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")  # zeros' divisions by zero are not the user's
+            func(*feed)
+    except Exception:  # noqa: BLE001, S110 - zeros a model rejects (an index, a divisor):
+        pass  # the first call does the work instead, and reports its own inputs' error

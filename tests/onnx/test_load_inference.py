@@ -4,6 +4,8 @@ convention (positional or named inputs, unused inputs, 0-d outputs)."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -96,3 +98,87 @@ def test_refused_model_raises_conversion_error():
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ONNXConversionError, match="Unique"):
         load_inference(model)
+
+
+def _plan_and_fast(f):
+    """The compiled function's memory plan and its bound common call."""
+    return f.function._func._plan, f.function._fast
+
+
+def test_warm_up_plans_and_binds_at_load_and_changes_no_result():
+    rng = np.random.default_rng(3)
+    model = _bottleneck_model(rng)
+    f = load_inference(model)
+    plan, fast = _plan_and_fast(f)
+    assert plan is not None and fast is not None  # planned, bound and run at load
+    cold = load_inference(model, warm_up=False)
+    assert _plan_and_fast(cold) == (None, None)
+    for _ in range(2):
+        x = rng.uniform(-1, 1, (1, 3, 12, 12)).astype(np.float32)
+        (y,) = f(x)
+        assert _plan_and_fast(f) == (plan, fast)  # the first call neither re-plans nor re-binds
+        np.testing.assert_array_equal(y, cold(x)[0])
+
+
+def _reshape_model() -> onnx.ModelProto:
+    """y = Reshape(x, s): the shape s is an input."""
+    g = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"])],
+        "reshape",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_warm_up_runs_static_inputs_on_their_values():
+    f = load_inference(_reshape_model(), static_inputs={"s": np.array([3, 2])})
+    assert _plan_and_fast(f)[0] is not None  # zeros for s would not reshape: its value was fed
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    (y,) = f(x, np.array([3, 2]))
+    np.testing.assert_array_equal(y, x.reshape(3, 2))
+
+
+def test_a_warm_up_the_zeros_fail_leaves_the_function_usable():
+    """y = Gather(d, int(1 / x)): zeros index out of range (1 / 0 is inf)."""
+    g = helper.make_graph(
+        [
+            helper.make_node("Reciprocal", ["x"], ["r"]),
+            helper.make_node("Cast", ["r"], ["i"], to=TensorProto.INT64),
+            helper.make_node("Gather", ["d", "i"], ["y"]),
+        ],
+        "gather",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        initializer=[onnx.numpy_helper.from_array(np.array([5, 6, 7], np.float32), "d")],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the warm-up's errors and warnings are not the user's
+        f = load_inference(model)
+    (y,) = f(np.array([1, 0.5], np.float32))
+    np.testing.assert_array_equal(y, [6, 7])
+    with pytest.raises(IndexError, match="out of range"), np.errstate(all="ignore"):
+        f(np.zeros(2, np.float32))
+
+
+def test_no_warm_up_of_a_model_drawing_random_numbers():
+    """Dropout in training mode: a run would advance its generator."""
+    g = helper.make_graph(
+        [helper.make_node("Dropout", ["x", "r", "t"], ["y"])],
+        "dropout",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64])],
+        initializer=[
+            onnx.numpy_helper.from_array(np.array(0.5, np.float32), "r"),
+            onnx.numpy_helper.from_array(np.array(True), "t"),
+        ],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    f, cold = load_inference(model), load_inference(model, warm_up=False)
+    assert _plan_and_fast(f) == (None, None)
+    x = np.ones(64, np.float32)
+    np.testing.assert_array_equal(f(x)[0], cold(x)[0])
