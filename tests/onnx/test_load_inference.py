@@ -182,3 +182,16 @@ def test_no_warm_up_of_a_model_drawing_random_numbers():
     assert _plan_and_fast(f) == (None, None)
     x = np.ones(64, np.float32)
     np.testing.assert_array_equal(f(x)[0], cold(x)[0])
+
+
+def test_no_warm_up_of_a_model_whose_input_shape_is_not_known():
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+    )
+    f = load_inference(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert _plan_and_fast(f) == (None, None)
+    x = np.array([[-1, 2, 3], [4, -5, 6]], np.float32)
+    np.testing.assert_array_equal(f(x)[0], np.maximum(x, 0))
