@@ -510,6 +510,8 @@ def test_whole_plane_pooling_is_one_reduction(op, attrs, shape):
     ],
 )
 def test_matmul_by_a_matrix_is_one_gemm_equal_to_onnxruntime(sa, sb):
+    from megbrain.graph import infer_shape
+
     ort = pytest.importorskip("onnxruntime")
     rng = np.random.default_rng(5)
     x = rng.standard_normal(sa).astype(np.float32)
@@ -520,7 +522,10 @@ def test_matmul_by_a_matrix_is_one_gemm_equal_to_onnxruntime(sa, sb):
     args = list(res.inputs.values())
     f = res.graph.compile(args, [mgb.copy_output(v) for v in res.outputs.values()])
     types = [o.type_name for o in f._func.iter_opr_seq()]
-    assert types.count("MatrixMul") == 1 and "BatchedMatrixMul" not in types
+    # one product of all the rows, not a batch of row blocks by a broadcast weight
+    assert types.count("BatchedMatrixMul") == 1 and "Broadcast" not in types
+    (mm,) = [o for o in f._func.iter_opr_seq() if o.type_name == "BatchedMatrixMul"]
+    assert infer_shape(mm.outputs[0])[0] == 1
     (want,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": x}
     )
