@@ -47,6 +47,13 @@ def matmul_vars(ctx, a, b):
     if len(sa) == 2 and len(sb) == 2:
         out = mgb.opr.matrix_mul(a, b)
         batch = ()
+    elif len(sb) == 2:
+        # an N-d operand by one matrix (channels-last Linear layers, transformers): one GEMM
+        # over all the rows, not a batch of small ones; a batch of one, not a MatrixMul, keeps
+        # the product on the kernel threads (docs/DECISIONS.md)
+        batch = tuple(sa[:-2])
+        rows = _reshape(a, (1, int(np.prod(sa[:-1])), sa[-1]))
+        out = mgb.opr.batched_matrix_mul(rows, _reshape(b, (1,) + sb))
     else:
         batch = tuple(np.broadcast_shapes(sa[:-2], sb[:-2]))
         nb = int(np.prod(batch))

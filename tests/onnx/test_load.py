@@ -498,3 +498,38 @@ def test_whole_plane_pooling_is_one_reduction(op, attrs, shape):
     (y,) = f(x)
     assert y.shape == want.shape
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "sa, sb",
+    [
+        ([1, 7, 7, 96], [96, 24]),  # ConvNeXt's channels-last Linear layer
+        ([2, 5, 6], [6, 3]),  # a transformer's tokens by a projection
+        ([3, 1, 4], [4, 2]),
+        ([2, 3, 5], [5]),  # by a vector: the last axis is dropped
+    ],
+)
+def test_matmul_by_a_matrix_is_one_gemm_equal_to_onnxruntime(sa, sb):
+    from megbrain.graph import infer_shape
+
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(sa).astype(np.float32)
+    w = rng.standard_normal(sb).astype(np.float32)
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", sa)], [_vi("y", None)],
+               [numpy_helper.from_array(w, "w")])  # fmt: skip
+    res = load(m)
+    args = list(res.inputs.values())
+    f = res.graph.compile(args, [mgb.copy_output(v) for v in res.outputs.values()])
+    types = [o.type_name for o in f._func.iter_opr_seq()]
+    # one product of all the rows, not a batch of row blocks by a broadcast weight
+    assert types.count("BatchedMatrixMul") == 1 and "Broadcast" not in types
+    (mm,) = [o for o in f._func.iter_opr_seq() if o.type_name == "BatchedMatrixMul"]
+    assert infer_shape(mm.outputs[0])[0] == 1
+    (want,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )
+    (y,) = f(x)
+    assert y.shape == want.shape
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)

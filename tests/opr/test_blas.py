@@ -8,7 +8,7 @@ from opr_harness import check_opr, inputs, make_graph, run
 
 from megbrain.errors import MegBrainError
 from megbrain.graph import InferType
-from megbrain.opr import batched_matrix_mul, dot, make_immutable, matrix_mul
+from megbrain.opr import batched_matrix_mul, broadcast, dot, make_immutable, matrix_mul
 
 dims = st.integers(1, 6)
 float_dtypes = st.sampled_from([np.float32, np.float16])
@@ -52,6 +52,29 @@ def test_batched_matrix_mul_matches_numpy(bt, m, k, n, ta, tb):
         atol=1e-5,
     )
     assert got.shape == (bt, m, n)
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_batched_matrix_mul_by_a_broadcast_matrix_is_one_gemm(ta, tb, monkeypatch):
+    import megbrain.kernels.blas as kernels
+
+    def per_matrix(products):
+        assert ta, "a broadcast weight's batch ran as one product per matrix"
+        return products_step(products)
+
+    products_step = kernels.products_step
+    monkeypatch.setattr(kernels, "products_step", per_matrix)
+    rng = np.random.default_rng(1)
+    a = _mat(rng, (6, 9, 7) if ta else (6, 7, 9), np.float32)
+    w = _mat(rng, (5, 9) if tb else (9, 5), np.float32)
+    (got,) = check_opr(
+        lambda x, y: batched_matrix_mul(x, broadcast(y, (6,) + w.shape), ta, tb),
+        lambda x, y: np.matmul(_op(x.astype(np.float64), ta), _op(y, tb)),
+        [a, w],
+        value_infer=False,  # static inference materializes the broadcast
+    )
+    assert got.shape == (6, 7, 5)
 
 
 @pytest.mark.parametrize("compute_mode", ["DEFAULT", "FLOAT32"])
