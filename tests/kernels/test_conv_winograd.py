@@ -14,6 +14,7 @@ from test_conv_algos import ATOL, RTOL, ref_backward_data, ref_forward
 from megbrain.kernels import parallel
 from megbrain.kernels.conv import common as conv_common
 from megbrain.kernels.conv import winograd as conv_winograd
+from megbrain.kernels.conv.loops import winograd as winograd_loops
 
 _ONE = (1, 1)
 
@@ -77,6 +78,20 @@ def test_the_widest_reductions_match_float64(pad, sshape, flip):
         if ocg == top and max(pad) <= 2:
             conv_winograd.bind_winograd_backward_data(w, dy, gx, *geo)()
             np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("flip", [False, True])
+def test_filter_transform_reads_a_transposed_filter_through_its_original(dtype, flip):
+    # the backward data's (G, I, O, 3, 3) filter is passed as its contiguous original with
+    # ``swap``: the same bits as transforming a contiguous copy of the transpose
+    w = np.random.default_rng(4).standard_normal((2, 5, 3, 3, 3)).astype(dtype)
+    want = np.empty((16, 2, 3, 5), dtype)
+    got = np.empty_like(want)
+    winograd_loops.filter_transform(np.ascontiguousarray(w.swapaxes(1, 2)), want, flip, 0, 6)
+    ffilter = winograd_loops.compiled()[0]
+    ffilter(w, got, flip, True, 0, 6)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_wider_reductions_are_refused():

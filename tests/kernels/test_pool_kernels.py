@@ -17,6 +17,7 @@ from test_conv_algos import _carved
 
 from megbrain.kernels import parallel, workspace
 from megbrain.kernels.pool import binds as dnn_pool
+from megbrain.kernels.pool import loops as pool_loops
 
 MODES = dnn_pool.POOLING_MODES
 RTOL, ATOL = 1e-4, 1e-5
@@ -337,3 +338,36 @@ def test_bad_geometry_raises_naming_the_shapes():
     with pytest.raises(ValueError, match="PoolingBackward: src"):
         y = np.empty((1, 2, 2, 2), np.float32)
         dnn_pool.bind_pooling_backward(x[:, :1], y, y, x, "MAX", (2, 2), (2, 2), (0, 0))
+
+
+# ---- global average ------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("size,stride", [((7, 7), (1, 1)), ((3, 5), (2, 3)), ((1, 1), (1, 1))])
+def test_global_average_rounds_as_the_compiled_loops(mode, dtype, size, stride):
+    # the whole-plane average skips the compiled loops (their compilation, on a cold cache,
+    # outweighed a classifier's head); it must give their bits, negative zeros included
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4) + size).astype(dtype)
+    x[0, 0] = -0.0
+    dy = rng.standard_normal((3, 4, 1, 1)).astype(dtype)
+    dy[0, 1] = -0.0
+    y, gx = np.empty(dy.shape, dtype), np.empty(x.shape, dtype)
+    fwd, _ = _carved(lambda: dnn_pool.bind_pooling(x, y, mode, size, stride, (0, 0)))
+    bwd, _ = _carved(
+        lambda: dnn_pool.bind_pooling_backward(x, y, dy, gx, mode, size, stride, (0, 0))
+    )
+    fwd()
+    bwd()
+    k = pool_loops.kernels()
+    inv = dtype(1.0 / np.prod(size))
+    exclude = mode == "AVERAGE_COUNT_EXCLUDE_PADDING"
+    geometry = (*size, *stride, 0, 0)
+    want_y, want_gx = np.empty_like(y), np.empty_like(gx)
+    planes = (12, 1, 1)
+    k.fwd_avg(x.reshape(12, *size), want_y.reshape(planes), *geometry, exclude, inv, 0, 12)
+    k.bwd_avg(dy.reshape(planes), want_gx.reshape(12, *size), *geometry, exclude, inv, 0, 12)
+    np.testing.assert_array_equal(np.signbit(y), np.signbit(want_y))
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(np.signbit(gx), np.signbit(want_gx))
+    np.testing.assert_array_equal(gx, want_gx)

@@ -233,8 +233,13 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     ffilter, finput, foutput = winograd_loops.compiled()
     u = workspace.empty((16, g, ocg, icg), dt)
 
-    def filter_part(lo: int, hi: int, f=filt, u=u, flip=bool(flip)) -> None:
-        ffilter(f, u, flip, lo, hi)
+    # the backward data's transposed filter is read through its contiguous original
+    swap = not filt.flags.c_contiguous and filt.swapaxes(1, 2).flags.c_contiguous
+    if swap:
+        filt = filt.swapaxes(1, 2)
+
+    def filter_part(lo: int, hi: int, f=filt, u=u, flip=bool(flip), swap=swap) -> None:
+        ffilter(f, u, flip, swap, lo, hi)
 
     steps.append(parallel.split(filter_part, g * ocg, max(1, 2048 // (icg + 1))))
     # the threads take the bands in turn from one counter (reset each run): a thread the

@@ -96,6 +96,10 @@ class _Pool:
             set(self.window) == {window} and set(self.stride) == {stride} and set(self.pad) == {pad}
         )
 
+    def is_global(self) -> bool:
+        """Whether this is an average over each whole plane (one window, no padding)."""
+        return self.mode != "MAX" and self.window == self.sshape and not any(self.pad)
+
     def geometry(self) -> tuple[int, ...]:
         """``(wh, ww, sh, sw, ph, pw)``, the compiled loops' geometry arguments."""
         return self.window + self.stride + self.pad
@@ -210,7 +214,9 @@ def bind_pooling(
     fast = geo.compiled
     x = _staged_in(src, dt, steps, contiguous=fast)
     acc = _staged_out(out, dt, post, contiguous=fast)
-    if fast:
+    if fast and geo.is_global():
+        _global_average(geo, _planes(x), _planes(acc), dt, steps)
+    elif fast:
         steps.append(geo.split(_forward_loop(geo, _planes(x), _planes(acc), dt)))
     else:
         _numpy_forward(geo, x, acc, dt, steps)
@@ -231,6 +237,22 @@ def _forward_loop(geo: _Pool, x: np.ndarray, y: np.ndarray, dt: np.dtype):
         return _partial(k.fwd_max, x, y, *geo.geometry())
     exclude = geo.mode == "AVERAGE_COUNT_EXCLUDE_PADDING"
     return _partial(k.fwd_avg, x, y, *geo.geometry(), exclude, inv)
+
+
+def _global_average(geo: _Pool, x: np.ndarray, y: np.ndarray, dt: np.dtype, steps: list):
+    """A global average in NumPy, rounded as :func:`.loops._fwd_avg` rounds it: the plane's
+    elements summed in order from zero in ``dt``, then times ``1 / area`` (AVERAGE) or divided
+    by the area in float64 (AVERAGE_COUNT_EXCLUDE_PADDING). Compiling that loop took about a
+    second on a cold cache, more than a classifier's whole head costs."""
+    area = math.prod(geo.window)
+    xt = workspace.empty((area, geo.planes), dt)  # rows: one window element of every plane
+    acc = y.reshape(geo.planes)
+    steps.append(_partial(np.copyto, xt, x.reshape(geo.planes, area).T))
+    steps.append(_partial(np.add.reduce, xt, 0, None, acc, False, dt.type(0)))
+    if geo.mode == "AVERAGE":
+        steps.append(_partial(np.multiply, acc, dt.type(1.0 / area), acc))
+    else:
+        steps.append(_partial(np.true_divide, acc, np.float64(area), acc, casting="unsafe"))
 
 
 def _numpy_forward(geo: _Pool, x: np.ndarray, acc: np.ndarray, dt: np.dtype, steps: list):
@@ -363,7 +385,9 @@ def bind_pooling_backward(
     if mode == "MAX":
         x = _staged_in(src, dt, steps, contiguous=fast)
         y = _staged_in(dst, dt, steps, contiguous=fast)
-    if fast:
+    if fast and geo.is_global():
+        _global_average_backward(geo, _planes(d), _planes(target), dt, steps)
+    elif fast:
         x3, y3 = (None, None) if x is None else (_planes(x), _planes(y))
         loop = _backward_loop(geo, x3, y3, _planes(d), _planes(target), dt)
         steps.append(geo.split(loop))
@@ -385,6 +409,21 @@ def _backward_loop(geo: _Pool, x, y, d, g, dt: np.dtype):
         return _partial(k.bwd_avg_2x2, d, g, inv)
     exclude = geo.mode == "AVERAGE_COUNT_EXCLUDE_PADDING"
     return _partial(k.bwd_avg, d, g, *geo.geometry(), exclude, inv)
+
+
+def _global_average_backward(geo: _Pool, d, g, dt: np.dtype, steps: list):
+    """The gradient of :func:`_global_average`, rounded as :func:`.loops._bwd_avg` rounds it:
+    each plane's ``diff`` times ``1 / area`` (in ``dt``; in float64 for
+    AVERAGE_COUNT_EXCLUDE_PADDING) added to a zeroed gradient."""
+    area = math.prod(geo.window)
+    if geo.mode == "AVERAGE":
+        scaled = workspace.empty(d.shape, dt)
+        steps.append(_partial(np.multiply, d, dt.type(1.0 / area), scaled))
+    else:
+        scaled = workspace.empty(d.shape, np.float64)
+        steps.append(_partial(np.multiply, d, np.float64(1.0) / np.float64(area), scaled))
+    steps.append(_partial(np.copyto, g, 0))
+    steps.append(_partial(np.add, g, scaled, g, casting="unsafe"))
 
 
 def _numpy_backward(geo: _Pool, x, y, d, target, dt: np.dtype, steps: list):

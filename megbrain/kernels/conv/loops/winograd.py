@@ -27,14 +27,17 @@ from numba import njit
 __all__ = ["compiled", "filter_transform", "input_transform", "output_transform"]
 
 
-def _filter_py(w, u, flip, p0, p1):  # pragma: no cover - compiled
+def _filter_py(w, u, flip, swap, p0, p1):  # pragma: no cover - compiled
     """u[e, g, o, i] = (G w[g, o, i] G^T)[e // 4, e % 4] for the (group, output channel)
     pairs p = g * O + o in [p0, p1); ``w`` (G, O, I, 3, 3) is read flipped spatially when
-    ``flip``. The transform is computed in float64 and rounded once."""
-    o_, i_ = w.shape[1], w.shape[2]
+    ``flip``, and is given as its contiguous (G, I, O, 3, 3) transpose when ``swap`` (the
+    backward data's filter: one compiled loop serves both, where a strided view of the
+    filter compiled a second one). The transform is computed in float64 and rounded once."""
+    o_, i_ = (w.shape[2], w.shape[1]) if swap else (w.shape[1], w.shape[2])
     for p in range(p0, p1):
         g, o = p // o_, p % o_
-        wk = w[g, o]  # (I, 3, 3): the loop runs along I, writing 16 contiguous rows of u
+        # (I, 3, 3): the loop runs along I, writing 16 contiguous rows of u
+        wk = w[g, :, o] if swap else w[g, o]
         uk = u[:, g, o]
         for i in range(i_):
             if flip:
@@ -193,7 +196,7 @@ def _output_py(m, y, z, n, tw, r0, r1, ld, off):  # pragma: no cover - compiled
 def filter_transform(w, u, flip: bool, p0: int, p1: int) -> None:
     """The F(2x2, 3x3) filter transform of the (group, output channel) pairs ``[p0, p1)``
     (pair ``g * O + o``) of ``w`` (G, O, I, 3, 3) into ``u`` (16, G, O, I)."""
-    _compiled("filter")(w, u, bool(flip), int(p0), int(p1))
+    _compiled("filter")(w, u, bool(flip), False, int(p0), int(p1))
 
 
 def input_transform(x, v, scratch, n, ph, pw, tw, r0, r1, ld, off) -> None:
