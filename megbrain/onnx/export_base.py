@@ -15,8 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from ..graph import static_shape as graph_static_shape
-from .registry import ONNXConversionError
+from .registry import ONNXConversionError, known_shape
 
 __all__ = [
     "EXPORTERS",
@@ -199,11 +198,9 @@ class Writer:
         return self.node("Unsqueeze", [x, self.const(np.asarray(axes, np.int64), "axes")])
 
 
-def imm_shape(var) -> tuple | None:
-    """The static shape of ``var``, or None where it is known only by running."""
-    # not imm_shape: after a run, that is the last computed shape of a dynamic var too
-    shp = graph_static_shape(var.node)
-    return None if shp is None else tuple(int(d) for d in shp)
+#: the static shape of a var, or None where it is known only by running (not
+#: ``SymbolVar.imm_shape``: after a run, that is the last computed shape of a dynamic var too)
+imm_shape = known_shape
 
 
 def _static_shape(var) -> tuple:

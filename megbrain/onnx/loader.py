@@ -11,9 +11,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import megbrain as mgb
-from megbrain.graph import static_shape as graph_static_shape
 
-from .registry import ONNXConversionError, as_numpy_attr, lookup
+from .registry import ONNXConversionError, as_numpy_attr, known_shape, lookup
 
 __all__ = ["load", "LoadResult", "NodeContext", "onnx_to_np_dtype"]
 
@@ -69,13 +68,6 @@ class LoadResult(NamedTuple):
 def _describe(node: onnx.NodeProto, idx: int, opset: int) -> str:
     name = node.name or f"#{idx}"
     return f"ONNX node {name!r} (op {node.op_type}, opset {opset})"
-
-
-def known_shape(var) -> tuple | None:
-    """The static shape of ``var``, None for a run-time one (``imm_shape`` would say ``()``,
-    which is also the shape of an ONNX 0-d value)."""
-    shp = graph_static_shape(var.node)
-    return None if shp is None else tuple(int(d) for d in shp)
 
 
 def physical_shape(shape) -> tuple:

@@ -14,8 +14,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import MegBrainError
+from ..graph import static_shape as graph_static_shape
 
-__all__ = ["ONNXConversionError", "converter", "lookup", "claimed_op_types", "Attr"]
+__all__ = [
+    "ONNXConversionError",
+    "converter",
+    "lookup",
+    "claimed_op_types",
+    "Attr",
+    "known_shape",
+]
 
 #: newest opset a converter claims when no upper bound is given
 MAX_OPSET = 99
@@ -96,3 +104,10 @@ def as_numpy_attr(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value
     return value
+
+
+def known_shape(var) -> tuple | None:
+    """The static shape of ``var``, None for a run-time one (``imm_shape`` would say ``()``,
+    which is also the shape of an ONNX 0-d value)."""
+    shp = graph_static_shape(var.node)
+    return None if shp is None else tuple(int(d) for d in shp)

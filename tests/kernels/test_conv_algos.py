@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -40,6 +41,19 @@ def _positions(c):
 def _ref_filter(c, w):
     w = w.astype(np.float64)
     return w[(..., *([slice(None, None, -1)] * len(c["fshape"])))] if c["flip"] else w
+
+
+def assert_allocates_nothing(fn) -> None:
+    """One more call of ``fn`` (already run once: compiled, caches filled) allocates no
+    memory that NumPy traces (on one thread: the pool's hand-over objects would count)."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        fn()
+        assert tracemalloc.get_traced_memory()[1] - before < 4096
+    finally:
+        tracemalloc.stop()
 
 
 def ref_forward(c, x, w):

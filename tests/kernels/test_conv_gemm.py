@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from test_conv_algos import (
     RTOL,
     _arrays,
     _carved,
+    assert_allocates_nothing,
     conv_cases,
     ref_backward_data,
     ref_backward_filter,
@@ -230,14 +230,7 @@ def test_workspace_is_written_before_read_and_nothing_is_allocated(kind, name, n
             fn()
             np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL)
     # on one thread (no pool hand-over objects), NumPy's allocations are traced: none
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        fn()
-        assert tracemalloc.get_traced_memory()[1] - before < 4096
-    finally:
-        tracemalloc.stop()
+    assert_allocates_nothing(fn)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

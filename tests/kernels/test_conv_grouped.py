@@ -5,13 +5,12 @@ never less accurate than the default it replaces; HEURISTIC's choice; through Co
 
 from __future__ import annotations
 
-import tracemalloc
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_conv_algos import ATOL, RTOL, ref_forward
+from test_conv_algos import ATOL, RTOL, assert_allocates_nothing, ref_forward
 from test_conv_nchw8c import _arrays as _source_and_filter
 from test_conv_nchw8c import _geometry
 
@@ -137,14 +136,7 @@ def test_nothing_is_allocated_per_run_and_runs_are_reproducible():
         fn = _FWD(x, w, y, *_geometry(c))
     fn()
     first = y.copy()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        fn()
-        assert tracemalloc.get_traced_memory()[1] - before < 4096
-    finally:
-        tracemalloc.stop()
+    assert_allocates_nothing(fn)
     assert np.array_equal(y, first)
     np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
 
