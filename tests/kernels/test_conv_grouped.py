@@ -5,7 +5,6 @@ never less accurate than the default it replaces; HEURISTIC's choice; through Co
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
