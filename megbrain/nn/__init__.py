@@ -1,15 +1,20 @@
 """``megbrain.nn``: modules, layers, initializations and losses for static-graph training."""
 
-from . import functional, init
+from . import functional, init, quantization
 from .layers import (
     AvgPool2d,
     BatchNorm1d,
     BatchNorm2d,
     Conv2d,
+    ConvBn2d,
+    ConvBnRelu2d,
+    DequantStub,
     Dropout,
+    Elemwise,
     Flatten,
     Linear,
     MaxPool2d,
+    QuantStub,
     ReLU,
     Sigmoid,
     Tanh,
@@ -24,12 +29,17 @@ __all__ = [
     "BatchNorm2d",
     "Buffer",
     "Conv2d",
+    "ConvBn2d",
+    "ConvBnRelu2d",
+    "DequantStub",
     "Dropout",
+    "Elemwise",
     "Flatten",
     "Linear",
     "MaxPool2d",
     "Module",
     "Parameter",
+    "QuantStub",
     "ReLU",
     "Sequential",
     "Sigmoid",
@@ -39,5 +49,6 @@ __all__ = [
     "init",
     "load_weights",
     "pending_updates",
+    "quantization",
     "save_weights",
 ]

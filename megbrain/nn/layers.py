@@ -1,4 +1,5 @@
-"""Layers: Linear, Conv2d, BatchNorm, activations, pooling, Dropout, Flatten."""
+"""Layers: Linear, Conv2d, BatchNorm, activations, pooling, Dropout, Flatten, and the float
+modules that quantization converts as units (ConvBn2d, ConvBnRelu2d, Elemwise, the stubs)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ __all__ = [
     "AvgPool2d",
     "Dropout",
     "Flatten",
+    "ConvBn2d",
+    "ConvBnRelu2d",
+    "Elemwise",
+    "QuantStub",
+    "DequantStub",
 ]
 
 
@@ -62,10 +68,13 @@ class Linear(Module):
             self.bias = None
 
     def forward(self, x):
-        y = mgb.opr.matrix_mul(x, _param_var(self.weight, x), transposeB=True)
-        if self.bias is not None:
-            y = y + _param_var(self.bias, x).reshape(1, self.out_features)
-        return y
+        b = None if self.bias is None else _param_var(self.bias, x)
+        return self._linear(x, _param_var(self.weight, x), b)
+
+    def _linear(self, x, w, b):
+        """``x @ w.T + b`` on the given weight and bias vars (``b`` may be None)."""
+        y = mgb.opr.matrix_mul(x, w, transposeB=True)
+        return y if b is None else y + b.reshape(1, self.out_features)
 
 
 class Conv2d(Module):
@@ -97,7 +106,12 @@ class Conv2d(Module):
             self.bias = None
 
     def forward(self, x):
-        w = _param_var(self.weight, x)
+        b = None if self.bias is None else _param_var(self.bias, x)
+        return self._conv(x, _param_var(self.weight, x), b)
+
+    def _conv(self, x, w, b):
+        """The convolution of ``x`` with the (out, in/groups, kh, kw) weight var ``w``, plus
+        the (1, out, 1, 1) bias var ``b`` (may be None)."""
         if self.groups > 1:
             oc, icg, kh, kw = self.weight.shape
             w = w.reshape(self.groups, oc // self.groups, icg, kh, kw)
@@ -107,9 +121,7 @@ class Conv2d(Module):
             **per_axis_fields(pad=self.padding, stride=self.stride, dilate=self.dilation),
             sparse="GROUP" if self.groups > 1 else "DENSE",
         )
-        if self.bias is not None:
-            y = y + _param_var(self.bias, x)
-        return y
+        return y if b is None else y + b
 
 
 class _BatchNorm(Module):
@@ -271,3 +283,59 @@ class Flatten(Module):
     def forward(self, x):
         shp = _known_shape(x, "Flatten")
         return x.reshape(-1, int(np.prod(shp[1:])))
+
+
+# ---- the units of quantization (megbrain.nn.quantization converts each as a whole) ---------
+class ConvBn2d(Module):
+    """Conv2d then BatchNorm2d (``conv`` and ``bn``), one unit so that quantization can fold
+    the normalization into the convolution's weight and bias.
+
+    The arguments are :class:`Conv2d`'s (``bias`` False by default: the normalization's
+    shift replaces it), then BatchNorm2d's ``eps`` and ``momentum``.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 dilation=1, groups=1, bias=False, eps=1e-5, momentum=0.1, rng=None):  # fmt: skip
+        super().__init__()
+        self.conv = Conv2d(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                           groups, bias, rng)  # fmt: skip
+        self.bn = BatchNorm2d(out_channels, eps, momentum)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+class ConvBnRelu2d(ConvBn2d):
+    """:class:`ConvBn2d` then ReLU."""
+
+    def forward(self, x):
+        return mgb.opr.elem.relu(super().forward(x))
+
+
+class Elemwise(Module):
+    """An Elemwise operator as a module (``method``: its mode, e.g. ``"ADD"``,
+    ``"FUSE_ADD_RELU"``, ``"MUL"``), so that quantization gives it an output scale and runs
+    it as the ``Q`` mode of ElemwiseMultiType."""
+
+    def __init__(self, method: str):
+        super().__init__()
+        self.method = mgb.opr_param_defs.Elemwise.Mode.convert(method).name
+
+    def forward(self, *xs):
+        return mgb.opr.elemwise(*xs, mode=self.method)
+
+
+class QuantStub(Module):
+    """Where the int8 part of a network begins: the identity in float, the quantization of
+    its input once the network is quantized."""
+
+    def forward(self, x):
+        return x
+
+
+class DequantStub(Module):
+    """Where the int8 part of a network ends: the identity in float, the conversion back
+    to float32 once the network is quantized."""
+
+    def forward(self, x):
+        return x

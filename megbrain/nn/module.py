@@ -13,10 +13,11 @@ __all__ = ["Parameter", "Buffer", "Module", "Sequential", "pending_updates"]
 
 
 class _StateTensor(mgb.SharedND):
-    """A float32 SharedND holding a module's state from its initial value."""
+    """A SharedND holding a module's state from its initial value: float32, or the dtype
+    given (the quantized dtype of an int8 module's weight)."""
 
-    def __init__(self, value, comp_node="cpu0"):
-        value = np.asarray(value, dtype=np.float32)
+    def __init__(self, value, comp_node="cpu0", dtype=np.float32):
+        value = np.asarray(value, dtype=dtype)
         super().__init__(comp_node, value.dtype)
         self.set_value(value)
 

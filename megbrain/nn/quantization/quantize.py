@@ -1,0 +1,155 @@
+"""quantize_qat and quantize: float modules to QAT modules, QAT modules to int8 ones, and the
+switches of their observers and fake quantizations."""
+
+from __future__ import annotations
+
+import megbrain as mgb
+
+from .. import layers as F
+from ..module import Module
+from . import qat, quantized
+from .qconfig import QConfig, ema_fakequant_qconfig
+
+__all__ = [
+    "quantize_qat",
+    "quantize",
+    "enable_observer",
+    "disable_observer",
+    "enable_fake_quant",
+    "disable_fake_quant",
+]
+
+#: float module type -> its QAT module type (exact types: a QAT module is not converted again)
+FLOAT_TO_QAT = {
+    F.Conv2d: qat.Conv2d,
+    F.ConvBn2d: qat.ConvBn2d,
+    F.ConvBnRelu2d: qat.ConvBnRelu2d,
+    F.Linear: qat.Linear,
+    F.Elemwise: qat.Elemwise,
+    F.QuantStub: qat.QuantStub,
+    F.DequantStub: qat.DequantStub,
+}
+
+#: QAT module type -> its int8 module type
+QAT_TO_QUANTIZED = {
+    qat.Conv2d: quantized.Conv2d,
+    qat.ConvRelu2d: quantized.Conv2d,
+    qat.ConvBn2d: quantized.Conv2d,
+    qat.ConvBnRelu2d: quantized.Conv2d,
+    qat.Linear: quantized.Linear,
+    qat.Elemwise: quantized.Elemwise,
+    qat.QuantStub: quantized.QuantStub,
+    qat.DequantStub: quantized.DequantStub,
+}
+
+
+def _swap(module: Module, convert, path: str = "") -> Module:
+    """``module`` with every sub-module ``m`` for which ``convert(m, name)`` gives a module
+    replaced by it (in place; the converted ones are not entered)."""
+    new = convert(module, path)
+    if new is not None:
+        return new
+    for name, child in list(module.named_children()):
+        setattr(module, name, _swap(child, convert, f"{path}.{name}" if path else name))
+    return module
+
+
+def quantize_qat(module: Module, qconfig: QConfig = ema_fakequant_qconfig) -> Module:
+    """Swap the float modules of ``module`` for QAT ones, in place.
+
+    Conv2d, ConvBn2d, ConvBnRelu2d, Linear, Elemwise, QuantStub and DequantStub become their
+    :mod:`.qat` modules, which share the float module's parameters and get the observers and
+    fake quantizations ``qconfig`` makes. Other modules (ReLU, pooling, Flatten...) stay:
+    on a fake-quantized input their output is fake-quantized too, and they run on int8 vars
+    unchanged.
+
+    Parameters
+    ----------
+    module : Module
+        The float network; mark where the int8 part begins and ends with QuantStub and
+        DequantStub.
+    qconfig : QConfig
+        The observers and fake quantizations (default :data:`.ema_fakequant_qconfig`).
+
+    Returns
+    -------
+    Module
+        ``module`` converted (a new object only when ``module`` itself is converted).
+    """
+
+    def convert(m, _):
+        cls = FLOAT_TO_QAT.get(type(m))
+        if cls is None:
+            return None
+        q = cls.from_float_module(m)
+        q.set_qconfig(qconfig)
+        return q
+
+    return _swap(module, convert)
+
+
+def quantize(module: Module) -> Module:
+    """Swap the QAT modules of ``module`` for int8 inference modules, in place.
+
+    Each QAT module is put in eval mode and converted with the ranges its observers recorded:
+    the weight becomes QuantizedS8 (the fake-quantized values), the output dtype QuantizedS8
+    at the output observer's scale.
+
+    Parameters
+    ----------
+    module : Module
+        A network from :func:`quantize_qat`, trained or calibrated.
+
+    Returns
+    -------
+    Module
+        ``module`` converted (a new object only when ``module`` itself is converted).
+
+    Raises
+    ------
+    MegBrainError
+        Naming the module when one of its observers never saw a value.
+    """
+
+    def convert(m, path):
+        cls = QAT_TO_QUANTIZED.get(type(m))
+        if cls is None:
+            return None
+        m.eval()
+        try:
+            return cls.from_qat_module(m)
+        except mgb.MegBrainError as exc:
+            raise mgb.MegBrainError(
+                f"quantize: {type(m).__name__} module {path or '(the root)'!r}: {exc}"
+            ) from exc
+
+    return _swap(module, convert)
+
+
+def _set(module: Module, kind: str, on: bool) -> None:
+    for _, m in module.named_modules():
+        if isinstance(m, qat.QATModule):
+            for part in (f"weight_{kind}", f"act_{kind}"):
+                sub = getattr(m, part, None)
+                if sub is not None:
+                    sub.enable() if on else sub.disable()
+
+
+def enable_observer(module: Module) -> None:
+    """Let every observer of ``module``'s QAT modules take ranges in."""
+    _set(module, "observer", True)
+
+
+def disable_observer(module: Module) -> None:
+    """Freeze every observer of ``module``'s QAT modules."""
+    _set(module, "observer", False)
+
+
+def enable_fake_quant(module: Module) -> None:
+    """Turn on every fake quantization of ``module``'s QAT modules."""
+    _set(module, "fake_quant", True)
+
+
+def disable_fake_quant(module: Module) -> None:
+    """Make every fake quantization of ``module``'s QAT modules the identity."""
+    _set(module, "fake_quant", False)
