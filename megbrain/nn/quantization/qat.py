@@ -64,11 +64,11 @@ class QATModule(Module):
 
     def get_weight_dtype(self):
         """The QuantizedS8 dtype of the weight (its observer's range)."""
-        return self.weight_observer.get_dtype()
+        return _dtype(self.weight_observer, "weight")
 
     def get_activation_dtype(self):
         """The QuantizedS8 dtype of the output (its observer's range)."""
-        return self.act_observer.get_dtype()
+        return _dtype(self.act_observer, "output")
 
     @classmethod
     def from_float_module(cls, float_module: Module) -> QATModule:
@@ -84,6 +84,13 @@ class QATModule(Module):
     def weight_and_bias(self, g):
         """The float weight and bias (or None) the module quantizes, as vars of ``g``."""
         raise NotImplementedError
+
+
+def _dtype(observer, what: str):
+    try:
+        return observer.get_dtype()
+    except mgb.MegBrainError as exc:
+        raise mgb.MegBrainError(f"the {what}'s {exc}") from None
 
 
 def _observed(v, observer, fake_quant):
