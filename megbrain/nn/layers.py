@@ -27,6 +27,7 @@ __all__ = [
     "AvgPool2d",
     "Dropout",
     "Flatten",
+    "ConvRelu2d",
     "ConvBn2d",
     "ConvBnRelu2d",
     "Elemwise",
@@ -286,6 +287,13 @@ class Flatten(Module):
 
 
 # ---- the units of quantization (megbrain.nn.quantization converts each as a whole) ---------
+class ConvRelu2d(Conv2d):
+    """:class:`Conv2d` then ReLU, one unit (one ConvBias with RELU once quantized)."""
+
+    def forward(self, x):
+        return mgb.opr.elem.relu(super().forward(x))
+
+
 class ConvBn2d(Module):
     """Conv2d then BatchNorm2d (``conv`` and ``bn``), one unit so that quantization can fold
     the normalization into the convolution's weight and bias.

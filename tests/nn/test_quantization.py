@@ -225,6 +225,19 @@ def test_int8_modules_hold_int8_weights(int8_net):
     assert int8_net.c1.nonlinearity == "RELU" and int8_net.c2.nonlinearity == "IDENTITY"
 
 
+def test_conv_relu_becomes_one_conv_bias_with_relu():
+    nn.init.default_rng(4)
+    net = Q.quantize_qat(nn.Sequential(nn.QuantStub(), nn.ConvRelu2d(2, 3, 3), nn.DequantStub()))
+    x = np.random.default_rng(5).standard_normal((2, 2, 5, 5)).astype(np.float32)
+    logits(net, x)
+    want = logits(net.eval(), x)
+    q = Q.quantize(net)
+    assert type(q[1]) is Q.quantized.Conv2d and q[1].nonlinearity == "RELU"
+    got = logits(q, x)
+    assert got.min() == 0
+    np.testing.assert_allclose(got, want, atol=mgb.dtype.get_scale(q[1].output_dtype) + 1e-6)
+
+
 # ---- calibration and errors -------------------------------------------------------------------
 def test_calibration_observes_a_float_forward():
     nn.init.default_rng(1)

@@ -82,8 +82,9 @@ class QATModule(Module):
         return m
 
     def weight_and_bias(self, g):
-        """The float weight and bias (or None) the module quantizes, as vars of ``g``."""
-        raise NotImplementedError
+        """The float weight and bias (or None) the module quantizes, as vars of ``g``: its
+        ``weight`` and ``bias`` parameters."""
+        return _var(self.weight, g), _var(self.bias, g)
 
 
 def _dtype(observer, what: str):
@@ -107,16 +108,14 @@ def _var(p, g):
 class Conv2d(F.Conv2d, QATModule):
     """:class:`megbrain.nn.Conv2d` with a fake-quantized weight and output."""
 
-    def weight_and_bias(self, g):
-        return _var(self.weight, g), _var(self.bias, g)
-
     def forward(self, x):
         w, b = self.weight_and_bias(x.owner_graph)
         return self._output(self._conv(x, self.apply_quant_weight(w), b))
 
 
 class ConvRelu2d(Conv2d):
-    """:class:`Conv2d` then ReLU, one unit (one int8 ConvBias with RELU once quantized)."""
+    """:class:`megbrain.nn.ConvRelu2d`: :class:`Conv2d` then ReLU (one int8 ConvBias with
+    RELU once quantized)."""
 
     nonlinearity = "RELU"
 
@@ -169,12 +168,9 @@ class ConvBnRelu2d(ConvBn2d):
 class Linear(F.Linear, QATModule):
     """:class:`megbrain.nn.Linear` with a fake-quantized weight and output."""
 
-    def weight_and_bias(self, g):
-        return _var(self.weight, g), _var(self.bias, g)
-
     def forward(self, x):
         w, b = self.weight_and_bias(x.owner_graph)
-        return self.apply_quant_activation(self._linear(x, self.apply_quant_weight(w), b))
+        return self._output(self._linear(x, self.apply_quant_weight(w), b))
 
 
 class Elemwise(F.Elemwise, QATModule):

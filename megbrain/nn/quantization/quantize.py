@@ -22,6 +22,7 @@ __all__ = [
 #: float module type -> its QAT module type (exact types: a QAT module is not converted again)
 FLOAT_TO_QAT = {
     F.Conv2d: qat.Conv2d,
+    F.ConvRelu2d: qat.ConvRelu2d,
     F.ConvBn2d: qat.ConvBn2d,
     F.ConvBnRelu2d: qat.ConvBnRelu2d,
     F.Linear: qat.Linear,
@@ -57,11 +58,11 @@ def _swap(module: Module, convert, path: str = "") -> Module:
 def quantize_qat(module: Module, qconfig: QConfig = ema_fakequant_qconfig) -> Module:
     """Swap the float modules of ``module`` for QAT ones, in place.
 
-    Conv2d, ConvBn2d, ConvBnRelu2d, Linear, Elemwise, QuantStub and DequantStub become their
-    :mod:`.qat` modules, which share the float module's parameters and get the observers and
-    fake quantizations ``qconfig`` makes. Other modules (ReLU, pooling, Flatten...) stay:
-    on a fake-quantized input their output is fake-quantized too, and they run on int8 vars
-    unchanged.
+    Conv2d, ConvRelu2d, ConvBn2d, ConvBnRelu2d, Linear, Elemwise, QuantStub and DequantStub
+    become their :mod:`.qat` modules, which share the float module's parameters and get the
+    observers and fake quantizations ``qconfig`` makes. Other modules (ReLU, pooling,
+    Flatten...) stay: on a fake-quantized input their output is fake-quantized too, and they
+    run on int8 vars unchanged.
 
     Parameters
     ----------
