@@ -238,6 +238,29 @@ def test_conv_relu_becomes_one_conv_bias_with_relu():
     np.testing.assert_allclose(got, want, atol=mgb.dtype.get_scale(q[1].output_dtype) + 1e-6)
 
 
+def test_sequential_runs_fuse_into_units():
+    nn.init.default_rng(6)
+    net = nn.Sequential(
+        nn.QuantStub(), nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 1),
+        nn.BatchNorm2d(4), nn.Conv2d(4, 4, 1), nn.ReLU(), nn.MaxPool2d(2), nn.DequantStub(),
+    )  # fmt: skip
+    x = np.random.default_rng(7).standard_normal((2, 1, 6, 6)).astype(np.float32)
+    float_out = logits(net.eval(), x)
+    Q.fuse_sequential(net)
+    assert [type(m).__name__ for m in net._modules.values()] == [
+        "QuantStub", "ConvBnRelu2d", "Fused", "Fused", "ConvBn2d", "Fused", "ConvRelu2d",
+        "Fused", "MaxPool2d", "DequantStub",
+    ]  # fmt: skip
+    np.testing.assert_allclose(logits(net, x), float_out, rtol=1e-6)
+    net = Q.quantize_qat(net.train())
+    assert type(net[1]) is Q.qat.ConvBnRelu2d and type(net[6]) is Q.qat.ConvRelu2d
+    logits(net, x)
+    want = logits(net.eval(), x)
+    got = logits(Q.quantize(net), x)
+    assert [type(m).__name__ for m in net._modules.values()][4:7] == ["Conv2d", "Fused", "Conv2d"]
+    np.testing.assert_allclose(got, want, atol=2 * mgb.dtype.get_scale(net[6].output_dtype))
+
+
 # ---- calibration and errors -------------------------------------------------------------------
 def test_calibration_observes_a_float_forward():
     nn.init.default_rng(1)

@@ -13,10 +13,12 @@ from .qconfig import (
     min_max_fakequant_qconfig,
 )
 from .quantize import (
+    Fused,
     disable_fake_quant,
     disable_observer,
     enable_fake_quant,
     enable_observer,
+    fuse_sequential,
     quantize,
     quantize_qat,
 )
@@ -25,6 +27,7 @@ from .quantized import quantize_value
 __all__ = [
     "ExponentialMovingAverageObserver",
     "FakeQuantize",
+    "Fused",
     "MinMaxObserver",
     "Observer",
     "QConfig",
@@ -35,6 +38,7 @@ __all__ = [
     "enable_fake_quant",
     "enable_observer",
     "fake_quant",
+    "fuse_sequential",
     "min_max_fakequant_qconfig",
     "qat",
     "quantize",

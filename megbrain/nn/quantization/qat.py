@@ -74,17 +74,23 @@ class QATModule(Module):
     def from_float_module(cls, float_module: Module) -> QATModule:
         """The QAT module of ``float_module``, sharing its parameters and sub-modules (no
         observer yet: :meth:`set_qconfig`)."""
-        m = object.__new__(cls)
-        state = dict(float_module.__dict__)
-        for d in ("_params", "_buffers", "_modules"):
-            state[d] = OrderedDict(state[d])
-        m.__dict__.update(state)
-        return m
+        return retype(float_module, cls)
 
     def weight_and_bias(self, g):
         """The float weight and bias (or None) the module quantizes, as vars of ``g``: its
         ``weight`` and ``bias`` parameters."""
         return _var(self.weight, g), _var(self.bias, g)
+
+
+def retype(module: Module, cls: type) -> Module:
+    """An object of ``cls`` holding ``module``'s attributes, parameters and sub-modules (the
+    same objects)."""
+    m = object.__new__(cls)
+    state = dict(module.__dict__)
+    for d in ("_params", "_buffers", "_modules"):
+        state[d] = OrderedDict(state[d])
+    m.__dict__.update(state)
+    return m
 
 
 def _dtype(observer, what: str):

@@ -6,11 +6,13 @@ from __future__ import annotations
 import megbrain as mgb
 
 from .. import layers as F
-from ..module import Module
+from ..module import Module, Sequential
 from . import qat, quantized
 from .qconfig import QConfig, ema_fakequant_qconfig
 
 __all__ = [
+    "Fused",
+    "fuse_sequential",
     "quantize_qat",
     "quantize",
     "enable_observer",
@@ -50,13 +52,73 @@ def _swap(module: Module, convert, path: str = "") -> Module:
     new = convert(module, path)
     if new is not None:
         return new
+    # every child is set again, in order: setattr moves a name to the end
     for name, child in list(module.named_children()):
         setattr(module, name, _swap(child, convert, f"{path}.{name}" if path else name))
     return module
 
 
-def quantize_qat(module: Module, qconfig: QConfig = ema_fakequant_qconfig) -> Module:
+class Fused(Module):
+    """The place of a layer fused into the unit before it in a Sequential: the identity."""
+
+    def forward(self, x):
+        return x
+
+
+def _unit(cls, **parts) -> Module:
+    m = object.__new__(cls)
+    Module.__init__(m)
+    for k, v in parts.items():
+        setattr(m, k, v)
+    return m
+
+
+def fuse_sequential(module: Module) -> Module:
+    """Fuse the runs of every Sequential in ``module`` that quantization converts as one
+    unit, in place: Conv2d, BatchNorm2d, ReLU becomes ConvBnRelu2d; Conv2d, BatchNorm2d
+    ConvBn2d; Conv2d, ReLU ConvRelu2d. The unit takes the Conv2d's place (its parameters
+    named ``conv.*`` and ``bn.*``), a :class:`Fused` the places of the others, so that the
+    float network computes what it did.
+
+    Parameters
+    ----------
+    module : Module
+        Any network.
+
+    Returns
+    -------
+    Module
+        ``module``.
+    """
+    for _, seq in list(module.named_modules()):
+        if not isinstance(seq, Sequential):
+            continue
+        names, mods = list(seq._modules), list(seq._modules.values())
+        i = 0
+        while i < len(mods):
+            kinds = [type(m) for m in mods[i : i + 3]]
+            n, unit = 1, None
+            if kinds[:3] == [F.Conv2d, F.BatchNorm2d, F.ReLU]:
+                n, unit = 3, _unit(F.ConvBnRelu2d, conv=mods[i], bn=mods[i + 1])
+            elif kinds[:2] == [F.Conv2d, F.BatchNorm2d]:
+                n, unit = 2, _unit(F.ConvBn2d, conv=mods[i], bn=mods[i + 1])
+            elif kinds[:2] == [F.Conv2d, F.ReLU]:
+                n, unit = 2, qat.retype(mods[i], F.ConvRelu2d)
+            if unit is not None:
+                mods[i : i + n] = [unit] + [Fused() for _ in range(n - 1)]
+            i += n
+        for name, m in zip(names, mods):
+            setattr(seq, name, m)
+    return module
+
+
+def quantize_qat(
+    module: Module, qconfig: QConfig = ema_fakequant_qconfig, fuse: bool = True
+) -> Module:
     """Swap the float modules of ``module`` for QAT ones, in place.
+
+    With ``fuse``, the Conv2d, BatchNorm2d(, ReLU) and Conv2d, ReLU runs of its Sequentials
+    become single units first (:func:`fuse_sequential`).
 
     Conv2d, ConvRelu2d, ConvBn2d, ConvBnRelu2d, Linear, Elemwise, QuantStub and DequantStub
     become their :mod:`.qat` modules, which share the float module's parameters and get the
@@ -71,6 +133,8 @@ def quantize_qat(module: Module, qconfig: QConfig = ema_fakequant_qconfig) -> Mo
         DequantStub.
     qconfig : QConfig
         The observers and fake quantizations (default :data:`.ema_fakequant_qconfig`).
+    fuse : bool
+        Fuse the runs of the Sequentials first.
 
     Returns
     -------
@@ -86,6 +150,8 @@ def quantize_qat(module: Module, qconfig: QConfig = ema_fakequant_qconfig) -> Mo
         q.set_qconfig(qconfig)
         return q
 
+    if fuse:
+        fuse_sequential(module)
     return _swap(module, convert)
 
 
