@@ -261,6 +261,18 @@ def test_sequential_runs_fuse_into_units():
     np.testing.assert_allclose(got, want, atol=2 * mgb.dtype.get_scale(net[6].output_dtype))
 
 
+def test_qat_state_with_its_ranges_saves_and_loads(tmp_path):
+    nn.init.default_rng(8)
+    a = Q.quantize_qat(Net())
+    x = blobs(np.random.default_rng(9), 8)[0]
+    logits(a, x)
+    nn.save_weights(a.eval(), tmp_path / "qat.npz")
+    b = Q.quantize_qat(Net()).eval()
+    nn.load_weights(b, tmp_path / "qat.npz")
+    np.testing.assert_array_equal(logits(b, x), logits(a, x))
+    np.testing.assert_array_equal(logits(Q.quantize(b), x), logits(Q.quantize(a), x))
+
+
 # ---- calibration and errors -------------------------------------------------------------------
 def test_calibration_observes_a_float_forward():
     nn.init.default_rng(1)
