@@ -299,8 +299,8 @@ def test_quantize_of_a_module_never_calibrated_names_it():
 def test_int8_module_fed_a_float_var_names_itself_and_the_dtype(int8_net):
     g = mgb.comp_graph()
     x = mgb.make_arg("cpu0", g, shape=(1, 1, 8, 8), name="img")
-    with pytest.raises(mgb.MegBrainError, match=r"quantized Conv2d: the input 'img' must be "
-                                                 r"QuantizedS8.*got float32"):  # fmt: skip
+    with pytest.raises(mgb.MegBrainError, match=r"quantized Conv2d 'c1': the input 'img' must "
+                                                 r"be QuantizedS8.*got float32"):  # fmt: skip
         int8_net.c1(x)
 
 

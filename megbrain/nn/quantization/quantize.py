@@ -184,11 +184,13 @@ def quantize(module: Module) -> Module:
             return None
         m.eval()
         try:
-            return cls.from_qat_module(m)
+            q = cls.from_qat_module(m)
         except mgb.MegBrainError as exc:
             raise mgb.MegBrainError(
                 f"quantize: {type(m).__name__} module {path or '(the root)'!r}: {exc}"
             ) from exc
+        q.path = path
+        return q
 
     return _swap(module, convert)
 

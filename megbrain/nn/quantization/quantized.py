@@ -53,11 +53,16 @@ def _evaluate(build) -> list:
 class QuantizedModule(Module):
     """Base of the int8 modules: inference only, whatever the training flag says."""
 
+    #: the module's dotted name in the network :func:`.quantize.quantize` converted (errors
+    #: name it)
+    path = ""
+
     def _input_scale(self, x, what: str = "input") -> float:
         """The scale of ``x``, which must be QuantizedS8."""
         if mgb.dtype.dtype_name(x.dtype) != "QuantizedS8":
+            who = f"{type(self).__name__} {self.path!r}" if self.path else type(self).__name__
             raise mgb.MegBrainError(
-                f"quantized {type(self).__name__}: the {what} {x.name!r} must be QuantizedS8 "
+                f"quantized {who}: the {what} {x.name!r} must be QuantizedS8 "
                 f"(a QuantStub or a quantized module before it), got "
                 f"{mgb.dtype.fmt_dtype(x.dtype)}"
             )
