@@ -19,7 +19,7 @@ from megbrain.nn import quantization as Q
 qint8 = mgb.dtype.qint8
 
 
-def run(build, *arrays, outputs_extra=()):
+def run(build, *arrays):
     """``build(*vars)`` on ``arrays`` in a fresh graph; its outputs (a var or a list)."""
     g = mgb.comp_graph()
     vs = [mgb.make_arg("cpu0", g, shape=a.shape, dtype=a.dtype, name=f"x{i}")
