@@ -20,17 +20,22 @@ the clamp at 6, as TFLite deploys ReLU6); the filters' scales their largest magn
 
 Both megbrain graphs are compiled as ``megbrain.onnx.load_inference`` compiles a model
 (``optimize_for_inference`` with its choices, JIT fusion, weight preprocessing, one warm-up
-run); the int8 graph stays int8 (checked: no float operator but the classifier's dequantize
-and bias). onnxruntime runs the int8 graph exported by ``megbrain.onnx.export`` (QuantizeLinear
-/ QLinearConv / DequantizeLinear, QDQ around the adds and the average pooling, MaxPool on
-int8, MatMulInteger), at its default optimization level (its QDQ fusions). The int8 outputs of
-megbrain and onnxruntime are compared on the pooled features (int8, in quantization units)
-and the logits; ONNX rounds ties to even where MegDNN rounds them away from zero, and a
-unit's difference spreads through the layers after it.
+run); the int8 graph stays int8 (printed: its operators with a float output, only the input,
+its quantize and the classifier's dequantize and bias). onnxruntime (default optimization
+level: its QDQ fusions into QLinearAdd, QLinearGlobalAveragePool) runs the int8 graph
+exported by ``megbrain.onnx.export`` (QuantizeLinear / QLinearConv / DequantizeLinear, QDQ
+around the adds and the average pooling, MaxPool on int8, MatMulInteger), and the same model
+with its int8 activations as uint8 of zero point 128 (:func:`uint8_activations`): the same
+integers, in the form onnxruntime's x86 kernels are fast for (its int8 x int8 convolution
+runs about 10x slower than uint8 x int8). The int8 outputs of megbrain and onnxruntime are
+compared on the pooled features (int8, in quantization units) and the logits: ONNX rounds
+ties to even where MegDNN rounds them away from zero, and a unit's difference spreads
+through the layers after it.
 
 Printed per model: the steady-state medians (a block's calls after its first, interleaved as
-``onnx_inference.py`` does) of int8, float32 and onnxruntime int8, the int8 speedup over
-float32 and the ratio onnxruntime / ours (higher is better for megbrain).
+``onnx_inference.py`` does) of megbrain int8, megbrain float32 and both onnxruntime forms, the
+int8 speedup over float32 (issue 31's target: >= 1.5) and the ratios onnxruntime / megbrain
+int8 (target: >= 1.0; higher is better for megbrain).
 
     python benchmarks/quantized.py [--models resnet18,mobilenet_v2] [--threads 2] [--rounds R]
         [--size 224] [--profile [--top N]]
