@@ -1,5 +1,7 @@
 """Export of an int8 megbrain graph (TypeCvt into and out of the quantized dtypes, quantized
-ConvBias) as QuantizeLinear / QLinearConv / DequantizeLinear, run in onnxruntime."""
+ConvBias, ElemwiseMultiType's quantized modes, pooling and MatrixMul) as QuantizeLinear /
+QLinearConv / DequantizeLinear around float operators, MaxPool and MatMulInteger, run in
+onnxruntime."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import megbrain as mgb  # noqa: E402
+from megbrain.kernels.elemwise_multi_type import arity  # noqa: E402
 from megbrain.onnx import ONNXConversionError, export, load  # noqa: E402
 from megbrain.opr import conv_bias_activation, typecvt  # noqa: E402
 
@@ -84,13 +87,13 @@ def test_a_quantized_elemwise_is_refused():
         export([y], None)
 
 
-def _run_both(outs, feed: dict, names=None):
+def _run_both(outs, feed: dict):
     """``(megbrain's values, onnxruntime's values, model)`` of ``outs`` exported."""
     g = outs[0].owner_graph
     got = g.compile(list(feed), [mgb.copy_output(v) for v in outs])
     ours = got(*feed.values())
     ours = [np.asarray(v) for v in (ours if isinstance(ours, (list, tuple)) else [ours])]
-    model = export(outs, None, output_names=names)
+    model = export(outs, None)
     onnx.checker.check_model(model, full_check=True)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     theirs = sess.run(None, {v.name: x for v, x in feed.items()})
@@ -140,8 +143,6 @@ def _q_inputs(g, asymm: bool, shapes, scales, zps, rng):
        st.sampled_from([0.04, 0.1]), st.integers(0, 2**16))  # fmt: skip
 def test_quantized_elemwise_multi_type_exports_as_qdq_within_one_unit(asymm, mode, shapes, sa,
                                                                       sb, sy, seed):  # fmt: skip
-    from megbrain.kernels.elemwise_multi_type import arity
-
     rng = np.random.default_rng(seed)
     n = arity(mode)
     g = mgb.comp_graph()
