@@ -22,103 +22,24 @@ depthwise / grouped / dense, filter size, stride) and one by one, with shapes an
 from __future__ import annotations
 
 import argparse
-import collections
 import functools
 import math
 import statistics
 import time
 
 import numpy as np
+import op_profile
 import torchvision_models as zoo
 from onnx_inference import _limit_threads, _ort_runner, _settings, interleaved
 
 
-def _describe(opr) -> tuple[str, str]:
-    """``(kind, detail)`` of an operator: the kind groups operators of one kind of work (a
-    convolution's layout, grouping, filter and stride), the detail adds its shapes."""
-    from megbrain.graph.static_infer import static_shape
-
-    def dims(var) -> str:
-        shape = static_shape(var)
-        return "?" if shape is None else "x".join(map(str, shape))
-
-    shape = dims(opr.outputs[0]) if opr.outputs else "?"
-    p = getattr(opr, "param", None)
-    kind = opr.type_name
-    if kind in ("ConvBiasForward", "ConvolutionForward") and p is not None:
-        fshape = static_shape(opr.inputs[1]) or ()
-        if p.format == "NCHW88":  # the channel blocks of 8 trail the filter's dims
-            fh, fw = fshape[-4:-2] if fshape[-2:] == (8, 8) else fshape[-3:-1]
-        else:
-            fh, fw = fshape[-2:]
-        if p.sparse == "GROUP":
-            # a group filter is (G, OCpG, ICpG, ...) (NCHW88: those counted in blocks of 8):
-            # depthwise when both are one channel
-            icg = fshape[2] * (8 if p.format == "NCHW88" and fshape[-2:] == (8, 8) else 1)
-            ocg = fshape[1] * (8 if p.format == "NCHW88" and fshape[-2:] == (8, 8) else 1)
-            grouping = "depthwise" if (icg, ocg) == (1, 1) else f"grouped {icg}/group"
-        else:
-            grouping = "dense"
-        kind = (
-            f"{kind.replace('Forward', '')} {p.format} {grouping} {fh}x{fw}/s{p.stride_h}"
-        )
-        algo = getattr(opr, "chosen_algorithm", None)
-        detail = f"{dims(opr.inputs[0])} filter {dims(opr.inputs[1])} -> {shape} [{algo}]"
-        return kind, detail
-    mode = getattr(p, "mode", None)
-    if mode is not None:
-        kind = f"{kind} {mode}"
-    fmt = getattr(p, "format", None)
-    if fmt is not None:
-        kind = f"{kind} {fmt}"
-    return kind, f"-> {shape}"
-
-
-def _per_operator(prof) -> list[tuple[str, str, float]]:
-    """``(kind, detail, seconds)`` per operator: the median of its times over the runs."""
-    per = collections.defaultdict(list)
-    for opr, _cn, _ident, t0, t1, _run in list(prof._observer.events):
-        per[opr].append(t1 - t0)
-    rows = []
-    for opr, ts in per.items():
-        if opr.type_name in ("Host2DeviceCopy", "MultipleDeviceTensorHolder"):
-            continue
-        kind, detail = _describe(opr)
-        rows.append((kind, detail, statistics.median(ts)))
-    return sorted(rows, key=lambda r: -r[2])
-
-
 def _profile(path: str, feed: dict, runs: int) -> list[tuple[str, str, float]]:
-    import megbrain as mgb
     import megbrain.onnx as mo
-    from megbrain.plugin import CompGraphProfiler
 
-    graph = mgb.comp_graph()
-    prof = CompGraphProfiler(graph)
-    f = mo.load_inference(path, graph=graph)
-    for _ in range(2):
-        f(**feed)  # the first runs bind and plan: not steady state
-    prof._observer.events.clear()
-    for _ in range(runs):
-        f(**feed)
-    return _per_operator(prof)
+    def build(graph):
+        return functools.partial(mo.load_inference(path, graph=graph), **feed)
 
-
-def _print_profile(name: str, rows, top: int) -> None:
-    total = sum(r[2] for r in rows)
-    kinds: dict[str, list] = collections.defaultdict(lambda: [0.0, 0, ""])
-    for kind, detail, t in rows:
-        k = kinds[kind]
-        k[0] += t
-        k[1] += 1
-        k[2] = k[2] or detail  # the largest of the kind, as an example
-    print(f"\n{name}: megbrain operators, steady state (sum {total * 1e3:.2f} ms)")
-    print(f"  {'kind':44s} {'n':>4s} {'ms':>8s} {'share':>6s}  largest")
-    for kind, (t, n, detail) in sorted(kinds.items(), key=lambda kv: -kv[1][0])[:top]:
-        print(f"  {kind:44s} {n:4d} {t * 1e3:8.3f} {t / total:6.1%}  {detail}")
-    print("  top operators:")
-    for kind, detail, t in rows[:top]:
-        print(f"  {kind:44s} {t * 1e3:8.3f} {t / total:6.1%}  {detail}")
+    return op_profile.profile(build, runs)
 
 
 def main(argv=None) -> None:
@@ -186,7 +107,7 @@ def main(argv=None) -> None:
     for name, why in failed:
         print(f"{name}: {why}")
     for name, prof_rows in profiles:
-        _print_profile(name, prof_rows, args.top)
+        op_profile.print_profile(name, prof_rows, args.top)
 
 
 if __name__ == "__main__":

@@ -341,6 +341,8 @@ def _elemwise_multi_type(w, op, ins):
         r = _rmulh(w, s, m, src)
         r = _round_shr_saturate(w, r, shift, out_dt)
         return w.cast(w.node("Max", [w.node("Min", [r, hi]), lo]), out_dt)
+    if is_quantize(out_dt):
+        return export_quant.elemwise_multi_type(w, op, ins)
     raise w.error(f"ElemwiseMultiType mode {mode} (quantized arithmetic) has no ONNX form")
 
 

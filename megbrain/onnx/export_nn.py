@@ -126,6 +126,8 @@ def _pool(w, op, ins):
         pads=[int(p["pad_h"]), int(p["pad_w"])] * 2,
         strides=[int(p["stride_h"]), int(p["stride_w"])],
     )
+    if is_quantize(op.inputs[0].dtype):
+        return export_quant.pooling(w, op, ins, kw)
     if p["mode"] == "MAX":
         return w.node("MaxPool", [ins[0]], **kw)
     include = 1 if p["mode"] == "AVERAGE" else 0
@@ -189,6 +191,8 @@ def _matmul(w, op, ins):
         raise w.error(f"matmul format {p['format']} has no ONNX form")
     a = _matmul_operand(w, op, 0, ins[0], p.get("transposeA"))
     b = _matmul_operand(w, op, 1, ins[1], p.get("transposeB"))
+    if is_quantize(op.inputs[0].dtype):
+        return export_quant.matmul(w, op, a, b)
     return w.node("MatMul", [a, b])
 
 

@@ -1,6 +1,9 @@
 """Export of megbrain's int8 operators: TypeCvt into and out of the quantized dtypes as
-QuantizeLinear / DequantizeLinear, quantized ConvBias as QLinearConv; a quantized var is
-written as the ONNX tensor of its stored integers."""
+QuantizeLinear / DequantizeLinear, quantized ConvBias as QLinearConv, the quantized
+ElemwiseMultiType modes and average pooling as float operators between DequantizeLinear and
+QuantizeLinear (the QDQ form runtimes fuse), max pooling on the stored integers, quantized
+MatrixMul as MatMulInteger; a quantized var is written as the ONNX tensor of its stored
+integers."""
 
 from __future__ import annotations
 
@@ -8,9 +11,13 @@ import numpy as np
 from onnx import TensorProto
 
 from ..dtype import dtype_name, get_scale, get_zero_point, is_quantize
+from ..kernels.elemwise_multi_type import QUANTIZED_MODES
 from .export_base import Writer, static_shape
 
-__all__ = ["QUANTIZED_OPERATORS", "quantized_storage", "typecvt", "conv_bias"]
+__all__ = [
+    "QUANTIZED_OPERATORS", "quantized_storage", "typecvt", "conv_bias", "elemwise_multi_type",
+    "pooling", "matmul",
+]  # fmt: skip
 
 #: quantized dtypes an exported tensor can hold, with the ONNX type of their integers
 _STORAGE = {
@@ -23,7 +30,8 @@ _STORAGE = {
 #: stored integers, which keeps their meaning)
 QUANTIZED_OPERATORS = frozenset(
     {"ImmutableTensor", "SharedDeviceTensor", "VolatileSharedDeviceTensor", "TypeCvt",
-     "ConvBiasForward", "Reshape", "Dimshuffle", "Concat", "Subtensor", "Broadcast"}
+     "ConvBiasForward", "ElemwiseMultiType", "PoolingForward", "MatrixMul", "BatchedMatrixMul",
+     "Reshape", "Dimshuffle", "Concat", "Subtensor", "Broadcast"}
 )  # fmt: skip
 
 
@@ -76,3 +84,66 @@ def conv_bias(w: Writer, op, ins, geometry: dict, weight: str, group: int) -> st
                group=group, **geometry)  # fmt: skip
     # RELU on the quantized value: max(quantize(v), zero point) = quantize(max(v, 0))
     return y if mode == "IDENTITY" else w.node("Max", [y, yz])
+
+
+def _eight_bit(w: Writer, dtype, what: str) -> int:
+    """The ONNX type of an 8-bit quantized ``dtype`` (refusing the others for ``what``)."""
+    t = _STORAGE.get(dtype_name(dtype))
+    if t not in (TensorProto.INT8, TensorProto.UINT8):
+        raise w.error(f"{what} into {dtype_name(dtype)} has no ONNX form (QuantizeLinear gives "
+                      "8 bits)")  # fmt: skip
+    return t
+
+
+def elemwise_multi_type(w: Writer, op, ins) -> str:
+    """A quantized mode ``Q<MODE>``: the inputs dequantized, ``MODE`` in float32, the result
+    quantized to the output dtype. A mode ending in RELU applies it after the quantize, as
+    a Max with the zero point (equal, the quantize being monotonic), so that the add before
+    it stays in the DequantizeLinear / Add / QuantizeLinear form runtimes fuse."""
+    from .export_elemwise import emit_mode  # it imports this module
+
+    mode = op.params["mode"]
+    out = op.outputs[0].dtype
+    _eight_bit(w, out, f"ElemwiseMultiType {mode}")
+    xs = [w.node("DequantizeLinear", [x, *_params(w, v.dtype)]) for x, v in zip(ins, op.inputs)]
+    base = QUANTIZED_MODES[mode]
+    relu = base in ("RELU", "FUSE_ADD_RELU")
+    if base == "RELU":
+        y = xs[0]
+    else:
+        y = emit_mode(w, "ADD" if base == "FUSE_ADD_RELU" else base, xs, np.float32)
+    scale, zp = _params(w, out)
+    y = w.node("QuantizeLinear", [y, scale, zp])
+    return w.node("Max", [y, zp]) if relu else y
+
+
+def pooling(w: Writer, op, ins, kw: dict) -> str:
+    """Pooling of a quantized var (the output keeps its dtype): MAX on the stored integers
+    (the quantization is monotonic), the averages on the dequantized values (a padded
+    Quantized8Asymm window counts its zero point: 0.0), quantized back; an average over
+    the whole input plane is GlobalAveragePool."""
+    src = op.inputs[0].dtype
+    _eight_bit(w, src, "quantized pooling")
+    mode = op.params["mode"]
+    if mode == "MAX":
+        return w.node("MaxPool", [ins[0]], **kw)
+    scale, zp = _params(w, src)
+    x = w.node("DequantizeLinear", [ins[0], scale, zp])
+    plane = static_shape(w, op.inputs[0], "pooled input")[2:]
+    if kw["kernel_shape"] == plane and not any(kw["pads"]):
+        y = w.node("GlobalAveragePool", [x])
+    else:
+        y = w.node("AveragePool", [x], count_include_pad=int(mode == "AVERAGE"), **kw)
+    return w.node("QuantizeLinear", [y, scale, zp])
+
+
+def matmul(w: Writer, op, a: str, b: str) -> str:
+    """A quantized (batched) matrix product of ``a`` and ``b`` (transposed already) as
+    MatMulInteger: the exact int32 sums, which QuantizedS32 stores."""
+    ta, tb = op.inputs[0].dtype, op.inputs[1].dtype
+    for dt in (ta, tb):
+        _eight_bit(w, dt, f"a quantized {op.type}'s operand")
+    if dtype_name(op.outputs[0].dtype) != "QuantizedS32":
+        raise w.error(f"a quantized {op.type} into {dtype_name(op.outputs[0].dtype)} has no "
+                      "ONNX form here (MatMulInteger gives the int32 sums)")  # fmt: skip
+    return w.node("MatMulInteger", [a, b, _params(w, ta)[1], _params(w, tb)[1]])

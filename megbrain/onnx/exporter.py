@@ -337,7 +337,9 @@ def export(
         outputs = []
         for name, v in out_names:
             shape = out_shapes.get(name) or _out_shape(v)
-            outputs.append(helper.make_tensor_value_info(name, onnx_dtype(v.dtype), shape))
+            # a quantized output is the tensor of its stored integers, as inside the model
+            dt = onnx_dtype(v.dtype) or quantized_storage(v.dtype)
+            outputs.append(helper.make_tensor_value_info(name, dt, shape))
         graph = helper.make_graph(nodes, "megbrain", graph_inputs, outputs, inits)
         model = helper.make_model(
             graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="megbrain"

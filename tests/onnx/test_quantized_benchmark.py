@@ -1,0 +1,35 @@
+"""benchmarks/quantized.py on a 32x32 input, one round, so that the benchmark cannot rot: its
+int8 networks build, compile int8, export, and agree with onnxruntime. Times are not checked.
+Skipped without onnxruntime or threadpoolctl (benchmark peers here)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("threadpoolctl")
+
+_BENCHMARKS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"
+)
+
+
+def test_quantized_benchmark_runs_on_a_small_input(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(_BENCHMARKS)
+    import quantized
+
+    rows = quantized.main(["--size", "32", "--rounds", "1", "--threads", "1", "--profile",
+                           "--top", "3"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert [r["model"] for r in rows] == ["resnet18", "mobilenet_v2"]
+    for r in rows:
+        assert min(r["int8"], r["float32"], r["onnxruntime"], r["onnxruntime u8"]) > 0
+        for peer in ("onnxruntime", "onnxruntime u8"):
+            assert r[f"{peer} agreement"]["features max units"] <= 1, r
+        # the optimized int8 graph keeps int8: float only around the classifier and input
+        assert r["float operators"] == ["Elemwise", "Host2DeviceCopy", "TypeCvt"], r
+    assert "resnet18 int8: megbrain operators" in out
+    assert "QuantizedS8" in out
