@@ -2,9 +2,11 @@
 EnableNchwxxPass for NCHW88).
 
 Float32 2-d Convolution and ConvBias operators whose input and output channels per group are
-multiples of 8 (dense, or grouped with ``sparse=GROUP``) become their NCHW88 form: the filter
-converted by RelayoutFormat (folded into a constant by the ``param_fuse`` that follows), the
-per-channel bias (1, OC, 1, 1) to (1, OC/8, 1, 1, 8), ``z`` and a full-shape bias to NCHW88.
+multiples of 8 (dense, or grouped with ``sparse=GROUP``), or channel-wise ones (one input and
+output channel per group, the groups a multiple of 8: depthwise) become their NCHW88 form:
+the filter converted by RelayoutFormat (folded into a constant by the ``param_fuse`` that
+follows), the per-channel bias (1, OC, 1, 1) to (1, OC/8, 1, 1, 8), ``z`` and a full-shape
+bias to NCHW88.
 Elementwise operators follow when one input is NCHW88 and every other one is NCHW88, of a
 shape broadcasting per channel or per position (``(N, 1, H, W)``), or a scalar. Every other
 reader of a converted var reads it back in NCHW (RelayoutFormat NCHW88_NCHW, made once per
@@ -12,8 +14,7 @@ var), as do the outputs: the graph computes the same values in another layout.
 
 Not converted (they stay NCHW, behind a relayout): the hybrid first layer of the reference
 (an NCHW source of fewer than 8 channels: it ran faster as an NCHW convolution here than as
-the NCHW fallback of the NCHW88 one), channel-wise convolutions (no blocked kernel),
-pooling and all other operators.
+the NCHW fallback of the NCHW88 one), pooling and all other operators.
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ def _conv_weight_mode(opr) -> str | None:
     if src is None or filt is None or out is None or len(src) != 4:
         return None
     if p.group:  # (G, OCg, ICg, FH, FW)
-        if len(filt) != 5 or filt[1] % 8 or filt[2] % 8:
+        if len(filt) != 5:
+            return None
+        if filt[1] == filt[2] == 1 and filt[0] % 8 == 0:  # channel-wise (depthwise)
+            return "NCHW_NCHW88_CONV_CHAN_WEIGHT"
+        if filt[1] % 8 or filt[2] % 8:
             return None
         return "NCHW_NCHW88_CONV_GROUP_WEIGHT"
     if len(filt) != 4 or filt[0] % 8 or filt[1] % 8:
