@@ -8,9 +8,13 @@ the filter converted by RelayoutFormat (folded into a constant by the ``param_fu
 follows), the per-channel bias (1, OC, 1, 1) to (1, OC/8, 1, 1, 8), ``z`` and a full-shape
 bias to NCHW88.
 Elementwise operators follow when one input is NCHW88 and every other one is NCHW88, of a
-shape broadcasting per channel or per position (``(N, 1, H, W)``), or a scalar. Every other
-reader of a converted var reads it back in NCHW (RelayoutFormat NCHW88_NCHW, made once per
-var), as do the outputs: the graph computes the same values in another layout.
+shape broadcasting per channel or per position (``(N, 1, H, W)``), or a scalar. A global
+pooling as ONNX's GlobalAveragePool imports (a reshape to (N, C, H*W), Reduce MEAN, SUM or
+MAX over axis 2, a reshape to (N, C, 1, 1): squeeze-and-excitation) of an NCHW88 var follows
+too, as a Reduce of its (N, C/8, H*W, 8) view. Every other reader of a converted var reads
+it back in NCHW (RelayoutFormat NCHW88_NCHW, made once per var), as do the outputs: the
+graph computes the same values in another layout. A var of one position, (N, C, 1, 1), has
+the same values in the same order in both layouts: it goes either way by a reshape.
 
 Not converted (they stay NCHW, behind a relayout): the hybrid first layer of the reference
 (an NCHW source of fewer than 8 channels: it ran faster as an NCHW convolution here than as
@@ -34,6 +38,8 @@ __all__ = ["use_nchw88"]
 
 _F32 = np.dtype(np.float32)
 _CONVS = (Convolution.type_name, ConvBias.type_name)
+#: the Reduce modes a global pooling of an NCHW88 var keeps blocked
+_POOLS = ("MEAN", "SUM", "MAX")
 
 
 def _conv_weight_mode(opr) -> str | None:
@@ -67,14 +73,45 @@ def use_nchw88(graph, dest, options) -> VarMap:
 
     def nchw(v: VarNode) -> VarNode:
         if v in blocked and v not in rw.varmap:
-            back = relayout_format(SymbolVar(blocked[v]), mode="NCHW88_NCHW").node
+            s = static_shape(v)
+            if s is not None and s[2:] == (1, 1):  # (N, C/8, 1, 1, 8): the same order
+                back = reshape(SymbolVar(blocked[v]), s).node
+            else:
+                back = relayout_format(SymbolVar(blocked[v]), mode="NCHW88_NCHW").node
             rw.replace(v, back, "read back from NCHW88")
         return rw.get(v)
 
     def to88(v: VarNode) -> VarNode:
         if v not in blocked:
-            blocked[v] = relayout_format(SymbolVar(rw.get(v)), mode="NCHW_NCHW88").node
+            s = static_shape(v)
+            if s is not None and len(s) == 4 and s[2:] == (1, 1) and s[1] % 8 == 0:
+                blocked[v] = reshape(SymbolVar(rw.get(v)), (s[0], s[1] // 8, 1, 1, 8)).node
+            else:
+                blocked[v] = relayout_format(SymbolVar(rw.get(v)), mode="NCHW_NCHW88").node
         return blocked[v]
+
+    def pooling_chain(opr) -> bool:
+        """Whether ``opr`` reshapes an NCHW88 var (N, C, H, W) to (N, C, H*W) read only by
+        Reduce operators over axis 2 (MEAN, SUM or MAX), each read only by reshapes to
+        (N, C, 1, 1): a global pooling (squeeze-and-excitation), computed blocked."""
+        if opr.type_name != "Reshape" or opr.extra_deps or opr.inputs[0] not in blocked:
+            return False
+        s, out = static_shape(opr.inputs[0]), static_shape(opr.outputs[0])
+        if s is None or out != (s[0], s[1], s[2] * s[3]) or s[1] % 8:
+            return False
+
+        def only(v, ok) -> bool:
+            rs = rw.readers.get(v, [])
+            return bool(rs) and all(r is not None and not r.extra_deps and ok(r) for r in rs)
+
+        def to_nchw_shape(r) -> bool:
+            return r.type_name == "Reshape" and static_shape(r.outputs[0]) == (*s[:2], 1, 1)
+
+        def reduce(r) -> bool:
+            return (r.type_name == "Reduce" and len(r.inputs) == 1 and r.param.axis == 2
+                    and r.param.mode in _POOLS and only(r.outputs[0], to_nchw_shape))  # fmt: skip
+
+        return only(opr.outputs[0], reduce)
 
     def operand88(v: VarNode, out: tuple) -> VarNode | None:
         """An elementwise operand of NCHW88 output ``out`` (its NCHW shape), or None."""
@@ -121,8 +158,22 @@ def use_nchw88(graph, dest, options) -> VarMap:
             return None
         return graph.insert_opr(opr.clone(ins))[0]
 
+    flat: dict[VarNode, VarNode] = {}  # a pooling chain's (N, C, H*W) -> (N, C/8, H*W, 8)
+    pooled: dict[VarNode, VarNode] = {}  # its Reduce's (N, C, 1) -> (N, C/8, 1, 8)
     for opr in rw.oprs:
         with inherit_props(graph, opr):
+            v = opr.inputs[0] if opr.inputs else None
+            if pooling_chain(opr):
+                n, c, hw = static_shape(opr.outputs[0])
+                flat[opr.outputs[0]] = reshape(SymbolVar(blocked[v]), (n, c // 8, hw, 8)).node
+                continue
+            if v in flat:  # the chain's Reduce
+                pooled[opr.outputs[0]] = graph.insert_opr(opr.clone([flat[v]]))[0]
+                continue
+            if v in pooled:  # the chain's reshape to (N, C, 1, 1)
+                n, c = static_shape(opr.outputs[0])[:2]
+                blocked[opr.outputs[0]] = reshape(SymbolVar(pooled[v]), (n, c // 8, 1, 1, 8)).node
+                continue
             wmode = _conv_weight_mode(opr)
             new = convert_conv(opr, wmode) if wmode is not None else convert_elemwise(opr)
             if new is not None:

@@ -182,3 +182,56 @@ def test_use_nchw88_keeps_inverted_residual_blocks_blocked_through_the_depthwise
     # the input converted once, the output read back once: nothing in between
     relayouts = [o.param.mode for o in seq if o.type_name == "RelayoutFormat"]
     assert relayouts == ["NCHW_NCHW88", "NCHW88_NCHW"]
+
+
+def _se_net(mode="MEAN", squeeze=8, seed=4, extra_reader=False):
+    """A depthwise layer, then squeeze-and-excitation (global ``mode`` pooling as ONNX's
+    GlobalAveragePool imports: reshape, Reduce over axis 2, reshape; two 1x1 convolutions
+    through ``squeeze`` channels; a sigmoid; the broadcast multiply), then a projection."""
+    rng = np.random.default_rng(seed)
+    g = mgb.comp_graph(check_env_var=False)
+    g.set_option("log_level", 0)
+    x = mgb.make_arg(CN, g, name="x", shape=(1, 16, 10, 9))
+    relu = mgb.opr.elem.relu
+
+    def pointwise(v, ic, oc, name):
+        y = convolution(v, _shared(g, rng, (oc, ic, 1, 1), name))
+        return y + _shared(g, rng, (1, oc, 1, 1), name + "_b")
+
+    h = relu(pointwise(x, 16, 32, "e"))
+    dw = _shared(g, rng, (32, 1, 1, 3, 3), "d")
+    h = relu(convolution(h, dw, pad_h=1, pad_w=1, sparse="GROUP"))
+    flat = mgb.opr.reshape(h, (1, 32, 90))
+    pooled = mgb.opr.reshape(mgb.opr.reduce_general(flat, mode=mode, axis=2), (1, 32, 1, 1))
+    s = mgb.opr.elem.sigmoid(pointwise(relu(pointwise(pooled, 32, squeeze, "s1")), squeeze, 32,
+                                       "s2"))  # fmt: skip
+    outs = [pointwise(h * s, 32, 16, "p")]
+    if extra_reader:  # the flattened tensor read by something else too: stays NCHW
+        outs.append(flat * 2.0)
+    feed = {"x": rng.standard_normal((1, 16, 10, 9)).astype(F32)}
+    return outs, feed
+
+
+@pytest.mark.parametrize("mode", ["MEAN", "SUM", "MAX"])
+@pytest.mark.parametrize("squeeze", [8, 4])  # the squeeze convolutions in NCHW88 or NCHW
+def test_use_nchw88_keeps_squeeze_and_excitation_blocked(mode, squeeze):
+    outs, feed = _se_net(mode, squeeze)
+    want = _results(outs, feed)
+    new = mgb.optimize_for_inference(outs, use_nchw88=True, fuse_conv_bias_nonlinearity=True)
+    np.testing.assert_allclose(_results(new, feed)[0], want[0], rtol=1e-4, atol=1e-5)
+    _, seq = _oprs(new)
+    relayouts = [o.param.mode for o in seq if o.type_name == "RelayoutFormat"]
+    assert relayouts == ["NCHW_NCHW88", "NCHW88_NCHW"]
+    (red,) = [o for o in seq if o.type_name == "Reduce"]
+    assert mgb.graph.static_shape(red.inputs[0]) == (1, 4, 90, 8)
+
+
+def test_a_pooled_tensor_read_elsewhere_stays_nchw():
+    outs, feed = _se_net(extra_reader=True)
+    want = _results(outs, feed)
+    new = mgb.optimize_for_inference(outs, use_nchw88=True)
+    for a, b in zip(_results(new, feed), want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    _, seq = _oprs(new)
+    (red,) = [o for o in seq if o.type_name == "Reduce"]
+    assert mgb.graph.static_shape(red.inputs[0]) == (1, 32, 90)
