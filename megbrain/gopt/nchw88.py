@@ -11,10 +11,11 @@ Elementwise operators follow when one input is NCHW88 and every other one is NCH
 shape broadcasting per channel or per position (``(N, 1, H, W)``), or a scalar. A global
 pooling as ONNX's GlobalAveragePool imports (a reshape to (N, C, H*W), Reduce MEAN, SUM or
 MAX over axis 2, a reshape to (N, C, 1, 1): squeeze-and-excitation) of an NCHW88 var follows
-too, as a Reduce of its (N, C/8, H*W, 8) view. Every other reader of a converted var reads
-it back in NCHW (RelayoutFormat NCHW88_NCHW, made once per var), as do the outputs: the
-graph computes the same values in another layout. A var of one position, (N, C, 1, 1), has
-the same values in the same order in both layouts: it goes either way by a reshape.
+too, as a Reduce of its (N, C/8, H*W, 8) view, and so does a Reduce over axis 2 or 3 (H or
+W). Every other reader of a converted var reads it back in NCHW (RelayoutFormat NCHW88_NCHW,
+made once per var), as do the outputs: the graph computes the same values in another
+layout. A var of one position, (N, C, 1, 1), has the same values in the same order in both
+layouts: it goes either way by a reshape.
 
 Not converted (they stay NCHW, behind a relayout): the hybrid first layer of the reference
 (an NCHW source of fewer than 8 channels: it ran faster as an NCHW convolution here than as
@@ -38,8 +39,6 @@ __all__ = ["use_nchw88"]
 
 _F32 = np.dtype(np.float32)
 _CONVS = (Convolution.type_name, ConvBias.type_name)
-#: the Reduce modes a global pooling of an NCHW88 var keeps blocked
-_POOLS = ("MEAN", "SUM", "MAX")
 
 
 def _conv_weight_mode(opr) -> str | None:
@@ -92,8 +91,8 @@ def use_nchw88(graph, dest, options) -> VarMap:
 
     def pooling_chain(opr) -> bool:
         """Whether ``opr`` reshapes an NCHW88 var (N, C, H, W) to (N, C, H*W) read only by
-        Reduce operators over axis 2 (MEAN, SUM or MAX), each read only by reshapes to
-        (N, C, 1, 1): a global pooling (squeeze-and-excitation), computed blocked."""
+        Reduce operators over axis 2, each read only by reshapes to (N, C, 1, 1): a global
+        pooling (squeeze-and-excitation), computed blocked."""
         if opr.type_name != "Reshape" or opr.extra_deps or opr.inputs[0] not in blocked:
             return False
         s, out = static_shape(opr.inputs[0]), static_shape(opr.outputs[0])
@@ -109,7 +108,7 @@ def use_nchw88(graph, dest, options) -> VarMap:
 
         def reduce(r) -> bool:
             return (r.type_name == "Reduce" and len(r.inputs) == 1 and r.param.axis == 2
-                    and r.param.mode in _POOLS and only(r.outputs[0], to_nchw_shape))  # fmt: skip
+                    and only(r.outputs[0], to_nchw_shape))  # fmt: skip
 
         return only(opr.outputs[0], reduce)
 
@@ -158,6 +157,13 @@ def use_nchw88(graph, dest, options) -> VarMap:
             return None
         return graph.insert_opr(opr.clone(ins))[0]
 
+    def spatial_reduce(opr) -> bool:
+        """Whether ``opr`` reduces an NCHW88 var (N, C, H, W) over H or W."""
+        if opr.type_name != "Reduce" or len(opr.inputs) != 1 or opr.extra_deps:
+            return False
+        # a negative axis would count from the blocked var's end: its 8 channels
+        return opr.inputs[0] in blocked and opr.param.axis in (2, 3)
+
     flat: dict[VarNode, VarNode] = {}  # a pooling chain's (N, C, H*W) -> (N, C/8, H*W, 8)
     pooled: dict[VarNode, VarNode] = {}  # its Reduce's (N, C, 1) -> (N, C/8, 1, 8)
     for opr in rw.oprs:
@@ -173,6 +179,9 @@ def use_nchw88(graph, dest, options) -> VarMap:
             if v in pooled:  # the chain's reshape to (N, C, 1, 1)
                 n, c = static_shape(opr.outputs[0])[:2]
                 blocked[opr.outputs[0]] = reshape(SymbolVar(pooled[v]), (n, c // 8, 1, 1, 8)).node
+                continue
+            if spatial_reduce(opr):  # the same axis of (N, C/8, H, W, 8)
+                blocked[opr.outputs[0]] = graph.insert_opr(opr.clone([blocked[v]]))[0]
                 continue
             wmode = _conv_weight_mode(opr)
             new = convert_conv(opr, wmode) if wmode is not None else convert_elemwise(opr)

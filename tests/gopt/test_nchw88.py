@@ -235,3 +235,23 @@ def test_a_pooled_tensor_read_elsewhere_stays_nchw():
     _, seq = _oprs(new)
     (red,) = [o for o in seq if o.type_name == "Reduce"]
     assert mgb.graph.static_shape(red.inputs[0]) == (1, 32, 90)
+
+
+@pytest.mark.parametrize("axes", [(2, 3), (3, 2)])
+def test_use_nchw88_reduces_over_h_and_w_blocked(axes):
+    # torch's x.mean([2, 3]) head (MnasNet): two Reduces, then a flatten for the classifier
+    rng = np.random.default_rng(5)
+    g = mgb.comp_graph(check_env_var=False)
+    x = mgb.make_arg(CN, g, name="x", shape=(2, 8, 5, 7))
+    h = mgb.opr.elem.relu(convolution(x, _shared(g, rng, (16, 8, 3, 3), "w"), pad_h=1, pad_w=1))
+    for axis in axes:
+        h = mgb.opr.reduce_general(h, mode="MEAN", axis=axis)
+    y = mgb.opr.reshape(h, (2, 16))
+    feed = {"x": rng.standard_normal((2, 8, 5, 7)).astype(F32)}
+    new = mgb.optimize_for_inference([y], use_nchw88=True)
+    np.testing.assert_allclose(_results(new, feed)[0], _results([y], feed)[0], rtol=1e-4,
+                               atol=1e-5)  # fmt: skip
+    _, seq = _oprs(new)
+    assert [o.param.mode for o in seq if o.type_name == "RelayoutFormat"] == ["NCHW_NCHW88"]
+    assert all(len(mgb.graph.static_shape(o.inputs[0])) == 5 for o in seq
+               if o.type_name == "Reduce")  # fmt: skip
