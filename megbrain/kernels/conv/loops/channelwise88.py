@@ -4,9 +4,9 @@ applied as each output position is written.
 
 Single-threaded and GIL-free (``nogil``) over a ``[begin, end)`` range of units (a sample, a
 block of 8 channels and a band of output rows), so that a caller splits one call over a few
-Python threads. No allocation: the accumulators are a :func:`.tiled_jit.stack_tile` that
-LLVM keeps in registers. Compiled on first use, with LLVM's SLP vectorizer on
-(:func:`.tiled_jit.compile_tiled`): the 8 channels of a position are one vector.
+Python threads. No allocation: the padded source rows go to the caller's scratch, the
+accumulators are vectors LLVM keeps in registers (:func:`_tap_sums`). Compiled on first use
+(:func:`.tiled_jit.compile_tiled`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 
 from ... import tiled_jit
 
-__all__ = ["CB", "channelwise88"]
+__all__ = ["CB", "channelwise88", "scratch_size"]
 
 #: channels of a block: the innermost dim of the source, filter and output
 CB = 8
@@ -32,7 +32,8 @@ J = 8
 _TILE = J * CB
 _TILE4 = 4 * CB
 
-stack_tile = carray = tap_sums = _tile = _tile4 = _one = _finish = None  # bound by _compiled()
+# bound by _compiled() before compiling
+stack_tile = carray = tap_sums = _tile = _tile4 = _one = _row_tiles = _finish = None
 
 
 @functools.cache
@@ -147,7 +148,31 @@ def _finish_py(acc, positions, out, o, z, bias, bo, epi):
         out[np.uintp(o + k)] = acc[k]
 
 
-def _channelwise88_py(x, w, out, z, bias, dims, conv, epi, u0, u1):
+def _row_tiles_py(x, xi, sw8, w, wo, a0, a1, fw, rstep, cstep, out, o, z, bias, bo, epi, ow):
+    # pragma: no cover - compiled
+    # the ow positions of an output row from a padded source row (every tap inside it): tiles
+    # of J (4 for a row shorter than J), the last one ending at the row's end (it recomputes
+    # a few positions of the one before it, the same sums), one at a time below 4 positions
+    if ow >= J:
+        j = 0
+        while True:
+            jj = min(j, ow - J)
+            _tile(x, xi + jj * sw8, sw8, w, wo, a0, a1, fw, rstep, cstep, out, o + jj * CB, z,
+                  bias, bo, epi)  # fmt: skip
+            if jj == ow - J:
+                break
+            j += J
+    elif ow >= 4:
+        for jj in (0, ow - 4):
+            _tile4(x, xi + jj * sw8, sw8, w, wo, a0, a1, fw, rstep, cstep, out, o + jj * CB, z,
+                   bias, bo, epi)  # fmt: skip
+    else:
+        for j in range(ow):
+            _one(x, xi + j * sw8, w, wo, a0, a1, 0, fw, fw, rstep, cstep, out, o + j * CB, z,
+                 bias, bo, epi)  # fmt: skip
+
+
+def _channelwise88_py(x, w, out, z, bias, xp, dims, conv, epi, u0, u1):
     # pragma: no cover - compiled
     """Units [u0, u1) of the flat C-contiguous NCHW88 ``out`` (N, CB_N, OH, OW, 8) = the
     channel-wise convolution of the flat C-contiguous ``x`` (N, CB_N, H, W, 8) with ``w``
@@ -155,65 +180,62 @@ def _channelwise88_py(x, w, out, z, bias, dims, conv, epi, u0, u1):
     bit 1), ``+ z`` (bit 2, out's layout), ReLU (bit 4).
 
     dims: N, CB_N, H, W, OH, OW, FH, FW, ROWS (output rows a unit takes), BANDS (units per
-    block); conv: SH, SW, PH, PW, DH, DW. Each output position sums its taps in filter order
-    (row-major): J positions at a time where every filter column of all J is inside the
-    source, one at a time (over the columns inside) elsewhere; no padded copy is made."""
+    block); conv: SH, SW, PH, PW, DH, DW. A unit first copies the source rows its band reads
+    into ``xp`` (rows of W + 2 PW positions, PW zero positions either side), so that every
+    filter column of every output position is inside a row: the positions go J at a time.
+    Filter rows outside the source are skipped. Each output sums its taps in filter order
+    (row-major)."""
     cbn, h_, w_, oh, ow = dims[1], dims[2], dims[3], dims[4], dims[5]
     fh, fw, rows, bands = dims[6], dims[7], dims[8], dims[9]
     sh, sw, ph, pw, dh, dw = conv[0], conv[1], conv[2], conv[3], conv[4], conv[5]
     xrow = w_ * CB
-    plane_in = h_ * xrow
-    rstep, cstep = dh * xrow, dw * CB  # the source distance of the next filter row, column
-    # output columns [jl, jr) have every filter column inside the source
-    jl = min(ow, (pw + sw - 1) // sw)
-    reach = (fw - 1) * dw - pw  # the last tap's column of output column j: j sw + reach
-    jr = max(jl, min(ow, (w_ - 1 - reach) // sw + 1)) if reach <= w_ - 1 else jl
+    prow = (w_ + 2 * pw) * CB  # a padded row
+    rstep, cstep = dh * prow, dw * CB  # the distance of the next filter row, column
     for u in range(u0, u1):
         blk = u // bands
         cb = blk % cbn
         r0 = (u % bands) * rows
         r1 = min(oh, r0 + rows)
-        xb = blk * plane_in
+        xb = blk * h_ * xrow
         wo = cb * fh * fw * CB
+        base = r0 * sh - ph  # the source row of xp's row 0
+        for sr in range(max(0, base), min(h_, (r1 - 1) * sh - ph + (fh - 1) * dh + 1)):
+            dst = xp[(sr - base) * prow : (sr - base + 1) * prow]
+            for k in range(pw * CB):
+                dst[k] = np.float32(0.0)
+            mid = dst[pw * CB : pw * CB + xrow]
+            src = x[xb + sr * xrow : xb + (sr + 1) * xrow]
+            for k in range(xrow):
+                mid[k] = src[k]
+            tail = dst[pw * CB + xrow :]
+            for k in range(pw * CB):
+                tail[k] = np.float32(0.0)
         for i in range(r0, r1):
             top = i * sh - ph  # the source row of filter row 0
             a0 = 0 if top >= 0 else min(fh, (-top + dh - 1) // dh)
             a1 = min(fh, (h_ - 1 - top) // dh + 1) if top <= h_ - 1 else 0
             if a1 < a0:
                 a1 = a0
-            o = (blk * oh + i) * ow * CB
-            xi = xb + top * xrow  # may be negative: only rows [a0, a1) are read
-            j = 0
-            while j < ow:
-                left = j * sw - pw
-                if j >= jl and j + J <= jr:
-                    _tile(x, xi + left * CB, sw * CB, w, wo, a0, a1, fw, rstep, cstep, out,
-                          o + j * CB, z, bias, cb * CB, epi)  # fmt: skip
-                    j += J
-                    continue
-                if j >= jl and j + 4 <= jr:
-                    _tile4(x, xi + left * CB, sw * CB, w, wo, a0, a1, fw, rstep, cstep, out,
-                           o + j * CB, z, bias, cb * CB, epi)  # fmt: skip
-                    j += 4
-                    continue
-                b0 = 0 if left >= 0 else min(fw, (-left + dw - 1) // dw)
-                b1 = min(fw, (w_ - 1 - left) // dw + 1) if left <= w_ - 1 else 0
-                if b1 < b0:
-                    b1 = b0
-                _one(x, xi + left * CB, w, wo, a0, a1, b0, b1, fw, rstep, cstep, out, o + j * CB,
-                     z, bias, cb * CB, epi)  # fmt: skip
-                j += 1
+            _row_tiles(xp, (top - base) * prow, sw * CB, w, wo, a0, a1, fw, rstep, cstep, out,
+                       (blk * oh + i) * ow * CB, z, bias, cb * CB, epi, ow)  # fmt: skip
 
 
-def channelwise88(x, w, out, z, bias, dims, conv, epi: int, u0: int, u1: int) -> None:
+def scratch_size(rows: int, w: int, fshape, stride, pad, dilate) -> int:
+    """The float32 values of the padded source rows (``xp``) a unit of ``rows`` output rows
+    reads, for a source ``w`` positions wide."""
+    return ((rows - 1) * stride[0] + (fshape[0] - 1) * dilate[0] + 1) * (w + 2 * pad[1]) * CB
+
+
+def channelwise88(x, w, out, z, bias, xp, dims, conv, epi: int, u0: int, u1: int) -> None:
     """Units [u0, u1) of the channel-wise NCHW88 convolution (:func:`_channelwise88_py`):
-    ``x``, ``w``, ``z`` and ``bias`` read-only float32 vectors, ``out`` a writable one."""
-    _compiled()(x, w, out, z, bias, dims, conv, int(epi), int(u0), int(u1))
+    ``x``, ``w``, ``z`` and ``bias`` read-only float32 vectors, ``out`` and the scratch
+    ``xp`` (:func:`scratch_size` values) writable ones."""
+    _compiled()(x, w, out, z, bias, xp, dims, conv, int(epi), int(u0), int(u1))
 
 
 @functools.cache
 def _compiled():
-    global stack_tile, carray, tap_sums, _tile, _tile4, _one, _finish
+    global stack_tile, carray, tap_sums, _tile, _tile4, _one, _row_tiles, _finish
     stack_tile, carray, tap_sums = tiled_jit.stack_tile(), _carray, _tap_sums()
     compile_tiled = tiled_jit.compile_tiled
     f1, i8 = t.float32[::1], t.int64
@@ -222,10 +244,12 @@ def _compiled():
     acc = t.Array(t.float32, 1, "C")
     _finish = compile_tiled(_finish_py, [t.void(acc, i8, f1, i8, fr, fr, i8, i8)],
                             inline="always")  # fmt: skip
-    tile_sig = [t.void(fr, i8, i8, fr, i8, i8, i8, i8, i8, i8, f1, i8, fr, fr, i8, i8)]
+    tile_sig = [t.void(f1, i8, i8, fr, i8, i8, i8, i8, i8, i8, f1, i8, fr, fr, i8, i8)]
     _tile = compile_tiled(_tile_py, tile_sig, inline="always")
     _tile4 = compile_tiled(_tile4_py, tile_sig, inline="always")
-    _one = compile_tiled(_one_py, [t.void(fr, i8, fr, i8, i8, i8, i8, i8, i8, i8, i8, f1, i8,
+    _one = compile_tiled(_one_py, [t.void(f1, i8, fr, i8, i8, i8, i8, i8, i8, i8, i8, f1, i8,
                                           fr, fr, i8, i8)])  # fmt: skip
-    return compile_tiled(_channelwise88_py, [t.void(fr, fr, f1, fr, fr, ints, ints, i8, i8,
+    _row_tiles = compile_tiled(_row_tiles_py, [t.void(f1, i8, i8, fr, i8, i8, i8, i8, i8, i8, f1,
+                                                      i8, fr, fr, i8, i8, i8)])  # fmt: skip
+    return compile_tiled(_channelwise88_py, [t.void(fr, fr, f1, fr, fr, f1, ints, ints, i8, i8,
                                                     i8)])  # fmt: skip
