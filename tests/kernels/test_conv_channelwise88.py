@@ -1,8 +1,9 @@
 """The channel-wise (depthwise) NCHW88 convolution (CHANNELWISE_NCHW88, through
 megbrain.kernels.conv.nchw88.bind_nchw88_forward) against the float64 reference: drawn
 batches, channel blocks, filter sizes, strides, paddings, dilations and flips, with and
-without the epilogue (bias, residual ``z``, ReLU keeping NaN); strided operands; the same
-bits over thread counts; nothing allocated at run time; the workspace contract."""
+without the epilogue (bias, residual ``z``, ReLU keeping NaN); strided operands; nothing
+allocated at run time; the workspace contract (the same bits over thread counts:
+test_conv_nchw88)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_conv_algos import ATOL, RTOL, assert_allocates_nothing
+from test_conv_fast_algos import _carved
+from test_conv_nchw88 import _filter88, _to88
 
 from megbrain.kernels import parallel, workspace
 from megbrain.kernels.conv import common as conv_common
@@ -38,33 +41,33 @@ def _ref(x, w, stride, pad, dilate, flip):
     return out
 
 
+def _case(**kw):
+    c = dict(n=1, c=16, fshape=(3, 3), stride=(1, 1), pad=(1, 1), dilate=(1, 1),
+             sshape=(13, 21), flip=False, seed=3)  # fmt: skip
+    c.update(kw)
+    return c
+
+
+def _pair(lo, hi):
+    return st.tuples(st.integers(lo, hi), st.integers(lo, hi))
+
+
 @st.composite
 def cases(draw):
-    fshape = (draw(st.integers(1, 7)), draw(st.integers(1, 7)))
-    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-    dilate = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    fshape, stride, dilate = draw(_pair(1, 7)), draw(_pair(1, 3)), draw(_pair(1, 2))
     pad = tuple(draw(st.integers(0, (f - 1) * d + 1)) for f, d in zip(fshape, dilate))
-    sshape = tuple(draw(st.integers(max(1, d * (f - 1) + 1 - 2 * p), 30))
-                   for f, p, d in zip(fshape, pad, dilate))  # fmt: skip
-    return dict(
-        n=draw(st.integers(1, 2)),
-        c=8 * draw(st.integers(1, 3)),
-        fshape=fshape,
-        stride=stride,
-        pad=pad,
-        dilate=dilate,
-        sshape=sshape,
-        flip=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
-    )
+    lows = [max(1, d * (f - 1) + 1 - 2 * p) for f, p, d in zip(fshape, pad, dilate)]
+    sshape = tuple(draw(st.integers(lo, 30)) for lo in lows)  # rows of 8-position tiles
+    n, blocks, flip = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.booleans())
+    return _case(n=n, c=8 * blocks, fshape=fshape, stride=stride, pad=pad, dilate=dilate,
+                 sshape=sshape, flip=flip, seed=draw(st.integers(0, 2**16)))  # fmt: skip
 
 
 def _operands(c):
     rng = np.random.default_rng(c["seed"])
     x = rng.uniform(-1, 1, (c["n"], c["c"], *c["sshape"])).astype(np.float32)
     w = rng.uniform(-1, 1, (c["c"], *c["fshape"])).astype(np.float32)
-    filt = np.ascontiguousarray(w.reshape(c["c"] // 8, 8, *c["fshape"]).transpose(0, 2, 3, 1))
-    return x, w, np.ascontiguousarray(conv_nchw88.to_nchw88(x)), filt[:, None, None]
+    return x, w, _to88(x), _filter88(w[:, None, None], "chan")
 
 
 def _out(c):
@@ -76,13 +79,6 @@ def _out(c):
 def _bind(c, src, filt, out, **kw):
     return conv_nchw88.bind_nchw88_forward(src, filt, out, c["stride"], c["pad"], c["dilate"],
                                            c["flip"], group=True, **kw)  # fmt: skip
-
-
-def _case(**kw):
-    c = dict(n=1, c=16, fshape=(3, 3), stride=(1, 1), pad=(1, 1), dilate=(1, 1),
-             sshape=(13, 21), flip=False, seed=3)  # fmt: skip
-    c.update(kw)
-    return c
 
 
 @settings(max_examples=120, deadline=None)
@@ -152,17 +148,6 @@ def test_a_readonly_output_view_is_written_through_a_copy():
                                rtol=RTOL, atol=ATOL)  # fmt: skip
 
 
-def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch):
-    c = _case(n=2, c=24, sshape=(17, 30))
-    _, _, src, filt = _operands(c)
-    outs = []
-    for threads in (1, 2, 3):
-        monkeypatch.setattr(parallel, "num_threads", lambda t=threads: t)
-        outs.append(_out(c))
-        _bind(c, src, filt, outs[-1])[1]()
-    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[1], outs[2])
-
-
 @pytest.mark.parametrize("constant", [False, True])
 def test_workspace_is_written_before_read_and_nothing_is_allocated(monkeypatch, constant):
     c = _case(n=2, c=16, fshape=(5, 5), pad=(2, 2), stride=(2, 2), flip=True)
@@ -175,12 +160,7 @@ def test_workspace_is_written_before_read_and_nothing_is_allocated(monkeypatch, 
         with constant_filter(constant):
             return _bind(c, src, filt, out, epilogue=Epilogue(bias, True), z=z)[1]
 
-    rec = workspace.Recorder()
-    with workspace.allocating(rec):
-        bind()
-    buf = np.empty(max(rec.nbytes, 1), np.uint8)
-    with workspace.allocating(workspace.Carver(buf)):
-        step = bind()
+    step, buf = _carved(bind)
     step()
     want = np.maximum(_ref(x, w, c["stride"], c["pad"], c["dilate"], True)
                       + bias[None, :, None, None], 0)  # fmt: skip

@@ -293,10 +293,13 @@ def test_wide_units_equal_units_of_16_channels_bit_for_bit(monkeypatch, geometry
     assert np.array_equal(outs[0], outs[1])
 
 
-def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch):
+@pytest.mark.parametrize(
+    "geometry", [dict(icg=16, ocg=32), dict(kind="chan", g=24, icg=1, ocg=1, sshape=(17, 30))]
+)  # DIRECT_NCHW88, CHANNELWISE_NCHW88 (its units' row bands depend on the thread count)
+def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch, geometry):
     from megbrain.kernels import parallel
 
-    c = _case(n=2, icg=16, ocg=32, sshape=(12, 13))
+    c = _case(n=2, **{"sshape": (12, 13), **geometry})
     _, _, src, filt = _operands(c)
     outs = []
     for threads in (1, 2, 3):
