@@ -216,7 +216,7 @@ BLOCK_INNER = 8
 #: rows of BLOCK_INNER values summed apart (independent sums in registers), then added
 _ROWS = 4
 _BLOCK_TILE = _ROWS * BLOCK_INNER
-stack_tile = None  # bound by _blocked_loops() before compiling
+stack_tile = None  # bound by _blocked_loop() before compiling
 
 
 def _block_sum_py(x, out):  # pragma: no cover - compiled
@@ -268,16 +268,16 @@ def _block_max_py(x, out):  # pragma: no cover - compiled
 
 
 @functools.cache
-def _blocked_loops() -> dict:
+def _blocked_loop(ufunc):
+    """The compiled loop of :func:`_compiled_blocked` for ``ufunc`` (each compiled on first
+    use: a network pooling by MEAN never compiles the maximum)."""
     global stack_tile
     from . import tiled_jit
 
     stack_tile = tiled_jit.stack_tile()
     sig = [nt.void(nt.Array(nt.float32, 2, "C", readonly=True), nt.float32[:, ::1])]
-    return {
-        np.add: tiled_jit.compile_tiled(_block_sum_py, sig, fastmath=False),
-        np.maximum: tiled_jit.compile_tiled(_block_max_py, sig, fastmath=False),
-    }
+    fn = _block_sum_py if ufunc is np.add else _block_max_py
+    return tiled_jit.compile_tiled(fn, sig, fastmath=False)
 
 
 def _compiled_blocked(ufunc, src: np.ndarray, axes: tuple, res: np.ndarray) -> list | None:
@@ -302,4 +302,4 @@ def _compiled_blocked(ufunc, src: np.ndarray, axes: tuple, res: np.ndarray) -> l
     (na, _), (nb, _), _ = g
     x = src.reshape(na, nb * BLOCK_INNER).view()
     x.flags.writeable = False
-    return [_partial(_blocked_loops()[ufunc], x, res.reshape(na, BLOCK_INNER))]
+    return [_partial(_blocked_loop(ufunc), x, res.reshape(na, BLOCK_INNER))]
