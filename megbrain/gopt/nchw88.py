@@ -73,7 +73,7 @@ def use_nchw88(graph, dest, options) -> VarMap:
     def nchw(v: VarNode) -> VarNode:
         if v in blocked and v not in rw.varmap:
             s = static_shape(v)
-            if s is not None and s[2:] == (1, 1):  # (N, C/8, 1, 1, 8): the same order
+            if s is not None and s[2:] == (1, 1) and s[1] % 8 == 0:  # the same order
                 back = reshape(SymbolVar(blocked[v]), s).node
             else:
                 back = relayout_format(SymbolVar(blocked[v]), mode="NCHW88_NCHW").node
