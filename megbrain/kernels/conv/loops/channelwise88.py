@@ -26,8 +26,8 @@ __all__ = ["CB", "channelwise88", "scratch_size"]
 
 #: channels of a block: the innermost dim of the source, filter and output
 CB = 8
-#: output positions of a row summed at once inside the source (every tap inside it): that
-#: many independent vector sums hide the latency of the multiply-adds
+#: output positions of a row summed at once: that many independent vector sums hide the
+#: latency of the multiply-adds
 J = 8
 _TILE = J * CB
 _TILE4 = 4 * CB
@@ -124,7 +124,7 @@ def _tile4_py(x, x0, step, w, w0, a0, a1, fw, rstep, cstep, out, o, z, bias, bo,
 
 def _one_py(x, x0, w, w0, a0, a1, b0, b1, fw, rstep, cstep, out, o, z, bias, bo, epi):
     # pragma: no cover - compiled
-    # one output position, filter columns [b0, b1) inside the source
+    # one output position (of a row shorter than 4), filter columns [b0, b1)
     tile = stack_tile(CB, np.float32)  # noqa: F821 - the tiled_jit intrinsic
     tap_sums(tile, 1, x, x0, 0, w, w0, a0, a1, b0, b1, fw, rstep, cstep)  # noqa: F821
     _finish(carray(tile, CB), 1, out, o, z, bias, bo, epi)  # noqa: F821
