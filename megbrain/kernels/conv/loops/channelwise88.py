@@ -152,7 +152,9 @@ def _row_tiles_py(x, xi, sw8, w, wo, a0, a1, fw, rstep, cstep, out, o, z, bias, 
     # pragma: no cover - compiled
     # the ow positions of an output row from a padded source row (every tap inside it): tiles
     # of J (4 for a row shorter than J), the last one ending at the row's end (it recomputes
-    # a few positions of the one before it, the same sums), one at a time below 4 positions
+    # a few positions of the one before it, the same sums, reading z again: the output must
+    # not take z's memory, which ConvBias.inplace_input offers DIRECT_NCHW88 alone), one at
+    # a time below 4 positions
     if ow >= J:
         j = 0
         while True:
