@@ -2,18 +2,24 @@
 EnableNchwxxPass for NCHW88).
 
 Float32 2-d Convolution and ConvBias operators whose input and output channels per group are
-multiples of 8 (dense, or grouped with ``sparse=GROUP``) become their NCHW88 form: the filter
-converted by RelayoutFormat (folded into a constant by the ``param_fuse`` that follows), the
-per-channel bias (1, OC, 1, 1) to (1, OC/8, 1, 1, 8), ``z`` and a full-shape bias to NCHW88.
+multiples of 8 (dense, or grouped with ``sparse=GROUP``), or channel-wise ones (one input and
+output channel per group, the groups a multiple of 8: depthwise) become their NCHW88 form:
+the filter converted by RelayoutFormat (folded into a constant by the ``param_fuse`` that
+follows), the per-channel bias (1, OC, 1, 1) to (1, OC/8, 1, 1, 8), ``z`` and a full-shape
+bias to NCHW88.
 Elementwise operators follow when one input is NCHW88 and every other one is NCHW88, of a
-shape broadcasting per channel or per position (``(N, 1, H, W)``), or a scalar. Every other
-reader of a converted var reads it back in NCHW (RelayoutFormat NCHW88_NCHW, made once per
-var), as do the outputs: the graph computes the same values in another layout.
+shape broadcasting per channel or per position (``(N, 1, H, W)``), or a scalar. A global
+pooling as ONNX's GlobalAveragePool imports (a reshape to (N, C, H*W), Reduce MEAN, SUM or
+MAX over axis 2, a reshape to (N, C, 1, 1): squeeze-and-excitation) of an NCHW88 var follows
+too, as a Reduce of its (N, C/8, H*W, 8) view, and so does a Reduce over axis 2 or 3 (H or
+W). Every other reader of a converted var reads it back in NCHW (RelayoutFormat NCHW88_NCHW,
+made once per var), as do the outputs: the graph computes the same values in another
+layout. A var of one position, (N, C, 1, 1), has the same values in the same order in both
+layouts: it goes either way by a reshape.
 
 Not converted (they stay NCHW, behind a relayout): the hybrid first layer of the reference
 (an NCHW source of fewer than 8 channels: it ran faster as an NCHW convolution here than as
-the NCHW fallback of the NCHW88 one), channel-wise convolutions (no blocked kernel),
-pooling and all other operators.
+the NCHW fallback of the NCHW88 one), pooling and all other operators.
 """
 
 from __future__ import annotations
@@ -47,7 +53,11 @@ def _conv_weight_mode(opr) -> str | None:
     if src is None or filt is None or out is None or len(src) != 4:
         return None
     if p.group:  # (G, OCg, ICg, FH, FW)
-        if len(filt) != 5 or filt[1] % 8 or filt[2] % 8:
+        if len(filt) != 5:
+            return None
+        if filt[1] == filt[2] == 1 and filt[0] % 8 == 0:  # channel-wise (depthwise)
+            return "NCHW_NCHW88_CONV_CHAN_WEIGHT"
+        if filt[1] % 8 or filt[2] % 8:
             return None
         return "NCHW_NCHW88_CONV_GROUP_WEIGHT"
     if len(filt) != 4 or filt[0] % 8 or filt[1] % 8:
@@ -62,14 +72,45 @@ def use_nchw88(graph, dest, options) -> VarMap:
 
     def nchw(v: VarNode) -> VarNode:
         if v in blocked and v not in rw.varmap:
-            back = relayout_format(SymbolVar(blocked[v]), mode="NCHW88_NCHW").node
+            s = static_shape(v)
+            if s is not None and s[2:] == (1, 1) and s[1] % 8 == 0:  # the same order
+                back = reshape(SymbolVar(blocked[v]), s).node
+            else:
+                back = relayout_format(SymbolVar(blocked[v]), mode="NCHW88_NCHW").node
             rw.replace(v, back, "read back from NCHW88")
         return rw.get(v)
 
     def to88(v: VarNode) -> VarNode:
         if v not in blocked:
-            blocked[v] = relayout_format(SymbolVar(rw.get(v)), mode="NCHW_NCHW88").node
+            s = static_shape(v)
+            if s is not None and len(s) == 4 and s[2:] == (1, 1) and s[1] % 8 == 0:
+                blocked[v] = reshape(SymbolVar(rw.get(v)), (s[0], s[1] // 8, 1, 1, 8)).node
+            else:
+                blocked[v] = relayout_format(SymbolVar(rw.get(v)), mode="NCHW_NCHW88").node
         return blocked[v]
+
+    def pooling_chain(opr) -> bool:
+        """Whether ``opr`` reshapes an NCHW88 var (N, C, H, W) to (N, C, H*W) read only by
+        Reduce operators over axis 2, each read only by reshapes to (N, C, 1, 1): a global
+        pooling (squeeze-and-excitation), computed blocked."""
+        if opr.type_name != "Reshape" or opr.extra_deps or opr.inputs[0] not in blocked:
+            return False
+        s, out = static_shape(opr.inputs[0]), static_shape(opr.outputs[0])
+        if s is None or out != (s[0], s[1], s[2] * s[3]) or s[1] % 8:
+            return False
+
+        def only(v, ok) -> bool:
+            rs = rw.readers.get(v, [])
+            return bool(rs) and all(r is not None and not r.extra_deps and ok(r) for r in rs)
+
+        def to_nchw_shape(r) -> bool:
+            return r.type_name == "Reshape" and static_shape(r.outputs[0]) == (*s[:2], 1, 1)
+
+        def reduce(r) -> bool:
+            return (r.type_name == "Reduce" and len(r.inputs) == 1 and r.param.axis == 2
+                    and only(r.outputs[0], to_nchw_shape))  # fmt: skip
+
+        return only(opr.outputs[0], reduce)
 
     def operand88(v: VarNode, out: tuple) -> VarNode | None:
         """An elementwise operand of NCHW88 output ``out`` (its NCHW shape), or None."""
@@ -116,8 +157,32 @@ def use_nchw88(graph, dest, options) -> VarMap:
             return None
         return graph.insert_opr(opr.clone(ins))[0]
 
+    def spatial_reduce(opr) -> bool:
+        """Whether ``opr`` reduces an NCHW88 var (N, C, H, W) over H or W."""
+        if opr.type_name != "Reduce" or len(opr.inputs) != 1 or opr.extra_deps:
+            return False
+        # a negative axis would count from the blocked var's end: its 8 channels
+        return opr.inputs[0] in blocked and opr.param.axis in (2, 3)
+
+    flat: dict[VarNode, VarNode] = {}  # a pooling chain's (N, C, H*W) -> (N, C/8, H*W, 8)
+    pooled: dict[VarNode, VarNode] = {}  # its Reduce's (N, C, 1) -> (N, C/8, 1, 8)
     for opr in rw.oprs:
         with inherit_props(graph, opr):
+            v = opr.inputs[0] if opr.inputs else None
+            if pooling_chain(opr):
+                n, c, hw = static_shape(opr.outputs[0])
+                flat[opr.outputs[0]] = reshape(SymbolVar(blocked[v]), (n, c // 8, hw, 8)).node
+                continue
+            if v in flat:  # the chain's Reduce
+                pooled[opr.outputs[0]] = graph.insert_opr(opr.clone([flat[v]]))[0]
+                continue
+            if v in pooled:  # the chain's reshape to (N, C, 1, 1)
+                n, c = static_shape(opr.outputs[0])[:2]
+                blocked[opr.outputs[0]] = reshape(SymbolVar(pooled[v]), (n, c // 8, 1, 1, 8)).node
+                continue
+            if spatial_reduce(opr):  # the same axis of (N, C/8, H, W, 8)
+                blocked[opr.outputs[0]] = graph.insert_opr(opr.clone([blocked[v]]))[0]
+                continue
             wmode = _conv_weight_mode(opr)
             new = convert_conv(opr, wmode) if wmode is not None else convert_elemwise(opr)
             if new is not None:

@@ -12,7 +12,8 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
+from numba import types as nt
 
 from .arrays import F32, LOW_FLOATS
 from .steps import chain
@@ -62,6 +63,8 @@ def _bind(mode: str, src: np.ndarray, out: np.ndarray, view: np.ndarray, axes: t
         src = sq
     res = view if view.dtype == acc else np.empty(view.shape, acc)
     fast = _compiled_sum(src, axes, res) if ufunc is np.add and acc.kind == "f" else None
+    if fast is None:
+        fast = _compiled_blocked(ufunc, src, axes, res)
     if fast is not None:
         steps += fast
     else:
@@ -205,3 +208,98 @@ def bind_reduce_to_shape(mode: str, src: np.ndarray, out: np.ndarray) -> Callabl
         raise ValueError(f"Reduce {mode}: can not reduce shape {src.shape} to {out.shape}")
     axes = tuple(i for i, (t, s) in enumerate(zip(target, src.shape)) if t != s)
     return _bind(mode, src, out, out.reshape(target), axes)
+
+
+#: the kept inner run of a reduction :func:`_compiled_blocked` takes: the 8 channels of an
+#: NCHW88 block, a global pooling's ``(N, C/8, H*W, 8) -> (N, C/8, 1, 8)``
+BLOCK_INNER = 8
+#: rows of BLOCK_INNER values summed apart (independent sums in registers), then added
+_ROWS = 4
+_BLOCK_TILE = _ROWS * BLOCK_INNER
+stack_tile = None  # bound by _blocked_loop() before compiling
+
+
+def _block_sum_py(x, out):  # pragma: no cover - compiled
+    # x (A, B * 8), out (A, 8): out[a, c] = sum over b of x[a, 8 b + c], in float64 (rows
+    # b % _ROWS summed apart, then added)
+    nb = x.shape[1] // BLOCK_INNER
+    for a in range(x.shape[0]):
+        tile = stack_tile(_BLOCK_TILE, np.float64)  # noqa: F821 - the tiled_jit intrinsic
+        acc = carray(tile, _BLOCK_TILE)
+        for k in range(_BLOCK_TILE):
+            acc[k] = 0.0
+        row = x[a]
+        b = 0
+        while b + _ROWS <= nb:
+            base = np.uintp(b * BLOCK_INNER)
+            for k in range(_BLOCK_TILE):
+                acc[k] += np.float64(row[base + k])
+            b += _ROWS
+        while b < nb:
+            base = np.uintp(b * BLOCK_INNER)
+            for c in range(BLOCK_INNER):
+                acc[c] += np.float64(row[base + c])
+            b += 1
+        for c in range(BLOCK_INNER):
+            total = acc[c]
+            for r in range(1, _ROWS):
+                total += acc[r * BLOCK_INNER + c]
+            out[a, c] = total
+
+
+def _block_max_py(x, out):  # pragma: no cover - compiled
+    # x (A, B * 8), out (A, 8): out[a, c] = max over b of x[a, 8 b + c], NaN propagating as
+    # np.maximum's
+    nb = x.shape[1] // BLOCK_INNER
+    for a in range(x.shape[0]):
+        tile = stack_tile(BLOCK_INNER, np.float32)  # noqa: F821 - the tiled_jit intrinsic
+        acc = carray(tile, BLOCK_INNER)
+        row = x[a]
+        for c in range(BLOCK_INNER):
+            acc[c] = row[c]
+        for b in range(1, nb):
+            base = np.uintp(b * BLOCK_INNER)
+            for c in range(BLOCK_INNER):
+                v = row[base + c]
+                m = acc[c]
+                acc[c] = v if v > m or v != v else m
+        for c in range(BLOCK_INNER):
+            out[a, c] = acc[c]
+
+
+@functools.cache
+def _blocked_loop(ufunc):
+    """The compiled loop of :func:`_compiled_blocked` for ``ufunc`` (each compiled on first
+    use: a network pooling by MEAN never compiles the maximum)."""
+    global stack_tile
+    from . import tiled_jit
+
+    stack_tile = tiled_jit.stack_tile()
+    sig = [nt.void(nt.Array(nt.float32, 2, "C", readonly=True), nt.float32[:, ::1])]
+    fn = _block_sum_py if ufunc is np.add else _block_max_py
+    return tiled_jit.compile_tiled(fn, sig, fastmath=False)
+
+
+def _compiled_blocked(ufunc, src: np.ndarray, axes: tuple, res: np.ndarray) -> list | None:
+    """The step of a float32 sum or maximum over the middle of ``(A, B, 8)`` (an inner run
+    of :data:`BLOCK_INNER` kept values, the channel blocks of NCHW88): NumPy walks it 8
+    values at a time (0.95 ms for (18, 3136, 8), against 0.06 ms here), a compiled pass
+    keeps the 8 (sums in float64) in registers. None for any other case."""
+    if ufunc not in (np.add, np.maximum):
+        return None
+    g = _groups(src.shape, axes)
+    if g and g[0][1]:
+        g.insert(0, [1, False])  # no outer run
+    if (
+        len(g) != 3
+        or [r for _, r in g] != [False, True, False]
+        or g[2][0] != BLOCK_INNER
+        or src.size < COMPILED_SUM_MIN_SIZE
+        or not src.dtype == res.dtype == F32
+        or not (src.flags.c_contiguous and res.flags.c_contiguous)
+    ):
+        return None
+    (na, _), (nb, _), _ = g
+    x = src.reshape(na, nb * BLOCK_INNER).view()
+    x.flags.writeable = False
+    return [_partial(_blocked_loop(ufunc), x, res.reshape(na, BLOCK_INNER))]

@@ -131,3 +131,127 @@ def test_fuse_conv_bias_with_z_builds_the_four_input_conv_bias(order):
     (cb,) = [o for o in seq if o.type_name == "ConvBiasForward"]
     assert len(cb.inputs) == 4 and cb.param.nonlineMode == "RELU"
     assert not any(o.type_name == "Elemwise" for o in seq)
+
+
+def _inverted_residual_net(seed=3, c=16, expand=3):
+    """Two MobileNetV2 blocks (1x1 expansion, ReLU6, depthwise 3x3 at stride 1 or 5x5 at
+    stride 2, ReLU6, 1x1 projection, the residual of the first) between an NCHW input and
+    output."""
+    rng = np.random.default_rng(seed)
+    g = mgb.comp_graph(check_env_var=False)
+    g.set_option("log_level", 0)
+    x = mgb.make_arg(CN, g, name="x", shape=(1, c, 11, 12))
+    relu = mgb.opr.elem.relu
+
+    def relu6(v):
+        return mgb.opr.elem.min(relu(v), 6.0)
+
+    def pointwise(v, ic, oc, name):
+        y = convolution(v, _shared(g, rng, (oc, ic, 1, 1), name))
+        return y + _shared(g, rng, (1, oc, 1, 1), name + "_b")
+
+    def depthwise(v, ch, k, stride, name):
+        w = _shared(g, rng, (ch, 1, 1, k, k), name)
+        y = convolution(v, w, pad_h=k // 2, pad_w=k // 2, stride_h=stride, stride_w=stride,
+                        sparse="GROUP")  # fmt: skip
+        return y + _shared(g, rng, (1, ch, 1, 1), name + "_b")
+
+    mid = c * expand
+    h = relu6(pointwise(x, c, mid, "e1"))
+    h = relu6(depthwise(h, mid, 3, 1, "d1"))
+    y = pointwise(h, mid, c, "p1") + x
+    h = relu6(pointwise(y, c, mid, "e2"))
+    h = relu6(depthwise(h, mid, 5, 2, "d2"))
+    y = pointwise(h, mid, 2 * c, "p2")
+    feed = {"x": rng.standard_normal((1, c, 11, 12)).astype(F32)}
+    return [y], feed
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_use_nchw88_keeps_inverted_residual_blocks_blocked_through_the_depthwise_layers(fuse):
+    outs, feed = _inverted_residual_net()
+    want = _results(outs, feed)
+    opts = dict(fuse_conv_bias_nonlinearity=fuse, fuse_conv_bias_with_z=fuse)
+    new = mgb.optimize_for_inference(outs, use_nchw88=True, **opts)
+    np.testing.assert_allclose(_results(new, feed)[0], want[0], rtol=1e-4, atol=1e-5)
+    _, seq = _oprs(new)
+    convs = [o for o in seq if o.type_name.startswith("Conv")]
+    assert len(convs) == 6 and all(o.param.format == "NCHW88" for o in convs)
+    depthwise = [o for o in convs if o.param.sparse == "GROUP"]
+    assert [o.chosen_algorithm for o in depthwise] == ["CHANNELWISE_NCHW88"] * 2
+    # the input converted once, the output read back once: nothing in between
+    relayouts = [o.param.mode for o in seq if o.type_name == "RelayoutFormat"]
+    assert relayouts == ["NCHW_NCHW88", "NCHW88_NCHW"]
+
+
+def _se_net(mode="MEAN", squeeze=8, seed=4, extra_reader=False):
+    """A depthwise layer, then squeeze-and-excitation (global ``mode`` pooling as ONNX's
+    GlobalAveragePool imports: reshape, Reduce over axis 2, reshape; two 1x1 convolutions
+    through ``squeeze`` channels; a sigmoid; the broadcast multiply), then a projection."""
+    rng = np.random.default_rng(seed)
+    g = mgb.comp_graph(check_env_var=False)
+    g.set_option("log_level", 0)
+    x = mgb.make_arg(CN, g, name="x", shape=(1, 16, 10, 9))
+    relu = mgb.opr.elem.relu
+
+    def pointwise(v, ic, oc, name):
+        y = convolution(v, _shared(g, rng, (oc, ic, 1, 1), name))
+        return y + _shared(g, rng, (1, oc, 1, 1), name + "_b")
+
+    h = relu(pointwise(x, 16, 32, "e"))
+    dw = _shared(g, rng, (32, 1, 1, 3, 3), "d")
+    h = relu(convolution(h, dw, pad_h=1, pad_w=1, sparse="GROUP"))
+    flat = mgb.opr.reshape(h, (1, 32, 90))
+    pooled = mgb.opr.reshape(mgb.opr.reduce_general(flat, mode=mode, axis=2), (1, 32, 1, 1))
+    s = mgb.opr.elem.sigmoid(pointwise(relu(pointwise(pooled, 32, squeeze, "s1")), squeeze, 32,
+                                       "s2"))  # fmt: skip
+    outs = [pointwise(h * s, 32, 16, "p")]
+    if extra_reader:  # the flattened tensor read by something else too: stays NCHW
+        outs.append(flat * 2.0)
+    feed = {"x": rng.standard_normal((1, 16, 10, 9)).astype(F32)}
+    return outs, feed
+
+
+@pytest.mark.parametrize("mode", ["MEAN", "SUM", "MAX"])
+@pytest.mark.parametrize("squeeze", [8, 4])  # the squeeze convolutions in NCHW88 or NCHW
+def test_use_nchw88_keeps_squeeze_and_excitation_blocked(mode, squeeze):
+    outs, feed = _se_net(mode, squeeze)
+    want = _results(outs, feed)
+    new = mgb.optimize_for_inference(outs, use_nchw88=True, fuse_conv_bias_nonlinearity=True)
+    np.testing.assert_allclose(_results(new, feed)[0], want[0], rtol=1e-4, atol=1e-5)
+    _, seq = _oprs(new)
+    relayouts = [o.param.mode for o in seq if o.type_name == "RelayoutFormat"]
+    assert relayouts == ["NCHW_NCHW88", "NCHW88_NCHW"]
+    (red,) = [o for o in seq if o.type_name == "Reduce"]
+    assert mgb.graph.static_shape(red.inputs[0]) == (1, 4, 90, 8)
+
+
+def test_a_pooled_tensor_read_elsewhere_stays_nchw():
+    outs, feed = _se_net(extra_reader=True)
+    want = _results(outs, feed)
+    new = mgb.optimize_for_inference(outs, use_nchw88=True)
+    for a, b in zip(_results(new, feed), want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    _, seq = _oprs(new)
+    (red,) = [o for o in seq if o.type_name == "Reduce"]
+    assert mgb.graph.static_shape(red.inputs[0]) == (1, 32, 90)
+
+
+@pytest.mark.parametrize("axes", [(2, 3), (3, 2)])
+def test_use_nchw88_reduces_over_h_and_w_blocked(axes):
+    # torch's x.mean([2, 3]) head (MnasNet): two Reduces, then a flatten for the classifier
+    rng = np.random.default_rng(5)
+    g = mgb.comp_graph(check_env_var=False)
+    x = mgb.make_arg(CN, g, name="x", shape=(2, 8, 5, 7))
+    h = mgb.opr.elem.relu(convolution(x, _shared(g, rng, (16, 8, 3, 3), "w"), pad_h=1, pad_w=1))
+    for axis in axes:
+        h = mgb.opr.reduce_general(h, mode="MEAN", axis=axis)
+    y = mgb.opr.reshape(h, (2, 16))
+    feed = {"x": rng.standard_normal((2, 8, 5, 7)).astype(F32)}
+    new = mgb.optimize_for_inference([y], use_nchw88=True)
+    np.testing.assert_allclose(_results(new, feed)[0], _results([y], feed)[0], rtol=1e-4,
+                               atol=1e-5)  # fmt: skip
+    _, seq = _oprs(new)
+    assert [o.param.mode for o in seq if o.type_name == "RelayoutFormat"] == ["NCHW_NCHW88"]
+    assert all(len(mgb.graph.static_shape(o.inputs[0])) == 5 for o in seq
+               if o.type_name == "Reduce")  # fmt: skip

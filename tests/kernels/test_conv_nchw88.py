@@ -1,9 +1,9 @@
 """The NCHW88 forward convolution (megbrain.kernels.conv_nchw88) against the float64
 reference: drawn batches, groups, channel counts, filter sizes, strides, paddings,
-dilations and flips, in the dense, grouped, channel-wise and hybrid filter layouts; both
-algorithms (DIRECT_NCHW88 and NCHW88_AS_NCHW); the epilogue (bias, residual ``z``, ReLU
-keeping NaN); DIRECT_NCHW88 equal bit for bit to DIRECT_NCHW8C; the workspace contract;
-the constant filter packed once; the errors."""
+dilations and flips, in the dense, grouped, channel-wise and hybrid filter layouts; the
+algorithms (DIRECT_NCHW88, CHANNELWISE_NCHW88 and NCHW88_AS_NCHW); the epilogue (bias,
+residual ``z``, ReLU keeping NaN); DIRECT_NCHW88 equal bit for bit to DIRECT_NCHW8C; the
+workspace contract; the constant filter packed once; the errors."""
 
 from __future__ import annotations
 
@@ -123,7 +123,9 @@ def test_forward_matches_float64(c, constant):
     with constant_filter(constant):
         name, step = _bind(c, src, filt, out)
     direct = c["kind"] in ("dense", "group") and c["ocg"] % 16 == 0
-    assert name == ("DIRECT_NCHW88" if direct else "NCHW88_AS_NCHW")
+    chan = c["kind"] == "chan"
+    assert name == ("DIRECT_NCHW88" if direct else "CHANNELWISE_NCHW88" if chan
+                    else "NCHW88_AS_NCHW")  # fmt: skip
     want = ref_forward(c, x, w)
     for _ in range(2):  # the second run reuses a constant filter's packed copy
         step()
@@ -291,10 +293,13 @@ def test_wide_units_equal_units_of_16_channels_bit_for_bit(monkeypatch, geometry
     assert np.array_equal(outs[0], outs[1])
 
 
-def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch):
+@pytest.mark.parametrize(
+    "geometry", [dict(icg=16, ocg=32), dict(kind="chan", g=24, icg=1, ocg=1, sshape=(17, 30))]
+)  # DIRECT_NCHW88, CHANNELWISE_NCHW88 (its units' row bands depend on the thread count)
+def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch, geometry):
     from megbrain.kernels import parallel
 
-    c = _case(n=2, icg=16, ocg=32, sshape=(12, 13))
+    c = _case(n=2, **{"sshape": (12, 13), **geometry})
     _, _, src, filt = _operands(c)
     outs = []
     for threads in (1, 2, 3):

@@ -193,3 +193,31 @@ def test_compiled_sum_not_used_off_its_pattern():
         f()
         axes = tuple(i for i, (s, t) in enumerate(zip(src.shape, target)) if s != t)
         _check("SUM", src, axes, out)
+
+
+# ---- float32 sums and maxima over the middle of (A, B, 8): NCHW88 global pooling -----------
+@pytest.mark.parametrize("shape, axis", [((1, 18, 3136, 8), 2), ((2, 5, 701, 8), 2),
+                                         ((600, 8), 0), ((3, 1, 1500, 1, 8), 2)])  # fmt: skip
+@pytest.mark.parametrize("mode", ["SUM", "MEAN", "SUM_SQR", "MAX"])
+def test_blocked_middle_reduction_compiled(shape, axis, mode):
+    rng = np.random.default_rng(13)
+    x = _values(rng, mode, shape, np.dtype(np.float32))
+    target = shape[:axis] + (1,) + shape[axis + 1 :]
+    out = np.full(target, np.nan, np.float32)
+    f = rk.bind_reduce(mode, x, out, axis)
+    f()
+    f()  # repeated runs overwrite, never accumulate
+    _check(mode, x, (axis,), out)
+    steps = [f] if isinstance(f, functools.partial) else f.__closure__[0].cell_contents
+    loop = rk._blocked_loop(np.maximum if mode == "MAX" else np.add)
+    assert any(getattr(s, "func", None) is loop for s in steps)
+
+
+@pytest.mark.parametrize("mode", ["SUM", "MAX"])
+def test_blocked_middle_reduction_propagates_nan(mode):
+    x = np.ones((2, 3, 900, 8), np.float32)
+    x[1, 2, 450, 5] = np.nan
+    out = np.empty((2, 3, 1, 8), np.float32)
+    rk.bind_reduce(mode, x, out, 2)()
+    nan = np.isnan(out)
+    assert nan[1, 2, 0, 5] and nan.sum() == 1

@@ -2,8 +2,8 @@
 (:mod:`.common`), the algorithm registry and execution policy (:mod:`.registry`), one
 self-registering module per algorithm family (:mod:`.im2col`, :mod:`.bwd_data`,
 :mod:`.bwd_filter`, :mod:`.nchw8c`, :mod:`.winograd`, :mod:`.direct`, :mod:`.grouped`;
-:mod:`.nchw88` for the NCHW88 layout), their compiled loops (:mod:`.loops`) and the public
-binds (:mod:`.binds`).
+:mod:`.nchw88` and :mod:`.channelwise88` for the NCHW88 layout), their compiled loops
+(:mod:`.loops`) and the public binds (:mod:`.binds`).
 
 Importing the package registers every algorithm, in the order below (registration order
 breaks priority ties), so that a registry lookup always sees them all.

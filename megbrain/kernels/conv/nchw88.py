@@ -8,7 +8,7 @@ source ``(N, C/8, H, W, 8)``, the output ``(N, OC/8, OH, OW, 8)`` and the filter
 - hybrid (the first layer of a network: an NCHW source of at most 8 channels)
   ``(OC/8, FH, FW, IC, 8 oc)``.
 
-Two algorithms:
+Three algorithms:
 
 - DIRECT_NCHW88 (float32, dense or grouped, ``OCg % 16 == 0``, padding and dilated filter
   reach at most :data:`.nchw8c.MAX_PAD`, a C-contiguous output): the register tiles
@@ -18,11 +18,14 @@ Two algorithms:
   of a ConvBias applied on the way. A network kept in NCHW88 between its convolutions
   (``optimize_for_inference(use_nchw88=True)``) so spends no time on the copies and the
   transposing writes an NCHW convolution pays for at every layer.
+- CHANNELWISE_NCHW88 (float32, channel-wise): the direct kernel of :mod:`.channelwise88`,
+  reading the blocked source in place, any filter size, stride, padding and dilation, the
+  same epilogue.
 - NCHW88_AS_NCHW (any other case): the source and filter copied to NCHW, an NCHW
   convolution chosen as usual (:mod:`.registry`), its result copied back.
 
-Both give the sums in the order of the NCHW algorithms they share tiles with: DIRECT_NCHW88
-equals DIRECT_NCHW8C on the same values, bit for bit.
+DIRECT_NCHW88 and NCHW88_AS_NCHW give the sums in the order of the NCHW algorithms they share
+tiles with: DIRECT_NCHW88 equals DIRECT_NCHW8C on the same values, bit for bit.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import numpy as np
 
 from .. import workspace
 from ..steps import Step, chain
+from .channelwise88 import ALGORITHM as CHANNELWISE
+from .channelwise88 import bind_channelwise88, usable_channelwise88
 from .common import conv_out_size
 from .constant_operands import filter_is_constant
 from .epilogue import Epilogue
@@ -240,6 +245,11 @@ def bind_nchw88_forward(
     ):
         return "DIRECT_NCHW88", _bind_direct(src, filt, out, geo, stride, pad, dilate, flip,
                                              epilogue, z)  # fmt: skip
+    if geo.kind == "chan" and usable_channelwise88(src, filt, out, pad) and (
+        z is None or z.dtype == _F32
+    ):
+        return CHANNELWISE, bind_channelwise88(src, filt, out, stride, pad, dilate, flip,
+                                               epilogue, z)  # fmt: skip
     return "NCHW88_AS_NCHW", _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip,
                                            epilogue, z, select_nchw)  # fmt: skip
 

@@ -1,0 +1,134 @@
+"""The channel-wise (depthwise) convolution in NCHW88: source ``(N, C/8, H, W, 8)``, filter
+``(C/8, 1, 1, FH, FW, 8)``, output ``(N, C/8, OH, OW, 8)``, float32, any filter size, stride,
+padding and dilation, with ConvBias's bias, residual ``z`` and ReLU applied on the way.
+
+MobileNet-class networks put a depthwise convolution between two pointwise ones in every
+block; computed in NCHW, each one cost two relayouts out of and back into NCHW88. Here a
+compiled loop (:func:`.loops.channelwise88.channelwise88`) reads the blocked source: the 8
+channels of a position are one vector, 8 positions of a row summed at once in registers.
+Each unit (sample, channel block, band of output rows) first copies the source rows it reads
+into rows padded with zero positions left and right (its thread's scratch, from
+:func:`workspace.empty`), so that the positions at a row's ends go 8 at a time too: summed
+one at a time over their taps inside the source, they took most of the time of a 14x14 or
+7x7 plane (a 672-channel 5x5 layer at 14x14: 0.21 ms against 0.40). The units are split
+over :func:`.common.threads` Python threads; nothing is allocated when the bound callable
+runs, and every output is summed in the same order whatever the split.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .. import parallel, workspace
+from ..steps import Step, chain
+from .common import threads
+from .constant_operands import filter_is_constant
+from .epilogue import Epilogue
+from .loops import channelwise88 as loops
+from .nchw8c import filter_packed
+
+__all__ = ["ALGORITHM", "bind_channelwise88", "usable_channelwise88"]
+
+#: the algorithm's name, as ``chosen_algorithm`` reports it
+ALGORITHM = "CHANNELWISE_NCHW88"
+#: a block's output rows are cut into bands until there are this many units per thread
+_UNITS_PER_THREAD = 4
+_F32 = np.dtype(np.float32)
+_EMPTY = np.zeros(1, _F32)
+_EMPTY.flags.writeable = False
+
+
+def usable_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, pad) -> bool:
+    """Whether :func:`bind_channelwise88` computes the convolution: float32 operands, a
+    channel-wise filter (6-d), non-negative padding."""
+    return (
+        src.dtype == filt.dtype == out.dtype == _F32
+        and src.ndim == 5
+        and filt.ndim == 6
+        and all(p >= 0 for p in pad)
+    )
+
+
+def _contiguous(a: np.ndarray, steps: list[Step]) -> np.ndarray:
+    """``a``, or a C-contiguous workspace copy of it refreshed by a step added to ``steps``."""
+    if a.flags.c_contiguous:
+        return a
+    copy = workspace.empty(a.shape, a.dtype)
+    steps.append(functools.partial(np.copyto, copy, a))
+    return copy
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only flat view of the C-contiguous ``a`` (the type the loop is compiled for)."""
+    view = a.reshape(-1)
+    view.flags.writeable = False
+    return view
+
+
+def bind_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stride, pad,
+                       dilate, flip: bool = False, epilogue: Epilogue | None = None,
+                       z: np.ndarray | None = None) -> Step:  # fmt: skip
+    """Bind ``out = act(conv(src, filt) + bias + z)`` for a channel-wise NCHW88 convolution.
+
+    Parameters
+    ----------
+    src : numpy.ndarray
+        ``(N, C/8, H, W, 8)`` float32 (any strides).
+    filt : numpy.ndarray
+        ``(C/8, 1, 1, FH, FW, 8)`` float32.
+    out : numpy.ndarray
+        ``(N, C/8, OH, OW, 8)`` float32, the shape the geometry gives (checked by the
+        caller, :func:`.nchw88.bind_nchw88_forward`).
+    stride, pad, dilate : sequence of int
+        Two values each; ``pad`` non-negative.
+    flip : bool
+        CONVOLUTION mode (the filter flipped spatially).
+    epilogue : Epilogue, optional
+        The per-channel bias (C values) and ReLU.
+    z : numpy.ndarray, optional
+        An array of the output's shape added after the bias, before the activation.
+
+    Returns
+    -------
+    Step
+        The callable computing ``out``.
+    """
+    n, cbn, h, w, _ = src.shape
+    oh, ow = out.shape[2:4]
+    fh, fw = filt.shape[3:5]
+    steps: list[Step] = []
+    x = _readonly(_contiguous(src, steps))
+    zf = _EMPTY if z is None else _readonly(_contiguous(z, steps))
+    y = out if out.flags.c_contiguous and out.flags.writeable else workspace.empty(out.shape, _F32)
+    constant = filter_is_constant()
+    wbuf = (workspace.aligned if constant else workspace.empty)((cbn * fh * fw * loops.CB,), _F32)
+    taps = filt[:, 0, 0, ::-1, ::-1] if flip else filt[:, 0, 0]
+    pack_w = functools.partial(np.copyto, wbuf.reshape(cbn, fh, fw, loops.CB), taps)
+    epi = 0
+    bias = _EMPTY
+    if epilogue is not None:
+        bias = _readonly(_contiguous(epilogue.bias, steps))
+        epi |= 1 | (4 if epilogue.relu else 0)
+    if z is not None:
+        epi |= 2
+    t = threads()
+    blocks = n * cbn
+    bands = max(1, min(oh, -(-_UNITS_PER_THREAD * t // blocks))) if t > 1 else 1
+    rows = -(-oh // bands)
+    bands = -(-oh // rows)
+    dims = np.array([n, cbn, h, w, oh, ow, fh, fw, rows, bands], np.int64)
+    conv = np.array([*stride, *pad, *dilate], np.int64)
+    yf, wr = y.reshape(-1), _readonly(wbuf)
+    parts = parallel.ranges(blocks * bands, t)
+    xp = workspace.empty((len(parts), loops.scratch_size(rows, w, (fh, fw), stride, pad, dilate)),
+                         _F32)  # fmt: skip
+    steps.append(parallel.concurrently([
+        functools.partial(loops.channelwise88, x, wr, yf, zf, bias, xp[k], dims, conv, epi, u0,
+                          u1)
+        for k, (u0, u1) in enumerate(parts)
+    ]))  # fmt: skip
+    if y is not out:
+        steps.append(functools.partial(np.copyto, out, y))
+    return filter_packed(pack_w, chain(steps), constant)

@@ -1,0 +1,183 @@
+"""The channel-wise (depthwise) NCHW88 convolution (CHANNELWISE_NCHW88, through
+megbrain.kernels.conv.nchw88.bind_nchw88_forward) against the float64 reference: drawn
+batches, channel blocks, filter sizes, strides, paddings, dilations and flips, with and
+without the epilogue (bias, residual ``z``, ReLU keeping NaN); strided operands; nothing
+allocated at run time; the workspace contract (the same bits over thread counts:
+test_conv_nchw88)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_conv_algos import ATOL, RTOL, assert_allocates_nothing
+from test_conv_fast_algos import _carved
+from test_conv_nchw88 import _filter88, _to88
+
+from megbrain.kernels import parallel, workspace
+from megbrain.kernels.conv import common as conv_common
+from megbrain.kernels.conv import nchw88 as conv_nchw88
+from megbrain.kernels.conv.constant_operands import constant_filter
+from megbrain.kernels.conv.epilogue import Epilogue
+
+
+def _ref(x, w, stride, pad, dilate, flip):
+    """float64 channel-wise convolution of NCHW ``x`` with ``w`` (C, FH, FW)."""
+    w = w.astype(np.float64)
+    if flip:
+        w = w[:, ::-1, ::-1]
+    (sh, sw), (dh, dw) = stride, dilate
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])])
+    fh, fw = w.shape[1:]
+    oh = (xp.shape[2] - dh * (fh - 1) - 1) // sh + 1
+    ow = (xp.shape[3] - dw * (fw - 1) - 1) // sw + 1
+    out = np.zeros((x.shape[0], x.shape[1], oh, ow))
+    for a in range(fh):
+        for b in range(fw):
+            win = xp[:, :, a * dh : a * dh + sh * (oh - 1) + 1 : sh,
+                     b * dw : b * dw + sw * (ow - 1) + 1 : sw]  # fmt: skip
+            out += win * w[None, :, a, b, None, None]
+    return out
+
+
+def _case(**kw):
+    c = dict(n=1, c=16, fshape=(3, 3), stride=(1, 1), pad=(1, 1), dilate=(1, 1),
+             sshape=(13, 21), flip=False, seed=3)  # fmt: skip
+    c.update(kw)
+    return c
+
+
+def _pair(lo, hi):
+    return st.tuples(st.integers(lo, hi), st.integers(lo, hi))
+
+
+@st.composite
+def cases(draw):
+    fshape, stride, dilate = draw(_pair(1, 7)), draw(_pair(1, 3)), draw(_pair(1, 2))
+    pad = tuple(draw(st.integers(0, (f - 1) * d + 1)) for f, d in zip(fshape, dilate))
+    lows = [max(1, d * (f - 1) + 1 - 2 * p) for f, p, d in zip(fshape, pad, dilate)]
+    sshape = tuple(draw(st.integers(lo, 30)) for lo in lows)  # rows of 8-position tiles
+    n, blocks, flip = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.booleans())
+    return _case(n=n, c=8 * blocks, fshape=fshape, stride=stride, pad=pad, dilate=dilate,
+                 sshape=sshape, flip=flip, seed=draw(st.integers(0, 2**16)))  # fmt: skip
+
+
+def _operands(c):
+    rng = np.random.default_rng(c["seed"])
+    x = rng.uniform(-1, 1, (c["n"], c["c"], *c["sshape"])).astype(np.float32)
+    w = rng.uniform(-1, 1, (c["c"], *c["fshape"])).astype(np.float32)
+    return x, w, _to88(x), _filter88(w[:, None, None], "chan")
+
+
+def _out(c):
+    geometry = zip(c["sshape"], c["fshape"], c["stride"], c["pad"], c["dilate"])
+    osp = tuple(conv_common.conv_out_size(*a) for a in geometry)
+    return np.full((c["n"], c["c"] // 8, *osp, 8), np.nan, np.float32)
+
+
+def _bind(c, src, filt, out, **kw):
+    return conv_nchw88.bind_nchw88_forward(src, filt, out, c["stride"], c["pad"], c["dilate"],
+                                           c["flip"], group=True, **kw)  # fmt: skip
+
+
+@settings(max_examples=120, deadline=None)
+@given(c=cases(), bias=st.booleans(), relu=st.booleans(), with_z=st.booleans(),
+       constant=st.booleans())  # fmt: skip
+def test_matches_float64(c, bias, relu, with_z, constant):
+    x, w, src, filt = _operands(c)
+    out = _out(c)
+    rng = np.random.default_rng(c["seed"] + 1)
+    want = _ref(x, w, c["stride"], c["pad"], c["dilate"], c["flip"])
+    kw = {}
+    if bias or relu:
+        b = rng.uniform(-1, 1, c["c"]).astype(np.float32)
+        if not bias:
+            b[:] = 0
+        kw["epilogue"] = Epilogue(b, relu)
+        want = want + b[None, :, None, None]
+    if with_z:
+        zn = rng.uniform(-1, 1, want.shape).astype(np.float32)
+        kw["z"] = np.ascontiguousarray(conv_nchw88.to_nchw88(zn))
+        want = want + zn
+    if relu:
+        want = np.maximum(want, 0)
+    with constant_filter(constant):
+        name, step = _bind(c, src, filt, out, **kw)
+    assert name == "CHANNELWISE_NCHW88"
+    for _ in range(2):  # the second run reuses a constant filter's copy
+        step()
+        np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
+def test_relu_keeps_nan_and_strided_operands_are_read():
+    c = _case(n=2, c=24, fshape=(5, 5), pad=(2, 2), stride=(2, 1))
+    x, w, src, filt = _operands(c)
+    wide = np.zeros(src.shape[:-1] + (16,), np.float32)
+    wide[..., ::2] = src
+    wide[0, 0, 6, 9, 0] = np.nan
+    strided = wide[..., ::2]
+    out = _out(c)
+    zbig = np.zeros(out.shape[:-1] + (16,), np.float32)
+    bias = np.full(c["c"], -100, np.float32)  # every finite sum negative: ReLU gives 0
+    _, step = _bind(c, strided, filt, out, epilogue=Epilogue(bias[::-1].copy()[::-1], True),
+                    z=zbig[..., ::2])  # fmt: skip
+    step()
+    y = conv_nchw88.to_nchw(out)
+    # source row 6 feeds output rows 2-4 (stride 2, pad 2), column 9 columns 7-11
+    assert np.isnan(y[0, 0, 2:5, 7:12]).all()
+    y[0, 0, 2:5, 7:12] = 0
+    assert (y == 0).all()
+    xs = x.copy()
+    xs[0, 0, 6, 9] = 0
+    strided[0, 0, 6, 9, 0] = 0
+    out2 = _out(c)
+    _bind(c, strided, filt, out2)[1]()
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out2), _ref(xs, w, c["stride"], c["pad"],
+                               c["dilate"], False), rtol=RTOL, atol=ATOL)  # fmt: skip
+
+
+def test_a_readonly_output_view_is_written_through_a_copy():
+    c = _case(fshape=(3, 3), stride=(2, 2))
+    x, w, src, filt = _operands(c)
+    big = _out(c).repeat(2, axis=-1)
+    out = big[..., ::2]  # not contiguous
+    _bind(c, src, filt, out)[1]()
+    np.testing.assert_allclose(conv_nchw88.to_nchw(np.ascontiguousarray(out)),
+                               _ref(x, w, c["stride"], c["pad"], c["dilate"], False),
+                               rtol=RTOL, atol=ATOL)  # fmt: skip
+
+
+@pytest.mark.parametrize("constant", [False, True])
+def test_workspace_is_written_before_read_and_nothing_is_allocated(monkeypatch, constant):
+    c = _case(n=2, c=16, fshape=(5, 5), pad=(2, 2), stride=(2, 2), flip=True)
+    x, w, src, filt = _operands(c)
+    bias = np.linspace(-1, 1, c["c"], dtype=np.float32)
+    out = _out(c)
+    z = np.zeros(out.shape[:-1] + (16,), np.float32)[..., ::2]  # copied into the workspace
+
+    def bind():
+        with constant_filter(constant):
+            return _bind(c, src, filt, out, epilogue=Epilogue(bias, True), z=z)[1]
+
+    step, buf = _carved(bind)
+    step()
+    want = np.maximum(_ref(x, w, c["stride"], c["pad"], c["dilate"], True)
+                      + bias[None, :, None, None], 0)  # fmt: skip
+    for _ in range(2):
+        buf[:] = 0xFF  # NaN in every workspace byte
+        step()
+        np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+    monkeypatch.setattr(parallel, "num_threads", lambda: 1)
+    with workspace.allocating(workspace.Carver(buf)):
+        one_thread = bind()
+    one_thread()
+    assert_allocates_nothing(one_thread)
+
+
+def test_a_float64_operand_falls_back_to_nchw():
+    c = _case()
+    _, _, src, filt = _operands(c)
+    name, _ = _bind(c, src.astype(np.float64), filt.astype(np.float64),
+                    _out(c).astype(np.float64))  # fmt: skip
+    assert name == "NCHW88_AS_NCHW"
