@@ -157,18 +157,20 @@ def fma_tile():
 
     ``acc`` (a :func:`stack_tile` pointer) holds ``positions x width`` float32 sums, a row of
     ``width`` per position, that the call adds to; the literals ``positions``, ``width`` (a
-    multiple of 16 and of the vector width) and ``channels`` fix the tile. For each input
+    multiple of 16 and of the vector width, or 8: a remainder block of 8 output channels,
+    computed with vectors of 8 lanes) and ``channels`` fix the tile. For each input
     channel block ``cb < cbn``, tap ``t`` and channel ``ic < channels``, in that order,
     position ``p`` adds ``xp[x0 + cb cstride + (taps[t] + p) channels + ic]`` times the
-    row's filter values: its ``b``-th 16 at ``wp[w0 + b wnext + ((cb len(taps) + t)
-    channels + ic) 16:]`` (blocks of 16 output channels packed ``wnext`` apart). Each
+    row's filter values: its ``b``-th block of ``B = min(width, 16)`` at ``wp[w0 + b wnext +
+    ((cb len(taps) + t) channels + ic) B:]`` (blocks of ``B`` output channels packed
+    ``wnext`` apart). Each
     product is added with ``llvm.fmuladd`` (fused where the target has FMA, as Numba's
     ``contract``), in the order of the scalar loops it stands for. The accumulators live in
     registers across the loops; each filter line is prefetched :data:`_PREFETCH` values
     ahead; no index is checked (the caller's geometry keeps them in bounds; a prefetch
     never faults).
     """
-    lanes = vector_width()
+    full_lanes = vector_width()
 
     @intrinsic
     def fma_tile(typingctx, acc, positions, width, channels, xp, x0, wp, w0, cbn, cstride,
@@ -177,7 +179,9 @@ def fma_tile():
         if not all(isinstance(v, types.IntegerLiteral) for v in literals):
             return None
         npos, nw, nch = (v.literal_value for v in literals)
-        if nw % lanes or nw % _BLOCK:
+        lanes = min(full_lanes, nw)  # a block of 8 channels: vectors of 8 lanes
+        block = min(nw, _BLOCK)
+        if nw % lanes or nw != 8 and nw % _BLOCK:
             return None
         if not (isinstance(acc, types.CPointer) and acc.dtype == types.float32):
             return None
@@ -230,12 +234,11 @@ def fma_tile():
                     tap = builder.load(builder.gep(tarr.data, [t]))
                     xb = builder.add(builder.add(x0_v, builder.mul(cb, cs_v)),
                                      builder.mul(tap, const(nch)))  # fmt: skip
-                    row0 = builder.mul(builder.add(builder.mul(cb, ntaps), t), const(nch * _BLOCK))
+                    row0 = builder.mul(builder.add(builder.mul(cb, ntaps), t), const(nch * block))
                     blocks = [builder.add(builder.add(w0_v, row0), builder.mul(wnext_v, const(b)))
-                              for b in range(nw // _BLOCK)]  # fmt: skip
+                              for b in range(nw // block)]  # fmt: skip
                     for ic in range(nch):
-                        ws = [vector_at(blocks[k * lanes // _BLOCK],
-                                        ic * _BLOCK + k * lanes % _BLOCK)
+                        ws = [vector_at(blocks[k * lanes // block], ic * block + k * lanes % block)
                               for k in range(nvec)]  # fmt: skip
                         for p in range(npos):
                             xptr = builder.gep(xdata, [builder.add(xb, const(p * nch + ic))],

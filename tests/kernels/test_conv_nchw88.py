@@ -122,7 +122,7 @@ def test_forward_matches_float64(c, constant):
     out = _out88(c)
     with constant_filter(constant):
         name, step = _bind(c, src, filt, out)
-    direct = c["kind"] in ("dense", "group") and c["ocg"] % 16 == 0
+    direct = c["kind"] in ("dense", "group")  # any OCg: tiles of 16 channels, then one of 8
     assert name == ("DIRECT_NCHW88" if direct else "NCHW88_AS_NCHW")
     want = ref_forward(c, x, w)
     for _ in range(2):  # the second run reuses a constant filter's packed copy
@@ -150,8 +150,11 @@ def test_the_epilogue_adds_bias_and_z_then_applies_relu(c, relu, with_z):
     np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("ocg", [16, 24])  # DIRECT_NCHW88, NCHW88_AS_NCHW
-def test_relu_keeps_nan_and_a_strided_z_is_read(ocg):
+@pytest.mark.parametrize(
+    "ocg, algo",
+    [(16, "DIRECT_NCHW88"), (24, "DIRECT_NCHW88"), (24, "NCHW88_AS_NCHW")],  # 24: a tile of 8
+)
+def test_relu_keeps_nan_and_a_strided_z_is_read(ocg, algo):
     c = _case(ocg=ocg)
     _, _, src, filt = _operands(c)
     src = src.copy()
@@ -160,7 +163,10 @@ def test_relu_keeps_nan_and_a_strided_z_is_read(ocg):
     zbig = np.zeros((c["n"], ocg // 8, *c["oshape"], 16), np.float32)
     z = zbig[..., ::2]  # not contiguous
     out = _out88(c)
-    _, step = _bind(c, src, filt, out, epilogue=Epilogue(bias, True), z=z)
+    if algo == "NCHW88_AS_NCHW":  # a strided output: DIRECT_NCHW88 writes C-contiguous ones
+        out = np.full(out.shape[:-1] + (16,), np.nan, np.float32)[..., ::2]
+    name, step = _bind(c, src, filt, out, epilogue=Epilogue(bias, True), z=z)
+    assert name == algo
     step()
     y = conv_nchw88.to_nchw(out)
     assert np.isnan(y[0, :, 3:6, 2:5]).all()
@@ -182,6 +188,41 @@ def test_direct_equals_direct_nchw8c_bit_for_bit(geometry):
     y = np.empty((c["n"], c["ocg"], *c["oshape"]), np.float32)
     conv_nchw8c.bind_nchw8c_forward(x, w, y, c["stride"], c["pad"], c["dilate"])()
     assert np.array_equal(conv_nchw88.to_nchw(out), y)
+
+
+@pytest.mark.parametrize(
+    "geometry",
+    [dict(), dict(fshape=(1, 1), pad=(0, 0)), dict(fshape=(1, 1), pad=(0, 0), sshape=(5, 6)),
+     dict(fshape=(1, 1), pad=(0, 0), stride=(2, 2)), dict(stride=(2, 2), g=2)],
+)  # fmt: skip
+@pytest.mark.parametrize("ocg", [8, 24, 40])
+def test_a_block_of_8_channels_equals_a_block_of_16_bit_for_bit(geometry, ocg):
+    # OCg % 16 == 8: a group's last 8 channels are a tile of 8 (vectors of 8 lanes); its sums
+    # are those of the same channels in a tile of 16 (OCg + 8, the filter's first OCg
+    # channels the same), epilogue included
+    geometry = {"n": 2, "icg": 16, "sshape": (11, 13), **geometry}
+    wide = _case(kind="group" if geometry.get("g", 1) > 1 else "dense", ocg=ocg + 8,
+                 **geometry)  # fmt: skip
+    narrow = {**wide, "ocg": ocg}
+    x, w, src, filt = _operands(wide)
+    rng = np.random.default_rng(5)
+    bias = rng.uniform(-1, 1, (wide["g"], ocg + 8)).astype(np.float32)
+    zw = rng.uniform(-1, 1, (2, wide["g"], ocg + 8, *wide["oshape"])).astype(np.float32)
+    ys = []
+    for c in (wide, narrow):
+        oc = c["g"] * c["ocg"]
+        wc = np.ascontiguousarray(w[:, : c["ocg"]])
+        z = _to88(zw[:, :, : c["ocg"]].reshape(2, oc, *c["oshape"]))
+        out = _out88(c)
+        epi = Epilogue(np.ascontiguousarray(bias[:, : c["ocg"]]).reshape(-1), True)
+        name, step = _bind(c, src, _filter88(wc, c["kind"]), out, epilogue=epi, z=z)
+        assert name == "DIRECT_NCHW88"
+        step()
+        ys.append(conv_nchw88.to_nchw(out).reshape(2, c["g"], c["ocg"], *c["oshape"]))
+    assert np.array_equal(ys[0][:, :, :ocg], ys[1])
+    want = ref_forward(narrow, x, w[:, :ocg]).reshape(ys[1].shape) + zw[:, :, :ocg]
+    want = np.maximum(want + bias[None, :, :ocg, None, None], 0)
+    np.testing.assert_allclose(ys[1], want, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("fshape, pad, stride", [((3, 3), (1, 1), (1, 1)), ((1, 1), (0, 0), (1, 1)),
@@ -215,10 +256,10 @@ def test_pointwise_read_in_place_covers_every_position(sshape):
                                atol=ATOL)  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+@pytest.mark.parametrize("kind, ocg", [("dense", 32), ("dense", 24), ("hybrid", 32)])
 @pytest.mark.parametrize("constant", [False, True])
-def test_workspace_is_written_before_read_and_nothing_is_allocated(kind, constant):
-    c = _case(kind=kind, n=2, icg=16 if kind == "dense" else 3, stride=(2, 1))
+def test_workspace_is_written_before_read_and_nothing_is_allocated(kind, ocg, constant):
+    c = _case(kind=kind, n=2, icg=16 if kind == "dense" else 3, ocg=ocg, stride=(2, 1))
     x, w, src, filt = _operands(c)
     bias = np.linspace(-1, 1, c["ocg"], dtype=np.float32)
     out = _out88(c)

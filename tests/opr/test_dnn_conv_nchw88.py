@@ -167,8 +167,13 @@ def test_nchw88_records_its_algorithm_and_refuses_gradients():
     assert y.node.owner.chosen_algorithm == "DIRECT_NCHW88"
     (x8, w8), _ = inputs(g, _to88(_rand(rng, 1, 16, 5, 5)), _dense88(_rand(rng, 8, 16, 1, 1)))
     y8 = convolution(x8, w8, format="NCHW88")
-    run([y8], g)  # 8 output channels: not a multiple of 16, through an NCHW algorithm
-    assert y8.node.owner.chosen_algorithm.startswith("NCHW88_AS_NCHW:")
+    run([y8], g)  # 8 output channels: a tile of 8
+    assert y8.node.owner.chosen_algorithm == "DIRECT_NCHW88"
+    w3 = _rand(rng, 16, 3, 3, 3).reshape(2, 8, 3, 3, 3).transpose(0, 3, 4, 2, 1)
+    (x3, w3), _ = inputs(g, _rand(rng, 1, 3, 9, 9), np.ascontiguousarray(w3))
+    y3 = convolution(x3, w3, format="NCHW88")
+    run([y3], g)  # a hybrid first layer: through an NCHW algorithm
+    assert y3.node.owner.chosen_algorithm.startswith("NCHW88_AS_NCHW:")
     (gx,) = graph_grad(y.sum(), x)  # an InvalidGrad: building never fails, compiling does
     with pytest.raises(MegBrainError, match="NCHW88 format has no gradient"):
         run([gx], g)

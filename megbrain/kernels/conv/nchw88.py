@@ -10,12 +10,13 @@ source ``(N, C/8, H, W, 8)``, the output ``(N, OC/8, OH, OW, 8)`` and the filter
 
 Two algorithms:
 
-- DIRECT_NCHW88 (float32, dense or grouped, ``OCg % 16 == 0``, padding and dilated filter
-  reach at most :data:`.nchw8c.MAX_PAD`, a C-contiguous output): the register tiles
-  of :mod:`.nchw8c` reading the blocked source (copied into zero-padded phase planes
-  row by row, or read in place by a pointwise convolution with stride 1 and no padding)
-  and writing the blocked output directly, with the bias, the residual ``z`` and the ReLU
-  of a ConvBias applied on the way. A network kept in NCHW88 between its convolutions
+- DIRECT_NCHW88 (float32, dense or grouped, padding and dilated filter reach at most
+  :data:`.nchw8c.MAX_PAD`, a C-contiguous output): the register tiles of :mod:`.nchw8c`
+  (16 output channels, and 8 for a group's last block where ``OCg % 16 == 8``) reading
+  the blocked source (copied into zero-padded phase planes row by row, or read in place by
+  a pointwise convolution with stride 1 and no padding) and writing the blocked output
+  directly, with the bias, the residual ``z`` and the ReLU of a ConvBias applied on the
+  way. A network kept in NCHW88 between its convolutions
   (``optimize_for_inference(use_nchw88=True)``) so spends no time on the copies and the
   transposing writes an NCHW convolution pays for at every layer.
 - NCHW88_AS_NCHW (any other case): the source and filter copied to NCHW, an NCHW
@@ -160,11 +161,11 @@ def _grouped_nchw_view(filt: np.ndarray, kind: str, g: int, ocg: int, icg: int):
 
 
 def direct_geometry(geo: Nchw88Geometry, pad, dilate) -> bool:
-    """Whether DIRECT_NCHW88 takes the geometry: dense or grouped, ``OCg % 16 == 0``,
-    padding and dilated filter reach at most MAX_PAD."""
+    """Whether DIRECT_NCHW88 takes the geometry: dense or grouped (any ``OCg``, a multiple
+    of 8: tiles of 16 output channels, and one of 8 for the rest), padding and dilated filter
+    reach at most MAX_PAD."""
     return (
         geo.kind in ("dense", "group")
-        and geo.ocg % loops.OB == 0
         and all(0 <= p <= MAX_PAD for p in pad)
         and all((f - 1) * d <= MAX_PAD for f, d in zip(geo.fshape, dilate))
     )
@@ -335,12 +336,13 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
         loops.pack_filter(loops.readonly_view(wtmp), wp, flip)
 
     rows = oh if oh * wq <= WHOLE_PLANE else max(1, min(oh, -(-ROW_POSITIONS // wq)))
-    ocb = geo.ocg // loops.OB
+    ocb, rem = divmod(geo.ocg, loops.OB)  # blocks of 16 channels, and one of 8 (rem 8)
+    rem //= loops.CB
     wide = wide_units(ocb)
     width = loops.OB * (2 if wide else 1)
-    units = n * geo.g * (geo.ocg // width) * -(-oh // rows)
+    units = n * geo.g * (ocb * loops.OB // width + rem) * -(-oh // rows)
     geom = np.array([geo.g, ocb, geo.icg // loops.CB, wq, oh, ow, rows, cstride, sample, shift,
-                     limit, _chunk(taps.size), wide], np.int64)  # fmt: skip
+                     limit, _chunk(taps.size), wide, rem], np.int64)  # fmt: skip
     outf = out.reshape(-1)
     epi = 0
     bias = _EMPTY

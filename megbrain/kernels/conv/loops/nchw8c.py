@@ -76,18 +76,19 @@ CB = 8
 SLACK = 64
 #: the output positions of a tile (:func:`tile_positions`, by the target's vector width) and
 #: the tile's size, bound by _compiled() first, as the tiled_jit intrinsics
-P = _TILE = _WIDE_TILE = None
+P = _TILE = _WIDE_TILE = _TILE8 = None
 #: the vector width, the side of the blocks the NCHW write-back transposes
 _LANES = None
 stack_tile = fetch_add = fma_tile = transpose_store = None
 
 
-def _unit_py(u, nblk, ocb_n, per, g_, rows, oh_n, wq, ow_n, bands_first):
+def _unit_py(u, nblk, ocb_n, per, extra, g_, rows, oh_n, wq, ow_n, bands_first):
     # pragma: no cover - compiled
     # work unit u as (sample, group, first block of 16 output channels, output rows [h0, h1),
     # packed positions [q0, q1)): units of ``per`` channel blocks and bands of ``rows`` rows,
-    # the bands varying fastest (bands_first) or the channel blocks
-    ocu_n = ocb_n // per
+    # the bands varying fastest (bands_first) or the channel blocks; ``extra`` 1 adds units
+    # of the block after the ocb_n blocks of 16 (8 channels: block index ocb_n)
+    ocu_n = ocb_n // per + extra
     if bands_first:
         blk, ocu = u % nblk, u // nblk % ocu_n
     else:
@@ -135,6 +136,18 @@ def _tile32_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext):
         rb[np.uintp(r0 + i)] = acc[i]
 
 
+def _tile8_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more):
+    # pragma: no cover - compiled
+    # _tile_py for the block of 8 output channels after a group's blocks of 16 (OCg % 16 == 8)
+    tile = stack_tile(_TILE8, np.float32)  # noqa: F821 - the tiled_jit intrinsic
+    acc = carray(tile, _TILE8)  # noqa: F821 - numba.carray
+    for i in range(_TILE8):
+        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
+    fma_tile(tile, P, CB, CB, xp, x0, wp, w0, cbn, cstride, taps, 0)  # noqa: F821
+    for i in range(_TILE8):
+        rb[np.uintp(r0 + i)] = acc[i]
+
+
 def _tile1_py(xp, x0, wp, w0, cn, cstride, taps, rb, r0):
     # pragma: no cover - compiled
     # _tile_py over planes of one channel (a source of fewer than 8 channels per group)
@@ -177,7 +190,7 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
         u = _take(counter, me)
         if u < 0:
             break
-        n, g, ocb, h0, h1, q0, q1 = _unit(u, nblk, ocb_n, per, g_, rows, oh_n, wq, ow_n, True)
+        n, g, ocb, h0, h1, q0, q1 = _unit(u, nblk, ocb_n, per, 0, g_, rows, oh_n, wq, ow_n, True)
         x0 = n * sample + g * icb_n * cstride + shift * bs
         w0 = (g * ocb_n + ocb) * wsz
         for q in range(q0, q1, P):
@@ -244,9 +257,21 @@ def _tile_out32_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out,
     _write_out(tile, WIDE, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
 
 
+def _tile_out8_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out, z, bias,
+                  oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
+    # pragma: no cover - compiled
+    # _tile_out16_py for a block of 8 output channels (_tile8_py)
+    tile = stack_tile(_TILE8, np.float32)  # noqa: F821 - the tiled_jit intrinsic
+    acc = carray(tile, _TILE8)  # noqa: F821 - numba.carray
+    for i in range(_TILE8):
+        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
+    fma_tile(tile, P, CB, CB, xp, x0, wp, w0, cbn, cstride, taps, 0)  # noqa: F821
+    _write_out(tile, CB, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
+
+
 def _write_out_py(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):
     # pragma: no cover - compiled
-    # the epilogue applied to a tile of P x width sums (width 16 or 32: blocks of 8 channels
+    # the epilogue applied to a tile of P x width sums (width 8, 16 or 32: blocks of 8 channels
     # ohw8 apart in the NCHW88 output), written to positions q + p in [qlo, qhi) of a plane
     # row, not in its gap. Inlined into its callers, whose width is a constant: only stores
     # to ``out`` are conditional (a conditional write to the tile, or a branch around its
@@ -290,7 +315,8 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
     # pragma: no cover - compiled
     # geom: G, OCB, ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, LIMIT (a tile reads at most
     # LIMIT positions of a plane), CHUNK, WIDE (units of 32 output channels, two blocks of
-    # 16); epi bits: 1 + bias[oc], 2 + z (out's layout), 4 ReLU.
+    # 16), REM (1: each group's OCB blocks of 16 are followed by one of 8); epi bits: 1 +
+    # bias[oc], 2 + z (out's layout), 4 ReLU.
     # pack: BLOCKS (0: xp is the source itself), SH, SW, ROW_OFF, COL_OFF, HQ, WQ, PHASES:
     # first the parts pack the source src into xbuf (xp's memory), one (sample, channel
     # block) at a time taken from packed[0] and counted done in packed[1], and wait for every
@@ -311,14 +337,12 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
     # A unit's tiles sum CHUNK channel blocks at a time, into rb (its positions, from q0 - P)
     # but for the last chunk, whose tiles write the output: the chunk's filter and source
     # rows stay in the core's L1 cache across the unit
-    g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift, limit, chunk, wide = (
+    g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift, limit, chunk, wide, rem = (
         geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8],
-        geom[9], geom[10], geom[11], geom[12] != 0,
+        geom[9], geom[10], geom[11], geom[12] != 0, geom[13],
     )  # fmt: skip
     per = 2 if wide else 1  # blocks of 16 output channels per unit
-    width = per * OB
-    wcb = taps.size * CB * OB
-    wsz = icb_n * wcb
+    ocg = ocb_n * OB + rem * CB
     ohw8 = oh_n * ow_n * CB
     nblk = (oh_n + rows - 1) // rows
     last = (icb_n - 1) // chunk * chunk
@@ -326,23 +350,34 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
         u = _take(counter, me)
         if u < 0:
             break
-        n, g, ocb, h0, h1, q0, q1 = _unit(u, nblk, ocb_n, per, g_, rows, oh_n, wq, ow_n, False)
-        oc0 = (g * ocb_n + ocb) * OB
-        obase = (n * g_ * ocb_n * 2 + (g * ocb_n + ocb) * 2) * ohw8
+        n, g, ocb, h0, h1, q0, q1 = _unit(u, nblk, ocb_n, per, rem, g_, rows, oh_n, wq, ow_n,
+                                          False)  # fmt: skip
+        # a unit of the block of 8 after the blocks of 16 (OCg % 16 == 8): 8-channel tiles
+        narrow = ocb == ocb_n
+        width = CB if narrow else per * OB
+        wcb = taps.size * CB * (CB if narrow else OB)  # a block's filter per input block
+        wsz = icb_n * taps.size * CB * OB  # the filter of a block of 16 (wide: the next one's)
+        oc0 = g * ocg + ocb * OB
+        obase = (n * g_ * ocg + oc0) // CB * ohw8
         x0 = n * sample + g * icb_n * cstride + shift * CB
-        w0 = (g * ocb_n + ocb) * wsz
+        w0 = oc0 * icb_n * taps.size * CB
         # tiles [q0, qt) read within the planes; one more, from limit - P, ends the unit
         qt = q0 + min((q1 - q0 + P - 1) // P, max(0, limit - q0) // P) * P
         for c0 in range(0, last, chunk):
             for q in range(q0, qt, P):
                 x1, w1, r1 = x0 + c0 * cstride + q * CB, w0 + c0 * wcb, (q - q0 + P) * width
-                if wide:
+                if narrow:
+                    _tile8(xp, x1, wp, w1, chunk, cstride, taps, rb, r1, c0 > 0)
+                elif wide:
                     _tile32(xp, x1, wp, w1, chunk, cstride, taps, rb, r1, c0 > 0, wsz)
                 else:
                     _tile(xp, x1, wp, w1, chunk, cstride, taps, rb, r1, c0 > 0)
         for q in range(q0, qt, P):
             x1, w1, r1 = x0 + last * cstride + q * CB, w0 + last * wcb, (q - q0 + P) * width
-            if wide:
+            if narrow:
+                _tile_out8(xp, x1, wp, w1, icb_n - last, cstride, taps, rb, r1, last > 0,
+                           wsz, out, z, bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
+            elif wide:
                 _tile_out32(xp, x1, wp, w1, icb_n - last, cstride, taps, rb, r1, last > 0,
                             wsz, out, z, bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
             else:
@@ -350,7 +385,10 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
                             wsz, out, z, bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
         if qt < q1:  # its first positions repeat equal sums; it writes the others
             qs = limit - P
-            if wide:
+            if narrow:
+                _tile_out8(xp, x0 + qs * CB, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz,
+                           out, z, bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)
+            elif wide:
                 _tile_out32(xp, x0 + qs * CB, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz,
                             out, z, bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)
             else:
@@ -458,18 +496,20 @@ def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, i0, i1, bs):
 
 def _pack_filter_py(w, wp, flip, bs):
     # pragma: no cover - compiled
-    # w (G, OCg, ICg, FH, FW) any strides -> wp (G, OCg/16, ICg/bs, FH, FW, bs, 16)
+    # w (G, OCg, ICg, FH, FW) any strides -> wp (G, OCg/16, ICg/bs, FH, FW, bs, 16), then,
+    # when OCg % 16 == 8, a group's last 8 channels as a block (ICg/bs, FH, FW, bs, 8)
     g_, ocg, icg, fh, fw = w.shape[0], w.shape[1], w.shape[2], w.shape[3], w.shape[4]
     i = 0
     for g in range(g_):
-        for ocb in range(ocg // OB):
+        for ocb in range((ocg + OB - 1) // OB):
+            bw = min(OB, ocg - ocb * OB)
             for cb in range(icg // bs):
                 for a in range(fh):
                     for b in range(fw):
                         sa = fh - 1 - a if flip else a
                         sb = fw - 1 - b if flip else b
                         for ic in range(bs):
-                            for j in range(OB):
+                            for j in range(bw):
                                 wp[np.uintp(i)] = w[g, ocb * OB + j, cb * bs + ic, sa, sb]
                                 i += 1
 
@@ -481,6 +521,7 @@ _NO_PACKING[0].flags.writeable = False
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
 _tile1 = None
 _tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = _inside = None
+_tile8 = _tile_out8 = None
 _zeros = _pad_row = None
 
 
@@ -489,6 +530,7 @@ def _compiled() -> dict:
     global stack_tile, fetch_add, fma_tile, transpose_store, P, _TILE, _WIDE_TILE, _LANES
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
+    global _tile8, _tile_out8, _TILE8
     global _zeros, _pad_row, carray
 
 
@@ -498,13 +540,15 @@ def _compiled() -> dict:
     P = tile_positions()
     _TILE = P * OB
     _WIDE_TILE = 2 * _TILE
+    _TILE8 = P * CB
     compile_tiled = tiled_jit.compile_tiled
     f1, i8 = t.float32[::1], t.int64
     ints = t.int64[::1]
     fr = t.Array(t.float32, 1, "C", readonly=True)
     # the NCHW88 units read a source in place: a read-only one too
     bo = t.boolean
-    _unit = compile_tiled(_unit_py, [t.UniTuple(i8, 7)(i8, i8, i8, i8, i8, i8, i8, i8, i8, bo)])
+    _unit = compile_tiled(_unit_py, [t.UniTuple(i8, 7)(i8, i8, i8, i8, i8, i8, i8, i8, i8, i8,
+                                                        bo)])  # fmt: skip
     _inside = compile_tiled(_inside_py, [t.UniTuple(i8, 2)(i8, i8, i8, i8, i8)])
     _zeros = compile_tiled(_zeros_py, [t.void(f1, i8, i8)])
     _pad_row = compile_tiled(_pad_row_py, [t.boolean(f1, i8, i8, i8, i8, i8, i8, i8)])
@@ -513,6 +557,7 @@ def _compiled() -> dict:
                                      t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])  # fmt: skip
     _tile32 = compile_tiled(_tile32_py, [t.void(x, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8)
                                          for x in (f1, fr)])  # fmt: skip
+    _tile8 = compile_tiled(_tile8_py, [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])
     _tile1_32 = compile_tiled(_tile1_32_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, i8)])
     _tile1 = compile_tiled(_tile1_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
     b1 = t.Array(t.float32, 1, "A", readonly=True)
@@ -523,6 +568,7 @@ def _compiled() -> dict:
                       i8, i8, i8, i8, i8)]  # fmt: skip
     _tile_out16 = compile_tiled(_tile_out16_py, out_sig)
     _tile_out32 = compile_tiled(_tile_out32_py, out_sig)
+    _tile_out8 = compile_tiled(_tile_out8_py, out_sig)
     units = compile_tiled(_conv_units_py, [t.void(f1, f1, f1, f1, ints, ints, b1, i8, ints, i8)])
     # the sources are typed read-only (readonly_view): one signature fits every operand
     x4 = t.Array(t.float32, 4, "A", readonly=True)
