@@ -282,16 +282,22 @@ def _write_out_py(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi,
             for j in range(width):
                 acc[pos * width + j] += bias[oc0 + j]
     offs = carray(stack_tile(P, np.int64), P)  # noqa: F821 - an output offset, or -1
-    row = q // wq
-    col = q - row * wq
-    for pos in range(P):
-        qq = q + pos
-        ok = qlo <= qq < qhi and col < ow
-        offs[pos] = obase + (row * ow + col) * CB if ok else -1
-        col += 1
-        if col == wq:
-            row += 1
-            col = 0
+    if wq == ow and qlo <= q and q + P <= qhi:
+        # rows without a gap (a pointwise convolution read in place), every position new:
+        # no division, no tests (5-10% of the mobile nets' pointwise layers at 56x56)
+        for pos in range(P):
+            offs[pos] = obase + (q + pos) * CB
+    else:
+        row = q // wq
+        col = q - row * wq
+        for pos in range(P):
+            qq = q + pos
+            ok = qlo <= qq < qhi and col < ow
+            offs[pos] = obase + (row * ow + col) * CB if ok else -1
+            col += 1
+            if col == wq:
+                row += 1
+                col = 0
     if epi & 2:  # a dropped position reads the block's first (any in-bounds value)
         for pos in range(P):
             o = max(offs[pos], obase)
