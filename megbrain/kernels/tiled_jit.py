@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 from llvmlite import binding, ir
 from numba import njit
 from numba.core import cgutils, config, types
@@ -266,7 +267,8 @@ def transpose_store():
     intrinsic: the square block of :func:`vector_width` ``L`` rows of ``L`` float32 values
     at ``src[s0 + p sstride:][:L]`` (``p < L``) written transposed, row ``c`` of the result
     (the block's column ``c``) to ``dst[d0 + c dstride:][:L]``, with the literal ``epi``
-    0 (as is), 1 (``+ bias[b0 + c]``) or 2 (then ReLU, NaN staying NaN).
+    0 (as is), 1 (``+ bias[b0 + c]``), 2 (then ReLU, NaN staying NaN) or 3 (then H_SWISH,
+    ``min(max(v + 3, 0), 6) v / 6`` in that order, NaN staying NaN).
 
     The write-back of a convolution's position-major buffer to NCHW rows: as scalar loops
     a strided read or a strided write per value; here ``L`` vector loads, ``L log2 L``
@@ -277,7 +279,7 @@ def transpose_store():
 
     @intrinsic
     def transpose_store(typingctx, src, s0, sstride, dst, d0, dstride, bias, b0, epi):
-        if not isinstance(epi, types.IntegerLiteral) or epi.literal_value not in (0, 1, 2):
+        if not isinstance(epi, types.IntegerLiteral) or epi.literal_value not in (0, 1, 2, 3):
             return None
         if not all(isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float32
                    for a in (src, dst, bias)):  # fmt: skip
@@ -330,6 +332,13 @@ def transpose_store():
                     v = builder.fadd(v, builder.shuffle_vector(one, undef, splat))
                 if mode == 2:  # v < 0 is false for NaN: NaN stays NaN
                     v = builder.select(builder.fcmp_ordered("<", v, zero), zero, v)
+                elif mode == 3:  # w = v + 3 > 0 is false for NaN: w = 0, and 0 v is NaN
+                    w = builder.fadd(v, ir.Constant(vec, [ir.Constant(f32, 3.0)] * lanes))
+                    w = builder.select(builder.fcmp_ordered(">", w, zero), w, zero)
+                    six = ir.Constant(vec, [ir.Constant(f32, 6.0)] * lanes)
+                    w = builder.select(builder.fcmp_ordered("<", w, six), w, six)
+                    sixth = ir.Constant(vec, [ir.Constant(f32, float(np.float32(1 / 6)))] * lanes)
+                    v = builder.fmul(builder.fmul(w, v), sixth)
                 builder.store(v, at(ddata, d0_v, ds_v, c), align=4)
             return context.get_dummy_value()
 

@@ -130,9 +130,11 @@ def test_forward_matches_float64(c, constant):
         np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
 
 
-@settings(max_examples=40, deadline=None)
-@given(c=cases(kind="dense"), relu=st.booleans(), with_z=st.booleans())
-def test_the_epilogue_adds_bias_and_z_then_applies_relu(c, relu, with_z):
+@settings(max_examples=60, deadline=None)
+@given(c=cases(kind="dense"), act=st.sampled_from(["IDENTITY", "RELU", "H_SWISH"]),
+       with_z=st.booleans(), strided_out=st.booleans())  # fmt: skip
+def test_the_epilogue_adds_bias_and_z_then_applies_the_activation(c, act, with_z, strided_out):
+    # a strided output: NCHW88_AS_NCHW, which applies the epilogue after the NCHW algorithm
     x, w, src, filt = _operands(c)
     rng = np.random.default_rng(c["seed"] + 1)
     oc = c["g"] * c["ocg"]
@@ -142,10 +144,16 @@ def test_the_epilogue_adds_bias_and_z_then_applies_relu(c, relu, with_z):
     if with_z:
         zn = rng.uniform(-1, 1, want.shape).astype(np.float32)
         z, want = _to88(zn), want + zn
-    if relu:
+    if act == "RELU":
         want = np.maximum(want, 0)
+    elif act == "H_SWISH":
+        want = want * np.clip(want + 3, 0, 6) / 6
     out = _out88(c)
-    _, step = _bind(c, src, filt, out, epilogue=Epilogue(bias, relu), z=z)
+    if strided_out:
+        out = np.full(out.shape[:-1] + (16,), np.nan, np.float32)[..., ::2]
+    name, step = _bind(c, src, filt, out, epilogue=Epilogue(bias, act == "RELU", act == "H_SWISH"),
+                       z=z)  # fmt: skip
+    assert name == ("NCHW88_AS_NCHW" if strided_out else "DIRECT_NCHW88")
     step()
     np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
 

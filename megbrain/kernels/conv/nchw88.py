@@ -211,7 +211,7 @@ def bind_nchw88_forward(
     group : bool
         ``sparse=GROUP``.
     epilogue : Epilogue, optional
-        The per-channel bias (a 1-d view of OC values) and ReLU to apply.
+        The per-channel bias (a 1-d view of OC values) and ReLU or H_SWISH to apply.
     z : numpy.ndarray, optional
         An array of the output's shape added (after the bias, before the activation).
     select_nchw : callable, optional
@@ -269,6 +269,8 @@ def _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z, s
         steps.append(functools.partial(np.add, y88, z, out=y88))
     if epilogue is not None and epilogue.relu:
         steps.append(functools.partial(_relu, y))
+    if epilogue is not None and epilogue.hswish:
+        steps.append(functools.partial(_hswish, y, workspace.empty(y.shape, y.dtype)))
     steps.append(functools.partial(np.copyto, out, y88))
     return chain(steps)
 
@@ -283,6 +285,16 @@ def _chunk(taps: int) -> int:
 
 def _relu(a: np.ndarray) -> None:
     np.maximum(a, 0, out=a)  # NaN stays NaN, as ELEMWISE RELU's
+
+
+def _hswish(a: np.ndarray, w: np.ndarray) -> None:
+    """``a = min(max(a + 3, 0), 6) a / 6`` in place (``w`` scratch of a's shape), in the
+    elementwise kernels' order; fmax/fmin leave NaN to the product."""
+    np.add(a, np.float32(3), out=w)
+    np.fmax(w, np.float32(0), out=w)
+    np.fmin(w, np.float32(6), out=w)
+    np.multiply(w, a, out=w)
+    np.multiply(w, np.float32(1 / 6), out=a)
 
 
 def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
@@ -348,7 +360,7 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
     bias = _EMPTY
     if epilogue is not None:
         bias = loops.readonly_view(epilogue.bias)
-        epi |= 1 | (4 if epilogue.relu else 0)
+        epi |= 1 | (4 if epilogue.relu else 0) | (8 if epilogue.hswish else 0)
     zf = _EMPTY
     if z is not None:
         zc = z if z.flags.c_contiguous else None

@@ -236,7 +236,8 @@ def bind_nchw8c_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stri
     if epilogue is None:
         bias, epi = _NO_BIAS, 0
     else:
-        bias, epi = loops.readonly_view(epilogue.bias), 2 if epilogue.relu else 1
+        bias = loops.readonly_view(epilogue.bias)
+        epi = 3 if epilogue.hswish else 2 if epilogue.relu else 1
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
         rb = workspace.empty(((rows * wq + loops.tile_positions()) * width,), _F32)
@@ -249,5 +250,5 @@ def bind_nchw8c_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stri
 
 register(ConvAlgorithm(
     "DIRECT_NCHW8C", "forward", bind_nchw8c_forward, usable_nchw8c_forward,
-    priority=25, heuristic=preferred_nchw8c_forward, epilogue=True,
+    priority=25, heuristic=preferred_nchw8c_forward, epilogue=True, hswish=True,
 ))  # fmt: skip

@@ -176,7 +176,7 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
     # pragma: no cover - compiled
     # geom: G, OCB (blocks per group), ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, BS (the
     # channels of a packed block: CB, or 1), WIDE (units of 32 output channels); epi: 0 none,
-    # 1 + bias[oc], 2 also ReLU
+    # 1 + bias[oc], 2 also ReLU, 3 also H_SWISH
     g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift, bs, wide = (
         geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8],
         geom[9], geom[10], geom[11] != 0,
@@ -215,8 +215,10 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
                         transpose_store(rb, s0, width, out, d0, ohw, bias, oc0 + jb, 0)  # noqa: F821
                     elif epi == 1:
                         transpose_store(rb, s0, width, out, d0, ohw, bias, oc0 + jb, 1)  # noqa: F821
-                    else:
+                    elif epi == 2:
                         transpose_store(rb, s0, width, out, d0, ohw, bias, oc0 + jb, 2)  # noqa: F821
+                    else:
+                        transpose_store(rb, s0, width, out, d0, ohw, bias, oc0 + jb, 3)  # noqa: F821
         for j in range(width if kv < ow_n else 0):  # the rows' last columns
             ob = (c0 + j) * ohw
             b = bias[oc0 + j] if epi else np.float32(0.0)
@@ -229,6 +231,8 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
                         v += b
                         if epi == 2 and v < 0:  # not max(): NaN stays NaN
                             v = np.float32(0.0)
+                        elif epi == 3:
+                            v = _hswish(v)
                     out[np.uintp(d + k)] = v
 
 
@@ -308,6 +312,9 @@ def _write_out_py(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi,
         for i in range(P * width):
             a = acc[i]
             acc[i] = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
+    if epi & 8:
+        for i in range(P * width):
+            acc[i] = _hswish(acc[i])
     for pos in range(P):
         o = offs[pos]
         if o >= 0:
@@ -322,7 +329,7 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
     # geom: G, OCB, ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, LIMIT (a tile reads at most
     # LIMIT positions of a plane), CHUNK, WIDE (units of 32 output channels, two blocks of
     # 16), REM (1: each group's OCB blocks of 16 are followed by one of 8); epi bits: 1 +
-    # bias[oc], 2 + z (out's layout), 4 ReLU.
+    # bias[oc], 2 + z (out's layout), 4 ReLU, 8 H_SWISH.
     # pack: BLOCKS (0: xp is the source itself), SH, SW, ROW_OFF, COL_OFF, HQ, WQ, PHASES:
     # first the parts pack the source src into xbuf (xp's memory), one (sample, channel
     # block) at a time taken from packed[0] and counted done in packed[1], and wait for every
@@ -400,6 +407,15 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
             else:
                 _tile_out16(xp, x0 + qs * CB, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz,
                             out, z, bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)
+
+
+def _hswish_py(x):
+    # pragma: no cover - compiled
+    # H_SWISH as the elementwise kernels compute it: min(max(x + 3, 0), 6) x / 6, NaN kept
+    w = x + np.float32(3.0)
+    w = w if w > np.float32(0.0) else np.float32(0.0)
+    w = w if w < np.float32(6.0) else np.float32(6.0)
+    return w * x * np.float32(1.0 / 6.0)
 
 
 def _zeros_py(xp, lo, hi):
@@ -528,7 +544,7 @@ _tile = None  # the compiled tiles, bound by _compiled() before compiling the un
 _tile1 = None
 _tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = _inside = None
 _tile8 = _tile_out8 = None
-_zeros = _pad_row = None
+_zeros = _pad_row = _hswish = None
 
 
 @functools.cache
@@ -537,7 +553,7 @@ def _compiled() -> dict:
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
     global _tile8, _tile_out8, _TILE8
-    global _zeros, _pad_row, carray
+    global _zeros, _pad_row, carray, _hswish
 
 
     stack_tile, fetch_add, carray = tiled_jit.stack_tile(), tiled_jit.fetch_add(), _carray
@@ -557,6 +573,7 @@ def _compiled() -> dict:
                                                         bo)])  # fmt: skip
     _inside = compile_tiled(_inside_py, [t.UniTuple(i8, 2)(i8, i8, i8, i8, i8)])
     _zeros = compile_tiled(_zeros_py, [t.void(f1, i8, i8)])
+    _hswish = compile_tiled(_hswish_py, [t.float32(t.float32)], inline="always")
     _pad_row = compile_tiled(_pad_row_py, [t.boolean(f1, i8, i8, i8, i8, i8, i8, i8)])
     _take = compile_tiled(_take_py, [i8(ints, i8)])
     _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, bo),
@@ -605,7 +622,8 @@ def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, me: int) ->
     thread's row buffer of at least ``(ROWS WQ + P) 16`` values; ``taps`` the int64 plane
     offsets (positions) of the filter taps, row-major; ``geom`` the int64 array of the
     units' geometry (see the source); ``epi`` 0, or 1 to add ``bias`` (a
-    :func:`readonly_view` per output channel), 2 to add it and apply ReLU."""
+    :func:`readonly_view` per output channel), 2 to add it and apply ReLU, 3 to add it and
+    apply H_SWISH."""
     _compiled()["units"](xp, wp, out, rb, taps, geom, bias, epi, counter, me)
 
 
@@ -617,7 +635,8 @@ def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter, 
     in place, the source itself; ``rb`` this thread's buffer of a unit's positions plus
     ``2 P``, by 16 values; ``geom`` also holding the positions a tile may read in a plane
     and the channel blocks summed at a time; ``epi`` the sum of 1 (add ``bias``), 2 (add
-    ``z``, flat, laid out as ``out``) and 4 (ReLU).
+    ``z``, flat, laid out as ``out``) and 4 (ReLU) or 8 (H_SWISH, as the elementwise kernels
+    compute it).
 
     ``packing`` (a :func:`blocked_packing`) makes the threads first pack the source into
     the planes ``xp`` views, a (sample, channel block) at a time, in the same call: the
