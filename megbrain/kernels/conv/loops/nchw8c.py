@@ -312,15 +312,20 @@ def _write_out_py(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi,
         for i in range(P * width):
             a = acc[i]
             acc[i] = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
-    if epi & 8:
-        for i in range(P * width):
-            acc[i] = _hswish(acc[i])
     for pos in range(P):
         o = offs[pos]
         if o >= 0:
             for h in range(width // CB):
                 for c in range(CB):
                     out[np.uintp(o + h * ohw8 + c)] = acc[pos * width + h * CB + c]
+    if epi & 8:  # on the values just written (on the tile's, LLVM gathered the wide tiles')
+        for pos in range(P):
+            o = offs[pos]
+            if o >= 0:
+                for h in range(width // CB):
+                    for c in range(CB):
+                        e = np.uintp(o + h * ohw8 + c)
+                        out[e] = _hswish(out[e])
 
 
 def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, me, src, xbuf,
