@@ -236,41 +236,23 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
                     out[np.uintp(d + k)] = v
 
 
-def _tile_out16_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out, z, bias,
-                   oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
-    # pragma: no cover - compiled
-    # _tile_py's sums of 16 channels (continued from rb when ``more``), written to the NCHW88
-    # output by _write_out (its width a constant here: the tile stays in registers)
-    tile = stack_tile(_TILE, np.float32)  # noqa: F821 - the tiled_jit intrinsic
-    acc = carray(tile, _TILE)  # noqa: F821 - numba.carray
-    for i in range(_TILE):
-        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
-    fma_tile(tile, P, OB, CB, xp, x0, wp, w0, cbn, cstride, taps, 0)  # noqa: F821
-    _write_out(tile, OB, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
+def _tile_out_py(size, width):
+    """The tile of ``width`` output channels (CB, OB or WIDE; ``size`` = P width values)
+    whose sums (continued from rb when ``more``) _write_out writes to the NCHW88 output: its
+    width a constant of the compiled function, the tile stays in registers. A wide tile's
+    second block of the packed filter is ``wnext`` after the first."""
 
+    def tile_out(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out, z, bias, oc0,
+                 epi, obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
+        # pragma: no cover - compiled
+        tile = stack_tile(size, np.float32)  # noqa: F821 - the tiled_jit intrinsic
+        acc = carray(tile, size)  # noqa: F821 - numba.carray
+        for i in range(size):
+            acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
+        fma_tile(tile, P, width, CB, xp, x0, wp, w0, cbn, cstride, taps, wnext)  # noqa: F821
+        _write_out(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
 
-def _tile_out32_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out, z, bias,
-                   oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
-    # pragma: no cover - compiled
-    # _tile_out16_py for a wide tile (two blocks of the packed filter, wnext apart)
-    tile = stack_tile(_WIDE_TILE, np.float32)  # noqa: F821 - the tiled_jit intrinsic
-    acc = carray(tile, _WIDE_TILE)  # noqa: F821 - numba.carray
-    for i in range(_WIDE_TILE):
-        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
-    fma_tile(tile, P, WIDE, CB, xp, x0, wp, w0, cbn, cstride, taps, wnext)  # noqa: F821
-    _write_out(tile, WIDE, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
-
-
-def _tile_out8_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out, z, bias,
-                  oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
-    # pragma: no cover - compiled
-    # _tile_out16_py for a block of 8 output channels (_tile8_py)
-    tile = stack_tile(_TILE8, np.float32)  # noqa: F821 - the tiled_jit intrinsic
-    acc = carray(tile, _TILE8)  # noqa: F821 - numba.carray
-    for i in range(_TILE8):
-        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
-    fma_tile(tile, P, CB, CB, xp, x0, wp, w0, cbn, cstride, taps, 0)  # noqa: F821
-    _write_out(tile, CB, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
+    return tile_out
 
 
 def _write_out_py(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):
@@ -594,9 +576,9 @@ def _compiled() -> dict:
                                inline="always")
     out_sig = [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8, f1, fr, b1, i8, i8, i8, i8,
                       i8, i8, i8, i8, i8)]  # fmt: skip
-    _tile_out16 = compile_tiled(_tile_out16_py, out_sig)
-    _tile_out32 = compile_tiled(_tile_out32_py, out_sig)
-    _tile_out8 = compile_tiled(_tile_out8_py, out_sig)
+    _tile_out16 = compile_tiled(_tile_out_py(_TILE, OB), out_sig)
+    _tile_out32 = compile_tiled(_tile_out_py(_WIDE_TILE, WIDE), out_sig)
+    _tile_out8 = compile_tiled(_tile_out_py(_TILE8, CB), out_sig)
     units = compile_tiled(_conv_units_py, [t.void(f1, f1, f1, f1, ints, ints, b1, i8, ints, i8)])
     # the sources are typed read-only (readonly_view): one signature fits every operand
     x4 = t.Array(t.float32, 4, "A", readonly=True)
