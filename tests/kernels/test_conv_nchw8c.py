@@ -122,6 +122,22 @@ def test_strided_and_read_only_operands():
     np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("stride", [(1, 1), (2, 2), (1, 2), (3, 2)])
+def test_a_first_layer_reads_a_contiguous_and_a_strided_source_alike(stride):
+    # planes of one channel: a C-contiguous source is read flat (stride 1 or 2 along rows),
+    # another through its row views; the packed planes, and so the sums, are the same
+    c = _case(n=2, icg=3, ocg=16, sshape=(11, 13), stride=stride, pad=(1, 2))
+    x, w = _arrays(c)
+    strided = np.repeat(x, 2, axis=3)[..., ::2]
+    assert not strided.flags.c_contiguous
+    ys = []
+    for src in (x, strided):
+        ys.append(_out(c))
+        _BIND(src, w, ys[-1], *_geometry(c))()
+    assert np.array_equal(ys[0], ys[1])
+    np.testing.assert_allclose(ys[0], ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("constant", [False, True])
 def test_workspace_is_written_before_read_and_nothing_is_allocated(constant):
     c = _case(n=3, g=2, pad=(2, 1), flip=True, stride=(2, 1))
