@@ -353,6 +353,27 @@ def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch):
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[1], outs[2])
 
 
+def test_a_small_convolution_runs_its_units_on_one_thread(monkeypatch):
+    # a squeeze-and-excitation layer (1x1 positions) waited for a second thread longer than
+    # its work took
+    seen = []
+    real = conv_nchw88.units_as_they_go
+
+    def spy(units, bind_part, max_threads=None):
+        seen.append(max_threads)
+        return real(units, bind_part, max_threads)
+
+    monkeypatch.setattr(conv_nchw88, "units_as_they_go", spy)
+    for sshape, icg in (((1, 1), 64), ((40, 40), 64)):
+        c = _case(icg=icg, ocg=48, sshape=sshape, fshape=(1, 1), pad=(0, 0))
+        x, w, src, filt = _operands(c)
+        out = _out88(c)
+        _bind(c, src, filt, out)[1]()
+        np.testing.assert_allclose(conv_nchw88.to_nchw(out), ref_forward(c, x, w), rtol=RTOL,
+                                   atol=ATOL)  # fmt: skip
+    assert seen == [1, None]
+
+
 @pytest.mark.parametrize(
     "src_shape, filt_shape, group, match",
     [

@@ -61,6 +61,10 @@ WHOLE_PLANE = 256
 #: output positions (whole rows) a unit covers at least: 192 ran 3-8% faster than 96 and
 #: 384 on ResNet50's 56x56 and 28x28 layers (a unit's output and z rows stream longer)
 ROW_POSITIONS = 192
+#: below these multiply-adds (tiles' positions counted whole) one thread runs the units: a
+#: squeeze-and-excitation layer at 1x1 (576 -> 144) took 0.021 ms on one core and 0.039 on
+#: two, waiting for the second; 4x4 144 -> 576 0.028 and 0.032
+MIN_SPLIT_MACS = 1 << 21
 _EMPTY = np.zeros(1, _F32)
 _EMPTY.flags.writeable = False
 
@@ -375,5 +379,6 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
         return functools.partial(loops.conv_units_blocked, xp, wp, outf, zf, rb, taps, geom,
                                  bias, epi, counter, me, packing)  # fmt: skip
 
-    steps.append(units_as_they_go(units, bind_part))
+    macs = n * geo.g * geo.ocg * geo.icg * fh * fw * max(oh * ow, loops.tile_positions())
+    steps.append(units_as_they_go(units, bind_part, 1 if macs < MIN_SPLIT_MACS else None))
     return filter_packed(pack_w, chain(steps), constant)
