@@ -353,6 +353,29 @@ def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch):
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[1], outs[2])
 
 
+@pytest.mark.parametrize("ocg", [16, 24, 40, 48])
+def test_a_plane_of_one_position_equals_that_position_of_a_larger_plane(ocg):
+    # a squeeze-and-excitation layer (1x1 positions) sums in tiles of one position, in the
+    # order of the tiles of P: bit for bit what position (0, 0) of a 5x5 plane gets
+    rng = np.random.default_rng(ocg)
+    big = _case(icg=72, ocg=ocg, sshape=(5, 5), fshape=(1, 1), pad=(0, 0))
+    one = {**big, "sshape": (1, 1), "oshape": (1, 1)}
+    x, w, src, filt = _operands(big)
+    bias = rng.uniform(-1, 1, ocg).astype(np.float32)
+    zb = rng.uniform(-1, 1, (1, ocg, 5, 5)).astype(np.float32)
+    ys = []
+    for c, xs, zs in ((big, src, zb), (one, src[:, :, :1, :1], zb[:, :, :1, :1])):
+        out = _out88(c)
+        name, step = _bind(c, np.ascontiguousarray(xs), filt, out, z=_to88(zs),
+                           epilogue=Epilogue(bias, False, True))  # fmt: skip
+        assert name == "DIRECT_NCHW88"
+        step()
+        ys.append(conv_nchw88.to_nchw(out))
+    assert np.array_equal(ys[0][:, :, :1, :1], ys[1])
+    want = ref_forward(one, x[:, :, :1, :1], w) + bias[None, :, None, None] + zb[:, :, :1, :1]
+    np.testing.assert_allclose(ys[1], want * np.clip(want + 3, 0, 6) / 6, rtol=RTOL, atol=ATOL)
+
+
 def test_a_small_convolution_runs_its_units_on_one_thread(monkeypatch):
     # a squeeze-and-excitation layer (1x1 positions) waited for a second thread longer than
     # its work took

@@ -236,11 +236,13 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
                     out[np.uintp(d + k)] = v
 
 
-def _tile_out_py(size, width):
-    """The tile of ``width`` output channels (CB, OB or WIDE; ``size`` = P width values)
-    whose sums (continued from rb when ``more``) _write_out writes to the NCHW88 output: its
-    width a constant of the compiled function, the tile stays in registers. A wide tile's
+def _tile_out_py(width, npos, write_out):
+    """The tile of ``npos`` positions (P, or 1 for planes of one position) by
+    ``width`` output channels (CB, OB or WIDE) whose sums (continued from rb when ``more``)
+    ``write_out`` (the compiled :func:`_write_out_py` of npos) writes to the NCHW88 output:
+    its sizes constants of the compiled function, the tile stays in registers. A wide tile's
     second block of the packed filter is ``wnext`` after the first."""
+    size = npos * width
 
     def tile_out(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out, z, bias, oc0,
                  epi, obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
@@ -249,65 +251,70 @@ def _tile_out_py(size, width):
         acc = carray(tile, size)  # noqa: F821 - numba.carray
         for i in range(size):
             acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
-        fma_tile(tile, P, width, CB, xp, x0, wp, w0, cbn, cstride, taps, wnext)  # noqa: F821
-        _write_out(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
+        fma_tile(tile, npos, width, CB, xp, x0, wp, w0, cbn, cstride, taps, wnext)  # noqa: F821
+        write_out(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
 
     return tile_out
 
 
-def _write_out_py(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):
-    # pragma: no cover - compiled
-    # the epilogue applied to a tile of P x width sums (width 8, 16 or 32: blocks of 8 channels
-    # ohw8 apart in the NCHW88 output), written to positions q + p in [qlo, qhi) of a plane
-    # row, not in its gap. Inlined into its callers, whose width is a constant: only stores
-    # to ``out`` are conditional (a conditional write to the tile, or a branch around its
-    # reads, made the compiler keep it in memory: 3x slower)
-    acc = carray(tile, P * width)  # noqa: F821 - numba.carray
-    if epi & 1:
-        for pos in range(P):
-            for j in range(width):
-                acc[pos * width + j] += bias[oc0 + j]
-    offs = carray(stack_tile(P, np.int64), P)  # noqa: F821 - an output offset, or -1
-    if wq == ow and qlo <= q and q + P <= qhi:
-        # rows without a gap (a pointwise convolution read in place), every position new:
-        # no division, no tests (5-10% of the mobile nets' pointwise layers at 56x56)
-        for pos in range(P):
-            offs[pos] = obase + (q + pos) * CB
-    else:
-        row = q // wq
-        col = q - row * wq
-        for pos in range(P):
-            qq = q + pos
-            ok = qlo <= qq < qhi and col < ow
-            offs[pos] = obase + (row * ow + col) * CB if ok else -1
-            col += 1
-            if col == wq:
-                row += 1
-                col = 0
-    if epi & 2:  # a dropped position reads the block's first (any in-bounds value)
-        for pos in range(P):
-            o = max(offs[pos], obase)
-            for h in range(width // CB):
-                for c in range(CB):
-                    acc[pos * width + h * CB + c] += z[np.uintp(o + h * ohw8 + c)]
-    if epi & 4:
-        for i in range(P * width):
-            a = acc[i]
-            acc[i] = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
-    for pos in range(P):
-        o = offs[pos]
-        if o >= 0:
-            for h in range(width // CB):
-                for c in range(CB):
-                    out[np.uintp(o + h * ohw8 + c)] = acc[pos * width + h * CB + c]
-    if epi & 8:  # on the values just written (on the tile's, LLVM gathered the wide tiles')
-        for pos in range(P):
+def _write_out_py(npos):
+    """The write-out of a tile of ``npos`` positions (P, or 1: :func:`_tile_out_py`)."""
+
+    def write_out(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):
+        # pragma: no cover - compiled
+        # the epilogue applied to a tile of npos x width sums (width 8, 16 or 32: blocks of 8
+        # channels ohw8 apart in the NCHW88 output), written to positions q + p in [qlo, qhi)
+        # of a plane row, not in its gap. Inlined into its callers, whose width is a
+        # constant: only stores to ``out`` are conditional (a conditional write to the tile,
+        # or a branch around its reads, made the compiler keep it in memory: 3x slower)
+        acc = carray(tile, npos * width)  # noqa: F821 - numba.carray
+        if epi & 1:
+            for pos in range(npos):
+                for j in range(width):
+                    acc[pos * width + j] += bias[oc0 + j]
+        offs = carray(stack_tile(npos, np.int64), npos)  # noqa: F821 - an output offset, or -1
+        if wq == ow and qlo <= q and q + npos <= qhi:
+            # rows without a gap (a pointwise convolution read in place), every position new:
+            # no division, no tests (5-10% of the mobile nets' pointwise layers at 56x56)
+            for pos in range(npos):
+                offs[pos] = obase + (q + pos) * CB
+        else:
+            row = q // wq
+            col = q - row * wq
+            for pos in range(npos):
+                qq = q + pos
+                ok = qlo <= qq < qhi and col < ow
+                offs[pos] = obase + (row * ow + col) * CB if ok else -1
+                col += 1
+                if col == wq:
+                    row += 1
+                    col = 0
+        if epi & 2:  # a dropped position reads the block's first (any in-bounds value)
+            for pos in range(npos):
+                o = max(offs[pos], obase)
+                for h in range(width // CB):
+                    for c in range(CB):
+                        acc[pos * width + h * CB + c] += z[np.uintp(o + h * ohw8 + c)]
+        if epi & 4:
+            for i in range(npos * width):
+                a = acc[i]
+                acc[i] = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
+        for pos in range(npos):
             o = offs[pos]
             if o >= 0:
                 for h in range(width // CB):
                     for c in range(CB):
-                        e = np.uintp(o + h * ohw8 + c)
-                        out[e] = _hswish(out[e])
+                        out[np.uintp(o + h * ohw8 + c)] = acc[pos * width + h * CB + c]
+        if epi & 8:  # on the values just written (on the tile's, LLVM gathered the wide tiles')
+            for pos in range(npos):
+                o = offs[pos]
+                if o >= 0:
+                    for h in range(width // CB):
+                        for c in range(CB):
+                            e = np.uintp(o + h * ohw8 + c)
+                            out[e] = _hswish(out[e])
+
+    return write_out
 
 
 def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, me, src, xbuf,
@@ -346,6 +353,9 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
     ohw8 = oh_n * ow_n * CB
     nblk = (oh_n + rows - 1) // rows
     last = (icb_n - 1) // chunk * chunk
+    # planes of one position (squeeze-and-excitation layers): tiles of one position, whose
+    # sums wait on each other (a quarter of the tile of P's rate) but are not P - 1 dropped
+    one = oh_n * wq == 1
     while True:  # the units the other threads have not taken
         u = _take(counter, me)
         if u < 0:
@@ -361,6 +371,19 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
         obase = (n * g_ * ocg + oc0) // CB * ohw8
         x0 = n * sample + g * icb_n * cstride + shift * CB
         w0 = oc0 * icb_n * taps.size * CB
+        if one:  # all channels at once
+            for q in range(q0, q1):
+                x1 = x0 + q * CB
+                if narrow:
+                    _one8(xp, x1, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z, bias,
+                          oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
+                elif wide:
+                    _one32(xp, x1, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z,
+                           bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
+                else:
+                    _one16(xp, x1, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z,
+                           bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
+            continue
         # tiles [q0, qt) read within the planes; one more, from limit - P, ends the unit
         qt = q0 + min((q1 - q0 + P - 1) // P, max(0, limit - q0) // P) * P
         for c0 in range(0, last, chunk):
@@ -545,7 +568,7 @@ _NOT_FLAT.flags.writeable = False
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
 _tile1 = None
 _tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = _inside = None
-_tile8 = _tile_out8 = None
+_tile8 = _tile_out8 = _one8 = _one16 = _one32 = None
 _zeros = _pad_row = _hswish = None
 
 
@@ -554,7 +577,7 @@ def _compiled() -> dict:
     global stack_tile, fetch_add, fma_tile, transpose_store, P, _TILE, _WIDE_TILE, _LANES
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
-    global _tile8, _tile_out8, _TILE8
+    global _tile8, _tile_out8, _TILE8, _one8, _one16, _one32
     global _zeros, _pad_row, carray, _hswish
 
 
@@ -586,14 +609,17 @@ def _compiled() -> dict:
     _tile1_32 = compile_tiled(_tile1_32_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, i8)])
     _tile1 = compile_tiled(_tile1_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
     b1 = t.Array(t.float32, 1, "A", readonly=True)
-    _write_out = compile_tiled(_write_out_py, [t.void(t.CPointer(t.float32), i8, f1, fr, b1, i8,
-                                                      i8, i8, i8, i8, i8, i8, i8, i8)],
-                               inline="always")
+    wo_sig = [t.void(t.CPointer(t.float32), i8, f1, fr, b1, i8, i8, i8, i8, i8, i8, i8, i8, i8)]
+    _write_out = compile_tiled(_write_out_py(P), wo_sig, inline="always")
+    write_one = compile_tiled(_write_out_py(1), wo_sig, inline="always")
     out_sig = [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8, f1, fr, b1, i8, i8, i8, i8,
                       i8, i8, i8, i8, i8)]  # fmt: skip
-    _tile_out16 = compile_tiled(_tile_out_py(_TILE, OB), out_sig)
-    _tile_out32 = compile_tiled(_tile_out_py(_WIDE_TILE, WIDE), out_sig)
-    _tile_out8 = compile_tiled(_tile_out_py(_TILE8, CB), out_sig)
+    _tile_out16 = compile_tiled(_tile_out_py(OB, P, _write_out), out_sig)
+    _tile_out32 = compile_tiled(_tile_out_py(WIDE, P, _write_out), out_sig)
+    _tile_out8 = compile_tiled(_tile_out_py(CB, P, _write_out), out_sig)
+    _one16 = compile_tiled(_tile_out_py(OB, 1, write_one), out_sig)
+    _one32 = compile_tiled(_tile_out_py(WIDE, 1, write_one), out_sig)
+    _one8 = compile_tiled(_tile_out_py(CB, 1, write_one), out_sig)
     units = compile_tiled(_conv_units_py, [t.void(f1, f1, f1, f1, ints, ints, b1, i8, ints, i8)])
     # the sources are typed read-only (readonly_view): one signature fits every operand
     x4 = t.Array(t.float32, 4, "A", readonly=True)
