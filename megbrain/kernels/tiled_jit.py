@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 from llvmlite import binding, ir
 from numba import njit
 from numba.core import cgutils, config, types
@@ -157,18 +158,20 @@ def fma_tile():
 
     ``acc`` (a :func:`stack_tile` pointer) holds ``positions x width`` float32 sums, a row of
     ``width`` per position, that the call adds to; the literals ``positions``, ``width`` (a
-    multiple of 16 and of the vector width) and ``channels`` fix the tile. For each input
+    multiple of 16 and of the vector width, or 8: a remainder block of 8 output channels,
+    computed with vectors of 8 lanes) and ``channels`` fix the tile. For each input
     channel block ``cb < cbn``, tap ``t`` and channel ``ic < channels``, in that order,
     position ``p`` adds ``xp[x0 + cb cstride + (taps[t] + p) channels + ic]`` times the
-    row's filter values: its ``b``-th 16 at ``wp[w0 + b wnext + ((cb len(taps) + t)
-    channels + ic) 16:]`` (blocks of 16 output channels packed ``wnext`` apart). Each
+    row's filter values: its ``b``-th block of ``B = min(width, 16)`` at ``wp[w0 + b wnext +
+    ((cb len(taps) + t) channels + ic) B:]`` (blocks of ``B`` output channels packed
+    ``wnext`` apart). Each
     product is added with ``llvm.fmuladd`` (fused where the target has FMA, as Numba's
     ``contract``), in the order of the scalar loops it stands for. The accumulators live in
     registers across the loops; each filter line is prefetched :data:`_PREFETCH` values
     ahead; no index is checked (the caller's geometry keeps them in bounds; a prefetch
     never faults).
     """
-    lanes = vector_width()
+    full_lanes = vector_width()
 
     @intrinsic
     def fma_tile(typingctx, acc, positions, width, channels, xp, x0, wp, w0, cbn, cstride,
@@ -177,7 +180,9 @@ def fma_tile():
         if not all(isinstance(v, types.IntegerLiteral) for v in literals):
             return None
         npos, nw, nch = (v.literal_value for v in literals)
-        if nw % lanes or nw % _BLOCK:
+        lanes = min(full_lanes, nw)  # a block of 8 channels: vectors of 8 lanes
+        block = min(nw, _BLOCK)
+        if nw % lanes or nw != 8 and nw % _BLOCK:
             return None
         if not (isinstance(acc, types.CPointer) and acc.dtype == types.float32):
             return None
@@ -230,12 +235,11 @@ def fma_tile():
                     tap = builder.load(builder.gep(tarr.data, [t]))
                     xb = builder.add(builder.add(x0_v, builder.mul(cb, cs_v)),
                                      builder.mul(tap, const(nch)))  # fmt: skip
-                    row0 = builder.mul(builder.add(builder.mul(cb, ntaps), t), const(nch * _BLOCK))
+                    row0 = builder.mul(builder.add(builder.mul(cb, ntaps), t), const(nch * block))
                     blocks = [builder.add(builder.add(w0_v, row0), builder.mul(wnext_v, const(b)))
-                              for b in range(nw // _BLOCK)]  # fmt: skip
+                              for b in range(nw // block)]  # fmt: skip
                     for ic in range(nch):
-                        ws = [vector_at(blocks[k * lanes // _BLOCK],
-                                        ic * _BLOCK + k * lanes % _BLOCK)
+                        ws = [vector_at(blocks[k * lanes // block], ic * block + k * lanes % block)
                               for k in range(nvec)]  # fmt: skip
                         for p in range(npos):
                             xptr = builder.gep(xdata, [builder.add(xb, const(p * nch + ic))],
@@ -263,7 +267,8 @@ def transpose_store():
     intrinsic: the square block of :func:`vector_width` ``L`` rows of ``L`` float32 values
     at ``src[s0 + p sstride:][:L]`` (``p < L``) written transposed, row ``c`` of the result
     (the block's column ``c``) to ``dst[d0 + c dstride:][:L]``, with the literal ``epi``
-    0 (as is), 1 (``+ bias[b0 + c]``) or 2 (then ReLU, NaN staying NaN).
+    0 (as is), 1 (``+ bias[b0 + c]``), 2 (then ReLU, NaN staying NaN) or 3 (then H_SWISH,
+    ``min(max(v + 3, 0), 6) v / 6`` in that order, NaN staying NaN).
 
     The write-back of a convolution's position-major buffer to NCHW rows: as scalar loops
     a strided read or a strided write per value; here ``L`` vector loads, ``L log2 L``
@@ -274,7 +279,7 @@ def transpose_store():
 
     @intrinsic
     def transpose_store(typingctx, src, s0, sstride, dst, d0, dstride, bias, b0, epi):
-        if not isinstance(epi, types.IntegerLiteral) or epi.literal_value not in (0, 1, 2):
+        if not isinstance(epi, types.IntegerLiteral) or epi.literal_value not in (0, 1, 2, 3):
             return None
         if not all(isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float32
                    for a in (src, dst, bias)):  # fmt: skip
@@ -327,6 +332,13 @@ def transpose_store():
                     v = builder.fadd(v, builder.shuffle_vector(one, undef, splat))
                 if mode == 2:  # v < 0 is false for NaN: NaN stays NaN
                     v = builder.select(builder.fcmp_ordered("<", v, zero), zero, v)
+                elif mode == 3:  # w = v + 3 > 0 is false for NaN: w = 0, and 0 v is NaN
+                    w = builder.fadd(v, ir.Constant(vec, [ir.Constant(f32, 3.0)] * lanes))
+                    w = builder.select(builder.fcmp_ordered(">", w, zero), w, zero)
+                    six = ir.Constant(vec, [ir.Constant(f32, 6.0)] * lanes)
+                    w = builder.select(builder.fcmp_ordered("<", w, six), w, six)
+                    sixth = ir.Constant(vec, [ir.Constant(f32, float(np.float32(1 / 6)))] * lanes)
+                    v = builder.fmul(builder.fmul(w, v), sixth)
                 builder.store(v, at(ddata, d0_v, ds_v, c), align=4)
             return context.get_dummy_value()
 

@@ -462,7 +462,7 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
             except ValueError as exc:
                 raise self.error(str(exc)) from None
             self.chosen_algorithm, self._chosen_for = algo.name, layouts
-            if epilogue is not None and algo.epilogue:
+            if epilogue is not None and algo.epilogue and (algo.hswish or not epilogue.hswish):
                 return algo.bind(*args, epilogue=epilogue)
             step = algo.bind(*args)
         return step if then is None else chain([step, then()])

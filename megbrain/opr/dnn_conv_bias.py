@@ -49,6 +49,8 @@ from .sereg_params import register_with_policy
 __all__ = ["ConvBias", "ConvBiasParam", "conv_bias_activation", "conv_bias_activation_v1"]
 
 
+#: the activations the NCHW88 kernels apply as they write (bias, z, then the activation)
+_NCHW88_EPILOGUE_MODES = ("IDENTITY", "RELU", "H_SWISH")
 #: the Elemwise mode computing ``act(conv + bias)`` in place, per ConvBias nonlineMode
 _BIAS_ACT = {
     "IDENTITY": "ADD",
@@ -145,7 +147,7 @@ class ConvBias(_ConvBase):
             ])  # fmt: skip
 
         if self._nchw88():
-            epilogue = self._nchw88_epilogue(mode, ins[2], outs[0])
+            epilogue = self._nchw88_epilogue(mode, ins[2], outs[0], ins[0], ins[1])
             if epilogue is not None:
                 return self._bind_nchw88(ins[0], ins[1], outs[0], epilogue=epilogue, z=z)
             steps = []
@@ -172,7 +174,7 @@ class ConvBias(_ConvBase):
         if any(v is z for v in self.inputs[:3]):
             return None
         shapes = [static_shape(v) for v in self.inputs]
-        if any(s is None for s in shapes) or self.param.nonlineMode not in ("IDENTITY", "RELU"):
+        if any(s is None for s in shapes) or self.param.nonlineMode not in _NCHW88_EPILOGUE_MODES:
             return None
         if tuple(shapes[2]) != self._channel_bias_shape(tuple(shapes[3])):
             return None  # a full-shape bias is added in a pass of its own, after the kernel
@@ -188,14 +190,19 @@ class ConvBias(_ConvBase):
         )
         return 3 if direct else None
 
-    def _nchw88_epilogue(self, mode: str, bias: np.ndarray, out: np.ndarray):
+    def _nchw88_epilogue(self, mode: str, bias: np.ndarray, out: np.ndarray, src, filt):
         """The epilogue of an NCHW88 ConvBias (its per-channel bias as OC values, a view),
-        or None when the kernel can not apply it."""
-        if mode not in ("IDENTITY", "RELU") or bias.dtype != out.dtype:
+        or None when the kernel can not apply it (H_SWISH: only DIRECT_NCHW88's geometries,
+        whose kernels, and NCHW88_AS_NCHW, apply it)."""
+        if mode not in _NCHW88_EPILOGUE_MODES or bias.dtype != out.dtype:
             return None
         if bias.shape != self._channel_bias_shape(out.shape) or not bias.flags.c_contiguous:
             return None
-        return conv_epilogue.Epilogue(bias.reshape(-1), mode == "RELU")
+        if mode == "H_SWISH":
+            geo = self._nchw88_geometry(src.shape, filt.shape)
+            if not conv_nchw88.direct_geometry(geo, self.param.pad, self.param.dilate):
+                return None
+        return conv_epilogue.Epilogue(bias.reshape(-1), mode == "RELU", mode == "H_SWISH")
 
     def grad(self, wrt_idx, out_grads):
         og = out_grads[0]

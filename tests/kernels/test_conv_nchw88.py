@@ -122,7 +122,7 @@ def test_forward_matches_float64(c, constant):
     out = _out88(c)
     with constant_filter(constant):
         name, step = _bind(c, src, filt, out)
-    direct = c["kind"] in ("dense", "group") and c["ocg"] % 16 == 0
+    direct = c["kind"] in ("dense", "group")  # any OCg: tiles of 16 channels, then one of 8
     chan = c["kind"] == "chan"
     assert name == ("DIRECT_NCHW88" if direct else "CHANNELWISE_NCHW88" if chan
                     else "NCHW88_AS_NCHW")  # fmt: skip
@@ -132,9 +132,11 @@ def test_forward_matches_float64(c, constant):
         np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
 
 
-@settings(max_examples=40, deadline=None)
-@given(c=cases(kind="dense"), relu=st.booleans(), with_z=st.booleans())
-def test_the_epilogue_adds_bias_and_z_then_applies_relu(c, relu, with_z):
+@settings(max_examples=60, deadline=None)
+@given(c=cases(kind="dense"), act=st.sampled_from(["IDENTITY", "RELU", "H_SWISH"]),
+       with_z=st.booleans(), strided_out=st.booleans())  # fmt: skip
+def test_the_epilogue_adds_bias_and_z_then_applies_the_activation(c, act, with_z, strided_out):
+    # a strided output: NCHW88_AS_NCHW, which applies the epilogue after the NCHW algorithm
     x, w, src, filt = _operands(c)
     rng = np.random.default_rng(c["seed"] + 1)
     oc = c["g"] * c["ocg"]
@@ -144,16 +146,25 @@ def test_the_epilogue_adds_bias_and_z_then_applies_relu(c, relu, with_z):
     if with_z:
         zn = rng.uniform(-1, 1, want.shape).astype(np.float32)
         z, want = _to88(zn), want + zn
-    if relu:
+    if act == "RELU":
         want = np.maximum(want, 0)
+    elif act == "H_SWISH":
+        want = want * np.clip(want + 3, 0, 6) / 6
     out = _out88(c)
-    _, step = _bind(c, src, filt, out, epilogue=Epilogue(bias, relu), z=z)
+    if strided_out:
+        out = np.full(out.shape[:-1] + (16,), np.nan, np.float32)[..., ::2]
+    name, step = _bind(c, src, filt, out, epilogue=Epilogue(bias, act == "RELU", act == "H_SWISH"),
+                       z=z)  # fmt: skip
+    assert name == ("NCHW88_AS_NCHW" if strided_out else "DIRECT_NCHW88")
     step()
     np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("ocg", [16, 24])  # DIRECT_NCHW88, NCHW88_AS_NCHW
-def test_relu_keeps_nan_and_a_strided_z_is_read(ocg):
+@pytest.mark.parametrize(
+    "ocg, algo",
+    [(16, "DIRECT_NCHW88"), (24, "DIRECT_NCHW88"), (24, "NCHW88_AS_NCHW")],  # 24: a tile of 8
+)
+def test_relu_keeps_nan_and_a_strided_z_is_read(ocg, algo):
     c = _case(ocg=ocg)
     _, _, src, filt = _operands(c)
     src = src.copy()
@@ -162,7 +173,10 @@ def test_relu_keeps_nan_and_a_strided_z_is_read(ocg):
     zbig = np.zeros((c["n"], ocg // 8, *c["oshape"], 16), np.float32)
     z = zbig[..., ::2]  # not contiguous
     out = _out88(c)
-    _, step = _bind(c, src, filt, out, epilogue=Epilogue(bias, True), z=z)
+    if algo == "NCHW88_AS_NCHW":  # a strided output: DIRECT_NCHW88 writes C-contiguous ones
+        out = np.full(out.shape[:-1] + (16,), np.nan, np.float32)[..., ::2]
+    name, step = _bind(c, src, filt, out, epilogue=Epilogue(bias, True), z=z)
+    assert name == algo
     step()
     y = conv_nchw88.to_nchw(out)
     assert np.isnan(y[0, :, 3:6, 2:5]).all()
@@ -184,6 +198,41 @@ def test_direct_equals_direct_nchw8c_bit_for_bit(geometry):
     y = np.empty((c["n"], c["ocg"], *c["oshape"]), np.float32)
     conv_nchw8c.bind_nchw8c_forward(x, w, y, c["stride"], c["pad"], c["dilate"])()
     assert np.array_equal(conv_nchw88.to_nchw(out), y)
+
+
+@pytest.mark.parametrize(
+    "geometry",
+    [dict(), dict(fshape=(1, 1), pad=(0, 0)), dict(fshape=(1, 1), pad=(0, 0), sshape=(5, 6)),
+     dict(fshape=(1, 1), pad=(0, 0), stride=(2, 2)), dict(stride=(2, 2), g=2)],
+)  # fmt: skip
+@pytest.mark.parametrize("ocg", [8, 24, 40])
+def test_a_block_of_8_channels_equals_a_block_of_16_bit_for_bit(geometry, ocg):
+    # OCg % 16 == 8: a group's last 8 channels are a tile of 8 (vectors of 8 lanes); its sums
+    # are those of the same channels in a tile of 16 (OCg + 8, the filter's first OCg
+    # channels the same), epilogue included
+    geometry = {"n": 2, "icg": 16, "sshape": (11, 13), **geometry}
+    wide = _case(kind="group" if geometry.get("g", 1) > 1 else "dense", ocg=ocg + 8,
+                 **geometry)  # fmt: skip
+    narrow = {**wide, "ocg": ocg}
+    x, w, src, filt = _operands(wide)
+    rng = np.random.default_rng(5)
+    bias = rng.uniform(-1, 1, (wide["g"], ocg + 8)).astype(np.float32)
+    zw = rng.uniform(-1, 1, (2, wide["g"], ocg + 8, *wide["oshape"])).astype(np.float32)
+    ys = []
+    for c in (wide, narrow):
+        oc = c["g"] * c["ocg"]
+        wc = np.ascontiguousarray(w[:, : c["ocg"]])
+        z = _to88(zw[:, :, : c["ocg"]].reshape(2, oc, *c["oshape"]))
+        out = _out88(c)
+        epi = Epilogue(np.ascontiguousarray(bias[:, : c["ocg"]]).reshape(-1), True)
+        name, step = _bind(c, src, _filter88(wc, c["kind"]), out, epilogue=epi, z=z)
+        assert name == "DIRECT_NCHW88"
+        step()
+        ys.append(conv_nchw88.to_nchw(out).reshape(2, c["g"], c["ocg"], *c["oshape"]))
+    assert np.array_equal(ys[0][:, :, :ocg], ys[1])
+    want = ref_forward(narrow, x, w[:, :ocg]).reshape(ys[1].shape) + zw[:, :, :ocg]
+    want = np.maximum(want + bias[None, :, :ocg, None, None], 0)
+    np.testing.assert_allclose(ys[1], want, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("fshape, pad, stride", [((3, 3), (1, 1), (1, 1)), ((1, 1), (0, 0), (1, 1)),
@@ -217,10 +266,10 @@ def test_pointwise_read_in_place_covers_every_position(sshape):
                                atol=ATOL)  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+@pytest.mark.parametrize("kind, ocg", [("dense", 32), ("dense", 24), ("hybrid", 32)])
 @pytest.mark.parametrize("constant", [False, True])
-def test_workspace_is_written_before_read_and_nothing_is_allocated(kind, constant):
-    c = _case(kind=kind, n=2, icg=16 if kind == "dense" else 3, stride=(2, 1))
+def test_workspace_is_written_before_read_and_nothing_is_allocated(kind, ocg, constant):
+    c = _case(kind=kind, n=2, icg=16 if kind == "dense" else 3, ocg=ocg, stride=(2, 1))
     x, w, src, filt = _operands(c)
     bias = np.linspace(-1, 1, c["ocg"], dtype=np.float32)
     out = _out88(c)
@@ -307,6 +356,50 @@ def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch, geometry)
         outs.append(_out88(c))
         _bind(c, src, filt, outs[-1])[1]()
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[1], outs[2])
+
+
+@pytest.mark.parametrize("ocg", [16, 24, 40, 48])
+def test_a_plane_of_one_position_equals_that_position_of_a_larger_plane(ocg):
+    # a squeeze-and-excitation layer (1x1 positions) sums in tiles of one position, in the
+    # order of the tiles of P: bit for bit what position (0, 0) of a 5x5 plane gets
+    rng = np.random.default_rng(ocg)
+    big = _case(icg=72, ocg=ocg, sshape=(5, 5), fshape=(1, 1), pad=(0, 0))
+    one = {**big, "sshape": (1, 1), "oshape": (1, 1)}
+    x, w, src, filt = _operands(big)
+    bias = rng.uniform(-1, 1, ocg).astype(np.float32)
+    zb = rng.uniform(-1, 1, (1, ocg, 5, 5)).astype(np.float32)
+    ys = []
+    for c, xs, zs in ((big, src, zb), (one, src[:, :, :1, :1], zb[:, :, :1, :1])):
+        out = _out88(c)
+        name, step = _bind(c, np.ascontiguousarray(xs), filt, out, z=_to88(zs),
+                           epilogue=Epilogue(bias, False, True))  # fmt: skip
+        assert name == "DIRECT_NCHW88"
+        step()
+        ys.append(conv_nchw88.to_nchw(out))
+    assert np.array_equal(ys[0][:, :, :1, :1], ys[1])
+    want = ref_forward(one, x[:, :, :1, :1], w) + bias[None, :, None, None] + zb[:, :, :1, :1]
+    np.testing.assert_allclose(ys[1], want * np.clip(want + 3, 0, 6) / 6, rtol=RTOL, atol=ATOL)
+
+
+def test_a_small_convolution_runs_its_units_on_one_thread(monkeypatch):
+    # a squeeze-and-excitation layer (1x1 positions) waited for a second thread longer than
+    # its work took
+    seen = []
+    real = conv_nchw88.units_as_they_go
+
+    def spy(units, bind_part, max_threads=None):
+        seen.append(max_threads)
+        return real(units, bind_part, max_threads)
+
+    monkeypatch.setattr(conv_nchw88, "units_as_they_go", spy)
+    for sshape, icg in (((1, 1), 64), ((40, 40), 64)):
+        c = _case(icg=icg, ocg=48, sshape=sshape, fshape=(1, 1), pad=(0, 0))
+        x, w, src, filt = _operands(c)
+        out = _out88(c)
+        _bind(c, src, filt, out)[1]()
+        np.testing.assert_allclose(conv_nchw88.to_nchw(out), ref_forward(c, x, w), rtol=RTOL,
+                                   atol=ATOL)  # fmt: skip
+    assert seen == [1, None]
 
 
 @pytest.mark.parametrize(

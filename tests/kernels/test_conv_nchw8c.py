@@ -122,6 +122,22 @@ def test_strided_and_read_only_operands():
     np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("stride", [(1, 1), (2, 2), (1, 2), (3, 2)])
+def test_a_first_layer_reads_a_contiguous_and_a_strided_source_alike(stride):
+    # planes of one channel: a C-contiguous source is read flat (stride 1 or 2 along rows),
+    # another through its row views; the packed planes, and so the sums, are the same
+    c = _case(n=2, icg=3, ocg=16, sshape=(11, 13), stride=stride, pad=(1, 2))
+    x, w = _arrays(c)
+    strided = np.repeat(x, 2, axis=3)[..., ::2]
+    assert not strided.flags.c_contiguous
+    ys = []
+    for src in (x, strided):
+        ys.append(_out(c))
+        _BIND(src, w, ys[-1], *_geometry(c))()
+    assert np.array_equal(ys[0], ys[1])
+    np.testing.assert_allclose(ys[0], ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("constant", [False, True])
 def test_workspace_is_written_before_read_and_nothing_is_allocated(constant):
     c = _case(n=3, g=2, pad=(2, 1), flip=True, stride=(2, 1))
@@ -349,56 +365,62 @@ def test_a_shared_filter_without_weight_preprocess_follows_its_updates():
 
 
 # ---- epilogues: act(conv + bias) as the output is written ----------------------------------
-def _epilogue(c, relu, nan_at=None):
+def _epilogue(c, mode, nan_at=None):
     bias = np.random.default_rng(c["seed"] + 1).uniform(-1, 1, (1, c["g"] * c["ocg"], 1, 1))
     bias = bias.astype(np.float32)
     if nan_at is not None:
         bias[0, nan_at] = np.nan
     out = _out(c)
-    ep = conv_epilogue.for_conv_bias("RELU" if relu else "IDENTITY", bias, out)
+    ep = conv_epilogue.for_conv_bias(mode, bias, out)
     return bias, out, ep
 
 
-def _ref_epilogue(c, x, w, bias, relu):
-    ref = ref_forward(c, x, w) + bias.astype(np.float64)
-    return np.maximum(ref, 0) if relu else ref
+def _ref_act(v, mode):
+    if mode == "RELU":
+        return np.maximum(v, 0)
+    return v * np.clip(v + 3, 0, 6) / 6 if mode == "H_SWISH" else v
 
 
-@pytest.mark.parametrize("relu", [False, True])
+def _ref_epilogue(c, x, w, bias, mode):
+    return _ref_act(ref_forward(c, x, w) + bias.astype(np.float64), mode)
+
+
+@pytest.mark.parametrize("mode", ["IDENTITY", "RELU", "H_SWISH"])
 @pytest.mark.parametrize("stride", [(1, 1), (2, 1)])
 # rows of whole vector blocks (written back transposed) and of a few last columns; planes of
 # one channel (3) in units of 32 channels, as a network's first layer
 @pytest.mark.parametrize("icg, ocg, sshape", [(8, 16, (7, 9)), (8, 16, (5, 37)),
                                               (3, 64, (6, 75))])  # fmt: skip
-def test_direct_epilogue_matches_float64(relu, stride, icg, ocg, sshape):
+def test_direct_epilogue_matches_float64(mode, stride, icg, ocg, sshape):
     c = _case(n=2, g=2, icg=icg, ocg=ocg, stride=stride, sshape=sshape)
     x, w = _arrays(c)
-    bias, y, ep = _epilogue(c, relu, nan_at=3)
+    bias, y, ep = _epilogue(c, mode, nan_at=3)
     step = _BIND(x, w, y, *_geometry(c), epilogue=ep)
     step()
-    ref = _ref_epilogue(c, x, w, bias, relu)
+    ref = _ref_epilogue(c, x, w, bias, mode)
     np.testing.assert_allclose(y, ref, rtol=RTOL, atol=ATOL)  # NaN where ref is (channel 3)
     assert np.isnan(y[:, 3]).all()
     bias[0, 5] += 10  # read at every run
     step()
-    np.testing.assert_allclose(y, _ref_epilogue(c, x, w, bias, relu), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(y, _ref_epilogue(c, x, w, bias, mode), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("mode", ["IDENTITY", "RELU"])
 @pytest.mark.parametrize("n, g", [(1, 1), (1, 2), (3, 2)])  # split products; one per thread
-def test_1x1_gemm_epilogue_matches_float64(relu, n, g):
+def test_1x1_gemm_epilogue_matches_float64(mode, n, g):
     c = _case(n=n, g=g, icg=24, ocg=40, sshape=(20, 30), fshape=(1, 1), pad=(0, 0))
     x, w = _arrays(c)
-    bias, y, ep = _epilogue(c, relu, nan_at=g * 40 - 1)
+    bias, y, ep = _epilogue(c, mode, nan_at=g * 40 - 1)
     assert conv_im2col.fwd_1x1_usable(x, w, y, *_geometry(c))
     conv_im2col.fwd_1x1_gemm(x, w, y, *_geometry(c), epilogue=ep)()
-    np.testing.assert_allclose(y, _ref_epilogue(c, x, w, bias, relu), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(y, _ref_epilogue(c, x, w, bias, mode), rtol=RTOL, atol=ATOL)
 
 
-def test_only_per_channel_identity_or_relu_epilogues_exist():
+def test_only_per_channel_identity_relu_or_hswish_epilogues_exist():
     out = np.zeros((2, 16, 3, 3), np.float32)
     per_channel = np.zeros((1, 16, 1, 1), np.float32)
     assert conv_epilogue.for_conv_bias("RELU", per_channel, out) is not None
+    assert conv_epilogue.for_conv_bias("H_SWISH", per_channel, out).hswish
     assert conv_epilogue.for_conv_bias("SIGMOID", per_channel, out) is None
     assert conv_epilogue.for_conv_bias("RELU", np.zeros(out.shape, np.float32), out) is None
     assert conv_epilogue.for_conv_bias("RELU", per_channel.astype(np.float64), out) is None
@@ -406,9 +428,10 @@ def test_only_per_channel_identity_or_relu_epilogues_exist():
     assert conv_epilogue.for_conv_bias("RELU", strided, out) is not None  # a strided view
 
 
-@pytest.mark.parametrize("mode", ["IDENTITY", "RELU", "SIGMOID"])
+@pytest.mark.parametrize("mode", ["IDENTITY", "RELU", "SIGMOID", "H_SWISH"])
 @pytest.mark.parametrize("fshape", [(1, 1), (3, 3)])
 def test_conv_bias_operator_matches_float64(mode, fshape):
+    # H_SWISH: in DIRECT_NCHW8C's epilogue (3x3), after CONV1X1_GEMM (1x1, no such epilogue)
     pad = fshape[0] // 2
     c = _case(n=1, icg=16, ocg=32, sshape=(9, 9), fshape=fshape, pad=(pad, pad))
     x, w = _arrays(c)
@@ -421,7 +444,7 @@ def test_conv_bias_operator_matches_float64(mode, fshape):
     )  # fmt: skip
     got = np.asarray(g.compile([xv], [mgb.copy_output(y)])(x)[0])
     pre = ref_forward(c, x, w) + bias
-    ref = {"IDENTITY": pre, "RELU": np.maximum(pre, 0), "SIGMOID": 1 / (1 + np.exp(-pre))}[mode]
+    ref = 1 / (1 + np.exp(-pre)) if mode == "SIGMOID" else _ref_act(pre, mode)
     np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
     expected = "CONV1X1_GEMM" if fshape == (1, 1) else "DIRECT_NCHW8C"
     assert y.node.owner.chosen_algorithm == expected

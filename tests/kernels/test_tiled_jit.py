@@ -134,15 +134,17 @@ def _transpose_kernel():
             ts(src, s0, ss, dst, d0, ds, bias, b0, 0)
         elif epi == 1:
             ts(src, s0, ss, dst, d0, ds, bias, b0, 1)
-        else:
+        elif epi == 2:
             ts(src, s0, ss, dst, d0, ds, bias, b0, 2)
+        else:
+            ts(src, s0, ss, dst, d0, ds, bias, b0, 3)
 
     f1, i8 = t.float32[::1], t.int64
     b1 = t.Array(t.float32, 1, "A", readonly=True)
     return tiled_jit.compile_tiled(run, [t.void(f1, i8, i8, f1, i8, i8, b1, i8, i8)], cache=False)
 
 
-@pytest.mark.parametrize("epi", [0, 1, 2])
+@pytest.mark.parametrize("epi", [0, 1, 2, 3])
 def test_transpose_store_writes_the_block_transposed_with_its_epilogue(epi):
     lanes = tiled_jit.vector_width()
     run = _transpose_kernel()
@@ -159,6 +161,9 @@ def test_transpose_store_writes_the_block_transposed_with_its_epilogue(epi):
         want = want + bias[4 : 4 + lanes, None]
     if epi == 2:
         want = np.where(want < 0, np.float32(0), want)
+    if epi == 3:  # H_SWISH in the elementwise kernels' order, float32 all along
+        w = np.fmin(np.fmax(want + np.float32(3), np.float32(0)), np.float32(6))
+        want = w * want * np.float32(1 / 6)
     got = dst[7 : 7 + 50 * lanes].reshape(lanes, 50)
     np.testing.assert_array_equal(got[:, :lanes], want)  # NaN where want has it
     assert np.isnan(got[5, 2])

@@ -144,12 +144,16 @@ def test_nchw88_hybrid_first_layer():
 
 
 @pytest.mark.parametrize("with_z", [False, True])
-@pytest.mark.parametrize("mode", ["RELU", "SIGMOID"])
+@pytest.mark.parametrize("mode", ["RELU", "SIGMOID", "H_SWISH"])
 def test_nchw88_conv_bias(with_z, mode):
     rng = np.random.default_rng(7)
     x, w, b = _rand(rng, 1, 16, 7, 7), _rand(rng, 32, 16, 3, 3), _rand(rng, 1, 32, 1, 1)
     z = _rand(rng, 1, 32, 7, 7)
-    act = (lambda v: np.maximum(v, 0)) if mode == "RELU" else (lambda v: 1 / (1 + np.exp(-v)))
+    act = {
+        "RELU": lambda v: np.maximum(v, 0),
+        "SIGMOID": lambda v: 1 / (1 + np.exp(-v)),
+        "H_SWISH": lambda v: v * np.clip(v + 3, 0, 6) / 6,
+    }[mode]
     want = ref_conv(x, w, (1, 1), (1, 1), (1, 1)) + b + (z if with_z else 0)
     arrays = [_to88(x), _dense88(w), _to88(b)] + ([_to88(z)] if with_z else [])
     param = ConvBiasParam(pad_h=1, pad_w=1, nonlineMode=mode, format="NCHW88")
@@ -167,8 +171,13 @@ def test_nchw88_records_its_algorithm_and_refuses_gradients():
     assert y.node.owner.chosen_algorithm == "DIRECT_NCHW88"
     (x8, w8), _ = inputs(g, _to88(_rand(rng, 1, 16, 5, 5)), _dense88(_rand(rng, 8, 16, 1, 1)))
     y8 = convolution(x8, w8, format="NCHW88")
-    run([y8], g)  # 8 output channels: not a multiple of 16, through an NCHW algorithm
-    assert y8.node.owner.chosen_algorithm.startswith("NCHW88_AS_NCHW:")
+    run([y8], g)  # 8 output channels: a tile of 8
+    assert y8.node.owner.chosen_algorithm == "DIRECT_NCHW88"
+    w3 = _rand(rng, 16, 3, 3, 3).reshape(2, 8, 3, 3, 3).transpose(0, 3, 4, 2, 1)
+    (x3, w3), _ = inputs(g, _rand(rng, 1, 3, 9, 9), np.ascontiguousarray(w3))
+    y3 = convolution(x3, w3, format="NCHW88")
+    run([y3], g)  # a hybrid first layer: through an NCHW algorithm
+    assert y3.node.owner.chosen_algorithm.startswith("NCHW88_AS_NCHW:")
     (gx,) = graph_grad(y.sum(), x)  # an InvalidGrad: building never fails, compiling does
     with pytest.raises(MegBrainError, match="NCHW88 format has no gradient"):
         run([gx], g)
@@ -293,8 +302,9 @@ def _plan_run(outs, g):
     return f, [got[i] for i in range(len(outs))]
 
 
+@pytest.mark.parametrize("mode", ["RELU", "H_SWISH"])
 @pytest.mark.parametrize("fshape", [(1, 1), (3, 3)])
-def test_nchw88_conv_bias_output_takes_z_memory(fshape):
+def test_nchw88_conv_bias_output_takes_z_memory(fshape, mode):
     # the residual z is read once, by this ConvBias: the output may overwrite it, and the
     # kernel reads each position's z before writing it
     rng = np.random.default_rng(12)
@@ -304,11 +314,12 @@ def test_nchw88_conv_bias_output_takes_z_memory(fshape):
     (xv, wv, bv, zv), _ = inputs(g, _to88(x), _dense88(w), _to88(b), _to88(zsrc))
     z = mgb.opr.elem.exp(zv)  # a var of the plan's own (an input's copy is not overwritten)
     pad = fshape[0] // 2
-    param = ConvBiasParam(pad_h=pad, pad_w=pad, nonlineMode="RELU", format="NCHW88")
+    param = ConvBiasParam(pad_h=pad, pad_w=pad, nonlineMode=mode, format="NCHW88")
     y = _conv_bias([xv, wv, bv, z], param)
     f, (got,) = _plan_run([y], g)
     assert f._plan.decisions[y.node] == ("inplace", 3)
-    want = np.maximum(ref_conv(x, w, (1, 1), (pad, pad), (1, 1)) + b + np.exp(zsrc), 0)
+    want = ref_conv(x, w, (1, 1), (pad, pad), (1, 1)) + b + np.exp(zsrc)
+    want = np.maximum(want, 0) if mode == "RELU" else want * np.clip(want + 3, 0, 6) / 6
     np.testing.assert_allclose(_from88(got), want, rtol=1e-4, atol=1e-5)
 
 

@@ -1,12 +1,14 @@
 """Epilogues fused into forward convolutions: ``out = act(conv + bias)`` with a per-channel
-bias and an identity or ReLU activation, applied by the convolution algorithm to each block
+bias and an identity, ReLU or H_SWISH activation, applied by the convolution algorithm to each block
 of its output right after computing it (in the core's cache), instead of by a separate
 elementwise pass over the whole output (ConvBias's default).
 
 An algorithm registered with ``epilogue=True`` takes ``epilogue=`` (an :class:`Epilogue`)
-in its bind; ConvBias offers one when :func:`for_conv_bias` builds it. The bias is read at
-every run (a view of the operator's input, never a copy), and the activation has ELEMWISE
-RELU's semantics (``max(x, 0)``: NaN stays NaN).
+in its bind; ConvBias offers one when :func:`for_conv_bias` builds it (an H_SWISH one only
+to the algorithms registered with ``hswish=True``). The bias is read at every run (a view of
+the operator's input, never a copy), and the activation has ELEMWISE RELU's semantics
+(``max(x, 0)``: NaN stays NaN), or H_SWISH's (``min(max(x + 3, 0), 6) x / 6``, in that
+order).
 """
 
 from __future__ import annotations
@@ -24,21 +26,24 @@ __all__ = ["Epilogue", "bias_act_step", "for_conv_bias", "rows_then"]
 
 class Epilogue(NamedTuple):
     """``act(conv + bias)``: ``bias`` a 1-d view of the per-output-channel bias (of the
-    output's dtype), ``relu`` whether the activation is ReLU (else the identity)."""
+    output's dtype), ``relu`` whether the activation is ReLU, ``hswish`` whether it is
+    H_SWISH (neither: the identity)."""
 
     bias: np.ndarray
     relu: bool
+    hswish: bool = False
 
 
 def for_conv_bias(mode: str, bias: np.ndarray, out: np.ndarray) -> Epilogue | None:
     """The epilogue of a ConvBias with activation ``mode`` and bias array ``bias`` into
-    ``out``, or None when it has none: an activation other than IDENTITY or RELU, or a bias
-    not of shape (1, OC, 1, 1) or of another dtype than ``out``'s."""
-    if mode not in ("IDENTITY", "RELU") or out.ndim != 4 or bias.dtype != out.dtype:
+    ``out``, or None when it has none: an activation other than IDENTITY, RELU or H_SWISH,
+    or a bias not of shape (1, OC, 1, 1) or of another dtype than ``out``'s."""
+    if mode not in ("IDENTITY", "RELU", "H_SWISH") or out.ndim != 4 or bias.dtype != out.dtype:
         return None
     if bias.shape != (1, out.shape[1], 1, 1):
         return None
-    return Epilogue(bias[0, :, 0, 0], mode == "RELU")  # a view: read at every run
+    # a view: read at every run
+    return Epilogue(bias[0, :, 0, 0], mode == "RELU", mode == "H_SWISH")
 
 
 def _bias_act_py(block, bias, relu):

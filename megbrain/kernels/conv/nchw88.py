@@ -10,12 +10,13 @@ source ``(N, C/8, H, W, 8)``, the output ``(N, OC/8, OH, OW, 8)`` and the filter
 
 Three algorithms:
 
-- DIRECT_NCHW88 (float32, dense or grouped, ``OCg % 16 == 0``, padding and dilated filter
-  reach at most :data:`.nchw8c.MAX_PAD`, a C-contiguous output): the register tiles
-  of :mod:`.nchw8c` reading the blocked source (copied into zero-padded phase planes
-  row by row, or read in place by a pointwise convolution with stride 1 and no padding)
-  and writing the blocked output directly, with the bias, the residual ``z`` and the ReLU
-  of a ConvBias applied on the way. A network kept in NCHW88 between its convolutions
+- DIRECT_NCHW88 (float32, dense or grouped, padding and dilated filter reach at most
+  :data:`.nchw8c.MAX_PAD`, a C-contiguous output): the register tiles of :mod:`.nchw8c`
+  (16 output channels, and 8 for a group's last block where ``OCg % 16 == 8``) reading
+  the blocked source (copied into zero-padded phase planes row by row, or read in place by
+  a pointwise convolution with stride 1 and no padding) and writing the blocked output
+  directly, with the bias, the residual ``z`` and the ReLU of a ConvBias applied on the
+  way. A network kept in NCHW88 between its convolutions
   (``optimize_for_inference(use_nchw88=True)``) so spends no time on the copies and the
   transposing writes an NCHW convolution pays for at every layer.
 - CHANNELWISE_NCHW88 (float32, channel-wise): the direct kernel of :mod:`.channelwise88`,
@@ -65,6 +66,10 @@ WHOLE_PLANE = 256
 #: output positions (whole rows) a unit covers at least: 192 ran 3-8% faster than 96 and
 #: 384 on ResNet50's 56x56 and 28x28 layers (a unit's output and z rows stream longer)
 ROW_POSITIONS = 192
+#: below these multiply-adds (tiles' positions counted whole) one thread runs the units: a
+#: squeeze-and-excitation layer at 1x1 (576 -> 144) took 0.021 ms on one core and 0.039 on
+#: two, waiting for the second; 4x4 144 -> 576 0.028 and 0.032
+MIN_SPLIT_MACS = 1 << 21
 _EMPTY = np.zeros(1, _F32)
 _EMPTY.flags.writeable = False
 
@@ -165,11 +170,11 @@ def _grouped_nchw_view(filt: np.ndarray, kind: str, g: int, ocg: int, icg: int):
 
 
 def direct_geometry(geo: Nchw88Geometry, pad, dilate) -> bool:
-    """Whether DIRECT_NCHW88 takes the geometry: dense or grouped, ``OCg % 16 == 0``,
-    padding and dilated filter reach at most MAX_PAD."""
+    """Whether DIRECT_NCHW88 takes the geometry: dense or grouped (any ``OCg``, a multiple
+    of 8: tiles of 16 output channels, and one of 8 for the rest), padding and dilated filter
+    reach at most MAX_PAD."""
     return (
         geo.kind in ("dense", "group")
-        and geo.ocg % loops.OB == 0
         and all(0 <= p <= MAX_PAD for p in pad)
         and all((f - 1) * d <= MAX_PAD for f, d in zip(geo.fshape, dilate))
     )
@@ -215,7 +220,7 @@ def bind_nchw88_forward(
     group : bool
         ``sparse=GROUP``.
     epilogue : Epilogue, optional
-        The per-channel bias (a 1-d view of OC values) and ReLU to apply.
+        The per-channel bias (a 1-d view of OC values) and ReLU or H_SWISH to apply.
     z : numpy.ndarray, optional
         An array of the output's shape added (after the bias, before the activation).
     select_nchw : callable, optional
@@ -278,6 +283,8 @@ def _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z, s
         steps.append(functools.partial(np.add, y88, z, out=y88))
     if epilogue is not None and epilogue.relu:
         steps.append(functools.partial(_relu, y))
+    if epilogue is not None and epilogue.hswish:
+        steps.append(functools.partial(_hswish, y, workspace.empty(y.shape, y.dtype)))
     steps.append(functools.partial(np.copyto, out, y88))
     return chain(steps)
 
@@ -292,6 +299,16 @@ def _chunk(taps: int) -> int:
 
 def _relu(a: np.ndarray) -> None:
     np.maximum(a, 0, out=a)  # NaN stays NaN, as ELEMWISE RELU's
+
+
+def _hswish(a: np.ndarray, w: np.ndarray) -> None:
+    """``a = min(max(a + 3, 0), 6) a / 6`` in place (``w`` scratch of a's shape), in the
+    elementwise kernels' order; fmax/fmin leave NaN to the product."""
+    np.add(a, np.float32(3), out=w)
+    np.fmax(w, np.float32(0), out=w)
+    np.fmin(w, np.float32(6), out=w)
+    np.multiply(w, a, out=w)
+    np.multiply(w, np.float32(1 / 6), out=a)
 
 
 def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
@@ -345,18 +362,19 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
         loops.pack_filter(loops.readonly_view(wtmp), wp, flip)
 
     rows = oh if oh * wq <= WHOLE_PLANE else max(1, min(oh, -(-ROW_POSITIONS // wq)))
-    ocb = geo.ocg // loops.OB
+    ocb, rem = divmod(geo.ocg, loops.OB)  # blocks of 16 channels, and one of 8 (rem 8)
+    rem //= loops.CB
     wide = wide_units(ocb)
     width = loops.OB * (2 if wide else 1)
-    units = n * geo.g * (geo.ocg // width) * -(-oh // rows)
+    units = n * geo.g * (ocb * loops.OB // width + rem) * -(-oh // rows)
     geom = np.array([geo.g, ocb, geo.icg // loops.CB, wq, oh, ow, rows, cstride, sample, shift,
-                     limit, _chunk(taps.size), wide], np.int64)  # fmt: skip
+                     limit, _chunk(taps.size), wide, rem], np.int64)  # fmt: skip
     outf = out.reshape(-1)
     epi = 0
     bias = _EMPTY
     if epilogue is not None:
         bias = loops.readonly_view(epilogue.bias)
-        epi |= 1 | (4 if epilogue.relu else 0)
+        epi |= 1 | (4 if epilogue.relu else 0) | (8 if epilogue.hswish else 0)
     zf = _EMPTY
     if z is not None:
         zc = z if z.flags.c_contiguous else None
@@ -371,5 +389,6 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
         return functools.partial(loops.conv_units_blocked, xp, wp, outf, zf, rb, taps, geom,
                                  bias, epi, counter, me, packing)  # fmt: skip
 
-    steps.append(units_as_they_go(units, bind_part))
+    macs = n * geo.g * geo.ocg * geo.icg * fh * fw * max(oh * ow, loops.tile_positions())
+    steps.append(units_as_they_go(units, bind_part, 1 if macs < MIN_SPLIT_MACS else None))
     return filter_packed(pack_w, chain(steps), constant)

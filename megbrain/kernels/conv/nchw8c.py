@@ -97,17 +97,18 @@ def plane_geometry(sshape, oshape, stride, pad, dilate, fshape) -> PlaneGeometry
     return PlaneGeometry(hq, wq, col_off, shift, taps)
 
 
-def units_as_they_go(units: int, bind_part: Callable[[np.ndarray, int], Step]) -> Step:
+def units_as_they_go(units: int, bind_part: Callable[[np.ndarray, int], Step],
+                     max_threads: int | None = None) -> Step:  # fmt: skip
     """A step running ``bind_part(counter, me)`` for ``me`` in ``0 .. T - 1`` on ``T`` (up
-    to :func:`parallel.num_threads`) threads at once, one bound part per thread, each with
-    its own buffers. Units ``0 .. units - 1`` are cut into ``T`` contiguous ranges, and
-    ``counter`` (int64, reset every run) holds each range's next unit and end: part ``me``
-    takes the units of its range one at a time by atomic increments, then what is left of
-    the others'. A thread the OS holds back delays only the unit it has (a fixed split
-    waited for its slowest part), and each thread keeps to the same part of the output
-    from one layer to the next, so that it reads mostly what it wrote itself (the units
-    are band-major, the rows of a layer's output that feed the same rows of the next)."""
-    threads = max(1, min(units, parallel.num_threads()))
+    to :func:`parallel.num_threads`, and to ``max_threads``) threads at once, one bound part
+    per thread, each with its own buffers. Units ``0 .. units - 1`` are cut into ``T``
+    contiguous ranges, and ``counter`` (int64, reset every run) holds each range's next unit
+    and end: part ``me`` takes the units of its range one at a time by atomic increments,
+    then what is left of the others'. A thread the OS holds back delays only the unit it has
+    (a fixed split waited for its slowest part), and each thread keeps to the same part of
+    the output from one layer to the next, so that it reads mostly what it wrote itself (the
+    units are band-major, the rows of a layer's output that feed the same rows of the next)."""
+    threads = max(1, min(units, parallel.num_threads(), max_threads or units))
     bounds = np.array(parallel.ranges(units, threads), np.int64).reshape(-1)
     counter = bounds.copy()
     run = parallel.concurrently([bind_part(counter, me) for me in range(threads)])
@@ -236,7 +237,8 @@ def bind_nchw8c_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stri
     if epilogue is None:
         bias, epi = _NO_BIAS, 0
     else:
-        bias, epi = loops.readonly_view(epilogue.bias), 2 if epilogue.relu else 1
+        bias = loops.readonly_view(epilogue.bias)
+        epi = 3 if epilogue.hswish else 2 if epilogue.relu else 1
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
         rb = workspace.empty(((rows * wq + loops.tile_positions()) * width,), _F32)
@@ -249,5 +251,5 @@ def bind_nchw8c_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stri
 
 register(ConvAlgorithm(
     "DIRECT_NCHW8C", "forward", bind_nchw8c_forward, usable_nchw8c_forward,
-    priority=25, heuristic=preferred_nchw8c_forward, epilogue=True,
+    priority=25, heuristic=preferred_nchw8c_forward, epilogue=True, hswish=True,
 ))  # fmt: skip

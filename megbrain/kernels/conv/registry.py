@@ -141,6 +141,9 @@ class ConvAlgorithm:
         Whether ``bind`` also takes ``epilogue=`` (a
         :class:`megbrain.kernels.conv.epilogue.Epilogue`, forward only): ``act(conv +
         bias)`` applied by the algorithm as it writes each block of the output.
+    hswish : bool
+        Whether that epilogue may also be H_SWISH (``Epilogue.hswish``); an algorithm
+        without it gets no H_SWISH epilogue (the operator applies it after the kernel).
     """
 
     name: str
@@ -151,6 +154,7 @@ class ConvAlgorithm:
     priority: int = 0
     heuristic: Callable | None = None
     epilogue: bool = False
+    hswish: bool = False
 
 
 _lock = threading.RLock()

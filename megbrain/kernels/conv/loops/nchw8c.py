@@ -76,18 +76,19 @@ CB = 8
 SLACK = 64
 #: the output positions of a tile (:func:`tile_positions`, by the target's vector width) and
 #: the tile's size, bound by _compiled() first, as the tiled_jit intrinsics
-P = _TILE = _WIDE_TILE = None
+P = _TILE = _WIDE_TILE = _TILE8 = None
 #: the vector width, the side of the blocks the NCHW write-back transposes
 _LANES = None
 stack_tile = fetch_add = fma_tile = transpose_store = None
 
 
-def _unit_py(u, nblk, ocb_n, per, g_, rows, oh_n, wq, ow_n, bands_first):
+def _unit_py(u, nblk, ocb_n, per, extra, g_, rows, oh_n, wq, ow_n, bands_first):
     # pragma: no cover - compiled
     # work unit u as (sample, group, first block of 16 output channels, output rows [h0, h1),
     # packed positions [q0, q1)): units of ``per`` channel blocks and bands of ``rows`` rows,
-    # the bands varying fastest (bands_first) or the channel blocks
-    ocu_n = ocb_n // per
+    # the bands varying fastest (bands_first) or the channel blocks; ``extra`` 1 adds units
+    # of the block after the ocb_n blocks of 16 (8 channels: block index ocb_n)
+    ocu_n = ocb_n // per + extra
     if bands_first:
         blk, ocu = u % nblk, u // nblk % ocu_n
     else:
@@ -135,6 +136,18 @@ def _tile32_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext):
         rb[np.uintp(r0 + i)] = acc[i]
 
 
+def _tile8_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more):
+    # pragma: no cover - compiled
+    # _tile_py for the block of 8 output channels after a group's blocks of 16 (OCg % 16 == 8)
+    tile = stack_tile(_TILE8, np.float32)  # noqa: F821 - the tiled_jit intrinsic
+    acc = carray(tile, _TILE8)  # noqa: F821 - numba.carray
+    for i in range(_TILE8):
+        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
+    fma_tile(tile, P, CB, CB, xp, x0, wp, w0, cbn, cstride, taps, 0)  # noqa: F821
+    for i in range(_TILE8):
+        rb[np.uintp(r0 + i)] = acc[i]
+
+
 def _tile1_py(xp, x0, wp, w0, cn, cstride, taps, rb, r0):
     # pragma: no cover - compiled
     # _tile_py over planes of one channel (a source of fewer than 8 channels per group)
@@ -163,7 +176,7 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
     # pragma: no cover - compiled
     # geom: G, OCB (blocks per group), ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, BS (the
     # channels of a packed block: CB, or 1), WIDE (units of 32 output channels); epi: 0 none,
-    # 1 + bias[oc], 2 also ReLU
+    # 1 + bias[oc], 2 also ReLU, 3 also H_SWISH
     g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift, bs, wide = (
         geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8],
         geom[9], geom[10], geom[11] != 0,
@@ -177,7 +190,7 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
         u = _take(counter, me)
         if u < 0:
             break
-        n, g, ocb, h0, h1, q0, q1 = _unit(u, nblk, ocb_n, per, g_, rows, oh_n, wq, ow_n, True)
+        n, g, ocb, h0, h1, q0, q1 = _unit(u, nblk, ocb_n, per, 0, g_, rows, oh_n, wq, ow_n, True)
         x0 = n * sample + g * icb_n * cstride + shift * bs
         w0 = (g * ocb_n + ocb) * wsz
         for q in range(q0, q1, P):
@@ -202,8 +215,10 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
                         transpose_store(rb, s0, width, out, d0, ohw, bias, oc0 + jb, 0)  # noqa: F821
                     elif epi == 1:
                         transpose_store(rb, s0, width, out, d0, ohw, bias, oc0 + jb, 1)  # noqa: F821
-                    else:
+                    elif epi == 2:
                         transpose_store(rb, s0, width, out, d0, ohw, bias, oc0 + jb, 2)  # noqa: F821
+                    else:
+                        transpose_store(rb, s0, width, out, d0, ohw, bias, oc0 + jb, 3)  # noqa: F821
         for j in range(width if kv < ow_n else 0):  # the rows' last columns
             ob = (c0 + j) * ohw
             b = bias[oc0 + j] if epi else np.float32(0.0)
@@ -216,73 +231,90 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
                         v += b
                         if epi == 2 and v < 0:  # not max(): NaN stays NaN
                             v = np.float32(0.0)
+                        elif epi == 3:
+                            v = _hswish(v)
                     out[np.uintp(d + k)] = v
 
 
-def _tile_out16_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out, z, bias,
-                   oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
-    # pragma: no cover - compiled
-    # _tile_py's sums of 16 channels (continued from rb when ``more``), written to the NCHW88
-    # output by _write_out (its width a constant here: the tile stays in registers)
-    tile = stack_tile(_TILE, np.float32)  # noqa: F821 - the tiled_jit intrinsic
-    acc = carray(tile, _TILE)  # noqa: F821 - numba.carray
-    for i in range(_TILE):
-        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
-    fma_tile(tile, P, OB, CB, xp, x0, wp, w0, cbn, cstride, taps, 0)  # noqa: F821
-    _write_out(tile, OB, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
+def _tile_out_py(width, npos, write_out):
+    """The tile of ``npos`` positions (P, or 1 for planes of one position) by
+    ``width`` output channels (CB, OB or WIDE) whose sums (continued from rb when ``more``)
+    ``write_out`` (the compiled :func:`_write_out_py` of npos) writes to the NCHW88 output:
+    its sizes constants of the compiled function, the tile stays in registers. A wide tile's
+    second block of the packed filter is ``wnext`` after the first."""
+    size = npos * width
+
+    def tile_out(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out, z, bias, oc0,
+                 epi, obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
+        # pragma: no cover - compiled
+        tile = stack_tile(size, np.float32)  # noqa: F821 - the tiled_jit intrinsic
+        acc = carray(tile, size)  # noqa: F821 - numba.carray
+        for i in range(size):
+            acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
+        fma_tile(tile, npos, width, CB, xp, x0, wp, w0, cbn, cstride, taps, wnext)  # noqa: F821
+        write_out(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
+
+    return tile_out
 
 
-def _tile_out32_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out, z, bias,
-                   oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
-    # pragma: no cover - compiled
-    # _tile_out16_py for a wide tile (two blocks of the packed filter, wnext apart)
-    tile = stack_tile(_WIDE_TILE, np.float32)  # noqa: F821 - the tiled_jit intrinsic
-    acc = carray(tile, _WIDE_TILE)  # noqa: F821 - numba.carray
-    for i in range(_WIDE_TILE):
-        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
-    fma_tile(tile, P, WIDE, CB, xp, x0, wp, w0, cbn, cstride, taps, wnext)  # noqa: F821
-    _write_out(tile, WIDE, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
+def _write_out_py(npos):
+    """The write-out of a tile of ``npos`` positions (P, or 1: :func:`_tile_out_py`)."""
 
+    def write_out(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):
+        # pragma: no cover - compiled
+        # the epilogue applied to a tile of npos x width sums (width 8, 16 or 32: blocks of 8
+        # channels ohw8 apart in the NCHW88 output), written to positions q + p in [qlo, qhi)
+        # of a plane row, not in its gap. Inlined into its callers, whose width is a
+        # constant: only stores to ``out`` are conditional (a conditional write to the tile,
+        # or a branch around its reads, made the compiler keep it in memory: 3x slower)
+        acc = carray(tile, npos * width)  # noqa: F821 - numba.carray
+        if epi & 1:
+            for pos in range(npos):
+                for j in range(width):
+                    acc[pos * width + j] += bias[oc0 + j]
+        offs = carray(stack_tile(npos, np.int64), npos)  # noqa: F821 - an output offset, or -1
+        if wq == ow and qlo <= q and q + npos <= qhi:
+            # rows without a gap (a pointwise convolution read in place), every position new:
+            # no division, no tests (5-10% of the mobile nets' pointwise layers at 56x56)
+            for pos in range(npos):
+                offs[pos] = obase + (q + pos) * CB
+        else:
+            row = q // wq
+            col = q - row * wq
+            for pos in range(npos):
+                qq = q + pos
+                ok = qlo <= qq < qhi and col < ow
+                offs[pos] = obase + (row * ow + col) * CB if ok else -1
+                col += 1
+                if col == wq:
+                    row += 1
+                    col = 0
+        if epi & 2:  # a dropped position reads the block's first (any in-bounds value)
+            for pos in range(npos):
+                o = max(offs[pos], obase)
+                for h in range(width // CB):
+                    for c in range(CB):
+                        acc[pos * width + h * CB + c] += z[np.uintp(o + h * ohw8 + c)]
+        if epi & 4:
+            for i in range(npos * width):
+                a = acc[i]
+                acc[i] = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
+        for pos in range(npos):
+            o = offs[pos]
+            if o >= 0:
+                for h in range(width // CB):
+                    for c in range(CB):
+                        out[np.uintp(o + h * ohw8 + c)] = acc[pos * width + h * CB + c]
+        if epi & 8:  # on the values just written (on the tile's, LLVM gathered the wide tiles')
+            for pos in range(npos):
+                o = offs[pos]
+                if o >= 0:
+                    for h in range(width // CB):
+                        for c in range(CB):
+                            e = np.uintp(o + h * ohw8 + c)
+                            out[e] = _hswish(out[e])
 
-def _write_out_py(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow):
-    # pragma: no cover - compiled
-    # the epilogue applied to a tile of P x width sums (width 16 or 32: blocks of 8 channels
-    # ohw8 apart in the NCHW88 output), written to positions q + p in [qlo, qhi) of a plane
-    # row, not in its gap. Inlined into its callers, whose width is a constant: only stores
-    # to ``out`` are conditional (a conditional write to the tile, or a branch around its
-    # reads, made the compiler keep it in memory: 3x slower)
-    acc = carray(tile, P * width)  # noqa: F821 - numba.carray
-    if epi & 1:
-        for pos in range(P):
-            for j in range(width):
-                acc[pos * width + j] += bias[oc0 + j]
-    offs = carray(stack_tile(P, np.int64), P)  # noqa: F821 - an output offset, or -1
-    row = q // wq
-    col = q - row * wq
-    for pos in range(P):
-        qq = q + pos
-        ok = qlo <= qq < qhi and col < ow
-        offs[pos] = obase + (row * ow + col) * CB if ok else -1
-        col += 1
-        if col == wq:
-            row += 1
-            col = 0
-    if epi & 2:  # a dropped position reads the block's first (any in-bounds value)
-        for pos in range(P):
-            o = max(offs[pos], obase)
-            for h in range(width // CB):
-                for c in range(CB):
-                    acc[pos * width + h * CB + c] += z[np.uintp(o + h * ohw8 + c)]
-    if epi & 4:
-        for i in range(P * width):
-            a = acc[i]
-            acc[i] = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
-    for pos in range(P):
-        o = offs[pos]
-        if o >= 0:
-            for h in range(width // CB):
-                for c in range(CB):
-                    out[np.uintp(o + h * ohw8 + c)] = acc[pos * width + h * CB + c]
+    return write_out
 
 
 def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, me, src, xbuf,
@@ -290,7 +322,8 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
     # pragma: no cover - compiled
     # geom: G, OCB, ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, LIMIT (a tile reads at most
     # LIMIT positions of a plane), CHUNK, WIDE (units of 32 output channels, two blocks of
-    # 16); epi bits: 1 + bias[oc], 2 + z (out's layout), 4 ReLU.
+    # 16), REM (1: each group's OCB blocks of 16 are followed by one of 8); epi bits: 1 +
+    # bias[oc], 2 + z (out's layout), 4 ReLU, 8 H_SWISH.
     # pack: BLOCKS (0: xp is the source itself), SH, SW, ROW_OFF, COL_OFF, HQ, WQ, PHASES:
     # first the parts pack the source src into xbuf (xp's memory), one (sample, channel
     # block) at a time taken from packed[0] and counted done in packed[1], and wait for every
@@ -311,38 +344,63 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
     # A unit's tiles sum CHUNK channel blocks at a time, into rb (its positions, from q0 - P)
     # but for the last chunk, whose tiles write the output: the chunk's filter and source
     # rows stay in the core's L1 cache across the unit
-    g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift, limit, chunk, wide = (
+    g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift, limit, chunk, wide, rem = (
         geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8],
-        geom[9], geom[10], geom[11], geom[12] != 0,
+        geom[9], geom[10], geom[11], geom[12] != 0, geom[13],
     )  # fmt: skip
     per = 2 if wide else 1  # blocks of 16 output channels per unit
-    width = per * OB
-    wcb = taps.size * CB * OB
-    wsz = icb_n * wcb
+    ocg = ocb_n * OB + rem * CB
     ohw8 = oh_n * ow_n * CB
     nblk = (oh_n + rows - 1) // rows
     last = (icb_n - 1) // chunk * chunk
+    # planes of one position (squeeze-and-excitation layers): tiles of one position, whose
+    # sums wait on each other (a quarter of the tile of P's rate) but are not P - 1 dropped
+    one = oh_n * wq == 1
     while True:  # the units the other threads have not taken
         u = _take(counter, me)
         if u < 0:
             break
-        n, g, ocb, h0, h1, q0, q1 = _unit(u, nblk, ocb_n, per, g_, rows, oh_n, wq, ow_n, False)
-        oc0 = (g * ocb_n + ocb) * OB
-        obase = (n * g_ * ocb_n * 2 + (g * ocb_n + ocb) * 2) * ohw8
+        n, g, ocb, h0, h1, q0, q1 = _unit(u, nblk, ocb_n, per, rem, g_, rows, oh_n, wq, ow_n,
+                                          False)  # fmt: skip
+        # a unit of the block of 8 after the blocks of 16 (OCg % 16 == 8): 8-channel tiles
+        narrow = ocb == ocb_n
+        width = CB if narrow else per * OB
+        wcb = taps.size * CB * (CB if narrow else OB)  # a block's filter per input block
+        wsz = icb_n * taps.size * CB * OB  # the filter of a block of 16 (wide: the next one's)
+        oc0 = g * ocg + ocb * OB
+        obase = (n * g_ * ocg + oc0) // CB * ohw8
         x0 = n * sample + g * icb_n * cstride + shift * CB
-        w0 = (g * ocb_n + ocb) * wsz
+        w0 = oc0 * icb_n * taps.size * CB
+        if one:  # all channels at once
+            for q in range(q0, q1):
+                x1 = x0 + q * CB
+                if narrow:
+                    _one8(xp, x1, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z, bias,
+                          oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
+                elif wide:
+                    _one32(xp, x1, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z,
+                           bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
+                else:
+                    _one16(xp, x1, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z,
+                           bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
+            continue
         # tiles [q0, qt) read within the planes; one more, from limit - P, ends the unit
         qt = q0 + min((q1 - q0 + P - 1) // P, max(0, limit - q0) // P) * P
         for c0 in range(0, last, chunk):
             for q in range(q0, qt, P):
                 x1, w1, r1 = x0 + c0 * cstride + q * CB, w0 + c0 * wcb, (q - q0 + P) * width
-                if wide:
+                if narrow:
+                    _tile8(xp, x1, wp, w1, chunk, cstride, taps, rb, r1, c0 > 0)
+                elif wide:
                     _tile32(xp, x1, wp, w1, chunk, cstride, taps, rb, r1, c0 > 0, wsz)
                 else:
                     _tile(xp, x1, wp, w1, chunk, cstride, taps, rb, r1, c0 > 0)
         for q in range(q0, qt, P):
             x1, w1, r1 = x0 + last * cstride + q * CB, w0 + last * wcb, (q - q0 + P) * width
-            if wide:
+            if narrow:
+                _tile_out8(xp, x1, wp, w1, icb_n - last, cstride, taps, rb, r1, last > 0,
+                           wsz, out, z, bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
+            elif wide:
                 _tile_out32(xp, x1, wp, w1, icb_n - last, cstride, taps, rb, r1, last > 0,
                             wsz, out, z, bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
             else:
@@ -350,12 +408,24 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
                             wsz, out, z, bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
         if qt < q1:  # its first positions repeat equal sums; it writes the others
             qs = limit - P
-            if wide:
+            if narrow:
+                _tile_out8(xp, x0 + qs * CB, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz,
+                           out, z, bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)
+            elif wide:
                 _tile_out32(xp, x0 + qs * CB, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz,
                             out, z, bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)
             else:
                 _tile_out16(xp, x0 + qs * CB, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz,
                             out, z, bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)
+
+
+def _hswish_py(x):
+    # pragma: no cover - compiled
+    # H_SWISH as the elementwise kernels compute it: min(max(x + 3, 0), 6) x / 6, NaN kept
+    w = x + np.float32(3.0)
+    w = w if w > np.float32(0.0) else np.float32(0.0)
+    w = w if w < np.float32(6.0) else np.float32(6.0)
+    return w * x * np.float32(1.0 / 6.0)
 
 
 def _zeros_py(xp, lo, hi):
@@ -424,11 +494,15 @@ def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1, phas
             _zeros(xp, tail, tail + SLACK * CB)
 
 
-def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, i0, i1, bs):
+def _pack_input_py(x, xf, xp, sh, sw, row_off, col_off, hq, wq, i0, i1, bs):
     # pragma: no cover - compiled
     # phase planes [i0, i1) of (sample, block of bs channels, phase); x (N, C, H, W) any
     # strides. Phase plane (rho, phi) of a block holds x[sh r + rho - row_off, sw c + phi -
-    # col_off] at (r, c); the columns inside the source are one loop without tests
+    # col_off] at (r, c); the columns inside the source are one loop without tests. xf: x
+    # itself, flat, when it is C-contiguous (else empty): planes of one channel at stride 1
+    # or 2 (a network's first layer) read it at a constant stride, a loop the compiler
+    # vectorizes (a strided row view's reads are one at a time: 0.1 ms of the 3->16 stem at
+    # 224 on one core, 0.045 so)
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
     cbs = c_ // bs
     phases = sh * sw
@@ -447,6 +521,15 @@ def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, i0, i1, bs):
             src = sh * r + rho - row_off
             if not _pad_row(xp, d, src, h_, k0, k1, wq, bs):
                 continue
+            if bs == 1 and sw <= 2 and xf.size > 0:
+                s0 = ((n * c_ + cb) * h_ + src) * w_ + phi - col_off
+                if sw == 1:
+                    for k in range(k0, k1):
+                        xp[np.uintp(d + k)] = xf[np.uintp(s0 + k)]
+                else:
+                    for k in range(k0, k1):
+                        xp[np.uintp(d + k)] = xf[np.uintp(s0 + 2 * k)]
+                continue
             for ic in range(bs):
                 row = x[n, cb * bs + ic, src]
                 for k in range(k0, k1):
@@ -458,18 +541,20 @@ def _pack_input_py(x, xp, sh, sw, row_off, col_off, hq, wq, i0, i1, bs):
 
 def _pack_filter_py(w, wp, flip, bs):
     # pragma: no cover - compiled
-    # w (G, OCg, ICg, FH, FW) any strides -> wp (G, OCg/16, ICg/bs, FH, FW, bs, 16)
+    # w (G, OCg, ICg, FH, FW) any strides -> wp (G, OCg/16, ICg/bs, FH, FW, bs, 16), then,
+    # when OCg % 16 == 8, a group's last 8 channels as a block (ICg/bs, FH, FW, bs, 8)
     g_, ocg, icg, fh, fw = w.shape[0], w.shape[1], w.shape[2], w.shape[3], w.shape[4]
     i = 0
     for g in range(g_):
-        for ocb in range(ocg // OB):
+        for ocb in range((ocg + OB - 1) // OB):
+            bw = min(OB, ocg - ocb * OB)
             for cb in range(icg // bs):
                 for a in range(fh):
                     for b in range(fw):
                         sa = fh - 1 - a if flip else a
                         sb = fw - 1 - b if flip else b
                         for ic in range(bs):
-                            for j in range(OB):
+                            for j in range(bw):
                                 wp[np.uintp(i)] = w[g, ocb * OB + j, cb * bs + ic, sa, sb]
                                 i += 1
 
@@ -478,10 +563,13 @@ _unit = _take = None  # compiled by _compiled() before the units
 _NO_PACKING = (np.zeros(1, np.float32), np.zeros(1, np.float32), np.zeros(8, np.int64),
                np.zeros(3, np.int64), np.zeros(2, np.int64))  # fmt: skip
 _NO_PACKING[0].flags.writeable = False
+_NOT_FLAT = np.zeros(0, np.float32)  # pack_input's source is not C-contiguous
+_NOT_FLAT.flags.writeable = False
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
 _tile1 = None
 _tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = _inside = None
-_zeros = _pad_row = None
+_tile8 = _tile_out8 = _one8 = _one16 = _one32 = None
+_zeros = _pad_row = _hswish = None
 
 
 @functools.cache
@@ -489,7 +577,8 @@ def _compiled() -> dict:
     global stack_tile, fetch_add, fma_tile, transpose_store, P, _TILE, _WIDE_TILE, _LANES
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
-    global _zeros, _pad_row, carray
+    global _tile8, _tile_out8, _TILE8, _one8, _one16, _one32
+    global _zeros, _pad_row, carray, _hswish
 
 
     stack_tile, fetch_add, carray = tiled_jit.stack_tile(), tiled_jit.fetch_add(), _carray
@@ -498,36 +587,44 @@ def _compiled() -> dict:
     P = tile_positions()
     _TILE = P * OB
     _WIDE_TILE = 2 * _TILE
+    _TILE8 = P * CB
     compile_tiled = tiled_jit.compile_tiled
     f1, i8 = t.float32[::1], t.int64
     ints = t.int64[::1]
     fr = t.Array(t.float32, 1, "C", readonly=True)
     # the NCHW88 units read a source in place: a read-only one too
     bo = t.boolean
-    _unit = compile_tiled(_unit_py, [t.UniTuple(i8, 7)(i8, i8, i8, i8, i8, i8, i8, i8, i8, bo)])
+    _unit = compile_tiled(_unit_py, [t.UniTuple(i8, 7)(i8, i8, i8, i8, i8, i8, i8, i8, i8, i8,
+                                                        bo)])  # fmt: skip
     _inside = compile_tiled(_inside_py, [t.UniTuple(i8, 2)(i8, i8, i8, i8, i8)])
     _zeros = compile_tiled(_zeros_py, [t.void(f1, i8, i8)])
+    _hswish = compile_tiled(_hswish_py, [t.float32(t.float32)], inline="always")
     _pad_row = compile_tiled(_pad_row_py, [t.boolean(f1, i8, i8, i8, i8, i8, i8, i8)])
     _take = compile_tiled(_take_py, [i8(ints, i8)])
     _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, bo),
                                      t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])  # fmt: skip
     _tile32 = compile_tiled(_tile32_py, [t.void(x, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8)
                                          for x in (f1, fr)])  # fmt: skip
+    _tile8 = compile_tiled(_tile8_py, [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])
     _tile1_32 = compile_tiled(_tile1_32_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, i8)])
     _tile1 = compile_tiled(_tile1_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
     b1 = t.Array(t.float32, 1, "A", readonly=True)
-    _write_out = compile_tiled(_write_out_py, [t.void(t.CPointer(t.float32), i8, f1, fr, b1, i8,
-                                                      i8, i8, i8, i8, i8, i8, i8, i8)],
-                               inline="always")
+    wo_sig = [t.void(t.CPointer(t.float32), i8, f1, fr, b1, i8, i8, i8, i8, i8, i8, i8, i8, i8)]
+    _write_out = compile_tiled(_write_out_py(P), wo_sig, inline="always")
+    write_one = compile_tiled(_write_out_py(1), wo_sig, inline="always")
     out_sig = [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8, f1, fr, b1, i8, i8, i8, i8,
                       i8, i8, i8, i8, i8)]  # fmt: skip
-    _tile_out16 = compile_tiled(_tile_out16_py, out_sig)
-    _tile_out32 = compile_tiled(_tile_out32_py, out_sig)
+    _tile_out16 = compile_tiled(_tile_out_py(OB, P, _write_out), out_sig)
+    _tile_out32 = compile_tiled(_tile_out_py(WIDE, P, _write_out), out_sig)
+    _tile_out8 = compile_tiled(_tile_out_py(CB, P, _write_out), out_sig)
+    _one16 = compile_tiled(_tile_out_py(OB, 1, write_one), out_sig)
+    _one32 = compile_tiled(_tile_out_py(WIDE, 1, write_one), out_sig)
+    _one8 = compile_tiled(_tile_out_py(CB, 1, write_one), out_sig)
     units = compile_tiled(_conv_units_py, [t.void(f1, f1, f1, f1, ints, ints, b1, i8, ints, i8)])
     # the sources are typed read-only (readonly_view): one signature fits every operand
     x4 = t.Array(t.float32, 4, "A", readonly=True)
     w5 = t.Array(t.float32, 5, "A", readonly=True)
-    pack_in = compile_tiled(_pack_input_py, [t.void(x4, f1, i8, i8, i8, i8, i8, i8, i8, i8,
+    pack_in = compile_tiled(_pack_input_py, [t.void(x4, fr, f1, i8, i8, i8, i8, i8, i8, i8, i8,
                                                      i8)])  # fmt: skip
     pack_w = compile_tiled(_pack_filter_py, [t.void(w5, f1, t.boolean, i8)])
     pack_b = compile_tiled(_pack_blocked_py, [t.void(fr, f1, ints, i8, i8, i8, i8, i8, i8, i8,
@@ -553,7 +650,8 @@ def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, me: int) ->
     thread's row buffer of at least ``(ROWS WQ + P) 16`` values; ``taps`` the int64 plane
     offsets (positions) of the filter taps, row-major; ``geom`` the int64 array of the
     units' geometry (see the source); ``epi`` 0, or 1 to add ``bias`` (a
-    :func:`readonly_view` per output channel), 2 to add it and apply ReLU."""
+    :func:`readonly_view` per output channel), 2 to add it and apply ReLU, 3 to add it and
+    apply H_SWISH."""
     _compiled()["units"](xp, wp, out, rb, taps, geom, bias, epi, counter, me)
 
 
@@ -565,7 +663,8 @@ def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter, 
     in place, the source itself; ``rb`` this thread's buffer of a unit's positions plus
     ``2 P``, by 16 values; ``geom`` also holding the positions a tile may read in a plane
     and the channel blocks summed at a time; ``epi`` the sum of 1 (add ``bias``), 2 (add
-    ``z``, flat, laid out as ``out``) and 4 (ReLU).
+    ``z``, flat, laid out as ``out``) and 4 (ReLU) or 8 (H_SWISH, as the elementwise kernels
+    compute it).
 
     ``packing`` (a :func:`blocked_packing`) makes the threads first pack the source into
     the planes ``xp`` views, a (sample, channel block) at a time, in the same call: the
@@ -614,8 +713,9 @@ def pack_input(x, xp, stride, row_off: int, col_off: int, hq: int, wq: int, b0: 
     CB, or 1 for planes of one channel) ``SH x SW`` phase planes of ``hq x wq`` positions,
     plane ``i`` of the whole being phase ``i % (SH SW)`` of block ``i // (SH SW)``; every
     value written (zero outside the source)."""
-    _compiled()["pack_input"](x, xp, int(stride[0]), int(stride[1]), row_off, col_off, hq, wq,
-                              b0, b1, bs)  # fmt: skip
+    xf = x.reshape(-1) if x.flags.c_contiguous else _NOT_FLAT
+    _compiled()["pack_input"](x, xf, xp, int(stride[0]), int(stride[1]), row_off, col_off, hq,
+                              wq, b0, b1, bs)  # fmt: skip
 
 
 def pack_filter(w, wp, flip: bool, bs: int = CB) -> None:
