@@ -18,7 +18,10 @@ from .. import elemwise_multi_type as emt
 from .. import parallel, workspace
 from ..steps import Step, chain
 from .common import conv_out_size
+from .constant_operands import filter_is_constant
 from .loops import int8 as int8_loops
+from .loops import vnni as vnni_loops
+from .nchw8c import filter_packed
 
 __all__ = ["bind_quantized_conv_bias", "bind_quantized_convolution", "QUANTIZED_SOURCES"]
 
@@ -31,6 +34,11 @@ QUANTIZED_SOURCES = ("QuantizedS8", "Quantized8Asymm")
 
 #: multiply-adds worth one thread of the GEMM
 _MIN_MACS_PER_THREAD = 1 << 17
+#: bytes of relaid source worth one thread
+_MIN_RELAYOUT_BYTES = 1 << 16
+#: whether convolutions bound from now on take the AVX-512 VNNI kernels
+#: (:mod:`.loops.vnni`) where their operands allow; chosen once, from the CPU's features
+VNNI = vnni_loops.available()
 
 
 def _plain(a: np.ndarray) -> np.ndarray:
@@ -80,6 +88,11 @@ def bind_quantized_convolution(src: np.ndarray, filt: np.ndarray, out: np.ndarra
             f"quantized convolution: shapes src {src.shape}, filter {filt.shape}, out "
             f"{out.shape} ({out.dtype}) do not agree"
         )
+    if _vnni_usable(src, filt):
+        direct = out.flags.c_contiguous and out.dtype.kind == "i"
+        y = _plain(out) if direct else workspace.empty(out.shape, _I32)
+        step = _bind_vnni(src, filt, None, y, stride, pad, dilate, flip, None)
+        return step if direct else chain([step, _partial(np.copyto, _plain(out), y, "unsafe")])
     k_, p_ = i_ * fh * fw, oh * ow
     # int8 operands stay int8 (their products and sums widen in the GEMM); zero-point
     # shifted 8-bit values span up to [-255, 255] and take int16
@@ -106,6 +119,87 @@ def bind_quantized_convolution(src: np.ndarray, filt: np.ndarray, out: np.ndarra
     if not direct:
         steps.append(_partial(np.copyto, _plain(out), y, "unsafe"))
     return chain(steps)
+
+
+def _vnni_usable(src: np.ndarray, filt: np.ndarray) -> bool:
+    """Whether :func:`_bind_vnni` takes the convolution: VNNI on, the filter minus its zero
+    point a signed byte (QuantizedS8, or Quantized8Asymm with zero point 128), and output
+    channels enough per group to fill a tile's rows (a depthwise convolution is no GEMM)."""
+    if not VNNI:
+        return False
+    zf = _zero_point(filt)
+    signed = (filt.dtype.kind == "i" and zf == 0) or (filt.dtype.kind == "u" and zf == 128)
+    g_, o_ = filt.shape[:2]
+    return signed and src.dtype.itemsize == 1 and (g_ == 1 or o_ >= 4)
+
+
+def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
+    """Bind the VNNI kernels (:mod:`.loops.vnni`) writing ``y`` (N, G*O, OH, OW),
+    C-contiguous: the int32 sums (plus ``bias``, (G*O,) int32, when given), or, with
+    ``requant`` = (epi, float32 [input scale, output scale, zero point, qmin, qmax]), those
+    requantized into the 8-bit ``y``."""
+    zx, zf = _zero_point(src), _zero_point(filt)
+    n_ = src.shape[0]
+    h_, w_ = src.shape[2:]
+    g_, o_, i_, fh, fw = filt.shape
+    oh, ow = (conv_out_size(*a) for a in zip(src.shape[2:], (fh, fw), stride, pad, dilate))
+    p_ = oh * ow
+    signed = src.dtype.kind == "i"
+    u0 = zx + 128 if signed else zx
+    cg_ = -(-i_ // 4)
+    kg_ = cg_ * fh * fw
+    inplace = fh == fw == 1 and tuple(stride) == (1, 1) and tuple(pad) == (0, 0)
+    lanes = vnni_loops.LANES
+    if inplace:
+        hp, wp, plane = h_, w_, -(-p_ // lanes) * lanes
+    else:
+        hp, wp = h_ + 2 * pad[0], w_ + 2 * pad[1]
+        plane = hp * wp
+    # 4 vectors of positions per tile unless that pads the positions by 5% more than 2 do
+    padded = {v: -(-p_ // (lanes * v)) * lanes * v for v in (2, 4)}
+    vecs = 4 if padded[4] <= 1.05 * padded[2] else 2
+    rows = vnni_loops.tile_rows(vecs)
+    op = -(-o_ // rows) * rows
+    tiles = -(-p_ // (lanes * vecs))
+    # too few tiles of positions for the threads: split the output channels too
+    chunks = min(op // rows, -(-2 * parallel.num_threads() // tiles))
+    items = tiles * chunks
+    constant = filter_is_constant()
+    # a constant filter's packed copy must outlive the run: private memory, not workspace
+    keep = workspace.aligned if constant else workspace.empty
+    wk = keep((g_ * op * kg_ * 4,), np.int8)
+    init_w = keep((g_ * op,), _I32)
+    pack = _partial(vnni_loops.pack_filter, _plain(filt), wk, init_w, flip, zf, u0, kg_, op)
+    steps: list[Step] = []
+    init = init_w
+    if bias is not None:
+        init = workspace.empty((g_ * op,), _I32)
+        view = init.reshape(g_, op)[:, :o_]
+        steps.append(_partial(np.add, init_w.reshape(g_, op)[:, :o_],
+                              bias.reshape(g_, o_), view))  # fmt: skip
+    x4 = workspace.empty((cg_ * plane * 4,), np.uint8)
+    col = workspace.empty((4 if inplace else items * vecs * kg_ * lanes * 4,), np.uint8)
+    if requant is None:
+        epi, q = vnni_loops.EPI_INT32, np.zeros(5, _F32)
+        yf = y.reshape(-1)
+    else:
+        epi, q = requant
+        yf = y.reshape(-1).view(np.uint8)
+    x = _plain(src).view(np.uint8)
+    flipx = 128 if signed else 0
+    relayout_min = max(1, _MIN_RELAYOUT_BYTES // (plane * 4))
+    gemm_min = max(1, _MIN_MACS_PER_THREAD // (lanes * vecs * kg_ * 4 * op // chunks))
+    for n in range(n_):
+        for g in range(g_):
+            steps.append(parallel.split(
+                _partial(vnni_loops.relayout, x, x4, n, g * i_, i_, pad, hp, wp, plane, flipx,
+                         u0), cg_, relayout_min))  # fmt: skip
+            geom = np.array([p_, ow, o_, kg_, int(inplace), fh, fw, stride[0], stride[1],
+                             dilate[0], dilate[1], wp, plane, chunks, (n * g_ + g) * o_ * p_,
+                             g * op * kg_ * 4, g * op], np.int64)  # fmt: skip
+            steps.append(parallel.split(_partial(vnni_loops.gemm_tiles, vecs, x4, col, wk, init,
+                                                 yf, q, geom, epi), items, gemm_min))  # fmt: skip
+    return filter_packed(pack, chain(steps), constant)
 
 
 def _im2col_part(x, col, n, geo, ow, zx, g0, g1):
@@ -148,6 +242,9 @@ def bind_quantized_conv_bias(src: np.ndarray, filt: np.ndarray, bias: np.ndarray
     if out_q is None:
         raise ValueError(f"quantized ConvBias: the output must be quantized, got {out.dtype}")
     sfb_is_out = out_q.name == "QuantizedS32"
+    fused = _bind_fused(src, filt, bias, z, out, stride, pad, dilate, flip, mode)
+    if fused is not None:
+        return fused
     sfb = out if sfb_is_out else workspace.empty(out.shape, _I32).view(bias.dtype)
     steps = [bind_quantized_convolution(src, filt, sfb, stride, pad, dilate, flip)]
     acc = _plain(sfb)
@@ -170,3 +267,23 @@ def bind_quantized_conv_bias(src: np.ndarray, filt: np.ndarray, bias: np.ndarray
     elif not sfb_is_out:
         steps.append(ew.typecvt_bind(sfb, out))
     return chain(steps)
+
+
+def _bind_fused(src, filt, bias, z, out, stride, pad, dilate, flip, mode) -> Step | None:
+    """ConvBias in one pass of the VNNI kernels where they take it: the per-channel bias
+    added to the sums, and the result written as QuantizedS32 (IDENTITY) or requantized to
+    the 8-bit output (IDENTITY or RELU) as the naive chain does; else None."""
+    out_q, bias_q = ew.quant_params(out.dtype), ew.quant_params(bias.dtype)
+    channel_bias = bias.shape == (1, out.shape[1], 1, 1) and not bias_q.zero_point
+    if not (z is None and channel_bias and out.flags.c_contiguous and _vnni_usable(src, filt)):
+        return None
+    b = _plain(bias).reshape(-1)
+    if out_q.name == "QuantizedS32":
+        if mode != "IDENTITY" or out.dtype.kind != "i":
+            return None
+        return _bind_vnni(src, filt, b, _plain(out), stride, pad, dilate, flip, None)
+    if mode not in ("IDENTITY", "RELU"):
+        return None
+    q = np.array([bias_q.scale, out_q.scale, out_q.zero_point, out_q.qmin, out_q.qmax], _F32)
+    epi = vnni_loops.EPI_QUANT_RELU if mode == "RELU" else vnni_loops.EPI_QUANT
+    return _bind_vnni(src, filt, b, out, stride, pad, dilate, flip, (epi, q))

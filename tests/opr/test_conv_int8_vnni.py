@@ -1,0 +1,139 @@
+"""The 8-bit convolution kernels, both paths (the AVX-512 VNNI tiles where the CPU has them,
+the portable int8/int16 loops everywhere), against the integer reference bit for bit: shapes
+whose reduction is no multiple of 4 and whose channels are no multiple of a tile's rows,
+groups, zero points, saturating values, and the requantizing epilogue fused into the tiles."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import quantized_ref as ref
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import megbrain as mgb
+from megbrain.kernels.conv import quantized
+from megbrain.kernels.conv.constant_operands import constant_filter
+from megbrain.kernels.conv.loops import vnni
+
+qint8, qint32, quint8 = mgb.dtype.qint8, mgb.dtype.qint32, mgb.dtype.quint8
+
+_PATHS = [
+    pytest.param(False, id="portable"),
+    pytest.param(True, id="vnni", marks=pytest.mark.skipif(
+        not vnni.available(), reason="the CPU has no AVX-512 VNNI")),
+]  # fmt: skip
+
+
+@contextlib.contextmanager
+def _path(on: bool):
+    saved, quantized.VNNI = quantized.VNNI, on
+    try:
+        yield
+    finally:
+        quantized.VNNI = saved
+
+
+@st.composite
+def _convs(draw):
+    g = draw(st.sampled_from([1, 1, 2, 3]))
+    icg, ocg = draw(st.integers(1, 21)), draw(st.integers(1, 27))
+    fh, fw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pad = (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    h = draw(st.integers(dil[0] * (fh - 1) + 1, 19))
+    w = draw(st.integers(dil[1] * (fw - 1) + 1, 23))
+    asymm = draw(st.booleans())
+    extreme = draw(st.booleans())
+    return {"shape": (draw(st.integers(1, 2)), g * icg, h, w), "filt": (g, ocg, icg, fh, fw),
+            "stride": stride, "pad": pad, "dilate": dil, "flip": draw(st.booleans()),
+            "asymm": asymm, "zx": draw(st.integers(0, 255)), "extreme": extreme,
+            "seed": draw(st.integers(0, 2**16))}  # fmt: skip
+
+
+def _operands(c):
+    rng = np.random.default_rng(c["seed"])
+    if c["asymm"]:  # a filter zero point of 128 keeps the filter signed bytes (VNNI)
+        sdt, fdt = quint8(0.5, c["zx"]), quint8(0.25, 128)
+    else:
+        sdt, fdt = qint8(0.5), qint8(0.25)
+    x, f = ref.random_q(rng, c["shape"], sdt), ref.random_q(rng, c["filt"], fdt)
+    if c["extreme"]:  # the ends of the range: -128 * -128 products, 255 - 0 shifts
+        lo, hi = (0, 255) if c["asymm"] else (-128, 127)
+        x.view(x.dtype.str)[...] = rng.choice([lo, hi], x.shape)
+        f.view(f.dtype.str)[...] = rng.choice([lo, hi], f.shape)
+    return x, f
+
+
+def _sums(c, x, f, constant=False):
+    want = ref.conv2d_int(x, f, stride=c["stride"], pad=c["pad"], dilate=c["dilate"],
+                          group=True, flip=c["flip"])  # fmt: skip
+    out = np.empty(want.shape, np.int32).view(qint32(0.125))
+    with constant_filter(constant):
+        step = quantized.bind_quantized_convolution(x, f, out, c["stride"], c["pad"],
+                                                    c["dilate"], c["flip"])  # fmt: skip
+    return step, out, want
+
+
+@pytest.mark.parametrize("on", _PATHS)
+@settings(max_examples=40, deadline=None)
+@given(c=_convs())
+def test_int32_sums_equal_the_reference(on, c):
+    x, f = _operands(c)
+    with _path(on):
+        step, out, want = _sums(c, x, f)
+    step()
+    np.testing.assert_array_equal(out.view(np.int32), want)
+
+
+@pytest.mark.parametrize("on", _PATHS)
+@settings(max_examples=30, deadline=None)
+@given(c=_convs(), mode=st.sampled_from(["IDENTITY", "RELU"]),
+       out_scale=st.sampled_from([0.3, 2.0, 40.0, 900.0]))  # fmt: skip
+def test_requantized_conv_bias_equals_the_reference(on, c, mode, out_scale):
+    x, f = _operands(c)
+    rng = np.random.default_rng(c["seed"] + 1)
+    o = c["filt"][0] * c["filt"][1]
+    bias = ref.random_q(rng, (1, o, 1, 1), qint32(0.125))
+    odt = quint8(out_scale, 7) if c["asymm"] else qint8(out_scale)
+    want = ref.conv_bias(x, f, bias, None, odt, mode, stride=c["stride"], pad=c["pad"],
+                         dilate=c["dilate"], group=True, flip=c["flip"])  # fmt: skip
+    out = np.empty(want.shape, want.dtype)
+    with _path(on):
+        step = quantized.bind_quantized_conv_bias(x, f, bias, None, out, c["stride"], c["pad"],
+                                                  c["dilate"], c["flip"], mode)  # fmt: skip
+    step()
+    ref.assert_same(out, want)
+
+
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+def test_a_constant_filter_is_packed_once():
+    c = {"shape": (1, 20, 9, 9), "filt": (1, 13, 20, 3, 3), "stride": (1, 1), "pad": (1, 1),
+         "dilate": (1, 1), "flip": False, "asymm": False, "zx": 0, "extreme": False,
+         "seed": 3}  # fmt: skip
+    x, f = _operands(c)
+    with _path(True):
+        step, out, want = _sums(c, x, f, constant=True)
+    step()
+    f.view(np.int8)[...] = 0  # a constant filter's later values are not read
+    step()
+    np.testing.assert_array_equal(out.view(np.int32), want)
+
+
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+def test_vnni_tile_keeps_its_accumulators_in_registers():
+    c = {"shape": (1, 16, 8, 8), "filt": (1, 16, 16, 1, 1), "stride": (1, 1), "pad": (0, 0),
+         "dilate": (1, 1), "flip": False, "asymm": False, "zx": 0, "extreme": False,
+         "seed": 4}  # fmt: skip
+    x, f = _operands(c)
+    with _path(True):
+        _sums(c, x, f)[0]()
+    fn = vnni._compiled("4,0")
+    asm = "\n".join(fn.inspect_asm().values())
+    loop = [line for line in asm.splitlines() if "vpdpbusd" in line]
+    assert len(loop) >= vnni.tile_rows(4) * 4
+    # the accumulators are registers: no vpdpbusd reads or writes one from the stack
+    assert not any("(%rsp)" in line and "1to16" not in line for line in loop)
