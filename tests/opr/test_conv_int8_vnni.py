@@ -1,7 +1,8 @@
 """The 8-bit convolution kernels, both paths (the AVX-512 VNNI tiles where the CPU has them,
 the portable int8/int16 loops everywhere), against the integer reference bit for bit: shapes
 whose reduction is no multiple of 4 and whose channels are no multiple of a tile's rows,
-groups, zero points, saturating values, and the requantizing epilogue fused into the tiles."""
+groups, depthwise, zero points, saturating values, and the requantizing epilogue fused into
+the kernels."""
 
 from __future__ import annotations
 
@@ -38,8 +39,11 @@ def _path(on: bool):
 
 @st.composite
 def _convs(draw):
-    g = draw(st.sampled_from([1, 1, 2, 3]))
-    icg, ocg = draw(st.integers(1, 21)), draw(st.integers(1, 27))
+    if draw(st.booleans()):  # depthwise (a direct loop on both paths)
+        g, icg, ocg = draw(st.integers(2, 20)), 1, 1
+    else:
+        g = draw(st.sampled_from([1, 1, 2, 3]))
+        icg, ocg = draw(st.integers(1, 21)), draw(st.integers(1, 27))
     fh, fw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     pad = (draw(st.integers(0, 2)), draw(st.integers(0, 2)))

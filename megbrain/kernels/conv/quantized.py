@@ -88,10 +88,11 @@ def bind_quantized_convolution(src: np.ndarray, filt: np.ndarray, out: np.ndarra
             f"quantized convolution: shapes src {src.shape}, filter {filt.shape}, out "
             f"{out.shape} ({out.dtype}) do not agree"
         )
-    if _vnni_usable(src, filt):
+    fast = _fast_kernel(src, filt, stride, pad, dilate)
+    if fast is not None:
         direct = out.flags.c_contiguous and out.dtype.kind == "i"
         y = _plain(out) if direct else workspace.empty(out.shape, _I32)
-        step = _bind_vnni(src, filt, None, y, stride, pad, dilate, flip, None)
+        step = fast(src, filt, None, y, stride, pad, dilate, flip, None)
         return step if direct else chain([step, _partial(np.copyto, _plain(out), y, "unsafe")])
     k_, p_ = i_ * fh * fw, oh * ow
     # int8 operands stay int8 (their products and sums widen in the GEMM); zero-point
@@ -118,6 +119,55 @@ def bind_quantized_convolution(src: np.ndarray, filt: np.ndarray, out: np.ndarra
         steps.append(parallel.split(_partial(_gemm_part, col, wk, y3, n), blocks, blocks_min))
     if not direct:
         steps.append(_partial(np.copyto, _plain(out), y, "unsafe"))
+    return chain(steps)
+
+
+def _fast_kernel(src, filt, stride, pad, dilate):
+    """:func:`_bind_depthwise` or :func:`_bind_vnni` where either takes the convolution,
+    else None (the portable im2col and GEMM)."""
+    if _is_depthwise(src, filt, stride, pad, dilate):
+        return _bind_depthwise
+    return _bind_vnni if _vnni_usable(src, filt) else None
+
+
+def _is_depthwise(src, filt, stride, pad, dilate) -> bool:
+    """Whether :func:`_bind_depthwise` computes the convolution: a depthwise one (one
+    channel in and out per group), its sums exact in float32 (``FH FW 255^2 < 2^24``), a
+    band of one output row fitting its buffers."""
+    g_, o_, i_, fh, fw = filt.shape
+    if not (g_ > 1 and o_ == i_ == 1 and fh * fw * 255 * 255 < 1 << 24):
+        return False
+    ow = conv_out_size(src.shape[3], fw, stride[1], pad[1], dilate[1])
+    return int8_loops.depthwise_band_rows(src.shape[3], ow, fh, stride[0], dilate[0], pad[1]) > 0
+
+
+def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
+    """Bind the direct depthwise loop (:func:`.loops.int8.depthwise`), the arguments as for
+    :func:`_bind_vnni`."""
+    n_, c_ = src.shape[:2]
+    fh, fw = filt.shape[3:]
+    fv = _plain(filt).reshape(c_, fh, fw)
+    steps: list[Step] = []
+    w = workspace.empty((c_, fh, fw), fv.dtype)
+    steps.append(_partial(np.copyto, w, fv[:, ::-1, ::-1] if flip else fv))
+    x = _plain(src)
+    if not x.flags.c_contiguous:
+        x = workspace.empty(x.shape, x.dtype)
+        steps.append(_partial(np.copyto, x, _plain(src)))
+    b = np.zeros(c_, _I32) if bias is None else bias
+    h_, w_ = src.shape[2:]
+    oh, ow = y.shape[2:]
+    rows = int8_loops.depthwise_band_rows(w_, ow, fh, stride[0], dilate[0], pad[1])
+    geom = np.array([*stride, *pad, *dilate, _zero_point(src), _zero_point(filt), rows, h_, w_,
+                     oh, ow, fh, fw, c_], np.int64)  # fmt: skip
+    if requant is None:
+        epi, q, yv = 0, np.zeros(5, _F32), y
+    else:
+        (epi, q), yv = requant, _plain(y)
+    part = _partial(int8_loops.depthwise, x.reshape(-1), w.reshape(-1), b, yv.reshape(-1), q,
+                    geom, epi)  # fmt: skip
+    macs = fh * fw * y.shape[2] * y.shape[3]
+    steps.append(parallel.split(part, n_ * c_, max(1, _MIN_MACS_PER_THREAD // max(1, macs))))
     return chain(steps)
 
 
@@ -275,15 +325,16 @@ def _bind_fused(src, filt, bias, z, out, stride, pad, dilate, flip, mode) -> Ste
     the 8-bit output (IDENTITY or RELU) as the naive chain does; else None."""
     out_q, bias_q = ew.quant_params(out.dtype), ew.quant_params(bias.dtype)
     channel_bias = bias.shape == (1, out.shape[1], 1, 1) and not bias_q.zero_point
-    if not (z is None and channel_bias and out.flags.c_contiguous and _vnni_usable(src, filt)):
+    bind = _fast_kernel(src, filt, stride, pad, dilate)
+    if not (z is None and channel_bias and out.flags.c_contiguous and bind is not None):
         return None
     b = _plain(bias).reshape(-1)
     if out_q.name == "QuantizedS32":
         if mode != "IDENTITY" or out.dtype.kind != "i":
             return None
-        return _bind_vnni(src, filt, b, _plain(out), stride, pad, dilate, flip, None)
+        return bind(src, filt, b, _plain(out), stride, pad, dilate, flip, None)
     if mode not in ("IDENTITY", "RELU"):
         return None
     q = np.array([bias_q.scale, out_q.scale, out_q.zero_point, out_q.qmin, out_q.qmax], _F32)
     epi = vnni_loops.EPI_QUANT_RELU if mode == "RELU" else vnni_loops.EPI_QUANT
-    return _bind_vnni(src, filt, b, out, stride, pad, dilate, flip, (epi, q))
+    return bind(src, filt, b, out, stride, pad, dilate, flip, (epi, q))

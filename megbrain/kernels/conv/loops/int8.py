@@ -13,9 +13,13 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
 
-__all__ = ["gemm_blocks", "int8_gemm", "int8_im2col"]
+from ...tiled_jit import stack_tile
+
+_stack_tile = stack_tile()
+
+__all__ = ["depthwise", "depthwise_band_rows", "gemm_blocks", "int8_gemm", "int8_im2col"]
 
 #: output positions filled together by the im2col (their rows stay in the L1 cache)
 _ROWS = 32
@@ -98,6 +102,114 @@ def _gemm_py(col, w, y, n, t0, t1):  # pragma: no cover - compiled
                 y[n, base + r, p] = s
 
 
+#: float32 values of a depthwise band's padded source rows and of its sums (stack tiles)
+_BAND_IN, _BAND_OUT = 8192, 4096
+
+
+def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - compiled
+    """Planes [c0, c1) (``n * C + c``) of a depthwise convolution (one input and one output
+    channel per group), ``x`` (N, C, H, W) and ``out`` (N, C, OH, OW) flat: ``out[n, c, r,
+    q] = bias[c] + sum_ab (x[n, c, r sh - ph + a dh, q sw - pw + b dw] - zx) (w[c, a, b] -
+    zf)`` in int32, taps outside the source adding 0; ``epi`` 0 writes the int32 sums, 1 (2:
+    with ReLU) requantizes them with ``q`` into the 8-bit ``out``.
+
+    The products and their sums are exact in float32 (the caller keeps ``FH FW 255^2 <
+    2^24``), which LLVM vectorizes (Numba widens int32 products to int64). A band of output
+    rows at a time: its source rows, zero-point shifted and zero-padded, into one stack
+    tile, then per output row and tap one multiply-add over the row's columns into
+    another; ``geom`` holds the stride, padding, dilation, zero points, H, W, OH, OW, FH,
+    FW and the output rows of a band (:data:`_BAND_IN`, :data:`_BAND_OUT`)."""
+    sh, sw, ph, pw, dh, dw, zx, zf = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], \
+        geom[6], geom[7]  # fmt: skip
+    rows, h_, w_, oh, ow, fh, fw, c_ = geom[8], geom[9], geom[10], geom[11], geom[12], \
+        geom[13], geom[14], geom[15]  # fmt: skip
+    wp_ = w_ + 2 * pw
+    xp = carray(_stack_tile(_BAND_IN, np.float32), _BAND_IN)
+    acc = carray(_stack_tile(_BAND_OUT, np.float32), _BAND_OUT)
+    ws = carray(_stack_tile(64, np.float32), 64)
+    s_in, s_out, zp, qmin, qmax = q[0], q[1], q[2], q[3], q[4]
+    relu = epi == 2
+    lim, half, one, zero = np.float32(1024), np.float32(0.5), np.float32(1), np.float32(0)
+    for t in range(c0, c1):
+        c = t % c_
+        xbase, obase = t * h_ * w_, t * oh * ow
+        for k in range(fh * fw):
+            ws[k] = np.float32(np.int32(w[c * fh * fw + k]) - zf)
+        bc = bias[c]
+        for r0 in range(0, oh, rows):
+            r1 = min(r0 + rows, oh)
+            top = r0 * sh - ph
+            for i in range((r1 - 1 - r0) * sh + (fh - 1) * dh + 1):
+                ih = top + i
+                base = np.uintp(i * wp_)
+                if ih < 0 or ih >= h_:
+                    for j in range(np.uintp(wp_)):
+                        xp[base + j] = zero
+                    continue
+                for j in range(np.uintp(pw)):
+                    xp[base + j] = zero
+                    xp[base + np.uintp(pw + w_) + j] = zero
+                inner, src = base + np.uintp(pw), np.uintp(xbase + ih * w_)
+                for j in range(np.uintp(w_)):
+                    xp[inner + j] = np.float32(np.int32(x[src + j]) - zx)
+            n = np.uintp((r1 - r0) * ow)
+            for j in range(n):
+                acc[j] = zero
+            for rr in range(r1 - r0):
+                o = np.uintp(rr * ow)
+                for a in range(fh):
+                    for b in range(fw):
+                        wv = ws[a * fw + b]
+                        s0 = np.uintp((rr * sh + a * dh) * wp_ + b * dw)
+                        if sw == 1:
+                            for j in range(np.uintp(ow)):
+                                acc[o + j] += wv * xp[s0 + j]
+                        else:
+                            step = np.uintp(sw)
+                            for j in range(np.uintp(ow)):
+                                acc[o + j] += wv * xp[s0 + step * j]
+            dst = np.uintp(obase + r0 * ow)
+            if epi == 0:
+                for j in range(n):
+                    out[dst + j] = np.int32(acc[j]) + bc
+                continue
+            # MegDNN's float32 chain: times the input scale, ReLU, divided by the output
+            # scale, rounded half away from zero (C roundf), shifted, saturated (NaN to
+            # qmin); clamped to +-1024 first (beyond any shifted 8-bit range) so that the
+            # truncation is a conversion to int32; written with selects to vectorize
+            for j in range(n):
+                v = np.float32(np.int32(np.int32(acc[j]) + bc)) * s_in
+                if relu:
+                    v = zero if v < zero else v
+                v = v / s_out
+                v = v if v > -lim else -lim
+                v = v if v < lim else lim
+                tr = np.float32(np.int32(v))
+                d = v - tr
+                tr = tr + one if d >= half else tr
+                tr = tr - one if d <= -half else tr
+                v = tr + zp
+                v = v if v > qmin else qmin
+                v = v if v < qmax else qmax
+                out[dst + j] = np.int32(v)
+
+
+def depthwise_band_rows(w: int, ow: int, fh: int, sh: int, dh: int, pw: int) -> int:
+    """Output rows of a band of :func:`depthwise` for a source row of ``w`` values and an
+    output row of ``ow``; 0 where not even one fits."""
+    wp = w + 2 * pw
+    rows = min(_BAND_OUT // max(1, ow), (_BAND_IN // wp - (fh - 1) * dh - 1) // sh + 1)
+    return max(0, rows)
+
+
+def depthwise(x, w, bias, out, q, geom, epi: int, c0: int, c1: int) -> None:
+    """Planes [c0, c1) of a depthwise 8-bit convolution: ``x`` (N, C, H, W), ``w`` (C, FH,
+    FW) and ``out`` (N, C, OH, OW) all flat and C-ordered, ``bias`` (C,) int32, ``q`` the
+    requantization's float32 (input scale, output scale, zero point, qmin, qmax), ``geom``
+    (int64) as :func:`_depthwise_py` reads it."""
+    _compiled("depthwise")(x, w, bias, out, q, geom, int(epi), int(c0), int(c1))
+
+
 def int8_im2col(x, col, n, fsize, stride, pad, dilate, ow: int, zx: int, g0: int, g1: int):
     """Groups [g0, g1) of sample ``n``'s window rows ``col`` (G, OH*OW, I*FH*FW), int8 or
     int16, of the 8-bit ``x`` (N, G*I, H, W), its zero point ``zx`` subtracted."""
@@ -120,5 +232,5 @@ def gemm_blocks(groups: int, out_channels: int) -> int:
 
 @functools.cache
 def _compiled(name: str):
-    fn = {"im2col": _im2col_py, "gemm": _gemm_py}[name]
+    fn = {"im2col": _im2col_py, "gemm": _gemm_py, "depthwise": _depthwise_py}[name]
     return njit(nogil=True, cache=True, error_model="numpy", fastmath=False)(fn)
