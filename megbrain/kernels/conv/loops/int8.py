@@ -102,6 +102,22 @@ def _gemm_py(col, w, y, n, t0, t1):  # pragma: no cover - compiled
                 y[n, base + r, p] = s
 
 
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _taps9(acc, o, xp, ws, n, base, row, col1, col2):  # pragma: no cover - compiled
+    """A 3x3 filter's nine taps in one pass: ``acc[o + j] = sum_ab ws[3 a + b] xp[base + a
+    row + col_b + j]`` for j < n, with column offsets ``col_0 = 0``, ``col1``, ``col2``
+    (unsigned offsets; each sum stays in a register)."""
+    w0, w1, w2, w3, w4, w5, w6, w7, w8 = ws[0], ws[1], ws[2], ws[3], ws[4], ws[5], ws[6], \
+        ws[7], ws[8]  # fmt: skip
+    r0 = base
+    r1 = base + row
+    r2 = r1 + row
+    for j in range(n):
+        acc[o + j] = (w0 * xp[r0 + j] + w1 * xp[r0 + col1 + j] + w2 * xp[r0 + col2 + j]
+                      + w3 * xp[r1 + j] + w4 * xp[r1 + col1 + j] + w5 * xp[r1 + col2 + j]
+                      + w6 * xp[r2 + j] + w7 * xp[r2 + col1 + j] + w8 * xp[r2 + col2 + j])
+
+
 #: float32 values of a depthwise band's padded source rows and of its sums (stack tiles)
 _BAND_IN, _BAND_OUT = 8192, 4096
 
@@ -116,20 +132,26 @@ def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - 
     The products and their sums are exact in float32 (the caller keeps ``FH FW 255^2 <
     2^24``), which LLVM vectorizes (Numba widens int32 products to int64). A band of output
     rows at a time: its source rows, zero-point shifted and zero-padded, into one stack
-    tile, then per output row and tap one multiply-add over the row's columns into
-    another; ``geom`` holds the stride, padding, dilation, zero points, H, W, OH, OW, FH,
-    FW and the output rows of a band (:data:`_BAND_IN`, :data:`_BAND_OUT`)."""
+    tile (with a column stride of 2, each row's even columns then its odd ones, so that a
+    tap reads a run), then per tap one multiply-add over the band's positions (with a
+    stride, over each row's columns) into another; ``geom`` holds the stride, padding,
+    dilation, zero points, H, W, OH, OW, FH, FW and the output rows of a band
+    (:data:`_BAND_IN`, :data:`_BAND_OUT`)."""
     sh, sw, ph, pw, dh, dw, zx, zf = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], \
         geom[6], geom[7]  # fmt: skip
     rows, h_, w_, oh, ow, fh, fw, c_ = geom[8], geom[9], geom[10], geom[11], geom[12], \
         geom[13], geom[14], geom[15]  # fmt: skip
     wp_ = w_ + 2 * pw
+    # a row's padded values (stride 2: its even columns, then its odd ones, wh each)
+    wh = (wp_ + 1) // 2
+    wr = 2 * wh if sw == 2 else wp_
     xp = carray(_stack_tile(_BAND_IN, np.float32), _BAND_IN)
     acc = carray(_stack_tile(_BAND_OUT, np.float32), _BAND_OUT)
     ws = carray(_stack_tile(64, np.float32), 64)
     s_in, s_out, zp, qmin, qmax = q[0], q[1], q[2], q[3], q[4]
     relu = epi == 2
     lim, half, one, zero = np.float32(1024), np.float32(0.5), np.float32(1), np.float32(0)
+    zxf = np.float32(zx)  # (8-bit values and their differences are exact in float32)
     for t in range(c0, c1):
         c = t % c_
         xbase, obase = t * h_ * w_, t * oh * ow
@@ -139,35 +161,69 @@ def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - 
         for r0 in range(0, oh, rows):
             r1 = min(r0 + rows, oh)
             top = r0 * sh - ph
-            for i in range((r1 - 1 - r0) * sh + (fh - 1) * dh + 1):
+            # the band's source rows, and sh more: a flat tap loop reads past the last one
+            for i in range((r1 - 1 - r0) * sh + (fh - 1) * dh + 1 + sh):
                 ih = top + i
-                base = np.uintp(i * wp_)
-                if ih < 0 or ih >= h_:
-                    for j in range(np.uintp(wp_)):
-                        xp[base + j] = zero
-                    continue
-                for j in range(np.uintp(pw)):
+                base = np.uintp(i * wr)
+                for j in range(np.uintp(wr)):
                     xp[base + j] = zero
-                    xp[base + np.uintp(pw + w_) + j] = zero
-                inner, src = base + np.uintp(pw), np.uintp(xbase + ih * w_)
-                for j in range(np.uintp(w_)):
-                    xp[inner + j] = np.float32(np.int32(x[src + j]) - zx)
+                if ih < 0 or ih >= h_:
+                    continue
+                src = np.uintp(xbase + ih * w_)
+                if sw == 2:  # even padded columns, then odd ones: each tap reads a run
+                    for j in range(w_):
+                        col = pw + j
+                        xp[base + np.uintp((col & 1) * wh + (col >> 1))] = \
+                            np.float32(x[src + np.uintp(j)]) - zxf
+                else:
+                    inner = base + np.uintp(pw)
+                    for j in range(np.uintp(w_)):
+                        xp[inner + j] = np.float32(x[src + j]) - zxf
+            if sh == sw == 1:
+                # one loop per tap over the band: position v = rr WP + q reads the source at
+                # v + tap (the columns q >= OW are computed and dropped)
+                n = np.uintp((r1 - r0) * wr)
+                if fh == fw == 3:  # the nine taps in one pass (the sums stay in registers)
+                    _taps9(acc, np.uintp(0), xp, ws, n, np.uintp(0), np.uintp(dh * wr),
+                           np.uintp(dw), np.uintp(2 * dw))  # fmt: skip
+                else:
+                    for j in range(n):
+                        acc[j] = zero
+                    for a in range(fh):
+                        for b in range(fw):
+                            wv = ws[a * fw + b]
+                            s0 = np.uintp(a * dh * wr + b * dw)
+                            for j in range(n):
+                                acc[j] += wv * xp[s0 + j]
+                for rr in range(r1 - r0):  # the rows' columns < OW, in place
+                    o, v = np.uintp(rr * ow), np.uintp(rr * wr)
+                    for j in range(np.uintp(ow)):
+                        acc[o + j] = acc[v + j]
+            else:
+                for j in range(np.uintp((r1 - r0) * ow)):
+                    acc[j] = zero
+                for rr in range(r1 - r0):
+                    o = np.uintp(rr * ow)
+                    if fh == fw == 3 and sw == 2 and dw == 1:
+                        # columns 2q, 2q + 1, 2q + 2: the even run, the odd one, the even one
+                        # shifted by one
+                        _taps9(acc, o, xp, ws, np.uintp(ow), np.uintp(rr * sh * wr),
+                               np.uintp(dh * wr), np.uintp(wh), np.uintp(1))
+                        continue
+                    for a in range(fh):
+                        for b in range(fw):
+                            wv = ws[a * fw + b]
+                            row = (rr * sh + a * dh) * wr
+                            if sw == 2:
+                                col = b * dw
+                                s0 = np.uintp(row + (col & 1) * wh + (col >> 1))
+                                for j in range(np.uintp(ow)):
+                                    acc[o + j] += wv * xp[s0 + j]
+                            else:
+                                s0, step = np.uintp(row + b * dw), np.uintp(sw)
+                                for j in range(np.uintp(ow)):
+                                    acc[o + j] += wv * xp[s0 + step * j]
             n = np.uintp((r1 - r0) * ow)
-            for j in range(n):
-                acc[j] = zero
-            for rr in range(r1 - r0):
-                o = np.uintp(rr * ow)
-                for a in range(fh):
-                    for b in range(fw):
-                        wv = ws[a * fw + b]
-                        s0 = np.uintp((rr * sh + a * dh) * wp_ + b * dw)
-                        if sw == 1:
-                            for j in range(np.uintp(ow)):
-                                acc[o + j] += wv * xp[s0 + j]
-                        else:
-                            step = np.uintp(sw)
-                            for j in range(np.uintp(ow)):
-                                acc[o + j] += wv * xp[s0 + step * j]
             dst = np.uintp(obase + r0 * ow)
             if epi == 0:
                 for j in range(n):
@@ -197,8 +253,8 @@ def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - 
 def depthwise_band_rows(w: int, ow: int, fh: int, sh: int, dh: int, pw: int) -> int:
     """Output rows of a band of :func:`depthwise` for a source row of ``w`` values and an
     output row of ``ow``; 0 where not even one fits."""
-    wp = w + 2 * pw
-    rows = min(_BAND_OUT // max(1, ow), (_BAND_IN // wp - (fh - 1) * dh - 1) // sh + 1)
+    wp = w + 2 * pw + 1  # (a row of even and odd columns)
+    rows = min(_BAND_OUT // max(wp, ow), (_BAND_IN // wp - (fh - 1) * dh - 1 - sh) // sh + 1)
     return max(0, rows)
 
 
