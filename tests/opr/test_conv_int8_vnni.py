@@ -13,6 +13,7 @@ import pytest
 import quantized_ref as ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import njit
 
 import megbrain as mgb
 from megbrain.kernels.conv import quantized
@@ -113,11 +114,14 @@ def test_requantized_conv_bias_equals_the_reference(on, c, mode, out_scale):
     ref.assert_same(out, want)
 
 
+def _case(shape, filt, pad, seed):
+    return {"shape": shape, "filt": filt, "stride": (1, 1), "pad": pad, "dilate": (1, 1),
+            "flip": False, "asymm": False, "zx": 0, "extreme": False, "seed": seed}  # fmt: skip
+
+
 @pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
 def test_a_constant_filter_is_packed_once():
-    c = {"shape": (1, 20, 9, 9), "filt": (1, 13, 20, 3, 3), "stride": (1, 1), "pad": (1, 1),
-         "dilate": (1, 1), "flip": False, "asymm": False, "zx": 0, "extreme": False,
-         "seed": 3}  # fmt: skip
+    c = _case((1, 20, 9, 9), (1, 13, 20, 3, 3), (1, 1), 3)
     x, f = _operands(c)
     with _path(True):
         step, out, want = _sums(c, x, f, constant=True)
@@ -129,15 +133,21 @@ def test_a_constant_filter_is_packed_once():
 
 @pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
 def test_vnni_tile_keeps_its_accumulators_in_registers():
-    c = {"shape": (1, 16, 8, 8), "filt": (1, 16, 16, 1, 1), "stride": (1, 1), "pad": (0, 0),
-         "dilate": (1, 1), "flip": False, "asymm": False, "zx": 0, "extreme": False,
-         "seed": 4}  # fmt: skip
+    c = _case((1, 16, 8, 8), (1, 16, 16, 1, 1), (0, 0), 4)
     x, f = _operands(c)
     with _path(True):
-        _sums(c, x, f)[0]()
-    fn = vnni._compiled("4,0")
+        step, out, want = _sums(c, x, f)
+    step()
+    np.testing.assert_array_equal(out.view(np.int32), want)
+    # compiled afresh: the assembly of a kernel loaded from Numba's cache is not kept
+    fn = njit(nogil=True, error_model="numpy")(vnni._make_gemm(4, vnni.EPI_INT32))
+    lanes = vnni.LANES
+    geom = np.array([64, 8, 16, 4, 1, 1, 1, 1, 1, 1, 1, 8, 64, 1, 0, 0, 0], np.int64)
+    fn(np.zeros(4 * 64 * 4, np.uint8), np.zeros(4, np.uint8), np.zeros(18 * 16, np.int8),
+       np.zeros(18, np.int32), np.zeros(16 * 64, np.int32), np.zeros(5, np.float32), geom, 0,
+       64 // (4 * lanes))  # fmt: skip
     asm = "\n".join(fn.inspect_asm().values())
     loop = [line for line in asm.splitlines() if "vpdpbusd" in line]
     assert len(loop) >= vnni.tile_rows(4) * 4
     # the accumulators are registers: no vpdpbusd reads or writes one from the stack
-    assert not any("(%rsp)" in line and "1to16" not in line for line in loop)
+    assert not any("(%rsp)" in line for line in loop)
