@@ -236,14 +236,20 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
         epi, q = requant
         yf = y.reshape(-1).view(np.uint8)
     x = _plain(src).view(np.uint8)
+    if not x.flags.c_contiguous:
+        steps.insert(0, _partial(np.copyto, x := workspace.empty(x.shape, np.uint8),
+                                 _plain(src).view(np.uint8)))  # fmt: skip
+    x = x.reshape(-1)
+    x4w = x4.view(np.uint32)
+    hw = np.array([h_, w_], np.int64)
     flipx = 128 if signed else 0
     relayout_min = max(1, _MIN_RELAYOUT_BYTES // (plane * 4))
     gemm_min = max(1, _MIN_MACS_PER_THREAD // (lanes * vecs * kg_ * 4 * op // chunks))
     for n in range(n_):
         for g in range(g_):
             steps.append(parallel.split(
-                _partial(vnni_loops.relayout, x, x4, n, g * i_, i_, pad, hp, wp, plane, flipx,
-                         u0), cg_, relayout_min))  # fmt: skip
+                _partial(vnni_loops.relayout, x, x4w, (n * g_ + g) * i_ * h_ * w_, hw, i_, pad,
+                         hp, wp, plane, flipx, u0), cg_, relayout_min))  # fmt: skip
             geom = np.array([p_, ow, o_, kg_, int(inplace), fh, fw, stride[0], stride[1],
                              dilate[0], dilate[1], wp, plane, chunks, (n * g_ + g) * o_ * p_,
                              g * op * kg_ * 4, g * op], np.int64)  # fmt: skip

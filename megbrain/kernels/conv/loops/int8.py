@@ -171,10 +171,15 @@ def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - 
                     continue
                 src = np.uintp(xbase + ih * w_)
                 if sw == 2:  # even padded columns, then odd ones: each tap reads a run
-                    for j in range(w_):
-                        col = pw + j
-                        xp[base + np.uintp((col & 1) * wh + (col >> 1))] = \
-                            np.float32(x[src + np.uintp(j)]) - zxf
+                    for par in range(2):
+                        # padded columns 2 k + par, source columns 2 k + par - pw
+                        k0 = (pw - par + 1) // 2
+                        k1 = (w_ + pw - par + 1) // 2
+                        dst = base + np.uintp(par * wh)
+                        first = src + np.uintp(2 * k0 + par - pw)
+                        two = np.uintp(2)
+                        for k in range(np.uintp(k1 - k0)):
+                            xp[dst + np.uintp(k0) + k] = np.float32(x[first + two * k]) - zxf
                 else:
                     inner = base + np.uintp(pw)
                     for j in range(np.uintp(w_)):

@@ -222,34 +222,45 @@ def vnni_tile():
     return vnni_tile
 
 
-def _relayout_py(x, x4, n, c0, ci, ph, pw, hp_, wp_, plane, flip, u0, cg0, cg1):
-    """Blocks [cg0, cg1) of 4 channels of ``x4`` (flat uint8) from sample ``n``'s channels
-    ``c0 + 4 cg + (0..3)`` of the 8-bit ``x`` viewed as uint8, each value xor ``flip``
-    (128 turns int8 into int8 + 128); ``u0`` outside the source and for channels ``>= ci``."""
-    h_, w_ = x.shape[2], x.shape[3]
-    fill = np.uint8(u0)
+def _relayout_py(x, x4, xoff, hw, ci, ph, pw, hp_, wp_, plane, flip, u0, cg0, cg1):
+    """Blocks [cg0, cg1) of 4 channels of ``x4`` (flat uint32 words, a position's 4 channels
+    in its bytes) from the channels ``0 ... ci - 1`` of the flat uint8 ``x`` from ``xoff``
+    (``hw`` = (H, W) planes), each value xor ``flip`` (128 turns int8 into int8 + 128);
+    ``u0`` outside the source and for channels ``>= ci``."""
+    h_, w_ = hw[0], hw[1]
+    fill = np.uint32(u0 * 0x01010101)
+    ones = np.uint32(0xFFFFFFFF)
     for cg in range(cg0, cg1):
-        for c4 in range(4):
-            c = cg * 4 + c4
-            base = cg * plane * 4 + c4
-            if c >= ci:
-                for p in range(plane):
-                    x4[base + 4 * p] = fill
+        base = cg * plane
+        # each channel's byte of the word (a missing channel reads the last one, and its
+        # byte is then replaced by u0)
+        c = cg * 4
+        s0 = np.uintp(xoff + c * h_ * w_)
+        s1 = np.uintp(xoff + min(c + 1, ci - 1) * h_ * w_)
+        s2 = np.uintp(xoff + min(c + 2, ci - 1) * h_ * w_)
+        s3 = np.uintp(xoff + min(c + 3, ci - 1) * h_ * w_)
+        keep = np.uint32(0xFFFFFFFF >> (8 * max(0, c + 4 - ci)))
+        pad = fill & (keep ^ ones)
+        for hp in range(hp_):
+            h = hp - ph
+            row = np.uintp(base + hp * wp_)
+            if h < 0 or h >= h_:
+                for j in range(np.uintp(wp_)):
+                    x4[row + j] = fill
                 continue
-            src = x[n, c0 + c]
-            for hp in range(hp_):
-                h = hp - ph
-                row = base + hp * wp_ * 4
-                if h < 0 or h >= h_:
-                    for wp in range(wp_):
-                        x4[row + 4 * wp] = fill
-                    continue
-                for wp in range(pw):
-                    x4[row + 4 * wp] = fill
-                for wi in range(w_):
-                    x4[row + 4 * (pw + wi)] = src[h, wi] ^ flip
-                for wp in range(pw + w_, wp_):
-                    x4[row + 4 * wp] = fill
+            for j in range(np.uintp(pw)):
+                x4[row + j] = fill
+            for j in range(np.uintp(pw + w_), np.uintp(wp_)):
+                x4[row + j] = fill
+            r = np.uintp(h * w_)
+            dst = row + np.uintp(pw)
+            for j in range(np.uintp(w_)):
+                v = (np.uint32(x[s0 + r + j] ^ flip) | (np.uint32(x[s1 + r + j] ^ flip) << 8)
+                     | (np.uint32(x[s2 + r + j] ^ flip) << 16)
+                     | (np.uint32(x[s3 + r + j] ^ flip) << 24))  # fmt: skip
+                x4[dst + j] = np.uint32(v) & keep | pad
+        for j in range(np.uintp(hp_ * wp_), np.uintp(plane)):  # (read by dropped lanes)
+            x4[base + j] = fill
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -347,12 +358,12 @@ def _compiled(name: str):
     return njit(**opts)(_make_gemm(int(vecs), int(epi)))
 
 
-def relayout(x, x4, n, c0, ci, pad, hp, wp, plane, flip, u0, cg0, cg1) -> None:
-    """Blocks [cg0, cg1) of 4 channels of the relaid source ``x4`` (flat uint8; see the
-    module's layouts): sample ``n``'s channels ``c0 ... c0 + ci - 1`` of ``x`` (N, C, H, W)
-    viewed as uint8, padded by ``pad`` to ``hp x wp`` positions, planes ``plane`` words
+def relayout(x, x4, xoff, hw, ci, pad, hp, wp, plane, flip, u0, cg0, cg1) -> None:
+    """Blocks [cg0, cg1) of 4 channels of the relaid source ``x4`` (flat uint32; see the
+    module's layouts): the ``ci`` channels of the flat uint8 ``x`` from ``xoff``, planes
+    of ``hw`` = (H, W), padded by ``pad`` to ``hp x wp`` positions, planes ``plane`` words
     apart, each value xor ``flip``, ``u0`` where there is no source value."""
-    _compiled("relayout")(x, x4, int(n), int(c0), int(ci), int(pad[0]), int(pad[1]), int(hp),
+    _compiled("relayout")(x, x4, int(xoff), hw, int(ci), int(pad[0]), int(pad[1]), int(hp),
                           int(wp), int(plane), np.uint8(flip), int(u0), int(cg0),
                           int(cg1))  # fmt: skip
 
