@@ -25,8 +25,8 @@ Layouts (flat uint8 / int8 buffers, one group of one sample at a time):
 
 A tile (:func:`vnni_tile`) is ``R`` output channels by ``V`` vectors of 16 positions, its
 ``R V`` accumulators in zmm registers across the whole reduction; each ``k`` group loads
-``V`` activation vectors and broadcasts one 4-byte filter word per row (folded into
-``vpdpbusd``'s memory operand). The positions lie along the vectors, so that each row of
+``V`` activation vectors and broadcasts one 4-byte filter word per row, then issues the
+``R V`` ``vpdpbusd``. The positions lie along the vectors, so that each row of
 the tile is a contiguous run of the NCHW output: stored as int32 sums, or requantized on
 the way (MegDNN's float32 chain, exact: the sum converted to float32, times the scale, ReLU,
 divided by the output scale, rounded half away from zero, shifted, saturated).
