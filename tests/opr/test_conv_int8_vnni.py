@@ -2,7 +2,7 @@
 the portable int8/int16 loops everywhere), against the integer reference bit for bit: shapes
 whose reduction is no multiple of 4 and whose channels are no multiple of a tile's rows,
 groups, depthwise, zero points, saturating values, and the requantizing epilogue fused into
-the kernels."""
+the kernels; and the one-pass quantized residual add."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from numba import njit
 
 import megbrain as mgb
+from megbrain.kernels import elemwise_multi_type as emt
 from megbrain.kernels.conv import quantized
 from megbrain.kernels.conv.constant_operands import constant_filter
 from megbrain.kernels.conv.loops import vnni
@@ -151,3 +152,20 @@ def test_vnni_tile_keeps_its_accumulators_in_registers():
     assert len(loop) >= vnni.tile_rows(4) * 4
     # the accumulators are registers: no vpdpbusd reads or writes one from the stack
     assert not any("(%rsp)" in line for line in loop)
+
+
+@pytest.mark.parametrize("mode", ["ADD", "FUSE_ADD_RELU"])
+@pytest.mark.parametrize("asymm", [False, True])
+def test_a_residual_add_in_one_pass_equals_the_reference(mode, asymm):
+    # large enough to be split over the kernel threads
+    rng = np.random.default_rng(7)
+    kinds = [quint8(s, z) for s, z in ((0.07, 3), (0.013, 250), (0.05, 128))] if asymm else [
+        qint8(s) for s in (0.07, 0.013, 0.05)]  # fmt: skip
+    a, b = (ref.random_q(rng, (1, 24, 56, 56), d) for d in kinds[:2])
+    a.view(a.dtype.str)[0, 0, 0, :2] = [0, 255] if asymm else [-128, 127]
+    out = np.empty(a.shape, kinds[2])
+    emt.bind_quantized(mode, [a, b], out)()
+    relu = mode == "FUSE_ADD_RELU"
+    want = ref.elemwise_q(lambda u, v: ref.relu((u + v).astype(ref.F32)) if relu else
+                          (u + v).astype(ref.F32), [a, b], kinds[2])  # fmt: skip
+    ref.assert_same(out, want)

@@ -19,7 +19,14 @@ from ...tiled_jit import stack_tile
 
 _stack_tile = stack_tile()
 
-__all__ = ["depthwise", "depthwise_band_rows", "gemm_blocks", "int8_gemm", "int8_im2col"]
+__all__ = [
+    "depthwise",
+    "depthwise_band_rows",
+    "gemm_blocks",
+    "int8_gemm",
+    "int8_im2col",
+    "quantized_add",
+]
 
 #: output positions filled together by the im2col (their rows stay in the L1 cache)
 _ROWS = 32
@@ -118,6 +125,48 @@ def _taps9(acc, o, xp, ws, n, base, row, col1, col2):  # pragma: no cover - comp
                       + w6 * xp[r2 + j] + w7 * xp[r2 + col1 + j] + w8 * xp[r2 + col2 + j])
 
 
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _quantize(v, scale, zp, qmin, qmax):  # pragma: no cover - compiled
+    """MegDNN's ``quantize`` of the float32 ``v``: divided by ``scale``, rounded half away
+    from zero (C ``roundf``), plus ``zp``, then ``fmin(fmax(qmin, v), qmax)`` (NaN gives
+    qmin), as an int32. The quotient is clamped to +-1024 first (beyond any shifted 8-bit
+    range) so that the truncation is a conversion to int32; selects, not branches, so that
+    a loop of it vectorizes."""
+    lim, half, one = np.float32(1024), np.float32(0.5), np.float32(1)
+    v = v / scale
+    v = v if v > -lim else -lim
+    v = v if v < lim else lim
+    t = np.float32(np.int32(v))
+    d = v - t
+    t = t + one if d >= half else t
+    t = t - one if d <= -half else t
+    v = t + zp
+    v = v if v > qmin else qmin
+    v = v if v < qmax else qmax
+    return np.int32(v)
+
+
+def _add_py(a, b, out, q, relu, lo, hi):  # pragma: no cover - compiled
+    """Values [lo, hi) of MegDNN's quantized ADD (FUSE_ADD_RELU when ``relu``) of the flat
+    8-bit ``a`` and ``b`` into the flat 8-bit ``out``: each input dequantized (``(float32(v)
+    - zero point) * scale``), added, ReLU'd, quantized; ``q`` = float32 (a's scale, a's zero
+    point, b's, b's, the output's scale, zero point, qmin, qmax)."""
+    sa, za, sb, zb = q[0], q[1], q[2], q[3]
+    so, zo, qmin, qmax = q[4], q[5], q[6], q[7]
+    zero = np.float32(0)
+    for j in range(np.uintp(lo), np.uintp(hi)):
+        v = (np.float32(a[j]) - za) * sa + (np.float32(b[j]) - zb) * sb
+        if relu:
+            v = zero if v < zero else v
+        out[j] = _quantize(v, so, zo, qmin, qmax)
+
+
+def quantized_add(a, b, out, q, relu: bool, lo: int, hi: int) -> None:
+    """Values [lo, hi) of the quantized ADD / FUSE_ADD_RELU of flat 8-bit arrays; see
+    :func:`_add_py`."""
+    _compiled("add")(a, b, out, q, bool(relu), int(lo), int(hi))
+
+
 #: float32 values of a depthwise band's padded source rows and of its sums (stack tiles)
 _BAND_IN, _BAND_OUT = 8192, 4096
 
@@ -150,7 +199,7 @@ def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - 
     ws = carray(_stack_tile(64, np.float32), 64)
     s_in, s_out, zp, qmin, qmax = q[0], q[1], q[2], q[3], q[4]
     relu = epi == 2
-    lim, half, one, zero = np.float32(1024), np.float32(0.5), np.float32(1), np.float32(0)
+    zero = np.float32(0)
     zxf = np.float32(zx)  # (8-bit values and their differences are exact in float32)
     for t in range(c0, c1):
         c = t % c_
@@ -234,25 +283,12 @@ def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - 
                 for j in range(n):
                     out[dst + j] = np.int32(acc[j]) + bc
                 continue
-            # MegDNN's float32 chain: times the input scale, ReLU, divided by the output
-            # scale, rounded half away from zero (C roundf), shifted, saturated (NaN to
-            # qmin); clamped to +-1024 first (beyond any shifted 8-bit range) so that the
-            # truncation is a conversion to int32; written with selects to vectorize
+            # MegDNN's float32 chain: times the input scale, ReLU, then quantized
             for j in range(n):
                 v = np.float32(np.int32(np.int32(acc[j]) + bc)) * s_in
                 if relu:
                     v = zero if v < zero else v
-                v = v / s_out
-                v = v if v > -lim else -lim
-                v = v if v < lim else lim
-                tr = np.float32(np.int32(v))
-                d = v - tr
-                tr = tr + one if d >= half else tr
-                tr = tr - one if d <= -half else tr
-                v = tr + zp
-                v = v if v > qmin else qmin
-                v = v if v < qmax else qmax
-                out[dst + j] = np.int32(v)
+                out[dst + j] = _quantize(v, s_out, zp, qmin, qmax)
 
 
 def depthwise_band_rows(w: int, ow: int, fh: int, sh: int, dh: int, pw: int) -> int:
@@ -293,5 +329,6 @@ def gemm_blocks(groups: int, out_channels: int) -> int:
 
 @functools.cache
 def _compiled(name: str):
-    fn = {"im2col": _im2col_py, "gemm": _gemm_py, "depthwise": _depthwise_py}[name]
+    fn = {"im2col": _im2col_py, "gemm": _gemm_py, "depthwise": _depthwise_py,
+          "add": _add_py}[name]  # fmt: skip
     return njit(nogil=True, cache=True, error_model="numpy", fastmath=False)(fn)
