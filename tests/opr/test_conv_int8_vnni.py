@@ -2,7 +2,8 @@
 the portable int8/int16 loops everywhere), against the integer reference bit for bit: shapes
 whose reduction is no multiple of 4 and whose channels are no multiple of a tile's rows,
 groups, depthwise, zero points, saturating values, and the requantizing epilogue fused into
-the kernels; and the one-pass quantized residual add."""
+the kernels; the quantized MatrixMul on the same tiles, and the one-pass quantized residual
+add."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from numba import njit
 
 import megbrain as mgb
+from megbrain.kernels import blas
 from megbrain.kernels import elemwise_multi_type as emt
 from megbrain.kernels.conv import quantized
 from megbrain.kernels.conv.constant_operands import constant_filter
@@ -169,3 +171,21 @@ def test_a_residual_add_in_one_pass_equals_the_reference(mode, asymm):
     want = ref.elemwise_q(lambda u, v: ref.relu((u + v).astype(ref.F32)) if relu else
                           (u + v).astype(ref.F32), [a, b], kinds[2])  # fmt: skip
     ref.assert_same(out, want)
+
+
+@pytest.mark.parametrize("on", _PATHS)
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 9), k=st.integers(1, 70), n=st.integers(1, 40), asymm=st.booleans(),
+       ta=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
+def test_quantized_matmul_equals_the_integer_product(on, m, k, n, asymm, ta, seed):
+    rng = np.random.default_rng(seed)
+    da, db = (quint8(0.5, 128), quint8(0.25, 9)) if asymm else (qint8(0.5), qint8(0.25))
+    a = ref.random_q(rng, (k, m) if ta else (m, k), da)
+    b = ref.random_q(rng, (k, n), db)
+    out = np.empty((m, n), np.int32).view(qint32(0.125))
+    with _path(on):
+        step = blas.bind_matmul(a, b, out, ta, False)
+    step()
+    av, bv = ref.ints(a) - (128 if asymm else 0), ref.ints(b) - (9 if asymm else 0)
+    want = ref.wrap_i32((av.T if ta else av) @ bv)
+    np.testing.assert_array_equal(out.view(np.int32), want)

@@ -23,7 +23,12 @@ from .loops import int8 as int8_loops
 from .loops import vnni as vnni_loops
 from .nchw8c import filter_packed
 
-__all__ = ["bind_quantized_conv_bias", "bind_quantized_convolution", "QUANTIZED_SOURCES"]
+__all__ = [
+    "bind_quantized_conv_bias",
+    "bind_quantized_convolution",
+    "bind_quantized_matmul",
+    "QUANTIZED_SOURCES",
+]
 
 _partial = functools.partial
 _F32 = np.dtype(np.float32)
@@ -256,6 +261,43 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
             steps.append(parallel.split(_partial(vnni_loops.gemm_tiles, vecs, x4, col, wk, init,
                                                  yf, q, geom, epi), items, gemm_min))  # fmt: skip
     return filter_packed(pack, chain(steps), constant)
+
+
+def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:
+    """``out = a @ b`` of 8-bit quantized matrices as a 1x1 convolution on the VNNI tiles
+    (``a`` the filter, ``b``'s rows the channels of one row of positions), exact in int32;
+    None where those do not take it (then the caller's integer product).
+
+    Parameters
+    ----------
+    a, b : numpy.ndarray
+        (M, K) and (K, N), of one 8-bit quantized kind; ``b`` C-contiguous.
+    out : numpy.ndarray
+        (M, N), C-contiguous, 32-bit integer storage.
+
+    Returns
+    -------
+    Step or None
+    """
+    # a strided b would be gathered every run (slower than the integer product)
+    if not (a.ndim == b.ndim == 2 and out.flags.c_contiguous and out.dtype.kind == "i"
+            and out.dtype.itemsize == 4 and a.dtype.itemsize == b.dtype.itemsize == 1
+            and b.flags.c_contiguous):
+        return None  # fmt: skip
+    src, filt = b[None, :, None, :], a[None, :, :, None, None]
+    if _zero_point_or_none(src) is None or _zero_point_or_none(filt) is None:
+        return None
+    if not _vnni_usable(src, filt):
+        return None
+    y = _plain(out)[None, :, None, :]
+    return _bind_vnni(src, filt, None, y, (1, 1), (0, 0), (1, 1), False, None)
+
+
+def _zero_point_or_none(a: np.ndarray) -> int | None:
+    try:
+        return _zero_point(a)
+    except ValueError:
+        return None
 
 
 def _im2col_part(x, col, n, geo, ow, zx, g0, g1):
