@@ -151,7 +151,7 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
     :func:`_bind_vnni`."""
     n_, c_ = src.shape[:2]
     fh, fw = filt.shape[3:]
-    fv = _plain(filt).reshape(c_, fh, fw)
+    fv = _plain(filt)[:, 0, 0]  # (a view: a reshape of a strided filter would copy it now)
     steps: list[Step] = []
     w = workspace.empty((c_, fh, fw), fv.dtype)
     steps.append(_partial(np.copyto, w, fv[:, ::-1, ::-1] if flip else fv))
