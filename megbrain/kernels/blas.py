@@ -3,7 +3,8 @@
 Transposes are views prepared at bind time; float16/bfloat16 compute in float32, int8/int16
 operands multiply in ``out``'s wider integer dtype (int32, or int16 for int8), and quantized
 operands (QuantizedS8, Quantized8Asymm, Quantized4Asymm) multiply their stored integers, less
-their zero points, with exact int32 accumulation into a QuantizedS32 ``out``.
+their zero points, with exact int32 accumulation into a QuantizedS32 ``out`` (8-bit matrices
+on the AVX-512 VNNI tiles of the quantized convolution where the CPU has them).
 
 The products run on megbrain's kernel threads with BLAS single-threaded (:mod:`.gemm`): a
 large matrix product is split into row or column blocks, a batch into its matrices; only a
@@ -148,6 +149,13 @@ def _bind_products(
             f"{name}: shapes {a.shape} and {b.shape} (transpose_a={transpose_a}, "
             f"transpose_b={transpose_b}) do not give output shape {out.shape}"
         )
+    if ndim == 2 and quant_params(x.dtype) is not None:
+        # (imported here: the convolution package's modules import this one's neighbours)
+        from .conv.quantized import bind_quantized_matmul
+
+        fast = bind_quantized_matmul(x, y, out)
+        if fast is not None:
+            return fast
     return _bind(name, product, x, y, out)
 
 

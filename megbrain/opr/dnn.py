@@ -590,8 +590,12 @@ class Convolution(_ConvForward):
         # the int32 sums, requantized when the output is of the source's 8-bit kind (as
         # MegDNN's CPU kernels do: ConvBias without bias, then TypeCvt)
         src, filt, out = ins[0], self._grouped(ins[1]), outs[0]
-        p = self.param
         self.chosen_algorithm = QUANTIZED_ALGORITHM
+        with constant_filter(self._filter_is_constant()):
+            return self._bind_quantized(src, filt, out)
+
+    def _bind_quantized(self, src, filt, out):
+        p = self.param
         try:
             if dtype_name(out.dtype) == "QuantizedS32":
                 return conv_quantized.bind_quantized_convolution(

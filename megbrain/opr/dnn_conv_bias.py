@@ -25,6 +25,7 @@ from ..kernels import workspace
 from ..kernels.conv import epilogue as conv_epilogue
 from ..kernels.conv import nchw88 as conv_nchw88
 from ..kernels.conv import quantized as conv_quantized
+from ..kernels.conv.constant_operands import constant_filter
 from ..kernels.steps import chain
 from . import param_defs as pdefs
 from ._internal import reduce_to_input, sv
@@ -131,10 +132,11 @@ class ConvBias(_ConvBase):
             p = self.param
             self.chosen_algorithm = QUANTIZED_ALGORITHM
             try:
-                return conv_quantized.bind_quantized_conv_bias(
-                    ins[0], self._grouped(ins[1]), ins[2], z, outs[0], p.stride, p.pad,
-                    p.dilate, p.flip, mode,
-                )  # fmt: skip
+                with constant_filter(self._filter_is_constant()):
+                    return conv_quantized.bind_quantized_conv_bias(
+                        ins[0], self._grouped(ins[1]), ins[2], z, outs[0], p.stride, p.pad,
+                        p.dilate, p.flip, mode,
+                    )  # fmt: skip
             except ValueError as exc:
                 raise self.error(str(exc)) from None
 

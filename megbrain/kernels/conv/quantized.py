@@ -18,9 +18,17 @@ from .. import elemwise_multi_type as emt
 from .. import parallel, workspace
 from ..steps import Step, chain
 from .common import conv_out_size
+from .constant_operands import filter_is_constant
 from .loops import int8 as int8_loops
+from .loops import vnni as vnni_loops
+from .nchw8c import filter_packed
 
-__all__ = ["bind_quantized_conv_bias", "bind_quantized_convolution", "QUANTIZED_SOURCES"]
+__all__ = [
+    "bind_quantized_conv_bias",
+    "bind_quantized_convolution",
+    "bind_quantized_matmul",
+    "QUANTIZED_SOURCES",
+]
 
 _partial = functools.partial
 _F32 = np.dtype(np.float32)
@@ -31,6 +39,11 @@ QUANTIZED_SOURCES = ("QuantizedS8", "Quantized8Asymm")
 
 #: multiply-adds worth one thread of the GEMM
 _MIN_MACS_PER_THREAD = 1 << 17
+#: bytes of relaid source worth one thread
+_MIN_RELAYOUT_BYTES = 1 << 16
+#: whether convolutions bound from now on take the AVX-512 VNNI kernels
+#: (:mod:`.loops.vnni`) where their operands allow; chosen once, from the CPU's features
+VNNI = vnni_loops.available()
 
 
 def _plain(a: np.ndarray) -> np.ndarray:
@@ -80,6 +93,12 @@ def bind_quantized_convolution(src: np.ndarray, filt: np.ndarray, out: np.ndarra
             f"quantized convolution: shapes src {src.shape}, filter {filt.shape}, out "
             f"{out.shape} ({out.dtype}) do not agree"
         )
+    fast = _fast_kernel(src, filt, stride, pad, dilate)
+    if fast is not None:
+        direct = out.flags.c_contiguous and out.dtype.kind == "i"
+        y = _plain(out) if direct else workspace.empty(out.shape, _I32)
+        step = fast(src, filt, None, y, stride, pad, dilate, flip, None)
+        return step if direct else chain([step, _partial(np.copyto, _plain(out), y, "unsafe")])
     k_, p_ = i_ * fh * fw, oh * ow
     # int8 operands stay int8 (their products and sums widen in the GEMM); zero-point
     # shifted 8-bit values span up to [-255, 255] and take int16
@@ -106,6 +125,179 @@ def bind_quantized_convolution(src: np.ndarray, filt: np.ndarray, out: np.ndarra
     if not direct:
         steps.append(_partial(np.copyto, _plain(out), y, "unsafe"))
     return chain(steps)
+
+
+def _fast_kernel(src, filt, stride, pad, dilate):
+    """:func:`_bind_depthwise` or :func:`_bind_vnni` where either takes the convolution,
+    else None (the portable im2col and GEMM)."""
+    if _is_depthwise(src, filt, stride, pad, dilate):
+        return _bind_depthwise
+    return _bind_vnni if _vnni_usable(src, filt) else None
+
+
+def _is_depthwise(src, filt, stride, pad, dilate) -> bool:
+    """Whether :func:`_bind_depthwise` computes the convolution: a depthwise one (one
+    channel in and out per group), its sums exact in float32 (``FH FW 255^2 < 2^24``), a
+    band of one output row fitting its buffers."""
+    g_, o_, i_, fh, fw = filt.shape
+    if not (g_ > 1 and o_ == i_ == 1 and fh * fw * 255 * 255 < 1 << 24):
+        return False
+    ow = conv_out_size(src.shape[3], fw, stride[1], pad[1], dilate[1])
+    return int8_loops.depthwise_band_rows(src.shape[3], ow, fh, stride[0], dilate[0], pad[1]) > 0
+
+
+def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
+    """Bind the direct depthwise loop (:func:`.loops.int8.depthwise`), the arguments as for
+    :func:`_bind_vnni`."""
+    n_, c_ = src.shape[:2]
+    fh, fw = filt.shape[3:]
+    fv = _plain(filt)[:, 0, 0]  # (a view: a reshape of a strided filter would copy it now)
+    steps: list[Step] = []
+    w = workspace.empty((c_, fh, fw), fv.dtype)
+    steps.append(_partial(np.copyto, w, fv[:, ::-1, ::-1] if flip else fv))
+    x = _plain(src)
+    if not x.flags.c_contiguous:
+        x = workspace.empty(x.shape, x.dtype)
+        steps.append(_partial(np.copyto, x, _plain(src)))
+    b = np.zeros(c_, _I32) if bias is None else bias
+    h_, w_ = src.shape[2:]
+    oh, ow = y.shape[2:]
+    rows = int8_loops.depthwise_band_rows(w_, ow, fh, stride[0], dilate[0], pad[1])
+    geom = np.array([*stride, *pad, *dilate, _zero_point(src), _zero_point(filt), rows, h_, w_,
+                     oh, ow, fh, fw, c_], np.int64)  # fmt: skip
+    if requant is None:
+        epi, q, yv = 0, np.zeros(5, _F32), y
+    else:
+        (epi, q), yv = requant, _plain(y)
+    part = _partial(int8_loops.depthwise, x.reshape(-1), w.reshape(-1), b, yv.reshape(-1), q,
+                    geom, epi)  # fmt: skip
+    macs = fh * fw * y.shape[2] * y.shape[3]
+    steps.append(parallel.split(part, n_ * c_, max(1, _MIN_MACS_PER_THREAD // max(1, macs))))
+    return chain(steps)
+
+
+def _vnni_usable(src: np.ndarray, filt: np.ndarray) -> bool:
+    """Whether :func:`_bind_vnni` takes the convolution: VNNI on, the filter minus its zero
+    point a signed byte (QuantizedS8, or Quantized8Asymm with zero point 128), and output
+    channels enough per group to fill a tile's rows (a depthwise convolution is no GEMM)."""
+    if not VNNI:
+        return False
+    zf = _zero_point(filt)
+    signed = (filt.dtype.kind == "i" and zf == 0) or (filt.dtype.kind == "u" and zf == 128)
+    g_, o_ = filt.shape[:2]
+    return signed and src.dtype.itemsize == 1 and (g_ == 1 or o_ >= 4)
+
+
+def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
+    """Bind the VNNI kernels (:mod:`.loops.vnni`) writing ``y`` (N, G*O, OH, OW),
+    C-contiguous: the int32 sums (plus ``bias``, (G*O,) int32, when given), or, with
+    ``requant`` = (epi, float32 [input scale, output scale, zero point, qmin, qmax]), those
+    requantized into the 8-bit ``y``."""
+    zx, zf = _zero_point(src), _zero_point(filt)
+    n_ = src.shape[0]
+    h_, w_ = src.shape[2:]
+    g_, o_, i_, fh, fw = filt.shape
+    oh, ow = (conv_out_size(*a) for a in zip(src.shape[2:], (fh, fw), stride, pad, dilate))
+    p_ = oh * ow
+    signed = src.dtype.kind == "i"
+    u0 = zx + 128 if signed else zx
+    cg_ = -(-i_ // 4)
+    kg_ = cg_ * fh * fw
+    inplace = fh == fw == 1 and tuple(stride) == (1, 1) and tuple(pad) == (0, 0)
+    lanes = vnni_loops.LANES
+    if inplace:
+        hp, wp, plane = h_, w_, -(-p_ // lanes) * lanes
+    else:
+        hp, wp = h_ + 2 * pad[0], w_ + 2 * pad[1]
+        plane = hp * wp
+    # 4 vectors of positions per tile unless that pads the positions by 5% more than 2 do
+    padded = {v: -(-p_ // (lanes * v)) * lanes * v for v in (2, 4)}
+    vecs = 4 if padded[4] <= 1.05 * padded[2] else 2
+    rows = vnni_loops.tile_rows(vecs)
+    op = -(-o_ // rows) * rows
+    tiles = -(-p_ // (lanes * vecs))
+    # too few tiles of positions for the threads: split the output channels too
+    chunks = min(op // rows, -(-2 * parallel.num_threads() // tiles))
+    items = tiles * chunks
+    constant = filter_is_constant()
+    # a constant filter's packed copy must outlive the run: private memory, not workspace
+    keep = workspace.aligned if constant else workspace.empty
+    wk = keep((g_ * op * kg_ * 4,), np.int8)
+    init_w = keep((g_ * op,), _I32)
+    pack = _partial(vnni_loops.pack_filter, _plain(filt), wk, init_w, flip, zf, u0, kg_, op)
+    steps: list[Step] = []
+    init = init_w
+    if bias is not None:
+        init = workspace.empty((g_ * op,), _I32)
+        view = init.reshape(g_, op)[:, :o_]
+        steps.append(_partial(np.add, init_w.reshape(g_, op)[:, :o_],
+                              bias.reshape(g_, o_), view))  # fmt: skip
+    x4 = workspace.empty((cg_ * plane * 4,), np.uint8)
+    col = workspace.empty((4 if inplace else items * vecs * kg_ * lanes * 4,), np.uint8)
+    if requant is None:
+        epi, q = vnni_loops.EPI_INT32, np.zeros(5, _F32)
+        yf = y.reshape(-1)
+    else:
+        epi, q = requant
+        yf = y.reshape(-1).view(np.uint8)
+    x = _plain(src).view(np.uint8)
+    if not x.flags.c_contiguous:
+        steps.insert(0, _partial(np.copyto, x := workspace.empty(x.shape, np.uint8),
+                                 _plain(src).view(np.uint8)))  # fmt: skip
+    x = x.reshape(-1)
+    x4w = x4.view(np.uint32)
+    hw = np.array([h_, w_], np.int64)
+    flipx = 128 if signed else 0
+    relayout_min = max(1, _MIN_RELAYOUT_BYTES // (plane * 4))
+    gemm_min = max(1, _MIN_MACS_PER_THREAD // (lanes * vecs * kg_ * 4 * op // chunks))
+    for n in range(n_):
+        for g in range(g_):
+            steps.append(parallel.split(
+                _partial(vnni_loops.relayout, x, x4w, (n * g_ + g) * i_ * h_ * w_, hw, i_, pad,
+                         hp, wp, plane, flipx, u0), cg_, relayout_min))  # fmt: skip
+            geom = np.array([p_, ow, o_, kg_, int(inplace), fh, fw, stride[0], stride[1],
+                             dilate[0], dilate[1], wp, plane, chunks, (n * g_ + g) * o_ * p_,
+                             g * op * kg_ * 4, g * op], np.int64)  # fmt: skip
+            steps.append(parallel.split(_partial(vnni_loops.gemm_tiles, vecs, x4, col, wk, init,
+                                                 yf, q, geom, epi), items, gemm_min))  # fmt: skip
+    return filter_packed(pack, chain(steps), constant)
+
+
+def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:
+    """``out = a @ b`` of 8-bit quantized matrices as a 1x1 convolution on the VNNI tiles
+    (``a`` the filter, ``b``'s rows the channels of one row of positions), exact in int32;
+    None where those do not take it (then the caller's integer product).
+
+    Parameters
+    ----------
+    a, b : numpy.ndarray
+        (M, K) and (K, N), of one 8-bit quantized kind; ``b`` C-contiguous.
+    out : numpy.ndarray
+        (M, N), C-contiguous, 32-bit integer storage.
+
+    Returns
+    -------
+    Step or None
+    """
+    # a strided b would be gathered every run (slower than the integer product)
+    if not (a.ndim == b.ndim == 2 and out.flags.c_contiguous and out.dtype.kind == "i"
+            and out.dtype.itemsize == 4 and a.dtype.itemsize == b.dtype.itemsize == 1
+            and b.flags.c_contiguous):
+        return None  # fmt: skip
+    src, filt = b[None, :, None, :], a[None, :, :, None, None]
+    if _zero_point_or_none(src) is None or _zero_point_or_none(filt) is None:
+        return None
+    if not _vnni_usable(src, filt):
+        return None
+    y = _plain(out)[None, :, None, :]
+    return _bind_vnni(src, filt, None, y, (1, 1), (0, 0), (1, 1), False, None)
+
+
+def _zero_point_or_none(a: np.ndarray) -> int | None:
+    try:
+        return _zero_point(a)
+    except ValueError:
+        return None
 
 
 def _im2col_part(x, col, n, geo, ow, zx, g0, g1):
@@ -148,6 +340,9 @@ def bind_quantized_conv_bias(src: np.ndarray, filt: np.ndarray, bias: np.ndarray
     if out_q is None:
         raise ValueError(f"quantized ConvBias: the output must be quantized, got {out.dtype}")
     sfb_is_out = out_q.name == "QuantizedS32"
+    fused = _bind_fused(src, filt, bias, z, out, stride, pad, dilate, flip, mode)
+    if fused is not None:
+        return fused
     sfb = out if sfb_is_out else workspace.empty(out.shape, _I32).view(bias.dtype)
     steps = [bind_quantized_convolution(src, filt, sfb, stride, pad, dilate, flip)]
     acc = _plain(sfb)
@@ -170,3 +365,24 @@ def bind_quantized_conv_bias(src: np.ndarray, filt: np.ndarray, bias: np.ndarray
     elif not sfb_is_out:
         steps.append(ew.typecvt_bind(sfb, out))
     return chain(steps)
+
+
+def _bind_fused(src, filt, bias, z, out, stride, pad, dilate, flip, mode) -> Step | None:
+    """ConvBias in one pass of the VNNI kernels where they take it: the per-channel bias
+    added to the sums, and the result written as QuantizedS32 (IDENTITY) or requantized to
+    the 8-bit output (IDENTITY or RELU) as the naive chain does; else None."""
+    out_q, bias_q = ew.quant_params(out.dtype), ew.quant_params(bias.dtype)
+    channel_bias = bias.shape == (1, out.shape[1], 1, 1) and not bias_q.zero_point
+    bind = _fast_kernel(src, filt, stride, pad, dilate)
+    if not (z is None and channel_bias and out.flags.c_contiguous and bind is not None):
+        return None
+    b = _plain(bias).reshape(-1)
+    if out_q.name == "QuantizedS32":
+        if mode != "IDENTITY" or out.dtype.kind != "i":
+            return None
+        return bind(src, filt, b, _plain(out), stride, pad, dilate, flip, None)
+    if mode not in ("IDENTITY", "RELU"):
+        return None
+    q = np.array([bias_q.scale, out_q.scale, out_q.zero_point, out_q.qmin, out_q.qmax], _F32)
+    epi = vnni_loops.EPI_QUANT_RELU if mode == "RELU" else vnni_loops.EPI_QUANT
+    return bind(src, filt, b, out, stride, pad, dilate, flip, (epi, q))

@@ -13,9 +13,20 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
 
-__all__ = ["gemm_blocks", "int8_gemm", "int8_im2col"]
+from ...tiled_jit import stack_tile
+
+_stack_tile = stack_tile()
+
+__all__ = [
+    "depthwise",
+    "depthwise_band_rows",
+    "gemm_blocks",
+    "int8_gemm",
+    "int8_im2col",
+    "quantized_add",
+]
 
 #: output positions filled together by the im2col (their rows stay in the L1 cache)
 _ROWS = 32
@@ -98,6 +109,204 @@ def _gemm_py(col, w, y, n, t0, t1):  # pragma: no cover - compiled
                 y[n, base + r, p] = s
 
 
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _taps9(acc, o, xp, ws, n, base, row, col1, col2):  # pragma: no cover - compiled
+    """A 3x3 filter's nine taps in one pass: ``acc[o + j] = sum_ab ws[3 a + b] xp[base + a
+    row + col_b + j]`` for j < n, with column offsets ``col_0 = 0``, ``col1``, ``col2``
+    (unsigned offsets; each sum stays in a register)."""
+    w0, w1, w2, w3, w4, w5, w6, w7, w8 = ws[0], ws[1], ws[2], ws[3], ws[4], ws[5], ws[6], \
+        ws[7], ws[8]  # fmt: skip
+    r0 = base
+    r1 = base + row
+    r2 = r1 + row
+    for j in range(n):
+        acc[o + j] = (w0 * xp[r0 + j] + w1 * xp[r0 + col1 + j] + w2 * xp[r0 + col2 + j]
+                      + w3 * xp[r1 + j] + w4 * xp[r1 + col1 + j] + w5 * xp[r1 + col2 + j]
+                      + w6 * xp[r2 + j] + w7 * xp[r2 + col1 + j] + w8 * xp[r2 + col2 + j])
+
+
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _quantize(v, scale, zp, qmin, qmax):  # pragma: no cover - compiled
+    """MegDNN's ``quantize`` of the float32 ``v``: divided by ``scale``, rounded half away
+    from zero (C ``roundf``), plus ``zp``, then ``fmin(fmax(qmin, v), qmax)`` (NaN gives
+    qmin), as an int32. The quotient is clamped to +-1024 first (beyond any shifted 8-bit
+    range) so that the truncation is a conversion to int32; selects, not branches, so that
+    a loop of it vectorizes."""
+    lim, half, one = np.float32(1024), np.float32(0.5), np.float32(1)
+    v = v / scale
+    v = v if v > -lim else -lim
+    v = v if v < lim else lim
+    t = np.float32(np.int32(v))
+    d = v - t
+    t = t + one if d >= half else t
+    t = t - one if d <= -half else t
+    v = t + zp
+    v = v if v > qmin else qmin
+    v = v if v < qmax else qmax
+    return np.int32(v)
+
+
+def _add_py(a, b, out, q, relu, lo, hi):  # pragma: no cover - compiled
+    """Values [lo, hi) of MegDNN's quantized ADD (FUSE_ADD_RELU when ``relu``) of the flat
+    8-bit ``a`` and ``b`` into the flat 8-bit ``out``: each input dequantized (``(float32(v)
+    - zero point) * scale``), added, ReLU'd, quantized; ``q`` = float32 (a's scale, a's zero
+    point, b's, b's, the output's scale, zero point, qmin, qmax)."""
+    sa, za, sb, zb = q[0], q[1], q[2], q[3]
+    so, zo, qmin, qmax = q[4], q[5], q[6], q[7]
+    zero = np.float32(0)
+    for j in range(np.uintp(lo), np.uintp(hi)):
+        v = (np.float32(a[j]) - za) * sa + (np.float32(b[j]) - zb) * sb
+        if relu:
+            v = zero if v < zero else v
+        out[j] = _quantize(v, so, zo, qmin, qmax)
+
+
+def quantized_add(a, b, out, q, relu: bool, lo: int, hi: int) -> None:
+    """Values [lo, hi) of the quantized ADD / FUSE_ADD_RELU of flat 8-bit arrays; see
+    :func:`_add_py`."""
+    _compiled("add")(a, b, out, q, bool(relu), int(lo), int(hi))
+
+
+#: float32 values of a depthwise band's padded source rows and of its sums (stack tiles)
+_BAND_IN, _BAND_OUT = 8192, 4096
+
+
+def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - compiled
+    """Planes [c0, c1) (``n * C + c``) of a depthwise convolution (one input and one output
+    channel per group), ``x`` (N, C, H, W) and ``out`` (N, C, OH, OW) flat: ``out[n, c, r,
+    q] = bias[c] + sum_ab (x[n, c, r sh - ph + a dh, q sw - pw + b dw] - zx) (w[c, a, b] -
+    zf)`` in int32, taps outside the source adding 0; ``epi`` 0 writes the int32 sums, 1 (2:
+    with ReLU) requantizes them with ``q`` into the 8-bit ``out``.
+
+    The products and their sums are exact in float32 (the caller keeps ``FH FW 255^2 <
+    2^24``), which LLVM vectorizes (Numba widens int32 products to int64). A band of output
+    rows at a time: its source rows, zero-point shifted and zero-padded, into one stack
+    tile (with a column stride of 2, each row's even columns then its odd ones, so that a
+    tap reads a run), then per tap one multiply-add over the band's positions (with a
+    stride, over each row's columns) into another; ``geom`` holds the stride, padding,
+    dilation, zero points, H, W, OH, OW, FH, FW and the output rows of a band
+    (:data:`_BAND_IN`, :data:`_BAND_OUT`)."""
+    sh, sw, ph, pw, dh, dw, zx, zf = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], \
+        geom[6], geom[7]  # fmt: skip
+    rows, h_, w_, oh, ow, fh, fw, c_ = geom[8], geom[9], geom[10], geom[11], geom[12], \
+        geom[13], geom[14], geom[15]  # fmt: skip
+    wp_ = w_ + 2 * pw
+    # a row's padded values (stride 2: its even columns, then its odd ones, wh each)
+    wh = (wp_ + 1) // 2
+    wr = 2 * wh if sw == 2 else wp_
+    xp = carray(_stack_tile(_BAND_IN, np.float32), _BAND_IN)
+    acc = carray(_stack_tile(_BAND_OUT, np.float32), _BAND_OUT)
+    ws = carray(_stack_tile(64, np.float32), 64)
+    s_in, s_out, zp, qmin, qmax = q[0], q[1], q[2], q[3], q[4]
+    relu = epi == 2
+    zero = np.float32(0)
+    zxf = np.float32(zx)  # (8-bit values and their differences are exact in float32)
+    for t in range(c0, c1):
+        c = t % c_
+        xbase, obase = t * h_ * w_, t * oh * ow
+        for k in range(fh * fw):
+            ws[k] = np.float32(np.int32(w[c * fh * fw + k]) - zf)
+        bc = bias[c]
+        for r0 in range(0, oh, rows):
+            r1 = min(r0 + rows, oh)
+            top = r0 * sh - ph
+            # the band's source rows, and sh more: a flat tap loop reads past the last one
+            for i in range((r1 - 1 - r0) * sh + (fh - 1) * dh + 1 + sh):
+                ih = top + i
+                base = np.uintp(i * wr)
+                for j in range(np.uintp(wr)):
+                    xp[base + j] = zero
+                if ih < 0 or ih >= h_:
+                    continue
+                src = np.uintp(xbase + ih * w_)
+                if sw == 2:  # even padded columns, then odd ones: each tap reads a run
+                    for par in range(2):
+                        # padded columns 2 k + par, source columns 2 k + par - pw
+                        k0 = (pw - par + 1) // 2
+                        k1 = (w_ + pw - par + 1) // 2
+                        dst = base + np.uintp(par * wh)
+                        first = src + np.uintp(2 * k0 + par - pw)
+                        two = np.uintp(2)
+                        for k in range(np.uintp(k1 - k0)):
+                            xp[dst + np.uintp(k0) + k] = np.float32(x[first + two * k]) - zxf
+                else:
+                    inner = base + np.uintp(pw)
+                    for j in range(np.uintp(w_)):
+                        xp[inner + j] = np.float32(x[src + j]) - zxf
+            if sh == sw == 1:
+                # one loop per tap over the band: position v = rr WP + q reads the source at
+                # v + tap (the columns q >= OW are computed and dropped)
+                n = np.uintp((r1 - r0) * wr)
+                if fh == fw == 3:  # the nine taps in one pass (the sums stay in registers)
+                    _taps9(acc, np.uintp(0), xp, ws, n, np.uintp(0), np.uintp(dh * wr),
+                           np.uintp(dw), np.uintp(2 * dw))  # fmt: skip
+                else:
+                    for j in range(n):
+                        acc[j] = zero
+                    for a in range(fh):
+                        for b in range(fw):
+                            wv = ws[a * fw + b]
+                            s0 = np.uintp(a * dh * wr + b * dw)
+                            for j in range(n):
+                                acc[j] += wv * xp[s0 + j]
+                for rr in range(r1 - r0):  # the rows' columns < OW, in place
+                    o, v = np.uintp(rr * ow), np.uintp(rr * wr)
+                    for j in range(np.uintp(ow)):
+                        acc[o + j] = acc[v + j]
+            else:
+                for j in range(np.uintp((r1 - r0) * ow)):
+                    acc[j] = zero
+                for rr in range(r1 - r0):
+                    o = np.uintp(rr * ow)
+                    if fh == fw == 3 and sw == 2 and dw == 1:
+                        # columns 2q, 2q + 1, 2q + 2: the even run, the odd one, the even one
+                        # shifted by one
+                        _taps9(acc, o, xp, ws, np.uintp(ow), np.uintp(rr * sh * wr),
+                               np.uintp(dh * wr), np.uintp(wh), np.uintp(1))
+                        continue
+                    for a in range(fh):
+                        for b in range(fw):
+                            wv = ws[a * fw + b]
+                            row = (rr * sh + a * dh) * wr
+                            if sw == 2:
+                                col = b * dw
+                                s0 = np.uintp(row + (col & 1) * wh + (col >> 1))
+                                for j in range(np.uintp(ow)):
+                                    acc[o + j] += wv * xp[s0 + j]
+                            else:
+                                s0, step = np.uintp(row + b * dw), np.uintp(sw)
+                                for j in range(np.uintp(ow)):
+                                    acc[o + j] += wv * xp[s0 + step * j]
+            n = np.uintp((r1 - r0) * ow)
+            dst = np.uintp(obase + r0 * ow)
+            if epi == 0:
+                for j in range(n):
+                    out[dst + j] = np.int32(acc[j]) + bc
+                continue
+            # MegDNN's float32 chain: times the input scale, ReLU, then quantized
+            for j in range(n):
+                v = np.float32(np.int32(np.int32(acc[j]) + bc)) * s_in
+                if relu:
+                    v = zero if v < zero else v
+                out[dst + j] = _quantize(v, s_out, zp, qmin, qmax)
+
+
+def depthwise_band_rows(w: int, ow: int, fh: int, sh: int, dh: int, pw: int) -> int:
+    """Output rows of a band of :func:`depthwise` for a source row of ``w`` values and an
+    output row of ``ow``; 0 where not even one fits."""
+    wp = w + 2 * pw + 1  # (a row of even and odd columns)
+    rows = min(_BAND_OUT // max(wp, ow), (_BAND_IN // wp - (fh - 1) * dh - 1 - sh) // sh + 1)
+    return max(0, rows)
+
+
+def depthwise(x, w, bias, out, q, geom, epi: int, c0: int, c1: int) -> None:
+    """Planes [c0, c1) of a depthwise 8-bit convolution: ``x`` (N, C, H, W), ``w`` (C, FH,
+    FW) and ``out`` (N, C, OH, OW) all flat and C-ordered, ``bias`` (C,) int32, ``q`` the
+    requantization's float32 (input scale, output scale, zero point, qmin, qmax), ``geom``
+    (int64) as :func:`_depthwise_py` reads it."""
+    _compiled("depthwise")(x, w, bias, out, q, geom, int(epi), int(c0), int(c1))
+
+
 def int8_im2col(x, col, n, fsize, stride, pad, dilate, ow: int, zx: int, g0: int, g1: int):
     """Groups [g0, g1) of sample ``n``'s window rows ``col`` (G, OH*OW, I*FH*FW), int8 or
     int16, of the 8-bit ``x`` (N, G*I, H, W), its zero point ``zx`` subtracted."""
@@ -120,5 +329,6 @@ def gemm_blocks(groups: int, out_channels: int) -> int:
 
 @functools.cache
 def _compiled(name: str):
-    fn = {"im2col": _im2col_py, "gemm": _gemm_py}[name]
+    fn = {"im2col": _im2col_py, "gemm": _gemm_py, "depthwise": _depthwise_py,
+          "add": _add_py}[name]  # fmt: skip
     return njit(nogil=True, cache=True, error_model="numpy", fastmath=False)(fn)

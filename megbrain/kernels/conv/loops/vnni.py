@@ -1,0 +1,387 @@
+"""Compiled (Numba) loops of the 8-bit convolution's AVX-512 VNNI path (:mod:`..quantized`):
+``vpdpbusd`` sums four unsigned-byte by signed-byte products into each of 16 int32 lanes,
+64 multiply-adds per instruction, exactly (wrapping int32, as the reference's sums do).
+
+The operands ``vpdpbusd`` takes (``u`` unsigned, ``w`` signed):
+
+- the activations shifted to unsigned bytes, ``u = x + 128`` for a QuantizedS8 source, ``u
+  = x`` for a Quantized8Asymm one; with ``u0`` the shifted zero point (``zx + 128`` or
+  ``zx``), ``sum w (x - zx) = sum w u - u0 sum w``, the second term one int32 per output
+  channel (``init``, with the bias), and padding filled with ``u0`` adds nothing;
+- the filter minus its zero point as signed bytes (QuantizedS8 with no zero point, or
+  Quantized8Asymm with zero point 128; others take :mod:`.int8`'s loops).
+
+Layouts (flat uint8 / int8 buffers, one group of one sample at a time):
+
+- relaid source ``x4``: per block of 4 input channels ``cg``, a plane of ``HP x WP``
+  padded positions of 4 bytes (the 4 channels innermost, missing channels ``u0``), the
+  plane ``plane`` words long; a 1x1 convolution with stride 1 and no padding reads it in
+  place (its plane is the ``H W`` positions rounded up to 16);
+- window blocks ``a`` (the im2col): per tile of ``V`` blocks of 16 output positions, per
+  block, per ``k`` group ``(cg, a, b)`` (row-major), 16 positions of 4 bytes, one vector;
+- packed filter ``w``: ``(G, OP, KG * 4)`` signed bytes, ``OP`` the output channels
+  rounded up to the tile's rows (zero rows), each row's ``k`` groups in the window
+  blocks' order.
+
+A tile (:func:`vnni_tile`) is ``R`` output channels by ``V`` vectors of 16 positions, its
+``R V`` accumulators in zmm registers across the whole reduction; each ``k`` group loads
+``V`` activation vectors and broadcasts one 4-byte filter word per row, then issues the
+``R V`` ``vpdpbusd``. The positions lie along the vectors, so that each row of
+the tile is a contiguous run of the NCHW output: stored as int32 sums, or requantized on
+the way (MegDNN's float32 chain, exact: the sum converted to float32, times the scale, ReLU,
+divided by the output scale, rounded half away from zero, shifted, saturated).
+
+The loops are GIL-free and take a ``[begin, end)`` range of work items (tiles of positions
+by chunks of output channels) for :func:`megbrain.kernels.parallel.split`; they allocate
+nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from llvmlite import binding, ir
+from numba import carray, njit
+from numba.core import cgutils, config, types
+from numba.extending import intrinsic
+
+from ...tiled_jit import stack_tile
+
+__all__ = [
+    "EPI_INT32",
+    "EPI_QUANT",
+    "EPI_QUANT_RELU",
+    "available",
+    "gemm_tiles",
+    "pack_filter",
+    "relayout",
+    "tile_rows",
+]
+
+#: what a tile writes: the int32 sums, or them requantized to 8 bits (then ReLU'd)
+EPI_INT32, EPI_QUANT, EPI_QUANT_RELU = 0, 1, 2
+#: positions of a vector (16 int32 lanes)
+LANES = 16
+_stack_tile = stack_tile()
+#: the tile's output-channel rows for V vectors of positions: ``R V`` accumulators of the
+#: 32 zmm registers, enough to hide ``vpdpbusd``'s latency, with room for the V loads
+_ROWS = {2: 8, 4: 6}
+
+
+def available() -> bool:
+    """Whether the compiler targets AVX-512 with VNNI (``NUMBA_CPU_FEATURES``, else the
+    host's features)."""
+    features = config.CPU_FEATURES
+    if features is None:
+        features = binding.get_host_cpu_features().flatten()
+    have = set(features.split(","))
+    return {"+avx512f", "+avx512bw", "+avx512vnni"} <= have
+
+
+def tile_rows(vecs: int) -> int:
+    """The output channels of a tile of ``vecs`` vectors (2 or 4) of positions."""
+    return _ROWS[vecs]
+
+
+@functools.cache
+def vnni_tile():
+    """The ``vnni_tile(a, a0, pstride, kstride, w, w0, wstride, kg, init, i0, out, o0,
+    ostride, count, nrows, q, rows, vecs, epi)`` Numba intrinsic: one tile of ``rows x
+    vecs`` vectors (literals) of int32 sums.
+
+    Row ``r`` starts at ``init[i0 + r]`` and adds, for each ``k`` group ``kk < kg``, the
+    ``vpdpbusd`` of the 64 unsigned bytes at ``a[a0 + v pstride + kk kstride:]`` (vector
+    ``v``) with the 4 signed bytes at ``w[w0 + r wstride + 4 kk:]`` broadcast. Rows
+    ``r < nrows`` are stored, their lanes ``v * 16 + j < count``, to ``out[o0 + r ostride +
+    16 v + j]``: with the literal ``epi`` :data:`EPI_INT32` as int32; else requantized to
+    one byte with ``q`` = (input scale, output scale, zero point, qmin, qmax) (float32),
+    :data:`EPI_QUANT_RELU` clamping at 0 after the input scale. No index is checked.
+    """
+
+    @intrinsic
+    def vnni_tile(typingctx, a, a0, pstride, kstride, w, w0, wstride, kg, init, i0, out, o0,
+                  ostride, count, nrows, q, rows, vecs, epi):  # fmt: skip
+        literals = (rows, vecs, epi)
+        if not all(isinstance(v, types.IntegerLiteral) for v in literals):
+            return None
+        nr, nv, mode = (v.literal_value for v in literals)
+        out_ty = types.int32 if mode == EPI_INT32 else types.uint8
+        if not (isinstance(out, types.Array) and out.dtype == out_ty):
+            return None
+
+        def codegen(context, builder, signature, args):
+            (a_v, a0_v, ps_v, ks_v, w_v, w0_v, ws_v, kg_v, init_v, i0_v, out_v, o0_v, os_v,
+             count_v, nrows_v, q_v) = args[:16]  # fmt: skip
+            i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+            v32 = ir.VectorType(i32, LANES)
+            vf = ir.VectorType(f32, LANES)
+            v1 = ir.VectorType(ir.IntType(1), LANES)
+
+            def const(v, ty=i64):
+                return ir.Constant(ty, v)
+
+            def data(k):
+                return context.make_array(signature.args[k])(context, builder, args[k]).data
+
+            adata = builder.bitcast(data(0), i8.as_pointer())
+            wdata = builder.bitcast(data(4), i8.as_pointer())
+            idata, odata, qdata = data(8), data(10), data(15)
+            splat0 = ir.Constant(v32, None)
+
+            def splat(scalar, vty):
+                one = builder.insert_element(ir.Constant(vty, ir.Undefined), scalar, const(0))
+                return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), splat0)
+
+            dot = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v32, [v32] * 3), "llvm.x86.avx512.vpdpbusd.512")
+            regs = cgutils.alloca_once(builder, ir.ArrayType(v32, nr * nv))
+            slots = [builder.gep(regs, [const(0), const(i)], inbounds=True)
+                     for i in range(nr * nv)]  # fmt: skip
+            for r in range(nr):
+                start = builder.load(builder.gep(idata, [builder.add(i0_v, const(r))]))
+                sv = splat(start, v32)
+                for v in range(nv):
+                    builder.store(sv, slots[r * nv + v])
+            with cgutils.for_range(builder, kg_v, intp=i64) as loop:
+                kk = loop.index
+                abase = builder.add(a0_v, builder.mul(kk, ks_v))
+                avs = []
+                for v in range(nv):
+                    off = builder.add(abase, builder.mul(ps_v, const(v)))
+                    ptr = builder.bitcast(builder.gep(adata, [off], inbounds=True),
+                                          v32.as_pointer())  # fmt: skip
+                    avs.append(builder.load(ptr, align=1))
+                wbase = builder.add(w0_v, builder.mul(kk, const(4)))
+                for r in range(nr):
+                    off = builder.add(wbase, builder.mul(ws_v, const(r)))
+                    ptr = builder.bitcast(builder.gep(wdata, [off], inbounds=True),
+                                          i32.as_pointer())  # fmt: skip
+                    wv = splat(builder.load(ptr, align=1), v32)
+                    for v in range(nv):
+                        slot = slots[r * nv + v]
+                        builder.store(builder.call(dot, [builder.load(slot), avs[v], wv]), slot)
+
+            lane = ir.Constant(v32, [ir.Constant(i32, j) for j in range(LANES)])
+            cnt = splat(builder.trunc(count_v, i32), v32)
+            masks = [builder.icmp_signed("<", builder.add(lane, ir.Constant(v32, [
+                ir.Constant(i32, v * LANES)] * LANES)), cnt) for v in range(nv)]  # fmt: skip
+            if mode == EPI_INT32:
+                vty, elt = v32, i32
+            else:
+                vty, elt = ir.VectorType(i8, LANES), i8
+                qs = [splat(builder.load(builder.gep(qdata, [const(i)])), vf) for i in range(5)]
+                s_in, s_out, zp, qmin, qmax = qs
+                fv = ir.FunctionType(vf, [vf])
+                fv2 = ir.FunctionType(vf, [vf, vf])
+                trunc = cgutils.get_or_insert_function(builder.module, fv, "llvm.trunc.v16f32")
+                fabs = cgutils.get_or_insert_function(builder.module, fv, "llvm.fabs.v16f32")
+                csign = cgutils.get_or_insert_function(builder.module, fv2,
+                                                       "llvm.copysign.v16f32")
+                fmax = cgutils.get_or_insert_function(builder.module, fv2, "llvm.maxnum.v16f32")
+                fmin = cgutils.get_or_insert_function(builder.module, fv2, "llvm.minnum.v16f32")
+                zero = ir.Constant(vf, None)
+                half = ir.Constant(vf, [ir.Constant(f32, 0.5)] * LANES)
+                onev = ir.Constant(vf, [ir.Constant(f32, 1.0)] * LANES)
+
+                def requantize(acc):
+                    val = builder.fmul(builder.sitofp(acc, vf), s_in)
+                    if mode == EPI_QUANT_RELU:  # NaN stays NaN, as np.maximum's
+                        val = builder.select(builder.fcmp_ordered("<", val, zero), zero, val)
+                    val = builder.fdiv(val, s_out)
+                    # C roundf: half away from zero (the difference to trunc is exact)
+                    t = builder.call(trunc, [val])
+                    up = builder.fcmp_ordered(">=", builder.call(fabs, [builder.fsub(val, t)]),
+                                              half)  # fmt: skip
+                    step = builder.select(up, builder.call(csign, [onev, val]), zero)
+                    val = builder.fadd(builder.fadd(t, step), zp)
+                    # fmin(fmax(qmin, v), qmax): NaN gives qmin
+                    val = builder.call(fmin, [builder.call(fmax, [val, qmin]), qmax])
+                    return builder.trunc(builder.fptosi(val, v32), vty)
+
+            store = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [vty, vty.as_pointer(), i32, v1]),
+                f"llvm.masked.store.v16i{elt.width}.p0")
+            optr = builder.bitcast(odata, elt.as_pointer())
+            for r in range(nr):
+                keep = builder.icmp_signed("<", const(r), nrows_v)
+                with builder.if_then(keep):
+                    row = builder.add(o0_v, builder.mul(os_v, const(r)))
+                    for v in range(nv):
+                        acc = builder.load(slots[r * nv + v])
+                        val = acc if mode == EPI_INT32 else requantize(acc)
+                        ptr = builder.gep(optr, [builder.add(row, const(v * LANES))])
+                        builder.call(store, [val, builder.bitcast(ptr, vty.as_pointer()),
+                                             ir.Constant(i32, 1), masks[v]])  # fmt: skip
+            return context.get_dummy_value()
+
+        sig = types.void(a, a0, pstride, kstride, w, w0, wstride, kg, init, i0, out, o0,
+                         ostride, count, nrows, q, rows, vecs, epi)  # fmt: skip
+        return sig, codegen
+
+    return vnni_tile
+
+
+def _relayout_py(x, x4, xoff, hw, ci, ph, pw, hp_, wp_, plane, flip, u0, cg0, cg1):
+    """Blocks [cg0, cg1) of 4 channels of ``x4`` (flat uint32 words, a position's 4 channels
+    in its bytes) from the channels ``0 ... ci - 1`` of the flat uint8 ``x`` from ``xoff``
+    (``hw`` = (H, W) planes), each value xor ``flip`` (128 turns int8 into int8 + 128);
+    ``u0`` outside the source and for channels ``>= ci``."""
+    h_, w_ = hw[0], hw[1]
+    fill = np.uint32(u0 * 0x01010101)
+    ones = np.uint32(0xFFFFFFFF)
+    for cg in range(cg0, cg1):
+        base = cg * plane
+        # each channel's byte of the word (a missing channel reads the last one, and its
+        # byte is then replaced by u0)
+        c = cg * 4
+        s0 = np.uintp(xoff + c * h_ * w_)
+        s1 = np.uintp(xoff + min(c + 1, ci - 1) * h_ * w_)
+        s2 = np.uintp(xoff + min(c + 2, ci - 1) * h_ * w_)
+        s3 = np.uintp(xoff + min(c + 3, ci - 1) * h_ * w_)
+        keep = np.uint32(0xFFFFFFFF >> (8 * max(0, c + 4 - ci)))
+        pad = fill & (keep ^ ones)
+        for hp in range(hp_):
+            h = hp - ph
+            row = np.uintp(base + hp * wp_)
+            if h < 0 or h >= h_:
+                for j in range(np.uintp(wp_)):
+                    x4[row + j] = fill
+                continue
+            for j in range(np.uintp(pw)):
+                x4[row + j] = fill
+            for j in range(np.uintp(pw + w_), np.uintp(wp_)):
+                x4[row + j] = fill
+            r = np.uintp(h * w_)
+            dst = row + np.uintp(pw)
+            for j in range(np.uintp(w_)):
+                v = (np.uint32(x[s0 + r + j] ^ flip) | (np.uint32(x[s1 + r + j] ^ flip) << 8)
+                     | (np.uint32(x[s2 + r + j] ^ flip) << 16)
+                     | (np.uint32(x[s3 + r + j] ^ flip) << 24))  # fmt: skip
+                x4[dst + j] = np.uint32(v) & keep | pad
+        for j in range(np.uintp(hp_ * wp_), np.uintp(plane)):  # (read by dropped lanes)
+            x4[base + j] = fill
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _fill_tile(x4w, aw, a0w, p0, nv, geom):
+    """The window blocks of the ``nv`` vectors of positions from ``p0`` into ``aw`` (uint32
+    words) at ``a0w``: positions past the last repeat it (their lanes are not stored)."""
+    p_, ow, kg_ = geom[0], geom[1], geom[3]
+    fh, fw, sh, sw, dh, dw, wp_, plane = geom[5], geom[6], geom[7], geom[8], geom[9], geom[10], \
+        geom[11], geom[12]  # fmt: skip
+    bases = carray(_stack_tile(LANES, np.int64), LANES)
+    cg_ = kg_ // (fh * fw)
+    for v in range(nv):
+        for j in range(LANES):
+            p = min(p0 + v * LANES + j, p_ - 1)
+            r = p // ow
+            bases[j] = r * sh * wp_ + (p - r * ow) * sw
+        dst = a0w + v * kg_ * LANES
+        for cg in range(cg_):
+            for a in range(fh):
+                for b in range(fw):
+                    off = cg * plane + a * dh * wp_ + b * dw
+                    for j in range(LANES):
+                        aw[dst + j] = x4w[off + bases[j]]
+                    dst += LANES
+
+
+def _make_gemm(nv: int, epi: int):
+    rows = _ROWS[nv]
+    tile = vnni_tile()
+
+    def gemm(x4, a, w, init, out, q, geom, t0, t1):
+        """Items [t0, t1) (tile of positions ``t // noc``, chunk of output-channel tiles
+        ``t % noc``) of one group of one sample; see :func:`gemm_tiles`."""
+        p_, o_, kg_ = geom[0], geom[2], geom[3]
+        direct, plane, noc, out0 = geom[4], geom[12], geom[13], geom[14]
+        w0, i0 = geom[15], geom[16]
+        obn = (o_ + rows - 1) // rows
+        per = (obn + noc - 1) // noc
+        x4w = x4.view(np.uint32)
+        aw = a.view(np.uint32)
+        tb = nv * kg_ * LANES  # words of one item's window blocks
+        wstride = kg_ * 4
+        for t in range(t0, t1):
+            pt, oc = t // noc, t % noc
+            p0 = pt * nv * LANES
+            if direct:
+                src, a0, ps, ks = x4, p0 * 4, LANES * 4, plane * 4
+            else:
+                _fill_tile(x4w, aw, t * tb, p0, nv, geom)
+                src, a0, ps, ks = a, t * tb * 4, kg_ * LANES * 4, LANES * 4
+            count = p_ - p0
+            for ob in range(oc * per, min(obn, (oc + 1) * per)):
+                o = ob * rows
+                tile(src, a0, ps, ks, w, w0 + o * wstride, wstride, kg_, init, i0 + o, out,
+                     out0 + o * p_ + p0, p_, count, min(rows, o_ - o), q, rows, nv, epi)
+
+    return gemm
+
+
+def _pack_filter_py(filt, w, init, flip, zf, u0, kg_, op):
+    """``w`` (G, OP, KG * 4) int8: ``filt`` (G, O, I, FH, FW) minus ``zf`` (flipped when
+    ``flip``), its k groups in the window blocks' order, zero past I and O; ``init`` (G *
+    OP) int32: ``-u0`` times each row's sum (wrapping, as the sums do)."""
+    g_, o_, i_, fh, fw = filt.shape
+    for g in range(g_):
+        for o in range(op):
+            total = 0
+            row = (g * op + o) * kg_ * 4
+            k = 0
+            for cg in range(kg_ // (fh * fw)):
+                for a in range(fh):
+                    for b in range(fw):
+                        for c4 in range(4):
+                            c = cg * 4 + c4
+                            v = 0
+                            if o < o_ and c < i_:
+                                if flip:
+                                    v = np.int32(filt[g, o, c, fh - 1 - a, fw - 1 - b]) - zf
+                                else:
+                                    v = np.int32(filt[g, o, c, a, b]) - zf
+                            w[row + k] = np.int8(v)
+                            total += v
+                            k += 1
+            init[g * op + o] = np.int32(np.int64(-u0 * total) & 0xFFFFFFFF)
+
+
+@functools.cache
+def _compiled(name: str):
+    opts = dict(nogil=True, cache=True, error_model="numpy", fastmath=False)
+    if name == "relayout":
+        return njit(**opts)(_relayout_py)
+    if name == "pack":
+        return njit(**opts)(_pack_filter_py)
+    vecs, epi = name.split(",")
+    return njit(**opts)(_make_gemm(int(vecs), int(epi)))
+
+
+def relayout(x, x4, xoff, hw, ci, pad, hp, wp, plane, flip, u0, cg0, cg1) -> None:
+    """Blocks [cg0, cg1) of 4 channels of the relaid source ``x4`` (flat uint32; see the
+    module's layouts): the ``ci`` channels of the flat uint8 ``x`` from ``xoff``, planes
+    of ``hw`` = (H, W), padded by ``pad`` to ``hp x wp`` positions, planes ``plane`` words
+    apart, each value xor ``flip``, ``u0`` where there is no source value."""
+    _compiled("relayout")(x, x4, int(xoff), hw, int(ci), int(pad[0]), int(pad[1]), int(hp),
+                          int(wp), int(plane), np.uint8(flip), int(u0), int(cg0),
+                          int(cg1))  # fmt: skip
+
+
+def pack_filter(filt, w, init, flip: bool, zf: int, u0: int, kg: int, op: int) -> None:
+    """Pack ``filt`` (G, O, I, FH, FW) 8-bit into ``w`` (G * OP * KG * 4 int8) and its row
+    sums times ``-u0`` into ``init`` (G * OP int32); see :func:`_pack_filter_py`."""
+    _compiled("pack")(filt, w, init, bool(flip), int(zf), int(u0), int(kg), int(op))
+
+
+def gemm_tiles(vecs, x4, a, w, init, out, q, geom, epi, t0, t1) -> None:
+    """Work items [t0, t1) of one group of one sample with tiles of ``vecs`` (2 or 4)
+    vectors of positions.
+
+    ``geom`` (int64): P, OW, O, KG, direct (1: read ``x4`` in place, a 1x1 convolution
+    with stride 1 and no padding), FH, FW, SH, SW, DH, DW, WP, plane, chunks of output
+    channels per tile of positions, the output's first index, the packed filter's first
+    byte, ``init``'s first index. ``a`` (uint8) holds each item's window blocks;
+    ``out`` is flat, int32 for ``epi`` :data:`EPI_INT32`, else uint8.
+    """
+    _compiled(f"{vecs},{epi}")(x4, a, w, init, out, q, geom, int(t0), int(t1))

@@ -1,0 +1,191 @@
+"""The 8-bit convolution kernels, both paths (the AVX-512 VNNI tiles where the CPU has them,
+the portable int8/int16 loops everywhere), against the integer reference bit for bit: shapes
+whose reduction is no multiple of 4 and whose channels are no multiple of a tile's rows,
+groups, depthwise, zero points, saturating values, and the requantizing epilogue fused into
+the kernels; the quantized MatrixMul on the same tiles, and the one-pass quantized residual
+add."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import quantized_ref as ref
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numba import njit
+
+import megbrain as mgb
+from megbrain.kernels import blas
+from megbrain.kernels import elemwise_multi_type as emt
+from megbrain.kernels.conv import quantized
+from megbrain.kernels.conv.constant_operands import constant_filter
+from megbrain.kernels.conv.loops import vnni
+
+qint8, qint32, quint8 = mgb.dtype.qint8, mgb.dtype.qint32, mgb.dtype.quint8
+
+_PATHS = [
+    pytest.param(False, id="portable"),
+    pytest.param(True, id="vnni", marks=pytest.mark.skipif(
+        not vnni.available(), reason="the CPU has no AVX-512 VNNI")),
+]  # fmt: skip
+
+
+@contextlib.contextmanager
+def _path(on: bool):
+    saved, quantized.VNNI = quantized.VNNI, on
+    try:
+        yield
+    finally:
+        quantized.VNNI = saved
+
+
+@st.composite
+def _convs(draw):
+    if draw(st.booleans()):  # depthwise (a direct loop on both paths)
+        g, icg, ocg = draw(st.integers(2, 20)), 1, 1
+    else:
+        g = draw(st.sampled_from([1, 1, 2, 3]))
+        icg, ocg = draw(st.integers(1, 21)), draw(st.integers(1, 27))
+    fh, fw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pad = (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    h = draw(st.integers(dil[0] * (fh - 1) + 1, 19))
+    w = draw(st.integers(dil[1] * (fw - 1) + 1, 23))
+    asymm = draw(st.booleans())
+    extreme = draw(st.booleans())
+    return {"shape": (draw(st.integers(1, 2)), g * icg, h, w), "filt": (g, ocg, icg, fh, fw),
+            "stride": stride, "pad": pad, "dilate": dil, "flip": draw(st.booleans()),
+            "asymm": asymm, "zx": draw(st.integers(0, 255)), "extreme": extreme,
+            "seed": draw(st.integers(0, 2**16))}  # fmt: skip
+
+
+def _operands(c):
+    rng = np.random.default_rng(c["seed"])
+    if c["asymm"]:  # a filter zero point of 128 keeps the filter signed bytes (VNNI)
+        sdt, fdt = quint8(0.5, c["zx"]), quint8(0.25, 128)
+    else:
+        sdt, fdt = qint8(0.5), qint8(0.25)
+    x, f = ref.random_q(rng, c["shape"], sdt), ref.random_q(rng, c["filt"], fdt)
+    if c["extreme"]:  # the ends of the range: -128 * -128 products, 255 - 0 shifts
+        lo, hi = (0, 255) if c["asymm"] else (-128, 127)
+        x.view(x.dtype.str)[...] = rng.choice([lo, hi], x.shape)
+        f.view(f.dtype.str)[...] = rng.choice([lo, hi], f.shape)
+    return x, f
+
+
+def _sums(c, x, f, constant=False):
+    want = ref.conv2d_int(x, f, stride=c["stride"], pad=c["pad"], dilate=c["dilate"],
+                          group=True, flip=c["flip"])  # fmt: skip
+    out = np.empty(want.shape, np.int32).view(qint32(0.125))
+    with constant_filter(constant):
+        step = quantized.bind_quantized_convolution(x, f, out, c["stride"], c["pad"],
+                                                    c["dilate"], c["flip"])  # fmt: skip
+    return step, out, want
+
+
+@pytest.mark.parametrize("on", _PATHS)
+@settings(max_examples=40, deadline=None)
+@given(c=_convs())
+def test_int32_sums_equal_the_reference(on, c):
+    x, f = _operands(c)
+    with _path(on):
+        step, out, want = _sums(c, x, f)
+    step()
+    np.testing.assert_array_equal(out.view(np.int32), want)
+
+
+@pytest.mark.parametrize("on", _PATHS)
+@settings(max_examples=30, deadline=None)
+@given(c=_convs(), mode=st.sampled_from(["IDENTITY", "RELU"]),
+       out_scale=st.sampled_from([0.3, 2.0, 40.0, 900.0]))  # fmt: skip
+def test_requantized_conv_bias_equals_the_reference(on, c, mode, out_scale):
+    x, f = _operands(c)
+    rng = np.random.default_rng(c["seed"] + 1)
+    o = c["filt"][0] * c["filt"][1]
+    bias = ref.random_q(rng, (1, o, 1, 1), qint32(0.125))
+    odt = quint8(out_scale, 7) if c["asymm"] else qint8(out_scale)
+    want = ref.conv_bias(x, f, bias, None, odt, mode, stride=c["stride"], pad=c["pad"],
+                         dilate=c["dilate"], group=True, flip=c["flip"])  # fmt: skip
+    out = np.empty(want.shape, want.dtype)
+    with _path(on):
+        step = quantized.bind_quantized_conv_bias(x, f, bias, None, out, c["stride"], c["pad"],
+                                                  c["dilate"], c["flip"], mode)  # fmt: skip
+    step()
+    ref.assert_same(out, want)
+
+
+def _case(shape, filt, pad, seed):
+    return {"shape": shape, "filt": filt, "stride": (1, 1), "pad": pad, "dilate": (1, 1),
+            "flip": False, "asymm": False, "zx": 0, "extreme": False, "seed": seed}  # fmt: skip
+
+
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+def test_a_constant_filter_is_packed_once():
+    c = _case((1, 20, 9, 9), (1, 13, 20, 3, 3), (1, 1), 3)
+    x, f = _operands(c)
+    with _path(True):
+        step, out, want = _sums(c, x, f, constant=True)
+    step()
+    f.view(np.int8)[...] = 0  # a constant filter's later values are not read
+    step()
+    np.testing.assert_array_equal(out.view(np.int32), want)
+
+
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+def test_vnni_tile_keeps_its_accumulators_in_registers():
+    c = _case((1, 16, 8, 8), (1, 16, 16, 1, 1), (0, 0), 4)
+    x, f = _operands(c)
+    with _path(True):
+        step, out, want = _sums(c, x, f)
+    step()
+    np.testing.assert_array_equal(out.view(np.int32), want)
+    # compiled afresh: the assembly of a kernel loaded from Numba's cache is not kept
+    fn = njit(nogil=True, error_model="numpy")(vnni._make_gemm(4, vnni.EPI_INT32))
+    lanes = vnni.LANES
+    geom = np.array([64, 8, 16, 4, 1, 1, 1, 1, 1, 1, 1, 8, 64, 1, 0, 0, 0], np.int64)
+    fn(np.zeros(4 * 64 * 4, np.uint8), np.zeros(4, np.uint8), np.zeros(18 * 16, np.int8),
+       np.zeros(18, np.int32), np.zeros(16 * 64, np.int32), np.zeros(5, np.float32), geom, 0,
+       64 // (4 * lanes))  # fmt: skip
+    asm = "\n".join(fn.inspect_asm().values())
+    loop = [line for line in asm.splitlines() if "vpdpbusd" in line]
+    assert len(loop) >= vnni.tile_rows(4) * 4
+    # the accumulators are registers: no vpdpbusd reads or writes one from the stack
+    assert not any("(%rsp)" in line for line in loop)
+
+
+@pytest.mark.parametrize("mode", ["ADD", "FUSE_ADD_RELU"])
+@pytest.mark.parametrize("asymm", [False, True])
+def test_a_residual_add_in_one_pass_equals_the_reference(mode, asymm):
+    # large enough to be split over the kernel threads
+    rng = np.random.default_rng(7)
+    kinds = [quint8(s, z) for s, z in ((0.07, 3), (0.013, 250), (0.05, 128))] if asymm else [
+        qint8(s) for s in (0.07, 0.013, 0.05)]  # fmt: skip
+    a, b = (ref.random_q(rng, (1, 24, 56, 56), d) for d in kinds[:2])
+    a.view(a.dtype.str)[0, 0, 0, :2] = [0, 255] if asymm else [-128, 127]
+    out = np.empty(a.shape, kinds[2])
+    emt.bind_quantized(mode, [a, b], out)()
+    relu = mode == "FUSE_ADD_RELU"
+    want = ref.elemwise_q(lambda u, v: ref.relu((u + v).astype(ref.F32)) if relu else
+                          (u + v).astype(ref.F32), [a, b], kinds[2])  # fmt: skip
+    ref.assert_same(out, want)
+
+
+@pytest.mark.parametrize("on", _PATHS)
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 9), k=st.integers(1, 70), n=st.integers(1, 40), asymm=st.booleans(),
+       ta=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
+def test_quantized_matmul_equals_the_integer_product(on, m, k, n, asymm, ta, seed):
+    rng = np.random.default_rng(seed)
+    da, db = (quint8(0.5, 128), quint8(0.25, 9)) if asymm else (qint8(0.5), qint8(0.25))
+    a = ref.random_q(rng, (k, m) if ta else (m, k), da)
+    b = ref.random_q(rng, (k, n), db)
+    out = np.empty((m, n), np.int32).view(qint32(0.125))
+    with _path(on):
+        step = blas.bind_matmul(a, b, out, ta, False)
+    step()
+    av, bv = ref.ints(a) - (128 if asymm else 0), ref.ints(b) - (9 if asymm else 0)
+    want = ref.wrap_i32((av.T if ta else av) @ bv)
+    np.testing.assert_array_equal(out.view(np.int32), want)
