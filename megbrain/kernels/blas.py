@@ -20,6 +20,7 @@ import numpy as np
 
 from . import parallel
 from .arrays import F32, LOW_FLOATS
+from .conv.quantized import bind_quantized_matmul
 from .elemwise import quant_params
 from .gemm import BLAS_THREADED_MIN_FLOPS, matmul_step, products_step
 from .steps import Step, chain
@@ -150,9 +151,6 @@ def _bind_products(
             f"transpose_b={transpose_b}) do not give output shape {out.shape}"
         )
     if ndim == 2 and quant_params(x.dtype) is not None:
-        # (imported here: the convolution package's modules import this one's neighbours)
-        from .conv.quantized import bind_quantized_matmul
-
         fast = bind_quantized_matmul(x, y, out)
         if fast is not None:
             return fast

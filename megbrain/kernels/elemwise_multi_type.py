@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import elemwise as ew
+from . import parallel
+from .conv.loops import int8 as int8_loops
 from .elemwise_modes import arity as elemwise_arity
 from .elemwise_modes import compute
 from .steps import chain
@@ -231,10 +233,6 @@ def _bind_8bit_add(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray):
         return None
     qa, qb, qo = (_quant(a, what) for a, what in zip(arrays, ("input 0", "input 1",
                                                              "the output")))  # fmt: skip
-    # (the loops live with the 8-bit convolution's, which import this module)
-    from . import parallel
-    from .conv.loops import int8 as int8_loops
-
     q = np.array([qa.scale, qa.zero_point, qb.scale, qb.zero_point, qo.scale, qo.zero_point,
                   qo.qmin, qo.qmax], _F32)  # fmt: skip
     flat = [a.view(np.dtype(a.dtype.str)).reshape(-1) for a in arrays]

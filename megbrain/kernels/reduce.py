@@ -15,6 +15,7 @@ import numpy as np
 from numba import carray, njit
 from numba import types as nt
 
+from . import tiled_jit
 from .arrays import F32, LOW_FLOATS
 from .steps import chain
 
@@ -272,8 +273,6 @@ def _blocked_loop(ufunc):
     """The compiled loop of :func:`_compiled_blocked` for ``ufunc`` (each compiled on first
     use: a network pooling by MEAN never compiles the maximum)."""
     global stack_tile
-    from . import tiled_jit
-
     stack_tile = tiled_jit.stack_tile()
     sig = [nt.void(nt.Array(nt.float32, 2, "C", readonly=True), nt.float32[:, ::1])]
     fn = _block_sum_py if ufunc is np.add else _block_max_py
