@@ -8,18 +8,22 @@ the filter converted by RelayoutFormat (folded into a constant by the ``param_fu
 follows), the per-channel bias (1, OC, 1, 1) to (1, OC/8, 1, 1, 8), ``z`` and a full-shape
 bias to NCHW88.
 Elementwise operators follow when one input is NCHW88 and every other one is NCHW88, of a
-shape broadcasting per channel or per position (``(N, 1, H, W)``), or a scalar. A global
-pooling as ONNX's GlobalAveragePool imports (a reshape to (N, C, H*W), Reduce MEAN, SUM or
-MAX over axis 2, a reshape to (N, C, 1, 1): squeeze-and-excitation) of an NCHW88 var follows
-too, as a Reduce of its (N, C/8, H*W, 8) view, and so does a Reduce over axis 2 or 3 (H or
-W). Every other reader of a converted var reads it back in NCHW (RelayoutFormat NCHW88_NCHW,
-made once per var), as do the outputs: the graph computes the same values in another
-layout. A var of one position, (N, C, 1, 1), has the same values in the same order in both
-layouts: it goes either way by a reshape.
+shape broadcasting per channel or per position (``(N, 1, H, W)``), or a scalar. So do
+Pooling of an NCHW88 var (the NCHW88 Pooling: max and average, any geometry) and Concat of
+4-d vars one of which is NCHW88, along the channels when every input's are a multiple of 8
+(axis 1 of the blocked form: GoogLeNet's and DenseNet's concatenations) or along H or W
+(the ceil-mode padding the ONNX importer writes as a concatenation), the other inputs
+converted. A global pooling as ONNX's GlobalAveragePool imports (a reshape to (N, C, H*W),
+Reduce MEAN, SUM or MAX over axis 2, a reshape to (N, C, 1, 1): squeeze-and-excitation) of
+an NCHW88 var follows too, as a Reduce of its (N, C/8, H*W, 8) view, and so does a Reduce
+over axis 2 or 3 (H or W). Every other reader of a converted var reads it back in NCHW
+(RelayoutFormat NCHW88_NCHW, made once per var), as do the outputs: the graph computes the
+same values in another layout. A var of one position, (N, C, 1, 1), has the same values in
+the same order in both layouts: it goes either way by a reshape.
 
 Not converted (they stay NCHW, behind a relayout): the hybrid first layer of the reference
 (an NCHW source of fewer than 8 channels: it ran faster as an NCHW convolution here than as
-the NCHW fallback of the NCHW88 one), pooling and all other operators.
+the NCHW fallback of the NCHW88 one) and all other operators.
 """
 
 from __future__ import annotations

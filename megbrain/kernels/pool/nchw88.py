@@ -4,7 +4,9 @@
 
 The 8 channels of a position are one vector: each output is its window's taps folded into
 an 8-lane accumulator held in registers (:func:`.tiled_jit.stack_tile`, LLVM's SLP
-vectorizer on), one vector load and one ``maximum`` or ``add`` per tap. The taps are
+vectorizer on), one vector load and one ``maximum`` or ``add`` per tap; a 3x3 or 2x2 window
+inside the image has its taps unrolled (the loops' control cost a third of the time of
+a 3x3 max pooling). The taps are
 visited in the order of the NCHW loops (:mod:`.loops`: window row by window row, from
 ``-inf`` or zero) and the averages finished the same way (times ``1 / window area`` in
 float32, or divided by the in-image tap count in float64), so the values equal the NCHW
@@ -40,6 +42,18 @@ def _window(i, stride, pad, size, window):  # pragma: no cover - compiled
     return start, max(0, -start), min(window, size - start)
 
 
+def _tap(acc, x, p, h, w, kind):  # pragma: no cover - compiled
+    """Fold source position ``(h, w)`` (inside the image) of plane ``p`` into ``acc``."""
+    # unsigned indices: Numba tests a signed one for wrap-around
+    row = x[np.uintp(p), np.uintp(h), np.uintp(w)]
+    if kind == 0:
+        for c in range(_CB):
+            acc[c] = np.maximum(acc[c], row[c])
+    else:
+        for c in range(_CB):
+            acc[c] += row[c]
+
+
 def _pool88_py(x, y, geo, kind, inv, lo, hi):  # pragma: no cover - compiled
     """Planes ``[lo, hi)``; ``kind`` 0: MAX, 1: AVERAGE (times ``inv``), 2:
     AVERAGE_COUNT_EXCLUDE_PADDING (LLVM moves the tests on ``kind`` out of the loops)."""
@@ -54,34 +68,42 @@ def _pool88_py(x, y, geo, kind, inv, lo, hi):  # pragma: no cover - compiled
                 w0, b0, b1 = _window(j, sw, pw, w_, ww)
                 for c in range(_CB):
                     acc[c] = start
-                for a in range(a0, a1):
-                    for b in range(b0, b1):
-                        if kind == 0:
-                            for c in range(_CB):
-                                acc[c] = np.maximum(acc[c], x[p, h0 + a, w0 + b, c])
-                        else:
-                            for c in range(_CB):
-                                acc[c] += x[p, h0 + a, w0 + b, c]
+                if a1 - a0 == 3 and b1 - b0 == 3:  # the common window, inside: unrolled
+                    for a in range(a0, a0 + 3):
+                        _tap(acc, x, p, h0 + a, w0 + b0, kind)
+                        _tap(acc, x, p, h0 + a, w0 + b0 + 1, kind)
+                        _tap(acc, x, p, h0 + a, w0 + b0 + 2, kind)
+                elif a1 - a0 == 2 and b1 - b0 == 2:
+                    for a in range(a0, a0 + 2):
+                        _tap(acc, x, p, h0 + a, w0 + b0, kind)
+                        _tap(acc, x, p, h0 + a, w0 + b0 + 1, kind)
+                else:
+                    for a in range(a0, a1):
+                        for b in range(b0, b1):
+                            _tap(acc, x, p, h0 + a, w0 + b, kind)
+                out = y[np.uintp(p), np.uintp(i), np.uintp(j)]
                 if kind == 2:
                     taps = (a1 - a0) * (b1 - b0)  # an int: the division is float64's
                     for c in range(_CB):
-                        y[p, i, j, c] = acc[c] / taps
+                        out[c] = acc[c] / taps
                 elif kind == 1:
                     for c in range(_CB):
-                        y[p, i, j, c] = acc[c] * inv
+                        out[c] = acc[c] * inv
                 else:
                     for c in range(_CB):
-                        y[p, i, j, c] = acc[c]
+                        out[c] = acc[c]
 
 
 @functools.cache
 def _compiled():
     """The loop compiled for float32 (a read-only source)."""
-    global stack_tile, carray, _window
+    global stack_tile, carray, _window, _tap
     stack_tile, carray = tiled_jit.stack_tile(), _carray
     _window = tiled_jit.compile_tiled(_window, [t.UniTuple(t.int64, 3)(*[t.int64] * 5)],
                                       inline="always")  # fmt: skip
     src = t.Array(t.float32, 4, "C", readonly=True)
+    _tap = tiled_jit.compile_tiled(_tap, [t.void(t.Array(t.float32, 1, "C"), src, *[t.int64] * 4)],
+                                   inline="always")  # fmt: skip
     dst = t.Array(t.float32, 4, "C")
     geo, i8 = t.Array(t.int64, 1, "C", readonly=True), t.int64
     return tiled_jit.compile_tiled(_pool88_py, [t.void(src, dst, geo, i8, t.float32, i8, i8)])
