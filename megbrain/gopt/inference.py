@@ -728,7 +728,8 @@ def optimize_for_inference(
         Fuse convolution plus a tensor of its output's shape into ConvBias.
     use_nchw88 : bool
         Compute the convolutions (float32, channels per group multiples of 8) and the
-        elementwise operators between them in the channel-blocked NCHW88 layout
+        elementwise, pooling and concatenation operators between them in the channel-blocked
+        NCHW88 layout
         (:mod:`megbrain.gopt.nchw88`); the outputs keep their layout.
     use_nhwcd4, use_nchw32, use_nchw4, use_nchw44, use_nchw44_dot, use_chwn4 : bool
         Layout transforms of the reference that are not implemented here: setting one

@@ -8,18 +8,22 @@ the filter converted by RelayoutFormat (folded into a constant by the ``param_fu
 follows), the per-channel bias (1, OC, 1, 1) to (1, OC/8, 1, 1, 8), ``z`` and a full-shape
 bias to NCHW88.
 Elementwise operators follow when one input is NCHW88 and every other one is NCHW88, of a
-shape broadcasting per channel or per position (``(N, 1, H, W)``), or a scalar. A global
-pooling as ONNX's GlobalAveragePool imports (a reshape to (N, C, H*W), Reduce MEAN, SUM or
-MAX over axis 2, a reshape to (N, C, 1, 1): squeeze-and-excitation) of an NCHW88 var follows
-too, as a Reduce of its (N, C/8, H*W, 8) view, and so does a Reduce over axis 2 or 3 (H or
-W). Every other reader of a converted var reads it back in NCHW (RelayoutFormat NCHW88_NCHW,
-made once per var), as do the outputs: the graph computes the same values in another
-layout. A var of one position, (N, C, 1, 1), has the same values in the same order in both
-layouts: it goes either way by a reshape.
+shape broadcasting per channel or per position (``(N, 1, H, W)``), or a scalar. So do
+Pooling of an NCHW88 var (the NCHW88 Pooling: max and average, any geometry) and Concat of
+4-d vars one of which is NCHW88, along the channels when every input's are a multiple of 8
+(axis 1 of the blocked form: GoogLeNet's and DenseNet's concatenations) or along H or W
+(the ceil-mode padding the ONNX importer writes as a concatenation), the other inputs
+converted. A global pooling as ONNX's GlobalAveragePool imports (a reshape to (N, C, H*W),
+Reduce MEAN, SUM or MAX over axis 2, a reshape to (N, C, 1, 1): squeeze-and-excitation) of
+an NCHW88 var follows too, as a Reduce of its (N, C/8, H*W, 8) view, and so does a Reduce
+over axis 2 or 3 (H or W). Every other reader of a converted var reads it back in NCHW
+(RelayoutFormat NCHW88_NCHW, made once per var), as do the outputs: the graph computes the
+same values in another layout. A var of one position, (N, C, 1, 1), has the same values in
+the same order in both layouts: it goes either way by a reshape.
 
 Not converted (they stay NCHW, behind a relayout): the hybrid first layer of the reference
 (an NCHW source of fewer than 8 channels: it ran faster as an NCHW convolution here than as
-the NCHW fallback of the NCHW88 one), pooling and all other operators.
+the NCHW fallback of the NCHW88 one) and all other operators.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from ..graph import VarNode, static_shape
 from ..opr.base import SymbolVar
 from ..opr.dnn import Convolution
 from ..opr.dnn_conv_bias import ConvBias
-from ..opr.tensor_manip import relayout_format, reshape
+from ..opr.dnn_pool import Pooling
+from ..opr.tensor_manip import Concat, ConcatParam, relayout_format, reshape
 from .passes import Rewriter, VarMap, inherit_props
 
 __all__ = ["use_nchw88"]
@@ -157,6 +162,42 @@ def use_nchw88(graph, dest, options) -> VarMap:
             return None
         return graph.insert_opr(opr.clone(ins))[0]
 
+    def convert_pooling(opr) -> VarNode | None:
+        """The NCHW88 Pooling of an NCHW88 float32 var, or None."""
+        if (
+            opr.type_name != Pooling.type_name
+            or opr.extra_deps
+            or opr.param.format != "NCHW"
+            or opr.inputs[0] not in blocked
+            or opr.outputs[0].dtype != _F32
+        ):
+            return None
+        param = dataclasses.replace(opr.param, format="NCHW88")
+        return graph.insert_opr(Pooling([blocked[opr.inputs[0]]], param, opr.config))[0]
+
+    def convert_concat(opr) -> VarNode | None:
+        """The Concat of NCHW88 vars along the channels (every input's a multiple of 8) or
+        a spatial axis, when one input is NCHW88 (the others are converted), or None."""
+        out = static_shape(opr.outputs[0])
+        if (
+            opr.type_name != Concat.type_name
+            or opr.extra_deps
+            or out is None
+            or len(out) != 4
+            or out[1] % 8
+            or opr.outputs[0].dtype != _F32
+            or not any(v in blocked for v in opr.inputs)
+        ):
+            return None
+        shapes = [static_shape(v) for v in opr.inputs]
+        if any(s is None or len(s) != 4 or s[1] % 8 for s in shapes):
+            return None
+        axis = opr.param.axis % 4
+        if axis == 0:
+            return None
+        ins = [to88(v) for v in opr.inputs]
+        return graph.insert_opr(Concat(ins, ConcatParam(axis), opr.config))[0]
+
     def spatial_reduce(opr) -> bool:
         """Whether ``opr`` reduces an NCHW88 var (N, C, H, W) over H or W."""
         if opr.type_name != "Reduce" or len(opr.inputs) != 1 or opr.extra_deps:
@@ -184,7 +225,12 @@ def use_nchw88(graph, dest, options) -> VarMap:
                 blocked[opr.outputs[0]] = graph.insert_opr(opr.clone([blocked[v]]))[0]
                 continue
             wmode = _conv_weight_mode(opr)
-            new = convert_conv(opr, wmode) if wmode is not None else convert_elemwise(opr)
+            if wmode is not None:
+                new = convert_conv(opr, wmode)
+            else:
+                new = convert_elemwise(opr)
+                for convert in (convert_pooling, convert_concat):
+                    new = convert(opr) if new is None else new
             if new is not None:
                 blocked[opr.outputs[0]] = new
                 continue

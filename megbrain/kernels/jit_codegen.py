@@ -141,8 +141,9 @@ def kernel_source(
         ``("flat", kinds, alias)``: 1-d arrays, ``kinds[k]`` is ``"f"`` (one element per
         output element) or ``"s"`` (one element, broadcast); ``("bcast", (kinds, inner),
         alias)``: the full shape collapsed to ``(A, B, K)``, or ``(A, B)`` when ``inner`` is
-        False (:func:`bcast_shape`); ``kinds[k]`` is ``"f"`` (an array of that shape), ``"c"``
-        (a ``(B,)`` array broadcast over A and K: a per-channel bias) or ``"s"``;
+        False, or ``(A, B, K, L)`` when it is ``"blocked"`` (:func:`bcast_shape`); ``kinds[k]``
+        is ``"f"`` (an array of that shape), ``"c"`` (a ``(B,)`` array broadcast over A and
+        K: a per-channel bias; ``(B, L)`` when blocked) or ``"s"``;
         ``("nd", ndim, alias)``: every input broadcast to the full shape, ``out`` of the full
         (or reduced) shape. ``alias``: None, or the input that is also the output
         (``kernel`` then takes no ``out``).
@@ -176,16 +177,22 @@ def kernel_source(
     elif kind == "bcast":
         kinds, inner = arg
         body += [f"s{k} = x{k}[0]" for k in range(nin) if kinds[k] == "s"]
-        idx = "a, b, k" if inner else "a, b"
+        idx = "a, b, k, l" if inner == "blocked" else "a, b, k" if inner else "a, b"
 
         def load(k):
             if kinds[k] == "f":
                 return f"x{k}[{idx}]"
-            return f"s{k}" if kinds[k] == "s" else (f"c{k}" if inner else f"x{k}[b]")
+            if kinds[k] == "s":
+                return f"s{k}"
+            return f"x{k}[b, l]" if inner == "blocked" else f"c{k}" if inner else f"x{k}[b]"
 
         calc = _body(expr, load)
         body += ["na, nb = out.shape[0], out.shape[1]", "for a in range(na):"]
-        if inner:  # the channel values are loaded once per row of K
+        if inner == "blocked":  # a vector of L channels per position
+            body += ["    for b in range(nb):", "        for k in range(out.shape[2]):"]
+            body += ["            for l in range(out.shape[3]):", *_ind(calc, 4)]
+            body += [f"                out[{idx}] = {last}"]
+        elif inner:  # the channel values are loaded once per row of K
             body += ["    for b in range(nb):"]
             body += _ind([f"c{k} = x{k}[b]" for k in range(nin) if kinds[k] == "c"], 2)
             body += ["        for k in range(out.shape[2]):", *_ind(calc, 3)]
@@ -392,18 +399,26 @@ def reduced_shape(shape: tuple, reduce) -> tuple:
     return tuple(shape[:axis]) + (1,) + tuple(shape[axis + 1 :])
 
 
+#: the size of the last dim that may be the second part of a split channel block
+#: (:func:`bcast_shape`): NCHW88's 8 channels of a block
+_LANES = 8
+
+
 def bcast_shape(shape: tuple, shapes: Sequence[tuple]) -> tuple | None:
     """Collapse the full ``shape`` to ``(A, B, K)`` for the ``"bcast"`` layout.
 
     Every input must be full (``shape`` itself), one element, or span one block of
     ``shape``'s dims exactly, with ones elsewhere; all such *channel* inputs the same block
-    (``(1, C, 1, 1)`` over ``(N, C, H, W)``: ``A = N``, ``B = C``, ``K = H * W``).
+    (``(1, C, 1, 1)`` over ``(N, C, H, W)``: ``A = N``, ``B = C``, ``K = H * W``). A channel
+    block may also be split in two, its second part the last dim, of 8 (the channel-blocked
+    ``(1, C/8, 1, 1, 8)`` over ``(N, C/8, H, W, 8)``): the shape is then collapsed to
+    ``(A, B, K, L)``, the channel inputs spanning B and L (``L = 8``).
 
     Returns
     -------
     tuple or None
-        ``((A, B, K), kinds)`` with ``kinds[k]`` ``"f"``, ``"c"`` or ``"s"``; None when the
-        inputs do not fit, or none is a channel input.
+        ``((A, B, K) or (A, B, K, L), kinds)`` with ``kinds[k]`` ``"f"``, ``"c"`` or ``"s"``;
+        None when the inputs do not fit, or none is a channel input.
     """
     nd = len(shape)
     keep = [d for d in range(nd) if shape[d] != 1]
@@ -419,15 +434,24 @@ def bcast_shape(shape: tuple, shapes: Sequence[tuple]) -> tuple | None:
         if not dims:
             kinds.append("s")
             continue
-        blk = (dims[0], dims[-1] + 1)
-        if sub[blk[0] : blk[1]] != full[blk[0] : blk[1]] or block not in (None, blk):
+        gaps = [j for j in range(dims[0], dims[-1] + 1) if j not in dims]
+        blk = (dims[0], dims[-1] + 1) if not gaps else (dims[0], gaps[0], gaps[-1] + 1, len(sub))
+        spans = [(blk[0], blk[1])] if not gaps else [(blk[0], blk[1]), (blk[2], blk[3])]
+        if (
+            any(sub[p:q] != full[p:q] for p, q in spans)
+            or (gaps and (gaps != list(range(gaps[0], gaps[-1] + 1))
+                          or blk[2] != len(sub) - 1 or sub[-1] != _LANES))
+            or block not in (None, blk)
+        ):
             return None
         block = blk
         kinds.append("c")
     if block is None:
         return None
-    p, q = block
-    return (math.prod(full[:p]), math.prod(full[p:q]), math.prod(full[q:])), tuple(kinds)
+    sizes = [math.prod(full[p:q]) for p, q in zip((0, *block), (*block, len(full)))]
+    if len(block) == 4:  # A, B, K, L (the empty part after the last dims dropped)
+        return tuple(sizes[:4]), tuple(kinds)
+    return tuple(sizes), tuple(kinds)
 
 
 def bind(
@@ -510,11 +534,14 @@ def bind(
         args = [x.reshape(-1) for x in inputs] + [res.reshape(-1)]
         layout = ("flat", kinds, _alias(args))
     elif bc is not None:
-        (na, nb, nk), kinds = bc
-        fshape = (na, nb, nk) if nk > 1 else (na, nb)
-        args = [x.reshape(fshape if t == "f" else -1) for x, t in zip(inputs, kinds)]
+        dims, kinds = bc
+        blocked = len(dims) == 4
+        fshape = dims if blocked or dims[2] > 1 else dims[:2]
+        cshape = (dims[1], dims[3]) if blocked else -1
+        args = [x.reshape(fshape if t == "f" else cshape if t == "c" else -1)
+                for x, t in zip(inputs, kinds)]  # fmt: skip
         args.append(res.reshape(fshape))
-        layout = ("bcast", (kinds, nk > 1), _alias(args))
+        layout = ("bcast", (kinds, "blocked" if blocked else dims[2] > 1), _alias(args))
     elif "nd" not in layouts:
         return None
     else:

@@ -1,7 +1,8 @@
 """Pooling operators: Pooling and PoolingBackward, with the ``mgb.opr`` function ``pooling``.
 
-Only the NCHW format is implemented, for floating-point dtypes and (forward only, MegDNN's
-integer arithmetic) the quantized ones; the gradient is
+The NCHW format is implemented, for floating-point dtypes and (forward only, MegDNN's
+integer arithmetic) the quantized ones, and the forward channel-blocked NCHW88 for float32
+(:mod:`megbrain.kernels.pool.nchw88`, an inference layout without gradient); the gradient is
 PoolingBackward (MegDNN's ``PoolingBackward``), computed from src, dst and diff.
 """
 
@@ -9,12 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..dtype import dtype_name, fmt_dtype, is_quantize, same_dtype
 from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, register_opr
-from ..graph.operator import fmt_shape, table_param
+from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..graph.param_def import members_of
 from ..kernels.pool import binds as pool_kernels
+from ..kernels.pool import nchw88 as pool_nchw88
 from . import param_defs as pdefs
 from .base import SymbolVar, build_opr
 from .dnn import _float_dtype, _make, _NamedByKind, _WindowParam
@@ -30,8 +34,8 @@ POOLING_MODES = members_of(pdefs.Pooling.Mode)
 @dataclass(frozen=True)
 @table_param(pdefs.Pooling)
 class PoolingParam(_WindowParam):
-    """Param of Pooling and PoolingBackward (MegDNN ``Pooling``); of the formats only NCHW
-    is implemented."""
+    """Param of Pooling and PoolingBackward (MegDNN ``Pooling``); of the formats NCHW is
+    implemented, and NCHW88 for the forward float32 Pooling."""
 
     _int_fields = {"pad": 0, "stride": 1, "window": 1}
 
@@ -43,10 +47,21 @@ class PoolingParam(_WindowParam):
 class _PoolBase(_NamedByKind, OperatorNodeBase):
     Param = PoolingParam
 
+    #: whether the operator computes the NCHW88 format too (the forward Pooling)
+    blocked_format = False
+
     def _pooled_shape(self, src: tuple) -> tuple:
         p = self.param
+        if self.blocked_format and p.format == "NCHW88":
+            try:
+                return pool_nchw88.pool_nchw88_shape(src, p.window, p.stride, p.pad)
+            except ValueError as exc:
+                raise self.error(str(exc)) from None
         if p.format != "NCHW":
-            raise self.error(f"format {p.format} is not supported (only NCHW is implemented)")
+            also = " and NCHW88" if self.blocked_format else ""
+            raise self.error(
+                f"format {p.format} is not supported (only NCHW{also} is implemented)"
+            )
         if len(src) != 4:
             raise self.error(f"src must be 4-d (NCHW), got {fmt_shape(src)}")
         if any(pd >= w for pd, w in zip(p.pad, p.window)):
@@ -64,17 +79,21 @@ class _PoolBase(_NamedByKind, OperatorNodeBase):
 
 @register_opr
 class Pooling(_PoolBase):
-    """MAX / AVERAGE / AVERAGE_COUNT_EXCLUDE_PADDING pooling of NCHW ``src``."""
+    """MAX / AVERAGE / AVERAGE_COUNT_EXCLUDE_PADDING pooling of NCHW ``src`` (or of an
+    NCHW88 ``(N, C/8, H, W, 8)`` float32 one)."""
 
     #: the reference's C++ type (Pooling is an alias of PoolingForward)
     type_name = "PoolingForward"
 
     short_name = "pooling"
+    blocked_format = True
 
     def infer_dtypes(self, in_dtypes):
         if len(in_dtypes) != 1:
             raise self.error(f"expected 1 input (src), got {len(in_dtypes)}")
         src = in_dtypes[0]
+        if self.param.format == "NCHW88" and np.dtype(src) != np.float32:
+            raise self.error(f"NCHW88 pooling takes float32, got {fmt_dtype(src)}")
         if not is_quantize(src):
             return [_float_dtype(self, in_dtypes, ("src",))]
         kinds = pool_kernels.QUANTIZED_POOL_DTYPES
@@ -92,11 +111,20 @@ class Pooling(_PoolBase):
 
     def bind(self, ins, outs):
         p = self.param
+        if p.format == "NCHW88":
+            return pool_nchw88.bind_pooling_nchw88(ins[0], outs[0], p.mode, p.window, p.stride,
+                                                   p.pad)  # fmt: skip
         return pool_kernels.bind_pooling(ins[0], outs[0], p.mode, p.window, p.stride, p.pad)
 
     def grad(self, wrt_idx, out_grads):
         if out_grads[0] is None:
             return None
+        if self.param.format == "NCHW88":
+            raise self.error(
+                "the NCHW88 format has no gradient here (it is an inference layout, from "
+                "optimize_for_inference(use_nchw88=True)); differentiate the NCHW graph",
+                NoGradient,
+            )
         if is_quantize(self.outputs[0].dtype):
             raise self.error("quantized pooling has no gradient (inference only)")
         return _make(
@@ -148,8 +176,9 @@ def pooling(
         AVERAGE_COUNT_EXCLUDE_PADDING divides by the number of non-padding elements.
     pad_h, pad_w, stride_h, stride_w, window_h, window_w : int
         The geometry; padding must be smaller than the window.
-    format : {"NCHW"}
-        Only NCHW is implemented.
+    format : {"NCHW", "NCHW88"}
+        NCHW88 takes a float32 (N, C/8, IH, IW, 8) ``src`` (an inference layout: no
+        gradient).
     param : PoolingParam, optional
         The whole param, instead of the fields.
     name, comp_node, config, comp_graph

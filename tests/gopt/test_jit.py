@@ -152,6 +152,7 @@ def _random_chain(rng, nin, nops):
         (2, [(3, 8), (1,), (3, 8)]),  # a one-element input: the flat kernel with a scalar
         (3, [(4, 6, 5, 5), (1, 6, 1, 1), (4, 6, 5, 5)]),  # a per-channel bias: "bcast"
         (5, [(7, 9), (1, 9), (1,)]),  # a row bias: "bcast" without an inner loop
+        (6, [(2, 3, 4, 5, 8), (1, 3, 1, 1, 8), (1,)]),  # NCHW88's per-channel bias: blocked
     ],
 )
 def test_random_chains_match_unfused(seed, shapes):
@@ -583,6 +584,15 @@ def test_bcast_shape_collapses_per_channel_operands():
     assert jc.bcast_shape((8, 3), [(8, 3), (8, 3)]) is None  # no channel operand: flat
     assert jc.bcast_shape((8, 3, 4), [(8, 1, 4), (8, 3, 4)]) is None  # ones inside the block
     assert jc.bcast_shape((8, 3, 4), [(1, 3, 1), (8, 3, 1)]) is None  # two different blocks
+
+
+def test_bcast_shape_takes_the_blocked_channels_of_nchw88():
+    # (1, C/8, 1, 1, 8) over (N, C/8, H, W, 8): A = N, B = C/8, K = H * W, L = 8
+    got = jc.bcast_shape((2, 4, 5, 6, 8), [(2, 4, 5, 6, 8), (1, 4, 1, 1, 8), (1,)])
+    assert got == ((2, 4, 30, 8), ("f", "c", "s"))
+    assert jc.bcast_shape((1, 4, 5, 6, 8), [(1, 4, 1, 1, 8)]) == ((1, 4, 30, 8), ("c",))
+    assert jc.bcast_shape((1, 4, 5, 6, 8), [(1, 4, 1, 6, 8)]) is None  # not the last dim alone
+    assert jc.bcast_shape((2, 4, 5, 6, 4), [(1, 4, 1, 1, 4)]) is None  # not 8 lanes
 
 
 def test_bcast_layout_in_place_and_kernel_source():

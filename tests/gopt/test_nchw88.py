@@ -255,3 +255,69 @@ def test_use_nchw88_reduces_over_h_and_w_blocked(axes):
     assert [o.param.mode for o in seq if o.type_name == "RelayoutFormat"] == ["NCHW_NCHW88"]
     assert all(len(mgb.graph.static_shape(o.inputs[0])) == 5 for o in seq
                if o.type_name == "Reduce")  # fmt: skip
+
+
+def _concat_net(kind, seed=6):
+    """A GoogLeNet inception block (1x1, 1x1 -> 3x3, 3x3/s1 max pool -> 1x1 branches,
+    concatenated, then a 3x3/s2 max pool in ceil mode: its end padding a concatenation of
+    ``-inf`` rows and columns, as the ONNX importer writes it) or a DenseNet block (each
+    layer's BN-like scale and shift, ReLU, 1x1, ReLU, 3x3 concatenated to its input, then
+    the transition's 2x2 average pool), between an NCHW input and output."""
+    rng = np.random.default_rng(seed)
+    g = mgb.comp_graph(check_env_var=False)
+    g.set_option("log_level", 0)
+    x = mgb.make_arg(CN, g, name="x", shape=(1, 8, 12, 12))
+    relu = mgb.opr.elem.relu
+
+    def conv(v, ic, oc, k, name):
+        y = convolution(v, _shared(g, rng, (oc, ic, k, k), name), pad_h=k // 2, pad_w=k // 2)
+        return relu(y + _shared(g, rng, (1, oc, 1, 1), name + "_b"))
+
+    h = conv(x, 8, 16, 3, "stem")
+    if kind == "inception":
+        pooled = mgb.opr.pooling(h, window_h=3, window_w=3, stride_h=1, stride_w=1, pad_h=1,
+                                 pad_w=1)  # fmt: skip
+        y = mgb.opr.concat([conv(h, 16, 8, 1, "b1"), conv(conv(h, 16, 8, 1, "b2"), 8, 16, 3, "b3"),
+                            conv(pooled, 16, 8, 1, "b4")], axis=1)  # fmt: skip
+        c = 32
+        inf = np.full((1, c, 1, 12), -np.inf, F32)
+        y = mgb.opr.concat([y, mgb.make_immutable(CN, g, inf)], axis=2)
+        inf = np.full((1, c, 13, 1), -np.inf, F32)
+        y = mgb.opr.concat([y, mgb.make_immutable(CN, g, inf)], axis=3)
+        y = mgb.opr.pooling(y, window_h=3, window_w=3, stride_h=2, stride_w=2)
+    else:
+        y, c = h, 16
+        for i in range(2):
+            scale, shift = (_shared(g, rng, (1, c, 1, 1), f"bn{i}{k}") for k in "ab")
+            new = conv(conv(relu(y * scale + shift), c, 16, 1, f"l{i}a"), 16, 8, 3, f"l{i}b")
+            y, c = mgb.opr.concat([y, new], axis=1), c + 8
+        y = mgb.opr.pooling(y, mode="AVERAGE", window_h=2, window_w=2)
+    feed = {"x": rng.standard_normal((1, 8, 12, 12)).astype(F32)}
+    return [y], feed
+
+
+@pytest.mark.parametrize("kind", ["inception", "dense"])
+@pytest.mark.parametrize("fuse", [False, True])
+def test_use_nchw88_keeps_pooling_and_concatenations_blocked(kind, fuse):
+    outs, feed = _concat_net(kind)
+    want = _results(outs, feed)
+    opts = dict(fuse_conv_bias_nonlinearity=fuse, fuse_conv_bias_with_z=fuse)
+    new = mgb.optimize_for_inference(outs, use_nchw88=True, **opts)
+    np.testing.assert_allclose(_results(new, feed)[0], want[0], rtol=1e-5, atol=1e-6)
+    _, seq = _oprs(new)
+    assert all(o.param.format == "NCHW88" for o in seq if o.type_name.startswith(("Conv", "Pool")))
+    assert all(len(mgb.graph.static_shape(o.outputs[0])) == 5 for o in seq
+               if o.type_name == "Concat")  # fmt: skip
+    # the input converted once, the output read back once: nothing in between
+    relayouts = [o.param.mode for o in seq if o.type_name == "RelayoutFormat"]
+    assert relayouts == ["NCHW_NCHW88", "NCHW88_NCHW"]
+
+
+def test_an_nchw88_pooling_has_no_gradient():
+    g = mgb.comp_graph(check_env_var=False)
+    x = mgb.make_arg(CN, g, name="x", shape=(1, 2, 6, 6, 8))
+    y = mgb.opr.pooling(x, format="NCHW88")
+    assert mgb.graph.static_shape(y.node) == (1, 2, 3, 3, 8)
+    gx = mgb.grad(mgb.opr.reduce_general(y, mode="SUM"), x)  # compiling it fails
+    with pytest.raises(mgb.MegBrainError, match="NCHW88 format has no gradient"):
+        g.compile(None, [mgb.copy_output(gx)])

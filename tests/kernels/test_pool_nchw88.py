@@ -1,0 +1,91 @@
+"""NCHW88 pooling (megbrain.kernels.pool.nchw88) against the NCHW pooling and the float64
+reference: drawn windows, strides, paddings, sizes and modes (MAX equal to the NCHW loops,
+NaN included; the averages within float32 rounding of float64), non-contiguous operands,
+the split over threads, and the geometry checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_conv_nchw88 import _to88
+from test_pool_kernels import MODES, ref_forward
+
+from megbrain.kernels import parallel
+from megbrain.kernels.conv import nchw88 as conv_nchw88
+from megbrain.kernels.pool import binds as pool_binds
+from megbrain.kernels.pool import nchw88 as pool88
+
+
+def _pool88(x, mode, window, stride, pad):
+    """The NCHW result of pooling NCHW ``x`` in NCHW88."""
+    src = _to88(x)
+    out = np.full(pool88.pool_nchw88_shape(src.shape, window, stride, pad), np.nan, np.float32)
+    pool88.bind_pooling_nchw88(src, out, mode, window, stride, pad)()
+    return conv_nchw88.to_nchw(out)
+
+
+def _pool_nchw(x, mode, window, stride, pad):
+    osp = [pool_binds.pool_out_size(*a) for a in zip(x.shape[2:], window, stride, pad)]
+    out = np.empty((*x.shape[:2], *osp), np.float32)
+    pool_binds.bind_pooling(x, out, mode, window, stride, pad)()
+    return out
+
+
+@st.composite
+def cases(draw):
+    window = (draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    pad = tuple(draw(st.integers(0, w - 1)) for w in window)
+    sshape = tuple(draw(st.integers(max(1, w - 2 * p), 17)) for w, p in zip(window, pad))
+    n, blocks = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    mode = draw(st.sampled_from(MODES))
+    seed = draw(st.integers(0, 2**16))
+    x = np.random.default_rng(seed).uniform(-2, 2, (n, 8 * blocks, *sshape)).astype(np.float32)
+    return x, mode, window, stride, pad
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases())
+def test_pool_nchw88_equals_the_nchw_pooling(case):
+    x, mode, window, stride, pad = case
+    got = _pool88(x, mode, window, stride, pad)
+    if mode == "MAX":
+        np.testing.assert_array_equal(got, _pool_nchw(x, mode, window, stride, pad))
+    else:
+        np.testing.assert_allclose(got, ref_forward(x, mode, window, stride, pad), rtol=1e-5,
+                                   atol=1e-6)  # fmt: skip
+
+
+def test_max_propagates_nan_as_the_nchw_pooling():
+    x = np.random.default_rng(0).standard_normal((1, 16, 9, 8)).astype(np.float32)
+    x[0, 3, 4, 5] = np.nan
+    x[0, 12, 0, 0] = np.nan
+    geometry = ((3, 3), (2, 2), (1, 1))
+    got = _pool88(x, "MAX", *geometry)
+    np.testing.assert_array_equal(got, _pool_nchw(x, "MAX", *geometry))
+    assert np.isnan(got).sum() == 2 + 1  # (4, 5) is in two windows, (0, 0) in one
+
+
+def test_non_contiguous_operands_and_the_thread_split(monkeypatch):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 64, 30, 30)).astype(np.float32)
+    src = np.empty((2, 8, 30, 31, 8), np.float32)[:, :, :, :30]
+    src[...] = _to88(x)
+    out = np.empty((2, 8, 15, 16, 8), np.float32)[:, :, :, :15]
+    monkeypatch.setattr(pool88, "SPLIT_MIN_ELEMS", 1)
+    monkeypatch.setattr(parallel, "num_threads", lambda: 3)
+    pool88.bind_pooling_nchw88(src, out, "AVERAGE", (3, 3), (2, 2), (1, 1))()
+    want = _pool_nchw(x, "AVERAGE", (3, 3), (2, 2), (1, 1))
+    np.testing.assert_array_equal(conv_nchw88.to_nchw(np.ascontiguousarray(out)), want)
+
+
+@pytest.mark.parametrize(
+    "shape, window, pad",
+    [((1, 2, 5, 5, 4), (2, 2), (0, 0)), ((1, 2, 5, 5), (2, 2), (0, 0)),
+     ((1, 2, 5, 5, 8), (2, 2), (2, 0))],
+)  # fmt: skip
+def test_the_geometry_is_checked(shape, window, pad):
+    with pytest.raises(ValueError):
+        pool88.pool_nchw88_shape(shape, window, (1, 1), pad)
