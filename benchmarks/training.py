@@ -1,21 +1,27 @@
 """End-to-end training throughput against PyTorch CPU and JAX.
 
 The same MLP (784-512-512-10), the same small CNN (two 3x3 conv + ReLU + 2x2 max-pool
-blocks and a Linear head on 1x28x28 images), both batch 128, and the same LeNet-style network
+blocks and a Linear head on 1x28x28 images), both batch 128, the same LeNet-style network
 (5x5 conv with 20 then 50 channels, each + ReLU + 2x2 max-pool, Linear 800-500-10, batch 64),
-softmax cross-entropy, SGD with momentum 0.9, are trained from the same initial weights (made
-by ``megbrain.nn`` and copied into each peer) on the same batches:
+and two real-width networks on 3x32x32 images, batch 32: a ResNet-18 in its CIFAR form (3x3
+stem, 4 stages of 2 basic blocks, 64-512 channels, BatchNorm) and a MobileNetV2 (width 1.0,
+inverted residuals with depthwise 3x3, BatchNorm, ReLU6), both defined once
+(:func:`conv_nets`) over ``megbrain.nn`` and ``torch.nn``; softmax cross-entropy, SGD with
+momentum 0.9, trained from the same initial weights (made by ``megbrain.nn`` and copied into
+each peer) on the same batches:
 
 * throughput: samples/s of a whole training step (forward, backward, update, loss fetched to
   the host), timed in interleaved rounds in one process, best round kept; the table gives
   ``ratio = megbrain samples/s / peer samples/s`` (targets against PyTorch: the MLP >= 1.5,
-  the CNN and LeNet >= 1.0);
+  the CNN and LeNet >= 1.0, ResNet-18 and MobileNetV2 >= 1.2);
 * agreement: the first 20 losses of megbrain and PyTorch from the same weights, within float32
-  tolerance (max relative difference <= 1e-4).
+  tolerance (max relative difference <= 1e-4). For the two BatchNorm networks the output also
+  gives PyTorch float32 against PyTorch float64 over the same steps: float32 rounding alone,
+  amplified step by step by training, moves their losses by more than 1e-4 after a few steps.
 
 Peers that are not importable are skipped (``benchmarks/requirements-peers.txt`` lists them).
 Run ``python benchmarks/training.py [--rounds N] [--steps N] [--profile]
-[--models mlp,cnn,lenet]`` (the JAX peer knows the MLP and the CNN only).
+[--models mlp,cnn,lenet,resnet18,mobilenetv2]`` (the JAX peer knows the MLP and the CNN only).
 """
 
 from __future__ import annotations

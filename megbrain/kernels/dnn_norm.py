@@ -2,7 +2,8 @@
 to their arrays and run into the given outputs.
 
 Low-precision floats (float16, bfloat16) are computed in float32; float32 and float64 in their
-own precision.
+own precision. The TRAINING forward and the backward of float32 NCHW-like arrays with per-channel
+statistics run the compiled loops of :mod:`.norm_loops` (float64 sums); the rest NumPy.
 """
 
 from __future__ import annotations
