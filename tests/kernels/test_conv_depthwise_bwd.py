@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_conv_algos import (
     ATOL,
     RTOL,
@@ -33,24 +34,19 @@ def _assert_close(got, ref):
     np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL * max(1.0, np.abs(ref).max()))
 
 
-@settings(max_examples=80, deadline=None)
-@given(c=grouped_cases(depthwise=True))
-def test_filter_grad_matches_float64(c):
+@settings(max_examples=160, deadline=None)
+@given(c=grouped_cases(depthwise=True), kind=st.sampled_from(["filter", "data"]))
+def test_gradients_match_float64(c, kind):
     x, w = _source_and_filter(c)
     dy = _diff(c)
-    gw = np.full(w.shape, np.nan, np.float32)
-    depthwise_bwd.bind_depthwise_filter_grad(x, dy, gw, *_geometry(c))()
-    _assert_close(gw, ref_backward_filter(c, x, dy, w.shape))
-
-
-@settings(max_examples=80, deadline=None)
-@given(c=grouped_cases(depthwise=True))
-def test_data_grad_matches_float64(c):
-    x, w = _source_and_filter(c)
-    dy = _diff(c)
-    gx = np.full(x.shape, np.nan, np.float32)
-    depthwise_bwd.bind_depthwise_data_grad(w, dy, gx, *_geometry(c))()
-    _assert_close(gx, ref_backward_data(c, w, dy))
+    if kind == "filter":
+        gw = np.full(w.shape, np.nan, np.float32)
+        depthwise_bwd.bind_depthwise_filter_grad(x, dy, gw, *_geometry(c))()
+        _assert_close(gw, ref_backward_filter(c, x, dy, w.shape))
+    else:
+        gx = np.full(x.shape, np.nan, np.float32)
+        depthwise_bwd.bind_depthwise_data_grad(w, dy, gx, *_geometry(c))()
+        _assert_close(gx, ref_backward_data(c, w, dy))
 
 
 def _case(n=32, g=16, s=8, stride=(1, 1), pad=(1, 1), flip=False):

@@ -116,11 +116,9 @@ def preferred_filter_grad(src, diff, grad, stride, pad, dilate, flip=False) -> b
     return usable_depthwise_bwd(src, diff, grad, stride, pad, dilate) and tuple(stride) == (1, 1)
 
 
-register(ConvAlgorithm(
-    "DIRECT_DEPTHWISE", "backward_data", bind_depthwise_data_grad, usable_depthwise_bwd,
-    priority=25, heuristic=preferred_data_grad,
-))  # fmt: skip
-register(ConvAlgorithm(
-    "DIRECT_DEPTHWISE", "backward_filter", bind_depthwise_filter_grad, usable_depthwise_bwd,
-    priority=25, heuristic=preferred_filter_grad,
-))  # fmt: skip
+for _kind, _bind, _preferred in (
+    ("backward_data", bind_depthwise_data_grad, preferred_data_grad),
+    ("backward_filter", bind_depthwise_filter_grad, preferred_filter_grad),
+):
+    register(ConvAlgorithm("DIRECT_DEPTHWISE", _kind, _bind, usable_depthwise_bwd, priority=25,
+                           heuristic=_preferred))  # fmt: skip
