@@ -1,21 +1,27 @@
 """End-to-end training throughput against PyTorch CPU and JAX.
 
 The same MLP (784-512-512-10), the same small CNN (two 3x3 conv + ReLU + 2x2 max-pool
-blocks and a Linear head on 1x28x28 images), both batch 128, and the same LeNet-style network
+blocks and a Linear head on 1x28x28 images), both batch 128, the same LeNet-style network
 (5x5 conv with 20 then 50 channels, each + ReLU + 2x2 max-pool, Linear 800-500-10, batch 64),
-softmax cross-entropy, SGD with momentum 0.9, are trained from the same initial weights (made
-by ``megbrain.nn`` and copied into each peer) on the same batches:
+and two real-width networks on 3x32x32 images, batch 32: a ResNet-18 in its CIFAR form (3x3
+stem, 4 stages of 2 basic blocks, 64-512 channels, BatchNorm) and a MobileNetV2 (width 1.0,
+inverted residuals with depthwise 3x3, BatchNorm, ReLU6), both defined once
+(:func:`conv_nets`) over ``megbrain.nn`` and ``torch.nn``; softmax cross-entropy, SGD with
+momentum 0.9, trained from the same initial weights (made by ``megbrain.nn`` and copied into
+each peer) on the same batches:
 
 * throughput: samples/s of a whole training step (forward, backward, update, loss fetched to
   the host), timed in interleaved rounds in one process, best round kept; the table gives
   ``ratio = megbrain samples/s / peer samples/s`` (targets against PyTorch: the MLP >= 1.5,
-  the CNN and LeNet >= 1.0);
+  the CNN and LeNet >= 1.0, ResNet-18 and MobileNetV2 >= 1.2);
 * agreement: the first 20 losses of megbrain and PyTorch from the same weights, within float32
-  tolerance (max relative difference <= 1e-4).
+  tolerance (max relative difference <= 1e-4). For the two BatchNorm networks the output also
+  gives PyTorch float32 against PyTorch float64 over the same steps: float32 rounding alone,
+  amplified step by step by training, moves their losses by more than 1e-4 after a few steps.
 
 Peers that are not importable are skipped (``benchmarks/requirements-peers.txt`` lists them).
 Run ``python benchmarks/training.py [--rounds N] [--steps N] [--profile]
-[--models mlp,cnn,lenet]`` (the JAX peer knows the MLP and the CNN only).
+[--models mlp,cnn,lenet,resnet18,mobilenetv2]`` (the JAX peer knows the MLP and the CNN only).
 """
 
 from __future__ import annotations
@@ -39,8 +45,10 @@ import megbrain as mgb
 from megbrain import nn, optim
 
 BATCH = 128
-BATCHES = {"mlp": BATCH, "cnn": BATCH, "lenet": 64}
-TARGETS = {"mlp": 1.5, "cnn": 1.0, "lenet": 1.0}  # megbrain / PyTorch samples/s
+CONV_NETS = ("resnet18", "mobilenetv2")  # 3x32x32 inputs, BatchNorm, batch 32
+BATCHES = {"mlp": BATCH, "cnn": BATCH, "lenet": 64, "resnet18": 32, "mobilenetv2": 32}
+# megbrain / PyTorch samples/s
+TARGETS = {"mlp": 1.5, "cnn": 1.0, "lenet": 1.0, "resnet18": 1.2, "mobilenetv2": 1.2}
 LR, MOMENTUM = 0.01, 0.9
 N_BATCHES = 4  # distinct batches cycled through
 LOSS_STEPS = 20
@@ -48,9 +56,75 @@ LOSS_RTOL = 1e-4
 
 
 # ---- models --------------------------------------------------------------------------------
+#: MobileNetV2's inverted-residual stages (expansion t, channels c, blocks n, first stride s),
+#: in the CIFAR form: stride 1 in the stem and in the 24-channel stage, so 32x32 ends at 4x4
+MBV2_STAGES = ((1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+               (6, 160, 3, 2), (6, 320, 1, 1))  # fmt: skip
+
+
+def conv_nets(lib) -> dict[str, Callable[[], object]]:
+    """The ResNet-18 (CIFAR form) and MobileNetV2 (width 1.0) builders over the module library
+    ``lib``: ``megbrain.nn`` or ``torch.nn``, whose modules share names, argument orders and
+    parameter names, so that both sides build the same network with the same state names."""
+
+    def conv_bn(cin, cout, k, stride=1, groups=1, act=None):
+        layers = [lib.Conv2d(cin, cout, k, stride=stride, padding=k // 2, groups=groups,
+                             bias=False), lib.BatchNorm2d(cout)]  # fmt: skip
+        return lib.Sequential(*layers, *([act()] if act else []))
+
+    class BasicBlock(lib.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = conv_bn(cin, cout, 3, stride, act=lib.ReLU)
+            self.conv2 = conv_bn(cout, cout, 3)
+            self.shortcut = conv_bn(cin, cout, 1, stride) if stride != 1 or cin != cout else None
+            self.relu = lib.ReLU()
+
+        def forward(self, x):
+            skip = x if self.shortcut is None else self.shortcut(x)
+            return self.relu(self.conv2(self.conv1(x)) + skip)
+
+    class InvertedResidual(lib.Module):
+        def __init__(self, cin, cout, stride, t):
+            super().__init__()
+            hid = cin * t
+            expand = [conv_bn(cin, hid, 1, act=lib.ReLU6)] if t != 1 else []
+            self.conv = lib.Sequential(
+                *expand, conv_bn(hid, hid, 3, stride, groups=hid, act=lib.ReLU6),
+                conv_bn(hid, cout, 1),
+            )  # fmt: skip
+            self.residual = stride == 1 and cin == cout
+
+        def forward(self, x):
+            y = self.conv(x)
+            return x + y if self.residual else y
+
+    def resnet18():
+        layers, cin = [conv_bn(3, 64, 3, act=lib.ReLU)], 64
+        for i, cout in enumerate((64, 128, 256, 512)):
+            stride = 1 if i == 0 else 2
+            layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        return lib.Sequential(*layers, lib.AvgPool2d(4), lib.Flatten(), lib.Linear(512, 10))
+
+    def mobilenetv2():
+        layers, cin = [conv_bn(3, 32, 3, act=lib.ReLU6)], 32
+        for t, c, n, s in MBV2_STAGES:
+            for i in range(n):
+                layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
+                cin = c
+        layers += [conv_bn(cin, 1280, 1, act=lib.ReLU6), lib.AvgPool2d(4), lib.Flatten(),
+                   lib.Linear(1280, 10)]  # fmt: skip
+        return lib.Sequential(*layers)
+
+    return {"resnet18": resnet18, "mobilenetv2": mobilenetv2}
+
+
 def mgb_model(kind: str) -> nn.Module:
     """The megbrain model, seeded: its ``state_dict`` is the initial weights of every peer."""
     nn.init.default_rng(0)
+    if kind in CONV_NETS:
+        return conv_nets(nn)[kind]()
     if kind == "mlp":
         return nn.Sequential(
             nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
@@ -70,6 +144,8 @@ def mgb_model(kind: str) -> nn.Module:
 
 def input_shape(kind: str) -> tuple:
     b = BATCHES[kind]
+    if kind in CONV_NETS:
+        return (b, 3, 32, 32)
     return (b, 784) if kind == "mlp" else (b, 1, 28, 28)
 
 
@@ -137,11 +213,15 @@ def operator_profile(func, runs: int) -> list[str]:
 
 
 # ---- PyTorch ------------------------------------------------------------------------------
-def torch_trainer(kind: str, state: dict, data) -> Callable[[int], float]:
+def torch_trainer(kind: str, state: dict, data, double: bool = False) -> Callable[[int], float]:
+    """``step(i)`` as :func:`mgb_trainer`'s, in float64 when ``double`` (the reference that
+    measures how far float32 rounding alone moves the losses)."""
     import torch
 
     tnn = torch.nn
-    if kind == "mlp":
+    if kind in CONV_NETS:
+        model = conv_nets(tnn)[kind]()
+    elif kind == "mlp":
         model = tnn.Sequential(
             tnn.Linear(784, 512), tnn.ReLU(), tnn.Linear(512, 512), tnn.ReLU(),
             tnn.Linear(512, 10),
@@ -159,14 +239,21 @@ def torch_trainer(kind: str, state: dict, data) -> Callable[[int], float]:
             tnn.Flatten(), tnn.Linear(32 * 7 * 7, 10),
         )  # fmt: skip
     own = model.state_dict()
+    # BatchNorm's num_batches_tracked (unused with a fixed momentum) keeps its own value
     model.load_state_dict(
         {
-            k: torch.from_numpy(np.ascontiguousarray(v).reshape(own[k].shape))
-            for k, v in state.items()
+            **own,
+            **{
+                k: torch.from_numpy(np.ascontiguousarray(v).reshape(own[k].shape))
+                for k, v in state.items()
+            },
         }
     )
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     batches = [(torch.from_numpy(xb), torch.from_numpy(yb)) for xb, yb in data]
+    if double:
+        model.double()
+        batches = [(xb.double(), yb) for xb, yb in batches]
     ce = tnn.functional.cross_entropy
 
     def step(i: int) -> float:
@@ -234,6 +321,11 @@ PEERS = {"pytorch": ("torch", torch_trainer), "jax": ("jax", jax_trainer)}
 SETTLE_S = 0.3
 
 
+def max_rel(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest ``|a - b| / |b|`` (``|b|`` at least 1e-6)."""
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-6)))
+
+
 def throughput(
     steps: dict[str, Callable[[int], float]], n: int, rounds: int, batch: int = BATCH
 ) -> dict:
@@ -294,7 +386,9 @@ def available_peers(wanted: list[str]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--models", default="mlp,cnn,lenet", help="comma-separated: mlp, cnn, lenet"
+        "--models",
+        default="mlp,cnn,lenet,resnet18,mobilenetv2",
+        help="comma-separated: mlp, cnn, lenet, resnet18, mobilenetv2",
     )
     ap.add_argument("--steps", type=int, default=20, help="training steps per timed round")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds (best of)")
@@ -342,7 +436,7 @@ def main() -> None:
         state = mgb_model(kind).state_dict()
         data = make_data(kind)
         makers = {"megbrain": mgb_trainer, **peers}
-        if kind == "lenet":
+        if kind not in ("mlp", "cnn"):
             makers.pop("jax", None)
         # loss curves first, each from a fresh trainer
         curves = {}
@@ -352,8 +446,11 @@ def main() -> None:
                 curves[name] = np.array([s(i) for i in range(LOSS_STEPS)])
         if "pytorch" in curves:
             a, b = curves["megbrain"], curves["pytorch"]
-            rel = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-6)))
-            agree.append((kind, a, b, rel))
+            floor = None
+            if kind in CONV_NETS:
+                s = torch_trainer(kind, state, data, double=True)
+                floor = max_rel(b, np.array([s(i) for i in range(LOSS_STEPS)]))
+            agree.append((kind, a, b, max_rel(a, b), floor))
         steps = {name: make(kind, state, data) for name, make in makers.items()}
         sps = throughput(steps, args.steps, args.rounds, BATCHES[kind])
         for name, v in sps.items():
@@ -372,19 +469,24 @@ def main() -> None:
             print(f"whole step (call, inputs, run, loss out): {t_step * 1e3:.2f} ms")
             print("\n".join(operator_profile(s.func, args.steps)) + "\n")
 
-    print(f"{'model':<6}{'framework':<12}{'samples/s':>12}{'megbrain / peer':>18}")
-    print("-" * 48)
+    print(f"{'model':<12}{'framework':<12}{'samples/s':>12}{'megbrain / peer':>18}")
+    print("-" * 54)
     for kind, name, v, ratio in rows:
         note = ""
         if name == "pytorch":
             t = TARGETS[kind]
             note = f"   target >= {t}  [{'OK' if ratio >= t else 'MISS'}]"
-        print(f"{kind:<6}{name:<12}{v:>12.0f}{ratio:>18.2f}{note}")
-    for kind, a, b, rel in agree:
+        print(f"{kind:<12}{name:<12}{v:>12.0f}{ratio:>18.2f}{note}")
+    for kind, a, b, rel, floor in agree:
         print(
             f"\n{kind}: first {LOSS_STEPS} losses, megbrain vs pytorch: max relative difference "
             f"{rel:.2e}  [{'OK' if rel <= LOSS_RTOL else 'MISS'}] (tolerance {LOSS_RTOL:g})"
         )
+        if floor is not None:
+            print(
+                f"  float32 rounding alone: pytorch float32 vs pytorch float64, max relative "
+                f"difference {floor:.2e} (a deep BatchNorm network amplifies rounding step by step)"
+            )
         print("  step  megbrain    pytorch")
         for i in (0, 1, 2, 5, 10, LOSS_STEPS - 1):
             print(f"  {i:>4}  {a[i]:.6f}  {b[i]:.6f}")

@@ -2,17 +2,19 @@
 to their arrays and run into the given outputs.
 
 Low-precision floats (float16, bfloat16) are computed in float32; float32 and float64 in their
-own precision.
+own precision. The TRAINING forward and the backward of float32 NCHW-like arrays with per-channel
+statistics run the compiled loops of :mod:`.norm_loops` (float64 sums); the rest NumPy.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
 import numpy as np
 
-from . import workspace
+from . import norm_loops, parallel, workspace
 
 __all__ = [
     "bn_reduce_axes",
@@ -42,6 +44,28 @@ def bn_reduce_axes(x_shape: tuple, param_shape: tuple) -> tuple[int, ...]:
     """The axes BatchNorm reduces over: those where the param (scale) has size 1."""
     del x_shape
     return tuple(i for i, s in enumerate(param_shape) if s == 1)
+
+
+#: fewest channels per thread of the compiled loops (below it one thread runs them all)
+_MIN_CHANNELS = 4
+
+
+def _channel_views(x: np.ndarray, params: tuple, outs: tuple = ()) -> tuple | None:
+    """``x`` (and the same-shaped ``outs``) as (N, C, L) and each of ``params`` as (C,), all
+    views of their memory, when the compiled loops of :mod:`.norm_loops` apply: float32,
+    statistics per axis 1, every array C-contiguous and the outputs writable; else None."""
+    arrays = (x, *params, *outs)
+    if x.ndim < 2 or any(a.dtype != np.float32 or not a.flags.c_contiguous for a in arrays):
+        return None
+    if any(not o.flags.writeable for o in outs):
+        return None
+    c = x.shape[1]
+    if any(p.size != c or p.ndim != x.ndim or p.shape[1] != c for p in params):
+        return None
+    nlc = (x.shape[0], c, math.prod(x.shape[2:]))
+    if nlc[0] * nlc[2] == 0:
+        return None
+    return tuple(a.reshape(nlc) for a in (x, *outs)), tuple(p.reshape(c) for p in params)
 
 
 def bind_bn_forward(
@@ -75,6 +99,9 @@ def bind_bn_forward(
     ct = _ct(x, scale)
     eps, f = float(epsilon), float(avg_factor)
     has_stats = mean is not None and out_mean.size > 0
+    views = _channel_views(x, (scale, bias, save_mean, save_inv_var), (y,)) if training else None
+    if views is not None:
+        return _bn_forward_compiled(views, mean, var, out_mean, out_var, has_stats, n, eps, f)
 
     # buffers fixed at bind time: the hot path only runs ufuncs with out=
     pshape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
@@ -125,6 +152,37 @@ def bind_bn_forward(
     return run_training if training else run_inference
 
 
+def _bn_forward_compiled(views, mean, var, out_mean, out_var, has_stats, n, eps, f):
+    """The TRAINING forward through :func:`.norm_loops.bn_forward_training` split over the
+    channels, then the running statistics' update (C values) as :func:`bind_bn_forward`
+    says."""
+    (x3, y3), (sc, bi, smean, sinv) = views
+    c = x3.shape[1]
+    m64, v64 = np.empty(c), np.empty(c)
+    loop = parallel.split(
+        functools.partial(
+            norm_loops.bn_forward_training, x3, sc, bi, y3, m64, v64, smean, sinv, eps
+        ),
+        c,
+        _MIN_CHANNELS,
+    )
+    if not has_stats:
+        return loop
+    ratio = n / (n - 1) if n > 1 else np.inf
+    pshape = out_mean.shape
+
+    def run() -> None:
+        loop()
+        with np.errstate(invalid="ignore"):
+            unbiased = v64 * ratio
+        # the right-hand sides are computed before the store: correct when out_* is the
+        # input's own memory
+        _store(out_mean, mean * (1 - f) + m64.reshape(pshape) * f)
+        _store(out_var, var * (1 - f) + unbiased.reshape(pshape) * f)
+
+    return run
+
+
 def bind_bn_backward(
     x: np.ndarray,
     dy: np.ndarray,
@@ -139,6 +197,14 @@ def bind_bn_backward(
     axes = bn_reduce_axes(x.shape, scale.shape)
     n = math.prod(x.shape[i] for i in axes)
     ct = _ct(x, scale)
+    views = _channel_views(x, (save_mean, save_inv_var, scale, d_scale, d_bias), (dy, dx))
+    if views is not None and dy.shape == x.shape:
+        (x3, dy3, dx3), params = views
+        return parallel.split(
+            functools.partial(norm_loops.bn_backward, x3, dy3, *params, dx3),
+            x3.shape[1],
+            _MIN_CHANNELS,
+        )
 
     def run() -> None:
         mu, ivar = _cast(save_mean, ct), _cast(save_inv_var, ct)

@@ -17,6 +17,7 @@ from .layers import (
     MaxPool2d,
     QuantStub,
     ReLU,
+    ReLU6,
     Sigmoid,
     Tanh,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "Parameter",
     "QuantStub",
     "ReLU",
+    "ReLU6",
     "Sequential",
     "Sigmoid",
     "SyncBatchNorm",

@@ -1,5 +1,6 @@
-"""Layers: Linear, Conv2d, BatchNorm, activations, pooling, Dropout, Flatten, and the float
-modules that quantization converts as units (ConvBn2d, ConvBnRelu2d, Elemwise, the stubs)."""
+"""Layers: Linear, Conv2d, BatchNorm, activations (ReLU, ReLU6, Sigmoid, Tanh), pooling,
+Dropout, Flatten, and the float modules that quantization converts as units (ConvBn2d,
+ConvBnRelu2d, Elemwise, the stubs)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ __all__ = [
     "BatchNorm1d",
     "BatchNorm2d",
     "ReLU",
+    "ReLU6",
     "Sigmoid",
     "Tanh",
     "MaxPool2d",
@@ -217,6 +219,13 @@ class BatchNorm2d(_BatchNorm):
 class ReLU(Module):
     def forward(self, x):
         return mgb.opr.elem.relu(x)
+
+
+class ReLU6(Module):
+    """``min(max(x, 0), 6)``: MobileNetV2's activation."""
+
+    def forward(self, x):
+        return mgb.opr.elem.min(mgb.opr.elem.relu(x), 6.0)
 
 
 class Sigmoid(Module):

@@ -155,6 +155,8 @@ def test_linear_forward_and_grads(bias):
         (nn.Sigmoid, lambda x: 1 / (1 + np.exp(-x)),
          lambda x: np.exp(-x) / (1 + np.exp(-x)) ** 2),
         (nn.Tanh, np.tanh, lambda x: 1 - np.tanh(x) ** 2),
+        (nn.ReLU6, lambda x: np.clip(x, 0, 6),
+         lambda x: ((x > 0) & (x < 6)).astype(np.float32)),
     ],
 )  # fmt: skip
 def test_activations(layer, fn, dfn):
@@ -326,19 +328,22 @@ def np_conv2d(x, w, b, stride, pad, groups=1):
 
 
 @needs_conv
-@pytest.mark.parametrize("stride,pad,groups", [(1, 1, 1), (2, 0, 1), (1, 1, 2)])
-def test_conv2d_forward_and_grads(stride, pad, groups):
+@pytest.mark.parametrize(
+    "stride,pad,groups,ic,oc",
+    [(1, 1, 1, 4, 6), (2, 0, 1, 4, 6), (1, 1, 2, 4, 6), (1, 1, 6, 6, 6), (2, 1, 6, 6, 6)],
+)
+def test_conv2d_forward_and_grads(stride, pad, groups, ic, oc):
     nn.init.default_rng(2)
-    m = nn.Conv2d(4, 6, 3, stride=stride, padding=pad, groups=groups)
-    assert m.weight.shape == (6, 4 // groups, 3, 3) and m.bias.shape == (1, 6, 1, 1)
-    x = RNG.standard_normal((2, 4, 7, 7)).astype(np.float32)
+    m = nn.Conv2d(ic, oc, 3, stride=stride, padding=pad, groups=groups)
+    assert m.weight.shape == (oc, ic // groups, 3, 3) and m.bias.shape == (1, oc, 1, 1)
+    x = RNG.standard_normal((2, ic, 7, 7)).astype(np.float32)
     y, dx, dw, db = forward(m, x, grads=True)
     w, b = m.weight.get_value(), m.bias.get_value()
     np.testing.assert_allclose(y, np_conv2d(x, w, b, stride, pad, groups), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(db.reshape(-1), np.full(6, y[:, 0].size), rtol=1e-6)
+    np.testing.assert_allclose(db.reshape(-1), np.full(oc, y[:, 0].size), rtol=1e-6)
     # d sum(conv(x, w)) / dw[o, c, i, j] = sum over the inputs the tap (i, j) touches
     e = 1e-2
-    for idx in [(0, 0, 0, 0), (5, 1, 2, 1)]:
+    for idx in [(0, 0, 0, 0), (5, min(1, w.shape[1] - 1), 2, 1)]:
         wp = w.astype(np.float64).copy()
         wp[idx] += e
         num = (np_conv2d(x, wp, b, stride, pad, groups).sum() - y.astype(np.float64).sum()) / e

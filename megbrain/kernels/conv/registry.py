@@ -47,9 +47,11 @@ registration order breaks priority ties), by kind:
   (``WINOGRAD_F23``, 20), :mod:`.direct` (``DIRECT``, 20), :mod:`.grouped`
   (``DIRECT_GROUPED``, 22: depthwise convolutions at any stride);
 - backward_data: :mod:`.bwd_data` (``AS_FORWARD_CONV``, 10; ``GEMM_COL2IM``, the fallback),
-  :mod:`.winograd`, :mod:`.direct`;
+  :mod:`.winograd`, :mod:`.direct`, :mod:`.depthwise_bwd` (``DIRECT_DEPTHWISE``, 25:
+  depthwise at strides other than 1);
 - backward_filter: :mod:`.bwd_filter` (``IM2COL_GEMM_DIFF_NHWC``, 10;
-  ``IM2COL_GEMM_DIFF_ROWS``, a PROFILE candidate; ``IM2COL_GEMM_BLOCKED``, 20).
+  ``IM2COL_GEMM_DIFF_ROWS``, a PROFILE candidate; ``IM2COL_GEMM_BLOCKED``, 20),
+  :mod:`.depthwise_bwd` (``DIRECT_DEPTHWISE``, 25: depthwise at stride 1).
 """
 
 from __future__ import annotations
