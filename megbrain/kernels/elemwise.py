@@ -46,8 +46,9 @@ COMPILED_MODES = frozenset(
     {"RELU", "MAX", "MIN", "SWITCH_GT0", "FUSE_ADD_RELU", "FUSE_MUL_ADD3", "FUSE_MUL_ADD4",
      "COND_LEQ_MOV"}
 )  # fmt: skip
-#: ... and one-pass modes whose broadcast operand (a per-channel bias) makes NumPy's inner
-#: loop short: compiled only for the per-channel broadcast layout
+#: ... and one-pass modes whose broadcast operand (a per-channel bias, a squeeze-and-excitation
+#: gate of NCHW88) makes NumPy's inner loop short: compiled only for the per-channel
+#: broadcast layouts
 COMPILED_BCAST_MODES = frozenset({"ADD", "SUB", "MUL", "TRUE_DIV"})
 #: output elements from which COMPILED_MODES run compiled
 COMPILED_MIN_SIZE = 1 << 12
@@ -58,9 +59,9 @@ def _compiled_bind(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray):
     outputs, layouts other than flat or a per-channel broadcast, or an input overlapping
     ``out`` other than as the very same array (in-place)."""
     if mode in COMPILED_MODES:
-        layouts = ("flat", "bcast")
+        layouts = ("flat", "bcast", "bcastv")
     elif mode in COMPILED_BCAST_MODES:
-        layouts = ("bcast",)
+        layouts = ("bcast", "bcastv")
     else:
         return None
     if out.dtype != F32 or out.size < COMPILED_MIN_SIZE:

@@ -43,6 +43,7 @@ from .steps import chain
 __all__ = [
     "STATS",
     "bcast_shape",
+    "bcastv_shape",
     "bind",
     "cache_dir",
     "check_expr",
@@ -143,6 +144,9 @@ def kernel_source(
         alias)``: the full shape collapsed to ``(A, B, K)``, or ``(A, B)`` when ``inner`` is
         False (:func:`bcast_shape`); ``kinds[k]`` is ``"f"`` (an array of that shape), ``"c"``
         (a ``(B,)`` array broadcast over A and K: a per-channel bias) or ``"s"``;
+        ``("bcastv", (kinds, V), alias)``: the full shape collapsed to ``(A, B, K, V)``, its
+        last dim ``V`` a channel block of a blocked layout (NCHW88's 8) that ``"c"`` operands
+        span too: ``(B, V)`` arrays broadcast over A and K (:func:`bcastv_shape`);
         ``("nd", ndim, alias)``: every input broadcast to the full shape, ``out`` of the full
         (or reduced) shape. ``alias``: None, or the input that is also the output
         (``kernel`` then takes no ``out``).
@@ -192,6 +196,21 @@ def kernel_source(
             body += [f"            out[{idx}] = {last}"]
         else:
             body += ["    for b in range(nb):", *_ind(calc, 2), f"        out[{idx}] = {last}"]
+    elif kind == "bcastv":
+        kinds, nv = arg
+        body += [f"s{k} = x{k}[0]" for k in range(nin) if kinds[k] == "s"]
+
+        def load(k):
+            if kinds[k] == "f":
+                return f"x{k}[a, b, k, v]"
+            return f"s{k}" if kinds[k] == "s" else f"x{k}[b, v]"
+
+        calc = _body(expr, load)
+        body += ["na, nb, nk = out.shape[0], out.shape[1], out.shape[2]", "for a in range(na):"]
+        body += ["    for b in range(nb):", "        for k in range(nk):"]
+        # the block width a literal: LLVM turns the innermost loop into vector operations
+        body += [f"            for v in range({nv}):", *_ind(calc, 4)]
+        body += [f"                out[a, b, k, v] = {last}"]
     else:
         ndim = arg
         idx = ", ".join(f"i{d}" for d in range(ndim))
@@ -430,13 +449,54 @@ def bcast_shape(shape: tuple, shapes: Sequence[tuple]) -> tuple | None:
     return (math.prod(full[:p]), math.prod(full[p:q]), math.prod(full[q:])), tuple(kinds)
 
 
+#: the widest last dim the ``"bcastv"`` layout takes as a channel block (NCHW88: 8)
+BCASTV_MAX_BLOCK = 16
+
+
+def bcastv_shape(shape: tuple, shapes: Sequence[tuple]) -> tuple | None:
+    """Collapse the full ``shape`` to ``(A, B, K, V)`` for the ``"bcastv"`` layout.
+
+    The last dim ``V`` (2 to :data:`BCASTV_MAX_BLOCK`) is a channel block: every input is
+    full, one element, or spans that last dim and, before it, one block of dims as
+    :func:`bcast_shape` takes (a squeeze-and-excitation gate ``(N, C/8, 1, 1, 8)`` over
+    ``(N, C/8, H, W, 8)``: ``A = N``, ``B = C/8``, ``K = H * W``, ``V = 8``).
+
+    Returns
+    -------
+    tuple or None
+        ``((A, B, K, V), kinds)`` with ``kinds[k]`` ``"f"``, ``"c"`` or ``"s"``; None when
+        the inputs do not fit, or none is a channel input.
+    """
+    nd = len(shape)
+    if nd < 2 or not 2 <= shape[-1] <= BCASTV_MAX_BLOCK:
+        return None
+    lead = []
+    for sh in shapes:
+        sh = (1,) * (nd - len(sh)) + tuple(sh)
+        if math.prod(sh) == 1:
+            lead.append(None)
+        elif sh[-1] != shape[-1]:
+            return None
+        else:
+            lead.append(sh[:-1])
+    bc = bcast_shape(shape[:-1], [s for s in lead if s is not None])
+    if bc is None:
+        return None
+    (na, nb, nk), sub = bc
+    it = iter(sub)
+    kinds = tuple("s" if s is None else next(it) for s in lead)
+    if "s" in sub:  # a lead of ones over a block of V: not one element
+        return None
+    return (na, nb, nk, shape[-1]), kinds
+
+
 def bind(
     expr: Sequence,
     inputs: Sequence[np.ndarray],
     out: np.ndarray,
     reduce: tuple | None = None,
     *,
-    layouts: Sequence[str] = ("flat", "bcast", "nd"),
+    layouts: Sequence[str] = ("flat", "bcast", "bcastv", "nd"),
     parallel: bool | None = None,
 ) -> Callable[[], None] | None:
     """Bind a fused expression to its input and output arrays.
@@ -454,7 +514,8 @@ def bind(
         A closing SUM/MEAN/MAX/MIN over everything (axis None, ``out`` of shape (1,)) or over
         one non-negative axis (kept with size 1).
     layouts : sequence of str
-        The layouts allowed (:func:`kernel_source`), tried in the order flat, bcast, nd;
+        The layouts allowed (:func:`kernel_source`), tried in the order flat, bcast,
+        bcastv, nd;
         None when the arrays fit none of them.
     parallel : bool or None
         Whether an elementwise kernel may be split along its outer loop over
@@ -505,6 +566,10 @@ def bind(
         bc = bcast_shape(shape, [x.shape for x in inputs])
         if bc is not None and not all(x.size == 1 or x.flags.c_contiguous for x in inputs):
             bc = None  # reshaping would copy: the kernel must read the arrays themselves
+    bv = None
+    if not flat and bc is None and reduce is None and "bcastv" in layouts:
+        if res.flags.c_contiguous and all(x.size == 1 or x.flags.c_contiguous for x in inputs):
+            bv = bcastv_shape(shape, [x.shape for x in inputs])
     if flat:
         kinds = tuple("f" if x.size == size else "s" for x in inputs)
         args = [x.reshape(-1) for x in inputs] + [res.reshape(-1)]
@@ -515,6 +580,12 @@ def bind(
         args = [x.reshape(fshape if t == "f" else -1) for x, t in zip(inputs, kinds)]
         args.append(res.reshape(fshape))
         layout = ("bcast", (kinds, nk > 1), _alias(args))
+    elif bv is not None:
+        (na, nb, nk, nv), kinds = bv
+        vshape = {"f": (na, nb, nk, nv), "c": (nb, nv), "s": (-1,)}
+        args = [x.reshape(vshape[t]) for x, t in zip(inputs, kinds)]
+        args.append(res.reshape(na, nb, nk, nv))
+        layout = ("bcastv", (kinds, nv), _alias(args))
     elif "nd" not in layouts:
         return None
     else:
@@ -587,12 +658,12 @@ def _alias(args: list[np.ndarray]) -> int | None:
 def _split_parts(layout: tuple, args: list[np.ndarray], oshape: tuple) -> list[list[np.ndarray]]:
     """The arguments of an elementwise kernel cut into disjoint parts along its outer loop
     (``oshape`` the kernel's output shape; views of the arrays of at least
-    ``PARALLEL_MIN_SIZE // 2`` elements each): the flat
-    layout's index; the bcast layout's A, or its B (full and channel operands alike) when
-    A is 1; the nd layout's first dim. One part when the arrays allow no more."""
+    ``PARALLEL_MIN_SIZE // 2`` elements each): the flat layout's index; the bcast and
+    bcastv layouts' A, or their B (full and channel operands alike) when A is 1; the nd
+    layout's first dim. One part when the arrays allow no more."""
     kind, arg, _ = layout
-    kinds = arg if kind == "flat" else arg[0] if kind == "bcast" else None
-    axis = 1 if kind == "bcast" and oshape[0] == 1 else 0
+    kinds = arg if kind == "flat" else arg[0] if kind in ("bcast", "bcastv") else None
+    axis = 1 if kind in ("bcast", "bcastv") and oshape[0] == 1 else 0
     n = oshape[axis]
     per_item = max(1, math.prod(oshape) // max(1, n))
     min_items = max(1, -(-(PARALLEL_MIN_SIZE // 2) // per_item))

@@ -597,3 +597,51 @@ def test_bcast_layout_in_place_and_kernel_source():
     src = jc.kernel_source(expr, ("bcast", (("f", "c"), True), 0))
     assert "c1 = x1[b]" in src and "for k in range(out.shape[2])" in src
     assert jc.bind(expr, [x[:, :, ::2], b], np.empty((6, 4, 5), F32), layouts=("bcast",)) is None
+
+
+def test_bcastv_shape_collapses_blocked_channel_operands():
+    full = (2, 3, 4, 5, 8)
+    got = jc.bcastv_shape(full, [full, (1, 3, 1, 1, 8), (1,)])
+    assert got == ((2, 3, 20, 8), ("f", "c", "s"))
+    assert jc.bcastv_shape(full, [full, (2, 3, 1, 1, 1)]) is None  # broadcast along V
+    assert jc.bcastv_shape(full, [full, (1, 1, 1, 1, 8)]) is None  # V values, no block
+    assert jc.bcastv_shape((2, 3, 40), [(2, 3, 40), (1, 3, 40)]) is None  # V too wide
+    assert jc.bcastv_shape(full, [full, full]) is None  # no channel operand
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+@pytest.mark.parametrize(
+    "xshape, most",  # most: the parts the arrays allow (split along A, or B when A is 1)
+    [((2, 5, 6, 7, 8), 2), ((1, 5, 6, 7, 8), 2), ((1, 7, 3, 4), 1)],
+)
+def test_bcastv_layout_matches_the_interpreter(monkeypatch, parts, xshape, most):
+    """The squeeze-and-excitation multiply of NCHW88 (and a (B, V) operand of 4 dims), split
+    or not, in place or not: the same values as the unfused kernels."""
+    seen = _record_parts(monkeypatch, parts)
+    rng = np.random.default_rng(6)
+    x = rng.uniform(-3, 3, xshape).astype(F32)
+    gshape = (1, xshape[1]) + (1,) * (len(xshape) - 3) + (xshape[-1],)
+    g = rng.uniform(-3, 3, gshape).astype(F32)
+    expr = (("SIGMOID", (("i", 1),)), ("MUL", (("i", 0), ("t", 0))), ("ADD", (("t", 1), ("c", 1))))
+    ref = jc.interpret(expr, [x, g])
+    out = np.full(xshape, np.nan, F32)
+    jc.bind(expr, [x, g], out)()
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+    assert seen == [min(parts, most)]
+    y = x.copy()
+    jc.bind((("MUL", (("i", 0), ("i", 1))),), [y, g], y)()  # in place
+    np.testing.assert_array_equal(y, x * g)
+    src = jc.kernel_source(expr, ("bcastv", (("f", "c"), xshape[-1]), None))
+    assert f"for v in range({xshape[-1]})" in src and "x1[b, v]" in src
+
+
+def test_elemwise_mul_of_a_blocked_gate_runs_compiled():
+    from megbrain.kernels import elemwise as ew
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 6, 14, 14, 8)).astype(F32)
+    g = rng.standard_normal((1, 6, 1, 1, 8)).astype(F32)
+    out = np.empty_like(x)
+    assert ew._compiled_bind("MUL", [x, g], out) is not None
+    ew.bind("MUL", [x, g], out)()
+    np.testing.assert_array_equal(out, x * g)
