@@ -50,6 +50,7 @@ __all__ = [
     "full_shape",
     "interpret",
     "kernel_source",
+    "parallel_min_size",
     "reduced_shape",
 ]
 
@@ -57,6 +58,12 @@ __all__ = [
 #: part gets at least half of it). These loops are memory bound: on 2 cores a split lost to
 #: one thread from 0.8M to 3.2M elements (docs/DECISIONS.md), hence the high bar
 PARALLEL_MIN_SIZE = 1 << 22
+#: the same for a kernel calling an exp/log/tanh/erf approximation (SiLU, sigmoid, GELU): some
+#: 40 vector instructions per 8 elements make it compute bound (SiLU 1.3 ns an element on one
+#: thread against 0.5 for an add), so a second thread pays off from far fewer elements
+PARALLEL_MIN_SIZE_TRANSCENDENTAL = 1 << 18
+#: the JIT helpers that make a kernel compute bound
+_TRANSCENDENTAL_HELPERS = frozenset({"_exp", "_log", "_tanh", "_erf", "_sigmoid", "_lse"})
 #: counters: kernels compiled by Numba, loaded from the disk cache, found in memory
 STATS = {"compiled": 0, "disk_loads": 0, "memory_hits": 0}
 
@@ -321,6 +328,14 @@ def cache_dir() -> Path:
     return _tmp_dir
 
 
+def parallel_min_size(expr: Sequence) -> int:
+    """Output elements from which the elementwise kernel of ``expr`` is split over
+    :mod:`.parallel`'s threads: :data:`PARALLEL_MIN_SIZE`, or the lower
+    :data:`PARALLEL_MIN_SIZE_TRANSCENDENTAL` when a node is compute bound."""
+    heavy = any(_TRANSCENDENTAL_HELPERS.intersection(JIT_FORMS[m][1]) for m, _ in expr)
+    return min(PARALLEL_MIN_SIZE, PARALLEL_MIN_SIZE_TRANSCENDENTAL) if heavy else PARALLEL_MIN_SIZE
+
+
 def _num_parts() -> int:
     """Parts of a parallel kernel: :func:`.parallel.num_threads`, capped by
     ``$MGB_JIT_NUM_THREADS`` when set."""
@@ -519,7 +534,7 @@ def bind(
         None when the arrays fit none of them.
     parallel : bool or None
         Whether an elementwise kernel may be split along its outer loop over
-        :mod:`.parallel`'s threads; None: from :data:`PARALLEL_MIN_SIZE` elements.
+        :mod:`.parallel`'s threads; None: from :func:`parallel_min_size` elements.
 
     Returns
     -------
@@ -560,7 +575,8 @@ def bind(
         and (reduce is None or reduce[1] is None)
         and all(x.size == 1 or (x.shape == shape and x.flags.c_contiguous) for x in inputs)
     )
-    parallel = reduce is None and (size >= PARALLEL_MIN_SIZE if parallel is None else parallel)
+    min_size = parallel_min_size(expr)
+    parallel = reduce is None and (size >= min_size if parallel is None else parallel)
     bc = None
     if not flat and reduce is None and "bcast" in layouts and res.flags.c_contiguous:
         bc = bcast_shape(shape, [x.shape for x in inputs])
@@ -595,7 +611,7 @@ def bind(
     if layout[2] is not None:
         args.pop()
     src = kernel_source(tuple(expr), layout, reduce)
-    parts = _split_parts(layout, args, kshape) if parallel else [args]
+    parts = _split_parts(layout, args, kshape, min_size) if parallel else [args]
     try:
         calls = [functools.partial(_kernel(src, part), *part) for part in parts]
     except Exception as exc:  # noqa: BLE001 - a kernel Numba can not build: run unfused
@@ -655,10 +671,12 @@ def _alias(args: list[np.ndarray]) -> int | None:
     return None
 
 
-def _split_parts(layout: tuple, args: list[np.ndarray], oshape: tuple) -> list[list[np.ndarray]]:
+def _split_parts(
+    layout: tuple, args: list[np.ndarray], oshape: tuple, min_size: int
+) -> list[list[np.ndarray]]:
     """The arguments of an elementwise kernel cut into disjoint parts along its outer loop
-    (``oshape`` the kernel's output shape; views of the arrays of at least
-    ``PARALLEL_MIN_SIZE // 2`` elements each): the flat layout's index; the bcast and
+    (``oshape`` the kernel's output shape; views of the arrays of at least ``min_size // 2``
+    elements each): the flat layout's index; the bcast and
     bcastv layouts' A, or their B (full and channel operands alike) when A is 1; the nd
     layout's first dim. One part when the arrays allow no more."""
     kind, arg, _ = layout
@@ -666,7 +684,7 @@ def _split_parts(layout: tuple, args: list[np.ndarray], oshape: tuple) -> list[l
     axis = 1 if kind in ("bcast", "bcastv") and oshape[0] == 1 else 0
     n = oshape[axis]
     per_item = max(1, math.prod(oshape) // max(1, n))
-    min_items = max(1, -(-(PARALLEL_MIN_SIZE // 2) // per_item))
+    min_items = max(1, -(-(min_size // 2) // per_item))
     bounds = ranges(n, _num_parts(), min_items)
     if len(bounds) == 1:
         return [args]

@@ -339,6 +339,40 @@ def test_small_kernel_is_one_call(monkeypatch):
     np.testing.assert_allclose(out, np.exp(1.0) + 1.0, rtol=1e-6)
 
 
+def test_transcendental_kernels_split_from_fewer_elements(monkeypatch):
+    monkeypatch.setattr(jc, "PARALLEL_MIN_SIZE_TRANSCENDENTAL", 4096)
+    seen = _record_parts(monkeypatch, parts=2)
+    monkeypatch.setattr(jc, "PARALLEL_MIN_SIZE", 1 << 20)
+    silu = (("SIGMOID", (("i", 0),)), ("MUL", (("i", 0), ("t", 0))))
+    add = (("ADD", (("i", 0), ("i", 1))),)
+    assert jc.parallel_min_size(silu) == 4096 and jc.parallel_min_size(add) == 1 << 20
+    x = np.linspace(-9, 9, 10000, dtype=F32)
+    jc.bind(silu, [x], np.empty_like(x))
+    jc.bind(add, [x, x], np.empty_like(x))
+    assert seen == [2, 1]
+
+
+_GATE = (("SIGMOID", (("i", 0),)), ("MUL", (("t", 0), ("i", 1))))
+
+
+@pytest.mark.parametrize("expr", [_EXPR3, _GATE])
+def test_split_kernels_are_bit_identical_whatever_the_thread_count(monkeypatch, expr):
+    """Every element is computed by the same code on any part (vector body or scalar tail)."""
+    rng = np.random.default_rng(8)
+    x = rng.uniform(-90, 90, (1, 7, 13, 11, 8)).astype(F32)
+    x.reshape(-1)[:4] = [np.inf, -np.inf, np.nan, 0.0]
+    g = rng.uniform(-3, 3, (1, 7, 1, 1, 8)).astype(F32)
+    ys = []
+    for parts in (1, 2, 3):
+        seen = _record_parts(monkeypatch, parts)
+        y = np.empty_like(x)
+        jc.bind(expr, [x, g], y)()
+        assert seen[-1] == parts
+        ys.append(y)
+    for y in ys[1:]:
+        np.testing.assert_array_equal(y.view(np.int32), ys[0].view(np.int32))
+
+
 # ---- the pass -----------------------------------------------------------------------------
 def _compile_types(build, shapes, jit=1, level=2, dtype=F32):
     g = _graph(jit, level)
