@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import itertools
 import math
 import os
 import sys
@@ -611,13 +612,13 @@ def bind(
     if layout[2] is not None:
         args.pop()
     src = kernel_source(tuple(expr), layout, reduce)
-    parts = _split_parts(layout, args, kshape, min_size) if parallel else [args]
+    threads, parts = _split_parts(layout, args, kshape, min_size) if parallel else (1, [args])
     try:
         calls = [functools.partial(_kernel(src, part), *part) for part in parts]
     except Exception as exc:  # noqa: BLE001 - a kernel Numba can not build: run unfused
         _warn_unfused(expr, exc)
         return _bind_unfused(expr, inputs_orig, out, reduce)
-    steps.append(concurrently(calls))
+    steps.append(_in_turn(calls, threads))
     if res is not out:
         steps.append(functools.partial(np.copyto, out, res, "unsafe"))
     return chain(steps)
@@ -671,12 +672,18 @@ def _alias(args: list[np.ndarray]) -> int | None:
     return None
 
 
+#: parts per thread of a split kernel, which the threads take in turn: a thread the OS holds
+#: back (the machine's other work) then delays one small part, not half of the kernel
+_PARTS_PER_THREAD = 4
+
+
 def _split_parts(
     layout: tuple, args: list[np.ndarray], oshape: tuple, min_size: int
-) -> list[list[np.ndarray]]:
-    """The arguments of an elementwise kernel cut into disjoint parts along its outer loop
-    (``oshape`` the kernel's output shape; views of the arrays of at least ``min_size // 2``
-    elements each): the flat layout's index; the bcast and
+) -> tuple[int, list[list[np.ndarray]]]:
+    """``(threads, parts)``: the threads an elementwise kernel takes (each at least
+    ``min_size // 2`` elements) and its arguments cut into disjoint parts along its outer loop
+    (``oshape`` the kernel's output shape; :data:`_PARTS_PER_THREAD` per thread, views of
+    the arrays): the flat layout's index; the bcast and
     bcastv layouts' A, or their B (full and channel operands alike) when A is 1; the nd
     layout's first dim. One part when the arrays allow no more."""
     kind, arg, _ = layout
@@ -685,9 +692,10 @@ def _split_parts(
     n = oshape[axis]
     per_item = max(1, math.prod(oshape) // max(1, n))
     min_items = max(1, -(-(min_size // 2) // per_item))
-    bounds = ranges(n, _num_parts(), min_items)
-    if len(bounds) == 1:
-        return [args]
+    threads = len(ranges(n, _num_parts(), min_items))
+    if threads == 1:
+        return 1, [args]
+    bounds = ranges(n, threads * _PARTS_PER_THREAD)
 
     def cut(k: int, a: np.ndarray, lo: int, hi: int) -> np.ndarray:
         t = kinds[k] if kinds is not None and k < len(kinds) else "f"
@@ -697,7 +705,29 @@ def _split_parts(
             return a[lo:hi]
         return a[:, lo:hi]
 
-    return [[cut(k, a, lo, hi) for k, a in enumerate(args)] for lo, hi in bounds]
+    return threads, [[cut(k, a, lo, hi) for k, a in enumerate(args)] for lo, hi in bounds]
+
+
+def _in_turn(calls: list[Callable[[], None]], threads: int) -> Callable[[], None]:
+    """A step running ``calls`` (GIL-free kernels writing disjoint memory) on ``threads``
+    threads of :mod:`.parallel`'s pool, each taking the next call from one shared counter
+    (``next`` on it is atomic under the GIL)."""
+    if threads == 1 or len(calls) == 1:
+        return concurrently(calls)
+    counter: list = [None]
+
+    def worker() -> None:
+        take = counter[0].__next__
+        while (i := take()) < len(calls):
+            calls[i]()
+
+    workers = concurrently([worker] * threads)
+
+    def run() -> None:
+        counter[0] = itertools.count()
+        workers()
+
+    return run
 
 
 def _noop() -> None:
