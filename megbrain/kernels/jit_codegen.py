@@ -13,7 +13,8 @@ libm calls that do not vectorize). Compiled kernels are cached in memory and on 
 kernel's source is written once to a module named by its hash under :func:`cache_dir` and
 compiled by Numba with ``cache=True``, so another process loads the machine code instead of
 compiling. Kernels are compiled serial (no ``prange``): a parallel elementwise kernel is split
-by :func:`_split_parts` through :mod:`.parallel`'s pool, so that no Numba threading layer (and
+by :func:`_split_parts` into parts the threads of :mod:`.parallel`'s pool take in turn
+(from fewer elements for kernels calling exp/log/tanh/erf), so that no Numba threading layer (and
 no OpenMP pool spinning or sleeping next to OpenBLAS's threads) is ever loaded.
 """
 
