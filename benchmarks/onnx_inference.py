@@ -175,7 +175,8 @@ def _settings(threads: int, spin: bool) -> str:
     )
     return (
         f"threads {threads}: megbrain BLAS ({blas}), kernel pool {parallel.num_threads()} "
-        f"threads, JIT kernels serial below {jit_codegen.PARALLEL_MIN_SIZE} elements; "
+        f"threads, JIT kernels serial below {jit_codegen.PARALLEL_MIN_SIZE} elements "
+        f"({jit_codegen.PARALLEL_MIN_SIZE_TRANSCENDENTAL} with exp/log/tanh/erf); "
         f"onnxruntime intra-op {threads}, inter-op 1, spinning {'on' if spin else 'off'}; "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
     )

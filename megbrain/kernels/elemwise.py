@@ -46,8 +46,9 @@ COMPILED_MODES = frozenset(
     {"RELU", "MAX", "MIN", "SWITCH_GT0", "FUSE_ADD_RELU", "FUSE_MUL_ADD3", "FUSE_MUL_ADD4",
      "COND_LEQ_MOV"}
 )  # fmt: skip
-#: ... and one-pass modes whose broadcast operand (a per-channel bias) makes NumPy's inner
-#: loop short: compiled only for the per-channel broadcast layout
+#: ... and one-pass modes whose broadcast operand (a per-channel bias, a squeeze-and-excitation
+#: gate of NCHW88) makes NumPy's inner loop short: compiled only for the per-channel
+#: broadcast layouts
 COMPILED_BCAST_MODES = frozenset({"ADD", "SUB", "MUL", "TRUE_DIV"})
 #: output elements from which COMPILED_MODES run compiled
 COMPILED_MIN_SIZE = 1 << 12

@@ -13,7 +13,8 @@ libm calls that do not vectorize). Compiled kernels are cached in memory and on 
 kernel's source is written once to a module named by its hash under :func:`cache_dir` and
 compiled by Numba with ``cache=True``, so another process loads the machine code instead of
 compiling. Kernels are compiled serial (no ``prange``): a parallel elementwise kernel is split
-by :func:`_split_parts` through :mod:`.parallel`'s pool, so that no Numba threading layer (and
+by :func:`_split_parts` into parts the threads of :mod:`.parallel`'s pool take in turn
+(from fewer elements for kernels calling exp/log/tanh/erf), so that no Numba threading layer (and
 no OpenMP pool spinning or sleeping next to OpenBLAS's threads) is ever loaded.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import itertools
 import math
 import os
 import sys
@@ -49,6 +51,7 @@ __all__ = [
     "full_shape",
     "interpret",
     "kernel_source",
+    "parallel_min_size",
     "reduced_shape",
 ]
 
@@ -56,6 +59,12 @@ __all__ = [
 #: part gets at least half of it). These loops are memory bound: on 2 cores a split lost to
 #: one thread from 0.8M to 3.2M elements (docs/DECISIONS.md), hence the high bar
 PARALLEL_MIN_SIZE = 1 << 22
+#: the same for a kernel calling an exp/log/tanh/erf approximation (SiLU, sigmoid, GELU): some
+#: 40 vector instructions per 8 elements make it compute bound (SiLU 1.3 ns an element on one
+#: thread against 0.5 for an add), so a second thread pays off from far fewer elements
+PARALLEL_MIN_SIZE_TRANSCENDENTAL = 1 << 18
+#: the JIT helpers that make a kernel compute bound
+_TRANSCENDENTAL_HELPERS = frozenset({"_exp", "_log", "_tanh", "_erf", "_sigmoid", "_lse"})
 #: counters: kernels compiled by Numba, loaded from the disk cache, found in memory
 STATS = {"compiled": 0, "disk_loads": 0, "memory_hits": 0}
 
@@ -190,7 +199,8 @@ def kernel_source(
         body += ["na, nb = out.shape[0], out.shape[1]", "for a in range(na):"]
         if inner == "blocked":  # a vector of L channels per position
             body += ["    for b in range(nb):", "        for k in range(out.shape[2]):"]
-            body += ["            for l in range(out.shape[3]):", *_ind(calc, 4)]
+            # the block width a literal: LLVM turns the innermost loop into vector operations
+            body += [f"            for l in range({_LANES}):", *_ind(calc, 4)]
             body += [f"                out[{idx}] = {last}"]
         elif inner:  # the channel values are loaded once per row of K
             body += ["    for b in range(nb):"]
@@ -307,6 +317,14 @@ def cache_dir() -> Path:
     if _tmp_dir is None:
         _tmp_dir = Path(tempfile.mkdtemp(prefix="mgb_jit_"))
     return _tmp_dir
+
+
+def parallel_min_size(expr: Sequence) -> int:
+    """Output elements from which the elementwise kernel of ``expr`` is split over
+    :mod:`.parallel`'s threads: :data:`PARALLEL_MIN_SIZE`, or the lower
+    :data:`PARALLEL_MIN_SIZE_TRANSCENDENTAL` when a node is compute bound."""
+    heavy = any(_TRANSCENDENTAL_HELPERS.intersection(JIT_FORMS[m][1]) for m, _ in expr)
+    return min(PARALLEL_MIN_SIZE, PARALLEL_MIN_SIZE_TRANSCENDENTAL) if heavy else PARALLEL_MIN_SIZE
 
 
 def _num_parts() -> int:
@@ -482,7 +500,7 @@ def bind(
         None when the arrays fit none of them.
     parallel : bool or None
         Whether an elementwise kernel may be split along its outer loop over
-        :mod:`.parallel`'s threads; None: from :data:`PARALLEL_MIN_SIZE` elements.
+        :mod:`.parallel`'s threads; None: from :func:`parallel_min_size` elements.
 
     Returns
     -------
@@ -523,7 +541,8 @@ def bind(
         and (reduce is None or reduce[1] is None)
         and all(x.size == 1 or (x.shape == shape and x.flags.c_contiguous) for x in inputs)
     )
-    parallel = reduce is None and (size >= PARALLEL_MIN_SIZE if parallel is None else parallel)
+    min_size = parallel_min_size(expr)
+    parallel = reduce is None and (size >= min_size if parallel is None else parallel)
     bc = None
     if not flat and reduce is None and "bcast" in layouts and res.flags.c_contiguous:
         bc = bcast_shape(shape, [x.shape for x in inputs])
@@ -551,13 +570,13 @@ def bind(
     if layout[2] is not None:
         args.pop()
     src = kernel_source(tuple(expr), layout, reduce)
-    parts = _split_parts(layout, args, kshape) if parallel else [args]
+    threads, parts = _split_parts(layout, args, kshape, min_size) if parallel else (1, [args])
     try:
         calls = [functools.partial(_kernel(src, part), *part) for part in parts]
     except Exception as exc:  # noqa: BLE001 - a kernel Numba can not build: run unfused
         _warn_unfused(expr, exc)
         return _bind_unfused(expr, inputs_orig, out, reduce)
-    steps.append(concurrently(calls))
+    steps.append(_in_turn(calls, threads))
     if res is not out:
         steps.append(functools.partial(np.copyto, out, res, "unsafe"))
     return chain(steps)
@@ -611,21 +630,30 @@ def _alias(args: list[np.ndarray]) -> int | None:
     return None
 
 
-def _split_parts(layout: tuple, args: list[np.ndarray], oshape: tuple) -> list[list[np.ndarray]]:
-    """The arguments of an elementwise kernel cut into disjoint parts along its outer loop
-    (``oshape`` the kernel's output shape; views of the arrays of at least
-    ``PARALLEL_MIN_SIZE // 2`` elements each): the flat
-    layout's index; the bcast layout's A, or its B (full and channel operands alike) when
-    A is 1; the nd layout's first dim. One part when the arrays allow no more."""
+#: parts per thread of a split kernel, which the threads take in turn: a thread the OS holds
+#: back (the machine's other work) then delays one small part, not half of the kernel
+_PARTS_PER_THREAD = 4
+
+
+def _split_parts(
+    layout: tuple, args: list[np.ndarray], oshape: tuple, min_size: int
+) -> tuple[int, list[list[np.ndarray]]]:
+    """``(threads, parts)``: the threads an elementwise kernel takes (each at least
+    ``min_size // 2`` elements) and its arguments cut into disjoint parts along its outer loop
+    (``oshape`` the kernel's output shape; :data:`_PARTS_PER_THREAD` per thread, views of
+    the arrays): the flat layout's index; the bcast
+    layout's A, or its B (full and channel operands alike) when A is 1; the nd
+    layout's first dim. One part when the arrays allow no more."""
     kind, arg, _ = layout
     kinds = arg if kind == "flat" else arg[0] if kind == "bcast" else None
     axis = 1 if kind == "bcast" and oshape[0] == 1 else 0
     n = oshape[axis]
     per_item = max(1, math.prod(oshape) // max(1, n))
-    min_items = max(1, -(-(PARALLEL_MIN_SIZE // 2) // per_item))
-    bounds = ranges(n, _num_parts(), min_items)
-    if len(bounds) == 1:
-        return [args]
+    min_items = max(1, -(-(min_size // 2) // per_item))
+    threads = len(ranges(n, _num_parts(), min_items))
+    if threads == 1:
+        return 1, [args]
+    bounds = ranges(n, threads * _PARTS_PER_THREAD)
 
     def cut(k: int, a: np.ndarray, lo: int, hi: int) -> np.ndarray:
         t = kinds[k] if kinds is not None and k < len(kinds) else "f"
@@ -635,7 +663,29 @@ def _split_parts(layout: tuple, args: list[np.ndarray], oshape: tuple) -> list[l
             return a[lo:hi]
         return a[:, lo:hi]
 
-    return [[cut(k, a, lo, hi) for k, a in enumerate(args)] for lo, hi in bounds]
+    return threads, [[cut(k, a, lo, hi) for k, a in enumerate(args)] for lo, hi in bounds]
+
+
+def _in_turn(calls: list[Callable[[], None]], threads: int) -> Callable[[], None]:
+    """A step running ``calls`` (GIL-free kernels writing disjoint memory) on ``threads``
+    threads of :mod:`.parallel`'s pool, each taking the next call from one shared counter
+    (``next`` on it is atomic under the GIL)."""
+    if threads == 1 or len(calls) == 1:
+        return concurrently(calls)
+    counter: list = [None]
+
+    def worker() -> None:
+        take = counter[0].__next__
+        while (i := take()) < len(calls):
+            calls[i]()
+
+    workers = concurrently([worker] * threads)
+
+    def run() -> None:
+        counter[0] = itertools.count()
+        workers()
+
+    return run
 
 
 def _noop() -> None:

@@ -149,7 +149,7 @@ class ConvBias(_ConvBase):
             ])  # fmt: skip
 
         if self._nchw88():
-            epilogue = self._nchw88_epilogue(mode, ins[2], outs[0], ins[0], ins[1])
+            epilogue = self._nchw88_epilogue(mode, ins[2], outs[0])
             if epilogue is not None:
                 return self._bind_nchw88(ins[0], ins[1], outs[0], epilogue=epilogue, z=z)
             steps = []
@@ -192,18 +192,15 @@ class ConvBias(_ConvBase):
         )
         return 3 if direct else None
 
-    def _nchw88_epilogue(self, mode: str, bias: np.ndarray, out: np.ndarray, src, filt):
+    def _nchw88_epilogue(self, mode: str, bias: np.ndarray, out: np.ndarray):
         """The epilogue of an NCHW88 ConvBias (its per-channel bias as OC values, a view),
-        or None when the kernel can not apply it (H_SWISH: only DIRECT_NCHW88's geometries,
-        whose kernels, and NCHW88_AS_NCHW, apply it)."""
+        or None when the kernel can not apply it (every NCHW88 algorithm applies ReLU and
+        H_SWISH: DIRECT_NCHW88's and CHANNELWISE_NCHW88's kernels, NCHW88_AS_NCHW after
+        its convolution)."""
         if mode not in _NCHW88_EPILOGUE_MODES or bias.dtype != out.dtype:
             return None
         if bias.shape != self._channel_bias_shape(out.shape) or not bias.flags.c_contiguous:
             return None
-        if mode == "H_SWISH":
-            geo = self._nchw88_geometry(src.shape, filt.shape)
-            if not conv_nchw88.direct_geometry(geo, self.param.pad, self.param.dilate):
-                return None
         return conv_epilogue.Epilogue(bias.reshape(-1), mode == "RELU", mode == "H_SWISH")
 
     def grad(self, wrt_idx, out_grads):

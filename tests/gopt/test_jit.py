@@ -340,6 +340,40 @@ def test_small_kernel_is_one_call(monkeypatch):
     np.testing.assert_allclose(out, np.exp(1.0) + 1.0, rtol=1e-6)
 
 
+def test_transcendental_kernels_split_from_fewer_elements(monkeypatch):
+    monkeypatch.setattr(jc, "PARALLEL_MIN_SIZE_TRANSCENDENTAL", 4096)
+    seen = _record_parts(monkeypatch, parts=2)
+    monkeypatch.setattr(jc, "PARALLEL_MIN_SIZE", 1 << 20)
+    silu = (("SIGMOID", (("i", 0),)), ("MUL", (("i", 0), ("t", 0))))
+    add = (("ADD", (("i", 0), ("i", 1))),)
+    assert jc.parallel_min_size(silu) == 4096 and jc.parallel_min_size(add) == 1 << 20
+    x = np.linspace(-9, 9, 10000, dtype=F32)
+    jc.bind(silu, [x], np.empty_like(x))
+    jc.bind(add, [x, x], np.empty_like(x))
+    assert seen == [2, 1]
+
+
+_GATE = (("SIGMOID", (("i", 0),)), ("MUL", (("t", 0), ("i", 1))))
+
+
+@pytest.mark.parametrize("expr", [_EXPR3, _GATE])
+def test_split_kernels_are_bit_identical_whatever_the_thread_count(monkeypatch, expr):
+    """Every element is computed by the same code on any part (vector body or scalar tail)."""
+    rng = np.random.default_rng(8)
+    x = rng.uniform(-90, 90, (1, 7, 13, 11, 8)).astype(F32)
+    x.reshape(-1)[:4] = [np.inf, -np.inf, np.nan, 0.0]
+    g = rng.uniform(-3, 3, (1, 7, 1, 1, 8)).astype(F32)
+    ys = []
+    for parts in (1, 2, 3):
+        seen = _record_parts(monkeypatch, parts)
+        y = np.empty_like(x)
+        jc.bind(expr, [x, g], y)()
+        assert seen[-1] == parts
+        ys.append(y)
+    for y in ys[1:]:
+        np.testing.assert_array_equal(y.view(np.int32), ys[0].view(np.int32))
+
+
 # ---- the pass -----------------------------------------------------------------------------
 def _compile_types(build, shapes, jit=1, level=2, dtype=F32):
     g = _graph(jit, level)
@@ -607,3 +641,41 @@ def test_bcast_layout_in_place_and_kernel_source():
     src = jc.kernel_source(expr, ("bcast", (("f", "c"), True), 0))
     assert "c1 = x1[b]" in src and "for k in range(out.shape[2])" in src
     assert jc.bind(expr, [x[:, :, ::2], b], np.empty((6, 4, 5), F32), layouts=("bcast",)) is None
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+@pytest.mark.parametrize(
+    "xshape, most",  # most: the parts the arrays allow (split along A, or B when A is 1)
+    [((2, 5, 6, 7, 8), 2), ((1, 5, 6, 7, 8), 2), ((1, 7, 3, 8), 1)],
+)
+def test_blocked_bcast_layout_matches_the_interpreter(monkeypatch, parts, xshape, most):
+    """The squeeze-and-excitation multiply of NCHW88 (and a (B, 8) operand of 4 dims), split
+    or not, in place or not: the same values as the unfused kernels."""
+    seen = _record_parts(monkeypatch, parts)
+    rng = np.random.default_rng(6)
+    x = rng.uniform(-3, 3, xshape).astype(F32)
+    gshape = (1, xshape[1]) + (1,) * (len(xshape) - 3) + (xshape[-1],)
+    g = rng.uniform(-3, 3, gshape).astype(F32)
+    expr = (("SIGMOID", (("i", 1),)), ("MUL", (("i", 0), ("t", 0))), ("ADD", (("t", 1), ("c", 1))))
+    ref = jc.interpret(expr, [x, g])
+    out = np.full(xshape, np.nan, F32)
+    jc.bind(expr, [x, g], out)()
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+    assert seen == [min(parts, most)]
+    y = x.copy()
+    jc.bind((("MUL", (("i", 0), ("i", 1))),), [y, g], y)()  # in place
+    np.testing.assert_array_equal(y, x * g)
+    src = jc.kernel_source(expr, ("bcast", (("f", "c"), "blocked"), None))
+    assert "for l in range(8)" in src and "x1[b, l]" in src
+
+
+def test_elemwise_mul_of_a_blocked_gate_runs_compiled():
+    from megbrain.kernels import elemwise as ew
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 6, 14, 14, 8)).astype(F32)
+    g = rng.standard_normal((1, 6, 1, 1, 8)).astype(F32)
+    out = np.empty_like(x)
+    assert ew._compiled_bind("MUL", [x, g], out) is not None
+    ew.bind("MUL", [x, g], out)()
+    np.testing.assert_array_equal(out, x * g)

@@ -110,6 +110,36 @@ def test_matches_float64(c, bias, relu, with_z, constant):
         np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
 
 
+@settings(max_examples=60, deadline=None)
+@given(c=cases(), with_z=st.booleans())
+def test_h_swish_epilogue_matches_float64(c, with_z):
+    x, w, src, filt = _operands(c)
+    out = _out(c)
+    rng = np.random.default_rng(c["seed"] + 2)
+    b = rng.uniform(-3, 3, c["c"]).astype(np.float32)  # both ends of H_SWISH's ramp
+    want = _ref(x, w, c["stride"], c["pad"], c["dilate"], c["flip"]) + b[None, :, None, None]
+    z = None
+    if with_z:
+        zn = rng.uniform(-2, 2, want.shape).astype(np.float32)
+        z, want = np.ascontiguousarray(conv_nchw88.to_nchw88(zn)), want + zn
+    want = want * np.clip(want + 3, 0, 6) / 6
+    name, step = _bind(c, src, filt, out, epilogue=Epilogue(b, False, True), z=z)
+    assert name == "CHANNELWISE_NCHW88"
+    step()
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
+def test_h_swish_epilogue_keeps_nan():
+    c = _case(n=1, c=8, fshape=(3, 3), pad=(1, 1), stride=(1, 1))
+    _, _, src, filt = _operands(c)
+    src = src.copy()
+    src[0, 0, 4, 4, 3] = np.nan
+    out = _out(c)
+    _bind(c, src, filt, out, epilogue=Epilogue(np.zeros(8, np.float32), False, True))[1]()
+    y = conv_nchw88.to_nchw(out)
+    assert np.isnan(y[0, 3, 3:6, 3:6]).all() and np.isfinite(y).sum() == y.size - 9
+
+
 def test_relu_keeps_nan_and_strided_operands_are_read():
     c = _case(n=2, c=24, fshape=(5, 5), pad=(2, 2), stride=(2, 1))
     x, w, src, filt = _operands(c)

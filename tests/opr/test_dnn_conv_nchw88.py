@@ -161,6 +161,33 @@ def test_nchw88_conv_bias(with_z, mode):
               rtol=1e-4, atol=1e-5)  # fmt: skip
 
 
+@pytest.mark.parametrize("mode", ["RELU", "H_SWISH"])
+def test_nchw88_channel_wise_conv_bias_applies_the_activation_in_its_kernel(monkeypatch, mode):
+    import types
+
+    from megbrain.opr import dnn_conv_bias
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("the bias and activation went to an elementwise pass")
+
+    monkeypatch.setattr(dnn_conv_bias, "ew_kernels", types.SimpleNamespace(bind=no_pass))
+    rng = np.random.default_rng(9)
+    x, wc, b = _rand(rng, 1, 16, 9, 9), _rand(rng, 16, 1, 1, 3, 3), _rand(rng, 1, 16, 1, 1)
+    act = {
+        "RELU": lambda v: np.maximum(v, 0),
+        "H_SWISH": lambda v: v * np.clip(v + 3, 0, 6) / 6,
+    }[mode]
+    want = act(ref_conv(x * 4, wc, (1, 1), (1, 1), (1, 1), group=True) + b)
+    c88 = np.ascontiguousarray(wc.reshape(2, 8, 3, 3).transpose(0, 2, 3, 1))[:, None, None]
+    param = ConvBiasParam(pad_h=1, pad_w=1, nonlineMode=mode, format="NCHW88", sparse="GROUP")
+    g = make_graph()
+    ins, _ = inputs(g, _to88(x * 4), c88, _to88(b))
+    y = _conv_bias(ins, param)
+    (got,) = run([y], g)
+    assert y.node.owner.chosen_algorithm == "CHANNELWISE_NCHW88"
+    np.testing.assert_allclose(_from88(got), want, rtol=1e-4, atol=1e-5)
+
+
 def test_nchw88_records_its_algorithm_and_refuses_gradients():
     rng = np.random.default_rng(8)
     g = make_graph()

@@ -86,7 +86,7 @@ def bind_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, strid
     flip : bool
         CONVOLUTION mode (the filter flipped spatially).
     epilogue : Epilogue, optional
-        The per-channel bias (C values) and ReLU.
+        The per-channel bias (C values) and ReLU or H_SWISH.
     z : numpy.ndarray, optional
         An array of the output's shape added after the bias, before the activation.
 
@@ -110,7 +110,7 @@ def bind_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, strid
     bias = _EMPTY
     if epilogue is not None:
         bias = _readonly(_contiguous(epilogue.bias, steps))
-        epi |= 1 | (4 if epilogue.relu else 0)
+        epi |= 1 | (4 if epilogue.relu else 0) | (8 if epilogue.hswish else 0)
     if z is not None:
         epi |= 2
     t = threads()

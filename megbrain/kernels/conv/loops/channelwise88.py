@@ -21,6 +21,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ... import tiled_jit
+from .nchw8c import _hswish_py
 
 __all__ = ["CB", "channelwise88", "scratch_size"]
 
@@ -33,7 +34,7 @@ _TILE = J * CB
 _TILE4 = 4 * CB
 
 # bound by _compiled() before compiling
-stack_tile = carray = tap_sums = _tile = _tile4 = _one = _row_tiles = _finish = None
+stack_tile = carray = tap_sums = _tile = _tile4 = _one = _row_tiles = _finish = _hswish = None
 
 
 @functools.cache
@@ -132,7 +133,7 @@ def _one_py(x, x0, w, w0, a0, a1, b0, b1, fw, rstep, cstep, out, o, z, bias, bo,
 
 def _finish_py(acc, positions, out, o, z, bias, bo, epi):
     # pragma: no cover - compiled
-    # the epilogue (+ bias, + z, ReLU) of ``positions`` sums, stored at out[o:]
+    # the epilogue (+ bias, + z, ReLU or H_SWISH) of ``positions`` sums, stored at out[o:]
     if epi & 1:
         for jj in range(positions):
             for c in range(CB):
@@ -144,6 +145,9 @@ def _finish_py(acc, positions, out, o, z, bias, bo, epi):
         for k in range(positions * CB):
             v = acc[k]
             acc[k] = np.float32(0.0) if v < 0 else v  # not max(): NaN stays NaN
+    if epi & 8:
+        for k in range(positions * CB):
+            acc[k] = _hswish(acc[k])  # noqa: F821 - compiled in _compiled
     for k in range(positions * CB):
         out[np.uintp(o + k)] = acc[k]
 
@@ -179,7 +183,7 @@ def _channelwise88_py(x, w, out, z, bias, xp, dims, conv, epi, u0, u1):
     """Units [u0, u1) of the flat C-contiguous NCHW88 ``out`` (N, CB_N, OH, OW, 8) = the
     channel-wise convolution of the flat C-contiguous ``x`` (N, CB_N, H, W, 8) with ``w``
     (CB_N, FH, FW, 8) (flipped already for CONVOLUTION mode), then ``+ bias[8 cb + c]`` (epi
-    bit 1), ``+ z`` (bit 2, out's layout), ReLU (bit 4).
+    bit 1), ``+ z`` (bit 2, out's layout), ReLU (bit 4) or H_SWISH (bit 8).
 
     dims: N, CB_N, H, W, OH, OW, FH, FW, ROWS (output rows a unit takes), BANDS (units per
     block); conv: SH, SW, PH, PW, DH, DW. A unit first copies the source rows its band reads
@@ -237,13 +241,14 @@ def channelwise88(x, w, out, z, bias, xp, dims, conv, epi: int, u0: int, u1: int
 
 @functools.cache
 def _compiled():
-    global stack_tile, carray, tap_sums, _tile, _tile4, _one, _row_tiles, _finish
+    global stack_tile, carray, tap_sums, _tile, _tile4, _one, _row_tiles, _finish, _hswish
     stack_tile, carray, tap_sums = tiled_jit.stack_tile(), _carray, _tap_sums()
     compile_tiled = tiled_jit.compile_tiled
     f1, i8 = t.float32[::1], t.int64
     fr = t.Array(t.float32, 1, "C", readonly=True)
     ints = t.int64[::1]
     acc = t.Array(t.float32, 1, "C")
+    _hswish = compile_tiled(_hswish_py, [t.float32(t.float32)], inline="always")
     _finish = compile_tiled(_finish_py, [t.void(acc, i8, f1, i8, fr, fr, i8, i8)],
                             inline="always")  # fmt: skip
     tile_sig = [t.void(f1, i8, i8, fr, i8, i8, i8, i8, i8, i8, f1, i8, fr, fr, i8, i8)]
