@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
-import itertools
 import math
 import os
 import sys
@@ -38,7 +37,7 @@ import numpy as np
 
 from .arrays import F16, F32, same_elements
 from .elemwise_modes import JIT_FORMS, JIT_HELPERS, REDUCE_MODES, arity, bind_numpy, compute
-from .parallel import concurrently, num_threads, ranges
+from .parallel import concurrently, num_threads, ranges, take_in_turn
 from .reduce import bind_reduce
 from .steps import chain
 
@@ -576,7 +575,7 @@ def bind(
     except Exception as exc:  # noqa: BLE001 - a kernel Numba can not build: run unfused
         _warn_unfused(expr, exc)
         return _bind_unfused(expr, inputs_orig, out, reduce)
-    steps.append(_in_turn(calls, threads))
+    steps.append(take_in_turn([calls] * threads) if threads > 1 else concurrently(calls))
     if res is not out:
         steps.append(functools.partial(np.copyto, out, res, "unsafe"))
     return chain(steps)
@@ -664,28 +663,6 @@ def _split_parts(
         return a[:, lo:hi]
 
     return threads, [[cut(k, a, lo, hi) for k, a in enumerate(args)] for lo, hi in bounds]
-
-
-def _in_turn(calls: list[Callable[[], None]], threads: int) -> Callable[[], None]:
-    """A step running ``calls`` (GIL-free kernels writing disjoint memory) on ``threads``
-    threads of :mod:`.parallel`'s pool, each taking the next call from one shared counter
-    (``next`` on it is atomic under the GIL)."""
-    if threads == 1 or len(calls) == 1:
-        return concurrently(calls)
-    counter: list = [None]
-
-    def worker() -> None:
-        take = counter[0].__next__
-        while (i := take()) < len(calls):
-            calls[i]()
-
-    workers = concurrently([worker] * threads)
-
-    def run() -> None:
-        counter[0] = itertools.count()
-        workers()
-
-    return run
 
 
 def _noop() -> None:

@@ -282,15 +282,20 @@ def test_falls_back_to_unfused_kernels_when_numba_fails(monkeypatch, reduce):
 def _record_parts(monkeypatch, parts: int = 3) -> list:
     """Make parallel kernels split into ``parts``; returns the list of the part counts bound."""
     seen: list = []
-    real = jc.concurrently
+    real, real_in_turn = jc.concurrently, jc.take_in_turn
 
     def concurrently(calls):
         seen.append(len(calls))
         return real(calls)
 
+    def take_in_turn(table):  # a split kernel: one row of parts per thread
+        seen.append(len(table))
+        return real_in_turn(table)
+
     monkeypatch.setattr(jc, "PARALLEL_MIN_SIZE", 1024)
     monkeypatch.setattr(jc, "num_threads", lambda: parts)
     monkeypatch.setattr(jc, "concurrently", concurrently)
+    monkeypatch.setattr(jc, "take_in_turn", take_in_turn)
     return seen
 
 
