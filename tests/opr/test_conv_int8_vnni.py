@@ -193,21 +193,21 @@ def test_quantized_matmul_equals_the_integer_product(on, m, k, n, asymm, ta, tb,
 
 @pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
 @pytest.mark.parametrize("tb", [False, True])
-def test_a_constant_matmul_b_is_packed_once_and_a_read_every_run(tb):
-    # a classifier's transposed weight is the tiles' filter (packed once when constant);
-    # a C-contiguous b is the source, and a, then the filter, is read on every run
+@pytest.mark.parametrize("m", [1, 50])
+def test_a_constant_matmul_b_is_packed_once_and_a_read_every_run(tb, m):
+    # a classifier's weight (one row of a), transposed or not, is the tiles' filter, packed
+    # once when constant; with more rows of a than columns of b, b is read every run
     rng = np.random.default_rng(5)
-    a = ref.random_q(rng, (1, 70), qint8(0.5))
+    a = ref.random_q(rng, (m, 70), qint8(0.5))
     b = ref.random_q(rng, (40, 70) if tb else (70, 40), qint8(0.25))
-    out = np.empty((1, 40), np.int32).view(qint32(0.125))
+    out = np.empty((m, 40), np.int32).view(qint32(0.125))
     with _path(True), constant_filter(True):
         step = blas.bind_matmul(a, b, out, False, tb)
     step()
     bv = ref.ints(b)
     a.view(np.int8)[...] = 1
-    if tb:
+    if m == 1:
         b.view(np.int8)[...] = 0  # a constant filter's later values are not read
     step()
-    want = ref.wrap_i32(np.ones((1, 70), np.int64) @ (bv.T if tb else bv))
+    want = ref.wrap_i32(np.ones((m, 70), np.int64) @ (bv.T if tb else bv))
     np.testing.assert_array_equal(out.view(np.int32), want)
-

@@ -265,16 +265,17 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
 
 def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:
     """``out = a @ b`` of 8-bit quantized matrices as a 1x1 convolution on the VNNI tiles
-    (``a`` the filter, ``b``'s rows the channels of one row of positions; for a ``b`` whose
-    transpose is C-contiguous, as a classifier's weight, ``out.T = b.T @ a.T`` with ``b.T``
-    the filter, packed once when bound inside :func:`.constant_operands.constant_filter`),
-    exact in int32; None where those do not take it (then the caller's integer product).
+    (``a`` the filter, ``b``'s rows the channels of one row of positions; for a constant
+    ``b`` (bound inside :func:`.constant_operands.constant_filter`: a classifier's weight)
+    or one whose transpose is C-contiguous, ``out.T = b.T @ a.T`` with ``b.T`` the filter,
+    packed once when constant), exact in int32; None where those do not take it (then the
+    caller's integer product).
 
     Parameters
     ----------
     a, b : numpy.ndarray
-        (M, K) and (K, N), of one 8-bit quantized kind; ``b`` C-contiguous, or ``b.T`` and
-        ``a.T`` C-contiguous.
+        (M, K) and (K, N), of one 8-bit quantized kind; ``b`` C-contiguous, or ``a.T`` and
+        ``b.T`` (or a constant ``b``) C-contiguous.
     out : numpy.ndarray
         (M, N), 32-bit integer storage, C-contiguous (or its transpose, with ``b.T``).
 
@@ -285,22 +286,27 @@ def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step
     if not (a.ndim == b.ndim == 2 and out.dtype.kind == "i" and out.dtype.itemsize == 4
             and a.dtype.itemsize == b.dtype.itemsize == 1):
         return None  # fmt: skip
-    # the filter is packed once only where it is b (the operand MatrixMul declares constant)
-    constant = False
-    if not (b.flags.c_contiguous and out.flags.c_contiguous):
-        # a classifier's transposed weight: out.T = b.T @ a.T, the weight the filter (a
-        # strided b would be gathered every run, slower than the integer product)
-        if not (b.T.flags.c_contiguous and a.T.flags.c_contiguous
-                and out.T.flags.c_contiguous):
-            return None  # fmt: skip
-        a, b, out, constant = b.T, a.T, out.T, filter_is_constant()
+    # b is the constant operand MatrixMul declares; the filter is packed once only if it is b
+    b_constant = filter_is_constant()
+    plain = b.flags.c_contiguous and out.flags.c_contiguous
+    # out.T = b.T @ a.T, b.T the filter: a classifier's weight (packed once, where as the
+    # source it would be relaid every run) or a strided b (gathered every run as the source,
+    # slower than the integer product)
+    swapped = (a.T.flags.c_contiguous and out.T.flags.c_contiguous
+               and (b.T.flags.c_contiguous or b_constant))  # fmt: skip
+    if swapped and (not plain or (b_constant and a.shape[0] <= b.shape[1])):
+        a, b, out = b.T, a.T, out.T
+    elif plain:
+        swapped = False
+    else:
+        return None
     src, filt = b[None, :, None, :], a[None, :, :, None, None]
     if _zero_point_or_none(src) is None or _zero_point_or_none(filt) is None:
         return None
     if not _vnni_usable(src, filt):
         return None
     y = _plain(out)[None, :, None, :]
-    with constant_filter(constant):
+    with constant_filter(swapped and b_constant):
         return _bind_vnni(src, filt, None, y, (1, 1), (0, 0), (1, 1), False, None)
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "int8_gemm",
     "int8_im2col",
     "quantized_add",
+    "quantize_8bit",
 ]
 
 @intrinsic
@@ -180,6 +181,21 @@ def quantized_add(a, b, out, q, relu: bool, lo: int, hi: int) -> None:
     """Values [lo, hi) of the quantized ADD / FUSE_ADD_RELU of flat 8-bit arrays; see
     :func:`_add_py`."""
     _compiled("add")(a, b, out, q, bool(relu), int(lo), int(hi))
+
+
+def _quantize_8bit_py(src, out, q, lo, hi):  # pragma: no cover - compiled
+    """Values [lo, hi) of MegDNN's quantize of the flat float32 ``src`` into the flat 8-bit
+    ``out`` (a TypeCvt); ``q`` = float32 (scale, zero point, qmin, qmax)."""
+    _zmm_vectors()
+    scale, zp, qmin, qmax = q[0], q[1], q[2], q[3]
+    for j in range(np.uintp(lo), np.uintp(hi)):
+        out[j] = _quantize(src[j], scale, zp, qmin, qmax)
+
+
+def quantize_8bit(src, out, q, lo: int, hi: int) -> None:
+    """Values [lo, hi) of the quantize of flat float32 values into 8 bits; see
+    :func:`_quantize_8bit_py`."""
+    _compiled("quantize")(src, out, q, int(lo), int(hi))
 
 
 #: float32 values of a depthwise band's padded source rows and of its sums (stack tiles)
@@ -346,5 +362,5 @@ def gemm_blocks(groups: int, out_channels: int) -> int:
 @functools.cache
 def _compiled(name: str):
     fn = {"im2col": _im2col_py, "gemm": _gemm_py, "depthwise": _depthwise_py,
-          "add": _add_py}[name]  # fmt: skip
+          "add": _add_py, "quantize": _quantize_8bit_py}[name]  # fmt: skip
     return njit(nogil=True, cache=True, error_model="numpy", fastmath=False)(fn)
