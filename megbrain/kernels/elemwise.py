@@ -216,6 +216,13 @@ def typecvt_bind(src: np.ndarray, out: np.ndarray) -> Callable[[], None]:
         one_bf16 = (src.dtype == BF16) != (out.dtype == BF16)
         if not one_bf16 or F32 in (src.dtype, out.dtype):
             return _partial(np.copyto, out, src, "unsafe")
+    if src_q is None and out_q is not None:
+        # (imported here: the 8-bit loops' module imports this one)
+        from .elemwise_multi_type import bind_8bit_quantize
+
+        fast = bind_8bit_quantize(src, out)
+        if fast is not None:
+            return fast
     steps: list[Step] = []
     mid = src
     if src_q is not None:

@@ -27,6 +27,7 @@ __all__ = [
     "provide",
     "sv",
     "reduce_to_input",
+    "input_is_constant",
     "AxisParam",
     "int_var",
     "norm_axis",
@@ -124,3 +125,23 @@ def reduce_to_input(g, inp: VarNode) -> VarNode:
         r = reduce_general(g, mode="SUM", target_shape=concat([ones, xshape], axis=0))
         return reshape(r, xshape).node
     return reduce_general(g, mode="SUM", target_shape=get_var_shape(sv(inp))).node
+
+
+#: operators whose outputs are parameters: their values change only when the user writes
+#: them (``graph_opt.weight_preprocess`` promises that no write follows the first run)
+_PARAM_SOURCES = ("SharedDeviceTensor", "MultipleDeviceTensorHolder")
+
+
+def input_is_constant(opr: OperatorNodeBase, i: int) -> bool:
+    """Whether ``opr``'s input ``i`` keeps its values from run to run: an ImmutableTensor,
+    or, under ``graph_opt.weight_preprocess``, a parameter (the user's promise that it is not
+    updated after the first run, as in the reference)."""
+    owner = opr.inputs[i].owner
+    if owner.type_name == "ImmutableTensor":
+        return True
+    opts = getattr(opr.graph, "options", None)
+    return (
+        opts is not None
+        and bool(opts.graph_opt.weight_preprocess)
+        and owner.type_name in _PARAM_SOURCES
+    )

@@ -12,8 +12,9 @@ from ..dtype import dtype_name, get_scale, is_bfloat16, is_quantize, qint32
 from ..graph import OperatorNodeBase, ParamBase, register_opr, static_shape
 from ..graph.operator import fmt_shape, table_param
 from ..kernels import blas as blas_kernels
+from ..kernels.conv.constant_operands import constant_filter
 from . import param_defs as pdefs
-from ._internal import reduce_to_input, sv
+from ._internal import input_is_constant, reduce_to_input, sv
 from .base import SymbolVar, build_opr
 from .basic_arith import fmt_dtype, same_dtype
 from .param_args import opr_params
@@ -137,7 +138,10 @@ class MatrixMul(_MatMulBase):
 
     def bind(self, ins, outs):
         p = self.param
-        return blas_kernels.bind_matmul(ins[0], ins[1], outs[0], p.transposeA, p.transposeB)
+        # a constant B (a classifier's weight) is packed once by the quantized product
+        with constant_filter(input_is_constant(self, 1)):
+            return blas_kernels.bind_matmul(ins[0], ins[1], outs[0], p.transposeA,
+                                            p.transposeB)
 
     def grad(self, wrt_idx, out_grads):
         return _matmul_grad(self, wrt_idx, out_grads, matrix_mul)

@@ -35,13 +35,10 @@ from ..kernels.conv import registry as conv_algos
 from ..kernels.conv.constant_operands import constant_filter
 from ..kernels.steps import chain
 from . import param_defs as pdefs
+from ._internal import input_is_constant
 from .base import SymbolVar, build_opr, insert_opr
 from .param_args import opr_params
 from .sereg_params import register_with_policy
-
-#: operators whose outputs are parameters: their values change only when the user writes
-#: them (``graph_opt.weight_preprocess`` promises that no write follows the first run)
-_PARAM_SOURCES = ("SharedDeviceTensor", "MultipleDeviceTensorHolder")
 
 __all__ = [
     "Convolution",
@@ -468,18 +465,9 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
         return step if then is None else chain([step, then()])
 
     def _filter_is_constant(self) -> bool:
-        """Whether the filter (input 1) keeps its values from run to run: an ImmutableTensor,
-        or, under ``graph_opt.weight_preprocess``, a parameter (the user's promise that it is
-        not updated after the first run, as in the reference)."""
-        owner = self.inputs[1].owner
-        if owner.type_name == "ImmutableTensor":
-            return True
-        opts = getattr(self.graph, "options", None)
-        return (
-            opts is not None
-            and bool(opts.graph_opt.weight_preprocess)
-            and owner.type_name in _PARAM_SOURCES
-        )
+        """Whether the filter (input 1) keeps its values from run to run
+        (:func:`._internal.input_is_constant`)."""
+        return input_is_constant(self, 1)
 
 
 def _make(cls, inputs, param) -> SymbolVar:

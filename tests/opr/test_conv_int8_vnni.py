@@ -176,16 +176,38 @@ def test_a_residual_add_in_one_pass_equals_the_reference(mode, asymm):
 @pytest.mark.parametrize("on", _PATHS)
 @settings(max_examples=25, deadline=None)
 @given(m=st.integers(1, 9), k=st.integers(1, 70), n=st.integers(1, 40), asymm=st.booleans(),
-       ta=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
-def test_quantized_matmul_equals_the_integer_product(on, m, k, n, asymm, ta, seed):
+       ta=st.booleans(), tb=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
+def test_quantized_matmul_equals_the_integer_product(on, m, k, n, asymm, ta, tb, seed):
     rng = np.random.default_rng(seed)
     da, db = (quint8(0.5, 128), quint8(0.25, 9)) if asymm else (qint8(0.5), qint8(0.25))
     a = ref.random_q(rng, (k, m) if ta else (m, k), da)
-    b = ref.random_q(rng, (k, n), db)
+    b = ref.random_q(rng, (n, k) if tb else (k, n), db)
     out = np.empty((m, n), np.int32).view(qint32(0.125))
     with _path(on):
-        step = blas.bind_matmul(a, b, out, ta, False)
+        step = blas.bind_matmul(a, b, out, ta, tb)
     step()
     av, bv = ref.ints(a) - (128 if asymm else 0), ref.ints(b) - (9 if asymm else 0)
-    want = ref.wrap_i32((av.T if ta else av) @ bv)
+    want = ref.wrap_i32((av.T if ta else av) @ (bv.T if tb else bv))
+    np.testing.assert_array_equal(out.view(np.int32), want)
+
+
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("m", [1, 50])
+def test_a_constant_matmul_b_is_packed_once_and_a_read_every_run(tb, m):
+    # a classifier's weight (one row of a), transposed or not, is the tiles' filter, packed
+    # once when constant; with more rows of a than columns of b, b is read every run
+    rng = np.random.default_rng(5)
+    a = ref.random_q(rng, (m, 70), qint8(0.5))
+    b = ref.random_q(rng, (40, 70) if tb else (70, 40), qint8(0.25))
+    out = np.empty((m, 40), np.int32).view(qint32(0.125))
+    with _path(True), constant_filter(True):
+        step = blas.bind_matmul(a, b, out, False, tb)
+    step()
+    bv = ref.ints(b)
+    a.view(np.int8)[...] = 1
+    if m == 1:
+        b.view(np.int8)[...] = 0  # a constant filter's later values are not read
+    step()
+    want = ref.wrap_i32(np.ones((m, 70), np.int64) @ (bv.T if tb else bv))
     np.testing.assert_array_equal(out.view(np.int32), want)

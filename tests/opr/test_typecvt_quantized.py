@@ -101,3 +101,28 @@ def test_same_quantized_dtype_is_the_identity():
     raw = np.array([1, -7, 127], np.int8).astype(q)
     _, got = build_and_run(lambda v: typecvt(v, mgb.dtype.qint8(0.1)), raw)
     np.testing.assert_array_equal(got, raw)
+
+
+@pytest.mark.parametrize("make", [lambda: mgb.dtype.qint8(0.037),
+                                  lambda: mgb.dtype.quint8(0.05, 131),
+                                  lambda: mgb.dtype.qint4(0.3)])  # fmt: skip
+def test_the_compiled_8bit_quantize_equals_the_numpy_steps(make):
+    # the one-pass loop of a float32 -> 8-bit TypeCvt against MegDNN's chain as NumPy steps:
+    # ties, saturation, infinities, NaN, -0 and values of every magnitude
+    from megbrain.kernels import elemwise as ew
+    from megbrain.kernels import elemwise_multi_type as emt
+    from megbrain.kernels.steps import chain
+
+    q = make()
+    rng = np.random.default_rng(7)
+    scale = np.float32(mgb.dtype.get_scale(q))
+    ties = (np.arange(-300, 300, dtype=F32) + np.float32(0.5)) * scale
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e30, 3e-39], F32)
+    x = np.concatenate([ties, np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf), special,
+                        (rng.standard_normal(5000) * 20).astype(F32)])  # fmt: skip
+    got, want = np.empty(x.shape, np.dtype(q.str)).view(q), np.empty(x.shape, q)
+    fast = emt.bind_8bit_quantize(x, got)
+    assert fast is not None
+    fast()
+    chain(ew.quantize_steps(x, want, ew.quant_params(q)))()
+    np.testing.assert_array_equal(got.view(np.dtype(q.str)), want.view(np.dtype(q.str)))

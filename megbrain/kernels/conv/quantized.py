@@ -18,7 +18,7 @@ from .. import elemwise_multi_type as emt
 from .. import parallel, workspace
 from ..steps import Step, chain
 from .common import conv_out_size
-from .constant_operands import filter_is_constant
+from .constant_operands import constant_filter, filter_is_constant
 from .loops import int8 as int8_loops
 from .loops import vnni as vnni_loops
 from .nchw8c import filter_packed
@@ -265,32 +265,49 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
 
 def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:
     """``out = a @ b`` of 8-bit quantized matrices as a 1x1 convolution on the VNNI tiles
-    (``a`` the filter, ``b``'s rows the channels of one row of positions), exact in int32;
-    None where those do not take it (then the caller's integer product).
+    (``a`` the filter, ``b``'s rows the channels of one row of positions; for a constant
+    ``b`` (bound inside :func:`.constant_operands.constant_filter`: a classifier's weight)
+    or one whose transpose is C-contiguous, ``out.T = b.T @ a.T`` with ``b.T`` the filter,
+    packed once when constant), exact in int32; None where those do not take it (then the
+    caller's integer product).
 
     Parameters
     ----------
     a, b : numpy.ndarray
-        (M, K) and (K, N), of one 8-bit quantized kind; ``b`` C-contiguous.
+        (M, K) and (K, N), of one 8-bit quantized kind; ``b`` C-contiguous, or ``a.T`` and
+        ``b.T`` (or a constant ``b``) C-contiguous.
     out : numpy.ndarray
-        (M, N), C-contiguous, 32-bit integer storage.
+        (M, N), 32-bit integer storage, C-contiguous (or its transpose, with ``b.T``).
 
     Returns
     -------
     Step or None
     """
-    # a strided b would be gathered every run (slower than the integer product)
-    if not (a.ndim == b.ndim == 2 and out.flags.c_contiguous and out.dtype.kind == "i"
-            and out.dtype.itemsize == 4 and a.dtype.itemsize == b.dtype.itemsize == 1
-            and b.flags.c_contiguous):
+    if not (a.ndim == b.ndim == 2 and out.dtype.kind == "i" and out.dtype.itemsize == 4
+            and a.dtype.itemsize == b.dtype.itemsize == 1):
         return None  # fmt: skip
+    # b is the constant operand MatrixMul declares; the filter is packed once only if it is b
+    b_constant = filter_is_constant()
+    plain = b.flags.c_contiguous and out.flags.c_contiguous
+    # out.T = b.T @ a.T, b.T the filter: a classifier's weight (packed once, where as the
+    # source it would be relaid every run) or a strided b (gathered every run as the source,
+    # slower than the integer product)
+    swapped = (a.T.flags.c_contiguous and out.T.flags.c_contiguous
+               and (b.T.flags.c_contiguous or b_constant))  # fmt: skip
+    if swapped and (not plain or (b_constant and a.shape[0] <= b.shape[1])):
+        a, b, out = b.T, a.T, out.T
+    elif plain:
+        swapped = False
+    else:
+        return None
     src, filt = b[None, :, None, :], a[None, :, :, None, None]
     if _zero_point_or_none(src) is None or _zero_point_or_none(filt) is None:
         return None
     if not _vnni_usable(src, filt):
         return None
     y = _plain(out)[None, :, None, :]
-    return _bind_vnni(src, filt, None, y, (1, 1), (0, 0), (1, 1), False, None)
+    with constant_filter(swapped and b_constant):
+        return _bind_vnni(src, filt, None, y, (1, 1), (0, 0), (1, 1), False, None)
 
 
 def _zero_point_or_none(a: np.ndarray) -> int | None:
