@@ -18,8 +18,9 @@ import numpy as np
 from numba import njit
 
 from .. import dtype as _dt
-from . import jit_codegen
+from . import jit_codegen, parallel
 from .arrays import BF16, F32, same_elements
+from .conv.loops import int8 as int8_loops
 from .elemwise_modes import check_operands, numpy_steps, round_in_place
 from .steps import Step, chain
 
@@ -184,6 +185,34 @@ def quantize_steps(src: np.ndarray, out: np.ndarray, qp: QuantParams) -> list[St
     return steps
 
 
+#: elements worth one thread of the one-pass 8-bit quantize
+QUANTIZE_MIN_PER_THREAD = 1 << 16
+
+
+def _bind_8bit_quantize(src: np.ndarray, out: np.ndarray) -> Callable[[], None] | None:
+    """MegDNN's quantize of float32 ``src`` into the 8-bit quantized ``out`` of its shape,
+    both C-contiguous, as one compiled pass (a network's input TypeCvt: the NumPy steps made
+    seven passes), the same float32 operations; else None.
+
+    Parameters
+    ----------
+    src, out : numpy.ndarray
+        The float32 values and the QuantizedS8 / Quantized8Asymm destination.
+
+    Returns
+    -------
+    Callable[[], None] or None
+    """
+    qo = quant_params(out.dtype)
+    if not (qo is not None and out.dtype.itemsize == 1 and src.dtype == F32
+            and src.shape == out.shape and src.flags.c_contiguous and out.flags.c_contiguous):
+        return None  # fmt: skip
+    q = np.array([qo.scale, qo.zero_point, qo.qmin, qo.qmax], F32)
+    part = _partial(int8_loops.quantize_8bit, src.reshape(-1),
+                    out.view(np.dtype(out.dtype.str)).reshape(-1), q)  # fmt: skip
+    return parallel.split(part, out.size, QUANTIZE_MIN_PER_THREAD)
+
+
 def typecvt_bind(src: np.ndarray, out: np.ndarray) -> Callable[[], None]:
     """Bind TypeCvt: convert ``src`` into ``out``'s dtype, as MegDNN's TypeCvt does.
 
@@ -217,10 +246,7 @@ def typecvt_bind(src: np.ndarray, out: np.ndarray) -> Callable[[], None]:
         if not one_bf16 or F32 in (src.dtype, out.dtype):
             return _partial(np.copyto, out, src, "unsafe")
     if src_q is None and out_q is not None:
-        # (imported here: the 8-bit loops' module imports this one)
-        from .elemwise_multi_type import bind_8bit_quantize
-
-        fast = bind_8bit_quantize(src, out)
+        fast = _bind_8bit_quantize(src, out)
         if fast is not None:
             return fast
     steps: list[Step] = []

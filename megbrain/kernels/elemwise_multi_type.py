@@ -29,7 +29,6 @@ __all__ = [
     "arity",
     "bind",
     "bind_quantized",
-    "bind_8bit_quantize",
 ]
 
 _partial = functools.partial
@@ -238,33 +237,6 @@ def _bind_8bit_add(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray):
                   qo.qmin, qo.qmax], _F32)  # fmt: skip
     flat = [a.view(np.dtype(a.dtype.str)).reshape(-1) for a in arrays]
     part = _partial(int8_loops.quantized_add, *flat, q, mode == "FUSE_ADD_RELU")
-    return parallel.split(part, out.size, _ADD_MIN_PER_THREAD)
-
-
-def bind_8bit_quantize(src: np.ndarray, out: np.ndarray) -> Callable[[], None] | None:
-    """MegDNN's quantize of float32 ``src`` into the 8-bit quantized ``out`` of its shape,
-    both C-contiguous, as one compiled pass (a network's input TypeCvt: the NumPy steps made
-    seven passes), the same float32 operations; else None.
-
-    Parameters
-    ----------
-    src, out : numpy.ndarray
-        The float32 values and the QuantizedS8 / Quantized8Asymm destination.
-
-    Returns
-    -------
-    Callable[[], None] or None
-    """
-    qo = ew.quant_params(out.dtype)
-    if not (qo is not None and out.dtype.itemsize == 1 and src.dtype == _F32
-            and src.shape == out.shape and src.flags.c_contiguous and out.flags.c_contiguous):
-        return None  # fmt: skip
-    from . import parallel
-    from .conv.loops import int8 as int8_loops
-
-    q = np.array([qo.scale, qo.zero_point, qo.qmin, qo.qmax], _F32)
-    part = _partial(int8_loops.quantize_8bit, src.reshape(-1),
-                    out.view(np.dtype(out.dtype.str)).reshape(-1), q)  # fmt: skip
     return parallel.split(part, out.size, _ADD_MIN_PER_THREAD)
 
 
