@@ -40,6 +40,17 @@ def _store(out: np.ndarray, val) -> None:
     np.copyto(out, val, casting="unsafe")
 
 
+def _update_running_stats(out_mean, out_var, mean, var, m, v, n: int, f: float) -> None:
+    """``out = old * (1 - f) + batch * f`` for the mean and the variance, the batch variance
+    ``v`` made unbiased (``n / (n - 1)``; ``n == 1`` gives inf/nan as in MegDNN). The
+    right-hand sides are computed before the store: correct when ``out_*`` is the input's own
+    memory."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        unbiased = v * (n / (n - 1) if n > 1 else np.inf)
+    _store(out_mean, mean * (1 - f) + m * f)
+    _store(out_var, var * (1 - f) + unbiased * f)
+
+
 def bn_reduce_axes(x_shape: tuple, param_shape: tuple) -> tuple[int, ...]:
     """The axes BatchNorm reduces over: those where the param (scale) has size 1."""
     del x_shape
@@ -127,12 +138,7 @@ def bind_bn_forward(
         _store(save_mean, m)
         _store(save_inv_var, inv)
         if has_stats:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                unbiased = v * (n / (n - 1) if n > 1 else np.inf)
-            # the right-hand sides are computed before the store: correct when out_* is the
-            # input's own memory
-            _store(out_mean, _cast(mean, ct) * (1 - f) + m * f)
-            _store(out_var, _cast(var, ct) * (1 - f) + unbiased * f)
+            _update_running_stats(out_mean, out_var, _cast(mean, ct), _cast(var, ct), m, v, n, f)
         np.multiply(inv, sc, out=k, casting="unsafe")
         np.multiply(dev, k, out=ys)
         np.add(ys, bi, out=ys, casting="unsafe")
@@ -168,17 +174,11 @@ def _bn_forward_compiled(views, mean, var, out_mean, out_var, has_stats, n, eps,
     )
     if not has_stats:
         return loop
-    ratio = n / (n - 1) if n > 1 else np.inf
-    pshape = out_mean.shape
+    m, v = m64.reshape(out_mean.shape), v64.reshape(out_mean.shape)
 
     def run() -> None:
         loop()
-        with np.errstate(invalid="ignore"):
-            unbiased = v64 * ratio
-        # the right-hand sides are computed before the store: correct when out_* is the
-        # input's own memory
-        _store(out_mean, mean * (1 - f) + m64.reshape(pshape) * f)
-        _store(out_var, var * (1 - f) + unbiased.reshape(pshape) * f)
+        _update_running_stats(out_mean, out_var, mean, var, m, v, n, f)
 
     return run
 
