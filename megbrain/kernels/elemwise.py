@@ -185,8 +185,8 @@ def quantize_steps(src: np.ndarray, out: np.ndarray, qp: QuantParams) -> list[St
     return steps
 
 
-#: elements worth one thread of the one-pass 8-bit quantize
-QUANTIZE_MIN_PER_THREAD = 1 << 16
+#: elements worth one thread of a one-pass 8-bit loop (TypeCvt's quantize, the quantized add)
+EIGHT_BIT_MIN_PER_THREAD = 1 << 16
 
 
 def _bind_8bit_quantize(src: np.ndarray, out: np.ndarray) -> Callable[[], None] | None:
@@ -210,7 +210,7 @@ def _bind_8bit_quantize(src: np.ndarray, out: np.ndarray) -> Callable[[], None] 
     q = np.array([qo.scale, qo.zero_point, qo.qmin, qo.qmax], F32)
     part = _partial(int8_loops.quantize_8bit, src.reshape(-1),
                     out.view(np.dtype(out.dtype.str)).reshape(-1), q)  # fmt: skip
-    return parallel.split(part, out.size, QUANTIZE_MIN_PER_THREAD)
+    return parallel.split(part, out.size, EIGHT_BIT_MIN_PER_THREAD)
 
 
 def typecvt_bind(src: np.ndarray, out: np.ndarray) -> Callable[[], None]:

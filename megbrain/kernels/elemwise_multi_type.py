@@ -216,10 +216,6 @@ def bind_quantized(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray) -> 
     return chain(steps)
 
 
-#: values of a quantized add worth one thread
-_ADD_MIN_PER_THREAD = 1 << 16
-
-
 def _bind_8bit_add(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray):
     """ADD or FUSE_ADD_RELU of two 8-bit quantized arrays of the output's shape, all
     C-contiguous, into an 8-bit output, as one compiled pass (a network's residual adds: the
@@ -237,7 +233,7 @@ def _bind_8bit_add(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray):
                   qo.qmin, qo.qmax], _F32)  # fmt: skip
     flat = [a.view(np.dtype(a.dtype.str)).reshape(-1) for a in arrays]
     part = _partial(int8_loops.quantized_add, *flat, q, mode == "FUSE_ADD_RELU")
-    return parallel.split(part, out.size, _ADD_MIN_PER_THREAD)
+    return parallel.split(part, out.size, ew.EIGHT_BIT_MIN_PER_THREAD)
 
 
 def bind(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray) -> Callable[[], None]:
