@@ -70,6 +70,12 @@ def _conv_weight_mode(opr) -> str | None:
     return "NCHW_NCHW88_CONV_DENSE_WEIGHT"
 
 
+def _one_position(shape: tuple | None) -> bool:
+    """Whether an NCHW var of ``shape`` is (N, C, 1, 1) with C a multiple of 8: its values are
+    in the same order in NCHW and NCHW88, so a reshape moves it between the layouts."""
+    return shape is not None and len(shape) == 4 and shape[2:] == (1, 1) and shape[1] % 8 == 0
+
+
 def use_nchw88(graph, dest, options) -> VarMap:
     """The NCHW88 rewrite of the graph of ``dest`` (see the module's docstring)."""
     rw = Rewriter(graph, dest)
@@ -78,7 +84,7 @@ def use_nchw88(graph, dest, options) -> VarMap:
     def nchw(v: VarNode) -> VarNode:
         if v in blocked and v not in rw.varmap:
             s = static_shape(v)
-            if s is not None and s[2:] == (1, 1) and s[1] % 8 == 0:  # the same order
+            if _one_position(s):
                 back = reshape(SymbolVar(blocked[v]), s).node
             else:
                 back = relayout_format(SymbolVar(blocked[v]), mode="NCHW88_NCHW").node
@@ -88,7 +94,7 @@ def use_nchw88(graph, dest, options) -> VarMap:
     def to88(v: VarNode) -> VarNode:
         if v not in blocked:
             s = static_shape(v)
-            if s is not None and len(s) == 4 and s[2:] == (1, 1) and s[1] % 8 == 0:
+            if _one_position(s):
                 blocked[v] = reshape(SymbolVar(rw.get(v)), (s[0], s[1] // 8, 1, 1, 8)).node
             else:
                 blocked[v] = relayout_format(SymbolVar(rw.get(v)), mode="NCHW_NCHW88").node
