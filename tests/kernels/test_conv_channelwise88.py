@@ -7,10 +7,13 @@ test_conv_nchw88)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import njit
 from test_conv_algos import ATOL, RTOL, assert_allocates_nothing
 from test_conv_fast_algos import _carved
 from test_conv_nchw88 import _filter88, _to88
@@ -20,6 +23,7 @@ from megbrain.kernels.conv import common as conv_common
 from megbrain.kernels.conv import nchw88 as conv_nchw88
 from megbrain.kernels.conv.constant_operands import constant_filter
 from megbrain.kernels.conv.epilogue import Epilogue
+from megbrain.kernels.conv.loops import channelwise88 as loops88
 
 
 def _ref(x, w, stride, pad, dilate, flip):
@@ -211,3 +215,42 @@ def test_a_float64_operand_falls_back_to_nchw():
     name, _ = _bind(c, src.astype(np.float64), filt.astype(np.float64),
                     _out(c).astype(np.float64))  # fmt: skip
     assert name == "NCHW88_AS_NCHW"
+
+
+def test_the_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch):
+    # benchmarks/depthwise88.py on two small layers, so that it cannot rot; times unchecked
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
+    import depthwise88
+
+    rows = depthwise88.main(["--smoke"])
+    assert [r["name"] for r in rows] == ["CHANNELWISE_NCHW88"] * 2
+    assert all(min(r["ours"], r["ort"], r["copy"]) > 0 for r in rows)
+
+
+@pytest.mark.parametrize("fshape, stride, dilate", [((9, 8), (1, 3), (1, 1)),
+                                                    ((3, 5), (2, 1), (2, 2))])  # fmt: skip
+def test_filters_without_a_kernel_of_their_own_take_the_general_one(fshape, stride, dilate):
+    c = _case(n=2, c=16, fshape=fshape, stride=stride, pad=(2, 3), dilate=dilate,
+              sshape=(17, 26))  # fmt: skip
+    assert loops88.kernel_key(fshape[1], stride[1], dilate[1]) == (0, 0)
+    x, w, src, filt = _operands(c)
+    out = _out(c)
+    _bind(c, src, filt, out)[1]()
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), _ref(x, w, c["stride"], c["pad"],
+                               c["dilate"], False), rtol=RTOL, atol=ATOL)  # fmt: skip
+
+
+def test_the_sums_are_vector_fmas_on_registers():
+    # compiled afresh: the assembly of a kernel loaded from Numba's cache is not kept
+    kernel = loops88._make_kernel(3, 1)
+    fn = njit(loops88.signature(), nogil=True, error_model="numpy", fastmath={"contract"})(kernel)
+    asm = "\n".join(fn.inspect_asm().values())
+    fmas = [line for line in asm.splitlines() if "vfmadd" in line and "ps" in line]
+    # 8 positions of the unchecked and of the checked tile, 3 columns each, and their rows
+    assert len(fmas) >= 2 * 8 * 3
+    assert all("ymm" in line or "zmm" in line for line in fmas)
+    # the accumulators are registers: no multiply-add reads or writes one on the stack
+    assert not any("(%rsp)" in line for line in fmas)

@@ -4,15 +4,15 @@ padding and dilation, with ConvBias's bias, residual ``z`` and ReLU applied on t
 
 MobileNet-class networks put a depthwise convolution between two pointwise ones in every
 block; computed in NCHW, each one cost two relayouts out of and back into NCHW88. Here a
-compiled loop (:func:`.loops.channelwise88.channelwise88`) reads the blocked source: the 8
-channels of a position are one vector, 8 positions of a row summed at once in registers.
-Each unit (sample, channel block, band of output rows) first copies the source rows it reads
-into rows padded with zero positions left and right (its thread's scratch, from
-:func:`workspace.empty`), so that the positions at a row's ends go 8 at a time too: summed
-one at a time over their taps inside the source, they took most of the time of a 14x14 or
-7x7 plane (a 672-channel 5x5 layer at 14x14: 0.21 ms against 0.40). The units are split
-over :func:`.common.threads` Python threads; nothing is allocated when the bound callable
-runs, and every output is summed in the same order whatever the split.
+compiled loop (:func:`.loops.channelwise88.channelwise88`) reads the blocked source in
+place: the 8 channels of a position are one vector, 8 positions of an output row summed at
+once in registers, the filter's columns unrolled for widths up to 7 at strides 1 and 2, the
+epilogue applied before the row's vectors are stored. Only the tiles at a row's ends check
+their columns (reading zeros outside the source); a copy of the source padded with zeros
+cost as much as the sums on a 56x56 plane. The units (sample, channel block, band of output
+rows, so that a few channel blocks still fill the threads) are split over
+:func:`.common.threads` Python threads; nothing is allocated when the bound callable runs,
+and every output is summed in the same order whatever the split.
 """
 
 from __future__ import annotations
@@ -121,13 +121,11 @@ def bind_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, strid
     dims = np.array([n, cbn, h, w, oh, ow, fh, fw, rows, bands], np.int64)
     conv = np.array([*stride, *pad, *dilate], np.int64)
     yf, wr = y.reshape(-1), _readonly(wbuf)
-    parts = parallel.ranges(blocks * bands, t)
-    xp = workspace.empty((len(parts), loops.scratch_size(rows, w, (fh, fw), stride, pad, dilate)),
-                         _F32)  # fmt: skip
+    key = loops.kernel_key(fw, stride[1], dilate[1])
     steps.append(parallel.concurrently([
-        functools.partial(loops.channelwise88, x, wr, yf, zf, bias, xp[k], dims, conv, epi, u0,
+        functools.partial(loops.channelwise88, key, x, wr, yf, zf, bias, dims, conv, epi, u0,
                           u1)
-        for k, (u0, u1) in enumerate(parts)
+        for u0, u1 in parallel.ranges(blocks * bands, t)
     ]))  # fmt: skip
     if y is not out:
         steps.append(functools.partial(np.copyto, out, y))
