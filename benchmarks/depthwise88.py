@@ -20,9 +20,9 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
-import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+from conv_fast import best_times  # noqa: E402
 
 #: (filter, stride, channels, source side): the zoo's depthwise layers
 CASES = [
@@ -38,19 +38,6 @@ CASES = [
 def case_name(case) -> str:
     f, s, c, h = case
     return f"{f}x{f}/s{s}:{c},{h}x{h}"
-
-
-def best_times(fns: dict, repeat: int) -> dict[str, float]:
-    for _ in range(3):
-        for f in fns.values():
-            f()
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeat):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            best[k] = min(best[k], time.perf_counter() - t0)
-    return best
 
 
 def _ort_session(c: int, f: int, s: int, h: int, w: np.ndarray, b: np.ndarray, threads: int):
@@ -105,7 +92,7 @@ def run_case(case, threads: int, repeat: int, peer: bool = True) -> dict:
         if peer:
             sess = _ort_session(c, f, s, h, w, b, threads)
             fns["ort"] = lambda: sess.run(None, {"x": x})
-        times = best_times(fns, repeat)
+        times = best_times(fns, repeat, cpu=False)
         step()
     finally:
         conv_common.THREADS = None
