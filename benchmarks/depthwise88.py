@@ -3,14 +3,16 @@ layers of MobileNetV2, MnasNet, MobileNetV3, EfficientNet-B0 and ConvNeXt, again
 onnxruntime running a one-Conv (group=C) model of the same shape and against the time a copy
 of the bytes it moves takes (source read and output written once).
 
-    python benchmarks/depthwise88.py [--threads 1 2] [--repeat 30] [--smoke] [case ...]
+    python benchmarks/depthwise88.py [--threads 1 2] [--repeat 30] [--cpu] [--smoke] [case ...]
 
 Every output is checked against onnxruntime's (rtol 1e-4, atol 1e-4).
 
 Cases are named ``FxF/sS:C,HxW`` (channels, source plane). Each row: our time, onnxruntime's
 (NCHW, the same threads), their ratio (onnxruntime / ours, >= 1 is good), GMAC/s and our
 time over the copy's (the memory floor; 1.0 would be memory speed). Ours, onnxruntime's and
-the copy are timed interleaved, best of ``--repeat`` rounds.
+the copy are timed interleaved, best of ``--repeat`` rounds. ``--cpu`` times the calling
+thread's CPU time instead of wall time: with ``--threads 1`` (onnxruntime then runs on the
+caller's thread too) the steadier comparison on a loaded machine.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def _ort_session(c: int, f: int, s: int, h: int, w: np.ndarray, b: np.ndarray, t
                                 providers=["CPUExecutionProvider"])  # fmt: skip
 
 
-def run_case(case, threads: int, repeat: int, peer: bool = True) -> dict:
+def run_case(case, threads: int, repeat: int, peer: bool = True, cpu: bool = False) -> dict:
     """Times of one case at ``threads`` threads (seconds), and its MACs and bytes; with
     ``peer``, onnxruntime's too, and the output checked against it."""
     from megbrain.kernels.conv import common as conv_common
@@ -92,7 +94,7 @@ def run_case(case, threads: int, repeat: int, peer: bool = True) -> dict:
         if peer:
             sess = _ort_session(c, f, s, h, w, b, threads)
             fns["ort"] = lambda: sess.run(None, {"x": x})
-        times = best_times(fns, repeat, cpu=False)
+        times = best_times(fns, repeat, cpu)
         step()
     finally:
         conv_common.THREADS = None
@@ -108,6 +110,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("cases", nargs="*", help="case names (default: all)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--cpu", action="store_true", help="the calling thread's CPU time")
     ap.add_argument("--smoke", action="store_true", help="two small cases, 2 rounds, 1 thread")
     args = ap.parse_args(argv)
     cases = [k for k in CASES if not args.cases or case_name(k) in args.cases]
@@ -119,7 +122,7 @@ def main(argv=None) -> list[dict]:
     for threads in args.threads:
         tot = dict(ours=0.0, ort=0.0)
         for case in cases:
-            r = run_case(case, threads, args.repeat)
+            r = run_case(case, threads, args.repeat, cpu=args.cpu)
             rows.append({"case": case_name(case), "threads": threads, **r})
             ort_ms = r.get("ort", float("nan")) * 1e3
             tot["ours"] += r["ours"]

@@ -6,7 +6,7 @@ MobileNet-class networks put a depthwise convolution between two pointwise ones 
 block; computed in NCHW, each one cost two relayouts out of and back into NCHW88. Here a
 compiled loop (:func:`.loops.channelwise88.channelwise88`) reads the blocked source in
 place: the 8 channels of a position are one vector, 8 positions of an output row summed at
-once in registers, the filter's columns unrolled for widths up to 7 at strides 1 and 2, the
+once in registers, the filter's columns unrolled for widths 3, 5 and 7 at strides 1 and 2, the
 epilogue applied before the row's vectors are stored. Only the tiles at a row's ends check
 their columns (reading zeros outside the source); a copy of the source padded with zeros
 cost as much as the sums on a 56x56 plane. The units (sample, channel block, band of output
