@@ -125,17 +125,23 @@ def test_nothing_is_allocated_per_run_and_runs_are_reproducible():
     c = _case(n=2, icg=58, ocg=58, sshape=(28, 28))
     x, w, y = _arrays(c)
     ep, bias = _epilogue(c, y, "RELU")
-    rec = workspace.Recorder()
-    with workspace.allocating(rec):
-        _FWD(x, w, y, *_geometry(c), epilogue=ep)
-    buf = np.full(max(rec.nbytes, 1), 0xFF, np.uint8)
-    with workspace.allocating(workspace.Carver(buf)):
-        fn = _FWD(x, w, y, *_geometry(c), epilogue=ep)
+    fn = bound_in_a_plan(lambda: _FWD(x, w, y, *_geometry(c), epilogue=ep))
     fn()
     first = y.copy()
     assert_allocates_nothing(fn)
     assert np.array_equal(y, first)
     np.testing.assert_allclose(y, _want(c, x, w, bias, "RELU"), rtol=RTOL, atol=ATOL)
+
+
+def bound_in_a_plan(bind):
+    """``bind()``'s step, its workspace carved from one buffer of 0xFF bytes (as a memory
+    plan gives it: every byte it reads must have been written by the step first)."""
+    rec = workspace.Recorder()
+    with workspace.allocating(rec):
+        bind()
+    buf = np.full(max(rec.nbytes, 1), 0xFF, np.uint8)
+    with workspace.allocating(workspace.Carver(buf)):
+        return bind()
 
 
 @pytest.mark.parametrize(
@@ -169,3 +175,13 @@ def test_conv_bias_applies_its_epilogue(mode):
     want = _ref_act(ref_forward(c, x, w) + b, mode)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     assert y.node.owner.chosen_algorithm == "DIRECT_POINTWISE"
+
+
+def test_a_strided_filter_is_read_at_every_run():
+    c = _case(icg=5, ocg=7, sshape=(4, 8))
+    x, w, y = _arrays(c)
+    wt = np.swapaxes(np.swapaxes(w, 1, 2).copy(), 1, 2)  # not C-contiguous: copied per run
+    fn = _FWD(x, wt, y, *_geometry(c))
+    wt *= -2
+    fn()
+    np.testing.assert_allclose(y, ref_forward(c, x, wt), rtol=RTOL, atol=ATOL)

@@ -12,5 +12,5 @@ breaks priority ties), so that a registry lookup always sees them all.
 
 # isort: off
 from . import im2col, bwd_data, bwd_filter, nchw8c, winograd, direct, grouped  # noqa: F401
-from . import depthwise_bwd, pointwise  # noqa: F401
+from . import depthwise_bwd, pointwise, channelwise  # noqa: F401
 # isort: on

@@ -23,7 +23,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .. import parallel, workspace
 from ..steps import chain
-from .common import _is_pointwise, bind_doc, checked, threads
+from .common import _is_pointwise, _reshaped, bind_doc, checked, threads
 from .epilogue import Epilogue
 from .loops import pointwise as loops
 from .loops.nchw8c import readonly_view
@@ -33,6 +33,8 @@ __all__ = [
     "MAX_K",
     "PREFERRED_MAX_K",
     "bind_pointwise_forward",
+    "epilogue_operands",
+    "filter_matrix",
     "preferred_pointwise_forward",
     "usable_pointwise_forward",
 ]
@@ -45,15 +47,15 @@ PREFERRED_MAX_K = 256
 #: the position blocks are split over threads only when each thread gets at least this many
 _MIN_SPLIT_BLOCKS = 2
 _F32 = np.dtype(np.float32)
-_NO_BIAS = np.zeros(1, _F32)
+_NO_BIAS = readonly_view(np.zeros(1, _F32))
 
 
 def _planes_contiguous(a: np.ndarray) -> bool:
     """Whether each (sample, channel) plane of the 4-d ``a`` is C-contiguous, the sample and
-    channel strides non-negative multiples of the item size."""
+    channel strides non-negative multiples of the item size (an empty ``a``: trivially)."""
     it = a.itemsize
     h, w = a.shape[2:]
-    return (
+    return a.size == 0 or (
         (w == 1 or a.strides[3] == it)
         and (h == 1 or a.strides[2] == w * it)
         and all(s >= 0 and s % it == 0 for s in a.strides[:2])
@@ -82,6 +84,29 @@ def preferred_pointwise_forward(src, filt, out, stride, pad, dilate, flip=False)
     )
 
 
+def filter_matrix(filt: np.ndarray, shape: tuple, steps: list) -> np.ndarray:
+    """``filt`` as a read-only C-contiguous float32 array of ``shape``: a view where it is
+    one, else a workspace copy that a step appended to ``steps`` refreshes at every run."""
+    w = _reshaped(filt, shape)
+    if w is None or not w.flags.c_contiguous:
+        w = workspace.empty(shape, _F32)
+        steps.append(functools.partial(np.copyto, w.reshape(filt.shape), filt))
+    return readonly_view(w)
+
+
+def epilogue_operands(epilogue: Epilogue | None, steps: list) -> tuple[np.ndarray, int]:
+    """The bias (a read-only C-contiguous float32 vector; a view of the epilogue's, else a
+    copy that a step appended to ``steps`` refreshes at every run) and the epilogue bits
+    (1 ``+ bias``, 4 ReLU, 8 H_SWISH) a compiled NCHW loop takes for ``epilogue``."""
+    if epilogue is None:
+        return _NO_BIAS, 0
+    bias = epilogue.bias
+    if not bias.flags.c_contiguous:  # read at every run: copied at every run
+        bias = workspace.empty(bias.shape, _F32)
+        steps.append(functools.partial(np.copyto, bias, epilogue.bias))
+    return readonly_view(bias), 1 | (4 if epilogue.relu else 0) | (8 if epilogue.hswish else 0)
+
+
 def _flat(a: np.ndarray, writeable: bool) -> np.ndarray:
     """A 1-d view of ``a``'s memory from its first element to its last (non-negative
     strides)."""
@@ -103,17 +128,8 @@ def bind_pointwise_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
     if geo.n == 0 or geo.g * geo.ocg == 0:
         return chain([])
     steps = []
-    w = filt.reshape(geo.g, geo.ocg, geo.icg)
-    if not w.flags.c_contiguous or not np.shares_memory(w, filt):
-        w = workspace.empty((geo.g, geo.ocg, geo.icg), _F32)
-        steps.append(functools.partial(np.copyto, w, filt.reshape(w.shape)))
-    bias, epi = _NO_BIAS, 0
-    if epilogue is not None:
-        bias = epilogue.bias
-        if not bias.flags.c_contiguous:  # read at every run: copied at every run
-            bias = workspace.empty(bias.shape, _F32)
-            steps.append(functools.partial(np.copyto, bias, epilogue.bias))
-        epi = 1 | (4 if epilogue.relu else 0) | (8 if epilogue.hswish else 0)
+    w = filter_matrix(filt, (geo.g * geo.ocg, geo.icg), steps)
+    bias, epi = epilogue_operands(epilogue, steps)
     it = src.itemsize
     npos = loops.block_positions()
     if geo.l < npos:
@@ -123,9 +139,9 @@ def bind_pointwise_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
                      src.strides[0] // it, src.strides[1] // it,
                      out.strides[0] // it, out.strides[1] // it], np.int64)  # fmt: skip
     x, y = _flat(src, False), _flat(out, True)
-    wf, bf = readonly_view(w.reshape(-1)), readonly_view(bias)
+    wf = w.reshape(-1)
     parts = parallel.ranges(geo.n * blocks, threads(), _MIN_SPLIT_BLOCKS)
-    calls = [functools.partial(loops.pointwise_nchw, x, wf, y, bf, dims, epi, u0, u1)
+    calls = [functools.partial(loops.pointwise_nchw, x, wf, y, bias, dims, epi, u0, u1)
              for u0, u1 in parts]  # fmt: skip
     steps.append(parallel.concurrently(calls))
     return chain(steps)

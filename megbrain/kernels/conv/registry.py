@@ -46,7 +46,8 @@ registration order breaks priority ties), by kind:
   fallback; ``CONV1X1_GEMM``, 30), :mod:`.nchw8c` (``DIRECT_NCHW8C``, 25), :mod:`.winograd`
   (``WINOGRAD_F23``, 20), :mod:`.direct` (``DIRECT``, 20), :mod:`.grouped`
   (``DIRECT_GROUPED``, 22: depthwise convolutions at any stride), :mod:`.pointwise`
-  (``DIRECT_POINTWISE``, 31: NCHW 1x1 convolutions of short reductions);
+  (``DIRECT_POINTWISE``, 31: NCHW 1x1 convolutions of short reductions),
+  :mod:`.channelwise` (``CHANNELWISE_NCHW``, 23: depthwise, one output per channel);
 - backward_data: :mod:`.bwd_data` (``AS_FORWARD_CONV``, 10; ``GEMM_COL2IM``, the fallback),
   :mod:`.winograd`, :mod:`.direct`, :mod:`.depthwise_bwd` (``DIRECT_DEPTHWISE``, 25:
   depthwise at strides other than 1);
