@@ -149,10 +149,11 @@ def test_empty_batch():
 @pytest.mark.parametrize(
     "kw, chosen",
     [
-        (dict(stride=(2, 2)), True),
-        (dict(fshape=(5, 5), pad=(2, 2), stride=(2, 1)), True),
-        (dict(stride=(1, 1)), False),  # DIRECT's
-        (dict(fshape=(7, 7), pad=(3, 3), stride=(1, 1)), True),
+        (dict(stride=(2, 2), ocg=2), True),  # two outputs per channel (a depth multiplier)
+        (dict(fshape=(5, 5), pad=(2, 2), stride=(2, 1), ocg=2), True),
+        (dict(fshape=(7, 7), pad=(3, 3), stride=(1, 1), ocg=2), True),
+        (dict(stride=(2, 2)), False),  # one output per channel: CHANNELWISE_NCHW's
+        (dict(stride=(1, 1), ocg=2), False),  # DIRECT's
         (dict(fshape=(9, 9), pad=(4, 4)), False),  # 81 taps
         (dict(icg=2, ocg=2), False),  # grouped, not depthwise: GEMMs sum it
     ],

@@ -307,9 +307,9 @@ def test_heuristic_takes_it_for_constant_filters_only():
     assert _chosen(c, True) == "DIRECT_NCHW8C"
     assert _chosen(c, False) != "DIRECT_NCHW8C"
     assert not filter_is_constant()  # the block restored the default
-    # pointwise convolutions stay with the GEMM on the source itself, strided ones and 1x1
-    # ones with padding with im2col
-    assert _chosen(_case(fshape=(1, 1), pad=(0, 0)), True) == "CONV1X1_GEMM"
+    # pointwise convolutions go to the direct NCHW pointwise kernel, strided ones and 1x1
+    # ones with padding to im2col
+    assert _chosen(_case(fshape=(1, 1), pad=(0, 0)), True) == "DIRECT_POINTWISE"
     assert _chosen(_case(icg=16, ocg=32, sshape=(14, 14), stride=(2, 2)), True) != "DIRECT_NCHW8C"
     assert _chosen(_case(fshape=(1, 1), pad=(1, 1)), True) != "DIRECT_NCHW8C"
     # a first layer (3 channels) takes it at stride 2 too: its im2col copies the source
@@ -431,7 +431,7 @@ def test_only_per_channel_identity_relu_or_hswish_epilogues_exist():
 @pytest.mark.parametrize("mode", ["IDENTITY", "RELU", "SIGMOID", "H_SWISH"])
 @pytest.mark.parametrize("fshape", [(1, 1), (3, 3)])
 def test_conv_bias_operator_matches_float64(mode, fshape):
-    # H_SWISH: in DIRECT_NCHW8C's epilogue (3x3), after CONV1X1_GEMM (1x1, no such epilogue)
+    # H_SWISH: in DIRECT_NCHW8C's epilogue (3x3) and DIRECT_POINTWISE's (1x1)
     pad = fshape[0] // 2
     c = _case(n=1, icg=16, ocg=32, sshape=(9, 9), fshape=fshape, pad=(pad, pad))
     x, w = _arrays(c)
@@ -446,5 +446,5 @@ def test_conv_bias_operator_matches_float64(mode, fshape):
     pre = ref_forward(c, x, w) + bias
     ref = 1 / (1 + np.exp(-pre)) if mode == "SIGMOID" else _ref_act(pre, mode)
     np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
-    expected = "CONV1X1_GEMM" if fshape == (1, 1) else "DIRECT_NCHW8C"
+    expected = "DIRECT_POINTWISE" if fshape == (1, 1) else "DIRECT_NCHW8C"
     assert y.node.owner.chosen_algorithm == expected

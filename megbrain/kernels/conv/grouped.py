@@ -11,7 +11,9 @@ multiply-adds). Here a compiled loop (:func:`.loops.grouped.grouped_conv2d`) com
 its zero-padded stride phases, so that every filter tap is one contiguous, vectorized pass
 over the whole output plane, at any stride. The planes are split over
 :func:`.common.threads` Python threads, each with its scratch from :func:`workspace.empty`;
-nothing is allocated when the bound callable runs.
+nothing is allocated when the bound callable runs. CHANNELWISE_NCHW (:mod:`.channelwise`,
+its taps summed in registers) comes first for the depthwise convolutions of one output per
+channel and contiguous planes.
 """
 
 from __future__ import annotations

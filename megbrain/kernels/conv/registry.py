@@ -45,7 +45,9 @@ registration order breaks priority ties), by kind:
 - forward: :mod:`.im2col` (``IM2COL_GEMM_PER_SAMPLE``, priority 10; ``IM2COL_GEMM``, the
   fallback; ``CONV1X1_GEMM``, 30), :mod:`.nchw8c` (``DIRECT_NCHW8C``, 25), :mod:`.winograd`
   (``WINOGRAD_F23``, 20), :mod:`.direct` (``DIRECT``, 20), :mod:`.grouped`
-  (``DIRECT_GROUPED``, 22: depthwise convolutions at any stride);
+  (``DIRECT_GROUPED``, 22: depthwise convolutions at any stride), :mod:`.pointwise`
+  (``DIRECT_POINTWISE``, 31: NCHW 1x1 convolutions of short reductions),
+  :mod:`.channelwise` (``CHANNELWISE_NCHW``, 23: depthwise, one output per channel);
 - backward_data: :mod:`.bwd_data` (``AS_FORWARD_CONV``, 10; ``GEMM_COL2IM``, the fallback),
   :mod:`.winograd`, :mod:`.direct`, :mod:`.depthwise_bwd` (``DIRECT_DEPTHWISE``, 25:
   depthwise at strides other than 1);

@@ -1,0 +1,227 @@
+"""Compiled (Numba) loop of the channel-wise (depthwise) NCHW convolution of
+:mod:`..channelwise`: any filter size, stride, padding and dilation, the ConvBias epilogue
+applied as each output row is written.
+
+Single-threaded and GIL-free (``nogil``) over a ``[begin, end)`` range of (sample, channel)
+planes, so that a caller splits one call over a few Python threads. No allocation: the
+source's stride phases and the sums go to the caller's scratch, the accumulators of a tile
+are vectors LLVM keeps in registers (:func:`_taps_tile`). Compiled on first use
+
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from llvmlite import ir
+from numba import njit
+from numba import types as t
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from ... import tiled_jit
+from . import grouped
+from .nchw8c import _hswish_py
+
+__all__ = ["VECS", "channelwise_nchw", "scratch_size"]
+
+#: vectors of output positions summed at once: that many independent sums hide the latency
+#: of the multiply-adds
+VECS = 4
+
+# bound by _compiled() before compiling (LANES: the host's vector width)
+taps_tile = _phase_split = _hswish = None
+LANES = 16
+
+
+def scratch_size(oshape, fshape, stride, dilate) -> tuple[int, int, int]:
+    """``(HQ, WQ, values)``: the phase planes' height and width (as
+    :func:`.grouped.scratch_size`) and the float32 scratch one thread needs: the phase planes
+    of one channel and the sums at "phase-width" positions, each with a tile's slack (the
+    last tile runs past the plane's positions; its extra sums are dropped)."""
+    hq, wq, _ = grouped.scratch_size(oshape, fshape, stride, dilate)
+    n_pos = (oshape[0] - 1) * wq + oshape[1]
+    slack = VECS * tiled_jit.vector_width()
+    return hq, wq, stride[0] * stride[1] * hq * wq + slack + n_pos + slack
+
+
+@functools.cache
+def _taps_tile():
+    """The ``taps_tile(vecs, s, s0, w, w0, offs, fw, acc, a0)`` Numba intrinsic: for ``vecs``
+    (a literal) vectors of positions ``p``, ``acc[a0 + p] = sum_t w[w0 + t] s[s0 + offs[t] +
+    p]`` over the taps ``t < len(offs)``, in that order, summed per filter row of ``fw``
+    taps, then the rows (a two-level sum: the error of a 7x7 filter stays at DIRECT_GROUPED's):
+    LLVM vectors of :func:`.tiled_jit.vector_width` lanes (``llvm.fmuladd``, fused where the
+    target has FMA), the accumulators in registers across the taps, no index checked (the
+    caller keeps them in bounds)."""
+    lanes = tiled_jit.vector_width()
+
+    @intrinsic
+    def taps_tile(typingctx, vecs, s, s0, w, w0, offs, fw, acc, a0):
+        if not isinstance(vecs, types.IntegerLiteral):
+            return None
+        nv = vecs.literal_value
+
+        def codegen(context, builder, signature, args):
+            _, _, s0_v, _, w0_v, _, fw_v, _, a0_v = args
+            i64 = ir.IntType(64)
+            vec = ir.VectorType(ir.FloatType(), lanes)
+
+            def const(v):
+                return ir.Constant(i64, v)
+
+            def arr(j):
+                return context.make_array(signature.args[j])(context, builder, args[j])
+
+            sdata, wdata, adata = arr(1).data, arr(3).data, arr(7).data
+            oarr = arr(5)
+            rows = builder.sdiv(builder.extract_value(oarr.shape, 0), fw_v)
+            fmuladd = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fmuladd.v{lanes}f32"
+            )
+            regs = cgutils.alloca_once(builder, ir.ArrayType(vec, 2 * nv))
+            slots = [builder.gep(regs, [const(0), const(j)], inbounds=True)
+                     for j in range(2 * nv)]  # fmt: skip
+            totals, parts = slots[:nv], slots[nv:]
+            for slot in totals:
+                builder.store(ir.Constant(vec, None), slot)
+            undef = ir.Constant(vec, ir.Undefined)
+            splat = ir.Constant(ir.VectorType(ir.IntType(32), lanes), None)  # lane 0 everywhere
+            with cgutils.for_range(builder, rows, intp=i64) as row_loop:
+                for slot in parts:
+                    builder.store(ir.Constant(vec, None), slot)
+                first = builder.mul(row_loop.index, fw_v)
+                with cgutils.for_range(builder, fw_v, intp=i64) as loop:
+                    tap = builder.add(first, loop.index)
+                    off = builder.load(builder.gep(oarr.data, [tap], inbounds=True))
+                    wptr = builder.gep(wdata, [builder.add(w0_v, tap)], inbounds=True)
+                    one = builder.insert_element(undef, builder.load(wptr), const(0))
+                    wv = builder.shuffle_vector(one, undef, splat)
+                    base = builder.add(s0_v, off)
+                    for j, slot in enumerate(parts):
+                        ptr = builder.gep(sdata, [builder.add(base, const(j * lanes))],
+                                          inbounds=True)  # fmt: skip
+                        xv = builder.load(builder.bitcast(ptr, vec.as_pointer()), align=4)
+                        builder.store(builder.call(fmuladd, [wv, xv, builder.load(slot)]), slot)
+                for tot, part in zip(totals, parts):
+                    builder.store(builder.fadd(builder.load(tot), builder.load(part)), tot)
+            for j, slot in enumerate(totals):
+                ptr = builder.gep(adata, [builder.add(a0_v, const(j * lanes))], inbounds=True)
+                builder.store(builder.load(slot), builder.bitcast(ptr, vec.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        i8 = types.int64
+        return types.void(vecs, s, i8, w, i8, offs, i8, acc, i8), codegen
+
+    return taps_tile
+
+
+def _phase_split_py(x, xo, h_, w_, phases, sh, sw, ph_, pw_, hq, wq):
+    # pragma: no cover - compiled
+    # the (H, W) plane at x[xo:] (rows contiguous), padded by (ph_, pw_) with zeros, split into
+    # its sh * sw stride phases: phases[(a sw + b) HQ WQ + r WQ + q] = padded[r sh + a, q sw + b].
+    # Unsigned indices, no slices: a slice costs reference counting, a signed index a
+    # wrap-around test, either one far more than a row of 7 to 56 values
+    zero = np.float32(0.0)
+    plane = hq * wq
+    for a in range(sh):
+        for b in range(sw):
+            base = (a * sw + b) * plane
+            # the columns q with 0 <= q sw + b - pw_ < W read the source
+            qlo = min(wq, max(0, (pw_ - b + sw - 1) // sw))
+            qhi = min(wq, max(qlo, (w_ + pw_ - b + sw - 1) // sw))
+            for r in range(hq):
+                sr = r * sh + a - ph_
+                d0 = np.uintp(base + r * wq)
+                if sr < 0 or sr >= h_:
+                    for q in range(np.uintp(wq)):
+                        phases[d0 + q] = zero
+                    continue
+                for q in range(np.uintp(qlo)):
+                    phases[d0 + q] = zero
+                s0 = np.uintp(xo + sr * w_ + qlo * sw + b - pw_)
+                d1 = d0 + np.uintp(qlo)
+                if sw == 1:
+                    for q in range(np.uintp(qhi - qlo)):
+                        phases[d1 + q] = x[s0 + q]
+                else:
+                    for q in range(np.uintp(qhi - qlo)):
+                        phases[d1 + q] = x[s0 + q * np.uintp(sw)]
+                for q in range(np.uintp(qhi), np.uintp(wq)):
+                    phases[d0 + q] = zero
+
+
+def _channelwise_nchw_py(x, w, y, scratch, bias, offs, dims, epi, p0, p1):
+    # pragma: no cover - compiled
+    """Planes p = n * C + c in [p0, p1) of ``y`` (N, C, OH, OW) = the channel-wise
+    convolution of ``x`` (N, C, H, W) with ``w`` (C, FH * FW) (flipped already for
+    CONVOLUTION mode), then ``+ bias[c]`` (epi bit 1), ReLU (bit 4) or H_SWISH (bit 8).
+    ``x`` and ``y`` are flat views starting at their first element, each plane's rows
+    contiguous.
+
+    dims: C, H, W, OH, OW, SH, SW, PH, PW, HQ, WQ, then the sample and channel strides of x
+    and of y, in elements, FW. Per plane the padded source is split into its stride phases, so
+    that tap t reads the phases at ``offs[t]`` plus the "phase-width" position ``r WQ + q``
+    of output (r, q): tiles of VECS vectors of consecutive positions sum every tap in
+    registers, then each output row takes its OW valid sums, the epilogue applied on the
+    way."""
+    c_, h_, w_, oh, ow = dims[0], dims[1], dims[2], dims[3], dims[4]
+    sh, sw, ph, pw, hq, wq = dims[5], dims[6], dims[7], dims[8], dims[9], dims[10]
+    xn, xc, yn, yc, fw = dims[11], dims[12], dims[13], dims[14], dims[15]
+    n_pos = (oh - 1) * wq + ow
+    tile = VECS * LANES
+    size = sh * sw * hq * wq
+    acc0 = size + tile  # the sums, after the phases and their slack
+    zero = np.float32(0.0)
+    for k in range(size, acc0):  # the slack the last tile reads: zeros, not stale values
+        scratch[k] = zero
+    for p in range(p0, p1):
+        n, c = p // c_, p % c_
+        _phase_split(x, n * xn + c * xc, h_, w_, scratch, sh, sw, ph, pw, hq, wq)  # noqa: F821
+        t0 = 0
+        while t0 < n_pos:
+            taps_tile(VECS, scratch, t0, w, c * w.shape[1], offs, fw, scratch,  # noqa: F821
+                      acc0 + t0)
+            t0 += tile
+        b = bias[c] if epi & 1 else zero
+        for r in range(oh):
+            a0 = np.uintp(acc0 + r * wq)
+            yo = np.uintp(n * yn + c * yc + r * ow)
+            if epi & 8:
+                for q in range(np.uintp(ow)):
+                    y[yo + q] = _hswish(scratch[a0 + q] + b)  # noqa: F821 - compiled in _compiled
+            elif epi & 4:
+                for q in range(np.uintp(ow)):
+                    v = scratch[a0 + q] + b
+                    y[yo + q] = zero if v < 0 else v  # not max(): NaN stays NaN
+            else:
+                for q in range(np.uintp(ow)):
+                    y[yo + q] = scratch[a0 + q] + b
+
+
+def channelwise_nchw(x, w, y, scratch, bias, offs, dims, epi: int, p0: int, p1: int) -> None:
+    """Planes [p0, p1) of the channel-wise NCHW convolution (:func:`_channelwise_nchw_py`):
+    ``x`` and ``bias`` read-only float32 vectors, ``w`` a read-only C-contiguous (C, FH * FW)
+    float32 array, ``y`` a writable vector, ``scratch`` the float32 values
+    :func:`scratch_size` gives, ``offs`` and ``dims`` int64."""
+    _compiled()(x, w, y, scratch, bias, offs, dims, int(epi), int(p0), int(p1))
+
+
+@functools.cache
+def _compiled():
+    # plain njit, not tiled_jit.compile_tiled: with LLVM's SLP vectorizer on, the phase split
+    # and the copies out ran 5-9x slower (the tile is vector code either way)
+    global taps_tile, _phase_split, _hswish, LANES
+    taps_tile, LANES = _taps_tile(), tiled_jit.vector_width()
+    opts = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
+    f1, i8, ints = t.float32[::1], t.int64, t.int64[::1]
+    fr2 = t.Array(t.float32, 2, "C", readonly=True)
+    fr = t.Array(t.float32, 1, "C", readonly=True)
+    _hswish = njit([t.float32(t.float32)], inline="always", **opts)(_hswish_py)
+    _phase_split = njit([t.void(fr, i8, i8, i8, f1, i8, i8, i8, i8, i8, i8)], **opts)(
+        _phase_split_py
+    )
+    return njit([t.void(fr, fr2, f1, f1, fr, ints, ints, i8, i8, i8)], **opts)(
+        _channelwise_nchw_py
+    )
