@@ -32,7 +32,8 @@ CB = 8
 OB = 16
 
 # bound by _compiled() before compiling
-stack_tile = carray = fma_tile = _hswish = _tile16 = _tile8 = _one16 = _one8 = _pack_band = None
+stack_tile = carray = fma_tile = _hswish = _tile16 = _tile8 = _tile8w = _one16 = _one8 = None
+_pack_band = None
 P = None
 
 
@@ -123,9 +124,9 @@ def _hybrid88_py(x, wp, out, z, bias, xp, taps, dims, conv, epi, u0, u1):
     dims: N, IC, H, W, OC8 (blocks of 8 output channels), OH, OW, ROWS (output rows of a
     unit), BANDS (units per sample), HQ, WQ (a band's phase planes); conv: SH, SW, PH, PW;
     ``taps`` the plane offsets of the filter taps (:func:`tap_offsets`). A row's tiles of P
-    positions end with one ending at the row's end (it recomputes a few positions of the one
-    before it, the same sums: the output never takes z's memory); rows shorter than P go one
-    position at a time."""
+    positions (2 P for the block of 8) end with one ending at the row's end (it recomputes
+    a few positions of the one before it, the same sums: the output never takes z's
+    memory); rows shorter than that go P or one position at a time."""
     ic_n, oc8, oh, ow = dims[1], dims[4], dims[5], dims[6]
     rows, bands, hq, wq = dims[7], dims[8], dims[9], dims[10]
     sh, sw = conv[0], conv[1]
@@ -144,7 +145,16 @@ def _hybrid88_py(x, wp, out, z, bias, xp, taps, dims, conv, epi, u0, u1):
             for i in range(r0, r1):
                 q = (i - r0) * wq
                 o = ((n * oc8 + 2 * ob) * oh + i) * ow * CB
-                if ow >= P:
+                if narrow and ow >= 2 * P:  # as many accumulators as a tile of 16
+                    j = 0
+                    while True:
+                        jj = min(j, ow - 2 * P)
+                        _tile8w(xp, q + jj, wp, w0, ic_n, cstride, taps, out, o + jj * CB,
+                                ohw8, z, bias, oc0, epi)  # fmt: skip
+                        if jj == ow - 2 * P:
+                            break
+                        j += 2 * P
+                elif ow >= P:
                     j = 0
                     while True:
                         jj = min(j, ow - P)
@@ -200,7 +210,7 @@ def hybrid88(x, wp, out, z, bias, xp, taps, dims, conv, epi: int, u0: int, u1: i
 
 @functools.cache
 def _compiled():
-    global stack_tile, carray, fma_tile, _hswish, _tile16, _tile8, _one16, _one8, P
+    global stack_tile, carray, fma_tile, _hswish, _tile16, _tile8, _tile8w, _one16, _one8, P
     global _pack_band
     stack_tile, carray, fma_tile = tiled_jit.stack_tile(), _carray, tiled_jit.fma_tile()
     P = tiled_jit.tile_positions()
@@ -212,6 +222,7 @@ def _compiled():
     sig = [t.void(f1, i8, fr, i8, i8, i8, ints, f1, i8, i8, fr, b1, i8, i8)]
     _tile16 = compile_tiled(_tile_py(P, OB), sig)
     _tile8 = compile_tiled(_tile_py(P, CB), sig)
+    _tile8w = compile_tiled(_tile_py(2 * P, CB), sig)
     _one16 = compile_tiled(_tile_py(1, OB), sig)
     _one8 = compile_tiled(_tile_py(1, CB), sig)
     _pack_band = compile_tiled(_pack_band_py, [t.void(fr, f1, ints, ints, i8, i8, i8, i8)])
