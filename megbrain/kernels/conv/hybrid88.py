@@ -9,10 +9,9 @@ mobile nets' 3x3 stems. Here the compiled loop (:func:`.loops.hybrid88.hybrid88`
 blocked output directly: units of a sample and a band of output rows, each packing the
 source rows it reads into phase planes of one channel (its thread's scratch) and running
 register tiles of one output row's positions by 16 output channels
-(:func:`megbrain.kernels.tiled_jit.fma_tile`). The units are split over
-:func:`.common.threads` Python threads; nothing is allocated when the bound callable runs, and
-every output sums input channels, filter rows and filter columns in that order whatever the
-split.
+(:func:`megbrain.kernels.tiled_jit.fma_tile`). :func:`.common.threads` Python threads take
+the units in turn; nothing is allocated when the bound callable runs, and every output sums
+input channels, filter rows and filter columns in that order whatever the split.
 """
 
 from __future__ import annotations
@@ -121,13 +120,16 @@ def bind_hybrid88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stride, pa
     taps = loops.tap_offsets(hq, wq, (fh, fw), stride, dilate)
     dims = np.array([n, ic, h, w, oc8, oh, ow, rows, bands, hq, wq], np.int64)
     conv = np.array([stride[0], stride[1], pad[0], pad[1]], np.int64)
-    parts = parallel.ranges(n * bands, t)
-    xp = workspace.empty((len(parts), loops.scratch_size(ic, hq, wq, stride)), _F32)
+    units = n * bands
+    t = min(t, units)
+    xp = workspace.empty((t, loops.scratch_size(ic, hq, wq, stride)), _F32)
     yf, wr = y.reshape(-1), readonly_view(wp)
-    steps.append(parallel.concurrently([
-        functools.partial(loops.hybrid88, x, wr, yf, zf, bias, xp[k], taps, dims, conv, epi,
-                          u0, u1)
-        for k, (u0, u1) in enumerate(parts)
+    # units taken in turn: a thread the OS holds back (the pool's, woken for a network's
+    # first operator on a loaded machine) delays the unit it has, not half of them
+    steps.append(parallel.take_in_turn([
+        [functools.partial(loops.hybrid88, x, wr, yf, zf, bias, xp[k], taps, dims, conv, epi,
+                           u, u + 1) for u in range(units)]
+        for k in range(t)
     ]))  # fmt: skip
     if y is not out:
         steps.append(functools.partial(np.copyto, out, y))
