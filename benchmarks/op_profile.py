@@ -24,7 +24,9 @@ def describe(opr) -> tuple[str, str]:
     kind = opr.type_name
     if kind in ("ConvBiasForward", "ConvolutionForward") and p is not None:
         fshape = static_shape(opr.inputs[1]) or ()
-        if p.format == "NCHW88":  # the channel blocks of 8 trail the filter's dims
+        if p.format == "NCHW88" and len(static_shape(opr.inputs[0]) or ()) == 4:
+            fh, fw = fshape[1:3]  # the hybrid first layer's (OC/8, FH, FW, IC, 8)
+        elif p.format == "NCHW88":  # the channel blocks of 8 trail the filter's dims
             fh, fw = fshape[-4:-2] if fshape[-2:] == (8, 8) else fshape[-3:-1]
         else:
             fh, fw = fshape[-2:]

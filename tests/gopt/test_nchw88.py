@@ -313,6 +313,35 @@ def test_use_nchw88_keeps_pooling_and_concatenations_blocked(kind, fuse):
     assert relayouts == ["NCHW_NCHW88", "NCHW88_NCHW"]
 
 
+@pytest.mark.parametrize("ic, oc, k", [(3, 16, 3), (3, 24, 7), (1, 8, 3)])
+@pytest.mark.parametrize("fuse", [False, True])
+def test_use_nchw88_converts_the_hybrid_first_layer(ic, oc, k, fuse):
+    # a network's stem (an NCHW source of fewer than 8 channels, strided) and the max
+    # pooling after it: both NCHW88, the input read as it is, no relayout but the output's
+    rng = np.random.default_rng(7)
+    g = mgb.comp_graph(check_env_var=False)
+    g.set_option("log_level", 0)
+    x = mgb.make_arg(CN, g, name="x", shape=(2, ic, 19, 17))
+    w = _shared(g, rng, (oc, ic, k, k), "stem")
+    h = convolution(x, w, stride_h=2, stride_w=2, pad_h=k // 2, pad_w=k // 2)
+    h = mgb.opr.elem.relu(h + _shared(g, rng, (1, oc, 1, 1), "stem_b"))
+    y = mgb.opr.pooling(h, window_h=3, window_w=3, stride_h=2, stride_w=2, pad_h=1, pad_w=1)
+    y = convolution(y, _shared(g, rng, (16, oc, 1, 1), "next"))
+    feed = {"x": rng.standard_normal((2, ic, 19, 17)).astype(F32)}
+    want = _results([y], feed)
+    opts = dict(fuse_conv_bias_nonlinearity=fuse, fuse_conv_bias_with_z=fuse)
+    new = mgb.optimize_for_inference([y], use_nchw88=True, **opts)
+    np.testing.assert_allclose(_results(new, feed)[0], want[0], rtol=1e-4, atol=1e-5)
+    _, seq = _oprs(new)
+    convs = [o for o in seq if o.type_name.startswith("Conv")]
+    assert all(o.param.format == "NCHW88" for o in seq if o.type_name.startswith(("Conv", "Pool")))
+    assert convs[0].chosen_algorithm == "DIRECT_NCHW_NCHW88"
+    assert len(mgb.graph.static_shape(convs[0].inputs[0])) == 4  # the NCHW input itself
+    assert [o.param.mode for o in seq if o.type_name == "RelayoutFormat"] == ["NCHW88_NCHW"]
+    # the filter converted at optimization (param_fuse): no operator of it runs
+    assert not any(o.type_name in ("Dimshuffle", "Reshape") for o in seq)
+
+
 def test_an_nchw88_pooling_has_no_gradient():
     g = mgb.comp_graph(check_env_var=False)
     x = mgb.make_arg(CN, g, name="x", shape=(1, 2, 6, 6, 8))

@@ -1,9 +1,9 @@
 """The NCHW88 forward convolution (megbrain.kernels.conv_nchw88) against the float64
 reference: drawn batches, groups, channel counts, filter sizes, strides, paddings,
 dilations and flips, in the dense, grouped, channel-wise and hybrid filter layouts; the
-algorithms (DIRECT_NCHW88, CHANNELWISE_NCHW88 and NCHW88_AS_NCHW); the epilogue (bias,
-residual ``z``, ReLU keeping NaN); DIRECT_NCHW88 equal bit for bit to DIRECT_NCHW8C; the
-workspace contract; the constant filter packed once; the errors."""
+algorithms (DIRECT_NCHW88, CHANNELWISE_NCHW88, DIRECT_NCHW_NCHW88 and NCHW88_AS_NCHW); the
+epilogue (bias, residual ``z``, ReLU keeping NaN); DIRECT_NCHW88 equal bit for bit to
+DIRECT_NCHW8C; the workspace contract; the constant filter packed once; the errors."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_forward_matches_float64(c, constant):
     direct = c["kind"] in ("dense", "group")  # any OCg: tiles of 16 channels, then one of 8
     chan = c["kind"] == "chan"
     assert name == ("DIRECT_NCHW88" if direct else "CHANNELWISE_NCHW88" if chan
-                    else "NCHW88_AS_NCHW")  # fmt: skip
+                    else "DIRECT_NCHW_NCHW88")  # fmt: skip
     want = ref_forward(c, x, w)
     for _ in range(2):  # the second run reuses a constant filter's packed copy
         step()

@@ -8,7 +8,7 @@ source ``(N, C/8, H, W, 8)``, the output ``(N, OC/8, OH, OW, 8)`` and the filter
 - hybrid (the first layer of a network: an NCHW source of at most 8 channels)
   ``(OC/8, FH, FW, IC, 8 oc)``.
 
-Three algorithms:
+Four algorithms:
 
 - DIRECT_NCHW88 (float32, dense or grouped, padding and dilated filter reach at most
   :data:`.nchw8c.MAX_PAD`, a C-contiguous output): the register tiles of :mod:`.nchw8c`
@@ -22,6 +22,8 @@ Three algorithms:
 - CHANNELWISE_NCHW88 (float32, channel-wise): the direct kernel of :mod:`.channelwise88`,
   reading the blocked source in place, any filter size, stride, padding and dilation, the
   same epilogue.
+- DIRECT_NCHW_NCHW88 (float32, hybrid): the direct kernel of :mod:`.hybrid88`, writing a
+  first layer's NCHW88 output straight from its NCHW source, the same epilogue.
 - NCHW88_AS_NCHW (any other case): the source and filter copied to NCHW, an NCHW
   convolution chosen as usual (:mod:`.registry`), its result copied back.
 
@@ -44,6 +46,8 @@ from .channelwise88 import bind_channelwise88, usable_channelwise88
 from .common import conv_out_size
 from .constant_operands import filter_is_constant
 from .epilogue import Epilogue
+from .hybrid88 import ALGORITHM as HYBRID
+from .hybrid88 import bind_hybrid88, usable_hybrid88
 from .loops import nchw8c as loops
 from .nchw8c import MAX_PAD, filter_packed, plane_geometry, units_as_they_go, wide_units
 from .registry import bind as bind_chosen
@@ -255,6 +259,10 @@ def bind_nchw88_forward(
     ):
         return CHANNELWISE, bind_channelwise88(src, filt, out, stride, pad, dilate, flip,
                                                epilogue, z)  # fmt: skip
+    if geo.kind == "hybrid" and usable_hybrid88(src, filt, out, pad) and (
+        z is None or z.dtype == _F32
+    ):
+        return HYBRID, bind_hybrid88(src, filt, out, stride, pad, dilate, flip, epilogue, z)
     return "NCHW88_AS_NCHW", _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip,
                                            epilogue, z, select_nchw)  # fmt: skip
 
