@@ -59,11 +59,14 @@ __all__ = [
 #: one thread from 0.8M to 3.2M elements (docs/DECISIONS.md), hence the high bar
 PARALLEL_MIN_SIZE = 1 << 22
 #: the same for a kernel calling an exp/log/tanh/erf approximation (SiLU, sigmoid, GELU): some
-#: 40 vector instructions per 8 elements make it compute bound (SiLU 1.3 ns an element on one
-#: thread against 0.5 for an add), so a second thread pays off from far fewer elements
+#: 25-30 vector instructions per 8 elements and a division make it compute bound (SiLU 0.5 ns
+#: an element on one thread against 0.3 for a copy), so a second thread pays off from far
+#: fewer elements
 PARALLEL_MIN_SIZE_TRANSCENDENTAL = 1 << 18
 #: the JIT helpers that make a kernel compute bound
-_TRANSCENDENTAL_HELPERS = frozenset({"_exp", "_log", "_tanh", "_erf", "_sigmoid", "_lse"})
+_TRANSCENDENTAL_HELPERS = frozenset(
+    {"_exp", "_exp_mid", "_log", "_tanh", "_erf", "_sigmoid", "_lse"}
+)
 #: counters: kernels compiled by Numba, loaded from the disk cache, found in memory
 STATS = {"compiled": 0, "disk_loads": 0, "memory_hits": 0}
 
@@ -259,6 +262,9 @@ def kernel_source(
         "F = np.float32",
         "I = np.int32",
         "_OPTS = dict(error_model='numpy', nogil=True)",
+        "# the approximations (exp/log/tanh/erf...) may fuse a * b + c into one FMA: half the",
+        "# instructions of their polynomials; exact modes never (their values are NumPy's)",
+        "_APPROX = dict(_OPTS, fastmath={'contract'})",
     ]
     fastmath = (
         ", fastmath={'reassoc'}" if reduce is not None and reduce[0] in ("SUM", "MEAN") else ""
