@@ -163,3 +163,57 @@ def test_gated_silu_layouts_match_float64(shape, gate, parts, seed):
     x64, g64 = x.astype(np.float64), g.astype(np.float64)
     want = x64 * _sigmoid64(x64) * _sigmoid64(g64)
     np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL)
+
+
+# ---- channels-last normalizations: row statistics next to per-channel operands -------------
+# LayerNorm's tail as megbrain.onnx imports it: scale * d * (var + eps)^-0.5 + bias
+_LN_TAIL = (
+    ("MUL", (("i", 0), ("i", 1))),
+    ("ADD", (("c", 1e-6), ("i", 2))),
+    ("POW", (("t", 1), ("c", -0.5))),
+    ("MUL", (("t", 2), ("t", 0))),
+    ("ADD", (("i", 3), ("t", 3))),
+)
+
+
+def test_bcast_shape_takes_row_statistics_before_the_channels():
+    # (N, H, W, 1) statistics and (C,) scale over (N, H, W, C): A = N H W, B = C
+    got = jc.bcast_shape((2, 5, 6, 16), [(16,), (2, 5, 6, 16), (2, 5, 6, 1), (1,)])
+    assert got == ((60, 16, 1), ("c", "f", "r", "s"))
+    assert jc.bcast_shape((1, 5, 6, 16), [(1, 5, 6, 1), (16,)]) == ((30, 16, 1), ("r", "c"))
+    # alone, the statistics are a channel block starting at the first dim (A = 1)
+    assert jc.bcast_shape((1, 5, 6, 16), [(1, 5, 6, 1)]) == ((1, 30, 16), ("c",))
+    assert jc.bcast_shape((3, 5, 6), [(1, 5, 1), (1, 1, 6)]) is None  # no block is leading
+    assert jc.bcast_shape((3, 5, 6), [(3, 1, 1), (1, 1, 6)]) is None  # a gap between them
+    assert jc.bcast_shape((3, 5, 6, 7), [(3, 1, 1, 1), (1, 5, 1, 1), (1, 1, 1, 7)]) is None
+
+
+def test_row_nodes_are_computed_once_per_row():
+    src = jc.kernel_source(_LN_TAIL, ("bcast", (("c", "f", "r", "c"), False), None))
+    body = src.split("def kernel")[1]
+    # the statistics' nodes sit in the row loop, before the loop over the channels
+    assert body.index("t2 = t1 ** F(-0.5)") < body.index("for b in range(nb)")
+    assert body.index("r2 = x2[a]") < body.index("t1 = ")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 3), st.integers(1, 7), st.integers(1, 7), st.integers(2, 40)),
+    parts=st.integers(1, 3),
+    in_place=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_layer_norm_tail_matches_float64(shape, parts, in_place, seed):
+    rng = np.random.default_rng(seed)
+    n, h, w, c = shape
+    d = rng.standard_normal(shape).astype(F32)
+    var = rng.uniform(0.01, 4, (n, h, w, 1)).astype(F32)
+    scale = rng.standard_normal(c).astype(F32)
+    bias = rng.standard_normal(c).astype(F32)
+    want = bias + d * scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + 1e-6)
+    out = d if in_place else np.full(shape, np.nan, F32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(jc, "num_threads", lambda: parts)
+        mp.setattr(jc, "PARALLEL_MIN_SIZE", 16)
+        jc.bind(_LN_TAIL, [scale, d, var, bias], out)()
+    np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL)
