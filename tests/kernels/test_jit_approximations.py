@@ -217,3 +217,34 @@ def test_layer_norm_tail_matches_float64(shape, parts, in_place, seed):
         mp.setattr(jc, "PARALLEL_MIN_SIZE", 16)
         jc.bind(_LN_TAIL, [scale, d, var, bias], out)()
     np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_bound_kernels_allocate_nothing_when_run(monkeypatch, split):
+    """A bound kernel (split or not) writes into the arrays it was bound to: its runs
+    allocate no array (NumPy reports its buffers to tracemalloc)."""
+    import tracemalloc
+
+    monkeypatch.setattr(jc, "num_threads", lambda: 2)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 4, 16, 16, 8)).astype(F32)
+    g = rng.standard_normal((1, 4, 1, 1, 8)).astype(F32)
+    var = rng.uniform(0.5, 2, (1, 16, 16, 1)).astype(F32)
+    c = rng.standard_normal(32).astype(F32)
+    runs = [
+        jc.bind(_SILU, [x], np.empty_like(x), parallel=split),
+        jc.bind((*_SILU, ("MUL", (("t", 1), ("i", 1)))), [x, g], np.empty_like(x),
+                parallel=split),  # fmt: skip
+        jc.bind(_LN_TAIL, [c, x.reshape(1, 16, 16, 32), var, c], np.empty((1, 16, 16, 32), F32),
+                parallel=split),  # fmt: skip
+    ]
+    for run in runs:
+        run()  # the first run may start the kernel pool's threads
+    tracemalloc.start()
+    try:
+        for run in runs * 3:
+            run()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < x.nbytes // 4
