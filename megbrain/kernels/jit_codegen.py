@@ -177,6 +177,7 @@ def kernel_source(
     last = f"t{len(expr) - 1}"
     # compute bound (exp/log/tanh/erf): 512-bit vectors, 20-25% less time than 256-bit ones
     heavy = _heavy(expr)
+    held: list[int] = []  # blocked: per-channel nodes held in stack tiles
     body: list[str] = ["_zmm()"] if heavy else []
     # in place: one array object, so that LLVM sees the store can not clobber later loads
     body += [] if alias is None else [f"out = x{alias}"]
@@ -207,21 +208,36 @@ def kernel_source(
 
         # each node computed in the outermost loop its inputs allow: once (scalars and
         # constants), per row of A, per channel (when a loop over K is inside), or per element
-        depth = _node_depths(expr, [{"s": 0, "r": 1, "c": 2 if inner is True else 3}.get(t, 3)
+        depth = _node_depths(expr, [{"s": 0, "r": 1, "c": 2 if inner else 3}.get(t, 3)
                                     for t in kinds])  # fmt: skip
 
         def calc(d):
             return _body(expr, load, {j for j, dj in enumerate(depth) if dj == d})
 
+        # blocked: the per-channel nodes that per-element ones read (a squeeze-and-excitation
+        # gate's sigmoid) once per block, into L values on the stack that the position loop
+        # reads as registers. Computed there, an exp per element kept that loop from
+        # vectorizing: LLVM unrolls a loop of L fully before it vectorizes, and Numba runs
+        # no SLP vectorizer
+        held = [] if inner != "blocked" else [
+            j for j, dj in enumerate(depth) if dj == 2 and (j == len(expr) - 1 or any(
+                depth[i] == 3 and ("t", j) in expr[i][1] for i in range(j + 1, len(expr))))
+        ]  # fmt: skip
+        body += [f"h{j} = carray(_stack({_LANES}, F), {_LANES})" for j in held]
         body += calc(0)
         body += ["na, nb = out.shape[0], out.shape[1]", "for a in range(na):"]
         body += _ind([f"r{k} = x{k}[a]" for k in range(nin) if kinds[k] == "r"], 1)
         body += _ind(calc(1), 1)
         if inner == "blocked":  # a vector of L channels per position
-            body += ["    for b in range(nb):", "        for k in range(out.shape[2]):"]
+            body += ["    for b in range(nb):"]
+            if held:
+                body += [f"        for l in range({_LANES}):", *_ind(calc(2), 3)]
+                body += _ind([f"h{j}[l] = t{j}" for j in held], 3)
+            body += ["        for k in range(out.shape[2]):"]
             # the block width a literal: LLVM turns the innermost loop into vector operations
-            body += [f"            for l in range({_LANES}):", *_ind(calc(3), 4)]
-            body += [f"                out[{idx}] = {last}"]
+            body += [f"            for l in range({_LANES}):"]
+            body += _ind([f"t{j} = h{j}[l]" for j in held], 4)
+            body += [*_ind(calc(3), 4), f"                out[{idx}] = {last}"]
         elif inner:  # the channel values are loaded once per row of K
             body += ["    for b in range(nb):"]
             body += _ind([f"c{k} = x{k}[b]" for k in range(nin) if kinds[k] == "c"], 2)
@@ -279,6 +295,8 @@ def kernel_source(
         "from numba.extending import intrinsic",
         *(["from megbrain.kernels.tiled_jit import zmm_vectors", "_zmm = zmm_vectors()"]
           if heavy else []),
+        *(["from numba import carray", "from megbrain.kernels.tiled_jit import stack_tile",
+           "_stack = stack_tile()"] if held else []),
         "",
         "F = np.float32",
         "I = np.int32",

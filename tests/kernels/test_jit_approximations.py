@@ -248,3 +248,19 @@ def test_bound_kernels_allocate_nothing_when_run(monkeypatch, split):
     finally:
         tracemalloc.stop()
     assert peak < x.nbytes // 4
+
+
+def test_blocked_gate_nodes_are_computed_once_per_block():
+    """x * sigmoid(g) over NCHW88: the gate's sigmoid runs once per block of 8 channels (into
+    stack values the position loop reads), not once per element."""
+    expr = (("SIGMOID", (("i", 1),)), ("MUL", (("i", 0), ("t", 0))))
+    body = jc.kernel_source(expr, ("bcast", (("f", "c"), "blocked"), None)).split("def kernel")[1]
+    gate, positions = body.index("_sigmoid(x1[b, l])"), body.index("for k in range")
+    assert gate < positions and body.count("_sigmoid(") == 1
+    rng = np.random.default_rng(9)
+    x = rng.uniform(-30, 30, (2, 3, 5, 7, 8)).astype(F32)
+    g = rng.uniform(-30, 30, (1, 3, 1, 1, 8)).astype(F32)
+    out = np.empty_like(x)
+    jc.bind(expr, [x, g], out)()
+    want = x.astype(np.float64) * _sigmoid64(g.astype(np.float64))
+    np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL)
