@@ -601,16 +601,13 @@ def _f2i(typingctx, f):
 """,
         (),
     ),
-    # Cephes expf: exp(x) = 2^n exp(r), r = x - n ln2 (Cody-Waite), 2^n as two exponent
-    # fields so that subnormal results come out right; ~1.5 ulp.
-    "_exp": (
+    # Cephes expf's exp(x - n ln2) for an integral n rounded from x / ln2: the reduction in
+    # two steps (Cody-Waite), then the polynomial
+    "_exp_reduced": (
         """
 @njit(**_APPROX)
-def _exp(x):
-    xc = x if x < F(89.0) else F(89.0)
-    xc = xc if xc > F(-104.0) else F(-104.0)
-    n = np.floor(xc * F(1.4426950408889634) + F(0.5))
-    r = xc - n * F(0.693359375)
+def _exp_reduced(x, n):
+    r = x - n * F(0.693359375)
     r = r - n * F(-2.12194440e-4)
     p = F(1.9875691500e-4)
     p = p * r + F(1.3981999507e-3)
@@ -619,6 +616,20 @@ def _exp(x):
     p = p * r + F(1.6666665459e-1)
     p = p * r + F(5.0000001201e-1)
     p = p * (r * r) + r + F(1.0)
+    return p
+""",
+        (),
+    ),
+    # Cephes expf: exp(x) = 2^n exp(r), r = x - n ln2, 2^n as two exponent fields so that
+    # subnormal results come out right; ~1.5 ulp.
+    "_exp": (
+        """
+@njit(**_APPROX)
+def _exp(x):
+    xc = x if x < F(89.0) else F(89.0)
+    xc = xc if xc > F(-104.0) else F(-104.0)
+    n = np.floor(xc * F(1.4426950408889634) + F(0.5))
+    p = _exp_reduced(xc, n)
     ni = I(n)
     n1 = ni >> I(1)
     n2 = ni - n1
@@ -627,7 +638,7 @@ def _exp(x):
     res = F(0.0) if x < F(-103.97208) else res
     return x if x != x else res
 """,
-        ("_i2f",),
+        ("_i2f", "_exp_reduced"),
     ),
     # Cephes logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) by a degree-9 polynomial.
     "_log": (
@@ -675,18 +686,9 @@ def _log(x):
 def _exp_mid(t):
     k = t * F(1.4426950408889634) + F(12582912.0)
     n = k - F(12582912.0)
-    r = t - n * F(0.693359375)
-    r = r - n * F(-2.12194440e-4)
-    p = F(1.9875691500e-4)
-    p = p * r + F(1.3981999507e-3)
-    p = p * r + F(8.3334519073e-3)
-    p = p * r + F(4.1665795894e-2)
-    p = p * r + F(1.6666665459e-1)
-    p = p * r + F(5.0000001201e-1)
-    p = p * (r * r) + r + F(1.0)
-    return p * _i2f((_f2i(k) << I(23)) + I(1065353216))
+    return _exp_reduced(t, n) * _i2f((_f2i(k) << I(23)) + I(1065353216))
 """,
-        ("_i2f", "_f2i"),
+        ("_i2f", "_f2i", "_exp_reduced"),
     ),
     # 1 / (1 + exp(-x)) with exp's argument clipped to [-88, 88] (the kernel clips at
     # floor(log(FLT_MAX)) = 88 above; below, 1 + exp(-88) is 1 already)

@@ -64,9 +64,7 @@ PARALLEL_MIN_SIZE = 1 << 22
 #: fewer elements
 PARALLEL_MIN_SIZE_TRANSCENDENTAL = 1 << 18
 #: the JIT helpers that make a kernel compute bound
-_TRANSCENDENTAL_HELPERS = frozenset(
-    {"_exp", "_exp_mid", "_log", "_tanh", "_erf", "_sigmoid", "_lse"}
-)
+_TRANSCENDENTAL_HELPERS = frozenset({"_exp", "_log", "_tanh", "_erf", "_sigmoid", "_lse"})
 #: counters: kernels compiled by Numba, loaded from the disk cache, found in memory
 STATS = {"compiled": 0, "disk_loads": 0, "memory_hits": 0}
 

@@ -17,14 +17,6 @@ F32 = np.float32
 RTOL, ATOL = 1e-4, 1e-5  # the operators' accuracy contract against a float64 reference
 
 
-@pytest.fixture(scope="module", autouse=True)
-def jit_cache_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mgb_jit_cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MGB_JIT_CACHE_DIR", str(d))
-        yield d
-
-
 def _sigmoid64(x):
     with np.errstate(over="ignore"):
         return 1.0 / (1.0 + np.exp(-x))
