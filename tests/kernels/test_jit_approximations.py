@@ -256,3 +256,17 @@ def test_blocked_gate_nodes_are_computed_once_per_block():
     jc.bind(expr, [x, g], out)()
     want = x.astype(np.float64) * _sigmoid64(g.astype(np.float64))
     np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("mode, op", [("ADD", np.add), ("SUB", np.subtract),
+                                      ("MUL", np.multiply), ("TRUE_DIV", np.true_divide)])
+def test_elemwise_of_row_and_channel_operands_runs_compiled_with_numpys_bits(mode, op):
+    from megbrain.kernels import elemwise as ew
+
+    rng = np.random.default_rng(11)
+    r = rng.uniform(0.5, 2, (2, 9, 10, 1)).astype(F32)
+    c = rng.uniform(0.5, 2, (48,)).astype(F32)
+    out = np.empty((2, 9, 10, 48), F32)
+    assert ew._compiled_bind(mode, [r, c], out) is not None
+    ew.bind(mode, [r, c], out)()
+    np.testing.assert_array_equal(out, op(r, c))
