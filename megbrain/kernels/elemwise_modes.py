@@ -534,7 +534,9 @@ _EIGEN_RATIONALS = {
         "-2.76076847742355e-16 2.00018790482477e-13 -8.60467152213735e-11 5.12229709037114e-08 "
         "1.48572235717979e-05 6.37261928875436e-04 4.89352455891786e-03",
         "1.19825839466702e-06 1.18534705686654e-04 2.26843463243900e-03 4.89352518554385e-03",
-        "x if (abs(x) < F(0.0004)) | (x != x) else r",
+        # +-1 at the bound itself too: there the fused multiply-adds leave 1 - 2^-22
+        "x if (abs(x) < F(0.0004)) | (x != x) else r if abs(x) < F(7.90531110763549805) "
+        "else F(1.0) if x > F(0.0) else F(-1.0)",
     ),
     "_erf": (
         "4.0",
@@ -558,7 +560,7 @@ def _rational(name: str, bound: str, p: str, q: str, result: str) -> str:
         return "\n".join([f"    {v} = F({first})"] + [f"    {v} = {v} * x2 + F({c})" for c in rest])
 
     return f"""
-@njit(**_OPTS)
+@njit(**_APPROX)
 def {name}(x):
     xc = x if x < F({bound}) else F({bound})
     xc = xc if xc > F(-{bound}) else F(-{bound})
@@ -599,16 +601,13 @@ def _f2i(typingctx, f):
 """,
         (),
     ),
-    # Cephes expf: exp(x) = 2^n exp(r), r = x - n ln2 (Cody-Waite), 2^n as two exponent
-    # fields so that subnormal results come out right; ~1.5 ulp.
-    "_exp": (
+    # Cephes expf's exp(x - n ln2) for an integral n rounded from x / ln2: the reduction in
+    # two steps (Cody-Waite), then the polynomial
+    "_exp_reduced": (
         """
-@njit(**_OPTS)
-def _exp(x):
-    xc = x if x < F(89.0) else F(89.0)
-    xc = xc if xc > F(-104.0) else F(-104.0)
-    n = np.floor(xc * F(1.4426950408889634) + F(0.5))
-    r = xc - n * F(0.693359375)
+@njit(**_APPROX)
+def _exp_reduced(x, n):
+    r = x - n * F(0.693359375)
     r = r - n * F(-2.12194440e-4)
     p = F(1.9875691500e-4)
     p = p * r + F(1.3981999507e-3)
@@ -617,6 +616,20 @@ def _exp(x):
     p = p * r + F(1.6666665459e-1)
     p = p * r + F(5.0000001201e-1)
     p = p * (r * r) + r + F(1.0)
+    return p
+""",
+        (),
+    ),
+    # Cephes expf: exp(x) = 2^n exp(r), r = x - n ln2, 2^n as two exponent fields so that
+    # subnormal results come out right; ~1.5 ulp.
+    "_exp": (
+        """
+@njit(**_APPROX)
+def _exp(x):
+    xc = x if x < F(89.0) else F(89.0)
+    xc = xc if xc > F(-104.0) else F(-104.0)
+    n = np.floor(xc * F(1.4426950408889634) + F(0.5))
+    p = _exp_reduced(xc, n)
     ni = I(n)
     n1 = ni >> I(1)
     n2 = ni - n1
@@ -625,12 +638,12 @@ def _exp(x):
     res = F(0.0) if x < F(-103.97208) else res
     return x if x != x else res
 """,
-        ("_i2f",),
+        ("_i2f", "_exp_reduced"),
     ),
     # Cephes logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) by a degree-9 polynomial.
     "_log": (
         """
-@njit(**_OPTS)
+@njit(**_APPROX)
 def _log(x):
     sub = x < F(1.1754943508222875e-38)
     xs = x * F(8388608.0) if sub else x
@@ -664,20 +677,36 @@ def _log(x):
     ),
     "_tanh": (_rational("_tanh", *_EIGEN_RATIONALS["_tanh"]), ()),
     "_erf": (_rational("_erf", *_EIGEN_RATIONALS["_erf"]), ()),
-    # 1 / (1 + exp(-x)) with exp's argument clipped at floor(log(FLT_MAX)), as the kernel does
+    # exp(t) for t in [-88, 88] (not NaN): _exp's polynomial and one scale 2^n, n rounded
+    # by the 1.5 2^23 shifter (whose low bits then hold n), none of _exp's edge selects: a
+    # third of _exp's operations, for the sigmoid that only needs this range
+    "_exp_mid": (
+        """
+@njit(**_APPROX)
+def _exp_mid(t):
+    k = t * F(1.4426950408889634) + F(12582912.0)
+    n = k - F(12582912.0)
+    return _exp_reduced(t, n) * _i2f((_f2i(k) << I(23)) + I(1065353216))
+""",
+        ("_i2f", "_f2i", "_exp_reduced"),
+    ),
+    # 1 / (1 + exp(-x)) with exp's argument clipped to [-88, 88] (the kernel clips at
+    # floor(log(FLT_MAX)) = 88 above; below, 1 + exp(-88) is 1 already)
     "_sigmoid": (
         """
-@njit(**_OPTS)
+@njit(**_APPROX)
 def _sigmoid(x):
     t = -x
-    t = t if (t < F(88.0)) | (t != t) else F(88.0)
-    return F(1.0) / (F(1.0) + _exp(t))
+    t = t if t < F(88.0) else F(88.0)
+    t = t if t > F(-88.0) else F(-88.0)
+    r = F(1.0) / (F(1.0) + _exp_mid(t))
+    return x if x != x else r
 """,
-        ("_exp",),
+        ("_exp_mid",),
     ),
     "_lse": (
         """
-@njit(**_OPTS)
+@njit(**_APPROX)
 def _lse(a, b):
     d = a - b
     m = a if a > b else b

@@ -59,8 +59,9 @@ __all__ = [
 #: one thread from 0.8M to 3.2M elements (docs/DECISIONS.md), hence the high bar
 PARALLEL_MIN_SIZE = 1 << 22
 #: the same for a kernel calling an exp/log/tanh/erf approximation (SiLU, sigmoid, GELU): some
-#: 40 vector instructions per 8 elements make it compute bound (SiLU 1.3 ns an element on one
-#: thread against 0.5 for an add), so a second thread pays off from far fewer elements
+#: 25-30 vector instructions per 8 elements and a division make it compute bound (SiLU 0.5 ns
+#: an element on one thread against 0.3 for a copy), so a second thread pays off from far
+#: fewer elements
 PARALLEL_MIN_SIZE_TRANSCENDENTAL = 1 << 18
 #: the JIT helpers that make a kernel compute bound
 _TRANSCENDENTAL_HELPERS = frozenset({"_exp", "_log", "_tanh", "_erf", "_sigmoid", "_lse"})
@@ -114,10 +115,13 @@ def _helpers_of(expr: Sequence) -> list[str]:
     return order
 
 
-def _body(expr: Sequence, load: Callable[[int], str]) -> list[str]:
-    """Statements computing each node into ``t<j>``; ``load(k)`` names input k's value."""
+def _body(expr: Sequence, load: Callable[[int], str], nodes=None) -> list[str]:
+    """Statements computing each node (of ``nodes``, all by default) into ``t<j>``;
+    ``load(k)`` names input k's value."""
     lines = []
     for j, (mode, args) in enumerate(expr):
+        if nodes is not None and j not in nodes:
+            continue
         names, consts = [], []
         for kind, x in args:
             if kind == "i":
@@ -151,7 +155,9 @@ def kernel_source(
         alias)``: the full shape collapsed to ``(A, B, K)``, or ``(A, B)`` when ``inner`` is
         False, or ``(A, B, K, L)`` when it is ``"blocked"`` (:func:`bcast_shape`); ``kinds[k]``
         is ``"f"`` (an array of that shape), ``"c"`` (a ``(B,)`` array broadcast over A and
-        K: a per-channel bias; ``(B, L)`` when blocked) or ``"s"``;
+        K: a per-channel bias; ``(B, L)`` when blocked), ``"r"`` (an ``(A,)`` array
+        broadcast over the rest) or ``"s"``; a node is computed in the outermost loop its
+        inputs allow;
         ``("nd", ndim, alias)``: every input broadcast to the full shape, ``out`` of the full
         (or reduced) shape. ``alias``: None, or the input that is also the output
         (``kernel`` then takes no ``out``).
@@ -167,8 +173,12 @@ def kernel_source(
     nin = len(arg) if kind == "flat" else len(arg[0]) if kind == "bcast" else _nr_inputs(expr)
     params = ", ".join([f"x{k}" for k in range(nin)] + (["out"] if alias is None else []))
     last = f"t{len(expr) - 1}"
+    # compute bound (exp/log/tanh/erf): 512-bit vectors, 20-25% less time than 256-bit ones
+    heavy = _heavy(expr)
+    held: list[int] = []  # blocked: per-channel nodes held in stack tiles
+    body: list[str] = ["_zmm()"] if heavy else []
     # in place: one array object, so that LLVM sees the store can not clobber later loads
-    body: list[str] = [] if alias is None else [f"out = x{alias}"]
+    body += [] if alias is None else [f"out = x{alias}"]
     if kind == "flat":
         body += [f"s{k} = x{k}[0]" for k in range(nin) if arg[k] == "s"]
 
@@ -190,24 +200,50 @@ def kernel_source(
         def load(k):
             if kinds[k] == "f":
                 return f"x{k}[{idx}]"
-            if kinds[k] == "s":
-                return f"s{k}"
+            if kinds[k] in ("s", "r"):
+                return f"{kinds[k]}{k}"
             return f"x{k}[b, l]" if inner == "blocked" else f"c{k}" if inner else f"x{k}[b]"
 
-        calc = _body(expr, load)
+        # each node computed in the outermost loop its inputs allow: once (scalars and
+        # constants), per row of A, per channel (when a loop over K is inside), or per element
+        depth = _node_depths(expr, [{"s": 0, "r": 1, "c": 2 if inner else 3}.get(t, 3)
+                                    for t in kinds])  # fmt: skip
+
+        def calc(d):
+            return _body(expr, load, {j for j, dj in enumerate(depth) if dj == d})
+
+        # blocked: the per-channel nodes that per-element ones read (a squeeze-and-excitation
+        # gate's sigmoid) once per block, into L values on the stack that the position loop
+        # reads as registers. Computed there, an exp per element kept that loop from
+        # vectorizing: LLVM unrolls a loop of L fully before it vectorizes, and Numba runs
+        # no SLP vectorizer
+        held = [] if inner != "blocked" else [
+            j for j, dj in enumerate(depth) if dj == 2 and (j == len(expr) - 1 or any(
+                depth[i] == 3 and ("t", j) in expr[i][1] for i in range(j + 1, len(expr))))
+        ]  # fmt: skip
+        body += [f"h{j} = carray(_stack({_LANES}, F), {_LANES})" for j in held]
+        body += calc(0)
         body += ["na, nb = out.shape[0], out.shape[1]", "for a in range(na):"]
+        body += _ind([f"r{k} = x{k}[a]" for k in range(nin) if kinds[k] == "r"], 1)
+        body += _ind(calc(1), 1)
         if inner == "blocked":  # a vector of L channels per position
-            body += ["    for b in range(nb):", "        for k in range(out.shape[2]):"]
+            body += ["    for b in range(nb):"]
+            if held:
+                body += [f"        for l in range({_LANES}):", *_ind(calc(2), 3)]
+                body += _ind([f"h{j}[l] = t{j}" for j in held], 3)
+            body += ["        for k in range(out.shape[2]):"]
             # the block width a literal: LLVM turns the innermost loop into vector operations
-            body += [f"            for l in range({_LANES}):", *_ind(calc, 4)]
-            body += [f"                out[{idx}] = {last}"]
+            body += [f"            for l in range({_LANES}):"]
+            body += _ind([f"t{j} = h{j}[l]" for j in held], 4)
+            body += [*_ind(calc(3), 4), f"                out[{idx}] = {last}"]
         elif inner:  # the channel values are loaded once per row of K
             body += ["    for b in range(nb):"]
             body += _ind([f"c{k} = x{k}[b]" for k in range(nin) if kinds[k] == "c"], 2)
-            body += ["        for k in range(out.shape[2]):", *_ind(calc, 3)]
+            body += _ind(calc(2), 2)
+            body += ["        for k in range(out.shape[2]):", *_ind(calc(3), 3)]
             body += [f"            out[{idx}] = {last}"]
         else:
-            body += ["    for b in range(nb):", *_ind(calc, 2), f"        out[{idx}] = {last}"]
+            body += ["    for b in range(nb):", *_ind(calc(3), 2), f"        out[{idx}] = {last}"]
     else:
         ndim = arg
         idx = ", ".join(f"i{d}" for d in range(ndim))
@@ -255,10 +291,17 @@ def kernel_source(
         "from llvmlite import ir as _llir",
         "from numba import njit, types",
         "from numba.extending import intrinsic",
+        *(["from megbrain.kernels.tiled_jit import zmm_vectors", "_zmm = zmm_vectors()"]
+          if heavy else []),
+        *(["from numba import carray", "from megbrain.kernels.tiled_jit import stack_tile",
+           "_stack = stack_tile()"] if held else []),
         "",
         "F = np.float32",
         "I = np.int32",
         "_OPTS = dict(error_model='numpy', nogil=True)",
+        "# the approximations (exp/log/tanh/erf...) may fuse a * b + c into one FMA: half the",
+        "# instructions of their polynomials; exact modes never (their values are NumPy's)",
+        "_APPROX = dict(_OPTS, fastmath={'contract'})",
     ]
     fastmath = (
         ", fastmath={'reassoc'}" if reduce is not None and reduce[0] in ("SUM", "MEAN") else ""
@@ -267,6 +310,17 @@ def kernel_source(
     src = "\n".join(head_lines) + "\n" + "".join(helpers) + "\n\n"
     src += f"{deco}\ndef kernel({params}):\n" + "\n".join(_ind(body, 1)) + "\n"
     return src
+
+
+def _node_depths(expr: Sequence, input_depths: Sequence[int]) -> list[int]:
+    """Per node, the deepest ``input_depths`` of the inputs it reads, directly or through
+    other nodes (constants: 0)."""
+    depths: list[int] = []
+    for _, args in expr:
+        ds = [input_depths[x] if kind == "i" else depths[x] if kind == "t" else 0
+              for kind, x in args]  # fmt: skip
+        depths.append(max(ds, default=0))
+    return depths
 
 
 def _ind(lines: list[str], depth: int) -> list[str]:
@@ -322,8 +376,14 @@ def parallel_min_size(expr: Sequence) -> int:
     """Output elements from which the elementwise kernel of ``expr`` is split over
     :mod:`.parallel`'s threads: :data:`PARALLEL_MIN_SIZE`, or the lower
     :data:`PARALLEL_MIN_SIZE_TRANSCENDENTAL` when a node is compute bound."""
-    heavy = any(_TRANSCENDENTAL_HELPERS.intersection(JIT_FORMS[m][1]) for m, _ in expr)
-    return min(PARALLEL_MIN_SIZE, PARALLEL_MIN_SIZE_TRANSCENDENTAL) if heavy else PARALLEL_MIN_SIZE
+    if _heavy(expr):
+        return min(PARALLEL_MIN_SIZE, PARALLEL_MIN_SIZE_TRANSCENDENTAL)
+    return PARALLEL_MIN_SIZE
+
+
+def _heavy(expr: Sequence) -> bool:
+    """Whether a node of ``expr`` calls an exp/log/tanh/erf approximation (compute bound)."""
+    return any(_TRANSCENDENTAL_HELPERS.intersection(JIT_FORMS[m][1]) for m, _ in expr)
 
 
 def _num_parts() -> int:
@@ -429,18 +489,20 @@ def bcast_shape(shape: tuple, shapes: Sequence[tuple]) -> tuple | None:
     (``(1, C, 1, 1)`` over ``(N, C, H, W)``: ``A = N``, ``B = C``, ``K = H * W``). A channel
     block may also be split in two, its second part the last dim, of 8 (the channel-blocked
     ``(1, C/8, 1, 1, 8)`` over ``(N, C/8, H, W, 8)``): the shape is then collapsed to
-    ``(A, B, K, L)``, the channel inputs spanning B and L (``L = 8``).
+    ``(A, B, K, L)``, the channel inputs spanning B and L (``L = 8``). Inputs may also span
+    the dims before the channel block, A (*row* inputs: a channels-last normalization's
+    ``(N, H, W, 1)`` statistics next to its ``(C,)`` scale over ``(N, H, W, C)``).
 
     Returns
     -------
     tuple or None
-        ``((A, B, K) or (A, B, K, L), kinds)`` with ``kinds[k]`` ``"f"``, ``"c"`` or ``"s"``;
-        None when the inputs do not fit, or none is a channel input.
+        ``((A, B, K) or (A, B, K, L), kinds)`` with ``kinds[k]`` ``"f"``, ``"c"``, ``"r"``
+        (a row input) or ``"s"``; None when the inputs do not fit, or none is a channel input.
     """
     nd = len(shape)
     keep = [d for d in range(nd) if shape[d] != 1]
     full = [shape[d] for d in keep]
-    block, kinds = None, []
+    blocks, kinds = [], []
     for sh in shapes:
         sh = (1,) * (nd - len(sh)) + tuple(sh)
         sub = [sh[d] for d in keep]
@@ -454,17 +516,22 @@ def bcast_shape(shape: tuple, shapes: Sequence[tuple]) -> tuple | None:
         gaps = [j for j in range(dims[0], dims[-1] + 1) if j not in dims]
         blk = (dims[0], dims[-1] + 1) if not gaps else (dims[0], gaps[0], gaps[-1] + 1, len(sub))
         spans = [(blk[0], blk[1])] if not gaps else [(blk[0], blk[1]), (blk[2], blk[3])]
-        if (
-            any(sub[p:q] != full[p:q] for p, q in spans)
-            or (gaps and (gaps != list(range(gaps[0], gaps[-1] + 1))
-                          or blk[2] != len(sub) - 1 or sub[-1] != _LANES))
-            or block not in (None, blk)
+        if any(sub[p:q] != full[p:q] for p, q in spans) or (
+            gaps and (gaps != list(range(gaps[0], gaps[-1] + 1))
+                      or blk[2] != len(sub) - 1 or sub[-1] != _LANES)
         ):
             return None
-        block = blk
-        kinds.append("c")
-    if block is None:
+        blocks.append(blk)
+        kinds.append(blk)
+    distinct = sorted(set(blocks))
+    if not distinct or len(distinct) > 2:
         return None
+    block, row = distinct[-1], None
+    if len(distinct) == 2:  # the leading dims (a row's statistics) and a channel block after
+        row = distinct[0]
+        if len(row) != 2 or row[0] != 0 or row[1] != block[0]:
+            return None
+    kinds = ["f" if k == "f" else "s" if k == "s" else "r" if k == row else "c" for k in kinds]
     sizes = [math.prod(full[p:q]) for p, q in zip((0, *block), (*block, len(full)))]
     if len(block) == 4:  # A, B, K, L (the empty part after the last dims dropped)
         return tuple(sizes[:4]), tuple(kinds)
@@ -656,9 +723,9 @@ def _split_parts(
 
     def cut(k: int, a: np.ndarray, lo: int, hi: int) -> np.ndarray:
         t = kinds[k] if kinds is not None and k < len(kinds) else "f"
-        if t == "s" or (t == "c" and axis == 0):
-            return a  # one element, or a channel operand every row of A reads whole
-        if t == "c" or axis == 0:
+        if t == "s" or (t == "c" and axis == 0) or (t == "r" and axis == 1):
+            return a  # one element, a channel operand every row of A reads, or A's one row
+        if t in ("c", "r") or axis == 0:
             return a[lo:hi]
         return a[:, lo:hi]
 
