@@ -98,8 +98,9 @@ def test_long_reduction_batch_32():
 
 
 def test_heuristic_chooses_it_for_depthwise_only():
-    """The filter gradient at stride 1, the data gradient at other strides."""
-    for stride, kind in (((1, 1), "backward_filter"), ((2, 2), "backward_data")):
+    """The filter gradient at every stride, the data gradient at strides other than 1."""
+    for stride, kind in (((1, 1), "backward_filter"), ((2, 2), "backward_filter"),
+                         ((2, 2), "backward_data")):  # fmt: skip
         c = _case(n=2, g=8, s=6, stride=stride)
         x, w = _source_and_filter(c)
         dy = _diff(c)

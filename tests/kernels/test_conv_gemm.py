@@ -314,3 +314,24 @@ def test_training_shapes_match_float64():
     np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(gw, ref_backward_filter(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_filter_matrix_larger_than_the_cache_chunk_takes_a_share_of_the_batch(threads):
+    # the deep layers' shape (many channels, few positions): one GEMM per thread's share of
+    # the batch rather than one per cache-sized chunk, forward and backward data alike
+    c = dict(n=7, g=1, icg=32, ocg=64, fshape=(3, 3), stride=(1, 1), pad=(1, 1), dilate=(1, 1),
+             sshape=(4, 4), flip=False, seed=13)  # fmt: skip
+    c["oshape"] = _oshape(c)
+    x, w, dy = _arrays(c)
+    y, gx = np.full(dy.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parallel, "num_threads", lambda: threads)
+        mp.setattr(conv_common, "CACHE_CHUNK_BYTES", 4096)  # the filter matrix is 72 KB
+        geo = conv_common._geometry("forward", x, w, y, *_geometry_of(c))
+        share = -(-7 // threads) * 32 * 9 * 16 * 4  # a thread's samples' columns
+        assert geo.pipeline_chunk_bytes(np.dtype(np.float32)) == min(64 * 32 * 9 * 4, share)
+        _bind("forward", "IM2COL_GEMM", c, x, w, dy, y)()
+        _bind("backward_data", "GEMM_COL2IM", c, x, w, dy, gx)()
+    np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), rtol=RTOL, atol=ATOL)

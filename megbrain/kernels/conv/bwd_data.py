@@ -16,7 +16,6 @@ import numpy as np
 from .. import workspace
 from ..parallel import split
 from ..steps import Step, chain
-from . import common
 from .common import (
     SPLIT_MIN_ELEMS,
     _chunk_pipelines,
@@ -135,17 +134,18 @@ def bwd_data_gemm_col2im(filt, diff, grad, stride, pad, dilate, flip=False) -> C
 
 def _col2im_pipelines(geo: _Conv, wmt, diff, grad, dt, steps: list) -> Callable[[], None]:
     """GEMM_COL2IM of a 2-d gradient: per batch chunk of at most
-    :data:`.common.CACHE_CHUNK_BYTES` of columns, the batch-inner copy of ``diff``, the GEMM
-    ``W^T @ diff`` into the columns and the compiled :func:`im2col_loops.col2im` adding them
-    into the gradient while they are in the cache; several chunks run on the kernel threads
-    (:func:`_chunk_pipelines`), a single one with its col2im split over the channels."""
+    :meth:`.common._Conv.pipeline_chunk_bytes` of columns, the batch-inner copy of ``diff``,
+    the GEMM ``W^T @ diff`` into the columns and the compiled :func:`im2col_loops.col2im`
+    adding them into the gradient while they are in the cache; several chunks run on the
+    kernel threads (:func:`_chunk_pipelines`), a single one with its col2im split over the
+    channels."""
     post: list[Step] = []
     target = grad
     if grad.dtype != dt or not grad.flags.c_contiguous or not grad.flags.writeable:
         target = workspace.empty(grad.shape, dt)
         post.append(_partial(np.copyto, grad, target, "unsafe"))
     rows = geo.c * math.prod(geo.fshape)
-    nb, chunks = geo.chunks(dt, common.CACHE_CHUNK_BYTES)
+    nb, chunks = geo.chunks(dt, geo.pipeline_chunk_bytes(dt))
     geom = (geo.stride, geo.pad, geo.dilate, geo.fshape)
 
     def slot():  # one thread's buffers: the batch-inner diff and the columns

@@ -6,11 +6,12 @@ im2col + GEMM runs them as one GEMM per channel, each a 1-row product: in Mobile
 training step at batch 32 the Python cost of those hundreds of tiny GEMMs made the depthwise
 layers' backward passes half of the step (a 576-channel 3x3 filter gradient on 8x8 planes took
 25 ms for 10.6 M multiply-adds). Here compiled loops (:mod:`.loops.depthwise_bwd`) run each
-channel's planes: the filter gradient as elementwise multiply-adds of whole output rows into
-float32 row accumulators, summed in float64 once per sample; the data gradient as each output
-row scattered, times each tap, into a zero-padded plane. The channels are split over
-:func:`.common.threads` Python threads, each with its scratch from :func:`workspace.empty`;
-nothing is allocated when the bound callable runs.
+channel's planes, the diff first spread where its outputs read the zero-padded source plane so
+that each tap is one vectorized pass over the plane at any stride: the filter gradient as
+elementwise multiply-adds into float32 lane accumulators, summed in float64 every few samples;
+the data gradient as the spread diff, times each tap, added into a zero-padded plane. The
+channels are split over :func:`.common.threads` Python threads, each with its scratch from
+:func:`workspace.empty`; nothing is allocated when the bound callable runs.
 """
 
 from __future__ import annotations
@@ -104,16 +105,18 @@ def bind_depthwise_data_grad(filt: np.ndarray, diff: np.ndarray, grad: np.ndarra
 
 def preferred_data_grad(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
     """HEURISTIC's rule for the data gradient: usable, at a stride other than 1 (at stride 1
-    AS_FORWARD_CONV runs it as the forward depthwise kernel, as fast: 1.3 against 2.6 ms on
-    32x384x8x8; at stride 2, 15 against GEMM_COL2IM's 33 ms on 32x144x32x32)."""
+    AS_FORWARD_CONV runs it as the forward depthwise kernel, faster: 1.3 against 2.6 ms on
+    32x384x8x8; at stride 2, 15 against GEMM_COL2IM's 33 ms on 32x144x32x32, 3.7 against 27
+    on 32x576x8x8)."""
     return usable_depthwise_bwd(filt, diff, grad, stride, pad, dilate) and tuple(stride) != (1, 1)
 
 
 def preferred_filter_grad(src, diff, grad, stride, pad, dilate, flip=False) -> bool:
-    """HEURISTIC's rule for the filter gradient: usable, at stride 1 (one pass per tap over
-    the whole plane: 17 against IM2COL_GEMM_BLOCKED's 42 ms on 32x144x32x32, 4 against 13 on
-    32x384x8x8; at stride 2, a pass per row, no faster than the GEMMs)."""
-    return usable_depthwise_bwd(src, diff, grad, stride, pad, dilate) and tuple(stride) == (1, 1)
+    """HEURISTIC's rule for the filter gradient: wherever usable (one pass per tap over the
+    whole plane, the diff spread at strides other than 1: 17 against IM2COL_GEMM_BLOCKED's
+    42 ms on 32x144x32x32, 4 against 13 on 32x384x8x8; at stride 2, 4.2 against 9-14 on
+    32x576x8x8, CPU time under load)."""
+    return usable_depthwise_bwd(src, diff, grad, stride, pad, dilate)
 
 
 for _kind, _bind, _preferred in (

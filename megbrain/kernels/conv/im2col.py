@@ -8,9 +8,10 @@ layout ``(C, *F, k, *O)``, so that one 2-d matmul per group, ``res[g] = W[g] @ c
 into the ``(k, OC, *O)`` output (a one-sample chunk's GEMM writes the output itself). 2-d
 float32/float64 columns are filled by the compiled loops of :mod:`.loops.im2col` straight from
 the source (padding written as zeros by the loop), in chunks of at most
-:data:`.common.CACHE_CHUNK_BYTES`, so that the GEMM reads the columns from the cache the
-loop just wrote them to; with at least as many samples as kernel threads, each thread runs its own
-im2col + GEMM pipeline over its part of the batch, BLAS single-threaded
+:data:`.common.CACHE_CHUNK_BYTES` (more for a larger filter matrix,
+:meth:`.common._Conv.pipeline_chunk_bytes`), so that the GEMM reads the columns from the
+cache the loop just wrote them to; with at least as many samples as kernel threads, each
+thread runs its own im2col + GEMM pipeline over its part of the batch, BLAS single-threaded
 (:func:`parallel.blas_single_threaded`), one fork/join per call. Other convolutions (1-d, 3-d)
 read the source through a strided window view (``as_strided``) of a zero-padded copy, one
 NumPy copy per chunk.
@@ -134,7 +135,7 @@ def fwd_im2col_gemm(src, filt, out, stride, pad, dilate, flip=False) -> Callable
 
 def _forward_units(geo: _Conv, dt) -> tuple[list[tuple[int, int, int, int]], int]:
     """The pieces ``(begin, end, row0, row1)`` (samples, output rows) a 2-d forward
-    convolution's pipelines take, each of at most :data:`.common.CACHE_CHUNK_BYTES` of columns,
+    convolution's pipelines take, each of at most :meth:`_Conv.pipeline_chunk_bytes` of columns,
     and the most output positions one holds: whole samples in batch chunks, or, where one sample's
     columns are larger and the filter matrix is at most half the piece (it is re-read for
     each), blocks of output rows of one sample. Measured under load (wall, 2 threads) on
@@ -142,7 +143,7 @@ def _forward_units(geo: _Conv, dt) -> tuple[list[tuple[int, int, int, int]], int
     blocks against 23-28 ms as one GEMM threaded by OpenBLAS; 128x28x28 (a 590 KB filter)
     lost in row blocks, 8-16 ms against 3.5-5."""
     rows = geo.c * math.prod(geo.fshape)
-    nb, chunks = geo.chunks(dt, common.CACHE_CHUNK_BYTES)
+    nb, chunks = geo.chunks(dt, geo.pipeline_chunk_bytes(dt))
     oh = geo.oshape[0] if geo.nsp == 2 else 1
     per_row = rows * (geo.l // max(1, oh)) * dt.itemsize
     filt_bytes = geo.ocg * geo.k * dt.itemsize

@@ -53,7 +53,7 @@ registration order breaks priority ties), by kind:
   depthwise at strides other than 1);
 - backward_filter: :mod:`.bwd_filter` (``IM2COL_GEMM_DIFF_NHWC``, 10;
   ``IM2COL_GEMM_DIFF_ROWS``, a PROFILE candidate; ``IM2COL_GEMM_BLOCKED``, 20),
-  :mod:`.depthwise_bwd` (``DIRECT_DEPTHWISE``, 25: depthwise at stride 1).
+  :mod:`.depthwise_bwd` (``DIRECT_DEPTHWISE``, 25: depthwise, any stride).
 """
 
 from __future__ import annotations

@@ -27,10 +27,10 @@ def plane_shape(oshape, fshape, stride, dilate) -> tuple[int, int]:
 
 
 def lanes(oshape, stride, wp: int) -> int:
-    """The float32 lane accumulators of one filter tap: the phase-width positions of the
-    plane at stride 1, an output row otherwise."""
-    (oh, ow) = oshape
-    return (oh - 1) * wp + ow if tuple(stride) == (1, 1) else ow
+    """The float32 lane accumulators of one filter tap: the plane positions from the first
+    output's to the last one's, ``(OH - 1) * SH * WP + (OW - 1) * SW + 1``."""
+    (oh, ow), (sh, sw) = oshape, stride
+    return (oh - 1) * sh * wp + (ow - 1) * sw + 1
 
 
 def _filter_grad_py(src, diff, grad, plane, plane_d, vacc, acc, sh, sw, ph, pw, dh, dw, flip,
@@ -42,16 +42,17 @@ def _filter_grad_py(src, diff, grad, plane, plane_d, vacc, acc, sh, sw, ph, pw, 
     Per (sample, channel) the source is copied into the zero-padded ``plane`` (HP, WP); each
     tap then adds ``diff * source`` elementwise (vectorized) into its float32 lane
     accumulators ``vacc[tap]``, summed into the float64 ``acc[tap]`` every
-    :data:`FLUSH_SAMPLES` samples. At stride (1, 1) the diff is first copied with the plane's row
-    pitch into ``plane_d`` (zeros past OW), so that each tap is one pass over the whole
-    plane (the lanes are the (OH - 1) * WP + OW phase-width positions); at other strides
-    each tap is a pass per output row (OW lanes). Flat indices throughout: a view per row
-    costs more than the work of a 4-wide row."""
+    :data:`FLUSH_SAMPLES` samples. The diff is first spread into ``plane_d`` where its
+    outputs read the plane (output (i, j) at ``i * SH * WP + j * SW``, zeros between), so
+    that each tap is one contiguous, vectorized pass over the plane (the lanes,
+    :func:`lanes`), at any stride: at stride 2 that multiplies 4x as many values, but a pass
+    per 4- or 8-wide output row (strided, one slice each) ran 3-10x slower. Flat indices
+    throughout."""
     n_, c_, h_, w_ = src.shape
     oh_, ow_ = diff.shape[2], diff.shape[3]
     fh, fw = grad.shape[3], grad.shape[4]
     hp, wp = plane.shape
-    unit = sh == 1 and sw == 1
+    n_pos = (oh_ - 1) * sh * wp + (ow_ - 1) * sw + 1
     xs = src.reshape(n_ * c_ * h_ * w_)
     ds = diff.reshape(n_ * c_ * oh_ * ow_)
     pl = plane.reshape(hp * wp)
@@ -73,39 +74,22 @@ def _filter_grad_py(src, diff, grad, plane, plane_d, vacc, acc, sh, sw, ph, pw, 
                 pb = (i + ph) * wp + pw
                 for j in range(ww):
                     pl[pb + j] = xs[xb + i * w_ + j]
-            if unit:
-                # phase-width rows: diff copied with the plane's row pitch WP (zeros past OW),
-                # so that each tap is one contiguous pass over the whole plane
-                n_pos = (oh_ - 1) * wp + ow_
-                for t in range(n_pos):
-                    dx_[t] = 0.0
-                db = (n * c_ + c) * oh_ * ow_
-                for oh in range(oh_):
-                    for ow in range(ow_):
-                        dx_[oh * wp + ow] = ds[db + oh * ow_ + ow]
-                dt = dx_[:n_pos]
-                for a in range(fh):
-                    for b in range(fw):
-                        vb = (a * fw + b) * npos_max
-                        pb = a * dh * wp + b * dw
-                        vt = va[vb : vb + n_pos]
-                        st = pl[pb : pb + n_pos]
-                        for t in range(n_pos):
-                            vt[t] += dt[t] * st[t]
-            else:
-                db = (n * c_ + c) * oh_ * ow_
-                for oh in range(oh_):
-                    dr = db + oh * ow_
-                    gr = ds[dr : dr + ow_]
-                    for a in range(fh):
-                        rb = (oh * sh + a * dh) * wp
-                        for b in range(fw):
-                            vb = (a * fw + b) * npos_max
-                            pb = rb + b * dw
-                            vt = va[vb : vb + ow_]
-                            st = pl[pb : pb + (ow_ - 1) * sw + 1]
-                            for ow in range(ow_):
-                                vt[ow] += gr[ow] * st[ow * sw]
+            # diff spread where the outputs read the plane (zeros between): one pass per tap
+            dt = dx_[:n_pos]
+            for t in range(n_pos):
+                dt[t] = 0.0
+            db = (n * c_ + c) * oh_ * ow_
+            for oh in range(oh_):
+                for ow in range(ow_):
+                    dt[oh * sh * wp + ow * sw] = ds[db + oh * ow_ + ow]
+            for a in range(fh):
+                for b in range(fw):
+                    vb = (a * fw + b) * npos_max
+                    pb = a * dh * wp + b * dw
+                    vt = va[vb : vb + n_pos]
+                    st = pl[pb : pb + n_pos]
+                    for t in range(n_pos):
+                        vt[t] += dt[t] * st[t]
             if (n + 1) % FLUSH_SAMPLES == 0 or n == n_ - 1:
                 for k in range(fh * fw):
                     s = 0.0
@@ -127,48 +111,37 @@ def _data_grad_py(filt, diff, grad, plane, plane_d, sh, sw, ph, pw, dh, dw, flip
     """Channels [c0, c1) of ``grad`` (N, C, H, W): ``diff`` scattered, times each tap of
     ``filt`` (C, 1, 1, FH, FW), into the zero-padded ``plane`` (HP, WP) (taps in a fixed
     order), whose inner region is then the gradient (zero where the padded plane does not
-    reach). At stride (1, 1) the diff is copied with the plane's row pitch into ``plane_d`` first
-    and each tap is one pass over the whole plane; at other strides one per output row."""
+    reach). The diff is spread into ``plane_d`` first, as in :func:`_filter_grad_py`, so that
+    each tap is one pass over the plane at any stride."""
     n_, c_, h_, w_ = grad.shape
     oh_, ow_ = diff.shape[2], diff.shape[3]
     fh, fw = filt.shape[3], filt.shape[4]
     hp, wp = plane.shape
-    unit = sh == 1 and sw == 1
+    n_pos = (oh_ - 1) * sh * wp + (ow_ - 1) * sw + 1
     gs = grad.reshape(n_ * c_ * h_ * w_)
     ds = diff.reshape(n_ * c_ * oh_ * ow_)
     pl = plane.reshape(hp * wp)
+    dt = plane_d.reshape(plane_d.size)[:n_pos]
     for c in range(c0, c1):
         for n in range(n_):
             for t in range(hp * wp):
                 pl[t] = 0.0
+            for t in range(n_pos):  # diff spread as in _filter_grad_py
+                dt[t] = 0.0
             db = (n * c_ + c) * oh_ * ow_
-            if unit:  # phase-width rows, as in _filter_grad_py: one pass per tap
-                n_pos = (oh_ - 1) * wp + ow_
-                dt = plane_d.reshape(plane_d.size)[:n_pos]
-                for t in range(n_pos):
-                    dt[t] = 0.0
-                for oh in range(oh_):
-                    for ow in range(ow_):
-                        dt[oh * wp + ow] = ds[db + oh * ow_ + ow]
-            for oh in range(1 if unit else oh_):
-                dr = db + oh * ow_
-                for a in range(fh):
-                    rb = (oh * sh + a * dh) * wp
-                    for b in range(fw):
-                        if flip:
-                            wv = filt[c, 0, 0, fh - 1 - a, fw - 1 - b]
-                        else:
-                            wv = filt[c, 0, 0, a, b]
-                        pb = rb + b * dw
-                        if unit:
-                            pt = pl[pb : pb + n_pos]
-                            for t in range(n_pos):
-                                pt[t] += dt[t] * wv
-                        else:
-                            gr = ds[dr : dr + ow_]
-                            pt = pl[pb : pb + (ow_ - 1) * sw + 1]
-                            for ow in range(ow_):
-                                pt[ow * sw] += gr[ow] * wv
+            for oh in range(oh_):
+                for ow in range(ow_):
+                    dt[oh * sh * wp + ow * sw] = ds[db + oh * ow_ + ow]
+            for a in range(fh):
+                for b in range(fw):
+                    if flip:
+                        wv = filt[c, 0, 0, fh - 1 - a, fw - 1 - b]
+                    else:
+                        wv = filt[c, 0, 0, a, b]
+                    pb = a * dh * wp + b * dw
+                    pt = pl[pb : pb + n_pos]
+                    for t in range(n_pos):
+                        pt[t] += dt[t] * wv
             gb = (n * c_ + c) * h_ * w_
             for i in range(h_):
                 r = i + ph
