@@ -178,8 +178,7 @@ def vnni_tile():
                 fabs = cgutils.get_or_insert_function(builder.module, fv, "llvm.fabs.v16f32")
                 csign = cgutils.get_or_insert_function(builder.module, fv2,
                                                        "llvm.copysign.v16f32")
-                fmax = cgutils.get_or_insert_function(builder.module, fv2, "llvm.maxnum.v16f32")
-                fmin = cgutils.get_or_insert_function(builder.module, fv2, "llvm.minnum.v16f32")
+                lo, hi = builder.fsub(qmin, zp), builder.fsub(qmax, zp)
                 zero = ir.Constant(vf, None)
                 half = ir.Constant(vf, [ir.Constant(f32, 0.5)] * LANES)
                 onev = ir.Constant(vf, [ir.Constant(f32, 1.0)] * LANES)
@@ -189,14 +188,18 @@ def vnni_tile():
                     if mode == EPI_QUANT_RELU:  # NaN stays NaN, as np.maximum's
                         val = builder.select(builder.fcmp_ordered("<", val, zero), zero, val)
                     val = builder.fdiv(val, s_out)
+                    # fmin(fmax(qmin, round(v) + zp), qmax) as the quotient clamped to the
+                    # integers [qmin - zp, qmax - zp] (rounding is monotone: the same values
+                    # saturate); compare and select, one vmaxps / vminps each, NaN to the
+                    # lower end as fmax sends it to qmin
+                    val = builder.select(builder.fcmp_ordered(">", val, lo), val, lo)
+                    val = builder.select(builder.fcmp_ordered("<", val, hi), val, hi)
                     # C roundf: half away from zero (the difference to trunc is exact)
                     t = builder.call(trunc, [val])
                     up = builder.fcmp_ordered(">=", builder.call(fabs, [builder.fsub(val, t)]),
                                               half)  # fmt: skip
                     step = builder.select(up, builder.call(csign, [onev, val]), zero)
                     val = builder.fadd(builder.fadd(t, step), zp)
-                    # fmin(fmax(qmin, v), qmax): NaN gives qmin
-                    val = builder.call(fmin, [builder.call(fmax, [val, qmin]), qmax])
                     return builder.trunc(builder.fptosi(val, v32), vty)
 
             store = cgutils.get_or_insert_function(
