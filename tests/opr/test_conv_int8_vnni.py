@@ -211,3 +211,31 @@ def test_a_constant_matmul_b_is_packed_once_and_a_read_every_run(tb, m):
     step()
     want = ref.wrap_i32(np.ones((m, 70), np.int64) @ (bv.T if tb else bv))
     np.testing.assert_array_equal(out.view(np.int32), want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(c=st.integers(1, 6), h=st.integers(3, 40), w=st.integers(3, 40), pad=st.integers(0, 2),
+       dil=st.integers(1, 2), asymm=st.booleans(), extreme=st.booleans(),
+       mode=st.sampled_from(["IDENTITY", "RELU"]),
+       bias_at=st.sampled_from([0, (1 << 23) - 1, 1 << 23, (1 << 31) - 1]),
+       out_scale=st.sampled_from([0.3, 40.0, 1e6]), seed=st.integers(0, 2**16))  # fmt: skip
+def test_a_requantized_3x3_depthwise_in_one_pass_equals_the_reference(
+        c, h, w, pad, dil, asymm, extreme, mode, bias_at, out_scale, seed):  # fmt: skip
+    # the stride-1 3x3 depthwise loop requantizes as it sums: a bias below 2^23 starts the
+    # float32 sum, a larger one (to the int32 wrap) is added in int32; its whole-vector
+    # passes cover rows of any width
+    h, w = max(h, 2 * dil + 1), max(w, 2 * dil + 1)
+    cs = _case((1, c, h, w), (c, 1, 1, 3, 3), (pad, pad), seed)
+    cs.update(dilate=(dil, dil), asymm=asymm, zx=seed % 256, extreme=extreme)
+    x, f = _operands(cs)
+    rng = np.random.default_rng(seed)
+    bias = ref.random_q(rng, (1, c, 1, 1), qint32(0.125))
+    sign = rng.choice([-1, 1], c)
+    bias.view(np.int32)[0, :, 0, 0] += (sign * bias_at).astype(np.int32) - sign * 5000
+    odt = quint8(out_scale, 7) if asymm else qint8(out_scale)
+    want = ref.conv_bias(x, f, bias, None, odt, mode, stride=(1, 1), pad=(pad, pad),
+                         dilate=(dil, dil), group=True, flip=False)  # fmt: skip
+    out = np.empty(want.shape, want.dtype)
+    quantized.bind_quantized_conv_bias(x, f, bias, None, out, (1, 1), (pad, pad), (dil, dil),
+                                       False, mode)()  # fmt: skip
+    ref.assert_same(out, want)

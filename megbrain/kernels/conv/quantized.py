@@ -204,18 +204,22 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     cg_ = -(-i_ // 4)
     kg_ = cg_ * fh * fw
     inplace = fh == fw == 1 and tuple(stride) == (1, 1) and tuple(pad) == (0, 0)
+    # any other stride-1 convolution reads its taps in place too, no im2col: it is computed
+    # over the positions of the padded rows (OH x WP), the columns past OW then dropped
+    taps = not inplace and tuple(stride) == (1, 1)
     lanes = vnni_loops.LANES
     if inplace:
         hp, wp, plane = h_, w_, -(-p_ // lanes) * lanes
     else:
         hp, wp = h_ + 2 * pad[0], w_ + 2 * pad[1]
         plane = hp * wp
+    pg = oh * wp if taps else p_  # the positions computed
     # 4 vectors of positions per tile unless that pads the positions by 5% more than 2 do
-    padded = {v: -(-p_ // (lanes * v)) * lanes * v for v in (2, 4)}
+    padded = {v: -(-pg // (lanes * v)) * lanes * v for v in (2, 4)}
     vecs = 4 if padded[4] <= 1.05 * padded[2] else 2
     rows = vnni_loops.tile_rows(vecs)
     op = -(-o_ // rows) * rows
-    tiles = -(-p_ // (lanes * vecs))
+    tiles = -(-pg // (lanes * vecs))
     # too few tiles of positions for the threads: split the output channels too
     chunks = min(op // rows, -(-2 * parallel.num_threads() // tiles))
     items = tiles * chunks
@@ -232,8 +236,16 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
         view = init.reshape(g_, op)[:, :o_]
         steps.append(_partial(np.add, init_w.reshape(g_, op)[:, :o_],
                               bias.reshape(g_, o_), view))  # fmt: skip
-    x4 = workspace.empty((cg_ * plane * 4,), np.uint8)
-    col = workspace.empty((4 if inplace else items * vecs * kg_ * lanes * 4,), np.uint8)
+    offs = np.zeros(0, np.int64)
+    tail = 0
+    if taps:  # each k group's byte offset; the last tile's dropped lanes read past the planes
+        cg, a, b = np.meshgrid(np.arange(cg_), np.arange(fh), np.arange(fw), indexing="ij")
+        offs = ((cg * plane + a * dilate[0] * wp + b * dilate[1]) * 4).reshape(-1)
+        last = tiles * vecs * lanes + (fh - 1) * dilate[0] * wp + (fw - 1) * dilate[1]
+        tail = max(0, last - plane) * 4
+    x4 = workspace.empty((cg_ * plane * 4 + tail,), np.uint8)
+    col = workspace.empty((4 if inplace or taps else items * vecs * kg_ * lanes * 4,),
+                          np.uint8)  # fmt: skip
     if requant is None:
         epi, q = vnni_loops.EPI_INT32, np.zeros(5, _F32)
         yf = y.reshape(-1)
@@ -245,8 +257,9 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
         steps.insert(0, _partial(np.copyto, x := workspace.empty(x.shape, np.uint8),
                                  _plain(src).view(np.uint8)))  # fmt: skip
     x = x.reshape(-1)
-    x4w = x4.view(np.uint32)
+    x4w = x4[: cg_ * plane * 4].view(np.uint32)
     hw = np.array([h_, w_], np.int64)
+    yt = workspace.empty((n_ * g_ * o_ * pg,), yf.dtype) if taps else yf
     flipx = 128 if signed else 0
     relayout_min = max(1, _MIN_RELAYOUT_BYTES // (plane * 4))
     gemm_min = max(1, _MIN_MACS_PER_THREAD // (lanes * vecs * kg_ * 4 * op // chunks))
@@ -255,11 +268,16 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
             steps.append(parallel.split(
                 _partial(vnni_loops.relayout, x, x4w, (n * g_ + g) * i_ * h_ * w_, hw, i_, pad,
                          hp, wp, plane, flipx, u0), cg_, relayout_min))  # fmt: skip
-            geom = np.array([p_, ow, o_, kg_, int(inplace), fh, fw, stride[0], stride[1],
-                             dilate[0], dilate[1], wp, plane, chunks, (n * g_ + g) * o_ * p_,
-                             g * op * kg_ * 4, g * op], np.int64)  # fmt: skip
+            mode = 2 if taps else int(inplace)
+            geom = np.array([pg, ow, o_, kg_, mode, fh, fw, stride[0], stride[1], dilate[0],
+                             dilate[1], wp, plane, chunks, (n * g_ + g) * o_ * pg,
+                             g * op * kg_ * 4, g * op, *offs], np.int64)  # fmt: skip
             steps.append(parallel.split(_partial(vnni_loops.gemm_tiles, vecs, x4, col, wk, init,
-                                                 yf, q, geom, epi), items, gemm_min))  # fmt: skip
+                                                 yt, q, geom, epi), items, gemm_min))  # fmt: skip
+    if taps:
+        drop = _partial(vnni_loops.drop_columns, yt, yf, oh, wp, ow)
+        planes = n_ * g_ * o_
+        steps.append(parallel.split(drop, planes, max(1, _MIN_RELAYOUT_BYTES // (oh * wp))))
     return filter_packed(pack, chain(steps), constant)
 
 

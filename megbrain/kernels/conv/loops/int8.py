@@ -142,24 +142,51 @@ def _taps9(acc, o, xp, ws, n, base, row, col1, col2):  # pragma: no cover - comp
 
 
 @njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _taps9_requantize(dst, o, xp, ws, n, base, row, col1, col2, bc, q, relu):  # pragma: no cover
+    """:func:`_taps9`'s nine-tap sums for j < n requantized as they are made, ``dst[o + j]``
+    = the 8-bit value MegDNN's float32 chain gives for ``sum + bc`` (``q`` as for
+    :func:`_depthwise_py`): one pass, no sum stored. A bias below 2^23 starts the float32
+    sum (the integer ``sum + bc`` then stays exact in float32: its conversions drop out);
+    a larger one is added in int32, wrapping as the reference's sum does."""
+    w0, w1, w2, w3, w4, w5, w6, w7, w8 = ws[0], ws[1], ws[2], ws[3], ws[4], ws[5], ws[6], \
+        ws[7], ws[8]  # fmt: skip
+    s_in, s_out, zp, qmin, qmax = q[0], q[1], q[2], q[3], q[4]
+    zero = np.float32(0)
+    r0 = base
+    r1 = base + row
+    r2 = r1 + row
+    small = -(1 << 23) < bc < 1 << 23
+    bf = np.float32(bc) if small else zero
+    for j in range(n):
+        s = (bf + w0 * xp[r0 + j] + w1 * xp[r0 + col1 + j] + w2 * xp[r0 + col2 + j]
+             + w3 * xp[r1 + j] + w4 * xp[r1 + col1 + j] + w5 * xp[r1 + col2 + j]
+             + w6 * xp[r2 + j] + w7 * xp[r2 + col1 + j] + w8 * xp[r2 + col2 + j])
+        if not small:
+            s = np.float32(np.int32(np.int32(s) + bc))
+        v = s * s_in
+        if relu:
+            v = zero if v < zero else v
+        dst[o + j] = _quantize(v, s_out, zp, qmin, qmax)
+
+
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
 def _quantize(v, scale, zp, qmin, qmax):  # pragma: no cover - compiled
     """MegDNN's ``quantize`` of the float32 ``v``: divided by ``scale``, rounded half away
     from zero (C ``roundf``), plus ``zp``, then ``fmin(fmax(qmin, v), qmax)`` (NaN gives
-    qmin), as an int32. The quotient is clamped to +-1024 first (beyond any shifted 8-bit
-    range) so that the truncation is a conversion to int32; selects, not branches, so that
-    a loop of it vectorizes."""
-    lim, half, one = np.float32(1024), np.float32(0.5), np.float32(1)
+    qmin), as an int32. The quotient is clamped to ``[qmin - zp, qmax - zp]`` instead
+    (integers: rounding is monotone, so the same values saturate, NaN going to the lower
+    end), which also makes the truncation a conversion to int32; selects, not branches, so
+    that a loop of it vectorizes."""
+    half, one = np.float32(0.5), np.float32(1)
+    lo, hi = qmin - zp, qmax - zp
     v = v / scale
-    v = v if v > -lim else -lim
-    v = v if v < lim else lim
+    v = v if v > lo else lo
+    v = v if v < hi else hi
     t = np.float32(np.int32(v))
     d = v - t
     t = t + one if d >= half else t
     t = t - one if d <= -half else t
-    v = t + zp
-    v = v if v > qmin else qmin
-    v = v if v < qmax else qmax
-    return np.int32(v)
+    return np.int32(t + zp)
 
 
 def _add_py(a, b, out, q, relu, lo, hi):  # pragma: no cover - compiled
@@ -200,6 +227,11 @@ def quantize_8bit(src, out, q, lo: int, hi: int) -> None:
 
 #: float32 values of a depthwise band's padded source rows and of its sums (stack tiles)
 _BAND_IN, _BAND_OUT = 8192, 4096
+#: float32 values past a band's source rows that a tap loop rounded up to whole vectors reads
+_BAND_PAD = 64
+#: the sizes of the tiles for them (literals for the stack tiles): the source rows with that
+#: tail, and the bytes of a band's requantized positions rounded up to whole vectors
+_BAND_XP, _BAND_BYTES = _BAND_IN + _BAND_PAD, _BAND_OUT + 16
 
 
 def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - compiled
@@ -226,9 +258,10 @@ def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - 
     # a row's padded values (stride 2: its even columns, then its odd ones, wh each)
     wh = (wp_ + 1) // 2
     wr = 2 * wh if sw == 2 else wp_
-    xp = carray(_stack_tile(_BAND_IN, np.float32), _BAND_IN)
+    xp = carray(_stack_tile(_BAND_XP, np.float32), _BAND_XP)
     acc = carray(_stack_tile(_BAND_OUT, np.float32), _BAND_OUT)
     ws = carray(_stack_tile(64, np.float32), 64)
+    ob = carray(_stack_tile(_BAND_BYTES, np.uint8), _BAND_BYTES)
     s_in, s_out, zp, qmin, qmax = q[0], q[1], q[2], q[3], q[4]
     relu = epi == 2
     zero = np.float32(0)
@@ -246,10 +279,16 @@ def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - 
             for i in range((r1 - 1 - r0) * sh + (fh - 1) * dh + 1 + sh):
                 ih = top + i
                 base = np.uintp(i * wr)
-                for j in range(np.uintp(wr)):
-                    xp[base + j] = zero
-                if ih < 0 or ih >= h_:
-                    continue
+                if ih < 0 or ih >= h_ or sw == 2:
+                    for j in range(np.uintp(wr)):
+                        xp[base + j] = zero
+                    if ih < 0 or ih >= h_:
+                        continue
+                else:  # only the padding: the row's values are written below
+                    for j in range(np.uintp(pw)):
+                        xp[base + j] = zero
+                    for j in range(np.uintp(pw + w_), np.uintp(wr)):
+                        xp[base + j] = zero
                 src = np.uintp(xbase + ih * w_)
                 if sw == 2:  # even padded columns, then odd ones: each tap reads a run
                     for par in range(2):
@@ -269,6 +308,23 @@ def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - 
                 # one loop per tap over the band: position v = rr WP + q reads the source at
                 # v + tap (the columns q >= OW are computed and dropped)
                 n = np.uintp((r1 - r0) * wr)
+                if fh == fw == 3 and epi != 0:
+                    # taps and requantize in one pass into bytes, then each row's columns
+                    # < OW out; whole vectors (no scalar remainder: zeros past the band's
+                    # rows, their bytes dropped)
+                    end = np.uintp(((r1 - 1 - r0) + 2 * dh + 2) * wr)
+                    if 16 + 2 * dw <= _BAND_PAD:
+                        n = (n + np.uintp(15)) & ~np.uintp(15)
+                        for j in range(np.uintp(_BAND_PAD)):
+                            xp[end + j] = zero
+                    _taps9_requantize(ob, np.uintp(0), xp, ws, n, np.uintp(0),
+                                      np.uintp(dh * wr), np.uintp(dw), np.uintp(2 * dw), bc, q,
+                                      relu)  # fmt: skip
+                    for rr in range(r1 - r0):
+                        o, v = np.uintp(obase + (r0 + rr) * ow), np.uintp(rr * wr)
+                        for j in range(np.uintp(ow)):
+                            out[o + j] = ob[v + j]
+                    continue
                 if fh == fw == 3:  # the nine taps in one pass (the sums stay in registers)
                     _taps9(acc, np.uintp(0), xp, ws, n, np.uintp(0), np.uintp(dh * wr),
                            np.uintp(dw), np.uintp(2 * dw))  # fmt: skip
@@ -363,4 +419,7 @@ def gemm_blocks(groups: int, out_channels: int) -> int:
 def _compiled(name: str):
     fn = {"im2col": _im2col_py, "gemm": _gemm_py, "depthwise": _depthwise_py,
           "add": _add_py, "quantize": _quantize_8bit_py}[name]  # fmt: skip
-    return njit(nogil=True, cache=True, error_model="numpy", fastmath=False)(fn)
+    # the depthwise sums are exact in float32 (every product and partial sum an integer
+    # below 2^24), so fused multiply-adds give the same bits; nothing else is contracted
+    fastmath = {"contract"} if name == "depthwise" else False
+    return njit(nogil=True, cache=True, error_model="numpy", fastmath=fastmath)(fn)

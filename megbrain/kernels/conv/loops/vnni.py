@@ -53,6 +53,7 @@ __all__ = [
     "EPI_QUANT",
     "EPI_QUANT_RELU",
     "available",
+    "drop_columns",
     "gemm_tiles",
     "pack_filter",
     "relayout",
@@ -86,13 +87,15 @@ def tile_rows(vecs: int) -> int:
 
 @functools.cache
 def vnni_tile():
-    """The ``vnni_tile(a, a0, pstride, kstride, w, w0, wstride, kg, init, i0, out, o0,
-    ostride, count, nrows, q, rows, vecs, epi)`` Numba intrinsic: one tile of ``rows x
-    vecs`` vectors (literals) of int32 sums.
+    """The ``vnni_tile(a, a0, pstride, kstride, offs, offs0, w, w0, wstride, kg, init, i0,
+    out, o0, ostride, count, nrows, q, rows, vecs, epi, taps)`` Numba intrinsic: one tile
+    of ``rows x vecs`` vectors (literals) of int32 sums.
 
     Row ``r`` starts at ``init[i0 + r]`` and adds, for each ``k`` group ``kk < kg``, the
     ``vpdpbusd`` of the 64 unsigned bytes at ``a[a0 + v pstride + kk kstride:]`` (vector
-    ``v``) with the 4 signed bytes at ``w[w0 + r wstride + 4 kk:]`` broadcast. Rows
+    ``v``; with the literal ``taps`` 1, at ``a[a0 + v pstride + offs[offs0 + kk]:]``, the
+    int64 table of each group's offset) with the 4 signed bytes at ``w[w0 + r wstride + 4
+    kk:]`` broadcast. Rows
     ``r < nrows`` are stored, their lanes ``v * 16 + j < count``, to ``out[o0 + r ostride +
     16 v + j]``: with the literal ``epi`` :data:`EPI_INT32` as int32; else requantized to
     one byte with ``q`` = (input scale, output scale, zero point, qmin, qmax) (float32),
@@ -100,19 +103,19 @@ def vnni_tile():
     """
 
     @intrinsic
-    def vnni_tile(typingctx, a, a0, pstride, kstride, w, w0, wstride, kg, init, i0, out, o0,
-                  ostride, count, nrows, q, rows, vecs, epi):  # fmt: skip
-        literals = (rows, vecs, epi)
+    def vnni_tile(typingctx, a, a0, pstride, kstride, offs, offs0, w, w0, wstride, kg, init,
+                  i0, out, o0, ostride, count, nrows, q, rows, vecs, epi, taps):  # fmt: skip
+        literals = (rows, vecs, epi, taps)
         if not all(isinstance(v, types.IntegerLiteral) for v in literals):
             return None
-        nr, nv, mode = (v.literal_value for v in literals)
+        nr, nv, mode, by_table = (v.literal_value for v in literals)
         out_ty = types.int32 if mode == EPI_INT32 else types.uint8
         if not (isinstance(out, types.Array) and out.dtype == out_ty):
             return None
 
         def codegen(context, builder, signature, args):
-            (a_v, a0_v, ps_v, ks_v, w_v, w0_v, ws_v, kg_v, init_v, i0_v, out_v, o0_v, os_v,
-             count_v, nrows_v, q_v) = args[:16]  # fmt: skip
+            (a_v, a0_v, ps_v, ks_v, offs_v, offs0_v, w_v, w0_v, ws_v, kg_v, init_v, i0_v, out_v,
+             o0_v, os_v, count_v, nrows_v, q_v) = args[:18]  # fmt: skip
             i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
             v32 = ir.VectorType(i32, LANES)
             vf = ir.VectorType(f32, LANES)
@@ -125,8 +128,8 @@ def vnni_tile():
                 return context.make_array(signature.args[k])(context, builder, args[k]).data
 
             adata = builder.bitcast(data(0), i8.as_pointer())
-            wdata = builder.bitcast(data(4), i8.as_pointer())
-            idata, odata, qdata = data(8), data(10), data(15)
+            wdata = builder.bitcast(data(6), i8.as_pointer())
+            idata, odata, qdata, tdata = data(10), data(12), data(17), data(4)
             splat0 = ir.Constant(v32, None)
 
             def splat(scalar, vty):
@@ -145,7 +148,11 @@ def vnni_tile():
                     builder.store(sv, slots[r * nv + v])
             with cgutils.for_range(builder, kg_v, intp=i64) as loop:
                 kk = loop.index
-                abase = builder.add(a0_v, builder.mul(kk, ks_v))
+                if by_table:
+                    step = builder.load(builder.gep(tdata, [builder.add(offs0_v, kk)]))
+                else:
+                    step = builder.mul(kk, ks_v)
+                abase = builder.add(a0_v, step)
                 avs = []
                 for v in range(nv):
                     off = builder.add(abase, builder.mul(ps_v, const(v)))
@@ -178,8 +185,7 @@ def vnni_tile():
                 fabs = cgutils.get_or_insert_function(builder.module, fv, "llvm.fabs.v16f32")
                 csign = cgutils.get_or_insert_function(builder.module, fv2,
                                                        "llvm.copysign.v16f32")
-                fmax = cgutils.get_or_insert_function(builder.module, fv2, "llvm.maxnum.v16f32")
-                fmin = cgutils.get_or_insert_function(builder.module, fv2, "llvm.minnum.v16f32")
+                lo, hi = builder.fsub(qmin, zp), builder.fsub(qmax, zp)
                 zero = ir.Constant(vf, None)
                 half = ir.Constant(vf, [ir.Constant(f32, 0.5)] * LANES)
                 onev = ir.Constant(vf, [ir.Constant(f32, 1.0)] * LANES)
@@ -189,14 +195,18 @@ def vnni_tile():
                     if mode == EPI_QUANT_RELU:  # NaN stays NaN, as np.maximum's
                         val = builder.select(builder.fcmp_ordered("<", val, zero), zero, val)
                     val = builder.fdiv(val, s_out)
+                    # fmin(fmax(qmin, round(v) + zp), qmax) as the quotient clamped to the
+                    # integers [qmin - zp, qmax - zp] (rounding is monotone: the same values
+                    # saturate); compare and select, one vmaxps / vminps each, NaN to the
+                    # lower end as fmax sends it to qmin
+                    val = builder.select(builder.fcmp_ordered(">", val, lo), val, lo)
+                    val = builder.select(builder.fcmp_ordered("<", val, hi), val, hi)
                     # C roundf: half away from zero (the difference to trunc is exact)
                     t = builder.call(trunc, [val])
                     up = builder.fcmp_ordered(">=", builder.call(fabs, [builder.fsub(val, t)]),
                                               half)  # fmt: skip
                     step = builder.select(up, builder.call(csign, [onev, val]), zero)
                     val = builder.fadd(builder.fadd(t, step), zp)
-                    # fmin(fmax(qmin, v), qmax): NaN gives qmin
-                    val = builder.call(fmin, [builder.call(fmax, [val, qmin]), qmax])
                     return builder.trunc(builder.fptosi(val, v32), vty)
 
             store = cgutils.get_or_insert_function(
@@ -215,8 +225,8 @@ def vnni_tile():
                                              ir.Constant(i32, 1), masks[v]])  # fmt: skip
             return context.get_dummy_value()
 
-        sig = types.void(a, a0, pstride, kstride, w, w0, wstride, kg, init, i0, out, o0,
-                         ostride, count, nrows, q, rows, vecs, epi)  # fmt: skip
+        sig = types.void(a, a0, pstride, kstride, offs, offs0, w, w0, wstride, kg, init, i0,
+                         out, o0, ostride, count, nrows, q, rows, vecs, epi, taps)  # fmt: skip
         return sig, codegen
 
     return vnni_tile
@@ -314,8 +324,14 @@ def _make_gemm(nv: int, epi: int):
             count = p_ - p0
             for ob in range(oc * per, min(obn, (oc + 1) * per)):
                 o = ob * rows
-                tile(src, a0, ps, ks, w, w0 + o * wstride, wstride, kg_, init, i0 + o, out,
-                     out0 + o * p_ + p0, p_, count, min(rows, o_ - o), q, rows, nv, epi)
+                if direct == 2:  # the taps' offsets into the relaid planes from geom[17]
+                    tile(x4, p0 * 4, LANES * 4, 0, geom, 17, w, w0 + o * wstride, wstride,
+                         kg_, init, i0 + o, out, out0 + o * p_ + p0, p_, count,
+                         min(rows, o_ - o), q, rows, nv, epi, 1)  # fmt: skip
+                else:
+                    tile(src, a0, ps, ks, geom, 0, w, w0 + o * wstride, wstride, kg_, init,
+                         i0 + o, out, out0 + o * p_ + p0, p_, count, min(rows, o_ - o), q,
+                         rows, nv, epi, 0)  # fmt: skip
 
     return gemm
 
@@ -347,6 +363,17 @@ def _pack_filter_py(filt, w, init, flip, zf, u0, kg_, op):
             init[g * op + o] = np.int32(np.int64(-u0 * total) & 0xFFFFFFFF)
 
 
+def _drop_columns_py(src, dst, rows, wp, ow, p0, p1):
+    """Planes [p0, p1) of ``dst`` (flat, planes of ``rows x ow``): the first ``ow`` columns
+    of ``src``'s rows of ``wp`` (flat, planes of ``rows x wp``)."""
+    for p in range(p0, p1):
+        for r in range(rows):
+            s0 = np.uintp((p * rows + r) * wp)
+            d0 = np.uintp((p * rows + r) * ow)
+            for j in range(np.uintp(ow)):
+                dst[d0 + j] = src[s0 + j]
+
+
 @functools.cache
 def _compiled(name: str):
     opts = dict(nogil=True, cache=True, error_model="numpy", fastmath=False)
@@ -354,6 +381,8 @@ def _compiled(name: str):
         return njit(**opts)(_relayout_py)
     if name == "pack":
         return njit(**opts)(_pack_filter_py)
+    if name == "drop":
+        return njit(**opts)(_drop_columns_py)
     vecs, epi = name.split(",")
     return njit(**opts)(_make_gemm(int(vecs), int(epi)))
 
@@ -379,9 +408,18 @@ def gemm_tiles(vecs, x4, a, w, init, out, q, geom, epi, t0, t1) -> None:
     vectors of positions.
 
     ``geom`` (int64): P, OW, O, KG, direct (1: read ``x4`` in place, a 1x1 convolution
-    with stride 1 and no padding), FH, FW, SH, SW, DH, DW, WP, plane, chunks of output
+    with stride 1 and no padding; 2: read ``x4`` in place at the offsets of each k group's
+    tap, ``geom[17:17 + KG]`` bytes, a stride-1 convolution computed over the positions of
+    the padded rows, P = OH * WP), FH, FW, SH, SW, DH, DW, WP, plane, chunks of output
     channels per tile of positions, the output's first index, the packed filter's first
     byte, ``init``'s first index. ``a`` (uint8) holds each item's window blocks;
     ``out`` is flat, int32 for ``epi`` :data:`EPI_INT32`, else uint8.
     """
     _compiled(f"{vecs},{epi}")(x4, a, w, init, out, q, geom, int(t0), int(t1))
+
+
+def drop_columns(src, dst, rows: int, wp: int, ow: int, p0: int, p1: int) -> None:
+    """Planes [p0, p1) of the flat ``dst`` (planes of ``rows x ow``) from the flat ``src``
+    (planes of ``rows x wp``, the columns past ``ow`` dropped): the output of the taps read
+    in place (``geom[4]`` 2 of :func:`gemm_tiles`)."""
+    _compiled("drop")(src, dst, int(rows), int(wp), int(ow), int(p0), int(p1))
