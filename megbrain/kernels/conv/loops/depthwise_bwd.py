@@ -33,6 +33,22 @@ def lanes(oshape, stride, wp: int) -> int:
     return (oh - 1) * sh * wp + (ow - 1) * sw + 1
 
 
+def _spread_py(ds, dt, db, oh_, ow_, row_step, sw):
+    # pragma: no cover - compiled
+    """One (OH, OW) diff plane, at flat offset ``db`` of ``ds``, spread over ``dt`` where its
+    outputs read the padded source plane: output (i, j) at ``i * row_step + j * sw``
+    (``row_step = SH * WP``), zeros between, so that each tap is one pass over the plane."""
+    for t in range(dt.size):
+        dt[t] = 0.0
+    for oh in range(oh_):
+        for ow in range(ow_):
+            dt[oh * row_step + ow * sw] = ds[db + oh * ow_ + ow]
+
+
+#: compiled on its first call (from the loops below, which read it as a global when they compile)
+_spread = njit(nogil=True, cache=True, error_model="numpy")(_spread_py)
+
+
 def _filter_grad_py(src, diff, grad, plane, plane_d, vacc, acc, sh, sw, ph, pw, dh, dw, flip,
                     c0, c1):  # fmt: skip
     # pragma: no cover - compiled
@@ -74,14 +90,8 @@ def _filter_grad_py(src, diff, grad, plane, plane_d, vacc, acc, sh, sw, ph, pw, 
                 pb = (i + ph) * wp + pw
                 for j in range(ww):
                     pl[pb + j] = xs[xb + i * w_ + j]
-            # diff spread where the outputs read the plane (zeros between): one pass per tap
             dt = dx_[:n_pos]
-            for t in range(n_pos):
-                dt[t] = 0.0
-            db = (n * c_ + c) * oh_ * ow_
-            for oh in range(oh_):
-                for ow in range(ow_):
-                    dt[oh * sh * wp + ow * sw] = ds[db + oh * ow_ + ow]
+            _spread(ds, dt, (n * c_ + c) * oh_ * ow_, oh_, ow_, sh * wp, sw)
             for a in range(fh):
                 for b in range(fw):
                     vb = (a * fw + b) * npos_max
@@ -126,12 +136,7 @@ def _data_grad_py(filt, diff, grad, plane, plane_d, sh, sw, ph, pw, dh, dw, flip
         for n in range(n_):
             for t in range(hp * wp):
                 pl[t] = 0.0
-            for t in range(n_pos):  # diff spread as in _filter_grad_py
-                dt[t] = 0.0
-            db = (n * c_ + c) * oh_ * ow_
-            for oh in range(oh_):
-                for ow in range(ow_):
-                    dt[oh * sh * wp + ow * sw] = ds[db + oh * ow_ + ow]
+            _spread(ds, dt, (n * c_ + c) * oh_ * ow_, oh_, ow_, sh * wp, sw)
             for a in range(fh):
                 for b in range(fw):
                     if flip:
