@@ -387,27 +387,22 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
                 _tile32(xp, x1, wp, w1, chunk, cstride, taps, rb, r0, c0 > 0, wsz, q0, qt)
             else:
                 _tile(xp, x1, wp, w1, chunk, cstride, taps, rb, r0, c0 > 0, 0, q0, qt)
-        # the last chunk's tiles, then (qt < q1) one from limit - P, whose first positions
-        # repeat equal sums: it writes the others
-        x1, w1, cn, qs = x0 + last * cstride, w0 + last * wcb, icb_n - last, limit - P
-        if narrow:
-            _tile_out8(xp, x1, wp, w1, cn, cstride, taps, rb, r0, last > 0, wsz, out, z, bias,
-                       oc0, epi, obase, ohw8, q0, qt, q0, q1, wq, ow_n)
-            if qt < q1:
-                _tile_out8(xp, x0, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z,
-                           bias, oc0, epi, obase, ohw8, qs, qs + 1, qt, q1, wq, ow_n)
-        elif wide:
-            _tile_out32(xp, x1, wp, w1, cn, cstride, taps, rb, r0, last > 0, wsz, out, z, bias,
-                        oc0, epi, obase, ohw8, q0, qt, q0, q1, wq, ow_n)
-            if qt < q1:
-                _tile_out32(xp, x0, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z,
-                            bias, oc0, epi, obase, ohw8, qs, qs + 1, qt, q1, wq, ow_n)
-        else:
-            _tile_out16(xp, x1, wp, w1, cn, cstride, taps, rb, r0, last > 0, wsz, out, z, bias,
-                        oc0, epi, obase, ohw8, q0, qt, q0, q1, wq, ow_n)
-            if qt < q1:
-                _tile_out16(xp, x0, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z,
-                            bias, oc0, epi, obase, ohw8, qs, qs + 1, qt, q1, wq, ow_n)
+        # the last chunk's tiles (k 0), then (qt < q1) one from limit - P (k 1), whose first
+        # positions repeat equal sums: it writes the others
+        for k in range(1 if qt >= q1 else 2):
+            xa, wa, cn = (x0 + last * cstride, w0 + last * wcb, icb_n - last) if k == 0 else (
+                x0, w0, icb_n)
+            ra, more = (r0, last > 0) if k == 0 else (0, False)
+            qa, qb, qlo = (q0, qt, q0) if k == 0 else (limit - P, limit - P + 1, qt)
+            if narrow:
+                _tile_out8(xp, xa, wp, wa, cn, cstride, taps, rb, ra, more, wsz, out, z, bias,
+                           oc0, epi, obase, ohw8, qa, qb, qlo, q1, wq, ow_n)
+            elif wide:
+                _tile_out32(xp, xa, wp, wa, cn, cstride, taps, rb, ra, more, wsz, out, z, bias,
+                            oc0, epi, obase, ohw8, qa, qb, qlo, q1, wq, ow_n)
+            else:
+                _tile_out16(xp, xa, wp, wa, cn, cstride, taps, rb, ra, more, wsz, out, z, bias,
+                            oc0, epi, obase, ohw8, qa, qb, qlo, q1, wq, ow_n)
 
 
 def _hswish_py(x):
