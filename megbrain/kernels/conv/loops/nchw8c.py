@@ -76,7 +76,7 @@ CB = 8
 SLACK = 64
 #: the output positions of a tile (:func:`tile_positions`, by the target's vector width) and
 #: the tile's size, bound by _compiled() first, as the tiled_jit intrinsics
-P = _TILE = _WIDE_TILE = _TILE8 = None
+P = _TILE = _WIDE_TILE = None
 #: the vector width, the side of the blocks the NCHW write-back transposes
 _LANES = None
 stack_tile = fetch_add = fma_tile = transpose_store = None
@@ -113,39 +113,29 @@ def _take_py(counter, me):
     return -1
 
 
-def _tile_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more):
-    # pragma: no cover - compiled
-    tile = stack_tile(_TILE, np.float32)  # noqa: F821 - the tiled_jit intrinsic
-    acc = carray(tile, _TILE)  # noqa: F821 - numba.carray
-    for i in range(_TILE):  # more: continue the sums rb holds
-        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
-    fma_tile(tile, P, OB, CB, xp, x0, wp, w0, cbn, cstride, taps, 0)  # noqa: F821
-    for i in range(_TILE):
-        rb[np.uintp(r0 + i)] = acc[i]
+def _tiles_py(width):
+    """The tiles of ``P`` positions by ``width`` output channels (CB, OB or WIDE) at plane
+    positions ``q`` in ``range(qa, qb, P)``: each sums its input channels (continuing the sums
+    rb holds when ``more``) into ``rb[r0 + q width:]``, reading ``xp[x0 + q CB:]``. One call
+    per unit rather than per tile: the call passed each array as 7 words on the stack, a
+    quarter of a short reduction's time. A wide tile's second block of the packed filter is
+    ``wnext`` after the first."""
+    size = P * width
 
+    def tiles(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, qa, qb):
+        # pragma: no cover - compiled
+        tile = stack_tile(size, np.float32)  # noqa: F821 - the tiled_jit intrinsic
+        acc = carray(tile, size)  # noqa: F821 - numba.carray
+        for q in range(qa, qb, P):
+            r = r0 + q * width
+            for i in range(size):  # more: continue the sums rb holds
+                acc[i] = rb[np.uintp(r + i)] if more else np.float32(0.0)
+            fma_tile(tile, P, width, CB, xp, x0 + q * CB, wp, w0, cbn, cstride, taps,  # noqa: F821
+                     wnext)  # fmt: skip
+            for i in range(size):
+                rb[np.uintp(r + i)] = acc[i]
 
-def _tile32_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext):
-    # pragma: no cover - compiled
-    # _tile_py for a wide tile: 32 output channels, two blocks of the packed filter wnext apart
-    tile = stack_tile(_WIDE_TILE, np.float32)  # noqa: F821 - the tiled_jit intrinsic
-    acc = carray(tile, _WIDE_TILE)  # noqa: F821 - numba.carray
-    for i in range(_WIDE_TILE):
-        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
-    fma_tile(tile, P, WIDE, CB, xp, x0, wp, w0, cbn, cstride, taps, wnext)  # noqa: F821
-    for i in range(_WIDE_TILE):
-        rb[np.uintp(r0 + i)] = acc[i]
-
-
-def _tile8_py(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more):
-    # pragma: no cover - compiled
-    # _tile_py for the block of 8 output channels after a group's blocks of 16 (OCg % 16 == 8)
-    tile = stack_tile(_TILE8, np.float32)  # noqa: F821 - the tiled_jit intrinsic
-    acc = carray(tile, _TILE8)  # noqa: F821 - numba.carray
-    for i in range(_TILE8):
-        acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
-    fma_tile(tile, P, CB, CB, xp, x0, wp, w0, cbn, cstride, taps, 0)  # noqa: F821
-    for i in range(_TILE8):
-        rb[np.uintp(r0 + i)] = acc[i]
+    return tiles
 
 
 def _tile1_py(xp, x0, wp, w0, cn, cstride, taps, rb, r0):
@@ -193,16 +183,16 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
         n, g, ocb, h0, h1, q0, q1 = _unit(u, nblk, ocb_n, per, 0, g_, rows, oh_n, wq, ow_n, True)
         x0 = n * sample + g * icb_n * cstride + shift * bs
         w0 = (g * ocb_n + ocb) * wsz
-        for q in range(q0, q1, P):
+        if bs == CB and wide:
+            _tile32(xp, x0, wp, w0, icb_n, cstride, taps, rb, -q0 * width, False, wsz, q0, q1)
+        elif bs == CB:
+            _tile(xp, x0, wp, w0, icb_n, cstride, taps, rb, -q0 * width, False, 0, q0, q1)
+        for q in range(q0, q1 if bs == 1 else q0, P):
             r0 = (q - q0) * width
-            if bs == 1 and wide:
+            if wide:
                 _tile1_32(xp, x0 + q, wp, w0, icb_n, cstride, taps, rb, r0, wsz)
-            elif bs == 1:
-                _tile1(xp, x0 + q, wp, w0, icb_n, cstride, taps, rb, r0)
-            elif wide:
-                _tile32(xp, x0 + q * CB, wp, w0, icb_n, cstride, taps, rb, r0, False, wsz)
             else:
-                _tile(xp, x0 + q * CB, wp, w0, icb_n, cstride, taps, rb, r0, False)
+                _tile1(xp, x0 + q, wp, w0, icb_n, cstride, taps, rb, r0)
         oc0 = (g * ocb_n + ocb) * OB
         c0 = (n * g_ * ocb_n) * OB + oc0  # the output channel of the unit's first sums
         kv = ow_n // _LANES * _LANES  # whole blocks of a row, written transposed
@@ -237,22 +227,26 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
 
 
 def _tile_out_py(width, npos, write_out):
-    """The tile of ``npos`` positions (P, or 1 for planes of one position) by
-    ``width`` output channels (CB, OB or WIDE) whose sums (continued from rb when ``more``)
-    ``write_out`` (the compiled :func:`_write_out_py` of npos) writes to the NCHW88 output:
-    its sizes constants of the compiled function, the tile stays in registers. A wide tile's
-    second block of the packed filter is ``wnext`` after the first."""
+    """The tiles of ``npos`` positions (P, or 1 for planes of one position) by ``width``
+    output channels (CB, OB or WIDE) at plane positions ``range(qa, qb, npos)``, summed as
+    :func:`_tiles_py`'s and written to the NCHW88 output by ``write_out`` (the compiled
+    :func:`_write_out_py` of npos): its sizes constants of the compiled function, the tile
+    stays in registers."""
     size = npos * width
 
     def tile_out(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out, z, bias, oc0,
-                 epi, obase, ohw8, q, qlo, qhi, wq, ow):  # fmt: skip
+                 epi, obase, ohw8, qa, qb, qlo, qhi, wq, ow):  # fmt: skip
         # pragma: no cover - compiled
+        # the tiles at q in range(qa, qb, npos), as _tiles_py's, each written out
         tile = stack_tile(size, np.float32)  # noqa: F821 - the tiled_jit intrinsic
         acc = carray(tile, size)  # noqa: F821 - numba.carray
-        for i in range(size):
-            acc[i] = rb[np.uintp(r0 + i)] if more else np.float32(0.0)
-        fma_tile(tile, npos, width, CB, xp, x0, wp, w0, cbn, cstride, taps, wnext)  # noqa: F821
-        write_out(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
+        for q in range(qa, qb, npos):
+            r = r0 + q * width
+            for i in range(size):
+                acc[i] = rb[np.uintp(r + i)] if more else np.float32(0.0)
+            fma_tile(tile, npos, width, CB, xp, x0 + q * CB, wp, w0, cbn, cstride, taps,  # noqa: F821
+                     wnext)  # fmt: skip
+            write_out(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
 
     return tile_out
 
@@ -372,51 +366,43 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
         x0 = n * sample + g * icb_n * cstride + shift * CB
         w0 = oc0 * icb_n * taps.size * CB
         if one:  # all channels at once
-            for q in range(q0, q1):
-                x1 = x0 + q * CB
-                if narrow:
-                    _one8(xp, x1, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z, bias,
-                          oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
-                elif wide:
-                    _one32(xp, x1, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z,
-                           bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
-                else:
-                    _one16(xp, x1, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z,
-                           bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
+            if narrow:
+                _one8(xp, x0, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z, bias,
+                      oc0, epi, obase, ohw8, q0, q1, q0, q1, wq, ow_n)
+            elif wide:
+                _one32(xp, x0, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z, bias,
+                       oc0, epi, obase, ohw8, q0, q1, q0, q1, wq, ow_n)
+            else:
+                _one16(xp, x0, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z, bias,
+                       oc0, epi, obase, ohw8, q0, q1, q0, q1, wq, ow_n)
             continue
         # tiles [q0, qt) read within the planes; one more, from limit - P, ends the unit
         qt = q0 + min((q1 - q0 + P - 1) // P, max(0, limit - q0) // P) * P
+        r0 = (P - q0) * width  # a tile's sums at rb[(q - q0 + P) width:]
         for c0 in range(0, last, chunk):
-            for q in range(q0, qt, P):
-                x1, w1, r1 = x0 + c0 * cstride + q * CB, w0 + c0 * wcb, (q - q0 + P) * width
-                if narrow:
-                    _tile8(xp, x1, wp, w1, chunk, cstride, taps, rb, r1, c0 > 0)
-                elif wide:
-                    _tile32(xp, x1, wp, w1, chunk, cstride, taps, rb, r1, c0 > 0, wsz)
-                else:
-                    _tile(xp, x1, wp, w1, chunk, cstride, taps, rb, r1, c0 > 0)
-        for q in range(q0, qt, P):
-            x1, w1, r1 = x0 + last * cstride + q * CB, w0 + last * wcb, (q - q0 + P) * width
+            x1, w1 = x0 + c0 * cstride, w0 + c0 * wcb
             if narrow:
-                _tile_out8(xp, x1, wp, w1, icb_n - last, cstride, taps, rb, r1, last > 0,
-                           wsz, out, z, bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
+                _tile8(xp, x1, wp, w1, chunk, cstride, taps, rb, r0, c0 > 0, 0, q0, qt)
             elif wide:
-                _tile_out32(xp, x1, wp, w1, icb_n - last, cstride, taps, rb, r1, last > 0,
-                            wsz, out, z, bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
+                _tile32(xp, x1, wp, w1, chunk, cstride, taps, rb, r0, c0 > 0, wsz, q0, qt)
             else:
-                _tile_out16(xp, x1, wp, w1, icb_n - last, cstride, taps, rb, r1, last > 0,
-                            wsz, out, z, bias, oc0, epi, obase, ohw8, q, q0, q1, wq, ow_n)
-        if qt < q1:  # its first positions repeat equal sums; it writes the others
-            qs = limit - P
+                _tile(xp, x1, wp, w1, chunk, cstride, taps, rb, r0, c0 > 0, 0, q0, qt)
+        # the last chunk's tiles (k 0), then (qt < q1) one from limit - P (k 1), whose first
+        # positions repeat equal sums: it writes the others
+        for k in range(1 if qt >= q1 else 2):
+            xa, wa, cn = (x0 + last * cstride, w0 + last * wcb, icb_n - last) if k == 0 else (
+                x0, w0, icb_n)
+            ra, more = (r0, last > 0) if k == 0 else (0, False)
+            qa, qb, qlo = (q0, qt, q0) if k == 0 else (limit - P, limit - P + 1, qt)
             if narrow:
-                _tile_out8(xp, x0 + qs * CB, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz,
-                           out, z, bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)
+                _tile_out8(xp, xa, wp, wa, cn, cstride, taps, rb, ra, more, wsz, out, z, bias,
+                           oc0, epi, obase, ohw8, qa, qb, qlo, q1, wq, ow_n)
             elif wide:
-                _tile_out32(xp, x0 + qs * CB, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz,
-                            out, z, bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)
+                _tile_out32(xp, xa, wp, wa, cn, cstride, taps, rb, ra, more, wsz, out, z, bias,
+                            oc0, epi, obase, ohw8, qa, qb, qlo, q1, wq, ow_n)
             else:
-                _tile_out16(xp, x0 + qs * CB, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz,
-                            out, z, bias, oc0, epi, obase, ohw8, qs, qt, q1, wq, ow_n)
+                _tile_out16(xp, xa, wp, wa, cn, cstride, taps, rb, ra, more, wsz, out, z, bias,
+                            oc0, epi, obase, ohw8, qa, qb, qlo, q1, wq, ow_n)
 
 
 def _hswish_py(x):
@@ -577,7 +563,7 @@ def _compiled() -> dict:
     global stack_tile, fetch_add, fma_tile, transpose_store, P, _TILE, _WIDE_TILE, _LANES
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
-    global _tile8, _tile_out8, _TILE8, _one8, _one16, _one32
+    global _tile8, _tile_out8, _one8, _one16, _one32
     global _zeros, _pad_row, carray, _hswish
 
 
@@ -587,7 +573,6 @@ def _compiled() -> dict:
     P = tile_positions()
     _TILE = P * OB
     _WIDE_TILE = 2 * _TILE
-    _TILE8 = P * CB
     compile_tiled = tiled_jit.compile_tiled
     f1, i8 = t.float32[::1], t.int64
     ints = t.int64[::1]
@@ -601,11 +586,10 @@ def _compiled() -> dict:
     _hswish = compile_tiled(_hswish_py, [t.float32(t.float32)], inline="always")
     _pad_row = compile_tiled(_pad_row_py, [t.boolean(f1, i8, i8, i8, i8, i8, i8, i8)])
     _take = compile_tiled(_take_py, [i8(ints, i8)])
-    _tile = compile_tiled(_tile_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, bo),
-                                     t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])  # fmt: skip
-    _tile32 = compile_tiled(_tile32_py, [t.void(x, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8)
-                                         for x in (f1, fr)])  # fmt: skip
-    _tile8 = compile_tiled(_tile8_py, [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo)])
+    tiles_sig = [t.void(x, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8, i8, i8) for x in (f1, fr)]
+    _tile = compile_tiled(_tiles_py(OB), tiles_sig)
+    _tile32 = compile_tiled(_tiles_py(WIDE), tiles_sig)
+    _tile8 = compile_tiled(_tiles_py(CB), tiles_sig[1:])
     _tile1_32 = compile_tiled(_tile1_32_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, i8)])
     _tile1 = compile_tiled(_tile1_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
     b1 = t.Array(t.float32, 1, "A", readonly=True)
@@ -613,7 +597,7 @@ def _compiled() -> dict:
     _write_out = compile_tiled(_write_out_py(P), wo_sig, inline="always")
     write_one = compile_tiled(_write_out_py(1), wo_sig, inline="always")
     out_sig = [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8, f1, fr, b1, i8, i8, i8, i8,
-                      i8, i8, i8, i8, i8)]  # fmt: skip
+                      i8, i8, i8, i8, i8, i8)]  # fmt: skip
     _tile_out16 = compile_tiled(_tile_out_py(OB, P, _write_out), out_sig)
     _tile_out32 = compile_tiled(_tile_out_py(WIDE, P, _write_out), out_sig)
     _tile_out8 = compile_tiled(_tile_out_py(CB, P, _write_out), out_sig)
