@@ -279,16 +279,10 @@ def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - 
             for i in range((r1 - 1 - r0) * sh + (fh - 1) * dh + 1 + sh):
                 ih = top + i
                 base = np.uintp(i * wr)
-                if ih < 0 or ih >= h_ or sw == 2:
-                    for j in range(np.uintp(wr)):
-                        xp[base + j] = zero
-                    if ih < 0 or ih >= h_:
-                        continue
-                else:  # only the padding: the row's values are written below
-                    for j in range(np.uintp(pw)):
-                        xp[base + j] = zero
-                    for j in range(np.uintp(pw + w_), np.uintp(wr)):
-                        xp[base + j] = zero
+                for j in range(np.uintp(wr)):
+                    xp[base + j] = zero
+                if ih < 0 or ih >= h_:
+                    continue
                 src = np.uintp(xbase + ih * w_)
                 if sw == 2:  # even padded columns, then odd ones: each tap reads a run
                     for par in range(2):
@@ -308,10 +302,11 @@ def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - 
                 # one loop per tap over the band: position v = rr WP + q reads the source at
                 # v + tap (the columns q >= OW are computed and dropped)
                 n = np.uintp((r1 - r0) * wr)
-                if fh == fw == 3 and epi != 0:
+                if fh == fw == 3 and epi != 0 and ow > 16:
                     # taps and requantize in one pass into bytes, then each row's columns
                     # < OW out; whole vectors (no scalar remainder: zeros past the band's
-                    # rows, their bytes dropped)
+                    # rows, their bytes dropped). Rows of 16 or fewer columns ran slower so
+                    # (a copy per short row), and keep the passes below
                     end = np.uintp(((r1 - 1 - r0) + 2 * dh + 2) * wr)
                     if 16 + 2 * dw <= _BAND_PAD:
                         n = (n + np.uintp(15)) & ~np.uintp(15)

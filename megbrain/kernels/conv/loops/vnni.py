@@ -16,9 +16,13 @@ Layouts (flat uint8 / int8 buffers, one group of one sample at a time):
 - relaid source ``x4``: per block of 4 input channels ``cg``, a plane of ``HP x WP``
   padded positions of 4 bytes (the 4 channels innermost, missing channels ``u0``), the
   plane ``plane`` words long; a 1x1 convolution with stride 1 and no padding reads it in
-  place (its plane is the ``H W`` positions rounded up to 16);
-- window blocks ``a`` (the im2col): per tile of ``V`` blocks of 16 output positions, per
-  block, per ``k`` group ``(cg, a, b)`` (row-major), 16 positions of 4 bytes, one vector;
+  place (its plane is the ``H W`` positions rounded up to 16), and so does any other
+  stride-1 convolution, at each ``k`` group's offset ``cg plane + a DH WP + b DW``: its
+  positions are those of the padded rows (``OH x WP``), written to an output of rows of
+  ``WP`` whose columns past ``OW`` are then dropped (:func:`drop_columns`);
+- window blocks ``a`` (the im2col, for the other strides): per tile of ``V`` blocks of 16
+  output positions, per block, per ``k`` group ``(cg, a, b)`` (row-major), 16 positions
+  of 4 bytes, one vector;
 - packed filter ``w``: ``(G, OP, KG * 4)`` signed bytes, ``OP`` the output channels
   rounded up to the tile's rows (zero rows), each row's ``k`` groups in the window
   blocks' order.
