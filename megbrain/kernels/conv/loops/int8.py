@@ -14,12 +14,11 @@ import functools
 
 import numpy as np
 from numba import carray, njit
-from numba.core import types
-from numba.extending import intrinsic
 
-from ...tiled_jit import stack_tile
+from ...tiled_jit import stack_tile, zmm_vectors
 
 _stack_tile = stack_tile()
+_zmm_vectors = zmm_vectors()
 
 __all__ = [
     "depthwise",
@@ -30,19 +29,6 @@ __all__ = [
     "quantized_add",
     "quantize_8bit",
 ]
-
-@intrinsic
-def _zmm_vectors(typingctx):
-    """Let LLVM's vectorizers use 512-bit vectors in the calling function (it prefers 256
-    bits on AVX-512 CPUs, the 16-lane float32 loops then run at half the width). llvmlite
-    knows no key-value attributes, so the string attribute goes into its set directly."""
-
-    def codegen(context, builder, signature, args):
-        set.add(builder.function.attributes, '"prefer-vector-width"="512"')
-        return context.get_dummy_value()
-
-    return types.void(), codegen
-
 
 #: output positions filled together by the im2col (their rows stay in the L1 cache)
 _ROWS = 32
