@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_conv_algos import assert_allocates_nothing
 from test_conv_nchw88 import _to88
 from test_pool_kernels import MODES, ref_forward
 
@@ -89,3 +90,36 @@ def test_non_contiguous_operands_and_the_thread_split(monkeypatch):
 def test_the_geometry_is_checked(shape, window, pad):
     with pytest.raises(ValueError):
         pool88.pool_nchw88_shape(shape, window, (1, 1), pad)
+
+
+@settings(max_examples=30, deadline=None)
+@given(cases(), st.integers(2, 5))
+def test_the_row_split_is_bit_identical_for_any_thread_count(case, threads):
+    x, mode, window, stride, pad = case
+    one = _pool88(x, mode, window, stride, pad)
+    if mode == "MAX":  # max is exact: the float64 reference's values
+        np.testing.assert_array_equal(one, ref_forward(x, mode, window, stride, pad))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pool88, "SPLIT_MIN_ELEMS", 1)
+        mp.setattr(parallel, "num_threads", lambda: threads)
+        many = _pool88(x, mode, window, stride, pad)
+    np.testing.assert_array_equal(many, one)
+
+
+def test_three_planes_split_over_rows_and_nothing_is_allocated_per_run(monkeypatch):
+    x = np.random.default_rng(2).standard_normal((1, 24, 57, 57)).astype(np.float32)
+    src = _to88(x)
+    out = np.empty(pool88.pool_nchw88_shape(src.shape, (3, 3), (2, 2), (0, 0)), np.float32)
+    parts = []
+    split = parallel.split
+    monkeypatch.setattr(pool88, "SPLIT_MIN_ELEMS", 1)
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    monkeypatch.setattr(parallel, "split", lambda fn, n, m: parts.append(n) or split(fn, n, m))
+    fn = pool88.bind_pooling_nchw88(src, out, "MAX", (3, 3), (2, 2), (0, 0))
+    assert parts == [3 * 28]  # rows, not the 3 planes
+    monkeypatch.setattr(parallel, "num_threads", lambda: 1)  # the pool's hand-over allocates
+    fn = pool88.bind_pooling_nchw88(src, out, "MAX", (3, 3), (2, 2), (0, 0))
+    fn()
+    assert_allocates_nothing(fn)
+    np.testing.assert_array_equal(conv_nchw88.to_nchw(out),
+                                  ref_forward(x, "MAX", (3, 3), (2, 2), (0, 0)))  # fmt: skip

@@ -40,7 +40,8 @@ __all__ = [
 _partial = functools.partial
 POOLING_MODES = ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING")
 #: the fewest source elements one thread of a split 2-d pooling gets (None: every pooling runs
-#: in the calling thread). Timed on the 2-core machine while the machine was under 30% busy,
+#: in the calling thread; the NCHW88 pooling counts window taps against it). Timed on the
+#: 2-core machine while the machine was under 30% busy,
 #: two threads against one: 2x2 MAX forward 2.0-2.4x and backward 1.45-1.75x on the CNNs'
 #: 128x16x28x28, 128x32x14x14 and 64x20x24x24, 3x3/s2/p1 MAX 1.45x forward and 1.4x backward
 #: on 8x64x112x112, AVERAGE 2x2 1.4-1.5x. The vector loops do 2x2 at 0.1 (forward) to 0.3
