@@ -193,11 +193,12 @@ def _make_kernel(fwl: int, swl: int):
         (epi bit 1), ``+ z`` (bit 2, out's layout), ReLU (bit 4) or H_SWISH (bit 8).
 
         dims: N, CB_N, H, W, OH, OW, FH, FW, ROWS (output rows a unit takes), BANDS (units
-        per block); conv: SH, SW, PH, PW, DH, DW. Filter rows outside the source are
-        skipped, filter columns outside it read zeros; each output sums its taps in filter
-        order (row-major), whichever tile computes it."""
+        per block), PER (the (sample, channel block) pairs of a unit: each unit costs an
+        atomic on a cache line the threads share); conv: SH, SW, PH, PW, DH, DW. Filter
+        rows outside the source are skipped, filter columns outside it read zeros; each
+        output sums its taps in filter order (row-major), whichever tile computes it."""
         cbn, h_, w_, oh, ow = dims[1], dims[2], dims[3], dims[4], dims[5]
-        fh, fw, rows, bands = dims[6], dims[7], dims[8], dims[9]
+        fh, fw, rows, bands, per = dims[6], dims[7], dims[8], dims[9], dims[10]
         sh, sw, ph, pw, dh, dw = conv[0], conv[1], conv[2], conv[3], conv[4], conv[5]
         xrow = w_ * CB
         rstep, cstep, sstep = dh * xrow, dw * CB, sw * CB
@@ -208,35 +209,37 @@ def _make_kernel(fwl: int, swl: int):
             u = take(counter, me)
             if u < 0:
                 return
-            blk = u // bands
-            cb = blk % cbn
-            r0 = (u % bands) * rows
-            r1 = min(oh, r0 + rows)
-            wo = cb * fh * fw * CB
-            bo = cb * CB
-            for i in range(r0, r1):
-                top = i * sh - ph  # the source row of filter row 0
-                a0 = 0 if top >= 0 else min(fh, (-top + dh - 1) // dh)
-                a1 = min(fh, (h_ - 1 - top) // dh + 1) if top <= h_ - 1 else 0
-                if a1 < a0:
-                    a1 = a0
-                xr = (blk * h_ + top) * xrow - pw * CB  # x's index of row top, column -pw
-                orow = (blk * oh + i) * ow * CB
-                # tiles of `big` positions (`half` or `quarter` in a narrower row), the last
-                # one stored up to the row's end; a tile reaching past [jl, jr) checks its
-                # columns
-                if ow > half:
-                    for jj in range(0, ow, big):
-                        tile(x, xr + jj * sstep, sstep, cstep, rstep, a0, a1, w, wo, fw, out,
-                             orow + jj * CB, z, bias, bo, epi, zero, jj * sw - pw, w_, big,
-                             fwl, swl, jj < jl or jj + big > jr, ow - jj)  # fmt: skip
-                elif ow > quarter:
-                    tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z, bias, bo,
-                         epi, zero, -pw, w_, half, fwl, swl, jl > 0 or half > jr, ow)  # fmt: skip
-                else:
-                    tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z, bias, bo,
-                         epi, zero, -pw, w_, quarter, fwl, swl, jl > 0 or quarter > jr,
-                         ow)  # fmt: skip
+            b0 = u // bands * per
+            for blk in range(b0, min(dims[0] * cbn, b0 + per)):
+                cb = blk % cbn
+                r0 = (u % bands) * rows
+                r1 = min(oh, r0 + rows)
+                wo = cb * fh * fw * CB
+                bo = cb * CB
+                for i in range(r0, r1):
+                    top = i * sh - ph  # the source row of filter row 0
+                    a0 = 0 if top >= 0 else min(fh, (-top + dh - 1) // dh)
+                    a1 = min(fh, (h_ - 1 - top) // dh + 1) if top <= h_ - 1 else 0
+                    if a1 < a0:
+                        a1 = a0
+                    xr = (blk * h_ + top) * xrow - pw * CB  # row top, column -pw
+                    orow = (blk * oh + i) * ow * CB
+                    # tiles of `big` positions (`half` or `quarter` in a narrower row), the
+                    # last one stored up to the row's end; a tile reaching past [jl, jr)
+                    # checks its columns
+                    if ow > half:
+                        for jj in range(0, ow, big):
+                            tile(x, xr + jj * sstep, sstep, cstep, rstep, a0, a1, w, wo, fw, out,
+                                 orow + jj * CB, z, bias, bo, epi, zero, jj * sw - pw, w_, big,
+                                 fwl, swl, jj < jl or jj + big > jr, ow - jj)  # fmt: skip
+                    elif ow > quarter:
+                        tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z, bias,
+                             bo, epi, zero, -pw, w_, half, fwl, swl, jl > 0 or half > jr,
+                             ow)  # fmt: skip
+                    else:
+                        tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z, bias, bo,
+                             epi, zero, -pw, w_, quarter, fwl, swl, jl > 0 or quarter > jr,
+                             ow)  # fmt: skip
 
     return kernel
 
