@@ -10,11 +10,11 @@ once in registers, the filter's columns unrolled for widths 3, 5 and 7 at stride
 epilogue applied before the row's vectors are stored. Only the tiles at a row's ends check
 their columns (reading zeros outside the source); a copy of the source padded with zeros
 cost as much as the sums on a 56x56 plane. :func:`.common.threads` Python threads take the
-units (sample, channel block, band of output rows, so that a few channel blocks still fill
-the threads) as they go (:func:`.nchw8c.units_as_they_go`): a thread the OS holds back
-delays the unit it has, not a fixed half of them (2 threads were no faster than 1 on a
-loaded machine). Nothing is allocated when the bound callable runs, and every output is
-summed in the same order whoever computes it.
+units (a band of output rows of one sample's channel block, so that a few blocks still
+fill the threads, or several whole blocks where there are many) as they go
+(:func:`.nchw8c.units_as_they_go`): a thread the OS holds back delays the unit it has, not
+a fixed half of them. Nothing is allocated when the bound callable runs, and every output
+is summed in the same order whoever computes it.
 """
 
 from __future__ import annotations
