@@ -45,6 +45,7 @@ __all__ = [
     "fetch_add",
     "fma_tile",
     "stack_tile",
+    "take_unit",
     "tile_positions",
     "transpose_store",
     "vector_width",
@@ -117,6 +118,28 @@ def fetch_add():
         return types.int64(counters, types.int64, types.int64), codegen
 
     return fetch_add
+
+
+@functools.cache
+def take_unit():
+    """The compiled ``take(counter, me) -> int``, for kernels that take their work units as
+    they go: ``counter`` (int64) holds a ``(next, end)`` pair per thread's range of units
+    (:func:`megbrain.kernels.conv.nchw8c.units_as_they_go`), and thread ``me`` takes the
+    next unit of its own range, then of the others' in turn, by :func:`fetch_add`; -1 once
+    every unit is taken. Compiled on first use; a kernel calls it from its own loop."""
+    add = fetch_add()
+
+    def take(counter, me):  # pragma: no cover - compiled
+        nr = counter.size // 2
+        for r in range(nr):
+            k = (me + r) % nr
+            if counter[2 * k] < counter[2 * k + 1]:  # a plain read spares the atomic
+                u = add(counter, 2 * k, 1)
+                if u < counter[2 * k + 1]:
+                    return u
+        return -1
+
+    return compile_tiled(take, [types.int64(types.int64[::1], types.int64)])
 
 
 def compile_tiled(fn, signatures: list, **options):

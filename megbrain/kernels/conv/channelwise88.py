@@ -9,10 +9,12 @@ place: the 8 channels of a position are one vector, 8 positions of an output row
 once in registers, the filter's columns unrolled for widths 3, 5 and 7 at strides 1 and 2, the
 epilogue applied before the row's vectors are stored. Only the tiles at a row's ends check
 their columns (reading zeros outside the source); a copy of the source padded with zeros
-cost as much as the sums on a 56x56 plane. The units (sample, channel block, band of output
-rows, so that a few channel blocks still fill the threads) are split over
-:func:`.common.threads` Python threads; nothing is allocated when the bound callable runs,
-and every output is summed in the same order whatever the split.
+cost as much as the sums on a 56x56 plane. :func:`.common.threads` Python threads take the
+units (a band of output rows of one sample's channel block, so that a few blocks still
+fill the threads, or several whole blocks where there are many) as they go
+(:func:`.nchw8c.units_as_they_go`): a thread the OS holds back delays the unit it has, not
+a fixed half of them. Nothing is allocated when the bound callable runs, and every output
+is summed in the same order whoever computes it.
 """
 
 from __future__ import annotations
@@ -21,19 +23,21 @@ import functools
 
 import numpy as np
 
-from .. import parallel, workspace
+from .. import workspace
 from ..steps import Step, chain
 from .common import threads
 from .constant_operands import filter_is_constant
 from .epilogue import Epilogue
 from .loops import channelwise88 as loops
-from .nchw8c import filter_packed
+from .nchw8c import filter_packed, units_as_they_go
 
 __all__ = ["ALGORITHM", "bind_channelwise88", "usable_channelwise88"]
 
 #: the algorithm's name, as ``chosen_algorithm`` reports it
 ALGORITHM = "CHANNELWISE_NCHW88"
-#: a block's output rows are cut into bands until there are this many units per thread
+#: a block's output rows are cut into bands until there are this many units per thread, and
+#: many blocks are grouped into units down to that many (each unit taken costs an atomic
+#: on the cache line the threads share: 72 units of a 576x14x14 layer cost 10 us at 2 threads)
 _UNITS_PER_THREAD = 4
 _F32 = np.dtype(np.float32)
 _EMPTY = np.zeros(1, _F32)
@@ -118,15 +122,18 @@ def bind_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, strid
     bands = max(1, min(oh, -(-_UNITS_PER_THREAD * t // blocks))) if t > 1 else 1
     rows = -(-oh // bands)
     bands = -(-oh // rows)
-    dims = np.array([n, cbn, h, w, oh, ow, fh, fw, rows, bands], np.int64)
+    per = max(1, blocks // (_UNITS_PER_THREAD * t)) if bands == 1 else 1
+    units = -(-blocks // per) * bands
+    dims = np.array([n, cbn, h, w, oh, ow, fh, fw, rows, bands, per], np.int64)
     conv = np.array([*stride, *pad, *dilate], np.int64)
     yf, wr = y.reshape(-1), _readonly(wbuf)
     key = loops.kernel_key(fw, stride[1], dilate[1])
-    steps.append(parallel.concurrently([
-        functools.partial(loops.channelwise88, key, x, wr, yf, zf, bias, dims, conv, epi, u0,
-                          u1)
-        for u0, u1 in parallel.ranges(blocks * bands, t)
-    ]))  # fmt: skip
+
+    def bind_part(counter: np.ndarray, me: int) -> Step:
+        return functools.partial(loops.channelwise88, key, x, wr, yf, zf, bias, dims, conv, epi,
+                                 counter, me)  # fmt: skip
+
+    steps.append(units_as_they_go(units, bind_part, t))
     if y is not out:
         steps.append(functools.partial(np.copyto, out, y))
     return filter_packed(pack_w, chain(steps), constant)

@@ -2,12 +2,13 @@
 :mod:`..channelwise88`: any filter size, stride, padding and dilation, the ConvBias epilogue
 applied while an output row's sums are in registers.
 
-Single-threaded and GIL-free (``nogil``) over a ``[begin, end)`` range of units (a sample, a
-block of 8 channels and a band of output rows), so that a caller splits one call over a few
-Python threads. No allocation, no scratch: the positions of a row whose taps are all inside
-the source go a tile at a time straight from the source (:func:`_dw_tile`, the filter width a
-literal so that its columns unroll), the few at a row's ends one at a time with the taps
-outside the source read from a zero vector. Compiled on first use, one kernel per filter
+Single-threaded and GIL-free (``nogil``): each of a few Python threads runs the kernel on
+one shared counter, taking units (a sample, a block of 8 channels and a band of output rows)
+one at a time as they go (:func:`megbrain.kernels.tiled_jit.take_unit`). No allocation, no
+scratch: the positions of a row whose taps are all inside the source go a tile at a time
+straight from the source (:func:`_dw_tile`, the filter width a literal so that its columns
+unroll), the few at a row's ends one at a time with the taps outside the source read from a
+zero vector. Compiled on first use, one kernel per filter
 width and tile shape (:func:`.tiled_jit.compile_tiled`).
 """
 
@@ -181,57 +182,64 @@ def _dw_tile():
 def _make_kernel(fwl: int, swl: int):
     """The loop over units for the filter width ``fwl`` and stride along rows ``swl`` with
     no dilation along rows (0, 0: any, looped over)."""
-    tile = _dw_tile()
+    tile, take = _dw_tile(), tiled_jit.take_unit()
     big, half, quarter = _TILE, _TILE // 2, _TILE // 4
 
-    def kernel(x, w, out, z, bias, zero, dims, conv, epi, u0, u1):
-        """Units [u0, u1) of the flat C-contiguous NCHW88 ``out`` (N, CB_N, OH, OW, 8) = the
+    def kernel(x, w, out, z, bias, zero, dims, conv, epi, counter, me):
+        """The units thread ``me`` takes from ``counter`` (:func:`.tiled_jit.take_unit`) of
+        the flat C-contiguous NCHW88 ``out`` (N, CB_N, OH, OW, 8) = the
         channel-wise convolution of the flat C-contiguous ``x`` (N, CB_N, H, W, 8) with ``w``
         (CB_N, FH, FW, 8) (flipped already for CONVOLUTION mode), then ``+ bias[8 cb + c]``
         (epi bit 1), ``+ z`` (bit 2, out's layout), ReLU (bit 4) or H_SWISH (bit 8).
 
         dims: N, CB_N, H, W, OH, OW, FH, FW, ROWS (output rows a unit takes), BANDS (units
-        per block); conv: SH, SW, PH, PW, DH, DW. Filter rows outside the source are
-        skipped, filter columns outside it read zeros; each output sums its taps in filter
-        order (row-major), whichever tile computes it."""
+        per block), PER (the (sample, channel block) pairs of a unit: each unit costs an
+        atomic on a cache line the threads share); conv: SH, SW, PH, PW, DH, DW. Filter
+        rows outside the source are skipped, filter columns outside it read zeros; each
+        output sums its taps in filter order (row-major), whichever tile computes it."""
         cbn, h_, w_, oh, ow = dims[1], dims[2], dims[3], dims[4], dims[5]
-        fh, fw, rows, bands = dims[6], dims[7], dims[8], dims[9]
+        fh, fw, rows, bands, per = dims[6], dims[7], dims[8], dims[9], dims[10]
         sh, sw, ph, pw, dh, dw = conv[0], conv[1], conv[2], conv[3], conv[4], conv[5]
         xrow = w_ * CB
         rstep, cstep, sstep = dh * xrow, dw * CB, sw * CB
         # positions [jl, jr) have every filter column inside the source
         jl = min(ow, (pw + sw - 1) // sw)
         jr = max(jl, min(ow, (w_ - 1 + pw - (fw - 1) * dw) // sw + 1))
-        for u in range(u0, u1):
-            blk = u // bands
-            cb = blk % cbn
-            r0 = (u % bands) * rows
-            r1 = min(oh, r0 + rows)
-            wo = cb * fh * fw * CB
-            bo = cb * CB
-            for i in range(r0, r1):
-                top = i * sh - ph  # the source row of filter row 0
-                a0 = 0 if top >= 0 else min(fh, (-top + dh - 1) // dh)
-                a1 = min(fh, (h_ - 1 - top) // dh + 1) if top <= h_ - 1 else 0
-                if a1 < a0:
-                    a1 = a0
-                xr = (blk * h_ + top) * xrow - pw * CB  # x's index of row top, column -pw
-                orow = (blk * oh + i) * ow * CB
-                # tiles of `big` positions (`half` or `quarter` in a narrower row), the last
-                # one stored up to the row's end; a tile reaching past [jl, jr) checks its
-                # columns
-                if ow > half:
-                    for jj in range(0, ow, big):
-                        tile(x, xr + jj * sstep, sstep, cstep, rstep, a0, a1, w, wo, fw, out,
-                             orow + jj * CB, z, bias, bo, epi, zero, jj * sw - pw, w_, big,
-                             fwl, swl, jj < jl or jj + big > jr, ow - jj)  # fmt: skip
-                elif ow > quarter:
-                    tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z, bias, bo,
-                         epi, zero, -pw, w_, half, fwl, swl, jl > 0 or half > jr, ow)  # fmt: skip
-                else:
-                    tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z, bias, bo,
-                         epi, zero, -pw, w_, quarter, fwl, swl, jl > 0 or quarter > jr,
-                         ow)  # fmt: skip
+        while True:
+            u = take(counter, me)
+            if u < 0:
+                return
+            b0 = u // bands * per
+            for blk in range(b0, min(dims[0] * cbn, b0 + per)):
+                cb = blk % cbn
+                r0 = (u % bands) * rows
+                r1 = min(oh, r0 + rows)
+                wo = cb * fh * fw * CB
+                bo = cb * CB
+                for i in range(r0, r1):
+                    top = i * sh - ph  # the source row of filter row 0
+                    a0 = 0 if top >= 0 else min(fh, (-top + dh - 1) // dh)
+                    a1 = min(fh, (h_ - 1 - top) // dh + 1) if top <= h_ - 1 else 0
+                    if a1 < a0:
+                        a1 = a0
+                    xr = (blk * h_ + top) * xrow - pw * CB  # row top, column -pw
+                    orow = (blk * oh + i) * ow * CB
+                    # tiles of `big` positions (`half` or `quarter` in a narrower row), the
+                    # last one stored up to the row's end; a tile reaching past [jl, jr)
+                    # checks its columns
+                    if ow > half:
+                        for jj in range(0, ow, big):
+                            tile(x, xr + jj * sstep, sstep, cstep, rstep, a0, a1, w, wo, fw, out,
+                                 orow + jj * CB, z, bias, bo, epi, zero, jj * sw - pw, w_, big,
+                                 fwl, swl, jj < jl or jj + big > jr, ow - jj)  # fmt: skip
+                    elif ow > quarter:
+                        tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z, bias,
+                             bo, epi, zero, -pw, w_, half, fwl, swl, jl > 0 or half > jr,
+                             ow)  # fmt: skip
+                    else:
+                        tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z, bias, bo,
+                             epi, zero, -pw, w_, quarter, fwl, swl, jl > 0 or quarter > jr,
+                             ow)  # fmt: skip
 
     return kernel
 
@@ -245,18 +253,21 @@ def kernel_key(fw: int, sw: int, dw: int) -> tuple[int, int]:
     return 0, 0
 
 
-def channelwise88(key, x, w, out, z, bias, dims, conv, epi: int, u0: int, u1: int) -> None:
-    """Units [u0, u1) of the channel-wise NCHW88 convolution (the kernel of
-    :func:`_make_kernel`) by the kernel of ``key`` (:func:`kernel_key`): ``x``, ``w``, ``z``
-    and ``bias`` read-only float32 vectors, ``out`` a writable one."""
-    _compiled(key)(x, w, out, z, bias, ZEROS, dims, conv, int(epi), int(u0), int(u1))
+def channelwise88(key, x, w, out, z, bias, dims, conv, epi: int, counter, me: int) -> None:
+    """Thread ``me``'s units of the channel-wise NCHW88 convolution (the kernel of
+    :func:`_make_kernel`) by the kernel of ``key`` (:func:`kernel_key`), taken from
+    ``counter`` (int64, a ``(next, end)`` pair per thread's range of units,
+    :func:`megbrain.kernels.conv.nchw8c.units_as_they_go`) one at a time, its own range
+    first: ``x``, ``w``, ``z`` and ``bias`` read-only float32 vectors, ``out`` a writable
+    one."""
+    _compiled(key)(x, w, out, z, bias, ZEROS, dims, conv, int(epi), counter, int(me))
 
 
 def signature():
     """The Numba signature of the kernels of :func:`_make_kernel`."""
     fr = t.Array(t.float32, 1, "C", readonly=True)
     f1, ints, i8 = t.float32[::1], t.int64[::1], t.int64
-    return t.void(fr, fr, f1, fr, fr, fr, ints, ints, i8, i8, i8)
+    return t.void(fr, fr, f1, fr, fr, fr, ints, ints, i8, ints, i8)
 
 
 @functools.cache

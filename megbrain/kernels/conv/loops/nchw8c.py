@@ -99,20 +99,6 @@ def _unit_py(u, nblk, ocb_n, per, extra, g_, rows, oh_n, wq, ow_n, bands_first):
     return rest // g_, rest % g_, ocu * per, h0, h1, h0 * wq, (h1 - 1) * wq + ow_n
 
 
-def _take_py(counter, me):
-    # pragma: no cover - compiled
-    # the next unit of thread ``me``: counter holds (next, end) per thread's range of units;
-    # its own range first, then the others' (-1 when all are taken)
-    nr = counter.size // 2
-    for r in range(nr):
-        k = (me + r) % nr
-        if counter[2 * k] < counter[2 * k + 1]:  # a plain read spares the atomic
-            u = fetch_add(counter, 2 * k, 1)  # noqa: F821 - the tiled_jit intrinsic
-            if u < counter[2 * k + 1]:
-                return u
-    return -1
-
-
 def _tiles_py(width):
     """The tiles of ``P`` positions by ``width`` output channels (CB, OB or WIDE) at plane
     positions ``q`` in ``range(qa, qb, P)``: each sums its input channels (continuing the sums
@@ -585,7 +571,7 @@ def _compiled() -> dict:
     _zeros = compile_tiled(_zeros_py, [t.void(f1, i8, i8)])
     _hswish = compile_tiled(_hswish_py, [t.float32(t.float32)], inline="always")
     _pad_row = compile_tiled(_pad_row_py, [t.boolean(f1, i8, i8, i8, i8, i8, i8, i8)])
-    _take = compile_tiled(_take_py, [i8(ints, i8)])
+    _take = tiled_jit.take_unit()
     tiles_sig = [t.void(x, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8, i8, i8) for x in (f1, fr)]
     _tile = compile_tiled(_tiles_py(OB), tiles_sig)
     _tile32 = compile_tiled(_tiles_py(WIDE), tiles_sig)
