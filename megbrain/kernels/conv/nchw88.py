@@ -50,6 +50,7 @@ from .hybrid88 import ALGORITHM as HYBRID
 from .hybrid88 import bind_hybrid88, usable_hybrid88
 from .loops import nchw8c as loops
 from .nchw8c import MAX_PAD, filter_packed, plane_geometry, units_as_they_go, wide_units
+from .pointwise import epilogue_operands
 from .registry import bind as bind_chosen
 
 __all__ = [
@@ -378,11 +379,7 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
     geom = np.array([geo.g, ocb, geo.icg // loops.CB, wq, oh, ow, rows, cstride, sample, shift,
                      limit, _chunk(taps.size), wide, rem], np.int64)  # fmt: skip
     outf = out.reshape(-1)
-    epi = 0
-    bias = _EMPTY
-    if epilogue is not None:
-        bias = loops.readonly_view(epilogue.bias)
-        epi |= 1 | (4 if epilogue.relu else 0) | (8 if epilogue.hswish else 0)
+    bias, epi = epilogue_operands(epilogue, steps)
     zf = _EMPTY
     if z is not None:
         zc = z if z.flags.c_contiguous else None

@@ -37,6 +37,7 @@ from .common import SPLIT_MIN_ELEMS, bind_doc, checked
 from .constant_operands import filter_is_constant
 from .epilogue import Epilogue
 from .loops import nchw8c as loops
+from .pointwise import epilogue_operands
 from .registry import ConvAlgorithm, register
 
 __all__ = [
@@ -60,8 +61,6 @@ MAX_PAD = 32
 #: block of the packed filter from the core's cache
 ROW_POSITIONS = 96
 _F32 = np.dtype(np.float32)
-_NO_BIAS = np.zeros(1, _F32)
-_NO_BIAS.flags.writeable = False
 
 
 class PlaneGeometry(NamedTuple):
@@ -234,11 +233,9 @@ def bind_nchw8c_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stri
         geo.n * geo.c // bs * sh * sw,
         max(1, SPLIT_MIN_ELEMS // (hq * wq * bs)),
     )
-    if epilogue is None:
-        bias, epi = _NO_BIAS, 0
-    else:
-        bias = loops.readonly_view(epilogue.bias)
-        epi = 3 if epilogue.hswish else 2 if epilogue.relu else 1
+    steps = [pack_in]
+    bias, _ = epilogue_operands(epilogue, steps)
+    epi = 0 if epilogue is None else 3 if epilogue.hswish else 2 if epilogue.relu else 1
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
         rb = workspace.empty(((rows * wq + loops.tile_positions()) * width,), _F32)
@@ -246,7 +243,7 @@ def bind_nchw8c_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stri
                                  counter, me)  # fmt: skip
 
     pack_w = functools.partial(loops.pack_filter, loops.readonly_view(filt), wp, flip, bs)
-    return filter_packed(pack_w, chain([pack_in, units_as_they_go(units, bind_part)]), constant)
+    return filter_packed(pack_w, chain([*steps, units_as_they_go(units, bind_part)]), constant)
 
 
 register(ConvAlgorithm(

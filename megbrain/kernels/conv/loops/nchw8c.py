@@ -578,7 +578,9 @@ def _compiled() -> dict:
     _tile8 = compile_tiled(_tiles_py(CB), tiles_sig[1:])
     _tile1_32 = compile_tiled(_tile1_32_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, i8)])
     _tile1 = compile_tiled(_tile1_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
-    b1 = t.Array(t.float32, 1, "A", readonly=True)
+    # the bias C-contiguous (the binders copy a strided one at every run): a strided type
+    # kept the epilogue's bias add from vectorising
+    b1 = t.Array(t.float32, 1, "C", readonly=True)
     wo_sig = [t.void(t.CPointer(t.float32), i8, f1, fr, b1, i8, i8, i8, i8, i8, i8, i8, i8, i8)]
     _write_out = compile_tiled(_write_out_py(P), wo_sig, inline="always")
     write_one = compile_tiled(_write_out_py(1), wo_sig, inline="always")
