@@ -248,10 +248,15 @@ def _write_out_py(npos):
         # constant: only stores to ``out`` are conditional (a conditional write to the tile,
         # or a branch around its reads, made the compiler keep it in memory: 3x slower)
         acc = carray(tile, npos * width)  # noqa: F821 - numba.carray
+        # the bias add's lanes at a time (a multiple of width): an 8-channel tile's by pairs
+        # of positions, as LLVM vectorized a body of 8 lanes across positions, with gathers
+        # and scatters of the tile; the index unsigned, as a signed one's wraparound test
+        # gathered the bias
+        span = 2 * width if width == CB and npos % 2 == 0 else width
         if epi & 1:
-            for pos in range(npos):
-                for j in range(width):
-                    acc[pos * width + j] += bias[oc0 + j]
+            for p in range(0, npos * width, span):
+                for j in range(span):
+                    acc[p + j] += bias[np.uintp(oc0 + j % width)]
         offs = carray(stack_tile(npos, np.int64), npos)  # noqa: F821 - an output offset, or -1
         if wq == ow and qlo <= q and q + npos <= qhi:
             # rows without a gap (a pointwise convolution read in place), every position new:
