@@ -26,9 +26,9 @@ import numpy as np
 from .. import parallel, workspace
 from ..steps import chain
 from .common import _flipped, bind_doc, checked, threads
-from .epilogue import Epilogue
+from .epilogue import Epilogue, epilogue_operands
 from .loops import channelwise as loops
-from .pointwise import _flat, _planes_contiguous, epilogue_operands, filter_matrix
+from .pointwise import _flat, _planes_contiguous, filter_matrix
 from .registry import ConvAlgorithm, register
 
 __all__ = [

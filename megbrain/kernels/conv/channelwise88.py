@@ -27,7 +27,7 @@ from .. import workspace
 from ..steps import Step, chain
 from .common import threads
 from .constant_operands import filter_is_constant
-from .epilogue import Epilogue
+from .epilogue import Epilogue, epilogue_operands
 from .loops import channelwise88 as loops
 from .nchw8c import filter_packed, units_as_they_go
 
@@ -110,11 +110,7 @@ def bind_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, strid
     wbuf = (workspace.aligned if constant else workspace.empty)((cbn * fh * fw * loops.CB,), _F32)
     taps = filt[:, 0, 0, ::-1, ::-1] if flip else filt[:, 0, 0]
     pack_w = functools.partial(np.copyto, wbuf.reshape(cbn, fh, fw, loops.CB), taps)
-    epi = 0
-    bias = _EMPTY
-    if epilogue is not None:
-        bias = _readonly(_contiguous(epilogue.bias, steps))
-        epi |= 1 | (4 if epilogue.relu else 0) | (8 if epilogue.hswish else 0)
+    bias, epi = epilogue_operands(epilogue, steps)
     if z is not None:
         epi |= 2
     t = threads()

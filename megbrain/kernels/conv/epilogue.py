@@ -19,9 +19,14 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from .. import workspace
 from ..steps import Step
+from .loops.nchw8c import readonly_view
 
-__all__ = ["Epilogue", "bias_act_step", "for_conv_bias", "rows_then"]
+__all__ = ["Epilogue", "bias_act_step", "epilogue_operands", "for_conv_bias", "rows_then"]
+
+_F32 = np.dtype(np.float32)
+_NO_BIAS = readonly_view(np.zeros(1, _F32))
 
 
 class Epilogue(NamedTuple):
@@ -81,3 +86,16 @@ def rows_then(ep: Epilogue, row0: int):
 
 def _run_bias_act(block, bias, relu) -> None:
     _compiled()(block, bias, relu)
+
+
+def epilogue_operands(epilogue: Epilogue | None, steps: list) -> tuple[np.ndarray, int]:
+    """The bias (a read-only C-contiguous float32 vector; a view of the epilogue's, else a
+    copy that a step appended to ``steps`` refreshes at every run) and the epilogue bits
+    (1 ``+ bias``, 4 ReLU, 8 H_SWISH) a compiled NCHW loop takes for ``epilogue``."""
+    if epilogue is None:
+        return _NO_BIAS, 0
+    bias = epilogue.bias
+    if not bias.flags.c_contiguous:  # read at every run: copied at every run
+        bias = workspace.empty(bias.shape, _F32)
+        steps.append(functools.partial(np.copyto, bias, epilogue.bias))
+    return readonly_view(bias), 1 | (4 if epilogue.relu else 0) | (8 if epilogue.hswish else 0)

@@ -24,7 +24,7 @@ from .. import parallel, workspace
 from ..steps import Step, chain
 from .common import _contiguous, threads
 from .constant_operands import filter_is_constant
-from .epilogue import Epilogue
+from .epilogue import Epilogue, epilogue_operands
 from .loops import hybrid88 as loops
 from .loops.nchw8c import readonly_view
 from .nchw8c import filter_packed
@@ -104,11 +104,7 @@ def bind_hybrid88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stride, pa
     y = out if out.flags.c_contiguous and out.flags.writeable else workspace.empty(out.shape, _F32)
     constant = filter_is_constant()
     wp = (workspace.aligned if constant else workspace.empty)((filt.size,), _F32)
-    epi = 0
-    bias = _EMPTY
-    if epilogue is not None:
-        bias = readonly_view(epilogue.bias)
-        epi |= 1 | (4 if epilogue.relu else 0) | (8 if epilogue.hswish else 0)
+    bias, epi = epilogue_operands(epilogue, steps)
     if z is not None:
         epi |= 2
     macs = out.size * ic * fh * fw

@@ -45,12 +45,11 @@ from .channelwise88 import ALGORITHM as CHANNELWISE
 from .channelwise88 import bind_channelwise88, usable_channelwise88
 from .common import conv_out_size
 from .constant_operands import filter_is_constant
-from .epilogue import Epilogue
+from .epilogue import Epilogue, epilogue_operands
 from .hybrid88 import ALGORITHM as HYBRID
 from .hybrid88 import bind_hybrid88, usable_hybrid88
 from .loops import nchw8c as loops
 from .nchw8c import MAX_PAD, filter_packed, plane_geometry, units_as_they_go, wide_units
-from .pointwise import epilogue_operands
 from .registry import bind as bind_chosen
 
 __all__ = [

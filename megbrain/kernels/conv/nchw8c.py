@@ -35,9 +35,8 @@ from ..steps import Step, chain
 from ..tiled_jit import vector_width
 from .common import SPLIT_MIN_ELEMS, bind_doc, checked
 from .constant_operands import filter_is_constant
-from .epilogue import Epilogue
+from .epilogue import Epilogue, epilogue_operands
 from .loops import nchw8c as loops
-from .pointwise import epilogue_operands
 from .registry import ConvAlgorithm, register
 
 __all__ = [

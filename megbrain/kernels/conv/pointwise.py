@@ -24,7 +24,7 @@ from numpy.lib.stride_tricks import as_strided
 from .. import parallel, workspace
 from ..steps import chain
 from .common import _is_pointwise, _reshaped, bind_doc, checked, threads
-from .epilogue import Epilogue
+from .epilogue import Epilogue, epilogue_operands
 from .loops import pointwise as loops
 from .loops.nchw8c import readonly_view
 from .registry import ConvAlgorithm, register
@@ -33,7 +33,6 @@ __all__ = [
     "MAX_K",
     "PREFERRED_MAX_K",
     "bind_pointwise_forward",
-    "epilogue_operands",
     "filter_matrix",
     "preferred_pointwise_forward",
     "usable_pointwise_forward",
@@ -47,7 +46,6 @@ PREFERRED_MAX_K = 256
 #: the position blocks are split over threads only when each thread gets at least this many
 _MIN_SPLIT_BLOCKS = 2
 _F32 = np.dtype(np.float32)
-_NO_BIAS = readonly_view(np.zeros(1, _F32))
 
 
 def _planes_contiguous(a: np.ndarray) -> bool:
@@ -92,19 +90,6 @@ def filter_matrix(filt: np.ndarray, shape: tuple, steps: list) -> np.ndarray:
         w = workspace.empty(shape, _F32)
         steps.append(functools.partial(np.copyto, w.reshape(filt.shape), filt))
     return readonly_view(w)
-
-
-def epilogue_operands(epilogue: Epilogue | None, steps: list) -> tuple[np.ndarray, int]:
-    """The bias (a read-only C-contiguous float32 vector; a view of the epilogue's, else a
-    copy that a step appended to ``steps`` refreshes at every run) and the epilogue bits
-    (1 ``+ bias``, 4 ReLU, 8 H_SWISH) a compiled NCHW loop takes for ``epilogue``."""
-    if epilogue is None:
-        return _NO_BIAS, 0
-    bias = epilogue.bias
-    if not bias.flags.c_contiguous:  # read at every run: copied at every run
-        bias = workspace.empty(bias.shape, _F32)
-        steps.append(functools.partial(np.copyto, bias, epilogue.bias))
-    return readonly_view(bias), 1 | (4 if epilogue.relu else 0) | (8 if epilogue.hswish else 0)
 
 
 def _flat(a: np.ndarray, writeable: bool) -> np.ndarray:
