@@ -117,6 +117,42 @@ def test_requantized_conv_bias_equals_the_reference(on, c, mode, out_scale):
     ref.assert_same(out, want)
 
 
+@st.composite
+def _depthwise_convs(draw):
+    c = draw(_convs())
+    g = draw(st.integers(2, 40))  # up to three blocks of 16 channels, the last one partial
+    n, _, h, w = c["shape"]
+    fh, fw = c["filt"][3:]
+    c.update(shape=(n, g, h, w), filt=(g, 1, 1, fh, fw))
+    return c
+
+
+@settings(max_examples=40, deadline=None)
+@given(c=_depthwise_convs(), mode=st.sampled_from([None, "IDENTITY", "RELU"]),
+       out_scale=st.sampled_from([0.3, 2.0, 40.0, 900.0]))  # fmt: skip
+def test_depthwise_with_channels_along_the_vectors_equals_the_reference(c, mode, out_scale):
+    # the loop that takes short output rows, run here on every shape it can take
+    x, f = _operands(c)
+    saved, quantized.CHANNELS_ROW_SCALE = quantized.CHANNELS_ROW_SCALE, 1 << 20
+    try:
+        if mode is None:  # the int32 sums
+            step, out, want = _sums(c, x, f)
+            step()
+            np.testing.assert_array_equal(out.view(np.int32), want)
+            return
+        rng = np.random.default_rng(c["seed"] + 1)
+        bias = ref.random_q(rng, (1, c["filt"][0], 1, 1), qint32(0.125))
+        odt = quint8(out_scale, 7) if c["asymm"] else qint8(out_scale)
+        want = ref.conv_bias(x, f, bias, None, odt, mode, stride=c["stride"], pad=c["pad"],
+                             dilate=c["dilate"], group=True, flip=c["flip"])  # fmt: skip
+        out = np.empty(want.shape, want.dtype)
+        quantized.bind_quantized_conv_bias(x, f, bias, None, out, c["stride"], c["pad"],
+                                           c["dilate"], c["flip"], mode)()  # fmt: skip
+        ref.assert_same(out, want)
+    finally:
+        quantized.CHANNELS_ROW_SCALE = saved
+
+
 def _case(shape, filt, pad, seed):
     return {"shape": shape, "filt": filt, "stride": (1, 1), "pad": pad, "dilate": (1, 1),
             "flip": False, "asymm": False, "zx": 0, "extreme": False, "seed": seed}  # fmt: skip

@@ -48,6 +48,22 @@ def test_pooling_on_quantized_equals_the_integer_reference(mode, dt, fh, fw, sh,
     ref.assert_same(got, ref.pool2d_int(x, mode, (fh, fw), (sh, sw), (ph, pw)))
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    st.sampled_from(["AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING"]),
+    st.sampled_from([qint8(0.3), quint8(0.2, 7), quint8(0.1, 200), qint32(0.01)]),
+    st.integers(1, 9), st.integers(1, 9), st.integers(0, 2**16),
+)  # fmt: skip
+def test_global_average_pooling_on_quantized_equals_the_integer_reference(mode, dt, h, w, seed):
+    # one window per plane: summed in one call
+    rng = np.random.default_rng(seed)
+    x = ref.random_q(rng, (2, 5, h, w), dt)
+    _, got = build_and_run(
+        lambda v: pooling(v, mode=mode, window_h=h, window_w=w, stride_h=1, stride_w=1), x
+    )
+    ref.assert_same(got, ref.pool2d_int(x, mode, (h, w), (1, 1), (0, 0)))
+
+
 def test_pooling_average_rounds_half_away_from_zero():
     x = np.array([[[[1, 2], [-1, -2]]]], np.int8).view(qint8(1.0))  # 1.5 and -1.5
     _, got = build_and_run(

@@ -41,6 +41,10 @@ QUANTIZED_SOURCES = ("QuantizedS8", "Quantized8Asymm")
 _MIN_MACS_PER_THREAD = 1 << 17
 #: bytes of relaid source worth one thread
 _MIN_RELAYOUT_BYTES = 1 << 16
+#: scales the output-row widths up to which a depthwise convolution takes the loop with its
+#: channels along the vectors (:func:`.loops.int8.depthwise_channels`): 8 at stride 1, 16 at
+#: larger strides; a test sets it to 0 or a large value to run either loop on any shape
+CHANNELS_ROW_SCALE = 1
 #: whether convolutions bound from now on take the AVX-512 VNNI kernels
 #: (:mod:`.loops.vnni`) where their operands allow; chosen once, from the CPU's features
 VNNI = vnni_loops.available()
@@ -162,17 +166,24 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
     b = np.zeros(c_, _I32) if bias is None else bias
     h_, w_ = src.shape[2:]
     oh, ow = y.shape[2:]
-    rows = int8_loops.depthwise_band_rows(w_, ow, fh, stride[0], dilate[0], pad[1])
+    lanes = int8_loops.CHANNEL_LANES
+    rows = int8_loops.depthwise_channel_rows(w_, ow, fh, fw, *stride, *dilate, oh)
+    # short output rows: 16 channels along the vectors (a row of positions would fill few)
+    by_channels = rows > 0 and ow <= (16 if stride[1] > 1 else 8) * CHANNELS_ROW_SCALE
+    if not by_channels:
+        rows = int8_loops.depthwise_band_rows(w_, ow, fh, stride[0], dilate[0], pad[1])
     geom = np.array([*stride, *pad, *dilate, _zero_point(src), _zero_point(filt), rows, h_, w_,
                      oh, ow, fh, fw, c_], np.int64)  # fmt: skip
     if requant is None:
         epi, q, yv = 0, np.zeros(5, _F32), y
     else:
         (epi, q), yv = requant, _plain(y)
-    part = _partial(int8_loops.depthwise, x.reshape(-1), w.reshape(-1), b, yv.reshape(-1), q,
-                    geom, epi)  # fmt: skip
-    macs = fh * fw * y.shape[2] * y.shape[3]
-    steps.append(parallel.split(part, n_ * c_, max(1, _MIN_MACS_PER_THREAD // max(1, macs))))
+    loop, items, per = int8_loops.depthwise, n_ * c_, 1
+    if by_channels:
+        loop, items, per = int8_loops.depthwise_channels, n_ * -(-c_ // lanes), lanes
+    part = _partial(loop, x.reshape(-1), w.reshape(-1), b, yv.reshape(-1), q, geom, epi)
+    macs = fh * fw * y.shape[2] * y.shape[3] * per
+    steps.append(parallel.split(part, items, max(1, _MIN_MACS_PER_THREAD // max(1, macs))))
     return chain(steps)
 
 

@@ -284,6 +284,12 @@ _I32 = np.dtype(np.int32)
 QUANTIZED_POOL_DTYPES = ("QuantizedS8", "Quantized8Asymm", "QuantizedS32")
 
 
+def _is_global(src, out, window, pad) -> bool:
+    """Whether a 2-d pooling has one window, the whole plane, per output plane."""
+    return (src.ndim == 4 and tuple(out.shape[2:]) == (1, 1) and not any(pad)
+            and tuple(window) == tuple(src.shape[2:]))  # fmt: skip
+
+
 def _bind_quantized(src, out, mode, window, stride, pad) -> Step:
     """The quantized pooling of :func:`bind_pooling`."""
     qp = quant_params(src.dtype)
@@ -303,10 +309,15 @@ def _bind_quantized(src, out, mode, window, stride, pad) -> Step:
             steps.append(_partial(np.maximum, a, x[sidx], out=a))
         return chain(steps)
     acc = workspace.empty(out.shape, _I32)
-    steps.append(_partial(np.copyto, acc, 0))
-    for oidx, sidx in regions:
-        a = acc[oidx]
-        steps.append(_partial(np.add, a, x[sidx], a, casting="unsafe"))  # wraps as C's int32
+    if _is_global(src, out, window, pad) and x.flags.c_contiguous:
+        # one window per plane: its sum in one call (a call per tap took 0.1 ms at 1280x7x7)
+        planes = x.reshape(*x.shape[:2], -1)
+        steps.append(_partial(np.sum, planes, -1, _I32, acc.reshape(x.shape[:2])))
+    else:
+        steps.append(_partial(np.copyto, acc, 0))
+        for oidx, sidx in regions:
+            a = acc[oidx]
+            steps.append(_partial(np.add, a, x[sidx], a, casting="unsafe"))  # wraps as C's
     taps = _Pool("Pooling", src.shape, out.shape, "AVERAGE_COUNT_EXCLUDE_PADDING", window,
                  stride, pad)  # fmt: skip
     fed = taps.divisor(_I32)  # the in-image taps of each window

@@ -21,8 +21,11 @@ _stack_tile = stack_tile()
 _zmm_vectors = zmm_vectors()
 
 __all__ = [
+    "CHANNEL_LANES",
     "depthwise",
     "depthwise_band_rows",
+    "depthwise_channel_rows",
+    "depthwise_channels",
     "gemm_blocks",
     "int8_gemm",
     "int8_im2col",
@@ -360,6 +363,136 @@ def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - 
                 out[dst + j] = _quantize(v, s_out, zp, qmin, qmax)
 
 
+#: channels of an item of :func:`depthwise_channels` (one vector of float32 lanes)
+CHANNEL_LANES = 16
+#: float32 values of its tile of padded source rows (each position's channels innermost)
+_CH_TILE = 16384
+
+
+def _depthwise_channels_py(x, w, bias, out, q, geom, epi, t0, t1):  # pragma: no cover
+    """Items [t0, t1) (``n * ceil(C / 16) + block``) of :func:`_depthwise_py`'s convolution,
+    16 channels at a time along the vectors: a band of source rows of 16 channels,
+    zero-point shifted and zero-padded, transposed into a stack tile of (row, column, channel)
+    float32 values, then each output position of the 16 channels is one vector of sums (its
+    taps are loads at the tap's offset, whatever the stride or dilation), requantized as a
+    vector and written to the 16 planes. The sums are the same exact integers; ``geom`` as
+    for :func:`_depthwise_py`, its ``rows`` those of :func:`depthwise_channel_rows`."""
+    _zmm_vectors()
+    sh, sw, ph, pw, dh, dw, zx, zf = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], \
+        geom[6], geom[7]  # fmt: skip
+    rows, h_, w_, oh, ow, fh, fw, c_ = geom[8], geom[9], geom[10], geom[11], geom[12], \
+        geom[13], geom[14], geom[15]  # fmt: skip
+    lanes = CHANNEL_LANES
+    wr = (ow - 1) * sw + (fw - 1) * dw + 1  # the padded columns read
+    xp = carray(_stack_tile(_CH_TILE, np.float32), _CH_TILE)
+    ws = carray(_stack_tile(49 * 16, np.float32), 49 * 16)
+    bs = carray(_stack_tile(16, np.int32), 16)
+    acc = carray(_stack_tile(16, np.float32), 16)
+    res = carray(_stack_tile(16, np.int32), 16)
+    srcs = carray(_stack_tile(16, np.uintp), 16)
+    s_in, s_out, zp, qmin, qmax = q[0], q[1], q[2], q[3], q[4]
+    relu = epi == 2
+    zero = np.float32(0)
+    zxf = np.float32(zx)
+    blocks = (c_ + lanes - 1) // lanes
+    ohw = np.uintp(oh * ow)
+    j0, j1 = min(pw, wr), min(pw + w_, wr)  # the padded columns inside the source
+    for t in range(t0, t1):
+        n, cb = t // blocks, t % blocks
+        c0 = cb * lanes
+        nl = min(lanes, c_ - c0)
+        for k in range(fh * fw):
+            for l in range(lanes):
+                ws[k * lanes + l] = zero
+        for l in range(lanes):
+            bs[l] = 0
+        for l in range(nl):
+            for k in range(fh * fw):
+                ws[k * lanes + l] = np.float32(np.int32(w[(c0 + l) * fh * fw + k]) - zf)
+            bs[l] = bias[c0 + l]
+        xbase = (n * c_ + c0) * h_ * w_
+        obase = np.uintp((n * c_ + c0) * oh * ow)
+        for r0 in range(0, oh, rows):
+            r1 = min(r0 + rows, oh)
+            top = r0 * sh - ph
+            nin = (r1 - 1 - r0) * sh + (fh - 1) * dh + 1
+            u = np.uintp(lanes)
+            for i in range(nin):
+                ih = top + i
+                row = np.uintp(i * wr * lanes)
+                if ih < 0 or ih >= h_:
+                    for j in range(np.uintp(wr * lanes)):
+                        xp[row + j] = zero
+                    continue
+                for j in range(np.uintp(j0 * lanes)):
+                    xp[row + j] = zero
+                for j in range(np.uintp(j1 * lanes), np.uintp(wr * lanes)):
+                    xp[row + j] = zero
+                for l in range(lanes):  # (lanes past the channels read the last one)
+                    srcs[l] = np.uintp(xbase + (min(l, nl - 1) * h_ + ih) * w_ - pw)
+                for j in range(np.uintp(j0), np.uintp(j1)):
+                    dst = row + j * u
+                    for l in range(u):
+                        xp[dst + l] = np.float32(x[srcs[l] + j]) - zxf
+            for rr in range(r1 - r0):
+                for qq in range(ow):
+                    base = np.uintp(((rr * sh) * wr + qq * sw) * lanes)
+                    if fh == fw == 3:
+                        r1o = np.uintp(dh * wr * lanes)
+                        r2o = r1o + r1o
+                        c1o = np.uintp(dw * lanes)
+                        c2o = c1o + c1o
+                        for l in range(u):
+                            b0 = base + l
+                            acc[l] = (ws[l] * xp[b0] + ws[u + l] * xp[b0 + c1o]
+                                      + ws[2 * u + l] * xp[b0 + c2o]
+                                      + ws[3 * u + l] * xp[b0 + r1o]
+                                      + ws[4 * u + l] * xp[b0 + r1o + c1o]
+                                      + ws[5 * u + l] * xp[b0 + r1o + c2o]
+                                      + ws[6 * u + l] * xp[b0 + r2o]
+                                      + ws[7 * u + l] * xp[b0 + r2o + c1o]
+                                      + ws[8 * u + l] * xp[b0 + r2o + c2o])
+                    else:
+                        for l in range(u):
+                            acc[l] = zero
+                        for a in range(fh):
+                            for b in range(fw):
+                                off = base + np.uintp((a * dh * wr + b * dw) * lanes)
+                                k = np.uintp((a * fw + b) * lanes)
+                                for l in range(u):
+                                    acc[l] += ws[k + l] * xp[off + l]
+                    o = obase + np.uintp((r0 + rr) * ow + qq)
+                    if epi == 0:
+                        for l in range(np.uintp(nl)):
+                            out[o + l * ohw] = np.int32(acc[l]) + bs[l]
+                        continue
+                    for l in range(u):
+                        v = np.float32(np.int32(np.int32(acc[l]) + bs[l])) * s_in
+                        if relu:
+                            v = zero if v < zero else v
+                        res[l] = _quantize(v, s_out, zp, qmin, qmax)
+                    for l in range(np.uintp(nl)):
+                        out[o + l * ohw] = res[l]
+
+
+def depthwise_channel_rows(w: int, ow: int, fh: int, fw: int, sh: int, sw: int, dh: int,
+                           dw: int, oh: int) -> int:
+    """Output rows of a band of :func:`depthwise_channels`; 0 where not even one fits (or
+    the filter has more than 49 taps)."""
+    wr = (ow - 1) * sw + (fw - 1) * dw + 1
+    if fh * fw > 49:
+        return 0
+    rows = (_CH_TILE // (wr * CHANNEL_LANES) - (fh - 1) * dh - 1) // sh + 1
+    return max(0, min(rows, oh))
+
+
+def depthwise_channels(x, w, bias, out, q, geom, epi: int, t0: int, t1: int) -> None:
+    """Items [t0, t1) (``n * ceil(C / 16) + block of 16 channels``) of the depthwise 8-bit
+    convolution of :func:`depthwise` (the same arguments), the channels along the vectors;
+    see :func:`_depthwise_channels_py`."""
+    _compiled("depthwise_channels")(x, w, bias, out, q, geom, int(epi), int(t0), int(t1))
+
+
 def depthwise_band_rows(w: int, ow: int, fh: int, sh: int, dh: int, pw: int) -> int:
     """Output rows of a band of :func:`depthwise` for a source row of ``w`` values and an
     output row of ``ow``; 0 where not even one fits."""
@@ -399,8 +532,9 @@ def gemm_blocks(groups: int, out_channels: int) -> int:
 @functools.cache
 def _compiled(name: str):
     fn = {"im2col": _im2col_py, "gemm": _gemm_py, "depthwise": _depthwise_py,
-          "add": _add_py, "quantize": _quantize_8bit_py}[name]  # fmt: skip
+          "depthwise_channels": _depthwise_channels_py, "add": _add_py,
+          "quantize": _quantize_8bit_py}[name]  # fmt: skip
     # the depthwise sums are exact in float32 (every product and partial sum an integer
     # below 2^24), so fused multiply-adds give the same bits; nothing else is contracted
-    fastmath = {"contract"} if name == "depthwise" else False
+    fastmath = {"contract"} if name.startswith("depthwise") else False
     return njit(nogil=True, cache=True, error_model="numpy", fastmath=fastmath)(fn)
