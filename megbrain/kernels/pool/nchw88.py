@@ -9,12 +9,14 @@ the image has its taps unrolled (the loops' control cost a third of the time of 
 pooling). The taps are visited in the order of the NCHW loops (:mod:`.loops`: window row
 by window row, from zero) and the averages finished the same way (times ``1 / window
 area`` in float32, or divided by the in-image tap count in float64), so the values equal
-the NCHW pooling's. MAX is separable (:func:`_max88_py`: the maximum over the window's
-rows per source column, then over its columns, in passes 16 lanes wide); the order of the
-taps does not change a maximum (NaN propagates either way), so its values equal the NCHW
-pooling's too. The ``N * C/8 * OH`` output rows are split over threads (planes alone left
-a 3-plane tensor unbalanced on 2 threads); each output is computed alone, so the values do
-not depend on the split.
+the NCHW pooling's. MAX with overlapping windows of stride 1 along the width (GoogLeNet's
+3x3/s1 branch poolings) is separable (:func:`_max88_py`: the maximum over the window's
+rows per source column, then over its columns, in passes 16 lanes wide; 2-2.6 times
+faster there, no faster at stride 2); the order of the taps does not change a maximum
+(NaN propagates either way), so its values equal the NCHW pooling's too. The
+``N * C/8 * OH`` output rows are split over threads (planes alone left a 3-plane tensor
+unbalanced on 2 threads); each output is computed alone, so the values do not depend on
+the split.
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ def _max88_py(x, y, geo, lo, hi):  # pragma: no cover - compiled
     source column (contiguous passes over the rows, into a stack buffer whose columns
     outside the image are ``-inf``), then over each window's columns of that buffer. Every
     pass runs over columns and lanes alike, so LLVM's loop vectorizer makes it 16 lanes
-    wide (the 8-lane taps of :func:`_pool88_py` were 2-3 times slower).
+    wide (the 8-lane taps of :func:`_pool88_py` were 2-2.6 times slower at stride 1).
 
     ``x`` and ``y`` are the flat C-contiguous source and output; ``geo`` the window,
     stride and padding (height then width each) and the source and output sizes ``H, W,
@@ -297,7 +299,7 @@ def bind_pooling_nchw88(src: np.ndarray, out: np.ndarray, mode: str, window, str
     x4 = x.reshape(planes, *src.shape[2:])
     x4.flags.writeable = False
     y4 = y.reshape(planes, *out.shape[2:])
-    if mode == "MAX" and window[1] <= _MAX_COLS:
+    if mode == "MAX" and stride[1] == 1 and 1 < window[1] <= _MAX_COLS:
         geo = np.array([*window, *stride, *pad, *src.shape[2:4], *out.shape[2:4]], np.int64)
         geo.flags.writeable = False
         fn = functools.partial(_compiled_max(), x4.reshape(-1), y4.reshape(-1), geo)
