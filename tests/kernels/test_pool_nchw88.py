@@ -144,3 +144,15 @@ def test_a_max_window_wider_than_the_buffer_takes_the_tap_loop():
     geometry = ((2, cols), (1, 1), (0, 1))
     np.testing.assert_array_equal(_pool88(x, "MAX", *geometry),
                                   ref_forward(x, "MAX", *geometry))  # fmt: skip
+
+
+def test_the_separable_max_allocates_nothing_per_run(monkeypatch):
+    x = np.random.default_rng(4).standard_normal((1, 16, 14, 300)).astype(np.float32)
+    src = _to88(x)
+    geometry = ((3, 3), (1, 1), (1, 1))
+    out = np.empty(pool88.pool_nchw88_shape(src.shape, *geometry), np.float32)
+    monkeypatch.setattr(parallel, "num_threads", lambda: 1)  # the pool's hand-over allocates
+    fn = pool88.bind_pooling_nchw88(src, out, "MAX", *geometry)
+    fn()
+    assert_allocates_nothing(fn)
+    np.testing.assert_array_equal(conv_nchw88.to_nchw(out), ref_forward(x, "MAX", *geometry))
