@@ -5,7 +5,8 @@ A product of at least :data:`SPLIT_MIN_FLOPS` is split into one part per kernel 
 with BLAS single-threaded (:func:`parallel.blas_single_threaded`); a smaller one is a single
 single-threaded call. A float32 matrix-vector product (``out`` of one row or column) whose
 matrix rows are contiguous runs :mod:`.gemv_loops` instead, its rows split over the kernel
-threads from the same size on: two BLAS ``sgemv`` halves ran slower than the whole on one
+threads in parts of at least :data:`GEMV_PART_MIN_MACS` weights (it is bound by memory
+bandwidth per core, not by flops): two BLAS ``sgemv`` halves ran slower than the whole on one
 thread (ResNet50's 1x2048 @ 2048x1000 classifier, 0.54 against 0.47 ms in the model), the
 compiled halves in half the time (0.24 ms). Any other matrix-vector product is a single
 single-threaded BLAS call. BLAS's own threads stay asleep: OpenBLAS's spin ~0.1 s after each
@@ -45,6 +46,13 @@ SPLIT_MIN_FLOPS = 1 << 21
 BLAS_THREADED_MIN_FLOPS = 1 << 26
 #: the fewest rows (or columns) of ``out`` one part takes
 MIN_PART = 16
+#: the fewest multiply-adds (matrix elements) one part of a split matrix-vector product
+#: takes: 512 KiB of float32 weights, 20-30 us streamed from memory on one core, where the
+#: pool's hand-over costs a few. A matrix-vector product reads each weight once, so its
+#: time is the matrix's bytes over one core's memory bandwidth, not its flops over
+#: :data:`SPLIT_MIN_FLOPS` (MobileNetV3-Small's 576->1024 and 1024->1000 classifier layers,
+#: 2.4 and 4.1 MB, ran on one core by that count)
+GEMV_PART_MIN_MACS = 1 << 17
 #: ``then(block, rows) -> Step``: an epilogue on one part's block of a product's output
 Then = Callable[[np.ndarray, slice], Step]
 
@@ -120,8 +128,7 @@ def _matrix_vector_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step |
     x.flags.writeable = w.flags.writeable = False  # the loop's read-only signature
     y = out.reshape(-1)
     fn = functools.partial(gemv_loops.dot_rows(), x, w, y)
-    # parts of at least half of SPLIT_MIN_FLOPS: a product of SPLIT_MIN_FLOPS splits in two
-    return parallel.split(fn, y.size, max(MIN_PART, -(-SPLIT_MIN_FLOPS // (4 * max(1, k)))))
+    return parallel.split(fn, y.size, max(MIN_PART, -(-GEMV_PART_MIN_MACS // max(1, k))))
 
 
 def _then(product: Step, then: Then | None, block: np.ndarray, rows: slice) -> Step:

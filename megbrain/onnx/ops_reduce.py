@@ -7,6 +7,7 @@ import onnx
 
 import megbrain as mgb
 
+from .ops_nn import _global_reduce
 from .ops_tensor import _norm_axis, static_shape
 from .registry import Attr, converter
 
@@ -99,8 +100,14 @@ def _reduce(ctx):
         y = E(y, mode=pre)
     if nd == 0:
         y = mgb.opr.identity(y)
-    for a in axes:
-        y = mgb.opr.reduce_(y, mode, a, True)
+    if nd >= 4 and axes == list(range(2, nd)):
+        # the spatial axes of (N, C, H, W): one reduction over the planes, as a global
+        # pooling (MnasNet's head, ``x.mean([2, 3])``), which the NCHW88 pass keeps blocked;
+        # one per axis took one pass over the tensor each
+        y = _global_reduce(y, mode, tuple(src))
+    else:
+        for a in axes:
+            y = mgb.opr.reduce_(y, mode, a, True)
     if post == "SQRT":
         y = E(y, ctx.imm(np.asarray(0.5, np.dtype(y.dtype))), mode="POW")
     elif post:

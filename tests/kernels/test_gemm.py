@@ -212,6 +212,23 @@ def test_a_large_matrix_vector_product_runs_its_rows_on_several_threads(monkeypa
     assert len({name for name, _ in seen}) == 2
 
 
+@pytest.mark.parametrize("k, rows, parts", [(576, 1024, 2), (1024, 1000, 2), (1280, 1000, 2),
+                                            (96, 1000, 1), (576, 72, 1)])  # fmt: skip
+def test_a_matrix_vector_product_splits_by_the_bytes_of_its_matrix(k, rows, parts, monkeypatch):
+    # memory-bound: MobileNetV3-Small's classifier layers split, its small SE layers do not
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    split = parallel.split
+    seen = []
+    monkeypatch.setattr(parallel, "split", lambda fn, n, m: seen.append(
+        len(parallel.ranges(n, 2, m))) or split(fn, n, m))  # fmt: skip
+    x = np.random.default_rng(1).uniform(-1, 1, (1, k)).astype(np.float32)
+    w = np.random.default_rng(2).uniform(-1, 1, (rows, k)).astype(np.float32)
+    out = np.empty((1, rows), np.float32)
+    gemm.matmul_step(x, w.T, out)()
+    assert seen == [parts]
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
+
+
 def test_a_matrix_vector_product_propagates_nan_and_inf():
     w = np.ones((40, 64), np.float32)
     x = np.ones((1, 64), np.float32)

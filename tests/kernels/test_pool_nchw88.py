@@ -123,3 +123,36 @@ def test_three_planes_split_over_rows_and_nothing_is_allocated_per_run(monkeypat
     assert_allocates_nothing(fn)
     np.testing.assert_array_equal(conv_nchw88.to_nchw(out),
                                   ref_forward(x, "MAX", (3, 3), (2, 2), (0, 0)))  # fmt: skip
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(2, 5), st.integers(1, 2), st.integers(0, 3), st.integers(240, 700),
+       st.integers(0, 2**16))  # fmt: skip
+def test_max_rows_wider_than_the_buffer_are_made_in_chunks(ww, sh, pw, width, seed):
+    # the separable max makes a row's windows in chunks of ``_MAX_COLS`` source columns
+    pw = min(pw, ww - 1)
+    x = np.random.default_rng(seed).standard_normal((1, 8, 3, width)).astype(np.float32)
+    x[0, 5, 1, width // 2] = np.nan
+    geometry = ((3, ww), (sh, 1), (1, pw))
+    np.testing.assert_array_equal(_pool88(x, "MAX", *geometry),
+                                  _pool_nchw(x, "MAX", *geometry))  # fmt: skip
+
+
+def test_a_max_window_wider_than_the_buffer_takes_the_tap_loop():
+    cols = pool88._MAX_COLS + 3
+    x = np.random.default_rng(3).standard_normal((1, 8, 2, cols + 4)).astype(np.float32)
+    geometry = ((2, cols), (1, 1), (0, 1))
+    np.testing.assert_array_equal(_pool88(x, "MAX", *geometry),
+                                  ref_forward(x, "MAX", *geometry))  # fmt: skip
+
+
+def test_the_separable_max_allocates_nothing_per_run(monkeypatch):
+    x = np.random.default_rng(4).standard_normal((1, 16, 14, 300)).astype(np.float32)
+    src = _to88(x)
+    geometry = ((3, 3), (1, 1), (1, 1))
+    out = np.empty(pool88.pool_nchw88_shape(src.shape, *geometry), np.float32)
+    monkeypatch.setattr(parallel, "num_threads", lambda: 1)  # the pool's hand-over allocates
+    fn = pool88.bind_pooling_nchw88(src, out, "MAX", *geometry)
+    fn()
+    assert_allocates_nothing(fn)
+    np.testing.assert_array_equal(conv_nchw88.to_nchw(out), ref_forward(x, "MAX", *geometry))

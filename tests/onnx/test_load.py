@@ -475,6 +475,33 @@ def test_maxpool_pads_go_to_pooling_when_symmetric(pads, ceil, direct):
 
 
 @pytest.mark.parametrize(
+    "op, keepdims, shape",
+    [
+        ("ReduceMean", 0, [1, 16, 7, 7]),  # MnasNet's head, x.mean([2, 3])
+        ("ReduceMean", 1, [2, 3, 4, 5, 6]),
+        ("ReduceMax", 1, [2, 4, 1, 9]),
+        ("ReduceSumSquare", 0, [2, 3, 4, 5]),
+    ],
+)
+def test_a_reduction_over_the_spatial_axes_is_one_reduction(op, keepdims, shape):
+    from onnx.reference import ReferenceEvaluator
+
+    axes = numpy_helper.from_array(np.arange(2, len(shape), dtype=np.int64), "axes")
+    node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)
+    m = _model([node], [_vi("x", shape)], [_vi("y", None)], [axes], opset=18)
+    x = np.random.default_rng(5).uniform(-1, 1, shape).astype(np.float32)
+    res = load(m)
+    f = res.graph.compile(list(res.inputs.values()),
+                          [mgb.copy_output(v) for v in res.outputs.values()])  # fmt: skip
+    types = [o.type_name for o in f._func.iter_opr_seq()]
+    assert types.count("Reduce") == 1
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x})
+    (y,) = f(x)
+    assert y.shape == want.shape
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
     "op, attrs, shape",
     [
         ("AveragePool", {"kernel_shape": [7, 7]}, [1, 6, 7, 7]),  # ResNet's head
