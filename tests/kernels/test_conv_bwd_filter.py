@@ -188,7 +188,10 @@ def test_runs_are_reproducible(n, monkeypatch):
     c = _case(n=n, icg=16, ocg=16, sshape=(40, 40), seed=5)
     x, _, dy = _arrays(c)
     gw = np.empty((1, 16, 16, 3, 3), np.float32)
-    fn = _BLOCKED(x, dy, gw, *_geometry(c))
+    _assert_reproducible(_BLOCKED(x, dy, gw, *_geometry(c)), gw)
+
+
+def _assert_reproducible(fn, gw):
     fn()
     first = gw.copy()
     for _ in range(3):
@@ -271,12 +274,7 @@ def test_pointwise_batched_is_reproducible_and_refuses_other_convolutions(monkey
     c = _case(n=6, icg=16, ocg=8, sshape=(16, 16), fshape=(1, 1), pad=(0, 0), seed=6)
     x, wt, dy = _arrays(c)
     gw = np.empty_like(wt)
-    fn = _POINTWISE(x, dy, gw, *_geometry(c))
-    fn()
-    first = gw.copy()
-    for _ in range(3):
-        fn()
-        assert np.array_equal(gw, first)
+    _assert_reproducible(_POINTWISE(x, dy, gw, *_geometry(c)), gw)
     c3 = _case()  # 3x3
     x3, w3, dy3 = _arrays(c3)
     assert not conv_bwd_filter.usable_pointwise_batched(x3, dy3, w3, *_geometry(c3)[:3])
