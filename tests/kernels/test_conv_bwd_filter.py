@@ -188,7 +188,10 @@ def test_runs_are_reproducible(n, monkeypatch):
     c = _case(n=n, icg=16, ocg=16, sshape=(40, 40), seed=5)
     x, _, dy = _arrays(c)
     gw = np.empty((1, 16, 16, 3, 3), np.float32)
-    fn = _BLOCKED(x, dy, gw, *_geometry(c))
+    _assert_reproducible(_BLOCKED(x, dy, gw, *_geometry(c)), gw)
+
+
+def _assert_reproducible(fn, gw):
     fn()
     first = gw.copy()
     for _ in range(3):
@@ -236,3 +239,68 @@ def test_filter_gradient_through_the_operator_matches_finite_differences():
     x = rng.uniform(-1, 1, (2, 3, 5, 6))
     w = rng.uniform(-1, 1, (4, 3, 3, 3))
     check_grad(lambda a, b: O.convolution(a, b, pad_h=1, pad_w=0, stride_w=2), [x, w], wrt=[1])
+
+
+# ---- POINTWISE_BATCHED_GEMM -------------------------------------------------------------------
+_POINTWISE = conv_bwd_filter.bind_pointwise_batched
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 5), g=st.integers(1, 3), icg=st.integers(1, 9), ocg=st.integers(1, 9),
+       h=st.integers(1, 7), w=st.integers(1, 7), threads=st.integers(1, 3),
+       seed=st.integers(0, 99))  # fmt: skip
+def test_pointwise_batched_matches_float64(n, g, icg, ocg, h, w, threads, seed):
+    c = _case(n=n, g=g, icg=icg, ocg=ocg, sshape=(h, w), fshape=(1, 1), pad=(0, 0), seed=seed)
+    x, wt, dy = _arrays(c)
+    gw = np.full(wt.shape, np.nan, np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parallel, "num_threads", lambda: threads)
+        _POINTWISE(x, dy, gw, *_geometry(c))()
+    np.testing.assert_allclose(gw, ref(c, x, dy, wt.shape), rtol=RTOL, atol=ATOL)
+
+
+def test_pointwise_batched_large_planes_and_strided_grad_match_float64():
+    c = _case(n=8, icg=96, ocg=24, sshape=(32, 32), fshape=(1, 1), pad=(0, 0), seed=4)
+    x, wt, dy = _arrays(c)
+    big = np.full((*wt.shape[:-1], 2), np.nan, np.float32)
+    gw = big[..., :1]  # not C-contiguous: the result is copied in
+    _POINTWISE(x, dy, gw, *_geometry(c))()
+    np.testing.assert_allclose(gw, ref(c, x, dy, wt.shape), rtol=RTOL, atol=ATOL)
+    assert np.isnan(big[..., 1]).all()
+
+
+def test_pointwise_batched_is_reproducible_and_refuses_other_convolutions(monkeypatch):
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    c = _case(n=6, icg=16, ocg=8, sshape=(16, 16), fshape=(1, 1), pad=(0, 0), seed=6)
+    x, wt, dy = _arrays(c)
+    gw = np.empty_like(wt)
+    _assert_reproducible(_POINTWISE(x, dy, gw, *_geometry(c)), gw)
+    c3 = _case()  # 3x3
+    x3, w3, dy3 = _arrays(c3)
+    assert not conv_bwd_filter.usable_pointwise_batched(x3, dy3, w3, *_geometry(c3)[:3])
+    with pytest.raises(ValueError, match="POINTWISE_BATCHED_GEMM"):
+        _POINTWISE(x3, dy3, np.empty_like(w3), *_geometry(c3))
+    assert not conv_bwd_filter.usable_pointwise_batched(
+        x.astype(np.float16), dy.astype(np.float16), wt.astype(np.float16), (1, 1), (0, 0),
+        (1, 1))  # fmt: skip
+
+
+def test_pointwise_heuristic_takes_large_planes_only():
+    big = _case(n=2, icg=8, ocg=4, sshape=(16, 16), fshape=(1, 1), pad=(0, 0))
+    small = _case(n=2, icg=8, ocg=4, sshape=(8, 8), fshape=(1, 1), pad=(0, 0))
+    assert _select(big) == "POINTWISE_BATCHED_GEMM"
+    assert _select(small) == "IM2COL_GEMM_BLOCKED"
+
+
+def test_pointwise_filter_gradient_through_the_operator_matches_finite_differences(monkeypatch):
+    import megbrain.opr as O
+
+    monkeypatch.setattr(conv_bwd_filter, "POINTWISE_MIN_POSITIONS", 1)
+    rng = np.random.default_rng(9)
+    x = rng.uniform(-1, 1, (2, 3, 4, 5))  # float64, as check_grad runs it
+    w = rng.uniform(-1, 1, (4, 3, 1, 1))
+    x64 = x.reshape(2, 3, 4, 5)
+    assert conv_algos.select("backward_filter", x64, np.zeros((2, 4, 4, 5)),
+                             np.zeros((1, 4, 3, 1, 1)), (1, 1), (0, 0),
+                             (1, 1)).name == "POINTWISE_BATCHED_GEMM"  # fmt: skip
+    check_grad(lambda a, b: O.convolution(a, b), [x, w], wrt=[1])

@@ -112,3 +112,41 @@ def test_heuristic_chooses_it_for_depthwise_only():
     x, w = _source_and_filter(dense)
     dy = np.zeros((2, 8, *c["oshape"]), np.float32)
     assert not depthwise_bwd.usable_depthwise_bwd(x, dy, np.empty_like(w), *_geometry(c))
+
+
+@settings(max_examples=40, deadline=None)
+@given(c=grouped_cases(depthwise=True))
+def test_stride_one_data_gradient_runs_as_the_channelwise_forward(c):
+    """At stride 1 with a "same"-or-smaller padding HEURISTIC runs the depthwise data gradient
+    as a forward convolution (AS_FORWARD_CONV, the channel-wise forward kernels), not as
+    DIRECT's or col2im's; it matches float64 either way."""
+    from megbrain.kernels.conv import binds
+
+    c = dict(c, stride=(1, 1))
+    c["oshape"] = tuple(conv_common.conv_out_size(s, f, 1, p, d) for s, f, p, d in
+                        zip(c["sshape"], c["fshape"], c["pad"], c["dilate"]))  # fmt: skip
+    if min(c["oshape"]) < 1:
+        return
+    x, w = _source_and_filter(c)
+    dy = _diff(c)
+    gx = np.full(x.shape, np.nan, np.float32)
+    geo = _geometry(c)
+    name = conv_algos.select("backward_data", w, dy, gx, *geo).name
+    as_forward = all(p <= d * (f - 1) for p, d, f in zip(c["pad"], c["dilate"], c["fshape"]))
+    if as_forward and c["g"] > 1:
+        assert name == "AS_FORWARD_CONV"
+    binds.bind_conv_backward_data(w, dy, gx, *geo)()
+    _assert_close(gx, ref_backward_data(c, w, dy))
+
+
+def test_pointwise_data_gradient_runs_as_forward_up_to_the_channel_bound():
+    from megbrain.kernels.conv import bwd_data
+
+    bound = bwd_data.AS_FORWARD_POINTWISE_MAX_CHANNELS
+    for oc, name in ((24, "AS_FORWARD_CONV"), (bound, "AS_FORWARD_CONV"),
+                     (bound + 1, "GEMM_COL2IM")):  # fmt: skip
+        w = np.zeros((1, oc, 16, 1, 1), np.float32)
+        dy = np.zeros((2, oc, 8, 8), np.float32)
+        gx = np.zeros((2, 16, 8, 8), np.float32)
+        got = conv_algos.select("backward_data", w, dy, gx, (1, 1), (0, 0), (1, 1)).name
+        assert got == name, oc

@@ -42,6 +42,13 @@ _partial = functools.partial
 #: 4.0 vs 19 (7.3), ResNet50's batch-1 7x7 7.2 vs 12.4 (7.2), 14x14 4.6 vs 6.2 (4.8), 28x28
 #: 4.5 vs 4.7 (3.9, 3.6 MB of columns); at 56x56 (7.2 MB) the forward route won, 4.5 vs 5.5
 COL2IM_MAX_SAMPLE_BYTES = 2 << 20
+#: HEURISTIC runs a pointwise gradient (1x1, stride 1, no padding) as a forward convolution,
+#: over col2im, when that forward sums at most this many channels (OCg): the forward 1x1
+#: kernels beat the transposed GEMM on MobileNetV2's batch-32 layers (2 threads, interleaved:
+#: 16x96 at 32x32 1.2 against 6.2 ms, 96x576 at 8x8 1.7 against 6.3, 144x24 at 32x32 2.4
+#: against 3.4), not from 960 summed channels on 4x4 planes (160x960 1.7 against 1.3, 320x1280
+#: 8.0 against 3.2)
+AS_FORWARD_POINTWISE_MAX_CHANNELS = 768
 #: backward data runs as a forward convolution when the gradient has at most this many times
 #: the positions of ``diff`` (that GEMM has prod(S) columns, col2im's has prod(O))
 AS_FORWARD_MAX_GROWTH = 1.25
@@ -74,8 +81,14 @@ def bwd_data_as_forward_usable(filt, diff, grad, stride, pad, dilate, flip=False
 def bwd_data_as_forward_preferred(filt, diff, grad, stride, pad, dilate, flip=False) -> bool:
     """The heuristic: as a forward convolution for a "same" padding (:func:`_as_forward`),
     unless GEMM_COL2IM runs compiled with one sample's columns of at most
-    :data:`COL2IM_MAX_SAMPLE_BYTES`."""
+    :data:`COL2IM_MAX_SAMPLE_BYTES`; always for a depthwise gradient (one channel per group:
+    the channel-wise forward kernels, where col2im runs one GEMM per channel) and for a
+    pointwise one summing at most :data:`AS_FORWARD_POINTWISE_MAX_CHANNELS` channels."""
     geo = _geometry("backward_data", filt, diff, grad, stride, pad, dilate)
+    if geo.g > 1 and geo.icg == geo.ocg == 1 or (
+        geo.pointwise and geo.ocg <= AS_FORWARD_POINTWISE_MAX_CHANNELS
+    ):
+        return _as_forward_pad(geo) is not None
     dt = compute_dtype(diff.dtype)
     per_sample = geo.c * math.prod(geo.fshape) * geo.l * dt.itemsize
     if geo.compiled_loops(dt) and per_sample <= COL2IM_MAX_SAMPLE_BYTES:

@@ -52,7 +52,8 @@ registration order breaks priority ties), by kind:
   :mod:`.winograd`, :mod:`.direct`, :mod:`.depthwise_bwd` (``DIRECT_DEPTHWISE``, 25:
   depthwise at strides other than 1);
 - backward_filter: :mod:`.bwd_filter` (``IM2COL_GEMM_DIFF_NHWC``, 10;
-  ``IM2COL_GEMM_DIFF_ROWS``, a PROFILE candidate; ``IM2COL_GEMM_BLOCKED``, 20),
+  ``IM2COL_GEMM_DIFF_ROWS``, a PROFILE candidate; ``IM2COL_GEMM_BLOCKED``, 20;
+  ``POINTWISE_BATCHED_GEMM``, 30: 1x1 on planes of 16x16 and more),
   :mod:`.depthwise_bwd` (``DIRECT_DEPTHWISE``, 25: depthwise, any stride).
 """
 
