@@ -339,13 +339,16 @@ class MemPlanner:
 
         An input qualifies when its part is one contiguous range (``input_parts``), it is
         on the operator's comp node, computed earlier in the seq by an operator without
-        side effects or an execution mask, and nothing updates it in place afterwards; a
-        var read by several such operators (or twice by one) goes to its first part. Whether
+        side effects or an execution mask, and nothing updates it in place afterwards. A
+        var read by several such operators goes to the last of them, twice by one to its
+        first part: DenseNet's concatenations of all the features so far then lie in the
+        block's last one, and the earlier ones are views of its prefixes. Whether
         the producer's output is forwarded from another var is only known in walk 1: such
         an input stays unplaced and is copied."""
         seq, seq_pos, dyn = self.seq, self._seq_pos, plan.dynamic
         claims: dict = {}
-        for pos, opr in enumerate(seq):
+        for pos in range(len(seq) - 1, -1, -1):
+            opr = seq[pos]
             if not opr.has_input_parts:
                 continue
             out = opr.outputs[0]

@@ -160,12 +160,12 @@ def test_concat_of_concats(monkeypatch):
 def test_repeated_input_and_an_input_of_two_concats(monkeypatch):
     def build(x):
         a, b = _branches(x, 2)
-        twice = mgb.opr.concat([a, a, b], axis=0)  # a placed once, copied once
-        other = mgb.opr.concat([b * 2.0, a], axis=0)  # a belongs to the first Concat
+        twice = mgb.opr.concat([a, a, b], axis=0)  # a copied twice: the later Concat holds it
+        other = mgb.opr.concat([b * 2.0, a], axis=0)
         return [twice * 1.0, other * 1.0]
 
     f, _ = _compare(monkeypatch, build, (2, 3, 4))
-    assert [_copies(fn) for _, fn in _concats(f)] == [1, 1]
+    assert [_copies(fn) for _, fn in _concats(f)] == [2, 0]
 
 
 def test_forwarded_input_is_copied(monkeypatch):
@@ -230,3 +230,36 @@ def test_input_on_another_comp_node_is_copied():
     assert kinds[a.name] == "part" and kinds[b.name] != "part"
     ((_, fn),) = _concats(f)
     assert _copies(fn) == 1
+
+
+def test_repeated_input_is_placed_once(monkeypatch):
+    def build(x):
+        a, b = _branches(x, 2)
+        return [mgb.opr.concat([a, a, b], axis=1) * 1.0]
+
+    f, _ = _compare(monkeypatch, build, (1, 8, 3, 3))
+    ((_, fn),) = _concats(f)
+    assert _copies(fn) == 1
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 4, 4), (1, 1, 4, 4, 8)])
+def test_growing_concatenations_are_prefixes_of_the_last(monkeypatch, shape):
+    """DenseNet: each layer concatenates all the features so far; the block's last
+    Concat holds them all, and the earlier Concats are views of its prefixes."""
+
+    def build(x):
+        feats, outs = [x * 1.5], []
+        for i in range(4):
+            cat = mgb.opr.concat(feats, axis=1)
+            y = mgb.opr.elem.relu(cat * 0.5 + float(i))
+            feats.append(mgb.opr.reduce_(y, "SUM", axis=1, keepdims=True) + feats[-1])
+            outs.append(mgb.opr.reduce_(y, "MAX"))
+        return [mgb.opr.concat(feats, axis=1) * 1.0, *outs]
+
+    f, g = _compare(monkeypatch, build, shape)
+    oprs = [opr for opr, _ in _concats(f)]
+    assert len(oprs) == 1  # the earlier Concats are views: nothing to run
+    assert _copies(_concats(f)[0][1]) == 0
+    kinds = _kinds(g)
+    cats = [n for n in kinds if n.startswith("concat(")]
+    assert sorted(kinds[n] for n in cats) == ["forward"] * 4 + ["static"]
