@@ -193,6 +193,9 @@ class MemPlanner:
                     if r is not None:
                         group_end[r] = max(group_end[r], last_read.get(out, -1))
                     continue
+                if k == 0 and parts and opr.has_input_parts:
+                    if self._parts_side_by_side(opr, out, plan, inf, group_end, parts):
+                        continue
                 if out in claims:
                     self._place_part(out, pos, claims, plan, inf, group_end, parts)
                     continue
@@ -342,7 +345,7 @@ class MemPlanner:
         side effects or an execution mask, and nothing updates it in place afterwards. A
         var read by several such operators goes to the last of them, twice by one to its
         first part: DenseNet's concatenations of all the features so far then lie in the
-        block's last one, and the earlier ones are views of its prefixes. Whether
+        block's last one, and the earlier ones are ranges of its prefixes. Whether
         the producer's output is forwarded from another var is only known in walk 1: such
         an input stays unplaced and is copied."""
         seq, seq_pos, dyn = self.seq, self._seq_pos, plan.dynamic
@@ -402,6 +405,32 @@ class MemPlanner:
             r = root[w] = root[holder]
             group_end[r] = max(group_end[r], plan.last_read.get(w, -1))
             parts.append((w, holder, off))
+
+    @staticmethod
+    def _parts_side_by_side(opr, out, plan, inf, group_end, parts) -> bool:
+        """Make ``out`` a range of the output holding ``opr``'s inputs where they lie there
+        side by side, in order (DenseNet: each layer's Concat of the features so far is a
+        prefix of the block's last one); its bind then finds nothing to copy."""
+        decisions = plan.decisions
+        first = decisions.get(opr.inputs[0])
+        if first is None or first[0] != "part":
+            return False
+        holder, start = first[1], first[2]
+        offs = opr.input_parts([inf.shape(v) for v in opr.inputs], inf.shape(out))
+        if offs is None:
+            return False
+        for v, off in zip(opr.inputs, offs):
+            d = decisions.get(v)
+            if off is None or d is None or d[0] != "part" or d[1] is not holder:
+                return False
+            if d[2] != start + off:
+                return False
+        decisions[out] = ("part", holder, start)
+        plan.arrays[out] = _part_view(plan.arrays[holder], start, inf.shape(out))
+        r = plan.roots[out] = plan.roots[holder]
+        group_end[r] = max(group_end[r], plan.last_read.get(out, -1))
+        parts.append((out, holder, start))
+        return True
 
     @staticmethod
     def _view_source(opr, iarr, view) -> VarNode | None:

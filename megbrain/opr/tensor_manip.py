@@ -418,35 +418,6 @@ class Concat(OperatorNodeBase):
             begin += n
         return parts
 
-    def fwd_views(self, ins):
-        """The output is a view where the inputs already lie side by side, in order, in one
-        buffer: the memory plan wrote them into a later Concat's output (DenseNet's growing
-        concatenations are then prefixes of the last one's)."""
-        if not ins or any(a is None or not a.size for a in ins):
-            return None
-        base = ins[0].base
-        if not isinstance(base, np.ndarray) or not base.flags.c_contiguous:
-            return None
-        shapes = [a.shape for a in ins]
-        out_shape = self.infer_shapes(shapes, {})[0]
-        offs = self.input_parts(shapes, out_shape)
-        start = ins[0].__array_interface__["data"][0]
-        item = ins[0].itemsize
-        for a, off in zip(ins, offs):
-            if (
-                off is None
-                or a.base is not base
-                or not a.flags.c_contiguous
-                or a.__array_interface__["data"][0] != start + off * item
-            ):
-                return None
-        begin = start - base.__array_interface__["data"][0]
-        nbytes = math.prod(out_shape) * item
-        if begin < 0 or begin + nbytes > base.nbytes:
-            return None
-        flat = base.reshape(-1).view(np.uint8)[begin : begin + nbytes]
-        return [flat.view(ins[0].dtype).reshape(out_shape)]
-
     def bind(self, ins, outs):
         out = outs[0]
         axis = self.param.axis % out.ndim

@@ -245,7 +245,7 @@ def test_repeated_input_is_placed_once(monkeypatch):
 @pytest.mark.parametrize("shape", [(1, 8, 4, 4), (1, 1, 4, 4, 8)])
 def test_growing_concatenations_are_prefixes_of_the_last(monkeypatch, shape):
     """DenseNet: each layer concatenates all the features so far; the block's last
-    Concat holds them all, and the earlier Concats are views of its prefixes."""
+    Concat holds them all, and the earlier Concats are ranges of its prefixes."""
 
     def build(x):
         feats, outs = [x * 1.5], []
@@ -257,9 +257,12 @@ def test_growing_concatenations_are_prefixes_of_the_last(monkeypatch, shape):
         return [mgb.opr.concat(feats, axis=1) * 1.0, *outs]
 
     f, g = _compare(monkeypatch, build, shape)
-    oprs = [opr for opr, _ in _concats(f)]
-    assert len(oprs) == 1  # the earlier Concats are views: nothing to run
-    assert _copies(_concats(f)[0][1]) == 0
+    cats = _concats(f)
+    assert [_copies(fn) for _, fn in cats] == [0] * 5
+    plan = f._func._plan
+    last = plan.arrays[cats[-1][0].outputs[0]]
+    for opr, _ in cats[:-1]:
+        arr = plan.arrays[opr.outputs[0]]
+        assert arr.__array_interface__["data"][0] == last.__array_interface__["data"][0]
     kinds = _kinds(g)
-    cats = [n for n in kinds if n.startswith("concat(")]
-    assert sorted(kinds[n] for n in cats) == ["forward"] * 4 + ["static"]
+    assert [kinds[opr.outputs[0].name] for opr, _ in cats] == ["part"] * 4 + ["static"]
