@@ -26,6 +26,8 @@ __all__ = ["AsyncExecutable", "PartExecutable", "MISS"]
 
 #: what a fast call (:meth:`AsyncExecutable.fast_runner`) returns where it did not run
 MISS = object()
+#: mem_alloc_info's kind of each memory plan decision
+_MEM_KINDS = {"alloc": "static", "fwd": "forward", "inplace": "inplace", "part": "part"}
 
 
 def _none() -> None:
@@ -271,19 +273,14 @@ class AsyncExecutable:
 
     def mem_alloc_info(self) -> list[dict]:
         """Each var of the current plan: id, name, comp node, bytes, address and kind
-        ("static" planned, "forward" a view of another var, "inplace", or "dynamic")."""
+        ("static" planned, "forward" a view of another var, "inplace", "part" a range of a
+        Concat's output its producer writes in place, or "dynamic")."""
         plan = self._ensure_plan()
         out = []
         for opr in self.seq:
             for v in opr.outputs:
                 arr = plan.arrays.get(v)
-                kind = (
-                    "dynamic"
-                    if arr is None
-                    else {"alloc": "static", "fwd": "forward", "inplace": "inplace"}[
-                        plan.decisions[v][0]
-                    ]
-                )
+                kind = "dynamic" if arr is None else _MEM_KINDS[plan.decisions[v][0]]
                 out.append(
                     {
                         "id": v.id,

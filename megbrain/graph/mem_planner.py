@@ -65,7 +65,9 @@ class Plan:
         self.lower_bound: dict = {}
         self.arenas: dict = {}
         self.chunks: dict = {}  # root var -> (comp node, offset, nbytes)
-        #: var -> ("fwd", out index) | ("inplace", input index) | ("alloc", seq position)
+        #: var -> ("fwd", out index) | ("inplace", input index) | ("alloc", seq position) |
+        #: ("part", var, element offset): a range of that var's memory (a Concat's input
+        #: written in place by its producer)
         self.decisions: dict = {}
         self.last_read: dict = {}
         #: operator -> workspace bytes planned for it (placed in the arena like a var)
@@ -165,6 +167,9 @@ class MemPlanner:
         self._mark_dynamic(plan, last_read)
         plan.last_read = last_read
         plan.roots = root
+        # var -> (the var holding it, element offset): inputs written into a Concat's output
+        claims = self._input_parts(plan, inf) if mem_opt else {}
+        parts: list = []  # (var, holder, offset) in placement order: holders first
         # walk 1: forwarding, in-place and chunk decisions on fresh arrays
         for pos, opr in enumerate(seq):
             if opr.outputs[0] in plan.dynamic:
@@ -176,6 +181,8 @@ class MemPlanner:
                 opr.fwd_views(iarr) if (mem_opt or not opr.inputs or opr.has_side_effect) else None
             )
             for k, out in enumerate(opr.outputs):
+                if out in decisions:
+                    continue  # a Concat's output, placed with its first input
                 shape, dt = inf.shape(out), out.dtype
                 view = views[k] if views is not None else None
                 if view is not None:
@@ -185,6 +192,12 @@ class MemPlanner:
                     r = root[out] = None if src is None else root.get(src)
                     if r is not None:
                         group_end[r] = max(group_end[r], last_read.get(out, -1))
+                    continue
+                if k == 0 and parts and opr.has_input_parts:
+                    if self._parts_side_by_side(opr, out, plan, inf, group_end, parts):
+                        continue
+                if out in claims:
+                    self._place_part(out, pos, claims, plan, inf, group_end, parts)
                     continue
                 ip = opr.inplace_input() if (mem_opt and k == 0) else None
                 if ip is not None and self._can_inplace(
@@ -244,25 +257,25 @@ class MemPlanner:
                 for r in group_end:
                     if r.comp_node == cn:
                         off = alloc.offset(r)
-                        nb = arrays[r].nbytes
+                        old = arrays[r]
+                        nb = old.nbytes
                         plan.chunks[r] = (cn, off, nb)
+                        arrays[r] = arena[off : off + nb].view(old.dtype).reshape(old.shape)
             for opr, nb in plan.workspaces.items():
                 off = allocs[opr.comp_node].offset(opr)
                 plan.chunks[opr] = (opr.comp_node, off, nb)
-            # walk 2: place chunks in the arenas and redo views over them
+            for v, holder, off in parts:
+                arrays[v] = _part_view(arrays[holder], off, arrays[v].shape)
+            # walk 2: redo the views and in-place outputs over the placed chunks
             for opr in seq:
                 if opr.outputs[0] in plan.dynamic:
                     continue
                 iarr = None
                 for out in opr.outputs:
-                    kind, arg = decisions[out]
-                    if kind == "alloc":
-                        cn, off, nb = plan.chunks[out]
-                        old = arrays[out]
-                        arrays[out] = (
-                            plan.arenas[cn][off : off + nb].view(old.dtype).reshape(old.shape)
-                        )
-                    elif kind == "inplace":
+                    kind, arg = decisions[out][:2]
+                    if kind == "alloc" or kind == "part":
+                        continue
+                    if kind == "inplace":
                         arrays[out] = arrays[opr.inputs[arg]]
                     else:
                         if iarr is None:
@@ -323,6 +336,102 @@ class MemPlanner:
         """Position of ``var``'s operator in the comp seq (-1 if not in it)."""
         return self._seq_pos.get(var.owner, -1)
 
+    def _input_parts(self, plan: Plan, inf: Inferer) -> dict:
+        """The inputs of Concat-like operators (``has_input_parts``) that their producers
+        may write straight into the operator's output: ``var -> (output, element offset)``.
+
+        An input qualifies when its part is one contiguous range (``input_parts``), it is
+        on the operator's comp node, computed earlier in the seq by an operator without
+        side effects or an execution mask, and nothing updates it in place afterwards. A
+        var read by several such operators goes to the last of them, twice by one to its
+        first part: DenseNet's concatenations of all the features so far then lie in the
+        block's last one, and the earlier ones are ranges of its prefixes. Whether
+        the producer's output is forwarded from another var is only known in walk 1: such
+        an input stays unplaced and is copied."""
+        seq, seq_pos, dyn = self.seq, self._seq_pos, plan.dynamic
+        claims: dict = {}
+        for pos in range(len(seq) - 1, -1, -1):
+            opr = seq[pos]
+            if not opr.has_input_parts:
+                continue
+            out = opr.outputs[0]
+            if out in dyn or getattr(opr, "exec_mask", None) is not None:
+                continue
+            offs = opr.input_parts([inf.shape(v) for v in opr.inputs], inf.shape(out))
+            for v, off in zip(opr.inputs, offs or ()):
+                owner = v.owner
+                if (
+                    off is None
+                    or v in claims
+                    or v.comp_node != opr.comp_node
+                    or not 0 <= seq_pos.get(owner, -1) < pos
+                    or owner.has_side_effect
+                    or getattr(owner, "exec_mask", None) is not None
+                ):
+                    continue
+                claims[v] = (out, off)
+        if claims:
+            for opr in seq:
+                if opr.has_side_effect:
+                    for v in opr.overwritten_inputs():
+                        claims.pop(v, None)
+        return claims
+
+    @staticmethod
+    def _place_part(v, pos, claims, plan, inf, group_end, parts) -> None:
+        """Make ``v`` (produced at ``pos``) a view of its range of the output claiming it,
+        placing that output first: a chunk from ``pos`` on, or in turn a range of the
+        output of an outer Concat (a Concat of Concats)."""
+        arrays, decisions, root = plan.arrays, plan.decisions, plan.roots
+        chain = [v]
+        while True:
+            holder = claims[chain[-1]][0]
+            if holder in decisions:
+                break
+            if holder in claims:
+                chain.append(holder)
+                continue
+            decisions[holder] = ("alloc", pos)
+            arrays[holder] = host_empty(
+                inf.shape(holder), holder.dtype, f"var {holder.name!r} of {holder.owner.type_name}"
+            )
+            root[holder] = holder
+            group_end[holder] = plan.last_read.get(holder, -1)
+            break
+        for w in reversed(chain):
+            holder, off = claims[w]
+            decisions[w] = ("part", holder, off)
+            arrays[w] = _part_view(arrays[holder], off, inf.shape(w))
+            r = root[w] = root[holder]
+            group_end[r] = max(group_end[r], plan.last_read.get(w, -1))
+            parts.append((w, holder, off))
+
+    @staticmethod
+    def _parts_side_by_side(opr, out, plan, inf, group_end, parts) -> bool:
+        """Make ``out`` a range of the output holding ``opr``'s inputs where they lie there
+        side by side, in order (DenseNet: each layer's Concat of the features so far is a
+        prefix of the block's last one); its bind then finds nothing to copy."""
+        decisions = plan.decisions
+        first = decisions.get(opr.inputs[0])
+        if first is None or first[0] != "part":
+            return False
+        holder, start = first[1], first[2]
+        offs = opr.input_parts([inf.shape(v) for v in opr.inputs], inf.shape(out))
+        if offs is None:
+            return False
+        for v, off in zip(opr.inputs, offs):
+            d = decisions.get(v)
+            if off is None or d is None or d[0] != "part" or d[1] is not holder:
+                return False
+            if d[2] != start + off:
+                return False
+        decisions[out] = ("part", holder, start)
+        plan.arrays[out] = _part_view(plan.arrays[holder], start, inf.shape(out))
+        r = plan.roots[out] = plan.roots[holder]
+        group_end[r] = max(group_end[r], plan.last_read.get(out, -1))
+        parts.append((out, holder, start))
+        return True
+
     @staticmethod
     def _view_source(opr, iarr, view) -> VarNode | None:
         for v, a in zip(opr.inputs, iarr):
@@ -342,6 +451,12 @@ class MemPlanner:
         if not a.flags.writeable:
             return False
         return group_end[r] <= pos
+
+
+def _part_view(arr: np.ndarray, off: int, shape) -> np.ndarray:
+    """The C-contiguous ``shape`` at element ``off`` of the contiguous ``arr``."""
+    n = int(np.prod(shape, dtype=np.int64))
+    return arr.reshape(-1)[off : off + n].reshape(shape)
 
 
 def static_input_indices(opr) -> tuple[int, ...]:

@@ -272,7 +272,8 @@ class OperatorNodeBase:
       inputs listed in ``value_deps``;
     * :meth:`bind` -- return a zero-argument closure computing into the given output arrays;
     * optionally :meth:`fwd_views` -- outputs that are read-only views of inputs (no memory,
-      no work at run time), :meth:`inplace_input`, :meth:`infer_value` and :meth:`grad`.
+      no work at run time), :meth:`inplace_input`, :meth:`input_parts`, :meth:`infer_value`
+      and :meth:`grad`.
 
     Class attributes describing how inputs are used:
 
@@ -305,6 +306,8 @@ class OperatorNodeBase:
     uses_workspace: ClassVar[bool] = False
     #: False: a changed runtime state is an error (:meth:`state_change_error`), not a re-plan
     replan_on_change: ClassVar[bool] = True
+    #: output 0 holds the inputs side by side (Concat): see :meth:`input_parts`
+    has_input_parts: ClassVar[bool] = False
     #: eager graphs: the value may be stale (an input operator re-ran since) / the operator is
     #: or reads a source whose value changes outside the graph (re-run at every re-insertion)
     eager_stale: bool = False
@@ -356,6 +359,14 @@ class OperatorNodeBase:
 
     def inplace_input(self) -> int | None:
         """Index of an input output 0 may overwrite when it is that memory's last reader."""
+        return None
+
+    def input_parts(self, in_shapes: list[tuple], out_shape: tuple) -> list[int | None] | None:
+        """For operators with ``has_input_parts``: where each input's values lie in output 0,
+        as the element offset of one C-contiguous range of it (None where they do not form
+        one). The static memory plan may then make an input a view of its range, its
+        producer writing there; :meth:`bind` must skip copying an input that already is its
+        range. Default: None."""
         return None
 
     def run_dynamic(self, ins: list) -> list[np.ndarray]:

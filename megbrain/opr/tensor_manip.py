@@ -402,9 +402,36 @@ class Concat(OperatorNodeBase):
                 )
         return [ref[:axis] + (sum(s[axis] for s in in_shapes),) + ref[axis + 1 :]]
 
+    has_input_parts = True
+
+    def input_parts(self, in_shapes, out_shape):
+        """An input's part of the output is one contiguous range when the axes before
+        ``axis`` have one position (NCHW or NCHW88 channels at batch 1, any axis 0), or when
+        the other inputs are empty."""
+        axis = self.param.axis % len(out_shape)
+        outer = math.prod(out_shape[:axis])
+        inner = math.prod(out_shape[axis + 1 :])
+        parts, begin = [], 0
+        for s in in_shapes:
+            n = s[axis]
+            parts.append(begin * inner if outer == 1 or n == out_shape[axis] else None)
+            begin += n
+        return parts
+
     def bind(self, ins, outs):
-        axis = self.param.axis % outs[0].ndim
-        return functools.partial(np.concatenate, ins, axis, out=outs[0])
+        out = outs[0]
+        axis = self.param.axis % out.ndim
+        copies, begin = [], 0
+        for a in ins:
+            n = a.shape[axis]
+            part = out[(slice(None),) * axis + (slice(begin, begin + n),)]
+            begin += n
+            if not _is_part(a, part):
+                copies.append((part, a))
+        if len(copies) == len(ins):
+            return functools.partial(np.concatenate, ins, axis, out=out)
+        # the memory plan had the producers write these inputs in place
+        return functools.partial(_copy_parts, tuple(copies))
 
     def grad(self, wrt_idx, out_grads):
         """The slice of the output gradient along ``axis`` that input ``wrt_idx`` filled.
@@ -441,6 +468,23 @@ class Concat(OperatorNodeBase):
 
     def default_name(self):
         return f"concat({','.join(v.name for v in self.inputs)})"
+
+
+def _is_part(a: np.ndarray, part: np.ndarray) -> bool:
+    """Whether ``a`` is the memory of ``part`` (a Concat input its producer wrote in place)."""
+    if not a.size:
+        return True
+    return (
+        a.shape == part.shape
+        and a.flags.c_contiguous
+        and part.flags.c_contiguous
+        and a.__array_interface__["data"][0] == part.__array_interface__["data"][0]
+    )
+
+
+def _copy_parts(copies) -> None:
+    for dst, src in copies:
+        np.copyto(dst, src)
 
 
 #: RelayoutFormat's modes to NCHW88: name -> (source ndim, the axis zero-padded to a multiple
