@@ -40,7 +40,8 @@ from ..opr.base import SymbolVar
 from ..opr.dnn import Convolution
 from ..opr.dnn_conv_bias import ConvBias
 from ..opr.dnn_pool import Pooling
-from ..opr.tensor_manip import Concat, ConcatParam, dimshuffle, relayout_format, reshape
+from ..opr.relayout import relayout_format
+from ..opr.tensor_manip import Concat, ConcatParam, dimshuffle, reshape
 from .passes import Rewriter, VarMap, inherit_props
 
 __all__ = ["use_nchw88"]

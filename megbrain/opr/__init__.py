@@ -9,7 +9,8 @@ operator methods are bound last (``symbolvar_methods``), once every family is lo
 
 # isort: off
 # in the order of FAMILIES (below)
-from . import io, tensor_manip, basic_arith, grad, utility, basic_arith_grad  # noqa: F401
+from . import io, tensor_manip, relayout, basic_arith, grad, utility  # noqa: F401
+from . import basic_arith_grad  # noqa: F401
 from . import indexing, indexing_adv, param_pack, misc, gen, rand, blas, linalg  # noqa: F401
 from . import elemwise_multi_type as _emt  # noqa: F401 - the name is the function's
 from . import dnn, dnn_conv_bias, dnn_pool, dnn_local, dnn_norm, dnn_image  # noqa: F401
@@ -75,13 +76,13 @@ from .loop import LoopDesc, make_loop
 from .misc import argmax, argmin, argsort, cond_take, cumsum, top_k
 from .param_pack import param_pack_concat, param_pack_split
 from .rand import gaussian_rng, uniform_rng
+from .relayout import relayout_format
 from .tensor_manip import (
     add_axis,
     broadcast,
     concat,
     dimshuffle,
     get_var_shape,
-    relayout_format,
     remove_axis,
     reshape,
 )
@@ -104,8 +105,8 @@ from .utility import (
 
 #: the family order: a family imports only the helper layer and the families before it
 FAMILIES = (
-    "io", "tensor_manip", "basic_arith", "grad", "utility", "basic_arith_grad", "indexing",
-    "indexing_adv", "param_pack", "misc", "gen", "rand", "blas", "linalg",
+    "io", "tensor_manip", "relayout", "basic_arith", "grad", "utility", "basic_arith_grad",
+    "indexing", "indexing_adv", "param_pack", "misc", "gen", "rand", "blas", "linalg",
     "elemwise_multi_type", "dnn", "dnn_conv_bias", "dnn_pool", "dnn_local", "dnn_norm",
     "dnn_image", "jit", "cond", "loop", "collective", "craniotome", "craniotome_desc",
     "operator_handle", "symbolvar_methods",
