@@ -90,7 +90,7 @@ def tiles_for(n: int, hw: int, k: int, oc: int, nthreads: int) -> PointwiseTiles
     """The tiling of ``n`` planes of ``hw`` positions, ``k`` input and ``oc`` output
     channels at ``nthreads`` threads, by the cost model (the module's docstring)."""
     v = 16 // vector_width()  # registers per 16-lane vector
-    budget = 24 // v
+    budget = 24 if v == 1 else 6  # accumulators of 16 lanes: of 32 zmm, or 16 ymm registers
     nblk = -(-oc // loops.BLOCK)
     best = None
     for b in (b for b in range(1, min(4, nblk) + 1) if nblk % b == 0):
