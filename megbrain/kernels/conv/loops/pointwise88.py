@@ -183,11 +183,17 @@ def pw_tile():
     return pw_tile
 
 
+#: the tile intrinsic and the take-next-unit function, bound before compiling (module
+#: globals, not closure cells: Numba's cache keys a closure by its cells' pickled bytes,
+#: which for these objects differ from one process to the next)
+tile = take = None
+
+
 def _units_py(R, B, EPI):
     """The units of a layer of tiles ``R x B`` and epilogue bits ``EPI`` (compile-time
-    constants of the returned function)."""
-    tile = pw_tile()
-    take = tiled_jit.take_unit()
+    constants of the returned function, its only closure cells)."""
+    global tile, take
+    tile, take = pw_tile(), tiled_jit.take_unit()
 
     def run(xp, wp, out, z, bias, geom, counter, me):
         # pragma: no cover - compiled
@@ -240,8 +246,11 @@ def _units_py(R, B, EPI):
 def _compiled_units(R: int, B: int, epi: int):
     fr = t.Array(t.float32, 1, "C", readonly=True)
     f1, ints = t.float32[::1], t.int64[::1]
-    return tiled_jit.compile_tiled(_units_py(R, B, epi),
-                                   [t.void(fr, fr, f1, fr, fr, ints, ints, t.int64)])
+    run = _units_py(R, B, epi)
+    # a name of its own per variant: Numba's cache keeps one index per name, and variants
+    # sharing one index could be given the same data file by two processes compiling at once
+    run.__qualname__ = run.__name__ = f"pointwise88_units_{R}x{B}_e{epi}"
+    return tiled_jit.compile_tiled(run, [t.void(fr, fr, f1, fr, fr, ints, ints, t.int64)])
 
 
 def compiled_units(R: int, B: int, epi: int):
