@@ -98,7 +98,7 @@ def test_use_nchw88_fuses_the_residual_into_the_last_convolution():
     assert "Elemwise" not in types  # bias, residual and ReLUs all inside the ConvBias ops
     last = [o for o in seq if o.type_name == "ConvBiasForward"][-1]
     assert len(last.inputs) == 4 and last.param.nonlineMode == "RELU"
-    assert last.param.format == "NCHW88" and last.chosen_algorithm == "DIRECT_NCHW88"
+    assert last.param.format == "NCHW88" and last.chosen_algorithm == "POINTWISE_NCHW88"
 
 
 def test_use_nchw88_leaves_a_graph_without_convertible_convolutions():

@@ -107,6 +107,20 @@ def _bind(c, src, filt, out, **kw):
                  group=c["kind"] in ("group", "chan"), **kw)  # fmt: skip
 
 
+def _direct(c):
+    """The algorithm of a dense or grouped case: POINTWISE_NCHW88 for a dense 1x1 stride-1
+    unpadded one, DIRECT_NCHW88 for the others."""
+    pointwise = (c["kind"] == "dense" and tuple(c["fshape"]) == (1, 1)
+                 and tuple(c["stride"]) == (1, 1) and tuple(c["pad"]) == (0, 0))  # fmt: skip
+    return "POINTWISE_NCHW88" if pointwise else "DIRECT_NCHW88"
+
+
+@pytest.fixture
+def direct_only(monkeypatch):
+    """DIRECT_NCHW88 for the pointwise cases too (the tests of its own tiles)."""
+    monkeypatch.setattr(conv_nchw88, "preferred_pointwise88", lambda geo: False)
+
+
 def _case(kind="dense", n=1, g=1, icg=16, ocg=32, sshape=(9, 7), fshape=(3, 3), pad=(1, 1),
           stride=(1, 1), seed=3):  # fmt: skip
     oshape = tuple(conv_common.conv_out_size(s, f, t, p, 1)
@@ -124,7 +138,7 @@ def test_forward_matches_float64(c, constant):
         name, step = _bind(c, src, filt, out)
     direct = c["kind"] in ("dense", "group")  # any OCg: tiles of 16 channels, then one of 8
     chan = c["kind"] == "chan"
-    assert name == ("DIRECT_NCHW88" if direct else "CHANNELWISE_NCHW88" if chan
+    assert name == (_direct(c) if direct else "CHANNELWISE_NCHW88" if chan
                     else "DIRECT_NCHW_NCHW88")  # fmt: skip
     want = ref_forward(c, x, w)
     for _ in range(2):  # the second run reuses a constant filter's packed copy
@@ -155,7 +169,7 @@ def test_the_epilogue_adds_bias_and_z_then_applies_the_activation(c, act, with_z
         out = np.full(out.shape[:-1] + (16,), np.nan, np.float32)[..., ::2]
     name, step = _bind(c, src, filt, out, epilogue=Epilogue(bias, act == "RELU", act == "H_SWISH"),
                        z=z)  # fmt: skip
-    assert name == ("NCHW88_AS_NCHW" if strided_out else "DIRECT_NCHW88")
+    assert name == ("NCHW88_AS_NCHW" if strided_out else _direct(c))
     step()
     np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
 
@@ -189,7 +203,7 @@ def test_relu_keeps_nan_and_a_strided_z_is_read(ocg, algo):
     [dict(), dict(fshape=(1, 1), pad=(0, 0)), dict(fshape=(1, 1), pad=(0, 0), stride=(2, 2)),
      dict(stride=(2, 1))],
 )  # fmt: skip
-def test_direct_equals_direct_nchw8c_bit_for_bit(geometry):
+def test_direct_equals_direct_nchw8c_bit_for_bit(direct_only, geometry):
     c = _case(n=2, icg=24, ocg=32, sshape=(11, 13), **geometry)
     x, w, src, filt = _operands(c)
     out = _out88(c)
@@ -206,7 +220,7 @@ def test_direct_equals_direct_nchw8c_bit_for_bit(geometry):
      dict(fshape=(1, 1), pad=(0, 0), stride=(2, 2)), dict(stride=(2, 2), g=2)],
 )  # fmt: skip
 @pytest.mark.parametrize("ocg", [8, 24, 40])
-def test_a_block_of_8_channels_equals_a_block_of_16_bit_for_bit(geometry, ocg):
+def test_a_block_of_8_channels_equals_a_block_of_16_bit_for_bit(direct_only, geometry, ocg):
     # OCg % 16 == 8: a group's last 8 channels are a tile of 8 (vectors of 8 lanes); its sums
     # are those of the same channels in a tile of 16 (OCg + 8, the filter's first OCg
     # channels the same), epilogue included
@@ -323,7 +337,7 @@ def test_a_constant_filter_is_packed_once_and_another_read_every_run():
     [dict(), dict(fshape=(1, 1), pad=(0, 0)), dict(fshape=(1, 1), pad=(0, 0), sshape=(5, 6)),
      dict(stride=(2, 2), g=2)],
 )  # fmt: skip
-def test_wide_units_equal_units_of_16_channels_bit_for_bit(monkeypatch, geometry):
+def test_wide_units_equal_units_of_16_channels_bit_for_bit(direct_only, monkeypatch, geometry):
     # 32 output channels a tile (AVX-512 hosts) or 16 (the others), either forced here
     geometry = {"n": 2, "icg": 16, "ocg": 64, "sshape": (11, 13), **geometry}
     c = _case(kind="group" if geometry.get("g", 1) > 1 else "dense", **geometry)
@@ -359,7 +373,7 @@ def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch, geometry)
 
 
 @pytest.mark.parametrize("ocg", [16, 24, 40, 48])
-def test_a_plane_of_one_position_equals_that_position_of_a_larger_plane(ocg):
+def test_a_plane_of_one_position_equals_that_position_of_a_larger_plane(direct_only, ocg):
     # a squeeze-and-excitation layer (1x1 positions) sums in tiles of one position, in the
     # order of the tiles of P: bit for bit what position (0, 0) of a 5x5 plane gets
     rng = np.random.default_rng(ocg)
@@ -381,7 +395,7 @@ def test_a_plane_of_one_position_equals_that_position_of_a_larger_plane(ocg):
     np.testing.assert_allclose(ys[1], want * np.clip(want + 3, 0, 6) / 6, rtol=RTOL, atol=ATOL)
 
 
-def test_a_small_convolution_runs_its_units_on_one_thread(monkeypatch):
+def test_a_small_convolution_runs_its_units_on_one_thread(direct_only, monkeypatch):
     # a squeeze-and-excitation layer (1x1 positions) waited for a second thread longer than
     # its work took
     seen = []

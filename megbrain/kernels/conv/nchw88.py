@@ -8,8 +8,11 @@ source ``(N, C/8, H, W, 8)``, the output ``(N, OC/8, OH, OW, 8)`` and the filter
 - hybrid (the first layer of a network: an NCHW source of at most 8 channels)
   ``(OC/8, FH, FW, IC, 8 oc)``.
 
-Four algorithms:
+Five algorithms:
 
+- POINTWISE_NCHW88 (float32, dense, 1x1, stride 1, no padding, a C-contiguous output): the
+  tiles of :mod:`.pointwise88`, the whole reduction and the epilogue in registers, chosen
+  over DIRECT_NCHW88 where :func:`preferred_pointwise88` says; the same sums bit for bit.
 - DIRECT_NCHW88 (float32, dense or grouped, padding and dilated filter reach at most
   :data:`.nchw8c.MAX_PAD`, a C-contiguous output): the register tiles of :mod:`.nchw8c`
   (16 output channels, and 8 for a group's last block where ``OCg % 16 == 8``) reading
@@ -50,6 +53,8 @@ from .hybrid88 import ALGORITHM as HYBRID
 from .hybrid88 import bind_hybrid88, usable_hybrid88
 from .loops import nchw8c as loops
 from .nchw8c import MAX_PAD, filter_packed, plane_geometry, units_as_they_go, wide_units
+from .pointwise88 import ALGORITHM as POINTWISE
+from .pointwise88 import bind_pointwise88, usable_pointwise88
 from .registry import bind as bind_chosen
 
 __all__ = [
@@ -57,6 +62,7 @@ __all__ = [
     "bind_nchw88_forward",
     "direct_geometry",
     "nchw88_geometry",
+    "preferred_pointwise88",
     "to_nchw",
     "to_nchw88",
     "usable_direct_nchw88",
@@ -173,6 +179,13 @@ def _grouped_nchw_view(filt: np.ndarray, kind: str, g: int, ocg: int, icg: int):
     return shape, write
 
 
+def preferred_pointwise88(geo: Nchw88Geometry) -> bool:
+    """Whether POINTWISE_NCHW88 computes a convolution it can rather than DIRECT_NCHW88: on
+    every pointwise layer of MobileNetV2, MnasNet, MobileNetV3 and EfficientNet-B0 it ran
+    1.3-1.9x as fast on one core (benchmarks/pointwise88.py; docs/performance.md)."""
+    return True
+
+
 def direct_geometry(geo: Nchw88Geometry, pad, dilate) -> bool:
     """Whether DIRECT_NCHW88 takes the geometry: dense or grouped (any ``OCg``, a multiple
     of 8: tiles of 16 output channels, and one of 8 for the rest), padding and dilated filter
@@ -249,6 +262,10 @@ def bind_nchw88_forward(
     if z is not None and tuple(z.shape) != geo.out_shape:
         raise ValueError(f"NCHW88: z {tuple(z.shape)} must have the output's shape "
                          f"{geo.out_shape}")  # fmt: skip
+    if usable_pointwise88(src, filt, out, geo, stride, pad) and preferred_pointwise88(geo) and (
+        z is None or z.dtype == _F32
+    ):
+        return POINTWISE, bind_pointwise88(src, filt, out, epilogue, z)
     if usable_direct_nchw88(src, filt, out, geo, pad, dilate) and (
         z is None or z.dtype == _F32
     ):

@@ -1,0 +1,290 @@
+"""Compiled loops of POINTWISE_NCHW88 (:mod:`..pointwise88`): the 1x1, stride-1 NCHW88
+convolution as register tiles whose whole reduction and epilogue stay in registers.
+
+Layouts (float32, flat C-contiguous):
+
+- source ``(N, C/8, H W, 8)``, read in place: per block of 8 input channels a contiguous run
+  of positions;
+- packed filter ``(NG, K, B, 16)``: output channels padded to a multiple of 16, cut into
+  ``NG`` groups of ``B`` blocks of 16; a tile's ``B`` filter vectors of one input channel
+  are contiguous, and a group's whole filter is one stream;
+- output (and ``z``) ``(N, OC/8, H W, 8)``.
+
+A tile is ``R`` consecutive positions by ``B`` blocks of 16 output channels (``R B``
+accumulator vectors, at most 24 of AVX-512's 32 registers): per input channel ``B`` filter
+vectors and one broadcast of the source per position, ``R B`` fused multiply-adds, summed
+over the input channel blocks and the 8 channels of a block in that order (the order of
+:func:`megbrain.kernels.tiled_jit.fma_tile`: the sums equal DIRECT_NCHW88's bit for bit).
+The epilogue (bias, ``z``, activation) is applied to the registers and each vector stored as
+two blocks of 8 channels of the output. A plane's last partial tile starts ``R`` positions
+before the plane's end and stores only the positions not stored yet (it may read ``z`` at
+positions already written when the output shares ``z``'s memory: those sums are dropped).
+A block of 16 that is half padding (``OC % 16 == 8``) loads and stores its first 8 lanes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from llvmlite import ir
+from numba import types as t
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ... import tiled_jit
+
+__all__ = ["ACTIVATIONS", "BLOCK", "CB", "activate", "compiled_units", "filter_packer", "units"]
+
+#: output channels of a filter vector (a tile's column)
+BLOCK = 16
+#: channels of a source or output block
+CB = 8
+
+
+def _relu(builder, v, const):
+    zero = ir.Constant(v.type, None)  # v < 0 is false for NaN: NaN stays NaN
+    return builder.select(builder.fcmp_ordered("<", v, zero), zero, v)
+
+
+def _hswish(builder, v, const):
+    # min(max(v + 3, 0), 6) v / 6 in that order; w > 0 is false for NaN: w = 0, 0 v is NaN
+    zero = ir.Constant(v.type, None)
+    w = builder.fadd(v, const(3.0))
+    w = builder.select(builder.fcmp_ordered(">", w, zero), w, zero)
+    w = builder.select(builder.fcmp_ordered("<", w, const(6.0)), w, const(6.0))
+    return builder.fmul(builder.fmul(w, v), const(float(np.float32(1 / 6))))
+
+
+#: the activations by epilogue bit (:mod:`..epilogue`): one line per mode
+ACTIVATIONS = {4: _relu, 8: _hswish}
+
+
+def activate(builder, v, epi: int):
+    """The LLVM vector ``v`` with the activation of the epilogue bits ``epi`` applied (the
+    identity when none is set)."""
+    lanes = v.type.count
+
+    def const(x):
+        return ir.Constant(v.type, [ir.Constant(ir.FloatType(), x)] * lanes)
+
+    for bit, fn in ACTIVATIONS.items():
+        if epi & bit:
+            v = fn(builder, v, const)
+    return v
+
+
+@functools.cache
+def pw_tile():
+    """The ``pw_tile(R, B, half, epi, xp, x0, cstride, icb, wp, w0, out, o0, ohw8, z, bias,
+    b0, skip)`` Numba intrinsic: one tile (the module's docstring). Literals ``R``, ``B``,
+    ``half`` (the last block's upper 8 channels are padding) and ``epi`` (bits 1 bias, 2
+    ``z``, 4 ReLU, 8 H_SWISH); position ``p`` reads ``xp[x0 + cb cstride + 8 p:]`` for
+    ``cb < icb``, the filter ``wp[w0 + (8 cb + ic) 16 B + 16 b:]``, and writes (as reads
+    ``z``) ``out[o0 + (2 b + h) ohw8 + 8 p:][:8]``, bias ``bias[b0 + 16 b:]``; positions
+    ``p < skip`` are not stored. No index is checked."""
+
+    @intrinsic
+    def pw_tile(typingctx, npos, nblk, half, epi, xp, x0, cstride, icb, wp, w0, out, o0, ohw8,
+                z, bias, b0, skip):  # fmt: skip
+        literals = (npos, nblk, half, epi)
+        if not all(isinstance(v, t.IntegerLiteral) for v in literals):
+            return None
+        R, B, hf, ep = (v.literal_value for v in literals)
+
+        def codegen(context, builder, signature, args):
+            (_, _, _, _, xp_v, x0_v, cs_v, icb_v, wp_v, w0_v, out_v, o0_v, ohw8_v, z_v,
+             bias_v, b0_v, skip_v) = args  # fmt: skip
+            i64, f32, i32 = ir.IntType(64), ir.FloatType(), ir.IntType(32)
+            vec, half_vec = ir.VectorType(f32, BLOCK), ir.VectorType(f32, CB)
+
+            def const(v):
+                return ir.Constant(i64, v)
+
+            def data(k):
+                return context.make_array(signature.args[k])(context, builder, args[k]).data
+
+            xdata, wdata, odata, zdata, bdata = data(4), data(8), data(10), data(13), data(14)
+            fmuladd = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fmuladd.v16f32")
+            regs = cgutils.alloca_once(builder, ir.ArrayType(vec, R * B))
+            slots = [builder.gep(regs, [const(0), const(i)], inbounds=True)
+                     for i in range(R * B)]  # fmt: skip
+            for s in slots:
+                builder.store(ir.Constant(vec, None), s)
+            undef = ir.Constant(vec, ir.Undefined)
+            splat = ir.Constant(ir.VectorType(i32, BLOCK), None)
+
+            def load(base, off, ty):
+                ptr = builder.gep(base[0], [builder.add(base[1], off)], inbounds=True)
+                return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=4)
+
+            with cgutils.for_range(builder, icb_v, intp=i64) as loop:
+                cb = loop.index
+                xb = builder.add(x0_v, builder.mul(cb, cs_v))
+                wb = builder.add(w0_v, builder.mul(cb, const(CB * BLOCK * B)))
+                for ic in range(CB):
+                    ws = [load((wdata, wb), const((ic * B + b) * BLOCK), vec) for b in range(B)]
+                    for p in range(R):
+                        xptr = builder.gep(xdata, [builder.add(xb, const(p * CB + ic))],
+                                           inbounds=True)  # fmt: skip
+                        one = builder.insert_element(undef, builder.load(xptr), const(0))
+                        xv = builder.shuffle_vector(one, undef, splat)
+                        for b in range(B):
+                            s = slots[p * B + b]
+                            builder.store(builder.call(fmuladd, [xv, ws[b], builder.load(s)]), s)
+
+            def mask(idx):
+                return ir.Constant(ir.VectorType(i32, len(idx)), [ir.Constant(i32, m)
+                                                                  for m in idx])  # fmt: skip
+
+            lo, hi, both = mask(range(CB)), mask(range(CB, BLOCK)), mask(range(BLOCK))
+            hundef = ir.Constant(half_vec, ir.Undefined)
+            halves_of = [2 if b < B - 1 or not hf else 1 for b in range(B)]
+
+            def load16(base, off, halves, stride):
+                parts = [load(base, builder.add(off, builder.mul(stride, const(h))), half_vec)
+                         for h in range(halves)]  # fmt: skip
+                return builder.shuffle_vector(parts[0], parts[1] if halves == 2 else hundef,
+                                              both)  # fmt: skip
+
+            biases = []
+            if ep & 1:
+                for b in range(B):
+                    if halves_of[b] == 2:
+                        biases.append(load((bdata, b0_v), const(b * BLOCK), vec))
+                    else:
+                        biases.append(load16((bdata, b0_v), const(b * BLOCK), 1, const(0)))
+            for p in range(R):
+                vs = []
+                for b in range(B):
+                    v = builder.load(slots[p * B + b])
+                    off = builder.add(builder.mul(ohw8_v, const(2 * b)), const(p * CB))
+                    if ep & 1:
+                        v = builder.fadd(v, biases[b])
+                    if ep & 2:
+                        v = builder.fadd(v, load16((zdata, o0_v), off, halves_of[b], ohw8_v))
+                    vs.append((activate(builder, v, ep), off))
+                store = builder.icmp_signed("<=", skip_v, const(p))
+                with builder.if_then(store, likely=True):
+                    for b, (v, off) in enumerate(vs):
+                        for h in range(halves_of[b]):
+                            part = builder.shuffle_vector(v, undef, lo if h == 0 else hi)
+                            ptr = builder.gep(odata, [builder.add(o0_v, builder.add(
+                                off, builder.mul(ohw8_v, const(h))))], inbounds=True)
+                            builder.store(part, builder.bitcast(ptr, half_vec.as_pointer()),
+                                          align=4)  # fmt: skip
+            return context.get_dummy_value()
+
+        sig = t.void(npos, nblk, half, epi, xp, x0, cstride, icb, wp, w0, out, o0, ohw8, z,
+                     bias, b0, skip)  # fmt: skip
+        return sig, codegen
+
+    return pw_tile
+
+
+#: the tile intrinsic and the take-next-unit function, bound before compiling (module
+#: globals, not closure cells: Numba's cache keys a closure by its cells' pickled bytes,
+#: which for these objects differ from one process to the next)
+tile = take = None
+
+
+def _units_py(R, B, EPI):
+    """The units of a layer of tiles ``R x B`` and epilogue bits ``EPI`` (compile-time
+    constants of the returned function, its only closure cells)."""
+    global tile, take
+    tile, take = pw_tile(), tiled_jit.take_unit()
+
+    def run(xp, wp, out, z, bias, geom, counter, me):
+        # pragma: no cover - compiled
+        # geom: HW, ICB, NG (groups of B blocks of 16), HALF (the last group's last block is
+        # half padding), OCB8 (output blocks of 8), NB (bands of a plane), TPB (tiles per band)
+        hw, icb, ng, hf, ocb8, nb, tpb = (geom[0], geom[1], geom[2], geom[3] != 0, geom[4],
+                                          geom[5], geom[6])  # fmt: skip
+        cs = hw * CB
+        ohw8 = hw * CB
+        nt = hw // R  # whole tiles
+        while True:
+            u = take(counter, me)
+            if u < 0:
+                break
+            g = u % ng
+            rest = u // ng
+            band = rest % nb
+            n = rest // nb
+            x0 = n * icb * cs
+            w0 = g * icb * (CB * BLOCK * B)
+            o0 = (n * ocb8 + g * 2 * B) * ohw8
+            b0 = g * B * BLOCK
+            last = hf and g == ng - 1
+            if nt == 0:  # a plane smaller than a tile: tiles of one position
+                for q in range(hw):
+                    if last:
+                        tile(1, B, 1, EPI, xp, x0 + q * CB, cs, icb, wp, w0, out, o0 + q * CB,
+                             ohw8, z, bias, b0, 0)  # fmt: skip
+                    else:
+                        tile(1, B, 0, EPI, xp, x0 + q * CB, cs, icb, wp, w0, out, o0 + q * CB,
+                             ohw8, z, bias, b0, 0)  # fmt: skip
+                continue
+            t0 = band * tpb
+            t1 = nt if band == nb - 1 else t0 + tpb
+            tail = band == nb - 1 and hw % R != 0
+            for k in range(t0, t1 + 1 if tail else t1):
+                q = k * R if k < nt else hw - R
+                skip = 0 if k < nt else nt * R - q
+                if last:
+                    tile(R, B, 1, EPI, xp, x0 + q * CB, cs, icb, wp, w0, out, o0 + q * CB,
+                         ohw8, z, bias, b0, skip)  # fmt: skip
+                else:
+                    tile(R, B, 0, EPI, xp, x0 + q * CB, cs, icb, wp, w0, out, o0 + q * CB,
+                         ohw8, z, bias, b0, skip)  # fmt: skip
+
+    return run
+
+
+@functools.cache
+def _compiled_units(R: int, B: int, epi: int):
+    fr = t.Array(t.float32, 1, "C", readonly=True)
+    f1, ints = t.float32[::1], t.int64[::1]
+    run = _units_py(R, B, epi)
+    # a name of its own per variant: Numba's cache keeps one index per name, and variants
+    # sharing one index could be given the same data file by two processes compiling at once
+    run.__qualname__ = run.__name__ = f"pointwise88_units_{R}x{B}_e{epi}"
+    return tiled_jit.compile_tiled(run, [t.void(fr, fr, f1, fr, fr, ints, ints, t.int64)])
+
+
+def compiled_units(R: int, B: int, epi: int):
+    """The compiled units of tiles ``R x B`` with epilogue bits ``epi`` (compiled on first
+    use): ``units(xp, wp, out, z, bias, geom, counter, me)``, the flat read-only source,
+    packed filter, ``z`` (laid out as ``out``) and bias, the flat output, the int64 geometry
+    (see the source), the units' counter (:func:`megbrain.kernels.tiled_jit.take_unit`) and
+    the thread's index."""
+    return _compiled_units(R, B, epi)
+
+
+def units(R, B, epi, xp, wp, out, z, bias, geom, counter, me) -> None:
+    """Thread ``me``'s share of the units (:func:`compiled_units`)."""
+    _compiled_units(R, B, epi)(xp, wp, out, z, bias, geom, counter, me)
+
+
+def filter_packer(filt: np.ndarray, wp: np.ndarray, B: int):
+    """A step packing the dense NCHW88 1x1 filter ``(OC/8, IC/8, 1, 1, 8 ic, 8 oc)`` into
+    the flat ``wp`` laid out ``(NG, K, B, 16)``, output channels padded with zeros to
+    ``NG B 16`` (views made here: the step allocates nothing)."""
+    ocb8, icb8 = filt.shape[:2]
+    per = 2 * B  # blocks of 8 output channels per group
+    ng = -(-ocb8 // per)
+    dst = wp.reshape(ng, icb8, CB, per, CB)
+    src = filt[:, :, 0, 0]  # (OC/8, IC/8, 8i, 8o)
+    pairs = []
+    for g in range(ng):
+        o0, o1 = g * per, min(ocb8, (g + 1) * per)
+        pairs.append((dst[g, :, :, : o1 - o0], src[o0:o1].transpose(1, 2, 0, 3)))
+    pad = dst[ng - 1, :, :, ocb8 - (ng - 1) * per :]
+
+    def pack() -> None:
+        for d, s in pairs:
+            np.copyto(d, s)
+        pad.fill(0)
+
+    return pack

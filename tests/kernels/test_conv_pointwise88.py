@@ -1,0 +1,178 @@
+"""POINTWISE_NCHW88 (megbrain.kernels.conv.pointwise88): against the float64 reference over
+drawn batches, planes (1x1 and 7x7 among them), channel counts and epilogues, constant and
+non-constant filters; bit for bit DIRECT_NCHW88's sums; the same bits at 1 and 2 threads;
+the output sharing ``z``'s memory; nothing allocated at run time; the tile's sums vector
+FMAs on registers."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numba import njit
+from numba import types as nt
+from test_conv_algos import ATOL, RTOL, assert_allocates_nothing
+
+from megbrain.kernels import parallel
+from megbrain.kernels.conv import nchw88 as conv_nchw88
+from megbrain.kernels.conv import pointwise88
+from megbrain.kernels.conv.constant_operands import constant_filter
+from megbrain.kernels.conv.epilogue import Epilogue
+from megbrain.kernels.conv.loops import pointwise88 as loops
+from megbrain.kernels.tiled_jit import vector_width
+
+_CHANNELS = [8, 16, 24, 40, 64, 96, 120, 160, 320, 576, 960, 1280]
+_ACTS = ["none", "IDENTITY", "RELU", "H_SWISH"]
+
+
+def _operands(n, h, w, ic, oc, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (n, ic, h, w)).astype(np.float32)
+    # scaled by the reduction's length: sums of order 1 whatever the channels
+    wt = (rng.uniform(-1, 1, (oc, ic)) / np.sqrt(ic)).astype(np.float32)
+    bias = rng.uniform(-1, 1, oc).astype(np.float32)
+    z = rng.uniform(-1, 1, (n, oc, h, w)).astype(np.float32)
+    src = np.ascontiguousarray(conv_nchw88.to_nchw88(x))
+    filt = np.ascontiguousarray(wt.reshape(oc // 8, 8, ic // 8, 8).transpose(0, 2, 3, 1))
+    return x, wt, bias, z, src, filt[:, :, None, None]
+
+
+def _want(x, wt, bias, z, act, with_z):
+    y = np.einsum("oi,nihw->nohw", wt.astype(np.float64), x.astype(np.float64))
+    if act != "none":
+        y = y + bias[None, :, None, None]
+    if with_z:
+        y = y + z
+    if act == "RELU":
+        y = np.maximum(y, 0)
+    elif act == "H_SWISH":
+        y = y * np.clip(y + 3, 0, 6) / 6
+    return y
+
+
+def _epilogue(act, bias):
+    return None if act == "none" else Epilogue(bias, act == "RELU", act == "H_SWISH")
+
+
+def _bind(src, filt, out, **kw):
+    return conv_nchw88.bind_nchw88_forward(src, filt, out, (1, 1), (0, 0), (1, 1), **kw)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 2), h=st.sampled_from([1, 2, 3, 5, 7, 9, 14]), w=st.integers(1, 9),
+       ic=st.sampled_from(_CHANNELS), oc=st.sampled_from(_CHANNELS), act=st.sampled_from(_ACTS),
+       with_z=st.booleans(), constant=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
+def test_matches_float64(n, h, w, ic, oc, act, with_z, constant, seed):
+    x, wt, bias, z, src, filt = _operands(n, h, w, ic, oc, seed)
+    out = np.full((n, oc // 8, h, w, 8), np.nan, np.float32)
+    z88 = np.ascontiguousarray(conv_nchw88.to_nchw88(z)) if with_z else None
+    with constant_filter(constant):
+        name, step = _bind(src, filt, out, epilogue=_epilogue(act, bias), z=z88)
+    assert name == pointwise88.ALGORITHM
+    want = _want(x, wt, bias, z, act, with_z)
+    for _ in range(2):  # the second run reuses a constant filter's packed copy
+        step()
+        np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 6, 24, 40), (1, 7, 7, 160, 960), (1, 1, 1, 72, 24),
+                                   (1, 14, 14, 96, 24), (2, 3, 3, 16, 8)])  # fmt: skip
+@pytest.mark.parametrize("act", ["RELU", "H_SWISH"])
+def test_equals_direct_nchw88_bit_for_bit(monkeypatch, shape, act):
+    x, wt, bias, z, src, filt = _operands(*shape, seed=1)
+    z88 = np.ascontiguousarray(conv_nchw88.to_nchw88(z))
+    outs = []
+    for preferred in (True, False):
+        monkeypatch.setattr(conv_nchw88, "preferred_pointwise88", lambda geo, p=preferred: p)
+        outs.append(np.full((shape[0], shape[4] // 8, *shape[1:3], 8), np.nan, np.float32))
+        name, step = _bind(src, filt, outs[-1], epilogue=_epilogue(act, bias), z=z88)
+        assert name == (pointwise88.ALGORITHM if preferred else "DIRECT_NCHW88")
+        step()
+    assert np.array_equal(outs[0], outs[1], equal_nan=True)
+
+
+@pytest.mark.parametrize("shape", [(2, 12, 13, 16, 48), (1, 7, 7, 64, 160), (3, 2, 2, 32, 24)])
+def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch, shape):
+    _, _, bias, _, src, filt = _operands(*shape, seed=2)
+    outs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(parallel, "num_threads", lambda t=threads: t)
+        monkeypatch.setattr(pointwise88, "MIN_SPLIT_MACS", 0)
+        outs.append(np.empty((shape[0], shape[4] // 8, *shape[1:3], 8), np.float32))
+        _bind(src, filt, outs[-1], epilogue=_epilogue("RELU", bias))[1]()
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[1], outs[2])
+
+
+@pytest.mark.parametrize("shape", [(1, 5, 5, 16, 16), (2, 9, 7, 32, 24), (1, 1, 1, 24, 40)])
+def test_the_output_may_share_z_memory(shape):
+    # ConvBias's inplace_input: each position's z is read before the position is written;
+    # a plane's last tile, which repeats positions, reads z there but stores nothing
+    x, wt, bias, z, src, filt = _operands(*shape, seed=3)
+    out = np.array(conv_nchw88.to_nchw88(z), order="C")  # a copy (for 1x1 planes too)
+    name, step = _bind(src, filt, out, epilogue=_epilogue("RELU", bias), z=out)
+    assert name == pointwise88.ALGORITHM
+    step()
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), _want(x, wt, bias, z, "RELU", True),
+                               rtol=RTOL, atol=ATOL)  # fmt: skip
+
+
+@pytest.mark.parametrize("constant", [False, True])
+def test_a_run_allocates_nothing(monkeypatch, constant):
+    monkeypatch.setattr(parallel, "num_threads", lambda: 1)
+    _, _, bias, z, src, filt = _operands(1, 14, 14, 64, 96, seed=4)
+    out = np.empty((1, 12, 14, 14, 8), np.float32)
+    z88 = np.ascontiguousarray(conv_nchw88.to_nchw88(z))
+    with constant_filter(constant):
+        name, step = _bind(src, filt, out, epilogue=_epilogue("H_SWISH", bias), z=z88)
+    assert name == pointwise88.ALGORITHM
+    step()
+    assert_allocates_nothing(step)
+
+
+def test_strided_padded_or_grouped_convolutions_are_not_taken():
+    _, _, _, _, src, filt = _operands(1, 6, 6, 16, 16, seed=5)
+    out = np.empty((1, 2, 3, 3, 8), np.float32)
+    name, _ = conv_nchw88.bind_nchw88_forward(src, filt, out, (2, 2), (0, 0), (1, 1))
+    assert name == "DIRECT_NCHW88"
+    out = np.empty((1, 2, 8, 8, 8), np.float32)
+    name, _ = conv_nchw88.bind_nchw88_forward(src, filt, out, (1, 1), (1, 1), (1, 1))
+    assert name == "DIRECT_NCHW88"
+
+
+def test_the_tiling_fits_the_registers_and_the_channels():
+    for hw, k, oc in ((12544, 16, 96), (49, 960, 160), (1, 576, 144), (196, 96, 24)):
+        tl = pointwise88.tiles_for(1, hw, k, oc, 2)
+        assert tl.r * tl.b <= 24 and tl.ng * tl.b == -(-oc // loops.BLOCK)
+        assert tl.nb >= 1 and (hw < tl.r or tl.tpb * tl.nb <= hw // tl.r)
+
+
+@pytest.mark.skipif(vector_width() != 16, reason="a tile of 24 accumulators: AVX-512")
+def test_the_sums_are_vector_fmas_on_registers():
+    # compiled afresh: the assembly of a kernel loaded from Numba's cache is not kept
+    fr = nt.Array(nt.float32, 1, "C", readonly=True)
+    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
+    fn = njit([sig], nogil=True, error_model="numpy", fastmath={"contract"})(
+        loops._units_py(8, 3, 1 | 2 | 4))
+    asm = "\n".join(fn.inspect_asm().values())
+    fmas = [line for line in asm.splitlines() if "vfmadd" in line and "ps" in line]
+    # 8 positions by 3 blocks by 8 channels, in the tile and its half-block twin
+    assert len(fmas) >= 2 * 8 * 3 * 8
+    assert all("ymm" in line or "zmm" in line for line in fmas)
+    # the accumulators are registers: no 512-bit vector is spilled to the stack
+    assert not any("(%rsp)" in line and "zmm" in line for line in asm.splitlines())
+
+
+def test_the_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch):
+    # benchmarks/pointwise88.py on two small layers, so that it cannot rot; times unchecked
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
+    import pointwise88 as bench
+
+    rows = bench.main(["--smoke"])
+    assert [r["name"] for r in rows] == [pointwise88.ALGORITHM] * 2
+    assert all(min(r["ours"], r["ort"], r["ort_run"]) > 0 for r in rows)
