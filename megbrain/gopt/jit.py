@@ -242,6 +242,8 @@ def fuse_conv_bias_tail(graph, dest: list[VarNode]) -> dict:
     if jit_level(graph) < 1:
         return {}
     oprs = dep_oprs(dest)
+    if any(o.type_name == "VirtualGrad" for o in oprs):
+        return {}  # as jit_fusion: after the gradients are expanded (ConvBiasTail has none)
     readers: dict[VarNode, list] = {}
     for o in oprs:
         for v in list(o.inputs) + list(o.extra_deps):

@@ -232,3 +232,14 @@ def test_an_algorithm_without_the_tail_gets_the_unfused_tail():
             assert seen and all(e is None for e in seen)  # the tail never reached it
     finally:
         conv_algos.unregister("forward", "TEST_NO_TAIL")
+
+
+def test_a_training_graph_differentiates_the_unfused_tail():
+    g, out, xv, ref, _ = _net("RELU6", 1, 8, 8, 5, 1, 1, 1, False)
+    w = next(v for v in mgb.cgtools.get_dep_vars(out, "SharedDeviceTensor") if v.name == "w")
+    loss = out.sum()
+    gw = mgb.grad(loss, w)
+    f, seq = _compiled(g, [out, gw], 1)
+    assert not any(o.type_name == "ConvBiasTail" for o in seq)  # the backward reads y
+    got, _ = f(x=xv)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
