@@ -84,14 +84,7 @@ def fuse_elemwise(graph, dest: list[VarNode], with_reduce: bool = False) -> dict
     that subgraphs reading other subgraphs' outputs read the fused results.
     """
     oprs = dep_oprs(dest)
-    readers: dict[VarNode, list] = {}
-    for o in oprs:
-        for v in list(o.inputs) + list(o.extra_deps):
-            readers.setdefault(v, []).append(o)
-    external = set(dest)
-    for k, deps in graph.options.extra_vardeps.items():
-        external.add(k)
-        external.update(deps)
+    readers, external = _readers(graph, oprs, dest)
 
     # grow subgraphs from outputs to inputs: member -> its subgraph's root
     root_of: dict = {}
@@ -181,6 +174,20 @@ def _sweep(graph, oprs: list, skip: set, makers: dict) -> dict:
     return memo
 
 
+def _readers(graph, oprs: list, dest: list[VarNode]) -> tuple[dict, set]:
+    """Each var's reading operators among ``oprs``, and the vars needed outside them (the
+    destinations, the graph's extra var dependencies)."""
+    readers: dict[VarNode, list] = {}
+    for o in oprs:
+        for v in list(o.inputs) + list(o.extra_deps):
+            readers.setdefault(v, []).append(o)
+    external = set(dest)
+    for k, deps in graph.options.extra_vardeps.items():
+        external.add(k)
+        external.update(deps)
+    return readers, external
+
+
 def _plan(group: list, reduce) -> tuple | None:
     """(leaf vars, param) of the JITExecutor computing ``group`` (topological, root last);
     None when every input would be an inlined constant."""
@@ -244,14 +251,7 @@ def fuse_conv_bias_tail(graph, dest: list[VarNode]) -> dict:
     oprs = dep_oprs(dest)
     if any(o.type_name == "VirtualGrad" for o in oprs):
         return {}  # as jit_fusion: after the gradients are expanded (ConvBiasTail has none)
-    readers: dict[VarNode, list] = {}
-    for o in oprs:
-        for v in list(o.inputs) + list(o.extra_deps):
-            readers.setdefault(v, []).append(o)
-    external = set(dest)
-    for k, deps in graph.options.extra_vardeps.items():
-        external.add(k)
-        external.update(deps)
+    readers, external = _readers(graph, oprs, dest)
     tails: dict = {}  # JITExecutor -> the tail it computes of its ConvBias
     for o in oprs:
         if o.type_name != "JITExecutor" or len(o.inputs) != 1 or o.extra_deps:

@@ -294,22 +294,15 @@ def _write_out_py(npos):
                 for h in range(width // CB):
                     for c in range(CB):
                         out[np.uintp(o + h * ohw8 + c)] = acc[pos * width + h * CB + c]
-        if epi & 8:  # on the values just written (on the tile's, LLVM gathered the wide tiles')
+        if epi & 40:  # H_SWISH or SiLU on the values just written (on the tile's, LLVM
+            # gathered the wide tiles')
             for pos in range(npos):
                 o = offs[pos]
                 if o >= 0:
                     for h in range(width // CB):
                         for c in range(CB):
                             e = np.uintp(o + h * ohw8 + c)
-                            out[e] = _hswish(out[e])
-        if epi & 32:  # SiLU, as H_SWISH on the values just written
-            for pos in range(npos):
-                o = offs[pos]
-                if o >= 0:
-                    for h in range(width // CB):
-                        for c in range(CB):
-                            e = np.uintp(o + h * ohw8 + c)
-                            out[e] = _silu(out[e])
+                            out[e] = _hswish(out[e]) if epi & 8 else _silu(out[e])
 
     return write_out
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_dnn_conv import ref_conv
 
 import megbrain as mgb
 from megbrain.errors import SerializationError
@@ -38,26 +39,6 @@ _REF = {
 }
 
 
-def _conv_ref(x, w, b, stride, pad, groups):
-    """float64 NCHW cross-correlation of ``x`` with ``w`` (OC, IC/groups, FH, FW) plus ``b``."""
-    x, w = x.astype(np.float64), w.astype(np.float64)
-    n, c, h, wd = x.shape
-    oc, icg, fh, fw = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    oh, ow = (h + 2 * pad - fh) // stride + 1, (wd + 2 * pad - fw) // stride + 1
-    out = np.zeros((n, oc, oh, ow))
-    ocg = oc // groups
-    for g in range(groups):
-        xs = xp[:, g * icg:(g + 1) * icg]
-        for a in range(fh):
-            for bb in range(fw):
-                patch = xs[:, :, a:a + stride * oh:stride, bb:bb + stride * ow:stride]
-                out[:, g * ocg:(g + 1) * ocg] += np.einsum(
-                    "nihw,oi->nohw", patch, w[g * ocg:(g + 1) * ocg, :, a, bb]
-                )
-    return out + b.astype(np.float64)
-
-
 def _net(tail, n, ic, oc, hw, k, stride, groups, relu_first, seed=0):
     """x -> convolution + bias [-> ReLU] -> tail: the graph, the tail's var, a feed, the
     float64 result and the var before the tail."""
@@ -78,7 +59,8 @@ def _net(tail, n, ic, oc, hw, k, stride, groups, relu_first, seed=0):
         y = mgb.opr.elem.relu(y)
     out = _TAILS[tail](y)
     xv = (rng.standard_normal((n, ic, hw, hw)) * 2).astype(F32)
-    ref = _conv_ref(xv, wv, bv, stride, k // 2, groups)
+    wr = wv.reshape(groups, oc // groups, ic // groups, k, k) if groups > 1 else wv
+    ref = ref_conv(xv, wr, (stride,) * 2, (k // 2,) * 2, (1, 1), groups > 1) + bv
     if relu_first:
         ref = np.maximum(ref, 0)
     return g, out, xv, _REF[tail](ref), y
