@@ -253,8 +253,8 @@ def _make_kernel(fwl: int, swl: int):
                              epi, zero, -pw, w_, quarter, fwl, swl, jl > 0 or quarter > jr,
                              ow)  # fmt: skip
                     if epi & 32:  # SiLU on the row just stored (in L1)
-                        for e in range(orow, orow + ow * CB):
-                            out[e] = silu(out[e])
+                        for e in range(np.uintp(orow), np.uintp(orow + ow * CB)):
+                            out[e] = silu(out[e])  # an unsigned index: no wraparound test
 
     return kernel
 

@@ -22,7 +22,7 @@ from numba import carray as _carray
 from numba import types as t
 
 from ... import tiled_jit
-from .nchw8c import _hswish_py, tail_scalars
+from .nchw8c import _hswish_py
 
 __all__ = ["CB", "OB", "band_planes", "hybrid88", "scratch_size", "tap_offsets"]
 
@@ -32,7 +32,6 @@ CB = 8
 OB = 16
 
 # bound by _compiled() before compiling
-_relu6 = _silu = None
 stack_tile = carray = fma_tile = _hswish = _tile16 = _tile8 = _tile8w = _one16 = _one8 = None
 _pack_band = None
 P = None
@@ -46,8 +45,8 @@ def _tile_py(npos, width):
     def tile(xp, x0, wp, w0, ic_n, cstride, taps, out, o, ohw8, z, bias, oc0, epi):
         # pragma: no cover - compiled
         # the sums of planes [0, ic_n) at x0 (cstride apart), then + bias[oc0:] (epi bit 1),
-        # + z (bit 2, out's layout), ReLU (bit 4) or H_SWISH (bit 8), ReLU6 (16) or SiLU
-        # (32), stored at out[o:]
+        # + z (bit 2, out's layout), ReLU (bit 4) or H_SWISH (bit 8), ReLU6 (16), stored at
+        # out[o:]
         # (position p at o + 8 p, the second block of 8 channels ohw8 after the first)
         acc_p = stack_tile(size, np.float32)  # noqa: F821 - the tiled_jit intrinsic
         acc = carray(acc_p, size)  # noqa: F821 - numba.carray
@@ -63,19 +62,15 @@ def _tile_py(npos, width):
                 for h in range(width // CB):
                     for c in range(CB):
                         acc[p * width + h * CB + c] += z[np.uintp(o + p * CB + h * ohw8 + c)]
-        if epi & 4:
+        if epi & 20:  # ReLU, and ReLU6's MIN(6, x) (a bound of inf without it)
+            hi = np.float32(6.0) if epi & 16 else np.float32(np.inf)
             for i in range(size):
                 a = acc[i]
-                acc[i] = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
+                a = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
+                acc[i] = hi if a > hi else a
         if epi & 8:
             for i in range(size):
                 acc[i] = _hswish(acc[i])  # noqa: F821 - compiled in _compiled
-        if epi & 16:
-            for i in range(size):
-                acc[i] = _relu6(acc[i])  # noqa: F821 - compiled in _compiled
-        if epi & 32:
-            for i in range(size):
-                acc[i] = _silu(acc[i])  # noqa: F821 - compiled in _compiled
         for p in range(npos):
             for h in range(width // CB):
                 for c in range(CB):
@@ -127,7 +122,7 @@ def _hybrid88_py(x, wp, out, z, bias, xp, taps, dims, conv, epi, u0, u1):
     """Units [u0, u1) of the flat C-contiguous NCHW88 ``out`` (N, OC/8, OH, OW, 8) = the
     convolution of the flat C-contiguous NCHW ``x`` (N, IC, H, W) with the packed ``wp``
     (OC/16 blocks of (IC, FH, FW, 16), then, for OC % 16 == 8, one of (IC, FH, FW, 8)),
-    then the epilogue (epi bits: 1 + bias, 2 + z, 4 ReLU, 8 H_SWISH, 16 ReLU6, 32 SiLU).
+    then the epilogue (epi bits: 1 + bias, 2 + z, 4 ReLU, 8 H_SWISH, 16 ReLU6).
 
     dims: N, IC, H, W, OC8 (blocks of 8 output channels), OH, OW, ROWS (output rows of a
     unit), BANDS (units per sample), HQ, WQ (a band's phase planes); conv: SH, SW, PH, PW;
@@ -219,7 +214,7 @@ def hybrid88(x, wp, out, z, bias, xp, taps, dims, conv, epi: int, u0: int, u1: i
 @functools.cache
 def _compiled():
     global stack_tile, carray, fma_tile, _hswish, _tile16, _tile8, _tile8w, _one16, _one8, P
-    global _pack_band, _relu6, _silu
+    global _pack_band
     stack_tile, carray, fma_tile = tiled_jit.stack_tile(), _carray, tiled_jit.fma_tile()
     P = tiled_jit.tile_positions()
     compile_tiled = tiled_jit.compile_tiled
@@ -227,7 +222,6 @@ def _compiled():
     fr = t.Array(t.float32, 1, "C", readonly=True)
     b1 = t.Array(t.float32, 1, "A", readonly=True)
     _hswish = compile_tiled(_hswish_py, [t.float32(t.float32)], inline="always")
-    _relu6, _silu = tail_scalars()
     sig = [t.void(f1, i8, fr, i8, i8, i8, ints, f1, i8, i8, fr, b1, i8, i8)]
     _tile16 = compile_tiled(_tile_py(P, OB), sig)
     _tile8 = compile_tiled(_tile_py(P, CB), sig)

@@ -281,28 +281,26 @@ def _write_out_py(npos):
                 for h in range(width // CB):
                     for c in range(CB):
                         acc[pos * width + h * CB + c] += z[np.uintp(o + h * ohw8 + c)]
-        if epi & 4:
+        if epi & 20:  # ReLU, and ReLU6's MIN(6, x) (a bound of inf without it)
+            hi = np.float32(6.0) if epi & 16 else np.float32(np.inf)
             for i in range(npos * width):
                 a = acc[i]
-                acc[i] = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
-        if epi & 16:  # ReLU6, the JIT's MAX(0, x) then MIN(6, x): NaN stays NaN
-            for i in range(npos * width):
-                acc[i] = _relu6(acc[i])
+                a = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
+                acc[i] = hi if a > hi else a
         for pos in range(npos):
             o = offs[pos]
             if o >= 0:
                 for h in range(width // CB):
                     for c in range(CB):
                         out[np.uintp(o + h * ohw8 + c)] = acc[pos * width + h * CB + c]
-        if epi & 40:  # H_SWISH or SiLU on the values just written (on the tile's, LLVM
-            # gathered the wide tiles')
+        if epi & 8:  # on the values just written (on the tile's, LLVM gathered the wide tiles')
             for pos in range(npos):
                 o = offs[pos]
                 if o >= 0:
                     for h in range(width // CB):
                         for c in range(CB):
                             e = np.uintp(o + h * ohw8 + c)
-                            out[e] = _hswish(out[e]) if epi & 8 else _silu(out[e])
+                            out[e] = _hswish(out[e])
 
     return write_out
 
@@ -313,7 +311,7 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
     # geom: G, OCB, ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, LIMIT (a tile reads at most
     # LIMIT positions of a plane), CHUNK, WIDE (units of 32 output channels, two blocks of
     # 16), REM (1: each group's OCB blocks of 16 are followed by one of 8); epi bits: 1 +
-    # bias[oc], 2 + z (out's layout), 4 ReLU, 8 H_SWISH, 16 ReLU6, 32 SiLU.
+    # bias[oc], 2 + z (out's layout), 4 ReLU, 8 H_SWISH, 16 ReLU6.
     # pack: BLOCKS (0: xp is the source itself), SH, SW, ROW_OFF, COL_OFF, HQ, WQ, PHASES:
     # first the parts pack the source src into xbuf (xp's memory), one (sample, channel
     # block) at a time taken from packed[0] and counted done in packed[1], and wait for every
@@ -577,7 +575,7 @@ _tile = None  # the compiled tiles, bound by _compiled() before compiling the un
 _tile1 = None
 _tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = _inside = None
 _tile8 = _tile_out8 = _one8 = _one16 = _one32 = None
-_zeros = _pad_row = _hswish = _relu6 = _silu = _sigmoid = None
+_zeros = _pad_row = _hswish = _sigmoid = None
 
 
 @functools.cache
@@ -586,7 +584,7 @@ def _compiled() -> dict:
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
     global _tile8, _tile_out8, _one8, _one16, _one32
-    global _zeros, _pad_row, carray, _hswish, _relu6, _silu
+    global _zeros, _pad_row, carray, _hswish
 
 
     stack_tile, fetch_add, carray = tiled_jit.stack_tile(), tiled_jit.fetch_add(), _carray
@@ -606,7 +604,6 @@ def _compiled() -> dict:
     _inside = compile_tiled(_inside_py, [t.UniTuple(i8, 2)(i8, i8, i8, i8, i8)])
     _zeros = compile_tiled(_zeros_py, [t.void(f1, i8, i8)])
     _hswish = compile_tiled(_hswish_py, [t.float32(t.float32)], inline="always")
-    _relu6, _silu = tail_scalars()
     _pad_row = compile_tiled(_pad_row_py, [t.boolean(f1, i8, i8, i8, i8, i8, i8, i8)])
     _take = tiled_jit.take_unit()
     tiles_sig = [t.void(x, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8, i8, i8) for x in (f1, fr)]
@@ -673,7 +670,7 @@ def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter, 
     ``2 P``, by 16 values; ``geom`` also holding the positions a tile may read in a plane
     and the channel blocks summed at a time; ``epi`` the sum of 1 (add ``bias``), 2 (add
     ``z``, flat, laid out as ``out``) and 4 (ReLU) or 8 (H_SWISH, as the elementwise kernels
-    compute it), then 16 (ReLU6) or 32 (SiLU, :func:`tail_scalars`).
+    compute it), 16 (ReLU6, with or without 4).
 
     ``packing`` (a :func:`blocked_packing`) makes the threads first pack the source into
     the planes ``xp`` views, a (sample, channel block) at a time, in the same call: the
