@@ -164,11 +164,12 @@ class ConvBias(_ConvBase):
             return chain(steps)
 
         if self._nchw88():
-            # SiLU only in the channel-wise kernel: in the dense tiles' write-out the sigmoid
-            # stays scalar code (slower than the JIT's pass after the kernel)
+            # SiLU only in the channel-wise kernel (in the dense tiles' write-out the sigmoid
+            # stays scalar code, slower than the JIT's pass after the kernel); no tail in the
+            # hybrid first layer's tile (a ReLU6 there made LLVM gather the tile)
             after = []
-            chan = self._nchw88_geometry(ins[0].shape, ins[1].shape).kind == "chan"
-            if tail == "SILU" and not chan:
+            kind = self._nchw88_geometry(ins[0].shape, ins[1].shape).kind
+            if tail is not None and (kind == "hybrid" or (tail == "SILU" and kind != "chan")):
                 after = [conv_epilogue.tail_step(tail, outs[0])]
             kernel_tail = None if after else tail
             epilogue = self._nchw88_epilogue(mode, ins[2], outs[0], kernel_tail)
@@ -223,10 +224,9 @@ class ConvBias(_ConvBase):
 
     def _nchw88_epilogue(self, mode: str, bias: np.ndarray, out: np.ndarray, tail=None):
         """The epilogue of an NCHW88 ConvBias (its per-channel bias as OC values, a view),
-        or None when the kernel can not apply it (every NCHW88 algorithm applies ReLU,
-        H_SWISH and ReLU6: DIRECT_NCHW88's, CHANNELWISE_NCHW88's and DIRECT_NCHW_NCHW88's
-        kernels, NCHW88_AS_NCHW after its convolution; SiLU CHANNELWISE_NCHW88 and
-        NCHW88_AS_NCHW, the operator gives it to no other)."""
+        or None when the kernel can not apply it (every NCHW88 algorithm applies ReLU and
+        H_SWISH; ReLU6 DIRECT_NCHW88, CHANNELWISE_NCHW88 and NCHW88_AS_NCHW; SiLU
+        CHANNELWISE_NCHW88 and NCHW88_AS_NCHW: the operator gives a tail to no other)."""
         if mode not in _NCHW88_EPILOGUE_MODES or bias.dtype != out.dtype:
             return None
         if bias.shape != self._channel_bias_shape(out.shape) or not bias.flags.c_contiguous:

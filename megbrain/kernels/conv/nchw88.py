@@ -224,9 +224,9 @@ def bind_nchw88_forward(
     group : bool
         ``sparse=GROUP``.
     epilogue : Epilogue, optional
-        The per-channel bias (a 1-d view of OC values), ReLU or H_SWISH and the ReLU6 tail
-        to apply (every algorithm here applies them), or the SiLU tail (CHANNELWISE_NCHW88
-        and NCHW88_AS_NCHW only: the caller gives it to no other geometry).
+        The per-channel bias (a 1-d view of OC values), ReLU or H_SWISH to apply, and the
+        ReLU6 tail (not for a hybrid first layer) or SiLU tail (channel-wise only; the
+        caller gives a tail to no other geometry).
     z : numpy.ndarray, optional
         An array of the output's shape added (after the bias, before the activation).
     select_nchw : callable, optional

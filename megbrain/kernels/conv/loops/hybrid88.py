@@ -45,8 +45,7 @@ def _tile_py(npos, width):
     def tile(xp, x0, wp, w0, ic_n, cstride, taps, out, o, ohw8, z, bias, oc0, epi):
         # pragma: no cover - compiled
         # the sums of planes [0, ic_n) at x0 (cstride apart), then + bias[oc0:] (epi bit 1),
-        # + z (bit 2, out's layout), ReLU (bit 4) or H_SWISH (bit 8), ReLU6 (16), stored at
-        # out[o:]
+        # + z (bit 2, out's layout), ReLU (bit 4) or H_SWISH (bit 8), stored at out[o:]
         # (position p at o + 8 p, the second block of 8 channels ohw8 after the first)
         acc_p = stack_tile(size, np.float32)  # noqa: F821 - the tiled_jit intrinsic
         acc = carray(acc_p, size)  # noqa: F821 - numba.carray
@@ -62,12 +61,10 @@ def _tile_py(npos, width):
                 for h in range(width // CB):
                     for c in range(CB):
                         acc[p * width + h * CB + c] += z[np.uintp(o + p * CB + h * ohw8 + c)]
-        if epi & 20:  # ReLU, and ReLU6's MIN(6, x) (a bound of inf without it)
-            hi = np.float32(6.0) if epi & 16 else np.float32(np.inf)
+        if epi & 4:
             for i in range(size):
                 a = acc[i]
-                a = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
-                acc[i] = hi if a > hi else a
+                acc[i] = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
         if epi & 8:
             for i in range(size):
                 acc[i] = _hswish(acc[i])  # noqa: F821 - compiled in _compiled
@@ -122,7 +119,7 @@ def _hybrid88_py(x, wp, out, z, bias, xp, taps, dims, conv, epi, u0, u1):
     """Units [u0, u1) of the flat C-contiguous NCHW88 ``out`` (N, OC/8, OH, OW, 8) = the
     convolution of the flat C-contiguous NCHW ``x`` (N, IC, H, W) with the packed ``wp``
     (OC/16 blocks of (IC, FH, FW, 16), then, for OC % 16 == 8, one of (IC, FH, FW, 8)),
-    then the epilogue (epi bits: 1 + bias, 2 + z, 4 ReLU, 8 H_SWISH, 16 ReLU6).
+    then the epilogue (epi bits: 1 + bias, 2 + z, 4 ReLU, 8 H_SWISH).
 
     dims: N, IC, H, W, OC8 (blocks of 8 output channels), OH, OW, ROWS (output rows of a
     unit), BANDS (units per sample), HQ, WQ (a band's phase planes); conv: SH, SW, PH, PW;
