@@ -41,6 +41,7 @@ PRESET: list[str] = [
     "arith_fuse",
     "mask_pool_grad",  # training.py: on the expanded gradients, before JIT fusion fuses them
     "jit_fusion",  # jit.py
+    "fuse_conv_bias_tail",  # jit.py: a ConvBias and its ReLU6/SiLU JITExecutor, one operator
     "sublinear_memory",  # sublinear.py: last, on the final operators and their seq
 ]
 

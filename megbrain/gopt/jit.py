@@ -1,5 +1,7 @@
 """JIT fusion pass (graph option ``graph_opt.jit``): maximal subgraphs of float Elemwise
-operators (closed, at jit level 2, by a Reduce) become one :class:`~megbrain.opr.jit.JITExecutor`.
+operators (closed, at jit level 2, by a Reduce) become one :class:`~megbrain.opr.jit.JITExecutor`;
+then a ConvBias whose only reader is a ReLU6 or SiLU JITExecutor becomes one
+:class:`~megbrain.opr.dnn_conv_bias.ConvBiasTail` (``fuse_conv_bias_tail``).
 
 A subgraph grows from its output towards its inputs: an Elemwise joins the subgraph of its
 readers when all of them are in that subgraph and its output is needed nowhere else (not a
@@ -15,11 +17,14 @@ from ..errors import MegBrainError
 from ..graph import InferType, OperatorNodeConfig, VarNode
 from ..graph.replace import dep_oprs
 from ..graph.static_infer import infer_shape
+from ..kernels.conv.epilogue import TAIL_EXPRS
 from ..kernels.elemwise_modes import FUSABLE_MODES, REDUCE_MODES
+from ..kernels.jit_codegen import interpret
+from ..opr.dnn_conv_bias import ConvBias, ConvBiasTail, ConvBiasTailParam
 from ..opr.jit import JITExecutor, JITExecutorParam
 from .passes import register_pass
 
-__all__ = ["jit_fusion", "fuse_elemwise", "jit_level"]
+__all__ = ["fuse_conv_bias_tail", "fuse_elemwise", "jit_fusion", "jit_level"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
 
@@ -79,14 +84,7 @@ def fuse_elemwise(graph, dest: list[VarNode], with_reduce: bool = False) -> dict
     that subgraphs reading other subgraphs' outputs read the fused results.
     """
     oprs = dep_oprs(dest)
-    readers: dict[VarNode, list] = {}
-    for o in oprs:
-        for v in list(o.inputs) + list(o.extra_deps):
-            readers.setdefault(v, []).append(o)
-    external = set(dest)
-    for k, deps in graph.options.extra_vardeps.items():
-        external.add(k)
-        external.update(deps)
+    readers, external = _readers(graph, oprs, dest)
 
     # grow subgraphs from outputs to inputs: member -> its subgraph's root
     root_of: dict = {}
@@ -137,20 +135,30 @@ def fuse_elemwise(graph, dest: list[VarNode], with_reduce: bool = False) -> dict
     skip = {m for root in plans for m in members[root] if m is not root}
     skip.update(closing[root][0] for root in plans if root in closing)
 
-    # one topological sweep: fused roots become JITExecutors, their readers are rebuilt
+    def fused(o, memo: dict) -> tuple[VarNode, VarNode]:
+        leaves, param = plans[o]
+        cfg = OperatorNodeConfig(comp_node=o.comp_node)
+        inputs = [memo.get(v, v) for v in leaves]
+        new = graph.insert_opr(JITExecutor(inputs, param, cfg))[0]
+        red = closing.get(o)
+        old = (o if red is None else red[0]).outputs[0]
+        if all(a is b for a, b in zip(inputs, leaves)) and new.owner.source is None:
+            new.owner.source = old  # its gradient is the unfused graph's
+        return old, new
+
+    return _sweep(graph, oprs, skip, {o: fused for o in plans})
+
+
+def _sweep(graph, oprs: list, skip: set, makers: dict) -> dict:
+    """One topological sweep over ``oprs``: those in ``skip`` are dropped, each of
+    ``makers`` is replaced by ``makers[o](o, memo) -> (old var, new var)``, and every other
+    operator reading a replaced var is rebuilt over the new one. Returns ``{old: new}``."""
     memo: dict[VarNode, VarNode] = {}
     for o in oprs:
         if o in skip:
             continue
-        if o in plans:
-            leaves, param = plans[o]
-            cfg = OperatorNodeConfig(comp_node=o.comp_node)
-            inputs = [memo.get(v, v) for v in leaves]
-            new = graph.insert_opr(JITExecutor(inputs, param, cfg))[0]
-            red = closing.get(o)
-            old = (o if red is None else red[0]).outputs[0]
-            if all(a is b for a, b in zip(inputs, leaves)) and new.owner.source is None:
-                new.owner.source = old  # its gradient is the unfused graph's
+        if o in makers:
+            old, new = makers[o](o, memo)
             memo[old] = new
             continue
         ins = [memo.get(v, v) for v in o.inputs]
@@ -164,6 +172,20 @@ def fuse_elemwise(graph, dest: list[VarNode], with_reduce: bool = False) -> dict
         for old, nv in zip(o.outputs, graph.insert_opr(new_opr)):
             memo[old] = nv
     return memo
+
+
+def _readers(graph, oprs: list, dest: list[VarNode]) -> tuple[dict, set]:
+    """Each var's reading operators among ``oprs``, and the vars needed outside them (the
+    destinations, the graph's extra var dependencies)."""
+    readers: dict[VarNode, list] = {}
+    for o in oprs:
+        for v in list(o.inputs) + list(o.extra_deps):
+            readers.setdefault(v, []).append(o)
+    external = set(dest)
+    for k, deps in graph.options.extra_vardeps.items():
+        external.add(k)
+        external.update(deps)
+    return readers, external
 
 
 def _plan(group: list, reduce) -> tuple | None:
@@ -208,3 +230,66 @@ def _scalar_const(v: VarNode, out_shape) -> float | None:
     if val.size != 1 or out_shape is None or val.ndim > len(out_shape):
         return None
     return float(val.reshape(-1)[0])
+
+
+#: the activations of a ConvBias each tail may follow (ReLU6 of a ReLU is ReLU6)
+_TAIL_AFTER = {"RELU6": ("IDENTITY", "RELU"), "SILU": ("IDENTITY",)}
+#: values telling a clip to [0, 6] from any other of MAX / MIN / RELU and constants (such an
+#: expression of one input is a clip to [lo, hi]: f(-1) = 0 and f(3) = 3 make lo 0, f(7) = 6
+#: makes hi 6)
+_CLIP_PROBE = np.array([-np.inf, -7, -1, -0.0, 0, 0.5, 3, 6, 7, np.inf, np.nan], np.float32)
+
+
+@register_pass("fuse_conv_bias_tail")
+def fuse_conv_bias_tail(graph, dest: list[VarNode]) -> dict:
+    """The pass (after ``jit_fusion``, at JIT level 1 and up): a float32 ConvBias (IDENTITY,
+    or RELU before ReLU6) whose output only a JITExecutor computing ReLU6 or SiLU of it
+    reads becomes one :class:`~megbrain.opr.dnn_conv_bias.ConvBiasTail`, which replaces the
+    JITExecutor's output."""
+    if jit_level(graph) < 1:
+        return {}
+    oprs = dep_oprs(dest)
+    if any(o.type_name == "VirtualGrad" for o in oprs):
+        return {}  # as jit_fusion: after the gradients are expanded (ConvBiasTail has none)
+    readers, external = _readers(graph, oprs, dest)
+    tails: dict = {}  # JITExecutor -> the tail it computes of its ConvBias
+    for o in oprs:
+        if o.type_name != "JITExecutor" or len(o.inputs) != 1 or o.extra_deps:
+            continue
+        conv, tail = o.inputs[0].owner, _tail_of(o.param)
+        if tail is None or type(conv) is not ConvBias or conv.extra_deps:
+            continue
+        y = conv.outputs[0]
+        if y in external or readers.get(y) != [o] or y.dtype != np.float32:
+            continue
+        if conv.param.nonlineMode not in _TAIL_AFTER[tail] or conv.comp_node != o.comp_node:
+            continue
+        tails[o] = tail
+    if not tails:
+        return {}
+
+    def fused(o, memo: dict) -> tuple[VarNode, VarNode]:
+        conv = o.inputs[0].owner
+        fields = {f: getattr(conv.param, f) for f in conv.param.__dataclass_fields__}
+        param = ConvBiasTailParam(**fields, tail=tails[o])
+        cfg = OperatorNodeConfig(comp_node=conv.comp_node)
+        new = ConvBiasTail([memo.get(v, v) for v in conv.inputs], param, cfg)
+        return o.outputs[0], graph.insert_opr(new)[0]
+
+    skip = {o.inputs[0].owner for o in tails}
+    return _sweep(graph, oprs, skip, {o: fused for o in tails})
+
+
+def _tail_of(param: JITExecutorParam) -> str | None:
+    """"RELU6" or "SILU" when the one-input expression of ``param`` computes it, else None."""
+    if param.reduce is not None:
+        return None
+    if tuple(param.expr) == TAIL_EXPRS["SILU"] or tuple(param.expr) == (
+        ("SIGMOID", (("i", 0),)), ("MUL", (("t", 0), ("i", 0))),
+    ):  # fmt: skip
+        return "SILU"
+    if not all(m in ("MAX", "MIN", "RELU") for m, _ in param.expr):
+        return None
+    got = interpret(param.expr, [_CLIP_PROBE], None)
+    want = np.minimum(np.maximum(_CLIP_PROBE, 0), 6)
+    return "RELU6" if np.array_equal(got, want, equal_nan=True) else None

@@ -522,5 +522,7 @@ REFUSED.update(
     {
         "MatrixInverse": "the default ONNX domain has no matrix inverse",
         "SVD": "the default ONNX domain has no singular value decomposition",
+        "ConvBiasTail": "a ConvBias and its tail fused when a function is compiled; export "
+        "the graph's vars (its ConvBias and Elemwise operators) instead",
     }
 )

@@ -29,6 +29,7 @@ from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..graph.param_def import members_of
 from ..kernels import elemwise as ew_kernels
 from ..kernels.conv import common as conv_kernels
+from ..kernels.conv import epilogue as conv_epilogue
 from ..kernels.conv import nchw88 as conv_nchw88
 from ..kernels.conv import quantized as conv_quantized
 from ..kernels.conv import registry as conv_algos
@@ -459,7 +460,7 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
             except ValueError as exc:
                 raise self.error(str(exc)) from None
             self.chosen_algorithm, self._chosen_for = algo.name, layouts
-            if epilogue is not None and algo.epilogue and (algo.hswish or not epilogue.hswish):
+            if epilogue is not None and conv_epilogue.accepts(algo, epilogue):
                 return algo.bind(*args, epilogue=epilogue)
             step = algo.bind(*args)
         return step if then is None else chain([step, then()])

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtype import fmt_dtype, is_quantize
+from ..errors import SerializationError
 from ..graph import register_opr
-from ..graph.operator import fmt_shape, table_param
+from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..graph.static_infer import static_shape
 from ..kernels import elemwise as ew_kernels
 from ..kernels import workspace
@@ -27,6 +28,7 @@ from ..kernels.conv import nchw88 as conv_nchw88
 from ..kernels.conv import quantized as conv_quantized
 from ..kernels.conv.constant_operands import constant_filter
 from ..kernels.steps import chain
+from ..serialization import sereg
 from . import param_defs as pdefs
 from ._internal import reduce_to_input, sv
 from .base import SymbolVar, build_opr
@@ -47,7 +49,14 @@ from .dnn import (
 )
 from .sereg_params import register_with_policy
 
-__all__ = ["ConvBias", "ConvBiasParam", "conv_bias_activation", "conv_bias_activation_v1"]
+__all__ = [
+    "ConvBias",
+    "ConvBiasParam",
+    "ConvBiasTail",
+    "ConvBiasTailParam",
+    "conv_bias_activation",
+    "conv_bias_activation_v1",
+]
 
 
 #: the activations the NCHW88 kernels apply as they write (bias, z, then the activation)
@@ -140,18 +149,33 @@ class ConvBias(_ConvBase):
             except ValueError as exc:
                 raise self.error(str(exc)) from None
 
-        def act():  # bias (and z) and activation in passes of their own
+        tail = self._tail()
+
+        def act():  # bias (and z), activation and tail in passes of their own
             if z is None:
-                return ew_kernels.bind(_BIAS_ACT[mode], [outs[0], ins[2]], outs[0])
-            return chain([
-                ew_kernels.bind("ADD", [outs[0], ins[2]], outs[0]),
-                ew_kernels.bind(_BIAS_ACT[mode], [outs[0], z], outs[0]),
-            ])  # fmt: skip
+                steps = [ew_kernels.bind(_BIAS_ACT[mode], [outs[0], ins[2]], outs[0])]
+            else:
+                steps = [
+                    ew_kernels.bind("ADD", [outs[0], ins[2]], outs[0]),
+                    ew_kernels.bind(_BIAS_ACT[mode], [outs[0], z], outs[0]),
+                ]
+            if tail is not None:
+                steps.append(conv_epilogue.tail_step(tail, outs[0]))
+            return chain(steps)
 
         if self._nchw88():
-            epilogue = self._nchw88_epilogue(mode, ins[2], outs[0])
+            # SiLU only in the channel-wise kernel (in the dense tiles' write-out the sigmoid
+            # stays scalar code, slower than the JIT's pass after the kernel); no tail in the
+            # hybrid first layer's tile (a ReLU6 there made LLVM gather the tile)
+            after = []
+            kind = self._nchw88_geometry(ins[0].shape, ins[1].shape).kind
+            if tail is not None and (kind == "hybrid" or (tail == "SILU" and kind != "chan")):
+                after = [conv_epilogue.tail_step(tail, outs[0])]
+            kernel_tail = None if after else tail
+            epilogue = self._nchw88_epilogue(mode, ins[2], outs[0], kernel_tail)
             if epilogue is not None:
-                return self._bind_nchw88(ins[0], ins[1], outs[0], epilogue=epilogue, z=z)
+                return chain([self._bind_nchw88(ins[0], ins[1], outs[0], epilogue=epilogue, z=z),
+                              *after])  # fmt: skip
             steps = []
             if z is not None and np.may_share_memory(z, outs[0]):
                 # the plan gave the output z's memory (inplace_input) but the kernel can not
@@ -160,7 +184,9 @@ class ConvBias(_ConvBase):
                 steps.append(functools.partial(np.copyto, kept, z))
                 z = kept
             return chain([*steps, self._bind_nchw88(ins[0], ins[1], outs[0]), act()])
-        epilogue = None if z is not None else conv_epilogue.for_conv_bias(mode, ins[2], outs[0])
+        epilogue = (
+            None if z is not None else conv_epilogue.for_conv_bias(mode, ins[2], outs[0], tail)
+        )
         return self._bind_kernel(
             "forward", ins[0], self._grouped(ins[1]), outs[0], epilogue=epilogue, then=act
         )
@@ -192,16 +218,21 @@ class ConvBias(_ConvBase):
         )
         return 3 if direct else None
 
-    def _nchw88_epilogue(self, mode: str, bias: np.ndarray, out: np.ndarray):
+    def _tail(self) -> str | None:
+        """The fused elementwise tail (:class:`ConvBiasTail`), None for a plain ConvBias."""
+        return None
+
+    def _nchw88_epilogue(self, mode: str, bias: np.ndarray, out: np.ndarray, tail=None):
         """The epilogue of an NCHW88 ConvBias (its per-channel bias as OC values, a view),
         or None when the kernel can not apply it (every NCHW88 algorithm applies ReLU and
-        H_SWISH: DIRECT_NCHW88's and CHANNELWISE_NCHW88's kernels, NCHW88_AS_NCHW after
-        its convolution)."""
+        H_SWISH; ReLU6 DIRECT_NCHW88, CHANNELWISE_NCHW88 and NCHW88_AS_NCHW; SiLU
+        CHANNELWISE_NCHW88 and NCHW88_AS_NCHW: the operator gives a tail to no other)."""
         if mode not in _NCHW88_EPILOGUE_MODES or bias.dtype != out.dtype:
             return None
         if bias.shape != self._channel_bias_shape(out.shape) or not bias.flags.c_contiguous:
             return None
-        return conv_epilogue.Epilogue(bias.reshape(-1), mode == "RELU", mode == "H_SWISH")
+        return conv_epilogue.Epilogue(bias.reshape(-1), mode == "RELU", mode == "H_SWISH",
+                                      tail == "RELU6", tail == "SILU")  # fmt: skip
 
     def grad(self, wrt_idx, out_grads):
         og = out_grads[0]
@@ -233,6 +264,39 @@ class ConvBias(_ConvBase):
         if wrt_idx == 3:  # z, of the output's shape
             return gpre.node
         return reduce_to_input(gpre, bias)
+
+
+@dataclass(frozen=True)
+class ConvBiasTailParam(ConvBiasParam):
+    """Param of ConvBiasTail: ConvBias's and the fused ``tail`` ("RELU6" or "SILU")."""
+
+    tail: str = "RELU6"
+
+
+@register_opr
+class ConvBiasTail(ConvBias):
+    """A ConvBias and the elementwise tail reading its output, ``tail(act(conv + bias [+
+    z]))`` with tail ReLU6 (``min(max(x, 0), 6)``) or SiLU (``x * sigmoid(x)``), as the JIT
+    computes them (:data:`megbrain.kernels.conv.epilogue.TAIL_EXPRS`).
+
+    Made at compile time by the ``fuse_conv_bias_tail`` pass (:mod:`megbrain.gopt.jit`),
+    never by a user and never written to a graph file (the reference has no such operator):
+    the algorithms registered for the tail apply it as they write each block of the
+    output; any other applies it after the kernel with the JIT's kernel, in place."""
+
+    type_name = "ConvBiasTail"
+    short_name = "conv_bias_tail"
+    Param = ConvBiasTailParam
+
+    def _tail(self) -> str | None:
+        return self.param.tail
+
+    def default_name(self):
+        return f"{super().default_name()}+{self.param.tail}"
+
+    def grad(self, wrt_idx, out_grads):
+        raise self.error("a fused ConvBias tail has no gradient (made at compile time)",
+                         NoGradient)  # fmt: skip
 
 
 @_conv_params(("param", "ConvBias"), *_POLICY)
@@ -284,3 +348,19 @@ def conv_bias_activation_v1(
 
 # the current ConvBias is registered as ConvBiasForwardV3 (the type id of the unversioned name)
 register_with_policy(ConvBias, pdefs.ConvBias, name="ConvBiasForwardV3")
+
+
+def _dump_tail(ctx, opr: ConvBiasTail) -> None:
+    raise sereg.NotSerializable(
+        f"serialization as FlatBuffers is not supported for operator {opr.name!r} "
+        f"(ConvBiasTail: ConvBias with a fused {opr.param.tail} tail): fused operators are not "
+        "written to graph files; dump the graph before compile-time fusion (the vars you "
+        "built, or the outputs of optimize_for_inference)"
+    )
+
+
+def _load_tail(ctx, inputs, config):
+    raise SerializationError("ConvBiasTail: fused operators are never written to graph files")
+
+
+sereg.register_serializer(ConvBiasTail, dump=_dump_tail, load=_load_tail)

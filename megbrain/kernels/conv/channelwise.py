@@ -1,7 +1,7 @@
 """Direct channel-wise (depthwise) NCHW convolution (CHANNELWISE_NCHW): one input and one
 output channel per group, 2-d, float32, any filter size, stride, padding and dilation, any
-channel count, the ConvBias epilogue (bias, ReLU, H_SWISH) applied as each output row is
-written.
+channel count, the ConvBias epilogue (bias, ReLU, H_SWISH, ReLU6, SiLU) applied as each output
+row is written.
 
 ShuffleNet's depthwise layers (58, 116, 232 channels: not a multiple of 8, so they stay in
 NCHW) went through DIRECT (stride 1) and DIRECT_GROUPED (stride 2), whose compiled loops keep
@@ -108,4 +108,5 @@ def bind_channelwise_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
 register(ConvAlgorithm(
     "CHANNELWISE_NCHW", "forward", bind_channelwise_forward, usable_channelwise_forward,
     priority=23, heuristic=preferred_channelwise_forward, epilogue=True, hswish=True,
+    relu6=True, silu=True,
 ))  # fmt: skip

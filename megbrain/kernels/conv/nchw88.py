@@ -48,7 +48,7 @@ from .channelwise88 import ALGORITHM as CHANNELWISE
 from .channelwise88 import bind_channelwise88, usable_channelwise88
 from .common import conv_out_size
 from .constant_operands import filter_is_constant
-from .epilogue import Epilogue, epilogue_operands
+from .epilogue import Epilogue, epilogue_operands, tail_step
 from .hybrid88 import ALGORITHM as HYBRID
 from .hybrid88 import bind_hybrid88, usable_hybrid88
 from .loops import nchw8c as loops
@@ -237,7 +237,9 @@ def bind_nchw88_forward(
     group : bool
         ``sparse=GROUP``.
     epilogue : Epilogue, optional
-        The per-channel bias (a 1-d view of OC values) and ReLU or H_SWISH to apply.
+        The per-channel bias (a 1-d view of OC values), ReLU or H_SWISH to apply, and the
+        ReLU6 tail (not for a hybrid first layer) or SiLU tail (channel-wise only; the
+        caller gives a tail to no other geometry).
     z : numpy.ndarray, optional
         An array of the output's shape added (after the bias, before the activation).
     select_nchw : callable, optional
@@ -310,6 +312,8 @@ def _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z, s
         steps.append(functools.partial(_relu, y))
     if epilogue is not None and epilogue.hswish:
         steps.append(functools.partial(_hswish, y, workspace.empty(y.shape, y.dtype)))
+    if epilogue is not None and (epilogue.relu6 or epilogue.silu):
+        steps.append(tail_step("RELU6" if epilogue.relu6 else "SILU", y))
     steps.append(functools.partial(np.copyto, out, y88))
     return chain(steps)
 

@@ -1,6 +1,6 @@
 """Direct NCHW pointwise convolution (DIRECT_POINTWISE): 1x1 filter, stride 1, no padding,
-float32, any channel count, the ConvBias epilogue (bias, ReLU, H_SWISH) applied as the output
-is written.
+float32, any channel count, the ConvBias epilogue (bias, ReLU, H_SWISH, ReLU6) applied as the
+output is written.
 
 ShuffleNet's 1x1 layers (58, 116, 232 channels: not a multiple of 8, so they stay in NCHW)
 and every NCHW model's short-reduction 1x1 layers went through CONV1X1_GEMM, one BLAS GEMM
@@ -134,5 +134,5 @@ def bind_pointwise_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
 
 register(ConvAlgorithm(
     "DIRECT_POINTWISE", "forward", bind_pointwise_forward, usable_pointwise_forward,
-    priority=31, heuristic=preferred_pointwise_forward, epilogue=True, hswish=True,
+    priority=31, heuristic=preferred_pointwise_forward, epilogue=True, hswish=True, relu6=True,
 ))  # fmt: skip

@@ -149,6 +149,9 @@ class ConvAlgorithm:
     hswish : bool
         Whether that epilogue may also be H_SWISH (``Epilogue.hswish``); an algorithm
         without it gets no H_SWISH epilogue (the operator applies it after the kernel).
+    relu6, silu : bool
+        Whether that epilogue may also carry the ReLU6 / SiLU tail (``Epilogue.relu6``,
+        ``Epilogue.silu``); as for ``hswish``, an algorithm without it never gets one.
     """
 
     name: str
@@ -160,6 +163,8 @@ class ConvAlgorithm:
     heuristic: Callable | None = None
     epilogue: bool = False
     hswish: bool = False
+    relu6: bool = False
+    silu: bool = False
 
 
 _lock = threading.RLock()

@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 
 from ... import tiled_jit
 from . import grouped
-from .nchw8c import _hswish_py
+from .nchw8c import _hswish_py, tail_scalars
 
 __all__ = ["VECS", "channelwise_nchw", "scratch_size"]
 
@@ -31,7 +31,7 @@ __all__ = ["VECS", "channelwise_nchw", "scratch_size"]
 VECS = 4
 
 # bound by _compiled() before compiling (LANES: the host's vector width)
-taps_tile = _phase_split = _hswish = None
+taps_tile = _phase_split = _hswish = _relu6 = _silu = None
 LANES = 16
 
 
@@ -156,7 +156,8 @@ def _channelwise_nchw_py(x, w, y, scratch, bias, offs, dims, epi, p0, p1):
     # pragma: no cover - compiled
     """Planes p = n * C + c in [p0, p1) of ``y`` (N, C, OH, OW) = the channel-wise
     convolution of ``x`` (N, C, H, W) with ``w`` (C, FH * FW) (flipped already for
-    CONVOLUTION mode), then ``+ bias[c]`` (epi bit 1), ReLU (bit 4) or H_SWISH (bit 8).
+    CONVOLUTION mode), then ``+ bias[c]`` (epi bit 1), ReLU (bit 4) or H_SWISH (bit 8),
+    ReLU6 (bit 16) or SiLU (bit 32).
     ``x`` and ``y`` are flat views starting at their first element, each plane's rows
     contiguous.
 
@@ -188,7 +189,12 @@ def _channelwise_nchw_py(x, w, y, scratch, bias, offs, dims, epi, p0, p1):
         for r in range(oh):
             a0 = np.uintp(acc0 + r * wq)
             yo = np.uintp(n * yn + c * yc + r * ow)
-            if epi & 8:
+            if epi & 48:  # the tails, after a ReLU
+                for q in range(np.uintp(ow)):
+                    v = scratch[a0 + q] + b
+                    v = zero if epi & 4 and v < 0 else v
+                    y[yo + q] = _silu(v) if epi & 32 else _relu6(v)  # noqa: F821
+            elif epi & 8:
                 for q in range(np.uintp(ow)):
                     y[yo + q] = _hswish(scratch[a0 + q] + b)  # noqa: F821 - compiled in _compiled
             elif epi & 4:
@@ -212,13 +218,14 @@ def channelwise_nchw(x, w, y, scratch, bias, offs, dims, epi: int, p0: int, p1: 
 def _compiled():
     # plain njit, not tiled_jit.compile_tiled: with LLVM's SLP vectorizer on, the phase split
     # and the copies out ran 5-9x slower (the tile is vector code either way)
-    global taps_tile, _phase_split, _hswish, LANES
+    global taps_tile, _phase_split, _hswish, _relu6, _silu, LANES
     taps_tile, LANES = _taps_tile(), tiled_jit.vector_width()
     opts = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
     f1, i8, ints = t.float32[::1], t.int64, t.int64[::1]
     fr2 = t.Array(t.float32, 2, "C", readonly=True)
     fr = t.Array(t.float32, 1, "C", readonly=True)
     _hswish = njit([t.float32(t.float32)], inline="always", **opts)(_hswish_py)
+    _relu6, _silu = tail_scalars()
     _phase_split = njit([t.void(fr, i8, i8, i8, f1, i8, i8, i8, i8, i8, i8)], **opts)(
         _phase_split_py
     )

@@ -23,6 +23,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ... import tiled_jit
+from .nchw8c import tail_scalars
 
 __all__ = ["CB", "ZEROS", "channelwise88", "kernel_key", "signature"]
 
@@ -56,7 +57,8 @@ def _dw_tile():
     + b cstep) / 8`` is outside ``[0, cols)`` reads the zeros of ``zero`` instead; without
     it no index is checked (the caller keeps them in bounds). The epilogue, by the bits of
     ``epi``: 1 adds ``bias[bo:][:8]``, 2 adds ``z`` (out's layout), 4 ReLU (NaN kept), 8
-    H_SWISH (as :func:`.nchw8c._hswish_py`).
+    H_SWISH (as :func:`.nchw8c._hswish_py`), 16 ReLU6 (NaN kept).
+    SiLU (bit 32) is the kernel's, on the row just stored.
     """
 
     @intrinsic
@@ -164,6 +166,14 @@ def _dw_tile():
                     return builder.fmul(builder.fmul(r, v), splat(1.0 / 6.0))
 
                 each(hswish)
+            with builder.if_then(bit(16)):  # ReLU6: MAX(0, x), MIN(6, x); NaN stays NaN
+                six = splat(6.0)
+
+                def relu6(p, v):
+                    v = builder.select(builder.fcmp_ordered("<", v, zerov), zerov, v)
+                    return builder.select(builder.fcmp_ordered(">", v, six), six, v)
+
+                each(relu6)
             for p, slot in enumerate(slots):
                 with builder.if_then(stored[p], likely=True):
                     ptr = builder.gep(odata, [builder.add(o_v, const(p * CB))], inbounds=True)
@@ -183,6 +193,7 @@ def _make_kernel(fwl: int, swl: int):
     """The loop over units for the filter width ``fwl`` and stride along rows ``swl`` with
     no dilation along rows (0, 0: any, looped over)."""
     tile, take = _dw_tile(), tiled_jit.take_unit()
+    silu = tail_scalars()[1]
     big, half, quarter = _TILE, _TILE // 2, _TILE // 4
 
     def kernel(x, w, out, z, bias, zero, dims, conv, epi, counter, me):
@@ -190,7 +201,8 @@ def _make_kernel(fwl: int, swl: int):
         the flat C-contiguous NCHW88 ``out`` (N, CB_N, OH, OW, 8) = the
         channel-wise convolution of the flat C-contiguous ``x`` (N, CB_N, H, W, 8) with ``w``
         (CB_N, FH, FW, 8) (flipped already for CONVOLUTION mode), then ``+ bias[8 cb + c]``
-        (epi bit 1), ``+ z`` (bit 2, out's layout), ReLU (bit 4) or H_SWISH (bit 8).
+        (epi bit 1), ``+ z`` (bit 2, out's layout), ReLU (bit 4) or H_SWISH (bit 8), ReLU6
+        (bit 16) or SiLU (bit 32, on each row once its tiles are stored).
 
         dims: N, CB_N, H, W, OH, OW, FH, FW, ROWS (output rows a unit takes), BANDS (units
         per block), PER (the (sample, channel block) pairs of a unit: each unit costs an
@@ -240,6 +252,9 @@ def _make_kernel(fwl: int, swl: int):
                         tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z, bias, bo,
                              epi, zero, -pw, w_, quarter, fwl, swl, jl > 0 or quarter > jr,
                              ow)  # fmt: skip
+                    if epi & 32:  # SiLU on the row just stored (in L1)
+                        for e in range(np.uintp(orow), np.uintp(orow + ow * CB)):
+                            out[e] = silu(out[e])  # an unsigned index: no wraparound test
 
     return kernel
 

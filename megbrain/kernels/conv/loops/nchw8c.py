@@ -48,7 +48,7 @@ import numpy as np
 from numba import carray as _carray
 from numba import types as t
 
-from ... import tiled_jit
+from ... import jit_codegen, tiled_jit
 from ...tiled_jit import tile_positions
 
 __all__ = [
@@ -62,6 +62,7 @@ __all__ = [
     "pack_filter",
     "pack_input",
     "readonly_view",
+    "tail_scalars",
     "tile_positions",
 ]
 
@@ -280,10 +281,12 @@ def _write_out_py(npos):
                 for h in range(width // CB):
                     for c in range(CB):
                         acc[pos * width + h * CB + c] += z[np.uintp(o + h * ohw8 + c)]
-        if epi & 4:
+        if epi & 20:  # ReLU, and ReLU6's MIN(6, x) (a bound of inf without it)
+            hi = np.float32(6.0) if epi & 16 else np.float32(np.inf)
             for i in range(npos * width):
                 a = acc[i]
-                acc[i] = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
+                a = np.float32(0.0) if a < 0 else a  # not max(): NaN stays NaN
+                acc[i] = hi if a > hi else a
         for pos in range(npos):
             o = offs[pos]
             if o >= 0:
@@ -308,7 +311,7 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
     # geom: G, OCB, ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, LIMIT (a tile reads at most
     # LIMIT positions of a plane), CHUNK, WIDE (units of 32 output channels, two blocks of
     # 16), REM (1: each group's OCB blocks of 16 are followed by one of 8); epi bits: 1 +
-    # bias[oc], 2 + z (out's layout), 4 ReLU, 8 H_SWISH.
+    # bias[oc], 2 + z (out's layout), 4 ReLU, 8 H_SWISH, 16 ReLU6.
     # pack: BLOCKS (0: xp is the source itself), SH, SW, ROW_OFF, COL_OFF, HQ, WQ, PHASES:
     # first the parts pack the source src into xbuf (xp's memory), one (sample, channel
     # block) at a time taken from packed[0] and counted done in packed[1], and wait for every
@@ -403,6 +406,32 @@ def _hswish_py(x):
     w = w if w > np.float32(0.0) else np.float32(0.0)
     w = w if w < np.float32(6.0) else np.float32(6.0)
     return w * x * np.float32(1.0 / 6.0)
+
+
+def _relu6_py(x):
+    # pragma: no cover - compiled
+    # ReLU6 as the JIT computes MIN(6, MAX(0, x)): NaN kept
+    x = np.float32(0.0) if x < np.float32(0.0) else x
+    return np.float32(6.0) if x > np.float32(6.0) else x
+
+
+def _silu_py(x):
+    # pragma: no cover - compiled
+    # SiLU as the JIT computes MUL(x, SIGMOID(x)), with its sigmoid
+    return x * _sigmoid(x)
+
+
+@functools.cache
+def tail_scalars() -> tuple:
+    """The compiled scalar ReLU6 and SiLU (``float32 -> float32``, inlined where called) of
+    the epilogues' tails; SiLU calls the JIT's sigmoid
+    (:func:`megbrain.kernels.jit_codegen.helper`)."""
+    global _sigmoid
+    _sigmoid = jit_codegen.helper("_sigmoid")
+    sig = [t.float32(t.float32)]
+    compile_tiled = tiled_jit.compile_tiled
+    return (compile_tiled(_relu6_py, sig, inline="always"),
+            compile_tiled(_silu_py, sig, inline="always"))  # fmt: skip
 
 
 def _zeros_py(xp, lo, hi):
@@ -546,7 +575,7 @@ _tile = None  # the compiled tiles, bound by _compiled() before compiling the un
 _tile1 = None
 _tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = _inside = None
 _tile8 = _tile_out8 = _one8 = _one16 = _one32 = None
-_zeros = _pad_row = _hswish = None
+_zeros = _pad_row = _hswish = _sigmoid = None
 
 
 @functools.cache
@@ -641,7 +670,7 @@ def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter, 
     ``2 P``, by 16 values; ``geom`` also holding the positions a tile may read in a plane
     and the channel blocks summed at a time; ``epi`` the sum of 1 (add ``bias``), 2 (add
     ``z``, flat, laid out as ``out``) and 4 (ReLU) or 8 (H_SWISH, as the elementwise kernels
-    compute it).
+    compute it), 16 (ReLU6, with or without 4).
 
     ``packing`` (a :func:`blocked_packing`) makes the threads first pack the source into
     the planes ``xp`` views, a (sample, channel block) at a time, in the same call: the

@@ -47,8 +47,8 @@ def _rows_tile():
     Numba intrinsic: a tile of ``rows`` output channels by ``vecs`` vectors of positions (the
     literals fixing it), ``acc[r, p] = sum_ic w[w0 + r ws + ic] x[x0 + ic xs + p]`` for
     ``ic < k``, in that order, then ``+ bias[bo + r]`` (``epi`` bit 1), ReLU (bit 4) or
-    H_SWISH (bit 8), stored at ``out[o + r os + p]`` for the ``used`` first rows (the rows
-    past them repeat the last one's filter values, and are dropped). LLVM vectors of
+    H_SWISH (bit 8), ReLU6 (bit 16), stored at ``out[o + r os + p]`` for the ``used`` first
+    rows (the rows past them repeat the last one's filter values, and are dropped). LLVM vectors of
     :func:`.tiled_jit.vector_width` lanes (``llvm.fmuladd``, fused where the target has FMA),
     one broadcast filter value per row and input channel, the accumulators in registers
     across the loop, no index checked (the caller keeps them in bounds). The epilogue is
@@ -115,7 +115,7 @@ def _rows_tile():
 
             zero, three = ir.Constant(vec, [0.0] * lanes), ir.Constant(vec, [3.0] * lanes)
             six, sixth = ir.Constant(vec, [6.0] * lanes), ir.Constant(vec, [1.0 / 6.0] * lanes)
-            has_bias, relu, hswish = flag(1), flag(4), flag(8)
+            has_bias, relu, hswish, relu6 = flag(1), flag(4), flag(8), flag(16)
             for r in range(nr):
                 with cgutils.if_likely(builder, builder.icmp_signed("<", const(r), used_v)):
                     bptr = builder.gep(bdata, [builder.add(bo_v, const(r))], inbounds=True)
@@ -133,6 +133,10 @@ def _rows_tile():
                         h = builder.select(builder.fcmp_ordered("<", h, six), h, six)
                         h = builder.fmul(builder.fmul(h, v), sixth)
                         v = builder.select(hswish, h, v)
+                        # ReLU6 as the JIT's MAX(0, x), MIN(6, x): NaN stays NaN
+                        r6 = builder.select(builder.fcmp_ordered("<", v, zero), zero, v)
+                        r6 = builder.select(builder.fcmp_ordered(">", r6, six), six, r6)
+                        v = builder.select(relu6, r6, v)
                         ptr = builder.gep(odata, [builder.add(row, const(j * lanes))],
                                           inbounds=True)  # fmt: skip
                         builder.store(v, builder.bitcast(ptr, vec.as_pointer()), align=4)
@@ -149,7 +153,9 @@ def _pointwise_nchw_py(x, w, out, bias, dims, epi, u0, u1):
     # pragma: no cover - compiled
     """Units [u0, u1) of ``out`` = the grouped pointwise convolution of ``x`` with ``w``
     (G, OCg, ICg), C-contiguous, then the epilogue (epi bits: 1 ``+ bias[oc]``, 4 ReLU, 8
-    H_SWISH). ``x`` and ``out`` are flat views starting at their first element, each plane of
+    H_SWISH, 16 ReLU6; no SiLU: the last block's tile rewrites positions of the one before,
+    which another thread may be computing, so only what the tile computes in registers is
+    safe). ``x`` and ``out`` are flat views starting at their first element, each plane of
     L positions contiguous.
 
     dims: N, G, OCg, ICg, L, BLOCKS (units per sample), then the sample and channel strides
