@@ -25,7 +25,7 @@ from megbrain.kernels.conv.loops import pointwise88 as loops
 from megbrain.kernels.tiled_jit import vector_width
 
 _CHANNELS = [8, 16, 24, 40, 64, 96, 120, 160, 320, 576, 960, 1280]
-_ACTS = ["none", "IDENTITY", "RELU", "H_SWISH"]
+_ACTS = ["none", "IDENTITY", "RELU", "H_SWISH", "RELU6"]
 
 
 def _operands(n, h, w, ic, oc, seed):
@@ -50,11 +50,15 @@ def _want(x, wt, bias, z, act, with_z):
         y = np.maximum(y, 0)
     elif act == "H_SWISH":
         y = y * np.clip(y + 3, 0, 6) / 6
+    elif act == "RELU6":
+        y = np.clip(y, 0, 6)
     return y
 
 
 def _epilogue(act, bias):
-    return None if act == "none" else Epilogue(bias, act == "RELU", act == "H_SWISH")
+    if act == "none":
+        return None
+    return Epilogue(bias, act == "RELU", act == "H_SWISH", relu6=act == "RELU6")
 
 
 def _bind(src, filt, out, **kw):
@@ -76,6 +80,25 @@ def test_matches_float64(n, h, w, ic, oc, act, with_z, constant, seed):
     for _ in range(2):  # the second run reuses a constant filter's packed copy
         step()
         np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
+def test_relu6_clips_at_six_and_keeps_nan():
+    x, wt, bias, z, src, filt = _operands(1, 3, 5, 16, 24, seed=3)
+    big = np.full_like(src, 100.0)
+    big[0, 0, 0, 0, 0] = np.nan
+    out = np.empty((1, 3, 3, 5, 8), np.float32)
+    _, step = _bind(big, np.abs(filt), out, epilogue=_epilogue("RELU6", np.abs(bias)))
+    step()
+    assert np.isnan(out[:, :, 0, 0]).all()
+    rest = out.reshape(1, 3, 15, 8)[:, :, 1:]
+    assert (rest == 6).all()
+
+
+def test_silu_tail_is_refused_not_ignored():
+    _, _, bias, _, src, filt = _operands(1, 2, 2, 16, 16, seed=4)
+    out = np.empty((1, 2, 2, 2, 8), np.float32)
+    with pytest.raises(ValueError, match="POINTWISE_NCHW88 does not apply"):
+        _bind(src, filt, out, epilogue=Epilogue(bias, False, False, silu=True))
 
 
 @pytest.mark.parametrize("shape", [(2, 5, 6, 24, 40), (1, 7, 7, 160, 960), (1, 1, 1, 72, 24),

@@ -92,7 +92,7 @@ def _check(tail, n, ic, oc, hw, k, stride, groups, relu_first, nchw88):
 
 # (ic, oc, k, stride, groups): the mobile nets' kinds of layer
 _LAYERS = [
-    (16, 24, 1, 1, 1),  # pointwise: DIRECT_NCHW88 (a 16 and an 8 channel tile)
+    (16, 24, 1, 1, 1),  # pointwise: POINTWISE_NCHW88 (a block of 16 and a half block)
     (8, 32, 3, 2, 1),  # dense 3x3 strided: DIRECT_NCHW88 from packed phase planes
     (16, 16, 3, 1, 16),  # depthwise: CHANNELWISE_NCHW88
     (24, 24, 5, 2, 24),  # depthwise 5x5 strided
@@ -122,7 +122,8 @@ def test_fused_tail_matches_the_unfused_graph_and_float64(layer, tail, n, hw, re
 @pytest.mark.parametrize(
     "layer, nchw88, algo",
     [
-        ((16, 24, 1, 1, 1), True, "DIRECT_NCHW88"),
+        ((16, 24, 1, 1, 1), True, "POINTWISE_NCHW88"),  # SiLU: after the kernel
+        ((8, 24, 3, 1, 1), True, "DIRECT_NCHW88"),  # SiLU: after the kernel
         ((16, 16, 3, 1, 16), True, "CHANNELWISE_NCHW88"),
         ((3, 16, 3, 2, 1), True, "DIRECT_NCHW_NCHW88"),  # the tail after the kernel
         ((16, 24, 1, 1, 1), False, "DIRECT_POINTWISE"),  # SiLU: after the kernel

@@ -127,7 +127,7 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
         ``(N, OC/8, H, W, 8)`` float32, C-contiguous (checked by the caller,
         :func:`.nchw88.bind_nchw88_forward`).
     epilogue : Epilogue, optional
-        The per-channel bias (OC values) and ReLU or H_SWISH.
+        The per-channel bias (OC values), ReLU or H_SWISH, and the ReLU6 tail.
     z : numpy.ndarray, optional
         An array of the output's shape added after the bias, before the activation; it may
         be ``out`` itself (each position's ``z`` is read before the position is written).
@@ -138,6 +138,11 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
     -------
     Step
         The callable computing ``out``.
+
+    Raises
+    ------
+    ValueError
+        For an epilogue this kernel does not apply (the SiLU tail).
     """
     n, icb, h, w, _ = src.shape
     hw, ocb8 = h * w, out.shape[1]
@@ -149,6 +154,9 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
         src = dense
     xp = readonly_view(src.reshape(-1))
     bias, epi = epilogue_operands(epilogue, steps)
+    unapplied = epi & ~(1 | sum(loops.ACTIVATIONS))
+    if unapplied:  # never a silent wrong answer: the caller runs such a tail after the kernel
+        raise ValueError(f"POINTWISE_NCHW88 does not apply epilogue bits {unapplied}")
     zf = _EMPTY
     if z is not None:
         zc = z

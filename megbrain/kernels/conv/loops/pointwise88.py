@@ -56,8 +56,14 @@ def _hswish(builder, v, const):
     return builder.fmul(builder.fmul(w, v), const(float(np.float32(1 / 6))))
 
 
+def _relu6(builder, v, const):
+    # as the JIT's MIN(6, MAX(0, v)): both comparisons false for NaN, which stays NaN
+    v = _relu(builder, v, const)
+    return builder.select(builder.fcmp_ordered(">", v, const(6.0)), const(6.0), v)
+
+
 #: the activations by epilogue bit (:mod:`..epilogue`): one line per mode
-ACTIVATIONS = {4: _relu, 8: _hswish}
+ACTIVATIONS = {4: _relu, 8: _hswish, 16: _relu6}
 
 
 def activate(builder, v, epi: int):
