@@ -44,6 +44,35 @@ def best_times(fns, repeat: int, cpu: bool) -> dict[str, float]:
     return best
 
 
+def ort_conv_relu(w: np.ndarray, b: np.ndarray, h: int, threads: int, *, stride: int = 1,
+                  group: int = 1, profile: str | None = None):  # fmt: skip
+    """An onnxruntime session of one Conv (filter ``w`` of shape (OC, IC/group, F, F), bias
+    ``b``, padding F // 2, ``stride``) and a Relu over an (1, IC, h, h) input ``x``, at
+    ``threads`` threads; profiling into files prefixed ``profile`` when given."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    oc, icg, f = w.shape[0], w.shape[1], w.shape[2]
+    p = f // 2
+    oh = (h + 2 * p - f) // stride + 1
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=group, kernel_shape=[f, f],
+                            strides=[stride, stride], pads=[p, p, p, p])  # fmt: skip
+    graph = helper.make_graph(
+        [node, helper.make_node("Relu", ["y"], ["r"])], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, icg * group, h, h])],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, oc, oh, oh])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = threads
+    if profile:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile
+    return ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])  # fmt: skip
+
+
 def case_fns(name: str) -> dict:
     import torch
     import torch.nn.functional as F

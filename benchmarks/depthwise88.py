@@ -24,7 +24,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402
 
 import numpy as np  # noqa: E402
-from conv_fast import best_times  # noqa: E402
+from conv_fast import best_times, ort_conv_relu  # noqa: E402
 
 #: (filter, stride, channels, source side): the zoo's depthwise layers
 CASES = [
@@ -40,27 +40,6 @@ CASES = [
 def case_name(case) -> str:
     f, s, c, h = case
     return f"{f}x{f}/s{s}:{c},{h}x{h}"
-
-
-def _ort_session(c: int, f: int, s: int, h: int, w: np.ndarray, b: np.ndarray, threads: int):
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    p = f // 2
-    oh = (h + 2 * p - f) // s + 1
-    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, kernel_shape=[f, f],
-                            strides=[s, s], pads=[p, p, p, p])  # fmt: skip
-    graph = helper.make_graph(
-        [node, helper.make_node("Relu", ["y"], ["r"])], "dw",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h])],
-        [helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, c, oh, oh])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])  # fmt: skip
 
 
 def run_case(case, threads: int, repeat: int, peer: bool = True, cpu: bool = False) -> dict:
@@ -92,7 +71,7 @@ def run_case(case, threads: int, repeat: int, peer: bool = True, cpu: bool = Fal
         dst = np.empty_like(big)
         fns["copy"] = lambda: np.copyto(dst, big)
         if peer:
-            sess = _ort_session(c, f, s, h, w, b, threads)
+            sess = ort_conv_relu(w, b, h, threads, stride=s, group=c)
             fns["ort"] = lambda: sess.run(None, {"x": x})
         times = best_times(fns, repeat, cpu)
         step()

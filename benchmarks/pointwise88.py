@@ -24,7 +24,7 @@ import json  # noqa: E402
 import tempfile  # noqa: E402
 
 import numpy as np  # noqa: E402
-from conv_fast import best_times  # noqa: E402
+from conv_fast import best_times, ort_conv_relu  # noqa: E402
 
 #: (plane side, input channels, output channels): the four models' pointwise layers (the
 #: squeeze-and-excitation ones of MobileNetV3 on their 1x1 planes too)
@@ -57,32 +57,10 @@ def case_name(case) -> str:
     return f"{h}x{h}:{ic}->{oc}"
 
 
-def _ort_session(ic: int, oc: int, h: int, w: np.ndarray, b: np.ndarray, threads: int,
-                 profile: str | None = None):  # fmt: skip
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[1, 1])
-    graph = helper.make_graph(
-        [node, helper.make_node("Relu", ["y"], ["r"])], "pw",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ic, h, h])],
-        [helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, oc, h, h])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = threads
-    if profile:
-        opts.enable_profiling = True
-        opts.profile_file_prefix = profile
-    return ort.InferenceSession(model.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])  # fmt: skip
-
-
 def _ort_node_time(ic, oc, h, w, b, x, threads: int, runs: int) -> float:
     """The 10th percentile of onnxruntime's Conv node time (seconds) over ``runs`` runs."""
     with tempfile.TemporaryDirectory() as tmp:
-        sess = _ort_session(ic, oc, h, w, b, threads, os.path.join(tmp, "pw"))
+        sess = ort_conv_relu(w, b, h, threads, profile=os.path.join(tmp, "pw"))
         for _ in range(runs + 5):
             sess.run(None, {"x": x})
         with open(sess.end_profiling()) as f:
@@ -117,7 +95,7 @@ def run_case(case, threads: int, repeat: int, runs: int = 100, peer: bool = True
                 src, filt, out, (1, 1), (0, 0), (1, 1), epilogue=Epilogue(b, True))
         fns = {"ours": step}
         if peer:
-            sess = _ort_session(ic, oc, h, w, b, threads)
+            sess = ort_conv_relu(w, b, h, threads)
             fns["ort_run"] = lambda: sess.run(None, {"x": x})
         times = best_times(fns, repeat, False)
         step()
