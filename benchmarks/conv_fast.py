@@ -30,8 +30,15 @@ CASES = {
 }
 
 
-def best_times(fns, repeat: int, cpu: bool) -> dict[str, float]:
+def best_times(fns, repeat: int, cpu: bool, interleave: bool = True) -> dict[str, float]:
+    """The best time (seconds) of each of ``fns`` over ``repeat`` calls, by the calling
+    thread's CPU clock when ``cpu``. Calls alternate between the functions when
+    ``interleave``; otherwise each function runs all its calls in a block of its own: a
+    multi-threaded peer's spinning threads (onnxruntime's keep spinning after each run) take
+    the cores from whatever runs right after it."""
     clock = time.thread_time if cpu else time.perf_counter
+    if not interleave:
+        return {k: best_times({k: f}, repeat, cpu)[k] for k, f in fns.items()}
     for _ in range(2):
         for f in fns.values():
             f()

@@ -73,7 +73,7 @@ def run_case(case, threads: int, repeat: int, peer: bool = True, cpu: bool = Fal
         if peer:
             sess = ort_conv_relu(w, b, h, threads, stride=s, group=c)
             fns["ort"] = lambda: sess.run(None, {"x": x})
-        times = best_times(fns, repeat, cpu)
+        times = best_times(fns, repeat, cpu, interleave=threads == 1)
         step()
     finally:
         conv_common.THREADS = None
