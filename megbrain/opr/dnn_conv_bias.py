@@ -164,18 +164,10 @@ class ConvBias(_ConvBase):
             return chain(steps)
 
         if self._nchw88():
-            # SiLU only in the channel-wise kernel (in the dense tiles' write-out the sigmoid
-            # stays scalar code, slower than the JIT's pass after the kernel); no tail in the
-            # hybrid first layer's tile (a ReLU6 there made LLVM gather the tile)
-            after = []
-            kind = self._nchw88_geometry(ins[0].shape, ins[1].shape).kind
-            if tail is not None and (kind == "hybrid" or (tail == "SILU" and kind != "chan")):
-                after = [conv_epilogue.tail_step(tail, outs[0])]
-            kernel_tail = None if after else tail
-            epilogue = self._nchw88_epilogue(mode, ins[2], outs[0], kernel_tail)
+            # the NCHW88 binding runs a tail its chosen kernel does not apply after it
+            epilogue = self._nchw88_epilogue(mode, ins[2], outs[0], tail)
             if epilogue is not None:
-                return chain([self._bind_nchw88(ins[0], ins[1], outs[0], epilogue=epilogue, z=z),
-                              *after])  # fmt: skip
+                return self._bind_nchw88(ins[0], ins[1], outs[0], epilogue=epilogue, z=z)
             steps = []
             if z is not None and np.may_share_memory(z, outs[0]):
                 # the plan gave the output z's memory (inplace_input) but the kernel can not
@@ -192,7 +184,8 @@ class ConvBias(_ConvBase):
         )
 
     def inplace_input(self):
-        """``z`` (input 3) when DIRECT_NCHW88 applies ``act(conv + bias + z)``: it reads each
+        """``z`` (input 3) when DIRECT_NCHW88 or POINTWISE_NCHW88 applies ``act(conv + bias +
+        z)``: it reads each
         position's ``z`` before it writes the position, so the output may take ``z``'s
         memory (one stream less than reading ``z`` and writing elsewhere); no other algorithm
         and no other case (``z`` also read as the source, say) may."""
@@ -225,8 +218,8 @@ class ConvBias(_ConvBase):
     def _nchw88_epilogue(self, mode: str, bias: np.ndarray, out: np.ndarray, tail=None):
         """The epilogue of an NCHW88 ConvBias (its per-channel bias as OC values, a view),
         or None when the kernel can not apply it (every NCHW88 algorithm applies ReLU and
-        H_SWISH; ReLU6 DIRECT_NCHW88, CHANNELWISE_NCHW88 and NCHW88_AS_NCHW; SiLU
-        CHANNELWISE_NCHW88 and NCHW88_AS_NCHW: the operator gives a tail to no other)."""
+        H_SWISH; :func:`.nchw88.bind_nchw88_forward` runs a ReLU6 or SiLU tail after the
+        algorithms that do not apply it)."""
         if mode not in _NCHW88_EPILOGUE_MODES or bias.dtype != out.dtype:
             return None
         if bias.shape != self._channel_bias_shape(out.shape) or not bias.flags.c_contiguous:

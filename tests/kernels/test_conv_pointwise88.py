@@ -98,7 +98,7 @@ def test_silu_tail_is_refused_not_ignored():
     _, _, bias, _, src, filt = _operands(1, 2, 2, 16, 16, seed=4)
     out = np.empty((1, 2, 2, 2, 8), np.float32)
     with pytest.raises(ValueError, match="POINTWISE_NCHW88 does not apply"):
-        _bind(src, filt, out, epilogue=Epilogue(bias, False, False, silu=True))
+        pointwise88.bind_pointwise88(src, filt, out, Epilogue(bias, False, False, silu=True))
 
 
 @pytest.mark.parametrize("shape", [(2, 5, 6, 24, 40), (1, 7, 7, 160, 960), (1, 1, 1, 72, 24),

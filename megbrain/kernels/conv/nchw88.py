@@ -238,8 +238,8 @@ def bind_nchw88_forward(
         ``sparse=GROUP``.
     epilogue : Epilogue, optional
         The per-channel bias (a 1-d view of OC values), ReLU or H_SWISH to apply, and the
-        ReLU6 tail (not for a hybrid first layer) or SiLU tail (channel-wise only; the
-        caller gives a tail to no other geometry).
+        ReLU6 or SiLU tail (applied by the kernel where the chosen algorithm can, else by the
+        JIT's kernel after it).
     z : numpy.ndarray, optional
         An array of the output's shape added (after the bias, before the activation).
     select_nchw : callable, optional
@@ -267,12 +267,14 @@ def bind_nchw88_forward(
     if usable_pointwise88(src, filt, out, geo, stride, pad) and preferred_pointwise88(geo) and (
         z is None or z.dtype == _F32
     ):
-        return POINTWISE, bind_pointwise88(src, filt, out, epilogue, z)
+        ep, after = _tail_after(epilogue, out, relu6=True, silu=False)
+        return POINTWISE, _then(bind_pointwise88(src, filt, out, ep, z), after)
     if usable_direct_nchw88(src, filt, out, geo, pad, dilate) and (
         z is None or z.dtype == _F32
     ):
-        return "DIRECT_NCHW88", _bind_direct(src, filt, out, geo, stride, pad, dilate, flip,
-                                             epilogue, z)  # fmt: skip
+        ep, after = _tail_after(epilogue, out, relu6=True, silu=False)
+        return "DIRECT_NCHW88", _then(_bind_direct(src, filt, out, geo, stride, pad, dilate,
+                                                   flip, ep, z), after)  # fmt: skip
     if geo.kind == "chan" and usable_channelwise88(src, filt, out, pad) and (
         z is None or z.dtype == _F32
     ):
@@ -281,9 +283,28 @@ def bind_nchw88_forward(
     if geo.kind == "hybrid" and usable_hybrid88(src, filt, out, pad) and (
         z is None or z.dtype == _F32
     ):
-        return HYBRID, bind_hybrid88(src, filt, out, stride, pad, dilate, flip, epilogue, z)
+        ep, after = _tail_after(epilogue, out, relu6=False, silu=False)
+        return HYBRID, _then(bind_hybrid88(src, filt, out, stride, pad, dilate, flip, ep, z),
+                             after)  # fmt: skip
     return "NCHW88_AS_NCHW", _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip,
                                            epilogue, z, select_nchw)  # fmt: skip
+
+
+def _tail_after(epilogue: Epilogue | None, out: np.ndarray, relu6: bool,
+                silu: bool) -> tuple[Epilogue | None, Step | None]:  # fmt: skip
+    """``epilogue`` without a tail the algorithm does not apply in its kernel (ReLU6 unless
+    ``relu6``, SiLU unless ``silu``), and the step applying that tail to ``out`` after the
+    kernel (the JIT's kernel, in place), else None. SiLU's sigmoid stays scalar code in the
+    dense tiles' write-out (slower than the pass after them), and a ReLU6 in the first
+    layer's tile made LLVM gather the tile."""
+    if epilogue is None or not ((epilogue.relu6 and not relu6) or (epilogue.silu and not silu)):
+        return epilogue, None
+    tail = "RELU6" if epilogue.relu6 else "SILU"
+    return epilogue._replace(relu6=False, silu=False), tail_step(tail, out)
+
+
+def _then(step: Step, after: Step | None) -> Step:
+    return step if after is None else chain([step, after])
 
 
 def _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z, select_nchw):
