@@ -30,12 +30,19 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 # ---- float64 reference ---------------------------------------------------------------------
-def _positions(c):
-    """(filter offset f, output index tuple, source index tuple) over every output position."""
+def _taps(c):
+    """(filter offset f, source slices) per filter offset: the slices take, for every output
+    position at once, the source element that offset multiplies."""
     for f in itertools.product(*(range(k) for k in c["fshape"])):
-        for o in itertools.product(*(range(k) for k in c["oshape"])):
-            s = tuple(oi * t + fi * d for oi, t, fi, d in zip(o, c["stride"], f, c["dilate"]))
-            yield f, o, s
+        yield f, tuple(
+            slice(fi * d, fi * d + (o - 1) * t + 1, t)
+            for fi, d, o, t in zip(f, c["dilate"], c["oshape"], c["stride"])
+        )
+
+
+def _grouped(a, g):
+    """(N, g * k, *plane) -> (N, g, k, *plane)."""
+    return a.reshape(a.shape[0], g, a.shape[1] // g, *a.shape[2:])
 
 
 def _ref_filter(c, w):
@@ -57,44 +64,36 @@ def assert_allocates_nothing(fn) -> None:
 
 
 def ref_forward(c, x, w):
-    g, ocg, icg = w.shape[:3]
+    g = w.shape[0]
     wr = _ref_filter(c, w)
-    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0)] + [(p, p) for p in c["pad"]])
-    out = np.zeros((x.shape[0], g * ocg, *c["oshape"]))
-    for gi in range(g):
-        xs = xp[:, gi * icg : (gi + 1) * icg]
-        for f, o, s in _positions(c):
-            out[(slice(None), slice(gi * ocg, (gi + 1) * ocg), *o)] += (
-                xs[(slice(None), slice(None), *s)] @ wr[(gi, slice(None), slice(None), *f)].T
-            )
-    return out
+    xp = _grouped(np.pad(x.astype(np.float64), [(0, 0), (0, 0)] + [(p, p) for p in c["pad"]]), g)
+    out = np.zeros((x.shape[0], g, w.shape[1], *c["oshape"]))
+    for f, s in _taps(c):
+        out += np.einsum("ngc...,goc->ngo...", xp[(..., *s)], wr[(..., *f)])
+    return out.reshape(x.shape[0], -1, *c["oshape"])
 
 
 def ref_backward_data(c, w, dy):
-    g, ocg, icg = w.shape[:3]
+    g, _, icg = w.shape[:3]
     wr = _ref_filter(c, w)
     spad = [s + 2 * p for s, p in zip(c["sshape"], c["pad"])]
-    gp = np.zeros((dy.shape[0], g * icg, *spad))
-    for gi in range(g):
-        d = dy[:, gi * ocg : (gi + 1) * ocg].astype(np.float64)
-        for f, o, s in _positions(c):
-            gp[(slice(None), slice(gi * icg, (gi + 1) * icg), *s)] += (
-                d[(slice(None), slice(None), *o)] @ wr[(gi, slice(None), slice(None), *f)]
-            )
+    gp = np.zeros((dy.shape[0], g, icg, *spad))
+    d = _grouped(dy.astype(np.float64), g)
+    for f, s in _taps(c):
+        gp[(..., *s)] += np.einsum("ngo...,goc->ngc...", d, wr[(..., *f)])
+    gp = gp.reshape(dy.shape[0], g * icg, *spad)
     return gp[(slice(None), slice(None), *(slice(p, p + s) for p, s in zip(c["pad"], c["sshape"])))]
 
 
 def ref_backward_filter(c, x, dy, wshape):
-    g, ocg, icg = wshape[:3]
-    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0)] + [(p, p) for p in c["pad"]])
+    g = wshape[0]
+    xp = _grouped(np.pad(x.astype(np.float64), [(0, 0), (0, 0)] + [(p, p) for p in c["pad"]]), g)
+    d = _grouped(dy.astype(np.float64), g)
+    d = d.reshape(*d.shape[:3], -1)
     gw = np.zeros(wshape)
-    for gi in range(g):
-        xs = xp[:, gi * icg : (gi + 1) * icg]
-        d = dy[:, gi * ocg : (gi + 1) * ocg].astype(np.float64)
-        for f, o, s in _positions(c):
-            gw[(gi, slice(None), slice(None), *f)] += (
-                d[(slice(None), slice(None), *o)].T @ xs[(slice(None), slice(None), *s)]
-            )
+    for f, s in _taps(c):
+        xs = xp[(..., *s)]
+        gw[(..., *f)] = np.einsum("ngop,ngcp->goc", d, xs.reshape(*xs.shape[:3], -1))
     return _ref_filter(c, gw) if c["flip"] else gw
 
 
