@@ -58,10 +58,11 @@ def case_name(case) -> str:
     return f"{h}x{h}:{ic}->{oc}"
 
 
-def _ort_node_time(ic, oc, h, w, b, x, threads: int, runs: int) -> float:
-    """The 10th percentile of onnxruntime's Conv node time (seconds) over ``runs`` runs."""
+def _ort_node_time(ic, oc, h, w, b, x, threads: int, runs: int, **conv) -> float:
+    """The 10th percentile of onnxruntime's Conv node time (seconds) over ``runs`` runs
+    (``conv``: :func:`conv_fast.ort_conv_relu`'s stride and padding)."""
     with tempfile.TemporaryDirectory() as tmp:
-        sess = ort_conv_relu(w, b, h, threads, profile=os.path.join(tmp, "pw"))
+        sess = ort_conv_relu(w, b, h, threads, profile=os.path.join(tmp, "pw"), **conv)
         for _ in range(runs + 5):
             sess.run(None, {"x": x})
         with open(sess.end_profiling()) as f:
