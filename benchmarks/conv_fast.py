@@ -58,7 +58,6 @@ def ort_conv_relu(w: np.ndarray, b: np.ndarray, h: int, threads: int, *, stride:
     ``b``, padding ``pad`` (default F // 2), ``stride``) and a Relu over an (1, IC, h, h)
     input ``x``, at ``threads`` threads; profiling into files prefixed ``profile`` when
     given."""
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     oc, icg, f = w.shape[0], w.shape[1], w.shape[2]
@@ -72,7 +71,15 @@ def ort_conv_relu(w: np.ndarray, b: np.ndarray, h: int, threads: int, *, stride:
         [helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, oc, oh, oh])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
     )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                       threads, profile)  # fmt: skip
+
+
+def ort_session(model, threads: int, profile: str | None = None):
+    """An onnxruntime CPU session of the ONNX ``model`` at ``threads`` threads, profiling
+    into files prefixed ``profile`` when given."""
+    import onnxruntime as ort
+
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = opts.inter_op_num_threads = threads
     if profile:

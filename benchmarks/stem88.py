@@ -20,11 +20,11 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
+import functools  # noqa: E402
 
 import numpy as np  # noqa: E402
-from conv_fast import best_times, ort_conv_relu  # noqa: E402
-from pointwise88 import _ort_node_time  # noqa: E402
+from conv_fast import ort_conv_relu, ort_session  # noqa: E402
+from pointwise88 import _ort_node_time, node_time, parser, table, time_with_peer  # noqa: E402
 
 #: (filter side, stride, padding, output channels) of a 3-channel 224x224 first layer
 CASES = [
@@ -67,28 +67,22 @@ def run_case(case, threads: int, repeat: int, runs: int = 100, peer: bool = True
     filt = np.ascontiguousarray(w.reshape(oc // 8, 8, IC, f, f).transpose(0, 3, 4, 2, 1))
     o = conv_common.conv_out_size(side, f, s, p, 1)
     out = np.empty((1, oc // 8, o, o, 8), np.float32)
-    conv_common.THREADS = threads
-    try:
+
+    def bind():
         with constant_filter(True):
-            name, step = conv_nchw88.bind_nchw88_forward(
-                x, filt, out, (s, s), (p, p), (1, 1), epilogue=Epilogue(b, True))
-        fns = {"ours": step}
-        if peer:
-            sess = ort_conv_relu(w, b, side, threads, stride=s, pad=p)
-            fns["ort_run"] = lambda: sess.run(None, {"x": x})
-        times = best_times(fns, repeat, False, interleave=threads == 1)
-        step()
-    finally:
-        conv_common.THREADS = None
+            return conv_nchw88.bind_nchw88_forward(x, filt, out, (s, s), (p, p), (1, 1),
+                                                   epilogue=Epilogue(b, True))  # fmt: skip
+
+    def session():
+        return ort_conv_relu(w, b, side, threads, stride=s, pad=p)
+
+    name, times = time_with_peer(bind, out, session, x, threads, repeat, peer)
     if peer:
-        want = sess.run(None, {"x": x})[0]
-        np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=1e-4, atol=1e-4)
         times["ort"] = _ort_node_time(IC, oc, side, w, b, x, threads, runs, stride=s, pad=p)
     return {"name": name, "flops": 2 * o * o * IC * f * f * oc, **times}
 
 
 def _ort_maxpool(case, threads: int, profile: str | None = None):
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     c, side, k, s, p, ceil = case
@@ -98,22 +92,13 @@ def _ort_maxpool(case, threads: int, profile: str | None = None):
         [node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, side, side])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = threads
-    if profile:
-        opts.enable_profiling = True
-        opts.profile_file_prefix = profile
-    return ort.InferenceSession(model.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])  # fmt: skip
+    return ort_session(model, threads, profile)
 
 
-def run_pool(case, threads: int, repeat: int, runs: int, peer: bool = True) -> dict:
-    """One of :data:`POOLS` at ``threads`` threads (seconds): ours (the NCHW88 kernel with
-    ceil mode's end padding), and with ``peer`` onnxruntime's MaxPool node (10th percentile
-    of ``runs``), the output checked against onnxruntime's."""
-    import json
-    import tempfile
-
+def run_pool(case, threads: int, repeat: int, runs: int = 100, peer: bool = True) -> dict:
+    """One of :data:`POOLS` at ``threads`` threads (seconds), as :func:`run_case`: ours the
+    NCHW88 kernel with ceil mode's end padding, onnxruntime's MaxPool node; "flops" counts
+    the window's comparisons."""
     from megbrain.kernels import parallel
     from megbrain.kernels.conv import nchw88 as conv_nchw88
     from megbrain.kernels.pool import nchw88 as pool88
@@ -125,97 +110,40 @@ def run_pool(case, threads: int, repeat: int, runs: int, peer: bool = True) -> d
     src = np.ascontiguousarray(conv_nchw88.to_nchw88(x))
     geo = ((k, k), (s, s), (p, p), (end, end))
     out = np.empty(pool88.pool_nchw88_shape(src.shape, *geo), np.float32)
-    saved = parallel.num_threads
+
+    def bind():
+        return "NCHW88 MAX", pool88.bind_pooling_nchw88(src, out, "MAX", *geo)
+
+    saved = parallel.num_threads  # the pooling splits over the kernel pool's threads
     parallel.num_threads = lambda: threads
     try:
-        step = pool88.bind_pooling_nchw88(src, out, "MAX", *geo)
-        times = best_times({"ours": step}, repeat, False)
+        _, times = time_with_peer(bind, out, lambda: _ort_maxpool(case, threads), x, threads,
+                                  repeat, peer)  # fmt: skip
     finally:
         parallel.num_threads = saved
     if peer:
-        with tempfile.TemporaryDirectory() as tmp:
-            sess = _ort_maxpool(case, threads, profile=os.path.join(tmp, "mp"))
-            want = sess.run(None, {"x": x})[0]
-            np.testing.assert_array_equal(conv_nchw88.to_nchw(out), want)
-            times.update(best_times({"ort_run": lambda: sess.run(None, {"x": x})}, repeat, False))
-            for _ in range(runs):
-                sess.run(None, {"x": x})
-            with open(sess.end_profiling()) as f:
-                events = json.load(f)
-        durs = [e["dur"] for e in events if e.get("cat") == "Node"
-                and e.get("args", {}).get("op_name") == "MaxPool"
-                and e["name"].endswith("_kernel_time")]  # fmt: skip
-        times["ort"] = float(np.percentile(durs[5:], 10)) * 1e-6
-    return times
+        times["ort"] = node_time(functools.partial(_ort_maxpool, case, threads), x, runs,
+                                 ("MaxPool",))  # fmt: skip
+    return {"name": "NCHW88 MAX", "flops": out.size * k * k, **times}
 
 
 def pool_name(case) -> str:
     c, side, k, s, p, _ = case
-    return f"max {c}x{side}x{side} {k}x{k}/s{s}/p{p} ceil"
-
-
-def main_pool(threads_list, repeat: int, runs: int) -> list[dict]:
-    """The :data:`POOLS` table (see the module's docstring)."""
-    rows = []
-    print(f"{'pooling':>34} {'thr':>3} {'ours ms':>8} {'ort node':>8} {'ort run':>8} "
-          f"{'ratio':>6}")  # fmt: skip
-    for threads in threads_list:
-        alone = {case: run_pool(case, threads, repeat, runs, peer=False)["ours"]
-                 for case in POOLS}  # fmt: skip
-        tot = dict(ours=0.0, ort=0.0, ort_run=0.0)
-        for case in POOLS:
-            r = {**run_pool(case, threads, repeat, runs), "ours": alone[case]}
-            rows.append({"case": pool_name(case), "threads": threads, **r})
-            for key in tot:
-                tot[key] += r[key]
-            print(f"{pool_name(case):>34} {threads:>3} {r['ours'] * 1e3:8.3f} "
-                  f"{r['ort'] * 1e3:8.3f} {r['ort_run'] * 1e3:8.3f} "
-                  f"{r['ort'] / r['ours']:6.2f}")  # fmt: skip
-        print(f"{'sum':>34} {threads:>3} {tot['ours'] * 1e3:8.3f} {tot['ort'] * 1e3:8.3f} "
-              f"{tot['ort_run'] * 1e3:8.3f} {tot['ort'] / tot['ours']:6.2f}")  # fmt: skip
-    return rows
+    return f"{c}x{side}x{side} {k}x{k}/s{s}/p{p}"
 
 
 def main(argv=None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("cases", nargs="*", help="case names (default: all)")
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--repeat", type=int, default=50)
-    ap.add_argument("--runs", type=int, default=100, help="onnxruntime's profiled runs")
-    ap.add_argument("--smoke", action="store_true", help="two cases at 32x32, 2 rounds, 1 thread")
+    ap = parser(__doc__, 50, "two cases at 32x32, 2 rounds, 1 thread")
     ap.add_argument("--pool", action="store_true", help="GoogLeNet's max poolings instead")
     args = ap.parse_args(argv)
     if args.pool:
-        return main_pool(args.threads, args.repeat, args.runs)
+        return table(POOLS, pool_name, run_pool, args.threads, args.repeat, args.runs, 24)
     cases = [k for k in CASES if not args.cases or case_name(k) in args.cases]
     side = SIDE
     if args.smoke:
         cases, side, args.repeat, args.runs, args.threads = CASES[1:3], 32, 2, 5, [1]
-    rows = []
-    print(f"{'case':>18} {'thr':>3} {'algorithm':>18} {'ours ms':>8} {'ort node':>8} "
-          f"{'ort run':>8} {'ratio':>6} {'GF/s':>6}")  # fmt: skip
-    for threads in args.threads:
-        tot = dict(ours=0.0, ort=0.0, ort_run=0.0)
-        worst = (float("inf"), "")
-        # ours first, before any onnxruntime session exists (its thread pools take the
-        # cores from a split kernel timed after them: see pointwise88.py)
-        alone = {case: run_case(case, threads, args.repeat, peer=False, side=side)["ours"]
-                 for case in cases}  # fmt: skip
-        for case in cases:
-            r = {**run_case(case, threads, args.repeat, args.runs, side=side),
-                 "ours": alone[case]}  # fmt: skip
-            rows.append({"case": case_name(case), "threads": threads, **r})
-            for k in tot:
-                tot[k] += r[k]
-            ratio = r["ort"] / r["ours"]
-            worst = min(worst, (ratio, case_name(case)))
-            print(f"{case_name(case):>18} {threads:>3} {r['name']:>18} {r['ours'] * 1e3:8.3f} "
-                  f"{r['ort'] * 1e3:8.3f} {r['ort_run'] * 1e3:8.3f} {ratio:6.2f} "
-                  f"{r['flops'] / r['ours'] * 1e-9:6.1f}")  # fmt: skip
-        print(f"{'sum':>18} {threads:>3} {'':>18} {tot['ours'] * 1e3:8.3f} {tot['ort'] * 1e3:8.3f} "
-              f"{tot['ort_run'] * 1e3:8.3f} {tot['ort'] / tot['ours']:6.2f}   lowest "
-              f"{worst[0]:.2f} ({worst[1]})")  # fmt: skip
-    return rows
+    return table(cases, case_name, functools.partial(run_case, side=side), args.threads,
+                 args.repeat, args.runs, 18)  # fmt: skip
 
 
 if __name__ == "__main__":
