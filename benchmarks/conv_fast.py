@@ -52,15 +52,16 @@ def best_times(fns, repeat: int, cpu: bool, interleave: bool = True) -> dict[str
 
 
 def ort_conv_relu(w: np.ndarray, b: np.ndarray, h: int, threads: int, *, stride: int = 1,
-                  group: int = 1, profile: str | None = None):  # fmt: skip
+                  group: int = 1, profile: str | None = None,
+                  pad: int | None = None):  # fmt: skip
     """An onnxruntime session of one Conv (filter ``w`` of shape (OC, IC/group, F, F), bias
-    ``b``, padding F // 2, ``stride``) and a Relu over an (1, IC, h, h) input ``x``, at
-    ``threads`` threads; profiling into files prefixed ``profile`` when given."""
-    import onnxruntime as ort
+    ``b``, padding ``pad`` (default F // 2), ``stride``) and a Relu over an (1, IC, h, h)
+    input ``x``, at ``threads`` threads; profiling into files prefixed ``profile`` when
+    given."""
     from onnx import TensorProto, helper, numpy_helper
 
     oc, icg, f = w.shape[0], w.shape[1], w.shape[2]
-    p = f // 2
+    p = f // 2 if pad is None else pad
     oh = (h + 2 * p - f) // stride + 1
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=group, kernel_shape=[f, f],
                             strides=[stride, stride], pads=[p, p, p, p])  # fmt: skip
@@ -70,7 +71,15 @@ def ort_conv_relu(w: np.ndarray, b: np.ndarray, h: int, threads: int, *, stride:
         [helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, oc, oh, oh])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
     )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                       threads, profile)  # fmt: skip
+
+
+def ort_session(model, threads: int, profile: str | None = None):
+    """An onnxruntime CPU session of the ONNX ``model`` at ``threads`` threads, profiling
+    into files prefixed ``profile`` when given."""
+    import onnxruntime as ort
+
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = opts.inter_op_num_threads = threads
     if profile:

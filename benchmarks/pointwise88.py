@@ -58,24 +58,55 @@ def case_name(case) -> str:
     return f"{h}x{h}:{ic}->{oc}"
 
 
-def _ort_node_time(ic, oc, h, w, b, x, threads: int, runs: int) -> float:
-    """The 10th percentile of onnxruntime's Conv node time (seconds) over ``runs`` runs."""
+def node_time(make_session, x, runs: int, ops=("Conv", "FusedConv")) -> float:
+    """The 10th percentile of onnxruntime's ``ops`` node time (seconds) over ``runs`` runs
+    of the session ``make_session(profile_prefix)`` on input ``x``."""
     with tempfile.TemporaryDirectory() as tmp:
-        sess = ort_conv_relu(w, b, h, threads, profile=os.path.join(tmp, "pw"))
+        sess = make_session(os.path.join(tmp, "node"))
         for _ in range(runs + 5):
             sess.run(None, {"x": x})
         with open(sess.end_profiling()) as f:
             events = json.load(f)
     durs = [e["dur"] for e in events if e.get("cat") == "Node"
-            and e.get("args", {}).get("op_name") in ("Conv", "FusedConv")
+            and e.get("args", {}).get("op_name") in ops
             and e["name"].endswith("_kernel_time")]  # fmt: skip
     return float(np.percentile(durs[5:], 10)) * 1e-6
+
+
+def _ort_node_time(ic, oc, h, w, b, x, threads: int, runs: int, **conv) -> float:
+    """The 10th percentile of onnxruntime's Conv node time (seconds) over ``runs`` runs
+    (``conv``: :func:`conv_fast.ort_conv_relu`'s stride and padding)."""
+    return node_time(lambda prefix: ort_conv_relu(w, b, h, threads, profile=prefix, **conv), x,
+                     runs)  # fmt: skip
+
+
+def time_with_peer(bind, out, make_session, x, threads: int, repeat: int, peer: bool):
+    """``(name, times)``: ``bind() -> (name, step)`` bound and timed at ``threads`` threads
+    (best of ``repeat``), with ``peer`` against onnxruntime's whole run of
+    ``make_session()`` on ``x``, the NCHW88 ``out`` checked against onnxruntime's output."""
+    from megbrain.kernels.conv import common as conv_common
+    from megbrain.kernels.conv import nchw88 as conv_nchw88
+
+    conv_common.THREADS = threads
+    try:
+        name, step = bind()
+        fns = {"ours": step}
+        if peer:
+            sess = make_session()
+            fns["ort_run"] = lambda: sess.run(None, {"x": x})
+        times = best_times(fns, repeat, False, interleave=threads == 1)
+        step()
+    finally:
+        conv_common.THREADS = None
+    if peer:
+        want = sess.run(None, {"x": x})[0]
+        np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=1e-4, atol=1e-4)
+    return name, times
 
 
 def run_case(case, threads: int, repeat: int, runs: int = 100, peer: bool = True) -> dict:
     """Times of one case at ``threads`` threads (seconds): ours, and with ``peer``
     onnxruntime's node and whole run, the output checked against onnxruntime's."""
-    from megbrain.kernels.conv import common as conv_common
     from megbrain.kernels.conv import nchw88 as conv_nchw88
     from megbrain.kernels.conv.constant_operands import constant_filter
     from megbrain.kernels.conv.epilogue import Epilogue
@@ -89,62 +120,67 @@ def run_case(case, threads: int, repeat: int, runs: int = 100, peer: bool = True
     filt = np.ascontiguousarray(w[:, :, 0, 0].reshape(oc // 8, 8, ic // 8, 8)
                                 .transpose(0, 2, 3, 1))[:, :, None, None]  # fmt: skip
     out = np.empty((1, oc // 8, h, h, 8), np.float32)
-    conv_common.THREADS = threads
-    try:
+
+    def bind():
         with constant_filter(True):
-            name, step = conv_nchw88.bind_nchw88_forward(
-                src, filt, out, (1, 1), (0, 0), (1, 1), epilogue=Epilogue(b, True))
-        fns = {"ours": step}
-        if peer:
-            sess = ort_conv_relu(w, b, h, threads)
-            fns["ort_run"] = lambda: sess.run(None, {"x": x})
-        times = best_times(fns, repeat, False, interleave=threads == 1)
-        step()
-    finally:
-        conv_common.THREADS = None
+            return conv_nchw88.bind_nchw88_forward(src, filt, out, (1, 1), (0, 0), (1, 1),
+                                                   epilogue=Epilogue(b, True))  # fmt: skip
+
+    name, times = time_with_peer(bind, out, lambda: ort_conv_relu(w, b, h, threads), x, threads,
+                                 repeat, peer)  # fmt: skip
     if peer:
-        want = sess.run(None, {"x": x})[0]
-        np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=1e-4, atol=1e-4)
         times["ort"] = _ort_node_time(ic, oc, h, w, b, x, threads, runs)
     return {"name": name, "flops": 2 * h * h * ic * oc, **times}
 
 
-def main(argv=None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("cases", nargs="*", help="case names (default: all)")
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--repeat", type=int, default=30)
-    ap.add_argument("--runs", type=int, default=100, help="onnxruntime's profiled runs")
-    ap.add_argument("--smoke", action="store_true", help="two small cases, 2 rounds, 1 thread")
-    args = ap.parse_args(argv)
-    cases = [k for k in CASES if not args.cases or case_name(k) in args.cases]
-    if args.smoke:
-        cases, args.repeat, args.runs, args.threads = [(7, 16, 24), (1, 24, 16)], 2, 5, [1]
+def table(cases, case_name, run_case, threads_list, repeat: int, runs: int,
+          width: int = 16) -> list[dict]:  # fmt: skip
+    """Print and return the rows of ``cases`` at each of ``threads_list``: ``run_case(case,
+    threads, repeat[, runs], peer=...)`` gives a row's times ("ours", "ort", "ort_run"),
+    "name" and "flops"; ours is timed for every case before any onnxruntime session exists
+    (its sessions' thread pools take the cores from a split kernel timed after them: 2
+    threads, 8.1 ms against 3.5 ms over the 68 pointwise cases, the same kernels)."""
     rows = []
-    print(f"{'case':>16} {'thr':>3} {'algorithm':>17} {'ours ms':>8} {'ort node':>8} "
+    print(f"{'case':>{width}} {'thr':>3} {'algorithm':>18} {'ours ms':>8} {'ort node':>8} "
           f"{'ort run':>8} {'ratio':>6} {'GF/s':>6}")  # fmt: skip
-    for threads in args.threads:
+    for threads in threads_list:
         tot = dict(ours=0.0, ort=0.0, ort_run=0.0)
         worst = (float("inf"), "")
-        # ours first, every case, before any onnxruntime session exists: its sessions' thread
-        # pools take the cores from a split kernel timed after them (2 threads: 8.1 ms
-        # against 3.5 ms over the 68 cases, the same kernels)
-        alone = {case: run_case(case, threads, args.repeat, peer=False)["ours"]
-                 for case in cases}  # fmt: skip
+        alone = {case: run_case(case, threads, repeat, peer=False)["ours"] for case in cases}
         for case in cases:
-            r = {**run_case(case, threads, args.repeat, args.runs), "ours": alone[case]}
+            r = {**run_case(case, threads, repeat, runs), "ours": alone[case]}
             rows.append({"case": case_name(case), "threads": threads, **r})
             for k in tot:
                 tot[k] += r[k]
             ratio = r["ort"] / r["ours"]
             worst = min(worst, (ratio, case_name(case)))
-            print(f"{case_name(case):>16} {threads:>3} {r['name']:>17} {r['ours'] * 1e3:8.3f} "
-                  f"{r['ort'] * 1e3:8.3f} {r['ort_run'] * 1e3:8.3f} {ratio:6.2f} "
-                  f"{r['flops'] / r['ours'] * 1e-9:6.1f}")  # fmt: skip
-        print(f"{'sum':>16} {threads:>3} {'':>17} {tot['ours'] * 1e3:8.3f} {tot['ort'] * 1e3:8.3f} "
-              f"{tot['ort_run'] * 1e3:8.3f} {tot['ort'] / tot['ours']:6.2f}   lowest "
-              f"{worst[0]:.2f} ({worst[1]})")  # fmt: skip
+            print(f"{case_name(case):>{width}} {threads:>3} {r['name']:>18} "
+                  f"{r['ours'] * 1e3:8.3f} {r['ort'] * 1e3:8.3f} {r['ort_run'] * 1e3:8.3f} "
+                  f"{ratio:6.2f} {r['flops'] / r['ours'] * 1e-9:6.1f}")  # fmt: skip
+        print(f"{'sum':>{width}} {threads:>3} {'':>18} {tot['ours'] * 1e3:8.3f} "
+              f"{tot['ort'] * 1e3:8.3f} {tot['ort_run'] * 1e3:8.3f} "
+              f"{tot['ort'] / tot['ours']:6.2f}   lowest {worst[0]:.2f} ({worst[1]})")  # fmt: skip
     return rows
+
+
+def parser(doc: str, repeat: int, smoke: str) -> argparse.ArgumentParser:
+    """The per-layer benchmarks' arguments: cases, ``--threads``, ``--repeat``, ``--runs``
+    and ``--smoke`` (described by ``smoke``)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("cases", nargs="*", help="case names (default: all)")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeat", type=int, default=repeat)
+    ap.add_argument("--runs", type=int, default=100, help="onnxruntime's profiled runs")
+    ap.add_argument("--smoke", action="store_true", help=smoke)
+    return ap
+
+
+def main(argv=None) -> list[dict]:
+    args = parser(__doc__, 30, "two small cases, 2 rounds, 1 thread").parse_args(argv)
+    cases = [k for k in CASES if not args.cases or case_name(k) in args.cases]
+    if args.smoke:
+        cases, args.repeat, args.runs, args.threads = [(7, 16, 24), (1, 24, 16)], 2, 5, [1]
+    return table(cases, case_name, run_case, args.threads, args.repeat, args.runs)
 
 
 if __name__ == "__main__":

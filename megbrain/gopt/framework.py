@@ -42,6 +42,7 @@ PRESET: list[str] = [
     "mask_pool_grad",  # training.py: on the expanded gradients, before JIT fusion fuses them
     "jit_fusion",  # jit.py
     "fuse_conv_bias_tail",  # jit.py: a ConvBias and its ReLU6/SiLU JITExecutor, one operator
+    "fuse_pool_end_padding",  # nchw88.py: ceil mode's -inf Concats and the NCHW88 max pooling
     "sublinear_memory",  # sublinear.py: last, on the final operators and their seq
 ]
 

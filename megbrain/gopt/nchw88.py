@@ -35,16 +35,19 @@ import dataclasses
 
 import numpy as np
 
-from ..graph import VarNode, static_shape
+from ..graph import OperatorNodeConfig, VarNode, static_shape
+from ..graph.replace import dep_oprs
+from ..kernels.pool.nchw88 import pool_nchw88_shape
 from ..opr.base import SymbolVar
 from ..opr.dnn import Convolution
 from ..opr.dnn_conv_bias import ConvBias
-from ..opr.dnn_pool import Pooling
+from ..opr.dnn_pool import Pooling, PoolingEndPad, PoolingEndPadParam
 from ..opr.relayout import relayout_format
 from ..opr.tensor_manip import Concat, ConcatParam, dimshuffle, reshape
-from .passes import Rewriter, VarMap, inherit_props
+from .jit import _readers, _sweep
+from .passes import Rewriter, VarMap, inherit_props, register_pass
 
-__all__ = ["use_nchw88"]
+__all__ = ["fuse_pool_end_padding", "use_nchw88"]
 
 _F32 = np.dtype(np.float32)
 _CONVS = (Convolution.type_name, ConvBias.type_name)
@@ -268,3 +271,75 @@ def use_nchw88(graph, dest, options) -> VarMap:
         if v in blocked:
             varmap.reasons[v] = "computed in NCHW88"
     return varmap
+
+
+@register_pass("fuse_pool_end_padding")
+def fuse_pool_end_padding(graph, dest: list[VarNode]) -> dict:
+    """The compile-time pass (after the JIT's): an NCHW88 MAX Pooling whose source is the
+    ONNX importer's ceil-mode padding of a var, Concats along H and/or W of the var and
+    constants of ``-inf`` (nothing else reading the Concats; no more padding before the var
+    than after it), becomes one :class:`~megbrain.opr.dnn_pool.PoolingEndPad` of the var:
+    the padding before the var and as much after it go to the pooling's own, the rest to
+    its end padding; the windows there take the image's taps, and no copy of the whole
+    activation is made."""
+    oprs = dep_oprs(dest)
+    readers, external = _readers(graph, oprs, dest)
+    ends: dict = {}  # Pooling -> (its unpadded source, its param, the Concats dropped)
+    for o in oprs:
+        if type(o) is not Pooling or o.extra_deps:
+            continue
+        p = o.param
+        if p.format != "NCHW88" or p.mode != "MAX":
+            continue
+        v, before, after, dropped, reader = o.inputs[0], [0, 0], [0, 0], [], o
+        while True:
+            c = v.owner
+            if c.type_name != Concat.type_name or c.extra_deps or c.param.axis not in (2, 3):
+                break
+            ax = c.param.axis - 2
+            if before[ax] or after[ax] or v in external or readers.get(v) != [reader]:
+                break
+            inner = [i for i in c.inputs if not _all_lowest(i)]
+            shapes = [static_shape(i) for i in c.inputs]
+            if len(inner) != 1 or any(sh is None for sh in shapes):
+                break
+            k = list(c.inputs).index(inner[0])
+            before[ax] = sum(sh[ax + 2] for sh in shapes[:k])
+            after[ax] = sum(sh[ax + 2] for sh in shapes[k + 1 :])
+            dropped.append(c)
+            v, reader = inner[0], c
+        src = static_shape(v)
+        # the padding before goes to the pooling's own (symmetric), the rest after to its end
+        pad = [q + b for q, b in zip(p.pad, before)]
+        end = [a - b for a, b in zip(after, before)]
+        if not dropped or src is None or min(end) < 0:
+            continue
+        try:
+            pool_nchw88_shape(src, p.window, p.stride, pad, end)
+        except ValueError:
+            continue
+        fields = {f: getattr(p, f) for f in p.__dataclass_fields__}
+        fields.update(pad_h=pad[0], pad_w=pad[1], end_h=end[0], end_w=end[1])
+        ends[o] = (v, PoolingEndPadParam(**fields), dropped)
+    if not ends:
+        return {}
+
+    def fused(o, memo: dict) -> tuple[VarNode, VarNode]:
+        v, param, _ = ends[o]
+        new = PoolingEndPad([memo.get(v, v)], param, OperatorNodeConfig(comp_node=o.comp_node))
+        return o.outputs[0], graph.insert_opr(new)[0]
+
+    skip = {c for _, _, dropped in ends.values() for c in dropped}
+    return _sweep(graph, oprs, skip, {o: fused for o in ends})
+
+
+def _all_lowest(var: VarNode) -> bool:
+    """Whether ``var`` is a float32 constant of ``-inf`` only (the importer's MAX padding)."""
+    owner = var.owner
+    value = getattr(owner, "value", None)
+    return (
+        owner.type_name == "ImmutableTensor"
+        and isinstance(value, np.ndarray)
+        and value.dtype == np.float32
+        and bool(np.all(value == -np.inf))
+    )

@@ -524,5 +524,7 @@ REFUSED.update(
         "SVD": "the default ONNX domain has no singular value decomposition",
         "ConvBiasTail": "a ConvBias and its tail fused when a function is compiled; export "
         "the graph's vars (its ConvBias and Elemwise operators) instead",
+        "PoolingEndPad": "a Pooling and the end padding of its source fused when a function "
+        "is compiled; export the graph's vars (its Concat and Pooling operators) instead",
     }
 )

@@ -13,19 +13,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtype import dtype_name, fmt_dtype, is_quantize, same_dtype
-from ..errors import MegBrainError
+from ..errors import MegBrainError, SerializationError
 from ..graph import OperatorNodeBase, register_opr
 from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..graph.param_def import members_of
 from ..kernels.pool import binds as pool_kernels
 from ..kernels.pool import nchw88 as pool_nchw88
+from ..serialization import sereg
 from . import param_defs as pdefs
 from .base import SymbolVar, build_opr
 from .dnn import _float_dtype, _make, _NamedByKind, _WindowParam
 from .param_args import opr_params
 from .sereg_params import register_strict
 
-__all__ = ["Pooling", "PoolingBackward", "PoolingParam", "pooling"]
+__all__ = ["Pooling", "PoolingBackward", "PoolingEndPad", "PoolingEndPadParam", "PoolingParam",
+           "pooling"]
 
 
 POOLING_MODES = members_of(pdefs.Pooling.Mode)
@@ -196,5 +198,61 @@ def pooling(
     return build_opr(Pooling, [src], param, None, name, comp_node, config, comp_graph)
 
 
+@dataclass(frozen=True)
+class PoolingEndPadParam(PoolingParam):
+    """Param of PoolingEndPad: Pooling's and the padding ``end_h``, ``end_w`` after
+    ``pad_h``, ``pad_w`` at the end of H and W."""
+
+    end_h: int = 0
+    end_w: int = 0
+
+
+@register_opr
+class PoolingEndPad(Pooling):
+    """An NCHW88 MAX Pooling of its source padded at the end of H and W with the lowest
+    value (ONNX's ceil mode): the windows there take the taps inside the image.
+
+    Made at compile time by the ``fuse_pool_end_padding`` pass (:mod:`megbrain.gopt.nchw88`)
+    from the Concats of ``-inf`` the ONNX importer pads with and the Pooling reading them,
+    never by a user and never written to a graph file (MegDNN's Pooling has one symmetric
+    padding per axis)."""
+
+    type_name = "PoolingEndPad"
+    short_name = "pooling_end_pad"
+    Param = PoolingEndPadParam
+
+    def _pooled_shape(self, src: tuple) -> tuple:
+        p = self.param
+        if p.format != "NCHW88" or p.mode != "MAX":
+            raise self.error(f"the end padding is for NCHW88 MAX pooling, not {p.format} "
+                             f"{p.mode}")  # fmt: skip
+        try:
+            return pool_nchw88.pool_nchw88_shape(src, p.window, p.stride, p.pad,
+                                                 (p.end_h, p.end_w))  # fmt: skip
+        except ValueError as exc:
+            raise self.error(str(exc)) from None
+
+    def bind(self, ins, outs):
+        p = self.param
+        return pool_nchw88.bind_pooling_nchw88(ins[0], outs[0], p.mode, p.window, p.stride,
+                                               p.pad, (p.end_h, p.end_w))  # fmt: skip
+
+
 register_strict(Pooling, name="Pooling")  # param.Pooling, PoolingParam's table
 register_strict(PoolingBackward)
+
+
+def _dump_end_pad(ctx, opr: PoolingEndPad) -> None:
+    raise sereg.NotSerializable(
+        f"serialization as FlatBuffers is not supported for operator {opr.name!r} "
+        "(PoolingEndPad: a Pooling and the end padding of its source fused): fused operators "
+        "are not written to graph files; dump the graph before compile-time fusion (the vars "
+        "you built, or the outputs of optimize_for_inference)"
+    )
+
+
+def _load_end_pad(ctx, inputs, config):
+    raise SerializationError("PoolingEndPad: fused operators are never written to graph files")
+
+
+sereg.register_serializer(PoolingEndPad, dump=_dump_end_pad, load=_load_end_pad)

@@ -2,10 +2,12 @@
 megbrain.kernels.conv.nchw88.bind_nchw88_forward: an NCHW source of 1-8 channels into an
 NCHW88 output) against the float64 reference: drawn batches, channels, filter sizes,
 strides, paddings, dilations and flips, with and without the epilogue (bias, residual ``z``,
-ReLU or H_SWISH, NaN kept); strided operands; the same bits on any thread count; nothing
+ReLU, H_SWISH or ReLU6, NaN kept); strided operands; the same bits on any thread count; nothing
 allocated at run time; the workspace written before it is read."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from test_conv_channelwise88 import _pair
 from test_conv_fast_algos import _carved
 
 from megbrain.kernels.conv import common as conv_common
+from megbrain.kernels.conv import hybrid88
 from megbrain.kernels.conv import nchw88 as conv_nchw88
 from megbrain.kernels.conv.constant_operands import constant_filter
 from megbrain.kernels.conv.epilogue import Epilogue
@@ -86,8 +89,8 @@ def _want(c, x, w):
 
 
 @settings(max_examples=150, deadline=None)
-@given(c=cases(), act=st.sampled_from(["none", "bias", "relu", "hswish"]), with_z=st.booleans(),
-       constant=st.booleans())  # fmt: skip
+@given(c=cases(), act=st.sampled_from(["none", "bias", "relu", "hswish", "relu6"]),
+       with_z=st.booleans(), constant=st.booleans())  # fmt: skip
 def test_matches_float64(c, act, with_z, constant):
     x, w, filt = _operands(c)
     out = _out(c)
@@ -96,14 +99,16 @@ def test_matches_float64(c, act, with_z, constant):
     kw = {}
     if act != "none":
         b = rng.uniform(-3, 3, c["oc"]).astype(np.float32)  # both ends of H_SWISH's ramp
-        kw["epilogue"] = Epilogue(b, act == "relu", act == "hswish")
+        kw["epilogue"] = Epilogue(b, act == "relu", act == "hswish", act == "relu6")
         want = want + b[None, :, None, None]
     if with_z:
         zn = rng.uniform(-1, 1, want.shape).astype(np.float32)
         kw["z"] = np.ascontiguousarray(conv_nchw88.to_nchw88(zn))
         want = want + zn
-    if act == "relu":
+    if act in ("relu", "relu6"):
         want = np.maximum(want, 0)
+    if act == "relu6":
+        want = np.minimum(want, 6)
     if act == "hswish":
         want = want * np.clip(want + 3, 0, 6) / 6
     with constant_filter(constant):
@@ -181,3 +186,38 @@ def test_workspace_is_written_before_read_and_nothing_is_allocated(monkeypatch, 
     step = bind()
     step()
     assert_allocates_nothing(step)
+
+
+def test_the_stems_match_float64_at_their_size():
+    # every stem shape of benchmarks/stem88.py at 224x224, bias + ReLU: tiles of several
+    # lengths and groups, the stride-2 and stride-4 phase splits
+    for fs, s, p, oc in [(3, 2, 1, 24), (7, 2, 3, 64), (4, 4, 0, 96), (3, 2, 0, 64)]:
+        c = _case(oc=oc, fshape=(fs, fs), stride=(s, s), pad=(p, p), sshape=(224, 224))
+        x, w, filt = _operands(c)
+        b = np.linspace(-1, 1, oc, dtype=np.float32)
+        out = _out(c)
+        name, step = _bind(c, x, filt, out, epilogue=Epilogue(b, True))
+        assert name == ALGO
+        step()
+        want = np.maximum(_want(c, x, w) + b[None, :, None, None], 0)
+        np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("ow, k, oc", [(112, 27, 16), (112, 27, 24), (56, 48, 96), (3, 9, 40)])
+def test_tiles_fit_the_registers_and_the_row(ow, k, oc):
+    tl = hybrid88.tiles_for(ow, k, oc)
+    assert tl.r <= max(1, ow) and tl.r * tl.b <= 24
+    assert tl.ng * tl.b == -(-oc // 16)
+
+
+def test_the_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch):
+    # benchmarks/stem88.py on two small stems, so that it cannot rot; times unchecked
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
+    import stem88 as bench
+
+    rows = bench.main(["--smoke"])
+    assert [r["name"] for r in rows] == [ALGO] * 2
+    assert all(min(r["ours"], r["ort"], r["ort_run"]) > 0 for r in rows)

@@ -156,3 +156,44 @@ def test_the_separable_max_allocates_nothing_per_run(monkeypatch):
     fn()
     assert_allocates_nothing(fn)
     np.testing.assert_array_equal(conv_nchw88.to_nchw(out), ref_forward(x, "MAX", *geometry))
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases(), st.integers(0, 2), st.integers(0, 2))
+def test_max_with_an_end_padding_equals_pooling_the_source_padded_with_minus_inf(case, eh, ew):
+    # ceil mode's end padding (PoolingEndPad): as the NCHW pooling of the padded source
+    x, _, window, stride, pad = case
+    end = (eh, ew)
+    src = _to88(x)
+    try:
+        shape = pool88.pool_nchw88_shape(src.shape, window, stride, pad, end)
+    except ValueError:  # a last window entirely in the padding
+        return
+    padded = np.pad(x, [(0, 0), (0, 0), (0, eh), (0, ew)], constant_values=-np.inf)
+    out = np.full(shape, np.nan, np.float32)
+    step = pool88.bind_pooling_nchw88(src, out, "MAX", window, stride, pad, end)
+    step()
+    np.testing.assert_array_equal(conv_nchw88.to_nchw(out),
+                                  _pool_nchw(padded, "MAX", window, stride, pad))  # fmt: skip
+
+
+def test_an_end_padding_is_for_max_only_and_a_window_must_reach_the_image():
+    src = np.zeros((1, 1, 5, 5, 8), np.float32)
+    out = np.zeros(pool88.pool_nchw88_shape(src.shape, (2, 2), (2, 2), (0, 0), (1, 1)),
+                   np.float32)  # fmt: skip
+    assert out.shape[2:4] == (3, 3)
+    with pytest.raises(ValueError, match="MAX only"):
+        pool88.bind_pooling_nchw88(src, out, "AVERAGE", (2, 2), (2, 2), (0, 0), (1, 1))
+    with pytest.raises(ValueError, match="entirely in the padding"):
+        pool88.pool_nchw88_shape(src.shape, (2, 2), (2, 2), (0, 0), (3, 0))
+
+
+def test_the_end_padded_max_allocates_nothing_per_run(monkeypatch):
+    x = np.random.default_rng(5).standard_normal((1, 16, 13, 13)).astype(np.float32)
+    src = _to88(x)
+    geometry = ((3, 3), (2, 2), (0, 0), (1, 1))
+    out = np.empty(pool88.pool_nchw88_shape(src.shape, *geometry), np.float32)
+    monkeypatch.setattr(parallel, "num_threads", lambda: 1)
+    fn = pool88.bind_pooling_nchw88(src, out, "MAX", *geometry)
+    fn()
+    assert_allocates_nothing(fn)

@@ -283,7 +283,7 @@ def bind_nchw88_forward(
     if geo.kind == "hybrid" and usable_hybrid88(src, filt, out, pad) and (
         z is None or z.dtype == _F32
     ):
-        ep, after = _tail_after(epilogue, out, relu6=False, silu=False)
+        ep, after = _tail_after(epilogue, out, relu6=True, silu=False)
         return HYBRID, _then(bind_hybrid88(src, filt, out, stride, pad, dilate, flip, ep, z),
                              after)  # fmt: skip
     return "NCHW88_AS_NCHW", _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip,

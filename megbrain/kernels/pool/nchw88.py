@@ -235,25 +235,32 @@ def _compiled_max():
     )
 
 
-def pool_nchw88_shape(src: Sequence[int], window, stride, pad) -> tuple[int, ...]:
-    """The ``(N, C/8, OH, OW, 8)`` output shape of pooling a ``(N, C/8, H, W, 8)`` source.
+def pool_nchw88_shape(src: Sequence[int], window, stride, pad,
+                      end=(0, 0)) -> tuple[int, ...]:  # fmt: skip
+    """The ``(N, C/8, OH, OW, 8)`` output shape of pooling a ``(N, C/8, H, W, 8)`` source,
+    padded by ``pad`` at both ends of H and W and by ``end`` more after them (ceil mode's
+    end padding).
 
     Raises
     ------
     ValueError
-        For a source that is not 5-d with a last dim of 8, or a padding not smaller than
-        the window.
+        For a source that is not 5-d with a last dim of 8, a padding not smaller than the
+        window, or a last window that starts in the end padding.
     """
     if len(src) != 5 or src[4] != _CB:
         raise ValueError(f"an NCHW88 source is (N, C/8, H, W, 8), got {tuple(src)}")
     if any(p >= w for p, w in zip(pad, window)):
         raise ValueError(f"padding {tuple(pad)} must be smaller than the window {tuple(window)}")
-    out = tuple(pool_out_size(*a) for a in zip(src[2:4], window, stride, pad))
+    out = tuple(pool_out_size(n + e, w, s, p)
+                for n, w, s, p, e in zip(src[2:4], window, stride, pad, end))  # fmt: skip
+    if any((o - 1) * s - p >= n for o, s, p, n in zip(out, stride, pad, src[2:4])):
+        raise ValueError(f"end padding {tuple(end)}: a window of {tuple(src[2:4])} would lie "
+                         "entirely in the padding")  # fmt: skip
     return (src[0], src[1], *out, _CB)
 
 
-def bind_pooling_nchw88(src: np.ndarray, out: np.ndarray, mode: str, window, stride,
-                        pad) -> Step:  # fmt: skip
+def bind_pooling_nchw88(src: np.ndarray, out: np.ndarray, mode: str, window, stride, pad,
+                        end=(0, 0)) -> Step:  # fmt: skip
     """Bind a pooling of the NCHW88 ``src`` into ``out``.
 
     Parameters
@@ -264,6 +271,9 @@ def bind_pooling_nchw88(src: np.ndarray, out: np.ndarray, mode: str, window, str
         As for :func:`.binds.bind_pooling`.
     window, stride, pad : sequence of int
         Two values each; ``pad < window``.
+    end : sequence of int
+        The padding after ``pad`` at the end of H and W (ceil mode's; MAX only): the
+        windows there take the taps inside the image, as at the other padding.
 
     Returns
     -------
@@ -280,7 +290,9 @@ def bind_pooling_nchw88(src: np.ndarray, out: np.ndarray, mode: str, window, str
         raise ValueError(f"Pooling: unknown mode {mode!r}")
     if src.dtype != _F32 or out.dtype != _F32:
         raise ValueError(f"NCHW88 pooling takes float32, got {src.dtype} -> {out.dtype}")
-    want = pool_nchw88_shape(src.shape, window, stride, pad)
+    if any(end) and mode != "MAX":  # an average's divisor would count the end padding
+        raise ValueError(f"NCHW88 pooling takes an end padding for MAX only, not {mode}")
+    want = pool_nchw88_shape(src.shape, window, stride, pad, end)
     if tuple(out.shape) != want:
         raise ValueError(f"Pooling: src {src.shape} (window={tuple(window)}, "
                          f"stride={tuple(stride)}, pad={tuple(pad)}) gives {want}, "
