@@ -70,7 +70,7 @@ def packed_tiles(m: int, k: int, n: int, nthreads: int) -> PointwiseTiles:
     tile, in groups enough for every thread."""
     nblk = -(-n // loops.BLOCK)
     if m == 1:
-        want = max(1, min(_GEMV_BLOCKS, nblk // (4 * nthreads)))
+        want = max(1, min(_GEMV_BLOCKS, nblk // (8 * nthreads)))
         b = max(d for d in range(1, want + 1) if nblk % d == 0)
         return PointwiseTiles(1, b, nblk // b, 1, 1)
     tl = tiles_for(1, m, k, n, nthreads)

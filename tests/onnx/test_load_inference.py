@@ -237,3 +237,19 @@ def test_products_by_constant_weights_are_packed_and_match_onnxruntime(monkeypat
     ort = pytest.importorskip("onnxruntime")
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(y, sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(5, 17), (2, 3, 17), (1, 4, 6, 17)])
+def test_an_n_d_matmul_by_a_constant_matrix_matches_float64(shape):
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(len(shape))
+    w = rng.uniform(-1, 1, (17, 33)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w")])  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.uniform(-1, 1, shape).astype(np.float32)
+    (y,) = load_inference(model.SerializeToString())(x)
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-5)
