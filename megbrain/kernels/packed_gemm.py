@@ -36,10 +36,10 @@ _GEMV_BLOCKS = 8
 
 
 def _row_view(x: np.ndarray) -> np.ndarray | None:
-    """The 2-d ``x`` (unit column stride) as a flat view from its first element to its
-    last; None for another column stride."""
+    """The 2-d ``x`` (unit column stride, rows ascending) as a flat view from its first
+    element to its last; None for other strides."""
     m, k = x.shape
-    if k > 1 and x.strides[1] != x.itemsize or x.strides[0] % x.itemsize:
+    if k > 1 and x.strides[1] != x.itemsize or x.strides[0] % x.itemsize or x.strides[0] < 0:
         return None
     size = (m - 1) * (x.strides[0] // x.itemsize) + k
     return np.lib.stride_tricks.as_strided(x, (size,), (x.itemsize,), writeable=x.flags.writeable)

@@ -175,3 +175,17 @@ def test_the_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch):
     import constant_gemm as bench
 
     assert len(bench.main(["--smoke"])) == 2
+
+
+def test_operands_it_cannot_read_in_place_are_left_to_blas():
+    a, b, _ = _operands(6, 8, 20, 5)
+    out = np.empty((6, 20), np.float32)
+    usable = packed_gemm.usable_packed_matmul
+    assert usable(a, b, out)
+    assert not usable(np.asfortranarray(a), b, out)  # a transposed A: columns strided
+    assert not usable(a[::-1], b, out)
+    assert not usable(a.astype(np.float64), b.astype(np.float64), out.astype(np.float64))
+    square = np.ones((6, 6), np.float32)
+    assert not usable(square, np.ones((6, 6), np.float32), square)  # in place
+    c = np.ones((6, 0), np.float32)
+    assert not usable(c, np.ones((0, 20), np.float32), out)  # k = 0: zeros, BLAS's
