@@ -6,9 +6,12 @@ operands (QuantizedS8, Quantized8Asymm, Quantized4Asymm) multiply their stored i
 their zero points, with exact int32 accumulation into a QuantizedS32 ``out`` (8-bit matrices
 on the AVX-512 VNNI tiles of the quantized convolution where the CPU has them).
 
-The products run on megbrain's kernel threads with BLAS single-threaded (:mod:`.gemm`): a
-large matrix product is split into row or column blocks, a batch into its matrices; only a
-MatrixMul of at least ``gemm.BLAS_THREADED_MIN_FLOPS`` runs on BLAS's own threads.
+A float32 product by a constant matrix (bound inside
+:func:`.conv.constant_operands.constant_filter`: a MatrixMul's or BatchedMatrixMul's weight)
+runs the packed GEMM (:mod:`.packed_gemm`). The others run on megbrain's kernel threads with
+BLAS single-threaded (:mod:`.gemm`): a large matrix product is split into row or column
+blocks, a batch into its matrices; only a MatrixMul of at least
+``gemm.BLAS_THREADED_MIN_FLOPS`` runs on BLAS's own threads.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import parallel
+from . import packed_gemm, parallel
 from .arrays import F32, LOW_FLOATS
+from .conv.constant_operands import filter_is_constant
 from .conv.quantized import bind_quantized_matmul
 from .elemwise import quant_params
 from .gemm import BLAS_THREADED_MIN_FLOPS, matmul_step, products_step
@@ -154,7 +158,29 @@ def _bind_products(
         fast = bind_quantized_matmul(x, y, out)
         if fast is not None:
             return fast
+    if filter_is_constant():
+        packed = _packed_step(x, y, out)
+        if packed is not None:
+            return packed
     return _bind(name, product, x, y, out)
+
+
+def _packed_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:
+    """The packed GEMM (:mod:`.packed_gemm`) of a constant float32 ``b``: a matrix, a batch
+    of one, or one matrix broadcast over the batch with the rows of ``a`` and ``out`` views
+    of one matrix each; None where it does not apply."""
+    if a.ndim == 3:
+        if a.shape[0] == 1:
+            a, b, out = a[0], b[0], out[0]
+        elif b.strides[0] == 0 and out.size:
+            a, b, out = _as_rows(a), b[0], _as_rows(out)
+            if a is None or out is None:
+                return None
+        else:
+            return None
+    if not packed_gemm.usable_packed_matmul(a, b, out):
+        return None
+    return packed_gemm.bind_packed_matmul(a, b, out, constant=True)
 
 
 def _batched_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:

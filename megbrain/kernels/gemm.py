@@ -1,5 +1,8 @@
 """GEMMs as bound steps that run on megbrain's kernel threads, BLAS single-threaded.
 
+(A float32 product by a constant matrix does not come here: :mod:`.blas` binds it to
+:mod:`.packed_gemm`, which packs the matrix once.)
+
 A product of at least :data:`SPLIT_MIN_FLOPS` is split into one part per kernel thread
 (rows of ``out`` when it has more rows than columns, else columns), each part a BLAS call
 with BLAS single-threaded (:func:`parallel.blas_single_threaded`); a smaller one is a single

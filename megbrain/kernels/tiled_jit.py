@@ -48,7 +48,9 @@ __all__ = [
     "take_unit",
     "tile_positions",
     "transpose_store",
+    "vector_fmas",
     "vector_width",
+    "zeroed_slots",
     "zmm_vectors",
 ]
 
@@ -140,6 +142,24 @@ def take_unit():
         return -1
 
     return compile_tiled(take, [types.int64(types.int64[::1], types.int64)])
+
+
+def vector_fmas(builder, vec: ir.VectorType):
+    """The ``llvm.fmuladd`` function of the vector type ``vec`` in ``builder``'s module."""
+    name = f"llvm.fmuladd.v{vec.count}f32"
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), name)
+
+
+def zeroed_slots(builder, vec: ir.VectorType, count: int) -> list:
+    """``count`` stack slots of the vector type ``vec`` set to zero: a register tile's
+    accumulators (LLVM's scalar replacement keeps them in registers)."""
+    i64 = ir.IntType(64)
+    regs = cgutils.alloca_once(builder, ir.ArrayType(vec, count))
+    slots = [builder.gep(regs, [ir.Constant(i64, 0), ir.Constant(i64, i)], inbounds=True)
+             for i in range(count)]  # fmt: skip
+    for s in slots:
+        builder.store(ir.Constant(vec, None), s)
+    return slots
 
 
 def compile_tiled(fn, signatures: list, **options):

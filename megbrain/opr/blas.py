@@ -138,7 +138,7 @@ class MatrixMul(_MatMulBase):
 
     def bind(self, ins, outs):
         p = self.param
-        # a constant B (a classifier's weight) is packed once by the quantized product
+        # a constant B (a classifier's weight) is packed once (float32, quantized products)
         with constant_filter(input_is_constant(self, 1)):
             return blas_kernels.bind_matmul(ins[0], ins[1], outs[0], p.transposeA,
                                             p.transposeB)
@@ -155,7 +155,10 @@ class BatchedMatrixMul(_MatMulBase):
 
     def bind(self, ins, outs):
         p = self.param
-        return blas_kernels.bind_batched_matmul(ins[0], ins[1], outs[0], p.transposeA, p.transposeB)
+        # a constant weight (a Linear layer's, one matrix or broadcast) is packed once
+        with constant_filter(input_is_constant(self, 1)):
+            return blas_kernels.bind_batched_matmul(ins[0], ins[1], outs[0], p.transposeA,
+                                                    p.transposeB)
 
     def grad(self, wrt_idx, out_grads):
         return _matmul_grad(self, wrt_idx, out_grads, batched_matrix_mul)

@@ -195,3 +195,61 @@ def test_no_warm_up_of_a_model_whose_input_shape_is_not_known():
     assert _plan_and_fast(f) == (None, None)
     x = np.array([[-1, 2, 3], [4, -5, 6]], np.float32)
     np.testing.assert_array_equal(f(x)[0], np.maximum(x, 0))
+
+
+def _linear_model(rng) -> onnx.ModelProto:
+    """ConvNeXt's channels-last Linear layers (an N-d MatMul by a constant matrix, an Add of
+    the bias), then a classifier's Gemm (transB, bias) over the flattened rows."""
+    from onnx import numpy_helper
+
+    w1 = rng.uniform(-0.3, 0.3, (24, 40)).astype(np.float32)
+    b1 = rng.uniform(-1, 1, 40).astype(np.float32)
+    w2 = rng.uniform(-0.3, 0.3, (10, 7 * 5 * 40)).astype(np.float32)
+    b2 = rng.uniform(-1, 1, 10).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["r"]),
+        helper.make_node("Flatten", ["r"], ["f"]),
+        helper.make_node("Gemm", ["f", "w2", "b2"], ["y"], transB=1),
+    ]
+    inits = [numpy_helper.from_array(v, k) for k, v in (("w1", w1), ("b1", b1), ("w2", w2),
+                                                        ("b2", b2))]  # fmt: skip
+    g = helper.make_graph(nodes, "linear",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 7, 5, 24])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+                          inits)  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_products_by_constant_weights_are_packed_and_match_onnxruntime(monkeypatch):
+    from megbrain.kernels import packed_gemm
+
+    taken = []
+    bind = packed_gemm.bind_packed_matmul
+    monkeypatch.setattr(packed_gemm, "bind_packed_matmul",
+                        lambda a, b, *r, **kw: taken.append(b.shape) or bind(a, b, *r, **kw))
+    rng = np.random.default_rng(2)
+    model = _linear_model(rng)
+    f = load_inference(model.SerializeToString())
+    x = rng.uniform(-1, 1, (1, 7, 5, 24)).astype(np.float32)
+    (y,) = f(x)
+    assert sorted(taken) == [(24, 40), (1400, 10)]  # the MatMul's rows, the Gemm's transB
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(y, sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(5, 17), (2, 3, 17), (1, 4, 6, 17)])
+def test_an_n_d_matmul_by_a_constant_matrix_matches_float64(shape):
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(len(shape))
+    w = rng.uniform(-1, 1, (17, 33)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w")])  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.uniform(-1, 1, shape).astype(np.float32)
+    (y,) = load_inference(model.SerializeToString())(x)
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-5)
