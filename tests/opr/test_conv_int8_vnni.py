@@ -275,3 +275,22 @@ def test_a_requantized_3x3_depthwise_in_one_pass_equals_the_reference(
     quantized.bind_quantized_conv_bias(x, f, bias, None, out, (1, 1), (pad, pad), (dil, dil),
                                        False, mode)()  # fmt: skip
     ref.assert_same(out, want)
+
+
+def test_rounding_by_the_float_below_one_half_is_c_roundf():
+    # the requantize's rounding (loops.int8._quantize, the VNNI epilogue): for |v| <= 256,
+    # trunc(v + copysign(0.49999997, v)) is C roundf (half away from zero); here every
+    # float32 within 2^12 ulps of each half-integer and integer, and random ones
+    below = np.nextafter(np.float32(0.5), np.float32(0))
+    assert below == np.float32(vnni._BELOW_HALF)
+    ks = np.arange(-512, 513, dtype=np.float32) / 2
+    near = ks.view(np.int32)[:, None] + np.arange(-(1 << 12), 1 << 12, dtype=np.int32)
+    v = near.view(np.float32).reshape(-1)
+    v = np.concatenate([v, np.random.default_rng(0).uniform(-256, 256, 1 << 20)
+                        .astype(np.float32)])  # fmt: skip
+    v = v[np.isfinite(v) & (np.abs(v) <= 256)]
+    t = np.trunc(v)
+    d = np.abs(v - t)
+    want = t + np.copysign(np.float32(1), v) * (d >= np.float32(0.5))
+    got = np.trunc(v + np.copysign(below, v))
+    np.testing.assert_array_equal(got, want)

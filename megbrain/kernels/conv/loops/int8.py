@@ -35,6 +35,8 @@ __all__ = [
 
 #: output positions filled together by the im2col (their rows stay in the L1 cache)
 _ROWS = 32
+#: the largest float32 below 0.5 (rounding half away from zero by one add, :func:`_quantize`)
+_BELOW_HALF = np.nextafter(np.float32(0.5), np.float32(0))
 
 def _im2col_py(x, col, n, fh, fw, sh, sw, ph, pw, dh, dw, ow, zx, g0, g1):  # pragma: no cover
     """Rows of sample ``n`` for the groups [g0, g1): ``col[g, r * OW + q, (i, a, b)]`` =
@@ -164,18 +166,16 @@ def _quantize(v, scale, zp, qmin, qmax):  # pragma: no cover - compiled
     from zero (C ``roundf``), plus ``zp``, then ``fmin(fmax(qmin, v), qmax)`` (NaN gives
     qmin), as an int32. The quotient is clamped to ``[qmin - zp, qmax - zp]`` instead
     (integers: rounding is monotone, so the same values saturate, NaN going to the lower
-    end), which also makes the truncation a conversion to int32; selects, not branches, so
-    that a loop of it vectorizes."""
-    half, one = np.float32(0.5), np.float32(1)
+    end), so that the rounding is one add and a truncating conversion; selects, not
+    branches, so that a loop of it vectorizes."""
     lo, hi = qmin - zp, qmax - zp
     v = v / scale
     v = v if v > lo else lo
     v = v if v < hi else hi
-    t = np.float32(np.int32(v))
-    d = v - t
-    t = t + one if d >= half else t
-    t = t - one if d <= -half else t
-    return np.int32(t + zp)
+    # C roundf of a value of at most 255 in magnitude: plus the float32 below one half,
+    # signed as the value, truncated (checked over every float32 of magnitude <= 256)
+    h = _BELOW_HALF if v >= np.float32(0) else -_BELOW_HALF
+    return np.int32(v + h) + np.int32(zp)
 
 
 def _add_py(a, b, out, q, relu, lo, hi):  # pragma: no cover - compiled

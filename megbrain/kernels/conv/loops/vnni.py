@@ -72,6 +72,8 @@ _stack_tile = stack_tile()
 #: the tile's output-channel rows for V vectors of positions: ``R V`` accumulators of the
 #: 32 zmm registers, enough to hide ``vpdpbusd``'s latency, with room for the V loads
 _ROWS = {2: 8, 4: 6}
+#: the largest float32 below 0.5
+_BELOW_HALF = float(np.nextafter(np.float32(0.5), np.float32(0)))
 
 
 def available() -> bool:
@@ -183,16 +185,15 @@ def vnni_tile():
                 vty, elt = ir.VectorType(i8, LANES), i8
                 qs = [splat(builder.load(builder.gep(qdata, [const(i)])), vf) for i in range(5)]
                 s_in, s_out, zp, qmin, qmax = qs
-                fv = ir.FunctionType(vf, [vf])
                 fv2 = ir.FunctionType(vf, [vf, vf])
-                trunc = cgutils.get_or_insert_function(builder.module, fv, "llvm.trunc.v16f32")
-                fabs = cgutils.get_or_insert_function(builder.module, fv, "llvm.fabs.v16f32")
                 csign = cgutils.get_or_insert_function(builder.module, fv2,
                                                        "llvm.copysign.v16f32")
                 lo, hi = builder.fsub(qmin, zp), builder.fsub(qmax, zp)
+                zpi = builder.fptosi(zp, v32)
                 zero = ir.Constant(vf, None)
-                half = ir.Constant(vf, [ir.Constant(f32, 0.5)] * LANES)
-                onev = ir.Constant(vf, [ir.Constant(f32, 1.0)] * LANES)
+                # the float32 below one half: v + copysign(it, v), truncated, is C roundf(v)
+                # for every |v| <= 256 (checked over all of them), one add and a conversion
+                below_half = ir.Constant(vf, [ir.Constant(f32, _BELOW_HALF)] * LANES)
 
                 def requantize(acc):
                     val = builder.fmul(builder.sitofp(acc, vf), s_in)
@@ -205,13 +206,9 @@ def vnni_tile():
                     # lower end as fmax sends it to qmin
                     val = builder.select(builder.fcmp_ordered(">", val, lo), val, lo)
                     val = builder.select(builder.fcmp_ordered("<", val, hi), val, hi)
-                    # C roundf: half away from zero (the difference to trunc is exact)
-                    t = builder.call(trunc, [val])
-                    up = builder.fcmp_ordered(">=", builder.call(fabs, [builder.fsub(val, t)]),
-                                              half)  # fmt: skip
-                    step = builder.select(up, builder.call(csign, [onev, val]), zero)
-                    val = builder.fadd(builder.fadd(t, step), zp)
-                    return builder.trunc(builder.fptosi(val, v32), vty)
+                    # C roundf, half away from zero, on a value of at most 255 in magnitude
+                    val = builder.fadd(val, builder.call(csign, [below_half, val]))
+                    return builder.trunc(builder.add(builder.fptosi(val, v32), zpi), vty)
 
             store = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(ir.VoidType(), [vty, vty.as_pointer(), i32, v1]),
