@@ -51,6 +51,7 @@ from numba.core import cgutils, config, types
 from numba.extending import intrinsic
 
 from ...tiled_jit import stack_tile
+from .int8 import _BELOW_HALF as _INT8_BELOW_HALF
 
 __all__ = [
     "EPI_INT32",
@@ -72,8 +73,7 @@ _stack_tile = stack_tile()
 #: the tile's output-channel rows for V vectors of positions: ``R V`` accumulators of the
 #: 32 zmm registers, enough to hide ``vpdpbusd``'s latency, with room for the V loads
 _ROWS = {2: 8, 4: 6}
-#: the largest float32 below 0.5
-_BELOW_HALF = float(np.nextafter(np.float32(0.5), np.float32(0)))
+_BELOW_HALF = float(_INT8_BELOW_HALF)
 
 
 def available() -> bool:
