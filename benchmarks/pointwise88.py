@@ -58,10 +58,11 @@ def case_name(case) -> str:
     return f"{h}x{h}:{ic}->{oc}"
 
 
-def _ort_node_time(ic, oc, h, w, b, x, threads: int, runs: int) -> float:
-    """The 10th percentile of onnxruntime's Conv node time (seconds) over ``runs`` runs."""
+def _ort_node_time(ic, oc, h, w, b, x, threads: int, runs: int, **conv) -> float:
+    """The 10th percentile of onnxruntime's Conv node time (seconds) over ``runs`` runs
+    (``conv``: the ``stride`` and ``group`` of :func:`conv_fast.ort_conv_relu`)."""
     with tempfile.TemporaryDirectory() as tmp:
-        sess = ort_conv_relu(w, b, h, threads, profile=os.path.join(tmp, "pw"))
+        sess = ort_conv_relu(w, b, h, threads, profile=os.path.join(tmp, "pw"), **conv)
         for _ in range(runs + 5):
             sess.run(None, {"x": x})
         with open(sess.end_profiling()) as f:
@@ -109,17 +110,35 @@ def run_case(case, threads: int, repeat: int, runs: int = 100, peer: bool = True
     return {"name": name, "flops": 2 * h * h * ic * oc, **times}
 
 
-def main(argv=None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def layer_args(doc: str, argv, cases: list, name, smoke: list):
+    """``(args, cases)`` of a per-layer benchmark: the positional case names (``name(case)``
+    of ``cases``; default all), ``--threads``, ``--repeat``, ``--runs`` (onnxruntime's
+    profiled runs) and ``--smoke`` (the ``smoke`` cases, 2 rounds, 1 thread)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("cases", nargs="*", help="case names (default: all)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--runs", type=int, default=100, help="onnxruntime's profiled runs")
     ap.add_argument("--smoke", action="store_true", help="two small cases, 2 rounds, 1 thread")
     args = ap.parse_args(argv)
-    cases = [k for k in CASES if not args.cases or case_name(k) in args.cases]
+    cases = [k for k in cases if not args.cases or name(k) in args.cases]
     if args.smoke:
-        cases, args.repeat, args.runs, args.threads = [(7, 16, 24), (1, 24, 16)], 2, 5, [1]
+        cases, args.repeat, args.runs, args.threads = smoke, 2, 5, [1]
+    return args, cases
+
+
+def row_line(label: str, threads: int, r: dict, width: int = 16) -> str:
+    """A printed row: ``label``, ``threads``, ``r``'s algorithm ``name``, times (ms) ``ours``,
+    ``ort`` (onnxruntime's node) and ``ort_run``, their ratio, and with ``flops`` our
+    GFLOP/s."""
+    gf = f" {r['flops'] / r['ours'] * 1e-9:6.1f}" if "flops" in r else ""
+    return (f"{label:>{width}} {threads:>3} {r.get('name', ''):>17} {r['ours'] * 1e3:8.3f} "
+            f"{r['ort'] * 1e3:8.3f} {r['ort_run'] * 1e3:8.3f} {r['ort'] / r['ours']:6.2f}"
+            + gf)  # fmt: skip
+
+
+def main(argv=None) -> list[dict]:
+    args, cases = layer_args(__doc__, argv, CASES, case_name, [(7, 16, 24), (1, 24, 16)])
     rows = []
     print(f"{'case':>16} {'thr':>3} {'algorithm':>17} {'ours ms':>8} {'ort node':>8} "
           f"{'ort run':>8} {'ratio':>6} {'GF/s':>6}")  # fmt: skip
@@ -136,14 +155,9 @@ def main(argv=None) -> list[dict]:
             rows.append({"case": case_name(case), "threads": threads, **r})
             for k in tot:
                 tot[k] += r[k]
-            ratio = r["ort"] / r["ours"]
-            worst = min(worst, (ratio, case_name(case)))
-            print(f"{case_name(case):>16} {threads:>3} {r['name']:>17} {r['ours'] * 1e3:8.3f} "
-                  f"{r['ort'] * 1e3:8.3f} {r['ort_run'] * 1e3:8.3f} {ratio:6.2f} "
-                  f"{r['flops'] / r['ours'] * 1e-9:6.1f}")  # fmt: skip
-        print(f"{'sum':>16} {threads:>3} {'':>17} {tot['ours'] * 1e3:8.3f} {tot['ort'] * 1e3:8.3f} "
-              f"{tot['ort_run'] * 1e3:8.3f} {tot['ort'] / tot['ours']:6.2f}   lowest "
-              f"{worst[0]:.2f} ({worst[1]})")  # fmt: skip
+            worst = min(worst, (r["ort"] / r["ours"], case_name(case)))
+            print(row_line(case_name(case), threads, r))
+        print(row_line("sum", threads, tot) + f"   lowest {worst[0]:.2f} ({worst[1]})")
     return rows
 
 
