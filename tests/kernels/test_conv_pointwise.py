@@ -214,14 +214,22 @@ def test_one_and_two_threads_give_the_same_bits(shape):
     c = _case(icg=icg, ocg=ocg, sshape=sshape)
     x, w, y = _arrays(c)
     ep, _ = _epilogue(c, y, "H_SWISH")
+    one, two = outputs_by_threads(lambda: _FWD(x, w, y, *_geometry(c), epilogue=ep)(), y,
+                                  (conv_pointwise, "_MIN_SPLIT_BLOCKS", 0))  # fmt: skip
+    np.testing.assert_array_equal(one, two)
+
+
+def outputs_by_threads(run, y, split) -> list:
+    """``y`` after ``run()`` at 1 and at 2 threads, ``split`` (module, name, value) set so
+    that even a small layer is split."""
     got = []
     for threads in (1, 2):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(conv_common, "THREADS", threads)
-            mp.setattr(conv_pointwise, "_MIN_SPLIT_BLOCKS", 0)
-            _FWD(x, w, y, *_geometry(c), epilogue=ep)()
+            mp.setattr(*split)
+            run()
         got.append(y.copy())
-    np.testing.assert_array_equal(got[0], got[1])
+    return got
 
 
 def test_tiles_cover_the_channels_and_positions():

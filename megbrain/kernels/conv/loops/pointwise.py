@@ -34,11 +34,44 @@ from numba.extending import intrinsic
 from ... import tiled_jit
 from .pointwise88 import ACTIVATIONS, activate
 
-__all__ = ["EPILOGUE_BITS", "compiled_units", "rows_tile"]
+__all__ = ["EPILOGUE_BITS", "arrays_data", "compiled_units", "rows_tile", "runtime_epilogue"]
 
 #: the epilogue bits a tile applies: 1 ``+ bias``, then the activations of
 #: :data:`.pointwise88.ACTIVATIONS` (4 ReLU, 8 H_SWISH, 16 ReLU6)
 EPILOGUE_BITS = 1 | sum(ACTIVATIONS)
+
+
+def arrays_data(context, builder, signature, args, *which) -> list:
+    """The data pointers of the array arguments ``which`` (indices) of an intrinsic's call."""
+    return [context.make_array(signature.args[j])(context, builder, args[j]).data
+            for j in which]  # fmt: skip
+
+
+def runtime_epilogue(builder, epi, bias):
+    """``v -> act(v + bias)`` for LLVM float32 vectors ``v``, with the epilogue bits ``epi``
+    (an i64 value known at run time): ``bias`` (a float32 value, loaded whatever the bits)
+    added where bit 1 is set, then each activation of :data:`.pointwise88.ACTIVATIONS`
+    whose bit is set, chosen by selects (one compiled variant for every epilogue)."""
+    i64 = ir.IntType(64)
+
+    def flag(bit):
+        return builder.icmp_signed("!=", builder.and_(epi, ir.Constant(i64, bit)),
+                                   ir.Constant(i64, 0))  # fmt: skip
+
+    acts = [(flag(bit), bit) for bit in ACTIVATIONS]
+    bias = builder.select(flag(1), bias, ir.Constant(ir.FloatType(), 0.0))
+
+    def apply(v):
+        lanes = v.type.count
+        one = builder.insert_element(ir.Constant(v.type, ir.Undefined), bias,
+                                     ir.Constant(ir.IntType(32), 0))  # fmt: skip
+        v = builder.fadd(v, builder.shuffle_vector(one, one, ir.Constant(
+            ir.VectorType(ir.IntType(32), lanes), None)))
+        for on, bit in acts:
+            v = builder.select(on, activate(builder, v, bit), v)
+        return v
+
+    return apply
 
 
 @functools.cache
@@ -69,10 +102,8 @@ def rows_tile():
             def const(v):
                 return ir.Constant(i64, v)
 
-            def data(j):
-                return context.make_array(signature.args[j])(context, builder, args[j]).data
-
-            xdata, wdata, odata, bdata = data(3), data(6), data(10), data(13)
+            xdata, wdata, odata, bdata = arrays_data(context, builder, signature, args, 3, 6,
+                                                     10, 13)  # fmt: skip
             fmuladd = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fmuladd.v{lanes}f32"
             )
@@ -104,23 +135,13 @@ def rows_tile():
                         builder.store(builder.call(fmuladd, [wv, xv[j], builder.load(slot)]),
                                       slot)  # fmt: skip
 
-            def flag(bit):
-                return builder.icmp_signed("!=", builder.and_(epi_v, const(bit)), const(0))
-
-            # the activations chosen per vector at run time (one compiled variant per tile
-            # shape, not per epilogue: each variant costs a second and a half to compile)
-            acts = [(flag(bit), bit) for bit in ACTIVATIONS]
-            has_bias = flag(1)
-            zero = ir.Constant(f32, 0.0)
             for r in range(nr):
                 with cgutils.if_likely(builder, builder.icmp_signed("<", const(r), used_v)):
                     bptr = builder.gep(bdata, [builder.add(bo_v, const(r))], inbounds=True)
-                    bv = broadcast(builder.select(has_bias, builder.load(bptr), zero))
+                    epilogue = runtime_epilogue(builder, epi_v, builder.load(bptr))
                     row = builder.add(o_v, builder.mul(os_v, const(r)))
                     for j in range(nv):
-                        v = builder.fadd(builder.load(slots[r * nv + j]), bv)
-                        for on, bit in acts:
-                            v = builder.select(on, activate(builder, v, bit), v)
+                        v = epilogue(builder.load(slots[r * nv + j]))
                         ptr = builder.gep(odata, [builder.add(row, const(j * lanes))],
                                           inbounds=True)  # fmt: skip
                         builder.store(v, builder.bitcast(ptr, vec.as_pointer()), align=4)
