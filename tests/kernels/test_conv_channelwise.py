@@ -167,6 +167,7 @@ def test_3x3_layers_read_in_place_match_float64(c, mode, threads):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv_common, "THREADS", threads)
         mp.setattr(conv_channelwise, "_MIN_SPLIT_PLANES", 1)
+        mp.setattr(conv_channelwise, "_MIN_SPLIT_MACS", 0)
         _FWD(x, w, y, *_geometry(c), epilogue=ep)()
     if mode == "RELU6":
         want = np.clip(ref_forward(c, x, w) + bias[:, None, None], 0, 6)
@@ -183,7 +184,8 @@ def test_shufflenet_3x3_layers_one_and_two_threads_give_the_same_bits(case):
     x, w, y = _arrays(c)
     ep = Epilogue(np.linspace(-1, 1, y.shape[1], dtype=np.float32), False, True)
     got = outputs_by_threads(lambda: _FWD(x, w, y, *_geometry(c), epilogue=ep)(), y,
-                             (conv_channelwise, "_MIN_SPLIT_PLANES", 1))  # fmt: skip
+                             (conv_channelwise, "_MIN_SPLIT_PLANES", 1),
+                             (conv_channelwise, "_MIN_SPLIT_MACS", 0))  # fmt: skip
     np.testing.assert_array_equal(got[0], got[1])
     want = _ref_act(ref_forward(c, x, w) + ep.bias[:, None, None], "H_SWISH")
     np.testing.assert_allclose(got[0], want, rtol=RTOL, atol=ATOL)

@@ -219,14 +219,15 @@ def test_one_and_two_threads_give_the_same_bits(shape):
     np.testing.assert_array_equal(one, two)
 
 
-def outputs_by_threads(run, y, split) -> list:
-    """``y`` after ``run()`` at 1 and at 2 threads, ``split`` (module, name, value) set so
-    that even a small layer is split."""
+def outputs_by_threads(run, y, *splits) -> list:
+    """``y`` after ``run()`` at 1 and at 2 threads, each of ``splits`` (module, name, value)
+    set so that even a small layer is split."""
     got = []
     for threads in (1, 2):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(conv_common, "THREADS", threads)
-            mp.setattr(*split)
+            for split in splits:
+                mp.setattr(*split)
             run()
         got.append(y.copy())
     return got

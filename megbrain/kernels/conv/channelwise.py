@@ -29,6 +29,7 @@ from ..steps import chain
 from .common import _flipped, bind_doc, checked, threads
 from .epilogue import Epilogue, epilogue_operands
 from .loops import channelwise as loops
+from .nchw8c import units_as_they_go
 from .pointwise import _flat, _planes_contiguous, filter_matrix
 from .registry import ConvAlgorithm, register
 
@@ -43,6 +44,12 @@ __all__ = [
 MAX_TAPS = 49
 #: the planes are split over threads only when each thread gets at least this many
 _MIN_SPLIT_PLANES = 4
+#: the 3x3 loop runs on one thread below this many multiply-adds (about 20 us of work: waking
+#: a second thread cost more than it saved on ShuffleNet's 7x7 and 14x14 planes)
+_MIN_SPLIT_MACS = 1 << 18
+#: the 3x3 loop's units (taken as they go) hold at most this many planes, and each thread
+#: gets at least this many units where there are enough planes
+_UNIT_PLANES, _UNITS_PER_THREAD = 8, 8
 _F32 = np.dtype(np.float32)
 
 
@@ -101,13 +108,18 @@ def bind_channelwise_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
     it = src.itemsize
     x, y = _flat(src, False), _flat(out, True)
     if _rows3(geo, epi):
+        macs = planes * oh * ow * 9
+        nthreads = 1 if macs < _MIN_SPLIT_MACS else max(
+            1, min(threads(), planes // max(1, _MIN_SPLIT_PLANES)))
+        per = max(1, min(_UNIT_PLANES, planes // (_UNITS_PER_THREAD * nthreads)))
         dims = np.array([geo.c, *geo.sshape, oh, ow, geo.stride[0], src.strides[0] // it,
-                         src.strides[1] // it, out.strides[0] // it, out.strides[1] // it],
-                        np.int64)  # fmt: skip
-        parts = parallel.ranges(planes, threads(), _MIN_SPLIT_PLANES)
-        calls = [functools.partial(loops.rows3_nchw, x, w, y, bias, dims, epi, p0, p1)
-                 for p0, p1 in parts]  # fmt: skip
-        steps.append(parallel.concurrently(calls))
+                         src.strides[1] // it, out.strides[0] // it, out.strides[1] // it,
+                         per, planes], np.int64)  # fmt: skip
+
+        def bind_part(counter: np.ndarray, me: int):
+            return functools.partial(loops.rows3_nchw, x, w, y, bias, dims, epi, counter, me)
+
+        steps.append(units_as_they_go(-(-planes // per), bind_part, nthreads))
         return chain(steps)
     (sh, sw), (dh, dw) = geo.stride, geo.dilate
     hq, wq, size = loops.scratch_size(geo.oshape, geo.fshape, geo.stride, geo.dilate)

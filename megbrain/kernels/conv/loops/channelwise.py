@@ -37,7 +37,7 @@ ROWS3_BITS = 1 | sum(ACTIVATIONS)
 VECS = 4
 
 # bound by _compiled() before compiling (LANES: the host's vector width)
-taps_tile = _phase_split = _hswish = _relu6 = _silu = rows3 = None
+taps_tile = _phase_split = _hswish = _relu6 = _silu = rows3 = take = None
 LANES = 16
 
 
@@ -225,43 +225,51 @@ def _rows3_column():
     return rows3_column
 
 
-def _rows3_py(x, w, y, bias, dims, epi, p0, p1):
+def _rows3_py(x, w, y, bias, dims, epi, counter, me):
     # pragma: no cover - compiled
-    """Planes p = n * C + c in [p0, p1) of ``y`` (N, C, OH, OW) = the 3x3 depthwise
-    convolution of ``x`` (N, C, H, W) with ``w`` (C, 9), padding 1, stride SH = SW (1 or
-    2), then the epilogue (epi bits as :func:`_channelwise_nchw_py`'s, no SiLU), a column of
-    vectors of outputs at a time straight from the source (:func:`_rows3_column`).
+    """Thread ``me``'s share of ``y`` (N, C, OH, OW) = the 3x3 depthwise convolution of
+    ``x`` (N, C, H, W) with ``w`` (C, 9), padding 1, stride SH = SW (1 or 2), then the
+    epilogue (epi bits as :func:`_channelwise_nchw_py`'s, no SiLU), a column of vectors of
+    outputs at a time straight from the source (:func:`_rows3_column`). Unit u (taken as
+    they go from ``counter``, :func:`.tiled_jit.take_unit`) is planes p = n * C + c in
+    [u PER, (u + 1) PER).
 
-    dims: C, H, W, OH, OW, S, then the sample and channel strides of x and of y."""
+    dims: C, H, W, OH, OW, S, then the sample and channel strides of x and of y, PER, and
+    the planes N C."""
     c_, h_, w_, oh, ow, s = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
-    xn, xc, yn, yc = dims[6], dims[7], dims[8], dims[9]
-    for p in range(p0, p1):
-        n, c = p // c_, p % c_
-        xo, yo = n * xn + c * xc, n * yn + c * yc
-        for q in range(0, ow, LANES):  # noqa: F821
-            if s == 1:
-                rows3(1, x, xo, q - 1, h_, w_, w, c * 9, y, yo + q, oh, ow,  # noqa: F821
-                      ow - q, bias, c, epi)  # fmt: skip
-            else:
-                rows3(2, x, xo, 2 * q - 1, h_, w_, w, c * 9, y, yo + q, oh, ow,  # noqa: F821
-                      ow - q, bias, c, epi)  # fmt: skip
+    xn, xc, yn, yc, per, planes = dims[6], dims[7], dims[8], dims[9], dims[10], dims[11]
+    while True:
+        u = take(counter, me)  # noqa: F821
+        if u < 0:
+            break
+        for p in range(u * per, min(planes, (u + 1) * per)):
+            n, c = p // c_, p % c_
+            xo, yo = n * xn + c * xc, n * yn + c * yc
+            for q in range(0, ow, LANES):  # noqa: F821
+                if s == 1:
+                    rows3(1, x, xo, q - 1, h_, w_, w, c * 9, y, yo + q, oh, ow,  # noqa: F821
+                          ow - q, bias, c, epi)  # fmt: skip
+                else:
+                    rows3(2, x, xo, 2 * q - 1, h_, w_, w, c * 9, y, yo + q, oh,  # noqa: F821
+                          ow, ow - q, bias, c, epi)  # fmt: skip
 
 
-def rows3_nchw(x, w, y, bias, dims, epi: int, p0: int, p1: int) -> None:
-    """Planes [p0, p1) of the 3x3, padding-1, stride-1-or-2 depthwise NCHW convolution
+def rows3_nchw(x, w, y, bias, dims, epi: int, counter, me: int) -> None:
+    """Thread ``me``'s units of the 3x3, padding-1, stride-1-or-2 depthwise NCHW convolution
     (:func:`_rows3_py`): ``x`` and ``bias`` read-only float32 vectors, ``w`` a read-only
-    C-contiguous (C, 9) float32 array, ``y`` a writable vector, ``dims`` int64."""
-    _compiled_rows3()(x, w, y, bias, dims, int(epi), int(p0), int(p1))
+    C-contiguous (C, 9) float32 array, ``y`` a writable vector, ``dims`` and the units'
+    ``counter`` int64."""
+    _compiled_rows3()(x, w, y, bias, dims, int(epi), counter, int(me))
 
 
 @functools.cache
 def _compiled_rows3():
-    global rows3, LANES
-    rows3, LANES = _rows3_column(), tiled_jit.vector_width()
+    global rows3, take, LANES
+    rows3, take, LANES = _rows3_column(), tiled_jit.take_unit(), tiled_jit.vector_width()
     f1, i8, ints = t.float32[::1], t.int64, t.int64[::1]
     fr2 = t.Array(t.float32, 2, "C", readonly=True)
     fr = t.Array(t.float32, 1, "C", readonly=True)
-    return tiled_jit.compile_tiled(_rows3_py, [t.void(fr, fr2, f1, fr, ints, i8, i8, i8)])
+    return tiled_jit.compile_tiled(_rows3_py, [t.void(fr, fr2, f1, fr, ints, i8, ints, i8)])
 
 
 def _phase_split_py(x, xo, h_, w_, phases, sh, sw, ph_, pw_, hq, wq):
