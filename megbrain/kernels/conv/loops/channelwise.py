@@ -135,7 +135,8 @@ def _rows3_column():
     (``epi`` bit 1) and the activations of ``epi``'s bits (:data:`.pointwise88.ACTIVATIONS`),
     stored at ``y[yo + r ow + q]``. The taps are masked loads (the padding's lanes read
     nothing and are zeros; the column masks made once per column), a stride-2 tap two loads
-    whose even lanes are kept: no copy of the plane, no scratch."""
+    whose even lanes are kept (the middle column's taps: the odd lanes of the first
+    column's loads): no copy of the plane, no scratch."""
     lanes = tiled_jit.vector_width()
 
     @intrinsic
@@ -196,6 +197,7 @@ def _rows3_column():
                 bdata, [bo_v], inbounds=True)))
             keep = builder.icmp_signed("<", lane, broadcast(builder.trunc(nv_v, i32), ivec))
             even = ir.Constant(ivec, [2 * i for i in range(lanes)])
+            odd = ir.Constant(ivec, [2 * i + 1 for i in range(lanes)])
             with cgutils.for_range(builder, oh_v, intp=i64) as loop:
                 r = loop.index
                 total = zero
@@ -205,12 +207,16 @@ def _rows3_column():
                                          builder.icmp_signed("<", ir_, h_v))  # fmt: skip
                     row = builder.add(xo_v, builder.mul(ir_, w_v))
                     part = zero
+                    got = []
                     for b in range(3):
-                        got = [builder.call(load_fn, [builder.gep(xdata, [builder.add(row, c)]),
-                                                      ir.Constant(i32, 4),
-                                                      builder.select(rowok, m, none), zero])
-                               for c, m in loads[b]]  # fmt: skip
-                        v = got[0] if st == 1 else builder.shuffle_vector(got[0], got[1], even)
+                        if st == 2 and b == 1:  # the odd lanes of tap 0's two loads
+                            v = builder.shuffle_vector(got[0], got[1], odd)
+                        else:
+                            got = [builder.call(load_fn, [
+                                builder.gep(xdata, [builder.add(row, c)]), ir.Constant(i32, 4),
+                                builder.select(rowok, m, none), zero]) for c, m in loads[b]]
+                            v = got[0] if st == 1 else builder.shuffle_vector(got[0], got[1],
+                                                                              even)  # fmt: skip
                         part = builder.call(fmuladd, [taps[3 * a + b], v, part])
                     total = builder.fadd(total, part)
                 v = epilogue(total)
