@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from test_conv_algos import ATOL, RTOL, assert_allocates_nothing, ref_forward
 from test_conv_grouped import _arrays, _case, grouped_cases
 from test_conv_nchw8c import _geometry, _ref_act
-from test_conv_pointwise import bound_in_a_plan
+from test_conv_pointwise import bound_in_a_plan, outputs_by_threads
 
 from megbrain.kernels.conv import channelwise as conv_channelwise
 from megbrain.kernels.conv import common as conv_common
@@ -143,3 +143,59 @@ def test_a_flipped_filter_is_read_at_every_run():
     w *= -2
     fn()
     np.testing.assert_allclose(y, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
+
+
+@st.composite
+def rows3_cases(draw):
+    # the 3x3, padding-1, stride-1-or-2 layers the loop reading the source in place computes:
+    # planes from 1x1 up to wider than two vectors, odd channel counts
+    s = draw(st.sampled_from((1, 2)))
+    return _case(n=draw(st.integers(1, 2)), g=draw(st.integers(1, 70)), stride=(s, s),
+                 sshape=(draw(st.integers(1, 16)), draw(st.integers(1, 40))),
+                 flip=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))  # fmt: skip
+
+
+@settings(max_examples=25, deadline=None)
+@given(c=rows3_cases(), mode=st.sampled_from((None, *_MODES, "RELU6")),
+       threads=st.integers(1, 2))  # fmt: skip
+def test_3x3_layers_read_in_place_match_float64(c, mode, threads):
+    x, w, y = _arrays(c)
+    x *= 4
+    bias = np.random.default_rng(c["seed"] + 1).uniform(-1, 1, y.shape[1]).astype(np.float32)
+    ep = None if mode is None else Epilogue(bias, mode in ("RELU", "RELU6"), mode == "H_SWISH",
+                                            relu6=mode == "RELU6")  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_common, "THREADS", threads)
+        mp.setattr(conv_channelwise, "_MIN_SPLIT_PLANES", 1)
+        mp.setattr(conv_channelwise, "_MIN_SPLIT_MACS", 0)
+        _FWD(x, w, y, *_geometry(c), epilogue=ep)()
+    if mode == "RELU6":
+        want = np.clip(ref_forward(c, x, w) + bias[:, None, None], 0, 6)
+    else:
+        want = _want(c, x, w, bias, mode)
+    np.testing.assert_allclose(y, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("case", [dict(g=116, sshape=(14, 14), stride=(1, 1)),
+                                  dict(g=58, sshape=(56, 56), stride=(2, 2)),
+                                  dict(g=232, sshape=(7, 7), stride=(1, 1))])  # fmt: skip
+def test_shufflenet_3x3_layers_one_and_two_threads_give_the_same_bits(case):
+    c = _case(n=1, **case)
+    x, w, y = _arrays(c)
+    ep = Epilogue(np.linspace(-1, 1, y.shape[1], dtype=np.float32), False, True)
+    got = outputs_by_threads(lambda: _FWD(x, w, y, *_geometry(c), epilogue=ep)(), y,
+                             (conv_channelwise, "_MIN_SPLIT_PLANES", 1),
+                             (conv_channelwise, "_MIN_SPLIT_MACS", 0))  # fmt: skip
+    np.testing.assert_array_equal(got[0], got[1])
+    want = _ref_act(ref_forward(c, x, w) + ep.bias[:, None, None], "H_SWISH")
+    np.testing.assert_allclose(got[0], want, rtol=RTOL, atol=ATOL)
+
+
+def test_a_silu_tail_on_a_3x3_layer_matches_float64():
+    # the loop reading in place applies no SiLU: the phase-split loop computes such a layer
+    c = _case(g=13, sshape=(9, 11), stride=(1, 1))
+    x, w, y = _arrays(c)
+    bias = np.linspace(-1, 1, 13, dtype=np.float32)
+    _FWD(x, w, y, *_geometry(c), epilogue=Epilogue(bias, False, silu=True))()
+    v = ref_forward(c, x, w) + bias[:, None, None]
+    np.testing.assert_allclose(y, v / (1 + np.exp(-v)), rtol=RTOL, atol=ATOL)

@@ -6,6 +6,9 @@ HEURISTIC's choice; through ConvBias."""
 
 from __future__ import annotations
 
+import importlib
+import pathlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -185,3 +188,68 @@ def test_a_strided_filter_is_read_at_every_run():
     wt *= -2
     fn()
     np.testing.assert_allclose(y, ref_forward(c, x, wt), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("tile", sorted({t for ts in conv_pointwise.TILES.values() for t in ts}))
+def test_every_tile_matches_float64(tile):
+    # each tile of the menu, on a plane with a last tile overlapping the one before and a
+    # channel count leaving padded rows; ReLU6 after ReLU
+    if tile not in conv_pointwise.TILES[tiled_jit.vector_width()]:
+        pytest.skip("not a tile of this host's vector width")
+    c = _case(n=2, g=2, icg=19, ocg=29, sshape=(5, 2 * tiled_jit.vector_width() * tile[1] // 5))
+    x, w, y = _arrays(c)
+    bias = np.random.default_rng(3).uniform(-1, 1, y.shape[1]).astype(np.float32)
+    x *= 8
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(conv_pointwise.TILES, tiled_jit.vector_width(), (tile,))
+        _FWD(x, w, y, *_geometry(c), epilogue=Epilogue(bias, True, relu6=True))()
+    want = np.clip(ref_forward(c, x, w) + bias[:, None, None], 0, 6)
+    assert (want == 6).any() and (want == 0).any()
+    np.testing.assert_allclose(y, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("shape", [(58, 58, (28, 28)), (232, 232, (7, 7))])
+def test_one_and_two_threads_give_the_same_bits(shape):
+    icg, ocg, sshape = shape
+    c = _case(icg=icg, ocg=ocg, sshape=sshape)
+    x, w, y = _arrays(c)
+    ep, _ = _epilogue(c, y, "H_SWISH")
+    one, two = outputs_by_threads(lambda: _FWD(x, w, y, *_geometry(c), epilogue=ep)(), y,
+                                  (conv_pointwise, "_MIN_SPLIT_BLOCKS", 0))  # fmt: skip
+    np.testing.assert_array_equal(one, two)
+
+
+def outputs_by_threads(run, y, *splits) -> list:
+    """``y`` after ``run()`` at 1 and at 2 threads, each of ``splits`` (module, name, value)
+    set so that even a small layer is split."""
+    got = []
+    for threads in (1, 2):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(conv_common, "THREADS", threads)
+            for split in splits:
+                mp.setattr(*split)
+            run()
+        got.append(y.copy())
+    return got
+
+
+def test_tiles_cover_the_channels_and_positions():
+    for n, g, ocg, k, positions, threads in [(1, 1, 58, 24, 3136, 2), (1, 1, 232, 232, 49, 2),
+                                             (2, 3, 5, 7, 16, 1), (1, 1, 1, 1, 17, 3)]:  # fmt: skip
+        tl = conv_pointwise.tiles_for(n, g, ocg, k, positions, threads)
+        assert (tl.r, tl.b) in conv_pointwise.TILES[tiled_jit.vector_width()]
+        assert tl.nr * tl.r >= ocg > (tl.nr - 1) * tl.r
+        npos = tl.b * tiled_jit.vector_width()
+        assert npos <= positions
+        assert tl.nb * tl.tpb >= -(-positions // npos) > (tl.nb - 1) * tl.tpb
+
+
+def test_the_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch):
+    # benchmarks/shufflenet_nchw.py on a 1x1 and a depthwise layer, so that it cannot rot
+    # (it checks each output against onnxruntime's); times unchecked
+    for peer in ("onnx", "onnxruntime"):
+        pytest.importorskip(peer)
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parents[2] / "benchmarks"))
+    rows = importlib.import_module("shufflenet_nchw").main(["--smoke"])
+    assert [(r["name"], min(r["ours"], r["ort"], r["ort_run"]) > 0) for r in rows] == [
+        ("DIRECT_POINTWISE", True), ("CHANNELWISE_NCHW", True)]

@@ -4,15 +4,16 @@ channel count, the ConvBias epilogue (bias, ReLU, H_SWISH, ReLU6, SiLU) applied 
 row is written.
 
 ShuffleNet's depthwise layers (58, 116, 232 channels: not a multiple of 8, so they stay in
-NCHW) went through DIRECT (stride 1) and DIRECT_GROUPED (stride 2), whose compiled loops keep
-their sums in memory (a load and a store of the sums per pass over the plane, one pass per
-three taps). Here each (sample, channel) plane is split into its zero-padded stride phases,
-as DIRECT_GROUPED does (every tap a contiguous read at any stride), then a compiled loop
+NCHW) are 3x3, padding 1, stride 1 or 2: those (without a SiLU tail) a compiled loop
+(:func:`.loops.channelwise.rows3_nchw`) computes straight from the source, a column of a
+vector of outputs down the plane at a time, each tap a masked load (the padding's lanes read
+nothing), a stride-2 tap two loads whose even lanes are kept; no copy of the plane. Other
+layers: each (sample, channel) plane is split into its zero-padded stride phases, as
+DIRECT_GROUPED does (every tap a contiguous read at any stride), then a compiled loop
 (:func:`.loops.channelwise.channelwise_nchw`) sums every tap of a tile of 64 positions (four
-AVX-512 vectors) in registers, in filter order, per filter row then the rows
-(reproducible). The planes are split over
-:func:`.common.threads` Python threads, each with its scratch from :func:`workspace.empty`;
-nothing is allocated when the bound callable runs.
+AVX-512 vectors) in registers. Either sums in filter order, per filter row then the rows
+(reproducible). The planes are split over :func:`.common.threads` Python threads, each with
+its scratch from :func:`workspace.empty`; nothing is allocated when the bound callable runs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..steps import chain
 from .common import _flipped, bind_doc, checked, threads
 from .epilogue import Epilogue, epilogue_operands
 from .loops import channelwise as loops
+from .nchw8c import units_as_they_go
 from .pointwise import _flat, _planes_contiguous, filter_matrix
 from .registry import ConvAlgorithm, register
 
@@ -42,6 +44,12 @@ __all__ = [
 MAX_TAPS = 49
 #: the planes are split over threads only when each thread gets at least this many
 _MIN_SPLIT_PLANES = 4
+#: the 3x3 loop runs on one thread below this many multiply-adds (about 20 us of work: waking
+#: a second thread cost more than it saved on ShuffleNet's 7x7 and 14x14 planes)
+_MIN_SPLIT_MACS = 1 << 18
+#: the 3x3 loop's units (taken as they go) hold at most this many planes, and each thread
+#: gets at least this many units where there are enough planes
+_UNIT_PLANES, _UNITS_PER_THREAD = 8, 8
 _F32 = np.dtype(np.float32)
 
 
@@ -65,6 +73,19 @@ def preferred_channelwise_forward(src, filt, out, stride, pad, dilate, flip=Fals
     return usable_channelwise_forward(src, filt, out, stride, pad, dilate, flip)
 
 
+def _rows3(geo, epi: int) -> bool:
+    """Whether the convolution is a 3x3 one, padding 1, stride 1 or 2 both ways, no dilation
+    and no SiLU tail: the loop reading the source in place (:func:`.loops.channelwise.
+    rows3_nchw`) computes it."""
+    return (
+        tuple(geo.fshape) == (3, 3)
+        and tuple(geo.pad) == (1, 1)
+        and tuple(geo.dilate) == (1, 1)
+        and geo.stride[0] == geo.stride[1] in (1, 2)
+        and not epi & ~loops.ROWS3_BITS
+    )
+
+
 @bind_doc("forward", epilogue=True)
 def bind_channelwise_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
                              stride: Sequence[int], pad: Sequence[int], dilate: Sequence[int],
@@ -84,19 +105,33 @@ def bind_channelwise_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
     taps = math.prod(geo.fshape)
     w = filter_matrix(_flipped(filt, 2) if flip else filt, (geo.g, taps), steps)
     bias, epi = epilogue_operands(epilogue, steps)
+    it = src.itemsize
+    x, y = _flat(src, False), _flat(out, True)
+    if _rows3(geo, epi):
+        macs = planes * oh * ow * 9
+        nthreads = 1 if macs < _MIN_SPLIT_MACS else max(
+            1, min(threads(), planes // max(1, _MIN_SPLIT_PLANES)))
+        per = max(1, min(_UNIT_PLANES, planes // (_UNITS_PER_THREAD * nthreads)))
+        dims = np.array([geo.c, *geo.sshape, oh, ow, geo.stride[0], src.strides[0] // it,
+                         src.strides[1] // it, out.strides[0] // it, out.strides[1] // it,
+                         per, planes], np.int64)  # fmt: skip
+
+        def bind_part(counter: np.ndarray, me: int):
+            return functools.partial(loops.rows3_nchw, x, w, y, bias, dims, epi, counter, me)
+
+        steps.append(units_as_they_go(-(-planes // per), bind_part, nthreads))
+        return chain(steps)
     (sh, sw), (dh, dw) = geo.stride, geo.dilate
     hq, wq, size = loops.scratch_size(geo.oshape, geo.fshape, geo.stride, geo.dilate)
     fh, fw = geo.fshape
     offs = np.array([(((a * dh) % sh) * sw + (b * dw) % sw) * hq * wq
                      + (a * dh) // sh * wq + (b * dw) // sw
                      for a in range(fh) for b in range(fw)], np.int64)  # fmt: skip
-    it = src.itemsize
     dims = np.array([geo.c, *geo.sshape, oh, ow, sh, sw, *geo.pad, hq, wq,
                      src.strides[0] // it, src.strides[1] // it,
                      out.strides[0] // it, out.strides[1] // it, fw], np.int64)  # fmt: skip
     parts = parallel.ranges(planes, threads(), _MIN_SPLIT_PLANES)
     scratch = workspace.empty((len(parts), size), _F32)
-    x, y = _flat(src, False), _flat(out, True)
     calls = [functools.partial(loops.channelwise_nchw, x, w, y, scratch[i], bias,
                                offs, dims,
                                epi, p0, p1)

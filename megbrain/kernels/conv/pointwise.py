@@ -2,39 +2,48 @@
 float32, any channel count, the ConvBias epilogue (bias, ReLU, H_SWISH, ReLU6) applied as the
 output is written.
 
-ShuffleNet's 1x1 layers (58, 116, 232 channels: not a multiple of 8, so they stay in NCHW)
-and every NCHW model's short-reduction 1x1 layers went through CONV1X1_GEMM, one BLAS GEMM
-per sample whose packing of a short reduction (24 to 232 input channels) cost as much as its
-arithmetic. Here a compiled loop (:func:`.loops.pointwise.pointwise_nchw`) keeps a tile of a
-few output channels by 16-32 positions in registers over the whole reduction, each step one
-broadcast filter value times a vector of the source read in place (each plane of positions
-contiguous, any sample and channel strides); the positions are split over
-:func:`.common.threads` Python threads. Sums run in input-channel order (reproducible).
-Nothing is allocated when the bound callable runs.
+ShuffleNet's 1x1 layers (24, 58, 116, 232 channels: not multiples of 8, so they stay in
+NCHW) and every NCHW model's short-reduction 1x1 layers: ``out[k, p] = sum_c W[k, c] x[c,
+p]``, a GEMM whose constant operand is the filter. The filter is packed once (a constant
+filter; at every run otherwise) so that a tile's filter values are one stream of broadcasts;
+each register tile of ``R`` output channels by ``B`` vectors of positions reads the source
+rows in place and keeps its whole reduction and epilogue in registers
+(:mod:`.loops.pointwise`). ``R`` and ``B`` are chosen per layer by a cost model of the tile
+(:func:`tiles_for`: fused multiply-adds, loads, an accumulator chain's latency, the padded
+rows of the last channel group, the positions a plane's last tile repeats, the threads'
+balance). Sums run in input-channel order (reproducible); nothing is allocated when the bound
+callable runs.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .. import parallel, workspace
+from .. import workspace
 from ..steps import chain
+from ..tiled_jit import vector_width
 from .common import _is_pointwise, _reshaped, bind_doc, checked, threads
+from .constant_operands import filter_is_constant
 from .epilogue import Epilogue, epilogue_operands
 from .loops import pointwise as loops
 from .loops.nchw8c import readonly_view
+from .nchw8c import filter_packed, units_as_they_go
 from .registry import ConvAlgorithm, register
 
 __all__ = [
     "MAX_K",
     "PREFERRED_MAX_K",
+    "PointwiseTiles",
     "bind_pointwise_forward",
     "filter_matrix",
     "preferred_pointwise_forward",
+    "tiles_for",
     "usable_pointwise_forward",
 ]
 
@@ -43,9 +52,39 @@ __all__ = [
 MAX_K = 1024
 #: HEURISTIC takes it over CONV1X1_GEMM up to this many input channels per group
 PREFERRED_MAX_K = 256
-#: the position blocks are split over threads only when each thread gets at least this many
-_MIN_SPLIT_BLOCKS = 2
+#: a layer is split over threads only when each thread gets at least this many blocks of
+#: :data:`_SPLIT_BLOCK` multiply-adds (below, waking a second thread costs more than it saves)
+_MIN_SPLIT_BLOCKS = 16
+_SPLIT_BLOCK = 1 << 16
+#: units per thread a layer is cut into at least (bands of tiles), for the threads' balance
+_UNITS_PER_THREAD = 6
+#: positions a band holds at most: a unit's source rows stay in the core's L2 cache
+_BAND_POSITIONS = 1024
+#: cycles a tile spends around its reduction (its epilogue and stores), per accumulator
+#: vector and in all
+_EPI_CYCLES, _TILE_CYCLES = 3, 20
 _F32 = np.dtype(np.float32)
+#: the tiles (output channels, vectors of positions) :func:`tiles_for` chooses among, by
+#: vector width: at most 24 accumulators of AVX-512's 32 registers, 12 of AVX2's 16. Few,
+#: since each is compiled on first use (a second and a half each); rows of 6 to 24 leave
+#: ShuffleNet's 24 to 232 channels a few padded rows. Fewer than 12 accumulators ran
+#: slower than the model says (the cost's floor of 6 cycles an input channel)
+TILES = {
+    16: ((8, 2), (12, 2), (6, 4), (8, 1), (16, 1), (24, 1)),
+    8: ((4, 2), (6, 2), (4, 1), (8, 1), (12, 1), (3, 4)),
+}
+
+
+class PointwiseTiles(NamedTuple):
+    """A layer's tiling: ``r`` output channels by ``b`` vectors of positions, ``nr`` groups
+    of ``r`` output channels per group of the convolution, ``nb`` bands of ``tpb`` tiles per
+    plane."""
+
+    r: int
+    b: int
+    nr: int
+    nb: int
+    tpb: int
 
 
 def _planes_contiguous(a: np.ndarray) -> bool:
@@ -69,7 +108,7 @@ def usable_pointwise_forward(src, filt, out, stride, pad, dilate, flip=False) ->
         and src.dtype == filt.dtype == out.dtype == _F32
         and _is_pointwise(filt.shape[3:], stride, pad)
         and 1 <= filt.shape[2] <= MAX_K
-        and out.shape[2] * out.shape[3] >= loops.block_positions() // loops.VECS
+        and out.shape[2] * out.shape[3] >= vector_width()
         and _planes_contiguous(src)
         and _planes_contiguous(out)
     )
@@ -99,6 +138,62 @@ def _flat(a: np.ndarray, writeable: bool) -> np.ndarray:
     return as_strided(a, (span,), (a.itemsize,), writeable=writeable)
 
 
+def _bands(tiles: int, units: int, npos: int, nthreads: int) -> tuple[int, int]:
+    """``(bands, tiles per band)`` of planes of ``tiles`` tiles of ``npos`` positions, with
+    ``units`` units per band."""
+    want = max(-(-_UNITS_PER_THREAD * nthreads // units), -(-tiles * npos // _BAND_POSITIONS))
+    tpb = -(-tiles // max(1, min(tiles, want)))
+    return -(-tiles // tpb), tpb
+
+
+def tiles_for(n: int, g: int, ocg: int, k: int, positions: int, nthreads: int) -> PointwiseTiles:
+    """The tiling of ``n`` samples of ``g`` groups of ``ocg`` output channels over ``k``
+    input channels, planes of ``positions``, at ``nthreads`` threads, among
+    :data:`TILES`: the least cost of the slowest thread by a model of a tile (fused
+    multiply-adds and loads per input channel, at least an accumulator's latency; its
+    epilogue), padded rows and repeated positions included."""
+    lanes = vector_width()
+    best = None
+    for r, b in TILES[lanes]:
+        npos = b * lanes
+        if npos > positions:
+            continue
+        tiles = -(-positions // npos)
+        nr = -(-ocg // r)
+        per_ic = max(r * b / 2, (r + b) / 2, 6)
+        tile = per_ic * k + _EPI_CYCLES * r * b + _TILE_CYCLES
+        units = n * g * nr
+        nb, tpb = _bands(tiles, units, npos, nthreads)
+        cost = tile * tpb * math.ceil(units * nb / nthreads)
+        if best is None or cost < best[0]:
+            best = (cost, PointwiseTiles(r, b, nr, nb, tpb))
+    return best[1]
+
+
+def _filter_packer(filt: np.ndarray, wp: np.ndarray, r: int, nr: int):
+    """A step packing the ``(G, OCg, ICg, 1, 1)`` filter into ``wp`` laid out ``(G, NR,
+    ICg, R)``, the last group's rows past ``OCg`` zeros (views made here: the step allocates
+    nothing)."""
+    g, ocg, icg = filt.shape[:3]
+    dst = wp.reshape(g, nr, icg, r)
+    src = filt[..., 0, 0]
+    full = ocg // r
+    pairs = [(dst[:, :full], src[:, : full * r].reshape(g, full, r, icg).transpose(0, 1, 3, 2))]
+    rest = ocg - full * r
+    if rest:
+        pairs.append((dst[:, full, :, :rest], src[:, full * r :].transpose(0, 2, 1)))
+        pad = dst[:, full, :, rest:]
+    else:
+        pad = dst[:, :0]
+
+    def pack() -> None:
+        for d, s in pairs:
+            np.copyto(d, s)
+        pad.fill(0)
+
+    return pack
+
+
 @bind_doc("forward", epilogue=True)
 def bind_pointwise_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
                            stride: Sequence[int], pad: Sequence[int], dilate: Sequence[int],
@@ -113,23 +208,29 @@ def bind_pointwise_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
     if geo.n == 0 or geo.g * geo.ocg == 0:
         return chain([])
     steps = []
-    w = filter_matrix(filt, (geo.g * geo.ocg, geo.icg), steps)
     bias, epi = epilogue_operands(epilogue, steps)
+    if epi & ~loops.EPILOGUE_BITS:  # registered without SiLU: never asked for one
+        raise ValueError(f"DIRECT_POINTWISE does not apply epilogue bits {epi}")
+    macs = geo.n * geo.g * geo.ocg * geo.icg * geo.l
+    nthreads = max(1, min(threads(), macs // max(1, _MIN_SPLIT_BLOCKS * _SPLIT_BLOCK)))
+    tl = tiles_for(geo.n, geo.g, geo.ocg, geo.icg, geo.l, nthreads)
+    constant = filter_is_constant()
+    wp = (workspace.aligned if constant else workspace.empty)(
+        (geo.g * tl.nr * geo.icg * tl.r,), _F32)  # fmt: skip
+    pack_w = _filter_packer(filt, wp, tl.r, tl.nr)
     it = src.itemsize
-    npos = loops.block_positions()
-    if geo.l < npos:
-        npos //= loops.VECS
-    blocks = -(-geo.l // npos)
-    dims = np.array([geo.n, geo.g, geo.ocg, geo.icg, geo.l, blocks,
+    geom = np.array([geo.g, geo.ocg, geo.icg, geo.l, tl.nr, tl.nb, tl.tpb,
                      src.strides[0] // it, src.strides[1] // it,
                      out.strides[0] // it, out.strides[1] // it], np.int64)  # fmt: skip
-    x, y = _flat(src, False), _flat(out, True)
-    wf = w.reshape(-1)
-    parts = parallel.ranges(geo.n * blocks, threads(), _MIN_SPLIT_BLOCKS)
-    calls = [functools.partial(loops.pointwise_nchw, x, wf, y, bias, dims, epi, u0, u1)
-             for u0, u1 in parts]  # fmt: skip
-    steps.append(parallel.concurrently(calls))
-    return chain(steps)
+    x, y, wr = _flat(src, False), _flat(out, True), readonly_view(wp)
+    run = loops.compiled_units(tl.r, tl.b)
+
+    def bind_part(counter: np.ndarray, me: int):
+        return functools.partial(run, x, wr, y, bias, geom, epi, counter, me)
+
+    units = geo.n * geo.g * tl.nr * tl.nb
+    steps.append(units_as_they_go(units, bind_part, nthreads))
+    return filter_packed(pack_w, chain(steps), constant)
 
 
 register(ConvAlgorithm(

@@ -1,12 +1,14 @@
-"""Compiled (Numba) loop of the channel-wise (depthwise) NCHW convolution of
-:mod:`..channelwise`: any filter size, stride, padding and dilation, the ConvBias epilogue
-applied as each output row is written.
+"""Compiled (Numba) loops of the channel-wise (depthwise) NCHW convolution of
+:mod:`..channelwise`: any filter size, stride, padding and dilation through the source's
+stride phases (:func:`channelwise_nchw`), and the 3x3 padding-1 layers at stride 1 or 2
+straight from the source (:func:`rows3_nchw`); the ConvBias epilogue applied as each output
+is written.
 
 Single-threaded and GIL-free (``nogil``) over a ``[begin, end)`` range of (sample, channel)
 planes, so that a caller splits one call over a few Python threads. No allocation: the
 source's stride phases and the sums go to the caller's scratch, the accumulators of a tile
-are vectors LLVM keeps in registers (:func:`_taps_tile`). Compiled on first use
-
+are vectors LLVM keeps in registers (:func:`_taps_tile`, :func:`_rows3_column`). Compiled on
+first use.
 """
 
 from __future__ import annotations
@@ -23,15 +25,19 @@ from numba.extending import intrinsic
 from ... import tiled_jit
 from . import grouped
 from .nchw8c import _hswish_py, tail_scalars
+from .pointwise import arrays_data, runtime_epilogue
+from .pointwise88 import ACTIVATIONS
 
-__all__ = ["VECS", "channelwise_nchw", "scratch_size"]
+__all__ = ["ROWS3_BITS", "VECS", "channelwise_nchw", "rows3_nchw", "scratch_size"]
 
+#: the epilogue bits :func:`rows3_nchw` applies: bias, ReLU, H_SWISH, ReLU6 (no SiLU)
+ROWS3_BITS = 1 | sum(ACTIVATIONS)
 #: vectors of output positions summed at once: that many independent sums hide the latency
 #: of the multiply-adds
 VECS = 4
 
 # bound by _compiled() before compiling (LANES: the host's vector width)
-taps_tile = _phase_split = _hswish = _relu6 = _silu = None
+taps_tile = _phase_split = _hswish = _relu6 = _silu = rows3 = take = None
 LANES = 16
 
 
@@ -115,6 +121,161 @@ def _taps_tile():
         return types.void(vecs, s, i8, w, i8, offs, i8, acc, i8), codegen
 
     return taps_tile
+
+
+@functools.cache
+def _rows3_column():
+    """The ``rows3_column(S, x, xo, c0, h, w, f, fo, y, yo, oh, ow, nvalid, bias, bo, epi)``
+    Numba intrinsic: a column of :func:`.tiled_jit.vector_width` outputs ``q < nvalid`` of
+    each of the ``oh`` output rows of a 3x3 depthwise convolution at stride ``S`` (a literal,
+    1 or 2), padding 1, read straight from the source plane at ``x[xo:]`` (``h`` rows of
+    ``w`` contiguous values): output ``(r, q)`` sums ``f[fo + 3 a + b] x[xo + (S r - 1 + a)
+    w + c0 + S q + b]`` over the taps whose row and column fall in the plane (zero padding),
+    per filter row, then the rows (the order of :func:`_taps_tile`), then ``+ bias[bo]``
+    (``epi`` bit 1) and the activations of ``epi``'s bits (:data:`.pointwise88.ACTIVATIONS`),
+    stored at ``y[yo + r ow + q]``. The taps are masked loads (the padding's lanes read
+    nothing and are zeros; the column masks made once per column), a stride-2 tap two loads
+    whose even lanes are kept (the middle column's taps: the odd lanes of the first
+    column's loads): no copy of the plane, no scratch."""
+    lanes = tiled_jit.vector_width()
+
+    @intrinsic
+    def rows3_column(typingctx, stride, x, xo, c0, h, w, f, fo, y, yo, oh, ow, nvalid, bias,
+                     bo, epi):  # fmt: skip
+        if not isinstance(stride, types.IntegerLiteral) or stride.literal_value not in (1, 2):
+            return None
+        st = stride.literal_value
+
+        def codegen(context, builder, signature, args):
+            (_, _, xo_v, c0_v, h_v, w_v, _, fo_v, _, yo_v, oh_v, ow_v, nv_v, _, bo_v,
+             epi_v) = args  # fmt: skip
+            i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
+            vec, ivec = ir.VectorType(f32, lanes), ir.VectorType(i32, lanes)
+            mvec = ir.VectorType(i1, lanes)
+
+            def const(v):
+                return ir.Constant(i64, v)
+
+            xdata, fdata, ydata, bdata = arrays_data(context, builder, signature, args, 1, 6,
+                                                     8, 13)  # fmt: skip
+            zero, none = ir.Constant(vec, None), ir.Constant(mvec, None)
+            splat = ir.Constant(ivec, None)
+
+            def broadcast(value, ty=vec):
+                one = builder.insert_element(ir.Constant(ty, ir.Undefined), value,
+                                             ir.Constant(i32, 0))  # fmt: skip
+                return builder.shuffle_vector(one, ir.Constant(ty, ir.Undefined), splat)
+
+            ptr_t = xdata.type
+            load_fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec, [ptr_t, i32, mvec, vec]),
+                f"llvm.masked.load.v{lanes}f32.p0")  # fmt: skip
+            store_fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [vec, ptr_t, i32, mvec]),
+                f"llvm.masked.store.v{lanes}f32.p0")  # fmt: skip
+            fmuladd = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fmuladd.v{lanes}f32")
+            lane = ir.Constant(ivec, list(range(lanes)))
+            wvec = broadcast(builder.trunc(w_v, i32), ivec)
+
+            def inside(col):  # the lanes col .. col + lanes - 1 that fall in a row
+                cols = builder.add(broadcast(builder.trunc(col, i32), ivec), lane)
+                return builder.and_(builder.icmp_signed(">=", cols, ir.Constant(ivec, None)),
+                                    builder.icmp_signed("<", cols, wvec))  # fmt: skip
+
+            # per tap column b (and for stride 2 the upper half of its lanes): offset, mask
+            loads = []
+            for b in range(3):
+                col = builder.add(c0_v, const(b))
+                halves = [col] if st == 1 else [col, builder.add(col, const(lanes))]
+                loads.append([(c, inside(c)) for c in halves])
+            taps = [broadcast(builder.load(builder.gep(fdata, [builder.add(fo_v, const(k))],
+                                                       inbounds=True)))
+                    for k in range(9)]  # fmt: skip
+
+            epilogue = runtime_epilogue(builder, epi_v, builder.load(builder.gep(
+                bdata, [bo_v], inbounds=True)))
+            keep = builder.icmp_signed("<", lane, broadcast(builder.trunc(nv_v, i32), ivec))
+            even = ir.Constant(ivec, [2 * i for i in range(lanes)])
+            odd = ir.Constant(ivec, [2 * i + 1 for i in range(lanes)])
+            with cgutils.for_range(builder, oh_v, intp=i64) as loop:
+                r = loop.index
+                total = zero
+                for a in range(3):
+                    ir_ = builder.add(builder.mul(r, const(st)), const(a - 1))
+                    rowok = builder.and_(builder.icmp_signed(">=", ir_, const(0)),
+                                         builder.icmp_signed("<", ir_, h_v))  # fmt: skip
+                    row = builder.add(xo_v, builder.mul(ir_, w_v))
+                    part = zero
+                    got = []
+                    for b in range(3):
+                        if st == 2 and b == 1:  # the odd lanes of tap 0's two loads
+                            v = builder.shuffle_vector(got[0], got[1], odd)
+                        else:
+                            got = [builder.call(load_fn, [
+                                builder.gep(xdata, [builder.add(row, c)]), ir.Constant(i32, 4),
+                                builder.select(rowok, m, none), zero]) for c, m in loads[b]]
+                            v = got[0] if st == 1 else builder.shuffle_vector(got[0], got[1],
+                                                                              even)  # fmt: skip
+                        part = builder.call(fmuladd, [taps[3 * a + b], v, part])
+                    total = builder.fadd(total, part)
+                v = epilogue(total)
+                yptr = builder.gep(ydata, [builder.add(yo_v, builder.mul(r, ow_v))])
+                builder.call(store_fn, [v, yptr, ir.Constant(i32, 4), keep])
+            return context.get_dummy_value()
+
+        i8 = types.int64
+        sig = types.void(stride, x, i8, i8, i8, i8, f, i8, y, i8, i8, i8, i8, bias, i8, i8)
+        return sig, codegen
+
+    return rows3_column
+
+
+def _rows3_py(x, w, y, bias, dims, epi, counter, me):
+    # pragma: no cover - compiled
+    """Thread ``me``'s share of ``y`` (N, C, OH, OW) = the 3x3 depthwise convolution of
+    ``x`` (N, C, H, W) with ``w`` (C, 9), padding 1, stride SH = SW (1 or 2), then the
+    epilogue (epi bits as :func:`_channelwise_nchw_py`'s, no SiLU), a column of vectors of
+    outputs at a time straight from the source (:func:`_rows3_column`). Unit u (taken as
+    they go from ``counter``, :func:`.tiled_jit.take_unit`) is planes p = n * C + c in
+    [u PER, (u + 1) PER).
+
+    dims: C, H, W, OH, OW, S, then the sample and channel strides of x and of y, PER, and
+    the planes N C."""
+    c_, h_, w_, oh, ow, s = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
+    xn, xc, yn, yc, per, planes = dims[6], dims[7], dims[8], dims[9], dims[10], dims[11]
+    while True:
+        u = take(counter, me)  # noqa: F821
+        if u < 0:
+            break
+        for p in range(u * per, min(planes, (u + 1) * per)):
+            n, c = p // c_, p % c_
+            xo, yo = n * xn + c * xc, n * yn + c * yc
+            for q in range(0, ow, LANES):  # noqa: F821
+                if s == 1:
+                    rows3(1, x, xo, q - 1, h_, w_, w, c * 9, y, yo + q, oh, ow,  # noqa: F821
+                          ow - q, bias, c, epi)  # fmt: skip
+                else:
+                    rows3(2, x, xo, 2 * q - 1, h_, w_, w, c * 9, y, yo + q, oh,  # noqa: F821
+                          ow, ow - q, bias, c, epi)  # fmt: skip
+
+
+def rows3_nchw(x, w, y, bias, dims, epi: int, counter, me: int) -> None:
+    """Thread ``me``'s units of the 3x3, padding-1, stride-1-or-2 depthwise NCHW convolution
+    (:func:`_rows3_py`): ``x`` and ``bias`` read-only float32 vectors, ``w`` a read-only
+    C-contiguous (C, 9) float32 array, ``y`` a writable vector, ``dims`` and the units'
+    ``counter`` int64."""
+    _compiled_rows3()(x, w, y, bias, dims, int(epi), counter, int(me))
+
+
+@functools.cache
+def _compiled_rows3():
+    global rows3, take, LANES
+    rows3, take, LANES = _rows3_column(), tiled_jit.take_unit(), tiled_jit.vector_width()
+    f1, i8, ints = t.float32[::1], t.int64, t.int64[::1]
+    fr2 = t.Array(t.float32, 2, "C", readonly=True)
+    fr = t.Array(t.float32, 1, "C", readonly=True)
+    return tiled_jit.compile_tiled(_rows3_py, [t.void(fr, fr2, f1, fr, ints, i8, ints, i8)])
 
 
 def _phase_split_py(x, xo, h_, w_, phases, sh, sw, ph_, pw_, hq, wq):

@@ -1,12 +1,25 @@
-"""Compiled (Numba) loop of the NCHW pointwise convolution of :mod:`..pointwise`: a register
-tile of output channels by positions, the source read in place, the ConvBias epilogue applied
-as each tile is written.
+"""Compiled (Numba) loops of the NCHW pointwise convolution of :mod:`..pointwise`: register
+tiles of ``R`` output channels by ``B`` vectors of positions whose whole reduction and
+ConvBias epilogue stay in registers, the source read in place.
 
-Single-threaded and GIL-free (``nogil``) over a ``[begin, end)`` range of units (a sample and
-a block of positions), so that a caller splits one call over a few Python threads. No
-allocation: the accumulators are vectors LLVM keeps in registers (:func:`_rows_tile`), the
-epilogue applied to them as they are stored. Compiled on first use
-(:func:`.tiled_jit.compile_tiled`).
+Layouts (float32, flat): the source and output planes of ``L`` positions contiguous (any
+sample and channel strides); the filter packed ``(G, NR, K, R)``: per group of the
+convolution ``NR`` groups of ``R`` output channels (the last one padded with zeros), a
+tile's ``R`` filter values of one input channel contiguous, so that a tile's filter is one
+stream of broadcasts.
+
+A tile is ``R`` output channels by ``B`` vectors of :func:`.tiled_jit.vector_width` positions
+(``R B`` accumulator vectors): per input channel ``B`` vector loads of the source row and
+``R`` broadcast filter values, ``R B`` fused multiply-adds, summed over the input channels in
+order (reproducible, whoever computes a tile). The epilogue (bias, ReLU, H_SWISH, ReLU6:
+:func:`.pointwise88.activate`) is applied to the registers as they are stored; rows past the
+output channels are dropped. A plane's last tile starts ``B`` vectors before the plane's
+end: it recomputes a few positions of the one before, the same sums.
+
+Work units (a sample, a group of the convolution, a group of ``R`` output channels, a band
+of tiles) are taken as they go by GIL-free threads (:func:`.nchw8c.units_as_they_go`),
+the channel groups fastest. Nothing is allocated. Compiled per tile shape and epilogue on
+first use (:func:`.tiled_jit.compile_tiled`).
 """
 
 from __future__ import annotations
@@ -19,62 +32,78 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ... import tiled_jit
+from .pointwise88 import ACTIVATIONS, activate
 
-__all__ = ["ROWS", "VECS", "block_positions", "pointwise_nchw"]
+__all__ = ["EPILOGUE_BITS", "arrays_data", "compiled_units", "rows_tile", "runtime_epilogue"]
 
-#: output channels of a tile (8 with AVX-512, 6 with AVX2: rebound by the host's vector
-#: width before compiling): each is one broadcast filter value per input channel times VECS
-#: source vectors. ROWS x VECS accumulators (16 of the 32 AVX-512 registers, 12 of the 16
-#: AVX2 ones) hide the latency of the multiply-adds; measured on AVX-512 (one thread), 8 x 2
-#: beat 4 x 2, 6 x 2, 10 x 2, 4 x 3 and 6 x 3 over ShuffleNet's and ResNet's 1x1 layers
-ROWS = 8
-#: vectors of positions of a tile
-VECS = 2
-
-# bound by _compiled() before compiling (LANES: the host's vector width)
-rows_tile = None
-LANES = 16
+#: the epilogue bits a tile applies: 1 ``+ bias``, then the activations of
+#: :data:`.pointwise88.ACTIVATIONS` (4 ReLU, 8 H_SWISH, 16 ReLU6)
+EPILOGUE_BITS = 1 | sum(ACTIVATIONS)
 
 
-def block_positions() -> int:
-    """The positions of a full tile: ``VECS`` vectors of :func:`.tiled_jit.vector_width`."""
-    return VECS * tiled_jit.vector_width()
+def arrays_data(context, builder, signature, args, *which) -> list:
+    """The data pointers of the array arguments ``which`` (indices) of an intrinsic's call."""
+    return [context.make_array(signature.args[j])(context, builder, args[j]).data
+            for j in which]  # fmt: skip
+
+
+def runtime_epilogue(builder, epi, bias):
+    """``v -> act(v + bias)`` for LLVM float32 vectors ``v``, with the epilogue bits ``epi``
+    (an i64 value known at run time): ``bias`` (a float32 value, loaded whatever the bits)
+    added where bit 1 is set, then each activation of :data:`.pointwise88.ACTIVATIONS`
+    whose bit is set, chosen by selects (one compiled variant for every epilogue)."""
+    i64 = ir.IntType(64)
+
+    def flag(bit):
+        return builder.icmp_signed("!=", builder.and_(epi, ir.Constant(i64, bit)),
+                                   ir.Constant(i64, 0))  # fmt: skip
+
+    acts = [(flag(bit), bit) for bit in ACTIVATIONS]
+    bias = builder.select(flag(1), bias, ir.Constant(ir.FloatType(), 0.0))
+
+    def apply(v):
+        lanes = v.type.count
+        one = builder.insert_element(ir.Constant(v.type, ir.Undefined), bias,
+                                     ir.Constant(ir.IntType(32), 0))  # fmt: skip
+        v = builder.fadd(v, builder.shuffle_vector(one, one, ir.Constant(
+            ir.VectorType(ir.IntType(32), lanes), None)))
+        for on, bit in acts:
+            v = builder.select(on, activate(builder, v, bit), v)
+        return v
+
+    return apply
 
 
 @functools.cache
-def _rows_tile():
-    """The ``rows_tile(rows, vecs, x, x0, xs, w, w0, ws, k, used, out, o, os, bias, bo, epi)``
-    Numba intrinsic: a tile of ``rows`` output channels by ``vecs`` vectors of positions (the
-    literals fixing it), ``acc[r, p] = sum_ic w[w0 + r ws + ic] x[x0 + ic xs + p]`` for
-    ``ic < k``, in that order, then ``+ bias[bo + r]`` (``epi`` bit 1), ReLU (bit 4) or
-    H_SWISH (bit 8), ReLU6 (bit 16), stored at ``out[o + r os + p]`` for the ``used`` first
-    rows (the rows past them repeat the last one's filter values, and are dropped). LLVM vectors of
-    :func:`.tiled_jit.vector_width` lanes (``llvm.fmuladd``, fused where the target has FMA),
-    one broadcast filter value per row and input channel, the accumulators in registers
-    across the loop, no index checked (the caller keeps them in bounds). The epilogue is
-    vector code too: as scalar loops after the tile it cost as much as a short reduction."""
+def rows_tile():
+    """The ``rows_tile(R, B, EPI, x, x0, xs, w, w0, k, used, out, o, os, bias, bo)`` Numba
+    intrinsic: one tile (the module's docstring), literals ``R`` and ``B``;
+    ``acc[r, p] = sum_ic w[w0 + ic R + r] x[x0 + ic xs + p]`` for ``ic < k``, in that
+    order, then ``+ bias[bo + r]`` (``EPI`` bit 1) and the activations of ``EPI``'s bits
+    (:data:`.pointwise88.ACTIVATIONS`, in that order), stored at
+    ``out[o + r os + p]`` for the ``used`` first rows. LLVM vectors of
+    :func:`.tiled_jit.vector_width` lanes (``llvm.fmuladd``, fused where the target has
+    FMA), no index checked (the caller keeps them in bounds)."""
     lanes = tiled_jit.vector_width()
 
     @intrinsic
-    def rows_tile(typingctx, rows, vecs, x, x0, xs, w, w0, ws, k, used, out, o, os, bias, bo,
-                  epi):  # fmt: skip
+    def rows_tile(typingctx, rows, vecs, epi, x, x0, xs, w, w0, k, used, out, o, os, bias,
+                  bo):  # fmt: skip
         if not all(isinstance(v, types.IntegerLiteral) for v in (rows, vecs)):
             return None
         nr, nv = rows.literal_value, vecs.literal_value
 
         def codegen(context, builder, signature, args):
-            (_, _, _, x0_v, xs_v, _, w0_v, ws_v, k_v, used_v, _, o_v, os_v, _, bo_v,
-             epi_v) = args  # fmt: skip
+            (_, _, epi_v, _, x0_v, xs_v, _, w0_v, k_v, used_v, _, o_v, os_v, _,
+             bo_v) = args  # fmt: skip
             i64, f32 = ir.IntType(64), ir.FloatType()
             vec = ir.VectorType(f32, lanes)
 
             def const(v):
                 return ir.Constant(i64, v)
 
-            def data(j):
-                return context.make_array(signature.args[j])(context, builder, args[j]).data
-
-            xdata, wdata, odata, bdata = data(2), data(5), data(10), data(13)
+            xdata, wdata, odata, bdata = arrays_data(context, builder, signature, args, 3, 6,
+                                                     10, 13)  # fmt: skip
             fmuladd = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fmuladd.v{lanes}f32"
             )
@@ -90,111 +119,93 @@ def _rows_tile():
                 one = builder.insert_element(undef, value, const(0))
                 return builder.shuffle_vector(one, undef, splat)
 
-            # rows past ``used`` repeat the last one's filter values (their sums are dropped)
-            last = builder.sub(used_v, const(1))
-            rowsel = [builder.select(builder.icmp_signed("<", const(r), used_v), const(r), last)
-                      for r in range(nr)]  # fmt: skip
-            wrows = [builder.add(w0_v, builder.mul(ws_v, rc)) for rc in rowsel]
             with cgutils.for_range(builder, k_v, intp=i64) as loop:
                 ic = loop.index
                 xb = builder.add(x0_v, builder.mul(ic, xs_v))
+                wb = builder.add(w0_v, builder.mul(ic, const(nr)))
                 xv = []
                 for j in range(nv):
                     ptr = builder.gep(xdata, [builder.add(xb, const(j * lanes))], inbounds=True)
                     xv.append(builder.load(builder.bitcast(ptr, vec.as_pointer()), align=4))
                 for r in range(nr):
-                    wptr = builder.gep(wdata, [builder.add(wrows[r], ic)], inbounds=True)
+                    wptr = builder.gep(wdata, [builder.add(wb, const(r))], inbounds=True)
                     wv = broadcast(builder.load(wptr))
                     for j in range(nv):
                         slot = slots[r * nv + j]
                         builder.store(builder.call(fmuladd, [wv, xv[j], builder.load(slot)]),
                                       slot)  # fmt: skip
 
-            def flag(bit):
-                return builder.icmp_signed("!=", builder.and_(epi_v, const(bit)), const(0))
-
-            zero, three = ir.Constant(vec, [0.0] * lanes), ir.Constant(vec, [3.0] * lanes)
-            six, sixth = ir.Constant(vec, [6.0] * lanes), ir.Constant(vec, [1.0 / 6.0] * lanes)
-            has_bias, relu, hswish, relu6 = flag(1), flag(4), flag(8), flag(16)
             for r in range(nr):
                 with cgutils.if_likely(builder, builder.icmp_signed("<", const(r), used_v)):
                     bptr = builder.gep(bdata, [builder.add(bo_v, const(r))], inbounds=True)
-                    bval = builder.select(has_bias, builder.load(bptr), ir.Constant(f32, 0.0))
-                    bv = broadcast(bval)
+                    epilogue = runtime_epilogue(builder, epi_v, builder.load(bptr))
                     row = builder.add(o_v, builder.mul(os_v, const(r)))
                     for j in range(nv):
-                        v = builder.fadd(builder.load(slots[r * nv + j]), bv)
-                        # not max(): NaN stays NaN, as ReLU's
-                        v = builder.select(relu, builder.select(
-                            builder.fcmp_ordered("<", v, zero), zero, v), v)
-                        # H_SWISH as the elementwise kernels compute it
-                        h = builder.fadd(v, three)
-                        h = builder.select(builder.fcmp_ordered(">", h, zero), h, zero)
-                        h = builder.select(builder.fcmp_ordered("<", h, six), h, six)
-                        h = builder.fmul(builder.fmul(h, v), sixth)
-                        v = builder.select(hswish, h, v)
-                        # ReLU6 as the JIT's MAX(0, x), MIN(6, x): NaN stays NaN
-                        r6 = builder.select(builder.fcmp_ordered("<", v, zero), zero, v)
-                        r6 = builder.select(builder.fcmp_ordered(">", r6, six), six, r6)
-                        v = builder.select(relu6, r6, v)
+                        v = epilogue(builder.load(slots[r * nv + j]))
                         ptr = builder.gep(odata, [builder.add(row, const(j * lanes))],
                                           inbounds=True)  # fmt: skip
                         builder.store(v, builder.bitcast(ptr, vec.as_pointer()), align=4)
             return context.get_dummy_value()
 
         i8 = types.int64
-        sig = types.void(rows, vecs, x, i8, i8, w, i8, i8, i8, i8, out, i8, i8, bias, i8, i8)
+        sig = types.void(rows, vecs, i8, x, i8, i8, w, i8, i8, i8, out, i8, i8, bias, i8)
         return sig, codegen
 
     return rows_tile
 
 
-def _pointwise_nchw_py(x, w, out, bias, dims, epi, u0, u1):
-    # pragma: no cover - compiled
-    """Units [u0, u1) of ``out`` = the grouped pointwise convolution of ``x`` with ``w``
-    (G, OCg, ICg), C-contiguous, then the epilogue (epi bits: 1 ``+ bias[oc]``, 4 ReLU, 8
-    H_SWISH, 16 ReLU6; no SiLU: the last block's tile rewrites positions of the one before,
-    which another thread may be computing, so only what the tile computes in registers is
-    safe). ``x`` and ``out`` are flat views starting at their first element, each plane of
-    L positions contiguous.
-
-    dims: N, G, OCg, ICg, L, BLOCKS (units per sample), then the sample and channel strides
-    of x and of out, in elements. Unit u is sample u // BLOCKS and the positions of its block
-    (the last block ends at L: it recomputes a few positions of the one before, the same
-    sums); per group, tiles of ROWS output channels over every input channel."""
-    g_, ocg, icg, l_, blocks = dims[1], dims[2], dims[3], dims[4], dims[5]
-    xn, xc, on, oc = dims[6], dims[7], dims[8], dims[9]
-    full = VECS * LANES  # noqa: F821
-    vecs = VECS if l_ >= full else 1
-    npos = vecs * LANES  # noqa: F821
-    for u in range(u0, u1):
-        n = u // blocks
-        p0 = min((u % blocks) * npos, l_ - npos)
-        for g in range(g_):
-            x0 = n * xn + g * icg * xc + p0
-            for o0 in range(0, ocg, ROWS):
-                rr = min(ROWS, ocg - o0)
-                c0 = g * ocg + o0
-                if vecs == VECS:
-                    rows_tile(ROWS, VECS, x, x0, xc, w, c0 * icg, icg, icg, rr,  # noqa: F821
-                              out, n * on + c0 * oc + p0, oc, bias, c0, epi)  # fmt: skip
-                else:
-                    rows_tile(ROWS, 1, x, x0, xc, w, c0 * icg, icg, icg, rr,  # noqa: F821
-                              out, n * on + c0 * oc + p0, oc, bias, c0, epi)  # fmt: skip
+#: the tile intrinsic and the take-next-unit function, bound before compiling (module
+#: globals, not closure cells: Numba's cache keys a closure by its cells' pickled bytes,
+#: which for these objects differ from one process to the next)
+tile = take = None
 
 
-def pointwise_nchw(x, w, out, bias, dims, epi: int, u0: int, u1: int) -> None:
-    """Units [u0, u1) of the NCHW pointwise convolution (:func:`_pointwise_nchw_py`): ``x``,
-    ``w`` and ``bias`` read-only float32 vectors, ``out`` a writable one, ``dims`` int64."""
-    _compiled()(x, w, out, bias, dims, int(epi), int(u0), int(u1))
+def _units_py(R, B, LANES):
+    """The units of a layer of tiles ``R x B`` (``LANES`` positions a vector): compile-time
+    constants of the returned function, its only closure cells."""
+    global tile, take
+    tile, take = rows_tile(), tiled_jit.take_unit()
+
+    def run(x, wp, out, bias, geom, epi, counter, me):
+        # pragma: no cover - compiled
+        # geom: G, OCg, K (input channels per group), L (positions a plane), NR (groups of R
+        # output channels per group), NB (bands of a plane), TPB (tiles per band), then the
+        # sample and channel strides of x and of out, in elements
+        g_, ocg, k, l_, nr, nb, tpb = (geom[0], geom[1], geom[2], geom[3], geom[4], geom[5],
+                                       geom[6])  # fmt: skip
+        xn, xc, on, oc = geom[7], geom[8], geom[9], geom[10]
+        npos = B * LANES
+        nt = (l_ + npos - 1) // npos
+        while True:
+            u = take(counter, me)
+            if u < 0:
+                break
+            j, g = u % nr, u // nr % g_  # the channel groups fastest
+            band, n = u // (nr * g_) % nb, u // (nr * g_ * nb)
+            o0 = j * R
+            used = min(R, ocg - o0)
+            c0 = g * ocg + o0
+            x0 = n * xn + g * k * xc
+            w0 = (g * nr + j) * k * R
+            y0 = n * on + c0 * oc
+            for q in range(band * tpb, min(nt, (band + 1) * tpb)):
+                p0 = min(q * npos, l_ - npos)
+                tile(R, B, epi, x, x0 + p0, xc, wp, w0, k, used, out, y0 + p0, oc, bias, c0)
+
+    return run
 
 
 @functools.cache
-def _compiled():
-    global rows_tile, LANES, ROWS
-    rows_tile, LANES = _rows_tile(), tiled_jit.vector_width()
-    ROWS = 8 if LANES == 16 else 6
-    f1, i8 = t.float32[::1], t.int64
+def compiled_units(R: int, B: int):
+    """The compiled units of tiles ``R x B`` (compiled on first use): ``units(x, wp, out,
+    bias, geom, epi, counter, me)``, the flat read-only source (from its first element),
+    packed filter and bias, the flat output, the int64 geometry (see the source), the
+    epilogue bits, the units' counter (:func:`megbrain.kernels.tiled_jit.take_unit`) and
+    the thread's index."""
+    lanes = tiled_jit.vector_width()
     fr = t.Array(t.float32, 1, "C", readonly=True)
-    return tiled_jit.compile_tiled(_pointwise_nchw_py,
-                                   [t.void(fr, fr, f1, fr, t.int64[::1], i8, i8, i8)])
+    f1, ints = t.float32[::1], t.int64[::1]
+    run = _units_py(R, B, lanes)
+    # a name of its own per variant: Numba's cache keeps one index per name
+    run.__qualname__ = run.__name__ = f"pointwise_nchw_units_{R}x{B}_v{lanes}"
+    return tiled_jit.compile_tiled(run, [t.void(fr, fr, f1, fr, ints, t.int64, ints, t.int64)])
