@@ -1,8 +1,8 @@
 """POINTWISE_NCHW88 (megbrain.kernels.conv.pointwise88): against the float64 reference over
-drawn batches, planes (1x1 and 7x7 among them), channel counts and epilogues, constant and
-non-constant filters; bit for bit DIRECT_NCHW88's sums; the same bits at 1 and 2 threads;
-the output sharing ``z``'s memory; nothing allocated at run time; the tile's sums vector
-FMAs on registers."""
+drawn batches, planes (1x1 and 7x7 among them), channel counts and epilogues (SiLU too, at
+large magnitudes as DIRECT_NCHW88's), constant and non-constant filters; bit for bit
+DIRECT_NCHW88's sums; the same bits at 1 and 2 threads; the output sharing ``z``'s memory;
+nothing allocated at run time; the tile's sums vector FMAs on registers."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from megbrain.kernels.conv.loops import pointwise88 as loops
 from megbrain.kernels.tiled_jit import vector_width
 
 _CHANNELS = [8, 16, 24, 40, 64, 96, 120, 160, 320, 576, 960, 1280]
-_ACTS = ["none", "IDENTITY", "RELU", "H_SWISH", "RELU6"]
+_ACTS = ["none", "IDENTITY", "RELU", "H_SWISH", "RELU6", "SILU"]
 
 
 def _operands(n, h, w, ic, oc, seed):
@@ -52,13 +52,21 @@ def _want(x, wt, bias, z, act, with_z):
         y = y * np.clip(y + 3, 0, 6) / 6
     elif act == "RELU6":
         y = np.clip(y, 0, 6)
+    elif act == "SILU":
+        y = _silu64(y)
     return y
+
+
+def _silu64(y):
+    with np.errstate(over="ignore"):  # exp(-y) of y < -709 is inf: y 0 is -0
+        return y / (1 + np.exp(-y))
 
 
 def _epilogue(act, bias):
     if act == "none":
         return None
-    return Epilogue(bias, act == "RELU", act == "H_SWISH", relu6=act == "RELU6")
+    return Epilogue(bias, act == "RELU", act == "H_SWISH", relu6=act == "RELU6",
+                    silu=act == "SILU")  # fmt: skip
 
 
 def _bind(src, filt, out, **kw):
@@ -94,11 +102,24 @@ def test_relu6_clips_at_six_and_keeps_nan():
     assert (rest == 6).all()
 
 
-def test_silu_tail_is_refused_not_ignored():
-    _, _, bias, _, src, filt = _operands(1, 2, 2, 16, 16, seed=4)
-    out = np.empty((1, 2, 2, 2, 8), np.float32)
-    with pytest.raises(ValueError, match="POINTWISE_NCHW88 does not apply"):
-        pointwise88.bind_pointwise88(src, filt, out, Epilogue(bias, False, False, silu=True))
+@pytest.mark.parametrize("direct", [False, True])
+def test_silu_holds_its_accuracy_at_large_magnitudes_and_keeps_nan(monkeypatch, direct):
+    # sums from -1e4 to 1e4: exp(-x) clipped, never inf / inf; both dense NCHW88 algorithms
+    monkeypatch.setattr(conv_nchw88, "preferred_pointwise88", lambda geo: not direct)
+    x, wt, bias, z, src, filt = _operands(1, 7, 9, 16, 40, seed=6)
+    scale = np.geomspace(1e-3, 1e4, 7 * 9).reshape(7, 9).astype(np.float32)
+    big = np.ascontiguousarray(src * scale[None, None, :, :, None])
+    big[0, 0, 6, 8, 0] = np.nan
+    out = np.empty((1, 5, 7, 9, 8), np.float32)
+    name, step = _bind(big, filt, out, epilogue=_epilogue("SILU", bias))
+    assert name == ("DIRECT_NCHW88" if direct else pointwise88.ALGORITHM)
+    step()
+    got = conv_nchw88.to_nchw(out)
+    assert np.isnan(got[0, :, 6, 8]).all()
+    got[0, :, 6, 8] = 0
+    want = _want(conv_nchw88.to_nchw(big).astype(np.float64), wt, bias, z, "SILU", False)
+    want[0, :, 6, 8] = 0
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("shape", [(2, 5, 6, 24, 40), (1, 7, 7, 160, 960), (1, 1, 1, 72, 24),
@@ -186,6 +207,22 @@ def test_the_sums_are_vector_fmas_on_registers():
     assert all("ymm" in line or "zmm" in line for line in fmas)
     # the accumulators are registers: no 512-bit vector is spilled to the stack
     assert not any("(%rsp)" in line and "zmm" in line for line in asm.splitlines())
+
+
+@pytest.mark.skipif(vector_width() != 16, reason="a tile of 24 accumulators: AVX-512")
+def test_silu_keeps_the_reduction_on_registers():
+    # the sigmoid's constants and temporaries may go through the stack in the epilogue,
+    # never the accumulators in the loop over the input channels
+    fr = nt.Array(nt.float32, 1, "C", readonly=True)
+    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
+    fn = njit([sig], nogil=True, error_model="numpy", fastmath={"contract"})(
+        loops._units_py(8, 3, 1 | 32))
+    blocks = "\n".join(fn.inspect_asm().values()).split("\n.LBB")
+    loops_ = [b for b in blocks if sum("vfmadd231ps" in ln for ln in b.splitlines()) >= 8 * 3 * 8]
+    assert len(loops_) >= 2  # the tile and its half-block twin
+    for body in loops_:
+        assert all("zmm" in ln for ln in body.splitlines() if "vfmadd231ps" in ln)
+        assert not any("(%rsp)" in ln and "zmm" in ln for ln in body.splitlines())
 
 
 def test_the_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch):

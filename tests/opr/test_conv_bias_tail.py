@@ -122,8 +122,8 @@ def test_fused_tail_matches_the_unfused_graph_and_float64(layer, tail, n, hw, re
 @pytest.mark.parametrize(
     "layer, nchw88, algo",
     [
-        ((16, 24, 1, 1, 1), True, "POINTWISE_NCHW88"),  # SiLU: after the kernel
-        ((8, 24, 3, 1, 1), True, "DIRECT_NCHW88"),  # SiLU: after the kernel
+        ((16, 24, 1, 1, 1), True, "POINTWISE_NCHW88"),
+        ((8, 24, 3, 1, 1), True, "DIRECT_NCHW88"),
         ((16, 16, 3, 1, 16), True, "CHANNELWISE_NCHW88"),
         ((3, 16, 3, 2, 1), True, "DIRECT_NCHW_NCHW88"),  # the tail after the kernel
         ((16, 24, 1, 1, 1), False, "DIRECT_POINTWISE"),  # SiLU: after the kernel

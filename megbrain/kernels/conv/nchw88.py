@@ -267,12 +267,12 @@ def bind_nchw88_forward(
     if usable_pointwise88(src, filt, out, geo, stride, pad) and preferred_pointwise88(geo) and (
         z is None or z.dtype == _F32
     ):
-        ep, after = _tail_after(epilogue, out, relu6=True, silu=False)
+        ep, after = _tail_after(epilogue, out, relu6=True, silu=True)
         return POINTWISE, _then(bind_pointwise88(src, filt, out, ep, z), after)
     if usable_direct_nchw88(src, filt, out, geo, pad, dilate) and (
         z is None or z.dtype == _F32
     ):
-        ep, after = _tail_after(epilogue, out, relu6=True, silu=False)
+        ep, after = _tail_after(epilogue, out, relu6=True, silu=True)
         return "DIRECT_NCHW88", _then(_bind_direct(src, filt, out, geo, stride, pad, dilate,
                                                    flip, ep, z), after)  # fmt: skip
     if geo.kind == "chan" and usable_channelwise88(src, filt, out, pad) and (
@@ -294,9 +294,8 @@ def _tail_after(epilogue: Epilogue | None, out: np.ndarray, relu6: bool,
                 silu: bool) -> tuple[Epilogue | None, Step | None]:  # fmt: skip
     """``epilogue`` without a tail the algorithm does not apply in its kernel (ReLU6 unless
     ``relu6``, SiLU unless ``silu``), and the step applying that tail to ``out`` after the
-    kernel (the JIT's kernel, in place), else None. SiLU's sigmoid stays scalar code in the
-    dense tiles' write-out (slower than the pass after them), and a ReLU6 in the first
-    layer's tile made LLVM gather the tile."""
+    kernel (the JIT's kernel, in place), else None. A ReLU6 in the first layer's tile made
+    LLVM gather the tile."""
     if epilogue is None or not ((epilogue.relu6 and not relu6) or (epilogue.silu and not silu)):
         return epilogue, None
     tail = "RELU6" if epilogue.relu6 else "SILU"

@@ -127,7 +127,7 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
         ``(N, OC/8, H, W, 8)`` float32, C-contiguous (checked by the caller,
         :func:`.nchw88.bind_nchw88_forward`).
     epilogue : Epilogue, optional
-        The per-channel bias (OC values), ReLU or H_SWISH, and the ReLU6 tail.
+        The per-channel bias (OC values), ReLU or H_SWISH, and the ReLU6 or SiLU tail.
     z : numpy.ndarray, optional
         An array of the output's shape added after the bias, before the activation; it may
         be ``out`` itself (each position's ``z`` is read before the position is written).
@@ -142,7 +142,8 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
     Raises
     ------
     ValueError
-        For an epilogue this kernel does not apply (the SiLU tail).
+        For an epilogue this kernel does not apply (a bit without a row in the loops'
+        ``ACTIVATIONS``).
     """
     n, icb, h, w, _ = src.shape
     hw, ocb8 = h * w, out.shape[1]

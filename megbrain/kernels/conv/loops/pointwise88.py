@@ -33,8 +33,10 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ... import tiled_jit
+from ...elemwise_modes import EXP_LN2, EXP_POLY
 
-__all__ = ["ACTIVATIONS", "BLOCK", "CB", "activate", "compiled_units", "filter_packer", "units"]
+__all__ = ["ACTIVATIONS", "BLOCK", "CB", "activate", "compiled_units", "filter_packer", "silu8",
+           "units"]
 
 #: output channels of a filter vector (a tile's column)
 BLOCK = 16
@@ -62,8 +64,34 @@ def _relu6(builder, v, const):
     return builder.select(builder.fcmp_ordered(">", v, const(6.0)), const(6.0), v)
 
 
+def _silu(builder, v, const):
+    # x sigmoid(x), the sigmoid as the JIT's (elemwise_modes' _sigmoid and _exp_mid): exp(t)
+    # of t = -x clipped to [-88, 88] (no overflow; 1 + exp(-88) is 1 already), n = round(t /
+    # ln2) by the 1.5 2^23 shifter whose low bits then hold n, Cephes expf's reduction and
+    # polynomial, the scale 2^n built in the exponent field; x / (1 + exp(-x)) then.
+    # NaN: t clips to 88, and the quotient is NaN
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v.type, [v.type] * 3),
+                                         f"llvm.fmuladd.v{v.type.count}f32")  # fmt: skip
+    ivec = ir.VectorType(ir.IntType(32), v.type.count)
+    t = builder.fsub(const(-0.0), v)
+    t = builder.select(builder.fcmp_ordered("<", t, const(88.0)), t, const(88.0))
+    t = builder.select(builder.fcmp_ordered(">", t, const(-88.0)), t, const(-88.0))
+    k = builder.call(fma, [t, const(1.4426950408889634), const(12582912.0)])
+    n = builder.fsub(k, const(12582912.0))
+    r = builder.call(fma, [n, const(-EXP_LN2[0]), t])
+    r = builder.call(fma, [n, const(-EXP_LN2[1]), r])
+    p = const(EXP_POLY[0])
+    for c in EXP_POLY[1:]:
+        p = builder.call(fma, [p, r, const(c)])
+    p = builder.call(fma, [p, builder.fmul(r, r), builder.fadd(r, const(1.0))])
+    bits = builder.add(builder.shl(builder.bitcast(k, ivec), ir.Constant(ivec, [23] * ivec.count)),
+                       ir.Constant(ivec, [0x3F800000] * ivec.count))  # fmt: skip
+    e = builder.fmul(p, builder.bitcast(bits, v.type))
+    return builder.fdiv(v, builder.fadd(const(1.0), e))
+
+
 #: the activations by epilogue bit (:mod:`..epilogue`): one line per mode
-ACTIVATIONS = {4: _relu, 8: _hswish, 16: _relu6}
+ACTIVATIONS = {4: _relu, 8: _hswish, 16: _relu6, 32: _silu}
 
 
 def activate(builder, v, epi: int):
@@ -81,14 +109,35 @@ def activate(builder, v, epi: int):
 
 
 @functools.cache
+def silu8():
+    """The ``silu8(a, e)`` Numba intrinsic: the 8 float32 of the 1-d ``a`` from ``e`` on
+    replaced by their SiLU (the epilogues' vector SiLU, :data:`ACTIVATIONS`), in place (for
+    the compiled loops that apply it to values just stored). No index is checked."""
+
+    @intrinsic
+    def silu8(typingctx, a, e):
+        def codegen(context, builder, signature, args):
+            vec = ir.VectorType(ir.FloatType(), CB)
+            data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            ptr = builder.bitcast(builder.gep(data, [args[1]], inbounds=True), vec.as_pointer())
+            v = builder.load(ptr, align=4)
+            builder.store(activate(builder, v, 32), ptr, align=4)
+            return context.get_dummy_value()
+
+        return t.void(a, e), codegen
+
+    return silu8
+
+
+@functools.cache
 def pw_tile():
     """The ``pw_tile(R, B, half, epi, xp, x0, cstride, icb, wp, w0, out, o0, ohw8, z, bias,
     b0, skip)`` Numba intrinsic: one tile (the module's docstring). Literals ``R``, ``B``,
     ``half`` (the last block's upper 8 channels are padding) and ``epi`` (bits 1 bias, 2
-    ``z``, 4 ReLU, 8 H_SWISH); position ``p`` reads ``xp[x0 + cb cstride + 8 p:]`` for
-    ``cb < icb``, the filter ``wp[w0 + (8 cb + ic) 16 B + 16 b:]``, and writes (as reads
-    ``z``) ``out[o0 + (2 b + h) ohw8 + 8 p:][:8]``, bias ``bias[b0 + 16 b:]``; positions
-    ``p < skip`` are not stored. No index is checked."""
+    ``z``, 4 ReLU, 8 H_SWISH, 16 ReLU6, 32 SiLU); position ``p`` reads ``xp[x0 + cb cstride
+    + 8 p:]`` for ``cb < icb``, the filter ``wp[w0 + (8 cb + ic) 16 B + 16 b:]``, and writes
+    (as reads ``z``) ``out[o0 + (2 b + h) ohw8 + 8 p:][:8]``, bias ``bias[b0 + 16 b:]``;
+    positions ``p < skip`` are not stored. No index is checked."""
 
     @intrinsic
     def pw_tile(typingctx, npos, nblk, half, epi, xp, x0, cstride, icb, wp, w0, out, o0, ohw8,
