@@ -2,7 +2,8 @@
 drawn batches, planes (1x1 and 7x7 among them), channel counts and epilogues (SiLU too, at
 large magnitudes as DIRECT_NCHW88's), constant and non-constant filters; bit for bit
 DIRECT_NCHW88's sums; the same bits at 1 and 2 threads; the output sharing ``z``'s memory;
-nothing allocated at run time; the tile's sums vector FMAs on registers."""
+a squeeze-and-excitation gate scaling the source; nothing allocated at run time; the tile's
+sums vector FMAs on registers."""
 
 from __future__ import annotations
 
@@ -122,6 +123,40 @@ def test_silu_holds_its_accuracy_at_large_magnitudes_and_keeps_nan(monkeypatch, 
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 2), h=st.sampled_from([1, 3, 7, 14]), w=st.integers(1, 9),
+       ic=st.sampled_from([8, 24, 96, 576]), oc=st.sampled_from([8, 24, 40, 96]),
+       act=st.sampled_from(_ACTS), with_z=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
+def test_a_gate_scales_each_samples_input_channels(n, h, w, ic, oc, act, with_z, seed):
+    # the squeeze-and-excitation multiply folded in (ConvBiasGated): x gate, then the conv
+    x, wt, bias, z, src, filt = _operands(n, h, w, ic, oc, seed)
+    gate = np.random.default_rng(seed + 1).uniform(0, 1, (n, ic, 1, 1)).astype(np.float32)
+    out = np.full((n, oc // 8, h, w, 8), np.nan, np.float32)
+    z88 = np.ascontiguousarray(conv_nchw88.to_nchw88(z)) if with_z else None
+    g88 = conv_nchw88.to_nchw88(gate).copy(order="C")  # not a view of gate
+    name, step = _bind(src, filt, out, epilogue=_epilogue(act, bias), z=z88, gate=g88)
+    assert name == pointwise88.ALGORITHM
+    step()
+    want = _want(x.astype(np.float64) * gate, wt, bias, z, act, with_z)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+    g88 *= 0.5  # read at every run
+    step()
+    want = _want(x.astype(np.float64) * gate * np.float32(0.5), wt, bias, z, act, with_z)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
+def test_another_algorithm_reads_the_gated_source_from_its_workspace():
+    x, wt, bias, z, src, filt = _operands(1, 6, 6, 16, 16, seed=5)
+    gate = np.random.default_rng(5).uniform(0, 1, (1, 16, 1, 1)).astype(np.float32)
+    out = np.empty((1, 2, 3, 3, 8), np.float32)
+    name, step = conv_nchw88.bind_nchw88_forward(src, filt, out, (2, 2), (0, 0), (1, 1),
+                                                 gate=conv_nchw88.to_nchw88(gate))  # fmt: skip
+    assert name == "DIRECT_NCHW88"
+    step()
+    want = _want((x * gate)[:, :, ::2, ::2], wt, bias, z, "none", False)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("shape", [(2, 5, 6, 24, 40), (1, 7, 7, 160, 960), (1, 1, 1, 72, 24),
                                    (1, 14, 14, 96, 24), (2, 3, 3, 16, 8)])  # fmt: skip
 @pytest.mark.parametrize("act", ["RELU", "H_SWISH"])
@@ -163,14 +198,17 @@ def test_the_output_may_share_z_memory(shape):
                                rtol=RTOL, atol=ATOL)  # fmt: skip
 
 
-@pytest.mark.parametrize("constant", [False, True])
-def test_a_run_allocates_nothing(monkeypatch, constant):
+@pytest.mark.parametrize("constant, act, gated", [(False, "H_SWISH", False),
+                                                  (True, "H_SWISH", False), (True, "SILU", True),
+                                                  (False, "SILU", True)])  # fmt: skip
+def test_a_run_allocates_nothing(monkeypatch, constant, act, gated):
     monkeypatch.setattr(parallel, "num_threads", lambda: 1)
     _, _, bias, z, src, filt = _operands(1, 14, 14, 64, 96, seed=4)
     out = np.empty((1, 12, 14, 14, 8), np.float32)
     z88 = np.ascontiguousarray(conv_nchw88.to_nchw88(z))
+    gate = np.ones((1, 8, 1, 1, 8), np.float32) if gated else None
     with constant_filter(constant):
-        name, step = _bind(src, filt, out, epilogue=_epilogue("H_SWISH", bias), z=z88)
+        name, step = _bind(src, filt, out, epilogue=_epilogue(act, bias), z=z88, gate=gate)
     assert name == pointwise88.ALGORITHM
     step()
     assert_allocates_nothing(step)

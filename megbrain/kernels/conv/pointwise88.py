@@ -113,8 +113,9 @@ def tiles_for(n: int, hw: int, k: int, oc: int, nthreads: int) -> PointwiseTiles
 
 def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
                      epilogue: Epilogue | None = None, z: np.ndarray | None = None,
-                     tiles: PointwiseTiles | None = None) -> Step:  # fmt: skip
-    """Bind ``out = act(conv(src, filt) + bias + z)`` for a dense 1x1 stride-1 NCHW88
+                     tiles: PointwiseTiles | None = None,
+                     gate: np.ndarray | None = None) -> Step:  # fmt: skip
+    """Bind ``out = act(conv(src gate, filt) + bias + z)`` for a dense 1x1 stride-1 NCHW88
     convolution.
 
     Parameters
@@ -133,6 +134,10 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
         be ``out`` itself (each position's ``z`` is read before the position is written).
     tiles : PointwiseTiles, optional
         The tiling (default :func:`tiles_for`'s).
+    gate : numpy.ndarray, optional
+        ``(N, IC/8, 1, 1, 8)`` float32 scaling each sample's input channels (read at every
+        run): the kernel scales the filter's vectors of each input channel as it loads them
+        (the squeeze-and-excitation multiply, without a pass over the source).
 
     Returns
     -------
@@ -166,6 +171,14 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
             steps.append(functools.partial(np.copyto, zc, z))
         zf = readonly_view(zc.reshape(-1))
         epi |= 2
+    gf = _EMPTY
+    if gate is not None:
+        gc = gate
+        if not gate.flags.c_contiguous:
+            gc = workspace.empty(gate.shape, _F32)
+            steps.append(functools.partial(np.copyto, gc, gate))
+        gf = readonly_view(gc.reshape(-1))
+        epi |= loops.GATE
     macs = n * hw * k * oc
     nthreads = 1 if macs < MIN_SPLIT_MACS else threads()
     tl = tiles or tiles_for(n, hw, k, oc, nthreads)
@@ -179,7 +192,7 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
     outf, wr = out.reshape(-1), readonly_view(wp)
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
-        return functools.partial(run, xp, wr, outf, zf, bias, geom, counter, me)
+        return functools.partial(run, xp, wr, outf, zf, bias, gf, geom, counter, me)
 
     steps.append(units_as_they_go(n * tl.ng * tl.nb, bind_part, nthreads))
     return filter_packed(pack_w, chain(steps), constant)
