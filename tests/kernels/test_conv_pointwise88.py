@@ -235,7 +235,7 @@ def test_the_tiling_fits_the_registers_and_the_channels():
 def test_the_sums_are_vector_fmas_on_registers():
     # compiled afresh: the assembly of a kernel loaded from Numba's cache is not kept
     fr = nt.Array(nt.float32, 1, "C", readonly=True)
-    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
+    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
     fn = njit([sig], nogil=True, error_model="numpy", fastmath={"contract"})(
         loops._units_py(8, 3, 1 | 2 | 4))
     asm = "\n".join(fn.inspect_asm().values())
@@ -252,7 +252,7 @@ def test_silu_keeps_the_reduction_on_registers():
     # the sigmoid's constants and temporaries may go through the stack in the epilogue,
     # never the accumulators in the loop over the input channels
     fr = nt.Array(nt.float32, 1, "C", readonly=True)
-    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
+    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
     fn = njit([sig], nogil=True, error_model="numpy", fastmath={"contract"})(
         loops._units_py(8, 3, 1 | 32))
     blocks = "\n".join(fn.inspect_asm().values()).split("\n.LBB")
