@@ -242,18 +242,29 @@ _TAIL_AFTER = {"RELU6": ("IDENTITY", "RELU"), "SILU": ("IDENTITY",)}
 _CLIP_PROBE = np.array([-np.inf, -7, -1, -0.0, 0, 0.5, 3, 6, 7, np.inf, np.nan], np.float32)
 
 
+def _fusable_graph(graph, dest: list[VarNode]) -> tuple[list, dict, set] | None:
+    """``dest``'s operators, their readers and the vars needed outside them
+    (:func:`_readers`) for a compile-time fusion into a ConvBias subclass: None below JIT
+    level 1, or before the gradients are expanded (as jit_fusion; those classes have no
+    gradient)."""
+    if jit_level(graph) < 1:
+        return None
+    oprs = dep_oprs(dest)
+    if any(o.type_name == "VirtualGrad" for o in oprs):
+        return None
+    return (oprs, *_readers(graph, oprs, dest))
+
+
 @register_pass("fuse_conv_bias_tail")
 def fuse_conv_bias_tail(graph, dest: list[VarNode]) -> dict:
     """The pass (after ``jit_fusion``, at JIT level 1 and up): a float32 ConvBias (IDENTITY,
     or RELU before ReLU6) whose output only a JITExecutor computing ReLU6 or SiLU of it
     reads becomes one :class:`~megbrain.opr.dnn_conv_bias.ConvBiasTail`, which replaces the
     JITExecutor's output."""
-    if jit_level(graph) < 1:
+    found = _fusable_graph(graph, dest)
+    if found is None:
         return {}
-    oprs = dep_oprs(dest)
-    if any(o.type_name == "VirtualGrad" for o in oprs):
-        return {}  # as jit_fusion: after the gradients are expanded (ConvBiasTail has none)
-    readers, external = _readers(graph, oprs, dest)
+    oprs, readers, external = found
     tails: dict = {}  # JITExecutor -> the tail it computes of its ConvBias
     for o in oprs:
         if o.type_name != "JITExecutor" or len(o.inputs) != 1 or o.extra_deps:
@@ -290,12 +301,10 @@ def fuse_se_gate(graph, dest: list[VarNode]) -> dict:
     :class:`~megbrain.opr.dnn_conv_bias.ConvBiasGated` reading ``x`` and the gate (the
     squeeze-and-excitation multiply, no pass over ``x``); the gate's own elementwise chain
     is left to ``jit_fusion``."""
-    if jit_level(graph) < 1:
+    found = _fusable_graph(graph, dest)
+    if found is None:
         return {}
-    oprs = dep_oprs(dest)
-    if any(o.type_name == "VirtualGrad" for o in oprs):
-        return {}  # as jit_fusion: after the gradients are expanded (ConvBiasGated has none)
-    readers, external = _readers(graph, oprs, dest)
+    oprs, readers, external = found
     gated: dict = {}  # ConvBias -> (x, gate)
     for o in oprs:
         if type(o) is not ConvBias or o.extra_deps or not _gateable(o):

@@ -524,5 +524,8 @@ REFUSED.update(
         "SVD": "the default ONNX domain has no singular value decomposition",
         "ConvBiasTail": "a ConvBias and its tail fused when a function is compiled; export "
         "the graph's vars (its ConvBias and Elemwise operators) instead",
+        "ConvBiasGated": "a ConvBias and its squeeze-and-excitation multiply fused when a "
+        "function is compiled; export the graph's vars (its Elemwise and ConvBias operators) "
+        "instead",
     }
 )

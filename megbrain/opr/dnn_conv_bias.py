@@ -401,33 +401,25 @@ def conv_bias_activation_v1(
 register_with_policy(ConvBias, pdefs.ConvBias, name="ConvBiasForwardV3")
 
 
-def _dump_tail(ctx, opr: ConvBiasTail) -> None:
-    raise sereg.NotSerializable(
-        f"serialization as FlatBuffers is not supported for operator {opr.name!r} "
-        f"(ConvBiasTail: ConvBias with a fused {opr.param.tail} tail): fused operators are not "
-        "written to graph files; dump the graph before compile-time fusion (the vars you "
-        "built, or the outputs of optimize_for_inference)"
-    )
+def _never_dumped(cls, fused) -> None:
+    """Register ``cls`` (a fused ConvBias subclass) as refused by dump and load, the dump's
+    error naming the operator and what ``fused(opr)`` says is fused in it."""
+
+    def dump(ctx, opr) -> None:
+        raise sereg.NotSerializable(
+            f"serialization as FlatBuffers is not supported for operator {opr.name!r} "
+            f"({cls.type_name}: ConvBias with a fused {fused(opr)}): fused operators are not "
+            "written to graph files; dump the graph before compile-time fusion (the vars you "
+            "built, or the outputs of optimize_for_inference)"
+        )
+
+    def load(ctx, inputs, config):
+        raise SerializationError(
+            f"{cls.type_name}: fused operators are never written to graph files"
+        )
+
+    sereg.register_serializer(cls, dump=dump, load=load)
 
 
-def _load_tail(ctx, inputs, config):
-    raise SerializationError("ConvBiasTail: fused operators are never written to graph files")
-
-
-sereg.register_serializer(ConvBiasTail, dump=_dump_tail, load=_load_tail)
-
-
-def _dump_gated(ctx, opr: ConvBiasGated) -> None:
-    raise sereg.NotSerializable(
-        f"serialization as FlatBuffers is not supported for operator {opr.name!r} "
-        "(ConvBiasGated: ConvBias with a fused squeeze-and-excitation gate): fused operators "
-        "are not written to graph files; dump the graph before compile-time fusion (the vars "
-        "you built, or the outputs of optimize_for_inference)"
-    )
-
-
-def _load_gated(ctx, inputs, config):
-    raise SerializationError("ConvBiasGated: fused operators are never written to graph files")
-
-
-sereg.register_serializer(ConvBiasGated, dump=_dump_gated, load=_load_gated)
+_never_dumped(ConvBiasTail, lambda opr: f"{opr.param.tail} tail")
+_never_dumped(ConvBiasGated, lambda opr: "squeeze-and-excitation gate")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_conv_bias_tail import dumped_loaded_compiled
 
 import megbrain as mgb
 from megbrain.errors import SerializationError
@@ -127,13 +128,7 @@ def test_nchw_and_training_graphs_are_not_fused():
 
 def test_the_optimized_graph_dumps_reference_operators_and_a_fused_one_is_refused(tmp_path):
     g, out, feed, ref, _ = _net("SIGMOID", 1, 16, 24, 7)  # a gate of one Elemwise: no JIT
-    outs = _optimized(out)
-    path = str(tmp_path / "g.mgb")
-    mgb.serialize_comp_graph_to_file(path, outs)
-    _, _, loaded = mgb.load_comp_graph_from_file(path)
-    types = {o.type for o in mgb.cgtools.get_oprs_seq(loaded)}
-    assert "ConvBiasGated" not in types and "ConvBiasForward" in types
-    f, seq = _compiled(loaded[0].owner_graph, loaded, 1)
+    f, seq = dumped_loaded_compiled(_optimized(out), tmp_path, "ConvBiasGated")
     (fused,) = _gated(seq)  # fused again when compiled
     np.testing.assert_allclose(f(**feed)[0], ref, rtol=1e-4, atol=1e-5)
     with pytest.raises(SerializationError, match=r"ConvBiasGated.*before compile-time fusion"):

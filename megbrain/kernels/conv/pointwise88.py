@@ -111,6 +111,18 @@ def tiles_for(n: int, hw: int, k: int, oc: int, nthreads: int) -> PointwiseTiles
     return best[1]
 
 
+def _flat_operand(a: np.ndarray | None, steps: list) -> np.ndarray:
+    """The flat read-only view of ``a`` (read at every run), of a copy that a step appended
+    to ``steps`` refreshes at every run when ``a`` is strided; a dummy for None."""
+    if a is None:
+        return _EMPTY
+    if not a.flags.c_contiguous:
+        dense = workspace.empty(a.shape, _F32)
+        steps.append(functools.partial(np.copyto, dense, a))
+        a = dense
+    return readonly_view(a.reshape(-1))
+
+
 def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
                      epilogue: Epilogue | None = None, z: np.ndarray | None = None,
                      tiles: PointwiseTiles | None = None,
@@ -154,31 +166,13 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
     hw, ocb8 = h * w, out.shape[1]
     k, oc = icb * loops.CB, ocb8 * loops.CB
     steps: list[Step] = []
-    if not src.flags.c_contiguous:
-        dense = workspace.empty(src.shape, _F32)
-        steps.append(functools.partial(np.copyto, dense, src))
-        src = dense
-    xp = readonly_view(src.reshape(-1))
+    xp = _flat_operand(src, steps)
     bias, epi = epilogue_operands(epilogue, steps)
     unapplied = epi & ~(1 | sum(loops.ACTIVATIONS))
     if unapplied:  # never a silent wrong answer: the caller runs such a tail after the kernel
         raise ValueError(f"POINTWISE_NCHW88 does not apply epilogue bits {unapplied}")
-    zf = _EMPTY
-    if z is not None:
-        zc = z
-        if not z.flags.c_contiguous:
-            zc = workspace.empty(z.shape, _F32)
-            steps.append(functools.partial(np.copyto, zc, z))
-        zf = readonly_view(zc.reshape(-1))
-        epi |= 2
-    gf = _EMPTY
-    if gate is not None:
-        gc = gate
-        if not gate.flags.c_contiguous:
-            gc = workspace.empty(gate.shape, _F32)
-            steps.append(functools.partial(np.copyto, gc, gate))
-        gf = readonly_view(gc.reshape(-1))
-        epi |= loops.GATE
+    zf, gf = _flat_operand(z, steps), _flat_operand(gate, steps)
+    epi |= (2 if z is not None else 0) | (loops.GATE if gate is not None else 0)
     macs = n * hw * k * oc
     nthreads = 1 if macs < MIN_SPLIT_MACS else threads()
     tl = tiles or tiles_for(n, hw, k, oc, nthreads)
