@@ -1,7 +1,9 @@
 """JIT fusion pass (graph option ``graph_opt.jit``): maximal subgraphs of float Elemwise
 operators (closed, at jit level 2, by a Reduce) become one :class:`~megbrain.opr.jit.JITExecutor`;
 then a ConvBias whose only reader is a ReLU6 or SiLU JITExecutor becomes one
-:class:`~megbrain.opr.dnn_conv_bias.ConvBiasTail` (``fuse_conv_bias_tail``).
+:class:`~megbrain.opr.dnn_conv_bias.ConvBiasTail` (``fuse_conv_bias_tail``). Before them, a
+squeeze-and-excitation multiply read only by a 1x1 NCHW88 ConvBias becomes part of it
+(:class:`~megbrain.opr.dnn_conv_bias.ConvBiasGated`, ``fuse_se_gate``).
 
 A subgraph grows from its output towards its inputs: an Elemwise joins the subgraph of its
 readers when all of them are in that subgraph and its output is needed nowhere else (not a
@@ -20,11 +22,11 @@ from ..graph.static_infer import infer_shape
 from ..kernels.conv.epilogue import TAIL_EXPRS
 from ..kernels.elemwise_modes import FUSABLE_MODES, REDUCE_MODES
 from ..kernels.jit_codegen import interpret
-from ..opr.dnn_conv_bias import ConvBias, ConvBiasTail, ConvBiasTailParam
+from ..opr.dnn_conv_bias import ConvBias, ConvBiasGated, ConvBiasTail, ConvBiasTailParam
 from ..opr.jit import JITExecutor, JITExecutorParam
 from .passes import register_pass
 
-__all__ = ["fuse_conv_bias_tail", "fuse_elemwise", "jit_fusion", "jit_level"]
+__all__ = ["fuse_conv_bias_tail", "fuse_elemwise", "fuse_se_gate", "jit_fusion", "jit_level"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
 
@@ -240,18 +242,29 @@ _TAIL_AFTER = {"RELU6": ("IDENTITY", "RELU"), "SILU": ("IDENTITY",)}
 _CLIP_PROBE = np.array([-np.inf, -7, -1, -0.0, 0, 0.5, 3, 6, 7, np.inf, np.nan], np.float32)
 
 
+def _fusable_graph(graph, dest: list[VarNode]) -> tuple[list, dict, set] | None:
+    """``dest``'s operators, their readers and the vars needed outside them
+    (:func:`_readers`) for a compile-time fusion into a ConvBias subclass: None below JIT
+    level 1, or before the gradients are expanded (as jit_fusion; those classes have no
+    gradient)."""
+    if jit_level(graph) < 1:
+        return None
+    oprs = dep_oprs(dest)
+    if any(o.type_name == "VirtualGrad" for o in oprs):
+        return None
+    return (oprs, *_readers(graph, oprs, dest))
+
+
 @register_pass("fuse_conv_bias_tail")
 def fuse_conv_bias_tail(graph, dest: list[VarNode]) -> dict:
     """The pass (after ``jit_fusion``, at JIT level 1 and up): a float32 ConvBias (IDENTITY,
     or RELU before ReLU6) whose output only a JITExecutor computing ReLU6 or SiLU of it
     reads becomes one :class:`~megbrain.opr.dnn_conv_bias.ConvBiasTail`, which replaces the
     JITExecutor's output."""
-    if jit_level(graph) < 1:
+    found = _fusable_graph(graph, dest)
+    if found is None:
         return {}
-    oprs = dep_oprs(dest)
-    if any(o.type_name == "VirtualGrad" for o in oprs):
-        return {}  # as jit_fusion: after the gradients are expanded (ConvBiasTail has none)
-    readers, external = _readers(graph, oprs, dest)
+    oprs, readers, external = found
     tails: dict = {}  # JITExecutor -> the tail it computes of its ConvBias
     for o in oprs:
         if o.type_name != "JITExecutor" or len(o.inputs) != 1 or o.extra_deps:
@@ -278,6 +291,73 @@ def fuse_conv_bias_tail(graph, dest: list[VarNode]) -> dict:
 
     skip = {o.inputs[0].owner for o in tails}
     return _sweep(graph, oprs, skip, {o: fused for o in tails})
+
+
+@register_pass("fuse_se_gate")
+def fuse_se_gate(graph, dest: list[VarNode]) -> dict:
+    """The pass (before ``jit_fusion``, at JIT level 1 and up): an Elemwise MUL of an
+    NCHW88 float32 ``x`` (N, C/8, H, W, 8) and a gate (N, C/8, 1, 1, 8) whose product only
+    a dense 1x1 stride-1 unpadded ConvBias reads, as its source, becomes one
+    :class:`~megbrain.opr.dnn_conv_bias.ConvBiasGated` reading ``x`` and the gate (the
+    squeeze-and-excitation multiply, no pass over ``x``); the gate's own elementwise chain
+    is left to ``jit_fusion``."""
+    found = _fusable_graph(graph, dest)
+    if found is None:
+        return {}
+    oprs, readers, external = found
+    gated: dict = {}  # ConvBias -> (x, gate)
+    for o in oprs:
+        if type(o) is not ConvBias or o.extra_deps or not _gateable(o):
+            continue
+        y = o.inputs[0]
+        mul = y.owner
+        if y in external or readers.get(y) != [o] or any(v is y for v in o.inputs[1:]):
+            continue
+        operands = _gate_operands(mul) if mul.comp_node == o.comp_node else None
+        if operands is not None:
+            gated[o] = operands
+    if not gated:
+        return {}
+
+    def fused(o, memo: dict) -> tuple[VarNode, VarNode]:
+        x, gate = gated[o]
+        ins = [memo.get(v, v) for v in (x, *o.inputs[1:], gate)]
+        new = ConvBiasGated(ins, o.param, OperatorNodeConfig(comp_node=o.comp_node))
+        return o.outputs[0], graph.insert_opr(new)[0]
+
+    skip = {o.inputs[0].owner for o in gated}
+    return _sweep(graph, oprs, skip, {o: fused for o in gated})
+
+
+def _gateable(conv) -> bool:
+    """Whether ``conv`` (a ConvBias) is an NCHW88 float32 dense 1x1 stride-1 unpadded one,
+    the convolution POINTWISE_NCHW88 computes with the gate in its filter loads."""
+    p = conv.param
+    shape = _shape(conv.inputs[1])
+    return (
+        p.format == "NCHW88"
+        and p.sparse == "DENSE"
+        and (p.pad_h, p.pad_w, p.stride_h, p.stride_w) == (0, 0, 1, 1)
+        and shape is not None
+        and tuple(shape[2:4]) == (1, 1)
+        and all(v.dtype == np.float32 for v in conv.inputs)
+    )
+
+
+def _gate_operands(mul) -> tuple[VarNode, VarNode] | None:
+    """``(x, gate)`` when ``mul`` is an Elemwise MUL of an NCHW88 ``x`` (N, C/8, H, W, 8)
+    and a gate (N, C/8, 1, 1, 8), in either order, both float32; else None."""
+    if mul.type_name != "Elemwise" or mul.param.mode != "MUL" or mul.extra_deps:
+        return None
+    if len(mul.inputs) != 2 or any(v.dtype != np.float32 for v in mul.inputs):
+        return None
+    shapes = [_shape(v) for v in mul.inputs]
+    if any(s is None or len(s) != 5 for s in shapes):
+        return None
+    for (x, xs), (g, gs) in (zip(mul.inputs, shapes), zip(mul.inputs[::-1], shapes[::-1])):
+        if tuple(gs) == (xs[0], xs[1], 1, 1, xs[4]) and tuple(xs[2:4]) != (1, 1):
+            return x, g
+    return None
 
 
 def _tail_of(param: JITExecutorParam) -> str | None:

@@ -23,6 +23,8 @@ from .arrays import BF16, F16, F32, F64, LOW_FLOATS
 from .steps import Step, chain
 
 __all__ = [
+    "EXP_LN2",
+    "EXP_POLY",
     "FUSABLE_MODES",
     "JIT_FORMS",
     "JIT_HELPERS",
@@ -577,6 +579,12 @@ def {name}(x):
 #: the closing reductions a fused kernel can apply
 REDUCE_MODES = ("SUM", "MEAN", "MAX", "MIN")
 # ---- helpers emitted into generated modules -----------------------------------------------
+#: Cephes expf's ln 2 in two parts (the Cody-Waite reduction r = x - n ln2) and its
+#: polynomial of exp(r), highest degree first, ``exp(r) = P(r) r^2 + r + 1``: read by the
+#: JIT's ``_exp_reduced`` and the convolutions' vector SiLU (:mod:`.conv.loops.pointwise88`)
+EXP_LN2 = (0.693359375, -2.12194440e-4)
+EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+            5.0000001201e-1)  # fmt: skip
 # name -> (source, helpers it calls). Literals are float32 (``F``) or int32 (``I``) so that
 # nothing is promoted to float64/int64; selects use ``|``, not ``or`` (no branches), so that
 # the loops vectorize.
@@ -604,17 +612,13 @@ def _f2i(typingctx, f):
     # Cephes expf's exp(x - n ln2) for an integral n rounded from x / ln2: the reduction in
     # two steps (Cody-Waite), then the polynomial
     "_exp_reduced": (
-        """
+        f"""
 @njit(**_APPROX)
 def _exp_reduced(x, n):
-    r = x - n * F(0.693359375)
-    r = r - n * F(-2.12194440e-4)
-    p = F(1.9875691500e-4)
-    p = p * r + F(1.3981999507e-3)
-    p = p * r + F(8.3334519073e-3)
-    p = p * r + F(4.1665795894e-2)
-    p = p * r + F(1.6666665459e-1)
-    p = p * r + F(5.0000001201e-1)
+    r = x - n * F({EXP_LN2[0]!r})
+    r = r - n * F({EXP_LN2[1]!r})
+    p = F({EXP_POLY[0]!r})
+""" + "".join(f"    p = p * r + F({c!r})\n" for c in EXP_POLY[1:]) + """\
     p = p * (r * r) + r + F(1.0)
     return p
 """,

@@ -51,6 +51,7 @@ from .sereg_params import register_with_policy
 
 __all__ = [
     "ConvBias",
+    "ConvBiasGated",
     "ConvBiasParam",
     "ConvBiasTail",
     "ConvBiasTailParam",
@@ -292,6 +293,63 @@ class ConvBiasTail(ConvBias):
                          NoGradient)  # fmt: skip
 
 
+@register_opr
+class ConvBiasGated(ConvBias):
+    """A ConvBias reading its source scaled per sample and input channel, ``act(conv(src
+    gate) + bias [+ z])``, ``gate`` its last input ((N, IC/8, 1, 1, 8) in NCHW88, (N, IC, 1,
+    1) in NCHW, float32): the squeeze-and-excitation multiply of the mobile nets and the
+    convolution reading it.
+
+    Made at compile time by the ``fuse_se_gate`` pass (:mod:`megbrain.gopt.jit`), never by
+    a user and never written to a graph file (the reference has no such operator):
+    POINTWISE_NCHW88 multiplies each filter vector by its input channel's gate as it loads
+    it (a multiply per filter vector of a tile instead of a pass over the source); any
+    other algorithm reads the product, computed into its workspace first."""
+
+    type_name = "ConvBiasGated"
+    short_name = "conv_bias_gated"
+    _gate = None
+
+    def default_name(self):
+        return f"{super().default_name()}*gate"
+
+    def _gate_shape(self, src: tuple) -> tuple:
+        return (src[0], src[1], 1, 1, *src[4:]) if self._nchw88() else (src[0], src[1], 1, 1)
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) not in (4, 5) or in_dtypes[-1] != np.float32:
+            raise self.error("expected src, filter, bias[, z] and a float32 gate")
+        return super().infer_dtypes(in_dtypes[:-1])
+
+    def infer_shapes(self, in_shapes, in_values):
+        gate, want = tuple(in_shapes[-1]), self._gate_shape(tuple(in_shapes[0]))
+        if gate != want:
+            raise self.error(f"gate {fmt_shape(gate)} must be {fmt_shape(want)}")
+        return super().infer_shapes(in_shapes[:-1], in_values)
+
+    def bind(self, ins, outs):
+        gate = ins[-1]
+        if self._nchw88():
+            self._gate = gate  # read by _bind_nchw88, for this bind only
+            try:
+                return super().bind(ins[:-1], outs)
+            finally:
+                self._gate = None
+        scaled = workspace.empty(ins[0].shape, ins[0].dtype)
+        step = super().bind([scaled, *ins[1:-1]], outs)
+        return chain([functools.partial(np.multiply, ins[0], gate, out=scaled), step])
+
+    def _bind_nchw88(self, src, filt, out, epilogue=None, z=None, gate=None):
+        return super()._bind_nchw88(src, filt, out, epilogue, z, gate=self._gate)
+
+    def inplace_input(self):
+        return None  # input 3 is the gate or a z ConvBias's rule does not cover
+
+    def grad(self, wrt_idx, out_grads):
+        raise self.error("a gated ConvBias has no gradient (made at compile time)",
+                         NoGradient)  # fmt: skip
+
+
 @_conv_params(("param", "ConvBias"), *_POLICY)
 def conv_bias_activation(
     src, filter, bias, *, nonlineMode="IDENTITY", param=None, dtype=None, name=None,
@@ -343,17 +401,25 @@ def conv_bias_activation_v1(
 register_with_policy(ConvBias, pdefs.ConvBias, name="ConvBiasForwardV3")
 
 
-def _dump_tail(ctx, opr: ConvBiasTail) -> None:
-    raise sereg.NotSerializable(
-        f"serialization as FlatBuffers is not supported for operator {opr.name!r} "
-        f"(ConvBiasTail: ConvBias with a fused {opr.param.tail} tail): fused operators are not "
-        "written to graph files; dump the graph before compile-time fusion (the vars you "
-        "built, or the outputs of optimize_for_inference)"
-    )
+def _never_dumped(cls, fused) -> None:
+    """Register ``cls`` (a fused ConvBias subclass) as refused by dump and load, the dump's
+    error naming the operator and what ``fused(opr)`` says is fused in it."""
+
+    def dump(ctx, opr) -> None:
+        raise sereg.NotSerializable(
+            f"serialization as FlatBuffers is not supported for operator {opr.name!r} "
+            f"({cls.type_name}: ConvBias with a fused {fused(opr)}): fused operators are not "
+            "written to graph files; dump the graph before compile-time fusion (the vars you "
+            "built, or the outputs of optimize_for_inference)"
+        )
+
+    def load(ctx, inputs, config):
+        raise SerializationError(
+            f"{cls.type_name}: fused operators are never written to graph files"
+        )
+
+    sereg.register_serializer(cls, dump=dump, load=load)
 
 
-def _load_tail(ctx, inputs, config):
-    raise SerializationError("ConvBiasTail: fused operators are never written to graph files")
-
-
-sereg.register_serializer(ConvBiasTail, dump=_dump_tail, load=_load_tail)
+_never_dumped(ConvBiasTail, lambda opr: f"{opr.param.tail} tail")
+_never_dumped(ConvBiasGated, lambda opr: "squeeze-and-excitation gate")

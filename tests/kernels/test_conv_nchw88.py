@@ -2,7 +2,7 @@
 reference: drawn batches, groups, channel counts, filter sizes, strides, paddings,
 dilations and flips, in the dense, grouped, channel-wise and hybrid filter layouts; the
 algorithms (DIRECT_NCHW88, CHANNELWISE_NCHW88, DIRECT_NCHW_NCHW88 and NCHW88_AS_NCHW); the
-epilogue (bias, residual ``z``, ReLU keeping NaN); DIRECT_NCHW88 equal bit for bit to
+epilogue (bias, residual ``z``, ReLU keeping NaN, the SiLU tail); DIRECT_NCHW88 equal bit for bit to
 DIRECT_NCHW8C; the workspace contract; the constant filter packed once; the errors."""
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def test_forward_matches_float64(c, constant):
 
 
 @settings(max_examples=60, deadline=None)
-@given(c=cases(kind="dense"), act=st.sampled_from(["IDENTITY", "RELU", "H_SWISH"]),
+@given(c=cases(kind="dense"), act=st.sampled_from(["IDENTITY", "RELU", "H_SWISH", "SILU"]),
        with_z=st.booleans(), strided_out=st.booleans())  # fmt: skip
 def test_the_epilogue_adds_bias_and_z_then_applies_the_activation(c, act, with_z, strided_out):
     # a strided output: NCHW88_AS_NCHW, which applies the epilogue after the NCHW algorithm
@@ -164,11 +164,13 @@ def test_the_epilogue_adds_bias_and_z_then_applies_the_activation(c, act, with_z
         want = np.maximum(want, 0)
     elif act == "H_SWISH":
         want = want * np.clip(want + 3, 0, 6) / 6
+    elif act == "SILU":  # a tail after the identity: the dense algorithms apply it too
+        want = want / (1 + np.exp(-want))
     out = _out88(c)
     if strided_out:
         out = np.full(out.shape[:-1] + (16,), np.nan, np.float32)[..., ::2]
-    name, step = _bind(c, src, filt, out, epilogue=Epilogue(bias, act == "RELU", act == "H_SWISH"),
-                       z=z)  # fmt: skip
+    ep = Epilogue(bias, act == "RELU", act == "H_SWISH", silu=act == "SILU")
+    name, step = _bind(c, src, filt, out, epilogue=ep, z=z)
     assert name == ("NCHW88_AS_NCHW" if strided_out else _direct(c))
     step()
     np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)

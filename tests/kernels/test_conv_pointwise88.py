@@ -1,8 +1,9 @@
 """POINTWISE_NCHW88 (megbrain.kernels.conv.pointwise88): against the float64 reference over
-drawn batches, planes (1x1 and 7x7 among them), channel counts and epilogues, constant and
-non-constant filters; bit for bit DIRECT_NCHW88's sums; the same bits at 1 and 2 threads;
-the output sharing ``z``'s memory; nothing allocated at run time; the tile's sums vector
-FMAs on registers."""
+drawn batches, planes (1x1 and 7x7 among them), channel counts and epilogues (SiLU too, at
+large magnitudes as DIRECT_NCHW88's), constant and non-constant filters; bit for bit
+DIRECT_NCHW88's sums; the same bits at 1 and 2 threads; the output sharing ``z``'s memory;
+a squeeze-and-excitation gate scaling the source; nothing allocated at run time; the tile's
+sums vector FMAs on registers."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from megbrain.kernels.conv.loops import pointwise88 as loops
 from megbrain.kernels.tiled_jit import vector_width
 
 _CHANNELS = [8, 16, 24, 40, 64, 96, 120, 160, 320, 576, 960, 1280]
-_ACTS = ["none", "IDENTITY", "RELU", "H_SWISH", "RELU6"]
+_ACTS = ["none", "IDENTITY", "RELU", "H_SWISH", "RELU6", "SILU"]
 
 
 def _operands(n, h, w, ic, oc, seed):
@@ -52,13 +53,21 @@ def _want(x, wt, bias, z, act, with_z):
         y = y * np.clip(y + 3, 0, 6) / 6
     elif act == "RELU6":
         y = np.clip(y, 0, 6)
+    elif act == "SILU":
+        y = _silu64(y)
     return y
+
+
+def _silu64(y):
+    with np.errstate(over="ignore"):  # exp(-y) of y < -709 is inf: y 0 is -0
+        return y / (1 + np.exp(-y))
 
 
 def _epilogue(act, bias):
     if act == "none":
         return None
-    return Epilogue(bias, act == "RELU", act == "H_SWISH", relu6=act == "RELU6")
+    return Epilogue(bias, act == "RELU", act == "H_SWISH", relu6=act == "RELU6",
+                    silu=act == "SILU")  # fmt: skip
 
 
 def _bind(src, filt, out, **kw):
@@ -94,11 +103,58 @@ def test_relu6_clips_at_six_and_keeps_nan():
     assert (rest == 6).all()
 
 
-def test_silu_tail_is_refused_not_ignored():
-    _, _, bias, _, src, filt = _operands(1, 2, 2, 16, 16, seed=4)
-    out = np.empty((1, 2, 2, 2, 8), np.float32)
-    with pytest.raises(ValueError, match="POINTWISE_NCHW88 does not apply"):
-        pointwise88.bind_pointwise88(src, filt, out, Epilogue(bias, False, False, silu=True))
+@pytest.mark.parametrize("direct", [False, True])
+def test_silu_holds_its_accuracy_at_large_magnitudes_and_keeps_nan(monkeypatch, direct):
+    # sums from -1e4 to 1e4: exp(-x) clipped, never inf / inf; both dense NCHW88 algorithms
+    monkeypatch.setattr(conv_nchw88, "preferred_pointwise88", lambda geo: not direct)
+    x, wt, bias, z, src, filt = _operands(1, 7, 9, 16, 40, seed=6)
+    scale = np.geomspace(1e-3, 1e4, 7 * 9).reshape(7, 9).astype(np.float32)
+    big = np.ascontiguousarray(src * scale[None, None, :, :, None])
+    big[0, 0, 6, 8, 0] = np.nan
+    out = np.empty((1, 5, 7, 9, 8), np.float32)
+    name, step = _bind(big, filt, out, epilogue=_epilogue("SILU", bias))
+    assert name == ("DIRECT_NCHW88" if direct else pointwise88.ALGORITHM)
+    step()
+    got = conv_nchw88.to_nchw(out)
+    assert np.isnan(got[0, :, 6, 8]).all()
+    got[0, :, 6, 8] = 0
+    want = _want(conv_nchw88.to_nchw(big).astype(np.float64), wt, bias, z, "SILU", False)
+    want[0, :, 6, 8] = 0
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 2), h=st.sampled_from([1, 3, 7, 14]), w=st.integers(1, 9),
+       ic=st.sampled_from([8, 24, 96, 576]), oc=st.sampled_from([8, 24, 40, 96]),
+       act=st.sampled_from(_ACTS), with_z=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
+def test_a_gate_scales_each_samples_input_channels(n, h, w, ic, oc, act, with_z, seed):
+    # the squeeze-and-excitation multiply folded in (ConvBiasGated): x gate, then the conv
+    x, wt, bias, z, src, filt = _operands(n, h, w, ic, oc, seed)
+    gate = np.random.default_rng(seed + 1).uniform(0, 1, (n, ic, 1, 1)).astype(np.float32)
+    out = np.full((n, oc // 8, h, w, 8), np.nan, np.float32)
+    z88 = np.ascontiguousarray(conv_nchw88.to_nchw88(z)) if with_z else None
+    g88 = conv_nchw88.to_nchw88(gate).copy(order="C")  # not a view of gate
+    name, step = _bind(src, filt, out, epilogue=_epilogue(act, bias), z=z88, gate=g88)
+    assert name == pointwise88.ALGORITHM
+    step()
+    want = _want(x.astype(np.float64) * gate, wt, bias, z, act, with_z)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+    g88 *= 0.5  # read at every run
+    step()
+    want = _want(x.astype(np.float64) * gate * np.float32(0.5), wt, bias, z, act, with_z)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
+def test_another_algorithm_reads_the_gated_source_from_its_workspace():
+    x, wt, bias, z, src, filt = _operands(1, 6, 6, 16, 16, seed=5)
+    gate = np.random.default_rng(5).uniform(0, 1, (1, 16, 1, 1)).astype(np.float32)
+    out = np.empty((1, 2, 3, 3, 8), np.float32)
+    name, step = conv_nchw88.bind_nchw88_forward(src, filt, out, (2, 2), (0, 0), (1, 1),
+                                                 gate=conv_nchw88.to_nchw88(gate))  # fmt: skip
+    assert name == "DIRECT_NCHW88"
+    step()
+    want = _want((x * gate)[:, :, ::2, ::2], wt, bias, z, "none", False)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("shape", [(2, 5, 6, 24, 40), (1, 7, 7, 160, 960), (1, 1, 1, 72, 24),
@@ -142,14 +198,17 @@ def test_the_output_may_share_z_memory(shape):
                                rtol=RTOL, atol=ATOL)  # fmt: skip
 
 
-@pytest.mark.parametrize("constant", [False, True])
-def test_a_run_allocates_nothing(monkeypatch, constant):
+@pytest.mark.parametrize("constant, act, gated", [(False, "H_SWISH", False),
+                                                  (True, "H_SWISH", False), (True, "SILU", True),
+                                                  (False, "SILU", True)])  # fmt: skip
+def test_a_run_allocates_nothing(monkeypatch, constant, act, gated):
     monkeypatch.setattr(parallel, "num_threads", lambda: 1)
     _, _, bias, z, src, filt = _operands(1, 14, 14, 64, 96, seed=4)
     out = np.empty((1, 12, 14, 14, 8), np.float32)
     z88 = np.ascontiguousarray(conv_nchw88.to_nchw88(z))
+    gate = np.ones((1, 8, 1, 1, 8), np.float32) if gated else None
     with constant_filter(constant):
-        name, step = _bind(src, filt, out, epilogue=_epilogue("H_SWISH", bias), z=z88)
+        name, step = _bind(src, filt, out, epilogue=_epilogue(act, bias), z=z88, gate=gate)
     assert name == pointwise88.ALGORITHM
     step()
     assert_allocates_nothing(step)
@@ -176,7 +235,7 @@ def test_the_tiling_fits_the_registers_and_the_channels():
 def test_the_sums_are_vector_fmas_on_registers():
     # compiled afresh: the assembly of a kernel loaded from Numba's cache is not kept
     fr = nt.Array(nt.float32, 1, "C", readonly=True)
-    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
+    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
     fn = njit([sig], nogil=True, error_model="numpy", fastmath={"contract"})(
         loops._units_py(8, 3, 1 | 2 | 4))
     asm = "\n".join(fn.inspect_asm().values())
@@ -186,6 +245,22 @@ def test_the_sums_are_vector_fmas_on_registers():
     assert all("ymm" in line or "zmm" in line for line in fmas)
     # the accumulators are registers: no 512-bit vector is spilled to the stack
     assert not any("(%rsp)" in line and "zmm" in line for line in asm.splitlines())
+
+
+@pytest.mark.skipif(vector_width() != 16, reason="a tile of 24 accumulators: AVX-512")
+def test_silu_keeps_the_reduction_on_registers():
+    # the sigmoid's constants and temporaries may go through the stack in the epilogue,
+    # never the accumulators in the loop over the input channels
+    fr = nt.Array(nt.float32, 1, "C", readonly=True)
+    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
+    fn = njit([sig], nogil=True, error_model="numpy", fastmath={"contract"})(
+        loops._units_py(8, 3, 1 | 32))
+    blocks = "\n".join(fn.inspect_asm().values()).split("\n.LBB")
+    loops_ = [b for b in blocks if sum("vfmadd231ps" in ln for ln in b.splitlines()) >= 8 * 3 * 8]
+    assert len(loops_) >= 2  # the tile and its half-block twin
+    for body in loops_:
+        assert all("zmm" in ln for ln in body.splitlines() if "vfmadd231ps" in ln)
+        assert not any("(%rsp)" in ln and "zmm" in ln for ln in body.splitlines())
 
 
 def test_the_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch):

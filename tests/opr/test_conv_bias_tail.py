@@ -122,8 +122,8 @@ def test_fused_tail_matches_the_unfused_graph_and_float64(layer, tail, n, hw, re
 @pytest.mark.parametrize(
     "layer, nchw88, algo",
     [
-        ((16, 24, 1, 1, 1), True, "POINTWISE_NCHW88"),  # SiLU: after the kernel
-        ((8, 24, 3, 1, 1), True, "DIRECT_NCHW88"),  # SiLU: after the kernel
+        ((16, 24, 1, 1, 1), True, "POINTWISE_NCHW88"),
+        ((8, 24, 3, 1, 1), True, "DIRECT_NCHW88"),
         ((16, 16, 3, 1, 16), True, "CHANNELWISE_NCHW88"),
         ((3, 16, 3, 2, 1), True, "DIRECT_NCHW_NCHW88"),  # the tail after the kernel
         ((16, 24, 1, 1, 1), False, "DIRECT_POINTWISE"),  # SiLU: after the kernel
@@ -170,15 +170,21 @@ def test_the_tail_forms_recognized():
     assert tail([("MAX", (("i", 0), ("c", 0.0))), ("ADD", (("t", 0), ("c", 6.0)))]) is None
 
 
-def test_the_optimized_graph_dumps_reference_operators_and_a_fused_one_is_refused(tmp_path):
-    g, out, xv, ref, _ = _net("RELU6", 1, 16, 16, 7, 3, 1, 16, False)
-    outs = mgb.optimize_for_inference([out], fuse_conv_bias_nonlinearity=True, use_nchw88=True)
+def dumped_loaded_compiled(outs, tmp_path, fused_type):
+    """``outs`` dumped, loaded (checked to hold ConvBias, no ``fused_type``) and compiled
+    with JIT: the function and its operators."""
     path = str(tmp_path / "g.mgb")
     mgb.serialize_comp_graph_to_file(path, outs)
     _, _, loaded = mgb.load_comp_graph_from_file(path)
     types = {o.type for o in mgb.cgtools.get_oprs_seq(loaded)}
-    assert "ConvBiasTail" not in types and "ConvBiasForward" in types
-    f, seq = _compiled(loaded[0].owner_graph, loaded, 1)
+    assert fused_type not in types and "ConvBiasForward" in types
+    return _compiled(loaded[0].owner_graph, loaded, 1)
+
+
+def test_the_optimized_graph_dumps_reference_operators_and_a_fused_one_is_refused(tmp_path):
+    g, out, xv, ref, _ = _net("RELU6", 1, 16, 16, 7, 3, 1, 16, False)
+    outs = mgb.optimize_for_inference([out], fuse_conv_bias_nonlinearity=True, use_nchw88=True)
+    f, seq = dumped_loaded_compiled(outs, tmp_path, "ConvBiasTail")
     assert any(o.type_name == "ConvBiasTail" for o in seq)  # fused again when compiled
     np.testing.assert_allclose(f(x=xv)[0], ref, rtol=1e-4, atol=1e-5)
     fused = next(o for o in seq if o.type_name == "ConvBiasTail")

@@ -221,9 +221,10 @@ def bind_nchw88_forward(
     epilogue: Epilogue | None = None,
     z: np.ndarray | None = None,
     select_nchw: Callable | None = None,
+    gate: np.ndarray | None = None,
 ) -> tuple[str, Callable[[], None]]:
     """Bind the NCHW88 convolution ``out = conv(src, filt)`` (with ``epilogue``,
-    ``act(conv + bias + z)``).
+    ``act(conv + bias + z)``; with ``gate``, of ``src gate``).
 
     Parameters
     ----------
@@ -246,6 +247,11 @@ def bind_nchw88_forward(
         ``select_nchw(src, filt, out) -> step`` binding the NCHW convolution of the
         NCHW88_AS_NCHW algorithm (the operator's own choice of algorithm and its epilogue
         handling; NCHW ``src``, grouped ``filt``, NCHW ``out``).
+    gate : numpy.ndarray, optional
+        A float32 array broadcast over ``src``'s plane (``(N, IC/8, 1, 1, 8)``) scaling the
+        source, read at every run: POINTWISE_NCHW88 scales its filter's vectors by it as it
+        loads them; the other algorithms read the product, computed into the workspace
+        first.
 
     Returns
     -------
@@ -264,15 +270,25 @@ def bind_nchw88_forward(
     if z is not None and tuple(z.shape) != geo.out_shape:
         raise ValueError(f"NCHW88: z {tuple(z.shape)} must have the output's shape "
                          f"{geo.out_shape}")  # fmt: skip
-    if usable_pointwise88(src, filt, out, geo, stride, pad) and preferred_pointwise88(geo) and (
+    pointwise = usable_pointwise88(src, filt, out, geo, stride, pad) and (
         z is None or z.dtype == _F32
-    ):
-        ep, after = _tail_after(epilogue, out, relu6=True, silu=False)
-        return POINTWISE, _then(bind_pointwise88(src, filt, out, ep, z), after)
+    )
+    if gate is not None and not (pointwise and gate.dtype == _F32 and gate.shape == (
+        src.shape[0], src.shape[1], 1, 1, src.shape[4]
+    )):  # fmt: skip
+        scaled = workspace.empty(np.broadcast_shapes(src.shape, gate.shape),
+                                 np.result_type(src, gate))  # fmt: skip
+        name, step = bind_nchw88_forward(scaled, filt, out, stride, pad, dilate, flip,
+                                         group=group, epilogue=epilogue, z=z,
+                                         select_nchw=select_nchw)  # fmt: skip
+        return name, chain([functools.partial(np.multiply, src, gate, out=scaled), step])
+    if pointwise and (gate is not None or preferred_pointwise88(geo)):
+        ep, after = _tail_after(epilogue, out, relu6=True, silu=True)
+        return POINTWISE, _then(bind_pointwise88(src, filt, out, ep, z, gate=gate), after)
     if usable_direct_nchw88(src, filt, out, geo, pad, dilate) and (
         z is None or z.dtype == _F32
     ):
-        ep, after = _tail_after(epilogue, out, relu6=True, silu=False)
+        ep, after = _tail_after(epilogue, out, relu6=True, silu=True)
         return "DIRECT_NCHW88", _then(_bind_direct(src, filt, out, geo, stride, pad, dilate,
                                                    flip, ep, z), after)  # fmt: skip
     if geo.kind == "chan" and usable_channelwise88(src, filt, out, pad) and (
@@ -294,9 +310,8 @@ def _tail_after(epilogue: Epilogue | None, out: np.ndarray, relu6: bool,
                 silu: bool) -> tuple[Epilogue | None, Step | None]:  # fmt: skip
     """``epilogue`` without a tail the algorithm does not apply in its kernel (ReLU6 unless
     ``relu6``, SiLU unless ``silu``), and the step applying that tail to ``out`` after the
-    kernel (the JIT's kernel, in place), else None. SiLU's sigmoid stays scalar code in the
-    dense tiles' write-out (slower than the pass after them), and a ReLU6 in the first
-    layer's tile made LLVM gather the tile."""
+    kernel (the JIT's kernel, in place), else None. A ReLU6 in the first layer's tile made
+    LLVM gather the tile."""
     if epilogue is None or not ((epilogue.relu6 and not relu6) or (epilogue.silu and not silu)):
         return epilogue, None
     tail = "RELU6" if epilogue.relu6 else "SILU"

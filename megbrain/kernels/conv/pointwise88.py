@@ -111,10 +111,23 @@ def tiles_for(n: int, hw: int, k: int, oc: int, nthreads: int) -> PointwiseTiles
     return best[1]
 
 
+def _flat_operand(a: np.ndarray | None, steps: list) -> np.ndarray:
+    """The flat read-only view of ``a`` (read at every run), of a copy that a step appended
+    to ``steps`` refreshes at every run when ``a`` is strided; a dummy for None."""
+    if a is None:
+        return _EMPTY
+    if not a.flags.c_contiguous:
+        dense = workspace.empty(a.shape, _F32)
+        steps.append(functools.partial(np.copyto, dense, a))
+        a = dense
+    return readonly_view(a.reshape(-1))
+
+
 def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
                      epilogue: Epilogue | None = None, z: np.ndarray | None = None,
-                     tiles: PointwiseTiles | None = None) -> Step:  # fmt: skip
-    """Bind ``out = act(conv(src, filt) + bias + z)`` for a dense 1x1 stride-1 NCHW88
+                     tiles: PointwiseTiles | None = None,
+                     gate: np.ndarray | None = None) -> Step:  # fmt: skip
+    """Bind ``out = act(conv(src gate, filt) + bias + z)`` for a dense 1x1 stride-1 NCHW88
     convolution.
 
     Parameters
@@ -127,12 +140,16 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
         ``(N, OC/8, H, W, 8)`` float32, C-contiguous (checked by the caller,
         :func:`.nchw88.bind_nchw88_forward`).
     epilogue : Epilogue, optional
-        The per-channel bias (OC values), ReLU or H_SWISH, and the ReLU6 tail.
+        The per-channel bias (OC values), ReLU or H_SWISH, and the ReLU6 or SiLU tail.
     z : numpy.ndarray, optional
         An array of the output's shape added after the bias, before the activation; it may
         be ``out`` itself (each position's ``z`` is read before the position is written).
     tiles : PointwiseTiles, optional
         The tiling (default :func:`tiles_for`'s).
+    gate : numpy.ndarray, optional
+        ``(N, IC/8, 1, 1, 8)`` float32 scaling each sample's input channels (read at every
+        run): the kernel scales the filter's vectors of each input channel as it loads them
+        (the squeeze-and-excitation multiply, without a pass over the source).
 
     Returns
     -------
@@ -142,29 +159,20 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
     Raises
     ------
     ValueError
-        For an epilogue this kernel does not apply (the SiLU tail).
+        For an epilogue this kernel does not apply (a bit without a row in the loops'
+        ``ACTIVATIONS``).
     """
     n, icb, h, w, _ = src.shape
     hw, ocb8 = h * w, out.shape[1]
     k, oc = icb * loops.CB, ocb8 * loops.CB
     steps: list[Step] = []
-    if not src.flags.c_contiguous:
-        dense = workspace.empty(src.shape, _F32)
-        steps.append(functools.partial(np.copyto, dense, src))
-        src = dense
-    xp = readonly_view(src.reshape(-1))
+    xp = _flat_operand(src, steps)
     bias, epi = epilogue_operands(epilogue, steps)
     unapplied = epi & ~(1 | sum(loops.ACTIVATIONS))
     if unapplied:  # never a silent wrong answer: the caller runs such a tail after the kernel
         raise ValueError(f"POINTWISE_NCHW88 does not apply epilogue bits {unapplied}")
-    zf = _EMPTY
-    if z is not None:
-        zc = z
-        if not z.flags.c_contiguous:
-            zc = workspace.empty(z.shape, _F32)
-            steps.append(functools.partial(np.copyto, zc, z))
-        zf = readonly_view(zc.reshape(-1))
-        epi |= 2
+    zf, gf = _flat_operand(z, steps), _flat_operand(gate, steps)
+    epi |= (2 if z is not None else 0) | (loops.GATE if gate is not None else 0)
     macs = n * hw * k * oc
     nthreads = 1 if macs < MIN_SPLIT_MACS else threads()
     tl = tiles or tiles_for(n, hw, k, oc, nthreads)
@@ -178,7 +186,7 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
     outf, wr = out.reshape(-1), readonly_view(wp)
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
-        return functools.partial(run, xp, wr, outf, zf, bias, geom, counter, me)
+        return functools.partial(run, xp, wr, outf, zf, bias, gf, geom, counter, me)
 
     steps.append(units_as_they_go(n * tl.ng * tl.nb, bind_part, nthreads))
     return filter_packed(pack_w, chain(steps), constant)

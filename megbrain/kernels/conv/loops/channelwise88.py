@@ -23,7 +23,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ... import tiled_jit
-from .nchw8c import tail_scalars
+from .pointwise88 import silu8
 
 __all__ = ["CB", "ZEROS", "channelwise88", "kernel_key", "signature"]
 
@@ -58,7 +58,7 @@ def _dw_tile():
     it no index is checked (the caller keeps them in bounds). The epilogue, by the bits of
     ``epi``: 1 adds ``bias[bo:][:8]``, 2 adds ``z`` (out's layout), 4 ReLU (NaN kept), 8
     H_SWISH (as :func:`.nchw8c._hswish_py`), 16 ReLU6 (NaN kept).
-    SiLU (bit 32) is the kernel's, on the row just stored.
+    SiLU (bit 32) is the kernel's, on the row just stored (:func:`.pointwise88.silu8`).
     """
 
     @intrinsic
@@ -193,7 +193,7 @@ def _make_kernel(fwl: int, swl: int):
     """The loop over units for the filter width ``fwl`` and stride along rows ``swl`` with
     no dilation along rows (0, 0: any, looped over)."""
     tile, take = _dw_tile(), tiled_jit.take_unit()
-    silu = tail_scalars()[1]
+    silu = silu8()
     big, half, quarter = _TILE, _TILE // 2, _TILE // 4
 
     def kernel(x, w, out, z, bias, zero, dims, conv, epi, counter, me):
@@ -252,9 +252,9 @@ def _make_kernel(fwl: int, swl: int):
                         tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z, bias, bo,
                              epi, zero, -pw, w_, quarter, fwl, swl, jl > 0 or quarter > jr,
                              ow)  # fmt: skip
-                    if epi & 32:  # SiLU on the row just stored (in L1)
-                        for e in range(np.uintp(orow), np.uintp(orow + ow * CB)):
-                            out[e] = silu(out[e])  # an unsigned index: no wraparound test
+                    if epi & 32:  # SiLU on the row just stored (in L1), 8 channels a vector
+                        for e in range(orow, orow + ow * CB, CB):
+                            silu(out, e)
 
     return kernel
 

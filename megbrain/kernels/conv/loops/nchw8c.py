@@ -50,6 +50,7 @@ from numba import types as t
 
 from ... import jit_codegen, tiled_jit
 from ...tiled_jit import tile_positions
+from .pointwise88 import silu8
 
 __all__ = [
     "OB",
@@ -301,6 +302,12 @@ def _write_out_py(npos):
                         for c in range(CB):
                             e = np.uintp(o + h * ohw8 + c)
                             out[e] = _hswish(out[e])
+        if epi & 32:  # SiLU on the values just written (in L1), 8 channels a vector
+            for pos in range(npos):
+                o = offs[pos]
+                if o >= 0:
+                    for h in range(width // CB):
+                        _silu8(out, np.uintp(o + h * ohw8))
 
     return write_out
 
@@ -311,7 +318,7 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
     # geom: G, OCB, ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, LIMIT (a tile reads at most
     # LIMIT positions of a plane), CHUNK, WIDE (units of 32 output channels, two blocks of
     # 16), REM (1: each group's OCB blocks of 16 are followed by one of 8); epi bits: 1 +
-    # bias[oc], 2 + z (out's layout), 4 ReLU, 8 H_SWISH, 16 ReLU6.
+    # bias[oc], 2 + z (out's layout), 4 ReLU, 8 H_SWISH, 16 ReLU6, 32 SiLU.
     # pack: BLOCKS (0: xp is the source itself), SH, SW, ROW_OFF, COL_OFF, HQ, WQ, PHASES:
     # first the parts pack the source src into xbuf (xp's memory), one (sample, channel
     # block) at a time taken from packed[0] and counted done in packed[1], and wait for every
@@ -575,7 +582,7 @@ _tile = None  # the compiled tiles, bound by _compiled() before compiling the un
 _tile1 = None
 _tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = _inside = None
 _tile8 = _tile_out8 = _one8 = _one16 = _one32 = None
-_zeros = _pad_row = _hswish = _sigmoid = None
+_zeros = _pad_row = _hswish = _sigmoid = _silu8 = None
 
 
 @functools.cache
@@ -584,7 +591,7 @@ def _compiled() -> dict:
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
     global _tile8, _tile_out8, _one8, _one16, _one32
-    global _zeros, _pad_row, carray, _hswish
+    global _zeros, _pad_row, carray, _hswish, _silu8
 
 
     stack_tile, fetch_add, carray = tiled_jit.stack_tile(), tiled_jit.fetch_add(), _carray
@@ -604,6 +611,7 @@ def _compiled() -> dict:
     _inside = compile_tiled(_inside_py, [t.UniTuple(i8, 2)(i8, i8, i8, i8, i8)])
     _zeros = compile_tiled(_zeros_py, [t.void(f1, i8, i8)])
     _hswish = compile_tiled(_hswish_py, [t.float32(t.float32)], inline="always")
+    _silu8 = silu8()
     _pad_row = compile_tiled(_pad_row_py, [t.boolean(f1, i8, i8, i8, i8, i8, i8, i8)])
     _take = tiled_jit.take_unit()
     tiles_sig = [t.void(x, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8, i8, i8) for x in (f1, fr)]

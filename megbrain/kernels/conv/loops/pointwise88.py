@@ -33,13 +33,18 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ... import tiled_jit
+from ...elemwise_modes import EXP_LN2, EXP_POLY
 
-__all__ = ["ACTIVATIONS", "BLOCK", "CB", "activate", "compiled_units", "filter_packer", "units"]
+__all__ = ["ACTIVATIONS", "BLOCK", "CB", "GATE", "activate", "compiled_units", "filter_packer",
+           "silu8", "units"]
 
 #: output channels of a filter vector (a tile's column)
 BLOCK = 16
 #: channels of a source or output block
 CB = 8
+#: the bit of ``epi`` scaling the source's channels by a gate per sample (the
+#: squeeze-and-excitation multiply folded in: each filter vector by its input channel's gate)
+GATE = 64
 
 
 def _relu(builder, v, const):
@@ -62,8 +67,38 @@ def _relu6(builder, v, const):
     return builder.select(builder.fcmp_ordered(">", v, const(6.0)), const(6.0), v)
 
 
+def _silu(builder, v, const):
+    # x sigmoid(x), the sigmoid as the JIT's (elemwise_modes' _sigmoid and _exp_mid): exp(t)
+    # of t = -x clipped to [-88, 88] (no overflow; 1 + exp(-88) is 1 already), n = round(t /
+    # ln2) by the 1.5 2^23 shifter whose low bits then hold n, Cephes expf's reduction and
+    # polynomial, the scale 2^n built in the exponent field; x / (1 + exp(-x)) then.
+    # NaN: t clips to 88, and the product is NaN
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v.type, [v.type] * 3),
+                                         f"llvm.fmuladd.v{v.type.count}f32")  # fmt: skip
+    ivec = ir.VectorType(ir.IntType(32), v.type.count)
+    t = builder.fsub(const(-0.0), v)
+    t = builder.select(builder.fcmp_ordered("<", t, const(88.0)), t, const(88.0))
+    t = builder.select(builder.fcmp_ordered(">", t, const(-88.0)), t, const(-88.0))
+    k = builder.call(fma, [t, const(1.4426950408889634), const(12582912.0)])
+    n = builder.fsub(k, const(12582912.0))
+    r = builder.call(fma, [n, const(-EXP_LN2[0]), t])
+    r = builder.call(fma, [n, const(-EXP_LN2[1]), r])
+    p = const(EXP_POLY[0])
+    for c in EXP_POLY[1:]:
+        p = builder.call(fma, [p, r, const(c)])
+    p = builder.call(fma, [p, builder.fmul(r, r), builder.fadd(r, const(1.0))])
+    bits = builder.add(builder.shl(builder.bitcast(k, ivec), ir.Constant(ivec, [23] * ivec.count)),
+                       ir.Constant(ivec, [0x3F800000] * ivec.count))  # fmt: skip
+    e = builder.fmul(p, builder.bitcast(bits, v.type))
+    # 1 / (1 + e), both finite (ninf holds): a reciprocal estimate and a Newton step, ~2^-27
+    # (not a division's 10-16 cycles a vector)
+    r = builder.fdiv(const(1.0), builder.fadd(const(1.0), e))
+    r.flags.extend(["arcp", "ninf"])
+    return builder.fmul(v, r)
+
+
 #: the activations by epilogue bit (:mod:`..epilogue`): one line per mode
-ACTIVATIONS = {4: _relu, 8: _hswish, 16: _relu6}
+ACTIVATIONS = {4: _relu, 8: _hswish, 16: _relu6, 32: _silu}
 
 
 def activate(builder, v, epi: int):
@@ -81,18 +116,40 @@ def activate(builder, v, epi: int):
 
 
 @functools.cache
+def silu8():
+    """The ``silu8(a, e)`` Numba intrinsic: the 8 float32 of the 1-d ``a`` from ``e`` on
+    replaced by their SiLU (the epilogues' vector SiLU, :data:`ACTIVATIONS`), in place (for
+    the compiled loops that apply it to values just stored). No index is checked."""
+
+    @intrinsic
+    def silu8(typingctx, a, e):
+        def codegen(context, builder, signature, args):
+            vec = ir.VectorType(ir.FloatType(), CB)
+            data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            ptr = builder.bitcast(builder.gep(data, [args[1]], inbounds=True), vec.as_pointer())
+            v = builder.load(ptr, align=4)
+            builder.store(activate(builder, v, 32), ptr, align=4)
+            return context.get_dummy_value()
+
+        return t.void(a, e), codegen
+
+    return silu8
+
+
+@functools.cache
 def pw_tile():
     """The ``pw_tile(R, B, half, epi, xp, x0, cstride, icb, wp, w0, out, o0, ohw8, z, bias,
-    b0, skip)`` Numba intrinsic: one tile (the module's docstring). Literals ``R``, ``B``,
+    b0, skip, gate, g0)`` Numba intrinsic: one tile (the module's docstring). Literals ``R``, ``B``,
     ``half`` (the last block's upper 8 channels are padding) and ``epi`` (bits 1 bias, 2
-    ``z``, 4 ReLU, 8 H_SWISH); position ``p`` reads ``xp[x0 + cb cstride + 8 p:]`` for
-    ``cb < icb``, the filter ``wp[w0 + (8 cb + ic) 16 B + 16 b:]``, and writes (as reads
-    ``z``) ``out[o0 + (2 b + h) ohw8 + 8 p:][:8]``, bias ``bias[b0 + 16 b:]``; positions
-    ``p < skip`` are not stored. No index is checked."""
+    ``z``, 4 ReLU, 8 H_SWISH, 16 ReLU6, 32 SiLU); position ``p`` reads ``xp[x0 + cb cstride
+    + 8 p:]`` for ``cb < icb``, the filter ``wp[w0 + (8 cb + ic) 16 B + 16 b:]``, and writes
+    (as reads ``z``) ``out[o0 + (2 b + h) ohw8 + 8 p:][:8]``, bias ``bias[b0 + 16 b:]``;
+    positions ``p < skip`` are not stored. With ``epi`` bit :data:`GATE` the filter vectors
+    of input channel ``k`` are multiplied by ``gate[g0 + k]``. No index is checked."""
 
     @intrinsic
     def pw_tile(typingctx, npos, nblk, half, epi, xp, x0, cstride, icb, wp, w0, out, o0, ohw8,
-                z, bias, b0, skip):  # fmt: skip
+                z, bias, b0, skip, gate, g0):  # fmt: skip
         literals = (npos, nblk, half, epi)
         if not all(isinstance(v, t.IntegerLiteral) for v in literals):
             return None
@@ -100,7 +157,7 @@ def pw_tile():
 
         def codegen(context, builder, signature, args):
             (_, _, _, _, xp_v, x0_v, cs_v, icb_v, wp_v, w0_v, out_v, o0_v, ohw8_v, z_v,
-             bias_v, b0_v, skip_v) = args  # fmt: skip
+             bias_v, b0_v, skip_v, _, g0_v) = args  # fmt: skip
             i64, f32, i32 = ir.IntType(64), ir.FloatType(), ir.IntType(32)
             vec, half_vec = ir.VectorType(f32, BLOCK), ir.VectorType(f32, CB)
 
@@ -111,6 +168,7 @@ def pw_tile():
                 return context.make_array(signature.args[k])(context, builder, args[k]).data
 
             xdata, wdata, odata, zdata, bdata = data(4), data(8), data(10), data(13), data(14)
+            gdata = data(17)
             fmuladd = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fmuladd.v16f32")
             regs = cgutils.alloca_once(builder, ir.ArrayType(vec, R * B))
@@ -129,8 +187,14 @@ def pw_tile():
                 cb = loop.index
                 xb = builder.add(x0_v, builder.mul(cb, cs_v))
                 wb = builder.add(w0_v, builder.mul(cb, const(CB * BLOCK * B)))
+                gb = builder.add(g0_v, builder.mul(cb, const(CB)))
                 for ic in range(CB):
                     ws = [load((wdata, wb), const((ic * B + b) * BLOCK), vec) for b in range(B)]
+                    if ep & GATE:  # the filter's input channel scaled: B products, not R
+                        gptr = builder.gep(gdata, [builder.add(gb, const(ic))], inbounds=True)
+                        one = builder.insert_element(undef, builder.load(gptr), const(0))
+                        gv = builder.shuffle_vector(one, undef, splat)
+                        ws = [builder.fmul(wv, gv) for wv in ws]
                     for p in range(R):
                         xptr = builder.gep(xdata, [builder.add(xb, const(p * CB + ic))],
                                            inbounds=True)  # fmt: skip
@@ -183,7 +247,7 @@ def pw_tile():
             return context.get_dummy_value()
 
         sig = t.void(npos, nblk, half, epi, xp, x0, cstride, icb, wp, w0, out, o0, ohw8, z,
-                     bias, b0, skip)  # fmt: skip
+                     bias, b0, skip, gate, g0)  # fmt: skip
         return sig, codegen
 
     return pw_tile
@@ -201,7 +265,7 @@ def _units_py(R, B, EPI):
     global tile, take
     tile, take = pw_tile(), tiled_jit.take_unit()
 
-    def run(xp, wp, out, z, bias, geom, counter, me):
+    def run(xp, wp, out, z, bias, gate, geom, counter, me):
         # pragma: no cover - compiled
         # geom: HW, ICB, NG (groups of B blocks of 16), HALF (the last group's last block is
         # half padding), OCB8 (output blocks of 8), NB (bands of a plane), TPB (tiles per band)
@@ -219,6 +283,7 @@ def _units_py(R, B, EPI):
             band = rest % nb
             n = rest // nb
             x0 = n * icb * cs
+            g0 = n * icb * CB
             w0 = g * icb * (CB * BLOCK * B)
             o0 = (n * ocb8 + g * 2 * B) * ohw8
             b0 = g * B * BLOCK
@@ -227,10 +292,10 @@ def _units_py(R, B, EPI):
                 for q in range(hw):
                     if last:
                         tile(1, B, 1, EPI, xp, x0 + q * CB, cs, icb, wp, w0, out, o0 + q * CB,
-                             ohw8, z, bias, b0, 0)  # fmt: skip
+                             ohw8, z, bias, b0, 0, gate, g0)  # fmt: skip
                     else:
                         tile(1, B, 0, EPI, xp, x0 + q * CB, cs, icb, wp, w0, out, o0 + q * CB,
-                             ohw8, z, bias, b0, 0)  # fmt: skip
+                             ohw8, z, bias, b0, 0, gate, g0)  # fmt: skip
                 continue
             t0 = band * tpb
             t1 = nt if band == nb - 1 else t0 + tpb
@@ -240,10 +305,10 @@ def _units_py(R, B, EPI):
                 skip = 0 if k < nt else nt * R - q
                 if last:
                     tile(R, B, 1, EPI, xp, x0 + q * CB, cs, icb, wp, w0, out, o0 + q * CB,
-                         ohw8, z, bias, b0, skip)  # fmt: skip
+                         ohw8, z, bias, b0, skip, gate, g0)  # fmt: skip
                 else:
                     tile(R, B, 0, EPI, xp, x0 + q * CB, cs, icb, wp, w0, out, o0 + q * CB,
-                         ohw8, z, bias, b0, skip)  # fmt: skip
+                         ohw8, z, bias, b0, skip, gate, g0)  # fmt: skip
 
     return run
 
@@ -256,21 +321,22 @@ def _compiled_units(R: int, B: int, epi: int):
     # a name of its own per variant: Numba's cache keeps one index per name, and variants
     # sharing one index could be given the same data file by two processes compiling at once
     run.__qualname__ = run.__name__ = f"pointwise88_units_{R}x{B}_e{epi}"
-    return tiled_jit.compile_tiled(run, [t.void(fr, fr, f1, fr, fr, ints, ints, t.int64)])
+    return tiled_jit.compile_tiled(run, [t.void(fr, fr, f1, fr, fr, fr, ints, ints, t.int64)])
 
 
 def compiled_units(R: int, B: int, epi: int):
     """The compiled units of tiles ``R x B`` with epilogue bits ``epi`` (compiled on first
-    use): ``units(xp, wp, out, z, bias, geom, counter, me)``, the flat read-only source,
-    packed filter, ``z`` (laid out as ``out``) and bias, the flat output, the int64 geometry
+    use): ``units(xp, wp, out, z, bias, gate, geom, counter, me)``, the flat read-only
+    source, packed filter, ``z`` (laid out as ``out``), bias and gate (``(N, IC)``: bit
+    :data:`GATE` scales the source's channels), the flat output, the int64 geometry
     (see the source), the units' counter (:func:`megbrain.kernels.tiled_jit.take_unit`) and
     the thread's index."""
     return _compiled_units(R, B, epi)
 
 
-def units(R, B, epi, xp, wp, out, z, bias, geom, counter, me) -> None:
+def units(R, B, epi, xp, wp, out, z, bias, gate, geom, counter, me) -> None:
     """Thread ``me``'s share of the units (:func:`compiled_units`)."""
-    _compiled_units(R, B, epi)(xp, wp, out, z, bias, geom, counter, me)
+    _compiled_units(R, B, epi)(xp, wp, out, z, bias, gate, geom, counter, me)
 
 
 def filter_packer(filt: np.ndarray, wp: np.ndarray, B: int):
