@@ -526,7 +526,6 @@ REFUSED.update(
         "the graph's vars (its ConvBias and Elemwise operators) instead",
         "PoolingEndPad": "a Pooling and the end padding of its source fused when a function "
         "is compiled; export the graph's vars (its Concat and Pooling operators) instead",
-
         "ConvBiasGated": "a ConvBias and its squeeze-and-excitation multiply fused when a "
         "function is compiled; export the graph's vars (its Elemwise and ConvBias operators) "
         "instead",
