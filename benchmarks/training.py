@@ -187,7 +187,7 @@ def mgb_trainer(kind: str, state: dict, data) -> Callable[[int], float]:
 
 def operator_profile(func, runs: int) -> list[str]:
     """Time every operator of ``func``'s bound program (one run = the steps in order) and
-    total them by operator type (convolutions also by the algorithm they chose); reads the
+    total them by operator type (convolutions also by their algorithm, Elemwise by mode); reads the
     executor's private plan, so it may break when the executor changes."""
     try:
         plan = func._func._ensure_plan()
@@ -203,6 +203,8 @@ def operator_profile(func, runs: int) -> list[str]:
     by_type: dict[str, list] = {}
     for o, t in zip(oprs, by_opr):
         algo = getattr(o, "chosen_algorithm", None)
+        if o.type_name == "Elemwise":
+            algo = o.param.mode
         key = o.type_name if algo is None else f"{o.type_name} {algo}"
         e = by_type.setdefault(key, [0.0, 0])
         e[0] += t / runs

@@ -160,8 +160,9 @@ def _data_grad_py(filt, diff, grad, plane, plane_d, sh, sw, ph, pw, dh, dw, flip
     ds = diff.reshape(n_ * c_ * oh_ * ow_)
     pl = plane.reshape(hp * wp)
     dt = plane_d.reshape(plane_d.size)[:n_pos]
-    for c in range(c0, c1):
-        for n in range(n_):
+    # samples outside, channels inside: the planes are read and written in memory order
+    for n in range(n_):
+        for c in range(c0, c1):
             for t in range(hp * wp):
                 pl[t] = 0.0
             _spread(ds, dt, (n * c_ + c) * oh_ * ow_, oh_, ow_, sh * wp, sw)
@@ -176,11 +177,19 @@ def _data_grad_py(filt, diff, grad, plane, plane_d, sh, sw, ph, pw, dh, dw, flip
                     for t in range(n_pos):
                         pt[t] += dt[t] * wv
             gb = (n * c_ + c) * h_ * w_
+            ww = max(0, min(w_, wp - pw))
             for i in range(h_):
+                grow = gs[gb + i * w_ : gb + (i + 1) * w_]
                 r = i + ph
-                for j in range(w_):
-                    q = j + pw
-                    gs[gb + i * w_ + j] = pl[r * wp + q] if (r < hp and q < wp) else 0.0
+                if r < hp:
+                    prow = pl[r * wp + pw : r * wp + pw + ww]
+                    for j in range(ww):
+                        grow[j] = prow[j]
+                    for j in range(ww, w_):
+                        grow[j] = 0.0
+                else:
+                    for j in range(w_):
+                        grow[j] = 0.0
 
 
 def filter_grad(src, diff, grad, plane, plane_d, acc, stride, pad, dilate, flip: bool,
