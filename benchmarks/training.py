@@ -187,8 +187,8 @@ def mgb_trainer(kind: str, state: dict, data) -> Callable[[int], float]:
 
 def operator_profile(func, runs: int) -> list[str]:
     """Time every operator of ``func``'s bound program (one run = the steps in order) and
-    total them by operator type; reads the executor's private plan, so it may break when
-    the executor changes."""
+    total them by operator type (convolutions also by their algorithm, Elemwise by mode); reads the
+    executor's private plan, so it may break when the executor changes."""
     try:
         plan = func._func._ensure_plan()
         steps, oprs = plan.steps[0], plan.step_oprs[0]
@@ -202,13 +202,17 @@ def operator_profile(func, runs: int) -> list[str]:
             by_opr[k] += time.perf_counter() - t0
     by_type: dict[str, list] = {}
     for o, t in zip(oprs, by_opr):
-        e = by_type.setdefault(o.type_name, [0.0, 0])
+        algo = getattr(o, "chosen_algorithm", None)
+        if o.type_name == "Elemwise":
+            algo = o.param.mode
+        key = o.type_name if algo is None else f"{o.type_name} {algo}"
+        e = by_type.setdefault(key, [0.0, 0])
         e[0] += t / runs
         e[1] += 1
     total = sum(by_opr) / runs
     lines = [f"operators of one step: {len(steps)}, kernel time {total * 1e3:.2f} ms"]
     for name, (t, n) in sorted(by_type.items(), key=lambda kv: -kv[1][0]):
-        lines.append(f"  {name:<20}{n:>5} oprs {t * 1e3:>9.3f} ms {100 * t / total:>6.1f} %")
+        lines.append(f"  {name:<48}{n:>5} oprs {t * 1e3:>9.3f} ms {100 * t / total:>6.1f} %")
     return lines
 
 

@@ -200,8 +200,9 @@ def bind_bn_backward(
     views = _channel_views(x, (save_mean, save_inv_var, scale, d_scale, d_bias), (dy, dx))
     if views is not None and dy.shape == x.shape:
         (x3, dy3, dx3), params = views
+        sums = np.empty((2, x3.shape[1]))
         return parallel.split(
-            functools.partial(norm_loops.bn_backward, x3, dy3, *params, dx3),
+            functools.partial(norm_loops.bn_backward, x3, dy3, *params, dx3, sums),
             x3.shape[1],
             _MIN_CHANNELS,
         )

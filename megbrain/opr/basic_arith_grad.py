@@ -81,10 +81,12 @@ def _elemwise_grad(opr: Elemwise, i: int, og):
         if i == 0:
             return og * b * _ew("POW", a, b - 1)
         return og * _ew("LOG", a) * y
+    # the first input's as MegBrain's one pass (COND_LEQ_MOV: og where it is the max / min),
+    # not a mask and a product; the second input keeps a strict comparison (ties count once)
     if mode == "MAX":
-        return og * (_ew("LEQ", b, a) if i == 0 else _ew("LT", a, b))
+        return _ew("COND_LEQ_MOV", b, a, og) if i == 0 else og * _ew("LT", a, b)
     if mode == "MIN":
-        return og * (_ew("LEQ", a, b) if i == 0 else _ew("LT", b, a))
+        return _ew("COND_LEQ_MOV", a, b, og) if i == 0 else og * _ew("LT", b, a)
     if mode == "MOD":
         if i == 0:
             return og

@@ -97,6 +97,18 @@ def test_long_reduction_batch_32():
     assert_allocates_nothing(dg)
 
 
+def test_filter_gradient_stacks_planes_in_chunks():
+    """The filter gradient sums chunks of samples whose padded planes are stacked (two 42x42
+    planes a chunk here, the last chunk one), at stride 1 and 2, as float64 does."""
+    for stride in ((1, 1), (2, 2)):
+        c = _case(n=5, g=6, s=40, stride=stride)
+        x, w = _source_and_filter(c)
+        dy = _diff(c)
+        gw = np.full(w.shape, np.nan, np.float32)
+        depthwise_bwd.bind_depthwise_filter_grad(x, dy, gw, *_geometry(c))()
+        _assert_close(gw, ref_backward_filter(c, x, dy, w.shape))
+
+
 def test_heuristic_chooses_it_for_depthwise_only():
     """The filter gradient at every stride, the data gradient at strides other than 1."""
     for stride, kind in (((1, 1), "backward_filter"), ((2, 2), "backward_filter"),

@@ -565,3 +565,32 @@ def test_warn_mid_wrt():
 def test_grad_rejects_a_non_var_target():
     with pytest.raises(TypeError):
         mgb.grad(1.0, [])
+
+
+def test_max_min_first_input_gradient_is_one_pass_with_ties_counted_once():
+    """MAX/MIN's gradient to their first input is MegBrain's COND_LEQ_MOV (one pass, no mask
+    and product); the second input's keeps the strict comparison, so at a tie only the first
+    input gets the gradient. ReLU6 (``min(relu(x), 6)``) backward: two passes."""
+    g = mgb.comp_graph()
+    a = mgb.make_arg(CN, g, shape=(6,), dtype=F32, name="a")
+    b = mgb.make_arg(CN, g, shape=(6,), dtype=F32, name="b")
+    w = mgb.make_arg(CN, g, shape=(6,), dtype=F32, name="w")
+    outs = []
+    for mode in ("MAX", "MIN"):
+        loss = reduce_(elemwise(a, b, mode=mode) * w, "SUM")
+        outs += [mgb.copy_output(v) for v in grad(loss, [a, b])]
+    six = elemwise(elemwise(a, mode="RELU"), make_immutable(CN, g, 6.0), mode="MIN")  # ReLU6
+    outs.append(mgb.copy_output(grad(reduce_(six * w, "SUM"), [a])[0]))
+    f = g.compile([a, b, w], outs)
+    av = np.array([-1, 0, 2, 3, 6, 7], F32)
+    bv = np.array([0, 0, 1, 3, 5, 8], F32)
+    wv = np.arange(1, 7, dtype=F32)
+    gmax_a, gmax_b, gmin_a, gmin_b, g6 = f(av, bv, wv)
+    np.testing.assert_array_equal(gmax_a, np.where(bv <= av, wv, 0))
+    np.testing.assert_array_equal(gmax_b, np.where(av < bv, wv, 0))
+    np.testing.assert_array_equal(gmin_a, np.where(av <= bv, wv, 0))
+    np.testing.assert_array_equal(gmin_b, np.where(bv < av, wv, 0))
+    np.testing.assert_array_equal(g6, np.where((av > 0) & (av <= 6), wv, 0))
+    modes = [o.param.mode for o in f._func._ensure_plan().step_oprs[0]
+             if o.type_name == "Elemwise"]  # fmt: skip
+    assert "LEQ" not in modes

@@ -8,9 +8,10 @@ layers' backward passes half of the step (a 576-channel 3x3 filter gradient on 8
 25 ms for 10.6 M multiply-adds). Here compiled loops (:mod:`.loops.depthwise_bwd`) run each
 channel's planes, the diff first spread where its outputs read the zero-padded source plane so
 that each tap is one vectorized pass over the plane at any stride: the filter gradient as
-elementwise multiply-adds into float32 lane accumulators, summed in float64 every few samples;
-the data gradient as the spread diff, times each tap, added into a zero-padded plane. The
-channels are split over :func:`.common.threads` Python threads, each with its scratch from
+float32 sums over spans of the plane (the planes of a few samples stacked when they are
+small), each span's sum added in float64; the data gradient as the spread diff, times each
+tap, added into a zero-padded plane. The channels are split over :func:`.common.threads`
+Python threads, each with its scratch from
 :func:`workspace.empty`; nothing is allocated when the bound callable runs.
 """
 
@@ -38,6 +39,9 @@ __all__ = [
 #: the channels are split over threads only when each thread gets at least this many
 _MIN_SPLIT_CHANNELS = 4
 _F32 = np.dtype(np.float32)
+#: the filter gradient stacks the padded planes of this many positions' worth of samples
+#: (at least one), so that a tap's pass is long on small planes (16 KB a plane: L1)
+_CHUNK_POSITIONS = 4096
 
 
 def usable_depthwise_bwd(a, b, out, stride, pad, dilate, flip=False) -> bool:
@@ -74,13 +78,12 @@ def bind_depthwise_filter_grad(src: np.ndarray, diff: np.ndarray, grad: np.ndarr
         return functools.partial(grad.fill, 0)
     taps = grad.shape[3] * grad.shape[4]
     hp, wp = loops.plane_shape(geo.oshape, geo.fshape, geo.stride, geo.dilate)
-    n_parts = len(parallel.ranges(geo.c, threads(), _MIN_SPLIT_CHANNELS))
-    planes = workspace.empty((n_parts, hp, wp), _F32)
-    planes_d = workspace.empty((n_parts, hp, wp), _F32)
-    vacc = workspace.empty((n_parts, taps, loops.lanes(geo.oshape, geo.stride, wp)), _F32)
-    acc = workspace.empty((n_parts, taps), np.float64)
+    parts = parallel.ranges(geo.c, threads(), _MIN_SPLIT_CHANNELS)
+    k = max(1, min(geo.n, _CHUNK_POSITIONS // (hp * wp)))
+    planes = workspace.empty((len(parts), 2, k * hp, wp), _F32)
+    acc = workspace.empty((len(parts), max(c1 - c0 for c0, c1 in parts) * taps), np.float64)
     return _split(geo, lambda i, c0, c1: functools.partial(
-        loops.filter_grad, src, diff, grad, planes[i], planes_d[i], vacc[i], acc[i],
+        loops.filter_grad, src, diff, grad, planes[i, 0], planes[i, 1], acc[i],
         geo.stride, geo.pad, geo.dilate, flip, c0, c1))  # fmt: skip
 
 

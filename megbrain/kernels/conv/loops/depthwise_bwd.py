@@ -11,26 +11,20 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 from numba import njit
 
-__all__ = ["FLUSH_SAMPLES", "filter_grad", "data_grad", "lanes", "plane_shape"]
+__all__ = ["SPAN", "filter_grad", "data_grad", "plane_shape"]
 
 
-#: samples whose products a float32 lane accumulates before its sum goes into float64
-FLUSH_SAMPLES = 8
+#: the positions of a tap's products a float32 sum takes before it goes into the float64 sum
+SPAN = 256
 
 
 def plane_shape(oshape, fshape, stride, dilate) -> tuple[int, int]:
     """The padded source plane the outputs read: ``(HP, WP)``."""
     (oh, ow), (fh, fw), (sh, sw), (dh, dw) = oshape, fshape, stride, dilate
     return (oh - 1) * sh + (fh - 1) * dh + 1, (ow - 1) * sw + (fw - 1) * dw + 1
-
-
-def lanes(oshape, stride, wp: int) -> int:
-    """The float32 lane accumulators of one filter tap: the plane positions from the first
-    output's to the last one's, ``(OH - 1) * SH * WP + (OW - 1) * SW + 1``."""
-    (oh, ow), (sh, sw) = oshape, stride
-    return (oh - 1) * sh * wp + (ow - 1) * sw + 1
 
 
 def _spread_py(ds, dt, db, oh_, ow_, row_step, sw):
@@ -49,67 +43,101 @@ def _spread_py(ds, dt, db, oh_, ow_, row_step, sw):
 _spread = njit(nogil=True, cache=True, error_model="numpy")(_spread_py)
 
 
-def _filter_grad_py(src, diff, grad, plane, plane_d, vacc, acc, sh, sw, ph, pw, dh, dw, flip,
-                    c0, c1):  # fmt: skip
+def _filter_grad_py(src, diff, grad, plane, plane_d, acc, sh, sw, ph, pw, dh, dw, flip, c0, c1):
     # pragma: no cover - compiled
     """Channels [c0, c1) of ``grad`` (C, 1, 1, FH, FW) = sum over samples and output
     positions of ``diff`` (N, C, OH, OW) times the source ``src`` (N, C, H, W) the tap reads.
 
-    Per (sample, channel) the source is copied into the zero-padded ``plane`` (HP, WP); each
-    tap then adds ``diff * source`` elementwise (vectorized) into its float32 lane
-    accumulators ``vacc[tap]``, summed into the float64 ``acc[tap]`` every
-    :data:`FLUSH_SAMPLES` samples. The diff is first spread into ``plane_d`` where its
-    outputs read the plane (output (i, j) at ``i * SH * WP + j * SW``, zeros between), so
-    that each tap is one contiguous, vectorized pass over the plane (the lanes,
-    :func:`lanes`), at any stride: at stride 2 that multiplies 4x as many values, but a pass
-    per 4- or 8-wide output row (strided, one slice each) ran 3-10x slower. Flat indices
-    throughout."""
+    ``plane`` and ``plane_d`` hold K zero-padded (HP, WP) planes one below the other
+    (``(K * HP, WP)``, :func:`plane_shape`): per channel and chunk of K samples the sources
+    are copied into ``plane`` and the diffs spread into ``plane_d`` where their outputs read
+    it (output (i, j) of the chunk's sample q at ``(q * HP + i * SH) * WP + j * SW``, zeros
+    between). Each tap's products over the chunk are then one contiguous run of positions,
+    at any stride and however small the planes (the zeros between the samples' outputs
+    cancel what a tap reads across a plane's edge): at stride 2 that multiplies 4x as many
+    values, but a pass per 4- or 8-wide output row (strided, one slice each) ran 3-10x
+    slower. The products are summed in float32 over spans of :data:`SPAN` positions
+    (vectorized: LLVM may reassociate these sums, in an order fixed at compile time), each
+    span's sum added into the float64 ``acc[(c - c0) * FH * FW + tap]``; a row of 3 taps is
+    one pass (the diff read once for the three). The samples are the outer loop, the channels
+    the inner: the planes are read in memory order (a channel's planes of successive samples,
+    a whole image apart, each began with cache misses: 2x slower). Flat indices throughout."""
     n_, c_, h_, w_ = src.shape
     oh_, ow_ = diff.shape[2], diff.shape[3]
     fh, fw = grad.shape[3], grad.shape[4]
-    hp, wp = plane.shape
-    n_pos = (oh_ - 1) * sh * wp + (ow_ - 1) * sw + 1
+    wp = plane.shape[1]
+    hp = (oh_ - 1) * sh + (fh - 1) * dh + 1
+    k_ = plane.shape[0] // hp
+    run = (oh_ - 1) * sh * wp + (ow_ - 1) * sw + 1
     xs = src.reshape(n_ * c_ * h_ * w_)
     ds = diff.reshape(n_ * c_ * oh_ * ow_)
-    pl = plane.reshape(hp * wp)
-    npos_max = vacc.shape[1]
-    va = vacc.reshape(fh * fw * npos_max)
+    pl = plane.reshape(plane.size)
     dx_ = plane_d.reshape(plane_d.size)
     hh = min(h_, hp - ph)
     ww = min(w_, wp - pw)
-    for c in range(c0, c1):
-        for t in range(fh * fw * npos_max):
-            va[t] = 0.0
-        for k in range(fh * fw):
-            acc[k] = 0.0
-        for n in range(n_):
-            for t in range(hp * wp):
+    taps = fh * fw
+    for k in range((c1 - c0) * taps):
+        acc[k] = 0.0
+    # samples outside, channels inside: consecutive planes of the source are read in turn
+    for n0 in range(0, n_, k_):
+        kn = min(k_, n_ - n0)
+        n_pos = (kn - 1) * hp * wp + run
+        for c in range(c0, c1):
+            ab = (c - c0) * taps
+            for t in range(kn * hp * wp):
                 pl[t] = 0.0
-            xb = (n * c_ + c) * h_ * w_
-            for i in range(hh):
-                pb = (i + ph) * wp + pw
-                for j in range(ww):
-                    pl[pb + j] = xs[xb + i * w_ + j]
+                dx_[t] = 0.0
+            for q in range(kn):
+                xb = ((n0 + q) * c_ + c) * h_ * w_
+                for i in range(hh):
+                    pb = (q * hp + i + ph) * wp + pw
+                    prow = pl[pb : pb + ww]
+                    xrow = xs[xb + i * w_ : xb + i * w_ + ww]
+                    for j in range(ww):
+                        prow[j] = xrow[j]
+                db = ((n0 + q) * c_ + c) * oh_ * ow_
+                for i in range(oh_):
+                    qb = (q * hp + i * sh) * wp
+                    drow = ds[db + i * ow_ : db + (i + 1) * ow_]
+                    if sw == 1:
+                        trow = dx_[qb : qb + ow_]
+                        for j in range(ow_):
+                            trow[j] = drow[j]
+                    else:
+                        for j in range(ow_):
+                            dx_[qb + j * sw] = drow[j]
             dt = dx_[:n_pos]
-            _spread(ds, dt, (n * c_ + c) * oh_ * ow_, oh_, ow_, sh * wp, sw)
-            for a in range(fh):
-                for b in range(fw):
-                    vb = (a * fw + b) * npos_max
-                    pb = a * dh * wp + b * dw
-                    vt = va[vb : vb + n_pos]
-                    st = pl[pb : pb + n_pos]
-                    for t in range(n_pos):
-                        vt[t] += dt[t] * st[t]
-            if (n + 1) % FLUSH_SAMPLES == 0 or n == n_ - 1:
-                for k in range(fh * fw):
-                    s = 0.0
-                    for t in range(npos_max):
-                        s += va[k * npos_max + t]
-                        va[k * npos_max + t] = 0.0
-                    acc[k] += s
+            for t0 in range(0, n_pos, SPAN):
+                t1 = min(n_pos, t0 + SPAN)
+                dsp = dt[t0:t1]
+                for a in range(fh):
+                    pb = a * dh * wp + t0
+                    if fw == 3:
+                        s0 = np.float32(0.0)
+                        s1 = np.float32(0.0)
+                        s2 = np.float32(0.0)
+                        p0 = pl[pb : pb + t1 - t0]
+                        p1 = pl[pb + dw : pb + dw + t1 - t0]
+                        p2 = pl[pb + 2 * dw : pb + 2 * dw + t1 - t0]
+                        for t in range(t1 - t0):
+                            d = dsp[t]
+                            s0 += d * p0[t]
+                            s1 += d * p1[t]
+                            s2 += d * p2[t]
+                        acc[ab + a * 3] += float(s0)
+                        acc[ab + a * 3 + 1] += float(s1)
+                        acc[ab + a * 3 + 2] += float(s2)
+                    else:
+                        for b in range(fw):
+                            st = pl[pb + b * dw : pb + b * dw + t1 - t0]
+                            s = np.float32(0.0)
+                            for t in range(t1 - t0):
+                                s += dsp[t] * st[t]
+                            acc[ab + a * fw + b] += float(s)
+    for c in range(c0, c1):
         for a in range(fh):
             for b in range(fw):
-                v = acc[a * fw + b]
+                v = acc[(c - c0) * taps + a * fw + b]
                 if flip:
                     grad[c, 0, 0, fh - 1 - a, fw - 1 - b] = v
                 else:
@@ -132,8 +160,9 @@ def _data_grad_py(filt, diff, grad, plane, plane_d, sh, sw, ph, pw, dh, dw, flip
     ds = diff.reshape(n_ * c_ * oh_ * ow_)
     pl = plane.reshape(hp * wp)
     dt = plane_d.reshape(plane_d.size)[:n_pos]
-    for c in range(c0, c1):
-        for n in range(n_):
+    # samples outside, channels inside: the planes are read and written in memory order
+    for n in range(n_):
+        for c in range(c0, c1):
             for t in range(hp * wp):
                 pl[t] = 0.0
             _spread(ds, dt, (n * c_ + c) * oh_ * ow_, oh_, ow_, sh * wp, sw)
@@ -148,19 +177,27 @@ def _data_grad_py(filt, diff, grad, plane, plane_d, sh, sw, ph, pw, dh, dw, flip
                     for t in range(n_pos):
                         pt[t] += dt[t] * wv
             gb = (n * c_ + c) * h_ * w_
+            ww = max(0, min(w_, wp - pw))
             for i in range(h_):
+                grow = gs[gb + i * w_ : gb + (i + 1) * w_]
                 r = i + ph
-                for j in range(w_):
-                    q = j + pw
-                    gs[gb + i * w_ + j] = pl[r * wp + q] if (r < hp and q < wp) else 0.0
+                if r < hp:
+                    prow = pl[r * wp + pw : r * wp + pw + ww]
+                    for j in range(ww):
+                        grow[j] = prow[j]
+                    for j in range(ww, w_):
+                        grow[j] = 0.0
+                else:
+                    for j in range(w_):
+                        grow[j] = 0.0
 
 
-def filter_grad(src, diff, grad, plane, plane_d, vacc, acc, stride, pad, dilate, flip: bool,
+def filter_grad(src, diff, grad, plane, plane_d, acc, stride, pad, dilate, flip: bool,
                 c0: int, c1: int) -> None:  # fmt: skip
     """Channels [c0, c1) of the depthwise filter gradient (:func:`_filter_grad_py`);
-    ``plane`` and ``plane_d`` float32 (HP, WP) (:func:`plane_shape`), ``vacc`` float32
-    (FH * FW, :func:`lanes`), ``acc`` float64 (FH * FW,)."""
-    _compiled()[0](src, diff, grad, plane, plane_d, vacc, acc, int(stride[0]), int(stride[1]),
+    ``plane`` and ``plane_d`` float32 (K * HP, WP) for chunks of K samples
+    (:func:`plane_shape`), ``acc`` float64 with at least ``(c1 - c0) * FH * FW`` values."""
+    _compiled()[0](src, diff, grad, plane, plane_d, acc, int(stride[0]), int(stride[1]),
                    int(pad[0]), int(pad[1]), int(dilate[0]), int(dilate[1]), bool(flip),
                    int(c0), int(c1))  # fmt: skip
 
@@ -177,4 +214,6 @@ def data_grad(filt, diff, grad, plane, plane_d, stride, pad, dilate, flip: bool,
 @functools.cache
 def _compiled():
     jit = njit(nogil=True, cache=True, error_model="numpy", fastmath=False)
-    return jit(_filter_grad_py), jit(_data_grad_py)
+    # reassociation in the filter gradient's span sums only (their order is fixed when compiled)
+    sums = njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
+    return sums(_filter_grad_py), jit(_data_grad_py)
