@@ -70,7 +70,7 @@ def ref_forward(c, x, w):
     out = np.zeros((x.shape[0], g, w.shape[1], *c["oshape"]))
     for f, s in _taps(c):
         out += np.einsum("ngc...,goc->ngo...", xp[(..., *s)], wr[(..., *f)])
-    return out.reshape(x.shape[0], -1, *c["oshape"])
+    return out.reshape(x.shape[0], g * w.shape[1], *c["oshape"])
 
 
 def ref_backward_data(c, w, dy):
@@ -89,11 +89,11 @@ def ref_backward_filter(c, x, dy, wshape):
     g = wshape[0]
     xp = _grouped(np.pad(x.astype(np.float64), [(0, 0), (0, 0)] + [(p, p) for p in c["pad"]]), g)
     d = _grouped(dy.astype(np.float64), g)
-    d = d.reshape(*d.shape[:3], -1)
+    d = d.reshape(*d.shape[:3], math.prod(d.shape[3:]))
     gw = np.zeros(wshape)
     for f, s in _taps(c):
         xs = xp[(..., *s)]
-        gw[(..., *f)] = np.einsum("ngop,ngcp->goc", d, xs.reshape(*xs.shape[:3], -1))
+        gw[(..., *f)] = np.einsum("ngop,ngcp->goc", d, xs.reshape(*xs.shape[:3], d.shape[3]))
     return _ref_filter(c, gw) if c["flip"] else gw
 
 
