@@ -88,7 +88,7 @@ def _want(c, x, w):
     return _ref(x, w, c["stride"], c["pad"], c["dilate"], c["flip"])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(c=cases(), act=st.sampled_from(["none", "bias", "relu", "hswish", "relu6"]),
        with_z=st.booleans(), constant=st.booleans())  # fmt: skip
 def test_matches_float64(c, act, with_z, constant):

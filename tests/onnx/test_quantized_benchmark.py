@@ -1,6 +1,8 @@
 """benchmarks/quantized.py on a 32x32 input, one round, so that the benchmark cannot rot: its
 int8 networks build, compile int8, export, and agree with onnxruntime. Times are not checked.
-Skipped without onnxruntime or threadpoolctl (benchmark peers here)."""
+Skipped without onnxruntime or threadpoolctl (benchmark peers here). Marked slow (about a minute:
+two networks compiled in three forms, and onnxruntime's int8 ConvInteger path); run it with
+``pytest -m slow tests/onnx/test_quantized_benchmark.py`` before changing the benchmark."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ _BENCHMARKS = os.path.join(
 )
 
 
+@pytest.mark.slow
 def test_quantized_benchmark_runs_on_a_small_input(monkeypatch, capsys):
     monkeypatch.syspath_prepend(_BENCHMARKS)
     import quantized

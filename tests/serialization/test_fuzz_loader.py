@@ -1,7 +1,7 @@
 """Fuzzing the graph loader: seeded mutations of real dumps must load or be refused with a
 SerializationError -- never another exception, a hang or a huge allocation.
 
-The default run spends ``MEGBRAIN_FUZZ_SECONDS`` (default 30) seconds; the slow test runs at
+The default run spends ``MEGBRAIN_FUZZ_SECONDS`` (default 15) seconds; the slow test runs at
 least ``MEGBRAIN_FUZZ_INPUTS`` (default 10,000) inputs. Both print what they saw: inputs, how
 many loaded, how many were refused (by the first words of the message) and the slowest load.
 Graphs that load are compiled and run with inputs of their declared shapes; there a
@@ -518,7 +518,7 @@ def test_seeds_load_and_run(seeds, tmp_path):
 
 
 def test_fuzz_loader_time_budget(seeds, tmp_path):
-    seconds = float(os.environ.get("MEGBRAIN_FUZZ_SECONDS", "30"))
+    seconds = float(os.environ.get("MEGBRAIN_FUZZ_SECONDS", "15"))
     stats = fuzz(seeds, tmp_path, seconds=seconds, seed=1)
     print("\n" + stats.report(f"fuzz ({seconds:g} s budget)"))
     _assert_no_failures(stats, seeds)
