@@ -70,7 +70,7 @@ _SCALES = st.sampled_from([0.5, 0.25, 0.1, 0.0173, 0.003, 1.7, 0.0421])
 _KINDS = st.sampled_from([(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)])
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(_KINDS, st.integers(1, 2), st.integers(1, 3), st.integers(1, 3), st.integers(1, 3),
        st.integers(1, 2), st.integers(0, 2), st.integers(1, 2), st.booleans(), st.booleans(),
        _SCALES, _SCALES, _SCALES, st.booleans(), st.integers(0, 2**16))  # fmt: skip

@@ -98,7 +98,7 @@ def _conv_bias_z(x, w, b, z, mode, dtype, p):
                      None, None, None, None)  # fmt: skip
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(_cases())
 def test_conv_bias_qint8_equals_the_integer_reference(c):
     _run_case(c, with_z=False)
@@ -110,7 +110,7 @@ def test_conv_bias_with_z_equals_the_integer_reference(c):
     _run_case(c, with_z=True)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(_cases(asymm=True))
 def test_conv_bias_quint8_subtracts_zero_points(c):
     _run_case(c, with_z=False)

@@ -98,7 +98,7 @@ def test_int32_sums_equal_the_reference(on, c):
 
 
 @pytest.mark.parametrize("on", _PATHS)
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(c=_convs(), mode=st.sampled_from(["IDENTITY", "RELU"]),
        out_scale=st.sampled_from([0.3, 2.0, 40.0, 900.0]))  # fmt: skip
 def test_requantized_conv_bias_equals_the_reference(on, c, mode, out_scale):
