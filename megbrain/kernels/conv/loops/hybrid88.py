@@ -75,13 +75,8 @@ def stem_tile():
             xdata, wdata, odata = array(3).data, array(8).data, array(10).data
             zdata, bdata, tarr = array(13).data, array(14).data, array(7)
             ntaps = builder.extract_value(tarr.shape, 0)
-            fmuladd = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fmuladd.v16f32")
-            regs = cgutils.alloca_once(builder, ir.ArrayType(vec, R * B))
-            slots = [builder.gep(regs, [const(0), const(i)], inbounds=True)
-                     for i in range(R * B)]  # fmt: skip
-            for s in slots:
-                builder.store(ir.Constant(vec, None), s)
+            fmuladd = tiled_jit.vector_fmas(builder, vec)
+            slots = tiled_jit.zeroed_slots(builder, vec, R * B)
             undef = ir.Constant(vec, ir.Undefined)
             splat = ir.Constant(ir.VectorType(i32, BLOCK), None)
 

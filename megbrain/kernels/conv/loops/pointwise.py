@@ -104,14 +104,8 @@ def rows_tile():
 
             xdata, wdata, odata, bdata = arrays_data(context, builder, signature, args, 3, 6,
                                                      10, 13)  # fmt: skip
-            fmuladd = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fmuladd.v{lanes}f32"
-            )
-            regs = cgutils.alloca_once(builder, ir.ArrayType(vec, nr * nv))
-            slots = [builder.gep(regs, [const(0), const(i)], inbounds=True)
-                     for i in range(nr * nv)]  # fmt: skip
-            for slot in slots:
-                builder.store(ir.Constant(vec, None), slot)
+            fmuladd = tiled_jit.vector_fmas(builder, vec)
+            slots = tiled_jit.zeroed_slots(builder, vec, nr * nv)
             undef = ir.Constant(vec, ir.Undefined)
             splat = ir.Constant(ir.VectorType(ir.IntType(32), lanes), None)  # lane 0 everywhere
 

@@ -169,13 +169,8 @@ def pw_tile():
 
             xdata, wdata, odata, zdata, bdata = data(4), data(8), data(10), data(13), data(14)
             gdata = data(17)
-            fmuladd = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fmuladd.v16f32")
-            regs = cgutils.alloca_once(builder, ir.ArrayType(vec, R * B))
-            slots = [builder.gep(regs, [const(0), const(i)], inbounds=True)
-                     for i in range(R * B)]  # fmt: skip
-            for s in slots:
-                builder.store(ir.Constant(vec, None), s)
+            fmuladd = tiled_jit.vector_fmas(builder, vec)
+            slots = tiled_jit.zeroed_slots(builder, vec, R * B)
             undef = ir.Constant(vec, ir.Undefined)
             splat = ir.Constant(ir.VectorType(i32, BLOCK), None)
 
