@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtype import fmt_dtype, is_quantize
-from ..errors import SerializationError
 from ..graph import register_opr
 from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..graph.static_infer import static_shape
@@ -401,25 +400,6 @@ def conv_bias_activation_v1(
 register_with_policy(ConvBias, pdefs.ConvBias, name="ConvBiasForwardV3")
 
 
-def _never_dumped(cls, fused) -> None:
-    """Register ``cls`` (a fused ConvBias subclass) as refused by dump and load, the dump's
-    error naming the operator and what ``fused(opr)`` says is fused in it."""
-
-    def dump(ctx, opr) -> None:
-        raise sereg.NotSerializable(
-            f"serialization as FlatBuffers is not supported for operator {opr.name!r} "
-            f"({cls.type_name}: ConvBias with a fused {fused(opr)}): fused operators are not "
-            "written to graph files; dump the graph before compile-time fusion (the vars you "
-            "built, or the outputs of optimize_for_inference)"
-        )
-
-    def load(ctx, inputs, config):
-        raise SerializationError(
-            f"{cls.type_name}: fused operators are never written to graph files"
-        )
-
-    sereg.register_serializer(cls, dump=dump, load=load)
-
-
-_never_dumped(ConvBiasTail, lambda opr: f"{opr.param.tail} tail")
-_never_dumped(ConvBiasGated, lambda opr: "squeeze-and-excitation gate")
+sereg.register_fused(ConvBiasTail, lambda opr: f"ConvBias with a fused {opr.param.tail} tail")
+sereg.register_fused(ConvBiasGated,
+                     lambda opr: "ConvBias with a fused squeeze-and-excitation gate")  # fmt: skip

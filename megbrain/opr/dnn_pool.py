@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtype import dtype_name, fmt_dtype, is_quantize, same_dtype
-from ..errors import MegBrainError, SerializationError
+from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, register_opr
 from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..graph.param_def import members_of
@@ -242,17 +242,5 @@ register_strict(Pooling, name="Pooling")  # param.Pooling, PoolingParam's table
 register_strict(PoolingBackward)
 
 
-def _dump_end_pad(ctx, opr: PoolingEndPad) -> None:
-    raise sereg.NotSerializable(
-        f"serialization as FlatBuffers is not supported for operator {opr.name!r} "
-        "(PoolingEndPad: a Pooling and the end padding of its source fused): fused operators "
-        "are not written to graph files; dump the graph before compile-time fusion (the vars "
-        "you built, or the outputs of optimize_for_inference)"
-    )
-
-
-def _load_end_pad(ctx, inputs, config):
-    raise SerializationError("PoolingEndPad: fused operators are never written to graph files")
-
-
-sereg.register_serializer(PoolingEndPad, dump=_dump_end_pad, load=_load_end_pad)
+sereg.register_fused(PoolingEndPad,
+                     lambda opr: "a Pooling and the end padding of its source fused")  # fmt: skip

@@ -89,6 +89,7 @@ __all__ = [
     "unversioned_name",
     "register_serializer",
     "register_loader",
+    "register_fused",
     "register_param_opr",
     "param_to_def",
     "register_removed_in_dump",
@@ -309,6 +310,27 @@ def register_serializer(
         _add_by_id(OprSerializer(extra, type_id_of(extra), opr_cls, None, load))
     _BY_CLASS[opr_cls] = entry
     return entry
+
+
+def register_fused(opr_cls: type, fused: Callable[[Any], str]) -> OprSerializer:
+    """Register ``opr_cls``, an operator made by a compile-time fusion (no reference
+    operator), as refused by dump and load: the dump's :class:`NotSerializable` names the
+    operator and ``fused(opr)`` (what it fuses), and says to dump before fusion."""
+
+    def dump(ctx, opr) -> None:
+        raise NotSerializable(
+            f"serialization as FlatBuffers is not supported for operator {opr.name!r} "
+            f"({opr_cls.type_name}: {fused(opr)}): fused operators are not written to graph "
+            "files; dump the graph before compile-time fusion (the vars you built, or the "
+            "outputs of optimize_for_inference)"
+        )
+
+    def load(ctx, inputs, config):
+        raise SerializationError(
+            f"{opr_cls.type_name}: fused operators are never written to graph files"
+        )
+
+    return register_serializer(opr_cls, dump=dump, load=load)
 
 
 def register_loader(name: str, load: Callable) -> OprSerializer:
