@@ -3,18 +3,19 @@ carrying ``mgb_dtype`` metadata), their MegBrain names and enum numbers, and con
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import ml_dtypes
 import numpy as np
 
 from .errors import ConversionError, blame_prefix
 
 __all__ = [
-    "bfloat16",
+    "bfloat16",  # noqa: F822 - defined by the module's __getattr__
     "byte",
     "intb1",
     "intb2",
@@ -62,7 +63,6 @@ def _special(storage: type, name: str) -> np.dtype:
     return np.dtype(storage, metadata={_KEY: {"name": name}})
 
 
-bfloat16: np.dtype = np.dtype(ml_dtypes.bfloat16)
 byte: np.dtype = _special(np.uint8, "Byte")
 intb1: np.dtype = _special(np.int8, "IntB1")
 intb2: np.dtype = _special(np.int8, "IntB2")
@@ -73,7 +73,6 @@ uintb4: np.dtype = _special(np.uint8, "UintB4")
 _PLAIN = {
     "Float32": np.dtype(np.float32),
     "Float16": np.dtype(np.float16),
-    "BFloat16": bfloat16,
     "Int8": np.dtype(np.int8),
     "Int16": np.dtype(np.int16),
     "Int32": np.dtype(np.int32),
@@ -116,7 +115,34 @@ _NUM = {name: i for i, name in enumerate(_ENUM)}
 
 # Names a string may use for a dtype without parameters, besides numpy's own.
 _BY_STR = {**_PLAIN, **_SPECIAL, **{n.lower(): d for n, d in _SPECIAL.items()}}
-_BY_STR["bfloat16"] = bfloat16
+_BFLOAT16_NAMES = ("BFloat16", "bfloat16")
+
+
+# bfloat16 comes from ml_dtypes, whose import costs more than the rest of ``import megbrain``
+# together; it is imported the first time bfloat16 is asked for by name. No array or dtype can be
+# bfloat16 before ml_dtypes is imported, so the checks below never import it.
+@functools.cache
+def _bfloat16() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _is_bfloat16_type(scalar_type: type) -> bool:
+    mod = sys.modules.get("ml_dtypes")
+    return mod is not None and scalar_type is mod.bfloat16
+
+
+def _plain(name: str) -> np.dtype:
+    """The dtype of a MegBrain name without parameters (bfloat16 included)."""
+    return _bfloat16() if name == "BFloat16" else _PLAIN[name]
+
+
+def __getattr__(name: str) -> np.dtype:
+    # ``megbrain.dtype.bfloat16``, imported on first use
+    if name == "bfloat16":
+        return _bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _meta(dt: np.dtype) -> dict | None:
@@ -135,6 +161,8 @@ def _resolve(dtype_like: DTypeLike) -> np.dtype:
         raise ConversionError("dtype None is not supported by megbrain; give a dtype explicitly")
     if isinstance(dtype_like, str) and dtype_like in _BY_STR:
         return _BY_STR[dtype_like]
+    if isinstance(dtype_like, str) and dtype_like in _BFLOAT16_NAMES:
+        return _bfloat16()
     try:
         return np.dtype(dtype_like)
     except (TypeError, ValueError) as exc:
@@ -183,7 +211,7 @@ def _mgb_name(dt: np.dtype) -> str:
         except ConversionError as exc:
             raise _unsupported(dt, f" ({exc.msg})") from None
         return name
-    if dt.type is ml_dtypes.bfloat16:
+    if _is_bfloat16_type(dt.type):
         return "BFloat16"
     name = _PLAIN_BY_LAYOUT.get((dt.kind, dt.itemsize))
     if name is None or dt.fields is not None or dt.subdtype is not None:
@@ -215,7 +243,7 @@ def canonize_dtype(dtype_like: DTypeLike) -> np.dtype:
     """
     dt = _resolve(dtype_like)
     name = _mgb_name(dt)
-    return dt if _meta(dt) is not None else _PLAIN[name]
+    return dt if _meta(dt) is not None else _plain(name)
 
 
 def to_mgb_supported_dtype(dtype_like: DTypeLike) -> np.dtype:
@@ -321,7 +349,7 @@ def is_bfloat16(dt: DTypeLike) -> bool:
     -------
     bool
     """
-    return dt is not None and _resolve(dt).type is ml_dtypes.bfloat16
+    return dt is not None and _is_bfloat16_type(_resolve(dt).type)
 
 
 def _quant_meta(dt: DTypeLike) -> tuple[np.dtype, dict, _QuantInfo]:
@@ -450,7 +478,7 @@ def _numeric(value: Any) -> np.ndarray:
         raise ConversionError(
             f"{blame_prefix()}cannot convert {type(value).__name__} to an array: {exc}"
         ) from exc
-    if arr.dtype.kind not in "biuf" and arr.dtype.type is not ml_dtypes.bfloat16:
+    if arr.dtype.kind not in "biuf" and not _is_bfloat16_type(arr.dtype.type):
         raise ConversionError(
             f"{blame_prefix()}arrays of dtype {arr.dtype} can not be converted (not numeric)"
         )
@@ -623,7 +651,7 @@ def dtype_from_num(num: int, scale: float | None = None, zero_point: int | None 
         return get_quantized_dtype(name, scale, zero_point)
     if scale is not None or zero_point is not None:
         raise ConversionError(f"dtype {name} is not quantized; it takes no scale or zero_point")
-    return _PLAIN[name] if name in _PLAIN else _SPECIAL[name]
+    return _SPECIAL[name] if name in _SPECIAL else _plain(name)
 
 
 #: quantized kind -> (kind, name, storage, qmin, qmax, asymm); the name MegEngine's layer reads.

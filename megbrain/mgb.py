@@ -27,7 +27,6 @@ from .api.serialization import (  # noqa: F401
 from .api.version import version_info as _version_info
 from .device import CompNode, as_comp_node  # noqa: F401
 from .dtype import (  # noqa: F401
-    bfloat16,
     intb1,
     intb2,
     intb4,
@@ -56,3 +55,12 @@ class _mgb:  # noqa: N801 - the binding's name
     @staticmethod
     def SharedScalar__set(scalar: SharedScalar, value) -> None:  # noqa: N802
         scalar.set(value)
+
+
+def __getattr__(name: str):
+    # bfloat16 is imported on first use (see megbrain.dtype)
+    if name == "bfloat16":
+        from . import dtype
+
+        return dtype.bfloat16
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

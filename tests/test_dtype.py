@@ -1,6 +1,8 @@
 """Tests of megbrain.dtype: names, enum numbers, canonization, quantization round trips."""
 
 import pickle
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -444,3 +446,22 @@ def test_bfloat16_specials():
     assert np.isposinf(back[0]) and np.isneginf(back[1]) and np.isnan(back[2])
     assert back[3] == 1.0 and back[4] == 65536.0 and np.isfinite(back[5])
     assert D.get_dtype_num(b.dtype) == 17 and D.dtype_name(b.dtype) == "BFloat16"
+
+
+def test_bfloat16_is_imported_on_first_use():
+    # ml_dtypes' import costs more than the rest of ``import megbrain``; only asking for
+    # bfloat16 may import it, and then every way of naming it gives one dtype
+    code = (
+        "import sys, megbrain as mgb\n"
+        "assert 'ml_dtypes' not in sys.modules\n"
+        "assert not mgb.dtype.is_bfloat16('float16')\n"
+        "assert mgb.dtype.canonize_dtype('float16').name == 'float16'\n"
+        "assert 'ml_dtypes' not in sys.modules\n"
+        "import ml_dtypes\n"
+        "from megbrain import mgb as m\n"
+        "bf = mgb.dtype.canonize_dtype('bfloat16')\n"
+        "assert bf is mgb.dtype.bfloat16 is m.bfloat16 == ml_dtypes.bfloat16\n"
+        "assert mgb.dtype.is_bfloat16(bf) and mgb.dtype.dtype_name(bf) == 'BFloat16'\n"
+        "assert mgb.dtype.dtype_from_num(mgb.dtype.get_dtype_num(bf)) is bf\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
-__all__ = ["BF16", "F16", "F32", "F64", "LOW_FLOATS", "compute_dtype", "same_elements"]
+from ..dtype import is_bfloat16
+
+__all__ = ["F16", "F32", "F64", "compute_dtype", "is_low_float", "same_elements"]
 
 #: the float dtypes kernels compare against
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 F16 = np.dtype(np.float16)
-BF16 = np.dtype(ml_dtypes.bfloat16)
-#: the floats narrower than float32, which compute in float32
-LOW_FLOATS = (F16, BF16)
+
+
+def is_low_float(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is a float narrower than float32 (float16, bfloat16): those compute in
+    float32."""
+    return dtype == F16 or is_bfloat16(dtype)
 
 
 def same_elements(a: np.ndarray, b: np.ndarray) -> bool:
@@ -36,7 +40,7 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
         For a dtype that is not floating point.
     """
     dtype = np.dtype(dtype)
-    if dtype in LOW_FLOATS:
+    if is_low_float(dtype):
         return F32
     if dtype in (F32, F64):
         return dtype

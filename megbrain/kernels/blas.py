@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import packed_gemm, parallel
-from .arrays import F32, LOW_FLOATS
+from .arrays import F32, is_low_float
 from .conv.constant_operands import filter_is_constant
 from .conv.quantized import bind_quantized_matmul
 from .elemwise import quant_params
@@ -52,7 +52,7 @@ def _compute_dtype(name: str, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> 
     if a.dtype != b.dtype:
         raise ValueError(f"{name}: operands of different dtypes {a.dtype.name}, {b.dtype.name}")
     dtype = a.dtype
-    if dtype in LOW_FLOATS:
+    if is_low_float(dtype):
         return F32
     if dtype in _SMALL_INTS and out.dtype in (_I16, _I32) and out.dtype.itemsize > dtype.itemsize:
         return out.dtype  # accumulate in the output's width, as MegDNN's Int8x8x16/x32 do

@@ -19,7 +19,7 @@ from numba import njit
 
 from .. import dtype as _dt
 from . import jit_codegen, parallel
-from .arrays import BF16, F32, same_elements
+from .arrays import F32, same_elements
 from .conv.loops import int8 as int8_loops
 from .elemwise_modes import check_operands, numpy_steps, round_in_place
 from .steps import Step, chain
@@ -242,7 +242,7 @@ def typecvt_bind(src: np.ndarray, out: np.ndarray) -> Callable[[], None]:
         raise ValueError(f"TypeCvt: source shape {src.shape} does not fit output shape {out.shape}")
     src_q, out_q = quant_params(src.dtype), quant_params(out.dtype)
     if src_q is None and out_q is None:
-        one_bf16 = (src.dtype == BF16) != (out.dtype == BF16)
+        one_bf16 = _dt.is_bfloat16(src.dtype) != _dt.is_bfloat16(out.dtype)
         if not one_bf16 or F32 in (src.dtype, out.dtype):
             return _partial(np.copyto, out, src, "unsafe")
     if src_q is None and out_q is not None:

@@ -18,8 +18,9 @@ from functools import partial as _partial
 
 import numpy as np
 
+from ..dtype import is_bfloat16
 from . import special
-from .arrays import BF16, F16, F32, F64, LOW_FLOATS
+from .arrays import F32, F64, is_low_float
 from .steps import Step, chain
 
 __all__ = [
@@ -70,7 +71,7 @@ MODES: dict[str, ModeTrait] = {}
 # Low-precision float dtypes a mode's kernel takes directly instead of through float32 scratch:
 # float16 for one-ufunc modes (NumPy's float16 loops compute in float32 and round once, and are
 # several times faster than converting), never bfloat16 (ml_dtypes' own loops are slow).
-_NATIVE_LOWP: dict[str, tuple[np.dtype, ...]] = {}
+_NATIVE_LOWP: dict[str, tuple[str, ...]] = {}
 
 
 class _Ctx:
@@ -108,7 +109,7 @@ class _Ctx:
         return [] if w is self.out else [_partial(np.copyto, self.out, w)]
 
 
-def _register(name: str, n: int, kernel, ints: bool, floats: bool = True, native=(F16,)):
+def _register(name: str, n: int, kernel, ints: bool, floats: bool = True, native=("float16",)):
     MODES[name] = ModeTrait(name, n, kernel, ints, floats)
     _NATIVE_LOWP[name] = tuple(native)
 
@@ -394,7 +395,7 @@ def _special(fn):
 
 for _name, _fn in [("ERF", special.erf), ("ERFC", special.erfc), ("ERFINV", special.erfinv),
     ("ERFCINV", special.erfcinv)]:
-    _register(_name, 1, _special(_fn), False, native=LOW_FLOATS)
+    _register(_name, 1, _special(_fn), False, native=("float16", "bfloat16"))
 
 
 # ---- modes and dtypes -------------------------------------------------------------------------
@@ -406,7 +407,7 @@ def _trait(mode: str) -> ModeTrait:
 
 
 def _is_float(dtype: np.dtype) -> bool:
-    return (dtype.kind == "f" and dtype.itemsize <= 8) or dtype == BF16
+    return (dtype.kind == "f" and dtype.itemsize <= 8) or is_bfloat16(dtype)
 
 
 def arity(mode: str) -> int:
@@ -488,7 +489,7 @@ def numpy_steps(trait: ModeTrait, inputs: Sequence[np.ndarray], out: np.ndarray)
     dtype = inputs[0].dtype
     steps: list[Step] = []
     cdtype = dtype
-    if dtype in LOW_FLOATS and dtype not in _NATIVE_LOWP[trait.name]:
+    if is_low_float(dtype) and dtype.name not in _NATIVE_LOWP[trait.name]:
         cdtype = F32
         converted = []
         for x in inputs:

@@ -16,7 +16,7 @@ from numba import carray, njit
 from numba import types as nt
 
 from . import tiled_jit
-from .arrays import F32, LOW_FLOATS
+from .arrays import F32, is_low_float
 from .steps import chain
 
 __all__ = [
@@ -48,9 +48,9 @@ def _bind(mode: str, src: np.ndarray, out: np.ndarray, view: np.ndarray, axes: t
         raise ValueError(f"unknown Reduce mode {mode!r}") from None
     mode = mode.upper()
     dtype = src.dtype
-    if not (dtype.kind in "iuf" or dtype in LOW_FLOATS):
+    if not (dtype.kind in "iuf" or is_low_float(dtype)):
         raise ValueError(f"Reduce mode {mode} does not support dtype {dtype.name}")
-    acc = F32 if dtype in LOW_FLOATS else dtype
+    acc = F32 if is_low_float(dtype) else dtype
     count = math.prod(src.shape[a] for a in axes)
     if count == 0 and mode in ("MIN", "MAX", "MEAN") and view.size:
         raise ValueError(f"Reduce mode {mode}: reducing {src.shape} over empty axes {axes}")
