@@ -1483,14 +1483,17 @@ def campaign(
     seconds: float,
     *,
     max_graphs: int | None = None,
+    min_graphs: int = 0,
     minimize_seconds: float = 20.0,
     log: Callable[[str], None] | None = None,
 ) -> CampaignResult:
-    """Generate and check graphs of ``seeds`` until ``seconds`` (or ``max_graphs``) pass."""
+    """Generate and check graphs of ``seeds`` until ``seconds`` pass (but at least
+    ``min_graphs`` graphs, however slow the machine) or ``max_graphs`` are checked."""
     res = CampaignResult()
     t0 = time.monotonic()
     for seed in seeds:
-        if time.monotonic() - t0 >= seconds or (max_graphs and res.graphs >= max_graphs):
+        out_of_time = time.monotonic() - t0 >= seconds and res.graphs >= min_graphs
+        if out_of_time or (max_graphs and res.graphs >= max_graphs):
             break
         desc = generate(seed)
         res.graphs += 1

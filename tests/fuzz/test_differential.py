@@ -1,8 +1,9 @@
 """Random graphs agree across graph configurations, with NumPy and with finite differences.
 
 The CI test checks the graphs of seeds 0, 1, 2, ... for ``MGB_FUZZ_CI_SECONDS`` (default 25)
-seconds; the long run (``pytest -m slow tests/fuzz``) checks seeds from ``MGB_FUZZ_SEED``
-(default 100000) for ``MGB_FUZZ_SECONDS`` (default 900) seconds or ``MGB_FUZZ_GRAPHS`` graphs.
+seconds, and at least 5 graphs on a machine too busy to check them in that time; the long run
+(``pytest -m slow tests/fuzz``) checks seeds from ``MGB_FUZZ_SEED`` (default 100000) for
+``MGB_FUZZ_SECONDS`` (default 900) seconds or ``MGB_FUZZ_GRAPHS`` graphs.
 A failure names the seed, the configuration and the (minimized) graph;
 ``python tests/fuzz/graph_fuzzer.py --seed N --repro`` prints a standalone reproducer.
 """
@@ -21,10 +22,11 @@ def _env(name: str, default: float) -> float:
 
 
 def test_random_graphs_agree_across_configurations():
-    res = gf.campaign(range(1 << 30), _env("MGB_FUZZ_CI_SECONDS", 25), minimize_seconds=10)
+    res = gf.campaign(
+        range(1 << 30), _env("MGB_FUZZ_CI_SECONDS", 25), min_graphs=5, minimize_seconds=10
+    )
     print(res.report(limit=100))
     assert not res.mismatches, res.report()
-    assert res.graphs >= 5, f"only {res.graphs} graphs in the time budget"
     if res.graphs >= 20:  # every operator family was exercised
         assert not set(gf.OPERATORS) - set(res.operators), res.operators
 
