@@ -258,10 +258,10 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     col = workspace.empty((4 if inplace or taps else items * vecs * kg_ * lanes * 4,),
                           np.uint8)  # fmt: skip
     if requant is None:
-        epi, q = vnni_loops.EPI_INT32, np.zeros(5, _F32)
+        epi, q = vnni_loops.EPI_INT32, np.zeros(7, _F32)
         yf = y.reshape(-1)
     else:
-        epi, q = requant
+        epi, q = requant[0], vnni_loops.requant_params(requant[1])
         yf = y.reshape(-1).view(np.uint8)
     x = _plain(src).view(np.uint8)
     if not x.flags.c_contiguous:

@@ -62,6 +62,7 @@ __all__ = [
     "gemm_tiles",
     "pack_filter",
     "relayout",
+    "requant_params",
     "tile_rows",
 ]
 
@@ -74,6 +75,12 @@ _stack_tile = stack_tile()
 #: 32 zmm registers, enough to hide ``vpdpbusd``'s latency, with room for the V loads
 _ROWS = {2: 8, 4: 6}
 _BELOW_HALF = float(_INT8_BELOW_HALF)
+#: the fast requantize's values nearer than ``1/2 - _NEAR`` to a half-integer take the
+#: exact chain: 2^-12, three times the two chains' largest difference
+_NEAR = 0.5 - 2.0**-12
+#: scales (and their ratio) in these binades keep every intermediate of both chains a normal
+#: float32 for int32 sums, the ground of that bound; others always take the exact chain
+_SCALES, _RATIOS = (2.0**-90, 2.0**90), (2.0**-120, 2.0**120)
 
 
 def available() -> bool:
@@ -104,8 +111,8 @@ def vnni_tile():
     kk:]`` broadcast. Rows
     ``r < nrows`` are stored, their lanes ``v * 16 + j < count``, to ``out[o0 + r ostride +
     16 v + j]``: with the literal ``epi`` :data:`EPI_INT32` as int32; else requantized to
-    one byte with ``q`` = (input scale, output scale, zero point, qmin, qmax) (float32),
-    :data:`EPI_QUANT_RELU` clamping at 0 after the input scale. No index is checked.
+    one byte with ``q`` (float32, :func:`requant_params`), :data:`EPI_QUANT_RELU`
+    clamping at 0 after the input scale. No index is checked.
     """
 
     @intrinsic
@@ -183,19 +190,33 @@ def vnni_tile():
                 vty, elt = v32, i32
             else:
                 vty, elt = ir.VectorType(i8, LANES), i8
-                qs = [splat(builder.load(builder.gep(qdata, [const(i)])), vf) for i in range(5)]
-                s_in, s_out, zp, qmin, qmax = qs
+                qs = [splat(builder.load(builder.gep(qdata, [const(i)])), vf) for i in range(7)]
+                s_in, s_out, zp, qmin, qmax, ratio, near = qs
                 fv2 = ir.FunctionType(vf, [vf, vf])
                 csign = cgutils.get_or_insert_function(builder.module, fv2,
                                                        "llvm.copysign.v16f32")
+                fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf]),
+                                                      "llvm.fabs.v16f32")
+                i16 = ir.IntType(16)
+                reduce = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(vf, [vf, i32, vf, i16, i32]),
+                    "llvm.x86.avx512.mask.reduce.ps.512")
+                cvt = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(v32, [vf, v32, i16, i32]),
+                    "llvm.x86.avx512.mask.cvtps2dq.512")
                 lo, hi = builder.fsub(qmin, zp), builder.fsub(qmax, zp)
                 zpi = builder.fptosi(zp, v32)
                 zero = ir.Constant(vf, None)
+                # the fast path's lower end: a ReLU'd value's (lo <= 0 for every 8-bit kind)
+                lo_fast = lo
+                if mode == EPI_QUANT_RELU:
+                    lo_fast = builder.select(builder.fcmp_ordered(">", lo, zero), lo, zero)
                 # the float32 below one half: v + copysign(it, v), truncated, is C roundf(v)
                 # for every |v| <= 256 (checked over all of them), one add and a conversion
                 below_half = ir.Constant(vf, [ir.Constant(f32, _BELOW_HALF)] * LANES)
+                all_lanes = ir.Constant(i16, 0xFFFF)
 
-                def requantize(acc):
+                def exact(acc):
                     val = builder.fmul(builder.sitofp(acc, vf), s_in)
                     if mode == EPI_QUANT_RELU:  # NaN stays NaN, as np.maximum's
                         val = builder.select(builder.fcmp_ordered("<", val, zero), zero, val)
@@ -209,6 +230,32 @@ def vnni_tile():
                     # C roundf, half away from zero, on a value of at most 255 in magnitude
                     val = builder.fadd(val, builder.call(csign, [below_half, val]))
                     return builder.trunc(builder.add(builder.fptosi(val, v32), zpi), vty)
+
+                def requantize(acc):
+                    # the sum times ``ratio`` (input over output scale), clamped: within
+                    # 2^-13 of the exact chain's clamped quotient (see requant_params), so
+                    # where it lies farther than ``1/2 - near`` from every half-integer both
+                    # round to the same integer, to nearest; a vector with a lane nearer a
+                    # tie takes the exact chain (its division)
+                    val = builder.fmul(builder.sitofp(acc, vf), ratio)
+                    val = builder.select(builder.fcmp_ordered(">", val, lo_fast), val, lo_fast)
+                    val = builder.select(builder.fcmp_ordered("<", val, hi), val, hi)
+                    frac = builder.call(reduce, [val, ir.Constant(i32, 8), zero,
+                                                 all_lanes, ir.Constant(i32, 4)])  # fmt: skip
+                    ok = builder.fcmp_ordered("<", builder.call(fabs, [frac]), near)
+                    fast = builder.trunc(builder.add(builder.call(cvt, [
+                        val, ir.Constant(v32, None), all_lanes, ir.Constant(i32, 8)]), zpi), vty)
+                    clear = builder.icmp_unsigned("==", builder.bitcast(ok, i16), all_lanes)
+                    with builder.if_else(clear, likely=True) as (then, otherwise):
+                        with then:
+                            bb_fast = builder.basic_block
+                        with otherwise:
+                            slow = exact(acc)
+                            bb_slow = builder.basic_block
+                    res = builder.phi(vty)
+                    res.add_incoming(fast, bb_fast)
+                    res.add_incoming(slow, bb_slow)
+                    return res
 
             store = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(ir.VoidType(), [vty, vty.as_pointer(), i32, v1]),
@@ -231,6 +278,28 @@ def vnni_tile():
         return sig, codegen
 
     return vnni_tile
+
+
+def requant_params(q: np.ndarray) -> np.ndarray:
+    """The tiles' requantize operands from ``q`` = (input scale, output scale, zero point,
+    qmin, qmax): those, the ratio of the scales and the fast path's bound (float32, 7).
+
+    MegDNN's chain divides: ``roundf(float32(float32(s) * s_in) / s_out)`` (ReLU'd between),
+    for an int32 sum ``s``. The tiles compute ``float32(s) * float32(s_in / s_out)``
+    instead, one multiply: its relative difference from the chain's quotient is at most
+    four float32 roundings (2^-22), under 2^-13.7 where either can still round into
+    [-255, 255] (and equal after the clamp elsewhere), so the two round to the same integer
+    unless the fast value lies within that of a half-integer; a vector with a value within
+    2^-12 of one runs the chain. Scales outside normal binades (where a product could round
+    to a subnormal or overflow in one chain only) set the bound to -1: every vector exact.
+    """
+    q = np.asarray(q, np.float32)
+    s_in, s_out = q[0], q[1]
+    with np.errstate(all="ignore"):
+        ratio = np.float32(s_in / s_out)
+    normal = all(_SCALES[0] <= v <= _SCALES[1] for v in (s_in, s_out))
+    fast = normal and _RATIOS[0] <= ratio <= _RATIOS[1]
+    return np.array([*q[:5], ratio if fast else 1, _NEAR if fast else -1], np.float32)
 
 
 def _relayout_py(x, x4, xoff, hw, ci, ph, pw, hp_, wp_, plane, flip, u0, cg0, cg1):
