@@ -209,9 +209,10 @@ def test_vnni_tile_keeps_its_accumulators_in_registers():
     # compiled afresh: the assembly of a kernel loaded from Numba's cache is not kept
     fn = njit(nogil=True, error_model="numpy")(vnni._make_gemm(4, vnni.EPI_INT32))
     lanes = vnni.LANES
-    geom = np.array([64, 8, 16, 4, 1, 1, 1, 1, 1, 1, 1, 8, 64, 1, 0, 0, 0], np.int64)
-    fn(np.zeros(4 * 64 * 4, np.uint8), np.zeros(4, np.uint8), np.zeros(18 * 16, np.int8),
-       np.zeros(18, np.int32), np.zeros(16 * 64, np.int32), np.zeros(5, np.float32), geom, 0,
+    # 64 positions, 16 output channels, 4 k groups (one plane of 64 words each), one chunk
+    geom = np.array([64, 16, 4, 1, 0, 0, 0, 0, 256, 512, 768], np.int64)
+    fn(np.zeros(4 * 64 * 4, np.uint8), np.zeros(18 * 16, np.int8), np.zeros(18, np.int32),
+       np.zeros(16 * 64, np.int32), np.zeros(7, np.float32), geom, 0,
        64 // (4 * lanes))  # fmt: skip
     asm = "\n".join(fn.inspect_asm().values())
     loop = [line for line in asm.splitlines() if "vpdpbusd" in line]
