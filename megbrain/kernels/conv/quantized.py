@@ -224,7 +224,8 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     kept_c = sorted({b * dw % sw for b in range(fw)})
     pplane = hph * wph
     pg = oh * wph  # the positions computed: whole rows of the phase planes
-    plane = len(kept_r) * len(kept_c) * pplane
+    # blocks of whole vectors: a 1x1 stride-1 layer's loads stay 64-byte aligned
+    plane = -(-len(kept_r) * len(kept_c) * pplane // lanes) * lanes
     # 4 vectors of positions per tile unless that pads the positions by 5% more than 2 do
     padded = {v: -(-pg // (lanes * v)) * lanes * v for v in (2, 4)}
     vecs = 4 if padded[4] <= 1.05 * padded[2] else 2

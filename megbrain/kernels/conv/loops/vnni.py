@@ -328,6 +328,7 @@ def _relayout_py(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1):
     ph, pw, sh, sw, hph, wph, nr, nc, plane = geo[0], geo[1], geo[2], geo[3], geo[4], \
         geo[5], geo[6], geo[7], geo[8]  # fmt: skip
     pplane = hph * wph
+    whole = ph == 0 and pw == 0 and sh == 1 and sw == 1
     fill = np.uint32(u0 * 0x01010101)
     ones = np.uint32(0xFFFFFFFF)
     for cg in range(cg0, cg1):
@@ -341,17 +342,24 @@ def _relayout_py(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1):
         s3 = np.uintp(xoff + min(c + 3, ci - 1) * h_ * w_)
         keep = np.uint32(0xFFFFFFFF >> (8 * max(0, c + 4 - ci)))
         pad = fill & (keep ^ ones)
-        for i in range(nr):
-            for k in range(hph):
-                h = k * sh + geo[9 + i] - ph
-                for j in range(nc):
-                    pc = geo[9 + nr + j]
-                    row = np.uintp(base + (i * nc + j) * pplane + k * wph)
-                    # the columns q of the source's w = q sw + pc - pw in [0, W)
-                    lo = min(max(0, (pw - pc + sw - 1) // sw), wph)
-                    hi = min(max(lo, (w_ + pw - pc + sw - 1) // sw), wph)
+        if whole:  # unpadded, stride 1: the plane is one run
+            for q in range(np.uintp(h_ * w_)):
+                x4[np.uintp(base) + q] = _word(x, s0, s1, s2, s3, q, flip) & keep | pad
+        for i in range(0 if whole else nr):
+            pr = geo[9 + i]
+            for j in range(nc):
+                pc = geo[9 + nr + j]
+                # the columns q whose source column q sw + pc - pw lies in [0, W)
+                lo = min(max(0, (pw - pc + sw - 1) // sw), wph)
+                hi = min(max(lo, (w_ + pw - pc + sw - 1) // sw), wph)
+                dst = np.uintp(base + (i * nc + j) * pplane)
+                for k in range(hph):
+                    h = k * sh + pr - ph
+                    row = dst + np.uintp(k * wph)
                     if h < 0 or h >= h_:
-                        lo = hi = wph
+                        for q in range(np.uintp(wph)):
+                            x4[row + q] = fill
+                        continue
                     for q in range(np.uintp(lo)):
                         x4[row + q] = fill
                     for q in range(np.uintp(hi), np.uintp(wph)):
