@@ -356,20 +356,19 @@ def _relayout_py(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1):
                 for k in range(hph):
                     h = k * sh + pr - ph
                     row = dst + np.uintp(k * wph)
-                    if h < 0 or h >= h_:
-                        for q in range(np.uintp(wph)):
-                            x4[row + q] = fill
-                        continue
-                    for q in range(np.uintp(lo)):
+                    # columns [q0, q1) from the source, the others u0 (a row outside: all)
+                    inside = 0 <= h < h_
+                    q0, q1 = (lo, hi) if inside else (wph, wph)
+                    for q in range(np.uintp(q0)):
                         x4[row + q] = fill
-                    for q in range(np.uintp(hi), np.uintp(wph)):
+                    for q in range(np.uintp(q1), np.uintp(wph)):
                         x4[row + q] = fill
                     r = np.uintp(h * w_ + pc - pw)
                     if sw == 1:  # (contiguous: vectorized)
-                        for q in range(np.uintp(lo), np.uintp(hi)):
+                        for q in range(np.uintp(q0), np.uintp(q1)):
                             x4[row + q] = _word(x, s0, s1, s2, s3, r + q, flip) & keep | pad
                     else:
-                        for q in range(np.uintp(lo), np.uintp(hi)):
+                        for q in range(np.uintp(q0), np.uintp(q1)):
                             o = r + q * np.uintp(sw)
                             x4[row + q] = _word(x, s0, s1, s2, s3, o, flip) & keep | pad
         for j in range(np.uintp(nr * nc * pplane), np.uintp(plane)):  # (read by dropped lanes)
