@@ -117,6 +117,34 @@ def test_requantized_conv_bias_equals_the_reference(on, c, mode, out_scale):
     ref.assert_same(out, want)
 
 
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+@settings(max_examples=40, deadline=None)
+@given(mode=st.sampled_from(["IDENTITY", "RELU"]), asymm=st.booleans(),
+       s_in=st.sampled_from([0.125, 1e-3, 0.0123, 3.0, 1e-30, 1e30]),
+       ratio=st.one_of(st.sampled_from([64.0, 256.0, 1000 / 3]), st.floats(20, 3000)),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_the_tiles_requantize_by_a_product_equals_the_dividing_chain(mode, asymm, s_in,
+                                                                     ratio, seed):
+    # the VNNI epilogue multiplies by the scales' ratio and runs MegDNN's division only for
+    # vectors with a value near a tie; ratios of powers of two make ties of most odd sums,
+    # scales past the normal binades take the division everywhere (sums of about 2^15,
+    # ratios putting most quotients inside the 8-bit range)
+    out_scale = float(np.float32(s_in) * np.float32(ratio))
+    c = _case((1, 20, 6, 11), (1, 13, 20, 1, 1), (0, 0), seed)
+    c.update(asymm=asymm, zx=seed % 256)
+    x, f = _operands(c)
+    rng = np.random.default_rng(seed)
+    bias = ref.random_q(rng, (1, 13, 1, 1), qint32(s_in))
+    bias.view(np.int32)[...] = rng.integers(-(1 << 16), 1 << 16, bias.shape)
+    odt = quint8(out_scale, 7) if asymm else qint8(out_scale)
+    want = ref.conv_bias(x, f, bias, None, odt, mode, group=True)
+    out = np.empty(want.shape, want.dtype)
+    with _path(True):
+        quantized.bind_quantized_conv_bias(x, f, bias, None, out, (1, 1), (0, 0), (1, 1),
+                                           False, mode)()  # fmt: skip
+    ref.assert_same(out, want)
+
+
 @st.composite
 def _depthwise_convs(draw):
     c = draw(_convs())
@@ -181,9 +209,10 @@ def test_vnni_tile_keeps_its_accumulators_in_registers():
     # compiled afresh: the assembly of a kernel loaded from Numba's cache is not kept
     fn = njit(nogil=True, error_model="numpy")(vnni._make_gemm(4, vnni.EPI_INT32))
     lanes = vnni.LANES
-    geom = np.array([64, 8, 16, 4, 1, 1, 1, 1, 1, 1, 1, 8, 64, 1, 0, 0, 0], np.int64)
-    fn(np.zeros(4 * 64 * 4, np.uint8), np.zeros(4, np.uint8), np.zeros(18 * 16, np.int8),
-       np.zeros(18, np.int32), np.zeros(16 * 64, np.int32), np.zeros(5, np.float32), geom, 0,
+    # 64 positions, 16 output channels, 4 k groups (one plane of 64 words each), one chunk
+    geom = np.array([64, 16, 4, 1, 0, 0, 0, 0, 256, 512, 768], np.int64)
+    fn(np.zeros(4 * 64 * 4, np.uint8), np.zeros(18 * 16, np.int8), np.zeros(18, np.int32),
+       np.zeros(16 * 64, np.int32), np.zeros(7, np.float32), geom, 0,
        64 // (4 * lanes))  # fmt: skip
     asm = "\n".join(fn.inspect_asm().values())
     loop = [line for line in asm.splitlines() if "vpdpbusd" in line]

@@ -209,22 +209,23 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     h_, w_ = src.shape[2:]
     g_, o_, i_, fh, fw = filt.shape
     oh, ow = (conv_out_size(*a) for a in zip(src.shape[2:], (fh, fw), stride, pad, dilate))
-    p_ = oh * ow
     signed = src.dtype.kind == "i"
     u0 = zx + 128 if signed else zx
     cg_ = -(-i_ // 4)
     kg_ = cg_ * fh * fw
-    inplace = fh == fw == 1 and tuple(stride) == (1, 1) and tuple(pad) == (0, 0)
-    # any other stride-1 convolution reads its taps in place too, no im2col: it is computed
-    # over the positions of the padded rows (OH x WP), the columns past OW then dropped
-    taps = not inplace and tuple(stride) == (1, 1)
     lanes = vnni_loops.LANES
-    if inplace:
-        hp, wp, plane = h_, w_, -(-p_ // lanes) * lanes
-    else:
-        hp, wp = h_ + 2 * pad[0], w_ + 2 * pad[1]
-        plane = hp * wp
-    pg = oh * wp if taps else p_  # the positions computed
+    # the padded source split into the stride's phase planes, every tap then read in place
+    # (no im2col): a tap (a, b) is phase (a DH % SH, b DW % SW), shifted by (a DH // SH,
+    # b DW // SW) in it; only the phases some tap reads are relaid
+    (sh, sw), (dh, dw) = stride, dilate
+    hp, wp = h_ + 2 * pad[0], w_ + 2 * pad[1]
+    hph, wph = -(-hp // sh), -(-wp // sw)
+    kept_r = sorted({a * dh % sh for a in range(fh)})
+    kept_c = sorted({b * dw % sw for b in range(fw)})
+    pplane = hph * wph
+    pg = oh * wph  # the positions computed: whole rows of the phase planes
+    # blocks of whole vectors: a 1x1 stride-1 layer's loads stay 64-byte aligned
+    plane = -(-len(kept_r) * len(kept_c) * pplane // lanes) * lanes
     # 4 vectors of positions per tile unless that pads the positions by 5% more than 2 do
     padded = {v: -(-pg // (lanes * v)) * lanes * v for v in (2, 4)}
     vecs = 4 if padded[4] <= 1.05 * padded[2] else 2
@@ -247,21 +248,20 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
         view = init.reshape(g_, op)[:, :o_]
         steps.append(_partial(np.add, init_w.reshape(g_, op)[:, :o_],
                               bias.reshape(g_, o_), view))  # fmt: skip
-    offs = np.zeros(0, np.int64)
-    tail = 0
-    if taps:  # each k group's byte offset; the last tile's dropped lanes read past the planes
-        cg, a, b = np.meshgrid(np.arange(cg_), np.arange(fh), np.arange(fw), indexing="ij")
-        offs = ((cg * plane + a * dilate[0] * wp + b * dilate[1]) * 4).reshape(-1)
-        last = tiles * vecs * lanes + (fh - 1) * dilate[0] * wp + (fw - 1) * dilate[1]
-        tail = max(0, last - plane) * 4
+    # each k group's byte offset; the last tile's dropped lanes read past the planes
+    cg, a, b = np.meshgrid(np.arange(cg_), np.arange(fh), np.arange(fw), indexing="ij")
+    slot = np.searchsorted(kept_r, a * dh % sh) * len(kept_c) + np.searchsorted(kept_c,
+                                                                                b * dw % sw)
+    words = cg * plane + slot * pplane + a * dh // sh * wph + b * dw // sw
+    offs = (words * 4).reshape(-1)
+    last = int(words[0].max()) + tiles * vecs * lanes
+    tail = max(0, last - plane) * 4
     x4 = workspace.empty((cg_ * plane * 4 + tail,), np.uint8)
-    col = workspace.empty((4 if inplace or taps else items * vecs * kg_ * lanes * 4,),
-                          np.uint8)  # fmt: skip
     if requant is None:
-        epi, q = vnni_loops.EPI_INT32, np.zeros(5, _F32)
+        epi, q = vnni_loops.EPI_INT32, np.zeros(7, _F32)
         yf = y.reshape(-1)
     else:
-        epi, q = requant
+        epi, q = requant[0], vnni_loops.requant_params(requant[1])
         yf = y.reshape(-1).view(np.uint8)
     x = _plain(src).view(np.uint8)
     if not x.flags.c_contiguous:
@@ -270,25 +270,26 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     x = x.reshape(-1)
     x4w = x4[: cg_ * plane * 4].view(np.uint32)
     hw = np.array([h_, w_], np.int64)
-    yt = workspace.empty((n_ * g_ * o_ * pg,), yf.dtype) if taps else yf
+    geo = np.array([*pad, sh, sw, hph, wph, len(kept_r), len(kept_c), plane, *kept_r,
+                    *kept_c], np.int64)  # fmt: skip
+    drop = wph != ow
+    yt = workspace.empty((n_ * g_ * o_ * pg,), yf.dtype) if drop else yf
     flipx = 128 if signed else 0
     relayout_min = max(1, _MIN_RELAYOUT_BYTES // (plane * 4))
     gemm_min = max(1, _MIN_MACS_PER_THREAD // (lanes * vecs * kg_ * 4 * op // chunks))
     for n in range(n_):
         for g in range(g_):
             steps.append(parallel.split(
-                _partial(vnni_loops.relayout, x, x4w, (n * g_ + g) * i_ * h_ * w_, hw, i_, pad,
-                         hp, wp, plane, flipx, u0), cg_, relayout_min))  # fmt: skip
-            mode = 2 if taps else int(inplace)
-            geom = np.array([pg, ow, o_, kg_, mode, fh, fw, stride[0], stride[1], dilate[0],
-                             dilate[1], wp, plane, chunks, (n * g_ + g) * o_ * pg,
-                             g * op * kg_ * 4, g * op, *offs], np.int64)  # fmt: skip
-            steps.append(parallel.split(_partial(vnni_loops.gemm_tiles, vecs, x4, col, wk, init,
-                                                 yt, q, geom, epi), items, gemm_min))  # fmt: skip
-    if taps:
-        drop = _partial(vnni_loops.drop_columns, yt, yf, oh, wp, ow)
+                _partial(vnni_loops.relayout, x, x4w, (n * g_ + g) * i_ * h_ * w_, hw, i_, geo,
+                         flipx, u0), cg_, relayout_min))  # fmt: skip
+            geom = np.array([pg, o_, kg_, chunks, (n * g_ + g) * o_ * pg, g * op * kg_ * 4,
+                             g * op, *offs], np.int64)  # fmt: skip
+            steps.append(parallel.split(_partial(vnni_loops.gemm_tiles, vecs, x4, wk, init, yt,
+                                                 q, geom, epi), items, gemm_min))  # fmt: skip
+    if drop:
+        cut = _partial(vnni_loops.drop_columns, yt, yf, oh, wph, ow)
         planes = n_ * g_ * o_
-        steps.append(parallel.split(drop, planes, max(1, _MIN_RELAYOUT_BYTES // (oh * wp))))
+        steps.append(parallel.split(cut, planes, max(1, _MIN_RELAYOUT_BYTES // (oh * wph))))
     return filter_packed(pack, chain(steps), constant)
 
 

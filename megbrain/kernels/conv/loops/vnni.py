@@ -13,19 +13,20 @@ The operands ``vpdpbusd`` takes (``u`` unsigned, ``w`` signed):
 
 Layouts (flat uint8 / int8 buffers, one group of one sample at a time):
 
-- relaid source ``x4``: per block of 4 input channels ``cg``, a plane of ``HP x WP``
-  padded positions of 4 bytes (the 4 channels innermost, missing channels ``u0``), the
-  plane ``plane`` words long; a 1x1 convolution with stride 1 and no padding reads it in
-  place (its plane is the ``H W`` positions rounded up to 16), and so does any other
-  stride-1 convolution, at each ``k`` group's offset ``cg plane + a DH WP + b DW``: its
-  positions are those of the padded rows (``OH x WP``), written to an output of rows of
-  ``WP`` whose columns past ``OW`` are then dropped (:func:`drop_columns`);
-- window blocks ``a`` (the im2col, for the other strides): per tile of ``V`` blocks of 16
-  output positions, per block, per ``k`` group ``(cg, a, b)`` (row-major), 16 positions
-  of 4 bytes, one vector;
+- relaid source ``x4``: per block of 4 input channels ``cg``, the ``HP x WP`` padded
+  positions of 4 bytes (the 4 channels innermost, missing channels ``u0``) split into the
+  stride's phase planes, position (hp, wp) into the plane of phase ``(hp % SH, wp % SW)``
+  at ``(hp // SH, wp // SW)`` of its ``HPh x WPh`` (only the phases some tap reads are
+  kept), the block ``plane`` words long. A tap ``(a, b)`` of output (oh, ow) is then
+  position ``(oh + a DH // SH, ow + b DW // SW)`` of phase ``(a DH % SH, b DW % SW)``: each
+  ``k`` group ``(cg, a, b)`` reads the planes in place at its offset, the convolution
+  computed over the positions of the phase planes' rows (``OH x WPh``), written to an
+  output of rows of ``WPh`` whose columns past ``OW`` are then dropped
+  (:func:`drop_columns`; none at stride 1 without padding, a 1x1 convolution's plane then
+  read as it is). No im2col at any stride;
 - packed filter ``w``: ``(G, OP, KG * 4)`` signed bytes, ``OP`` the output channels
-  rounded up to the tile's rows (zero rows), each row's ``k`` groups in the window
-  blocks' order.
+  rounded up to the tile's rows (zero rows), each row's ``k`` groups ``(cg, a, b)``
+  row-major.
 
 A tile (:func:`vnni_tile`) is ``R`` output channels by ``V`` vectors of 16 positions, its
 ``R V`` accumulators in zmm registers across the whole reduction; each ``k`` group loads
@@ -33,7 +34,8 @@ A tile (:func:`vnni_tile`) is ``R`` output channels by ``V`` vectors of 16 posit
 ``R V`` ``vpdpbusd``. The positions lie along the vectors, so that each row of
 the tile is a contiguous run of the NCHW output: stored as int32 sums, or requantized on
 the way (MegDNN's float32 chain, exact: the sum converted to float32, times the scale, ReLU,
-divided by the output scale, rounded half away from zero, shifted, saturated).
+divided by the output scale, rounded half away from zero, shifted, saturated; computed
+as one product by the scales' ratio, the division run only near ties).
 
 The loops are GIL-free and take a ``[begin, end)`` range of work items (tiles of positions
 by chunks of output channels) for :func:`megbrain.kernels.parallel.split`; they allocate
@@ -46,11 +48,10 @@ import functools
 
 import numpy as np
 from llvmlite import binding, ir
-from numba import carray, njit
+from numba import njit
 from numba.core import cgutils, config, types
 from numba.extending import intrinsic
 
-from ...tiled_jit import stack_tile
 from .int8 import _BELOW_HALF as _INT8_BELOW_HALF
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "gemm_tiles",
     "pack_filter",
     "relayout",
+    "requant_params",
     "tile_rows",
 ]
 
@@ -69,11 +71,18 @@ __all__ = [
 EPI_INT32, EPI_QUANT, EPI_QUANT_RELU = 0, 1, 2
 #: positions of a vector (16 int32 lanes)
 LANES = 16
-_stack_tile = stack_tile()
+#: the entries of :func:`gemm_tiles`'s ``geom`` before the taps' offsets
+_GEOM = 7
 #: the tile's output-channel rows for V vectors of positions: ``R V`` accumulators of the
 #: 32 zmm registers, enough to hide ``vpdpbusd``'s latency, with room for the V loads
 _ROWS = {2: 8, 4: 6}
 _BELOW_HALF = float(_INT8_BELOW_HALF)
+#: the fast requantize's values nearer than ``1/2 - _NEAR`` to a half-integer take the
+#: exact chain: 2^-12, three times the two chains' largest difference
+_NEAR = 0.5 - 2.0**-12
+#: scales (and their ratio) in these binades keep every intermediate of both chains a normal
+#: float32 for int32 sums, the ground of that bound; others always take the exact chain
+_SCALES, _RATIOS = (2.0**-90, 2.0**90), (2.0**-120, 2.0**120)
 
 
 def available() -> bool:
@@ -104,8 +113,8 @@ def vnni_tile():
     kk:]`` broadcast. Rows
     ``r < nrows`` are stored, their lanes ``v * 16 + j < count``, to ``out[o0 + r ostride +
     16 v + j]``: with the literal ``epi`` :data:`EPI_INT32` as int32; else requantized to
-    one byte with ``q`` = (input scale, output scale, zero point, qmin, qmax) (float32),
-    :data:`EPI_QUANT_RELU` clamping at 0 after the input scale. No index is checked.
+    one byte with ``q`` (float32, :func:`requant_params`), :data:`EPI_QUANT_RELU`
+    clamping at 0 after the input scale. No index is checked.
     """
 
     @intrinsic
@@ -183,19 +192,36 @@ def vnni_tile():
                 vty, elt = v32, i32
             else:
                 vty, elt = ir.VectorType(i8, LANES), i8
-                qs = [splat(builder.load(builder.gep(qdata, [const(i)])), vf) for i in range(5)]
-                s_in, s_out, zp, qmin, qmax = qs
+                qs = [splat(builder.load(builder.gep(qdata, [const(i)])), vf) for i in range(7)]
+                s_in, s_out, zp, qmin, qmax, ratio, near = qs
                 fv2 = ir.FunctionType(vf, [vf, vf])
                 csign = cgutils.get_or_insert_function(builder.module, fv2,
                                                        "llvm.copysign.v16f32")
+                fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf]),
+                                                      "llvm.fabs.v16f32")
+                i16 = ir.IntType(16)
+                reduce = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(vf, [vf, i32, vf, i16, i32]),
+                    "llvm.x86.avx512.mask.reduce.ps.512")
+                cvt = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(v32, [vf, v32, i16, i32]),
+                    "llvm.x86.avx512.mask.cvtps2dq.512")
                 lo, hi = builder.fsub(qmin, zp), builder.fsub(qmax, zp)
                 zpi = builder.fptosi(zp, v32)
                 zero = ir.Constant(vf, None)
+                # the fast path's ends, the zero point added: a ReLU'd value's lower one the
+                # zero point (lo <= 0 for every 8-bit kind)
+                lo_fast, hi_fast = qmin, qmax
+                if mode == EPI_QUANT_RELU:
+                    lo_fast = builder.select(builder.fcmp_ordered(">", zp, qmin), zp, qmin)
+                fma = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
                 # the float32 below one half: v + copysign(it, v), truncated, is C roundf(v)
                 # for every |v| <= 256 (checked over all of them), one add and a conversion
                 below_half = ir.Constant(vf, [ir.Constant(f32, _BELOW_HALF)] * LANES)
+                all_lanes = ir.Constant(i16, 0xFFFF)
 
-                def requantize(acc):
+                def exact(acc):
                     val = builder.fmul(builder.sitofp(acc, vf), s_in)
                     if mode == EPI_QUANT_RELU:  # NaN stays NaN, as np.maximum's
                         val = builder.select(builder.fcmp_ordered("<", val, zero), zero, val)
@@ -209,6 +235,32 @@ def vnni_tile():
                     # C roundf, half away from zero, on a value of at most 255 in magnitude
                     val = builder.fadd(val, builder.call(csign, [below_half, val]))
                     return builder.trunc(builder.add(builder.fptosi(val, v32), zpi), vty)
+
+                def requantize(acc):
+                    # the sum times ``ratio`` (input over output scale) plus the zero point,
+                    # clamped: within 2^-13 of the exact chain's (see requant_params), so
+                    # where it lies farther than ``1/2 - near`` from every half-integer both
+                    # round to the same integer, to nearest; a vector with a value nearer a
+                    # tie takes the exact chain (its division)
+                    val = builder.call(fma, [builder.sitofp(acc, vf), ratio, zp])
+                    val = builder.select(builder.fcmp_ordered(">", val, lo_fast), val, lo_fast)
+                    val = builder.select(builder.fcmp_ordered("<", val, hi_fast), val, hi_fast)
+                    frac = builder.call(reduce, [val, ir.Constant(i32, 8), zero,
+                                                 all_lanes, ir.Constant(i32, 4)])  # fmt: skip
+                    ok = builder.fcmp_ordered("<", builder.call(fabs, [frac]), near)
+                    fast = builder.trunc(builder.call(cvt, [
+                        val, ir.Constant(v32, None), all_lanes, ir.Constant(i32, 8)]), vty)
+                    clear = builder.icmp_unsigned("==", builder.bitcast(ok, i16), all_lanes)
+                    with builder.if_else(clear, likely=True) as (then, otherwise):
+                        with then:
+                            bb_fast = builder.basic_block
+                        with otherwise:
+                            slow = exact(acc)
+                            bb_slow = builder.basic_block
+                    res = builder.phi(vty)
+                    res.add_incoming(fast, bb_fast)
+                    res.add_incoming(slow, bb_slow)
+                    return res
 
             store = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(ir.VoidType(), [vty, vty.as_pointer(), i32, v1]),
@@ -233,12 +285,50 @@ def vnni_tile():
     return vnni_tile
 
 
-def _relayout_py(x, x4, xoff, hw, ci, ph, pw, hp_, wp_, plane, flip, u0, cg0, cg1):
+def requant_params(q: np.ndarray) -> np.ndarray:
+    """The tiles' requantize operands from ``q`` = (input scale, output scale, zero point,
+    qmin, qmax): those, the ratio of the scales and the fast path's bound (float32, 7).
+
+    MegDNN's chain divides: ``roundf(float32(float32(s) * s_in) / s_out)`` (ReLU'd between),
+    for an int32 sum ``s``. The tiles compute ``float32(s) * float32(s_in / s_out)``
+    instead, one multiply (fused with the zero point's add): its relative difference from
+    the chain's quotient is at most four float32 roundings (2^-22), under 2^-13.7 where
+    either can still round into [-255, 255] (and equal after the clamp elsewhere), the
+    add's rounding under 2^-15 more, so the two round to the same integer unless the fast
+    value lies within that of a half-integer; a vector with a value within 2^-12 of one
+    runs the chain. Scales outside normal binades (where a product could round
+    to a subnormal or overflow in one chain only) set the bound to -1: every vector exact.
+    """
+    q = np.asarray(q, np.float32)
+    s_in, s_out = q[0], q[1]
+    with np.errstate(all="ignore"):
+        ratio = np.float32(s_in / s_out)
+    normal = all(_SCALES[0] <= v <= _SCALES[1] for v in (s_in, s_out))
+    fast = normal and _RATIOS[0] <= ratio <= _RATIOS[1]
+    return np.array([*q[:5], ratio if fast else 1, _NEAR if fast else -1], np.float32)
+
+
+@njit(inline="always")
+def _word(x, s0, s1, s2, s3, o, flip):
+    """The 4 channels' bytes at ``o`` of the planes from ``s0 ... s3``, xor ``flip``."""
+    return (np.uint32(x[s0 + o] ^ flip) | (np.uint32(x[s1 + o] ^ flip) << 8)
+            | (np.uint32(x[s2 + o] ^ flip) << 16) | (np.uint32(x[s3 + o] ^ flip) << 24))
+
+
+def _relayout_py(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1):
     """Blocks [cg0, cg1) of 4 channels of ``x4`` (flat uint32 words, a position's 4 channels
     in its bytes) from the channels ``0 ... ci - 1`` of the flat uint8 ``x`` from ``xoff``
     (``hw`` = (H, W) planes), each value xor ``flip`` (128 turns int8 into int8 + 128);
-    ``u0`` outside the source and for channels ``>= ci``."""
+    ``u0`` outside the source and for channels ``>= ci``. ``geo`` (int64): PH, PW, SH, SW,
+    the phase planes' HPh, WPh, their count per block ``nr x nc``, the block's ``plane``
+    words, then the ``nr`` row phases kept and the ``nc`` column phases kept: padded
+    position (hp, wp) of row phase ``rows[i] = hp % SH`` and column phase ``cols[j] = wp %
+    SW`` goes to plane ``i nc + j`` of the block, at ``(hp // SH) WPh + wp // SW``."""
     h_, w_ = hw[0], hw[1]
+    ph, pw, sh, sw, hph, wph, nr, nc, plane = geo[0], geo[1], geo[2], geo[3], geo[4], \
+        geo[5], geo[6], geo[7], geo[8]  # fmt: skip
+    pplane = hph * wph
+    whole = ph == 0 and pw == 0 and sh == 1 and sw == 1
     fill = np.uint32(u0 * 0x01010101)
     ones = np.uint32(0xFFFFFFFF)
     for cg in range(cg0, cg1):
@@ -252,94 +342,68 @@ def _relayout_py(x, x4, xoff, hw, ci, ph, pw, hp_, wp_, plane, flip, u0, cg0, cg
         s3 = np.uintp(xoff + min(c + 3, ci - 1) * h_ * w_)
         keep = np.uint32(0xFFFFFFFF >> (8 * max(0, c + 4 - ci)))
         pad = fill & (keep ^ ones)
-        for hp in range(hp_):
-            h = hp - ph
-            row = np.uintp(base + hp * wp_)
-            if h < 0 or h >= h_:
-                for j in range(np.uintp(wp_)):
-                    x4[row + j] = fill
-                continue
-            for j in range(np.uintp(pw)):
-                x4[row + j] = fill
-            for j in range(np.uintp(pw + w_), np.uintp(wp_)):
-                x4[row + j] = fill
-            r = np.uintp(h * w_)
-            dst = row + np.uintp(pw)
-            for j in range(np.uintp(w_)):
-                v = (np.uint32(x[s0 + r + j] ^ flip) | (np.uint32(x[s1 + r + j] ^ flip) << 8)
-                     | (np.uint32(x[s2 + r + j] ^ flip) << 16)
-                     | (np.uint32(x[s3 + r + j] ^ flip) << 24))  # fmt: skip
-                x4[dst + j] = np.uint32(v) & keep | pad
-        for j in range(np.uintp(hp_ * wp_), np.uintp(plane)):  # (read by dropped lanes)
+        if whole:  # unpadded, stride 1: the plane is one run
+            for q in range(np.uintp(h_ * w_)):
+                x4[np.uintp(base) + q] = _word(x, s0, s1, s2, s3, q, flip) & keep | pad
+        for i in range(0 if whole else nr):
+            pr = geo[9 + i]
+            for j in range(nc):
+                pc = geo[9 + nr + j]
+                # the columns q whose source column q sw + pc - pw lies in [0, W)
+                lo = min(max(0, (pw - pc + sw - 1) // sw), wph)
+                hi = min(max(lo, (w_ + pw - pc + sw - 1) // sw), wph)
+                dst = np.uintp(base + (i * nc + j) * pplane)
+                for k in range(hph):
+                    h = k * sh + pr - ph
+                    row = dst + np.uintp(k * wph)
+                    # columns [q0, q1) from the source, the others u0 (a row outside: all)
+                    inside = 0 <= h < h_
+                    q0, q1 = (lo, hi) if inside else (wph, wph)
+                    for q in range(np.uintp(q0)):
+                        x4[row + q] = fill
+                    for q in range(np.uintp(q1), np.uintp(wph)):
+                        x4[row + q] = fill
+                    r = np.uintp(h * w_ + pc - pw)
+                    if sw == 1:  # (contiguous: vectorized)
+                        for q in range(np.uintp(q0), np.uintp(q1)):
+                            x4[row + q] = _word(x, s0, s1, s2, s3, r + q, flip) & keep | pad
+                    else:
+                        for q in range(np.uintp(q0), np.uintp(q1)):
+                            o = r + q * np.uintp(sw)
+                            x4[row + q] = _word(x, s0, s1, s2, s3, o, flip) & keep | pad
+        for j in range(np.uintp(nr * nc * pplane), np.uintp(plane)):  # (read by dropped lanes)
             x4[base + j] = fill
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _fill_tile(x4w, aw, a0w, p0, nv, geom):
-    """The window blocks of the ``nv`` vectors of positions from ``p0`` into ``aw`` (uint32
-    words) at ``a0w``: positions past the last repeat it (their lanes are not stored)."""
-    p_, ow, kg_ = geom[0], geom[1], geom[3]
-    fh, fw, sh, sw, dh, dw, wp_, plane = geom[5], geom[6], geom[7], geom[8], geom[9], geom[10], \
-        geom[11], geom[12]  # fmt: skip
-    bases = carray(_stack_tile(LANES, np.int64), LANES)
-    cg_ = kg_ // (fh * fw)
-    for v in range(nv):
-        for j in range(LANES):
-            p = min(p0 + v * LANES + j, p_ - 1)
-            r = p // ow
-            bases[j] = r * sh * wp_ + (p - r * ow) * sw
-        dst = a0w + v * kg_ * LANES
-        for cg in range(cg_):
-            for a in range(fh):
-                for b in range(fw):
-                    off = cg * plane + a * dh * wp_ + b * dw
-                    for j in range(LANES):
-                        aw[dst + j] = x4w[off + bases[j]]
-                    dst += LANES
 
 
 def _make_gemm(nv: int, epi: int):
     rows = _ROWS[nv]
     tile = vnni_tile()
 
-    def gemm(x4, a, w, init, out, q, geom, t0, t1):
+    def gemm(x4, w, init, out, q, geom, t0, t1):
         """Items [t0, t1) (tile of positions ``t // noc``, chunk of output-channel tiles
         ``t % noc``) of one group of one sample; see :func:`gemm_tiles`."""
-        p_, o_, kg_ = geom[0], geom[2], geom[3]
-        direct, plane, noc, out0 = geom[4], geom[12], geom[13], geom[14]
-        w0, i0 = geom[15], geom[16]
+        p_, o_, kg_, noc, out0, w0, i0 = geom[0], geom[1], geom[2], geom[3], geom[4], \
+            geom[5], geom[6]  # fmt: skip
         obn = (o_ + rows - 1) // rows
         per = (obn + noc - 1) // noc
-        x4w = x4.view(np.uint32)
-        aw = a.view(np.uint32)
-        tb = nv * kg_ * LANES  # words of one item's window blocks
         wstride = kg_ * 4
         for t in range(t0, t1):
             pt, oc = t // noc, t % noc
             p0 = pt * nv * LANES
-            if direct:
-                src, a0, ps, ks = x4, p0 * 4, LANES * 4, plane * 4
-            else:
-                _fill_tile(x4w, aw, t * tb, p0, nv, geom)
-                src, a0, ps, ks = a, t * tb * 4, kg_ * LANES * 4, LANES * 4
             count = p_ - p0
             for ob in range(oc * per, min(obn, (oc + 1) * per)):
                 o = ob * rows
-                if direct == 2:  # the taps' offsets into the relaid planes from geom[17]
-                    tile(x4, p0 * 4, LANES * 4, 0, geom, 17, w, w0 + o * wstride, wstride,
-                         kg_, init, i0 + o, out, out0 + o * p_ + p0, p_, count,
-                         min(rows, o_ - o), q, rows, nv, epi, 1)  # fmt: skip
-                else:
-                    tile(src, a0, ps, ks, geom, 0, w, w0 + o * wstride, wstride, kg_, init,
-                         i0 + o, out, out0 + o * p_ + p0, p_, count, min(rows, o_ - o), q,
-                         rows, nv, epi, 0)  # fmt: skip
+                # each k group's taps at its offset into the relaid planes, from geom[7]
+                tile(x4, p0 * 4, LANES * 4, 0, geom, _GEOM, w, w0 + o * wstride, wstride,
+                     kg_, init, i0 + o, out, out0 + o * p_ + p0, p_, count,
+                     min(rows, o_ - o), q, rows, nv, epi, 1)  # fmt: skip
 
     return gemm
 
 
 def _pack_filter_py(filt, w, init, flip, zf, u0, kg_, op):
     """``w`` (G, OP, KG * 4) int8: ``filt`` (G, O, I, FH, FW) minus ``zf`` (flipped when
-    ``flip``), its k groups in the window blocks' order, zero past I and O; ``init`` (G *
+    ``flip``), its k groups ``(cg, a, b)`` row-major, zero past I and O; ``init`` (G *
     OP) int32: ``-u0`` times each row's sum (wrapping, as the sums do)."""
     g_, o_, i_, fh, fw = filt.shape
     for g in range(g_):
@@ -388,14 +452,14 @@ def _compiled(name: str):
     return njit(**opts)(_make_gemm(int(vecs), int(epi)))
 
 
-def relayout(x, x4, xoff, hw, ci, pad, hp, wp, plane, flip, u0, cg0, cg1) -> None:
+def relayout(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1) -> None:
     """Blocks [cg0, cg1) of 4 channels of the relaid source ``x4`` (flat uint32; see the
     module's layouts): the ``ci`` channels of the flat uint8 ``x`` from ``xoff``, planes
-    of ``hw`` = (H, W), padded by ``pad`` to ``hp x wp`` positions, planes ``plane`` words
-    apart, each value xor ``flip``, ``u0`` where there is no source value."""
-    _compiled("relayout")(x, x4, int(xoff), hw, int(ci), int(pad[0]), int(pad[1]), int(hp),
-                          int(wp), int(plane), np.uint8(flip), int(u0), int(cg0),
-                          int(cg1))  # fmt: skip
+    of ``hw`` = (H, W), padded and split into the stride's phase planes as ``geo`` says
+    (:func:`_relayout_py`), each value xor ``flip``, ``u0`` where there is no source
+    value."""
+    _compiled("relayout")(x, x4, int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0),
+                          int(cg0), int(cg1))  # fmt: skip
 
 
 def pack_filter(filt, w, init, flip: bool, zf: int, u0: int, kg: int, op: int) -> None:
@@ -404,23 +468,21 @@ def pack_filter(filt, w, init, flip: bool, zf: int, u0: int, kg: int, op: int) -
     _compiled("pack")(filt, w, init, bool(flip), int(zf), int(u0), int(kg), int(op))
 
 
-def gemm_tiles(vecs, x4, a, w, init, out, q, geom, epi, t0, t1) -> None:
+def gemm_tiles(vecs, x4, w, init, out, q, geom, epi, t0, t1) -> None:
     """Work items [t0, t1) of one group of one sample with tiles of ``vecs`` (2 or 4)
     vectors of positions.
 
-    ``geom`` (int64): P, OW, O, KG, direct (1: read ``x4`` in place, a 1x1 convolution
-    with stride 1 and no padding; 2: read ``x4`` in place at the offsets of each k group's
-    tap, ``geom[17:17 + KG]`` bytes, a stride-1 convolution computed over the positions of
-    the padded rows, P = OH * WP), FH, FW, SH, SW, DH, DW, WP, plane, chunks of output
-    channels per tile of positions, the output's first index, the packed filter's first
-    byte, ``init``'s first index. ``a`` (uint8) holds each item's window blocks;
-    ``out`` is flat, int32 for ``epi`` :data:`EPI_INT32`, else uint8.
+    ``geom`` (int64): P (the positions computed: OH times the phase planes' row WPh),
+    O, KG, chunks of output channels per tile of positions, the output's first index, the
+    packed filter's first byte, ``init``'s first index, then each k group's byte offset
+    into ``x4`` (its tap's phase plane and place in it). ``out`` is flat, int32 for
+    ``epi`` :data:`EPI_INT32`, else uint8, rows of P positions.
     """
-    _compiled(f"{vecs},{epi}")(x4, a, w, init, out, q, geom, int(t0), int(t1))
+    _compiled(f"{vecs},{epi}")(x4, w, init, out, q, geom, int(t0), int(t1))
 
 
 def drop_columns(src, dst, rows: int, wp: int, ow: int, p0: int, p1: int) -> None:
     """Planes [p0, p1) of the flat ``dst`` (planes of ``rows x ow``) from the flat ``src``
-    (planes of ``rows x wp``, the columns past ``ow`` dropped): the output of the taps read
-    in place (``geom[4]`` 2 of :func:`gemm_tiles`)."""
+    (planes of ``rows x wp``, the columns past ``ow`` dropped): the output of
+    :func:`gemm_tiles`, computed over whole rows of the phase planes."""
     _compiled("drop")(src, dst, int(rows), int(wp), int(ow), int(p0), int(p1))
