@@ -573,8 +573,9 @@ def main() -> None:
             worst = max(float(np.max(v[0])) for v in same.values())
             print(
                 f"  each step from PyTorch float64's state (weights, momentum buffers): loss "
-                f"and update against float64's, max relative {worst:.2e} "
-                f"[{'OK' if worst <= LOSS_RTOL else 'MISS'}] (tolerance {LOSS_RTOL:g})"
+                f"against float64's, max relative {worst:.2e} "
+                f"[{'OK' if worst <= LOSS_RTOL else 'MISS'}] (tolerance {LOSS_RTOL:g}); the "
+                f"update's relative error beside PyTorch float32's (its floor)"
             )
             print("  step  loss: megbrain  pytorch32   update: megbrain  pytorch32")
             m, p = same["megbrain"], same["pytorch"]
