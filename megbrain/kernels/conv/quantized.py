@@ -50,7 +50,7 @@ CHANNELS_ROW_SCALE = 1
 #: CPU's features, and set off by a test to run the portable loops
 MASKED_VECTORS = int8_loops.masked_vectors()
 #: the widest output rows that take it (a test sets it large to run it on any shape)
-MASKED_ROW_MAX = 32
+MASKED_ROW_MAX = 16
 #: whether convolutions bound from now on take the AVX-512 VNNI kernels
 #: (:mod:`.loops.vnni`) where their operands allow; chosen once, from the CPU's features
 VNNI = vnni_loops.available()
@@ -173,7 +173,7 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
     h_, w_ = src.shape[2:]
     oh, ow = y.shape[2:]
     lanes = int8_loops.CHANNEL_LANES
-    # a requantized 3x3 filter at stride 1 or 2 with rows of 9 to 32 columns, where the CPU
+    # a requantized 3x3 filter at stride 1 or 2 with rows of 9 to 16 columns, where the CPU
     # has byte masks: the positions loop in masked vectors (shorter rows: the channel loop;
     # longer ones fill the plain loop's vectors)
     rows = 0
