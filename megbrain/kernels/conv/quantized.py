@@ -45,6 +45,12 @@ _MIN_RELAYOUT_BYTES = 1 << 16
 #: channels along the vectors (:func:`.loops.int8.depthwise_channels`): 8 at stride 1, 16 at
 #: larger strides; a test sets it to 0 or a large value to run either loop on any shape
 CHANNELS_ROW_SCALE = 1
+#: whether requantized depthwise convolutions bound from now on take the masked-vector form
+#: of the positions loop (:func:`.loops.int8.depthwise_masked_rows`); chosen once, from the
+#: CPU's features, and set off by a test to run the portable loops
+MASKED_VECTORS = int8_loops.masked_vectors()
+#: the widest output rows that take it (a test sets it large to run it on any shape)
+MASKED_ROW_MAX = 16
 #: whether convolutions bound from now on take the AVX-512 VNNI kernels
 #: (:mod:`.loops.vnni`) where their operands allow; chosen once, from the CPU's features
 VNNI = vnni_loops.available()
@@ -167,13 +173,22 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
     h_, w_ = src.shape[2:]
     oh, ow = y.shape[2:]
     lanes = int8_loops.CHANNEL_LANES
-    rows = int8_loops.depthwise_channel_rows(w_, ow, fh, fw, *stride, *dilate, oh)
-    # short output rows: 16 channels along the vectors (a row of positions would fill few)
-    by_channels = rows > 0 and ow <= (16 if stride[1] > 1 else 8) * CHANNELS_ROW_SCALE
-    if not by_channels:
+    # a requantized 3x3 filter at stride 1 or 2 with rows of 9 to 16 columns, where the CPU
+    # has byte masks: the positions loop in masked vectors (shorter rows: the channel loop;
+    # longer ones fill the plain loop's vectors)
+    rows = 0
+    if MASKED_VECTORS and requant is not None and 8 * CHANNELS_ROW_SCALE < ow <= MASKED_ROW_MAX:
+        rows = int8_loops.depthwise_masked_rows(w_, ow, fh, fw, *stride, *dilate, pad[1])
+    masked = rows > 0
+    by_channels = False
+    if not masked:
+        rows = int8_loops.depthwise_channel_rows(w_, ow, fh, fw, *stride, *dilate, oh)
+        # short output rows: 16 channels along the vectors (a row of positions fills few)
+        by_channels = rows > 0 and ow <= (16 if stride[1] > 1 else 8) * CHANNELS_ROW_SCALE
+    if not (masked or by_channels):
         rows = int8_loops.depthwise_band_rows(w_, ow, fh, stride[0], dilate[0], pad[1])
     geom = np.array([*stride, *pad, *dilate, _zero_point(src), _zero_point(filt), rows, h_, w_,
-                     oh, ow, fh, fw, c_], np.int64)  # fmt: skip
+                     oh, ow, fh, fw, c_, int(masked)], np.int64)  # fmt: skip
     if requant is None:
         epi, q, yv = 0, np.zeros(5, _F32), y
     else:

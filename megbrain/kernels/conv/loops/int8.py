@@ -13,7 +13,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from llvmlite import binding, ir
 from numba import carray, njit
+from numba.core import cgutils, config, types
+from numba.extending import intrinsic
 
 from ...tiled_jit import stack_tile, zmm_vectors
 
@@ -26,7 +29,9 @@ __all__ = [
     "depthwise_band_rows",
     "depthwise_channel_rows",
     "depthwise_channels",
+    "depthwise_masked_rows",
     "gemm_blocks",
+    "masked_vectors",
     "int8_gemm",
     "int8_im2col",
     "quantized_add",
@@ -37,6 +42,210 @@ __all__ = [
 _ROWS = 32
 #: the largest float32 below 0.5 (rounding half away from zero by one add, :func:`_quantize`)
 _BELOW_HALF = np.nextafter(np.float32(0.5), np.float32(0))
+
+
+def masked_vectors() -> bool:
+    """Whether the compiler targets AVX-512 with byte and word masks (``NUMBA_CPU_FEATURES``,
+    else the host's features): there the depthwise loop's short runs of bytes are masked
+    vector loads and stores (:func:`_masked_fill`, :func:`_taps9_q16`); elsewhere LLVM
+    would split those into a branch per lane, and the loops' plain forms are kept."""
+    features = config.CPU_FEATURES
+    if features is None:
+        features = binding.get_host_cpu_features().flatten()
+    return {"+avx512f", "+avx512bw"} <= set(features.split(","))
+
+
+def _data(context, builder, ty, value):
+    return context.make_array(ty)(context, builder, value).data
+
+
+def _lane_mask(builder, lanes, lo, hi, step=1):
+    """The ``<lanes x i1>`` mask (``lanes`` <= 64) of the lanes ``k`` with ``lo <= k < hi``
+    (i64 values) and ``k % step == 0``, made as the bits of one integer (a k-register move)."""
+    i64 = ir.IntType(64)
+
+    def ones(k):  # the low min(max(k, 0), lanes) bits set
+        k = builder.select(builder.icmp_signed("<", k, ir.Constant(i64, 0)),
+                           ir.Constant(i64, 0), k)  # fmt: skip
+        low = builder.sub(builder.shl(ir.Constant(i64, 1), k), ir.Constant(i64, 1))
+        full = builder.icmp_signed(">=", k, ir.Constant(i64, lanes))
+        return builder.select(full, ir.Constant(i64, (1 << lanes) - 1), low)
+
+    bits = builder.and_(ones(hi), builder.not_(ones(lo)))
+    if step > 1:
+        bits = builder.and_(bits, ir.Constant(i64, sum(1 << k for k in range(0, lanes, step))))
+    return builder.bitcast(builder.trunc(bits, ir.IntType(lanes)),
+                           ir.VectorType(ir.IntType(1), lanes))
+
+
+@intrinsic
+def _masked_fill(typingctx, xp, doff, x, soff, lo, hi, cnt, zxf, step):
+    """Sixteen float32 of a depthwise band's padded row: ``xp[doff + k] = float32(x[soff +
+    step k]) - zxf`` for the lanes ``lo <= k < hi`` (a source value), 0 for the others, for
+    ``k < cnt``; ``x`` bytes (signed or not), ``step`` a literal 1 or 2 (2: every other
+    byte, one parity of the columns of a stride-2 row). Only the bytes read are touched:
+    ``soff`` may point before ``x`` or ``hi`` past its end."""
+    if not (isinstance(step, types.IntegerLiteral) and isinstance(x, types.Array)
+            and x.dtype.bitwidth == 8 and isinstance(xp, types.Array)
+            and xp.dtype == types.float32):
+        return None  # fmt: skip
+    st_ = step.literal_value
+    signed = x.dtype.signed
+
+    def codegen(context, builder, signature, args):
+        xp_v, do_v, x_v, so_v, lo_v, hi_v, cnt_v, z_v = args[:8]
+        i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+        do_, so_, lo_, hi_, cnt_ = (context.cast(builder, v, signature.args[k], types.int64)
+                                    for k, v in ((1, do_v), (3, so_v), (4, lo_v), (5, hi_v),
+                                                 (6, cnt_v)))  # fmt: skip
+        nb = 16 * st_
+        bty = ir.VectorType(i8, nb)
+        bmask = _lane_mask(builder, nb, builder.mul(lo_, ir.Constant(i64, st_)),
+                           builder.mul(hi_, ir.Constant(i64, st_)), st_)
+        load = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(bty, [bty.as_pointer(), i32, bmask.type, bty]),
+            f"llvm.masked.load.v{nb}i8.p0")
+        xd = builder.bitcast(_data(context, builder, signature.args[2], x_v), i8.as_pointer())
+        ptr = builder.bitcast(builder.gep(xd, [so_]), bty.as_pointer())
+        one = ir.Constant(i32, 1)
+        raw = builder.call(load, [ptr, one, bmask, ir.Constant(bty, None)])
+        if st_ > 1:
+            raw = builder.shuffle_vector(raw, ir.Constant(bty, ir.Undefined), ir.Constant(
+                ir.VectorType(i32, 16), [ir.Constant(i32, st_ * k) for k in range(16)]))
+        v32 = ir.VectorType(i32, 16)
+        wide = builder.sext(raw, v32) if signed else builder.zext(raw, v32)
+        fty = ir.VectorType(f32, 16)
+        zv = builder.insert_element(ir.Constant(fty, ir.Undefined),
+                                    context.cast(builder, z_v, signature.args[7],
+                                                 types.float32), ir.Constant(i32, 0))
+        zv = builder.shuffle_vector(zv, ir.Constant(fty, ir.Undefined), ir.Constant(v32, None))
+        val = builder.fsub(builder.sitofp(wide, fty), zv)
+        val = builder.select(_lane_mask(builder, 16, lo_, hi_), val, ir.Constant(fty, None))
+        smask = _lane_mask(builder, 16, ir.Constant(i64, 0), cnt_)
+        store = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [fty, fty.as_pointer(), i32,
+                                                            smask.type]),
+            "llvm.masked.store.v16f32.p0")  # fmt: skip
+        xpd = _data(context, builder, signature.args[0], xp_v)
+        builder.call(store, [val, builder.bitcast(builder.gep(xpd, [do_]), fty.as_pointer()),
+                             ir.Constant(i32, 4), smask])  # fmt: skip
+        return context.get_dummy_value()
+
+    return types.void(xp, doff, x, soff, lo, hi, cnt, zxf, step), codegen
+
+
+@intrinsic
+def _taps9_q16(typingctx, dst, d0, f0, r0, r1, pitch, ow, xp, x0, row, col1, col2, ws, bc, q,
+               relu):  # fmt: skip
+    """:func:`_taps9_requantize` of the 16 positions ``f0 ... f0 + 15`` of a band (rows of
+    ``pitch`` positions, the first ``ow`` of each an output) whose taps start at ``xp[x0]``,
+    as explicit vectors (a loop of 16 is unrolled before LLVM's loop vectorizer sees it, and
+    Numba's pipeline has no SLP vectorizer to take the copies): nine multiply-adds by the
+    tuple ``ws``, the bias (below 2^23 as the sum's start, else added in int32), the
+    requantize of :func:`_quantize` (ReLU when the literal ``relu`` is 1; ``q`` its five
+    values and the output scale's reciprocal (0: none), by which the vector is multiplied;
+    divided instead where a lane comes within 2^-10 of a half-integer), then per band row
+    ``r0 <= r < r1`` that the positions meet, its output columns stored by one masked store
+    to ``dst[d0 + r ow + column]``."""
+    if not (isinstance(relu, types.IntegerLiteral) and isinstance(dst, types.Array)
+            and dst.dtype.bitwidth == 8 and ws == types.UniTuple(types.float32, 9)
+            and q == types.UniTuple(types.float32, 6)):
+        return None  # fmt: skip
+    with_relu = relu.literal_value == 1
+
+    def codegen(context, builder, signature, args):
+        (dst_v, d0_v, f0_v, r0_v, r1_v, pitch_v, ow_v, xp_v, x0_v, row_v, c1_v, c2_v, ws_v,
+         bc_v, q_v) = args[:15]  # fmt: skip
+        i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+        v32, vf = ir.VectorType(i32, 16), ir.VectorType(f32, 16)
+
+        def i64_of(k, v):
+            return context.cast(builder, v, signature.args[k], types.int64)
+
+        def splat(scalar, vty):
+            one = builder.insert_element(ir.Constant(vty, ir.Undefined), scalar,
+                                         ir.Constant(i32, 0))  # fmt: skip
+            return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined),
+                                          ir.Constant(v32, None))  # fmt: skip
+
+        xd = _data(context, builder, signature.args[7], xp_v)
+        x0, row, c1, c2 = (i64_of(k, v) for k, v in ((8, x0_v), (9, row_v), (10, c1_v),
+                                                     (11, c2_v)))  # fmt: skip
+        bc = context.cast(builder, bc_v, signature.args[13], types.int32)
+        big = ir.Constant(i32, 1 << 23)
+        small = builder.and_(builder.icmp_signed("<", builder.neg(big), bc),
+                             builder.icmp_signed("<", bc, big))
+        bf = builder.select(small, builder.sitofp(bc, f32), ir.Constant(f32, 0))
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf] * 3),
+                                             "llvm.fmuladd.v16f32")  # fmt: skip
+        acc = splat(bf, vf)
+        for a in range(3):
+            ra = builder.add(x0, builder.mul(row, ir.Constant(i64, a)))
+            for b, cb in enumerate((ir.Constant(i64, 0), c1, c2)):
+                ptr = builder.bitcast(builder.gep(xd, [builder.add(ra, cb)]), vf.as_pointer())
+                wv = splat(builder.extract_value(ws_v, 3 * a + b), vf)
+                acc = builder.call(fma, [wv, builder.load(ptr, align=4), acc])
+        wrapped = builder.sitofp(builder.add(builder.fptosi(acc, v32), splat(bc, v32)), vf)
+        acc = builder.select(small, acc, wrapped)
+        s_in, s_out, zp, qmin, qmax = (splat(builder.extract_value(q_v, k), vf)
+                                       for k in range(5))
+        inv = builder.extract_value(q_v, 5)
+        zero = ir.Constant(vf, None)
+        val = builder.fmul(acc, s_in)
+        if with_relu:  # NaN stays NaN, as _quantize's select
+            val = builder.select(builder.fcmp_ordered("<", val, zero), zero, val)
+        lo, hi = builder.fsub(qmin, zp), builder.fsub(qmax, zp)
+
+        def clamped(v):
+            v = builder.select(builder.fcmp_ordered(">", v, lo), v, lo)
+            return builder.select(builder.fcmp_ordered("<", v, hi), v, hi)
+
+        # the quotient by the reciprocal: within 2^-22 |v| of the division's, so that both
+        # round alike unless within 2^-10 of a half-integer (after the clamp: beyond it both
+        # saturate); there, or with no reciprocal (inv 0), the division itself
+        fv1 = ir.FunctionType(vf, [vf])
+        vtrunc = cgutils.get_or_insert_function(builder.module, fv1, "llvm.trunc.v16f32")
+        vabs = cgutils.get_or_insert_function(builder.module, fv1, "llvm.fabs.v16f32")
+        fast = clamped(builder.fmul(val, splat(inv, vf)))
+        frac = builder.call(vabs, [builder.fsub(fast, builder.call(vtrunc, [fast]))])
+        off = builder.call(vabs, [builder.fsub(frac, ir.Constant(vf, [ir.Constant(f32, 0.5)]
+                                                                   * 16))])  # fmt: skip
+        near = builder.fcmp_ordered("<", off, ir.Constant(vf, [ir.Constant(f32, 2.0**-10)]
+                                                          * 16))  # fmt: skip
+        need = builder.or_(builder.icmp_unsigned("!=", builder.bitcast(near, ir.IntType(16)),
+                                                 ir.Constant(ir.IntType(16), 0)),
+                           builder.fcmp_ordered("==", inv, ir.Constant(f32, 0)))  # fmt: skip
+        entry = builder.block
+        with builder.if_then(need, likely=False):
+            exact = clamped(builder.fdiv(val, s_out))
+            slow = builder.block
+        val = builder.phi(vf)
+        val.add_incoming(fast, entry)
+        val.add_incoming(exact, slow)
+        half = ir.Constant(vf, [ir.Constant(f32, float(_BELOW_HALF))] * 16)
+        sign = builder.select(builder.fcmp_ordered(">=", val, zero), half, builder.fneg(half))
+        res = builder.add(builder.fptosi(builder.fadd(val, sign), v32), builder.fptosi(zp, v32))
+        bty = ir.VectorType(i8, 16)
+        res = builder.trunc(res, bty)
+        dd = builder.bitcast(_data(context, builder, signature.args[0], dst_v), i8.as_pointer())
+        d0, f0, pitch, ow = (i64_of(k, v) for k, v in ((1, d0_v), (2, f0_v), (5, pitch_v),
+                                                       (6, ow_v)))  # fmt: skip
+        mtype = ir.VectorType(ir.IntType(1), 16)
+        store = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [bty, bty.as_pointer(), i32, mtype]),
+            "llvm.masked.store.v16i8.p0")
+        r0, r1 = i64_of(3, r0_v), i64_of(4, r1_v)
+        with cgutils.for_range_slice(builder, r0, r1, ir.Constant(i64, 1)) as (r, _):
+            lo = builder.sub(builder.mul(r, pitch), f0)  # the row's first lane
+            mask = _lane_mask(builder, 16, lo, builder.add(lo, ow))
+            at = builder.sub(builder.add(d0, builder.mul(r, ow)), lo)
+            ptr = builder.bitcast(builder.gep(dd, [at]), bty.as_pointer())
+            builder.call(store, [res, ptr, ir.Constant(i32, 1), mask])
+        return context.get_dummy_value()
+
+    return types.void(dst, d0, f0, r0, r1, pitch, ow, xp, x0, row, col1, col2, ws, bc, q,
+                      relu), codegen
+
 
 def _im2col_py(x, col, n, fh, fw, sh, sw, ph, pw, dh, dw, ow, zx, g0, g1):  # pragma: no cover
     """Rows of sample ``n`` for the groups [g0, g1): ``col[g, r * OW + q, (i, a, b)]`` =
@@ -363,6 +572,109 @@ def _depthwise_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover - 
                 out[dst + j] = _quantize(v, s_out, zp, qmin, qmax)
 
 
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _reciprocal(scale):  # pragma: no cover - compiled
+    """``1 / scale`` in float32 for a requantize by multiplication (:func:`_taps9_q16`);
+    0 (divide) for a scale whose reciprocal would leave the normal range."""
+    ok = np.float32(2.0**-100) < abs(scale) < np.float32(2.0**100)
+    return np.float32(1) / scale if ok else np.float32(0)
+
+
+def _depthwise_masked_py(x, w, bias, out, q, geom, epi, c0, c1):  # pragma: no cover
+    """Planes [c0, c1) of :func:`_depthwise_py`'s convolution for a 3x3 filter at stride 1,
+    or 2 without column dilation, requantized (``epi`` 1 or 2), in masked vectors
+    (``geom[16]`` 1; ``geom[8]`` the rows of :func:`depthwise_masked_rows`). A band's
+    padded source rows are filled by masked vector loads (:func:`_masked_fill`): at stride
+    1 at a pitch of ``W + PW`` (a row's right padding is the next one's left, both zeros),
+    so that the taps run over the band's positions; at stride 2 as each row's even columns
+    then its odd ones, each half whole vectors. Each vector of 16 positions is then nine
+    multiply-adds, the requantize and a masked store per output row it meets
+    (:func:`_taps9_q16`): whatever the row width, no scalar remainder and no copy."""
+    _zmm_vectors()
+    ph, pw, dh, dw, zx, zf = geom[2], geom[3], geom[4], geom[5], geom[6], geom[7]
+    rows, h_, w_, oh, ow, c_ = geom[8], geom[9], geom[10], geom[11], geom[12], geom[15]
+    s2 = geom[0] == 2
+    xp = carray(_stack_tile(_BAND_XP, np.float32), _BAND_XP)
+    zxf = np.float32(zx)
+    # the filter and the requantize's values as tuples: in registers across the stores
+    qt = (q[0], q[1], q[2], q[3], q[4], _reciprocal(q[1]))
+    if s2:  # a row's even and odd halves; the band's positions are each row's OWP
+        half = (((w_ + 2 * pw + 1) // 2) + 15) & ~15
+        pitch, opitch = 2 * half, (ow + 15) & ~15
+        row, col1, col2 = dh * pitch, half, 1
+    else:
+        half, pitch = 0, w_ + pw
+        opitch, row, col1, col2 = pitch, dh * pitch, dw, 2 * dw
+    le, he, lo_, ho = (pw + 1) // 2, (pw + w_ + 1) // 2, pw // 2, (pw + w_) // 2
+    for t in range(c0, c1):
+        c = t % c_
+        xbase, obase = t * h_ * w_, t * oh * ow
+        wc = w[c * 9:c * 9 + 9]
+        ws = (np.float32(np.int32(wc[0]) - zf), np.float32(np.int32(wc[1]) - zf),
+              np.float32(np.int32(wc[2]) - zf), np.float32(np.int32(wc[3]) - zf),
+              np.float32(np.int32(wc[4]) - zf), np.float32(np.int32(wc[5]) - zf),
+              np.float32(np.int32(wc[6]) - zf), np.float32(np.int32(wc[7]) - zf),
+              np.float32(np.int32(wc[8]) - zf))  # fmt: skip
+        bc = bias[c]
+        for r0 in range(0, oh, rows):
+            r1 = min(r0 + rows, oh)
+            top = r0 * (2 if s2 else 1) - ph
+            nin = (r1 - 1 - r0) * (2 if s2 else 1) + 2 * dh + 1
+            for i in range(nin):
+                ih = top + i
+                base = i * pitch
+                inside = 0 <= ih < h_
+                src = xbase + ih * w_ - pw if inside else 0
+                if s2:
+                    e0, e1 = (le, he) if inside else (0, 0)
+                    o0, o1 = (lo_, ho) if inside else (0, 0)
+                    for k in range(0, half, 16):
+                        _masked_fill(xp, base + k, x, src + 2 * k, e0 - k, e1 - k, 16, zxf, 2)
+                        _masked_fill(xp, base + half + k, x, src + 1 + 2 * k, o0 - k, o1 - k,
+                                     16, zxf, 2)  # fmt: skip
+                else:
+                    lo, hi = (pw, pw + w_) if inside else (0, 0)
+                    for k in range(0, pitch, 16):
+                        _masked_fill(xp, base + k, x, src + k, lo - k, hi - k,
+                                     min(16, pitch - k), zxf, 1)  # fmt: skip
+            n = (r1 - r0) * opitch
+            if not s2:  # zeros past the rows, as far as the last vector's taps read
+                for k in range(nin * pitch, ((n + 15) & ~15) + 2 * row + 2 * dw, 16):
+                    _masked_fill(xp, k, x, 0, 0, 0, 16, zxf, 1)
+            # each vector of positions: the band rows [r, re) it meets, stored to out
+            r, o0 = 0, obase + r0 * ow
+            for f0 in range(0, n, 16):
+                while (r + 1) * opitch <= f0:
+                    r += 1
+                re = r + 1
+                while re < r1 - r0 and re * opitch < f0 + 16:
+                    re += 1
+                # at stride 2 a band row of outputs reads from two source rows down
+                x0 = f0 + r * (2 * pitch - opitch) if s2 else f0
+                if epi == 2:
+                    _taps9_q16(out, o0, f0, r, re, opitch, ow, xp, x0, row, col1, col2, ws,
+                               bc, qt, 1)  # fmt: skip
+                else:
+                    _taps9_q16(out, o0, f0, r, re, opitch, ow, xp, x0, row, col1, col2, ws,
+                               bc, qt, 0)  # fmt: skip
+
+
+def depthwise_masked_rows(w: int, ow: int, fh: int, fw: int, sh: int, sw: int, dh: int,
+                          dw: int, pw: int) -> int:
+    """Output rows of a band of :func:`depthwise`'s masked-vector form (``geom[16]`` 1): a
+    3x3 filter at stride 1, or at stride 2 without column dilation; 0 where it does not
+    take the convolution."""
+    if not (fh == fw == 3 and (sh == sw == 1 or (sh == sw == 2 and dw == 1))):
+        return 0
+    if sh == 1:
+        pitch = w + pw
+        rows = min((_BAND_IN - 2 * dw - 32) // pitch - 2 * dh, _BAND_OUT // pitch)
+    else:
+        pitch = 2 * ((((w + 2 * pw + 1) // 2) + 15) & ~15)
+        rows = (_BAND_IN // pitch - 2 * dh - 1) // 2 + 1
+    return max(0, rows)
+
+
 #: channels of an item of :func:`depthwise_channels` (one vector of float32 lanes)
 CHANNEL_LANES = 16
 #: float32 values of its tile of padded source rows (each position's channels innermost)
@@ -505,8 +817,10 @@ def depthwise(x, w, bias, out, q, geom, epi: int, c0: int, c1: int) -> None:
     """Planes [c0, c1) of a depthwise 8-bit convolution: ``x`` (N, C, H, W), ``w`` (C, FH,
     FW) and ``out`` (N, C, OH, OW) all flat and C-ordered, ``bias`` (C,) int32, ``q`` the
     requantization's float32 (input scale, output scale, zero point, qmin, qmax), ``geom``
-    (int64) as :func:`_depthwise_py` reads it."""
-    _compiled("depthwise")(x, w, bias, out, q, geom, int(epi), int(c0), int(c1))
+    (int64) as :func:`_depthwise_py` reads it, ``geom[16]`` 1 for the masked-vector form
+    (:func:`_depthwise_masked_py`)."""
+    name = "depthwise_masked" if geom[16] else "depthwise"
+    _compiled(name)(x, w, bias, out, q, geom, int(epi), int(c0), int(c1))
 
 
 def int8_im2col(x, col, n, fsize, stride, pad, dilate, ow: int, zx: int, g0: int, g1: int):
@@ -533,6 +847,7 @@ def gemm_blocks(groups: int, out_channels: int) -> int:
 def _compiled(name: str):
     fn = {"im2col": _im2col_py, "gemm": _gemm_py, "depthwise": _depthwise_py,
           "depthwise_channels": _depthwise_channels_py, "add": _add_py,
+          "depthwise_masked": _depthwise_masked_py,
           "quantize": _quantize_8bit_py}[name]  # fmt: skip
     # the depthwise sums are exact in float32 (every product and partial sum an integer
     # below 2^24), so fused multiply-adds give the same bits; nothing else is contracted
