@@ -24,9 +24,12 @@ from ..graph.static_infer import infer_shape
 from ..kernels.conv.epilogue import TAIL_EXPRS
 from ..kernels.elemwise_modes import FUSABLE_MODES, REDUCE_MODES
 from ..kernels.jit_codegen import interpret
+from ..opr.base import make_immutable
+from ..opr.dnn import Convolution
 from ..opr.dnn_conv_bias import (
     ConvBias,
     ConvBiasGated,
+    ConvBiasParam,
     ConvBiasPreact,
     ConvBiasTail,
     ConvBiasTailParam,
@@ -349,16 +352,17 @@ def fuse_preactivation(graph, dest: list[VarNode]) -> dict:
     """The pass (before ``jit_fusion``, at JIT level 1 and up): an Elemwise RELU of an
     Elemwise FUSE_MUL_ADD3 ``x scale + shift`` (NCHW88 float32 ``x`` (N, C/8, H, W, 8),
     ``scale`` and ``shift`` (1, C/8, 1, 1, 8)) whose result only a dense 1x1 stride-1
-    unpadded ConvBias reads, as its source, becomes one
+    unpadded ConvBias or Convolution reads, as its source, becomes one
     :class:`~megbrain.opr.dnn_conv_bias.ConvBiasPreact` reading ``x``, ``scale`` and
-    ``shift`` (DenseNet's pre-activation BatchNorm and ReLU, no pass over ``x``)."""
+    ``shift`` (DenseNet's pre-activation BatchNorm and ReLU, no pass over ``x``); a
+    Convolution's bias is zeros (its zero sums come out +0.0 where they were -0.0)."""
     found = _fusable_graph(graph, dest)
     if found is None:
         return {}
     oprs, readers, external = found
-    fused_in: dict = {}  # ConvBias -> (x, scale, shift)
+    fused_in: dict = {}  # ConvBias or Convolution -> (x, scale, shift)
     for o in oprs:
-        if type(o) is not ConvBias or o.extra_deps or not _gateable(o):
+        if type(o) not in (ConvBias, Convolution) or o.extra_deps or not _gateable(o):
             continue
         y = o.inputs[0]
         relu = y.owner
@@ -377,8 +381,15 @@ def fuse_preactivation(graph, dest: list[VarNode]) -> dict:
 
     def fused(o, memo: dict) -> tuple[VarNode, VarNode]:
         x, scale, shift = fused_in[o]
-        ins = [memo.get(v, v) for v in (x, *o.inputs[1:], scale, shift)]
-        new = ConvBiasPreact(ins, o.param, OperatorNodeConfig(comp_node=o.comp_node))
+        rest, param = list(o.inputs[1:]), o.param
+        if type(o) is Convolution:
+            oc = _shape(o.outputs[0])
+            zeros = np.zeros((1, oc[1], 1, 1, oc[4]), np.float32)
+            rest.append(make_immutable(o.comp_node, graph, zeros).node)
+            fields = {f: getattr(param, f) for f in param.__dataclass_fields__}
+            param = ConvBiasParam(**fields, nonlineMode="IDENTITY")
+        ins = [memo.get(v, v) for v in (x, *rest, scale, shift)]
+        new = ConvBiasPreact(ins, param, OperatorNodeConfig(comp_node=o.comp_node))
         return o.outputs[0], graph.insert_opr(new)[0]
 
     skip = set()
@@ -418,8 +429,9 @@ def _scale_shift_operands(fma) -> tuple[VarNode, VarNode, VarNode] | None:
 
 
 def _gateable(conv) -> bool:
-    """Whether ``conv`` (a ConvBias) is an NCHW88 float32 dense 1x1 stride-1 unpadded one,
-    the convolution POINTWISE_NCHW88 computes with the gate in its filter loads."""
+    """Whether ``conv`` (a ConvBias or Convolution) is an NCHW88 float32 dense 1x1 stride-1
+    unpadded one, the convolution POINTWISE_NCHW88 computes with the gate in its filter
+    loads (or the pre-activation in its source loads)."""
     p = conv.param
     shape = _shape(conv.inputs[1])
     return (

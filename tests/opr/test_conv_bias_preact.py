@@ -1,8 +1,8 @@
 """The compile-time fusion of a per-channel scale, shift and ReLU into the 1x1 ConvBias
 reading them (``fuse_preactivation``, ConvBiasPreact: DenseNet's pre-activation BatchNorm
 and ReLU): the fused function computes what the unfused one does and what float64 does,
-with a residual ``z``; the fusion happens where it should (and only there); graph files
-never see it."""
+with a residual ``z``, and for a Convolution without bias; the fusion happens where it
+should (and only there); graph files never see it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ CN = "cpu0"
 F32 = np.float32
 
 
-def _net(n, ic, oc, hw, k=1, with_z=False, seed=0):
+def _net(n, ic, oc, hw, k=1, with_z=False, seed=0, bias=True):
     """h = x concatenated with a 1x1 convolution of x (NCHW88 after use_nchw88: a DenseNet
     block's input), a = relu(h s + t) -> convolution k x k + bias [+ r], ReLU: the graph,
     the output, a feed, the float64 result and a."""
@@ -40,16 +40,23 @@ def _net(n, ic, oc, hw, k=1, with_z=False, seed=0):
                       for v, nm in ((w0v, "w0"), (wv, "w"), (bv, "b"), (sv, "s"), (tv, "t")))
     x1 = convolution(x, w0)
     act = elemwise(concat([convolution(x1, w0), x1], axis=1) * s + t, mode="RELU")
-    y = convolution(act, w, pad_h=k // 2, pad_w=k // 2) + b
+    y = convolution(act, w, pad_h=k // 2, pad_w=k // 2)
+    if not bias:  # a DenseNet transition: a Convolution, then pooling
+        conv = y
+        y = mgb.opr.pooling(y, mode="AVERAGE", window_h=1, window_w=1, stride_h=1,
+                            stride_w=1)  # fmt: skip
     feed = {"x": rng.standard_normal((n, ic // 2, hw, hw)).astype(F32)}
     h = np.einsum("oi,nihw->nohw", w0v[:, :, 0, 0].astype(np.float64), feed["x"])
     h = np.concatenate([np.einsum("oi,nihw->nohw", w0v[:, :, 0, 0], h), h], axis=1)
     xs = np.maximum(h * sv + tv, 0)
     xs = np.pad(xs, [(0, 0), (0, 0)] + [(k // 2, k // 2)] * 2)
-    ref = np.zeros((n, oc, hw, hw)) + bv
+    ref = np.zeros((n, oc, hw, hw))
     for i in range(k):
         for j in range(k):
             ref += np.einsum("oi,nihw->nohw", wv[:, :, i, j], xs[:, :, i:i + hw, j:j + hw])
+    if not bias:
+        return g, y, feed, ref, conv
+    y, ref = y + b, ref + bv
     if with_z:
         r = mgb.make_arg(CN, g, name="r", shape=(n, oc, hw, hw))
         y = y + r
@@ -62,7 +69,7 @@ def _preact(seq):
     return [o for o in seq if o.type_name == "ConvBiasPreact"]
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=5, deadline=None)
 @given(n=st.integers(1, 2), ic=st.sampled_from([16, 32, 80]), oc=st.sampled_from([16, 24]),
        hw=st.integers(2, 9), with_z=st.booleans())  # fmt: skip
 def test_the_fused_preactivation_matches_the_unfused_graph_and_float64(n, ic, oc, hw, with_z):
@@ -78,6 +85,15 @@ def test_the_fused_preactivation_matches_the_unfused_graph_and_float64(n, ic, oc
     assert not [o for o in seq1 if o.type_name in ("Elemwise", "JITExecutor")]
     np.testing.assert_allclose(fused, ref, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(fused, unfused, rtol=1e-5, atol=1e-5)
+
+
+def test_a_convolution_without_bias_is_fused_with_zeros_for_its_bias():
+    g, out, feed, ref, conv = _net(1, 32, 24, 6, bias=False)
+    f, seq = _compiled(g, _optimized(out), 1)
+    np.testing.assert_allclose(f(**feed)[0], ref, rtol=1e-4, atol=1e-5)
+    (opr,) = _preact(seq)
+    assert opr.chosen_algorithm == "POINTWISE_NCHW88" and opr.param.nonlineMode == "IDENTITY"
+    assert not [o for o in seq if o.type_name in ("Elemwise", "JITExecutor")]
 
 
 def test_an_activation_read_elsewhere_or_by_another_convolution_is_not_fused():
