@@ -293,7 +293,7 @@ def test_the_tiling_fits_the_registers_and_the_channels():
 def test_the_sums_are_vector_fmas_on_registers():
     # compiled afresh: the assembly of a kernel loaded from Numba's cache is not kept
     fr = nt.Array(nt.float32, 1, "C", readonly=True)
-    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
+    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
     fn = njit([sig], nogil=True, error_model="numpy", fastmath={"contract"})(
         loops._units_py(8, 3, 1 | 2 | 4))
     asm = "\n".join(fn.inspect_asm().values())
@@ -306,11 +306,27 @@ def test_the_sums_are_vector_fmas_on_registers():
 
 
 @pytest.mark.skipif(vector_width() != 16, reason="a tile of 24 accumulators: AVX-512")
+def test_a_preactivation_keeps_the_reduction_on_registers():
+    # the activated source goes through a stack buffer, the accumulators never
+    fr = nt.Array(nt.float32, 1, "C", readonly=True)
+    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
+    fn = njit([sig], nogil=True, error_model="numpy", fastmath={"contract"})(
+        loops._units_py(8, 3, 1 | 4 | loops.PREACT))
+    blocks = "\n".join(fn.inspect_asm().values()).split("\n.LBB")
+    loops_ = [b for b in blocks if sum("vfmadd231ps" in ln for ln in b.splitlines()) >= 8 * 3 * 8]
+    assert len(loops_) >= 2  # the tile and its half-block twin
+    for body in loops_:
+        assert not any("(%rsp)" in ln and "zmm" in ln for ln in body.splitlines())
+        # the channels' broadcasts load the buffer (no shuffle per channel and position)
+        assert not any("vpermps" in ln for ln in body.splitlines())
+
+
+@pytest.mark.skipif(vector_width() != 16, reason="a tile of 24 accumulators: AVX-512")
 def test_silu_keeps_the_reduction_on_registers():
     # the sigmoid's constants and temporaries may go through the stack in the epilogue,
     # never the accumulators in the loop over the input channels
     fr = nt.Array(nt.float32, 1, "C", readonly=True)
-    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
+    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
     fn = njit([sig], nogil=True, error_model="numpy", fastmath={"contract"})(
         loops._units_py(8, 3, 1 | 32))
     blocks = "\n".join(fn.inspect_asm().values()).split("\n.LBB")

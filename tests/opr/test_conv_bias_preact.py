@@ -7,14 +7,16 @@ should (and only there); graph files never see it."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_conv_bias_gated import _compiled, _optimized
-from test_conv_bias_tail import dumped_loaded_compiled
+from test_conv_bias_gated import (
+    _compiled,
+    _optimized,
+    assert_dumped_unfused_and_refused,
+    assert_not_fused_in_nchw_or_training,
+)
 
 import megbrain as mgb
-from megbrain.errors import SerializationError
 from megbrain.opr.basic_arith import elemwise
 from megbrain.opr.dnn import convolution
 from megbrain.opr.tensor_manip import concat
@@ -108,18 +110,9 @@ def test_an_activation_read_elsewhere_or_by_another_convolution_is_not_fused():
 
 def test_nchw_and_training_graphs_are_not_fused():
     g, out, feed, ref, _ = _net(1, 32, 16, 5)
-    outs = mgb.optimize_for_inference([out], fuse_conv_bias_nonlinearity=True)
-    f, seq = _compiled(g, outs, 1)
-    assert not _preact(seq)
-    w = next(v for v in mgb.cgtools.get_dep_vars(out, "SharedDeviceTensor") if v.name == "w")
-    f, seq = _compiled(g, [out, mgb.grad(out.sum(), w)], 1)
-    assert not _preact(seq)
+    assert_not_fused_in_nchw_or_training(g, out, "ConvBiasPreact")
 
 
 def test_the_optimized_graph_dumps_reference_operators_and_a_fused_one_is_refused(tmp_path):
     g, out, feed, ref, _ = _net(1, 32, 24, 7)
-    f, seq = dumped_loaded_compiled(_optimized(out), tmp_path, "ConvBiasPreact")
-    (fused,) = _preact(seq)  # fused again when compiled
-    np.testing.assert_allclose(f(**feed)[0], ref, rtol=1e-4, atol=1e-5)
-    with pytest.raises(SerializationError, match=r"ConvBiasPreact.*before compile-time fusion"):
-        mgb.serialize_comp_graph_to_file(str(tmp_path / "f.mgb"), [mgb.SymbolVar(fused.outputs[0])])
+    assert_dumped_unfused_and_refused(out, feed, ref, tmp_path, "ConvBiasPreact")
