@@ -2,7 +2,7 @@
 reading them (``fuse_preactivation``, ConvBiasPreact: DenseNet's pre-activation BatchNorm
 and ReLU): the fused function computes what the unfused one does and what float64 does,
 with a residual ``z``, and for a Convolution without bias; the fusion happens where it
-should (and only there); graph files never see it."""
+should (and only there); graph files never see it; an NCHW one computes its source first."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from test_conv_bias_gated import (
 )
 
 import megbrain as mgb
+from megbrain.graph import OperatorNodeConfig
 from megbrain.opr.basic_arith import elemwise
 from megbrain.opr.dnn import convolution
+from megbrain.opr.dnn_conv_bias import ConvBiasParam, ConvBiasPreact
 from megbrain.opr.tensor_manip import concat
 
 CN = "cpu0"
@@ -116,3 +118,23 @@ def test_nchw_and_training_graphs_are_not_fused():
 def test_the_optimized_graph_dumps_reference_operators_and_a_fused_one_is_refused(tmp_path):
     g, out, feed, ref, _ = _net(1, 32, 24, 7)
     assert_dumped_unfused_and_refused(out, feed, ref, tmp_path, "ConvBiasPreact")
+
+
+def test_an_nchw_preactivated_conv_bias_reads_its_activated_source_from_its_workspace():
+    # the class is correct outside the pass's NCHW88 case too: NCHW, 3x3, padded
+    rng = np.random.default_rng(3)
+    g = mgb.comp_graph(check_env_var=False)
+    x = mgb.make_arg(CN, g, name="x", shape=(2, 8, 6, 6))
+    wv = (rng.standard_normal((16, 8, 3, 3)) / 8).astype(F32)
+    bv, sv, tv = (rng.standard_normal((1, c, 1, 1)).astype(F32) for c in (16, 8, 8))
+    ins = [x.node] + [mgb.make_shared(CN, value=v, comp_graph=g).node for v in (wv, bv, sv, tv)]
+    param = ConvBiasParam(pad_h=1, pad_w=1, nonlineMode="RELU")
+    y = g.insert_opr(ConvBiasPreact(ins, param, OperatorNodeConfig(comp_node=x.node.comp_node)))
+    f = g.compile(None, [mgb.copy_output(mgb.SymbolVar(y[0]))])
+    xv = rng.standard_normal((2, 8, 6, 6)).astype(F32)
+    xs = np.pad(np.maximum(xv.astype(np.float64) * sv + tv, 0), [(0, 0), (0, 0), (1, 1), (1, 1)])
+    ref = np.zeros((2, 16, 6, 6)) + bv
+    for i in range(3):
+        for j in range(3):
+            ref += np.einsum("oi,nihw->nohw", wv[:, :, i, j], xs[:, :, i:i + 6, j:j + 6])
+    np.testing.assert_allclose(f(x=xv)[0], np.maximum(ref, 0), rtol=1e-4, atol=1e-5)
