@@ -22,7 +22,9 @@ def describe(opr) -> tuple[str, str]:
     shape = dims(opr.outputs[0]) if opr.outputs else "?"
     p = getattr(opr, "param", None)
     kind = opr.type_name
-    if kind in ("ConvBiasForward", "ConvolutionForward") and p is not None:
+    # the compile-time fused ConvBias subclasses (ConvBiasTail, ConvBiasGated, ConvBiasPreact)
+    # too, under their own type
+    if (kind == "ConvolutionForward" or kind.startswith("ConvBias")) and p is not None:
         fshape = static_shape(opr.inputs[1]) or ()
         if p.format == "NCHW88" and len(static_shape(opr.inputs[0]) or ()) == 4:
             fh, fw = fshape[1:3]  # the hybrid first layer's (OC/8, FH, FW, IC, 8)

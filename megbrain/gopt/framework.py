@@ -41,6 +41,7 @@ PRESET: list[str] = [
     "arith_fuse",
     "mask_pool_grad",  # training.py: on the expanded gradients, before JIT fusion fuses them
     "fuse_se_gate",  # jit.py: an SE multiply into the 1x1 ConvBias reading it, before JIT
+    "fuse_preactivation",  # jit.py: a scale, shift and ReLU into the 1x1 ConvBias reading it
     "jit_fusion",  # jit.py
     "fuse_conv_bias_tail",  # jit.py: a ConvBias and its ReLU6/SiLU JITExecutor, one operator
     "fuse_pool_end_padding",  # nchw88.py: ceil mode's -inf Concats and the NCHW88 max pooling

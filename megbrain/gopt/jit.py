@@ -3,7 +3,9 @@ operators (closed, at jit level 2, by a Reduce) become one :class:`~megbrain.opr
 then a ConvBias whose only reader is a ReLU6 or SiLU JITExecutor becomes one
 :class:`~megbrain.opr.dnn_conv_bias.ConvBiasTail` (``fuse_conv_bias_tail``). Before them, a
 squeeze-and-excitation multiply read only by a 1x1 NCHW88 ConvBias becomes part of it
-(:class:`~megbrain.opr.dnn_conv_bias.ConvBiasGated`, ``fuse_se_gate``).
+(:class:`~megbrain.opr.dnn_conv_bias.ConvBiasGated`, ``fuse_se_gate``), and so does a
+per-channel scale, shift and ReLU read only by one
+(:class:`~megbrain.opr.dnn_conv_bias.ConvBiasPreact`, ``fuse_preactivation``).
 
 A subgraph grows from its output towards its inputs: an Elemwise joins the subgraph of its
 readers when all of them are in that subgraph and its output is needed nowhere else (not a
@@ -22,11 +24,27 @@ from ..graph.static_infer import infer_shape
 from ..kernels.conv.epilogue import TAIL_EXPRS
 from ..kernels.elemwise_modes import FUSABLE_MODES, REDUCE_MODES
 from ..kernels.jit_codegen import interpret
-from ..opr.dnn_conv_bias import ConvBias, ConvBiasGated, ConvBiasTail, ConvBiasTailParam
+from ..opr.base import make_immutable
+from ..opr.dnn import Convolution
+from ..opr.dnn_conv_bias import (
+    ConvBias,
+    ConvBiasGated,
+    ConvBiasParam,
+    ConvBiasPreact,
+    ConvBiasTail,
+    ConvBiasTailParam,
+)
 from ..opr.jit import JITExecutor, JITExecutorParam
 from .passes import register_pass
 
-__all__ = ["fuse_conv_bias_tail", "fuse_elemwise", "fuse_se_gate", "jit_fusion", "jit_level"]
+__all__ = [
+    "fuse_conv_bias_tail",
+    "fuse_elemwise",
+    "fuse_preactivation",
+    "fuse_se_gate",
+    "jit_fusion",
+    "jit_level",
+]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
 
@@ -329,9 +347,91 @@ def fuse_se_gate(graph, dest: list[VarNode]) -> dict:
     return _sweep(graph, oprs, skip, {o: fused for o in gated})
 
 
+@register_pass("fuse_preactivation")
+def fuse_preactivation(graph, dest: list[VarNode]) -> dict:
+    """The pass (before ``jit_fusion``, at JIT level 1 and up): an Elemwise RELU of an
+    Elemwise FUSE_MUL_ADD3 ``x scale + shift`` (NCHW88 float32 ``x`` (N, C/8, H, W, 8),
+    ``scale`` and ``shift`` (1, C/8, 1, 1, 8)) whose result only a dense 1x1 stride-1
+    unpadded ConvBias or Convolution reads, as its source, becomes one
+    :class:`~megbrain.opr.dnn_conv_bias.ConvBiasPreact` reading ``x``, ``scale`` and
+    ``shift`` (DenseNet's pre-activation BatchNorm and ReLU, no pass over ``x``); a
+    Convolution's bias is zeros (its zero sums come out +0.0 where they were -0.0)."""
+    found = _fusable_graph(graph, dest)
+    if found is None:
+        return {}
+    oprs, readers, external = found
+    fused_in: dict = {}  # ConvBias or Convolution -> (x, scale, shift)
+    for o in oprs:
+        if type(o) not in (ConvBias, Convolution) or o.extra_deps or not _gateable(o):
+            continue
+        y = o.inputs[0]
+        relu = y.owner
+        if y in external or readers.get(y) != [o] or any(v is y for v in o.inputs[1:]):
+            continue
+        if not _elemwise_of(relu, "RELU", 1) or relu.comp_node != o.comp_node:
+            continue
+        m = relu.inputs[0]
+        if m in external or readers.get(m) != [relu] or m.owner.comp_node != o.comp_node:
+            continue
+        operands = _scale_shift_operands(m.owner)
+        if operands is not None:
+            fused_in[o] = operands
+    if not fused_in:
+        return {}
+
+    def fused(o, memo: dict) -> tuple[VarNode, VarNode]:
+        x, scale, shift = fused_in[o]
+        rest, param = list(o.inputs[1:]), o.param
+        if type(o) is Convolution:
+            oc = _shape(o.outputs[0])
+            zeros = np.zeros((1, oc[1], 1, 1, oc[4]), np.float32)
+            rest.append(make_immutable(o.comp_node, graph, zeros).node)
+            fields = {f: getattr(param, f) for f in param.__dataclass_fields__}
+            param = ConvBiasParam(**fields, nonlineMode="IDENTITY")
+        ins = [memo.get(v, v) for v in (x, *rest, scale, shift)]
+        new = ConvBiasPreact(ins, param, OperatorNodeConfig(comp_node=o.comp_node))
+        return o.outputs[0], graph.insert_opr(new)[0]
+
+    skip = set()
+    for o in fused_in:
+        relu = o.inputs[0].owner
+        skip.update((relu, relu.inputs[0].owner))
+    return _sweep(graph, oprs, skip, {o: fused for o in fused_in})
+
+
+def _elemwise_of(opr, mode: str, arity: int) -> bool:
+    """Whether ``opr`` is a float32 Elemwise ``mode`` of ``arity`` inputs, no extra deps."""
+    return (
+        opr.type_name == "Elemwise"
+        and opr.param.mode == mode
+        and len(opr.inputs) == arity
+        and not opr.extra_deps
+        and all(v.dtype == np.float32 for v in opr.inputs)
+    )
+
+
+def _scale_shift_operands(fma) -> tuple[VarNode, VarNode, VarNode] | None:
+    """``(x, scale, shift)`` when ``fma`` is an Elemwise FUSE_MUL_ADD3 ``x scale + shift``
+    (the product in either order) of an NCHW88 ``x`` (N, C/8, H, W, 8) and a ``scale`` and
+    ``shift`` (1, C/8, 1, 1, 8), all float32; else None."""
+    if not _elemwise_of(fma, "FUSE_MUL_ADD3", 3):
+        return None
+    shapes = [_shape(v) for v in fma.inputs]
+    if any(s is None or len(s) != 5 for s in shapes):
+        return None
+    a, b, shift = fma.inputs
+    for (x, xs), (scale, ss) in (((a, shapes[0]), (b, shapes[1])),
+                                 ((b, shapes[1]), (a, shapes[0]))):  # fmt: skip
+        want = (1, xs[1], 1, 1, xs[4])
+        if tuple(ss) == want and tuple(shapes[2]) == want and tuple(xs) != want:
+            return x, scale, shift
+    return None
+
+
 def _gateable(conv) -> bool:
-    """Whether ``conv`` (a ConvBias) is an NCHW88 float32 dense 1x1 stride-1 unpadded one,
-    the convolution POINTWISE_NCHW88 computes with the gate in its filter loads."""
+    """Whether ``conv`` (a ConvBias or Convolution) is an NCHW88 float32 dense 1x1 stride-1
+    unpadded one, the convolution POINTWISE_NCHW88 computes with the gate in its filter
+    loads (or the pre-activation in its source loads)."""
     p = conv.param
     shape = _shape(conv.inputs[1])
     return (

@@ -529,5 +529,8 @@ REFUSED.update(
         "ConvBiasGated": "a ConvBias and its squeeze-and-excitation multiply fused when a "
         "function is compiled; export the graph's vars (its Elemwise and ConvBias operators) "
         "instead",
+        "ConvBiasPreact": "a ConvBias and the scale, shift and ReLU of its source fused when "
+        "a function is compiled; export the graph's vars (its Elemwise and ConvBias operators) "
+        "instead",
     }
 )

@@ -408,10 +408,10 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
         except ValueError as exc:
             raise self.error(str(exc)) from None
 
-    def _bind_nchw88(self, src, filt, out, epilogue=None, z=None, gate=None):
+    def _bind_nchw88(self, src, filt, out, epilogue=None, z=None, gate=None, preact=None):
         """The NCHW88 forward step (:func:`conv_nchw88.bind_nchw88_forward`, ``gate`` scaling
-        the source), recording its algorithm; its NCHW fallback chooses an NCHW algorithm by
-        the param's strategy."""
+        the source, ``preact`` its scale, shift and ReLU), recording its algorithm; its NCHW
+        fallback chooses an NCHW algorithm by the param's strategy."""
 
         def select_nchw(x, w, y):
             step = self._bind_kernel("forward", x, w, y)
@@ -424,7 +424,7 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
             try:
                 name, step = conv_nchw88.bind_nchw88_forward(
                     src, filt, out, p.stride, p.pad, p.dilate, p.flip, group=bool(p.group),
-                    epilogue=epilogue, z=z, select_nchw=select_nchw, gate=gate,
+                    epilogue=epilogue, z=z, select_nchw=select_nchw, gate=gate, preact=preact,
                 )  # fmt: skip
             except ValueError as exc:
                 raise self.error(str(exc)) from None

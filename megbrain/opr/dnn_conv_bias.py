@@ -52,6 +52,7 @@ __all__ = [
     "ConvBias",
     "ConvBiasGated",
     "ConvBiasParam",
+    "ConvBiasPreact",
     "ConvBiasTail",
     "ConvBiasTailParam",
     "conv_bias_activation",
@@ -349,6 +350,65 @@ class ConvBiasGated(ConvBias):
                          NoGradient)  # fmt: skip
 
 
+@register_opr
+class ConvBiasPreact(ConvBias):
+    """A ConvBias reading its source through a per-channel scale, shift and ReLU, ``act(
+    conv(relu(src scale + shift)) + bias [+ z])``, ``scale`` and ``shift`` its last two
+    inputs ((1, IC/8, 1, 1, 8) in NCHW88, (1, IC, 1, 1) in NCHW, float32): a DenseNet
+    layer's pre-activation BatchNorm and ReLU and the 1x1 convolution reading them.
+
+    Made at compile time by the ``fuse_preactivation`` pass (:mod:`megbrain.gopt.jit`),
+    never by a user and never written to a graph file (the reference has no such
+    operator): POINTWISE_NCHW88 applies them to the source as it loads it (no pass over
+    the concatenation that each layer reads, which grows layer by layer); any other
+    algorithm reads the activated source, computed into its workspace first."""
+
+    type_name = "ConvBiasPreact"
+    short_name = "conv_bias_preact"
+    _preact = None
+
+    def default_name(self):
+        return f"{super().default_name()}(relu)"
+
+    def _operand_shape(self, src: tuple) -> tuple:
+        return (1, src[1], 1, 1, *src[4:]) if self._nchw88() else (1, src[1], 1, 1)
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) not in (5, 6) or any(d != np.float32 for d in in_dtypes[-2:]):
+            raise self.error("expected src, filter, bias[, z], a float32 scale and shift")
+        return super().infer_dtypes(in_dtypes[:-2])
+
+    def infer_shapes(self, in_shapes, in_values):
+        want = self._operand_shape(tuple(in_shapes[0]))
+        for name, shape in zip(("scale", "shift"), in_shapes[-2:]):
+            if tuple(shape) != want:
+                raise self.error(f"{name} {fmt_shape(tuple(shape))} must be {fmt_shape(want)}")
+        return super().infer_shapes(in_shapes[:-2], in_values)
+
+    def bind(self, ins, outs):
+        scale, shift = ins[-2:]
+        if self._nchw88():
+            self._preact = (scale, shift)  # read by _bind_nchw88, for this bind only
+            try:
+                return super().bind(ins[:-2], outs)
+            finally:
+                self._preact = None
+        act = workspace.empty(ins[0].shape, ins[0].dtype)
+        step = super().bind([act, *ins[1:-2]], outs)
+        return chain([functools.partial(conv_nchw88.preactivate, ins[0], scale, shift, act),
+                      step])  # fmt: skip
+
+    def _bind_nchw88(self, src, filt, out, epilogue=None, z=None, gate=None):
+        return super()._bind_nchw88(src, filt, out, epilogue, z, preact=self._preact)
+
+    def inplace_input(self):
+        return None  # inputs 3 and 4 are scale and shift, or z and scale
+
+    def grad(self, wrt_idx, out_grads):
+        raise self.error("a pre-activated ConvBias has no gradient (made at compile time)",
+                         NoGradient)  # fmt: skip
+
+
 @_conv_params(("param", "ConvBias"), *_POLICY)
 def conv_bias_activation(
     src, filter, bias, *, nonlineMode="IDENTITY", param=None, dtype=None, name=None,
@@ -403,3 +463,5 @@ register_with_policy(ConvBias, pdefs.ConvBias, name="ConvBiasForwardV3")
 sereg.register_fused(ConvBiasTail, lambda opr: f"ConvBias with a fused {opr.param.tail} tail")
 sereg.register_fused(ConvBiasGated,
                      lambda opr: "ConvBias with a fused squeeze-and-excitation gate")  # fmt: skip
+sereg.register_fused(ConvBiasPreact,
+                     lambda opr: "ConvBias with a fused pre-activation scale, shift and ReLU")

@@ -2,7 +2,8 @@
 drawn batches, planes (1x1 and 7x7 among them), channel counts and epilogues (SiLU too, at
 large magnitudes as DIRECT_NCHW88's), constant and non-constant filters; bit for bit
 DIRECT_NCHW88's sums; the same bits at 1 and 2 threads; the output sharing ``z``'s memory;
-a squeeze-and-excitation gate scaling the source; nothing allocated at run time; the tile's
+a squeeze-and-excitation gate scaling the source; a pre-activation (scale, shift, ReLU) of
+the source; nothing allocated at run time; the tile's
 sums vector FMAs on registers."""
 
 from __future__ import annotations
@@ -157,6 +158,60 @@ def test_another_algorithm_reads_the_gated_source_from_its_workspace():
     np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
 
 
+def _scale_shift(ic, seed):
+    rng = np.random.default_rng(seed + 2)
+    scale = rng.uniform(-2, 2, (1, ic, 1, 1)).astype(np.float32)
+    shift = rng.uniform(-1, 1, (1, ic, 1, 1)).astype(np.float32)
+    return scale, shift, tuple(conv_nchw88.to_nchw88(a).copy(order="C") for a in (scale, shift))
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(1, 2), h=st.sampled_from([1, 3, 7, 14]), w=st.integers(1, 9),
+       ic=st.sampled_from([8, 24, 96, 576]), oc=st.sampled_from([8, 24, 40, 96, 128]),
+       act=st.sampled_from(_ACTS), with_z=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
+def test_a_preactivation_scales_shifts_and_rectifies_the_source(n, h, w, ic, oc, act, with_z,
+                                                                seed):  # fmt: skip
+    # DenseNet's BatchNorm and ReLU before the 1x1 layer folded in (ConvBiasPreact)
+    x, wt, bias, z, src, filt = _operands(n, h, w, ic, oc, seed)
+    scale, shift, preact = _scale_shift(ic, seed)
+    out = np.full((n, oc // 8, h, w, 8), np.nan, np.float32)
+    z88 = np.ascontiguousarray(conv_nchw88.to_nchw88(z)) if with_z else None
+    name, step = _bind(src, filt, out, epilogue=_epilogue(act, bias), z=z88, preact=preact)
+    assert name == pointwise88.ALGORITHM
+    step()
+    xa = np.maximum(x.astype(np.float64) * scale + shift, 0)
+    want = _want(xa, wt, bias, z, act, with_z)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+    preact[1][...] -= 0.5  # read at every run
+    step()
+    want = _want(np.maximum(x.astype(np.float64) * scale + (shift - np.float32(0.5)), 0), wt,
+                 bias, z, act, with_z)  # fmt: skip
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
+def test_a_preactivation_keeps_nan_and_other_algorithms_read_it_from_their_workspace():
+    x, wt, bias, z, src, filt = _operands(1, 6, 6, 16, 16, seed=5)
+    scale, shift, preact = _scale_shift(16, 5)
+    src = src.copy()
+    src[0, 1, 2, 3, 4] = np.nan
+    x = conv_nchw88.to_nchw(src)
+    xa = np.maximum(x.astype(np.float64) * scale + shift, 0)
+    out = np.empty((1, 2, 6, 6, 8), np.float32)
+    name, step = _bind(src, filt, out, preact=preact)
+    assert name == pointwise88.ALGORITHM
+    step()
+    got = conv_nchw88.to_nchw(out)
+    assert np.isnan(got[0, :, 2, 3]).all() and np.isfinite(np.delete(got, 2, axis=2)).all()
+    np.testing.assert_allclose(got, _want(xa, wt, bias, z, "none", False), rtol=RTOL, atol=ATOL)
+    out = np.empty((1, 2, 3, 3, 8), np.float32)
+    name, step = conv_nchw88.bind_nchw88_forward(src, filt, out, (2, 2), (0, 0), (1, 1),
+                                                 preact=preact)  # fmt: skip
+    assert name == "DIRECT_NCHW88"
+    step()
+    want = _want(xa[:, :, ::2, ::2], wt, bias, z, "none", False)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("shape", [(2, 5, 6, 24, 40), (1, 7, 7, 160, 960), (1, 1, 1, 72, 24),
                                    (1, 14, 14, 96, 24), (2, 3, 3, 16, 8)])  # fmt: skip
 @pytest.mark.parametrize("act", ["RELU", "H_SWISH"])
@@ -200,15 +255,18 @@ def test_the_output_may_share_z_memory(shape):
 
 @pytest.mark.parametrize("constant, act, gated", [(False, "H_SWISH", False),
                                                   (True, "H_SWISH", False), (True, "SILU", True),
-                                                  (False, "SILU", True)])  # fmt: skip
+                                                  (False, "SILU", True),
+                                                  (True, "RELU", None)])  # fmt: skip
 def test_a_run_allocates_nothing(monkeypatch, constant, act, gated):
     monkeypatch.setattr(parallel, "num_threads", lambda: 1)
     _, _, bias, z, src, filt = _operands(1, 14, 14, 64, 96, seed=4)
     out = np.empty((1, 12, 14, 14, 8), np.float32)
     z88 = np.ascontiguousarray(conv_nchw88.to_nchw88(z))
     gate = np.ones((1, 8, 1, 1, 8), np.float32) if gated else None
+    preact = _scale_shift(64, 4)[2] if gated is None else None  # None: pre-activated
     with constant_filter(constant):
-        name, step = _bind(src, filt, out, epilogue=_epilogue(act, bias), z=z88, gate=gate)
+        name, step = _bind(src, filt, out, epilogue=_epilogue(act, bias), z=z88, gate=gate,
+                           preact=preact)  # fmt: skip
     assert name == pointwise88.ALGORITHM
     step()
     assert_allocates_nothing(step)
@@ -235,7 +293,7 @@ def test_the_tiling_fits_the_registers_and_the_channels():
 def test_the_sums_are_vector_fmas_on_registers():
     # compiled afresh: the assembly of a kernel loaded from Numba's cache is not kept
     fr = nt.Array(nt.float32, 1, "C", readonly=True)
-    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
+    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
     fn = njit([sig], nogil=True, error_model="numpy", fastmath={"contract"})(
         loops._units_py(8, 3, 1 | 2 | 4))
     asm = "\n".join(fn.inspect_asm().values())
@@ -248,11 +306,27 @@ def test_the_sums_are_vector_fmas_on_registers():
 
 
 @pytest.mark.skipif(vector_width() != 16, reason="a tile of 24 accumulators: AVX-512")
+def test_a_preactivation_keeps_the_reduction_on_registers():
+    # the activated source goes through a stack buffer, the accumulators never
+    fr = nt.Array(nt.float32, 1, "C", readonly=True)
+    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
+    fn = njit([sig], nogil=True, error_model="numpy", fastmath={"contract"})(
+        loops._units_py(8, 3, 1 | 4 | loops.PREACT))
+    blocks = "\n".join(fn.inspect_asm().values()).split("\n.LBB")
+    loops_ = [b for b in blocks if sum("vfmadd231ps" in ln for ln in b.splitlines()) >= 8 * 3 * 8]
+    assert len(loops_) >= 2  # the tile and its half-block twin
+    for body in loops_:
+        assert not any("(%rsp)" in ln and "zmm" in ln for ln in body.splitlines())
+        # the channels' broadcasts load the buffer (no shuffle per channel and position)
+        assert not any("vpermps" in ln for ln in body.splitlines())
+
+
+@pytest.mark.skipif(vector_width() != 16, reason="a tile of 24 accumulators: AVX-512")
 def test_silu_keeps_the_reduction_on_registers():
     # the sigmoid's constants and temporaries may go through the stack in the epilogue,
     # never the accumulators in the loop over the input channels
     fr = nt.Array(nt.float32, 1, "C", readonly=True)
-    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
+    sig = nt.void(fr, fr, nt.float32[::1], fr, fr, fr, fr, nt.int64[::1], nt.int64[::1], nt.int64)
     fn = njit([sig], nogil=True, error_model="numpy", fastmath={"contract"})(
         loops._units_py(8, 3, 1 | 32))
     blocks = "\n".join(fn.inspect_asm().values()).split("\n.LBB")

@@ -116,20 +116,32 @@ def test_a_product_read_elsewhere_or_by_another_convolution_is_not_fused():
     np.testing.assert_allclose(f(**feed)[0], ref, rtol=1e-4, atol=1e-5)
 
 
-def test_nchw_and_training_graphs_are_not_fused():
-    g, out, feed, ref, _ = _net("SIGMOID", 1, 16, 16, 5)
+def assert_not_fused_in_nchw_or_training(g, out, type_name: str) -> None:
+    """Neither an NCHW graph (no use_nchw88) nor one with the gradient of ``out`` (by its
+    shared weight ``w``) has a ``type_name`` operator."""
     outs = mgb.optimize_for_inference([out], fuse_conv_bias_nonlinearity=True)
     f, seq = _compiled(g, outs, 1)
-    assert not _gated(seq)
+    assert not [o for o in seq if o.type_name == type_name]
     w = next(v for v in mgb.cgtools.get_dep_vars(out, "SharedDeviceTensor") if v.name == "w")
     f, seq = _compiled(g, [out, mgb.grad(out.sum(), w)], 1)
-    assert not _gated(seq)
+    assert not [o for o in seq if o.type_name == type_name]
+
+
+def assert_dumped_unfused_and_refused(out, feed, ref, tmp_path, type_name: str) -> None:
+    """``out``'s optimized graph dumps without a ``type_name`` operator, loads, is fused
+    again when compiled and computes ``ref``; the fused operator's dump is refused."""
+    f, seq = dumped_loaded_compiled(_optimized(out), tmp_path, type_name)
+    (fused,) = [o for o in seq if o.type_name == type_name]  # fused again when compiled
+    np.testing.assert_allclose(f(**feed)[0], ref, rtol=1e-4, atol=1e-5)
+    with pytest.raises(SerializationError, match=rf"{type_name}.*before compile-time fusion"):
+        mgb.serialize_comp_graph_to_file(str(tmp_path / "f.mgb"), [mgb.SymbolVar(fused.outputs[0])])
+
+
+def test_nchw_and_training_graphs_are_not_fused():
+    g, out, feed, ref, _ = _net("SIGMOID", 1, 16, 16, 5)
+    assert_not_fused_in_nchw_or_training(g, out, "ConvBiasGated")
 
 
 def test_the_optimized_graph_dumps_reference_operators_and_a_fused_one_is_refused(tmp_path):
     g, out, feed, ref, _ = _net("SIGMOID", 1, 16, 24, 7)  # a gate of one Elemwise: no JIT
-    f, seq = dumped_loaded_compiled(_optimized(out), tmp_path, "ConvBiasGated")
-    (fused,) = _gated(seq)  # fused again when compiled
-    np.testing.assert_allclose(f(**feed)[0], ref, rtol=1e-4, atol=1e-5)
-    with pytest.raises(SerializationError, match=r"ConvBiasGated.*before compile-time fusion"):
-        mgb.serialize_comp_graph_to_file(str(tmp_path / "f.mgb"), [mgb.SymbolVar(fused.outputs[0])])
+    assert_dumped_unfused_and_refused(out, feed, ref, tmp_path, "ConvBiasGated")

@@ -62,6 +62,7 @@ __all__ = [
     "bind_nchw88_forward",
     "direct_geometry",
     "nchw88_geometry",
+    "preactivate",
     "preferred_pointwise88",
     "to_nchw",
     "to_nchw88",
@@ -222,9 +223,11 @@ def bind_nchw88_forward(
     z: np.ndarray | None = None,
     select_nchw: Callable | None = None,
     gate: np.ndarray | None = None,
+    preact: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[str, Callable[[], None]]:
     """Bind the NCHW88 convolution ``out = conv(src, filt)`` (with ``epilogue``,
-    ``act(conv + bias + z)``; with ``gate``, of ``src gate``).
+    ``act(conv + bias + z)``; with ``gate``, of ``src gate``; with ``preact``, of
+    ``relu(src scale + shift)``).
 
     Parameters
     ----------
@@ -252,6 +255,11 @@ def bind_nchw88_forward(
         source, read at every run: POINTWISE_NCHW88 scales its filter's vectors by it as it
         loads them; the other algorithms read the product, computed into the workspace
         first.
+    preact : (numpy.ndarray, numpy.ndarray), optional
+        ``(scale, shift)``, float32 arrays ``(1, IC/8, 1, 1, 8)`` read at every run: the
+        source is read as ``relu(src scale + shift)`` (a pre-activation BatchNorm and ReLU),
+        by POINTWISE_NCHW88 as it loads it; the other algorithms read it computed into the
+        workspace first. Not with ``gate``.
 
     Returns
     -------
@@ -282,9 +290,18 @@ def bind_nchw88_forward(
                                          group=group, epilogue=epilogue, z=z,
                                          select_nchw=select_nchw)  # fmt: skip
         return name, chain([functools.partial(np.multiply, src, gate, out=scaled), step])
-    if pointwise and (gate is not None or preferred_pointwise88(geo)):
+    if preact is not None and not (pointwise and gate is None and all(
+        a.dtype == _F32 and a.shape == (1, src.shape[1], 1, 1, src.shape[4]) for a in preact
+    )):  # fmt: skip
+        act = workspace.empty(src.shape, _F32)
+        name, step = bind_nchw88_forward(act, filt, out, stride, pad, dilate, flip,
+                                         group=group, epilogue=epilogue, z=z,
+                                         select_nchw=select_nchw, gate=gate)  # fmt: skip
+        return name, chain([functools.partial(preactivate, src, *preact, act), step])
+    if pointwise and (gate is not None or preact is not None or preferred_pointwise88(geo)):
         ep, after = _tail_after(epilogue, out, relu6=True, silu=True)
-        return POINTWISE, _then(bind_pointwise88(src, filt, out, ep, z, gate=gate), after)
+        return POINTWISE, _then(bind_pointwise88(src, filt, out, ep, z, gate=gate,
+                                                 preact=preact), after)  # fmt: skip
     if usable_direct_nchw88(src, filt, out, geo, pad, dilate) and (
         z is None or z.dtype == _F32
     ):
@@ -360,6 +377,15 @@ def _chunk(taps: int) -> int:
     convolutions (1024->256 at 14x14: 0.79x the time of summing all 128 at once), 4 for
     3x3 ones (512->512 at 7x7: 0.86x)."""
     return 8 if taps == 1 else 4
+
+
+def preactivate(src: np.ndarray, scale: np.ndarray, shift: np.ndarray,
+                 out: np.ndarray) -> None:  # fmt: skip
+    """``out = relu(src scale + shift)`` (broadcast; NaN stays NaN): the source a
+    pre-activated convolution reads where its algorithm does not apply it as it loads."""
+    np.multiply(src, scale, out=out)
+    np.add(out, shift, out=out)
+    _relu(out)
 
 
 def _relu(a: np.ndarray) -> None:

@@ -126,9 +126,10 @@ def _flat_operand(a: np.ndarray | None, steps: list) -> np.ndarray:
 def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
                      epilogue: Epilogue | None = None, z: np.ndarray | None = None,
                      tiles: PointwiseTiles | None = None,
-                     gate: np.ndarray | None = None) -> Step:  # fmt: skip
+                     gate: np.ndarray | None = None,
+                     preact: tuple[np.ndarray, np.ndarray] | None = None) -> Step:  # fmt: skip
     """Bind ``out = act(conv(src gate, filt) + bias + z)`` for a dense 1x1 stride-1 NCHW88
-    convolution.
+    convolution (with ``preact``, of ``relu(src scale + shift)``).
 
     Parameters
     ----------
@@ -150,6 +151,11 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
         ``(N, IC/8, 1, 1, 8)`` float32 scaling each sample's input channels (read at every
         run): the kernel scales the filter's vectors of each input channel as it loads them
         (the squeeze-and-excitation multiply, without a pass over the source).
+    preact : (numpy.ndarray, numpy.ndarray), optional
+        ``(scale, shift)``, each ``(1, IC/8, 1, 1, 8)`` float32 (read at every run): the
+        kernel reads the source through ``relu(src scale + shift)`` per input channel (a
+        pre-activation BatchNorm and ReLU, without a pass over the source); not with
+        ``gate``.
 
     Returns
     -------
@@ -171,8 +177,14 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
     unapplied = epi & ~(1 | sum(loops.ACTIVATIONS))
     if unapplied:  # never a silent wrong answer: the caller runs such a tail after the kernel
         raise ValueError(f"POINTWISE_NCHW88 does not apply epilogue bits {unapplied}")
+    if gate is not None and preact is not None:
+        raise ValueError("POINTWISE_NCHW88 takes a gate or a pre-activation, not both")
     zf, gf = _flat_operand(z, steps), _flat_operand(gate, steps)
+    sf = _EMPTY
+    if preact is not None:
+        gf, sf = (_flat_operand(a, steps) for a in preact)
     epi |= (2 if z is not None else 0) | (loops.GATE if gate is not None else 0)
+    epi |= loops.PREACT if preact is not None else 0
     macs = n * hw * k * oc
     nthreads = 1 if macs < MIN_SPLIT_MACS else threads()
     tl = tiles or tiles_for(n, hw, k, oc, nthreads)
@@ -186,7 +198,7 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
     outf, wr = out.reshape(-1), readonly_view(wp)
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
-        return functools.partial(run, xp, wr, outf, zf, bias, gf, geom, counter, me)
+        return functools.partial(run, xp, wr, outf, zf, bias, gf, sf, geom, counter, me)
 
     steps.append(units_as_they_go(n * tl.ng * tl.nb, bind_part, nthreads))
     return filter_packed(pack_w, chain(steps), constant)

@@ -35,8 +35,8 @@ from numba.extending import intrinsic
 from ... import tiled_jit
 from ...elemwise_modes import EXP_LN2, EXP_POLY
 
-__all__ = ["ACTIVATIONS", "BLOCK", "CB", "GATE", "activate", "compiled_units", "filter_packer",
-           "silu8", "units"]
+__all__ = ["ACTIVATIONS", "BLOCK", "CB", "GATE", "PREACT", "activate", "compiled_units",
+           "filter_packer", "silu8", "units"]
 
 #: output channels of a filter vector (a tile's column)
 BLOCK = 16
@@ -45,6 +45,10 @@ CB = 8
 #: the bit of ``epi`` scaling the source's channels by a gate per sample (the
 #: squeeze-and-excitation multiply folded in: each filter vector by its input channel's gate)
 GATE = 64
+#: the bit of ``epi`` reading the source through ``relu(x scale + shift)`` per input channel
+#: (the pre-activation BatchNorm and ReLU of a DenseNet layer folded in: ``gate`` holds the
+#: scales, ``shift`` the shifts, for every sample)
+PREACT = 128
 
 
 def _relu(builder, v, const):
@@ -139,17 +143,22 @@ def silu8():
 @functools.cache
 def pw_tile():
     """The ``pw_tile(R, B, half, epi, xp, x0, cstride, icb, wp, w0, out, o0, ohw8, z, bias,
-    b0, skip, gate, g0)`` Numba intrinsic: one tile (the module's docstring). Literals ``R``, ``B``,
-    ``half`` (the last block's upper 8 channels are padding) and ``epi`` (bits 1 bias, 2
-    ``z``, 4 ReLU, 8 H_SWISH, 16 ReLU6, 32 SiLU); position ``p`` reads ``xp[x0 + cb cstride
-    + 8 p:]`` for ``cb < icb``, the filter ``wp[w0 + (8 cb + ic) 16 B + 16 b:]``, and writes
-    (as reads ``z``) ``out[o0 + (2 b + h) ohw8 + 8 p:][:8]``, bias ``bias[b0 + 16 b:]``;
-    positions ``p < skip`` are not stored. With ``epi`` bit :data:`GATE` the filter vectors
-    of input channel ``k`` are multiplied by ``gate[g0 + k]``. No index is checked."""
+    b0, skip, gate, g0, shift)`` Numba intrinsic: one tile (the module's docstring).
+    Literals ``R``, ``B``, ``half`` (the last block's upper 8 channels are padding) and
+    ``epi`` (bits 1 bias, 2 ``z``, 4 ReLU, 8 H_SWISH, 16 ReLU6, 32 SiLU); position ``p``
+    reads ``xp[x0 + cb cstride + 8 p:]`` for ``cb < icb``, the filter ``wp[w0 + (8 cb +
+    ic) 16 B + 16 b:]``, and writes (as reads ``z``) ``out[o0 + (2 b + h) ohw8 + 8
+    p:][:8]``, bias ``bias[b0 + 16 b:]``; positions ``p < skip`` are not stored. With
+    ``epi`` bit :data:`GATE` the filter vectors of input channel ``k`` are multiplied by
+    ``gate[g0 + k]``; with bit :data:`PREACT` the source value of input channel ``k`` is
+    read as ``relu(x gate[k] + shift[k])``, computed 8 channels of a position at a time
+    into a stack buffer the broadcasts load from (not a vector's lane shuffled out: one
+    shuffle per position and channel, on the port the fused multiply-adds use). No index
+    is checked."""
 
     @intrinsic
     def pw_tile(typingctx, npos, nblk, half, epi, xp, x0, cstride, icb, wp, w0, out, o0, ohw8,
-                z, bias, b0, skip, gate, g0):  # fmt: skip
+                z, bias, b0, skip, gate, g0, shift):  # fmt: skip
         literals = (npos, nblk, half, epi)
         if not all(isinstance(v, t.IntegerLiteral) for v in literals):
             return None
@@ -157,7 +166,7 @@ def pw_tile():
 
         def codegen(context, builder, signature, args):
             (_, _, _, _, xp_v, x0_v, cs_v, icb_v, wp_v, w0_v, out_v, o0_v, ohw8_v, z_v,
-             bias_v, b0_v, skip_v, _, g0_v) = args  # fmt: skip
+             bias_v, b0_v, skip_v, _, g0_v, _) = args  # fmt: skip
             i64, f32, i32 = ir.IntType(64), ir.FloatType(), ir.IntType(32)
             vec, half_vec = ir.VectorType(f32, BLOCK), ir.VectorType(f32, CB)
 
@@ -168,7 +177,7 @@ def pw_tile():
                 return context.make_array(signature.args[k])(context, builder, args[k]).data
 
             xdata, wdata, odata, zdata, bdata = data(4), data(8), data(10), data(13), data(14)
-            gdata = data(17)
+            gdata, sdata = data(17), data(19)
             fmuladd = tiled_jit.vector_fmas(builder, vec)
             slots = tiled_jit.zeroed_slots(builder, vec, R * B)
             undef = ir.Constant(vec, ir.Undefined)
@@ -178,11 +187,50 @@ def pw_tile():
                 ptr = builder.gep(base[0], [builder.add(base[1], off)], inbounds=True)
                 return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=4)
 
+            def mask(idx):
+                return ir.Constant(ir.VectorType(i32, len(idx)), [ir.Constant(i32, m)
+                                                                  for m in idx])  # fmt: skip
+
+            if ep & PREACT:
+                # the buffer's address passed through an empty asm: LLVM promoted the buffer
+                # to registers (its broadcasts became shuffles and spills) as long as it saw
+                # where it points. Two halves, by the channel block's parity: block cb + 1 is
+                # computed while block cb is summed, so its broadcasts load values stored an
+                # iteration before (not forwarded from stores just issued: 1.2-1.4x the time)
+                pbuf = cgutils.alloca_once(builder, f32, size=const(2 * R * CB))
+                pbuf = builder.asm(ir.FunctionType(pbuf.type, [pbuf.type]), "", "=r,0",
+                                   [pbuf], side_effect=False)  # fmt: skip
+                dup = mask([*range(CB), *range(CB)])
+
+                def prologue(cbv):
+                    # relu(x scale + shift) of block cbv's R positions, two a vector; x < 0
+                    # is false for NaN: NaN stays NaN
+                    xb = builder.add(x0_v, builder.mul(cbv, cs_v))
+                    c8 = builder.mul(cbv, const(CB))
+                    sc8 = load((gdata, builder.add(g0_v, c8)), const(0), half_vec)
+                    sh8 = load((sdata, c8), const(0), half_vec)
+                    pb = builder.mul(builder.and_(cbv, const(1)), const(R * CB))
+                    for p in range(0, R, 2):
+                        ty, sc, sh = ((vec, builder.shuffle_vector(sc8, sc8, dup),
+                                       builder.shuffle_vector(sh8, sh8, dup)) if p + 1 < R
+                                      else (half_vec, sc8, sh8))  # fmt: skip
+                        a = builder.fadd(builder.fmul(load((xdata, xb), const(p * CB), ty), sc),
+                                         sh)  # fmt: skip
+                        zero = ir.Constant(ty, None)
+                        a = builder.select(builder.fcmp_ordered("<", a, zero), zero, a)
+                        ptr = builder.gep(pbuf, [builder.add(pb, const(p * CB))], inbounds=True)
+                        builder.store(a, builder.bitcast(ptr, ty.as_pointer()), align=4)
+
+                prologue(const(0))
             with cgutils.for_range(builder, icb_v, intp=i64) as loop:
                 cb = loop.index
                 xb = builder.add(x0_v, builder.mul(cb, cs_v))
                 wb = builder.add(w0_v, builder.mul(cb, const(CB * BLOCK * B)))
                 gb = builder.add(g0_v, builder.mul(cb, const(CB)))
+                if ep & PREACT:  # the next block's (the last one's again at the end)
+                    nxt = builder.add(cb, const(1))
+                    prologue(builder.select(builder.icmp_signed("<", nxt, icb_v), nxt, cb))
+                    pb = builder.mul(builder.and_(cb, const(1)), const(R * CB))
                 for ic in range(CB):
                     ws = [load((wdata, wb), const((ic * B + b) * BLOCK), vec) for b in range(B)]
                     if ep & GATE:  # the filter's input channel scaled: B products, not R
@@ -191,17 +239,17 @@ def pw_tile():
                         gv = builder.shuffle_vector(one, undef, splat)
                         ws = [builder.fmul(wv, gv) for wv in ws]
                     for p in range(R):
-                        xptr = builder.gep(xdata, [builder.add(xb, const(p * CB + ic))],
-                                           inbounds=True)  # fmt: skip
+                        if ep & PREACT:
+                            xptr = builder.gep(pbuf, [builder.add(pb, const(p * CB + ic))],
+                                               inbounds=True)  # fmt: skip
+                        else:
+                            xptr = builder.gep(xdata, [builder.add(xb, const(p * CB + ic))],
+                                               inbounds=True)  # fmt: skip
                         one = builder.insert_element(undef, builder.load(xptr), const(0))
                         xv = builder.shuffle_vector(one, undef, splat)
                         for b in range(B):
                             s = slots[p * B + b]
                             builder.store(builder.call(fmuladd, [xv, ws[b], builder.load(s)]), s)
-
-            def mask(idx):
-                return ir.Constant(ir.VectorType(i32, len(idx)), [ir.Constant(i32, m)
-                                                                  for m in idx])  # fmt: skip
 
             lo, hi, both = mask(range(CB)), mask(range(CB, BLOCK)), mask(range(BLOCK))
             hundef = ir.Constant(half_vec, ir.Undefined)
@@ -242,7 +290,7 @@ def pw_tile():
             return context.get_dummy_value()
 
         sig = t.void(npos, nblk, half, epi, xp, x0, cstride, icb, wp, w0, out, o0, ohw8, z,
-                     bias, b0, skip, gate, g0)  # fmt: skip
+                     bias, b0, skip, gate, g0, shift)  # fmt: skip
         return sig, codegen
 
     return pw_tile
@@ -260,7 +308,7 @@ def _units_py(R, B, EPI):
     global tile, take
     tile, take = pw_tile(), tiled_jit.take_unit()
 
-    def run(xp, wp, out, z, bias, gate, geom, counter, me):
+    def run(xp, wp, out, z, bias, gate, shift, geom, counter, me):
         # pragma: no cover - compiled
         # geom: HW, ICB, NG (groups of B blocks of 16), HALF (the last group's last block is
         # half padding), OCB8 (output blocks of 8), NB (bands of a plane), TPB (tiles per band)
@@ -278,7 +326,7 @@ def _units_py(R, B, EPI):
             band = rest % nb
             n = rest // nb
             x0 = n * icb * cs
-            g0 = n * icb * CB
+            g0 = 0 if EPI & PREACT else n * icb * CB  # the pre-activation's per channel
             w0 = g * icb * (CB * BLOCK * B)
             o0 = (n * ocb8 + g * 2 * B) * ohw8
             b0 = g * B * BLOCK
@@ -287,10 +335,10 @@ def _units_py(R, B, EPI):
                 for q in range(hw):
                     if last:
                         tile(1, B, 1, EPI, xp, x0 + q * CB, cs, icb, wp, w0, out, o0 + q * CB,
-                             ohw8, z, bias, b0, 0, gate, g0)  # fmt: skip
+                             ohw8, z, bias, b0, 0, gate, g0, shift)  # fmt: skip
                     else:
                         tile(1, B, 0, EPI, xp, x0 + q * CB, cs, icb, wp, w0, out, o0 + q * CB,
-                             ohw8, z, bias, b0, 0, gate, g0)  # fmt: skip
+                             ohw8, z, bias, b0, 0, gate, g0, shift)  # fmt: skip
                 continue
             t0 = band * tpb
             t1 = nt if band == nb - 1 else t0 + tpb
@@ -300,10 +348,10 @@ def _units_py(R, B, EPI):
                 skip = 0 if k < nt else nt * R - q
                 if last:
                     tile(R, B, 1, EPI, xp, x0 + q * CB, cs, icb, wp, w0, out, o0 + q * CB,
-                         ohw8, z, bias, b0, skip, gate, g0)  # fmt: skip
+                         ohw8, z, bias, b0, skip, gate, g0, shift)  # fmt: skip
                 else:
                     tile(R, B, 0, EPI, xp, x0 + q * CB, cs, icb, wp, w0, out, o0 + q * CB,
-                         ohw8, z, bias, b0, skip, gate, g0)  # fmt: skip
+                         ohw8, z, bias, b0, skip, gate, g0, shift)  # fmt: skip
 
     return run
 
@@ -316,22 +364,24 @@ def _compiled_units(R: int, B: int, epi: int):
     # a name of its own per variant: Numba's cache keeps one index per name, and variants
     # sharing one index could be given the same data file by two processes compiling at once
     run.__qualname__ = run.__name__ = f"pointwise88_units_{R}x{B}_e{epi}"
-    return tiled_jit.compile_tiled(run, [t.void(fr, fr, f1, fr, fr, fr, ints, ints, t.int64)])
+    return tiled_jit.compile_tiled(run, [t.void(fr, fr, f1, fr, fr, fr, fr, ints, ints,
+                                                t.int64)])  # fmt: skip
 
 
 def compiled_units(R: int, B: int, epi: int):
     """The compiled units of tiles ``R x B`` with epilogue bits ``epi`` (compiled on first
-    use): ``units(xp, wp, out, z, bias, gate, geom, counter, me)``, the flat read-only
-    source, packed filter, ``z`` (laid out as ``out``), bias and gate (``(N, IC)``: bit
-    :data:`GATE` scales the source's channels), the flat output, the int64 geometry
+    use): ``units(xp, wp, out, z, bias, gate, shift, geom, counter, me)``, the flat
+    read-only source, packed filter, ``z`` (laid out as ``out``), bias, gate (``(N, IC)``:
+    bit :data:`GATE` scales the source's channels; ``(IC,)`` scales of bit :data:`PREACT`)
+    and shift (``(IC,)``, bit :data:`PREACT`), the flat output, the int64 geometry
     (see the source), the units' counter (:func:`megbrain.kernels.tiled_jit.take_unit`) and
     the thread's index."""
     return _compiled_units(R, B, epi)
 
 
-def units(R, B, epi, xp, wp, out, z, bias, gate, geom, counter, me) -> None:
+def units(R, B, epi, xp, wp, out, z, bias, gate, shift, geom, counter, me) -> None:
     """Thread ``me``'s share of the units (:func:`compiled_units`)."""
-    _compiled_units(R, B, epi)(xp, wp, out, z, bias, gate, geom, counter, me)
+    _compiled_units(R, B, epi)(xp, wp, out, z, bias, gate, shift, geom, counter, me)
 
 
 def filter_packer(filt: np.ndarray, wp: np.ndarray, B: int):
