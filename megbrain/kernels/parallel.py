@@ -138,7 +138,8 @@ class _Worker:
     non-blocking acquire may fail while a waiter is being woken): the worker wakes for it
     and pops what the slot then holds, nothing or the next part, which is given without
     releasing ``go`` again until the worker has woken (:meth:`ready`) and must then be taken
-    back by the caller if the worker found the slot empty before it was put there."""
+    back by the caller, or handed over (:meth:`hand_over`), if the worker found the slot
+    empty before it was put there."""
 
     def __init__(self, name: str) -> None:
 
@@ -169,6 +170,17 @@ class _Worker:
         self.counters[0] = self.released
         self.go.release()
         return True
+
+    def hand_over(self) -> None:
+        """Make sure the worker runs the part :meth:`start` gave without releasing ``go``:
+        wait until it has woken for the parts taken back before (:meth:`ready`), then, if
+        it found the slot empty then, release ``go`` for this part."""
+        while not self.ready():
+            time.sleep(0)  # lets the worker take the GIL
+        if self.slot:
+            self.released += 1
+            self.counters[0] = self.released
+            self.go.release()
 
     def take_back(self) -> bool:
         """Whether the part given by :meth:`start` was taken back before the worker began
@@ -299,11 +311,13 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int, *,
             finally:  # the workers' errors are taken even when the caller's part raised
                 late = []
                 for w, part, woken in given:
-                    if (take_back or not woken) and w.take_back():
-                        late.append(part)
-                    else:
-                        w.taken += 1
-                        joined.append(w)
+                    if (take_back or (not woken and mine is not None)) and w.take_back():
+                        late.append(part)  # run below, or not at all after an error
+                        continue
+                    if not woken:
+                        w.hand_over()
+                    w.taken += 1
+                    joined.append(w)
                 try:
                     for lo, hi in late if mine is None else ():
                         fn(lo, hi)
