@@ -20,6 +20,7 @@ from numba import njit
 from numba import types as t
 
 from . import parallel, workspace
+from .conv.loops.nchw8c import readonly_view
 from .steps import Step, chain
 
 __all__ = ["bind_layer_norm"]
@@ -32,49 +33,53 @@ _MIN_ROWS = 64
 
 
 def _rows_py(x, sr, c, scale, bias, out, eps, lo, hi):  # pragma: no cover - compiled
+    # spans sliced and indexed from 0 by the loop variable: no wraparound test, vector code
     inv_c = 1.0 / c
     for r in range(lo, hi):
-        base = r * sr
+        xs = x[r * sr : r * sr + c]
         s1 = 0.0
         s2 = 0.0
         for k in range(c):
-            v = np.float64(x[base + k])
+            v = np.float64(xs[k])
             s1 += v
             s2 += v * v
         mean = s1 * inv_c
         var = max(s2 * inv_c - mean * mean, 0.0)
         inv = np.float32(1.0 / np.sqrt(var + eps))
         m32 = np.float32(mean)
-        o = r * c
+        os = out[r * c : r * c + c]
         for k in range(c):
-            out[o + k] = (x[base + k] - m32) * inv * scale[k] + bias[k]
+            os[k] = (xs[k] - m32) * inv * scale[k] + bias[k]
 
 
 def _columns_py(x, sc, c, scale, bias, out, eps, lo, hi, stats):  # pragma: no cover
-    # x[r + k sc]: band rows along the vectors; stats: 2 BAND float64 of this thread's own
+    # x[r + k sc]: a band's rows along the vectors; stats: 2 BAND float64 of this thread's
     inv_c = 1.0 / c
+    s1 = stats[:BAND]
+    s2 = stats[BAND:]
     for r0 in range(lo, hi, BAND):
         nb = min(BAND, hi - r0)
         for j in range(nb):
-            stats[j] = 0.0
-            stats[BAND + j] = 0.0
+            s1[j] = 0.0
+            s2[j] = 0.0
         for k in range(c):
-            base = r0 + k * sc
+            xs = x[r0 + k * sc : r0 + k * sc + nb]
             for j in range(nb):
-                v = np.float64(x[base + j])
-                stats[j] += v
-                stats[BAND + j] += v * v
+                v = np.float64(xs[j])
+                s1[j] += v
+                s2[j] += v * v
         for j in range(nb):
-            mean = stats[j] * inv_c
-            var = max(stats[BAND + j] * inv_c - mean * mean, 0.0)
-            stats[j] = mean
-            stats[BAND + j] = 1.0 / np.sqrt(var + eps)
+            mean = s1[j] * inv_c
+            var = max(s2[j] * inv_c - mean * mean, 0.0)
+            s1[j] = mean
+            s2[j] = 1.0 / np.sqrt(var + eps)
         for j in range(nb):
-            m32 = np.float32(stats[j])
-            inv = np.float32(stats[BAND + j])
-            o = (r0 + j) * c
+            m32 = np.float32(s1[j])
+            inv = np.float32(s2[j])
+            xs = x[r0 + j :]
+            os = out[(r0 + j) * c : (r0 + j) * c + c]
             for k in range(c):
-                out[o + k] = (x[r0 + j + k * sc] - m32) * inv * scale[k] + bias[k]
+                os[k] = (xs[k * sc] - m32) * inv * scale[k] + bias[k]
 
 
 @functools.cache
@@ -86,12 +91,6 @@ def _compiled(kind: str):
         return njit([t.void(*args)], nogil=True, cache=True, error_model="numpy")(_rows_py)
     return njit([t.void(*args, t.float64[::1])], nogil=True, cache=True,
                 error_model="numpy")(_columns_py)  # fmt: skip
-
-
-def _readonly(a: np.ndarray) -> np.ndarray:
-    v = a.view()
-    v.flags.writeable = False
-    return v
 
 
 def _as_rows(x: np.ndarray) -> tuple[int, int] | None:
@@ -173,7 +172,7 @@ def bind_layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, o
     # the flat view from x's first element to its last
     size = (rows - 1) * sr + (c - 1) * sc + 1
     xf = np.lib.stride_tricks.as_strided(x, (size,), (x.itemsize,), writeable=False)
-    outf, scale, bias = out.reshape(-1), _readonly(scale), _readonly(bias)
+    outf, scale, bias = out.reshape(-1), readonly_view(scale), readonly_view(bias)
     parts = parallel.ranges(rows, parallel.num_threads(), _MIN_ROWS)
     if sc == 1 or c == 1:
         run = _compiled("rows")
