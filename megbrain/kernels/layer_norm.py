@@ -6,9 +6,9 @@ elementwise passes over the whole tensor.
 A row whose channels are contiguous (channels-last memory) is read as it is; a row whose
 *positions* are contiguous (a channels-last view of NCHW memory, as a ``Transpose`` before
 ONNX's LayerNormalization leaves it) is read a band of rows at a time along the positions,
-the band's statistics in per-thread scratch; any other layout is copied first. Rows are split
-over the kernel threads; the sums run over the channels in order, so results do not depend
-on the thread count.
+the band's statistics in per-thread scratch; any other layout is copied first. Rows are
+split over the kernel threads from a size on; the sums run over the channels in order, so
+results do not depend on the thread count.
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ __all__ = ["bind_layer_norm"]
 _F32 = np.dtype(np.float32)
 #: rows of a band the positions-contiguous kernel normalizes at once
 BAND = 64
-#: rows worth a thread of their own
-_MIN_ROWS = 64
+#: elements a thread's part holds at least: the kernel is compute bound (float64 sums, about
+#: 1.4 ns an element on one thread), so it splits from the JIT's bar for its compute-bound
+#: kernels (``jit_codegen.PARALLEL_MIN_SIZE_TRANSCENDENTAL``), each part half of it; below,
+#: a fork and join on a loaded machine costs more than the part saves
+_MIN_PART = 1 << 17
 
 
 def _rows_py(x, sr, c, scale, bias, out, eps, lo, hi):  # pragma: no cover - compiled
@@ -173,7 +176,7 @@ def bind_layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, o
     size = (rows - 1) * sr + (c - 1) * sc + 1
     xf = np.lib.stride_tricks.as_strided(x, (size,), (x.itemsize,), writeable=False)
     outf, scale, bias = out.reshape(-1), readonly_view(scale), readonly_view(bias)
-    parts = parallel.ranges(rows, parallel.num_threads(), _MIN_ROWS)
+    parts = parallel.ranges(rows, parallel.num_threads(), -(-_MIN_PART // c))
     if sc == 1 or c == 1:
         run = _compiled("rows")
         calls = [functools.partial(run, xf, sr, c, scale, bias, outf, float(eps), lo, hi)

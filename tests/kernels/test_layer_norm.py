@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_conv_algos import assert_allocates_nothing
 
-from megbrain.kernels import parallel
+from megbrain.kernels import layer_norm, parallel
 from megbrain.kernels.layer_norm import bind_layer_norm
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -81,6 +81,7 @@ def test_a_constant_row_is_its_bias():
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_bits_do_not_depend_on_threads(monkeypatch, threads):
+    monkeypatch.setattr(layer_norm, "_MIN_PART", 1)
     rng = np.random.default_rng(1)
     outs = []
     for layout in ("last", "nchw"):
@@ -100,6 +101,7 @@ def test_bits_do_not_depend_on_threads(monkeypatch, threads):
 @pytest.mark.parametrize("layout", ["nchw", "strided"])
 def test_a_run_allocates_nothing(monkeypatch, layout):
     monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    monkeypatch.setattr(layer_norm, "_MIN_PART", 1)
     x = _input((1, 16, 16, 64), layout, np.random.default_rng(0))
     out = np.empty(x.shape, np.float32)
     step = bind_layer_norm(x, np.ones(64, np.float32), None, out, 1e-5)
