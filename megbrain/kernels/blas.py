@@ -8,7 +8,8 @@ on the AVX-512 VNNI tiles of the quantized convolution where the CPU has them).
 
 A float32 product by a constant matrix (bound inside
 :func:`.conv.constant_operands.constant_filter`: a MatrixMul's or BatchedMatrixMul's weight)
-runs the packed GEMM (:mod:`.packed_gemm`). The others run on megbrain's kernel threads with
+runs the packed GEMM (:mod:`.packed_gemm`), with a bias and elementwise tail in its write-out
+for :func:`bind_batched_matmul_tail`. The others run on megbrain's kernel threads with
 BLAS single-threaded (:mod:`.gemm`): a large matrix product is split into row or column
 blocks, a batch into its matrices; only a MatrixMul of at least
 ``gemm.BLAS_THREADED_MIN_FLOPS`` runs on BLAS's own threads.

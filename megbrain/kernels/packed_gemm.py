@@ -1,6 +1,7 @@
 """The float32 product by a constant matrix (a Linear layer's weight, a classifier's):
 the matrix packed once into blocks of 16 columns, the product run as register tiles
-(:mod:`.gemm_loops`) on the kernel threads, the bias and activation in the tiles' write-out.
+(:mod:`.gemm_loops`) on the kernel threads, the bias, activation and an elementwise tail
+(GELU) in the tiles' write-out.
 
 The tiling is POINTWISE_NCHW88's cost model (:func:`.conv.pointwise88.tiles_for`: a 1x1
 convolution is this product with the positions as rows); the units (a band of row tiles by

@@ -1,5 +1,6 @@
 """Linear algebra operators: MatrixMul, BatchedMatrixMul and Dot, with their
-``mgb.opr`` functions ``matrix_mul``, ``batched_matrix_mul`` and ``dot``."""
+``mgb.opr`` functions ``matrix_mul``, ``batched_matrix_mul`` and ``dot``; the compile-time
+BatchedMatrixMulTail (a product with its bias and elementwise tail)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Normalization operators: BatchNorm and LRN with their backward operators, and
-the ``mgb.opr`` functions ``batch_norm``, ``batch_norm_no_statistic`` and ``lrn``.
+"""Normalization operators: BatchNorm and LRN with their backward operators, the
+compile-time LayerNormLast, and the ``mgb.opr`` functions ``batch_norm``,
+``batch_norm_no_statistic`` and ``lrn``.
 
 Running statistics: as MegBrain's BatchNormForward, BatchNorm in TRAINING mode with
 running_mean and running_variance inputs (which must then be shared tensors) updates them in
