@@ -91,3 +91,15 @@ def test_bad_operands_are_refused():
     with pytest.raises(mgb.MegBrainError, match=r"scale \{4\} must be \(8,\)"):
         g.insert_opr(LayerNormLast([x.node, s.node], LayerNormLastParam(1e-5),
                                    OperatorNodeConfig(comp_node="cpu0")))  # fmt: skip
+
+
+def test_fused_at_jit_level_2_too():
+    # where the JIT closes a subgraph by a Reduce (the squares and their MEAN)
+    model, xv, want = _model((1, 24, 5, 6), 1e-6, True, True, False)
+    res = mo.load(model)
+    outs = mgb.optimize_for_inference(list(res.outputs.values()))
+    res.graph.set_option("graph_opt.jit", 2)
+    f = res.graph.compile(list(res.inputs.values()), [mgb.copy_output(o) for o in outs])
+    types = [o.type_name for o in f._func.iter_opr_seq()]
+    assert "LayerNormLast" in types and "Reduce" not in types
+    np.testing.assert_allclose(f(xv)[0], want, rtol=1e-4, atol=1e-5)
