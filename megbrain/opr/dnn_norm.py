@@ -452,6 +452,7 @@ class LayerNormLast(OperatorNodeBase):
     type_name = "LayerNormLast"
     short_name = "layer_norm_last"
     Param = LayerNormLastParam
+    uses_workspace = True  # the statistics of a band of rows; a copy of an x it cannot read
 
     def infer_dtypes(self, in_dtypes):
         if len(in_dtypes) not in (2, 3) or any(d != np.float32 for d in in_dtypes):
