@@ -28,10 +28,10 @@ __all__ = ["bind_layer_norm"]
 _F32 = np.dtype(np.float32)
 #: rows of a band the positions-contiguous kernel normalizes at once
 BAND = 64
-#: elements a thread's part holds at least: the kernel is compute bound (float64 sums, about
-#: 1.4 ns an element on one thread), so it splits from the JIT's bar for its compute-bound
-#: kernels (``jit_codegen.PARALLEL_MIN_SIZE_TRANSCENDENTAL``), each part half of it; below,
-#: a fork and join on a loaded machine costs more than the part saves
+#: elements a thread's part holds at least: the kernel is compute bound (float64 sums, 1-1.4
+#: ns an element on one thread), so it splits from the JIT's bar for its compute-bound
+#: kernels (``jit_codegen.PARALLEL_MIN_SIZE_TRANSCENDENTAL``), each part half of it; below
+#: it a fork and join costs about what the part saves
 _MIN_PART = 1 << 17
 
 
