@@ -3,12 +3,18 @@ classifiers): the packed GEMM (:mod:`megbrain.kernels.packed_gemm`) against the 
 split megbrain ran before (:func:`megbrain.kernels.gemm.matmul_step`) and onnxruntime's
 session of one MatMul of the same shape.
 
-    python benchmarks/constant_gemm.py [--threads 1 2] [--repeat 30] [--smoke]
+    python benchmarks/constant_gemm.py [--threads 1 2] [--repeat 30] [--smoke] [--sweep]
 
 Cases are ``MxK@KxN``. Each row: best of ``--repeat`` per side (ours and OpenBLAS timed
 before any onnxruntime session exists: its spinning pool takes the cores), onnxruntime's
 whole run, the ratio onnxruntime / ours (>= 1 is good) and our GFLOP/s. Our output is
 checked against onnxruntime's (rtol 1e-4, atol 1e-4).
+
+``--sweep`` instead times, per product of several rows at one thread, the cost model's tiling
+(:func:`megbrain.kernels.packed_gemm.packed_tiles`) against every tiling of 12-24
+accumulators, interleaved call by call on the thread's CPU clock (so that a shared
+machine's drift hits all alike), with the bias and, where the product widens, GELU in the
+write-out as ConvNeXt's layers have them; it prints the model's time and the best three.
 """
 
 from __future__ import annotations
@@ -92,12 +98,61 @@ def ort_case(case, threads: int, repeat: int, ours: np.ndarray) -> dict:
     return times
 
 
+#: GELU's erf form as the optimizer leaves ONNX's (the tail a widening Linear layer fuses)
+GELU = (("MUL", (("c", 0.7071067690849304), ("i", 0))), ("ERF", (("t", 0),)),
+        ("ADD", (("c", 1.0), ("t", 1))), ("MUL", (("i", 0), ("t", 2))),
+        ("MUL", (("c", 0.5), ("t", 3))))  # fmt: skip
+
+
+def sweep_tilings(case, repeat: int) -> tuple:
+    """``(model's tiling, its best time, [(time, tiling)] best first)`` of ``case`` at one
+    thread, every tiling of 12-24 accumulators interleaved (seconds of CPU time)."""
+    from megbrain.kernels import packed_gemm
+    from megbrain.kernels.conv import common as conv_common
+    from megbrain.kernels.conv.pointwise88 import PointwiseTiles
+
+    a, b = _operands(case)
+    m, k, n = case
+    bias = np.linspace(-1, 1, n, dtype=np.float32)
+    out = np.empty((m, n), np.float32)
+    nblk = -(-n // 16)
+    model = packed_gemm.packed_tiles(m, k, n, 1)
+    tilings = {(model.r, model.b): model}
+    for bb in (d for d in range(1, 7) if nblk % d == 0):
+        for r in range(max(1, 12 // bb), 24 // bb + 1):
+            # one band of rows: at one thread the bands only order the same tiles
+            tilings.setdefault((r, bb), PointwiseTiles(r, bb, nblk // bb, 1, m // r))
+    conv_common.THREADS = 1
+    try:
+        steps = {key: packed_gemm.bind_packed_matmul(a, b, out, True, bias=bias, epi=1, tiles=tl,
+                                                     tail=GELU if n > k else ())
+                 for key, tl in tilings.items()}  # fmt: skip
+    finally:
+        conv_common.THREADS = None
+    times = best_times(steps, repeat, True)
+    ranked = sorted((t, tilings[key]) for key, t in times.items())
+    return model, times[(model.r, model.b)], ranked
+
+
+def sweep(repeat: int) -> None:
+    """Print :func:`sweep_tilings` of each product of several rows."""
+    print(f"{'case':>18} {'model':>6} {'ms':>7}   best tilings (r x b: ms)")
+    for case in (c for c in CASES if c[0] > 1):
+        model, mt, ranked = sweep_tilings(case, repeat)
+        best = ", ".join(f"{tl.r}x{tl.b}: {t * 1e3:.3f}" for t, tl in ranked[:3])
+        print(f"{case_name(case):>18} {f'{model.r}x{model.b}':>6} {mt * 1e3:7.3f}   {best}")
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--smoke", action="store_true", help="two small cases, 2 rounds, 1 thread")
+    ap.add_argument("--sweep", action="store_true", help="the model's tilings against others")
     args = ap.parse_args(argv)
+    if args.sweep:
+        sweep(args.repeat)
+        return []
     cases = CASES
     if args.smoke:
         cases, args.repeat, args.threads = [(20, 24, 40), (1, 24, 33)], 2, [1]

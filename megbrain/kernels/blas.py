@@ -8,7 +8,8 @@ on the AVX-512 VNNI tiles of the quantized convolution where the CPU has them).
 
 A float32 product by a constant matrix (bound inside
 :func:`.conv.constant_operands.constant_filter`: a MatrixMul's or BatchedMatrixMul's weight)
-runs the packed GEMM (:mod:`.packed_gemm`). The others run on megbrain's kernel threads with
+runs the packed GEMM (:mod:`.packed_gemm`), with a bias and elementwise tail in its write-out
+for :func:`bind_batched_matmul_tail`. The others run on megbrain's kernel threads with
 BLAS single-threaded (:mod:`.gemm`): a large matrix product is split into row or column
 blocks, a batch into its matrices; only a MatrixMul of at least
 ``gemm.BLAS_THREADED_MIN_FLOPS`` runs on BLAS's own threads.
@@ -21,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import packed_gemm, parallel
+from . import jit_codegen, packed_gemm, parallel
 from .arrays import F32, is_low_float
 from .conv.constant_operands import filter_is_constant
 from .conv.quantized import bind_quantized_matmul
@@ -29,7 +30,7 @@ from .elemwise import quant_params
 from .gemm import BLAS_THREADED_MIN_FLOPS, matmul_step, products_step
 from .steps import Step, chain
 
-__all__ = ["bind_batched_matmul", "bind_dot", "bind_matmul"]
+__all__ = ["bind_batched_matmul", "bind_batched_matmul_tail", "bind_dot", "bind_matmul"]
 
 _partial = functools.partial
 _I32 = np.dtype(np.int32)
@@ -165,10 +166,58 @@ def _bind_products(
     return _bind(name, product, x, y, out)
 
 
-def _packed_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:
+def bind_batched_matmul_tail(
+    a: np.ndarray, b: np.ndarray, bias: np.ndarray, out: np.ndarray, transpose_a: bool,
+    transpose_b: bool, tail: tuple,
+) -> Callable[[], None]:  # fmt: skip
+    """Bind ``out[i] = tail(op(a[i]) @ op(b[i]) + bias)``: :func:`bind_batched_matmul` with a
+    bias along the columns and an elementwise tail (a JIT expression of one input).
+
+    Parameters
+    ----------
+    a, b, out, transpose_a, transpose_b
+        As for :func:`bind_batched_matmul` (float32).
+    bias : numpy.ndarray
+        The ``n`` float32 values added to every row (1-d).
+    tail : tuple
+        The JIT expression (:mod:`.jit_codegen`'s form) of ``("i", 0)``, the biased product;
+        ``()`` for none.
+
+    Returns
+    -------
+    Callable[[], None]
+        A zero-argument callable computing ``out``: the packed GEMM applies the bias and the
+        tail in its tiles' write-out (a constant ``b``, :data:`.gemm_loops.TAIL_MODES`),
+        else the JIT's kernel of them runs over ``out`` after the product, in place.
+    """
+    if bias.ndim != 1 or bias.shape[0] != out.shape[-1] or bias.dtype != F32 or out.dtype != F32:
+        raise ValueError(
+            f"BatchedMatrixMulTail: bias {bias.shape} {bias.dtype} must be a float32 vector of "
+            f"the output's {out.shape[-1]} columns (output {out.shape} {out.dtype})"
+        )
+    jit_codegen.check_expr(tail or (("ADD", (("i", 0), ("c", 0.0))),), 1)
+    if filter_is_constant() and bias.flags.c_contiguous and all(
+        m in packed_gemm.TAIL_MODES for m, _ in tail
+    ):
+        x = a.swapaxes(-1, -2) if transpose_a else a
+        y = b.swapaxes(-1, -2) if transpose_b else b
+        if x.ndim == y.ndim == 3 and out.shape == (*x.shape[:-1], y.shape[-1]):
+            packed = _packed_step(x, y, out, bias, tail)
+            if packed is not None:
+                return packed
+    product = bind_batched_matmul(a, b, out, transpose_a, transpose_b)
+    shifted = tuple((m, tuple(("t", j + 1) if k == "t" else ("t", 0) if k == "i" else (k, j)
+                              for k, j in args)) for m, args in tail)  # fmt: skip
+    expr = (("ADD", (("i", 0), ("i", 1))), *shifted)
+    return chain([product, jit_codegen.bind(expr, [out, bias], out)])
+
+
+def _packed_step(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None = None,
+                 tail: tuple = ()) -> Step | None:  # fmt: skip
     """The packed GEMM (:mod:`.packed_gemm`) of a constant float32 ``b``: a matrix, a batch
     of one, or one matrix broadcast over the batch with the rows of ``a`` and ``out`` views
-    of one matrix each; None where it does not apply."""
+    of one matrix each, with ``bias`` and ``tail`` in its write-out; None where it does not
+    apply."""
     if a.ndim == 3:
         if a.shape[0] == 1:
             a, b, out = a[0], b[0], out[0]
@@ -180,7 +229,9 @@ def _packed_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:
             return None
     if not packed_gemm.usable_packed_matmul(a, b, out):
         return None
-    return packed_gemm.bind_packed_matmul(a, b, out, constant=True)
+    epi = 0 if bias is None else 1
+    return packed_gemm.bind_packed_matmul(a, b, out, constant=True, bias=bias, epi=epi,
+                                          tail=tail)  # fmt: skip
 
 
 def _batched_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:

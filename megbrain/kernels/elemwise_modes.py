@@ -24,6 +24,7 @@ from .arrays import F32, F64, is_low_float
 from .steps import Step, chain
 
 __all__ = [
+    "EIGEN_RATIONALS",
     "EXP_LN2",
     "EXP_POLY",
     "FUSABLE_MODES",
@@ -531,7 +532,7 @@ def compute(mode: str, *inputs: np.ndarray, dtype: np.dtype | type | None = None
 
 #: Eigen's rational approximations (:func:`_rational`): name -> (bound, p, q, result); beyond
 #: the bound the function is +-1 in float32
-_EIGEN_RATIONALS = {
+EIGEN_RATIONALS = {
     "_tanh": (
         "7.90531110763549805",
         "-2.76076847742355e-16 2.00018790482477e-13 -8.60467152213735e-11 5.12229709037114e-08 "
@@ -680,8 +681,8 @@ def _log(x):
 """,
         ("_i2f", "_f2i"),
     ),
-    "_tanh": (_rational("_tanh", *_EIGEN_RATIONALS["_tanh"]), ()),
-    "_erf": (_rational("_erf", *_EIGEN_RATIONALS["_erf"]), ()),
+    "_tanh": (_rational("_tanh", *EIGEN_RATIONALS["_tanh"]), ()),
+    "_erf": (_rational("_erf", *EIGEN_RATIONALS["_erf"]), ()),
     # exp(t) for t in [-88, 88] (not NaN): _exp's polynomial and one scale 2^n, n rounded
     # by the 1.5 2^23 shifter (whose low bits then hold n), none of _exp's edge selects: a
     # third of _exp's operations, for the sigmoid that only needs this range

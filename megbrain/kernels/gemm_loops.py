@@ -13,8 +13,9 @@ Layouts (float32, flat):
 A tile keeps ``R B`` accumulator vectors (at most 24 of AVX-512's 32 registers): per ``k``
 ``B`` vector loads of the packed matrix and one broadcast of ``a`` per row, ``R B`` fused
 multiply-adds, summed over ``k`` in order (so a sum does not depend on the tiling or on the
-threads). The bias and the activation (:func:`.conv.loops.pointwise88.activate`) are
-applied to the registers before the store; the last block of the last group stores only its
+threads). The bias, the activation (:func:`.conv.loops.pointwise88.activate`) and an
+elementwise tail (a JIT expression of one input, :func:`emit_tail`: a Linear layer's GELU)
+are applied to the registers before the store; the last block of the last group stores only its
 columns below ``N`` (masked). A band's last partial tile starts ``R`` rows before ``M`` and
 stores only the rows not stored yet, as POINTWISE_NCHW88's.
 """
@@ -22,6 +23,7 @@ stores only the rows not stored yet, as POINTWISE_NCHW88's.
 from __future__ import annotations
 
 import functools
+import hashlib
 
 import numpy as np
 from llvmlite import ir
@@ -31,17 +33,100 @@ from numba.extending import intrinsic
 
 from . import tiled_jit
 from .conv.loops.pointwise88 import activate
+from .elemwise_modes import EIGEN_RATIONALS
 
-__all__ = ["BLOCK", "compiled_units", "matrix_packer"]
+__all__ = ["BLOCK", "TAIL_MODES", "compiled_units", "emit_tail", "matrix_packer"]
 
 #: columns of a packed vector (a tile's column block)
 BLOCK = 16
 
 
+def _rational(name: str):
+    """The vector form of the JIT's ``name`` (``_erf``, ``_tanh``): Eigen's rational of the
+    argument clamped to its bound, Horner steps as multiply-adds (the JIT's approximations
+    may contract them), NaN passed through; ``_tanh``'s small-argument and +-1 cases."""
+    bound, p, q, _ = EIGEN_RATIONALS[name]
+    pc, qc = [float(c) for c in p.split()], [float(c) for c in q.split()]
+
+    def emit(builder, const, fma, x):
+        b = float(bound)
+        xc = builder.select(builder.fcmp_ordered("<", x, const(b)), x, const(b))
+        xc = builder.select(builder.fcmp_ordered(">", xc, const(-b)), xc, const(-b))
+        x2 = builder.fmul(xc, xc)
+        num, den = const(pc[0]), const(qc[0])
+        for c in pc[1:]:
+            num = builder.call(fma, [num, x2, const(c)])
+        for c in qc[1:]:
+            den = builder.call(fma, [den, x2, const(c)])
+        r = builder.fdiv(builder.fmul(num, xc), den)
+        if name == "_tanh":
+            big = builder.fcmp_ordered(">", x, const(0.0))
+            r = builder.select(builder.fcmp_ordered("<", builder.call(_fabs(builder, x), [x]),
+                                                    const(b)),
+                               r, builder.select(big, const(1.0), const(-1.0)))  # fmt: skip
+            r = builder.select(builder.fcmp_ordered("<", builder.call(_fabs(builder, x), [x]),
+                                                    const(0.0004)), x, r)  # fmt: skip
+        return builder.select(builder.fcmp_unordered("uno", x, x), x, r)
+
+    return emit
+
+
+def _fabs(builder, x):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(x.type, [x.type]),
+                                          f"llvm.fabs.v{x.type.count}f32")  # fmt: skip
+
+
+def _max(builder, a, b):  # as the JIT's: a when a > b or a is NaN
+    keep = builder.or_(builder.fcmp_ordered(">", a, b), builder.fcmp_unordered("uno", a, a))
+    return builder.select(keep, a, b)
+
+
+def _min(builder, a, b):
+    keep = builder.or_(builder.fcmp_ordered("<", a, b), builder.fcmp_unordered("uno", a, a))
+    return builder.select(keep, a, b)
+
+
+#: the JIT modes a tile's tail computes, as LLVM vector code with the JIT's semantics
+#: (:data:`megbrain.kernels.elemwise_modes.JIT_FORMS`): mode -> ``f(builder, const, fma,
+#: *args)``; exact modes keep two roundings (no contraction)
+TAIL_MODES = {
+    "ADD": lambda b, c, f, x, y: b.fadd(x, y),
+    "SUB": lambda b, c, f, x, y: b.fsub(x, y),
+    "MUL": lambda b, c, f, x, y: b.fmul(x, y),
+    "TRUE_DIV": lambda b, c, f, x, y: b.fdiv(x, y),
+    "NEGATE": lambda b, c, f, x: b.fneg(x),
+    "FUSE_MUL_ADD3": lambda b, c, f, x, y, z: b.fadd(b.fmul(x, y), z),
+    "MAX": lambda b, c, f, x, y: _max(b, x, y),
+    "MIN": lambda b, c, f, x, y: _min(b, x, y),
+    "RELU": lambda b, c, f, x: b.select(b.fcmp_ordered("<", x, c(0.0)), c(0.0), x),
+    "ERF": _rational("_erf"),
+    "TANH": _rational("_tanh"),
+}
+
+
+def emit_tail(builder, v, tail: tuple):
+    """The LLVM vector ``v`` with the JIT expression ``tail`` (:mod:`.jit_codegen`'s form,
+    one input ``("i", 0)``, modes of :data:`TAIL_MODES`) applied; ``v`` itself for ``()``."""
+    if not tail:
+        return v
+    lanes = v.type.count
+    fma = tiled_jit.vector_fmas(builder, v.type)
+
+    def const(x):
+        return ir.Constant(v.type, [ir.Constant(ir.FloatType(), float(np.float32(x)))] * lanes)
+
+    temps: list = []
+    for mode, args in tail:
+        vals = [v if k == "i" else temps[j] if k == "t" else const(j) for k, j in args]
+        temps.append(TAIL_MODES[mode](builder, const, fma, *vals))
+    return temps[-1]
+
+
 @functools.cache
-def gemm_tile():
+def gemm_tile(tail: tuple = ()):
     """The ``gemm_tile(R, B, NT, EPI, ap, a0, lda, k, wp, w0, out, o0, ldo, bias, b0, skip)``
-    Numba intrinsic: one tile (the module's docstring). Literals ``R``, ``B``, ``NT`` (the
+    Numba intrinsic: one tile (the module's docstring), its values through :func:`emit_tail`
+    of ``tail`` last. Literals ``R``, ``B``, ``NT`` (the
     columns of the last block stored, 1-16) and ``EPI`` (bit 1 bias, then
     :func:`~.conv.loops.pointwise88.activate`'s bits); row ``p`` reads
     ``ap[a0 + p lda + c]``, the packed matrix ``wp[w0 + (c B + b) 16:]`` for ``c < k``, and
@@ -118,7 +203,7 @@ def gemm_tile():
                     v = builder.load(slots[p * B + b])
                     if ep & 1:
                         v = builder.fadd(v, biases[b])
-                    vs.append(activate(builder, v, ep))
+                    vs.append(emit_tail(builder, activate(builder, v, ep), tail))
                 with builder.if_then(builder.icmp_signed("<=", skip_v, const(p)), likely=True):
                     row = builder.add(o0_v, builder.mul(ldo_v, const(p)))
                     for b, v in enumerate(vs):
@@ -141,11 +226,12 @@ def gemm_tile():
 tile = take = None
 
 
-def _units_py(R, B, NT, EPI):
+def _units_py(R, B, NT, EPI, tail=()):
     """The units of a product of tiles ``R x B``, last block ``NT`` columns, epilogue bits
-    ``EPI`` (compile-time constants of the returned function, its only closure cells)."""
+    ``EPI`` (compile-time constants of the returned function, its only closure cells), the
+    tiles' tail ``tail``."""
     global tile, take
-    tile, take = gemm_tile(), tiled_jit.take_unit()
+    tile, take = gemm_tile(tail), tiled_jit.take_unit()
 
     def run(ap, wp, out, bias, geom, counter, me):  # pragma: no cover - compiled
         # geom: M, K, LDA, LDO, NG (groups of B blocks), NB (bands of rows), TPB (tiles per
@@ -173,23 +259,25 @@ def _units_py(R, B, NT, EPI):
 
 
 @functools.cache
-def _compiled_units(R: int, B: int, NT: int, epi: int):
+def _compiled_units(R: int, B: int, NT: int, epi: int, tail: tuple):
     fr = t.Array(t.float32, 1, "C", readonly=True)
-    run = _units_py(R, B, NT, epi)
+    run = _units_py(R, B, NT, epi, tail)
     # a name of its own per variant: Numba's cache keeps one index per name
-    run.__qualname__ = run.__name__ = f"gemm_units_{R}x{B}_t{NT}_e{epi}"
+    key = hashlib.sha1(repr(tail).encode()).hexdigest()[:12] if tail else ""
+    run.__qualname__ = run.__name__ = f"gemm_units_{R}x{B}_t{NT}_e{epi}{key}"
     sig = t.void(fr, fr, t.float32[::1], fr, t.int64[::1], t.int64[::1], t.int64)
     return tiled_jit.compile_tiled(run, [sig])
 
 
-def compiled_units(R: int, B: int, NT: int, epi: int):
+def compiled_units(R: int, B: int, NT: int, epi: int, tail: tuple = ()):
     """The compiled units of tiles ``R x B`` (last block ``NT`` columns) with epilogue bits
-    ``epi``, compiled on first use (by binding code, never a kernel thread):
+    ``epi`` and the tail ``tail`` (:func:`emit_tail`), compiled on first use (by binding
+    code, never a kernel thread):
     ``units(ap, wp, out, bias, geom, counter, me)``, the flat read-only left operand, packed
     matrix and bias, the flat output, the int64 geometry ``(M, K, LDA, LDO, NG, NB, TPB)``,
     the units' counter (:func:`megbrain.kernels.tiled_jit.take_unit`, units band-major,
     groups fastest) and the thread's index."""
-    return _compiled_units(R, B, NT, epi)
+    return _compiled_units(R, B, NT, epi, tuple(tail))
 
 
 def matrix_packer(b: np.ndarray, wp: np.ndarray, nb: int):

@@ -1,6 +1,7 @@
 """The float32 product by a constant matrix (a Linear layer's weight, a classifier's):
 the matrix packed once into blocks of 16 columns, the product run as register tiles
-(:mod:`.gemm_loops`) on the kernel threads, the bias and activation in the tiles' write-out.
+(:mod:`.gemm_loops`) on the kernel threads, the bias, activation and an elementwise tail
+(GELU) in the tiles' write-out.
 
 The tiling is POINTWISE_NCHW88's cost model (:func:`.conv.pointwise88.tiles_for`: a 1x1
 convolution is this product with the positions as rows); the units (a band of row tiles by
@@ -24,7 +25,11 @@ from .conv.nchw8c import filter_packed, units_as_they_go
 from .conv.pointwise88 import PointwiseTiles, tiles_for
 from .steps import Step, chain
 
-__all__ = ["MIN_SPLIT_MACS", "bind_packed_matmul", "packed_tiles", "usable_packed_matmul"]
+__all__ = ["MIN_SPLIT_MACS", "TAIL_MODES", "bind_packed_matmul", "packed_tiles",
+           "usable_packed_matmul"]  # fmt: skip
+
+#: the elementwise modes a tile's tail computes (:data:`.gemm_loops.TAIL_MODES`)
+TAIL_MODES = frozenset(loops.TAIL_MODES)
 
 _F32 = np.dtype(np.float32)
 _NO_BIAS = readonly_view(np.zeros(1, _F32))
@@ -81,8 +86,8 @@ def packed_tiles(m: int, k: int, n: int, nthreads: int) -> PointwiseTiles:
 
 def bind_packed_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, constant: bool,
                        bias: np.ndarray | None = None, epi: int = 0,
-                       tiles: PointwiseTiles | None = None) -> Step:  # fmt: skip
-    """Bind ``out = act(a @ b + bias)`` (:func:`usable_packed_matmul` must hold).
+                       tiles: PointwiseTiles | None = None, tail: tuple = ()) -> Step:  # fmt: skip
+    """Bind ``out = tail(act(a @ b + bias))`` (:func:`usable_packed_matmul` must hold).
 
     Parameters
     ----------
@@ -99,6 +104,9 @@ def bind_packed_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, constant: 
         Epilogue bits: 1 bias, then :func:`.conv.loops.pointwise88.activate`'s.
     tiles : PointwiseTiles, optional
         The tiling (default :func:`packed_tiles`'s).
+    tail : tuple
+        A JIT expression of one input applied last (:func:`.gemm_loops.emit_tail`; its modes
+        those of :data:`.gemm_loops.TAIL_MODES`), ``()`` for none.
 
     Returns
     -------
@@ -113,7 +121,7 @@ def bind_packed_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, constant: 
     wp = (workspace.aligned if constant else workspace.empty)((tl.ng * k * per,), _F32)
     pack = loops.matrix_packer(b, wp, tl.b)
     nt = n - (tl.ng * tl.b - 1) * loops.BLOCK
-    run = loops.compiled_units(tl.r, tl.b, nt, epi)
+    run = loops.compiled_units(tl.r, tl.b, nt, epi, tail)
     geom = np.array([m, k, _leading(a), _leading(out), tl.ng, tl.nb, tl.tpb], np.int64)
     ap, outf, wr = readonly_view(_row_view(a)), _row_view(out), readonly_view(wp)
     bf = _NO_BIAS if bias is None else readonly_view(bias)

@@ -532,5 +532,11 @@ REFUSED.update(
         "ConvBiasPreact": "a ConvBias and the scale, shift and ReLU of its source fused when "
         "a function is compiled; export the graph's vars (its Elemwise and ConvBias operators) "
         "instead",
+        "BatchedMatrixMulTail": "a BatchedMatrixMul and its bias and elementwise tail fused "
+        "when a function is compiled; export the graph's vars (its BatchedMatrixMul and "
+        "Elemwise operators) instead",
+        "LayerNormLast": "a layer normalization's reductions and elementwise operators fused "
+        "when a function is compiled; export the graph's vars (its Reduce and Elemwise "
+        "operators) instead",
     }
 )

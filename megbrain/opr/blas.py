@@ -1,5 +1,6 @@
 """Linear algebra operators: MatrixMul, BatchedMatrixMul and Dot, with their
-``mgb.opr`` functions ``matrix_mul``, ``batched_matrix_mul`` and ``dot``."""
+``mgb.opr`` functions ``matrix_mul``, ``batched_matrix_mul`` and ``dot``; the compile-time
+BatchedMatrixMulTail (a product with its bias and elementwise tail)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import numpy as np
 
 from ..dtype import dtype_name, get_scale, is_bfloat16, is_quantize, qint32
 from ..graph import OperatorNodeBase, ParamBase, register_opr, static_shape
-from ..graph.operator import fmt_shape, table_param
+from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..kernels import blas as blas_kernels
 from ..kernels.conv.constant_operands import constant_filter
+from ..serialization import sereg
 from . import param_defs as pdefs
 from ._internal import input_is_constant, reduce_to_input, sv
 from .base import SymbolVar, build_opr
@@ -24,6 +26,8 @@ from .tensor_manip import broadcast, get_var_shape
 __all__ = [
     "MatrixMul",
     "BatchedMatrixMul",
+    "BatchedMatrixMulTail",
+    "BatchedMatrixMulTailParam",
     "Dot",
     "MatrixMulParam",
     "matrix_mul",
@@ -162,6 +166,58 @@ class BatchedMatrixMul(_MatMulBase):
 
     def grad(self, wrt_idx, out_grads):
         return _matmul_grad(self, wrt_idx, out_grads, batched_matrix_mul)
+
+
+@dataclass(frozen=True)
+class BatchedMatrixMulTailParam(MatrixMulParam):
+    """Param of BatchedMatrixMulTail: MatrixMul's and the fused ``tail``, a JIT expression
+    (:mod:`megbrain.kernels.jit_codegen`'s form) of one input, the biased product."""
+
+    tail: tuple = ()
+
+
+@register_opr
+class BatchedMatrixMulTail(BatchedMatrixMul):
+    """``tail(op(A[i]) @ op(B[i]) + bias)``: a BatchedMatrixMul, the bias (its third input,
+    ``n`` values, one per column: shape (n,) or (1, ..., 1, n)) and the elementwise tail
+    after it (a Linear layer's bias and GELU).
+
+    Made at compile time by the ``fuse_matmul_tail`` pass (:mod:`megbrain.gopt.linear`),
+    never by a user and never written to a graph file (the reference has no such operator):
+    the packed GEMM of a constant ``B`` applies bias and tail to its tiles' registers before
+    it stores them; otherwise the JIT's kernel of them runs over the product, in place."""
+
+    type_name = "BatchedMatrixMulTail"
+    short_name = "batched_matrix_mul_tail"
+    Param = BatchedMatrixMulTailParam
+
+    def default_name(self):
+        return f"{super().default_name()}+bias{'+tail' if self.param.tail else ''}"
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) != 3 or any(d != np.float32 for d in in_dtypes):
+            raise self.error(f"expected float32 A, B and bias, got {list(map(str, in_dtypes))}")
+        return super().infer_dtypes(in_dtypes[:2])
+
+    def infer_shapes(self, in_shapes, in_values):
+        (out,) = super().infer_shapes(in_shapes[:2], in_values)
+        bias = tuple(in_shapes[2])
+        if not bias or bias[-1] != out[-1] or any(d != 1 for d in bias[:-1]):
+            raise self.error(f"bias {fmt_shape(bias)} must be ({out[-1]},) or (1, ..., "
+                             f"{out[-1]}): one value per column of the product "
+                             f"{fmt_shape(out)}")  # fmt: skip
+        return [out]
+
+    def bind(self, ins, outs):
+        p = self.param
+        with constant_filter(input_is_constant(self, 1)):
+            bias = ins[2].reshape(-1)  # a view: read at every run
+            return blas_kernels.bind_batched_matmul_tail(ins[0], ins[1], bias, outs[0],
+                                                         p.transposeA, p.transposeB, p.tail)
+
+    def grad(self, wrt_idx, out_grads):
+        raise self.error("a fused product and tail has no gradient (made at compile time)",
+                         NoGradient)  # fmt: skip
 
 
 @register_opr
@@ -361,3 +417,5 @@ def batched_matrix_mul_v0(
 register_strict(MatrixMul, name="MatrixMulV2")
 register_strict(BatchedMatrixMul, name="BatchedMatrixMulV2")
 register_strict(Dot, pdefs.Empty)
+sereg.register_fused(BatchedMatrixMulTail,
+                     lambda opr: "BatchedMatrixMul with a fused bias and elementwise tail")

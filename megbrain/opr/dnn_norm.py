@@ -1,5 +1,6 @@
-"""Normalization operators: BatchNorm and LRN with their backward operators, and
-the ``mgb.opr`` functions ``batch_norm``, ``batch_norm_no_statistic`` and ``lrn``.
+"""Normalization operators: BatchNorm and LRN with their backward operators, the
+compile-time LayerNormLast, and the ``mgb.opr`` functions ``batch_norm``,
+``batch_norm_no_statistic`` and ``lrn``.
 
 Running statistics: as MegBrain's BatchNormForward, BatchNorm in TRAINING mode with
 running_mean and running_variance inputs (which must then be shared tensors) updates them in
@@ -19,8 +20,10 @@ import numpy as np
 from ..dtype import is_bfloat16
 from ..errors import GraphError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
-from ..graph.operator import fmt_shape, table_param
+from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..kernels import dnn_norm as kern
+from ..kernels.layer_norm import bind_layer_norm
+from ..serialization import sereg
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
 from .param_args import as_int, opr_params
@@ -33,6 +36,8 @@ __all__ = [
     "LRNParam",
     "LRN",
     "LRNBackward",
+    "LayerNormLast",
+    "LayerNormLastParam",
     "batch_norm",
     "batch_norm_no_statistic",
     "lrn",
@@ -426,6 +431,53 @@ def lrn(
     return insert_opr(LRN(vars_, LRNParam(n, k, alpha, beta), cfg))[0]
 
 
+@dataclass(frozen=True)
+class LayerNormLastParam(ParamBase):
+    """Param of LayerNormLast: ``eps``, added to the variance."""
+
+    eps: float = 1e-5
+
+
+@register_opr
+class LayerNormLast(OperatorNodeBase):
+    """``(x - mean) / sqrt(var + eps) * scale [+ bias]``, the statistics over the last axis
+    of the float32 ``x`` (inputs ``x, scale[, bias]``, each vector of the last axis' size,
+    shape (C,) or (1, ..., C)): ONNX's LayerNormalization as one kernel
+    (:func:`megbrain.kernels.layer_norm.bind_layer_norm`).
+
+    Made at compile time by the ``fuse_layer_norm`` pass (:mod:`megbrain.gopt.linear`) from
+    the reductions and elementwise operators the importer builds, never by a user and never
+    written to a graph file (MegBrain 0.x has no such operator)."""
+
+    type_name = "LayerNormLast"
+    short_name = "layer_norm_last"
+    Param = LayerNormLastParam
+    uses_workspace = True  # the statistics of a band of rows; a copy of an x it cannot read
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) not in (2, 3) or any(d != np.float32 for d in in_dtypes):
+            raise self.error(f"expected float32 x, scale[, bias], got {list(map(str, in_dtypes))}")
+        return [in_dtypes[0]]
+
+    def infer_shapes(self, in_shapes, in_values):
+        x = tuple(in_shapes[0])
+        for what, s in zip(("scale", "bias"), in_shapes[1:]):
+            s = tuple(s)
+            if not x or not s or s[-1] != x[-1] or any(d != 1 for d in s[:-1]):
+                raise self.error(f"{what} {fmt_shape(s)} must be ({x[-1] if x else '?'},) or "
+                                 f"(1, ..., C): one value per channel of x {fmt_shape(x)}")
+        return [x]
+
+    def bind(self, ins, outs):
+        vecs = [v.reshape(-1) for v in ins[1:]]  # views: read at every run
+        bias = vecs[1] if len(vecs) > 1 else None
+        return bind_layer_norm(ins[0], vecs[0], bias, outs[0], self.param.eps)
+
+    def grad(self, wrt_idx, out_grads):
+        raise self.error("a fused layer normalization has no gradient (made at compile time)",
+                         NoGradient)  # fmt: skip
+
+
 # ---- serialization (megbrain/serialization/sereg.py) -------------------------------------
 # param.BN's scale and bias fields have no place in BNParam: files must hold their defaults
 # param.BN and param.LRN, their Params' tables
@@ -433,3 +485,4 @@ register_strict(BatchNorm, name="BatchNorm")
 register_strict(BatchNormBackward)
 register_strict(LRN, name="LRN")
 register_strict(LRNBackward)
+sereg.register_fused(LayerNormLast, lambda opr: "a layer normalization over the last axis")

@@ -192,6 +192,17 @@ def test_the_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch):
     assert len(bench.main(["--smoke"])) == 2
 
 
+@pytest.mark.slow
+def test_the_tiling_sweep_runs(monkeypatch):
+    # --sweep's timing of a product's tilings (a variant compiled per tiling: slow)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
+    import constant_gemm as bench
+
+    model, t, ranked = bench.sweep_tilings((30, 8, 48), 1)
+    assert t > 0 and any(tl == model or (tl.r, tl.b) == (model.r, model.b) for _, tl in ranked)
+
+
 def test_operands_it_cannot_read_in_place_are_left_to_blas():
     a, b, _ = _operands(6, 8, 20, 5)
     out = np.empty((6, 20), np.float32)
