@@ -126,20 +126,10 @@ def _spinner():
 
 
 class _Worker:
-    """A pool thread: runs the part it is given (``slot``) once ``go`` is released, then
-    releases ``done``; an exception is kept for the caller. ``counters`` (``go`` released,
-    parts the worker ran) let either side poll a moment before it blocks on its lock
-    (:func:`_spinner`); ``clocks`` are the worker's and the caller's buffers for the poll's
-    clock.
-
-    A part given may be taken back (:meth:`take_back`) until the worker, woken, pops it from
-    ``slot`` (``list.pop`` is atomic under the GIL): whichever side pops it runs it. A part
-    taken back leaves ``go`` released, as a lock can not be taken back reliably (a
-    non-blocking acquire may fail while a waiter is being woken): the worker wakes for it
-    and pops what the slot then holds, nothing or the next part, which is given without
-    releasing ``go`` again until the worker has woken (:meth:`ready`) and must then be taken
-    back by the caller, or handed over (:meth:`hand_over`), if the worker found the slot
-    empty before it was put there."""
+    """A pool thread: runs the part it is given (``job``) once ``go`` is released, then
+    releases ``done``; an exception is kept for the caller. ``counters`` (parts given, parts
+    done) let either side poll a moment before it blocks on its lock (:func:`_spinner`);
+    ``clocks`` are the worker's and the caller's buffers for the poll's clock."""
 
     def __init__(self, name: str) -> None:
 
@@ -149,71 +139,36 @@ class _Worker:
         self.done.acquire()
         self.counters = np.zeros(2, np.int64)
         self.clocks = np.zeros((2, 2), np.int64)
-        self.slot: list[tuple] = []
-        self.released = 0  # times ``go`` was released (the caller's count)
-        self.woken = 0  # times the worker acquired ``go`` (its own count)
-        self.taken = 0  # parts the worker popped (counted by the caller as it joins)
+        self.job: tuple | None = None
         self.error: BaseException | None = None
         threading.Thread(target=self._serve, name=name, daemon=True).start()
 
-    def ready(self) -> bool:
-        """Whether the worker woke for every release of ``go`` (it may be given a part)."""
-        return self.woken == self.released
-
-    def start(self, fn, lo: int, hi: int) -> bool:
-        """Give the part ``fn(lo, hi)``; whether ``go`` was released for it (else the worker
-        may have woken before the part was there: the caller must :meth:`take_back`)."""
-        self.slot.append((fn, lo, hi))
-        if not self.ready():
-            return False
-        self.released += 1
-        self.counters[0] = self.released
+    def start(self, fn, lo: int, hi: int) -> None:
+        self.job = (fn, lo, hi)
+        self.counters[0] += 1
         self.go.release()
-        return True
-
-    def hand_over(self) -> None:
-        """Make sure the worker runs the part :meth:`start` gave without releasing ``go``:
-        wait until it has woken for the parts taken back before (:meth:`ready`), then, if
-        it found the slot empty then, release ``go`` for this part."""
-        while not self.ready():
-            time.sleep(0)  # lets the worker take the GIL
-        if self.slot:
-            self.released += 1
-            self.counters[0] = self.released
-            self.go.release()
-
-    def take_back(self) -> bool:
-        """Whether the part given by :meth:`start` was taken back before the worker began
-        it (it then never runs there, and the caller must not :meth:`join`)."""
-        try:
-            self.slot.pop()
-        except IndexError:  # the worker has it
-            return False
-        return True
 
     def join(self, spin) -> None:
         if spin is not None:
-            spin(self.counters, 1, self.taken - 1, -1, 0, self.clocks[1])
+            spin(self.counters, 1, self.counters[0] - 1, -1, 0, self.clocks[1])
         self.done.acquire()
 
     def _serve(self) -> None:
         spin = _spinner()
+        given = 0
         signal = -1  # no part done yet
         while True:
             if spin is not None:
                 # counts the part done, then waits for the next one
-                spin(self.counters, 0, self.woken, signal, SETTLE_NS, self.clocks[0])
+                spin(self.counters, 0, given, signal, SETTLE_NS, self.clocks[0])
             self.go.acquire()
-            self.woken += 1
-            try:
-                fn, lo, hi = self.slot.pop()
-            except IndexError:  # taken back: nothing runs, no one joins
-                signal = -1
-                continue
+            given += 1
+            fn, lo, hi = self.job
             try:
                 fn(lo, hi)
             except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
                 self.error = exc
+            self.job = None
             self.done.release()
             if spin is None:
                 self.counters[1] += 1
@@ -237,8 +192,8 @@ def _drain(used: list[_Worker]) -> None:
     while True:
         try:
             for w in used:
-                # counters[1] (parts ran) moves only after ``done`` was released
-                while w.counters[1] < w.taken:
+                # counters[1] (parts ended) moves only after ``done`` was released
+                while w.counters[1] < w.counters[0]:
                     time.sleep(1e-4)
                 w.done.acquire(blocking=False)
                 w.error = None
@@ -265,8 +220,7 @@ def _forget_pool() -> None:  # a forked child has none of the parent's threads
 os.register_at_fork(after_in_child=_forget_pool)
 
 
-def split(fn: Callable[[int, int], object], n: int, min_items: int, *,
-          take_back: bool = False) -> Step:  # fmt: skip
+def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
     """A step running ``fn(lo, hi)`` over ``[0, n)`` in at most :func:`num_threads` parts of
     at least ``min_items`` items each (one plain call when that makes one part).
 
@@ -279,13 +233,6 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int, *,
         Number of items.
     min_items : int
         Fewest items worth one thread (below it, the hand-over costs more than it saves).
-    take_back : bool
-        Once the caller's own parts are done, the parts no worker has begun yet are taken
-        back and run on the caller's thread: a worker waking late (:data:`SETTLE_NS` after
-        it was given its part at best, much later on a busy machine) then costs nothing but
-        the hand-over, and a small split runs at one thread's speed. For parts that take
-        their work from a shared counter (:func:`.conv.nchw8c.units_as_they_go`), whose
-        parts left to the caller find their work already done.
     """
     bounds = ranges(n, num_threads(), min_items)
     if len(bounds) == 1:
@@ -300,38 +247,23 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int, *,
                 for lo, hi in bounds:
                     fn(lo, hi)
                 return
-            given, mine, joined = [], rest[len(used) :], []
             try:
-                for w, part in zip(used, rest):
-                    given.append((w, part, w.start(fn, *part)))
+                for w, (lo, hi) in zip(used, rest):
+                    w.start(fn, lo, hi)
                 fn(*head)
-                for lo, hi in mine:  # more parts than workers: a larger count was set after
-                    fn(lo, hi)  # the pool started
-                mine = None  # the caller's parts all ran
+                for lo, hi in rest[len(used) :]:  # more parts than workers: a larger count
+                    fn(lo, hi)  # was set after the pool started
             finally:  # the workers' errors are taken even when the caller's part raised
-                late = []
-                for w, part, woken in given:
-                    if (take_back or (not woken and mine is not None)) and w.take_back():
-                        late.append(part)  # run below, or not at all after an error
-                        continue
-                    if not woken:
-                        w.hand_over()
-                    w.taken += 1
-                    joined.append(w)
                 try:
-                    for lo, hi in late if mine is None else ():
-                        fn(lo, hi)
-                finally:
-                    try:
-                        spin = _spinner()
-                        for w in joined:
-                            w.join(spin)
-                    except BaseException:
-                        _drain(joined)  # interrupted (Ctrl-C): the parts still end before we go
-                        raise
-                    errors = [w.error for w in joined if w.error is not None]
-                    for w in joined:
-                        w.error = None
+                    spin = _spinner()
+                    for w in used:
+                        w.join(spin)
+                except BaseException:
+                    _drain(used)  # interrupted (Ctrl-C): the parts still end before we go
+                    raise
+                errors = [w.error for w in used if w.error is not None]
+                for w in used:
+                    w.error = None
         finally:
             if 0 in _claim and _claim[0] is token:  # no call in between: no signal handler
                 del _claim[0]
@@ -348,10 +280,9 @@ def ranges(n: int, parts: int, min_items: int = 1) -> list[tuple[int, int]]:
     return [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
 
 
-def concurrently(calls: Sequence[Callable[[], None]], *, take_back: bool = False) -> Step:
+def concurrently(calls: Sequence[Callable[[], None]]) -> Step:
     """A step running ``calls`` (GIL-free kernels writing disjoint memory, each with its own
-    scratch) at once through :func:`split`'s pool (``take_back`` as there); the call itself
-    when there is one."""
+    scratch) at once through :func:`split`'s pool; the call itself when there is one."""
     if len(calls) == 1:
         return calls[0]
 
@@ -359,7 +290,7 @@ def concurrently(calls: Sequence[Callable[[], None]], *, take_back: bool = False
         for k in range(lo, hi):
             calls[k]()
 
-    return split(run, len(calls), 1, take_back=take_back)
+    return split(run, len(calls), 1)
 
 
 _blas_lock = threading.Lock()

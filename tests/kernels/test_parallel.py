@@ -116,37 +116,3 @@ def test_an_interrupt_right_after_claiming_the_pool_leaves_it_free(two_threads, 
     names: list = []
     parallel.split(_marking(out, names), 100, 1)()
     assert np.all(out == 1) and len(set(names)) == 2
-
-
-def test_parts_taken_back_run_once_and_leave_the_pool_usable(two_threads):
-    # tiny parts: the caller mostly takes the worker's part back before it wakes, then finds
-    # it still waking for that part at the next split
-    out = np.zeros(2, np.int64)
-    back = parallel.split(_marking(out), 2, 1, take_back=True)
-    plain_out = np.zeros(2, np.int64)
-    plain = parallel.split(_marking(plain_out), 2, 1)
-    for i in range(3000):
-        back()
-        if i % 3 == 0:
-            plain()
-    assert np.all(out == 3000) and np.all(plain_out == 1000)
-    names: list = []
-    big = np.zeros(1 << 16, np.int64)
-    slow = parallel.split(_marking(big, names), big.size, 1)
-    for _ in range(5):
-        slow()
-    # a split without take_back hands its parts over even to a worker still waking
-    assert np.all(big == 5) and len(set(names)) == 2
-
-
-def test_a_worker_error_with_take_back_reaches_the_caller(two_threads):
-    def fn(lo: int, hi: int) -> None:
-        if lo > 0:
-            raise ValueError("part failed")
-
-    for _ in range(20):  # whichever thread runs the failing part
-        with pytest.raises(ValueError, match="part failed"):
-            parallel.split(fn, 10, 1, take_back=True)()
-    out = np.zeros(10, np.int64)
-    parallel.split(_marking(out), 10, 1, take_back=True)()
-    assert np.all(out == 1)

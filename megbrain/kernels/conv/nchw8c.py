@@ -105,14 +105,11 @@ def units_as_they_go(units: int, bind_part: Callable[[np.ndarray, int], Step],
     then what is left of the others'. A thread the OS holds back delays only the unit it has
     (a fixed split waited for its slowest part), and each thread keeps to the same part of
     the output from one layer to the next, so that it reads mostly what it wrote itself (the
-    units are band-major, the rows of a layer's output that feed the same rows of the next).
-    A part no pool thread has begun when the caller's part ends (the caller then took every
-    unit) is taken back (:func:`parallel.split`'s ``take_back``): a small layer does not wait
-    for a thread that wakes after its work is done."""
+    units are band-major, the rows of a layer's output that feed the same rows of the next)."""
     threads = max(1, min(units, parallel.num_threads(), max_threads or units))
     bounds = np.array(parallel.ranges(units, threads), np.int64).reshape(-1)
     counter = bounds.copy()
-    run = parallel.concurrently([bind_part(counter, me) for me in range(threads)], take_back=True)
+    run = parallel.concurrently([bind_part(counter, me) for me in range(threads)])
 
     def step() -> None:
         counter[:] = bounds
