@@ -293,8 +293,48 @@ class ConvBiasTail(ConvBias):
                          NoGradient)  # fmt: skip
 
 
+class _ConvBiasThroughSource(ConvBias):
+    """A ConvBias whose last inputs transform its source per channel before the products,
+    made at compile time only. POINTWISE_NCHW88 (any NCHW88 binding) gets them as the
+    keyword ``source_kw`` of :meth:`_bind_nchw88` and applies them as it loads; any other
+    algorithm reads the transformed source, written into its workspace by
+    :meth:`_transform` first."""
+
+    n_extra = 0
+    source_kw = ""
+    described = ""  # for the gradient's refusal
+    _through = None
+
+    @staticmethod
+    def _transform(src, extra, out) -> None:
+        raise NotImplementedError
+
+    def bind(self, ins, outs):
+        extra, ins = ins[-self.n_extra :], ins[: -self.n_extra]
+        if self._nchw88():
+            self._through = extra[0] if self.n_extra == 1 else tuple(extra)
+            try:  # read by _bind_nchw88, for this bind only
+                return super().bind(ins, outs)
+            finally:
+                self._through = None
+        src = workspace.empty(ins[0].shape, ins[0].dtype)
+        step = super().bind([src, *ins[1:]], outs)
+        return chain([functools.partial(self._transform, ins[0], extra, src), step])
+
+    def _bind_nchw88(self, src, filt, out, epilogue=None, z=None, **through):
+        return super()._bind_nchw88(src, filt, out, epilogue, z,
+                                    **{self.source_kw: self._through})  # fmt: skip
+
+    def inplace_input(self):
+        return None  # inputs after the bias are the transform's, which ConvBias's rule skips
+
+    def grad(self, wrt_idx, out_grads):
+        raise self.error(f"{self.described} has no gradient (made at compile time)",
+                         NoGradient)  # fmt: skip
+
+
 @register_opr
-class ConvBiasGated(ConvBias):
+class ConvBiasGated(_ConvBiasThroughSource):
     """A ConvBias reading its source scaled per sample and input channel, ``act(conv(src
     gate) + bias [+ z])``, ``gate`` its last input ((N, IC/8, 1, 1, 8) in NCHW88, (N, IC, 1,
     1) in NCHW, float32): the squeeze-and-excitation multiply of the mobile nets and the
@@ -308,7 +348,13 @@ class ConvBiasGated(ConvBias):
 
     type_name = "ConvBiasGated"
     short_name = "conv_bias_gated"
-    _gate = None
+    n_extra = 1
+    source_kw = "gate"
+    described = "a gated ConvBias"
+
+    @staticmethod
+    def _transform(src, extra, out) -> None:
+        np.multiply(src, extra[0], out=out)
 
     def default_name(self):
         return f"{super().default_name()}*gate"
@@ -327,31 +373,9 @@ class ConvBiasGated(ConvBias):
             raise self.error(f"gate {fmt_shape(gate)} must be {fmt_shape(want)}")
         return super().infer_shapes(in_shapes[:-1], in_values)
 
-    def bind(self, ins, outs):
-        gate = ins[-1]
-        if self._nchw88():
-            self._gate = gate  # read by _bind_nchw88, for this bind only
-            try:
-                return super().bind(ins[:-1], outs)
-            finally:
-                self._gate = None
-        scaled = workspace.empty(ins[0].shape, ins[0].dtype)
-        step = super().bind([scaled, *ins[1:-1]], outs)
-        return chain([functools.partial(np.multiply, ins[0], gate, out=scaled), step])
-
-    def _bind_nchw88(self, src, filt, out, epilogue=None, z=None, gate=None):
-        return super()._bind_nchw88(src, filt, out, epilogue, z, gate=self._gate)
-
-    def inplace_input(self):
-        return None  # input 3 is the gate or a z ConvBias's rule does not cover
-
-    def grad(self, wrt_idx, out_grads):
-        raise self.error("a gated ConvBias has no gradient (made at compile time)",
-                         NoGradient)  # fmt: skip
-
 
 @register_opr
-class ConvBiasPreact(ConvBias):
+class ConvBiasPreact(_ConvBiasThroughSource):
     """A ConvBias reading its source through a per-channel scale, shift and ReLU, ``act(
     conv(relu(src scale + shift)) + bias [+ z])``, ``scale`` and ``shift`` its last two
     inputs ((1, IC/8, 1, 1, 8) in NCHW88, (1, IC, 1, 1) in NCHW, float32): a DenseNet
@@ -365,7 +389,13 @@ class ConvBiasPreact(ConvBias):
 
     type_name = "ConvBiasPreact"
     short_name = "conv_bias_preact"
-    _preact = None
+    n_extra = 2
+    source_kw = "preact"
+    described = "a pre-activated ConvBias"
+
+    @staticmethod
+    def _transform(src, extra, out) -> None:
+        conv_nchw88.preactivate(src, *extra, out)
 
     def default_name(self):
         return f"{super().default_name()}(relu)"
@@ -384,29 +414,6 @@ class ConvBiasPreact(ConvBias):
             if tuple(shape) != want:
                 raise self.error(f"{name} {fmt_shape(tuple(shape))} must be {fmt_shape(want)}")
         return super().infer_shapes(in_shapes[:-2], in_values)
-
-    def bind(self, ins, outs):
-        scale, shift = ins[-2:]
-        if self._nchw88():
-            self._preact = (scale, shift)  # read by _bind_nchw88, for this bind only
-            try:
-                return super().bind(ins[:-2], outs)
-            finally:
-                self._preact = None
-        act = workspace.empty(ins[0].shape, ins[0].dtype)
-        step = super().bind([act, *ins[1:-2]], outs)
-        return chain([functools.partial(conv_nchw88.preactivate, ins[0], scale, shift, act),
-                      step])  # fmt: skip
-
-    def _bind_nchw88(self, src, filt, out, epilogue=None, z=None, gate=None):
-        return super()._bind_nchw88(src, filt, out, epilogue, z, preact=self._preact)
-
-    def inplace_input(self):
-        return None  # inputs 3 and 4 are scale and shift, or z and scale
-
-    def grad(self, wrt_idx, out_grads):
-        raise self.error("a pre-activated ConvBias has no gradient (made at compile time)",
-                         NoGradient)  # fmt: skip
 
 
 @_conv_params(("param", "ConvBias"), *_POLICY)
