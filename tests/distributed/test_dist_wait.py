@@ -55,23 +55,33 @@ def test_a_request_done_while_spinning_never_sleeps(monkeypatch):
     assert req.calls == 3 and slept == []
 
 
-def test_sleeps_double_up_to_the_short_cap_in_a_young_wait(monkeypatch):
+@pytest.fixture
+def frozen_clock(monkeypatch):
+    """A clock that stands still, and sleeps that only record their length: the sleeps a
+    wait chooses then depend on the time waited that the test sets, not on how loaded the
+    machine running it is."""
+    now = 1000.0
+    monkeypatch.setattr(time, "perf_counter", lambda: now)
     slept = []
-    monkeypatch.setattr(time, "sleep", slept.append)  # no time passes while "sleeping"
+    monkeypatch.setattr(time, "sleep", slept.append)
+    return now, slept
+
+
+def test_sleeps_double_up_to_the_short_cap_in_a_young_wait(frozen_clock):
+    now, slept = frozen_clock
     req = _Req(after=9)
-    mpi_comm._sleep_until(req, time.perf_counter() - mpi_comm.SPIN_S)
+    mpi_comm._sleep_until(req, now - mpi_comm.SPIN_S)
     assert slept[:4] == pytest.approx([20e-6, 40e-6, 80e-6, 160e-6])
     assert slept[4:] == pytest.approx([mpi_comm.SHORT_SLEEP_S] * 4)
 
 
-def test_sleeps_grow_with_the_time_waited_up_to_the_cap(monkeypatch):
-    slept = []
-    monkeypatch.setattr(time, "sleep", slept.append)
+def test_sleeps_grow_with_the_time_waited_up_to_the_cap(frozen_clock):
+    now, slept = frozen_clock
     waited = 0.008  # a peer 8 ms late: sleeps up to 1 ms (1/8 of it)
-    mpi_comm._sleep_until(_Req(after=12), time.perf_counter() - waited)
-    assert max(slept) == pytest.approx(waited * mpi_comm.LATE_SLEEP_FRACTION, rel=0.1)
+    mpi_comm._sleep_until(_Req(after=12), now - waited)
+    assert max(slept) == pytest.approx(waited * mpi_comm.LATE_SLEEP_FRACTION)
     slept.clear()
-    mpi_comm._sleep_until(_Req(after=12), time.perf_counter() - 10.0)
+    mpi_comm._sleep_until(_Req(after=12), now - 10.0)
     assert max(slept) == pytest.approx(mpi_comm.MAX_SLEEP_S)
     assert slept[:2] == pytest.approx([20e-6, 40e-6])  # still starts short
 
