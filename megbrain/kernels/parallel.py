@@ -4,7 +4,8 @@ The executor calls kernels from its comp nodes' worker threads, and Numba's para
 layers (OpenMP, TBB, workqueue) are not safe to enter from several threads at once. A kernel
 that takes a range ``[lo, hi)`` of independent items (planes, rows) and releases the GIL
 (``nogil``) is instead split here: the calling thread runs the first part, the pool's threads
-the others, and the call returns when all are done. The pool has one thread fewer than
+the others, and the call returns when all are done; the parts no pool thread has begun by
+the time the caller's own is done, the caller runs itself. The pool has one thread fewer than
 :func:`num_threads` (the BLAS thread count, else the number of CPUs). One caller at a time
 holds it: a split started while another holds it (a second comp node's thread, or a part
 splitting again) runs all its parts on its own thread, as the cores are busy anyway, so
@@ -125,11 +126,28 @@ def _spinner():
     return spin
 
 
+#: who ran an offered part: the value of its ``claims[0]`` (:class:`_Worker`)
+_WORKER, _CALLER = "worker", "caller"
+
+
 class _Worker:
-    """A pool thread: runs the part it is given (``job``) once ``go`` is released, then
-    releases ``done``; an exception is kept for the caller. ``counters`` (parts given, parts
-    done) let either side poll a moment before it blocks on its lock (:func:`_spinner`);
-    ``clocks`` are the worker's and the caller's buffers for the poll's clock."""
+    """A pool thread, given parts by one caller at a time.
+
+    The caller offers a part as ``offer = (fn, lo, hi, claims)``, ``claims`` a new dict, and
+    releases ``go`` unless a wake-up is still pending (the worker then reads this offer when
+    it wakes). The side whose ``claims.setdefault(0, side)`` comes first runs the part: one
+    C call under the GIL, so that claiming a part and recording who has it are a single step
+    that no signal handler (a Ctrl-C's KeyboardInterrupt, run between bytecodes) can split.
+    The worker releases ``done`` after each part it claimed and then sets ``claims[1]``; its
+    exception goes to ``claims[2]``. The caller acquires ``done`` once for each part the
+    worker claimed and for no other; a part the caller took back leaves the worker a
+    wake-up that finds it claimed, after which the worker waits again without releasing
+    ``done``.
+
+    ``counters`` (offers made, parts the worker ended) let either side poll a moment before
+    it blocks on its lock (:func:`_spinner`); ``clocks`` are the worker's and the caller's
+    buffers for the poll's clock; ``claimed`` (parts the worker claimed, written by the
+    worker alone) is the count the caller's poll waits for."""
 
     def __init__(self, name: str) -> None:
 
@@ -139,37 +157,44 @@ class _Worker:
         self.done.acquire()
         self.counters = np.zeros(2, np.int64)
         self.clocks = np.zeros((2, 2), np.int64)
-        self.job: tuple | None = None
-        self.error: BaseException | None = None
+        self.offer: tuple = (None, 0, 0, {0: _CALLER})  # nothing to claim yet
+        self.claimed = 0
         threading.Thread(target=self._serve, name=name, daemon=True).start()
 
-    def start(self, fn, lo: int, hi: int) -> None:
-        self.job = (fn, lo, hi)
+    def give(self, fn, lo: int, hi: int, claims: dict) -> None:
+        """Offer the part ``fn(lo, hi)``, claimed through ``claims`` (see the class)."""
+        self.offer = (fn, lo, hi, claims)
         self.counters[0] += 1
-        self.go.release()
+        if self.go.locked():  # only this side releases it, so it stays locked until then
+            self.go.release()
 
     def join(self, spin) -> None:
+        """Wait for the part the worker claimed last to end."""
         if spin is not None:
-            spin(self.counters, 1, self.counters[0] - 1, -1, 0, self.clocks[1])
+            spin(self.counters, 1, self.claimed - 1, -1, 0, self.clocks[1])
         self.done.acquire()
 
     def _serve(self) -> None:
         spin = _spinner()
-        given = 0
-        signal = -1  # no part done yet
+        seen = 0  # offers made when the worker last looked
+        signal = -1  # no part ended since it last polled
         while True:
             if spin is not None:
-                # counts the part done, then waits for the next one
-                spin(self.counters, 0, given, signal, SETTLE_NS, self.clocks[0])
+                # counts the part ended, then waits for the next offer
+                spin(self.counters, 0, seen, signal, SETTLE_NS, self.clocks[0])
             self.go.acquire()
-            given += 1
-            fn, lo, hi = self.job
+            seen = int(self.counters[0])  # read before the offer: the caller writes it after
+            fn, lo, hi, claims = self.offer
+            if claims.setdefault(0, _WORKER) is not _WORKER:
+                signal = -1  # the caller took it back (or it is an old offer)
+                continue
+            self.claimed += 1
             try:
                 fn(lo, hi)
             except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
-                self.error = exc
-            self.job = None
+                claims[2] = exc
             self.done.release()
+            claims[1] = True
             if spin is None:
                 self.counters[1] += 1
             signal = 1
@@ -184,21 +209,21 @@ _claim: dict[int, object] = {}
 _workers: list[_Worker] = []
 
 
-def _drain(used: list[_Worker]) -> None:
-    """Wait until every part given to ``used`` has ended and leave their ``done`` locks held,
-    whichever joins ran: after a KeyboardInterrupt raised while joining, the next split
-    must not find a part's ``done`` still released. Idempotent, so a second interrupt just
-    drains again; the interrupt itself is re-raised by the caller."""
+def _settle(offers: list[tuple[_Worker, dict, tuple]]) -> None:
+    """Leave the pool as a split found it after an exception or interrupt anywhere in its
+    bookkeeping: claim every offered part no worker has begun (it never runs), wait for
+    those a worker did begin to end, and take their ``done`` releases, whichever joins
+    already took them. Idempotent, so a second interrupt just settles again; the exception
+    itself is re-raised by the caller."""
     while True:
         try:
-            for w in used:
-                # counters[1] (parts ended) moves only after ``done`` was released
-                while w.counters[1] < w.counters[0]:
-                    time.sleep(1e-4)
-                w.done.acquire(blocking=False)
-                w.error = None
+            for w, claims, _ in offers:
+                if claims.setdefault(0, _CALLER) is _WORKER:
+                    while 1 not in claims:  # set after ``done`` was released
+                        time.sleep(1e-4)
+                    w.done.acquire(blocking=False)
             return
-        except BaseException:  # noqa: BLE001, S112 - a second Ctrl-C: drain to the end
+        except BaseException:  # noqa: BLE001, S112 - a second Ctrl-C: settle to the end
             continue
 
 
@@ -233,6 +258,15 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
         Number of items.
     min_items : int
         Fewest items worth one thread (below it, the hand-over costs more than it saves).
+
+    Notes
+    -----
+    Once its own part is done, the caller runs the parts no pool thread has begun yet
+    (:class:`_Worker` says how a part is claimed): a thread waking late (:data:`SETTLE_NS`
+    after it was given its part at best, much later on a busy machine) then costs nothing
+    but the offer, and a small split runs at one thread's speed instead of waiting. Parts
+    taking their work from a shared counter (:func:`.conv.nchw8c.units_as_they_go`) find it
+    done.
     """
     bounds = ranges(n, num_threads(), min_items)
     if len(bounds) == 1:
@@ -242,33 +276,36 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
     def run() -> None:
         used = _pool()[: len(rest)]
         token = object()
+        offers: list[tuple[_Worker, dict, tuple]] = []
         try:
             if _claim.setdefault(0, token) is not token:  # the pool runs another's parts
                 for lo, hi in bounds:
                     fn(lo, hi)
                 return
             try:
-                for w, (lo, hi) in zip(used, rest):
-                    w.start(fn, lo, hi)
+                for w, part in zip(used, rest):
+                    claims: dict = {}
+                    offers.append((w, claims, part))  # before the worker can claim it
+                    w.give(fn, *part, claims)
                 fn(*head)
                 for lo, hi in rest[len(used) :]:  # more parts than workers: a larger count
                     fn(lo, hi)  # was set after the pool started
-            finally:  # the workers' errors are taken even when the caller's part raised
-                try:
-                    spin = _spinner()
-                    for w in used:
+                for _, claims, part in offers:  # the parts no worker has begun run here
+                    if claims.setdefault(0, _CALLER) is _CALLER:
+                        fn(*part)
+                spin = _spinner()
+                for w, claims, _ in offers:
+                    if claims[0] is _WORKER:
                         w.join(spin)
-                except BaseException:
-                    _drain(used)  # interrupted (Ctrl-C): the parts still end before we go
-                    raise
-                errors = [w.error for w in used if w.error is not None]
-                for w in used:
-                    w.error = None
+            except BaseException:
+                _settle(offers)  # the parts begun still end before we go
+                raise
         finally:
             if 0 in _claim and _claim[0] is token:  # no call in between: no signal handler
                 del _claim[0]
-        if errors:
-            raise errors[0]
+        for _, claims, _ in offers:
+            if 2 in claims:
+                raise claims[2]
 
     return run
 

@@ -77,6 +77,22 @@ def test_matmul_step_writes_a_strided_result_in_place():
     assert not big[:, :30].any() and not big[:, 230:].any()
 
 
+def _after_a_pool_thread(fn):
+    """``fn``, whose calls on the caller's thread wait until a pool thread has called it:
+    a caller done with its own part first takes the parts no pool thread has begun back,
+    and a test of the split would then see one thread."""
+    met = threading.Event()
+
+    def waiting(*args, **kwargs):
+        if threading.current_thread().name.startswith("mgb-kernel"):
+            met.set()
+        else:
+            assert met.wait(30), "no pool thread took a part"
+        return fn(*args, **kwargs)
+
+    return waiting
+
+
 @needs_blas_control
 @pytest.mark.parametrize("shape", [(512, 256, 64), (64, 256, 512)])
 def test_a_large_product_is_split_over_the_kernel_threads_blas_single_threaded(
@@ -87,6 +103,7 @@ def test_a_large_product_is_split_over_the_kernel_threads_blas_single_threaded(
     seen = []
     real = np.matmul
 
+    @_after_a_pool_thread
     def recording(x, y, out):
         seen.append((threading.current_thread().name, parallel.blas_thread_counts(), out.shape))
         return real(x, y, out=out)
@@ -202,8 +219,8 @@ def test_a_large_matrix_vector_product_runs_its_rows_on_several_threads(monkeypa
     monkeypatch.setattr(parallel, "num_threads", lambda: 2)
     seen = []
     real = gemv_loops.dot_rows()
-    monkeypatch.setattr(gemv_loops, "dot_rows", lambda: lambda *a: seen.append(
-        (threading.current_thread().name, a[3:])) or real(*a))  # fmt: skip
+    monkeypatch.setattr(gemv_loops, "dot_rows", lambda: _after_a_pool_thread(lambda *a: seen.append(
+        (threading.current_thread().name, a[3:])) or real(*a)))  # fmt: skip
     w = np.ones((1000, 2048), np.float32)
     out = np.empty((1, 1000), np.float32)
     gemm.matmul_step(np.ones((1, 2048), np.float32), w.T, out)()

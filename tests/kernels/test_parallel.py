@@ -2,6 +2,7 @@
 splits neither deadlock nor lose parts."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -26,14 +27,73 @@ def _marking(out: np.ndarray, names: list | None = None):
     return fn
 
 
+def _meeting(out: np.ndarray, names: list):
+    """``_marking`` whose first part (the caller's own) ends only once another part has
+    run: the pool thread then always runs its part, as the caller cannot take it back."""
+    met = threading.Event()
+    mark = _marking(out, names)
+
+    def fn(lo: int, hi: int) -> None:
+        if lo == 0:
+            assert met.wait(30), "no pool thread ran a part"
+            met.clear()
+        mark(lo, hi)
+        if lo > 0:
+            met.set()
+
+    return fn
+
+
 def test_each_item_runs_once_on_two_threads(two_threads):
     out = np.zeros(100, np.int64)
     names: list = []
-    step = parallel.split(_marking(out, names), 100, 1)
+    step = parallel.split(_meeting(out, names), 100, 1)
     for _ in range(3):
         step()
     assert np.all(out == 3)
     assert len(set(names)) == 2  # the caller and a worker
+    step = parallel.split(_marking(out), 100, 1)  # whoever runs the worker's part
+    for _ in range(200):
+        step()
+    assert np.all(out == 203)
+
+
+def _in_thread(step, timeout: float = 30) -> None:
+    """Run ``step`` on a thread and fail, instead of hanging, if it does not return."""
+    errors: list = []
+
+    def run() -> None:
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "the split did not return"
+    if errors:
+        raise errors[0]
+
+
+def test_a_part_no_worker_has_begun_runs_on_the_caller_without_waiting(two_threads):
+    (w,) = parallel._pool()
+    time.sleep(0.05)  # past its poll: the worker sleeps on its ``go`` lock
+    asleep, w.go = w.go, threading.Lock()  # a worker that never wakes
+    w.go.acquire()
+    try:
+        out = np.zeros(100, np.int64)
+        names: list = []
+        _in_thread(parallel.split(_marking(out, names), 100, 1))
+        assert np.all(out == 1) and len(set(names)) == 1  # both parts on the caller
+    finally:
+        w.go = asleep
+    out = np.zeros(100, np.int64)
+    names = []
+    step = parallel.split(_meeting(out, names), 100, 1)
+    # the worker, woken for a part taken back, takes the next
+    _in_thread(lambda: [step() for _ in range(3)])
+    assert np.all(out == 3) and len(set(names)) == 2
 
 
 def test_a_workers_exception_reaches_the_caller_and_the_pool_recovers(two_threads):
@@ -114,5 +174,76 @@ def test_an_interrupt_right_after_claiming_the_pool_leaves_it_free(two_threads, 
     assert not claim  # released: later splits still use the workers
     monkeypatch.setattr(parallel, "_claim", {})
     names: list = []
-    parallel.split(_marking(out, names), 100, 1)()
+    parallel.split(_meeting(out, names), 100, 1)()
     assert np.all(out == 1) and len(set(names)) == 2
+
+
+def _interrupting_join(when: str):
+    join = parallel._Worker.join
+
+    def interrupted(self, spin) -> None:
+        if when == "after":
+            join(self, spin)
+        raise KeyboardInterrupt
+
+    return interrupted
+
+
+@pytest.mark.parametrize("where", ["caller's part", "part taken back", "before join",
+                                   "after join"])  # fmt: skip
+def test_an_interrupt_anywhere_in_a_split_leaves_the_pool_consistent(
+    two_threads, monkeypatch, where
+):
+    """A KeyboardInterrupt in the caller's own part, in a part it took back, or while it
+    joins the worker: the split raises it, every part the worker began has ended, and the
+    next splits run every item once on both threads (a worker's ``done`` release left
+    unmatched made the next join return early or hang)."""
+    out = np.zeros(100, np.int64)
+    ended = threading.Event()
+    mark = _marking(out)
+    if where == "caller's part":
+
+        def fn(lo, hi):
+            if lo == 0:
+                raise KeyboardInterrupt
+            mark(lo, hi)
+
+    elif where == "part taken back":
+
+        def fn(lo, hi):
+            if lo > 0 and threading.current_thread() is threading.main_thread():
+                raise KeyboardInterrupt
+            mark(lo, hi)
+
+        (w,) = parallel._pool()
+        time.sleep(0.05)
+        asleep, w.go = w.go, threading.Lock()  # late: the caller takes its part back
+        w.go.acquire()
+    else:
+
+        def fn(lo, hi):
+            if lo == 0:
+                assert ended.wait(30)
+            time.sleep(0.002 if lo > 0 else 0)
+            mark(lo, hi)
+            if lo > 0:
+                ended.set()
+
+        monkeypatch.setattr(parallel._Worker, "join", _interrupting_join(where.split()[0]))
+    with pytest.raises(KeyboardInterrupt):
+        parallel.split(fn, 100, 1)()
+    if where == "part taken back":
+        w.go = asleep
+    monkeypatch.undo()
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    assert np.all(out[:50] == (0 if where == "caller's part" else 1))
+    if where == "caller's part":  # the worker's part ran whole or, taken back, not at all
+        assert out[50:].min() == out[50:].max()
+    else:
+        assert np.all(out[50:] == (0 if where == "part taken back" else 1))
+    out[:] = 0
+    names: list = []
+    step = parallel.split(_meeting(out, names), 100, 1)
+    _in_thread(lambda: [step() for _ in range(3)])
+    assert np.all(out == 3) and len(set(names)) == 2
+    assert all(t.is_alive() for t in threading.enumerate() if t.name.startswith("mgb-kernel"))
