@@ -201,7 +201,8 @@ def test_the_end_padded_max_allocates_nothing_per_run(monkeypatch):
 
 @settings(max_examples=20, deadline=None)
 @given(st.integers(1, 3), st.integers(1, 2), st.integers(0, 1), st.integers(0, 1),
-       st.integers(3, 20), st.integers(0, 2**16), st.sampled_from([np.nan, np.inf, -np.inf]))  # fmt: skip
+       st.integers(3, 20), st.integers(0, 2**16),
+       st.sampled_from([np.nan, np.inf, -np.inf]))  # fmt: skip
 def test_the_separable_max_keeps_nan_and_infinities_at_any_tap(sh, sw, pad, end, size, seed,
                                                                 special):  # fmt: skip
     # overlapping 3-wide windows (stride 1 or 2, ceil mode's end padding) take the separable
