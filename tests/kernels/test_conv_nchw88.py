@@ -358,6 +358,32 @@ def test_wide_units_equal_units_of_16_channels_bit_for_bit(direct_only, monkeypa
     assert np.array_equal(outs[0], outs[1])
 
 
+@settings(max_examples=12, deadline=None)
+@given(blocks=st.sampled_from([1, 3, 5, 7]), rem=st.integers(0, 1), g=st.integers(1, 2),
+       fsize=st.sampled_from([1, 3]), side=st.integers(1, 15),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_odd_blocks_of_16_in_wide_units_match_float64(blocks, rem, g, fsize, side, seed):
+    # GoogLeNet's 208, 112, 144 and 48 output channels: wide units but for the last block of
+    # 16 (and the block of 8 after it), bit for bit the units of 16, within float64's bounds
+    ocg = 16 * blocks + 8 * rem
+    c = _case(kind="group" if g > 1 else "dense", g=g, icg=16, ocg=ocg, sshape=(side, side + 2),
+              fshape=(fsize, fsize), pad=(fsize // 2,) * 2, seed=seed)  # fmt: skip
+    x, w, src, filt = _operands(c)
+    bias = np.random.default_rng(seed).uniform(-1, 1, g * ocg).astype(np.float32)
+    outs = []
+    for wide in (False, True):
+        with pytest.MonkeyPatch.context() as mp:  # DIRECT_NCHW88 for the 1x1 ones too
+            mp.setattr(conv_nchw88, "preferred_pointwise88", lambda geo: False)
+            mp.setattr(conv_nchw88, "wide_units", lambda ocb, w=wide: w)
+            outs.append(_out88(c))
+            name, step = _bind(c, src, filt, outs[-1], epilogue=Epilogue(bias, False))
+            assert name == "DIRECT_NCHW88"
+            step()
+    assert np.array_equal(outs[0], outs[1])
+    want = ref_forward(c, x, w) + bias.astype(np.float64)[None, :, None, None]
+    np.testing.assert_allclose(conv_nchw88.to_nchw(outs[1]), want, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize(
     "geometry", [dict(icg=16, ocg=32), dict(kind="chan", g=24, icg=1, ocg=1, sshape=(17, 30))]
 )  # DIRECT_NCHW88, CHANNELWISE_NCHW88 (its units' row bands depend on the thread count)

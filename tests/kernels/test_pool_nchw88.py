@@ -197,3 +197,26 @@ def test_the_end_padded_max_allocates_nothing_per_run(monkeypatch):
     fn = pool88.bind_pooling_nchw88(src, out, "MAX", *geometry)
     fn()
     assert_allocates_nothing(fn)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 2), st.integers(0, 1), st.integers(0, 1),
+       st.integers(3, 20), st.integers(0, 2**16),
+       st.sampled_from([np.nan, np.inf, -np.inf]))  # fmt: skip
+def test_the_separable_max_keeps_nan_and_infinities_at_any_tap(sh, sw, pad, end, size, seed,
+                                                                special):  # fmt: skip
+    # overlapping 3-wide windows (stride 1 or 2, ceil mode's end padding) take the separable
+    # max, whose maxima are one max instruction and a NaN test of one operand: a NaN, inf
+    # or -inf at any tap of a window, on either side of each maximum, gives the NCHW
+    # pooling's value
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, 16, size, size + 1)).astype(np.float32)
+    hit = rng.random(x.shape) < 0.05
+    x[hit] = special
+    padded = np.pad(x, [(0, 0), (0, 0), (0, end), (0, end)], constant_values=-np.inf)
+    geometry = ((3, 3), (sh, sw), (pad, pad))
+    src = _to88(x)
+    out = np.full(pool88.pool_nchw88_shape(src.shape, *geometry, (end, end)), 7, np.float32)
+    pool88.bind_pooling_nchw88(src, out, "MAX", *geometry, (end, end))()
+    np.testing.assert_array_equal(conv_nchw88.to_nchw(out),
+                                  _pool_nchw(padded, "MAX", *geometry))  # fmt: skip

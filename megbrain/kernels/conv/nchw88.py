@@ -455,9 +455,11 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
     rows = oh if oh * wq <= WHOLE_PLANE else max(1, min(oh, -(-ROW_POSITIONS // wq)))
     ocb, rem = divmod(geo.ocg, loops.OB)  # blocks of 16 channels, and one of 8 (rem 8)
     rem //= loops.CB
-    wide = wide_units(ocb)
-    width = loops.OB * (2 if wide else 1)
-    units = n * geo.g * (ocb * loops.OB // width + rem) * -(-oh // rows)
+    # an odd count of blocks of 16 (GoogLeNet's 208, 112, 144, 48 channels) takes wide units
+    # too, the last of them one block wide
+    wide = wide_units(ocb) or (ocb >= 3 and wide_units(ocb + 1))
+    per = 2 if wide else 1
+    units = n * geo.g * (-(-ocb // per) + rem) * -(-oh // rows)
     geom = np.array([geo.g, ocb, geo.icg // loops.CB, wq, oh, ow, rows, cstride, sample, shift,
                      limit, _chunk(taps.size), wide, rem], np.int64)  # fmt: skip
     outf = out.reshape(-1)
@@ -472,7 +474,7 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
         epi |= 2
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
-        rb = workspace.empty(((rows * wq + 2 * loops.tile_positions()) * width,), _F32)
+        rb = workspace.empty(((rows * wq + 2 * loops.tile_positions()) * loops.OB * per,), _F32)
         return functools.partial(loops.conv_units_blocked, xp, wp, outf, zf, rb, taps, geom,
                                  bias, epi, counter, me, packing)  # fmt: skip
 

@@ -9,11 +9,13 @@ the image has its taps unrolled (the loops' control cost a third of the time of 
 pooling). The taps are visited in the order of the NCHW loops (:mod:`.loops`: window row
 by window row, from zero) and the averages finished the same way (times ``1 / window
 area`` in float32, or divided by the in-image tap count in float64), so the values equal
-the NCHW pooling's. MAX with overlapping windows of stride 1 along the width (GoogLeNet's
-3x3/s1 branch poolings) is separable (:func:`_max88_py`: the maximum over the window's
-rows per source column, then over its columns, in passes 16 lanes wide; 2-2.6 times
-faster there, no faster at stride 2); the order of the taps does not change a maximum
-(NaN propagates either way), so its values equal the NCHW pooling's too. The
+the NCHW pooling's. MAX with windows that overlap along the width (GoogLeNet's 3x3/s1 branch
+poolings, the 3x3/s2 ceil-mode ones of GoogLeNet and SqueezeNet) is separable
+(:func:`_max88_py`: the maximum over the window's rows per source column in one pass 16
+lanes wide, then over its columns; 2-2.6 times the tap loop's speed at stride 1, 1.1-1.2
+at 3x3/s2), each maximum one ``max`` instruction and a NaN test (:func:`_nanmax`); the
+order of the taps does not change a maximum (NaN propagates either way), so its values
+equal the NCHW pooling's too. The
 ``N * C/8 * OH`` output rows are split over threads (planes alone left a 3-plane tensor
 unbalanced on 2 threads); each output is computed alone, so the values do not depend on
 the split.
@@ -128,6 +130,13 @@ def _pool88_py(x, y, geo, kind, inv, lo, hi):  # pragma: no cover - compiled
             _store(acc, y, p, i, j, kind, inv, (a1 - a0) * (b1 - b0))
 
 
+def _nanmax(a, b):  # pragma: no cover - compiled
+    """``np.maximum(a, b)`` (NaN from either side) as one ``max`` instruction and a test of
+    ``a``: x86's ``max(a, b)`` is ``a > b ? a : b``, so only a NaN ``a`` needs the select."""
+    m = a if a > b else b
+    return m if a == a else a
+
+
 #: source columns (of 8 channels) of the max pooling's two stack buffers: an output row is
 #: made in chunks of as many windows as they hold (8 KiB each, inside L1)
 _MAX_COLS = 256
@@ -139,8 +148,10 @@ def _max88_py(x, y, geo, lo, hi):  # pragma: no cover - compiled
     of the row's windows first takes the maximum over the window's in-image rows of each
     source column (contiguous passes over the rows, into a stack buffer whose columns
     outside the image are ``-inf``), then over each window's columns of that buffer. Every
-    pass runs over columns and lanes alike, so LLVM's loop vectorizer makes it 16 lanes
-    wide (the 8-lane taps of :func:`_pool88_py` were 2-2.6 times slower at stride 1).
+    pass over the rows runs over columns and lanes alike, so LLVM's loop vectorizer makes it
+    16 lanes wide (the 8-lane taps of :func:`_pool88_py` were 2-2.6 times slower at stride
+    1); at stride 1 so does the pass over columns, at a larger stride each output takes its
+    window's columns of the buffer, 8 lanes at a time.
 
     ``x`` and ``y`` are the flat C-contiguous source and output; ``geo`` the window,
     stride and padding (height then width each) and the source and output sizes ``H, W,
@@ -174,33 +185,61 @@ def _max88_py(x, y, geo, lo, hi):  # pragma: no cover - compiled
                     buf[np.uintp(q * _CB + c)] = ninf
             src = top + (c0 + qa) * _CB
             b0 = qa * _CB
-            for e in range((qb - qa) * _CB):
-                buf[np.uintp(b0 + e)] = x[np.uintp(src + e)]
-            for a in range(1, a1 - a0):
-                r = src + a * row
-                for e in range((qb - qa) * _CB):
-                    v = x[np.uintp(r + e)]
-                    buf[np.uintp(b0 + e)] = np.maximum(buf[np.uintp(b0 + e)], v)
+            n = (qb - qa) * _CB
+            r1, r2 = src + row, src + 2 * row
+            if a1 - a0 == 3:  # the window's rows in one pass: no stores in between
+                for e in range(n):
+                    buf[np.uintp(b0 + e)] = _nanmax(
+                        _nanmax(x[np.uintp(src + e)], x[np.uintp(r1 + e)]), x[np.uintp(r2 + e)]
+                    )
+            elif a1 - a0 == 2:
+                for e in range(n):
+                    buf[np.uintp(b0 + e)] = _nanmax(x[np.uintp(src + e)], x[np.uintp(r1 + e)])
+            else:
+                for e in range(n):
+                    buf[np.uintp(b0 + e)] = x[np.uintp(src + e)]
+                for a in range(1, a1 - a0):
+                    r = src + a * row
+                    for e in range(n):
+                        v = x[np.uintp(r + e)]
+                        buf[np.uintp(b0 + e)] = _nanmax(buf[np.uintp(b0 + e)], v)
             dst = out + j0 * _CB
             if sw == 1 and ww == 3:  # the branch poolings: one pass over columns and lanes
                 for e in range((j1 - j0) * _CB):
-                    y[np.uintp(dst + e)] = np.maximum(
-                        np.maximum(buf[np.uintp(e)], buf[np.uintp(e + _CB)]),
-                        buf[np.uintp(e + 2 * _CB)],
-                    )
+                    m = _nanmax(buf[np.uintp(e)], buf[np.uintp(e + _CB)])
+                    y[np.uintp(dst + e)] = _nanmax(m, buf[np.uintp(e + 2 * _CB)])
                 continue
-            # the window's columns at every buffer column (contiguous, vectorized), then
-            # every ``sw``-th of them
-            nh = ((j1 - j0 - 1) * sw + 1) * _CB
+            if sw == 2 and ww == 3:  # the stems' and stages' 3x3/s2: 8 lanes an output
+                for j in range(j1 - j0):
+                    s0 = 2 * j * _CB
+                    for c in range(_CB):
+                        y[np.uintp(dst + j * _CB + c)] = _nanmax(
+                            _nanmax(buf[np.uintp(s0 + c)], buf[np.uintp(s0 + _CB + c)]),
+                            buf[np.uintp(s0 + 2 * _CB + c)],
+                        )
+                continue
+            if sw > 1:  # each output's columns alone (the windows share few)
+                for j in range(j1 - j0):
+                    s0 = j * sw * _CB
+                    for c in range(_CB):
+                        hb[np.uintp(c)] = buf[np.uintp(s0 + c)]
+                    for tap in range(1, ww):
+                        for c in range(_CB):
+                            v = buf[np.uintp(s0 + tap * _CB + c)]
+                            hb[np.uintp(c)] = _nanmax(hb[np.uintp(c)], v)
+                    for c in range(_CB):
+                        y[np.uintp(dst + j * _CB + c)] = hb[np.uintp(c)]
+                continue
+            # the window's columns at every buffer column (contiguous, vectorized)
+            nh = (j1 - j0) * _CB
             for e in range(nh):
                 hb[np.uintp(e)] = buf[np.uintp(e)]
             for tap in range(1, ww):
                 for e in range(nh):
                     v = buf[np.uintp(e + tap * _CB)]
-                    hb[np.uintp(e)] = np.maximum(hb[np.uintp(e)], v)
-            for j in range(j1 - j0):
-                for c in range(_CB):
-                    y[np.uintp(dst + j * _CB + c)] = hb[np.uintp(j * sw * _CB + c)]
+                    hb[np.uintp(e)] = _nanmax(hb[np.uintp(e)], v)
+            for e in range(nh):
+                y[np.uintp(dst + e)] = hb[np.uintp(e)]
 
 
 @functools.cache
@@ -225,9 +264,10 @@ def _compiled():
 @functools.cache
 def _compiled_max():
     """:func:`_max88_py` compiled for float32 (a read-only flat source)."""
-    global zmm_vectors
+    global zmm_vectors, _nanmax
     _compiled()  # binds the intrinsics and compiles ``_window``
     zmm_vectors = tiled_jit.zmm_vectors()
+    _nanmax = tiled_jit.compile_tiled(_nanmax, [t.float32(t.float32, t.float32)], inline="always")
     flat = t.Array(t.float32, 1, "C")
     geo = t.Array(t.int64, 1, "C", readonly=True)
     return tiled_jit.compile_tiled(
@@ -311,7 +351,7 @@ def bind_pooling_nchw88(src: np.ndarray, out: np.ndarray, mode: str, window, str
     x4 = x.reshape(planes, *src.shape[2:])
     x4.flags.writeable = False
     y4 = y.reshape(planes, *out.shape[2:])
-    if mode == "MAX" and stride[1] == 1 and 1 < window[1] <= _MAX_COLS:
+    if mode == "MAX" and stride[1] < window[1] <= _MAX_COLS:
         geo = np.array([*window, *stride, *pad, *src.shape[2:4], *out.shape[2:4]], np.int64)
         geo.flags.writeable = False
         fn = functools.partial(_compiled_max(), x4.reshape(-1), y4.reshape(-1), geo)

@@ -89,8 +89,9 @@ def _unit_py(u, nblk, ocb_n, per, extra, g_, rows, oh_n, wq, ow_n, bands_first):
     # work unit u as (sample, group, first block of 16 output channels, output rows [h0, h1),
     # packed positions [q0, q1)): units of ``per`` channel blocks and bands of ``rows`` rows,
     # the bands varying fastest (bands_first) or the channel blocks; ``extra`` 1 adds units
-    # of the block after the ocb_n blocks of 16 (8 channels: block index ocb_n)
-    ocu_n = ocb_n // per + extra
+    # of the block after the ocb_n blocks of 16 (8 channels: block index ocb_n). With per 2
+    # and ocb_n odd, the last unit of blocks of 16 has one (block ocb_n - 1)
+    ocu_n = (ocb_n + per - 1) // per + extra
     if bands_first:
         blk, ocu = u % nblk, u // nblk % ocu_n
     else:
@@ -98,7 +99,7 @@ def _unit_py(u, nblk, ocb_n, per, extra, g_, rows, oh_n, wq, ow_n, bands_first):
     rest = u // (nblk * ocu_n)
     h0 = blk * rows
     h1 = min(oh_n, h0 + rows)
-    return rest // g_, rest % g_, ocu * per, h0, h1, h0 * wq, (h1 - 1) * wq + ow_n
+    return rest // g_, rest % g_, min(ocu * per, ocb_n), h0, h1, h0 * wq, (h1 - 1) * wq + ow_n
 
 
 def _tiles_py(width):
@@ -357,9 +358,11 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
             break
         n, g, ocb, h0, h1, q0, q1 = _unit(u, nblk, ocb_n, per, rem, g_, rows, oh_n, wq, ow_n,
                                           False)  # fmt: skip
-        # a unit of the block of 8 after the blocks of 16 (OCg % 16 == 8): 8-channel tiles
+        # a unit of the block of 8 after the blocks of 16 (OCg % 16 == 8): 8-channel tiles;
+        # of wide units, the one of an odd count's last block of 16: 16-channel tiles
         narrow = ocb == ocb_n
-        width = CB if narrow else per * OB
+        single = wide and ocb == ocb_n - 1 and ocb_n % 2 == 1
+        width = CB if narrow else OB if single else per * OB
         wcb = taps.size * CB * (CB if narrow else OB)  # a block's filter per input block
         wsz = icb_n * taps.size * CB * OB  # the filter of a block of 16 (wide: the next one's)
         oc0 = g * ocg + ocb * OB
@@ -370,7 +373,7 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
             if narrow:
                 _one8(xp, x0, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z, bias,
                       oc0, epi, obase, ohw8, q0, q1, q0, q1, wq, ow_n)
-            elif wide:
+            elif wide and not single:
                 _one32(xp, x0, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z, bias,
                        oc0, epi, obase, ohw8, q0, q1, q0, q1, wq, ow_n)
             else:
@@ -384,7 +387,7 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
             x1, w1 = x0 + c0 * cstride, w0 + c0 * wcb
             if narrow:
                 _tile8(xp, x1, wp, w1, chunk, cstride, taps, rb, r0, c0 > 0, 0, q0, qt)
-            elif wide:
+            elif wide and not single:
                 _tile32(xp, x1, wp, w1, chunk, cstride, taps, rb, r0, c0 > 0, wsz, q0, qt)
             else:
                 _tile(xp, x1, wp, w1, chunk, cstride, taps, rb, r0, c0 > 0, 0, q0, qt)
@@ -398,7 +401,7 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
             if narrow:
                 _tile_out8(xp, xa, wp, wa, cn, cstride, taps, rb, ra, more, wsz, out, z, bias,
                            oc0, epi, obase, ohw8, qa, qb, qlo, q1, wq, ow_n)
-            elif wide:
+            elif wide and not single:
                 _tile_out32(xp, xa, wp, wa, cn, cstride, taps, rb, ra, more, wsz, out, z, bias,
                             oc0, epi, obase, ohw8, qa, qb, qlo, q1, wq, ow_n)
             else:
