@@ -247,6 +247,26 @@ def fuse_matmul_residual(graph, dest: list[VarNode]) -> dict:
     return _sweep(graph, oprs, skip, {t: fused for t in fused_at})
 
 
+def _nchw88_source(x: VarNode, readers: set, only) -> tuple | None:
+    """``(z, [the Dimshuffle, the RelayoutFormat])`` when ``x`` is the channels-last view
+    (Dimshuffle (0, 2, 3, 1)) of an NCHW88 ``z``'s RelayoutFormat to NCHW, the view read
+    only by ``readers`` and the NCHW tensor only by the view (as before each ConvNeXt block's
+    LayerNorm, after its depthwise convolution); else None."""
+    ds = x.owner
+    if ds is None or ds.type_name != "Dimshuffle" or ds.extra_deps or not only(x, readers):
+        return None
+    if tuple(ds.param.pattern) != (0, 2, 3, 1):
+        return None
+    rf = ds.inputs[0].owner
+    if (rf is None or rf.type_name != "RelayoutFormat" or rf.param.mode != "NCHW88_NCHW"
+            or rf.extra_deps or not only(ds.inputs[0], {ds})):  # fmt: skip
+        return None
+    z = rf.inputs[0]
+    if z.dtype != _F32 or len(_shape(z) or ()) != 5 or z.comp_node != x.comp_node:
+        return None
+    return z, [ds, rf]
+
+
 def _last_axis_mean(opr, nd: int) -> bool:
     """Whether ``opr`` is a float32 MEAN over the last of ``nd`` axes (axis kept): a Reduce,
     or a JITExecutor of ``x * x`` closed by one."""
@@ -350,15 +370,20 @@ def fuse_layer_norm(graph, dest: list[VarNode]) -> dict:
         if norm is None or len({x.comp_node, tail.comp_node, red.comp_node}) != 1:
             continue
         gone = [m.owner, o, red] + ([sq] if sq is not None else [])
-        fused_at[tail] = (x, norm[0], [u for u in norm[1] if u is not None], gone)
+        blocked = _nchw88_source(x, {m.owner, o}, only)
+        if blocked is not None:  # read the NCHW88 tensor in place
+            x, gone = blocked[0], gone + blocked[1]
+        fused_at[tail] = (x, norm[0], [u for u in norm[1] if u is not None], gone,
+                          blocked is not None)  # fmt: skip
     if not fused_at:
         return {}
 
     def fused(t, memo: dict) -> tuple[VarNode, VarNode]:
-        x, eps, vecs, _ = fused_at[t]
+        x, eps, vecs, _, nchw88 = fused_at[t]
         cfg = OperatorNodeConfig(comp_node=t.comp_node)
-        new = LayerNormLast([memo.get(u, u) for u in (x, *vecs)], LayerNormLastParam(eps), cfg)
+        new = LayerNormLast([memo.get(u, u) for u in (x, *vecs)],
+                            LayerNormLastParam(eps, nchw88), cfg)  # fmt: skip
         return t.outputs[0], graph.insert_opr(new)[0]
 
-    skip = {g for *_, gone in fused_at.values() for g in gone}
+    skip = {g for *_, gone, _ in fused_at.values() for g in gone}
     return _sweep(graph, oprs, skip, {t: fused for t in fused_at})
