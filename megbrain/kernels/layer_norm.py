@@ -57,6 +57,16 @@ def _rows_py(x, sr, c, scale, bias, out, eps, lo, hi):  # pragma: no cover - com
             os[k] = (xs[k] - m32) * inv * scale[k] + bias[k]
 
 
+@njit(nogil=True, cache=True, error_model="numpy")
+def _band_statistics(s1, s2, nb, inv_c, eps):  # pragma: no cover - compiled
+    # a band's sums of x and x^2 -> its means and 1 / sqrt(var + eps), in place
+    for j in range(nb):
+        mean = s1[j] * inv_c
+        var = max(s2[j] * inv_c - mean * mean, 0.0)
+        s1[j] = mean
+        s2[j] = 1.0 / np.sqrt(var + eps)
+
+
 def _columns_py(x, sc, c, scale, bias, out, eps, lo, hi, stats):  # pragma: no cover
     # x[r + k sc]: a band's rows along the vectors; stats: 2 BAND float64 of this thread's
     inv_c = 1.0 / c
@@ -73,11 +83,7 @@ def _columns_py(x, sc, c, scale, bias, out, eps, lo, hi, stats):  # pragma: no c
                 v = np.float64(xs[j])
                 s1[j] += v
                 s2[j] += v * v
-        for j in range(nb):
-            mean = s1[j] * inv_c
-            var = max(s2[j] * inv_c - mean * mean, 0.0)
-            s1[j] = mean
-            s2[j] = 1.0 / np.sqrt(var + eps)
+        _band_statistics(s1, s2, nb, inv_c, eps)
         for j in range(nb):
             m32 = np.float32(s1[j])
             inv = np.float32(s2[j])
@@ -105,18 +111,13 @@ def _blocks_py(x, hw, c, scale, bias, out, eps, lo, hi, stats):  # pragma: no co
         for g in range(c // 8):
             xs = x[base + g * hw * 8 : base + g * hw * 8 + nb * 8]
             for j in range(nb):
+                row = xs[j * 8 : j * 8 + 8]
                 for lane in range(8):
-                    v = np.float64(xs[j * 8 + lane])
-                    s1[j] += v
-                    s2[j] += v * v
+                    s1[j] += np.float64(row[lane])
+                    s2[j] += np.float64(row[lane]) * np.float64(row[lane])
+        _band_statistics(s1, s2, nb, inv_c, eps)
         for j in range(nb):
-            mean = s1[j] * inv_c
-            var = max(s2[j] * inv_c - mean * mean, 0.0)
-            s1[j] = mean
-            s2[j] = 1.0 / np.sqrt(var + eps)
-        for j in range(nb):
-            m32 = np.float32(s1[j])
-            inv = np.float32(s2[j])
+            m32, inv = np.float32(s1[j]), np.float32(s2[j])
             os = out[(r0 + j) * c : (r0 + j) * c + c]
             for g in range(c // 8):
                 xs = x[base + g * hw * 8 + j * 8 : base + g * hw * 8 + j * 8 + 8]
@@ -249,22 +250,16 @@ def bind_layer_norm_nchw88(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | 
     ----------
     x : numpy.ndarray
         float32 (N, C/8, H, W, 8), any strides (copied first unless C-contiguous).
-    scale, bias : numpy.ndarray
-        The C channels' float32 vectors (read at every run); ``bias`` None for none.
+    scale, bias, eps
+        As for :func:`bind_layer_norm`, of the C channels.
     out : numpy.ndarray
         float32 (N, H, W, C), C-contiguous, not overlapping ``x``.
-    eps : float
-        Added to the variance.
 
     Returns
     -------
     Step
-        The callable computing ``out`` (allocating nothing).
-
-    Raises
-    ------
-    ValueError
-        For operands of other dtypes, shapes or layouts.
+        The callable computing ``out`` (allocating nothing); ValueError for operands of
+        other dtypes, shapes or layouts.
     """
     if x.ndim != 5 or x.shape[-1] != 8:
         raise ValueError(f"layer norm: x {x.shape} is not an NCHW88 tensor (N, C/8, H, W, 8)")
