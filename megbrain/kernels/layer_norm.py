@@ -7,10 +7,11 @@ A row whose channels are contiguous (channels-last memory) is read as it is; a r
 *positions* are contiguous (a channels-last view of NCHW memory, as a ``Transpose`` before
 ONNX's LayerNormalization leaves it) is read a band of rows at a time along the positions,
 the band's statistics in per-thread scratch; an NCHW88 tensor (N, C/8, H, W, 8) is read in
-place too (:func:`bind_layer_norm_nchw88`: a band of positions, 8 channels at a time, written
-channels-last); any other layout is copied first. Rows are
-split over the kernel threads from a size on; the sums run over the channels in order, so
-results do not depend on the thread count.
+place too (:func:`bind_layer_norm_nchw88`: a band of positions, whole blocks of 8 channels
+at a time, written channels-last); any other layout is copied first. Rows are
+split over the kernel threads from a size on; a row's sums run in one fixed order (over the
+channels in order; for NCHW88 per lane over the blocks, then over the lanes), so results do
+not depend on the thread count.
 """
 
 from __future__ import annotations
@@ -95,35 +96,46 @@ def _columns_py(x, sc, c, scale, bias, out, eps, lo, hi, stats):  # pragma: no c
 
 def _blocks_py(x, hw, c, scale, bias, out, eps, lo, hi, stats):  # pragma: no cover
     # x: (N, C/8, HW, 8) flat, row r = (image r // hw, position r % hw); a band stays in one
-    # image; each row's sums run over the channels in order, as the other kernels'
+    # image. stats: 2 BAND 8 float64 of this thread's, per row and lane the sums over the
+    # channel blocks in order (whole vectors), then the 8 lanes' in order: a fixed order
     inv_c = 1.0 / c
-    s1 = stats[:BAND]
-    s2 = stats[BAND:]
+    a1 = stats[: BAND * 8]
+    a2 = stats[BAND * 8 :]
     r0 = lo
     while r0 < hi:
         img = r0 // hw
         p0 = r0 - img * hw
         nb = min(BAND, hi - r0, hw - p0)
         base = img * c * hw + p0 * 8
-        for j in range(nb):
-            s1[j] = 0.0
-            s2[j] = 0.0
+        span = nb * 8
+        for i in range(span):
+            a1[i] = 0.0
+            a2[i] = 0.0
         for g in range(c // 8):
-            xs = x[base + g * hw * 8 : base + g * hw * 8 + nb * 8]
-            for j in range(nb):
-                row = xs[j * 8 : j * 8 + 8]
-                for lane in range(8):
-                    s1[j] += np.float64(row[lane])
-                    s2[j] += np.float64(row[lane]) * np.float64(row[lane])
-        _band_statistics(s1, s2, nb, inv_c, eps)
+            xs = x[base + g * hw * 8 : base + g * hw * 8 + span]
+            for i in range(span):
+                v = np.float64(xs[i])
+                a1[i] += v
+                a2[i] += v * v
+        for j in range(nb):  # the lanes' sums into the row's, kept in the first nb slots
+            t1 = 0.0
+            t2 = 0.0
+            for lane in range(8):
+                t1 += a1[j * 8 + lane]
+                t2 += a2[j * 8 + lane]
+            a1[j] = t1
+            a2[j] = t2
+        _band_statistics(a1, a2, nb, inv_c, eps)
         for j in range(nb):
-            m32, inv = np.float32(s1[j]), np.float32(s2[j])
+            m32, inv = np.float32(a1[j]), np.float32(a2[j])
             os = out[(r0 + j) * c : (r0 + j) * c + c]
             for g in range(c // 8):
                 xs = x[base + g * hw * 8 + j * 8 : base + g * hw * 8 + j * 8 + 8]
+                sg = scale[g * 8 : g * 8 + 8]
+                bg = bias[g * 8 : g * 8 + 8]
+                og = os[g * 8 : g * 8 + 8]
                 for lane in range(8):
-                    k = g * 8 + lane
-                    os[k] = (xs[lane] - m32) * inv * scale[k] + bias[k]
+                    og[lane] = (xs[lane] - m32) * inv * sg[lane] + bg[lane]
         r0 += nb
 
 
@@ -277,7 +289,7 @@ def bind_layer_norm_nchw88(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | 
     scale, bias = readonly_view(scale), readonly_view(bias)
     parts = parallel.ranges(rows, parallel.num_threads(), -(-_MIN_PART // c))
     run = _compiled("blocks")
-    stats = workspace.empty((len(parts), 2 * BAND), np.float64)
+    stats = workspace.empty((len(parts), 16 * BAND), np.float64)
     calls = [functools.partial(run, xf, h * w, c, scale, bias, outf, float(eps), lo, hi, st)
              for (lo, hi), st in zip(parts, stats)]  # fmt: skip
     steps.append(parallel.concurrently(calls))
