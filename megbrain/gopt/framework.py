@@ -45,6 +45,7 @@ PRESET: list[str] = [
     "jit_fusion",  # jit.py
     "fuse_conv_bias_tail",  # jit.py: a ConvBias and its ReLU6/SiLU JITExecutor, one operator
     "fuse_matmul_tail",  # linear.py: a BatchedMatrixMul and its bias and GELU, one operator
+    "fuse_matmul_residual",  # linear.py: a block's layer scale and shortcut in its last product
     "fuse_layer_norm",  # linear.py: a LayerNorm's reductions and elementwise tail, one operator
     "fuse_pool_end_padding",  # nchw88.py: ceil mode's -inf Concats and the NCHW88 max pooling
     "sublinear_memory",  # sublinear.py: last, on the final operators and their seq

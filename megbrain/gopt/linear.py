@@ -1,8 +1,9 @@
 """Compile-time fusions of a transformer-style block's operators (ConvNeXt's): a product by
 a weight with the bias and elementwise tail reading it (``fuse_matmul_tail``,
-:class:`~megbrain.opr.blas.BatchedMatrixMulTail`), and a layer normalization over the last
-axis as one operator (``fuse_layer_norm``, :class:`~megbrain.opr.dnn_norm.LayerNormLast`).
-Both run after ``jit_fusion``, on its JITExecutors, at the same JIT levels, and only in
+:class:`~megbrain.opr.blas.BatchedMatrixMulTail`), then the layer scale and shortcut add
+after the block's last product (``fuse_matmul_residual``), and a layer normalization over
+the last axis as one operator (``fuse_layer_norm``, :class:`~megbrain.opr.dnn_norm.LayerNormLast`).
+All run after ``jit_fusion``, on its JITExecutors, at the same JIT levels, and only in
 compiled functions (graph files keep the operators they replace)."""
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import numpy as np
 from ..graph import OperatorNodeConfig, VarNode
 from ..kernels.jit_codegen import interpret
 from ..kernels.packed_gemm import TAIL_MODES
+from ..opr.base import SymbolVar
 from ..opr.blas import BatchedMatrixMul, BatchedMatrixMulTail, BatchedMatrixMulTailParam
 from ..opr.dnn_norm import LayerNormLast, LayerNormLastParam
+from ..opr.tensor_manip import dimshuffle, reshape
 from .jit import _fusable_graph, _shape, _sweep
 from .passes import register_pass
 
-__all__ = ["fuse_layer_norm", "fuse_matmul_tail"]
+__all__ = ["fuse_layer_norm", "fuse_matmul_residual", "fuse_matmul_tail"]
 
 _F32 = np.dtype(np.float32)
 
@@ -116,6 +119,154 @@ def fuse_matmul_tail(graph, dest: list[VarNode]) -> dict:
     return _sweep(graph, oprs, skip, {t: fused for t in fused_at})
 
 
+def _fusable_with_readers(graph, dest: list[VarNode]) -> tuple | None:
+    """``(oprs, readers, only)``: :func:`~.jit._fusable_graph`'s operators and readers, and
+    ``only(v, oprs)``, whether exactly ``oprs`` read ``v`` and nothing outside them needs it;
+    None where no fusion runs."""
+    found = _fusable_graph(graph, dest)
+    if found is None:
+        return None
+    oprs, readers, external = found
+
+    def only(v: VarNode, want: set) -> bool:
+        return v not in external and set(readers.get(v, ())) == want
+
+    return oprs, readers, only
+
+
+#: the Dimshuffle from channels-last (N, H, W, C) to the (N, C, H, W) view, as ONNX's
+#: Transpose after a ConvNeXt block's MLP imports
+_TO_NCHW = (0, 3, 1, 2)
+
+
+def _channels_last_view(v: VarNode) -> VarNode | None:
+    """The (N, H, W, C) var whose Dimshuffle :data:`_TO_NCHW` ``v`` is, else None."""
+    o = v.owner
+    if o is None or o.type_name != "Dimshuffle" or o.extra_deps:
+        return None
+    if tuple(o.param.pattern) != _TO_NCHW or len(_shape(o.inputs[0]) or ()) != 4:
+        return None
+    return o.inputs[0]
+
+
+def _residual_parts(opr, only, fused: dict) -> tuple | None:
+    """``(product, scale, x, shortcut (N, H, W, C) or None)`` when the Elemwise ``opr``
+    computes ``scale * y + x`` (FUSE_MUL_ADD3) of ``y`` the (N, C, H, W) view of a
+    BatchedMatrixMulTail's (N, H*W, C) product (through a Reshape and the Dimshuffle, read
+    by nothing else), a float32 ``scale`` of one value per channel and ``x`` a view of the
+    same kind of a channels-last var, the output of an Elemwise in ``fused`` (whose fused
+    form is such a view: the shortcut None, found when it is made) or an NCHW88 tensor's
+    RelayoutFormat to NCHW that only ``opr`` reads (the shortcut the RelayoutFormat: its
+    source is read channels-last instead); else None."""
+    if opr.type_name != "Elemwise" or opr.param.mode != "FUSE_MUL_ADD3" or opr.extra_deps:
+        return None
+    p, q, x = opr.inputs
+    shape = _shape(opr.outputs[0])
+    if opr.outputs[0].dtype != _F32 or shape is None or len(shape) != 4:
+        return None
+    u = _channels_last_view(x)
+    if u is None and x.owner not in fused:
+        rf = x.owner
+        if (rf is None or rf.type_name != "RelayoutFormat" or rf.param.mode != "NCHW88_NCHW"
+                or rf.extra_deps or not only(x, {opr})):  # fmt: skip
+            return None
+        u = rf
+    if _shape(x) != shape:
+        return None
+    for y, scale in ((p, q), (q, p)):
+        r4 = _channels_last_view(y)
+        if r4 is None or y is x or _shape(y) != shape or not only(y, {opr}):
+            continue
+        ss = _shape(scale)
+        if scale.dtype != _F32 or ss is None or ss[-3:] != (shape[1], 1, 1):
+            continue
+        if any(d != 1 for d in ss[:-3]) or len(ss) > 4:
+            continue
+        rs = r4.owner
+        if rs is None or rs.type_name != "Reshape" or rs.extra_deps or not only(r4, {y.owner}):
+            continue
+        mm = rs.inputs[0].owner
+        if (mm is None or type(mm) is not BatchedMatrixMulTail or len(mm.inputs) != 3
+                or mm.extra_deps or not only(mm.outputs[0], {rs})):  # fmt: skip
+            continue
+        n, h, w, c = _shape(r4)
+        if _shape(mm.outputs[0]) != (n, h * w, c):
+            continue
+        if isinstance(u, VarNode) and _shape(u) != (n, h, w, c):
+            continue
+        if len({mm.comp_node, opr.comp_node, x.comp_node}) != 1:
+            continue
+        return mm, scale, x, u
+    return None
+
+
+@register_pass("fuse_matmul_residual")
+def fuse_matmul_residual(graph, dest: list[VarNode]) -> dict:
+    """The pass (after ``fuse_matmul_tail``, at JIT level 1 and up): a ConvNeXt block's end,
+    ``scale * y + x`` (an Elemwise FUSE_MUL_ADD3) of ``y`` the NCHW view (a Reshape and a
+    Dimshuffle) of a BatchedMatrixMulTail's channels-last product that only it reads, a
+    per-channel ``scale`` and ``x`` an NCHW view of a channels-last shortcut, becomes one
+    BatchedMatrixMulTail adding ``scale`` times its result to the shortcut in its write-out;
+    the fused output is channels-last, its NCHW view replaces the Elemwise's output (so the
+    next block's shortcut is such a view too)."""
+    found = _fusable_with_readers(graph, dest)
+    if found is None:
+        return {}
+    oprs, readers, only = found
+
+    # the Elemwise -> (product, scale, x, shortcut or None, the oprs it replaces)
+    fused_at: dict = {}
+    for o in oprs:
+        parts = _residual_parts(o, only, fused_at)
+        if parts is not None:
+            (reshape_opr,) = readers[parts[0].outputs[0]]
+            gone = [parts[0], reshape_opr, readers[reshape_opr.outputs[0]][0]]
+            if parts[3] is not None and not isinstance(parts[3], VarNode):
+                gone.append(parts[3])  # the RelayoutFormat
+            fused_at[o] = (*parts, gone)
+    if not fused_at:
+        return {}
+
+    def fused(t, memo: dict) -> tuple[VarNode, VarNode]:
+        mm, scale, x, u, _ = fused_at[t]
+        n, c, h, w = _shape(t.outputs[0])
+        if u is None:  # x was fused before: its channels-last product under the view
+            u = memo[x].owner.inputs[0]
+        elif not isinstance(u, VarNode):  # the NCHW88 source, (N, H, W, C/8, 8): one copy
+            src = u.inputs[0]
+            u = dimshuffle(SymbolVar(memo.get(src, src)), (0, 2, 3, 1, 4)).node
+        cfg = OperatorNodeConfig(comp_node=mm.comp_node)
+        sv = reshape(SymbolVar(memo.get(scale, scale)), (c,)).node
+        addend = reshape(SymbolVar(memo.get(u, u)), (n, h * w, c)).node
+        ins = [memo.get(v, v) for v in mm.inputs] + [sv, addend]
+        new = graph.insert_opr(BatchedMatrixMulTail(ins, mm.param, cfg))[0]
+        view = dimshuffle(reshape(SymbolVar(new), (n, h, w, c)), _TO_NCHW).node
+        return t.outputs[0], view
+
+    skip = {g for *_, gone in fused_at.values() for g in gone}
+    return _sweep(graph, oprs, skip, {t: fused for t in fused_at})
+
+
+def _nchw88_source(x: VarNode, readers: set, only) -> tuple | None:
+    """``(z, [the Dimshuffle, the RelayoutFormat])`` when ``x`` is the channels-last view
+    (Dimshuffle (0, 2, 3, 1)) of an NCHW88 ``z``'s RelayoutFormat to NCHW, the view read
+    only by ``readers`` and the NCHW tensor only by the view (as before each ConvNeXt block's
+    LayerNorm, after its depthwise convolution); else None."""
+    ds = x.owner
+    if ds is None or ds.type_name != "Dimshuffle" or ds.extra_deps or not only(x, readers):
+        return None
+    if tuple(ds.param.pattern) != (0, 2, 3, 1):
+        return None
+    rf = ds.inputs[0].owner
+    if (rf is None or rf.type_name != "RelayoutFormat" or rf.param.mode != "NCHW88_NCHW"
+            or rf.extra_deps or not only(ds.inputs[0], {ds})):  # fmt: skip
+        return None
+    z = rf.inputs[0]
+    if z.dtype != _F32 or len(_shape(z) or ()) != 5 or z.comp_node != x.comp_node:
+        return None
+    return z, [ds, rf]
+
+
 def _last_axis_mean(opr, nd: int) -> bool:
     """Whether ``opr`` is a float32 MEAN over the last of ``nd`` axes (axis kept): a Reduce,
     or a JITExecutor of ``x * x`` closed by one."""
@@ -188,13 +339,10 @@ def fuse_layer_norm(graph, dest: list[VarNode]) -> dict:
     ``d * d``, then a JITExecutor computing ``d * (v + eps)^-0.5 * scale + bias``), where
     only those operators read ``m``, ``d``, the squares and ``v``, becomes one
     :class:`~megbrain.opr.dnn_norm.LayerNormLast`."""
-    found = _fusable_graph(graph, dest)
+    found = _fusable_with_readers(graph, dest)
     if found is None:
         return {}
-    oprs, readers, external = found
-
-    def only(v: VarNode, want: set) -> bool:
-        return v not in external and set(readers.get(v, ())) == want
+    oprs, readers, only = found
 
     fused_at: dict = {}  # the tail JITExecutor -> (x, eps, scale, bias, the oprs it replaces)
     for o in oprs:
@@ -208,7 +356,7 @@ def fuse_layer_norm(graph, dest: list[VarNode]) -> dict:
         if m.owner.inputs[0] is not x or not only(m, {o}):
             continue
         rd = set(readers.get(d, ()))
-        if d in external or len(rd) != 2:
+        if not only(d, rd) or len(rd) != 2:
             continue
         found = [(r, _variance(r, d, readers, only)) for r in rd]
         var = [(r, f) for r, f in found if f is not None]
@@ -222,15 +370,20 @@ def fuse_layer_norm(graph, dest: list[VarNode]) -> dict:
         if norm is None or len({x.comp_node, tail.comp_node, red.comp_node}) != 1:
             continue
         gone = [m.owner, o, red] + ([sq] if sq is not None else [])
-        fused_at[tail] = (x, norm[0], [u for u in norm[1] if u is not None], gone)
+        blocked = _nchw88_source(x, {m.owner, o}, only)
+        if blocked is not None:  # read the NCHW88 tensor in place
+            x, gone = blocked[0], gone + blocked[1]
+        fused_at[tail] = (x, norm[0], [u for u in norm[1] if u is not None], gone,
+                          blocked is not None)  # fmt: skip
     if not fused_at:
         return {}
 
     def fused(t, memo: dict) -> tuple[VarNode, VarNode]:
-        x, eps, vecs, _ = fused_at[t]
+        x, eps, vecs, _, nchw88 = fused_at[t]
         cfg = OperatorNodeConfig(comp_node=t.comp_node)
-        new = LayerNormLast([memo.get(u, u) for u in (x, *vecs)], LayerNormLastParam(eps), cfg)
+        new = LayerNormLast([memo.get(u, u) for u in (x, *vecs)],
+                            LayerNormLastParam(eps, nchw88), cfg)  # fmt: skip
         return t.outputs[0], graph.insert_opr(new)[0]
 
-    skip = {g for *_, gone in fused_at.values() for g in gone}
+    skip = {g for *_, gone, _ in fused_at.values() for g in gone}
     return _sweep(graph, oprs, skip, {t: fused for t in fused_at})

@@ -168,10 +168,11 @@ def _bind_products(
 
 def bind_batched_matmul_tail(
     a: np.ndarray, b: np.ndarray, bias: np.ndarray, out: np.ndarray, transpose_a: bool,
-    transpose_b: bool, tail: tuple,
+    transpose_b: bool, tail: tuple, residual: tuple | None = None,
 ) -> Callable[[], None]:  # fmt: skip
     """Bind ``out[i] = tail(op(a[i]) @ op(b[i]) + bias)``: :func:`bind_batched_matmul` with a
-    bias along the columns and an elementwise tail (a JIT expression of one input).
+    bias along the columns and an elementwise tail (a JIT expression of one input); with a
+    ``residual`` ``(scale, addend)``, ``out = tail(...) * scale + addend``.
 
     Parameters
     ----------
@@ -182,13 +183,18 @@ def bind_batched_matmul_tail(
     tail : tuple
         The JIT expression (:mod:`.jit_codegen`'s form) of ``("i", 0)``, the biased product;
         ``()`` for none.
+    residual : tuple, optional
+        ``(scale, addend)``: the float32 vector of the output's columns (1-d) multiplying the
+        tail's result and the float32 array of the output's shape added after (a ConvNeXt
+        block's layer scale and shortcut).
 
     Returns
     -------
     Callable[[], None]
-        A zero-argument callable computing ``out``: the packed GEMM applies the bias and the
-        tail in its tiles' write-out (a constant ``b``, :data:`.gemm_loops.TAIL_MODES`),
-        else the JIT's kernel of them runs over ``out`` after the product, in place.
+        A zero-argument callable computing ``out``: the packed GEMM applies the bias, the
+        tail and the residual in its tiles' write-out (a constant ``b``,
+        :data:`.gemm_loops.TAIL_MODES`), else the JIT's kernel of them runs over ``out``
+        after the product, in place.
     """
     if bias.ndim != 1 or bias.shape[0] != out.shape[-1] or bias.dtype != F32 or out.dtype != F32:
         raise ValueError(
@@ -196,42 +202,62 @@ def bind_batched_matmul_tail(
             f"the output's {out.shape[-1]} columns (output {out.shape} {out.dtype})"
         )
     jit_codegen.check_expr(tail or (("ADD", (("i", 0), ("c", 0.0))),), 1)
+    if residual is not None:
+        scale, addend = residual
+        if (scale.shape != bias.shape or addend.shape != out.shape
+                or scale.dtype != F32 or addend.dtype != F32):  # fmt: skip
+            raise ValueError(
+                f"BatchedMatrixMulTail: scale {scale.shape} {scale.dtype} and addend "
+                f"{addend.shape} {addend.dtype} must be float32 of shapes {bias.shape} and "
+                f"{out.shape}"
+            )
     if filter_is_constant() and bias.flags.c_contiguous and all(
         m in packed_gemm.TAIL_MODES for m, _ in tail
     ):
         x = a.swapaxes(-1, -2) if transpose_a else a
         y = b.swapaxes(-1, -2) if transpose_b else b
         if x.ndim == y.ndim == 3 and out.shape == (*x.shape[:-1], y.shape[-1]):
-            packed = _packed_step(x, y, out, bias, tail)
+            packed = _packed_step(x, y, out, bias, tail, residual)
             if packed is not None:
                 return packed
     product = bind_batched_matmul(a, b, out, transpose_a, transpose_b)
     shifted = tuple((m, tuple(("t", j + 1) if k == "t" else ("t", 0) if k == "i" else (k, j)
                               for k, j in args)) for m, args in tail)  # fmt: skip
     expr = (("ADD", (("i", 0), ("i", 1))), *shifted)
-    return chain([product, jit_codegen.bind(expr, [out, bias], out)])
+    if residual is None:
+        return chain([product, jit_codegen.bind(expr, [out, bias], out)])
+    last = ("t", len(expr) - 1)
+    expr = (*expr, ("MUL", (last, ("i", 2))), ("ADD", (("t", len(expr)), ("i", 3))))
+    return chain([product, jit_codegen.bind(expr, [out, bias, *residual], out)])
 
 
 def _packed_step(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None = None,
-                 tail: tuple = ()) -> Step | None:  # fmt: skip
+                 tail: tuple = (), residual: tuple | None = None) -> Step | None:  # fmt: skip
     """The packed GEMM (:mod:`.packed_gemm`) of a constant float32 ``b``: a matrix, a batch
     of one, or one matrix broadcast over the batch with the rows of ``a`` and ``out`` views
-    of one matrix each, with ``bias`` and ``tail`` in its write-out; None where it does not
-    apply."""
+    of one matrix each, with ``bias``, ``tail`` and ``residual`` in its write-out; None where
+    it does not apply."""
+    addend = None if residual is None else residual[1]
     if a.ndim == 3:
         if a.shape[0] == 1:
             a, b, out = a[0], b[0], out[0]
+            addend = None if addend is None else addend[0]
         elif b.strides[0] == 0 and out.size:
             a, b, out = _as_rows(a), b[0], _as_rows(out)
-            if a is None or out is None:
+            addend = None if addend is None else _as_rows(addend)
+            if a is None or out is None or residual is not None and addend is None:
                 return None
         else:
             return None
     if not packed_gemm.usable_packed_matmul(a, b, out):
         return None
+    if residual is not None:
+        if not packed_gemm.usable_residual(residual[0], addend, out):
+            return None
+        residual = (residual[0], addend)
     epi = 0 if bias is None else 1
     return packed_gemm.bind_packed_matmul(a, b, out, constant=True, bias=bias, epi=epi,
-                                          tail=tail)  # fmt: skip
+                                          tail=tail, residual=residual)  # fmt: skip
 
 
 def _batched_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:

@@ -15,9 +15,12 @@ A tile keeps ``R B`` accumulator vectors (at most 24 of AVX-512's 32 registers):
 multiply-adds, summed over ``k`` in order (so a sum does not depend on the tiling or on the
 threads). The bias, the activation (:func:`.conv.loops.pointwise88.activate`) and an
 elementwise tail (a JIT expression of one input, :func:`emit_tail`: a Linear layer's GELU)
-are applied to the registers before the store; the last block of the last group stores only its
-columns below ``N`` (masked). A band's last partial tile starts ``R`` rows before ``M`` and
-stores only the rows not stored yet, as POINTWISE_NCHW88's.
+are applied to the registers before the store, then, with a residual, a per-column scale and an
+addend matrix (``out = tail(...) * scale + addend``: a ConvNeXt block's layer scale and
+residual add, one fused multiply-add: one rounding, where the Elemwise FUSE_MUL_ADD3 it replaces
+may round twice); the last block of the
+last group stores only its columns below ``N`` (masked). A band's last partial tile starts ``R``
+rows before ``M`` and stores only the rows not stored yet, as POINTWISE_NCHW88's.
 """
 
 from __future__ import annotations
@@ -123,10 +126,11 @@ def emit_tail(builder, v, tail: tuple):
 
 
 @functools.cache
-def gemm_tile(tail: tuple = ()):
-    """The ``gemm_tile(R, B, NT, EPI, ap, a0, lda, k, wp, w0, out, o0, ldo, bias, b0, skip)``
-    Numba intrinsic: one tile (the module's docstring), its values through :func:`emit_tail`
-    of ``tail`` last. Literals ``R``, ``B``, ``NT`` (the
+def gemm_tile(tail: tuple = (), residual: bool = False):
+    """The ``gemm_tile(R, B, NT, EPI, ap, a0, lda, k, wp, w0, out, o0, ldo, bias, b0, skip,
+    scale, res, r0, ldr)`` Numba intrinsic: one tile (the module's docstring), its values
+    through :func:`emit_tail` of ``tail``, then with ``residual`` times ``scale[b0 + 16 b:]``
+    plus ``res[r0 + p ldr + 16 b:]``. Literals ``R``, ``B``, ``NT`` (the
     columns of the last block stored, 1-16) and ``EPI`` (bit 1 bias, then
     :func:`~.conv.loops.pointwise88.activate`'s bits); row ``p`` reads
     ``ap[a0 + p lda + c]``, the packed matrix ``wp[w0 + (c B + b) 16:]`` for ``c < k``, and
@@ -135,7 +139,7 @@ def gemm_tile(tail: tuple = ()):
 
     @intrinsic
     def gemm_tile(typingctx, nrow, nblk, ntail, epi, ap, a0, lda, k, wp, w0, out, o0, ldo,
-                  bias, b0, skip):  # fmt: skip
+                  bias, b0, skip, scale, res, r0, ldr):  # fmt: skip
         literals = (nrow, nblk, ntail, epi)
         if not all(isinstance(v, t.IntegerLiteral) for v in literals):
             return None
@@ -143,13 +147,13 @@ def gemm_tile(tail: tuple = ()):
 
         def codegen(context, builder, signature, args):
             (_, _, _, _, _, a0_v, lda_v, k_v, _, w0_v, _, o0_v, ldo_v, _, b0_v,
-             skip_v) = args  # fmt: skip
+             skip_v, _, _, r0_v, ldr_v) = args  # fmt: skip
             i64, i1 = ir.IntType(64), ir.IntType(1)
             vec = ir.VectorType(ir.FloatType(), BLOCK)
             vptr = vec.as_pointer()
-            adata, wdata, odata, bdata = (
+            adata, wdata, odata, bdata, sdata, rdata = (
                 context.make_array(signature.args[i])(context, builder, args[i]).data
-                for i in (4, 8, 10, 13))  # fmt: skip
+                for i in (4, 8, 10, 13, 16, 17))  # fmt: skip
             fmuladd = tiled_jit.vector_fmas(builder, vec)
             slots = tiled_jit.zeroed_slots(builder, vec, R * B)
             undef = ir.Constant(vec, ir.Undefined)
@@ -191,19 +195,34 @@ def gemm_tile(tail: tuple = ()):
             def partial(b):
                 return b == B - 1 and NT < BLOCK
 
-            biases = []
-            if ep & 1:
+            def column_vectors(data):  # bias, scale: one vector per block
+                out = []
                 for b in range(B):
-                    ptr = builder.bitcast(at(bdata, builder.add(b0_v, const(b * BLOCK))), vptr)
-                    biases.append(builder.call(mload, [ptr, four, mask, undef]) if partial(b)
-                                  else builder.load(ptr, align=4))  # fmt: skip
+                    ptr = builder.bitcast(at(data, builder.add(b0_v, const(b * BLOCK))), vptr)
+                    out.append(builder.call(mload, [ptr, four, mask, undef]) if partial(b)
+                               else builder.load(ptr, align=4))  # fmt: skip
+                return out
+
+            # llvm.fma, not fmuladd: one rounding whatever the target contracts
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fma.v16f32")
+            biases = column_vectors(bdata) if ep & 1 else []
+            scales = column_vectors(sdata) if residual else []
             for p in range(R):
                 vs = []
+                rrow = builder.add(r0_v, builder.mul(ldr_v, const(p)))
                 for b in range(B):
                     v = builder.load(slots[p * B + b])
                     if ep & 1:
                         v = builder.fadd(v, biases[b])
-                    vs.append(emit_tail(builder, activate(builder, v, ep), tail))
+                    v = emit_tail(builder, activate(builder, v, ep), tail)
+                    if residual:
+                        ptr = builder.bitcast(at(rdata, builder.add(rrow, const(b * BLOCK))),
+                                              vptr)  # fmt: skip
+                        r = (builder.call(mload, [ptr, four, mask, undef]) if partial(b)
+                             else builder.load(ptr, align=4))  # fmt: skip
+                        v = builder.call(fma, [v, scales[b], r])
+                    vs.append(v)
                 with builder.if_then(builder.icmp_signed("<=", skip_v, const(p)), likely=True):
                     row = builder.add(o0_v, builder.mul(ldo_v, const(p)))
                     for b, v in enumerate(vs):
@@ -215,7 +234,7 @@ def gemm_tile(tail: tuple = ()):
             return context.get_dummy_value()
 
         sig = t.void(nrow, nblk, ntail, epi, ap, a0, lda, k, wp, w0, out, o0, ldo, bias, b0,
-                     skip)  # fmt: skip
+                     skip, scale, res, r0, ldr)  # fmt: skip
         return sig, codegen
 
     return gemm_tile
@@ -226,17 +245,18 @@ def gemm_tile(tail: tuple = ()):
 tile = take = None
 
 
-def _units_py(R, B, NT, EPI, tail=()):
+def _units_py(R, B, NT, EPI, tail=(), residual=False):
     """The units of a product of tiles ``R x B``, last block ``NT`` columns, epilogue bits
     ``EPI`` (compile-time constants of the returned function, its only closure cells), the
-    tiles' tail ``tail``."""
+    tiles' tail ``tail`` and ``residual`` (:func:`gemm_tile`)."""
     global tile, take
-    tile, take = gemm_tile(tail), tiled_jit.take_unit()
+    tile, take = gemm_tile(tail, residual), tiled_jit.take_unit()
 
-    def run(ap, wp, out, bias, geom, counter, me):  # pragma: no cover - compiled
+    def run(ap, wp, out, bias, scale, res, geom, counter, me):  # pragma: no cover - compiled
         # geom: M, K, LDA, LDO, NG (groups of B blocks), NB (bands of rows), TPB (tiles per
-        # band; the last band also takes the rows after its tiles)
+        # band; the last band also takes the rows after its tiles), LDR
         m, k, lda, ldo, ng, nb, tpb = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6]
+        ldr = geom[7]
         while True:
             u = take(counter, me)
             if u < 0:
@@ -249,35 +269,38 @@ def _units_py(R, B, NT, EPI, tail=()):
                 start = min(q, m - R)  # a last partial tile backs up over stored rows
                 if c0 + B * 16 >= ng * B * 16:
                     tile(R, B, NT, EPI, ap, start * lda, lda, k, wp, w0, out,
-                         start * ldo + c0, ldo, bias, c0, q - start)  # fmt: skip
+                         start * ldo + c0, ldo, bias, c0, q - start, scale, res,
+                         start * ldr + c0, ldr)  # fmt: skip
                 else:
                     tile(R, B, 16, EPI, ap, start * lda, lda, k, wp, w0, out,
-                         start * ldo + c0, ldo, bias, c0, q - start)  # fmt: skip
+                         start * ldo + c0, ldo, bias, c0, q - start, scale, res,
+                         start * ldr + c0, ldr)  # fmt: skip
                 q += R
 
     return run
 
 
 @functools.cache
-def _compiled_units(R: int, B: int, NT: int, epi: int, tail: tuple):
+def _compiled_units(R: int, B: int, NT: int, epi: int, tail: tuple, residual: bool):
     fr = t.Array(t.float32, 1, "C", readonly=True)
-    run = _units_py(R, B, NT, epi, tail)
+    run = _units_py(R, B, NT, epi, tail, residual)
     # a name of its own per variant: Numba's cache keeps one index per name
     key = hashlib.sha1(repr(tail).encode()).hexdigest()[:12] if tail else ""
-    run.__qualname__ = run.__name__ = f"gemm_units_{R}x{B}_t{NT}_e{epi}{key}"
-    sig = t.void(fr, fr, t.float32[::1], fr, t.int64[::1], t.int64[::1], t.int64)
+    run.__qualname__ = run.__name__ = f"gemm_units_{R}x{B}_t{NT}_e{epi}{key}{'_r' * residual}"
+    sig = t.void(fr, fr, t.float32[::1], fr, fr, fr, t.int64[::1], t.int64[::1], t.int64)
     return tiled_jit.compile_tiled(run, [sig])
 
 
-def compiled_units(R: int, B: int, NT: int, epi: int, tail: tuple = ()):
+def compiled_units(R: int, B: int, NT: int, epi: int, tail: tuple = (), residual: bool = False):
     """The compiled units of tiles ``R x B`` (last block ``NT`` columns) with epilogue bits
-    ``epi`` and the tail ``tail`` (:func:`emit_tail`), compiled on first use (by binding
-    code, never a kernel thread):
-    ``units(ap, wp, out, bias, geom, counter, me)``, the flat read-only left operand, packed
-    matrix and bias, the flat output, the int64 geometry ``(M, K, LDA, LDO, NG, NB, TPB)``,
-    the units' counter (:func:`megbrain.kernels.tiled_jit.take_unit`, units band-major,
-    groups fastest) and the thread's index."""
-    return _compiled_units(R, B, NT, epi, tuple(tail))
+    ``epi``, the tail ``tail`` (:func:`emit_tail`) and, with ``residual``, the scale and
+    addend after it (:func:`gemm_tile`), compiled on first use (by binding code, never a
+    kernel thread): ``units(ap, wp, out, bias, scale, res, geom, counter, me)``, the flat
+    read-only left operand, packed matrix, bias, scale and addend, the flat output, the int64
+    geometry ``(M, K, LDA, LDO, NG, NB, TPB, LDR)``, the units' counter
+    (:func:`megbrain.kernels.tiled_jit.take_unit`, units band-major, groups fastest) and the
+    thread's index."""
+    return _compiled_units(R, B, NT, epi, tuple(tail), bool(residual))
 
 
 def matrix_packer(b: np.ndarray, wp: np.ndarray, nb: int):

@@ -6,9 +6,12 @@ elementwise passes over the whole tensor.
 A row whose channels are contiguous (channels-last memory) is read as it is; a row whose
 *positions* are contiguous (a channels-last view of NCHW memory, as a ``Transpose`` before
 ONNX's LayerNormalization leaves it) is read a band of rows at a time along the positions,
-the band's statistics in per-thread scratch; any other layout is copied first. Rows are
-split over the kernel threads from a size on; the sums run over the channels in order, so
-results do not depend on the thread count.
+the band's statistics in per-thread scratch; an NCHW88 tensor (N, C/8, H, W, 8) is read in
+place too (:func:`bind_layer_norm_nchw88`: a band of positions, whole blocks of 8 channels
+at a time, written channels-last); any other layout is copied first. Rows are
+split over the kernel threads from a size on; a row's sums run in one fixed order (over the
+channels in order; for NCHW88 per lane over the blocks, then over the lanes), so results do
+not depend on the thread count.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from . import parallel, workspace
 from .conv.loops.nchw8c import readonly_view
 from .steps import Step, chain
 
-__all__ = ["bind_layer_norm"]
+__all__ = ["bind_layer_norm", "bind_layer_norm_nchw88"]
 
 _F32 = np.dtype(np.float32)
 #: rows of a band the positions-contiguous kernel normalizes at once
@@ -55,6 +58,16 @@ def _rows_py(x, sr, c, scale, bias, out, eps, lo, hi):  # pragma: no cover - com
             os[k] = (xs[k] - m32) * inv * scale[k] + bias[k]
 
 
+@njit(nogil=True, cache=True, error_model="numpy")
+def _band_statistics(s1, s2, nb, inv_c, eps):  # pragma: no cover - compiled
+    # a band's sums of x and x^2 -> its means and 1 / sqrt(var + eps), in place
+    for j in range(nb):
+        mean = s1[j] * inv_c
+        var = max(s2[j] * inv_c - mean * mean, 0.0)
+        s1[j] = mean
+        s2[j] = 1.0 / np.sqrt(var + eps)
+
+
 def _columns_py(x, sc, c, scale, bias, out, eps, lo, hi, stats):  # pragma: no cover
     # x[r + k sc]: a band's rows along the vectors; stats: 2 BAND float64 of this thread's
     inv_c = 1.0 / c
@@ -71,11 +84,7 @@ def _columns_py(x, sc, c, scale, bias, out, eps, lo, hi, stats):  # pragma: no c
                 v = np.float64(xs[j])
                 s1[j] += v
                 s2[j] += v * v
-        for j in range(nb):
-            mean = s1[j] * inv_c
-            var = max(s2[j] * inv_c - mean * mean, 0.0)
-            s1[j] = mean
-            s2[j] = 1.0 / np.sqrt(var + eps)
+        _band_statistics(s1, s2, nb, inv_c, eps)
         for j in range(nb):
             m32 = np.float32(s1[j])
             inv = np.float32(s2[j])
@@ -85,15 +94,62 @@ def _columns_py(x, sc, c, scale, bias, out, eps, lo, hi, stats):  # pragma: no c
                 os[k] = (xs[k * sc] - m32) * inv * scale[k] + bias[k]
 
 
+def _blocks_py(x, hw, c, scale, bias, out, eps, lo, hi, stats):  # pragma: no cover
+    # x: (N, C/8, HW, 8) flat, row r = (image r // hw, position r % hw); a band stays in one
+    # image. stats: 2 BAND 8 float64 of this thread's, per row and lane the sums over the
+    # channel blocks in order (whole vectors), then the 8 lanes' in order: a fixed order
+    inv_c = 1.0 / c
+    a1 = stats[: BAND * 8]
+    a2 = stats[BAND * 8 :]
+    r0 = lo
+    while r0 < hi:
+        img = r0 // hw
+        p0 = r0 - img * hw
+        nb = min(BAND, hi - r0, hw - p0)
+        base = img * c * hw + p0 * 8
+        span = nb * 8
+        for i in range(span):
+            a1[i] = 0.0
+            a2[i] = 0.0
+        for g in range(c // 8):
+            xs = x[base + g * hw * 8 : base + g * hw * 8 + span]
+            for i in range(span):
+                v = np.float64(xs[i])
+                a1[i] += v
+                a2[i] += v * v
+        for j in range(nb):  # the lanes' sums into the row's, kept in the first nb slots
+            t1 = 0.0
+            t2 = 0.0
+            for lane in range(8):
+                t1 += a1[j * 8 + lane]
+                t2 += a2[j * 8 + lane]
+            a1[j] = t1
+            a2[j] = t2
+        _band_statistics(a1, a2, nb, inv_c, eps)
+        for j in range(nb):
+            m32, inv = np.float32(a1[j]), np.float32(a2[j])
+            os = out[(r0 + j) * c : (r0 + j) * c + c]
+            for g in range(c // 8):
+                xs = x[base + g * hw * 8 + j * 8 : base + g * hw * 8 + j * 8 + 8]
+                sg = scale[g * 8 : g * 8 + 8]
+                bg = bias[g * 8 : g * 8 + 8]
+                og = os[g * 8 : g * 8 + 8]
+                for lane in range(8):
+                    og[lane] = (xs[lane] - m32) * inv * sg[lane] + bg[lane]
+        r0 += nb
+
+
 @functools.cache
 def _compiled(kind: str):
-    """The compiled kernel ``kind`` ("rows" or "columns"), compiled now (by binding code)."""
+    """The compiled kernel ``kind`` ("rows", "columns" or "blocks"), compiled now (by
+    binding code)."""
     ro = t.Array(t.float32, 1, "C", readonly=True)
     args = [ro, t.int64, t.int64, ro, ro, t.float32[::1], t.float64, t.int64, t.int64]
     if kind == "rows":
         return njit([t.void(*args)], nogil=True, cache=True, error_model="numpy")(_rows_py)
+    fn = _columns_py if kind == "columns" else _blocks_py
     return njit([t.void(*args, t.float64[::1])], nogil=True, cache=True,
-                error_model="numpy")(_columns_py)  # fmt: skip
+                error_model="numpy")(fn)  # fmt: skip
 
 
 def _as_rows(x: np.ndarray) -> tuple[int, int] | None:
@@ -108,6 +164,38 @@ def _as_rows(x: np.ndarray) -> tuple[int, int] | None:
         if s0 != d1 * s1:
             return None
     return row, st[-1]
+
+
+def _checked(x, scale, bias, out, want: tuple, c: int) -> tuple[list, np.ndarray, np.ndarray]:
+    """``(steps, scale, bias)``: the operands checked (``out`` of shape ``want``, the vectors
+    of ``c`` values), the steps copying a vector that is not contiguous at every run first,
+    zeros for a missing bias."""
+    vec = (c,)
+    if (
+        x.ndim < 1 or x.dtype != _F32 or out.dtype != _F32 or out.shape != want
+        or scale.shape != vec or scale.dtype != _F32
+        or (bias is not None and (bias.shape != vec or bias.dtype != _F32))
+        or not out.flags.c_contiguous
+    ):  # fmt: skip
+        raise ValueError(
+            f"layer norm: x {x.shape} {x.dtype} into out {out.shape} {out.dtype} (C-contiguous)"
+            f" with scale {scale.shape} {scale.dtype} and bias "
+            f"{None if bias is None else (bias.shape, bias.dtype)}: expected float32, the "
+            f"scale and bias of shape ({c},), out of shape {want}"
+        )
+    if np.shares_memory(x, out):
+        raise ValueError("layer norm: out overlaps x")
+    steps: list[Step] = []
+    if bias is None:
+        bias = np.zeros(vec, _F32)  # bound once: read-only
+    vecs = []
+    for v in (scale, bias):
+        if not v.flags.c_contiguous:  # read at every run: copied at every run
+            dense = workspace.empty(vec, _F32)
+            steps.append(functools.partial(np.copyto, dense, v))
+            v = dense
+        vecs.append(v)
+    return steps, vecs[0], vecs[1]
 
 
 def bind_layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, out: np.ndarray,
@@ -137,32 +225,7 @@ def bind_layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, o
         For operands of other dtypes, shapes or layouts.
     """
     c = x.shape[-1] if x.ndim else 0
-    vec = (c,)
-    if (
-        x.ndim < 1 or x.dtype != _F32 or out.dtype != _F32 or out.shape != x.shape
-        or scale.shape != vec or scale.dtype != _F32
-        or (bias is not None and (bias.shape != vec or bias.dtype != _F32))
-        or not out.flags.c_contiguous
-    ):  # fmt: skip
-        raise ValueError(
-            f"layer norm: x {x.shape} {x.dtype} into out {out.shape} {out.dtype} (C-contiguous)"
-            f" with scale {scale.shape} {scale.dtype} and bias "
-            f"{None if bias is None else (bias.shape, bias.dtype)}: expected float32, the "
-            f"scale and bias of shape ({c},)"
-        )
-    if np.shares_memory(x, out):
-        raise ValueError("layer norm: out overlaps x")
-    steps: list[Step] = []
-    if bias is None:
-        bias = np.zeros(vec, _F32)  # bound once: read-only
-    vecs = []
-    for v in (scale, bias):
-        if not v.flags.c_contiguous:  # read at every run: copied at every run
-            dense = workspace.empty(vec, _F32)
-            steps.append(functools.partial(np.copyto, dense, v))
-            v = dense
-        vecs.append(v)
-    scale, bias = vecs
+    steps, scale, bias = _checked(x, scale, bias, out, x.shape, c)
     rows = x.size // c if c else 0
     if rows == 0:
         return chain([])
@@ -186,5 +249,48 @@ def bind_layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, o
         stats = workspace.empty((len(parts), 2 * BAND), np.float64)
         calls = [functools.partial(run, xf, sc, c, scale, bias, outf, float(eps), lo, hi, s)
                  for (lo, hi), s in zip(parts, stats)]  # fmt: skip
+    steps.append(parallel.concurrently(calls))
+    return chain(steps)
+
+
+def bind_layer_norm_nchw88(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None,
+                           out: np.ndarray, eps: float) -> Step:  # fmt: skip
+    """Bind :func:`bind_layer_norm` of the channels-last view of the NCHW88 tensor ``x``:
+    ``out[n, h, w, c]`` normalizes ``x[n, c // 8, h, w, c % 8]`` over the channels.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        float32 (N, C/8, H, W, 8), any strides (copied first unless C-contiguous).
+    scale, bias, eps
+        As for :func:`bind_layer_norm`, of the C channels.
+    out : numpy.ndarray
+        float32 (N, H, W, C), C-contiguous, not overlapping ``x``.
+
+    Returns
+    -------
+    Step
+        The callable computing ``out`` (allocating nothing); ValueError for operands of
+        other dtypes, shapes or layouts.
+    """
+    if x.ndim != 5 or x.shape[-1] != 8:
+        raise ValueError(f"layer norm: x {x.shape} is not an NCHW88 tensor (N, C/8, H, W, 8)")
+    n, cb, h, w, _ = x.shape
+    c = cb * 8
+    steps, scale, bias = _checked(x, scale, bias, out, (n, h, w, c), c)
+    rows = n * h * w
+    if rows == 0 or c == 0:
+        return chain([])
+    if not x.flags.c_contiguous:
+        dense = workspace.empty(x.shape, _F32)
+        steps.append(functools.partial(np.copyto, dense, x))
+        x = dense
+    xf, outf = readonly_view(x.reshape(-1)), out.reshape(-1)
+    scale, bias = readonly_view(scale), readonly_view(bias)
+    parts = parallel.ranges(rows, parallel.num_threads(), -(-_MIN_PART // c))
+    run = _compiled("blocks")
+    stats = workspace.empty((len(parts), 16 * BAND), np.float64)
+    calls = [functools.partial(run, xf, h * w, c, scale, bias, outf, float(eps), lo, hi, st)
+             for (lo, hi), st in zip(parts, stats)]  # fmt: skip
     steps.append(parallel.concurrently(calls))
     return chain(steps)

@@ -1,7 +1,8 @@
 """The float32 product by a constant matrix (a Linear layer's weight, a classifier's):
 the matrix packed once into blocks of 16 columns, the product run as register tiles
-(:mod:`.gemm_loops`) on the kernel threads, the bias, activation and an elementwise tail
-(GELU) in the tiles' write-out.
+(:mod:`.gemm_loops`) on the kernel threads, the bias, activation, an elementwise tail
+(GELU) and a scaled residual add (a ConvNeXt block's layer scale and shortcut) in the tiles'
+write-out.
 
 The tiling is POINTWISE_NCHW88's cost model (:func:`.conv.pointwise88.tiles_for`: a 1x1
 convolution is this product with the positions as rows); the units (a band of row tiles by
@@ -26,7 +27,7 @@ from .conv.pointwise88 import PointwiseTiles, tiles_for
 from .steps import Step, chain
 
 __all__ = ["MIN_SPLIT_MACS", "TAIL_MODES", "bind_packed_matmul", "packed_tiles",
-           "usable_packed_matmul"]  # fmt: skip
+           "usable_packed_matmul", "usable_residual"]  # fmt: skip
 
 #: the elementwise modes a tile's tail computes (:data:`.gemm_loops.TAIL_MODES`)
 TAIL_MODES = frozenset(loops.TAIL_MODES)
@@ -69,6 +70,20 @@ def usable_packed_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
     )
 
 
+def usable_residual(scale: np.ndarray, addend: np.ndarray, out: np.ndarray) -> bool:
+    """Whether :func:`bind_packed_matmul` takes ``(scale, addend)`` as the residual of the
+    product ``out``: a C-contiguous float32 vector of its columns and a float32 matrix of its
+    shape, unit column stride, sharing no memory with ``out``."""
+    return (
+        scale.dtype == addend.dtype == _F32
+        and scale.shape == out.shape[1:]
+        and scale.flags.c_contiguous
+        and addend.shape == out.shape
+        and _row_view(addend) is not None
+        and not np.shares_memory(addend, out)
+    )
+
+
 def packed_tiles(m: int, k: int, n: int, nthreads: int) -> PointwiseTiles:
     """The tiling of an ``(m, k) @ (k, n)`` product at ``nthreads`` threads: POINTWISE_NCHW88's
     (``m`` positions), ``r`` at most ``m``; one row takes up to :data:`_GEMV_BLOCKS` blocks a
@@ -86,8 +101,10 @@ def packed_tiles(m: int, k: int, n: int, nthreads: int) -> PointwiseTiles:
 
 def bind_packed_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, constant: bool,
                        bias: np.ndarray | None = None, epi: int = 0,
-                       tiles: PointwiseTiles | None = None, tail: tuple = ()) -> Step:  # fmt: skip
-    """Bind ``out = tail(act(a @ b + bias))`` (:func:`usable_packed_matmul` must hold).
+                       tiles: PointwiseTiles | None = None, tail: tuple = (),
+                       residual: tuple | None = None) -> Step:  # fmt: skip
+    """Bind ``out = tail(act(a @ b + bias))``, then ``* scale + addend`` with a
+    ``residual`` (:func:`usable_packed_matmul` must hold, and :func:`usable_residual` for it).
 
     Parameters
     ----------
@@ -107,6 +124,9 @@ def bind_packed_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, constant: 
     tail : tuple
         A JIT expression of one input applied last (:func:`.gemm_loops.emit_tail`; its modes
         those of :data:`.gemm_loops.TAIL_MODES`), ``()`` for none.
+    residual : tuple, optional
+        ``(scale, addend)``: n float32 values (C-contiguous) multiplying the tail's result and
+        the (m, n) float32 matrix added after (unit column stride, any row stride).
 
     Returns
     -------
@@ -121,13 +141,17 @@ def bind_packed_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, constant: 
     wp = (workspace.aligned if constant else workspace.empty)((tl.ng * k * per,), _F32)
     pack = loops.matrix_packer(b, wp, tl.b)
     nt = n - (tl.ng * tl.b - 1) * loops.BLOCK
-    run = loops.compiled_units(tl.r, tl.b, nt, epi, tail)
-    geom = np.array([m, k, _leading(a), _leading(out), tl.ng, tl.nb, tl.tpb], np.int64)
+    run = loops.compiled_units(tl.r, tl.b, nt, epi, tail, residual is not None)
+    scale, res = (_NO_BIAS, _NO_BIAS) if residual is None else residual
+    geom = np.array([m, k, _leading(a), _leading(out), tl.ng, tl.nb, tl.tpb,
+                     0 if residual is None else _leading(res)], np.int64)  # fmt: skip
     ap, outf, wr = readonly_view(_row_view(a)), _row_view(out), readonly_view(wp)
     bf = _NO_BIAS if bias is None else readonly_view(bias)
+    sf = readonly_view(scale)
+    rf = readonly_view(res if residual is None else _row_view(res))
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
-        return functools.partial(run, ap, wr, outf, bf, geom, counter, me)
+        return functools.partial(run, ap, wr, outf, bf, sf, rf, geom, counter, me)
 
     step = units_as_they_go(tl.ng * tl.nb, bind_part, nthreads)
     return filter_packed(pack, chain([step]), constant)

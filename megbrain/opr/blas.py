@@ -180,31 +180,40 @@ class BatchedMatrixMulTailParam(MatrixMulParam):
 class BatchedMatrixMulTail(BatchedMatrixMul):
     """``tail(op(A[i]) @ op(B[i]) + bias)``: a BatchedMatrixMul, the bias (its third input,
     ``n`` values, one per column: shape (n,) or (1, ..., 1, n)) and the elementwise tail
-    after it (a Linear layer's bias and GELU).
+    after it (a Linear layer's bias and GELU); with a fourth and fifth input, ``scale`` (as
+    the bias) and ``addend`` (the output's shape), ``tail(...) * scale + addend`` (a ConvNeXt
+    block's layer scale and shortcut).
 
-    Made at compile time by the ``fuse_matmul_tail`` pass (:mod:`megbrain.gopt.linear`),
-    never by a user and never written to a graph file (the reference has no such operator):
-    the packed GEMM of a constant ``B`` applies bias and tail to its tiles' registers before
-    it stores them; otherwise the JIT's kernel of them runs over the product, in place."""
+    Made at compile time by the ``fuse_matmul_tail`` and ``fuse_matmul_residual`` passes
+    (:mod:`megbrain.gopt.linear`), never by a user and never written to a graph file (the
+    reference has no such operator): the packed GEMM of a constant ``B`` applies bias, tail
+    and residual to its tiles' registers before it stores them; otherwise the JIT's kernel of
+    them runs over the product, in place."""
 
     type_name = "BatchedMatrixMulTail"
     short_name = "batched_matrix_mul_tail"
     Param = BatchedMatrixMulTailParam
 
     def default_name(self):
-        return f"{super().default_name()}+bias{'+tail' if self.param.tail else ''}"
+        res = "+residual" if len(self.inputs) == 5 else ""
+        return f"{super().default_name()}+bias{'+tail' if self.param.tail else ''}{res}"
 
     def infer_dtypes(self, in_dtypes):
-        if len(in_dtypes) != 3 or any(d != np.float32 for d in in_dtypes):
-            raise self.error(f"expected float32 A, B and bias, got {list(map(str, in_dtypes))}")
+        if len(in_dtypes) not in (3, 5) or any(d != np.float32 for d in in_dtypes):
+            raise self.error(f"expected float32 A, B and bias (then scale and addend), got "
+                             f"{list(map(str, in_dtypes))}")  # fmt: skip
         return super().infer_dtypes(in_dtypes[:2])
 
     def infer_shapes(self, in_shapes, in_values):
         (out,) = super().infer_shapes(in_shapes[:2], in_values)
-        bias = tuple(in_shapes[2])
-        if not bias or bias[-1] != out[-1] or any(d != 1 for d in bias[:-1]):
-            raise self.error(f"bias {fmt_shape(bias)} must be ({out[-1]},) or (1, ..., "
-                             f"{out[-1]}): one value per column of the product "
+        for name, i in (("bias", 2), ("scale", 3))[: len(in_shapes) - 2]:
+            vec = tuple(in_shapes[i])
+            if not vec or vec[-1] != out[-1] or any(d != 1 for d in vec[:-1]):
+                raise self.error(f"{name} {fmt_shape(vec)} must be ({out[-1]},) or (1, ..., "
+                                 f"{out[-1]}): one value per column of the product "
+                                 f"{fmt_shape(out)}")  # fmt: skip
+        if len(in_shapes) == 5 and tuple(in_shapes[4]) != tuple(out):
+            raise self.error(f"addend {fmt_shape(in_shapes[4])} must have the product's shape "
                              f"{fmt_shape(out)}")  # fmt: skip
         return [out]
 
@@ -212,8 +221,10 @@ class BatchedMatrixMulTail(BatchedMatrixMul):
         p = self.param
         with constant_filter(input_is_constant(self, 1)):
             bias = ins[2].reshape(-1)  # a view: read at every run
+            residual = (ins[3].reshape(-1), ins[4]) if len(ins) == 5 else None
             return blas_kernels.bind_batched_matmul_tail(ins[0], ins[1], bias, outs[0],
-                                                         p.transposeA, p.transposeB, p.tail)
+                                                         p.transposeA, p.transposeB, p.tail,
+                                                         residual)  # fmt: skip
 
     def grad(self, wrt_idx, out_grads):
         raise self.error("a fused product and tail has no gradient (made at compile time)",

@@ -22,7 +22,7 @@ from ..errors import GraphError
 from ..graph import OperatorNodeBase, ParamBase, register_opr
 from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..kernels import dnn_norm as kern
-from ..kernels.layer_norm import bind_layer_norm
+from ..kernels.layer_norm import bind_layer_norm, bind_layer_norm_nchw88
 from ..serialization import sereg
 from . import param_defs as pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
@@ -433,9 +433,11 @@ def lrn(
 
 @dataclass(frozen=True)
 class LayerNormLastParam(ParamBase):
-    """Param of LayerNormLast: ``eps``, added to the variance."""
+    """Param of LayerNormLast: ``eps``, added to the variance; ``nchw88``, whether ``x`` is
+    an NCHW88 tensor (N, C/8, H, W, 8) normalized over its C channels into (N, H, W, C)."""
 
     eps: float = 1e-5
+    nchw88: bool = False
 
 
 @register_opr
@@ -443,7 +445,9 @@ class LayerNormLast(OperatorNodeBase):
     """``(x - mean) / sqrt(var + eps) * scale [+ bias]``, the statistics over the last axis
     of the float32 ``x`` (inputs ``x, scale[, bias]``, each vector of the last axis' size,
     shape (C,) or (1, ..., C)): ONNX's LayerNormalization as one kernel
-    (:func:`megbrain.kernels.layer_norm.bind_layer_norm`).
+    (:func:`megbrain.kernels.layer_norm.bind_layer_norm`); with ``param.nchw88``, of the
+    channels-last view of an NCHW88 ``x``, read in place
+    (:func:`~megbrain.kernels.layer_norm.bind_layer_norm_nchw88`).
 
     Made at compile time by the ``fuse_layer_norm`` pass (:mod:`megbrain.gopt.linear`) from
     the reductions and elementwise operators the importer builds, never by a user and never
@@ -461,6 +465,10 @@ class LayerNormLast(OperatorNodeBase):
 
     def infer_shapes(self, in_shapes, in_values):
         x = tuple(in_shapes[0])
+        if self.param.nchw88:
+            if len(x) != 5 or x[-1] != 8:
+                raise self.error(f"x {fmt_shape(x)} must be an NCHW88 tensor (N, C/8, H, W, 8)")
+            x = (x[0], x[2], x[3], x[1] * 8)
         for what, s in zip(("scale", "bias"), in_shapes[1:]):
             s = tuple(s)
             if not x or not s or s[-1] != x[-1] or any(d != 1 for d in s[:-1]):
@@ -471,7 +479,8 @@ class LayerNormLast(OperatorNodeBase):
     def bind(self, ins, outs):
         vecs = [v.reshape(-1) for v in ins[1:]]  # views: read at every run
         bias = vecs[1] if len(vecs) > 1 else None
-        return bind_layer_norm(ins[0], vecs[0], bias, outs[0], self.param.eps)
+        bind = bind_layer_norm_nchw88 if self.param.nchw88 else bind_layer_norm
+        return bind(ins[0], vecs[0], bias, outs[0], self.param.eps)
 
     def grad(self, wrt_idx, out_grads):
         raise self.error("a fused layer normalization has no gradient (made at compile time)",

@@ -118,3 +118,53 @@ def test_bad_operands_are_refused():
                         1e-5)  # fmt: skip
     with pytest.raises(ValueError, match="out overlaps x"):
         bind_layer_norm(x, np.ones(8, np.float32), None, x, 1e-5)
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 3), cb=st.integers(1, 13), h=st.integers(1, 9), w=st.integers(1, 70),
+       with_bias=st.booleans(), contiguous=st.booleans(), seed=st.integers(0, 9))  # fmt: skip
+def test_an_nchw88_tensor_is_read_in_place_and_matches_float64(n, cb, h, w, with_bias,
+                                                               contiguous, seed):  # fmt: skip
+    # bind_layer_norm_nchw88: ConvNeXt's LayerNorm after its NCHW88 depthwise convolution
+    rng = np.random.default_rng(seed)
+    c = cb * 8
+    x = (rng.standard_normal((n, cb, h, w, 16)) * 3 + 1).astype(np.float32)
+    x = np.ascontiguousarray(x[..., :8]) if contiguous else x[..., ::2]  # else: copied first
+    scale = rng.uniform(-2, 2, c).astype(np.float32)
+    bias = rng.uniform(-1, 1, c).astype(np.float32) if with_bias else None
+    out = np.full((n, h, w, c), np.nan, np.float32)
+    layer_norm.bind_layer_norm_nchw88(x, scale, bias, out, 1e-6)()
+    last = np.ascontiguousarray(x.transpose(0, 2, 3, 1, 4).reshape(n, h, w, c))
+    np.testing.assert_allclose(out, _want(last, scale, bias, 1e-6), rtol=RTOL, atol=ATOL)
+    # float64 sums in another order than the channels-contiguous kernel's: the float32 mean
+    # and scale may round the other way, nothing more
+    rows = np.empty_like(out)
+    bind_layer_norm(last, scale, bias, rows, 1e-6)()
+    np.testing.assert_allclose(out, rows, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_nchw88_bits_do_not_depend_on_threads_and_a_run_allocates_nothing(monkeypatch,
+                                                                          threads):  # fmt: skip
+    monkeypatch.setattr(layer_norm, "_MIN_PART", 1)
+    x = np.random.default_rng(2).standard_normal((2, 3, 11, 13, 8)).astype(np.float32)
+    g, b = np.ones(24, np.float32), np.zeros(24, np.float32)
+    monkeypatch.setattr(parallel, "num_threads", lambda: 1)
+    one = np.empty((2, 11, 13, 24), np.float32)
+    layer_norm.bind_layer_norm_nchw88(x, g, b, one, 1e-6)()
+    monkeypatch.setattr(parallel, "num_threads", lambda t=threads: t)
+    out = np.empty_like(one)
+    step = layer_norm.bind_layer_norm_nchw88(x, g, b, out, 1e-6)
+    step()
+    assert np.array_equal(one, out)
+    assert_allocates_nothing(step)
+
+
+def test_bad_nchw88_operands_are_refused():
+    x = np.zeros((1, 2, 3, 3, 8), np.float32)
+    with pytest.raises(ValueError, match=r"not an NCHW88 tensor \(N, C/8, H, W, 8\)"):
+        layer_norm.bind_layer_norm_nchw88(x[..., :4], np.ones(8, np.float32), None,
+                                          np.empty((1, 3, 3, 8), np.float32), 1e-5)  # fmt: skip
+    with pytest.raises(ValueError, match=r"out of shape \(1, 3, 3, 16\)"):
+        layer_norm.bind_layer_norm_nchw88(x, np.ones(16, np.float32), None,
+                                          np.empty((1, 3, 3, 8), np.float32), 1e-5)  # fmt: skip

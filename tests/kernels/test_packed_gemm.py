@@ -173,9 +173,9 @@ def test_the_sums_are_zmm_fmas_on_registers():
     # blocks, in the tile and its masked twin, all zmm, none spilled to the stack
     fr = nt.Array(nt.float32, 1, "C", readonly=True)
     run = gemm_loops._units_py(8, 3, 5, 1 | 4)
-    asm = "\n".join(njit([nt.void(fr, fr, nt.float32[::1], fr, nt.int64[::1], nt.int64[::1],
-                                   nt.int64)], error_model="numpy", fastmath={"contract"})(run)
-                     .inspect_asm().values())  # fmt: skip
+    asm = "\n".join(njit([nt.void(fr, fr, nt.float32[::1], fr, fr, fr, nt.int64[::1],
+                                   nt.int64[::1], nt.int64)], error_model="numpy",
+                          fastmath={"contract"})(run).inspect_asm().values())  # fmt: skip
     assert len(re.findall(r"vfmadd\w*ps\s+%zmm", asm)) >= 2 * 8 * 3
     assert not re.search(r"vfmadd\w*ps\s+%[xy]mm", asm)
     assert not re.search(r"zmm\d+, -?\w*\(%rsp\)", asm)

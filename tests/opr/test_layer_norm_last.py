@@ -91,6 +91,9 @@ def test_bad_operands_are_refused():
     with pytest.raises(mgb.MegBrainError, match=r"scale \{4\} must be \(8,\)"):
         g.insert_opr(LayerNormLast([x.node, s.node], LayerNormLastParam(1e-5),
                                    OperatorNodeConfig(comp_node="cpu0")))  # fmt: skip
+    with pytest.raises(mgb.MegBrainError, match=r"must be an NCHW88 tensor \(N, C/8, H, W, 8\)"):
+        g.insert_opr(LayerNormLast([x.node, s.node], LayerNormLastParam(1e-5, nchw88=True),
+                                   OperatorNodeConfig(comp_node="cpu0")))  # fmt: skip
 
 
 def test_fused_at_jit_level_2_too():
@@ -102,4 +105,35 @@ def test_fused_at_jit_level_2_too():
     f = res.graph.compile(list(res.inputs.values()), [mgb.copy_output(o) for o in outs])
     types = [o.type_name for o in f._func.iter_opr_seq()]
     assert "LayerNormLast" in types and "Reduce" not in types
+    np.testing.assert_allclose(f(xv)[0], want, rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=6, deadline=None)
+@given(cb=st.integers(1, 4), hw=st.integers(1, 9), with_bias=st.booleans())
+def test_after_an_nchw88_convolution_it_reads_the_blocks_in_place(cb, hw, with_bias):
+    # ConvNeXt's depthwise convolution (NCHW88 under load_inference), Transpose, LayerNorm:
+    # no RelayoutFormat back to NCHW between them
+    rng = np.random.default_rng(cb * 10 + hw)
+    c = cb * 8
+    wv = rng.uniform(-1, 1, (c, 1, 3, 3)).astype(np.float32)
+    model, _, _ = _model((1, c, hw, hw + 1), 1e-6, True, with_bias, False, seed=hw)
+    g = model.graph
+    g.initializer.append(numpy_helper.from_array(wv, "w"))
+    g.node.insert(0, helper.make_node("Conv", ["x", "w"], ["d"], group=c, kernel_shape=[3, 3],
+                                      pads=[1, 1, 1, 1]))  # fmt: skip
+    g.node[1].input[0] = "d"  # the Transpose reads the convolution
+    xv = rng.standard_normal((1, c, hw, hw + 1)).astype(np.float32)
+    f = mo.load_inference(model)
+    seq = list(f.function._func.iter_opr_seq())
+    (ln,) = [o for o in seq if o.type_name == "LayerNormLast"]
+    assert ln.param.nchw88
+    assert [o.param.mode for o in seq if o.type_name == "RelayoutFormat"] == ["NCHW_NCHW88"]
+    pad = np.pad(xv.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    d = sum(pad[:, :, i:i + hw, j:j + hw + 1] * wv[None, :, 0, i, j, None, None]
+            for i in range(3) for j in range(3))  # fmt: skip
+    t = np.moveaxis(d, 1, -1)
+    m, v = t.mean(-1, keepdims=True), t.var(-1, keepdims=True)
+    scale = numpy_helper.to_array(g.initializer[0])
+    bias = numpy_helper.to_array(g.initializer[1]) if with_bias else 0
+    want = (t - m) / np.sqrt(v + np.float32(1e-6)) * scale + bias
     np.testing.assert_allclose(f(xv)[0], want, rtol=1e-4, atol=1e-5)
