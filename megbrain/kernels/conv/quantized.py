@@ -175,7 +175,7 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
         steps.append(_partial(np.copyto, x, _plain(src)))
     b = np.zeros(c_, _I32) if bias is None else bias
     if DEPTHWISE_BYTES and _signed_filter(filt) and int8_loops.depthwise_vnni_takes(
-            fh, fw, stride[1], dilate[1]):  # fmt: skip
+            fh, fw, stride[1], dilate[1], dilate[0]):  # fmt: skip
         zx = _zero_point(src)
         u0 = zx + 128 if src.dtype.kind == "i" else zx
         return chain([*steps, _bind_depthwise_bytes(x, w, b, y, stride, pad, dilate, requant,
@@ -222,7 +222,8 @@ def _bind_depthwise_bytes(x, w, bias, y, stride, pad, dilate, requant, zx, zf, u
     # the bias and the filter may change between runs: their words are made in each
     pack = _partial(int8_loops.depthwise_vnni_operands, w, bias, zf, u0, wt, init)
     idx = int8_loops.depthwise_vnni_index(stride[1], dilate[1])
-    geom = np.array([*stride, *pad, *dilate, zx, zf, 0, h_, w_, oh, ow, 3, 3, c_, 0],
+    plan = int8_loops.depthwise_vnni_plan(stride[0], dilate[0])
+    geom = np.array([*stride, *pad, *dilate, zx, zf, plan, h_, w_, oh, ow, 3, 3, c_, 0],
                     np.int64)  # fmt: skip
     if requant is None:
         epi, q, yv = 0, np.zeros(7, _F32), y

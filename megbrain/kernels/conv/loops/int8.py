@@ -33,6 +33,7 @@ __all__ = [
     "depthwise_vnni",
     "depthwise_vnni_index",
     "depthwise_vnni_operands",
+    "depthwise_vnni_plan",
     "depthwise_vnni_takes",
     "gemm_blocks",
     "masked_vectors",
@@ -724,28 +725,40 @@ def _requantize16(context, builder, acc, q, relu):
     return builder.load(res)
 
 
+#: the row plans of :func:`_dw_rows16`: (output rows, stride, dilation) of the rows whose
+#: shared source rows are loaded once; plan 0 is one row at any stride and dilation
+_DW_PLANS = {1: (4, 1, 1), 2: (4, 2, 1)}
+
+
 @intrinsic
-def _dw_row16(typingctx, out, o0, cnt, x, offs, lims, inside, idx, wt, init, q, epi):
-    """Sixteen outputs ``o0 ... o0 + cnt - 1`` of a 3x3 depthwise row, by bytes: for each
-    filter row ``a`` (``inside`` bit ``a`` set: its source row lies in the image; else every
-    tap is padding), the 64 source bytes from ``x[offs[a]]`` whose lanes ``lims[0] <= i <
-    lims[1]`` lie in the row (the others ``lims[2]``, the source's raw zero point), shifted
-    to unsigned (``x ^ 128`` for int8), permuted by ``vpermb`` with the 64 bytes ``idx``
-    into each output lane's four window bytes, and summed by ``vpdpbusd`` with the filter
-    row's word ``wt[a]`` onto ``init``.
-    The literal ``epi`` 0 stores the int32 sums; 1 (2: with ReLU) the bytes of
-    :func:`_requantize16` with ``q`` (7 float32)."""
-    if not (isinstance(epi, types.IntegerLiteral) and isinstance(x, types.Array)
-            and x.dtype.bitwidth == 8 and isinstance(out, types.Array)
+def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lims, idx, wt,
+               init, q, dh, epi, plan):  # fmt: skip
+    """Sixteen outputs ``o0 + rr ostride ... + cnt - 1`` of each of the ``nr`` first output
+    rows ``rr`` of a 3x3 depthwise row block, by bytes. Block row ``rr`` reads the source
+    rows ``rr sh + a dh`` (``a`` = 0, 1, 2) from the block's top, each 64 bytes from
+    ``x[x0 + row xstride]`` whose lanes ``lims[0] <= i < lims[1]`` lie in the image (the
+    others, and rows whose ``inside`` bit is clear, ``lims[2]``, the source's raw zero
+    point), shifted to unsigned (``x ^ 128`` for int8) and permuted by ``vpermb`` with the
+    64 bytes ``idx`` into each output lane's four window bytes: a source row shared by
+    block rows is loaded and permuted once. Each row then sums ``vpdpbusd`` with the filter
+    row's word ``wt[a]`` onto ``init``. The literal ``plan`` gives the block
+    (:data:`_DW_PLANS`; 0: one row, stride unused, dilation ``dh``); the literal ``epi`` 0
+    stores the int32 sums, 1 (2: with ReLU) the bytes of :func:`_requantize16` with ``q``
+    (7 float32)."""
+    if not (isinstance(epi, types.IntegerLiteral) and isinstance(plan, types.IntegerLiteral)
+            and isinstance(x, types.Array) and x.dtype.bitwidth == 8
+            and isinstance(out, types.Array)
             and out.dtype.bitwidth == (32 if epi.literal_value == 0 else 8)
             and q == types.UniTuple(types.float32, 7)
             and wt == types.UniTuple(types.int32, 3)):
         return None  # fmt: skip
     mode = epi.literal_value
+    rows, sh, dhl = _DW_PLANS.get(plan.literal_value, (1, 1, 0))
     signed = x.dtype.signed
 
     def codegen(context, builder, signature, args):
-        out_v, o0_v, cnt_v, x_v, offs_v, lims_v, in_v, idx_v, wt_v, init_v, q_v = args[:11]
+        (out_v, o0_v, os_v, nr_v, cnt_v, x_v, x0_v, xs_v, in_v, lims_v, idx_v, wt_v, init_v,
+         q_v, dh_v) = args[:15]  # fmt: skip
         i1, i8, i32, i64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
         b64, v32 = ir.VectorType(i8, 64), ir.VectorType(i32, 16)
 
@@ -759,93 +772,125 @@ def _dw_row16(typingctx, out, o0, cnt, x, offs, lims, inside, idx, wt, init, q, 
             return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined),
                                           ir.Constant(ir.VectorType(i32, n), None))  # fmt: skip
 
+        def arg64(k):
+            return context.cast(builder, args[k], signature.args[k], types.int64)
+
         lo, hi, zx = (builder.extract_value(lims_v, k) for k in range(3))
         row_mask = _lane_mask(builder, 64, lo, hi)
         none = ir.Constant(ir.VectorType(i1, 64), None)
         pad = splat(builder.trunc(zx, i8), b64, 64)
-        xd = builder.bitcast(_data(context, builder, signature.args[3], x_v), i8.as_pointer())
-        perm_idx = builder.load(builder.bitcast(_data(context, builder, signature.args[7],
+        xd = builder.bitcast(_data(context, builder, signature.args[5], x_v), i8.as_pointer())
+        perm_idx = builder.load(builder.bitcast(_data(context, builder, signature.args[10],
                                                       idx_v), b64.as_pointer()), align=1)
         load = fn("llvm.masked.load.v64i8.p0", b64,
                   [b64.as_pointer(), i32, row_mask.type, b64])
         permute = fn("llvm.x86.avx512.permvar.qi.512", b64, [b64, b64])
         dot = fn("llvm.x86.avx512.vpdpbusd.512", v32, [v32] * 3)
         flip = ir.Constant(b64, [ir.Constant(i8, 128)] * 64)
-        acc = splat(context.cast(builder, init_v, signature.args[9], types.int32), v32, 16)
-        inside = context.cast(builder, in_v, signature.args[6], types.int64)
-        for a in range(3):
-            bit = builder.icmp_unsigned("!=", builder.and_(inside, ir.Constant(i64, 1 << a)),
-                                        ir.Constant(i64, 0))  # fmt: skip
-            mask = builder.select(bit, row_mask, none)
-            ptr = builder.bitcast(builder.gep(xd, [builder.extract_value(offs_v, a)]),
-                                  b64.as_pointer())  # fmt: skip
-            raw = builder.call(load, [ptr, ir.Constant(i32, 1), mask, pad])
+        x0, xs, inside = arg64(6), arg64(7), arg64(8)
+        dh = ir.Constant(i64, dhl) if dhl else arg64(14)
+        words = [splat(builder.extract_value(wt_v, a), v32, 16) for a in range(3)]
+        start = splat(context.cast(builder, init_v, signature.args[12], types.int32), v32, 16)
+        loaded = {}
+
+        def source_row(i):  # the permuted bytes of the block's source row i (an i64)
+            key = i.constant if isinstance(i, ir.Constant) else None
+            if key is not None and key in loaded:
+                return loaded[key]
+            bit = builder.icmp_unsigned("!=", builder.and_(inside, builder.shl(
+                ir.Constant(i64, 1), i)), ir.Constant(i64, 0))  # fmt: skip
+            ptr = builder.gep(xd, [builder.add(x0, builder.mul(i, xs))])
+            raw = builder.call(load, [builder.bitcast(ptr, b64.as_pointer()),
+                                      ir.Constant(i32, 1), builder.select(bit, row_mask, none),
+                                      pad])  # fmt: skip
             u = builder.xor(raw, flip) if signed else raw
             quads = builder.bitcast(builder.call(permute, [u, perm_idx]), v32)
-            word = splat(builder.extract_value(wt_v, a), v32, 16)
-            acc = builder.call(dot, [acc, quads, word])
-        if mode == 0:
-            val, elt = acc, i32
-        else:
-            val, elt = builder.trunc(_requantize16(context, builder, acc, q_v, mode == 2),
-                                     ir.VectorType(i8, 16)), i8  # fmt: skip
-        vty = val.type
-        smask = _lane_mask(builder, 16, ir.Constant(i64, 0),
-                           context.cast(builder, cnt_v, signature.args[2], types.int64))
-        store = fn(f"llvm.masked.store.v16i{elt.width}.p0", ir.VoidType(),
-                   [vty, vty.as_pointer(), i32, smask.type])
-        od = builder.bitcast(_data(context, builder, signature.args[0], out_v), elt.as_pointer())
-        o0 = context.cast(builder, o0_v, signature.args[1], types.int64)
-        builder.call(store, [val, builder.bitcast(builder.gep(od, [o0]), vty.as_pointer()),
-                             ir.Constant(i32, 1), smask])  # fmt: skip
+            if key is not None:
+                loaded[key] = quads
+            return quads
+
+        od_elt = i32 if mode == 0 else i8
+        od = builder.bitcast(_data(context, builder, signature.args[0], out_v),
+                             od_elt.as_pointer())  # fmt: skip
+        o0, ostride, nr = arg64(1), arg64(2), arg64(3)
+        lanes = _lane_mask(builder, 16, ir.Constant(i64, 0), arg64(4))
+        none16 = ir.Constant(lanes.type, None)
+        for rr in range(rows):
+            acc = start
+            for a in range(3):
+                i = (ir.Constant(i64, rr * sh + a * dhl) if dhl
+                     else builder.mul(ir.Constant(i64, a), dh))  # fmt: skip
+                acc = builder.call(dot, [acc, source_row(i), words[a]])
+            if mode == 0:
+                val = acc
+            else:
+                val = builder.trunc(_requantize16(context, builder, acc, q_v, mode == 2),
+                                    ir.VectorType(i8, 16))  # fmt: skip
+            vty = val.type
+            store = fn(f"llvm.masked.store.v16i{od_elt.width}.p0", ir.VoidType(),
+                       [vty, vty.as_pointer(), i32, lanes.type])
+            keep = builder.icmp_signed("<", ir.Constant(i64, rr), nr)
+            at = builder.add(o0, builder.mul(ir.Constant(i64, rr), ostride))
+            builder.call(store, [val, builder.bitcast(builder.gep(od, [at]), vty.as_pointer()),
+                                 ir.Constant(i32, 1), builder.select(keep, lanes, none16)])
         return context.get_dummy_value()
 
-    return types.void(out, o0, cnt, x, offs, lims, inside, idx, wt, init, q, epi), codegen
+    sig = types.void(out, o0, ostride, nr, cnt, x, x0, xstride, inside, lims, idx, wt, init, q,
+                     dh, epi, plan)  # fmt: skip
+    return sig, codegen
 
 
-def _make_depthwise_vnni(epi: int):
-    """The loop of :func:`depthwise_vnni` for the literal ``epi``."""
+def _make_depthwise_vnni(epi: int, plan: int):
+    """The loop of :func:`depthwise_vnni` for the literals ``epi`` and ``plan``."""
+    rows = _DW_PLANS.get(plan, (1,))[0]
 
     def depthwise_vnni(x, wt, init, out, q, idx, geom, t0, t1):  # pragma: no cover
         """Planes [t0, t1) (``n * C + c``) of :func:`_depthwise_py`'s convolution for a 3x3
-        filter, on the source's bytes: each 16 outputs of a row one :func:`_dw_row16` (three
-        masked loads, three ``vpermb``, three ``vpdpbusd``, the requantize, one masked
-        store). ``wt`` (3 C) int32: each filter row's three signed bytes (minus the filter's
-        zero point) and a zero byte; ``init`` (C) int32: the bias minus the shifted zero
-        point times the filter's sum; ``idx`` the 64 bytes ``vpermb`` gathers each lane's
-        window with; ``geom`` as :func:`_depthwise_py` reads it (``geom[6]`` the raw zero
-        point)."""
+        filter, on the source's bytes: each 16 columns of a block of output rows one
+        :func:`_dw_rows16` (a masked load and a ``vpermb`` per source row, a ``vpdpbusd``
+        per filter row, the requantize, a masked store per output row). ``wt`` (3 C)
+        int32: each filter row's three signed bytes (minus the filter's zero point) and a
+        zero byte; ``init`` (C) int32: the bias minus the shifted zero point times the
+        filter's sum; ``idx`` the 64 bytes ``vpermb`` gathers each lane's window with;
+        ``geom`` as :func:`_depthwise_py` reads it (``geom[6]`` the raw zero point)."""
         sh, sw, ph, pw, dh, dw = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5]
         zx, h_, w_, oh, ow, c_ = geom[6], geom[9], geom[10], geom[11], geom[12], geom[15]
         qt = (q[0], q[1], q[2], q[3], q[4], q[5], q[6])
         span = 15 * sw + 2 * dw + 1  # the bytes a vector's windows read
+        nin = (rows - 1) * sh + 2 * dh + 1  # the source rows of a block
         for t in range(t0, t1):
             c = t % c_
             ws = (wt[3 * c], wt[3 * c + 1], wt[3 * c + 2])
             bc = init[c]
             xbase, obase = t * h_ * w_, t * oh * ow
-            for r in range(oh):
-                top = r * sh - ph
+            for r0 in range(0, oh, rows):
+                top = r0 * sh - ph
                 inside = 0
-                for a in range(3):
-                    if 0 <= top + a * dh < h_:
-                        inside |= 1 << a
+                for i in range(nin):
+                    if 0 <= top + i < h_:
+                        inside |= 1 << i
+                nr = min(rows, oh - r0)
                 for j0 in range(0, ow, 16):
                     col = j0 * sw - pw
                     lims = (max(0, -col), min(span, w_ - col), zx)
-                    row = xbase + top * w_ + col
-                    offs = (row, row + dh * w_, row + 2 * dh * w_)
-                    _dw_row16(out, obase + r * ow + j0, min(16, ow - j0), x, offs, lims, inside,
-                              idx, ws, bc, qt, epi)  # fmt: skip
+                    _dw_rows16(out, obase + r0 * ow + j0, ow, nr, min(16, ow - j0), x,
+                               xbase + top * w_ + col, w_, inside, lims, idx, ws, bc, qt, dh,
+                               epi, plan)  # fmt: skip
 
     return depthwise_vnni
 
 
-def depthwise_vnni_takes(fh: int, fw: int, sw: int, dw: int) -> bool:
+def depthwise_vnni_takes(fh: int, fw: int, sw: int, dw: int, dh: int) -> bool:
     """Whether :func:`depthwise_vnni` computes a depthwise convolution of this filter,
-    column stride and dilation: a 3x3 filter whose 16 outputs' windows span at most 64
-    bytes of a row."""
-    return fh == fw == 3 and 15 * sw + 2 * dw < 64
+    column stride and dilations: a 3x3 filter whose 16 outputs' windows span at most 64
+    bytes of a row, and whose rows span at most 63."""
+    return fh == fw == 3 and 15 * sw + 2 * dw < 64 and 2 * dh < 63
+
+
+def depthwise_vnni_plan(sh: int, dh: int) -> int:
+    """The row plan (:data:`_DW_PLANS`) :func:`depthwise_vnni` takes for this row stride
+    and dilation."""
+    return next((k for k, (_, s, d) in _DW_PLANS.items() if (s, d) == (sh, dh)), 0)
 
 
 def depthwise_vnni_operands(w, bias, zf: int, u0: int, wt, init) -> None:
@@ -877,9 +922,11 @@ def depthwise_vnni_index(sw: int, dw: int) -> np.ndarray:
 
 def depthwise_vnni(x, wt, init, out, q, idx, geom, epi: int, t0: int, t1: int) -> None:
     """Planes [t0, t1) of a 3x3 depthwise 8-bit convolution by ``vpdpbusd`` on the source's
-    bytes (:func:`vnni_bytes` CPUs); the arguments as :func:`_depthwise_vnni_py` reads
-    them, ``q`` the (7,) of :func:`.vnni.requant_params`."""
-    _compiled(f"depthwise_vnni{int(epi)}")(x, wt, init, out, q, idx, geom, int(t0), int(t1))
+    bytes (:func:`vnni_bytes` CPUs); the arguments as :func:`_make_depthwise_vnni`'s loop
+    reads them, ``geom[8]`` the row plan (:func:`depthwise_vnni_plan`), ``q`` the (7,) of
+    :func:`.vnni.requant_params`."""
+    _compiled(f"depthwise_vnni,{int(epi)},{int(geom[8])}")(x, wt, init, out, q, idx, geom,
+                                                          int(t0), int(t1))  # fmt: skip
 
 
 def depthwise_masked_rows(w: int, ow: int, fh: int, fw: int, sh: int, sw: int, dh: int,
@@ -1073,8 +1120,8 @@ def _compiled(name: str):
           "depthwise_masked": _depthwise_masked_py,
           "quantize": _quantize_8bit_py,
           "depthwise_vnni_operands": _depthwise_vnni_operands_py}.get(name)  # fmt: skip
-    if fn is None:  # "depthwise_vnni<epi>"
-        fn = _make_depthwise_vnni(int(name[len("depthwise_vnni"):]))
+    if fn is None:  # "depthwise_vnni,<epi>,<plan>"
+        fn = _make_depthwise_vnni(*(int(v) for v in name.split(",")[1:]))
     # the depthwise sums are exact in float32 (every product and partial sum an integer
     # below 2^24), so fused multiply-adds give the same bits; nothing else is contracted
     fastmath = {"contract"} if name.startswith("depthwise") else False
