@@ -221,8 +221,9 @@ def _bind_depthwise_bytes(x, w, bias, y, stride, pad, dilate, requant, zx, zf, u
     wt, init = workspace.empty((3 * c_,), _I32), workspace.empty((c_,), _I32)
     # the bias and the filter may change between runs: their words are made in each
     pack = _partial(int8_loops.depthwise_vnni_operands, w, bias, zf, u0, wt, init)
-    idx = int8_loops.depthwise_vnni_index(stride[1], dilate[1])
-    plan = int8_loops.depthwise_vnni_plan(stride[0], dilate[0])
+    plan = int8_loops.depthwise_vnni_plan(stride[0], dilate[0], ow)
+    paired = int8_loops.depthwise_vnni_paired(plan)
+    idx = int8_loops.depthwise_vnni_index(stride[1], dilate[1], ow if paired else 0)
     geom = np.array([*stride, *pad, *dilate, zx, zf, plan, h_, w_, oh, ow, 3, 3, c_, 0],
                     np.int64)  # fmt: skip
     if requant is None:

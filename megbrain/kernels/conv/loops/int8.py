@@ -33,6 +33,7 @@ __all__ = [
     "depthwise_vnni",
     "depthwise_vnni_index",
     "depthwise_vnni_operands",
+    "depthwise_vnni_paired",
     "depthwise_vnni_plan",
     "depthwise_vnni_takes",
     "gemm_blocks",
@@ -725,9 +726,10 @@ def _requantize16(context, builder, acc, q, relu):
     return builder.load(res)
 
 
-#: the row plans of :func:`_dw_rows16`: (output rows, stride, dilation) of the rows whose
-#: shared source rows are loaded once; plan 0 is one row at any stride and dilation
-_DW_PLANS = {1: (4, 1, 1), 2: (4, 2, 1)}
+#: the row plans of :func:`_dw_rows16`: (output rows, stride, dilation, paired) of the rows
+#: whose shared source rows are loaded once, paired: two rows of 8 or fewer columns a vector;
+#: plan 0 is one row at any stride and dilation
+_DW_PLANS = {1: (4, 1, 1, False), 2: (4, 2, 1, False), 3: (8, 1, 1, True), 4: (8, 2, 1, True)}
 
 
 @intrinsic
@@ -742,7 +744,10 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
     64 bytes ``idx`` into each output lane's four window bytes: a source row shared by
     block rows is loaded and permuted once. Each row then sums ``vpdpbusd`` with the filter
     row's word ``wt[a]`` onto ``init``. The literal ``plan`` gives the block
-    (:data:`_DW_PLANS`; 0: one row, stride unused, dilation ``dh``); the literal ``epi`` 0
+    (:data:`_DW_PLANS`; 0: one row, stride unused, dilation ``dh``). A paired plan's vector
+    holds two rows of ``cnt`` (<= 8) columns, the second's lanes from ``cnt`` on (``idx``
+    then indexes two source rows, ``vpermi2b``), stored as one run (``ostride`` = ``cnt``:
+    the rows are adjacent in the output). The literal ``epi`` 0
     stores the int32 sums, 1 (2: with ReLU) the bytes of :func:`_requantize16` with ``q``
     (7 float32)."""
     if not (isinstance(epi, types.IntegerLiteral) and isinstance(plan, types.IntegerLiteral)
@@ -753,7 +758,7 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
             and wt == types.UniTuple(types.int32, 3)):
         return None  # fmt: skip
     mode = epi.literal_value
-    rows, sh, dhl = _DW_PLANS.get(plan.literal_value, (1, 1, 0))
+    rows, sh, dhl, paired = _DW_PLANS.get(plan.literal_value, (1, 1, 0, False))
     signed = x.dtype.signed
 
     def codegen(context, builder, signature, args):
@@ -785,15 +790,16 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
         load = fn("llvm.masked.load.v64i8.p0", b64,
                   [b64.as_pointer(), i32, row_mask.type, b64])
         permute = fn("llvm.x86.avx512.permvar.qi.512", b64, [b64, b64])
+        permute2 = fn("llvm.x86.avx512.vpermi2var.qi.512", b64, [b64] * 3)
         dot = fn("llvm.x86.avx512.vpdpbusd.512", v32, [v32] * 3)
         flip = ir.Constant(b64, [ir.Constant(i8, 128)] * 64)
         x0, xs, inside = arg64(6), arg64(7), arg64(8)
         dh = ir.Constant(i64, dhl) if dhl else arg64(14)
         words = [splat(builder.extract_value(wt_v, a), v32, 16) for a in range(3)]
         start = splat(context.cast(builder, init_v, signature.args[12], types.int32), v32, 16)
-        loaded = {}
+        loaded, permuted = {}, {}
 
-        def source_row(i):  # the permuted bytes of the block's source row i (an i64)
+        def source_row(i):  # the unsigned bytes of the block's source row i (an i64)
             key = i.constant if isinstance(i, ir.Constant) else None
             if key is not None and key in loaded:
                 return loaded[key]
@@ -804,23 +810,33 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
                                       ir.Constant(i32, 1), builder.select(bit, row_mask, none),
                                       pad])  # fmt: skip
             u = builder.xor(raw, flip) if signed else raw
-            quads = builder.bitcast(builder.call(permute, [u, perm_idx]), v32)
             if key is not None:
-                loaded[key] = quads
-            return quads
+                loaded[key] = u
+            return u
+
+        def windows(rr, a):  # block row rr's (and, paired, rr + 1's) windows of filter row a
+            if not dhl:
+                u = source_row(builder.mul(ir.Constant(i64, a), dh))
+                return builder.bitcast(builder.call(permute, [u, perm_idx]), v32)
+            i = rr * sh + a
+            if paired:
+                u, u2 = source_row(ir.Constant(i64, i)), source_row(ir.Constant(i64, i + sh))
+                return builder.bitcast(builder.call(permute2, [u, perm_idx, u2]), v32)
+            if i not in permuted:
+                u = source_row(ir.Constant(i64, i))
+                permuted[i] = builder.bitcast(builder.call(permute, [u, perm_idx]), v32)
+            return permuted[i]
 
         od_elt = i32 if mode == 0 else i8
         od = builder.bitcast(_data(context, builder, signature.args[0], out_v),
                              od_elt.as_pointer())  # fmt: skip
-        o0, ostride, nr = arg64(1), arg64(2), arg64(3)
-        lanes = _lane_mask(builder, 16, ir.Constant(i64, 0), arg64(4))
+        o0, ostride, nr, cnt = arg64(1), arg64(2), arg64(3), arg64(4)
+        lanes = _lane_mask(builder, 16, ir.Constant(i64, 0), cnt)
         none16 = ir.Constant(lanes.type, None)
-        for rr in range(rows):
+        for rr in range(0, rows, 2 if paired else 1):
             acc = start
             for a in range(3):
-                i = (ir.Constant(i64, rr * sh + a * dhl) if dhl
-                     else builder.mul(ir.Constant(i64, a), dh))  # fmt: skip
-                acc = builder.call(dot, [acc, source_row(i), words[a]])
+                acc = builder.call(dot, [acc, windows(rr, a), words[a]])
             if mode == 0:
                 val = acc
             else:
@@ -830,9 +846,14 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
             store = fn(f"llvm.masked.store.v16i{od_elt.width}.p0", ir.VoidType(),
                        [vty, vty.as_pointer(), i32, lanes.type])
             keep = builder.icmp_signed("<", ir.Constant(i64, rr), nr)
+            mask = builder.select(keep, lanes, none16)
+            if paired:  # the second row's lanes too, where it is in the block
+                both = builder.icmp_signed("<", ir.Constant(i64, rr + 1), nr)
+                two = _lane_mask(builder, 16, ir.Constant(i64, 0), builder.add(cnt, cnt))
+                mask = builder.select(both, two, mask)
             at = builder.add(o0, builder.mul(ir.Constant(i64, rr), ostride))
             builder.call(store, [val, builder.bitcast(builder.gep(od, [at]), vty.as_pointer()),
-                                 ir.Constant(i32, 1), builder.select(keep, lanes, none16)])
+                                 ir.Constant(i32, 1), mask])  # fmt: skip
         return context.get_dummy_value()
 
     sig = types.void(out, o0, ostride, nr, cnt, x, x0, xstride, inside, lims, idx, wt, init, q,
@@ -887,10 +908,12 @@ def depthwise_vnni_takes(fh: int, fw: int, sw: int, dw: int, dh: int) -> bool:
     return fh == fw == 3 and 15 * sw + 2 * dw < 64 and 2 * dh < 63
 
 
-def depthwise_vnni_plan(sh: int, dh: int) -> int:
-    """The row plan (:data:`_DW_PLANS`) :func:`depthwise_vnni` takes for this row stride
-    and dilation."""
-    return next((k for k, (_, s, d) in _DW_PLANS.items() if (s, d) == (sh, dh)), 0)
+def depthwise_vnni_plan(sh: int, dh: int, ow: int) -> int:
+    """The row plan (:data:`_DW_PLANS`) :func:`depthwise_vnni` takes for this row stride,
+    dilation and output row width: rows paired where two fit a vector."""
+    fits = ow <= 8
+    return next((k for k, (_, s, d, pair) in _DW_PLANS.items()
+                 if (s, d, pair) == (sh, dh, fits)), 0)  # fmt: skip
 
 
 def depthwise_vnni_operands(w, bias, zf: int, u0: int, wt, init) -> None:
@@ -913,11 +936,21 @@ def _depthwise_vnni_operands_py(w, bias, zf, u0, wt, init):  # pragma: no cover 
         init[c] = bias[c] - u0 * total
 
 
-def depthwise_vnni_index(sw: int, dw: int) -> np.ndarray:
+def depthwise_vnni_index(sw: int, dw: int, pair: int = 0) -> np.ndarray:
     """The 64 ``vpermb`` indices of :func:`depthwise_vnni`: lane ``k``'s bytes ``k sw + b
-    dw`` for its taps ``b`` = 0, 1, 2, and a fourth (its filter byte 0)."""
+    dw`` for its taps ``b`` = 0, 1, 2, and a fourth (its filter byte 0); with ``pair`` (a
+    paired plan's row width), lanes ``k >= pair`` read the second source row (``vpermi2b``'s
+    indices from 64) at ``(k - pair) sw + b dw``."""
     k, b = np.meshgrid(np.arange(16), np.arange(4), indexing="ij")
-    return ((k * sw + np.minimum(b, 2) * dw) % 64).astype(np.uint8).reshape(-1)
+    taps = np.minimum(b, 2) * dw
+    second = (k >= pair) if pair else np.zeros_like(k, bool)
+    idx = np.where(second, 64 + (k - pair) * sw + taps, k * sw + taps)
+    return np.minimum(idx, 127).astype(np.uint8).reshape(-1)
+
+
+def depthwise_vnni_paired(plan: int) -> bool:
+    """Whether the row plan ``plan`` pairs two output rows in a vector."""
+    return _DW_PLANS.get(plan, (0, 0, 0, False))[3]
 
 
 def depthwise_vnni(x, wt, init, out, q, idx, geom, epi: int, t0: int, t1: int) -> None:
