@@ -677,7 +677,7 @@ def vnni_bytes() -> bool:
     return {"+avx512f", "+avx512bw", "+avx512vnni", "+avx512vbmi"} <= set(features.split(","))
 
 
-def _requantize16(context, builder, acc, q, relu):
+def _requantize16(builder, acc, q, relu):
     """IR: the 16 int32 sums ``acc`` as MegDNN's float32 chain requantizes them to bytes,
     ``q`` the (7,) float32 of :func:`.vnni.requant_params` as an LLVM array value: one
     product by the scales' ratio plus the zero point, clamped and rounded to nearest; a
@@ -840,7 +840,7 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
             if mode == 0:
                 val = acc
             else:
-                val = builder.trunc(_requantize16(context, builder, acc, q_v, mode == 2),
+                val = builder.trunc(_requantize16(builder, acc, q_v, mode == 2),
                                     ir.VectorType(i8, 16))  # fmt: skip
             vty = val.type
             store = fn(f"llvm.masked.store.v16i{od_elt.width}.p0", ir.VoidType(),
