@@ -1,8 +1,9 @@
-"""The requantized 3x3 depthwise convolution's masked-vector loop (AVX-512 byte masks) and the
-portable loops it stands beside, against the integer reference bit for bit: every row width
-and padding at stride 1 and 2, dilations, zero points, saturating values, biases up to the
-int32 wrap, and output scales whose quotients land on half-integers (where the loop's
-reciprocal gives way to the division) or whose reciprocal leaves the normal range."""
+"""The requantized 3x3 depthwise convolution's byte loop (AVX-512 VNNI and VBMI), its
+masked-vector loop (AVX-512 byte masks) and the portable loops they stand beside, against the
+integer reference bit for bit: every row width and padding at strides 1 to 3, dilations, zero
+points, saturating values, biases up to the int32 wrap, and output scales whose quotients land
+on half-integers (where the loops' products by a reciprocal or a ratio give way to the
+division) or whose reciprocal leaves the normal range."""
 
 from __future__ import annotations
 
@@ -21,34 +22,39 @@ from megbrain.kernels.conv.loops import int8 as int8_loops
 qint8, qint32, quint8 = mgb.dtype.qint8, mgb.dtype.qint32, mgb.dtype.quint8
 
 _LOOPS = [
-    pytest.param(False, id="portable"),
-    pytest.param(True, id="masked", marks=pytest.mark.skipif(
+    pytest.param("portable", id="portable"),
+    pytest.param("masked", id="masked", marks=pytest.mark.skipif(
         not int8_loops.masked_vectors(), reason="the CPU has no AVX-512 byte masks")),
+    pytest.param("bytes", id="bytes", marks=pytest.mark.skipif(
+        not int8_loops.vnni_bytes(), reason="the CPU has no AVX-512 VNNI and VBMI")),
 ]  # fmt: skip
 
 
 @contextlib.contextmanager
-def _loop(masked: bool):
-    """The masked-vector loop on every shape it takes (or off): no row-width limits."""
-    saved = quantized.MASKED_VECTORS, quantized.MASKED_ROW_MAX, quantized.CHANNELS_ROW_SCALE
-    quantized.MASKED_VECTORS = masked
-    if masked:
+def _loop(kind: str):
+    """The byte loop, the masked-vector loop on every shape it takes (no row-width limits),
+    or the portable loops."""
+    saved = (quantized.MASKED_VECTORS, quantized.MASKED_ROW_MAX, quantized.CHANNELS_ROW_SCALE,
+             quantized.DEPTHWISE_BYTES)  # fmt: skip
+    quantized.MASKED_VECTORS, quantized.DEPTHWISE_BYTES = kind == "masked", kind == "bytes"
+    if kind == "masked":
         quantized.MASKED_ROW_MAX, quantized.CHANNELS_ROW_SCALE = 1 << 20, 0
     try:
         yield
     finally:
-        quantized.MASKED_VECTORS, quantized.MASKED_ROW_MAX, quantized.CHANNELS_ROW_SCALE = saved
+        (quantized.MASKED_VECTORS, quantized.MASKED_ROW_MAX, quantized.CHANNELS_ROW_SCALE,
+         quantized.DEPTHWISE_BYTES) = saved  # fmt: skip
 
 
-@pytest.mark.parametrize("masked", _LOOPS)
+@pytest.mark.parametrize("loop", _LOOPS)
 @settings(max_examples=20, deadline=None)
 @given(c=st.integers(1, 5), h=st.integers(1, 40), w=st.integers(1, 70), stride=st.sampled_from(
-           [1, 2]), pad=st.integers(0, 2), dil=st.integers(1, 2), asymm=st.booleans(),
+           [1, 2, 3]), pad=st.integers(0, 2), dil=st.integers(1, 3), asymm=st.booleans(),
        extreme=st.booleans(), mode=st.sampled_from(["IDENTITY", "RELU"]),
        bias_at=st.sampled_from([0, (1 << 23) - 1, 1 << 23, (1 << 31) - 1]),
        out_scale=st.sampled_from([0.0625, 0.3, 2.0, 40.0, 1e6, 1e-35]),
        seed=st.integers(0, 2**16))  # fmt: skip
-def test_requantized_3x3_depthwise_equals_the_reference(masked, c, h, w, stride, pad, dil, asymm,
+def test_requantized_3x3_depthwise_equals_the_reference(loop, c, h, w, stride, pad, dil, asymm,
                                                         extreme, mode, bias_at, out_scale,
                                                         seed):  # fmt: skip
     # scales 0.0625 and 2.0 put many quotients exactly on half-integers (the sums times the
@@ -70,7 +76,7 @@ def test_requantized_3x3_depthwise_equals_the_reference(masked, c, h, w, stride,
     conv = {"stride": (stride, stride), "pad": (pad, pad), "dilate": (dil, dil)}
     want = ref.conv_bias(x, f, bias, None, odt, mode, group=True, flip=False, **conv)
     out = np.empty(want.shape, want.dtype)
-    with _loop(masked):
+    with _loop(loop):
         step = quantized.bind_quantized_conv_bias(x, f, bias, None, out, *conv.values(), False,
                                                   mode)  # fmt: skip
     step()

@@ -51,6 +51,10 @@ CHANNELS_ROW_SCALE = 1
 MASKED_VECTORS = int8_loops.masked_vectors()
 #: the widest output rows that take it (a test sets it large to run it on any shape)
 MASKED_ROW_MAX = 16
+#: whether 3x3 depthwise convolutions bound from now on take the byte loop of ``vpermb`` and
+#: ``vpdpbusd`` (:func:`.loops.int8.depthwise_vnni`); chosen once, from the CPU's features,
+#: and set off by a test to run the other loops
+DEPTHWISE_BYTES = int8_loops.vnni_bytes()
 #: whether convolutions bound from now on take the AVX-512 VNNI kernels
 #: (:mod:`.loops.vnni`) where their operands allow; chosen once, from the CPU's features
 VNNI = vnni_loops.available()
@@ -170,6 +174,12 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
         x = workspace.empty(x.shape, x.dtype)
         steps.append(_partial(np.copyto, x, _plain(src)))
     b = np.zeros(c_, _I32) if bias is None else bias
+    if DEPTHWISE_BYTES and _signed_filter(filt) and int8_loops.depthwise_vnni_takes(
+            fh, fw, stride[1], dilate[1], dilate[0]):  # fmt: skip
+        zx = _zero_point(src)
+        u0 = zx + 128 if src.dtype.kind == "i" else zx
+        return chain([*steps, _bind_depthwise_bytes(x, w, b, y, stride, pad, dilate, requant,
+                                                    zx, _zero_point(filt), u0)])  # fmt: skip
     h_, w_ = src.shape[2:]
     oh, ow = y.shape[2:]
     lanes = int8_loops.CHANNEL_LANES
@@ -202,16 +212,45 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
     return chain(steps)
 
 
+def _bind_depthwise_bytes(x, w, bias, y, stride, pad, dilate, requant, zx, zf, u0) -> Step:
+    """Bind the 3x3 depthwise byte loop (:func:`.loops.int8.depthwise_vnni`) on the plain
+    source ``x`` and filter ``w`` (C, 3, 3) as :func:`_bind_depthwise` prepared them, ``zx``
+    and ``zf`` their zero points, ``u0`` the source's shifted to unsigned."""
+    n_, c_, h_, w_ = x.shape
+    oh, ow = y.shape[2:]
+    wt, init = workspace.empty((3 * c_,), _I32), workspace.empty((c_,), _I32)
+    # the bias and the filter may change between runs: their words are made in each
+    pack = _partial(int8_loops.depthwise_vnni_operands, w, bias, zf, u0, wt, init)
+    plan = int8_loops.depthwise_vnni_plan(stride[0], dilate[0], ow)
+    paired = int8_loops.depthwise_vnni_paired(plan)
+    idx = int8_loops.depthwise_vnni_index(stride[1], dilate[1], ow if paired else 0)
+    geom = np.array([*stride, *pad, *dilate, zx, zf, plan, h_, w_, oh, ow, 3, 3, c_, 0],
+                    np.int64)  # fmt: skip
+    if requant is None:
+        epi, q, yv = 0, np.zeros(7, _F32), y
+    else:
+        epi, q, yv = requant[0], vnni_loops.requant_params(requant[1]), _plain(y)
+    part = _partial(int8_loops.depthwise_vnni, x.reshape(-1), wt, init, yv.reshape(-1), q, idx,
+                    geom, epi)  # fmt: skip
+    per_plane = 9 * oh * ow
+    return chain([pack, parallel.split(part, n_ * c_, max(1, _MIN_MACS_PER_THREAD // per_plane))])
+
+
+def _signed_filter(filt: np.ndarray) -> bool:
+    """Whether the filter minus its zero point is a signed byte (QuantizedS8 without a zero
+    point, Quantized8Asymm with zero point 128): ``vpdpbusd``'s signed operand."""
+    zf = _zero_point(filt)
+    return (filt.dtype.kind == "i" and zf == 0) or (filt.dtype.kind == "u" and zf == 128)
+
+
 def _vnni_usable(src: np.ndarray, filt: np.ndarray) -> bool:
     """Whether :func:`_bind_vnni` takes the convolution: VNNI on, the filter minus its zero
     point a signed byte (QuantizedS8, or Quantized8Asymm with zero point 128), and output
     channels enough per group to fill a tile's rows (a depthwise convolution is no GEMM)."""
     if not VNNI:
         return False
-    zf = _zero_point(filt)
-    signed = (filt.dtype.kind == "i" and zf == 0) or (filt.dtype.kind == "u" and zf == 128)
     g_, o_ = filt.shape[:2]
-    return signed and src.dtype.itemsize == 1 and (g_ == 1 or o_ >= 4)
+    return _signed_filter(filt) and src.dtype.itemsize == 1 and (g_ == 1 or o_ >= 4)
 
 
 def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
