@@ -315,7 +315,7 @@ def _word(x, s0, s1, s2, s3, o, flip):
             | (np.uint32(x[s2 + o] ^ flip) << 16) | (np.uint32(x[s3 + o] ^ flip) << 24))
 
 
-def _relayout_py(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1):
+def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1):
     """Blocks [cg0, cg1) of 4 channels of ``x4`` (flat uint32 words, a position's 4 channels
     in its bytes) from the channels ``0 ... ci - 1`` of the flat uint8 ``x`` from ``xoff``
     (``hw`` = (H, W) planes), each value xor ``flip`` (128 turns int8 into int8 + 128);
@@ -323,7 +323,8 @@ def _relayout_py(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1):
     the phase planes' HPh, WPh, their count per block ``nr x nc``, the block's ``plane``
     words, then the ``nr`` row phases kept and the ``nc`` column phases kept: padded
     position (hp, wp) of row phase ``rows[i] = hp % SH`` and column phase ``cols[j] = wp %
-    SW`` goes to plane ``i nc + j`` of the block, at ``(hp // SH) WPh + wp // SW``."""
+    SW`` goes to plane ``i nc + j`` of the block, at ``(hp // SH) WPh + wp // SW``. At
+    column stride 2, ``tmp`` (uint32, ``W`` words per block) holds a source row's words."""
     h_, w_ = hw[0], hw[1]
     ph, pw, sh, sw, hph, wph, nr, nc, plane = geo[0], geo[1], geo[2], geo[3], geo[4], \
         geo[5], geo[6], geo[7], geo[8]  # fmt: skip
@@ -367,6 +368,16 @@ def _relayout_py(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1):
                     if sw == 1:  # (contiguous: vectorized)
                         for q in range(np.uintp(q0), np.uintp(q1)):
                             x4[row + q] = _word(x, s0, s1, s2, s3, r + q, flip) & keep | pad
+                    elif sw == 2 and inside:
+                        # the source row's words in a vectorized pass, then every other
+                        # one (byte loads at a stride stayed scalar: 3-4x slower)
+                        t0 = np.uintp(cg * w_)
+                        r0 = np.uintp(h * w_)
+                        for q in range(np.uintp(w_)):
+                            tmp[t0 + q] = _word(x, s0, s1, s2, s3, r0 + q, flip) & keep | pad
+                        t1 = cg * w_ + pc - pw
+                        for q in range(q0, q1):
+                            x4[row + np.uintp(q)] = tmp[t1 + 2 * q]
                     else:
                         for q in range(np.uintp(q0), np.uintp(q1)):
                             o = r + q * np.uintp(sw)
@@ -428,15 +439,55 @@ def _pack_filter_py(filt, w, init, flip, zf, u0, kg_, op):
             init[g * op + o] = np.int32(np.int64(-u0 * total) & 0xFFFFFFFF)
 
 
+@intrinsic
+def _copy_bytes(typingctx, dst, d0, src, s0, n):
+    """``dst[d0 : d0 + n] = src[s0 : s0 + n]`` (flat uint8 arrays) in 64-byte vectors, the
+    last one masked (a row of an output plane: 7 to 112 bytes, which LLVM's loop vectorizer
+    leaves mostly to its scalar remainder). No index is checked."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        dst_v, d0_v, src_v, s0_v, n_v = args
+        i1, i8, i64 = ir.IntType(1), ir.IntType(8), ir.IntType(64)
+        vb = ir.VectorType(i8, 64)
+        vm = ir.VectorType(i1, 64)
+        arrs = [context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2)]
+        dptr = builder.gep(builder.bitcast(arrs[0].data, i8.as_pointer()), [d0_v])
+        sptr = builder.gep(builder.bitcast(arrs[1].data, i8.as_pointer()), [s0_v])
+        load = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            vb, [vb.as_pointer(), ir.IntType(32), vm, vb]), "llvm.masked.load.v64i8.p0")
+        store = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.VoidType(), [vb, vb.as_pointer(), ir.IntType(32), vm]),
+            "llvm.masked.store.v64i8.p0")  # fmt: skip
+        one = ir.Constant(ir.IntType(32), 1)
+        full = builder.sdiv(builder.sub(n_v, ir.Constant(i64, 1)), ir.Constant(i64, 64))
+        with cgutils.for_range(builder, full, intp=i64) as loop:
+            off = builder.mul(loop.index, ir.Constant(i64, 64))
+            val = builder.load(builder.bitcast(builder.gep(sptr, [off]), vb.as_pointer()),
+                               align=1)  # fmt: skip
+            builder.store(val, builder.bitcast(builder.gep(dptr, [off]), vb.as_pointer()),
+                          align=1)  # fmt: skip
+        off = builder.mul(full, ir.Constant(i64, 64))
+        rem = builder.sub(n_v, off)  # 1 .. 64 bytes: the mask's low ``rem`` bits
+        with builder.if_then(builder.icmp_signed(">", rem, ir.Constant(i64, 0))):
+            bits = builder.lshr(ir.Constant(i64, -1), builder.sub(ir.Constant(i64, 64), rem))
+            mask = builder.bitcast(bits, vm)
+            sp = builder.bitcast(builder.gep(sptr, [off]), vb.as_pointer())
+            val = builder.call(load, [sp, one, mask, ir.Constant(vb, None)])
+            builder.call(store, [val, builder.bitcast(builder.gep(dptr, [off]), vb.as_pointer()),
+                                 one, mask])  # fmt: skip
+        return context.get_dummy_value()
+
+    return types.void(dst, d0, src, s0, n), codegen
+
+
 def _drop_columns_py(src, dst, rows, wp, ow, p0, p1):
-    """Planes [p0, p1) of ``dst`` (flat, planes of ``rows x ow``): the first ``ow`` columns
-    of ``src``'s rows of ``wp`` (flat, planes of ``rows x wp``)."""
+    """Planes [p0, p1) of ``dst`` (flat uint8, planes of ``rows`` rows of ``ow`` bytes): the
+    first ``ow`` bytes of ``src``'s rows of ``wp`` (flat uint8, planes of ``rows x wp``)."""
     for p in range(p0, p1):
         for r in range(rows):
-            s0 = np.uintp((p * rows + r) * wp)
-            d0 = np.uintp((p * rows + r) * ow)
-            for j in range(np.uintp(ow)):
-                dst[d0 + j] = src[s0 + j]
+            _copy_bytes(dst, (p * rows + r) * ow, src, (p * rows + r) * wp, ow)
 
 
 @functools.cache
@@ -452,13 +503,13 @@ def _compiled(name: str):
     return njit(**opts)(_make_gemm(int(vecs), int(epi)))
 
 
-def relayout(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1) -> None:
+def relayout(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1) -> None:
     """Blocks [cg0, cg1) of 4 channels of the relaid source ``x4`` (flat uint32; see the
     module's layouts): the ``ci`` channels of the flat uint8 ``x`` from ``xoff``, planes
     of ``hw`` = (H, W), padded and split into the stride's phase planes as ``geo`` says
     (:func:`_relayout_py`), each value xor ``flip``, ``u0`` where there is no source
-    value."""
-    _compiled("relayout")(x, x4, int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0),
+    value; ``tmp`` (uint32, W words per block at column stride 2) is scratch."""
+    _compiled("relayout")(x, x4, tmp, int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0),
                           int(cg0), int(cg1))  # fmt: skip
 
 
@@ -482,7 +533,7 @@ def gemm_tiles(vecs, x4, w, init, out, q, geom, epi, t0, t1) -> None:
 
 
 def drop_columns(src, dst, rows: int, wp: int, ow: int, p0: int, p1: int) -> None:
-    """Planes [p0, p1) of the flat ``dst`` (planes of ``rows x ow``) from the flat ``src``
-    (planes of ``rows x wp``, the columns past ``ow`` dropped): the output of
-    :func:`gemm_tiles`, computed over whole rows of the phase planes."""
+    """Planes [p0, p1) of the flat uint8 ``dst`` (planes of ``rows`` rows of ``ow`` bytes)
+    from the flat uint8 ``src`` (rows of ``wp`` bytes, those past ``ow`` dropped): the
+    output of :func:`gemm_tiles`, computed over whole rows of the phase planes."""
     _compiled("drop")(src, dst, int(rows), int(wp), int(ow), int(p0), int(p1))
