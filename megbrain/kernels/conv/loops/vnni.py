@@ -315,6 +315,68 @@ def _word(x, s0, s1, s2, s3, o, flip):
             | (np.uint32(x[s2 + o] ^ flip) << 16) | (np.uint32(x[s3 + o] ^ flip) << 24))
 
 
+@intrinsic
+def _words16(typingctx, out, d, x, s0, s1, s2, s3, n, flip, keep, pad):
+    """``out[d + j] = _word(x, s0, s1, s2, s3, j, flip) & keep | pad`` for ``j < n`` (1 to
+    16; ``out`` uint32, ``x`` uint8, flat) as one vector: four masked 16-byte loads, widened,
+    shifted and or'ed, one masked store (LLVM's vectorizer left a row's last up to 15 words
+    to its scalar remainder, most of a 14- to 56-word row). No index is checked."""
+    if not (isinstance(out, types.Array) and isinstance(x, types.Array)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        out_v, d_v, x_v, s0_v, s1_v, s2_v, s3_v, n_v, flip_v, keep_v, pad_v = args
+        i1, i8, i16, i32, i64 = (ir.IntType(b) for b in (1, 8, 16, 32, 64))
+        vb, vw, vm = ir.VectorType(i8, 16), ir.VectorType(i32, 16), ir.VectorType(i1, 16)
+        xa = context.make_array(signature.args[2])(context, builder, x_v)
+        oa = context.make_array(signature.args[0])(context, builder, out_v)
+        xp = builder.bitcast(xa.data, i8.as_pointer())
+        load = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            vb, [vb.as_pointer(), i32, vm, vb]), "llvm.masked.load.v16i8.p0")
+        store = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.VoidType(), [vw, vw.as_pointer(), i32, vm]), "llvm.masked.store.v16i32.p0")
+        undef0 = ir.Constant(ir.VectorType(i32, 16), None)
+
+        def splat(v, vty):
+            one = builder.insert_element(ir.Constant(vty, ir.Undefined), v, ir.Constant(i64, 0))
+            return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), undef0)
+
+        n64 = builder.sext(n_v, i64) if n_v.type.width < 64 else n_v
+        bits = builder.lshr(ir.Constant(i64, 0xFFFF), builder.sub(ir.Constant(i64, 16), n64))
+        mask = builder.bitcast(builder.trunc(bits, i16), vm)
+        fl = splat(builder.trunc(flip_v, i8) if flip_v.type.width > 8 else flip_v, vb)
+        word = None
+        for c, s in enumerate((s0_v, s1_v, s2_v, s3_v)):
+            ptr = builder.bitcast(builder.gep(xp, [s]), vb.as_pointer())
+            v = builder.xor(builder.call(load, [ptr, ir.Constant(i32, 1), mask,
+                                                ir.Constant(vb, None)]), fl)  # fmt: skip
+            v = builder.zext(v, vw)
+            if c:
+                v = builder.shl(v, ir.Constant(vw, [ir.Constant(i32, 8 * c)] * 16))
+            word = v if word is None else builder.or_(word, v)
+        word = builder.or_(builder.and_(word, splat(builder.trunc(keep_v, i32), vw)),
+                           splat(builder.trunc(pad_v, i32), vw))  # fmt: skip
+        optr = builder.gep(builder.bitcast(oa.data, i32.as_pointer()), [d_v])
+        builder.call(store, [word, builder.bitcast(optr, vw.as_pointer()),
+                             ir.Constant(i32, 1), mask])  # fmt: skip
+        return context.get_dummy_value()
+
+    sig = types.void(out, d, x, s0, s1, s2, s3, n, flip, keep, pad)
+    return sig, codegen
+
+
+@njit(inline="always")
+def _words(out, d, x, s0, s1, s2, s3, n, flip, keep, pad):
+    """``out[d + j] = _word(x, s0, s1, s2, s3, j, flip) & keep | pad`` for ``j < n``, 16
+    words a vector (:func:`_words16`)."""
+    # (int64 throughout: uint64 mixed with int64 types as float64)
+    d, s0, s1, s2, s3, n = np.int64(d), np.int64(s0), np.int64(s1), np.int64(s2), \
+        np.int64(s3), np.int64(n)  # fmt: skip
+    fl, kp, pd = np.int64(flip), np.int64(keep), np.int64(pad)
+    for j in range(0, n, 16):
+        _words16(out, d + j, x, s0 + j, s1 + j, s2 + j, s3 + j, min(16, n - j), fl, kp, pd)
+
+
 def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1):
     """Blocks [cg0, cg1) of 4 channels of ``x4`` (flat uint32 words, a position's 4 channels
     in its bytes) from the channels ``0 ... ci - 1`` of the flat uint8 ``x`` from ``xoff``
@@ -344,8 +406,7 @@ def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1):
         keep = np.uint32(0xFFFFFFFF >> (8 * max(0, c + 4 - ci)))
         pad = fill & (keep ^ ones)
         if whole:  # unpadded, stride 1: the plane is one run
-            for q in range(np.uintp(h_ * w_)):
-                x4[np.uintp(base) + q] = _word(x, s0, s1, s2, s3, q, flip) & keep | pad
+            _words(x4, base, x, s0, s1, s2, s3, h_ * w_, flip, keep, pad)
         for i in range(0 if whole else nr):
             pr = geo[9 + i]
             for j in range(nc):
@@ -366,15 +427,16 @@ def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1):
                         x4[row + q] = fill
                     r = np.uintp(h * w_ + pc - pw)
                     if sw == 1:  # (contiguous: vectorized)
-                        for q in range(np.uintp(q0), np.uintp(q1)):
-                            x4[row + q] = _word(x, s0, s1, s2, s3, r + q, flip) & keep | pad
+                        _words(x4, row + np.uintp(q0), x, s0 + r + np.uintp(q0),
+                               s1 + r + np.uintp(q0), s2 + r + np.uintp(q0),
+                               s3 + r + np.uintp(q0), q1 - q0, flip, keep, pad)  # fmt: skip
                     elif sw == 2 and inside:
                         # the source row's words in a vectorized pass, then every other
                         # one (byte loads at a stride stayed scalar: 3-4x slower)
                         t0 = np.uintp(cg * w_)
                         r0 = np.uintp(h * w_)
-                        for q in range(np.uintp(w_)):
-                            tmp[t0 + q] = _word(x, s0, s1, s2, s3, r0 + q, flip) & keep | pad
+                        _words(tmp, t0, x, s0 + r0, s1 + r0, s2 + r0, s3 + r0, w_, flip, keep,
+                               pad)  # fmt: skip
                         t1 = cg * w_ + pc - pw
                         for q in range(q0, q1):
                             x4[row + np.uintp(q)] = tmp[t1 + 2 * q]
