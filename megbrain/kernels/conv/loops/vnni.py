@@ -432,7 +432,7 @@ def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1):
                                s3 + r + np.uintp(q0), q1 - q0, flip, keep, pad)  # fmt: skip
                     elif sw == 2 and inside:
                         # the source row's words in a vectorized pass, then every other
-                        # one (byte loads at a stride stayed scalar: 3-4x slower)
+                        # one (byte loads at a stride stayed scalar: about 2x slower)
                         t0 = np.uintp(cg * w_)
                         r0 = np.uintp(h * w_)
                         _words(tmp, t0, x, s0 + r0, s1 + r0, s2 + r0, s3 + r0, w_, flip, keep,
