@@ -38,10 +38,12 @@ int8 speedup over float32 (issue 31's target: >= 1.5) and the ratios onnxruntime
 int8 (target: >= 1.0; higher is better for megbrain).
 
     python benchmarks/quantized.py [--models resnet18,mobilenet_v2] [--threads 2] [--rounds R]
-        [--size 224] [--profile [--top N]]
+        [--size 224] [--profile [--top N]] [--nodes]
 
 ``--profile`` lists megbrain's top operators of both graphs (``op_profile.py``, as
-``onnx_zoo.py`` prints them).
+``onnx_zoo.py`` prints them); ``--nodes`` compares megbrain's int8 operators with
+onnxruntime's uint8-form nodes per kind of work (onnxruntime's profiler), and lists both
+sides' nodes in order.
 """
 
 from __future__ import annotations
