@@ -38,10 +38,12 @@ int8 speedup over float32 (issue 31's target: >= 1.5) and the ratios onnxruntime
 int8 (target: >= 1.0; higher is better for megbrain).
 
     python benchmarks/quantized.py [--models resnet18,mobilenet_v2] [--threads 2] [--rounds R]
-        [--size 224] [--profile [--top N]]
+        [--size 224] [--profile [--top N]] [--nodes]
 
 ``--profile`` lists megbrain's top operators of both graphs (``op_profile.py``, as
-``onnx_zoo.py`` prints them).
+``onnx_zoo.py`` prints them); ``--nodes`` compares megbrain's int8 operators with
+onnxruntime's uint8-form nodes per kind of work (onnxruntime's profiler), and lists both
+sides' nodes in order.
 """
 
 from __future__ import annotations
@@ -423,10 +425,12 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--size", type=int, default=224, help="input height and width")
     ap.add_argument("--profile", action="store_true", help="megbrain's top operators")
     ap.add_argument("--top", type=int, default=10, help="rows of each --profile table")
+    ap.add_argument("--nodes", action="store_true",
+                    help="megbrain int8 against onnxruntime u8 per kind of node")
     args = ap.parse_args(argv)
     import onnxruntime  # noqa: F401 - fail early without the peer
 
-    rows, profiles = [], []
+    rows, profiles, nodes = [], [], []
     load0 = os.getloadavg()
     for name in args.models.split(","):
         if name not in BUILDERS:
@@ -450,6 +454,8 @@ def main(argv=None) -> list[dict]:
         steady, _ = interleaved(fns, args.rounds)
         row.update({k: statistics.median(v) for k, v in steady.items()})
         rows.append(row)
+        if args.nodes:
+            nodes.append((name, node_times(case, model, args.threads, max(10, args.rounds))))
         if args.profile:
             runs = max(10, args.rounds)
             for kind in ("int8", "float32"):
@@ -480,7 +486,156 @@ def main(argv=None) -> list[dict]:
               f"the optimized int8 graph: {', '.join(r['float operators'])}")  # fmt: skip
     for name, prof_rows in profiles:
         op_profile.print_profile(name, prof_rows, args.top)
+    for name, (ours, theirs) in nodes:
+        print_nodes(name, ours, theirs, args.threads)
     return rows
+
+
+def node_kind(op: str, x: tuple, w: tuple | None, y: tuple, group: int = 1) -> str:
+    """The kind of work of a node, named alike for megbrain's operators and onnxruntime's
+    nodes: a convolution by its filter, stride and grouping (``x``, ``w``, ``y`` the NCHW
+    source, (O, I/G, FH, FW) filter and output shapes), else ``op``."""
+    if w is None:
+        return op
+    stride = -(-x[2] // y[2])
+    what = "depthwise" if group > 1 and w[1] == 1 else ("stem" if x[1] == 3 else "dense")
+    return f"conv {what} {w[2]}x{w[3]}/s{stride}"
+
+
+#: megbrain's operator types and onnxruntime's node types, by the work both name alike
+_NODE_NAMES = {
+    "PoolingForward MAX": "max pool", "MaxPool": "max pool",
+    "PoolingForward AVERAGE": "average pool", "QLinearGlobalAveragePool": "average pool",
+    "ElemwiseMultiType": "residual add", "QLinearAdd": "residual add",
+    "MatrixMul": "classifier", "MatMulInteger": "classifier",
+    "TypeCvt": "quantize, dequantize", "QuantizeLinear": "quantize, dequantize",
+    "NhwcMaxPool": "max pool", "Max": "ReLU (Max)", "Transpose": "relayout",
+    "DequantizeLinear": "quantize, dequantize",
+}  # fmt: skip
+
+
+def _our_nodes(case: Case, runs: int) -> list[tuple[str, str, float]]:
+    """``(kind, shapes, median s)`` of each operator of megbrain's int8 graph, steady state."""
+    from megbrain.graph.static_infer import static_shape
+    from megbrain.plugin import CompGraphProfiler
+
+    graph = mgb.comp_graph()
+    prof = CompGraphProfiler(graph)
+    run = _runner(case, "int8", graph)
+    for _ in range(2):
+        run()
+    prof._observer.events.clear()
+    for _ in range(runs):
+        run()
+    per: dict = {}
+    for opr, _cn, _ident, t0, t1, _run in list(prof._observer.events):
+        per.setdefault(opr, []).append(t1 - t0)
+    rows = []
+    for opr, ts in per.items():
+        if opr.type_name in ("Host2DeviceCopy", "MultipleDeviceTensorHolder"):
+            continue
+        shapes = [tuple(static_shape(v) or ()) for v in opr.inputs]
+        y = tuple(static_shape(opr.outputs[0]) or ())
+        p = getattr(opr, "param", None)
+        if opr.type_name.startswith("ConvBias") or opr.type_name == "ConvolutionForward":
+            w = shapes[1]
+            group = w[0] if p.sparse == "GROUP" else 1
+            w = (w[0] * w[1], *w[2:]) if p.sparse == "GROUP" else w
+            kind = node_kind("conv", shapes[0], w, y, group)
+        else:
+            mode = getattr(p, "mode", None)
+            name = f"{opr.type_name} {mode}" if opr.type_name == "PoolingForward" else None
+            kind = _NODE_NAMES.get(name or opr.type_name, opr.type_name)
+        rows.append((kind, f"{'x'.join(map(str, shapes[0] if shapes else ()))} -> "
+                           f"{'x'.join(map(str, y))}", statistics.median(ts)))  # fmt: skip
+    return rows
+
+
+def _ort_nodes(model: bytes, feed: dict, threads: int, runs: int) -> list:
+    """``(kind, shapes, median s)`` of each node onnxruntime runs of ``model`` (its own
+    profiler's kernel times), steady state."""
+    import json
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    so.log_severity_level = 3
+    with tempfile.TemporaryDirectory() as tmp:
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "ort")
+        so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        for _ in range(2 + runs):
+            sess.run(None, feed)
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
+        # the profile gives no prepacked filter's shape: the optimized graph's nodes do
+        optimized = onnx.load(so.optimized_model_filepath)
+    inits = {t.name: tuple(t.dims) for t in optimized.graph.initializer}
+    graph_nodes = {n.name: n for n in optimized.graph.node}
+    per: dict = {}
+    for e in events:
+        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
+            continue
+        per.setdefault(e["name"], []).append((e["dur"] * 1e-6, e["args"]))
+    rows = []
+    for name, ev in per.items():
+        args = ev[-1][1]
+        ins = [tuple(next(iter(d.values()))) for d in args.get("input_type_shape", [])]
+        outs = [tuple(next(iter(d.values()))) for d in args.get("output_type_shape", [])]
+        op = args.get("op_name", name)
+        node = graph_nodes.get(name[: -len("_kernel_time")])
+        if op == "QLinearConv" and node is not None:
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            x, y = ins[0], outs[0]
+            if attrs.get("channels_last"):  # NHWC: as NCHW for node_kind
+                x, y = (x[0], x[3], x[1], x[2]), (y[0], y[3], y[1], y[2])
+            kind = node_kind("conv", x, inits[node.input[3]], y, attrs.get("group", 1))
+        else:
+            kind = _NODE_NAMES.get(op, op)
+        ts = [t for t, _ in ev[2:]] or [t for t, _ in ev]  # the first two runs: warm-up
+        rows.append((kind, f"{'x'.join(map(str, ins[0] if ins else ()))} -> "
+                           f"{'x'.join(map(str, outs[0] if outs else ()))}",
+                     statistics.median(ts)))  # fmt: skip
+    return rows
+
+
+def node_times(case: Case, model: bytes, threads: int, runs: int) -> tuple[list, list]:
+    """Per node, megbrain int8's and onnxruntime u8's steady-state times (:func:`_our_nodes`,
+    :func:`_ort_nodes`) at ``threads`` threads."""
+    ours = _our_nodes(case, runs)
+    theirs = _ort_nodes(uint8_activations(model), {"x": case.x}, threads, runs)
+    return ours, theirs
+
+
+def print_nodes(name: str, ours: list, theirs: list, threads: int) -> None:
+    """The per-kind table of :func:`node_times`: count, summed medians and the ratio."""
+    kinds: dict = {}
+    for side, rows in ((0, ours), (1, theirs)):
+        for kind, _detail, t in rows:
+            k = kinds.setdefault(kind, [0, 0.0, 0, 0.0])
+            k[2 * side] += 1
+            k[2 * side + 1] += t
+    tot = [sum(r[2] for r in ours), sum(r[2] for r in theirs)]
+    print(f"\n{name}, {threads} thread(s): per kind of node, megbrain int8 against onnxruntime "
+          f"u8 (sums of per-node medians; ratio = onnxruntime / megbrain)")  # fmt: skip
+    print(f"  {'kind':28s} {'n':>3s} {'megbrain ms':>12s} {'n':>3s} {'onnxrt u8 ms':>13s} "
+          f"{'ratio':>6s} {'gap ms':>7s}")  # fmt: skip
+    for kind, (n0, t0, n1, t1) in sorted(kinds.items(), key=lambda kv: kv[1][3] - kv[1][1]):
+        ratio = f"{t1 / t0:6.2f}" if t0 and t1 else f"{'-':>6s}"
+        print(f"  {kind:28s} {n0:3d} {t0 * 1e3:12.3f} {n1:3d} {t1 * 1e3:13.3f} {ratio} "
+              f"{(t0 - t1) * 1e3:7.3f}")  # fmt: skip
+    print(f"  {'sum':28s} {len(ours):3d} {tot[0] * 1e3:12.3f} {len(theirs):3d} "
+          f"{tot[1] * 1e3:13.3f} {tot[1] / tot[0]:6.2f} {(tot[0] - tot[1]) * 1e3:7.3f}")
+    for side, rows in (("megbrain", ours), ("onnxruntime u8", theirs)):
+        print(f"  {side} per node, in order:")
+        for kind, detail, t in rows:
+            print(f"    {kind:28s} {detail:34s} {t * 1e3:8.3f}")
 
 
 def _runner(case: Case, kind: str, graph):

@@ -25,7 +25,7 @@ def test_quantized_benchmark_runs_on_a_small_input(monkeypatch, capsys):
     import quantized
 
     rows = quantized.main(["--size", "32", "--rounds", "1", "--threads", "1", "--profile",
-                           "--top", "3"])  # fmt: skip
+                           "--top", "3", "--nodes"])  # fmt: skip
     out = capsys.readouterr().out
     assert [r["model"] for r in rows] == ["resnet18", "mobilenet_v2"]
     for r in rows:
@@ -36,3 +36,6 @@ def test_quantized_benchmark_runs_on_a_small_input(monkeypatch, capsys):
         assert r["float operators"] == ["Elemwise", "Host2DeviceCopy", "TypeCvt"], r
     assert "resnet18 int8: megbrain operators" in out
     assert "QuantizedS8" in out
+    # the per-node comparison names both sides' convolutions alike
+    assert "resnet18, 1 thread(s): per kind of node" in out
+    assert out.count("conv dense 3x3/s2") >= 6, out

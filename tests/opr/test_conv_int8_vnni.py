@@ -200,6 +200,20 @@ def _case(shape, filt, pad, seed):
 
 
 @pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("stride", [(1, 1), (2, 2), (1, 2)])
+def test_wide_rows_dropped_and_relaid_at_stride_2_equal_the_reference(stride):
+    # output rows of more than 64 bytes (the drop's masked vectors), source rows relaid
+    # through the row scratch at column stride 2, odd widths and a channel block short
+    c = _case((1, 7, 5, 151), (1, 9, 7, 3, 3), (1, 1), 5)
+    c["stride"] = stride
+    x, f = _operands(c)
+    with _path(True):
+        step, out, want = _sums(c, x, f)
+    step()
+    np.testing.assert_array_equal(out.view(np.int32), want)
+
+
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
 def test_a_constant_filter_is_packed_once():
     c = _case((1, 20, 9, 9), (1, 13, 20, 3, 3), (1, 1), 3)
     x, f = _operands(c)

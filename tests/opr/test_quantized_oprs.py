@@ -48,6 +48,17 @@ def test_pooling_on_quantized_equals_the_integer_reference(mode, dt, fh, fw, sh,
     ref.assert_same(got, ref.pool2d_int(x, mode, (fh, fw), (sh, sw), (ph, pw)))
 
 
+@pytest.mark.parametrize("dt", [qint8(0.3), quint8(0.1, 200), qint32(0.01)], ids=str)
+@pytest.mark.parametrize("h, w", [(9, 8), (6, 11)])
+def test_max_pooling_3x3_stride_2_pad_1_on_quantized_equals_the_integer_reference(dt, h, w):
+    # ResNet's stem pooling takes the compiled loop (padding rows and columns as repeats)
+    x = ref.random_q(np.random.default_rng(h * w), (2, 3, h, w), dt)
+    _, got = build_and_run(
+        lambda v: pooling(v, mode="MAX", window_h=3, window_w=3, stride_h=2, stride_w=2,
+                          pad_h=1, pad_w=1), x)  # fmt: skip
+    ref.assert_same(got, ref.pool2d_int(x, "MAX", (3, 3), (2, 2), (1, 1)))
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     st.sampled_from(["AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING"]),

@@ -324,6 +324,7 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     x = x.reshape(-1)
     x4w = x4[: cg_ * plane * 4].view(np.uint32)
     hw = np.array([h_, w_], np.int64)
+    rows_tmp = workspace.empty((cg_ * w_ if sw == 2 else 1,), np.uint32)
     geo = np.array([*pad, sh, sw, hph, wph, len(kept_r), len(kept_c), plane, *kept_r,
                     *kept_c], np.int64)  # fmt: skip
     drop = wph != ow
@@ -334,14 +335,16 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     for n in range(n_):
         for g in range(g_):
             steps.append(parallel.split(
-                _partial(vnni_loops.relayout, x, x4w, (n * g_ + g) * i_ * h_ * w_, hw, i_, geo,
-                         flipx, u0), cg_, relayout_min))  # fmt: skip
+                _partial(vnni_loops.relayout, x, x4w, rows_tmp, (n * g_ + g) * i_ * h_ * w_,
+                         hw, i_, geo, flipx, u0), cg_, relayout_min))  # fmt: skip
             geom = np.array([pg, o_, kg_, chunks, (n * g_ + g) * o_ * pg, g * op * kg_ * 4,
                              g * op, *offs], np.int64)  # fmt: skip
             steps.append(parallel.split(_partial(vnni_loops.gemm_tiles, vecs, x4, wk, init, yt,
                                                  q, geom, epi), items, gemm_min))  # fmt: skip
     if drop:
-        cut = _partial(vnni_loops.drop_columns, yt, yf, oh, wph, ow)
+        isz = yf.itemsize  # rows of bytes
+        cut = _partial(vnni_loops.drop_columns, yt.view(np.uint8), yf.view(np.uint8), oh,
+                       wph * isz, ow * isz)  # fmt: skip
         planes = n_ * g_ * o_
         steps.append(parallel.split(cut, planes, max(1, _MIN_RELAYOUT_BYTES // (oh * wph))))
     return filter_packed(pack, chain(steps), constant)

@@ -315,7 +315,69 @@ def _word(x, s0, s1, s2, s3, o, flip):
             | (np.uint32(x[s2 + o] ^ flip) << 16) | (np.uint32(x[s3 + o] ^ flip) << 24))
 
 
-def _relayout_py(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1):
+@intrinsic
+def _words16(typingctx, out, d, x, s0, s1, s2, s3, n, flip, keep, pad):
+    """``out[d + j] = _word(x, s0, s1, s2, s3, j, flip) & keep | pad`` for ``j < n`` (1 to
+    16; ``out`` uint32, ``x`` uint8, flat) as one vector: four masked 16-byte loads, widened,
+    shifted and or'ed, one masked store (LLVM's vectorizer left a row's last up to 15 words
+    to its scalar remainder, most of a 14- to 56-word row). No index is checked."""
+    if not (isinstance(out, types.Array) and isinstance(x, types.Array)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        out_v, d_v, x_v, s0_v, s1_v, s2_v, s3_v, n_v, flip_v, keep_v, pad_v = args
+        i1, i8, i16, i32, i64 = (ir.IntType(b) for b in (1, 8, 16, 32, 64))
+        vb, vw, vm = ir.VectorType(i8, 16), ir.VectorType(i32, 16), ir.VectorType(i1, 16)
+        xa = context.make_array(signature.args[2])(context, builder, x_v)
+        oa = context.make_array(signature.args[0])(context, builder, out_v)
+        xp = builder.bitcast(xa.data, i8.as_pointer())
+        load = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            vb, [vb.as_pointer(), i32, vm, vb]), "llvm.masked.load.v16i8.p0")
+        store = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.VoidType(), [vw, vw.as_pointer(), i32, vm]), "llvm.masked.store.v16i32.p0")
+        undef0 = ir.Constant(ir.VectorType(i32, 16), None)
+
+        def splat(v, vty):
+            one = builder.insert_element(ir.Constant(vty, ir.Undefined), v, ir.Constant(i64, 0))
+            return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), undef0)
+
+        n64 = builder.sext(n_v, i64) if n_v.type.width < 64 else n_v
+        bits = builder.lshr(ir.Constant(i64, 0xFFFF), builder.sub(ir.Constant(i64, 16), n64))
+        mask = builder.bitcast(builder.trunc(bits, i16), vm)
+        fl = splat(builder.trunc(flip_v, i8) if flip_v.type.width > 8 else flip_v, vb)
+        word = None
+        for c, s in enumerate((s0_v, s1_v, s2_v, s3_v)):
+            ptr = builder.bitcast(builder.gep(xp, [s]), vb.as_pointer())
+            v = builder.xor(builder.call(load, [ptr, ir.Constant(i32, 1), mask,
+                                                ir.Constant(vb, None)]), fl)  # fmt: skip
+            v = builder.zext(v, vw)
+            if c:
+                v = builder.shl(v, ir.Constant(vw, [ir.Constant(i32, 8 * c)] * 16))
+            word = v if word is None else builder.or_(word, v)
+        word = builder.or_(builder.and_(word, splat(builder.trunc(keep_v, i32), vw)),
+                           splat(builder.trunc(pad_v, i32), vw))  # fmt: skip
+        optr = builder.gep(builder.bitcast(oa.data, i32.as_pointer()), [d_v])
+        builder.call(store, [word, builder.bitcast(optr, vw.as_pointer()),
+                             ir.Constant(i32, 1), mask])  # fmt: skip
+        return context.get_dummy_value()
+
+    sig = types.void(out, d, x, s0, s1, s2, s3, n, flip, keep, pad)
+    return sig, codegen
+
+
+@njit(inline="always")
+def _words(out, d, x, s0, s1, s2, s3, n, flip, keep, pad):
+    """``out[d + j] = _word(x, s0, s1, s2, s3, j, flip) & keep | pad`` for ``j < n``, 16
+    words a vector (:func:`_words16`)."""
+    # (int64 throughout: uint64 mixed with int64 types as float64)
+    d, s0, s1, s2, s3, n = np.int64(d), np.int64(s0), np.int64(s1), np.int64(s2), \
+        np.int64(s3), np.int64(n)  # fmt: skip
+    fl, kp, pd = np.int64(flip), np.int64(keep), np.int64(pad)
+    for j in range(0, n, 16):
+        _words16(out, d + j, x, s0 + j, s1 + j, s2 + j, s3 + j, min(16, n - j), fl, kp, pd)
+
+
+def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1):
     """Blocks [cg0, cg1) of 4 channels of ``x4`` (flat uint32 words, a position's 4 channels
     in its bytes) from the channels ``0 ... ci - 1`` of the flat uint8 ``x`` from ``xoff``
     (``hw`` = (H, W) planes), each value xor ``flip`` (128 turns int8 into int8 + 128);
@@ -323,7 +385,8 @@ def _relayout_py(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1):
     the phase planes' HPh, WPh, their count per block ``nr x nc``, the block's ``plane``
     words, then the ``nr`` row phases kept and the ``nc`` column phases kept: padded
     position (hp, wp) of row phase ``rows[i] = hp % SH`` and column phase ``cols[j] = wp %
-    SW`` goes to plane ``i nc + j`` of the block, at ``(hp // SH) WPh + wp // SW``."""
+    SW`` goes to plane ``i nc + j`` of the block, at ``(hp // SH) WPh + wp // SW``. At
+    column stride 2, ``tmp`` (uint32, ``W`` words per block) holds a source row's words."""
     h_, w_ = hw[0], hw[1]
     ph, pw, sh, sw, hph, wph, nr, nc, plane = geo[0], geo[1], geo[2], geo[3], geo[4], \
         geo[5], geo[6], geo[7], geo[8]  # fmt: skip
@@ -343,8 +406,7 @@ def _relayout_py(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1):
         keep = np.uint32(0xFFFFFFFF >> (8 * max(0, c + 4 - ci)))
         pad = fill & (keep ^ ones)
         if whole:  # unpadded, stride 1: the plane is one run
-            for q in range(np.uintp(h_ * w_)):
-                x4[np.uintp(base) + q] = _word(x, s0, s1, s2, s3, q, flip) & keep | pad
+            _words(x4, base, x, s0, s1, s2, s3, h_ * w_, flip, keep, pad)
         for i in range(0 if whole else nr):
             pr = geo[9 + i]
             for j in range(nc):
@@ -365,8 +427,19 @@ def _relayout_py(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1):
                         x4[row + q] = fill
                     r = np.uintp(h * w_ + pc - pw)
                     if sw == 1:  # (contiguous: vectorized)
-                        for q in range(np.uintp(q0), np.uintp(q1)):
-                            x4[row + q] = _word(x, s0, s1, s2, s3, r + q, flip) & keep | pad
+                        _words(x4, row + np.uintp(q0), x, s0 + r + np.uintp(q0),
+                               s1 + r + np.uintp(q0), s2 + r + np.uintp(q0),
+                               s3 + r + np.uintp(q0), q1 - q0, flip, keep, pad)  # fmt: skip
+                    elif sw == 2 and inside:
+                        # the source row's words in a vectorized pass, then every other
+                        # one (byte loads at a stride stayed scalar: about 2x slower)
+                        t0 = np.uintp(cg * w_)
+                        r0 = np.uintp(h * w_)
+                        _words(tmp, t0, x, s0 + r0, s1 + r0, s2 + r0, s3 + r0, w_, flip, keep,
+                               pad)  # fmt: skip
+                        t1 = cg * w_ + pc - pw
+                        for q in range(q0, q1):
+                            x4[row + np.uintp(q)] = tmp[t1 + 2 * q]
                     else:
                         for q in range(np.uintp(q0), np.uintp(q1)):
                             o = r + q * np.uintp(sw)
@@ -428,15 +501,55 @@ def _pack_filter_py(filt, w, init, flip, zf, u0, kg_, op):
             init[g * op + o] = np.int32(np.int64(-u0 * total) & 0xFFFFFFFF)
 
 
+@intrinsic
+def _copy_bytes(typingctx, dst, d0, src, s0, n):
+    """``dst[d0 : d0 + n] = src[s0 : s0 + n]`` (flat uint8 arrays) in 64-byte vectors, the
+    last one masked (a row of an output plane: 7 to 112 bytes, which LLVM's loop vectorizer
+    leaves mostly to its scalar remainder). No index is checked."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        dst_v, d0_v, src_v, s0_v, n_v = args
+        i1, i8, i64 = ir.IntType(1), ir.IntType(8), ir.IntType(64)
+        vb = ir.VectorType(i8, 64)
+        vm = ir.VectorType(i1, 64)
+        arrs = [context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2)]
+        dptr = builder.gep(builder.bitcast(arrs[0].data, i8.as_pointer()), [d0_v])
+        sptr = builder.gep(builder.bitcast(arrs[1].data, i8.as_pointer()), [s0_v])
+        load = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            vb, [vb.as_pointer(), ir.IntType(32), vm, vb]), "llvm.masked.load.v64i8.p0")
+        store = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.VoidType(), [vb, vb.as_pointer(), ir.IntType(32), vm]),
+            "llvm.masked.store.v64i8.p0")  # fmt: skip
+        one = ir.Constant(ir.IntType(32), 1)
+        full = builder.sdiv(builder.sub(n_v, ir.Constant(i64, 1)), ir.Constant(i64, 64))
+        with cgutils.for_range(builder, full, intp=i64) as loop:
+            off = builder.mul(loop.index, ir.Constant(i64, 64))
+            val = builder.load(builder.bitcast(builder.gep(sptr, [off]), vb.as_pointer()),
+                               align=1)  # fmt: skip
+            builder.store(val, builder.bitcast(builder.gep(dptr, [off]), vb.as_pointer()),
+                          align=1)  # fmt: skip
+        off = builder.mul(full, ir.Constant(i64, 64))
+        rem = builder.sub(n_v, off)  # 1 .. 64 bytes: the mask's low ``rem`` bits
+        with builder.if_then(builder.icmp_signed(">", rem, ir.Constant(i64, 0))):
+            bits = builder.lshr(ir.Constant(i64, -1), builder.sub(ir.Constant(i64, 64), rem))
+            mask = builder.bitcast(bits, vm)
+            sp = builder.bitcast(builder.gep(sptr, [off]), vb.as_pointer())
+            val = builder.call(load, [sp, one, mask, ir.Constant(vb, None)])
+            builder.call(store, [val, builder.bitcast(builder.gep(dptr, [off]), vb.as_pointer()),
+                                 one, mask])  # fmt: skip
+        return context.get_dummy_value()
+
+    return types.void(dst, d0, src, s0, n), codegen
+
+
 def _drop_columns_py(src, dst, rows, wp, ow, p0, p1):
-    """Planes [p0, p1) of ``dst`` (flat, planes of ``rows x ow``): the first ``ow`` columns
-    of ``src``'s rows of ``wp`` (flat, planes of ``rows x wp``)."""
+    """Planes [p0, p1) of ``dst`` (flat uint8, planes of ``rows`` rows of ``ow`` bytes): the
+    first ``ow`` bytes of ``src``'s rows of ``wp`` (flat uint8, planes of ``rows x wp``)."""
     for p in range(p0, p1):
         for r in range(rows):
-            s0 = np.uintp((p * rows + r) * wp)
-            d0 = np.uintp((p * rows + r) * ow)
-            for j in range(np.uintp(ow)):
-                dst[d0 + j] = src[s0 + j]
+            _copy_bytes(dst, (p * rows + r) * ow, src, (p * rows + r) * wp, ow)
 
 
 @functools.cache
@@ -452,13 +565,13 @@ def _compiled(name: str):
     return njit(**opts)(_make_gemm(int(vecs), int(epi)))
 
 
-def relayout(x, x4, xoff, hw, ci, geo, flip, u0, cg0, cg1) -> None:
+def relayout(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1) -> None:
     """Blocks [cg0, cg1) of 4 channels of the relaid source ``x4`` (flat uint32; see the
     module's layouts): the ``ci`` channels of the flat uint8 ``x`` from ``xoff``, planes
     of ``hw`` = (H, W), padded and split into the stride's phase planes as ``geo`` says
     (:func:`_relayout_py`), each value xor ``flip``, ``u0`` where there is no source
-    value."""
-    _compiled("relayout")(x, x4, int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0),
+    value; ``tmp`` (uint32, W words per block at column stride 2) is scratch."""
+    _compiled("relayout")(x, x4, tmp, int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0),
                           int(cg0), int(cg1))  # fmt: skip
 
 
@@ -482,7 +595,7 @@ def gemm_tiles(vecs, x4, w, init, out, q, geom, epi, t0, t1) -> None:
 
 
 def drop_columns(src, dst, rows: int, wp: int, ow: int, p0: int, p1: int) -> None:
-    """Planes [p0, p1) of the flat ``dst`` (planes of ``rows x ow``) from the flat ``src``
-    (planes of ``rows x wp``, the columns past ``ow`` dropped): the output of
-    :func:`gemm_tiles`, computed over whole rows of the phase planes."""
+    """Planes [p0, p1) of the flat uint8 ``dst`` (planes of ``rows`` rows of ``ow`` bytes)
+    from the flat uint8 ``src`` (rows of ``wp`` bytes, those past ``ow`` dropped): the
+    output of :func:`gemm_tiles`, computed over whole rows of the phase planes."""
     _compiled("drop")(src, dst, int(rows), int(wp), int(ow), int(p0), int(p1))
