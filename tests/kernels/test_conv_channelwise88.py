@@ -8,6 +8,7 @@ test_conv_nchw88)."""
 from __future__ import annotations
 
 import os
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ from test_conv_algos import ATOL, RTOL, assert_allocates_nothing
 from test_conv_fast_algos import _carved
 from test_conv_nchw88 import _filter88, _to88
 
-from megbrain.kernels import parallel, workspace
+from megbrain.kernels import parallel, tiled_jit, workspace
+from megbrain.kernels.conv import channelwise88
 from megbrain.kernels.conv import common as conv_common
 from megbrain.kernels.conv import nchw88 as conv_nchw88
 from megbrain.kernels.conv.constant_operands import constant_filter
@@ -254,3 +256,36 @@ def test_the_sums_are_vector_fmas_on_registers():
     assert all("ymm" in line or "zmm" in line for line in fmas)
     # the accumulators are registers: no multiply-add reads or writes one on the stack
     assert not any("(%rsp)" in line for line in fmas)
+
+
+@pytest.mark.skipif(tiled_jit.vector_width() != 16, reason="blocks are paired on AVX-512")
+@settings(max_examples=12, deadline=None)
+@given(c=cases(), act=st.sampled_from(["relu", "hswish", "relu6", "silu"]),
+       with_z=st.booleans())  # fmt: skip
+def test_blocks_in_pairs_give_the_bits_of_one_block_at_a_time(c, act, with_z):
+    # AVX-512 computes two channel blocks in vectors of 16 lanes; each lane's sum is the
+    # same sequence of fused multiply-adds as with 8, so the outputs are the same bits (and
+    # the hypothesis tests above hold both against the float64 reference)
+    c = dict(c, c=8 * max(2, c["c"] // 8))
+    x, w, src, filt = _operands(c)
+    rng = np.random.default_rng(c["seed"] + 3)
+    b = rng.uniform(-3, 3, c["c"]).astype(np.float32)
+    epi = Epilogue(b, act == "relu", act == "hswish", act == "relu6", act == "silu")
+    z = None
+    if with_z:
+        z = np.ascontiguousarray(rng.uniform(-2, 2, _out(c).shape).astype(np.float32))
+    outs = []
+    for lanes in (16, 8):
+        out = _out(c)
+        with mock.patch.object(channelwise88, "vector_width", lambda lanes=lanes: lanes):
+            name, step = _bind(c, src, filt, out, epilogue=epi, z=z)
+        assert name == "CHANNELWISE_NCHW88"
+        step()
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    want = _ref(x, w, c["stride"], c["pad"], c["dilate"], c["flip"]) + b[None, :, None, None]
+    if with_z:
+        want = want + conv_nchw88.to_nchw(z)
+    want = {"relu": lambda v: np.maximum(v, 0), "hswish": lambda v: v * np.clip(v + 3, 0, 6) / 6,
+            "relu6": lambda v: np.clip(v, 0, 6), "silu": lambda v: v / (1 + np.exp(-v))}[act](want)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(outs[0]), want, rtol=RTOL, atol=ATOL)

@@ -5,7 +5,9 @@ padding and dilation, with ConvBias's bias, residual ``z`` and ReLU applied on t
 MobileNet-class networks put a depthwise convolution between two pointwise ones in every
 block; computed in NCHW, each one cost two relayouts out of and back into NCHW88. Here a
 compiled loop (:func:`.loops.channelwise88.channelwise88`) reads the blocked source in
-place: the 8 channels of a position are one vector, 8 positions of an output row summed at
+place: the 8 channels of a position are one vector (where the target has AVX-512, two
+channel blocks' 8 are one vector of 16 lanes, their filters packed in pairs: half the
+multiply-add instructions for the same bits), 8 positions of an output row summed at
 once in registers, the filter's columns unrolled for widths 3, 5 and 7 at strides 1 and 2, the
 epilogue applied before the row's vectors are stored. Only the tiles at a row's ends check
 their columns (reading zeros outside the source); a copy of the source padded with zeros
@@ -25,6 +27,7 @@ import numpy as np
 
 from .. import workspace
 from ..steps import Step, chain
+from ..tiled_jit import vector_width
 from .common import threads
 from .constant_operands import filter_is_constant
 from .epilogue import Epilogue, epilogue_operands
@@ -71,6 +74,21 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return view
 
 
+def _pack_filter(wbuf: np.ndarray, taps: np.ndarray, pairs: bool) -> None:
+    """``taps`` (C/8, FH, FW, 8) into the flat ``wbuf``: as they are, or (``pairs``) each
+    two blocks' taps side by side, 16 lanes a tap (the kernel's vectors of two blocks), the
+    odd last block as it is."""
+    cbn, fh, fw, cb = taps.shape
+    if not pairs:
+        np.copyto(wbuf.reshape(taps.shape), taps)
+        return
+    p = cbn // 2
+    head = wbuf[: p * fh * fw * 2 * cb].reshape(p, fh, fw, 2, cb)
+    np.copyto(head, taps[: 2 * p].reshape(p, 2, fh, fw, cb).transpose(0, 2, 3, 1, 4))
+    if cbn % 2:
+        np.copyto(wbuf[p * fh * fw * 2 * cb :].reshape(fh, fw, cb), taps[-1])
+
+
 def bind_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stride, pad,
                        dilate, flip: bool = False, epilogue: Epilogue | None = None,
                        z: np.ndarray | None = None) -> Step:  # fmt: skip
@@ -109,25 +127,27 @@ def bind_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, strid
     constant = filter_is_constant()
     wbuf = (workspace.aligned if constant else workspace.empty)((cbn * fh * fw * loops.CB,), _F32)
     taps = filt[:, 0, 0, ::-1, ::-1] if flip else filt[:, 0, 0]
-    pack_w = functools.partial(np.copyto, wbuf.reshape(cbn, fh, fw, loops.CB), taps)
+    pairs = cbn > 1 and vector_width() == 16
+    pack_w = functools.partial(_pack_filter, wbuf, taps, pairs)
     bias, epi = epilogue_operands(epilogue, steps)
     if z is not None:
         epi |= 2
     t = threads()
-    blocks = n * cbn
+    blocks = n * (-(-cbn // 2) if pairs else cbn)  # the units' channel slots
     bands = max(1, min(oh, -(-_UNITS_PER_THREAD * t // blocks))) if t > 1 else 1
     rows = -(-oh // bands)
     bands = -(-oh // rows)
     per = max(1, blocks // (_UNITS_PER_THREAD * t)) if bands == 1 else 1
     units = -(-blocks // per) * bands
-    dims = np.array([n, cbn, h, w, oh, ow, fh, fw, rows, bands, per], np.int64)
+    dims = np.array([n, cbn, h, w, oh, ow, fh, fw, rows, bands, per, pairs], np.int64)
     conv = np.array([*stride, *pad, *dilate], np.int64)
     yf, wr = y.reshape(-1), _readonly(wbuf)
     key = loops.kernel_key(fw, stride[1], dilate[1])
+    zero = loops.zeros(h * w * loops.CB + loops.CB if pairs else loops.CB)
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
         return functools.partial(loops.channelwise88, key, x, wr, yf, zf, bias, dims, conv, epi,
-                                 counter, me)  # fmt: skip
+                                 counter, me, zero)  # fmt: skip
 
     steps.append(units_as_they_go(units, bind_part, t))
     if y is not out:
