@@ -59,36 +59,37 @@ def describe(opr) -> tuple[str, str]:
     return kind, f"-> {shape}"
 
 
-def per_operator(prof) -> list[tuple[str, str, float]]:
-    """``(kind, detail, seconds)`` per operator: the median of its times over the runs."""
-    per = collections.defaultdict(list)
-    for opr, _cn, _ident, t0, t1, _run in list(prof._observer.events):
-        per[opr].append(t1 - t0)
-    rows = []
-    for opr, ts in per.items():
-        if opr.type_name in ("Host2DeviceCopy", "MultipleDeviceTensorHolder"):
-            continue
-        kind, detail = describe(opr)
-        rows.append((kind, detail, statistics.median(ts)))
-    return sorted(rows, key=lambda r: -r[2])
-
-
-def profile(build, runs: int) -> list[tuple[str, str, float]]:
-    """The :func:`per_operator` rows of the steady state of ``runs`` calls of ``build(graph)``
-    (a function compiled into ``graph``, which a CompGraphProfiler observes; called without
-    arguments), after two calls that bind and plan."""
+def operator_times(build, runs: int, warmup: int = 2) -> dict:
+    """``{operator: [seconds per run]}`` over the steady state of ``runs`` calls of
+    ``build(graph)`` (a function compiled into ``graph``, which a CompGraphProfiler observes;
+    called without arguments), after ``warmup`` calls that bind and plan."""
     import megbrain as mgb
     from megbrain.plugin import CompGraphProfiler
 
     graph = mgb.comp_graph()
     prof = CompGraphProfiler(graph)
     run = build(graph)
-    for _ in range(2):
+    for _ in range(warmup):
         run()
     prof._observer.events.clear()
     for _ in range(runs):
         run()
-    return per_operator(prof)
+    per = collections.defaultdict(list)
+    for opr, _cn, _ident, t0, t1, _run in list(prof._observer.events):
+        per[opr].append(t1 - t0)
+    return per
+
+
+def profile(build, runs: int) -> list[tuple[str, str, float]]:
+    """``(kind, detail, seconds)`` per operator of :func:`operator_times`'s steady state:
+    the median of its times over the runs, the largest first."""
+    rows = []
+    for opr, ts in operator_times(build, runs).items():
+        if opr.type_name in ("Host2DeviceCopy", "MultipleDeviceTensorHolder"):
+            continue
+        kind, detail = describe(opr)
+        rows.append((kind, detail, statistics.median(ts)))
+    return sorted(rows, key=lambda r: -r[2])
 
 
 def print_profile(name: str, rows, top: int) -> None:

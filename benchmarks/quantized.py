@@ -517,19 +517,8 @@ _NODE_NAMES = {
 def _our_nodes(case: Case, runs: int) -> list[tuple[str, str, float]]:
     """``(kind, shapes, median s)`` of each operator of megbrain's int8 graph, steady state."""
     from megbrain.graph.static_infer import static_shape
-    from megbrain.plugin import CompGraphProfiler
 
-    graph = mgb.comp_graph()
-    prof = CompGraphProfiler(graph)
-    run = _runner(case, "int8", graph)
-    for _ in range(2):
-        run()
-    prof._observer.events.clear()
-    for _ in range(runs):
-        run()
-    per: dict = {}
-    for opr, _cn, _ident, t0, t1, _run in list(prof._observer.events):
-        per.setdefault(opr, []).append(t1 - t0)
+    per = op_profile.operator_times(lambda graph: _runner(case, "int8", graph), runs)
     rows = []
     for opr, ts in per.items():
         if opr.type_name in ("Host2DeviceCopy", "MultipleDeviceTensorHolder"):

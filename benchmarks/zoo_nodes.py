@@ -29,6 +29,7 @@ import os
 import tempfile
 
 import numpy as np
+import op_profile
 import torchvision_models as zoo
 from onnx_inference import _limit_threads
 
@@ -57,22 +58,12 @@ def _kind(op: str) -> str:
 
 def ours(path: str, feed: dict, runs: int) -> list[tuple[str, str, float]]:
     """``(kind, detail, seconds)`` per megbrain operator, in execution order."""
-    import megbrain as mgb
     import megbrain.onnx as mo
     from megbrain.graph.static_infer import static_shape
-    from megbrain.plugin import CompGraphProfiler
 
-    graph = mgb.comp_graph()
-    prof = CompGraphProfiler(graph)
-    run = functools.partial(mo.load_inference(path, graph=graph), **feed)
-    for _ in range(3):
-        run()
-    prof._observer.events.clear()
-    for _ in range(runs):
-        run()
-    per: dict = {}
-    for opr, _cn, _ident, t0, t1, _run in list(prof._observer.events):
-        per.setdefault(opr, []).append(t1 - t0)
+    per = op_profile.operator_times(
+        lambda graph: functools.partial(mo.load_inference(path, graph=graph), **feed), runs, 3
+    )
     rows = []
     for opr, ts in per.items():
         name = opr.type_name
