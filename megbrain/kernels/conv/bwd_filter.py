@@ -8,7 +8,10 @@ too), a compiled im2col writes a block's ``(K, P)`` columns into a buffer of at 
 :data:`BLOCK_BYTES`, and one GEMM per group ``diff_block (OCg, P) @ cols^T (P, Kg)``, still in
 the core's cache, adds it into a running sum. A block inside one sample reads ``diff`` in place
 (a row-strided matrix); a block of several samples first copies their ``diff`` planes side by
-side.
+side. A dense gradient over at most :data:`BAND_MAX_POSITIONS` positions in the whole batch
+(deep layers' small planes, whose gradient is larger than a block's columns) runs in bands of
+column rows instead (:meth:`_Blocked.bands`): each band's GEMM reduces over the whole batch
+into its own columns of the gradient, with no partial sums.
 
 The :func:`parallel.num_threads` threads each run whole block pipelines with BLAS
 single-threaded (:func:`parallel.blas_single_threaded`), one fork/join per call: with at least
