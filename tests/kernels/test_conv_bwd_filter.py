@@ -54,6 +54,7 @@ def test_blocked_matches_float64(c, block, trans):
         mp.setattr(conv_bwd_filter, "BLOCK_POSITIONS", block)
         mp.setattr(conv_bwd_filter, "BLOCK_CACHE_BYTES", 0)
         mp.setattr(conv_bwd_filter, "TRANSPOSED_MIN_POSITIONS", 0 if trans else 1 << 30)
+        mp.setattr(conv_bwd_filter, "BAND_MAX_POSITIONS", 0)
         gw = _run(_BLOCKED, c, x, dy)
     np.testing.assert_allclose(gw, ref(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)
 
@@ -68,6 +69,7 @@ def test_thread_splits_match_float64(c, block, threads, trans):
         mp.setattr(conv_bwd_filter, "BLOCK_POSITIONS", block)
         mp.setattr(conv_bwd_filter, "BLOCK_CACHE_BYTES", 0)
         mp.setattr(conv_bwd_filter, "TRANSPOSED_MIN_POSITIONS", 0 if trans else 1 << 30)
+        mp.setattr(conv_bwd_filter, "BAND_MAX_POSITIONS", 0)
         mp.setattr(conv_bwd_filter, "_MIN_THREAD_FLOPS", 0)
         mp.setattr(parallel, "num_threads", lambda: threads)
         gw = _run(_BLOCKED, c, x, dy)
@@ -168,6 +170,7 @@ def test_workspace_is_written_before_read(block, trans, monkeypatch):
     monkeypatch.setattr(conv_bwd_filter, "BLOCK_POSITIONS", block)
     monkeypatch.setattr(conv_bwd_filter, "BLOCK_CACHE_BYTES", 0)
     monkeypatch.setattr(conv_bwd_filter, "TRANSPOSED_MIN_POSITIONS", 0 if trans else 1 << 30)
+    monkeypatch.setattr(conv_bwd_filter, "BAND_MAX_POSITIONS", 0)
     c = _case(n=3, g=2, icg=2, ocg=3, sshape=(6, 5), stride=(2, 1), pad=(0, 2), flip=True)
     x, w, dy = _arrays(c)
     x16, dy16 = x.astype(np.float16), dy.astype(np.float16)  # conversion buffers too
@@ -182,13 +185,50 @@ def test_workspace_is_written_before_read(block, trans, monkeypatch):
             np.testing.assert_allclose(gw, ref(c, xs, dys, w.shape), **tol)
 
 
-@pytest.mark.parametrize("n", [1, 6])  # column rows split, or blocks split
-def test_runs_are_reproducible(n, monkeypatch):
+# column rows split, blocks split, or bands of the whole batch
+@pytest.mark.parametrize("n,bands", [(1, False), (6, False), (1, True), (2, True)])
+def test_runs_are_reproducible(n, bands, monkeypatch):
     monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    monkeypatch.setattr(conv_bwd_filter, "BAND_MAX_POSITIONS", 1 << 30 if bands else 0)
+    monkeypatch.setattr(conv_bwd_filter, "BAND_BYTES", 8192)
     c = _case(n=n, icg=16, ocg=16, sshape=(40, 40), seed=5)
     x, _, dy = _arrays(c)
     gw = np.empty((1, 16, 16, 3, 3), np.float32)
     _assert_reproducible(_BLOCKED(x, dy, gw, *_geometry(c)), gw)
+
+
+@settings(max_examples=40, deadline=None)
+@given(c=conv_cases(nsp=2), band=st.sampled_from([1, 200, 1 << 20]), threads=st.integers(1, 3))
+def test_bands_match_float64(c, band, threads):
+    # the whole batch reduced per band of column rows (a row, a few rows not on a channel's
+    # boundary, all rows), the bands split over the threads; several groups still block
+    x, w, dy = _arrays(c)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_bwd_filter, "BAND_MAX_POSITIONS", 1 << 30)
+        mp.setattr(conv_bwd_filter, "BAND_BYTES", band)
+        mp.setattr(conv_bwd_filter, "_MIN_THREAD_FLOPS", 0)
+        mp.setattr(parallel, "num_threads", lambda: threads)
+        gw = _run(_BLOCKED, c, x, dy)
+    np.testing.assert_allclose(gw, ref(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)
+
+
+def test_bands_workspace_is_written_before_read(monkeypatch):
+    monkeypatch.setattr(conv_bwd_filter, "BAND_MAX_POSITIONS", 1 << 30)
+    monkeypatch.setattr(conv_bwd_filter, "BAND_BYTES", 100)
+    monkeypatch.setattr(conv_bwd_filter, "_MIN_THREAD_FLOPS", 0)
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    c = _case(n=3, icg=3, ocg=4, sshape=(6, 5), stride=(2, 1), pad=(0, 2), flip=True)
+    x, w, dy = _arrays(c)
+    x16, dy16 = x.astype(np.float16), dy.astype(np.float16)  # conversion buffers too
+    for xs, dys in ((x, dy), (x16, dy16)):
+        gw = np.empty(w.shape, np.float32)
+        fn, buf = _carved(functools.partial(_BLOCKED, xs, dys, gw, *_geometry(c)))
+        assert buf.nbytes > 1
+        for _ in range(2):
+            buf[:] = 0xFF  # NaN as float32
+            fn()
+            tol = dict(rtol=RTOL, atol=ATOL) if xs is x else dict(rtol=1e-2, atol=5e-2)
+            np.testing.assert_allclose(gw, ref(c, xs, dys, w.shape), **tol)
 
 
 def _assert_reproducible(fn, gw):

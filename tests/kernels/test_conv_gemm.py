@@ -132,6 +132,30 @@ def test_col2im_is_the_adjoint_of_im2col(g):
     np.testing.assert_allclose(chunk.reshape(-1), want, rtol=1e-12, atol=1e-12)
 
 
+@settings(max_examples=40, deadline=None)
+@given(g=geometries(), data=st.data())
+def test_a_band_of_rows_goes_to_a_buffer_of_its_own(g, data):
+    # im2col of rows [r0, r1) into a buffer holding rows from ``row_base`` on, and col2im
+    # of a band of channels reading such a buffer
+    rng = np.random.default_rng(g["seed"])
+    x = rng.uniform(-1, 1, (g["n"], g["c"], *g["sshape"]))
+    ref = _ref_cols(g, x)
+    per = ref.shape[0] // g["c"]
+    c0 = data.draw(st.integers(0, g["c"] - 1))
+    c1 = data.draw(st.integers(c0 + 1, g["c"]))
+    r0, r1 = c0 * per, c1 * per
+    cols = np.full((r1 - r0, ref.shape[1]), np.nan)
+    conv_gemm_loops.im2col(x, cols, g["n0"], g["n1"], *_args(g), r0, r1, None, r0)
+    np.testing.assert_array_equal(cols, ref[r0:r1])
+    band = rng.uniform(-1, 1, cols.shape)
+    whole = np.zeros(ref.shape)
+    whole[r0:r1] = band
+    want, got = np.full_like(x, np.nan), np.full_like(x, np.nan)
+    conv_gemm_loops.col2im(whole, want, g["n0"], g["n1"], *_args(g), c0, c1)
+    conv_gemm_loops.col2im(band, got, g["n0"], g["n1"], *_args(g), c0, c1, r0)
+    np.testing.assert_array_equal(got, want)
+
+
 # ---- the algorithms on the compiled loops --------------------------------------------------
 _ALGOS = [
     ("forward", "IM2COL_GEMM"),
@@ -181,6 +205,7 @@ def test_algorithms_match_float64(c, algo, n, threads, chunk, dtype):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(parallel, "num_threads", lambda: threads)
         mp.setattr(conv_common, "CACHE_CHUNK_BYTES", chunk)
+        mp.setattr(conv_bwd_data, "BAND_MAX_POSITIONS", 0)
         fn = _bind(kind, name, c, x, w, dy, out)
         if fn is None:
             return
@@ -268,12 +293,59 @@ def test_runs_are_bitwise_reproducible_over_threads():
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(parallel, "num_threads", lambda threads=threads: threads)
             mp.setattr(conv_common, "CACHE_CHUNK_BYTES", 1)  # one sample per chunk
+            mp.setattr(conv_bwd_data, "BAND_MAX_POSITIONS", 0)
             y, gx = np.empty(dy.shape, np.float32), np.empty(x.shape, np.float32)
             _bind("forward", "IM2COL_GEMM", c, x, w, dy, y)()
             _bind("backward_data", "GEMM_COL2IM", c, x, w, dy, gx)()
         got.append((y, gx))
     for y, gx in got[1:]:
         assert np.array_equal(y, got[0][0]) and np.array_equal(gx, got[0][1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    c=conv_cases(nsp=2),
+    n=st.integers(1, 7),
+    threads=st.integers(1, 3),
+    band=st.sampled_from([1, 3000, 1 << 20]),
+    dtype=st.sampled_from([np.float32, np.float64, np.float16]),
+)
+def test_col2im_bands_match_float64(c, n, threads, band, dtype):
+    # a channel a band, a few, or all of them; the bands split over the threads; several
+    # groups still run the chunk pipelines
+    c = dict(c, n=n)
+    x, w, dy = _arrays(c, dtype)
+    gx = np.full(x.shape, np.nan, dtype)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parallel, "num_threads", lambda: threads)
+        mp.setattr(conv_bwd_data, "BAND_MAX_POSITIONS", 1 << 30)
+        mp.setattr(conv_bwd_data, "BAND_BYTES", band)
+        fn = _bind("backward_data", "GEMM_COL2IM", c, x, w, dy, gx)
+        fn()
+    np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), **_tol(dtype))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_col2im_bands_write_their_workspace_before_reading_it(threads):
+    c = dict(n=3, g=1, icg=5, ocg=4, fshape=(3, 3), stride=(2, 1), pad=(1, 1), dilate=(1, 1),
+             sshape=(6, 5), flip=True, seed=12)  # fmt: skip
+    c["oshape"] = _oshape(c)
+    x, w, dy = _arrays(c)
+    gx = np.empty(x.shape, np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parallel, "num_threads", lambda: threads)
+        mp.setattr(conv_bwd_data, "BAND_BYTES", 500)  # a channel or two a band
+        fn, buf = _carved(lambda: _bind("backward_data", "GEMM_COL2IM", c, x, w, dy, gx))
+    assert buf.nbytes > 1
+    for _ in range(2):
+        buf[:] = 0xFF  # NaN as float32
+        fn()
+        np.testing.assert_allclose(gx, ref_backward_data(c, w, dy), rtol=RTOL, atol=ATOL)
+        first = gx.copy()
+        fn()
+        assert np.array_equal(gx, first)  # reproducible
+    if threads == 1:  # no pool hand-over objects: NumPy's allocations are traced, none
+        assert_allocates_nothing(fn)
 
 
 def test_heuristic_prefers_col2im_to_the_forward_route_for_small_planes():
@@ -328,6 +400,7 @@ def test_a_filter_matrix_larger_than_the_cache_chunk_takes_a_share_of_the_batch(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(parallel, "num_threads", lambda: threads)
         mp.setattr(conv_common, "CACHE_CHUNK_BYTES", 4096)  # the filter matrix is 72 KB
+        mp.setattr(conv_bwd_data, "BAND_MAX_POSITIONS", 0)
         geo = conv_common._geometry("forward", x, w, y, *_geometry_of(c))
         share = -(-7 // threads) * 32 * 9 * 16 * 4  # a thread's samples' columns
         assert geo.pipeline_chunk_bytes(np.dtype(np.float32)) == min(64 * 32 * 9 * 4, share)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import workspace
+from .. import parallel, workspace
 from ..parallel import split
 from ..steps import Step, chain
 from .common import (
@@ -32,7 +32,7 @@ from .loops import im2col as im2col_loops
 from .registry import ConvAlgorithm, always, register
 from .registry import bind as bind_chosen
 
-__all__ = ["AS_FORWARD_MAX_GROWTH", "COL2IM_MAX_SAMPLE_BYTES"]
+__all__ = ["AS_FORWARD_MAX_GROWTH", "BAND_BYTES", "BAND_MAX_POSITIONS", "COL2IM_MAX_SAMPLE_BYTES"]
 
 _partial = functools.partial
 
@@ -49,6 +49,13 @@ COL2IM_MAX_SAMPLE_BYTES = 2 << 20
 #: against 3.4), not from 960 summed channels on 4x4 planes (160x960 1.7 against 1.3, 320x1280
 #: 8.0 against 3.2)
 AS_FORWARD_POINTWISE_MAX_CHANNELS = 768
+#: GEMM_COL2IM of a dense 2-d gradient over at most this many output positions (the whole
+#: batch) runs in bands of input channels (:func:`_col2im_bands`): each band's GEMM covers the
+#: whole batch and its col2im reads the columns from the cache, where batch chunks wrote
+#: columns larger than the cache and each re-read the whole filter matrix
+BAND_MAX_POSITIONS = 1024
+#: the bytes of one band's columns
+BAND_BYTES = 1 << 20
 #: backward data runs as a forward convolution when the gradient has at most this many times
 #: the positions of ``diff`` (that GEMM has prod(S) columns, col2im's has prod(O))
 AS_FORWARD_MAX_GROWTH = 1.25
@@ -151,15 +158,18 @@ def _col2im_pipelines(geo: _Conv, wmt, diff, grad, dt, steps: list) -> Callable[
     the GEMM ``W^T @ diff`` into the columns and the compiled :func:`im2col_loops.col2im`
     adding them into the gradient while they are in the cache; several chunks run on the
     kernel threads (:func:`_chunk_pipelines`), a single one with its col2im split over the
-    channels."""
+    channels; a dense gradient over few positions runs in bands of channels instead
+    (:func:`_col2im_bands`)."""
     post: list[Step] = []
     target = grad
     if grad.dtype != dt or not grad.flags.c_contiguous or not grad.flags.writeable:
         target = workspace.empty(grad.shape, dt)
         post.append(_partial(np.copyto, grad, target, "unsafe"))
     rows = geo.c * math.prod(geo.fshape)
-    nb, chunks = geo.chunks(dt, geo.pipeline_chunk_bytes(dt))
     geom = (geo.stride, geo.pad, geo.dilate, geo.fshape)
+    if geo.g == 1 and 0 < geo.n * geo.l <= BAND_MAX_POSITIONS:
+        return chain(steps + _col2im_bands(geo, wmt[0], diff, target, dt, geom) + post)
+    nb, chunks = geo.chunks(dt, geo.pipeline_chunk_bytes(dt))
 
     def slot():  # one thread's buffers: the batch-inner diff and the columns
         copies: list[Step] = []
@@ -182,6 +192,38 @@ def _col2im_pipelines(geo: _Conv, wmt, diff, grad, dt, steps: list) -> Callable[
         buffers = slot()
         run = chain([s for a, b in chunks for s in pipeline(buffers, a, b, whole=False)])
     return chain(steps + [run] + post)
+
+
+def _col2im_bands(geo: _Conv, wt, diff, target, dt, geom) -> list[Step]:
+    """GEMM_COL2IM of a dense 2-d gradient over few positions (:data:`BAND_MAX_POSITIONS`):
+    ``diff`` copied batch-inner into an ``(OC, N * L)`` matrix (its channels split over the
+    threads), then bands of input channels, about :data:`BAND_BYTES` of columns each and a
+    multiple of the thread count of them, each thread its consecutive bands: the GEMM
+    ``W^T[band] (rows, OC) @ diff (OC, N * L)`` and the col2im of the band's channels over
+    the whole batch while its columns are in the cache. ``wt`` is the (K, OC) transposed
+    filter matrix."""
+    n, oc, pos = geo.n, geo.ocg, geo.n * geo.l
+    nt = parallel.num_threads() if parallel.can_single_thread_blas() else 1
+    dbuf = workspace.empty((oc, n, *geo.oshape), dt)
+    copies = [_partial(np.copyto, dbuf[c0:c1], _swap01(diff[:, c0:c1]), "unsafe")
+              for c0, c1 in parallel.ranges(oc, nt)]  # fmt: skip
+    dm = dbuf.reshape(oc, pos)
+    per_channel = math.prod(geo.fshape)
+    width = max(1, BAND_BYTES // (per_channel * pos * dt.itemsize))
+    count = -(-geo.c // width)
+    bands = parallel.ranges(geo.c, -(-count // nt) * nt)
+    calls = []
+    for lo, hi in parallel.ranges(len(bands), nt):
+        most = max(c1 - c0 for c0, c1 in bands[lo:hi])
+        colbuf = workspace.empty((most * per_channel * pos,), dt)
+        work: list[Step] = []
+        for c0, c1 in bands[lo:hi]:
+            r0, r1 = c0 * per_channel, c1 * per_channel
+            cols = colbuf[: (r1 - r0) * pos].reshape(r1 - r0, pos)
+            work.append(_partial(np.matmul, wt[r0:r1], dm, out=cols))
+            work.append(_partial(im2col_loops.col2im, cols, target, 0, n, *geom, c0, c1, r0))
+        calls.append(chain(work))
+    return [parallel.concurrently(copies), parallel.concurrently_blas_single_threaded(calls)]
 
 
 register(ConvAlgorithm(

@@ -8,7 +8,10 @@ too), a compiled im2col writes a block's ``(K, P)`` columns into a buffer of at 
 :data:`BLOCK_BYTES`, and one GEMM per group ``diff_block (OCg, P) @ cols^T (P, Kg)``, still in
 the core's cache, adds it into a running sum. A block inside one sample reads ``diff`` in place
 (a row-strided matrix); a block of several samples first copies their ``diff`` planes side by
-side.
+side. A dense gradient over at most :data:`BAND_MAX_POSITIONS` positions in the whole batch
+(deep layers' small planes, whose gradient is larger than a block's columns) runs in bands of
+column rows instead (:meth:`_Blocked.bands`): each band's GEMM reduces over the whole batch
+into its own columns of the gradient, with no partial sums.
 
 The :func:`parallel.num_threads` threads each run whole block pipelines with BLAS
 single-threaded (:func:`parallel.blas_single_threaded`), one fork/join per call: with at least
@@ -56,6 +59,8 @@ from .loops import im2col as im2col_loops
 from .registry import ConvAlgorithm, always, register
 
 __all__ = [
+    "BAND_BYTES",
+    "BAND_MAX_POSITIONS",
     "BLOCK_BYTES",
     "BLOCK_CACHE_BYTES",
     "BLOCK_POSITIONS",
@@ -93,6 +98,13 @@ TRANSPOSED_MIN_POSITIONS = 512
 POINTWISE_MIN_POSITIONS = 256
 #: ... and while the samples' products (N x OC x ICg float32) take at most this many bytes
 POINTWISE_MAX_PRODUCT_BYTES = 8 << 20
+#: a dense (one group) gradient over at most this many output positions (the whole batch)
+#: runs in bands of column rows instead of blocks of positions: each band's GEMM reduces over
+#: the whole batch into its own columns of the gradient, where blocks of positions would each
+#: add a partial gradient as large as their columns (512x512 at 4x4, batch 32: 9.4 MB a block)
+BAND_MAX_POSITIONS = 1024
+#: the bytes of one band's columns (``rows * N * OH * OW``), kept within the core's cache
+BAND_BYTES = 1 << 20
 _F32 = np.dtype(np.float32)
 #: a gradient of fewer multiply-adds (x2) than this runs on one thread
 _MIN_THREAD_FLOPS = 4_000_000
@@ -182,6 +194,10 @@ def bind_blocked(src: np.ndarray, diff: np.ndarray, grad: np.ndarray, stride: Se
     nt = parallel.num_threads() if parallel.can_single_thread_blas() else 1
     if 2 * b.oc * b.ktot * geo.n * oh * ow < _MIN_THREAD_FLOPS:
         nt = 1
+    if geo.g == 1 and geo.n * oh * ow <= BAND_MAX_POSITIONS:
+        steps += b.bands(res.reshape(b.oc, b.ktot), nt)
+        steps.append(_store(res, grad, flip))
+        return chain(steps)
     blocks = _blocks(geo.n, oh, ow, (b.ktot + b.oc) * ow * dt.itemsize, nt)
     width = max(g1 - g0 for g0, g1 in blocks) * ow
     resm = res.reshape(geo.g, geo.ocg, geo.k)
@@ -223,6 +239,41 @@ class _Blocked:
         oh, ow = geo.oshape
         self.dyf = dy.reshape(geo.n, self.oc, oh * ow)
         self.geom = (geo.stride, geo.pad, geo.dilate, geo.fshape)
+
+    def bands(self, res: np.ndarray, nt: int) -> list[Step]:
+        """The steps of the band form (one group): ``diff`` copied batch-inner into an
+        ``(OC, N * OH * OW)`` matrix (its channels split over the threads), then bands of
+        about :data:`BAND_BYTES` of column rows over the whole batch, a multiple of ``nt``
+        of them, each thread its consecutive bands: the band's im2col and one GEMM
+        ``diff (OC, P) @ cols^T (P, rows)`` writing its columns of ``res`` (OC, K)."""
+        geo, dt, oc, n = self.geo, self.dt, self.oc, self.geo.n
+        oh, ow = geo.oshape
+        pos = n * oh * ow
+        if n == 1:
+            dm = self.dyf[0]
+            steps: list[Step] = []
+        else:
+            dbuf = workspace.empty((oc, n, oh * ow), dt)
+            copies = [functools.partial(np.copyto, dbuf[c0:c1], self.dyf[:, c0:c1].swapaxes(0, 1))
+                      for c0, c1 in parallel.ranges(oc, nt)]  # fmt: skip
+            steps = [parallel.concurrently(copies)]
+            dm = dbuf.reshape(oc, pos)
+        rows = max(1, BAND_BYTES // (pos * dt.itemsize))
+        count = -(-self.ktot // rows)
+        count = -(-count // nt) * nt
+        bands = parallel.ranges(self.ktot, count)
+        calls = []
+        for lo, hi in parallel.ranges(len(bands), nt):
+            width = max(r1 - r0 for r0, r1 in bands[lo:hi])
+            colbuf = workspace.empty((width * pos,), dt)
+            work: list[Step] = []
+            for r0, r1 in bands[lo:hi]:
+                cols = colbuf[: (r1 - r0) * pos].reshape(r1 - r0, pos)
+                work.append(functools.partial(im2col_loops.im2col, self.x, cols, 0, n,
+                                              *self.geom, r0, r1, None, r0))  # fmt: skip
+                work.append(functools.partial(np.matmul, dm, cols.T, out=res[:, r0:r1]))
+            calls.append(chain(work))
+        return steps + [parallel.concurrently_blas_single_threaded(calls)]
 
     def thread(self, blocks, rowset, colbuf, acc, width, trans) -> Step:
         """The step of one thread: per block, the im2col of the column rows ``rowset``

@@ -29,7 +29,7 @@ __all__ = ["col2im", "im2col"]
 
 # Each loop computes, per filter offset, the outputs [lo, hi) whose source index o * step + off
 # lies in [0, size) (inlined by hand: a compiled helper function was not inlined and cost 2x).
-def _im2col_py(x, cols, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, i0, i1, r0, r1):
+def _im2col_py(x, cols, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, i0, i1, r0, r1, rb):
     # pragma: no cover - compiled
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
     ll = (i1 - i0) * ow_  # the output rows [i0, i1) of each sample
@@ -51,7 +51,7 @@ def _im2col_py(x, cols, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, i0, 
         m = jhi - jlo
         for k in range(n1 - n0):
             plane = ((n0 + k) * c_ + c) * h_ * w_
-            d0 = r * ncol + k * ll - i0 * ow_  # the column of output row i is d0 + i * ow_
+            d0 = (r - rb) * ncol + k * ll - i0 * ow_  # the column of output row i is d0 + i * ow_
             for t in range(i0 * ow_, ilo * ow_):
                 cf[np.uintp(d0 + t)] = 0.0
             for i in range(ilo, ihi):
@@ -68,7 +68,7 @@ def _im2col_py(x, cols, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, i0, 
                 cf[np.uintp(d0 + t)] = 0.0
 
 
-def _col2im_py(cols, x, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, c0, c1):
+def _col2im_py(cols, x, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, c0, c1, rb):
     # pragma: no cover - compiled
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
     ll = oh_ * ow_
@@ -93,7 +93,7 @@ def _col2im_py(cols, x, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, c0, 
                 r = (c * fh_ + a) * fw_ + b
                 for k in range(n1 - n0):
                     plane = ((n0 + k) * c_ + c) * hw
-                    d0 = r * ncol + k * ll
+                    d0 = (r - rb) * ncol + k * ll
                     for i in range(ilo, ihi):
                         s = plane + (i * sh + offh) * w_ + jlo * sw + off
                         d = d0 + i * ow_ + jlo
@@ -110,10 +110,10 @@ def _compiled(name: str):
 def im2col(
     x: np.ndarray, cols: np.ndarray, n0: int, n1: int, stride: tuple[int, int],
     pad: tuple[int, int], dilate: tuple[int, int], fshape: tuple[int, int], r0: int, r1: int,
-    out_rows: tuple[int, int] | None = None,
+    out_rows: tuple[int, int] | None = None, row_base: int = 0,
 ) -> None:  # fmt: skip
     """Rows ``[r0, r1)`` of the column matrix of samples ``[n0, n1)`` of a 2-d convolution
-    (of their output rows ``out_rows`` only, when given).
+    (of their output rows ``out_rows`` only, when given), written ``row_base`` rows up.
 
     Parameters
     ----------
@@ -135,20 +135,25 @@ def im2col(
         is ``(C * FH * FW, (n1 - n0) * (i1 - i0) * OW)`` and column ``k * (i1 - i0) * OW +
         (i - i0) * OW + j`` holds output position (i, j) of sample n0 + k (a block of one
         large sample's columns that fits in the cache).
+    row_base : int, optional
+        Row ``r`` of the column matrix goes to row ``r - row_base`` of ``cols`` (``r0 >=
+        row_base``), so that a buffer of ``r1 - row_base`` rows holds a band of the rows.
     """
     oh, ow = _out_shape(x, stride, pad, dilate, fshape)
     i0, i1 = (0, oh) if out_rows is None else (int(out_rows[0]), int(out_rows[1]))
     _compiled("im2col")(x, cols, int(n0), int(n1), *_ints(stride, pad, dilate, fshape),
-                        oh, ow, i0, i1, int(r0), int(r1))  # fmt: skip
+                        oh, ow, i0, i1, int(r0), int(r1), int(row_base))  # fmt: skip
 
 
 def col2im(
     cols: np.ndarray, x: np.ndarray, n0: int, n1: int, stride: tuple[int, int],
     pad: tuple[int, int], dilate: tuple[int, int], fshape: tuple[int, int], c0: int, c1: int,
+    row_base: int = 0,
 ) -> None:  # fmt: skip
     """Channels ``[c0, c1)`` of samples ``[n0, n1)`` of ``x`` set to the sum of the column
     matrix ``cols`` scattered back (the adjoint of :func:`im2col`): each plane is zeroed, then
-    every column value is added at the source position :func:`im2col` read it from.
+    every column value is added at the source position :func:`im2col` read it from; the
+    column matrix's row ``r`` is row ``r - row_base`` of ``cols``.
 
     Parameters
     ----------
@@ -162,10 +167,13 @@ def col2im(
         As for :func:`im2col`.
     c0, c1 : int
         The channels to write (disjoint ranges may run concurrently).
+    row_base : int, optional
+        As for :func:`im2col`: ``cols`` may hold only the rows from ``row_base`` on (at
+        most ``c0 * FH * FW``), a band of channels' columns.
     """
     oh, ow = _out_shape(x, stride, pad, dilate, fshape)
     _compiled("col2im")(cols, x, int(n0), int(n1), *_ints(stride, pad, dilate, fshape),
-                        oh, ow, int(c0), int(c1))  # fmt: skip
+                        oh, ow, int(c0), int(c1), int(row_base))  # fmt: skip
 
 
 def _ints(stride, pad, dilate, fshape) -> tuple[int, ...]:
