@@ -21,8 +21,7 @@ from megbrain.kernels import blas
 from megbrain.kernels import elemwise_multi_type as emt
 from megbrain.kernels.conv import quantized
 from megbrain.kernels.conv.constant_operands import constant_filter
-from megbrain.kernels.conv.loops import int8 as int8_loops
-from megbrain.kernels.conv.loops import vnni
+from megbrain.kernels.conv.loops import depthwise_bytes, vnni
 
 qint8, qint32, quint8 = mgb.dtype.qint8, mgb.dtype.qint32, mgb.dtype.quint8
 
@@ -36,7 +35,7 @@ _PATHS = [
 @contextlib.contextmanager
 def _path(on: bool):
     saved = quantized.VNNI, quantized.DEPTHWISE_BYTES
-    quantized.VNNI, quantized.DEPTHWISE_BYTES = on, on and int8_loops.vnni_bytes()
+    quantized.VNNI, quantized.DEPTHWISE_BYTES = on, on and depthwise_bytes.vnni_bytes()
     try:
         yield
     finally:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import megbrain as mgb
 from megbrain.kernels.conv import quantized
+from megbrain.kernels.conv.loops import depthwise_bytes
 from megbrain.kernels.conv.loops import int8 as int8_loops
 
 qint8, qint32, quint8 = mgb.dtype.qint8, mgb.dtype.qint32, mgb.dtype.quint8
@@ -26,7 +27,7 @@ _LOOPS = [
     pytest.param("masked", id="masked", marks=pytest.mark.skipif(
         not int8_loops.masked_vectors(), reason="the CPU has no AVX-512 byte masks")),
     pytest.param("bytes", id="bytes", marks=pytest.mark.skipif(
-        not int8_loops.vnni_bytes(), reason="the CPU has no AVX-512 VNNI and VBMI")),
+        not depthwise_bytes.vnni_bytes(), reason="the CPU has no AVX-512 VNNI and VBMI")),
 ]  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from .. import parallel, workspace
 from ..steps import Step, chain
 from .common import conv_out_size
 from .constant_operands import constant_filter, filter_is_constant
+from .loops import depthwise_bytes as dw_bytes
 from .loops import int8 as int8_loops
 from .loops import vnni as vnni_loops
 from .nchw8c import filter_packed
@@ -52,9 +53,9 @@ MASKED_VECTORS = int8_loops.masked_vectors()
 #: the widest output rows that take it (a test sets it large to run it on any shape)
 MASKED_ROW_MAX = 16
 #: whether 3x3 depthwise convolutions bound from now on take the byte loop of ``vpermb`` and
-#: ``vpdpbusd`` (:func:`.loops.int8.depthwise_vnni`); chosen once, from the CPU's features,
-#: and set off by a test to run the other loops
-DEPTHWISE_BYTES = int8_loops.vnni_bytes()
+#: ``vpdpbusd`` (:func:`.loops.depthwise_bytes.depthwise_vnni`); chosen once, from the CPU's
+#: features, and set off by a test to run the other loops
+DEPTHWISE_BYTES = dw_bytes.vnni_bytes()
 #: whether convolutions bound from now on take the AVX-512 VNNI kernels
 #: (:mod:`.loops.vnni`) where their operands allow; chosen once, from the CPU's features
 VNNI = vnni_loops.available()
@@ -174,7 +175,7 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
         x = workspace.empty(x.shape, x.dtype)
         steps.append(_partial(np.copyto, x, _plain(src)))
     b = np.zeros(c_, _I32) if bias is None else bias
-    if DEPTHWISE_BYTES and _signed_filter(filt) and int8_loops.depthwise_vnni_takes(
+    if DEPTHWISE_BYTES and _signed_filter(filt) and dw_bytes.depthwise_vnni_takes(
             fh, fw, stride[1], dilate[1], dilate[0]):  # fmt: skip
         zx = _zero_point(src)
         u0 = zx + 128 if src.dtype.kind == "i" else zx
@@ -213,24 +214,24 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
 
 
 def _bind_depthwise_bytes(x, w, bias, y, stride, pad, dilate, requant, zx, zf, u0) -> Step:
-    """Bind the 3x3 depthwise byte loop (:func:`.loops.int8.depthwise_vnni`) on the plain
+    """Bind the 3x3 depthwise byte loop (:func:`.loops.depthwise_bytes.depthwise_vnni`) on the plain
     source ``x`` and filter ``w`` (C, 3, 3) as :func:`_bind_depthwise` prepared them, ``zx``
     and ``zf`` their zero points, ``u0`` the source's shifted to unsigned."""
     n_, c_, h_, w_ = x.shape
     oh, ow = y.shape[2:]
     wt, init = workspace.empty((3 * c_,), _I32), workspace.empty((c_,), _I32)
     # the bias and the filter may change between runs: their words are made in each
-    pack = _partial(int8_loops.depthwise_vnni_operands, w, bias, zf, u0, wt, init)
-    plan = int8_loops.depthwise_vnni_plan(stride[0], dilate[0], ow)
-    paired = int8_loops.depthwise_vnni_paired(plan)
-    idx = int8_loops.depthwise_vnni_index(stride[1], dilate[1], ow if paired else 0)
+    pack = _partial(dw_bytes.depthwise_vnni_operands, w, bias, zf, u0, wt, init)
+    plan = dw_bytes.depthwise_vnni_plan(stride[0], dilate[0], ow)
+    paired = dw_bytes.depthwise_vnni_paired(plan)
+    idx = dw_bytes.depthwise_vnni_index(stride[1], dilate[1], ow if paired else 0)
     geom = np.array([*stride, *pad, *dilate, zx, zf, plan, h_, w_, oh, ow, 3, 3, c_, 0],
                     np.int64)  # fmt: skip
     if requant is None:
         epi, q, yv = 0, np.zeros(7, _F32), y
     else:
         epi, q, yv = requant[0], vnni_loops.requant_params(requant[1]), _plain(y)
-    part = _partial(int8_loops.depthwise_vnni, x.reshape(-1), wt, init, yv.reshape(-1), q, idx,
+    part = _partial(dw_bytes.depthwise_vnni, x.reshape(-1), wt, init, yv.reshape(-1), q, idx,
                     geom, epi)  # fmt: skip
     per_plane = 9 * oh * ow
     return chain([pack, parallel.split(part, n_ * c_, max(1, _MIN_MACS_PER_THREAD // per_plane))])
