@@ -172,17 +172,7 @@ def test_workspace_is_written_before_read(block, trans, monkeypatch):
     monkeypatch.setattr(conv_bwd_filter, "TRANSPOSED_MIN_POSITIONS", 0 if trans else 1 << 30)
     monkeypatch.setattr(conv_bwd_filter, "BAND_MAX_POSITIONS", 0)
     c = _case(n=3, g=2, icg=2, ocg=3, sshape=(6, 5), stride=(2, 1), pad=(0, 2), flip=True)
-    x, w, dy = _arrays(c)
-    x16, dy16 = x.astype(np.float16), dy.astype(np.float16)  # conversion buffers too
-    for xs, dys in ((x, dy), (x16, dy16)):
-        gw = np.empty(w.shape, np.float32)
-        fn, buf = _carved(functools.partial(_BLOCKED, xs, dys, gw, *_geometry(c)))
-        assert buf.nbytes > 1
-        for _ in range(2):
-            buf[:] = 0xFF  # NaN as float32
-            fn()
-            tol = dict(rtol=RTOL, atol=ATOL) if xs is x else dict(rtol=1e-2, atol=5e-2)
-            np.testing.assert_allclose(gw, ref(c, xs, dys, w.shape), **tol)
+    _assert_workspace_written_before_read(c)
 
 
 # column rows split, blocks split, or bands of the whole batch
@@ -218,6 +208,12 @@ def test_bands_workspace_is_written_before_read(monkeypatch):
     monkeypatch.setattr(conv_bwd_filter, "_MIN_THREAD_FLOPS", 0)
     monkeypatch.setattr(parallel, "num_threads", lambda: 2)
     c = _case(n=3, icg=3, ocg=4, sshape=(6, 5), stride=(2, 1), pad=(0, 2), flip=True)
+    _assert_workspace_written_before_read(c)
+
+
+def _assert_workspace_written_before_read(c) -> None:
+    """The blocked filter gradient of case ``c`` right with its workspace filled with NaN
+    before each of two runs, in float32 and in float16 (its conversion buffers too)."""
     x, w, dy = _arrays(c)
     x16, dy16 = x.astype(np.float16), dy.astype(np.float16)  # conversion buffers too
     for xs, dys in ((x, dy), (x16, dy16)):
