@@ -7,9 +7,9 @@ split by a gap of more than :data:`LATE_GAP` steps has *late readers* (in a trai
 backward operators reading a forward activation). Vars are visited in seq order; the late
 readers of ``v`` read a *clone* of ``v``'s operator when ``v`` can be recomputed at its first
 late reader from vars that are live there anyway: inputs still read at or after that step,
-free sources (shared and constant tensors), clones already made, or - recursively - vars that
-can themselves be recomputed so. ``v`` then dies after its last early reader. Which operators
-may be cloned:
+free sources (shared and constant tensors, graph inputs read from the host tensor), clones
+already made, or - recursively - vars that can themselves be recomputed so. ``v`` then dies
+after its last early reader. Which operators may be cloned:
 
 * by default the cheap ones: Elemwise, TypeCvt and the shape/view operators. Outputs of
   matmul, convolution, reductions... stay alive as checkpoints; recomputation costs at most one
@@ -68,7 +68,8 @@ _MAX_DEPTH = 256  # recursion limit of one recomputation chain
 
 
 def _free_source(opr: OperatorNodeBase) -> bool:
-    """A source whose output is a view of memory outside the arena (shared/constant)."""
+    """A source whose output is a view of memory outside the arena (shared, constant, a host
+    input on CPU)."""
     return not opr.inputs and type(opr).fwd_views is not OperatorNodeBase.fwd_views
 
 

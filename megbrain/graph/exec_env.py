@@ -283,7 +283,7 @@ def _noop() -> None:
 
 
 def _static_callback(cb, arr):
-    return lambda: cb(arr)
+    return functools.partial(cb, arr)  # no Python frame of its own: a call's output copy
 
 
 def _slot_callback(cb, slots, var):

@@ -195,6 +195,25 @@ class Host2DeviceCopy(_SourceOpr):
             f"{given}; set it (or pass it to the compiled function) before running"
         )
 
+    def fwd_views(self, ins):
+        # a CPU comp node's memory is the host's: the static plan reads the host tensor in
+        # place, as the reference's allow_cpu_mem_fwd does, instead of copying it every run.
+        # The view is read-only to the plan (no operator writes into a forwarded source), and
+        # a new storage or layout re-plans (runtime_state)
+        t = self.tensor
+        if is_shape_only(t) or not t.shape_valid():
+            return None
+        view = t.as_ndarray()
+        if not view.flags.c_contiguous or view.dtype != self.outputs[0].dtype:
+            return None
+        return [view]
+
+    def run_dynamic(self, ins):
+        # eager and dynamic runs hand out values that must outlive the next set_value: a copy
+        out = np.empty(tuple(self.tensor.shape), self.outputs[0].dtype)
+        self.bind(ins, [out])()
+        return [out]
+
     def bind(self, ins, outs):
         if is_shape_only(self.tensor):
             # make_arg(shape=...) allocated the memory without a value: copying it would hand

@@ -179,12 +179,15 @@ def test_short_lifetimes_are_not_recomputed():
     np.testing.assert_allclose(f(x=xv), (np.exp(xv) + 1) * (np.exp(xv) - 1), rtol=1e-6)
 
 
-def _far_reader_graph(late_gap_ops=12):
-    """``a = exp(x)`` read at once and again after a long chain: a late reader."""
+def _far_reader_graph(late_gap_ops=12, computed_source=False):
+    """``a = exp(x)`` read at once and again after a long chain: a late reader. With
+    ``computed_source``, ``a``'s input is ``x`` rotated by a Concat (not cheap enough to
+    recompute), whose memory can die; the graph input never does: it is the host tensor's
+    memory."""
     g = mgb.comp_graph()
     g.set_option("enable_sublinear_memory_opt", 1)
     x = mgb.make_arg(CN, g, name="x", shape=(8,))
-    a = mgb.opr.elem.exp(x)
+    a = mgb.opr.elem.exp(mgb.opr.concat([x[4:], x[:4]], axis=0) if computed_source else x)
     c = a * 2.0
     for _ in range(late_gap_ops):  # unary steps: nothing folds the chain
         c = mgb.opr.elem.sin(c)
@@ -205,9 +208,22 @@ def test_far_reader_gets_a_recomputed_copy():
 
 
 def test_not_recomputed_when_inputs_are_dead():
-    g, x, a, c = _far_reader_graph()
-    f = g.compile(None, mgb.copy_output(c * a))  # x is dead when the late reader runs
+    g, x, a, c = _far_reader_graph(computed_source=True)
+    f = g.compile(None, mgb.copy_output(c * a))  # the rotation is dead at the late reader
     assert _count(f, "Elemwise", "EXP") == 1
+
+
+def test_recomputed_from_the_graph_input():
+    """The graph input lives through the run (its memory is the host tensor's), so a late
+    reader of exp(x) gets a recomputed copy even where nothing else reads x late."""
+    g, x, a, c = _far_reader_graph()
+    f = g.compile(None, mgb.copy_output(c * a))
+    assert _count(f, "Elemwise", "EXP") == 2
+    xv = np.linspace(-1, 1, 8, dtype=np.float32)
+    ref = np.exp(xv) * 2.0
+    for _ in range(12):
+        ref = np.sin(ref)
+    np.testing.assert_allclose(f(x=xv), ref * np.exp(xv), rtol=1e-6)
 
 
 def test_value_overwritten_by_add_update_is_not_recomputed():
