@@ -25,14 +25,17 @@ __all__ = ["BLOCKS", "ENABLED", "SPLIT_MIN_FLOPS", "TILE", "bind_sgemm", "group_
 #: the register tile: rows by vectors of 16 columns (24 accumulators; with six rows the
 #: rows of ``a`` read in place need few address registers, where 12 or 14 spilled)
 TILE = (6, 4)
-#: the cache blocks ``(MC, KC, NC)``: a ``KC x 64`` panel of ``b`` (64 KB) and an
-#: ``MC x KC`` block of ``a`` (240 KB) in L2, a ``KC x NC`` block of ``b`` (4 MB) in L3
-BLOCKS = (240, 256, 4096)
+#: the cache blocks ``(MC, KC, NC)``: a ``KC x 64`` panel of ``b`` (32 KB) in L1 across a
+#: row block's tiles, an ``MC x KC`` block of ``a`` (120 KB) in L2, a ``KC x NC`` block of
+#: ``b`` (2 MB) in L3 (``KC`` 256 put the panel in L2: 0-15 % slower, in the noise)
+BLOCKS = (240, 128, 4096)
 #: the fewest floating-point operations (2 m n k) split over the threads: ~30 us on one core
 SPLIT_MIN_FLOPS = 1 << 22
 
-#: whether :func:`product_step` binds this GEMM (False: NumPy's matmul, for comparisons)
-ENABLED = True
+#: whether :func:`product_step` binds this GEMM, else NumPy's matmul (off: GEMM_COL2IM's
+#: data gradients of ResNet-18 ran 0.86-1.07x as fast with it on the loaded 2-core machine,
+#: no clear margin; ``benchmarks/sgemm.py --layers`` compares the two)
+ENABLED = False
 
 _F32 = np.dtype(np.float32)
 
