@@ -32,10 +32,11 @@ BLOCKS = (240, 128, 4096)
 #: the fewest floating-point operations (2 m n k) split over the threads: ~30 us on one core
 SPLIT_MIN_FLOPS = 1 << 22
 
-#: whether :func:`product_step` binds this GEMM, else NumPy's matmul (off: GEMM_COL2IM's
-#: data gradients of ResNet-18 ran 0.86-1.07x as fast with it on the loaded 2-core machine,
-#: no clear margin; ``benchmarks/sgemm.py --layers`` compares the two)
-ENABLED = False
+#: whether :func:`product_step` binds this GEMM, else NumPy's matmul: GEMM_COL2IM's data
+#: gradients of ResNet-18 took 0.96-1.14x less CPU time with it (two interleaved runs on the
+#: loaded 2-core machine, 1.07-1.11 on most layers); ``benchmarks/sgemm.py --layers``
+#: compares the two
+ENABLED = True
 
 _F32 = np.dtype(np.float32)
 
