@@ -15,7 +15,7 @@ import functools
 
 import numpy as np
 
-from . import gemm, parallel, workspace
+from . import gemm, parallel, tiled_jit, workspace
 from . import sgemm_loops as loops
 from .steps import Step
 
@@ -188,8 +188,9 @@ def sgemm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
 
 
 def product_step(a: np.ndarray, b: np.ndarray, out: np.ndarray, split: bool = False) -> Step:
-    """A step computing ``out = a @ b``: :func:`bind_sgemm` where :func:`usable_sgemm` holds
-    (and :data:`ENABLED`), else NumPy's matmul.
+    """A step computing ``out = a @ b``: :func:`bind_sgemm` where :func:`usable_sgemm` holds,
+    :data:`ENABLED` is set and the compiler targets AVX-512 (on AVX2 its 16-lane tile would
+    take 48 registers), else NumPy's matmul.
 
     Parameters
     ----------
@@ -206,7 +207,7 @@ def product_step(a: np.ndarray, b: np.ndarray, out: np.ndarray, split: bool = Fa
     Step
         A zero-argument callable computing ``out``.
     """
-    if ENABLED and usable_sgemm(a, b, out):
+    if ENABLED and tiled_jit.vector_width() == 16 and usable_sgemm(a, b, out):
         return bind_sgemm(a, b, out, threads=None if split else 1)
     if split:
         return gemm.matmul_step(a, b, out)

@@ -1,10 +1,11 @@
 """Compiled loops of :mod:`megbrain.kernels.sgemm`: a float32 GEMM ``C (+)= A @ B`` as
 register tiles over packed panels of both operands, blocked for the caches (BLIS's loops).
 
-Layouts (float32, flat; element strides, any sign but none of them zero-sized):
+Layouts (float32, flat; element strides, non-negative):
 
-- ``A`` (M, K) at ``a[i sa0 + p sa1]`` and ``B`` (K, N) at ``b[p sb0 + j sb1]``, read only by
-  the packing;
+- ``A`` (M, K) at ``a[i sa0 + p sa1]`` and ``B`` (K, N) at ``b[p sb0 + j sb1]``; rows of
+  ``A`` contiguous along ``k`` are read in place by the tiles (unless their stride is a
+  multiple of 4 KB), everything else through the packing;
 - packed ``A`` block (``mc`` rows by ``kc``): panels of ``R`` rows, each ``(kc, R)``, the rows
   of one ``k`` contiguous (rows past ``mc`` zero);
 - packed ``B`` block (``kc`` by ``nc`` columns): panels of ``16 NB`` columns, each
@@ -14,7 +15,7 @@ Layouts (float32, flat; element strides, any sign but none of them zero-sized):
 A tile keeps ``R NB`` accumulator vectors in zmm registers across its ``kc`` steps: per step
 ``NB`` aligned vector loads of the ``B`` panel and one broadcast of the ``A`` panel per row,
 ``R NB`` fused multiply-adds; its write-out stores (the first ``K`` block) or adds to ``C``
-(the next ones, or every one with ``beta``), rows below ``nrows`` and columns below
+(the next ones, or every one with ``ACC``), rows below ``nrows`` and columns below
 ``ncols`` only (masked). Each sum runs over ``k`` in order, in float32, whatever the blocks
 and the threads.
 """
@@ -38,11 +39,13 @@ LANES = 16
 
 @functools.cache
 def sgemm_tile():
-    """The ``sgemm_tile(R, NB, ap, a0, bp, b0, kc, c, c0, ldc, nrows, ncols, acc)`` Numba
-    intrinsic: one ``R x 16 NB`` tile (literals ``R``, ``NB``) of the ``A`` panel at
-    ``ap[a0:]`` times the ``B`` panel at ``bp[b0:]`` (64-byte aligned) over ``kc`` steps,
-    stored to (``acc`` zero) or added to (``acc`` nonzero) ``c[c0 + i ldc + j]`` for rows
-    ``i < nrows`` and columns ``j < ncols``. No index is checked."""
+    """The ``sgemm_tile(R, NB, INPLACE, ap, a0, lda, bp, b0, kc, c, c0, ldc, nrows, ncols,
+    acc)`` Numba intrinsic: one ``R x 16 NB`` tile (literals ``R``, ``NB``) of ``A`` times
+    the ``B`` panel at ``bp[b0:]`` over ``kc`` steps, ``A``'s row ``i`` of step ``kk`` at
+    ``ap[a0 + kk R + i]`` (a packed panel, literal ``INPLACE`` 0) or ``ap[a0 + i lda + kk]``
+    (rows read in place, ``INPLACE`` 1), stored to (``acc`` zero) or added to (``acc``
+    nonzero) ``c[c0 + i ldc + j]`` for rows ``i < nrows`` and columns ``j < ncols``; the
+    tile of ``c`` is prefetched before the steps. No index is checked."""
 
     @intrinsic
     def sgemm_tile(typingctx, nrow, nvec, inplace, ap, a0, lda, bp, b0, kc, c, c0, ldc, nrows,
@@ -364,8 +367,7 @@ def compiled_gemm(R: int, NB: int):
     their int64 element strides ``sa``, ``sb`` (the module's docstring), the flat output
     ``c``, the int64 geometry ``(M, N, K, C0, LDC, ACC, MC, KC, NC)`` (``ACC`` nonzero: add
     the product to ``C``; ``MC`` a multiple of ``R``, ``NC`` of ``16 NB``) and the packing
-    buffers: ``ap`` of ``MC KC`` and ``bp`` of ``KC NC`` floats, 64-byte aligned. Allocates
-    nothing; releases the GIL."""
+    buffers (:func:`pack_sizes`). Allocates nothing; releases the GIL."""
     return _compiled(int(R), int(NB))
 
 
