@@ -13,14 +13,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import parallel, workspace
+from .. import parallel, sgemm, workspace
 from ..parallel import split
 from ..steps import Step, chain
 from .common import (
     SPLIT_MIN_ELEMS,
     _chunk_pipelines,
     _Conv,
-    _gemms,
     _geometry,
     _interior,
     _offset_slices,
@@ -183,8 +182,8 @@ def _col2im_pipelines(geo: _Conv, wmt, diff, grad, dt, steps: list) -> Callable[
         back = _partial(im2col_loops.col2im, cols, target, a, b, *geom)
         min_channels = -(-SPLIT_MIN_ELEMS // max(1, math.prod(geo.sshape) * (b - a)))
         add = _partial(back, 0, geo.c) if whole else split(back, geo.c, min_channels)
-        gemms = _gemms if whole else _split_gemms
-        return [copies.pop()] + gemms(wmt, dm, cols.reshape(geo.g, geo.k, -1)) + [add]
+        gemms = sgemm.group_products(wmt, dm, cols.reshape(geo.g, geo.k, -1), not whole)
+        return [copies.pop()] + gemms + [add]
 
     if len(chunks) > 1:
         run = _chunk_pipelines(chunks, slot, pipeline)
@@ -220,7 +219,7 @@ def _col2im_bands(geo: _Conv, wt, diff, target, dt, geom) -> list[Step]:
         for c0, c1 in bands[lo:hi]:
             r0, r1 = c0 * per_channel, c1 * per_channel
             cols = colbuf[: (r1 - r0) * pos].reshape(r1 - r0, pos)
-            work.append(_partial(np.matmul, wt[r0:r1], dm, out=cols))
+            work.append(sgemm.product_step(wt[r0:r1], dm, cols))
             work.append(_partial(im2col_loops.col2im, cols, target, 0, n, *geom, c0, c1, r0))
         calls.append(chain(work))
     return [parallel.concurrently(copies), parallel.concurrently_blas_single_threaded(calls)]

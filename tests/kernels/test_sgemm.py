@@ -1,0 +1,124 @@
+"""megbrain's float32 GEMM (megbrain.kernels.sgemm): against the float64 reference over drawn
+shapes (1, non-multiples of the tile, past the cache blocks), transposes, strides, F-ordered
+outputs and accumulation; the same bits at 1 and 2 threads; nothing allocated at run time;
+the exception path; the fallback of product_step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_conv_algos import assert_allocates_nothing
+
+from megbrain.kernels import sgemm
+
+RTOL, ATOL = 1e-4, 1e-5
+_dims = st.one_of(st.sampled_from([1, 5, 6, 7, 16, 17, 63, 64, 65]), st.integers(1, 90))
+
+
+def _operand(rng, rows, cols, order: str) -> np.ndarray:
+    """A (rows, cols) float32 matrix: C-ordered, transposed (F), or a strided slice."""
+    if order == "T":
+        return rng.uniform(-1, 1, (cols, rows)).astype(np.float32).T
+    if order == "strided":
+        return rng.uniform(-1, 1, (rows, 2 * cols + 1)).astype(np.float32)[:, 1::2]
+    return rng.uniform(-1, 1, (rows, cols)).astype(np.float32)
+
+
+def _assert_product(a, b, out, start=None):
+    k = a.shape[1]
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    if start is not None:
+        want += start
+    np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL * max(1, k))
+
+
+@settings(max_examples=15, deadline=None)
+@given(m=_dims, n=_dims, k=_dims, oa=st.sampled_from(["C", "T", "strided"]),
+       ob=st.sampled_from(["C", "T", "strided"]), fout=st.booleans(),
+       acc=st.booleans(), seed=st.integers(0, 99))  # fmt: skip
+def test_against_float64(m, n, k, oa, ob, fout, acc, seed):
+    rng = np.random.default_rng(seed)
+    a, b = _operand(rng, m, k, oa), _operand(rng, k, n, ob)
+    out = np.asfortranarray(rng.uniform(-1, 1, (m, n)).astype(np.float32)) if fout \
+        else rng.uniform(-1, 1, (m, n)).astype(np.float32)  # fmt: skip
+    start = out.astype(np.float64) if acc else None
+    sgemm.bind_sgemm(a, b, out, accumulate=acc)()
+    _assert_product(a, b, out, start)
+
+
+@pytest.mark.parametrize("m,n,k", [(250, 70, 530), (13, 4100, 40), (7, 9, 2048)])
+def test_past_the_cache_blocks(m, n, k):
+    """Several ``K`` blocks (the adds after the first), ``M`` and ``N`` blocks, rows of ``a``
+    with a stride of a multiple of 4 KB (packed, not read in place)."""
+    rng = np.random.default_rng(0)
+    a, b = _operand(rng, m, k, "C"), _operand(rng, k, n, "T")
+    out = sgemm.sgemm(a, b)
+    _assert_product(a, b, out)
+
+
+def test_threads_give_the_same_bits():
+    rng = np.random.default_rng(1)
+    a, b = _operand(rng, 200, 300, "C"), _operand(rng, 300, 150, "T")
+    one, two = (np.empty((200, 150), np.float32) for _ in range(2))
+    sgemm.bind_sgemm(a, b, one, threads=1)()
+    sgemm.bind_sgemm(a, b, two, threads=2)()
+    np.testing.assert_array_equal(one, two)
+    _assert_product(a, b, one)
+
+
+def test_allocates_nothing():
+    rng = np.random.default_rng(2)
+    a, b = _operand(rng, 50, 70, "T"), _operand(rng, 70, 90, "C")
+    out = np.empty((50, 90), np.float32)
+    step = sgemm.bind_sgemm(a, b, out, threads=1)
+    step()
+    assert_allocates_nothing(step)
+
+
+def test_bad_shapes_name_the_operands():
+    a, b = np.zeros((2, 3), np.float32), np.zeros((4, 5), np.float32)
+    with pytest.raises(ValueError, match=r"a \(2, 3\) @ b \(4, 5\).*out \(2, 5\)"):
+        sgemm.bind_sgemm(a, b, np.zeros((2, 5), np.float32))
+    with pytest.raises(ValueError, match=r"out \(3, 3\)"):
+        sgemm.bind_sgemm(a, a.T, np.zeros((3, 3), np.float32))
+    with pytest.raises(TypeError, match="float64"):
+        sgemm.bind_sgemm(a, a.T.astype(np.float64), np.zeros((2, 2), np.float32))
+    with pytest.raises(ValueError, match="not overlapping"):
+        x = np.zeros((4, 4), np.float32)
+        sgemm.bind_sgemm(x, x, x)
+    assert not sgemm.usable_sgemm(a[:, ::-1], a.T, np.zeros((2, 2), np.float32))
+
+
+def test_empty_and_zero_k():
+    a, b = np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32)
+    out = np.ones((3, 4), np.float32)
+    sgemm.bind_sgemm(a, b, out)()
+    np.testing.assert_array_equal(out, 0)
+    out[:] = 1
+    sgemm.bind_sgemm(a, b, out, accumulate=True)()
+    np.testing.assert_array_equal(out, 1)
+    sgemm.bind_sgemm(np.zeros((0, 5), np.float32), np.zeros((5, 4), np.float32),
+                     np.zeros((0, 4), np.float32))()  # fmt: skip
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_product_step(enabled, monkeypatch):
+    """product_step binds the GEMM where usable (and enabled), else NumPy's matmul (float64,
+    a reversed stride); split or not."""
+    monkeypatch.setattr(sgemm, "ENABLED", enabled)
+    rng = np.random.default_rng(3)
+    for a, b in [(_operand(rng, 40, 30, "C"), _operand(rng, 30, 50, "T")),
+                 (rng.uniform(-1, 1, (40, 30)), rng.uniform(-1, 1, (30, 50))),
+                 (_operand(rng, 40, 30, "C")[::-1], _operand(rng, 30, 50, "C"))]:  # fmt: skip
+        for split in (False, True):
+            out = np.empty((40, 50), a.dtype)
+            sgemm.product_step(a, b, out, split)()
+            _assert_product(a, b, out)
+    outs = np.empty((2, 40, 50), np.float32)
+    a3, b3 = _operand(rng, 80, 30, "C").reshape(2, 40, 30), _operand(rng, 60, 50, "C")
+    for s in sgemm.group_products(a3, b3.reshape(2, 30, 50), outs):
+        s()
+    for g in range(2):
+        _assert_product(a3[g], b3.reshape(2, 30, 50)[g], outs[g])
