@@ -13,8 +13,11 @@ The loops are single-threaded and GIL-free (``nogil``) and take a ``[r0, r1)`` r
 views with unsigned offsets: a signed, computed index makes Numba test it for wrap-around,
 which kept LLVM from vectorizing the row copies (im2col of 128x16x14x14, 3x3: 6.4 -> 1.5 ms on
 one core; NumPy's strided copy of the same columns took 3.7 ms). Padding is written as zeros
-by the loops themselves, so no padded copy of the source is needed. The loops are compiled
-on first use; no loop allocates.
+by the loops themselves, so no padded copy of the source is needed. At stride 1 with the output
+as wide as the source (3x3 padding 1, 1x1), im2col copies each sample's rows of one filter
+offset as a single run and zeroes the padding between rows after it: short rows cost their
+loop overhead each (one core, batch 32, 3x3: 256x8x8 6.7 -> 4.6 ms, 512x4x4 4.9 -> 2.9). The
+loops are compiled on first use; no loop allocates.
 """
 
 from __future__ import annotations
@@ -49,6 +52,27 @@ def _im2col_py(x, cols, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, i0, 
         ilo = min(max(ilo, i0), i1)
         ihi = max(ilo, min(ihi, i1))
         m = jhi - jlo
+        if sh == 1 and sw == 1 and w_ == ow_ and ihi > ilo and m > 0:
+            # stride 1, same width: output position t = i * ow + j reads source t + shift, so
+            # the rows [ilo, ihi) are one run (long copies even for 4- and 8-wide planes); the
+            # run's wrapped entries (the padding between two rows) are zeroed after it
+            t0 = ilo * ow_ + jlo
+            t1 = (ihi - 1) * ow_ + jhi
+            for k in range(n1 - n0):
+                plane = ((n0 + k) * c_ + c) * h_ * w_
+                d0 = (r - rb) * ncol + k * ll - i0 * ow_
+                for t in range(i0 * ow_, t0):
+                    cf[np.uintp(d0 + t)] = 0.0
+                ss = plane + offh * w_ + off + t0
+                dd = d0 + t0
+                for t in range(t1 - t0):
+                    cf[np.uintp(dd + t)] = xf[np.uintp(ss + t)]
+                for i in range(ilo, ihi - 1):
+                    for t in range(i * ow_ + jhi, (i + 1) * ow_ + jlo):
+                        cf[np.uintp(d0 + t)] = 0.0
+                for t in range(t1, i1 * ow_):
+                    cf[np.uintp(d0 + t)] = 0.0
+            continue
         for k in range(n1 - n0):
             plane = ((n0 + k) * c_ + c) * h_ * w_
             d0 = (r - rb) * ncol + k * ll - i0 * ow_  # the column of output row i is d0 + i * ow_
