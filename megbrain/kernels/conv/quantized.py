@@ -22,6 +22,7 @@ from .constant_operands import constant_filter, filter_is_constant
 from .loops import depthwise_bytes as dw_bytes
 from .loops import int8 as int8_loops
 from .loops import vnni as vnni_loops
+from .loops import vnni_gemv
 from .nchw8c import filter_packed
 
 __all__ = [
@@ -42,6 +43,11 @@ QUANTIZED_SOURCES = ("QuantizedS8", "Quantized8Asymm")
 _MIN_MACS_PER_THREAD = 1 << 17
 #: bytes of relaid source worth one thread
 _MIN_RELAYOUT_BYTES = 1 << 16
+#: bytes of a matrix-vector product's weights worth one thread
+_MIN_GEMV_BYTES = 1 << 19
+#: the most rows of the source a quantized matrix product takes the matrix-vector loop
+#: for (:func:`.loops.vnni_gemv.gemv`: a row per pass over the weights), more the tiles
+GEMV_ROWS = 4
 #: scales the output-row widths up to which a depthwise convolution takes the loop with its
 #: channels along the vectors (:func:`.loops.int8.depthwise_channels`): 8 at stride 1, 16 at
 #: larger strides; a test sets it to 0 or a large value to run either loop on any shape
@@ -393,9 +399,34 @@ def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step
         return None
     if not _vnni_usable(src, filt):
         return None
+    if b.shape[1] <= GEMV_ROWS and b.T.flags.c_contiguous and out.T.flags.c_contiguous:
+        return _bind_gemv(b.T, a, out.T, swapped and b_constant)
     y = _plain(out)[None, :, None, :]
     with constant_filter(swapped and b_constant):
         return _bind_vnni(src, filt, None, y, (1, 1), (0, 0), (1, 1), False, None)
+
+
+def _bind_gemv(x: np.ndarray, filt: np.ndarray, y: np.ndarray, constant: bool) -> Step:
+    """``y = x @ filt.T`` (``x`` (M, K), ``filt`` (N, K) any strides, ``y`` (M, N) int32,
+    both C-contiguous) by :func:`.loops.vnni_gemv.gemv`, its ``M`` rows a few: each
+    weight byte read once a row, split over the threads by blocks of output rows."""
+    (m_, k_), n_ = x.shape, filt.shape[0]
+    zx, zf = _zero_point(x), _zero_point(filt)
+    signed = x.dtype.kind == "i"
+    u0 = zx + 128 if signed else zx
+    kg, nblk = -(-k_ // 4), -(-n_ // vnni_gemv.LANES)
+    keep = workspace.aligned if constant else workspace.empty
+    w = keep((nblk * kg * 4 * vnni_gemv.LANES,), np.int8)
+    init = keep((nblk * vnni_gemv.LANES,), _I32)
+    pack = _partial(vnni_gemv.pack_rows, _plain(filt), zf, u0, w, init)
+    geom = np.array([k_, n_, k_, n_, 128 if signed else 0], np.int64)
+    groups = -(-nblk // vnni_gemv.BLOCKS)
+    part = _partial(vnni_gemv.gemv, _plain(x).view(np.uint8).reshape(-1), w, init,
+                    _plain(y).reshape(-1), geom)  # fmt: skip
+    # a thread's share of the weights worth its hand-off
+    per_item = kg * 4 * vnni_gemv.LANES * vnni_gemv.BLOCKS
+    run = parallel.split(part, m_ * groups, max(1, _MIN_GEMV_BYTES // per_item))
+    return filter_packed(pack, run, constant)
 
 
 def _zero_point_or_none(a: np.ndarray) -> int | None:

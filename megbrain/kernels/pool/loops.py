@@ -39,6 +39,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..conv.loops.int8 import _quantize
+
 __all__ = ["kernels"]
 
 
@@ -152,6 +154,19 @@ def _fwd_max_3s2p1(x, y, lo, hi):  # pragma: no cover - compiled
             a = c - 1 if c > 0 else c
             b = c + 1 if c + 1 < h_ else c
             _row_fwd_max_3s2(y[p, i], x[p, a], x[p, c], x[p, b], ow_, w_, cm)
+
+
+def _fwd_avg_global_q8(x, y, q, lo, hi):  # pragma: no cover - compiled
+    """Planes [lo, hi) of the 8-bit global average (each row of ``x`` (P, A) one window):
+    MegDNN's quantized pooling, the window's int32 sum (wrapping) as float32 divided by
+    ``q[0]`` (the area), rounded half away from zero and saturated to ``[q[1], q[2]]``,
+    into ``y`` (P,)."""
+    area = x.shape[1]
+    for p in range(lo, hi):
+        total = np.int64(0)
+        for j in range(area):
+            total += np.int64(x[p, j])
+        y[p] = _quantize(np.float32(np.int32(total)), q[0], np.float32(0), q[1], q[2])
 
 
 def _fwd_avg(x, y, wh, ww, sh, sw, ph, pw, exclude, inv, lo, hi):  # pragma: no cover - compiled
@@ -480,7 +495,8 @@ _compiled: SimpleNamespace | None = None
 def kernels() -> SimpleNamespace:
     """The compiled loops (compiled on first call for each dtype, cached on disk):
     ``fwd_max``, ``fwd_avg``, ``fwd_max_2x2``, ``fwd_avg_2x2``, ``fwd_max_3s2p1``, ``bwd_max``,
-    ``bwd_avg``, ``bwd_max_2x2``, ``bwd_max_3s2p1``, ``bwd_avg_2x2``. Each takes its arrays,
+    ``bwd_avg``, ``bwd_max_2x2``, ``bwd_max_3s2p1``, ``bwd_avg_2x2``, and the 8-bit
+    ``fwd_avg_global_q8`` (:func:`_fwd_avg_global_q8`). Each takes its arrays,
     the geometry (``wh, ww, sh, sw, ph, pw``; none for the special-case loops), for the
     average modes ``exclude`` (divide by the non-padding count; the general loops only) and
     ``inv`` (``1 / window area`` in the arrays' dtype), and the plane range ``lo, hi``."""
@@ -515,6 +531,7 @@ def _compile() -> SimpleNamespace:
         fwd_max_2x2=jit(_fwd_max_2x2),
         fwd_max_3s2p1=jit(_fwd_max_3s2p1),
         fwd_avg_2x2=jit(_fwd_avg_2x2),
+        fwd_avg_global_q8=jit(_fwd_avg_global_q8),
         bwd_max=jit(_bwd_max),
         bwd_avg=jit(_bwd_avg),
         bwd_max_2x2=jit(_bwd_max_2x2),
