@@ -88,3 +88,27 @@ def test_the_8bit_global_average_in_one_pass_equals_the_integer_reference(dt, pl
         out = np.empty((2, planes, 1, 1), dt)
         pool_binds.bind_pooling(x, out, mode, (h, w), (1, 1), (0, 0))()
         ref.assert_same(out, ref.pool2d_int(x, mode, (h, w), (1, 1), (0, 0)))
+
+
+@pytest.mark.skipif(not quantized.DEPTHWISE_BYTES, reason="the CPU has no AVX-512 VNNI / VBMI")
+@pytest.mark.parametrize("asymm", [False, True])
+def test_a_constant_depthwise_filter_is_packed_once_and_the_bias_read_every_run(asymm):
+    # the 3x3 byte loop packs a constant filter's words once; the bias enters in the loop
+    rng = np.random.default_rng(11)
+    sdt, fdt = (quint8(0.5, 9), quint8(0.25, 128)) if asymm else (qint8(0.5), qint8(0.25))
+    x, f = ref.random_q(rng, (1, 20, 9, 9), sdt), ref.random_q(rng, (20, 1, 1, 3, 3), fdt)
+    bias = ref.random_q(rng, (1, 20, 1, 1), qint32(0.125))
+    odt = quint8(0.7, 7) if asymm else qint8(0.7)
+    out = np.empty((1, 20, 9, 9), odt)
+    with constant_filter(True):
+        step = quantized.bind_quantized_conv_bias(x, f, bias, None, out, (1, 1), (1, 1),
+                                                  (1, 1), False, "RELU")  # fmt: skip
+    for run in range(2):
+        if run:  # the filter's later values are not read, the bias's are
+            want_f = f.copy()
+            f.view(f.dtype.str)[...] = 128 if asymm else 0
+            bias.view(np.int32)[...] = rng.integers(-(1 << 31), 1 << 31, bias.shape)
+        want = ref.conv_bias(x, want_f if run else f, bias, None, odt, "RELU", stride=(1, 1),
+                             pad=(1, 1), dilate=(1, 1), group=True, flip=False)  # fmt: skip
+        step()
+        ref.assert_same(out, want)

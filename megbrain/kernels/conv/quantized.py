@@ -173,9 +173,9 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
     n_, c_ = src.shape[:2]
     fh, fw = filt.shape[3:]
     fv = _plain(filt)[:, 0, 0]  # (a view: a reshape of a strided filter would copy it now)
+    if flip:
+        fv = fv[:, ::-1, ::-1]
     steps: list[Step] = []
-    w = workspace.empty((c_, fh, fw), fv.dtype)
-    steps.append(_partial(np.copyto, w, fv[:, ::-1, ::-1] if flip else fv))
     x = _plain(src)
     if not x.flags.c_contiguous:
         x = workspace.empty(x.shape, x.dtype)
@@ -185,8 +185,10 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
             fh, fw, stride[1], dilate[1], dilate[0]):  # fmt: skip
         zx = _zero_point(src)
         u0 = zx + 128 if src.dtype.kind == "i" else zx
-        return chain([*steps, _bind_depthwise_bytes(x, w, b, y, stride, pad, dilate, requant,
+        return chain([*steps, _bind_depthwise_bytes(x, fv, b, y, stride, pad, dilate, requant,
                                                     zx, _zero_point(filt), u0)])  # fmt: skip
+    w = workspace.empty((c_, fh, fw), fv.dtype)
+    steps.insert(0, _partial(np.copyto, w, fv))
     h_, w_ = src.shape[2:]
     oh, ow = y.shape[2:]
     lanes = int8_loops.CHANNEL_LANES
@@ -221,13 +223,16 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
 
 def _bind_depthwise_bytes(x, w, bias, y, stride, pad, dilate, requant, zx, zf, u0) -> Step:
     """Bind the 3x3 depthwise byte loop (:func:`.loops.depthwise_bytes.depthwise_vnni`) on the plain
-    source ``x`` and filter ``w`` (C, 3, 3) as :func:`_bind_depthwise` prepared them, ``zx``
-    and ``zf`` their zero points, ``u0`` the source's shifted to unsigned."""
+    source ``x`` and filter ``w`` (C, 3, 3), any strides, as :func:`_bind_depthwise` prepared
+    them, ``zx`` and ``zf`` their zero points, ``u0`` the source's shifted to unsigned."""
     n_, c_, h_, w_ = x.shape
     oh, ow = y.shape[2:]
-    wt, init = workspace.empty((3 * c_,), _I32), workspace.empty((c_,), _I32)
-    # the bias and the filter may change between runs: their words are made in each
-    pack = _partial(dw_bytes.depthwise_vnni_operands, w, bias, zf, u0, wt, init)
+    # the filter's words, made on every run unless it is constant (then once, into memory
+    # that outlives the run); the bias is added in the loop
+    constant = filter_is_constant()
+    keep = workspace.aligned if constant else workspace.empty
+    wt, init = keep((3 * c_,), _I32), keep((c_,), _I32)
+    pack = _partial(dw_bytes.depthwise_vnni_operands, w, zf, u0, wt, init)
     plan = dw_bytes.depthwise_vnni_plan(stride[0], dilate[0], ow)
     paired = dw_bytes.depthwise_vnni_paired(plan)
     idx = dw_bytes.depthwise_vnni_index(stride[1], dilate[1], ow if paired else 0)
@@ -237,10 +242,11 @@ def _bind_depthwise_bytes(x, w, bias, y, stride, pad, dilate, requant, zx, zf, u
         epi, q, yv = 0, np.zeros(7, _F32), y
     else:
         epi, q, yv = requant[0], vnni_loops.requant_params(requant[1]), _plain(y)
-    part = _partial(dw_bytes.depthwise_vnni, x.reshape(-1), wt, init, yv.reshape(-1), q, idx,
-                    geom, epi)  # fmt: skip
+    part = _partial(dw_bytes.depthwise_vnni, x.reshape(-1), wt, init, bias, yv.reshape(-1), q,
+                    idx, geom, epi)  # fmt: skip
     per_plane = 9 * oh * ow
-    return chain([pack, parallel.split(part, n_ * c_, max(1, _MIN_MACS_PER_THREAD // per_plane))])
+    run = parallel.split(part, n_ * c_, max(1, _MIN_MACS_PER_THREAD // per_plane))
+    return filter_packed(pack, run, constant)
 
 
 def _signed_filter(filt: np.ndarray) -> bool:
