@@ -112,3 +112,12 @@ def test_a_constant_depthwise_filter_is_packed_once_and_the_bias_read_every_run(
                              pad=(1, 1), dilate=(1, 1), group=True, flip=False)  # fmt: skip
         step()
         ref.assert_same(out, want)
+
+
+@pytest.mark.parametrize("w", [9, 1022, 1023, 1500])
+def test_the_3x3_stride_2_max_pooling_of_rows_past_its_stack_tile_equals_the_reference(w):
+    # the column maxima of rows up to 1022 columns on the stack, of wider ones in memory
+    x = ref.random_q(np.random.default_rng(w), (1, 2, 5, w), qint8(0.3))
+    out = np.empty((1, 2, 3, (w - 1) // 2 + 1), qint8(0.3))
+    pool_binds.bind_pooling(x, out, "MAX", (3, 3), (2, 2), (1, 1))()
+    ref.assert_same(out, ref.pool2d_int(x, "MAX", (3, 3), (2, 2), (1, 1)))

@@ -35,11 +35,17 @@ from types import SimpleNamespace
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..conv.loops.int8 import _quantize
+from ..tiled_jit import stack_tile
+
+_stack_tile = stack_tile()
+#: values of the stack tile of :func:`_fwd_max_3s2p1`'s column maxima (a source row and its
+#: two padding columns)
+_ROW_TILE = 1024
 
 __all__ = ["kernels"]
 
@@ -145,9 +151,16 @@ def _row_fwd_max_3s2(yr, ra, rb, rc, ow, w, cm):  # pragma: no cover - compiled
 
 
 def _fwd_max_3s2p1(x, y, lo, hi):  # pragma: no cover - compiled
+    # the column maxima on the stack (rows of up to _ROW_TILE - 2 columns): no allocation
+    if x.shape[2] + 2 <= _ROW_TILE:
+        _fwd_max_3s2p1_rows(x, y, lo, hi, carray(_stack_tile(_ROW_TILE, x.dtype), _ROW_TILE))
+    else:
+        _fwd_max_3s2p1_rows(x, y, lo, hi, np.empty(x.shape[2] + 2, x.dtype))
+
+
+def _fwd_max_3s2p1_rows(x, y, lo, hi, cm):  # pragma: no cover - compiled
     h_, w_ = x.shape[1], x.shape[2]
     oh_, ow_ = y.shape[1], y.shape[2]
-    cm = np.empty(w_ + 2, x.dtype)
     for p in range(lo, hi):
         for i in range(oh_):
             c = 2 * i  # source rows c - 1 .. c + 1, a padding row replaced by row c
@@ -511,7 +524,7 @@ def _compile() -> SimpleNamespace:
 
     jit = functools.partial(njit, nogil=True, cache=True, error_model="numpy")
     global _cols, _row_max, _row_add, _row_bwd_max, _row_bwd_add, _zero_rows
-    global _row_bwd_max_3s2, _row_bwd_max_3s2_two, _max3, _row_fwd_max_3s2
+    global _row_bwd_max_3s2, _row_bwd_max_3s2_two, _max3, _row_fwd_max_3s2, _fwd_max_3s2p1_rows
     global _v_fwd_max4, _v_fwd_max8, _v_fwd_avg4, _v_fwd_avg8
     global _v_bwd_max4, _v_bwd_max8, _v_bwd_avg4, _v_bwd_avg8
     _v_fwd_max4, _v_fwd_max8 = _chunk_2x2("fwd_max", 4), _chunk_2x2("fwd_max", 8)
@@ -524,6 +537,7 @@ def _compile() -> SimpleNamespace:
     _row_bwd_max_3s2 = inline(_row_bwd_max_3s2)
     _zero_rows = inline(_zero_rows)
     _max3, _row_fwd_max_3s2 = inline(_max3), inline(_row_fwd_max_3s2)
+    _fwd_max_3s2p1_rows = njit(nogil=True)(_fwd_max_3s2p1_rows)
     _row_bwd_max_3s2_two = inline(_row_bwd_max_3s2_two)
     return SimpleNamespace(
         fwd_max=jit(_fwd_max),
