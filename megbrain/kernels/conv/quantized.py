@@ -242,8 +242,8 @@ def _bind_depthwise_bytes(x, w, bias, y, stride, pad, dilate, requant, zx, zf, u
         epi, q, yv = 0, np.zeros(7, _F32), y
     else:
         epi, q, yv = requant[0], vnni_loops.requant_params(requant[1]), _plain(y)
-    part = _partial(dw_bytes.depthwise_vnni, x.reshape(-1), wt, init, bias, yv.reshape(-1), q,
-                    idx, geom, epi)  # fmt: skip
+    part = _partial(dw_bytes.depthwise_vnni_loop(epi, plan), x.reshape(-1), wt, init, bias,
+                    yv.reshape(-1), q, idx, geom)  # fmt: skip
     per_plane = 9 * oh * ow
     run = parallel.split(part, n_ * c_, max(1, _MIN_MACS_PER_THREAD // per_plane))
     return filter_packed(pack, run, constant)
@@ -427,7 +427,7 @@ def _bind_gemv(x: np.ndarray, filt: np.ndarray, y: np.ndarray, constant: bool) -
     pack = _partial(vnni_gemv.pack_rows, _plain(filt), zf, u0, w, init)
     geom = np.array([k_, n_, k_, n_, 128 if signed else 0], np.int64)
     groups = -(-nblk // vnni_gemv.BLOCKS)
-    part = _partial(vnni_gemv.gemv, _plain(x).view(np.uint8).reshape(-1), w, init,
+    part = _partial(vnni_gemv.gemv_loop(), _plain(x).view(np.uint8).reshape(-1), w, init,
                     _plain(y).reshape(-1), geom)  # fmt: skip
     # a thread's share of the weights worth its hand-off
     per_item = kg * 4 * vnni_gemv.LANES * vnni_gemv.BLOCKS

@@ -22,6 +22,7 @@ from .int8 import _BELOW_HALF, _data, _lane_mask
 __all__ = [
     "depthwise_vnni",
     "depthwise_vnni_index",
+    "depthwise_vnni_loop",
     "depthwise_vnni_operands",
     "depthwise_vnni_paired",
     "depthwise_vnni_plan",
@@ -315,6 +316,13 @@ def depthwise_vnni_index(sw: int, dw: int, pair: int = 0) -> np.ndarray:
 def depthwise_vnni_paired(plan: int) -> bool:
     """Whether the row plan ``plan`` pairs two output rows in a vector."""
     return _DW_PLANS.get(plan, (0, 0, 0, False))[3]
+
+
+def depthwise_vnni_loop(epi: int, plan: int):
+    """The compiled loop :func:`depthwise_vnni` calls for ``epi`` and the row plan ``plan``,
+    taking the same arguments less ``epi``: a binding calls it directly (the lookup cost
+    each call a few microseconds, as much as a 7x7 layer's share of a thread)."""
+    return _compiled(f"depthwise_vnni,{int(epi)},{int(plan)}")
 
 
 def depthwise_vnni(x, wt, init, bias, out, q, idx, geom, epi: int, t0: int, t1: int) -> None:

@@ -25,7 +25,7 @@ from numba.extending import intrinsic
 
 from .int8 import _data, _lane_mask
 
-__all__ = ["BLOCKS", "LANES", "gemv", "pack_rows"]
+__all__ = ["BLOCKS", "LANES", "gemv", "gemv_loop", "pack_rows"]
 
 #: output rows of a block (16 int32 lanes)
 LANES = 16
@@ -192,3 +192,9 @@ def gemv(x, w, init, out, geom, t0: int, t1: int) -> None:
     row ``t // G`` of the source, blocks ``[4 (t % G), 4 (t % G) + 4)`` of 16 outputs,
     ``G = ceil(ceil(N / 16) / 4)``."""
     _compiled("gemv")(x, w, init, out, geom, int(t0), int(t1))
+
+
+def gemv_loop():
+    """The compiled loop :func:`gemv` calls, taking the same arguments: a binding calls it
+    directly (no lookup each call)."""
+    return _compiled("gemv")
