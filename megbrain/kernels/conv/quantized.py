@@ -406,7 +406,8 @@ def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step
         return None
     if not _vnni_usable(src, filt):
         return None
-    if b.shape[1] <= GEMV_ROWS and b.T.flags.c_contiguous and out.T.flags.c_contiguous:
+    if (0 < b.shape[1] <= GEMV_ROWS and a.shape[0] and b.T.flags.c_contiguous
+            and out.T.flags.c_contiguous):  # fmt: skip
         return _bind_gemv(b.T, a, out.T, swapped and b_constant)
     y = _plain(out)[None, :, None, :]
     with constant_filter(swapped and b_constant):
@@ -432,7 +433,7 @@ def _bind_gemv(x: np.ndarray, filt: np.ndarray, y: np.ndarray, constant: bool) -
                     _plain(y).reshape(-1), geom)  # fmt: skip
     # a thread's share of the weights worth its hand-off
     per_item = kg * 4 * vnni_gemv.LANES * vnni_gemv.BLOCKS
-    run = parallel.split(part, m_ * groups, max(1, _MIN_GEMV_BYTES // per_item))
+    run = parallel.split(part, m_ * groups, max(1, _MIN_GEMV_BYTES // max(1, per_item)))
     return filter_packed(pack, run, constant)
 
 
