@@ -369,7 +369,9 @@ def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step
     (``a`` the filter, ``b``'s rows the channels of one row of positions; for a constant
     ``b`` (bound inside :func:`.constant_operands.constant_filter`: a classifier's weight)
     or one whose transpose is C-contiguous, ``out.T = b.T @ a.T`` with ``b.T`` the filter,
-    packed once when constant), exact in int32; None where those do not take it (then the
+    packed once when constant), exact in int32; with at most :data:`GEMV_ROWS` rows of
+    activations there (a classifier at batch 1), the matrix-vector product of
+    :mod:`.loops.vnni_gemv` instead of the tiles; None where those do not take it (then the
     caller's integer product).
 
     Parameters
