@@ -22,6 +22,7 @@ from .constant_operands import constant_filter, filter_is_constant
 from .loops import depthwise_bytes as dw_bytes
 from .loops import int8 as int8_loops
 from .loops import vnni as vnni_loops
+from .loops import vnni_gemv
 from .nchw8c import filter_packed
 
 __all__ = [
@@ -42,6 +43,12 @@ QUANTIZED_SOURCES = ("QuantizedS8", "Quantized8Asymm")
 _MIN_MACS_PER_THREAD = 1 << 17
 #: bytes of relaid source worth one thread
 _MIN_RELAYOUT_BYTES = 1 << 16
+#: bytes of a matrix-vector product's weights worth one thread: the classifiers' 0.5-2 MB ran
+#: 5-50% slower split in two than in one thread (7-46 us), on the loaded 2-core machine
+_MIN_GEMV_BYTES = 1 << 21
+#: the most rows of the source a quantized matrix product takes the matrix-vector loop
+#: for (:func:`.loops.vnni_gemv.gemv`: a row per pass over the weights), more the tiles
+GEMV_ROWS = 4
 #: scales the output-row widths up to which a depthwise convolution takes the loop with its
 #: channels along the vectors (:func:`.loops.int8.depthwise_channels`): 8 at stride 1, 16 at
 #: larger strides; a test sets it to 0 or a large value to run either loop on any shape
@@ -167,9 +174,9 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
     n_, c_ = src.shape[:2]
     fh, fw = filt.shape[3:]
     fv = _plain(filt)[:, 0, 0]  # (a view: a reshape of a strided filter would copy it now)
+    if flip:
+        fv = fv[:, ::-1, ::-1]
     steps: list[Step] = []
-    w = workspace.empty((c_, fh, fw), fv.dtype)
-    steps.append(_partial(np.copyto, w, fv[:, ::-1, ::-1] if flip else fv))
     x = _plain(src)
     if not x.flags.c_contiguous:
         x = workspace.empty(x.shape, x.dtype)
@@ -179,8 +186,10 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
             fh, fw, stride[1], dilate[1], dilate[0]):  # fmt: skip
         zx = _zero_point(src)
         u0 = zx + 128 if src.dtype.kind == "i" else zx
-        return chain([*steps, _bind_depthwise_bytes(x, w, b, y, stride, pad, dilate, requant,
+        return chain([*steps, _bind_depthwise_bytes(x, fv, b, y, stride, pad, dilate, requant,
                                                     zx, _zero_point(filt), u0)])  # fmt: skip
+    w = workspace.empty((c_, fh, fw), fv.dtype)
+    steps.insert(0, _partial(np.copyto, w, fv))
     h_, w_ = src.shape[2:]
     oh, ow = y.shape[2:]
     lanes = int8_loops.CHANNEL_LANES
@@ -215,13 +224,16 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
 
 def _bind_depthwise_bytes(x, w, bias, y, stride, pad, dilate, requant, zx, zf, u0) -> Step:
     """Bind the 3x3 depthwise byte loop (:func:`.loops.depthwise_bytes.depthwise_vnni`) on the plain
-    source ``x`` and filter ``w`` (C, 3, 3) as :func:`_bind_depthwise` prepared them, ``zx``
-    and ``zf`` their zero points, ``u0`` the source's shifted to unsigned."""
+    source ``x`` and filter ``w`` (C, 3, 3), any strides, as :func:`_bind_depthwise` prepared
+    them, ``zx`` and ``zf`` their zero points, ``u0`` the source's shifted to unsigned."""
     n_, c_, h_, w_ = x.shape
     oh, ow = y.shape[2:]
-    wt, init = workspace.empty((3 * c_,), _I32), workspace.empty((c_,), _I32)
-    # the bias and the filter may change between runs: their words are made in each
-    pack = _partial(dw_bytes.depthwise_vnni_operands, w, bias, zf, u0, wt, init)
+    # the filter's words, made on every run unless it is constant (then once, into memory
+    # that outlives the run); the bias is added in the loop
+    constant = filter_is_constant()
+    keep = workspace.aligned if constant else workspace.empty
+    wt, init = keep((3 * c_,), _I32), keep((c_,), _I32)
+    pack = _partial(dw_bytes.depthwise_vnni_operands, w, zf, u0, wt, init)
     plan = dw_bytes.depthwise_vnni_plan(stride[0], dilate[0], ow)
     paired = dw_bytes.depthwise_vnni_paired(plan)
     idx = dw_bytes.depthwise_vnni_index(stride[1], dilate[1], ow if paired else 0)
@@ -231,10 +243,11 @@ def _bind_depthwise_bytes(x, w, bias, y, stride, pad, dilate, requant, zx, zf, u
         epi, q, yv = 0, np.zeros(7, _F32), y
     else:
         epi, q, yv = requant[0], vnni_loops.requant_params(requant[1]), _plain(y)
-    part = _partial(dw_bytes.depthwise_vnni, x.reshape(-1), wt, init, yv.reshape(-1), q, idx,
-                    geom, epi)  # fmt: skip
+    part = _partial(dw_bytes.depthwise_vnni_loop(epi, plan), x.reshape(-1), wt, init, bias,
+                    yv.reshape(-1), q, idx, geom)  # fmt: skip
     per_plane = 9 * oh * ow
-    return chain([pack, parallel.split(part, n_ * c_, max(1, _MIN_MACS_PER_THREAD // per_plane))])
+    run = parallel.split(part, n_ * c_, max(1, _MIN_MACS_PER_THREAD // per_plane))
+    return filter_packed(pack, run, constant)
 
 
 def _signed_filter(filt: np.ndarray) -> bool:
@@ -356,7 +369,9 @@ def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step
     (``a`` the filter, ``b``'s rows the channels of one row of positions; for a constant
     ``b`` (bound inside :func:`.constant_operands.constant_filter`: a classifier's weight)
     or one whose transpose is C-contiguous, ``out.T = b.T @ a.T`` with ``b.T`` the filter,
-    packed once when constant), exact in int32; None where those do not take it (then the
+    packed once when constant), exact in int32; with at most :data:`GEMV_ROWS` rows of
+    activations there (a classifier at batch 1), the matrix-vector product of
+    :mod:`.loops.vnni_gemv` instead of the tiles; None where those do not take it (then the
     caller's integer product).
 
     Parameters
@@ -393,9 +408,35 @@ def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step
         return None
     if not _vnni_usable(src, filt):
         return None
+    if (0 < b.shape[1] <= GEMV_ROWS and a.shape[0] and b.T.flags.c_contiguous
+            and out.T.flags.c_contiguous):  # fmt: skip
+        return _bind_gemv(b.T, a, out.T, swapped and b_constant)
     y = _plain(out)[None, :, None, :]
     with constant_filter(swapped and b_constant):
         return _bind_vnni(src, filt, None, y, (1, 1), (0, 0), (1, 1), False, None)
+
+
+def _bind_gemv(x: np.ndarray, filt: np.ndarray, y: np.ndarray, constant: bool) -> Step:
+    """``y = x @ filt.T`` (``x`` (M, K), ``filt`` (N, K) any strides, ``y`` (M, N) int32,
+    both C-contiguous) by :func:`.loops.vnni_gemv.gemv`, its ``M`` rows a few: each
+    weight byte read once a row, split over the threads by blocks of output rows."""
+    (m_, k_), n_ = x.shape, filt.shape[0]
+    zx, zf = _zero_point(x), _zero_point(filt)
+    signed = x.dtype.kind == "i"
+    u0 = zx + 128 if signed else zx
+    kg, nblk = -(-k_ // 4), -(-n_ // vnni_gemv.LANES)
+    keep = workspace.aligned if constant else workspace.empty
+    w = keep((nblk * kg * 4 * vnni_gemv.LANES,), np.int8)
+    init = keep((nblk * vnni_gemv.LANES,), _I32)
+    pack = _partial(vnni_gemv.pack_rows, _plain(filt), zf, u0, w, init)
+    geom = np.array([k_, n_, k_, n_, 128 if signed else 0], np.int64)
+    groups = -(-nblk // vnni_gemv.BLOCKS)
+    part = _partial(vnni_gemv.gemv_loop(), _plain(x).view(np.uint8).reshape(-1), w, init,
+                    _plain(y).reshape(-1), geom)  # fmt: skip
+    # a thread's share of the weights worth its hand-off
+    per_item = kg * 4 * vnni_gemv.LANES * vnni_gemv.BLOCKS
+    run = parallel.split(part, m_ * groups, max(1, _MIN_GEMV_BYTES // max(1, per_item)))
+    return filter_packed(pack, run, constant)
 
 
 def _zero_point_or_none(a: np.ndarray) -> int | None:

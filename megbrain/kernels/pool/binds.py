@@ -312,6 +312,14 @@ def _bind_quantized(src, out, mode, window, stride, pad) -> Step:
             a = y[oidx]
             steps.append(_partial(np.maximum, a, x[sidx], out=a))
         return chain(steps)
+    if (_is_global(src, out, window, pad) and x.dtype.itemsize == 1 and x.flags.c_contiguous
+            and y.flags.c_contiguous and geo.compiled):
+        # the sum and its requantize in one compiled pass (NumPy's eight steps cost 0.1 ms
+        # at 1280x7x7)
+        q = np.array([math.prod(geo.window), qp.qmin, qp.qmax], F32)
+        part = _partial(pool_loops.kernels().fwd_avg_global_q8,
+                        x.reshape(geo.planes, -1), y.reshape(-1), q)  # fmt: skip
+        return geo.split(part)
     acc = workspace.empty(out.shape, _I32)
     if _is_global(src, out, window, pad) and x.flags.c_contiguous:
         # one window per plane: its sum in one call (a call per tap took 0.1 ms at 1280x7x7)

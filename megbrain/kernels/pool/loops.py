@@ -35,9 +35,17 @@ from types import SimpleNamespace
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from ..conv.loops.int8 import _quantize
+from ..tiled_jit import stack_tile
+
+_stack_tile = stack_tile()
+#: values of the stack tile of :func:`_fwd_max_3s2p1`'s column maxima (a source row and its
+#: two padding columns)
+_ROW_TILE = 1024
 
 __all__ = ["kernels"]
 
@@ -143,15 +151,35 @@ def _row_fwd_max_3s2(yr, ra, rb, rc, ow, w, cm):  # pragma: no cover - compiled
 
 
 def _fwd_max_3s2p1(x, y, lo, hi):  # pragma: no cover - compiled
+    # the column maxima on the stack (rows of up to _ROW_TILE - 2 columns): no allocation
+    if x.shape[2] + 2 <= _ROW_TILE:
+        _fwd_max_3s2p1_rows(x, y, lo, hi, carray(_stack_tile(_ROW_TILE, x.dtype), _ROW_TILE))
+    else:
+        _fwd_max_3s2p1_rows(x, y, lo, hi, np.empty(x.shape[2] + 2, x.dtype))
+
+
+def _fwd_max_3s2p1_rows(x, y, lo, hi, cm):  # pragma: no cover - compiled
     h_, w_ = x.shape[1], x.shape[2]
     oh_, ow_ = y.shape[1], y.shape[2]
-    cm = np.empty(w_ + 2, x.dtype)
     for p in range(lo, hi):
         for i in range(oh_):
             c = 2 * i  # source rows c - 1 .. c + 1, a padding row replaced by row c
             a = c - 1 if c > 0 else c
             b = c + 1 if c + 1 < h_ else c
             _row_fwd_max_3s2(y[p, i], x[p, a], x[p, c], x[p, b], ow_, w_, cm)
+
+
+def _fwd_avg_global_q8(x, y, q, lo, hi):  # pragma: no cover - compiled
+    """Planes [lo, hi) of the 8-bit global average (each row of ``x`` (P, A) one window):
+    MegDNN's quantized pooling, the window's int32 sum (wrapping) as float32 divided by
+    ``q[0]`` (the area), rounded half away from zero and saturated to ``[q[1], q[2]]``,
+    into ``y`` (P,)."""
+    area = x.shape[1]
+    for p in range(lo, hi):
+        total = np.int64(0)
+        for j in range(area):
+            total += np.int64(x[p, j])
+        y[p] = _quantize(np.float32(np.int32(total)), q[0], np.float32(0), q[1], q[2])
 
 
 def _fwd_avg(x, y, wh, ww, sh, sw, ph, pw, exclude, inv, lo, hi):  # pragma: no cover - compiled
@@ -480,7 +508,8 @@ _compiled: SimpleNamespace | None = None
 def kernels() -> SimpleNamespace:
     """The compiled loops (compiled on first call for each dtype, cached on disk):
     ``fwd_max``, ``fwd_avg``, ``fwd_max_2x2``, ``fwd_avg_2x2``, ``fwd_max_3s2p1``, ``bwd_max``,
-    ``bwd_avg``, ``bwd_max_2x2``, ``bwd_max_3s2p1``, ``bwd_avg_2x2``. Each takes its arrays,
+    ``bwd_avg``, ``bwd_max_2x2``, ``bwd_max_3s2p1``, ``bwd_avg_2x2``, and the 8-bit
+    ``fwd_avg_global_q8`` (:func:`_fwd_avg_global_q8`). Each takes its arrays,
     the geometry (``wh, ww, sh, sw, ph, pw``; none for the special-case loops), for the
     average modes ``exclude`` (divide by the non-padding count; the general loops only) and
     ``inv`` (``1 / window area`` in the arrays' dtype), and the plane range ``lo, hi``."""
@@ -495,7 +524,7 @@ def _compile() -> SimpleNamespace:
 
     jit = functools.partial(njit, nogil=True, cache=True, error_model="numpy")
     global _cols, _row_max, _row_add, _row_bwd_max, _row_bwd_add, _zero_rows
-    global _row_bwd_max_3s2, _row_bwd_max_3s2_two, _max3, _row_fwd_max_3s2
+    global _row_bwd_max_3s2, _row_bwd_max_3s2_two, _max3, _row_fwd_max_3s2, _fwd_max_3s2p1_rows
     global _v_fwd_max4, _v_fwd_max8, _v_fwd_avg4, _v_fwd_avg8
     global _v_bwd_max4, _v_bwd_max8, _v_bwd_avg4, _v_bwd_avg8
     _v_fwd_max4, _v_fwd_max8 = _chunk_2x2("fwd_max", 4), _chunk_2x2("fwd_max", 8)
@@ -508,6 +537,7 @@ def _compile() -> SimpleNamespace:
     _row_bwd_max_3s2 = inline(_row_bwd_max_3s2)
     _zero_rows = inline(_zero_rows)
     _max3, _row_fwd_max_3s2 = inline(_max3), inline(_row_fwd_max_3s2)
+    _fwd_max_3s2p1_rows = njit(nogil=True)(_fwd_max_3s2p1_rows)
     _row_bwd_max_3s2_two = inline(_row_bwd_max_3s2_two)
     return SimpleNamespace(
         fwd_max=jit(_fwd_max),
@@ -515,6 +545,7 @@ def _compile() -> SimpleNamespace:
         fwd_max_2x2=jit(_fwd_max_2x2),
         fwd_max_3s2p1=jit(_fwd_max_3s2p1),
         fwd_avg_2x2=jit(_fwd_avg_2x2),
+        fwd_avg_global_q8=jit(_fwd_avg_global_q8),
         bwd_max=jit(_bwd_max),
         bwd_avg=jit(_bwd_avg),
         bwd_max_2x2=jit(_bwd_max_2x2),

@@ -22,6 +22,7 @@ from .int8 import _BELOW_HALF, _data, _lane_mask
 __all__ = [
     "depthwise_vnni",
     "depthwise_vnni_index",
+    "depthwise_vnni_loop",
     "depthwise_vnni_operands",
     "depthwise_vnni_paired",
     "depthwise_vnni_plan",
@@ -228,15 +229,16 @@ def _make_depthwise_vnni(epi: int, plan: int):
     """The loop of :func:`depthwise_vnni` for the literals ``epi`` and ``plan``."""
     rows = _DW_PLANS.get(plan, (1,))[0]
 
-    def depthwise_vnni(x, wt, init, out, q, idx, geom, t0, t1):  # pragma: no cover
+    def depthwise_vnni(x, wt, init, bias, out, q, idx, geom, t0, t1):  # pragma: no cover
         """Planes [t0, t1) (``n * C + c``) of :func:`.int8.depthwise`'s convolution for a 3x3
         filter, on the source's bytes: each 16 columns of a block of output rows one
         :func:`_dw_rows16` (a masked load and a ``vpermb`` per source row, a ``vpdpbusd``
         per filter row, the requantize, a masked store per output row). ``wt`` (3 C)
         int32: each filter row's three signed bytes (minus the filter's zero point) and a
-        zero byte; ``init`` (C) int32: the bias minus the shifted zero point times the
-        filter's sum; ``idx`` the 64 bytes ``vpermb`` gathers each lane's window with;
-        ``geom`` as :func:`.int8.depthwise` reads it (``geom[6]`` the raw zero point)."""
+        zero byte; ``init`` (C) int32: minus the shifted zero point times the filter's sum,
+        to which the int32 ``bias`` (C) is added (wrapping); ``idx`` the 64 bytes ``vpermb``
+        gathers each lane's window with; ``geom`` as :func:`.int8.depthwise` reads it
+        (``geom[6]`` the raw zero point)."""
         sh, sw, ph, pw, dh, dw = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5]
         zx, h_, w_, oh, ow, c_ = geom[6], geom[9], geom[10], geom[11], geom[12], geom[15]
         qt = (q[0], q[1], q[2], q[3], q[4], q[5], q[6])
@@ -245,7 +247,7 @@ def _make_depthwise_vnni(epi: int, plan: int):
         for t in range(t0, t1):
             c = t % c_
             ws = (wt[3 * c], wt[3 * c + 1], wt[3 * c + 2])
-            bc = init[c]
+            bc = np.int32(init[c] + bias[c])
             xbase, obase = t * h_ * w_, t * oh * ow
             for r0 in range(0, oh, rows):
                 top = r0 * sh - ph
@@ -279,14 +281,14 @@ def depthwise_vnni_plan(sh: int, dh: int, ow: int) -> int:
                  if (s, d, pair) == (sh, dh, fits)), 0)  # fmt: skip
 
 
-def depthwise_vnni_operands(w, bias, zf: int, u0: int, wt, init) -> None:
+def depthwise_vnni_operands(w, zf: int, u0: int, wt, init) -> None:
     """``wt`` (3 C int32) and ``init`` (C int32) of :func:`depthwise_vnni` from the filter
-    ``w`` (C, 3, 3) 8-bit minus ``zf`` (signed bytes) and the int32 ``bias`` (C,), ``u0``
-    the source's zero point shifted to unsigned; see :func:`_depthwise_vnni_py`."""
-    _compiled("depthwise_vnni_operands")(w, bias, np.int32(zf), np.int32(u0), wt, init)
+    ``w`` (C, 3, 3), any strides, 8-bit minus ``zf`` (signed bytes), ``u0`` the source's
+    zero point shifted to unsigned; see :func:`_depthwise_vnni_operands_py`."""
+    _compiled("depthwise_vnni_operands")(w, np.int32(zf), np.int32(u0), wt, init)
 
 
-def _depthwise_vnni_operands_py(w, bias, zf, u0, wt, init):  # pragma: no cover - compiled
+def _depthwise_vnni_operands_py(w, zf, u0, wt, init):  # pragma: no cover - compiled
     for c in range(w.shape[0]):
         total = np.int32(0)
         for a in range(3):
@@ -296,7 +298,7 @@ def _depthwise_vnni_operands_py(w, bias, zf, u0, wt, init):  # pragma: no cover 
                 total += v
                 word |= np.uint32(v & 0xFF) << np.uint32(8 * b)
             wt[3 * c + a] = np.int32(word)
-        init[c] = bias[c] - u0 * total
+        init[c] = -u0 * total
 
 
 def depthwise_vnni_index(sw: int, dw: int, pair: int = 0) -> np.ndarray:
@@ -316,13 +318,20 @@ def depthwise_vnni_paired(plan: int) -> bool:
     return _DW_PLANS.get(plan, (0, 0, 0, False))[3]
 
 
-def depthwise_vnni(x, wt, init, out, q, idx, geom, epi: int, t0: int, t1: int) -> None:
+def depthwise_vnni_loop(epi: int, plan: int):
+    """The compiled loop :func:`depthwise_vnni` calls for ``epi`` and the row plan ``plan``,
+    taking the same arguments less ``epi``: a binding calls it directly (the lookup cost
+    each call a few microseconds, as much as a 7x7 layer's share of a thread)."""
+    return _compiled(f"depthwise_vnni,{int(epi)},{int(plan)}")
+
+
+def depthwise_vnni(x, wt, init, bias, out, q, idx, geom, epi: int, t0: int, t1: int) -> None:
     """Planes [t0, t1) of a 3x3 depthwise 8-bit convolution by ``vpdpbusd`` on the source's
     bytes (:func:`vnni_bytes` CPUs); the arguments as :func:`_make_depthwise_vnni`'s loop
     reads them, ``geom[8]`` the row plan (:func:`depthwise_vnni_plan`), ``q`` the (7,) of
     :func:`.vnni.requant_params`."""
-    _compiled(f"depthwise_vnni,{int(epi)},{int(geom[8])}")(x, wt, init, out, q, idx, geom,
-                                                          int(t0), int(t1))  # fmt: skip
+    _compiled(f"depthwise_vnni,{int(epi)},{int(geom[8])}")(x, wt, init, bias, out, q, idx,
+                                                          geom, int(t0), int(t1))  # fmt: skip
 
 
 
