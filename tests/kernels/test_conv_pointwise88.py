@@ -1,7 +1,8 @@
 """POINTWISE_NCHW88 (megbrain.kernels.conv.pointwise88): against the float64 reference over
 drawn batches, planes (1x1 and 7x7 among them), channel counts and epilogues (SiLU too, at
 large magnitudes as DIRECT_NCHW88's), constant and non-constant filters; bit for bit
-DIRECT_NCHW88's sums; the same bits at 1 and 2 threads; the output sharing ``z``'s memory;
+DIRECT_NCHW88's sums; the same bits at 1 and 2 threads, and with the units by output channel
+group or by band; the output sharing ``z``'s memory;
 a squeeze-and-excitation gate scaling the source; a pre-activation (scale, shift, ReLU) of
 the source; nothing allocated at run time; the tile's
 sums vector FMAs on registers."""
