@@ -318,11 +318,14 @@ def test_units_over_threads_give_the_bits_of_one_thread(monkeypatch, c, side, f,
     case = _case(n=1, c=c, fshape=(f, f), stride=(s, s), pad=(f // 2, f // 2), dilate=(1, 1),
                  sshape=(side, side), flip=False, seed=3)  # fmt: skip
     x, w, src, filt = _operands(case)
-    outs = []
-    for threads in (1, 2, 3):
-        monkeypatch.setattr(parallel, "num_threads", lambda t=threads: t)
-        outs.append(_out(case))
-        _bind(case, src, filt, outs[-1])[1]()
-    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+    def run(threads):  # units of several slots: the unit sizes depend on the thread count
+        monkeypatch.setattr(parallel, "num_threads", lambda: threads)
+        out = _out(case)
+        _bind(case, src, filt, out)[1]()
+        return out
+
+    one, two, three = run(1), run(2), run(3)
+    assert np.array_equal(one, two) and np.array_equal(one, three)
     want = _ref(x, w, case["stride"], case["pad"], case["dilate"], case["flip"])
-    np.testing.assert_allclose(conv_nchw88.to_nchw(outs[1]), want, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(two), want, rtol=RTOL, atol=ATOL)
