@@ -289,3 +289,43 @@ def test_blocks_in_pairs_give_the_bits_of_one_block_at_a_time(c, act, with_z):
     want = {"relu": lambda v: np.maximum(v, 0), "hswish": lambda v: v * np.clip(v + 3, 0, 6) / 6,
             "relu6": lambda v: np.clip(v, 0, 6), "silu": lambda v: v / (1 + np.exp(-v))}[act](want)
     np.testing.assert_allclose(conv_nchw88.to_nchw(outs[0]), want, rtol=RTOL, atol=ATOL)
+
+
+def test_the_units_leave_no_thread_more_work_than_the_count_rule_did():
+    def old(blocks, oh, t):  # the earlier rule: a count of units only
+        bands = max(1, min(oh, -(-4 * t // blocks)))
+        rows = -(-oh // bands)
+        bands = -(-oh // rows)
+        return rows, -(-oh // rows), max(1, blocks // (4 * t)) if bands == 1 else 1
+
+    def busiest(blocks, oh, t, rows, bands, per):
+        slots = [min(per, blocks - i) for i in range(0, blocks, per)]
+        sizes = [s * min(rows, oh - b * rows) for b in range(bands) for s in slots]
+        return channelwise88._makespan(sizes, t)
+
+    for blocks in range(1, 80):
+        for oh in (1, 3, 7, 14, 28, 56, 112):
+            for t in (2, 3):
+                rows, bands, per = channelwise88._units(blocks, oh, t)
+                assert rows * bands >= oh > rows * (bands - 1) and 1 <= per <= blocks
+                assert busiest(blocks, oh, t, rows, bands, per) <= busiest(
+                    blocks, oh, t, *old(blocks, oh, t))
+    assert channelwise88._units(36, 7, 2) == (7, 1, 3)  # 12 units of 3 slots, not 9 of 4
+
+
+@pytest.mark.parametrize("c, side, f, s", [(576, 7, 5, 1), (288, 14, 5, 2), (48, 56, 3, 1)])
+def test_units_over_threads_give_the_bits_of_one_thread(monkeypatch, c, side, f, s):
+    case = _case(n=1, c=c, fshape=(f, f), stride=(s, s), pad=(f // 2, f // 2), dilate=(1, 1),
+                 sshape=(side, side), flip=False, seed=3)  # fmt: skip
+    x, w, src, filt = _operands(case)
+
+    def run(threads):  # units of several slots: the unit sizes depend on the thread count
+        monkeypatch.setattr(parallel, "num_threads", lambda: threads)
+        out = _out(case)
+        _bind(case, src, filt, out)[1]()
+        return out
+
+    one, two, three = run(1), run(2), run(3)
+    assert np.array_equal(one, two) and np.array_equal(one, three)
+    want = _ref(x, w, case["stride"], case["pad"], case["dilate"], case["flip"])
+    np.testing.assert_allclose(conv_nchw88.to_nchw(two), want, rtol=RTOL, atol=ATOL)

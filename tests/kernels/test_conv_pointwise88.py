@@ -1,7 +1,8 @@
 """POINTWISE_NCHW88 (megbrain.kernels.conv.pointwise88): against the float64 reference over
 drawn batches, planes (1x1 and 7x7 among them), channel counts and epilogues (SiLU too, at
 large magnitudes as DIRECT_NCHW88's), constant and non-constant filters; bit for bit
-DIRECT_NCHW88's sums; the same bits at 1 and 2 threads; the output sharing ``z``'s memory;
+DIRECT_NCHW88's sums; the same bits at 1 and 2 threads, and with the units by output channel
+group or by band; the output sharing ``z``'s memory;
 a squeeze-and-excitation gate scaling the source; a pre-activation (scale, shift, ReLU) of
 the source; nothing allocated at run time; the tile's
 sums vector FMAs on registers."""
@@ -238,6 +239,39 @@ def test_runs_are_bitwise_reproducible_over_thread_counts(monkeypatch, shape):
         outs.append(np.empty((shape[0], shape[4] // 8, *shape[1:3], 8), np.float32))
         _bind(src, filt, outs[-1], epilogue=_epilogue("RELU", bias))[1]()
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[1], outs[2])
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 3), h=st.sampled_from([1, 3, 7, 14]), w=st.integers(1, 9),
+       ic=st.sampled_from([8, 24, 96]), oc=st.sampled_from([24, 40, 96, 160, 576]),
+       threads=st.integers(2, 3), seed=st.integers(0, 2**16))  # fmt: skip
+def test_units_by_group_or_by_band_give_the_same_bits(n, h, w, ic, oc, threads, seed):
+    # a thread's range of units is a range of output channel groups (by_group) or of bands
+    # of positions: every sum still runs over the input channels in order, whoever computes it
+    x, wt, bias, z, src, filt = _operands(n, h, w, ic, oc, seed)
+    tl = pointwise88.tiles_for(n, h * w, ic, oc, threads, (False, True))
+    outs = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parallel, "num_threads", lambda: threads)
+        mp.setattr(pointwise88, "MIN_SPLIT_MACS", 0)
+        for by_group in (False, True):
+            outs.append(np.full((n, oc // 8, h, w, 8), np.nan, np.float32))
+            step = pointwise88.bind_pointwise88(src, filt, outs[-1], _epilogue("RELU", bias),
+                                                tiles=tl._replace(by_group=by_group))  # fmt: skip
+            step()
+    want = _want(x, wt, bias, z, "RELU", False)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(outs[1]), want, rtol=RTOL, atol=ATOL)
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_small_planes_of_many_channels_split_by_output_channels():
+    # the filter outweighs the source: each of two threads reads its own half of the filter
+    for hw, k, oc in ((49, 576, 96), (49, 96, 576), (49, 160, 1280), (196, 48, 288)):
+        tl = pointwise88.tiles_for(1, hw, k, oc, 2, (False, True))
+        assert tl.by_group and tl.ng % 2 == 0
+    for hw, k, oc in ((196, 240, 40), (3136, 24, 144)):  # the source outweighs the filter
+        assert not pointwise88.tiles_for(1, hw, k, oc, 2, (False, True)).by_group
+    assert not pointwise88.tiles_for(1, 49, 576, 96, 1, (False, True)).by_group
 
 
 @pytest.mark.parametrize("shape", [(1, 5, 5, 16, 16), (2, 9, 7, 32, 24), (1, 1, 1, 24, 40)])

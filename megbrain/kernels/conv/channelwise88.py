@@ -13,7 +13,8 @@ epilogue applied before the row's vectors are stored. Only the tiles at a row's 
 their columns (reading zeros outside the source); a copy of the source padded with zeros
 cost as much as the sums on a 56x56 plane. :func:`.common.threads` Python threads take the
 units (a band of output rows of one sample's channel block, so that a few blocks still
-fill the threads, or several whole blocks where there are many) as they go
+fill the threads, or several whole blocks where there are many; sized so that no thread is
+left a unit more than the others) as they go
 (:func:`.nchw8c.units_as_they_go`): a thread the OS holds back delays the unit it has, not
 a fixed half of them. Nothing is allocated when the bound callable runs, and every output
 is summed in the same order whoever computes it.
@@ -45,6 +46,44 @@ _UNITS_PER_THREAD = 4
 _F32 = np.dtype(np.float32)
 _EMPTY = np.zeros(1, _F32)
 _EMPTY.flags.writeable = False
+
+
+def _makespan(sizes: list[int], t: int) -> int:
+    """The work of the busiest of ``t`` threads taking units of ``sizes`` as they go (the
+    largest first: the order of :func:`.nchw8c.units_as_they_go`'s ranges aside)."""
+    load = [0] * t
+    for s in sorted(sizes, reverse=True):
+        load[load.index(min(load))] += s
+    return max(load)
+
+
+def _units(blocks: int, oh: int, t: int) -> tuple[int, int, int]:
+    """``(rows, bands, per)``: units of ``per`` channel slots by a band of ``rows`` output
+    rows, ``bands`` bands, for ``blocks`` slots of ``oh`` rows at ``t`` threads. Bands
+    until there are :data:`_UNITS_PER_THREAD` units a thread (or slots grouped down to
+    that many), then, among fewer slots a unit (or, where the rows are banded already, a
+    band or two more), the units whose busiest thread has the least work, the fewest units
+    at a tie: 36 slots in 9 units of 4 left one thread 5 of them, in 12 units of 3 each
+    thread has 6."""
+    if t == 1:
+        return oh, 1, max(1, blocks // _UNITS_PER_THREAD)
+    bands0 = max(1, min(oh, -(-_UNITS_PER_THREAD * t // blocks)))
+    rows = -(-oh // bands0)
+    bands0 = -(-oh // rows)
+    per0 = max(1, blocks // (_UNITS_PER_THREAD * t)) if bands0 == 1 else 1
+    best = None
+    for bands in range(bands0, min(oh, bands0 + 2) + 1 if bands0 > 1 else 2):
+        rows = -(-oh // bands)
+        bands = -(-oh // rows)
+        for per in range(per0, 0, -1):
+            full, last = divmod(blocks, per)
+            slots = [per] * full + ([last] if last else [])
+            sizes = [s * rows for s in slots] * (bands - 1)
+            sizes += [s * (oh - (bands - 1) * rows) for s in slots]
+            key = (_makespan(sizes, t), len(sizes))
+            if best is None or key < best[0]:
+                best = (key, (rows, bands, per))
+    return best[1]
 
 
 def usable_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, pad) -> bool:
@@ -134,10 +173,7 @@ def bind_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, strid
         epi |= 2
     t = threads()
     blocks = n * (-(-cbn // 2) if pairs else cbn)  # the units' channel slots
-    bands = max(1, min(oh, -(-_UNITS_PER_THREAD * t // blocks))) if t > 1 else 1
-    rows = -(-oh // bands)
-    bands = -(-oh // rows)
-    per = max(1, blocks // (_UNITS_PER_THREAD * t)) if bands == 1 else 1
+    rows, bands, per = _units(blocks, oh, t)
     units = -(-blocks // per) * bands
     dims = np.array([n, cbn, h, w, oh, ow, fh, fw, rows, bands, per, pairs], np.int64)
     conv = np.array([*stride, *pad, *dilate], np.int64)

@@ -9,11 +9,15 @@ that a tile's filter loads are one contiguous stream, and each tile of ``R`` pos
 ``(N, OC/8, H, W, 8)`` output: no row buffer, no write-out pass. ``R`` and ``B`` are chosen
 per layer by a cost model of the tile (fused multiply-adds, loads, the latency of an
 accumulator's chain, the positions a plane's last tile repeats, the padding of the output
-channels, the threads' balance). Work units (a sample, a group of ``B`` blocks, a band of
-whole tiles) are taken as they go (:func:`.nchw8c.units_as_they_go`): the groups vary
-fastest, so a small plane with many channels splits by output channels and a large one by
-positions. Nothing is allocated at run time; every sum runs over the input channels in
-order, whoever computes it.
+channels, the threads' balance, and at several threads the bytes each thread brings to
+its core). Work units (a sample, a group of ``B`` blocks, a band of whole tiles) are taken
+as they go (:func:`.nchw8c.units_as_they_go`), each thread first from its own contiguous
+range of them. Where the filter outweighs the source (small planes of many channels: the
+7x7 layers, whose filters come from the shared cache in a network) the groups vary slowest,
+so that each thread's range is its own output channels and it reads only their part of the
+filter; elsewhere they vary fastest, and each thread reads its own positions of the source.
+Nothing is allocated at run time; every sum runs over the input channels in order, whoever
+computes it.
 """
 
 from __future__ import annotations
@@ -49,17 +53,23 @@ _BAND_POSITIONS = 768
 #: cycles a tile spends around its reduction (its epilogue and stores), per accumulator
 #: vector and in all
 _EPI_CYCLES, _TILE_CYCLES = 3, 20
+#: bytes a cycle a core brings in from the shared cache (a layer's operands are not in its
+#: own L2 in a network: the filters of a mobile net's layers together exceed it)
+_TRAFFIC_BYTES = 16
 
 
 class PointwiseTiles(NamedTuple):
     """A layer's tiling: ``r`` positions by ``b`` blocks of 16 output channels, ``ng``
-    groups of ``b`` blocks, ``nb`` bands of ``tpb`` whole tiles per sample and group."""
+    groups of ``b`` blocks, ``nb`` bands of ``tpb`` whole tiles per sample and group; the
+    units ordered group, sample, band (``by_group``: a thread's range of units is a range
+    of output channels) or sample, band, group."""
 
     r: int
     b: int
     ng: int
     nb: int
     tpb: int
+    by_group: bool = False
 
 
 def usable_pointwise88(src, filt, out, geo, stride, pad) -> bool:
@@ -86,9 +96,11 @@ def _split(n: int, ng: int, nt: int, r: int, nthreads: int) -> tuple[int, int]:
     return nb, nt // nb
 
 
-def tiles_for(n: int, hw: int, k: int, oc: int, nthreads: int) -> PointwiseTiles:
+def tiles_for(n: int, hw: int, k: int, oc: int, nthreads: int,
+              by_group: tuple[bool, ...] = (False,)) -> PointwiseTiles:  # fmt: skip
     """The tiling of ``n`` planes of ``hw`` positions, ``k`` input and ``oc`` output
-    channels at ``nthreads`` threads, by the cost model (the module's docstring)."""
+    channels at ``nthreads`` threads, by the cost model (the module's docstring), among the
+    units' orders ``by_group`` allows (True: groups slowest, :class:`PointwiseTiles`)."""
     v = 16 // vector_width()  # registers per 16-lane vector
     budget = 24 if v == 1 else 6  # accumulators of 16 lanes: of 32 zmm, or 16 ymm registers
     nblk = -(-oc // loops.BLOCK)
@@ -106,9 +118,26 @@ def tiles_for(n: int, hw: int, k: int, oc: int, nthreads: int) -> PointwiseTiles
             most = tiles - (nb - 1) * tpb if nt else tiles
             per_thread = math.ceil(units / nthreads)
             cost = tile * (n * ng * tiles / units) * per_thread + tile * (most - tiles / nb)
-            if best is None or cost < best[0]:
-                best = (cost, PointwiseTiles(r, b, ng, nb, tpb))
+            for order in by_group:
+                c = cost + _traffic(n * hw * k, ng, k * b * loops.BLOCK, order, nthreads)
+                if best is None or c < best[0]:
+                    best = (c, PointwiseTiles(r, b, ng, nb, tpb, order))
     return best[1]
+
+
+def _traffic(source: int, ng: int, group: int, by_group: bool, nthreads: int) -> float:
+    """Cycles the slowest of ``nthreads`` threads spends bringing its share of the source
+    (``source`` floats) and of the packed filter (``ng`` groups of ``group`` floats) to its
+    core: with the groups slowest (``by_group``) a thread reads the whole source and the
+    groups its range of units covers, otherwise a share of the source and every group."""
+    if nthreads == 1:
+        return 0.0  # one thread reads everything either way: no order is cheaper
+    if by_group:
+        per = ng // nthreads + (ng % nthreads != 0) + (ng % nthreads > 1)
+        floats = source + min(ng, per) * group
+    else:
+        floats = source / nthreads + ng * group
+    return floats * 4 / _TRAFFIC_BYTES
 
 
 def _flat_operand(a: np.ndarray | None, steps: list) -> np.ndarray:
@@ -187,13 +216,13 @@ def bind_pointwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
     epi |= loops.PREACT if preact is not None else 0
     macs = n * hw * k * oc
     nthreads = 1 if macs < MIN_SPLIT_MACS else threads()
-    tl = tiles or tiles_for(n, hw, k, oc, nthreads)
+    tl = tiles or tiles_for(n, hw, k, oc, nthreads, (False, True))
     constant = filter_is_constant()
     wp = (workspace.aligned if constant else workspace.empty)((tl.ng * k * tl.b * loops.BLOCK,),
                                                              _F32)  # fmt: skip
     pack_w = loops.filter_packer(filt, wp, tl.b)
     half = int(oc % loops.BLOCK != 0)
-    geom = np.array([hw, icb, tl.ng, half, ocb8, tl.nb, tl.tpb], np.int64)
+    geom = np.array([hw, icb, tl.ng, half, ocb8, tl.nb, tl.tpb, tl.by_group, n], np.int64)
     run = loops.compiled_units(tl.r, tl.b, epi)
     outf, wr = out.reshape(-1), readonly_view(wp)
 

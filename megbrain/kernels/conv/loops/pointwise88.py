@@ -311,9 +311,11 @@ def _units_py(R, B, EPI):
     def run(xp, wp, out, z, bias, gate, shift, geom, counter, me):
         # pragma: no cover - compiled
         # geom: HW, ICB, NG (groups of B blocks of 16), HALF (the last group's last block is
-        # half padding), OCB8 (output blocks of 8), NB (bands of a plane), TPB (tiles per band)
+        # half padding), OCB8 (output blocks of 8), NB (bands of a plane), TPB (tiles per band),
+        # BY_GROUP (the units' order: groups slowest), N (samples)
         hw, icb, ng, hf, ocb8, nb, tpb = (geom[0], geom[1], geom[2], geom[3] != 0, geom[4],
                                           geom[5], geom[6])  # fmt: skip
+        by_group, ns = geom[7] != 0, geom[8]
         cs = hw * CB
         ohw8 = hw * CB
         nt = hw // R  # whole tiles
@@ -321,10 +323,16 @@ def _units_py(R, B, EPI):
             u = take(counter, me)
             if u < 0:
                 break
-            g = u % ng
-            rest = u // ng
-            band = rest % nb
-            n = rest // nb
+            if by_group:  # a range of units is a range of groups: of the filter's vectors
+                band = u % nb
+                rest = u // nb
+                n = rest % ns
+                g = rest // ns
+            else:  # groups fastest: a range of units is a range of positions
+                g = u % ng
+                rest = u // ng
+                band = rest % nb
+                n = rest // nb
             x0 = n * icb * cs
             g0 = 0 if EPI & PREACT else n * icb * CB  # the pre-activation's per channel
             w0 = g * icb * (CB * BLOCK * B)
