@@ -42,6 +42,8 @@ QUANTIZED_SOURCES = ("QuantizedS8", "Quantized8Asymm")
 _MIN_MACS_PER_THREAD = 1 << 17
 #: bytes of relaid source worth one thread
 _MIN_RELAYOUT_BYTES = 1 << 16
+#: positions (of the phase planes' rows) worth a band of its own
+_MIN_BAND_POSITIONS = 512
 #: scales the output-row widths up to which a depthwise convolution takes the loop with its
 #: channels along the vectors (:func:`.loops.int8.depthwise_channels`): 8 at stride 1, 16 at
 #: larger strides; a test sets it to 0 or a large value to run either loop on any shape
@@ -59,6 +61,11 @@ DEPTHWISE_BYTES = dw_bytes.vnni_bytes()
 #: whether convolutions bound from now on take the AVX-512 VNNI kernels
 #: (:mod:`.loops.vnni`) where their operands allow; chosen once, from the CPU's features
 VNNI = vnni_loops.available()
+#: whether the VNNI kernels bound from now on split a layer once, by bands of output rows
+#: (or chunks of output channels where the planes are small), each part relaying its own
+#: band's source rows (:func:`.loops.vnni.bands`), rather than a split per phase (the
+#: relayout, the tiles, the dropped columns); a test and the benchmarks set it off
+VNNI_BANDS = True
 
 
 def _plain(a: np.ndarray) -> np.ndarray:
@@ -277,16 +284,28 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     hph, wph = -(-hp // sh), -(-wp // sw)
     kept_r = sorted({a * dh % sh for a in range(fh)})
     kept_c = sorted({b * dw % sw for b in range(fw)})
-    pplane = hph * wph
     pg = oh * wph  # the positions computed: whole rows of the phase planes
+    shift = max(a * dh // sh for a in range(fh))  # the taps' reach down the phase planes
+    rb, nchunk = oh, 1  # one band of every output row, the channels in one chunk
+    if VNNI_BANDS:
+        parts = max(1, min(parallel.num_threads(), pg * kg_ * 4 * o_ // _MIN_MACS_PER_THREAD))
+        if parts > 1 and oh >= parts and pg >= parts * _MIN_BAND_POSITIONS:
+            rb = -(-oh // parts)  # a band of output rows each, its source rows relaid by it
+        elif parts > 1:
+            nchunk = parts  # few positions: the output channels split, the source relaid twice
+    nb = -(-oh // rb)
+    hph_b = min(hph, rb + shift)  # a band's phase-plane rows
+    pplane = hph_b * wph
+    pb = rb * wph  # a band's positions
     # blocks of whole vectors: a 1x1 stride-1 layer's loads stay 64-byte aligned
     plane = -(-len(kept_r) * len(kept_c) * pplane // lanes) * lanes
     # 4 vectors of positions per tile unless that pads the positions by 5% more than 2 do
-    padded = {v: -(-pg // (lanes * v)) * lanes * v for v in (2, 4)}
+    padded = {v: -(-pb // (lanes * v)) * lanes * v for v in (2, 4)}
     vecs = 4 if padded[4] <= 1.05 * padded[2] else 2
     rows = vnni_loops.tile_rows(vecs)
     op = -(-o_ // rows) * rows
-    tiles = -(-pg // (lanes * vecs))
+    tiles = -(-pb // (lanes * vecs))
+    nchunk = min(nchunk, op // rows)
     # too few tiles of positions for the threads: split the output channels too
     chunks = min(op // rows, -(-2 * parallel.num_threads() // tiles))
     items = tiles * chunks
@@ -311,7 +330,6 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     offs = (words * 4).reshape(-1)
     last = int(words[0].max()) + tiles * vecs * lanes
     tail = max(0, last - plane) * 4
-    x4 = workspace.empty((cg_ * plane * 4 + tail,), np.uint8)
     if requant is None:
         epi, q = vnni_loops.EPI_INT32, np.zeros(7, _F32)
         yf = y.reshape(-1)
@@ -323,14 +341,33 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
         steps.insert(0, _partial(np.copyto, x := workspace.empty(x.shape, np.uint8),
                                  _plain(src).view(np.uint8)))  # fmt: skip
     x = x.reshape(-1)
-    x4w = x4[: cg_ * plane * 4].view(np.uint32)
     hw = np.array([h_, w_], np.int64)
-    rows_tmp = workspace.empty((cg_ * w_ if sw == 2 else 1,), np.uint32)
-    geo = np.array([*pad, sh, sw, hph, wph, len(kept_r), len(kept_c), plane, *kept_r,
+    geo = np.array([*pad, sh, sw, hph_b, wph, len(kept_r), len(kept_c), plane, *kept_r,
                     *kept_c], np.int64)  # fmt: skip
     drop = wph != ow
     yt = workspace.empty((n_ * g_ * o_ * pg,), yf.dtype) if drop else yf
     flipx = 128 if signed else 0
+    x4_bytes = -(-(cg_ * plane * 4 + tail) // 64) * 64  # (each band buffer 64-byte aligned)
+    tmp_words = cg_ * w_ if sw == 2 else 1
+    if VNNI_BANDS:
+        units = nb * nchunk
+        nslots = len(parallel.ranges(units, parallel.num_threads()))
+        x4s = workspace.empty((nslots, x4_bytes), np.uint8)
+        tmps = workspace.empty((nslots, tmp_words), np.uint32)
+        for n in range(n_):
+            for g in range(g_):
+                geom = np.array([rb, oh, wph, nchunk, o_, kg_, cg_, (n * g_ + g) * o_ * pg, pg,
+                                 g * op * kg_ * 4, g * op, yf.itemsize, ow, *offs],
+                                np.int64)  # fmt: skip
+                x4w = x4s[:, : cg_ * plane * 4].view(np.uint32)
+                band = _partial(vnni_loops.bands, vecs, epi, drop, x, x4w, tmps,
+                                (n * g_ + g) * i_ * h_ * w_, hw, i_, geo, flipx, u0, x4s, wk,
+                                init, yt, q, geom, yt.view(np.uint8), yf.view(np.uint8))
+                steps.append(parallel.split(_in_slots(band, units, nslots), units, 1))
+        return filter_packed(pack, chain(steps), constant)
+    x4 = workspace.empty((x4_bytes,), np.uint8)
+    x4w = x4[: cg_ * plane * 4].view(np.uint32)
+    rows_tmp = workspace.empty((tmp_words,), np.uint32)
     relayout_min = max(1, _MIN_RELAYOUT_BYTES // (plane * 4))
     gemm_min = max(1, _MIN_MACS_PER_THREAD // (lanes * vecs * kg_ * 4 * op // chunks))
     for n in range(n_):
@@ -349,6 +386,24 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
         planes = n_ * g_ * o_
         steps.append(parallel.split(cut, planes, max(1, _MIN_RELAYOUT_BYTES // (oh * wph))))
     return filter_packed(pack, chain(steps), constant)
+
+
+def _in_slots(band, units: int, nslots: int):
+    """``band`` (:func:`.loops.vnni.bands` but for its buffers and range) as a split's part
+    ``fn(lo, hi)``: each of the split's ``nslots`` ranges of ``units`` relays its bands into
+    a buffer of its own (row ``k`` of the (nslots, ...) buffers for the k-th range)."""
+    slot_of = {lo: k for k, (lo, _) in enumerate(parallel.ranges(units, nslots))}
+    args = list(band.args)
+    x4w, tmps, x4s = args[4], args[5], args[12]
+    fn, kw = band.func, band.keywords
+
+    def part(lo: int, hi: int) -> None:
+        k = slot_of[lo]
+        a = args.copy()
+        a[4], a[5], a[12] = x4w[k], tmps[k], x4s[k]
+        fn(*a, lo, hi, **kw)
+
+    return part
 
 
 def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:

@@ -60,6 +60,7 @@ __all__ = [
     "EPI_QUANT_RELU",
     "available",
     "drop_columns",
+    "bands",
     "gemm_tiles",
     "pack_filter",
     "relayout",
@@ -377,7 +378,7 @@ def _words(out, d, x, s0, s1, s2, s3, n, flip, keep, pad):
         _words16(out, d + j, x, s0 + j, s1 + j, s2 + j, s3 + j, min(16, n - j), fl, kp, pd)
 
 
-def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1):
+def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1, k0):
     """Blocks [cg0, cg1) of 4 channels of ``x4`` (flat uint32 words, a position's 4 channels
     in its bytes) from the channels ``0 ... ci - 1`` of the flat uint8 ``x`` from ``xoff``
     (``hw`` = (H, W) planes), each value xor ``flip`` (128 turns int8 into int8 + 128);
@@ -385,8 +386,9 @@ def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1):
     the phase planes' HPh, WPh, their count per block ``nr x nc``, the block's ``plane``
     words, then the ``nr`` row phases kept and the ``nc`` column phases kept: padded
     position (hp, wp) of row phase ``rows[i] = hp % SH`` and column phase ``cols[j] = wp %
-    SW`` goes to plane ``i nc + j`` of the block, at ``(hp // SH) WPh + wp // SW``. At
-    column stride 2, ``tmp`` (uint32, ``W`` words per block) holds a source row's words."""
+    SW`` goes to plane ``i nc + j`` of the block, at ``(hp // SH - k0) WPh + wp // SW``
+    (the phase planes' rows ``[k0, k0 + HPh)``: a band of them). At column stride 2, ``tmp``
+    (uint32, ``W`` words per block) holds a source row's words."""
     h_, w_ = hw[0], hw[1]
     ph, pw, sh, sw, hph, wph, nr, nc, plane = geo[0], geo[1], geo[2], geo[3], geo[4], \
         geo[5], geo[6], geo[7], geo[8]  # fmt: skip
@@ -405,8 +407,10 @@ def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1):
         s3 = np.uintp(xoff + min(c + 3, ci - 1) * h_ * w_)
         keep = np.uint32(0xFFFFFFFF >> (8 * max(0, c + 4 - ci)))
         pad = fill & (keep ^ ones)
-        if whole:  # unpadded, stride 1: the plane is one run
-            _words(x4, base, x, s0, s1, s2, s3, h_ * w_, flip, keep, pad)
+        if whole:  # unpadded, stride 1: the band's rows are one run
+            r = np.uintp(k0 * w_)
+            n = (min(h_, k0 + hph) - k0) * w_
+            _words(x4, base, x, s0 + r, s1 + r, s2 + r, s3 + r, n, flip, keep, pad)
         for i in range(0 if whole else nr):
             pr = geo[9 + i]
             for j in range(nc):
@@ -416,7 +420,7 @@ def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1):
                 hi = min(max(lo, (w_ + pw - pc + sw - 1) // sw), wph)
                 dst = np.uintp(base + (i * nc + j) * pplane)
                 for k in range(hph):
-                    h = k * sh + pr - ph
+                    h = (k + k0) * sh + pr - ph
                     row = dst + np.uintp(k * wph)
                     # columns [q0, q1) from the source, the others u0 (a row outside: all)
                     inside = 0 <= h < h_
@@ -544,17 +548,60 @@ def _copy_bytes(typingctx, dst, d0, src, s0, n):
     return types.void(dst, d0, src, s0, n), codegen
 
 
-def _drop_columns_py(src, dst, rows, wp, ow, p0, p1):
-    """Planes [p0, p1) of ``dst`` (flat uint8, planes of ``rows`` rows of ``ow`` bytes): the
-    first ``ow`` bytes of ``src``'s rows of ``wp`` (flat uint8, planes of ``rows x wp``)."""
+def _drop_columns_py(src, dst, rows, wp, ow, p0, p1, r0, r1):
+    """Rows [r0, r1) of planes [p0, p1) of ``dst`` (flat uint8, planes of ``rows`` rows of
+    ``ow`` bytes): the first ``ow`` bytes of ``src``'s rows of ``wp`` (flat uint8, planes of
+    ``rows x wp``)."""
     for p in range(p0, p1):
-        for r in range(rows):
+        for r in range(r0, r1):
             _copy_bytes(dst, (p * rows + r) * ow, src, (p * rows + r) * wp, ow)
+
+
+#: the entries of :func:`bands`'s ``geom`` before the taps' offsets
+_BAND_GEOM = 13
+
+
+def _make_bands(nv: int, epi: int, drop: bool):
+    rows = _ROWS[nv]
+    tile = vnni_tile()
+    relay, cut = _compiled("relayout"), _compiled("drop")
+
+    def bands(x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, w, init, out, q, geom, src8, dst8,
+              u_0, u_1):  # fmt: skip
+        """Units [u_0, u_1) of :func:`bands`."""
+        rb, oh, wph, nchunk, o_, kg_, cg_, out0, pg, w0, i0, isz, ow = geom[0], geom[1], \
+            geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8], geom[9], \
+            geom[10], geom[11], geom[12]  # fmt: skip
+        obn = (o_ + rows - 1) // rows
+        per = (obn + nchunk - 1) // nchunk
+        wstride = kg_ * 4
+        plane0 = out0 // pg
+        for u in range(u_0, u_1):
+            b, c = u // nchunk, u % nchunk
+            r0 = b * rb
+            if u == u_0 or c == 0:  # the band's phase-plane rows into this part's buffer
+                relay(x, x4w, tmp, xoff, hw, ci, geo, flip, u0, 0, cg_, r0)
+            pb = (min(oh, r0 + rb) - r0) * wph
+            ob0, ob1 = c * per, min(obn, (c + 1) * per)
+            for p0 in range(0, pb, nv * LANES):
+                for ob in range(ob0, ob1):
+                    o = ob * rows
+                    tile(x4, p0 * 4, LANES * 4, 0, geom, _BAND_GEOM, w, w0 + o * wstride,
+                         wstride, kg_, init, i0 + o, out, out0 + o * pg + r0 * wph + p0, pg,
+                         pb - p0, min(rows, o_ - o), q, rows, nv, epi, 1)  # fmt: skip
+            if drop:
+                cut(src8, dst8, oh, wph * isz, ow * isz, plane0 + ob0 * rows,
+                    plane0 + min(o_, ob1 * rows), r0, min(oh, r0 + rb))  # fmt: skip
+
+    return bands
 
 
 @functools.cache
 def _compiled(name: str):
     opts = dict(nogil=True, cache=True, error_model="numpy", fastmath=False)
+    if name.startswith("bands"):
+        _, vecs, epi, drop = name.split(",")
+        return njit(**opts)(_make_bands(int(vecs), int(epi), drop == "1"))
     if name == "relayout":
         return njit(**opts)(_relayout_py)
     if name == "pack":
@@ -572,7 +619,7 @@ def relayout(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1) -> None:
     (:func:`_relayout_py`), each value xor ``flip``, ``u0`` where there is no source
     value; ``tmp`` (uint32, W words per block at column stride 2) is scratch."""
     _compiled("relayout")(x, x4, tmp, int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0),
-                          int(cg0), int(cg1))  # fmt: skip
+                          int(cg0), int(cg1), 0)  # fmt: skip
 
 
 def pack_filter(filt, w, init, flip: bool, zf: int, u0: int, kg: int, op: int) -> None:
@@ -598,4 +645,23 @@ def drop_columns(src, dst, rows: int, wp: int, ow: int, p0: int, p1: int) -> Non
     """Planes [p0, p1) of the flat uint8 ``dst`` (planes of ``rows`` rows of ``ow`` bytes)
     from the flat uint8 ``src`` (rows of ``wp`` bytes, those past ``ow`` dropped): the
     output of :func:`gemm_tiles`, computed over whole rows of the phase planes."""
-    _compiled("drop")(src, dst, int(rows), int(wp), int(ow), int(p0), int(p1))
+    _compiled("drop")(src, dst, int(rows), int(wp), int(ow), int(p0), int(p1), 0, int(rows))
+
+
+def bands(vecs, epi, drop, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, w, init, out, q, geom,
+          src8, dst8, u_0, u_1) -> None:  # fmt: skip
+    """Units [u_0, u_1) of one group of one sample computed by bands of output rows, with
+    tiles of ``vecs`` vectors of positions: unit ``u`` is band ``u // nchunk`` (output rows
+    ``[b RB, b RB + RB)``) by chunk ``u % nchunk`` of the output channels' tiles. The band's
+    source rows are relaid (:func:`relayout`'s arguments ``x`` to ``u0``; ``geo`` with the
+    band's ``RB`` plus the taps' reach as its phase-plane rows) into ``x4w`` / ``x4`` (the
+    same buffer as words and bytes; only these parts use it) once per band, then its tiles
+    run and, with ``drop``, its rows' columns are dropped from ``src8`` (``out``'s bytes)
+    into ``dst8``. ``geom`` (int64): RB, OH, WPh, chunks, O, KG, CG, the output's index of
+    the group's first position, the positions P of a plane of ``out`` (``OH WPh``), the
+    packed filter's first byte, ``init``'s first index, ``out``'s item size, OW, then each k
+    group's byte offset into the band's buffer. A part relays its own band, so that a layer
+    is one split, no phase waiting for another thread's."""
+    _compiled(f"bands,{vecs},{epi},{int(bool(drop))}")(
+        x, x4w, tmp, int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0), x4, w, init, out, q,
+        geom, src8, dst8, int(u_0), int(u_1))  # fmt: skip
