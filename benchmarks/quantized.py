@@ -47,8 +47,8 @@ sides' nodes in order. ``--layers`` times each distinct dense convolution of the
 alone (the VNNI kernels, ConvBias RELU into QuantizedS8), at one thread and at ``--threads``,
 split once by bands of output rows (``quantized.VNNI_BANDS``) and split per phase as before,
 interleaved in one process: the wall time of a call (min and median of the rounds) and its
-critical path in thread CPU time (each split's slowest part, summed: what the call would take
-with a core per thread and a free hand-off, readable on a loaded machine).
+CPU time summed over the threads that ran it (min; the work the call does, readable on a
+loaded machine where the wall times are not).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ import argparse
 import functools
 import os
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -650,8 +651,8 @@ def _runner(case: Case, kind: str, graph):
 def _bind_layer(cin: int, size: int, cout: int, k: int, stride: int, threads: int, bands: bool,
                 log: list):  # fmt: skip
     """A ConvBias RELU into QuantizedS8 (random operands, a constant filter) bound for
-    ``threads`` threads, split by bands or per phase; each split's parts append
-    ``(split, thread CPU ns)`` to ``log``."""
+    ``threads`` threads, split by bands or per phase; each split's parts append ``(thread,
+    thread CPU ns)`` to ``log``."""
     from megbrain.kernels import parallel
     from megbrain.kernels.conv import quantized
     from megbrain.kernels.conv.constant_operands import constant_filter
@@ -666,12 +667,10 @@ def _bind_layer(cin: int, size: int, cout: int, k: int, stride: int, threads: in
     split, count = parallel.split, parallel.num_threads
 
     def timed(fn, n, min_items):
-        key = object()
-
         def part(lo, hi):
             t = time.thread_time_ns()
             fn(lo, hi)
-            log.append((key, time.thread_time_ns() - t))
+            log.append((threading.get_ident(), time.thread_time_ns() - t))
 
         return split(part, n, min_items)
 
@@ -687,8 +686,8 @@ def _bind_layer(cin: int, size: int, cout: int, k: int, stride: int, threads: in
 
 
 def layer_times(net: Net, threads: int, rounds: int, calls: int = 20) -> list[tuple]:
-    """``(layer, {(threads, bands): (wall min, wall median, critical path min)})`` in s for
-    each distinct dense convolution of ``net`` (see the module's ``--layers``)."""
+    """``(layer, {(threads, bands): (wall min, wall median, CPU min)})`` in s for each
+    distinct dense convolution of ``net`` (see the module's ``--layers``)."""
     shapes = []
     for op, ins, a in net.nodes:
         if op == "conv" and a["group"] == 1:
@@ -709,40 +708,41 @@ def layer_times(net: Net, threads: int, rounds: int, calls: int = 20) -> list[tu
                 raise AssertionError(f"layer {shape}: the two splits differ")
             first = got
         walls: dict = {key: [] for key in steps}
-        paths: dict = {key: [] for key in steps}
+        cpus: dict = {key: [] for key in steps}
+        me = threading.get_ident()
         for _ in range(rounds):
             for key, (step, _) in steps.items():
                 t = time.perf_counter()
                 for _ in range(calls):
                     log.clear()
+                    t_cpu = time.thread_time_ns()
                     step()
-                    parts: dict = {}
-                    for split, ns in log:
-                        parts[split] = max(parts.get(split, 0), ns)
-                    paths[key].append(sum(parts.values()) * 1e-9)
+                    mine = time.thread_time_ns() - t_cpu
+                    cpus[key].append((mine + sum(ns for who, ns in log if who != me)) * 1e-9)
                 walls[key].append((time.perf_counter() - t) / calls)
         out.append((shape, {key: (min(walls[key]), statistics.median(walls[key]),
-                                  min(paths[key])) for key in steps}))  # fmt: skip
+                                  min(cpus[key])) for key in steps}))  # fmt: skip
     return out
 
 
 def print_layers(name: str, rows: list[tuple]) -> None:
     """The table of :func:`layer_times`, ms, and the sums over the layers."""
-    print(f"{name}: dense convolutions alone, ms: wall min / median, critical path (CPU)")
+    print(f"{name}: dense convolutions alone, ms: wall min / median, CPU over the threads")
     keys = list(rows[0][1])
     print(f"{'layer':28s} " + " ".join(
         f"{f'{t}t ' + ('bands' if b else 'phases'):>22s}" for t, b in keys))  # fmt: skip
-    sums = dict.fromkeys(keys, 0.0)
+    sums = {k: [0.0, 0.0, 0.0] for k in keys}
     for (cin, size, cout, k, stride), times in rows:
         label = f"{cin}x{size}x{size} -> {cout} {k}x{k}/s{stride}"
-        cells = []
         for key in keys:
-            lo, med, path = times[key]
-            sums[key] += lo
-            cells.append(f"{lo * 1e3:7.3f} /{med * 1e3:7.3f},{path * 1e3:6.3f}")
-        print(f"{label:28s} " + " ".join(f"{c:>22s}" for c in cells))
-    print(f"{'sum of the minima':28s} " + " ".join(f"{sums[k] * 1e3:22.3f}" for k in keys))
+            sums[key] = [a + b for a, b in zip(sums[key], times[key])]
+        print(f"{label:28s} " + " ".join(_layer_cell(times[key]) for key in keys))
+    print(f"{'the layers summed':28s} " + " ".join(_layer_cell(sums[key]) for key in keys))
 
+
+def _layer_cell(times) -> str:
+    lo, med, cpu = (v * 1e3 for v in times)
+    return f"{f'{lo:7.3f} /{med:7.3f},{cpu:6.3f}':>22s}"
 
 if __name__ == "__main__":
     main()

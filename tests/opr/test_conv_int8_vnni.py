@@ -218,10 +218,10 @@ def test_wide_rows_dropped_and_relaid_at_stride_2_equal_the_reference(stride):
        band_min=st.sampled_from([1, 40, 1 << 30]), mode=st.sampled_from([None, "RELU"]))
 def test_a_layer_split_in_bands_or_channel_chunks_equals_the_reference(c, bands, threads,
                                                                        band_min, mode):
-    # every layer split as if it were large: by bands of output rows (each part relaying its
-    # own source rows into its buffer, the taps' reach past the band, the columns dropped
-    # per band), or by chunks of output channels where the plane has too few positions; and
-    # the split per phase it replaced
+    # every layer split as if it were large: into bands of output rows (each thread relaying
+    # a band's source rows into its own buffer, the taps' reach past the band, the columns
+    # dropped per band), or chunks of output channels where the plane has too few positions;
+    # and the split per phase they replaced
     if c["filt"][1] < 4 and c["filt"][0] > 1:
         c["filt"] = (c["filt"][0], 4, *c["filt"][2:])  # (a depthwise shape: no GEMM)
         c["shape"] = (c["shape"][0], c["filt"][0] * c["filt"][2], *c["shape"][2:])

@@ -22,7 +22,7 @@ from .constant_operands import constant_filter, filter_is_constant
 from .loops import depthwise_bytes as dw_bytes
 from .loops import int8 as int8_loops
 from .loops import vnni as vnni_loops
-from .nchw8c import filter_packed
+from .nchw8c import filter_packed, units_as_they_go
 
 __all__ = [
     "bind_quantized_conv_bias",
@@ -44,6 +44,9 @@ _MIN_MACS_PER_THREAD = 1 << 17
 _MIN_RELAYOUT_BYTES = 1 << 16
 #: positions (of the phase planes' rows) worth a band of its own
 _MIN_BAND_POSITIONS = 512
+#: units (bands, or chunks of output channels) per thread of a layer, at most: a thread
+#: held back leaves the other the units it has not begun
+_UNITS_PER_THREAD = 2
 #: scales the output-row widths up to which a depthwise convolution takes the loop with its
 #: channels along the vectors (:func:`.loops.int8.depthwise_channels`): 8 at stride 1, 16 at
 #: larger strides; a test sets it to 0 or a large value to run either loop on any shape
@@ -289,10 +292,11 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     rb, nchunk = oh, 1  # one band of every output row, the channels in one chunk
     if VNNI_BANDS:
         parts = max(1, min(parallel.num_threads(), pg * kg_ * 4 * o_ // _MIN_MACS_PER_THREAD))
-        if parts > 1 and oh >= parts and pg >= parts * _MIN_BAND_POSITIONS:
-            rb = -(-oh // parts)  # a band of output rows each, its source rows relaid by it
-        elif parts > 1:
-            nchunk = parts  # few positions: the output channels split, the source relaid twice
+        nb = min(oh, _UNITS_PER_THREAD * parts, pg // _MIN_BAND_POSITIONS)
+        if parts > 1 and nb >= parts:
+            rb = -(-oh // nb)  # bands of output rows, each one's source rows relaid with it
+        elif parts > 1:  # few positions: chunks of the output channels, each thread
+            nchunk = _UNITS_PER_THREAD * parts  # relaying the whole source once
     nb = -(-oh // rb)
     hph_b = min(hph, rb + shift)  # a band's phase-plane rows
     pplane = hph_b * wph
@@ -351,19 +355,19 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     tmp_words = cg_ * w_ if sw == 2 else 1
     if VNNI_BANDS:
         units = nb * nchunk
-        nslots = len(parallel.ranges(units, parallel.num_threads()))
-        x4s = workspace.empty((nslots, x4_bytes), np.uint8)
-        tmps = workspace.empty((nslots, tmp_words), np.uint32)
+        nt = min(parts, units)
+        x4s = workspace.empty((nt, x4_bytes), np.uint8)
+        x4ws = x4s[:, : cg_ * plane * 4].view(np.uint32)
+        tmps = workspace.empty((nt, tmp_words), np.uint32)
         for n in range(n_):
             for g in range(g_):
                 geom = np.array([rb, oh, wph, nchunk, o_, kg_, cg_, (n * g_ + g) * o_ * pg, pg,
                                  g * op * kg_ * 4, g * op, yf.itemsize, ow, *offs],
                                 np.int64)  # fmt: skip
-                x4w = x4s[:, : cg_ * plane * 4].view(np.uint32)
-                band = _partial(vnni_loops.bands, vecs, epi, drop, x, x4w, tmps,
-                                (n * g_ + g) * i_ * h_ * w_, hw, i_, geo, flipx, u0, x4s, wk,
-                                init, yt, q, geom, yt.view(np.uint8), yf.view(np.uint8))
-                steps.append(parallel.split(_in_slots(band, units, nslots), units, 1))
+                args = (vecs, epi, drop, x, x4ws, tmps, (n * g_ + g) * i_ * h_ * w_, hw, i_,
+                        geo, flipx, u0, x4s, wk, init, yt, q, geom, yt.view(np.uint8),
+                        yf.view(np.uint8))  # fmt: skip
+                steps.append(units_as_they_go(units, _partial(_band_part, args), nt))
         return filter_packed(pack, chain(steps), constant)
     x4 = workspace.empty((x4_bytes,), np.uint8)
     x4w = x4[: cg_ * plane * 4].view(np.uint32)
@@ -388,22 +392,12 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     return filter_packed(pack, chain(steps), constant)
 
 
-def _in_slots(band, units: int, nslots: int):
-    """``band`` (:func:`.loops.vnni.bands` but for its buffers and range) as a split's part
-    ``fn(lo, hi)``: each of the split's ``nslots`` ranges of ``units`` relays its bands into
-    a buffer of its own (row ``k`` of the (nslots, ...) buffers for the k-th range)."""
-    slot_of = {lo: k for k, (lo, _) in enumerate(parallel.ranges(units, nslots))}
-    args = list(band.args)
-    x4w, tmps, x4s = args[4], args[5], args[12]
-    fn, kw = band.func, band.keywords
-
-    def part(lo: int, hi: int) -> None:
-        k = slot_of[lo]
-        a = args.copy()
-        a[4], a[5], a[12] = x4w[k], tmps[k], x4s[k]
-        fn(*a, lo, hi, **kw)
-
-    return part
+def _band_part(args: tuple, counter: np.ndarray, me: int) -> Step:
+    """Thread ``me``'s part of :func:`.loops.vnni.bands` on ``args`` (its buffers the
+    ``me``-th rows of those given for every thread)."""
+    a = list(args)
+    a[4], a[5], a[12] = a[4][me], a[5][me], a[12][me]
+    return _partial(vnni_loops.bands, *a, counter, me)
 
 
 def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:
