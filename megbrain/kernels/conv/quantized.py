@@ -395,9 +395,10 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
 def _band_part(args: tuple, counter: np.ndarray, me: int) -> Step:
     """Thread ``me``'s part of :func:`.loops.vnni.bands` on ``args`` (its buffers the
     ``me``-th rows of those given for every thread)."""
-    a = list(args)
-    a[4], a[5], a[12] = a[4][me], a[5][me], a[12][me]
-    return _partial(vnni_loops.bands, *a, counter, me)
+    vecs, epi, drop, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, *rest = args
+    return _partial(vnni_loops.bands_kernel(vecs, epi, drop), x, x4w[me], tmp[me], int(xoff),
+                    hw, int(ci), geo, np.uint8(flip), int(u0), x4[me], *rest, counter,
+                    int(me))  # fmt: skip
 
 
 def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:

@@ -62,6 +62,7 @@ __all__ = [
     "available",
     "drop_columns",
     "bands",
+    "bands_kernel",
     "gemm_tiles",
     "pack_filter",
     "relayout",
@@ -727,6 +728,13 @@ def bands(vecs, epi, drop, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, w, init
     item size, OW, then each k group's byte offset into the band's buffer. No unit waits for
     another's: a layer is one hand-off to the pool, and a thread the OS holds back delays
     only the unit it has."""
-    _compiled(f"bands,{vecs},{epi},{int(bool(drop))}")(
-        x, x4w, tmp, int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0), x4, w, init, out, q,
-        geom, src8, dst8, counter, int(me))  # fmt: skip
+    bands_kernel(vecs, epi, drop)(x, x4w, tmp, int(xoff), hw, int(ci), geo, np.uint8(flip),
+                                  int(u0), x4, w, init, out, q, geom, src8, dst8, counter,
+                                  int(me))  # fmt: skip
+
+
+def bands_kernel(vecs: int, epi: int, drop: bool):
+    """The compiled :func:`bands` of ``vecs``, ``epi`` and ``drop``, called with those three
+    left out and ``xoff``, ``ci``, ``u0``, ``me`` Python ints, ``flip`` a numpy uint8 (a
+    bound call then skips :func:`bands`'s conversions)."""
+    return _compiled(f"bands,{vecs},{epi},{int(bool(drop))}")
