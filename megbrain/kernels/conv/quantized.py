@@ -352,7 +352,7 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     yt = workspace.empty((n_ * g_ * o_ * pg,), yf.dtype) if drop else yf
     flipx = 128 if signed else 0
     x4_bytes = -(-(cg_ * plane * 4 + tail) // 64) * 64  # (each band buffer 64-byte aligned)
-    tmp_words = cg_ * w_ if sw == 2 else 1
+    tmp_words = cg_ * h_ * w_ if sw == 2 else 1
     if VNNI_BANDS:
         units = nb * nchunk
         nt = min(parts, units)

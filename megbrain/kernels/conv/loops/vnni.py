@@ -446,7 +446,7 @@ def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1, k0):
     position (hp, wp) of row phase ``rows[i] = hp % SH`` and column phase ``cols[j] = wp %
     SW`` goes to plane ``i nc + j`` of the block, at ``(hp // SH - k0) WPh + wp // SW``
     (the phase planes' rows ``[k0, k0 + HPh)``: a band of them). At column stride 2, ``tmp``
-    (uint32, ``W`` words per block) holds a source row's words."""
+    (uint32, ``H W`` words per block) holds the source rows' words."""
     h_, w_ = hw[0], hw[1]
     ph, pw, sh, sw, hph, wph, nr, nc, plane = geo[0], geo[1], geo[2], geo[3], geo[4], \
         geo[5], geo[6], geo[7], geo[8]  # fmt: skip
@@ -493,13 +493,15 @@ def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1, k0):
                                s1 + r + np.uintp(q0), s2 + r + np.uintp(q0),
                                s3 + r + np.uintp(q0), q1 - q0, flip, keep, pad)  # fmt: skip
                     elif sw == 2 and inside:
-                        # the source row's words in a vectorized pass, then every other
-                        # one (byte loads at a stride stayed scalar: about 2x slower)
-                        t0 = np.uintp(cg * w_)
-                        r0 = np.uintp(h * w_)
-                        _words(tmp, t0, x, s0 + r0, s1 + r0, s2 + r0, s3 + r0, w_, flip, keep,
-                               pad)  # fmt: skip
-                        t1 = cg * w_ + pc - pw
+                        # the source row's words in a vectorized pass (by the first column
+                        # phase; the second reads them again), then every other one (byte
+                        # loads at a stride stayed scalar: about 2x slower)
+                        t0 = np.uintp((cg * h_ + h) * w_)
+                        if j == 0:
+                            r0 = np.uintp(h * w_)
+                            _words(tmp, t0, x, s0 + r0, s1 + r0, s2 + r0, s3 + r0, w_, flip,
+                                   keep, pad)  # fmt: skip
+                        t1 = (cg * h_ + h) * w_ + pc - pw
                         for q in range(q0, q1, 16):
                             _evens16(x4, row + np.uintp(q), tmp, np.uintp(t1 + 2 * q),
                                      np.int64(min(16, q1 - q)))  # fmt: skip
@@ -681,7 +683,7 @@ def relayout(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1) -> None:
     module's layouts): the ``ci`` channels of the flat uint8 ``x`` from ``xoff``, planes
     of ``hw`` = (H, W), padded and split into the stride's phase planes as ``geo`` says
     (:func:`_relayout_py`), each value xor ``flip``, ``u0`` where there is no source
-    value; ``tmp`` (uint32, W words per block at column stride 2) is scratch."""
+    value; ``tmp`` (uint32, H W words per block at column stride 2) is scratch."""
     _compiled("relayout")(x, x4, tmp, int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0),
                           int(cg0), int(cg1), 0)  # fmt: skip
 
