@@ -64,10 +64,11 @@ DEPTHWISE_BYTES = dw_bytes.vnni_bytes()
 #: whether convolutions bound from now on take the AVX-512 VNNI kernels
 #: (:mod:`.loops.vnni`) where their operands allow; chosen once, from the CPU's features
 VNNI = vnni_loops.available()
-#: whether the VNNI kernels bound from now on split a layer once, by bands of output rows
-#: (or chunks of output channels where the planes are small), each part relaying its own
-#: band's source rows (:func:`.loops.vnni.bands`), rather than a split per phase (the
-#: relayout, the tiles, the dropped columns); a test and the benchmarks set it off
+#: whether the VNNI kernels bound from now on run a layer as one hand-off to the pool, its
+#: threads taking bands of output rows (or chunks of output channels where the planes are
+#: small) as they go, each relaying a band's source rows itself (:func:`.loops.vnni.bands`),
+#: rather than as a split per phase (the relayout, the tiles, the dropped columns); a test
+#: and the benchmarks set it off
 VNNI_BANDS = True
 
 
