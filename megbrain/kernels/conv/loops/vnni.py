@@ -37,9 +37,12 @@ the way (MegDNN's float32 chain, exact: the sum converted to float32, times the 
 divided by the output scale, rounded half away from zero, shifted, saturated; computed
 as one product by the scales' ratio, the division run only near ties).
 
-The loops are GIL-free and take a ``[begin, end)`` range of work items (tiles of positions
-by chunks of output channels) for :func:`megbrain.kernels.parallel.split`; they allocate
-nothing.
+A layer runs as :func:`bands`: each thread takes units (a band of output rows, or a chunk
+of the output channels) as it goes, relays the band's source rows into a buffer of its own,
+runs the band's tiles and drops its rows' columns, so that no thread waits for another's
+phase. The per-phase loops (:func:`relayout`, :func:`gemm_tiles`, :func:`drop_columns`)
+take ``[begin, end)`` ranges for :func:`megbrain.kernels.parallel.split`. All are GIL-free
+and allocate nothing.
 """
 
 from __future__ import annotations
