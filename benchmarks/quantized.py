@@ -38,12 +38,17 @@ int8 speedup over float32 (issue 31's target: >= 1.5) and the ratios onnxruntime
 int8 (target: >= 1.0; higher is better for megbrain).
 
     python benchmarks/quantized.py [--models resnet18,mobilenet_v2] [--threads 2] [--rounds R]
-        [--size 224] [--profile [--top N]] [--nodes]
+        [--size 224] [--profile [--top N]] [--nodes] [--layers]
 
 ``--profile`` lists megbrain's top operators of both graphs (``op_profile.py``, as
 ``onnx_zoo.py`` prints them); ``--nodes`` compares megbrain's int8 operators with
 onnxruntime's uint8-form nodes per kind of work (onnxruntime's profiler), and lists both
-sides' nodes in order.
+sides' nodes in order. ``--layers`` times each distinct dense convolution of the networks
+alone (the VNNI kernels, ConvBias RELU into QuantizedS8), at one thread and at ``--threads``,
+split once by bands of output rows (``quantized.VNNI_BANDS``) and split per phase as before,
+interleaved in one process: the wall time of a call (min and median of the rounds) and its
+CPU time summed over the threads that ran it (min; the work the call does, readable on a
+loaded machine where the wall times are not).
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ import argparse
 import functools
 import os
 import statistics
+import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -427,7 +434,15 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--top", type=int, default=10, help="rows of each --profile table")
     ap.add_argument("--nodes", action="store_true",
                     help="megbrain int8 against onnxruntime u8 per kind of node")
+    ap.add_argument("--layers", action="store_true",
+                    help="the dense convolutions alone, split by bands and per phase")
     args = ap.parse_args(argv)
+    if args.layers:
+        _limit_threads(args.threads)
+        for name in args.models.split(","):
+            print_layers(name, layer_times(BUILDERS[name](np.random.default_rng(0), args.size),
+                                           args.threads, args.rounds))  # fmt: skip
+        return []
     import onnxruntime  # noqa: F401 - fail early without the peer
 
     rows, profiles, nodes = [], [], []
@@ -632,6 +647,102 @@ def _runner(case: Case, kind: str, graph):
     f, _ = case.compiled(kind, graph)
     return functools.partial(f, case.x)
 
+
+def _bind_layer(cin: int, size: int, cout: int, k: int, stride: int, threads: int, bands: bool,
+                log: list):  # fmt: skip
+    """A ConvBias RELU into QuantizedS8 (random operands, a constant filter) bound for
+    ``threads`` threads, split by bands or per phase; each split's parts append ``(thread,
+    thread CPU ns)`` to ``log``."""
+    from megbrain.kernels import parallel
+    from megbrain.kernels.conv import quantized
+    from megbrain.kernels.conv.constant_operands import constant_filter
+
+    rng = np.random.default_rng(0)
+    q8, q32 = mgb.dtype.qint8, mgb.dtype.qint32
+    x = rng.integers(-128, 128, (1, cin, size, size), np.int8).view(q8(0.05))
+    w = rng.integers(-128, 128, (1, cout, cin, k, k), np.int8).view(q8(0.01))
+    b = rng.integers(-1000, 1000, (1, cout, 1, 1), np.int32).view(q32(0.0005))
+    side = (size + 2 * (k // 2) - k) // stride + 1
+    y = np.empty((1, cout, side, side), np.int8).view(q8(0.3))
+    split, count = parallel.split, parallel.num_threads
+
+    def timed(fn, n, min_items):
+        def part(lo, hi):
+            t = time.thread_time_ns()
+            fn(lo, hi)
+            log.append((threading.get_ident(), time.thread_time_ns() - t))
+
+        return split(part, n, min_items)
+
+    saved = quantized.VNNI_BANDS
+    quantized.VNNI_BANDS, parallel.split, parallel.num_threads = bands, timed, lambda: threads
+    try:
+        with constant_filter(True):
+            step = quantized.bind_quantized_conv_bias(x, w, b, None, y, (stride,) * 2,
+                                                      (k // 2,) * 2, (1, 1), False, "RELU")
+    finally:
+        quantized.VNNI_BANDS, parallel.split, parallel.num_threads = saved, split, count
+    return step, y
+
+
+def layer_times(net: Net, threads: int, rounds: int, calls: int = 20) -> list[tuple]:
+    """``(layer, {(threads, bands): (wall min, wall median, CPU min)})`` in s for each
+    distinct dense convolution of ``net`` (see the module's ``--layers``)."""
+    shapes = []
+    for op, ins, a in net.nodes:
+        if op == "conv" and a["group"] == 1:
+            i = ins[0]
+            shape = (net.width[i], net.sizes[i], a["w"].shape[0], a["w"].shape[2], a["stride"])
+            if shape not in shapes:
+                shapes.append(shape)
+    out = []
+    for shape in shapes:
+        log: list = []
+        steps = {(t, bands): _bind_layer(*shape, t, bands, log)
+                 for t in sorted({1, threads}) for bands in (False, True)}  # fmt: skip
+        first = None
+        for step, y in steps.values():
+            step()
+            got = y.view(np.int8).copy()
+            if first is not None and not np.array_equal(got, first):
+                raise AssertionError(f"layer {shape}: the two splits differ")
+            first = got
+        walls: dict = {key: [] for key in steps}
+        cpus: dict = {key: [] for key in steps}
+        me = threading.get_ident()
+        for _ in range(rounds):
+            for key, (step, _) in steps.items():
+                t = time.perf_counter()
+                for _ in range(calls):
+                    log.clear()
+                    t_cpu = time.thread_time_ns()
+                    step()
+                    mine = time.thread_time_ns() - t_cpu
+                    cpus[key].append((mine + sum(ns for who, ns in log if who != me)) * 1e-9)
+                walls[key].append((time.perf_counter() - t) / calls)
+        out.append((shape, {key: (min(walls[key]), statistics.median(walls[key]),
+                                  min(cpus[key])) for key in steps}))  # fmt: skip
+    return out
+
+
+def print_layers(name: str, rows: list[tuple]) -> None:
+    """The table of :func:`layer_times`, ms, and the sums over the layers."""
+    print(f"{name}: dense convolutions alone, ms: wall min / median, CPU over the threads")
+    keys = list(rows[0][1])
+    print(f"{'layer':28s} " + " ".join(
+        f"{f'{t}t ' + ('bands' if b else 'phases'):>22s}" for t, b in keys))  # fmt: skip
+    sums = {k: [0.0, 0.0, 0.0] for k in keys}
+    for (cin, size, cout, k, stride), times in rows:
+        label = f"{cin}x{size}x{size} -> {cout} {k}x{k}/s{stride}"
+        for key in keys:
+            sums[key] = [a + b for a, b in zip(sums[key], times[key])]
+        print(f"{label:28s} " + " ".join(_layer_cell(times[key]) for key in keys))
+    print(f"{'the layers summed':28s} " + " ".join(_layer_cell(sums[key]) for key in keys))
+
+
+def _layer_cell(times) -> str:
+    lo, med, cpu = (v * 1e3 for v in times)
+    return f"{f'{lo:7.3f} /{med:7.3f},{cpu:6.3f}':>22s}"
 
 if __name__ == "__main__":
     main()

@@ -39,3 +39,18 @@ def test_quantized_benchmark_runs_on_a_small_input(monkeypatch, capsys):
     # the per-node comparison names both sides' convolutions alike
     assert "resnet18, 1 thread(s): per kind of node" in out
     assert out.count("conv dense 3x3/s2") >= 6, out
+
+
+@pytest.mark.slow
+def test_quantized_benchmark_layers_compares_both_splits(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(_BENCHMARKS)
+    import quantized
+
+    assert quantized.main(["--size", "32", "--rounds", "1", "--threads", "2", "--layers",
+                           "--models", "mobilenet_v2"]) == []  # fmt: skip
+    out = capsys.readouterr().out
+    # every dense layer at 1 and 2 threads, split per phase and by bands (outputs checked
+    # equal inside), and the sums
+    assert "1t phases" in out and "2t bands" in out
+    assert "16x16x16 -> 96 1x1/s1" in out
+    assert "the layers summed" in out

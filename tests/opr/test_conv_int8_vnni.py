@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from numba import njit
 
 import megbrain as mgb
-from megbrain.kernels import blas
+from megbrain.kernels import blas, parallel
 from megbrain.kernels import elemwise_multi_type as emt
 from megbrain.kernels.conv import quantized
 from megbrain.kernels.conv.constant_operands import constant_filter
@@ -210,6 +210,50 @@ def test_wide_rows_dropped_and_relaid_at_stride_2_equal_the_reference(stride):
         step, out, want = _sums(c, x, f)
     step()
     np.testing.assert_array_equal(out.view(np.int32), want)
+
+
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+@settings(max_examples=15, deadline=None)
+@given(c=_convs(), bands=st.booleans(), threads=st.integers(2, 3),
+       band_min=st.sampled_from([1, 40, 1 << 30]), mode=st.sampled_from([None, "RELU"]))
+def test_a_layer_split_in_bands_or_channel_chunks_equals_the_reference(c, bands, threads,
+                                                                       band_min, mode):
+    # every layer split as if it were large: into bands of output rows (each thread relaying
+    # a band's source rows into its own buffer, the taps' reach past the band, the columns
+    # dropped per band), or chunks of output channels where the plane has too few positions;
+    # and the split per phase they replaced
+    if c["filt"][1] < 4 and c["filt"][0] > 1:
+        c["filt"] = (c["filt"][0], 4, *c["filt"][2:])  # (a depthwise shape: no GEMM)
+        c["shape"] = (c["shape"][0], c["filt"][0] * c["filt"][2], *c["shape"][2:])
+    x, f = _operands(c)
+    saved = (quantized.VNNI_BANDS, quantized._MIN_MACS_PER_THREAD,
+             quantized._MIN_BAND_POSITIONS, parallel.num_threads)
+    quantized.VNNI_BANDS, quantized._MIN_MACS_PER_THREAD = bands, 1
+    quantized._MIN_BAND_POSITIONS, parallel.num_threads = band_min, lambda: threads
+    try:
+        with _path(True):
+            if mode is None:
+                step, out, want = _sums(c, x, f)
+            else:
+                rng = np.random.default_rng(c["seed"] + 1)
+                bias = ref.random_q(rng, (1, c["filt"][0] * c["filt"][1], 1, 1), qint32(0.125))
+                odt = quint8(3.0, 7) if c["asymm"] else qint8(3.0)
+                want = ref.conv_bias(x, f, bias, None, odt, mode, stride=c["stride"],
+                                     pad=c["pad"], dilate=c["dilate"], group=True,
+                                     flip=c["flip"])  # fmt: skip
+                out = np.empty(want.shape, want.dtype)
+                step = quantized.bind_quantized_conv_bias(x, f, bias, None, out, c["stride"],
+                                                          c["pad"], c["dilate"], c["flip"],
+                                                          mode)  # fmt: skip
+    finally:
+        (quantized.VNNI_BANDS, quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS,
+         parallel.num_threads) = saved  # fmt: skip
+    step()
+    step()  # (the band buffers reused)
+    if mode is None:
+        np.testing.assert_array_equal(out.view(np.int32), want)
+    else:
+        ref.assert_same(out, want)
 
 
 @pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")

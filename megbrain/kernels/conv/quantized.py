@@ -23,7 +23,7 @@ from .loops import depthwise_bytes as dw_bytes
 from .loops import int8 as int8_loops
 from .loops import vnni as vnni_loops
 from .loops import vnni_gemv
-from .nchw8c import filter_packed
+from .nchw8c import filter_packed, units_as_they_go
 
 __all__ = [
     "bind_quantized_conv_bias",
@@ -49,6 +49,11 @@ _MIN_GEMV_BYTES = 1 << 21
 #: the most rows of the source a quantized matrix product takes the matrix-vector loop
 #: for (:func:`.loops.vnni_gemv.gemv`: a row per pass over the weights), more the tiles
 GEMV_ROWS = 4
+#: positions (of the phase planes' rows) worth a band of its own
+_MIN_BAND_POSITIONS = 512
+#: units (bands, or chunks of output channels) per thread of a layer, at most: a thread
+#: held back leaves the other the units it has not begun
+_UNITS_PER_THREAD = 2
 #: scales the output-row widths up to which a depthwise convolution takes the loop with its
 #: channels along the vectors (:func:`.loops.int8.depthwise_channels`): 8 at stride 1, 16 at
 #: larger strides; a test sets it to 0 or a large value to run either loop on any shape
@@ -66,6 +71,12 @@ DEPTHWISE_BYTES = dw_bytes.vnni_bytes()
 #: whether convolutions bound from now on take the AVX-512 VNNI kernels
 #: (:mod:`.loops.vnni`) where their operands allow; chosen once, from the CPU's features
 VNNI = vnni_loops.available()
+#: whether the VNNI kernels bound from now on run a layer as one hand-off to the pool, its
+#: threads taking bands of output rows (or chunks of output channels where the planes are
+#: small) as they go, each relaying a band's source rows itself (:func:`.loops.vnni.bands`),
+#: rather than as a split per phase (the relayout, the tiles, the dropped columns); a test
+#: and the benchmarks set it off
+VNNI_BANDS = True
 
 
 def _plain(a: np.ndarray) -> np.ndarray:
@@ -290,16 +301,29 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     hph, wph = -(-hp // sh), -(-wp // sw)
     kept_r = sorted({a * dh % sh for a in range(fh)})
     kept_c = sorted({b * dw % sw for b in range(fw)})
-    pplane = hph * wph
     pg = oh * wph  # the positions computed: whole rows of the phase planes
+    shift = max(a * dh // sh for a in range(fh))  # the taps' reach down the phase planes
+    rb, nchunk = oh, 1  # one band of every output row, the channels in one chunk
+    if VNNI_BANDS:
+        parts = max(1, min(parallel.num_threads(), pg * kg_ * 4 * o_ // _MIN_MACS_PER_THREAD))
+        nb = min(oh, _UNITS_PER_THREAD * parts, pg // _MIN_BAND_POSITIONS)
+        if parts > 1 and nb >= parts:
+            rb = -(-oh // nb)  # bands of output rows, each one's source rows relaid with it
+        elif parts > 1:  # few positions: chunks of the output channels, each thread
+            nchunk = _UNITS_PER_THREAD * parts  # relaying the whole source once
+    nb = -(-oh // rb)
+    hph_b = min(hph, rb + shift)  # a band's phase-plane rows
+    pplane = hph_b * wph
+    pb = rb * wph  # a band's positions
     # blocks of whole vectors: a 1x1 stride-1 layer's loads stay 64-byte aligned
     plane = -(-len(kept_r) * len(kept_c) * pplane // lanes) * lanes
     # 4 vectors of positions per tile unless that pads the positions by 5% more than 2 do
-    padded = {v: -(-pg // (lanes * v)) * lanes * v for v in (2, 4)}
+    padded = {v: -(-pb // (lanes * v)) * lanes * v for v in (2, 4)}
     vecs = 4 if padded[4] <= 1.05 * padded[2] else 2
     rows = vnni_loops.tile_rows(vecs)
     op = -(-o_ // rows) * rows
-    tiles = -(-pg // (lanes * vecs))
+    tiles = -(-pb // (lanes * vecs))
+    nchunk = min(nchunk, op // rows)
     # too few tiles of positions for the threads: split the output channels too
     chunks = min(op // rows, -(-2 * parallel.num_threads() // tiles))
     items = tiles * chunks
@@ -324,7 +348,6 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     offs = (words * 4).reshape(-1)
     last = int(words[0].max()) + tiles * vecs * lanes
     tail = max(0, last - plane) * 4
-    x4 = workspace.empty((cg_ * plane * 4 + tail,), np.uint8)
     if requant is None:
         epi, q = vnni_loops.EPI_INT32, np.zeros(7, _F32)
         yf = y.reshape(-1)
@@ -336,14 +359,33 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
         steps.insert(0, _partial(np.copyto, x := workspace.empty(x.shape, np.uint8),
                                  _plain(src).view(np.uint8)))  # fmt: skip
     x = x.reshape(-1)
-    x4w = x4[: cg_ * plane * 4].view(np.uint32)
     hw = np.array([h_, w_], np.int64)
-    rows_tmp = workspace.empty((cg_ * w_ if sw == 2 else 1,), np.uint32)
-    geo = np.array([*pad, sh, sw, hph, wph, len(kept_r), len(kept_c), plane, *kept_r,
+    geo = np.array([*pad, sh, sw, hph_b, wph, len(kept_r), len(kept_c), plane, *kept_r,
                     *kept_c], np.int64)  # fmt: skip
     drop = wph != ow
     yt = workspace.empty((n_ * g_ * o_ * pg,), yf.dtype) if drop else yf
     flipx = 128 if signed else 0
+    x4_bytes = -(-(cg_ * plane * 4 + tail) // 64) * 64  # (each band buffer 64-byte aligned)
+    tmp_words = cg_ * h_ * w_ if sw == 2 else 1
+    if VNNI_BANDS:
+        units = nb * nchunk
+        nt = min(parts, units)
+        x4s = workspace.empty((nt, x4_bytes), np.uint8)
+        x4ws = x4s[:, : cg_ * plane * 4].view(np.uint32)
+        tmps = workspace.empty((nt, tmp_words), np.uint32)
+        for n in range(n_):
+            for g in range(g_):
+                geom = np.array([rb, oh, wph, nchunk, o_, kg_, cg_, (n * g_ + g) * o_ * pg, pg,
+                                 g * op * kg_ * 4, g * op, yf.itemsize, ow, *offs],
+                                np.int64)  # fmt: skip
+                args = (vecs, epi, drop, x, x4ws, tmps, (n * g_ + g) * i_ * h_ * w_, hw, i_,
+                        geo, flipx, u0, x4s, wk, init, yt, q, geom, yt.view(np.uint8),
+                        yf.view(np.uint8))  # fmt: skip
+                steps.append(units_as_they_go(units, _partial(_band_part, args), nt))
+        return filter_packed(pack, chain(steps), constant)
+    x4 = workspace.empty((x4_bytes,), np.uint8)
+    x4w = x4[: cg_ * plane * 4].view(np.uint32)
+    rows_tmp = workspace.empty((tmp_words,), np.uint32)
     relayout_min = max(1, _MIN_RELAYOUT_BYTES // (plane * 4))
     gemm_min = max(1, _MIN_MACS_PER_THREAD // (lanes * vecs * kg_ * 4 * op // chunks))
     for n in range(n_):
@@ -362,6 +404,15 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
         planes = n_ * g_ * o_
         steps.append(parallel.split(cut, planes, max(1, _MIN_RELAYOUT_BYTES // (oh * wph))))
     return filter_packed(pack, chain(steps), constant)
+
+
+def _band_part(args: tuple, counter: np.ndarray, me: int) -> Step:
+    """Thread ``me``'s part of :func:`.loops.vnni.bands` on ``args`` (its buffers the
+    ``me``-th rows of those given for every thread)."""
+    vecs, epi, drop, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, *rest = args
+    return _partial(vnni_loops.bands_kernel(vecs, epi, drop), x, x4w[me], tmp[me], int(xoff),
+                    hw, int(ci), geo, np.uint8(flip), int(u0), x4[me], *rest, counter,
+                    int(me))  # fmt: skip
 
 
 def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:
