@@ -7,6 +7,7 @@ DIRECT_NCHW8C; the workspace contract; the constant filter packed once; the erro
 
 from __future__ import annotations
 
+import os
 import tracemalloc
 
 import numpy as np
@@ -539,3 +540,18 @@ def test_row_tiles_equal_tiles_of_p_positions_bit_for_bit(monkeypatch, ocg, icg,
     want = np.maximum(ref_forward(c, x, w) + bias[None, :, None, None] + zn, 0)
     np.testing.assert_allclose(conv_nchw88.to_nchw(outs[1]), want, rtol=RTOL, atol=ATOL)
     assert real(c["oshape"][1], True) == c["oshape"][1] in loops_nchw8c.ROW_TILES
+
+
+def test_the_dense_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch, capsys):
+    # benchmarks/dense88.py on two small layers, so that it cannot rot; times unchecked
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
+    import dense88 as bench
+
+    rows = bench.main(["--smoke"])
+    assert [r["name"] for r in rows] == ["DIRECT_NCHW88"] * 2
+    assert all(min(r["ours"], r["ort"], r["ort_run"]) > 0 for r in rows)
+    bench.main(["--smoke", "--whole-planes"])  # checks the two splits' outputs equal
+    assert "sum" in capsys.readouterr().out
