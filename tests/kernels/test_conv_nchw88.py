@@ -7,6 +7,7 @@ DIRECT_NCHW8C; the workspace contract; the constant filter packed once; the erro
 
 from __future__ import annotations
 
+import os
 import tracemalloc
 
 import numpy as np
@@ -21,6 +22,7 @@ from megbrain.kernels.conv import nchw8c as conv_nchw8c
 from megbrain.kernels.conv import nchw88 as conv_nchw88
 from megbrain.kernels.conv.constant_operands import constant_filter
 from megbrain.kernels.conv.epilogue import Epilogue
+from megbrain.kernels.conv.loops import nchw8c as loops_nchw8c
 
 _BIND = conv_nchw88.bind_nchw88_forward
 
@@ -469,3 +471,87 @@ def test_a_wrong_output_or_z_shape_is_refused():
         _bind(c, src, filt, _out88(c)[:, :, 1:])
     with pytest.raises(ValueError, match="z .* must have the output's shape"):
         _bind(c, src, filt, _out88(c), z=_out88(c)[:, :1])
+
+
+def test_small_planes_are_cut_into_bands_where_whole_planes_leave_a_thread_idle():
+    # DenseNet's 128->32 at 14x14: one wide unit, one thread, as whole planes; GoogLeNet's
+    # 112->224 at 14x14: 7 wide units over 2 threads
+    widths = [2.0]
+    assert conv_nchw88.unit_rows(14, 15, 14, 1, widths, 1) == (14, False)
+    assert conv_nchw88.unit_rows(14, 15, 14, 1, widths, 2) == (7, True)
+    assert conv_nchw88.unit_rows(14, 15, 14, 1, [2.0] * 7, 2) == (7, True)
+    # evenly split whole planes stay whole (ResNet's 512->512 at 7x7: 16 units)
+    assert conv_nchw88.unit_rows(7, 8, 7, 1, [2.0] * 16, 2) == (7, False)
+    # a larger plane: bands of ROW_POSITIONS positions, split by rows
+    assert conv_nchw88.unit_rows(56, 57, 56, 1, widths, 2) == (4, False)
+
+
+@settings(max_examples=12, deadline=None)
+@given(side=st.integers(3, 16), icg=st.sampled_from([8, 16, 24]),
+       ocg=st.sampled_from([16, 24, 32, 48, 112]), g=st.integers(1, 2), n=st.integers(1, 2),
+       fsize=st.sampled_from([3, 5]), stride=st.integers(1, 2), threads=st.integers(2, 3),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_bands_of_small_planes_match_float64_and_one_thread(side, icg, ocg, g, n, fsize,
+                                                            stride, threads, seed):  # fmt: skip
+    # every split (whole planes or bands, either order) sums each position as one thread does
+    from megbrain.kernels import parallel
+
+    c = _case(kind="group" if g > 1 else "dense", n=n, g=g, icg=icg, ocg=ocg,
+              sshape=(side, side + 1), fshape=(fsize, fsize), pad=(fsize // 2,) * 2,
+              stride=(stride, stride), seed=seed)  # fmt: skip
+    x, w, src, filt = _operands(c)
+    bias = np.random.default_rng(seed).uniform(-1, 1, g * ocg).astype(np.float32)
+    outs = []
+    for t in (1, threads):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(conv_nchw88, "MIN_SPLIT_MACS", 0)
+            mp.setattr(parallel, "num_threads", lambda t=t: t)
+            outs.append(_out88(c))
+            name, step = _bind(c, src, filt, outs[-1], epilogue=Epilogue(bias, True))
+            assert name == "DIRECT_NCHW88"
+            step()
+    assert np.array_equal(outs[0], outs[1])
+    want = np.maximum(ref_forward(c, x, w) + bias.astype(np.float64)[None, :, None, None], 0)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(outs[1]), want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    "ocg, icg, sshape, stride",
+    [(32, 48, (7, 7), 1), (48, 16, (14, 14), 1), (40, 24, (5, 14), 1), (112, 8, (3, 7), 1),
+     (64, 40, (14, 14), 2), (32, 16, (9, 14), 1)],
+)  # fmt: skip
+def test_row_tiles_equal_tiles_of_p_positions_bit_for_bit(monkeypatch, ocg, icg, sshape, stride):
+    # rows of 7 or 14 output positions (AVX-512's wide units) in tiles of their own: the
+    # same sums as the tiles of P plane positions, the bias, z and ReLU on the way
+    c = _case(n=2, icg=icg, ocg=ocg, sshape=sshape, stride=(stride, stride), seed=ocg)
+    x, w, src, filt = _operands(c)
+    rng = np.random.default_rng(1)
+    bias = rng.uniform(-1, 1, ocg).astype(np.float32)
+    zn = rng.uniform(-1, 1, (2, ocg, *c["oshape"])).astype(np.float32)
+    real = conv_nchw88.row_tiles
+    outs = []
+    for rule in (lambda ow, wide: 0, real):
+        monkeypatch.setattr(conv_nchw88, "row_tiles", rule)
+        outs.append(_out88(c))
+        name, step = _bind(c, src, filt, outs[-1], epilogue=Epilogue(bias, True), z=_to88(zn))
+        assert name == "DIRECT_NCHW88"
+        step()
+    assert np.array_equal(outs[0], outs[1])
+    want = np.maximum(ref_forward(c, x, w) + bias[None, :, None, None] + zn, 0)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(outs[1]), want, rtol=RTOL, atol=ATOL)
+    assert real(c["oshape"][1], True) == c["oshape"][1] in loops_nchw8c.ROW_TILES
+
+
+def test_the_dense_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch, capsys):
+    # benchmarks/dense88.py on two small layers, so that it cannot rot; times unchecked
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
+    import dense88 as bench
+
+    rows = bench.main(["--smoke"])
+    assert [r["name"] for r in rows] == ["DIRECT_NCHW88"] * 2
+    assert all(min(r["ours"], r["ort"], r["ort_run"]) > 0 for r in rows)
+    bench.main(["--smoke", "--whole-planes"])  # checks the two splits' outputs equal
+    assert "sum" in capsys.readouterr().out

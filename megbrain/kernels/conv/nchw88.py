@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import workspace
+from .. import parallel, workspace
 from ..steps import Step, chain
 from .channelwise88 import ALGORITHM as CHANNELWISE
 from .channelwise88 import bind_channelwise88, usable_channelwise88
@@ -64,8 +64,10 @@ __all__ = [
     "nchw88_geometry",
     "preactivate",
     "preferred_pointwise88",
+    "row_tiles",
     "to_nchw",
     "to_nchw88",
+    "unit_rows",
     "usable_direct_nchw88",
 ]
 
@@ -371,6 +373,65 @@ def _bind_as_nchw(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z, s
     return chain(steps)
 
 
+def unit_rows(oh: int, wq: int, ow: int, planes: int, widths: Sequence[float],
+              threads: int) -> tuple[int, bool]:  # fmt: skip
+    """``(rows, bands_first)``: the output rows of DIRECT_NCHW88's units (bands of them) and
+    whether a unit's bands vary fastest in the units' order (else its channel blocks), for
+    ``planes`` (sample, group) pairs of ``oh`` rows, ``wq`` plane positions a row (``ow``
+    written), channel units of ``widths`` blocks of 16 each, taken by ``threads`` threads.
+
+    A plane of at most :data:`WHOLE_PLANE` positions is one unit per channel unit, unless
+    whole planes leave the threads unevenly loaded: then it is cut into the bands (at most 4)
+    that the threads finish soonest, a tile plus the unit's setup per band counted
+    (:func:`_makespan`), the bands varying fastest so that each thread keeps a contiguous
+    range of output channels, its share of the filter (DenseNet's 128->32 at 14x14 was one
+    unit, one thread; GoogLeNet's 14x14 layers of 7 and 9 wide units left a thread 14% and
+    11% idle). A larger plane is cut into bands of :data:`ROW_POSITIONS` positions or more,
+    its channel blocks varying fastest: the threads split it by rows."""
+    if oh * wq > WHOLE_PLANE:
+        return max(1, min(oh, -(-ROW_POSITIONS // wq))), False
+    best = (_makespan(oh, oh, wq, ow, planes, widths, threads), oh)
+    for bands in range(2, min(oh, 4) + 1 if threads > 1 else 0):
+        rows = -(-oh // bands)
+        span = _makespan(oh, rows, wq, ow, planes, widths, threads)
+        if span < 0.97 * best[0]:  # a band more only for a clear gain
+            best = (span, rows)
+    return best[1], best[1] < oh
+
+
+def _makespan(oh: int, rows: int, wq: int, ow: int, planes: int, widths: Sequence[float],
+              threads: int) -> float:  # fmt: skip
+    """When the last of ``threads`` threads ends the units of :func:`unit_rows`'s split into
+    bands of ``rows`` rows (the bands varying fastest), taken as
+    :func:`.nchw8c.units_as_they_go` hands them out, a unit's time its tiles plus one, times
+    its width."""
+    p = loops.tile_positions()
+    bands = [-(-((min(oh, h + rows) - h - 1) * wq + ow) // p) + 1 for h in range(0, oh, rows)]
+    cost = [w * b for _ in range(planes) for w in widths for b in bands]
+    ranges = parallel.ranges(len(cost), threads)
+    nxt = [lo for lo, _ in ranges]
+    clock = [0.0] * len(ranges)
+    while True:
+        me = min(range(len(ranges)), key=clock.__getitem__)
+        k = next((k % len(ranges) for k in range(me, me + len(ranges))
+                  if nxt[k % len(ranges)] < ranges[k % len(ranges)][1]), None)  # fmt: skip
+        if k is None:
+            return max(clock)
+        clock[me] += cost[nxt[k]]
+        nxt[k] += 1
+
+
+def row_tiles(ow: int, wide: bool) -> int:
+    """The positions of DIRECT_NCHW88's row tiles for an output ``ow`` positions wide (0:
+    tiles of :func:`.loops.nchw8c.tile_positions` consecutive plane positions): ``ow``
+    itself where it is one of :data:`.loops.nchw8c.ROW_TILES` (the 7x7 and 14x14 planes),
+    for wide units (AVX-512: a tile of 14 positions by 32 channels is 28 of its 32
+    registers), so that no tile computes the column of the plane rows' gap. Wider rows
+    waste at most 4% of their tiles of P (28 and 56 positions), and ran no faster in tiles
+    of 14."""
+    return ow if wide and ow in loops.ROW_TILES else 0
+
+
 def _chunk(taps: int) -> int:
     """Channel blocks a tile sums at a time (:func:`.loops.nchw8c.conv_units_blocked`):
     the best of 1-32 and all on ResNet50's batch-1 layers (2 threads), 8 for pointwise
@@ -452,16 +513,20 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
         write(wtmp)
         loops.pack_filter(loops.readonly_view(wtmp), wp, flip)
 
-    rows = oh if oh * wq <= WHOLE_PLANE else max(1, min(oh, -(-ROW_POSITIONS // wq)))
     ocb, rem = divmod(geo.ocg, loops.OB)  # blocks of 16 channels, and one of 8 (rem 8)
     rem //= loops.CB
     # an odd count of blocks of 16 (GoogLeNet's 208, 112, 144, 48 channels) takes wide units
     # too, the last of them one block wide
     wide = wide_units(ocb) or (ocb >= 3 and wide_units(ocb + 1))
     per = 2 if wide else 1
-    units = n * geo.g * (-(-ocb // per) + rem) * -(-oh // rows)
+    macs = n * geo.g * geo.ocg * geo.icg * fh * fw * max(oh * ow, loops.tile_positions())
+    threads = 1 if macs < MIN_SPLIT_MACS else max(1, parallel.num_threads())
+    widths = [per] * (ocb // per) + [1] * (ocb % per) + [0.5] * rem  # a unit's channels / 16
+    rows, bands_first = unit_rows(oh, wq, ow, n * geo.g, widths, threads)
+    units = n * geo.g * len(widths) * -(-oh // rows)
     geom = np.array([geo.g, ocb, geo.icg // loops.CB, wq, oh, ow, rows, cstride, sample, shift,
-                     limit, _chunk(taps.size), wide, rem], np.int64)  # fmt: skip
+                     limit, _chunk(taps.size), wide, rem, bands_first, row_tiles(ow, wide)],
+                    np.int64)  # fmt: skip
     outf = out.reshape(-1)
     bias, epi = epilogue_operands(epilogue, steps)
     zf = _EMPTY
@@ -478,6 +543,5 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
         return functools.partial(loops.conv_units_blocked, xp, wp, outf, zf, rb, taps, geom,
                                  bias, epi, counter, me, packing)  # fmt: skip
 
-    macs = n * geo.g * geo.ocg * geo.icg * fh * fw * max(oh * ow, loops.tile_positions())
     steps.append(units_as_they_go(units, bind_part, 1 if macs < MIN_SPLIT_MACS else None))
     return filter_packed(pack_w, chain(steps), constant)

@@ -55,6 +55,7 @@ from .pointwise88 import silu8
 __all__ = [
     "OB",
     "CB",
+    "ROW_TILES",
     "SLACK",
     "blocked_packing",
     "conv_units",
@@ -79,6 +80,10 @@ SLACK = 64
 #: the output positions of a tile (:func:`tile_positions`, by the target's vector width) and
 #: the tile's size, bound by _compiled() first, as the tiled_jit intrinsics
 P = _TILE = _WIDE_TILE = None
+#: the positions of the row tiles of wide units (:func:`conv_units_blocked`): a row of a
+#: 7x7 or 14x14 output in one tile, no column of the plane rows' gap computed (tiles of P =
+#: 12 computed 60 positions for a 7x7 plane's 49, 216 for 196)
+ROW_TILES = (7, 14)
 #: the vector width, the side of the blocks the NCHW write-back transposes
 _LANES = None
 stack_tile = fetch_add = fma_tile = transpose_store = None
@@ -102,24 +107,24 @@ def _unit_py(u, nblk, ocb_n, per, extra, g_, rows, oh_n, wq, ow_n, bands_first):
     return rest // g_, rest % g_, min(ocu * per, ocb_n), h0, h1, h0 * wq, (h1 - 1) * wq + ow_n
 
 
-def _tiles_py(width):
-    """The tiles of ``P`` positions by ``width`` output channels (CB, OB or WIDE) at plane
-    positions ``q`` in ``range(qa, qb, P)``: each sums its input channels (continuing the sums
-    rb holds when ``more``) into ``rb[r0 + q width:]``, reading ``xp[x0 + q CB:]``. One call
-    per unit rather than per tile: the call passed each array as 7 words on the stack, a
-    quarter of a short reduction's time. A wide tile's second block of the packed filter is
-    ``wnext`` after the first."""
-    size = P * width
+def _tiles_py(width, npos):
+    """The tiles of ``npos`` positions (P, or a row tile's) by ``width`` output channels (CB,
+    OB or WIDE) at plane positions ``q`` in ``range(qa, qb, npos)``: each sums its input
+    channels (continuing the sums rb holds when ``more``) into ``rb[r0 + q width:]``, reading
+    ``xp[x0 + q CB:]``. One call per unit rather than per tile: the call passed each array
+    as 7 words on the stack, a quarter of a short reduction's time. A wide tile's second
+    block of the packed filter is ``wnext`` after the first."""
+    size = npos * width
 
     def tiles(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, qa, qb):
         # pragma: no cover - compiled
         tile = stack_tile(size, np.float32)  # noqa: F821 - the tiled_jit intrinsic
         acc = carray(tile, size)  # noqa: F821 - numba.carray
-        for q in range(qa, qb, P):
+        for q in range(qa, qb, npos):
             r = r0 + q * width
             for i in range(size):  # more: continue the sums rb holds
                 acc[i] = rb[np.uintp(r + i)] if more else np.float32(0.0)
-            fma_tile(tile, P, width, CB, xp, x0 + q * CB, wp, w0, cbn, cstride, taps,  # noqa: F821
+            fma_tile(tile, npos, width, CB, xp, x0 + q * CB, wp, w0, cbn, cstride, taps,  # noqa: F821
                      wnext)  # fmt: skip
             for i in range(size):
                 rb[np.uintp(r + i)] = acc[i]
@@ -318,7 +323,8 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
     # pragma: no cover - compiled
     # geom: G, OCB, ICB, WQ, OH, OW, ROWS, CSTRIDE, SAMPLE, SHIFT, LIMIT (a tile reads at most
     # LIMIT positions of a plane), CHUNK, WIDE (units of 32 output channels, two blocks of
-    # 16), REM (1: each group's OCB blocks of 16 are followed by one of 8); epi bits: 1 +
+    # 16), REM (1: each group's OCB blocks of 16 are followed by one of 8), BANDS_FIRST (1:
+    # a unit's bands of rows vary fastest, else its channel blocks); epi bits: 1 +
     # bias[oc], 2 + z (out's layout), 4 ReLU, 8 H_SWISH, 16 ReLU6, 32 SiLU.
     # pack: BLOCKS (0: xp is the source itself), SH, SW, ROW_OFF, COL_OFF, HQ, WQ, PHASES:
     # first the parts pack the source src into xbuf (xp's memory), one (sample, channel
@@ -344,6 +350,8 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
         geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8],
         geom[9], geom[10], geom[11], geom[12] != 0, geom[13],
     )  # fmt: skip
+    bands_first = geom[14] != 0
+    rowt = geom[15]  # 0, or the row tiles' positions (ROW_TILES) of wide units
     per = 2 if wide else 1  # blocks of 16 output channels per unit
     ocg = ocb_n * OB + rem * CB
     ohw8 = oh_n * ow_n * CB
@@ -357,7 +365,7 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
         if u < 0:
             break
         n, g, ocb, h0, h1, q0, q1 = _unit(u, nblk, ocb_n, per, rem, g_, rows, oh_n, wq, ow_n,
-                                          False)  # fmt: skip
+                                          bands_first)  # fmt: skip
         # a unit of the block of 8 after the blocks of 16 (OCg % 16 == 8): 8-channel tiles;
         # of wide units, the one of an odd count's last block of 16: 16-channel tiles
         narrow = ocb == ocb_n
@@ -380,9 +388,29 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
                 _one16(xp, x0, wp, w0, icb_n, cstride, taps, rb, 0, False, wsz, out, z, bias,
                        oc0, epi, obase, ohw8, q0, q1, q0, q1, wq, ow_n)
             continue
+        r0 = (P - q0) * width  # a tile's sums at rb[(q - q0 + P) width:]
+        if rowt and width == WIDE:  # row tiles: each row's OW positions, no gap
+            for c0 in range(0, icb_n, chunk):
+                x1, w1, cn = x0 + c0 * cstride, w0 + c0 * wcb, min(chunk, icb_n - c0)
+                for i in range(h0, h1):
+                    qa = i * wq
+                    if c0 + chunk < icb_n and rowt == 7:
+                        _row7(xp, x1, wp, w1, cn, cstride, taps, rb, r0, c0 > 0, wsz, qa,
+                              qa + ow_n)  # fmt: skip
+                    elif c0 + chunk < icb_n:
+                        _row14(xp, x1, wp, w1, cn, cstride, taps, rb, r0, c0 > 0, wsz, qa,
+                               qa + ow_n)  # fmt: skip
+                    elif rowt == 7:
+                        _row_out7(xp, x1, wp, w1, cn, cstride, taps, rb, r0, c0 > 0, wsz, out,
+                                  z, bias, oc0, epi, obase, ohw8, qa, qa + ow_n, q0, q1, wq,
+                                  ow_n)  # fmt: skip
+                    else:
+                        _row_out14(xp, x1, wp, w1, cn, cstride, taps, rb, r0, c0 > 0, wsz, out,
+                                   z, bias, oc0, epi, obase, ohw8, qa, qa + ow_n, q0, q1, wq,
+                                   ow_n)  # fmt: skip
+            continue
         # tiles [q0, qt) read within the planes; one more, from limit - P, ends the unit
         qt = q0 + min((q1 - q0 + P - 1) // P, max(0, limit - q0) // P) * P
-        r0 = (P - q0) * width  # a tile's sums at rb[(q - q0 + P) width:]
         for c0 in range(0, last, chunk):
             x1, w1 = x0 + c0 * cstride, w0 + c0 * wcb
             if narrow:
@@ -585,6 +613,7 @@ _tile = None  # the compiled tiles, bound by _compiled() before compiling the un
 _tile1 = None
 _tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = _inside = None
 _tile8 = _tile_out8 = _one8 = _one16 = _one32 = None
+_row7 = _row14 = _row_out7 = _row_out14 = None  # the row tiles (ROW_TILES) of wide units
 _zeros = _pad_row = _hswish = _sigmoid = _silu8 = None
 
 
@@ -593,7 +622,7 @@ def _compiled() -> dict:
     global stack_tile, fetch_add, fma_tile, transpose_store, P, _TILE, _WIDE_TILE, _LANES
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
-    global _tile8, _tile_out8, _one8, _one16, _one32
+    global _tile8, _tile_out8, _one8, _one16, _one32, _row7, _row14, _row_out7, _row_out14
     global _zeros, _pad_row, carray, _hswish, _silu8
 
 
@@ -618,9 +647,10 @@ def _compiled() -> dict:
     _pad_row = compile_tiled(_pad_row_py, [t.boolean(f1, i8, i8, i8, i8, i8, i8, i8)])
     _take = tiled_jit.take_unit()
     tiles_sig = [t.void(x, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8, i8, i8) for x in (f1, fr)]
-    _tile = compile_tiled(_tiles_py(OB), tiles_sig)
-    _tile32 = compile_tiled(_tiles_py(WIDE), tiles_sig)
-    _tile8 = compile_tiled(_tiles_py(CB), tiles_sig[1:])
+    _tile = compile_tiled(_tiles_py(OB, P), tiles_sig)
+    _tile32 = compile_tiled(_tiles_py(WIDE, P), tiles_sig)
+    _tile8 = compile_tiled(_tiles_py(CB, P), tiles_sig[1:])
+    _row7, _row14 = (compile_tiled(_tiles_py(WIDE, k), tiles_sig[1:]) for k in ROW_TILES)
     _tile1_32 = compile_tiled(_tile1_32_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, i8)])
     _tile1 = compile_tiled(_tile1_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
     # the bias C-contiguous (the binders copy a strided one at every run): a strided type
@@ -637,6 +667,10 @@ def _compiled() -> dict:
     _one16 = compile_tiled(_tile_out_py(OB, 1, write_one), out_sig)
     _one32 = compile_tiled(_tile_out_py(WIDE, 1, write_one), out_sig)
     _one8 = compile_tiled(_tile_out_py(CB, 1, write_one), out_sig)
+    _row_out7, _row_out14 = (
+        compile_tiled(_tile_out_py(WIDE, k, compile_tiled(_write_out_py(k), wo_sig,
+                                                          inline="always")), out_sig)
+        for k in ROW_TILES)  # fmt: skip
     units = compile_tiled(_conv_units_py, [t.void(f1, f1, f1, f1, ints, ints, b1, i8, ints, i8)])
     # the sources are typed read-only (readonly_view): one signature fits every operand
     x4 = t.Array(t.float32, 4, "A", readonly=True)
@@ -678,8 +712,9 @@ def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter, 
     :func:`conv_units`. As :func:`conv_units` otherwise: the source ``xp`` (a
     :func:`readonly_view`, flat) either packed planes or, for a pointwise convolution read
     in place, the source itself; ``rb`` this thread's buffer of a unit's positions plus
-    ``2 P``, by 16 values; ``geom`` also holding the positions a tile may read in a plane
-    and the channel blocks summed at a time; ``epi`` the sum of 1 (add ``bias``), 2 (add
+    ``2 P``, by 16 values; ``geom`` also holding the positions a tile may read in a plane,
+    the channel blocks summed at a time and the order of the units (bands of rows or
+    channel blocks varying fastest); ``epi`` the sum of 1 (add ``bias``), 2 (add
     ``z``, flat, laid out as ``out``) and 4 (ReLU) or 8 (H_SWISH, as the elementwise kernels
     compute it), 16 (ReLU6, with or without 4).
 
