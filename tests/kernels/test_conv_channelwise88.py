@@ -7,7 +7,6 @@ test_conv_nchw88)."""
 
 from __future__ import annotations
 
-import os
 from unittest import mock
 
 import numpy as np
@@ -219,13 +218,11 @@ def test_a_float64_operand_falls_back_to_nchw():
     assert name == "NCHW88_AS_NCHW"
 
 
-def test_the_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch):
+def test_the_benchmark_runs_and_agrees_with_onnxruntime(benchmark_module):
     # benchmarks/depthwise88.py on two small layers, so that it cannot rot; times unchecked
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
-    import depthwise88
+    depthwise88 = benchmark_module("depthwise88")
 
     rows = depthwise88.main(["--smoke"])
     assert [r["name"] for r in rows] == ["CHANNELWISE_NCHW88"] * 2

@@ -7,8 +7,6 @@ allocated at run time; the workspace written before it is read."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -210,13 +208,11 @@ def test_tiles_fit_the_registers_and_the_row(ow, k, oc):
     assert tl.ng * tl.b == -(-oc // 16)
 
 
-def test_the_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch):
+def test_the_benchmark_runs_and_agrees_with_onnxruntime(benchmark_module):
     # benchmarks/stem88.py on two small stems, so that it cannot rot; times unchecked
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
-    import stem88 as bench
+    bench = benchmark_module("stem88")
 
     rows = bench.main(["--smoke"])
     assert [r["name"] for r in rows] == [ALGO] * 2

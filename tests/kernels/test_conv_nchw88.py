@@ -7,7 +7,6 @@ DIRECT_NCHW8C; the workspace contract; the constant filter packed once; the erro
 
 from __future__ import annotations
 
-import os
 import tracemalloc
 
 import numpy as np
@@ -542,13 +541,11 @@ def test_row_tiles_equal_tiles_of_p_positions_bit_for_bit(monkeypatch, ocg, icg,
     assert real(c["oshape"][1], True) == c["oshape"][1] in loops_nchw8c.ROW_TILES
 
 
-def test_the_dense_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch, capsys):
+def test_the_dense_benchmark_runs_and_agrees_with_onnxruntime(benchmark_module, capsys):
     # benchmarks/dense88.py on two small layers, so that it cannot rot; times unchecked
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
-    import dense88 as bench
+    bench = benchmark_module("dense88")
 
     rows = bench.main(["--smoke"])
     assert [r["name"] for r in rows] == ["DIRECT_NCHW88"] * 2

@@ -6,9 +6,6 @@ HEURISTIC's choice; through ConvBias."""
 
 from __future__ import annotations
 
-import importlib
-import pathlib
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -244,12 +241,11 @@ def test_tiles_cover_the_channels_and_positions():
         assert tl.nb * tl.tpb >= -(-positions // npos) > (tl.nb - 1) * tl.tpb
 
 
-def test_the_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch):
+def test_the_benchmark_runs_and_agrees_with_onnxruntime(benchmark_module):
     # benchmarks/shufflenet_nchw.py on a 1x1 and a depthwise layer, so that it cannot rot
     # (it checks each output against onnxruntime's); times unchecked
     for peer in ("onnx", "onnxruntime"):
         pytest.importorskip(peer)
-    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parents[2] / "benchmarks"))
-    rows = importlib.import_module("shufflenet_nchw").main(["--smoke"])
+    rows = benchmark_module("shufflenet_nchw").main(["--smoke"])
     assert [(r["name"], min(r["ours"], r["ort"], r["ort_run"]) > 0) for r in rows] == [
         ("DIRECT_POINTWISE", True), ("CHANNELWISE_NCHW", True)]

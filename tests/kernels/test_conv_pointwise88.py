@@ -9,8 +9,6 @@ sums vector FMAs on registers."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -371,13 +369,11 @@ def test_silu_keeps_the_reduction_on_registers():
         assert not any("(%rsp)" in ln and "zmm" in ln for ln in body.splitlines())
 
 
-def test_the_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch):
+def test_the_benchmark_runs_and_agrees_with_onnxruntime(benchmark_module):
     # benchmarks/pointwise88.py on two small layers, so that it cannot rot; times unchecked
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
-    import pointwise88 as bench
+    bench = benchmark_module("pointwise88")
 
     rows = bench.main(["--smoke"])
     assert [r["name"] for r in rows] == [pointwise88.ALGORITHM] * 2

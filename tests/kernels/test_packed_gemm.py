@@ -5,7 +5,6 @@ BatchedMatrixMul by a constant weight taking it; the tile's sums zmm FMAs on reg
 
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
@@ -181,23 +180,19 @@ def test_the_sums_are_zmm_fmas_on_registers():
     assert not re.search(r"zmm\d+, -?\w*\(%rsp\)", asm)
 
 
-def test_the_benchmark_runs_and_agrees_with_onnxruntime(monkeypatch):
+def test_the_benchmark_runs_and_agrees_with_onnxruntime(benchmark_module):
     # benchmarks/constant_gemm.py on two small products, so that it cannot rot; times unchecked
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
-    import constant_gemm as bench
+    bench = benchmark_module("constant_gemm")
 
     assert len(bench.main(["--smoke"])) == 2
 
 
 @pytest.mark.slow
-def test_the_tiling_sweep_runs(monkeypatch):
+def test_the_tiling_sweep_runs(benchmark_module):
     # --sweep's timing of a product's tilings (a variant compiled per tiling: slow)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
-    import constant_gemm as bench
+    bench = benchmark_module("constant_gemm")
 
     model, t, ranked = bench.sweep_tilings((30, 8, 48), 1)
     assert t > 0 and any(tl == model or (tl.r, tl.b) == (model.r, model.b) for _, tl in ranked)

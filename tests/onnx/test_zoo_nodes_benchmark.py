@@ -4,8 +4,6 @@ times unchecked."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -42,11 +40,9 @@ def _model(path: str) -> None:
 
 
 @pytest.mark.slow  # load_inference compiles the model's kernels
-def test_the_benchmark_groups_both_sides_by_kind(tmp_path, monkeypatch):
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
+def test_the_benchmark_groups_both_sides_by_kind(tmp_path, benchmark_module):
     pytest.importorskip("threadpoolctl")
-    import zoo_nodes
+    zoo_nodes = benchmark_module("zoo_nodes")
 
     path = str(tmp_path / "small.onnx")
     _model(path)
