@@ -122,6 +122,11 @@ def fetch_add():
     return fetch_add
 
 
+#: fetch_add() for take_unit's loop: a module global, not a closure cell (Numba keys a cached
+#: closure by its cells' pickles, and an intrinsic's differs in every process)
+_take_add = None
+
+
 @functools.cache
 def take_unit():
     """The compiled ``take(counter, me) -> int``, for kernels that take their work units as
@@ -129,14 +134,15 @@ def take_unit():
     (:func:`megbrain.kernels.conv.nchw8c.units_as_they_go`), and thread ``me`` takes the
     next unit of its own range, then of the others' in turn, by :func:`fetch_add`; -1 once
     every unit is taken. Compiled on first use; a kernel calls it from its own loop."""
-    add = fetch_add()
+    global _take_add
+    _take_add = fetch_add()
 
     def take(counter, me):  # pragma: no cover - compiled
         nr = counter.size // 2
         for r in range(nr):
             k = (me + r) % nr
             if counter[2 * k] < counter[2 * k + 1]:  # a plain read spares the atomic
-                u = add(counter, 2 * k, 1)
+                u = _take_add(counter, 2 * k, 1)
                 if u < counter[2 * k + 1]:
                     return u
         return -1

@@ -233,11 +233,17 @@ def _dw_tile():
     return dw_tile
 
 
+#: the compiled tile, unit taker and SiLU the kernels call: module globals, not closure cells
+#: (Numba keys a cached closure by its cells' pickles, and a compiled function's differs in
+#: every process, so each process compiled the kernels again)
+_tile_g = _take_g = _silu_g = None
+
+
 def _make_kernel(fwl: int, swl: int):
     """The loop over units for the filter width ``fwl`` and stride along rows ``swl`` with
     no dilation along rows (0, 0: any, looped over)."""
-    tile, take = _dw_tile(), tiled_jit.take_unit()
-    silu = silu8()
+    global _tile_g, _take_g, _silu_g
+    _tile_g, _take_g, _silu_g = _dw_tile(), tiled_jit.take_unit(), silu8()
     big, half, quarter = _TILE, _TILE // 2, _TILE // 4
 
     def kernel(x, w, out, z, bias, zero, dims, conv, epi, counter, me):
@@ -268,7 +274,7 @@ def _make_kernel(fwl: int, swl: int):
         slots = (cbn + 1) // 2 if pairs else cbn  # the units' channel slots of a sample
         xh, ohh = h_ * xrow, oh * ow * CB  # a block's elements in x, in out
         while True:
-            u = take(counter, me)
+            u = _take_g(counter, me)
             if u < 0:
                 return
             b0 = u // bands * per
@@ -294,38 +300,38 @@ def _make_kernel(fwl: int, swl: int):
                     if two:
                         if ow > half:
                             for jj in range(0, ow, big):
-                                tile(x, xr + jj * sstep, sstep, cstep, rstep, a0, a1, w, wo, fw,
+                                _tile_g(x, xr + jj * sstep, sstep, cstep, rstep, a0, a1, w, wo, fw,
                                      out, orow + jj * CB, z, bias, bo, epi, zero, jj * sw - pw,
                                      w_, big, fwl, swl, jj < jl or jj + big > jr, ow - jj, 16,
                                      xh, ohh)  # fmt: skip
                         elif ow > quarter:
-                            tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z,
+                            _tile_g(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z,
                                  bias, bo, epi, zero, -pw, w_, half, fwl, swl,
                                  jl > 0 or half > jr, ow, 16, xh, ohh)  # fmt: skip
                         else:
-                            tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z,
+                            _tile_g(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z,
                                  bias, bo, epi, zero, -pw, w_, quarter, fwl, swl,
                                  jl > 0 or quarter > jr, ow, 16, xh, ohh)  # fmt: skip
                     elif ow > half:
                         for jj in range(0, ow, big):
-                            tile(x, xr + jj * sstep, sstep, cstep, rstep, a0, a1, w, wo, fw, out,
+                            _tile_g(x, xr + jj * sstep, sstep, cstep, rstep, a0, a1, w, wo, fw, out,
                                  orow + jj * CB, z, bias, bo, epi, zero, jj * sw - pw, w_, big,
                                  fwl, swl, jj < jl or jj + big > jr, ow - jj, 8, 0,
                                  0)  # fmt: skip
                     elif ow > quarter:
-                        tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z, bias,
+                        _tile_g(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z, bias,
                              bo, epi, zero, -pw, w_, half, fwl, swl, jl > 0 or half > jr,
                              ow, 8, 0, 0)  # fmt: skip
                     else:
-                        tile(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z, bias, bo,
-                             epi, zero, -pw, w_, quarter, fwl, swl, jl > 0 or quarter > jr,
-                             ow, 8, 0, 0)  # fmt: skip
+                        _tile_g(x, xr, sstep, cstep, rstep, a0, a1, w, wo, fw, out, orow, z,
+                                bias, bo, epi, zero, -pw, w_, quarter, fwl, swl,
+                                jl > 0 or quarter > jr, ow, 8, 0, 0)  # fmt: skip
                     if epi & 32:  # SiLU on the row just stored (in L1), 8 channels a vector
                         for e in range(orow, orow + ow * CB, CB):
-                            silu(out, e)
+                            _silu_g(out, e)
                         if two:
                             for e in range(orow + ohh, orow + ohh + ow * CB, CB):
-                                silu(out, e)
+                                _silu_g(out, e)
 
     return kernel
 

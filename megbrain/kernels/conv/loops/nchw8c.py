@@ -220,12 +220,14 @@ def _conv_units_py(xp, wp, out, rb, taps, geom, bias, epi, counter, me):
                     out[np.uintp(d + k)] = v
 
 
-def _tile_out_py(width, npos, write_out):
-    """The tiles of ``npos`` positions (P, or 1 for planes of one position) by ``width``
-    output channels (CB, OB or WIDE) at plane positions ``range(qa, qb, npos)``, summed as
-    :func:`_tiles_py`'s and written to the NCHW88 output by ``write_out`` (the compiled
-    :func:`_write_out_py` of npos): its sizes constants of the compiled function, the tile
-    stays in registers."""
+def _tile_out_py(width, npos):
+    """The tiles of ``npos`` positions (P, a row of ROW_TILES, or 1 for planes of one
+    position) by ``width`` output channels (CB, OB or WIDE) at plane positions
+    ``range(qa, qb, npos)``, summed as :func:`_tiles_py`'s and written to the NCHW88 output
+    by the compiled :func:`_write_out_py` of npos: its sizes constants of the compiled
+    function, the tile stays in registers. The write-outs are module globals, not closure
+    cells: Numba keys a cached closure by its cells' pickles, and a dispatcher's differs in
+    every process (each process compiled these again)."""
     size = npos * width
 
     def tile_out(xp, x0, wp, w0, cbn, cstride, taps, rb, r0, more, wnext, out, z, bias, oc0,
@@ -240,7 +242,16 @@ def _tile_out_py(width, npos, write_out):
                 acc[i] = rb[np.uintp(r + i)] if more else np.float32(0.0)
             fma_tile(tile, npos, width, CB, xp, x0 + q * CB, wp, w0, cbn, cstride, taps,  # noqa: F821
                      wnext)  # fmt: skip
-            write_out(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
+            if npos == 1:
+                _write_one(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
+            elif npos == ROW_TILES[0]:
+                _write_row7(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq,
+                            ow)  # fmt: skip
+            elif npos == ROW_TILES[1]:
+                _write_row14(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq,
+                             ow)  # fmt: skip
+            else:
+                _write_out(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq, ow)
 
     return tile_out
 
@@ -612,6 +623,7 @@ _NOT_FLAT.flags.writeable = False
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
 _tile1 = None
 _tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = _inside = None
+_write_one = _write_row7 = _write_row14 = None  # the write-outs of 1 and ROW_TILES positions
 _tile8 = _tile_out8 = _one8 = _one16 = _one32 = None
 _row7 = _row14 = _row_out7 = _row_out14 = None  # the row tiles (ROW_TILES) of wide units
 _zeros = _pad_row = _hswish = _sigmoid = _silu8 = None
@@ -622,6 +634,7 @@ def _compiled() -> dict:
     global stack_tile, fetch_add, fma_tile, transpose_store, P, _TILE, _WIDE_TILE, _LANES
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
+    global _write_one, _write_row7, _write_row14
     global _tile8, _tile_out8, _one8, _one16, _one32, _row7, _row14, _row_out7, _row_out14
     global _zeros, _pad_row, carray, _hswish, _silu8
 
@@ -658,19 +671,18 @@ def _compiled() -> dict:
     b1 = t.Array(t.float32, 1, "C", readonly=True)
     wo_sig = [t.void(t.CPointer(t.float32), i8, f1, fr, b1, i8, i8, i8, i8, i8, i8, i8, i8, i8)]
     _write_out = compile_tiled(_write_out_py(P), wo_sig, inline="always")
-    write_one = compile_tiled(_write_out_py(1), wo_sig, inline="always")
+    _write_one = compile_tiled(_write_out_py(1), wo_sig, inline="always")
+    _write_row7, _write_row14 = (compile_tiled(_write_out_py(k), wo_sig, inline="always")
+                                 for k in ROW_TILES)  # fmt: skip
     out_sig = [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8, f1, fr, b1, i8, i8, i8, i8,
                       i8, i8, i8, i8, i8, i8)]  # fmt: skip
-    _tile_out16 = compile_tiled(_tile_out_py(OB, P, _write_out), out_sig)
-    _tile_out32 = compile_tiled(_tile_out_py(WIDE, P, _write_out), out_sig)
-    _tile_out8 = compile_tiled(_tile_out_py(CB, P, _write_out), out_sig)
-    _one16 = compile_tiled(_tile_out_py(OB, 1, write_one), out_sig)
-    _one32 = compile_tiled(_tile_out_py(WIDE, 1, write_one), out_sig)
-    _one8 = compile_tiled(_tile_out_py(CB, 1, write_one), out_sig)
-    _row_out7, _row_out14 = (
-        compile_tiled(_tile_out_py(WIDE, k, compile_tiled(_write_out_py(k), wo_sig,
-                                                          inline="always")), out_sig)
-        for k in ROW_TILES)  # fmt: skip
+    _tile_out16 = compile_tiled(_tile_out_py(OB, P), out_sig)
+    _tile_out32 = compile_tiled(_tile_out_py(WIDE, P), out_sig)
+    _tile_out8 = compile_tiled(_tile_out_py(CB, P), out_sig)
+    _one16 = compile_tiled(_tile_out_py(OB, 1), out_sig)
+    _one32 = compile_tiled(_tile_out_py(WIDE, 1), out_sig)
+    _one8 = compile_tiled(_tile_out_py(CB, 1), out_sig)
+    _row_out7, _row_out14 = (compile_tiled(_tile_out_py(WIDE, k), out_sig) for k in ROW_TILES)
     units = compile_tiled(_conv_units_py, [t.void(f1, f1, f1, f1, ints, ints, b1, i8, ints, i8)])
     # the sources are typed read-only (readonly_view): one signature fits every operand
     x4 = t.Array(t.float32, 4, "A", readonly=True)

@@ -516,9 +516,16 @@ def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1, k0):
             x4[base + j] = fill
 
 
+#: the VNNI tile, relayout, column drop and unit taker the GEMM and band loops call: module
+#: globals, not closure cells (Numba keys a cached closure by its cells' pickles, and a
+#: compiled function's or an intrinsic's differs in every process)
+_vnni_tile_g = _relay_g = _cut_g = _take_g = None
+
+
 def _make_gemm(nv: int, epi: int):
+    global _vnni_tile_g
     rows = _ROWS[nv]
-    tile = vnni_tile()
+    _vnni_tile_g = vnni_tile()
 
     def gemm(x4, w, init, out, q, geom, t0, t1):
         """Items [t0, t1) (tile of positions ``t // noc``, chunk of output-channel tiles
@@ -535,7 +542,7 @@ def _make_gemm(nv: int, epi: int):
             for ob in range(oc * per, min(obn, (oc + 1) * per)):
                 o = ob * rows
                 # each k group's taps at its offset into the relaid planes, from geom[7]
-                tile(x4, p0 * 4, LANES * 4, 0, geom, _GEOM, w, w0 + o * wstride, wstride,
+                _vnni_tile_g(x4, p0 * 4, LANES * 4, 0, geom, _GEOM, w, w0 + o * wstride, wstride,
                      kg_, init, i0 + o, out, out0 + o * p_ + p0, p_, count,
                      min(rows, o_ - o), q, rows, nv, epi, 1)  # fmt: skip
 
@@ -627,8 +634,9 @@ _BAND_GEOM = 13
 
 def _make_bands(nv: int, epi: int, drop: bool):
     rows = _ROWS[nv]
-    tile = vnni_tile()
-    relay, cut, take = _compiled("relayout"), _compiled("drop"), tiled_jit.take_unit()
+    global _vnni_tile_g, _relay_g, _cut_g, _take_g
+    _vnni_tile_g = vnni_tile()
+    _relay_g, _cut_g, _take_g = _compiled("relayout"), _compiled("drop"), tiled_jit.take_unit()
 
     def bands(x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, w, init, out, q, geom, src8, dst8,
               counter, me):  # fmt: skip
@@ -642,24 +650,24 @@ def _make_bands(nv: int, epi: int, drop: bool):
         plane0 = out0 // pg
         relaid = -1  # the band in this thread's buffer
         while True:
-            u = take(counter, me)
+            u = _take_g(counter, me)
             if u < 0:
                 break
             b, c = u // nchunk, u % nchunk
             r0 = b * rb
             if b != relaid:  # the band's phase-plane rows into this thread's buffer
-                relay(x, x4w, tmp, xoff, hw, ci, geo, flip, u0, 0, cg_, r0)
+                _relay_g(x, x4w, tmp, xoff, hw, ci, geo, flip, u0, 0, cg_, r0)
                 relaid = b
             pb = (min(oh, r0 + rb) - r0) * wph
             ob0, ob1 = c * per, min(obn, (c + 1) * per)
             for p0 in range(0, pb, nv * LANES):
                 for ob in range(ob0, ob1):
                     o = ob * rows
-                    tile(x4, p0 * 4, LANES * 4, 0, geom, _BAND_GEOM, w, w0 + o * wstride,
+                    _vnni_tile_g(x4, p0 * 4, LANES * 4, 0, geom, _BAND_GEOM, w, w0 + o * wstride,
                          wstride, kg_, init, i0 + o, out, out0 + o * pg + r0 * wph + p0, pg,
                          pb - p0, min(rows, o_ - o), q, rows, nv, epi, 1)  # fmt: skip
             if drop and ob0 < ob1:
-                cut(src8, dst8, oh, wph * isz, ow * isz, plane0 + ob0 * rows,
+                _cut_g(src8, dst8, oh, wph * isz, ow * isz, plane0 + ob0 * rows,
                     plane0 + min(o_, ob1 * rows), r0, min(oh, r0 + rb))  # fmt: skip
 
     return bands
