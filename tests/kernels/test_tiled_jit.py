@@ -170,3 +170,22 @@ def test_transpose_store_writes_the_block_transposed_with_its_epilogue(epi):
     if epi == 0:
         assert np.signbit(got[1, 4])
     assert np.all(got[:, lanes:] == 7) and np.all(dst[:7] == 7)  # nothing else written
+
+
+def _cells(fn) -> list:
+    py = getattr(fn, "py_func", fn)
+    return [c.cell_contents for c in (py.__closure__ or ())]
+
+
+def test_cached_kernels_close_over_plain_values_only():
+    """Numba keys a cached closure by the pickles of its cells, and a compiled function's
+    or an intrinsic's pickle differs in every process: a kernel closing over one compiles
+    again in every process. The register-tile kernels call theirs as module globals."""
+    from megbrain.kernels import tiled_jit
+    from megbrain.kernels.conv.loops import channelwise88, nchw8c, vnni
+
+    kernels = [tiled_jit.take_unit(), nchw8c._tile_out_py(8, 1), vnni._make_gemm(2, 0),
+               vnni._make_bands(2, 0, True), channelwise88._make_kernel(3, 1)]  # fmt: skip
+    for k in kernels:
+        bad = [c for c in _cells(k) if not isinstance(c, (bool, int, float, str, tuple))]
+        assert not bad, f"{getattr(k, '__qualname__', k)} closes over {bad}"
