@@ -1,6 +1,6 @@
 """The 3x3 depthwise 8-bit convolution on the source's bytes (AVX-512 VNNI and VBMI): each
 output lane's window gathered by ``vpermb`` into four bytes and summed by ``vpdpbusd``
-exactly in int32, then requantized as :mod:`.vnni`'s tiles do. Used by
+exactly in int32, then requantized by :func:`.requant_ir.requantize16`. Used by
 :mod:`..quantized` where :func:`vnni_bytes`; the loops of :mod:`.int8` serve other CPUs.
 
 The loops are single-threaded, GIL-free, take a ``[begin, end)`` range of planes, are
@@ -17,7 +17,8 @@ from numba import njit
 from numba.core import cgutils, config, types
 from numba.extending import intrinsic
 
-from .int8 import _BELOW_HALF, _data, _lane_mask
+from . import requant_ir
+from .int8 import _data, _lane_mask
 
 __all__ = [
     "depthwise_vnni",
@@ -39,55 +40,6 @@ def vnni_bytes() -> bool:
     if features is None:
         features = binding.get_host_cpu_features().flatten()
     return {"+avx512f", "+avx512bw", "+avx512vnni", "+avx512vbmi"} <= set(features.split(","))
-
-
-def _requantize16(builder, acc, q, relu):
-    """IR: the 16 int32 sums ``acc`` as MegDNN's float32 chain requantizes them to bytes,
-    ``q`` the (7,) float32 of :func:`.vnni.requant_params` as an LLVM array value: one
-    product by the scales' ratio plus the zero point, clamped and rounded to nearest; a
-    vector with a value within the bound of a half-integer runs the chain itself (its
-    division, rounding half away from zero)."""
-    i16, i32, f32 = ir.IntType(16), ir.IntType(32), ir.FloatType()
-    v32, vf = ir.VectorType(i32, 16), ir.VectorType(f32, 16)
-
-    def splat(k):
-        one = builder.insert_element(ir.Constant(vf, ir.Undefined), builder.extract_value(q, k),
-                                     ir.Constant(i32, 0))  # fmt: skip
-        return builder.shuffle_vector(one, ir.Constant(vf, ir.Undefined), ir.Constant(v32, None))
-
-    def fn(name, ret, args):
-        return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
-
-    def clamp(v, lo, hi):  # NaN to the lower end, as fmax sends it to qmin
-        v = builder.select(builder.fcmp_ordered(">", v, lo), v, lo)
-        return builder.select(builder.fcmp_ordered("<", v, hi), v, hi)
-
-    s_in, s_out, zp, qmin, qmax, ratio, near = (splat(k) for k in range(7))
-    zero, all_lanes = ir.Constant(vf, None), ir.Constant(i16, 0xFFFF)
-    total = builder.sitofp(acc, vf)
-    # a ReLU'd value's lower end is the zero point (qmin - zp <= 0 for every 8-bit kind)
-    lo_fast = builder.select(builder.fcmp_ordered(">", zp, qmin), zp, qmin) if relu else qmin
-    fast = clamp(builder.call(fn("llvm.fma.v16f32", vf, [vf] * 3), [total, ratio, zp]),
-                 lo_fast, qmax)  # fmt: skip
-    frac = builder.call(fn("llvm.x86.avx512.mask.reduce.ps.512", vf, [vf, i32, vf, i16, i32]),
-                        [fast, ir.Constant(i32, 8), zero, all_lanes, ir.Constant(i32, 4)])
-    ok = builder.fcmp_ordered("<", builder.call(fn("llvm.fabs.v16f32", vf, [vf]), [frac]), near)
-    res = cgutils.alloca_once(builder, v32)
-    builder.store(builder.call(fn("llvm.x86.avx512.mask.cvtps2dq.512", v32,
-                                  [vf, v32, i16, i32]),
-                               [fast, ir.Constant(v32, None), all_lanes, ir.Constant(i32, 8)]),
-                  res)  # fmt: skip
-    with builder.if_then(builder.icmp_unsigned("!=", builder.bitcast(ok, i16), all_lanes),
-                         likely=False):  # fmt: skip
-        val = builder.fmul(total, s_in)
-        if relu:  # NaN stays NaN, as the loops' select
-            val = builder.select(builder.fcmp_ordered("<", val, zero), zero, val)
-        val = clamp(builder.fdiv(val, s_out), builder.fsub(qmin, zp), builder.fsub(qmax, zp))
-        half = ir.Constant(vf, [ir.Constant(f32, float(_BELOW_HALF))] * 16)
-        val = builder.fadd(val, builder.call(fn("llvm.copysign.v16f32", vf, [vf, vf]),
-                                             [half, val]))  # fmt: skip
-        builder.store(builder.add(builder.fptosi(val, v32), builder.fptosi(zp, v32)), res)
-    return builder.load(res)
 
 
 #: the row plans of :func:`_dw_rows16`: (output rows, stride, dilation, paired) of the rows
@@ -112,8 +64,8 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
     holds two rows of ``cnt`` (<= 8) columns, the second's lanes from ``cnt`` on (``idx``
     then indexes two source rows, ``vpermi2b``), stored as one run (``ostride`` = ``cnt``:
     the rows are adjacent in the output). The literal ``epi`` 0
-    stores the int32 sums, 1 (2: with ReLU) the bytes of :func:`_requantize16` with ``q``
-    (7 float32)."""
+    stores the int32 sums, 1 (2: with ReLU) the bytes of :func:`.requant_ir.requantize16`
+    with ``q`` (7 float32)."""
     if not (isinstance(epi, types.IntegerLiteral) and isinstance(plan, types.IntegerLiteral)
             and isinstance(x, types.Array) and x.dtype.bitwidth == 8
             and isinstance(out, types.Array)
@@ -161,6 +113,7 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
         dh = ir.Constant(i64, dhl) if dhl else arg64(14)
         words = [splat(builder.extract_value(wt_v, a), v32, 16) for a in range(3)]
         start = splat(context.cast(builder, init_v, signature.args[12], types.int32), v32, 16)
+        qs = [requant_ir.splat16(builder, builder.extract_value(q_v, k)) for k in range(7)]
         loaded, permuted = {}, {}
 
         def source_row(i):  # the unsigned bytes of the block's source row i (an i64)
@@ -204,7 +157,7 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
             if mode == 0:
                 val = acc
             else:
-                val = builder.trunc(_requantize16(builder, acc, q_v, mode == 2),
+                val = builder.trunc(requant_ir.requantize16(builder, acc, qs, mode == 2),
                                     ir.VectorType(i8, 16))  # fmt: skip
             vty = val.type
             store = fn(f"llvm.masked.store.v16i{od_elt.width}.p0", ir.VoidType(),
