@@ -3,8 +3,9 @@ output lane's window gathered by ``vpermb`` into four bytes and summed by ``vpdp
 exactly in int32, then requantized by :func:`.requant_ir.requantize16`. Used by
 :mod:`..quantized` where :func:`vnni_bytes`; the loops of :mod:`.int8` serve other CPUs.
 
-The loops are single-threaded, GIL-free, take a ``[begin, end)`` range of planes, are
-compiled on first use and allocate nothing.
+The loops are GIL-free, take units (a band of output rows of a chunk of planes) from a
+shared counter as they go (or every unit, on one thread), are compiled on first use and
+allocate nothing.
 """
 
 from __future__ import annotations
@@ -17,17 +18,20 @@ from numba import njit
 from numba.core import cgutils, config, types
 from numba.extending import intrinsic
 
+from ... import tiled_jit
 from . import requant_ir
 from .int8 import _data, _lane_mask
 
 __all__ = [
     "depthwise_vnni",
+    "depthwise_vnni_count",
     "depthwise_vnni_index",
     "depthwise_vnni_loop",
     "depthwise_vnni_operands",
     "depthwise_vnni_paired",
     "depthwise_vnni_plan",
     "depthwise_vnni_takes",
+    "depthwise_vnni_units",
     "vnni_bytes",
 ]
 
@@ -178,43 +182,68 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
     return sig, codegen
 
 
+#: :func:`.tiled_jit.take_unit`'s compiled function, for the loops: a module global, not a
+#: closure cell (Numba keys a cached closure by its cells' pickles, which differ per process)
+_take_g = None
+
+
 def _make_depthwise_vnni(epi: int, plan: int):
     """The loop of :func:`depthwise_vnni` for the literals ``epi`` and ``plan``."""
+    global _take_g
+    _take_g = tiled_jit.take_unit()
     rows = _DW_PLANS.get(plan, (1,))[0]
 
-    def depthwise_vnni(x, wt, init, bias, out, q, idx, geom, t0, t1):  # pragma: no cover
-        """Planes [t0, t1) (``n * C + c``) of :func:`.int8.depthwise`'s convolution for a 3x3
-        filter, on the source's bytes: each 16 columns of a block of output rows one
-        :func:`_dw_rows16` (a masked load and a ``vpermb`` per source row, a ``vpdpbusd``
-        per filter row, the requantize, a masked store per output row). ``wt`` (3 C)
-        int32: each filter row's three signed bytes (minus the filter's zero point) and a
-        zero byte; ``init`` (C) int32: minus the shifted zero point times the filter's sum,
-        to which the int32 ``bias`` (C) is added (wrapping); ``idx`` the 64 bytes ``vpermb``
-        gathers each lane's window with; ``geom`` as :func:`.int8.depthwise` reads it
-        (``geom[6]`` the raw zero point)."""
+    def depthwise_vnni(x, wt, init, bias, out, q, idx, geom, units, counter,
+                       me):  # pragma: no cover - compiled
+        """The units of :func:`.int8.depthwise`'s convolution for a 3x3 filter, on the
+        source's bytes: ``units`` = (band rows, chunks, planes a chunk, planes), unit ``u``
+        the output rows of band ``u // chunks`` of the planes (``n * C + c``) of chunk ``u %
+        chunks``, taken from ``counter`` (:func:`.tiled_jit.take_unit`) as thread ``me``, or,
+        with ``me`` < 0, every unit in turn. Each 16 columns of a block of output rows is
+        one :func:`_dw_rows16` (a masked load and a ``vpermb`` per source row, a
+        ``vpdpbusd`` per filter row, the requantize, a masked store per output row). ``wt``
+        (3 C) int32: each filter row's three signed bytes (minus the filter's zero point)
+        and a zero byte; ``init`` (C) int32: minus the shifted zero point times the
+        filter's sum, to which the int32 ``bias`` (C) is added (wrapping); ``idx`` the 64
+        bytes ``vpermb`` gathers each lane's window with; ``geom`` as
+        :func:`.int8.depthwise` reads it (``geom[6]`` the raw zero point)."""
         sh, sw, ph, pw, dh, dw = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5]
         zx, h_, w_, oh, ow, c_ = geom[6], geom[9], geom[10], geom[11], geom[12], geom[15]
         qt = (q[0], q[1], q[2], q[3], q[4], q[5], q[6])
         span = 15 * sw + 2 * dw + 1  # the bytes a vector's windows read
         nin = (rows - 1) * sh + 2 * dh + 1  # the source rows of a block
-        for t in range(t0, t1):
-            c = t % c_
-            ws = (wt[3 * c], wt[3 * c + 1], wt[3 * c + 2])
-            bc = np.int32(init[c] + bias[c])
-            xbase, obase = t * h_ * w_, t * oh * ow
-            for r0 in range(0, oh, rows):
-                top = r0 * sh - ph
-                inside = 0
-                for i in range(nin):
-                    if 0 <= top + i < h_:
-                        inside |= 1 << i
-                nr = min(rows, oh - r0)
-                for j0 in range(0, ow, 16):
-                    col = j0 * sw - pw
-                    lims = (max(0, -col), min(span, w_ - col), zx)
-                    _dw_rows16(out, obase + r0 * ow + j0, ow, nr, min(16, ow - j0), x,
-                               xbase + top * w_ + col, w_, inside, lims, idx, ws, bc, qt, dh,
-                               epi, plan)  # fmt: skip
+        rb, chunks, per, planes = units[0], units[1], units[2], units[3]
+        count = (oh + rb - 1) // rb * chunks
+        u = -1
+        while True:
+            if me < 0:
+                u += 1
+                if u >= count:
+                    break
+            else:
+                u = _take_g(counter, me)
+                if u < 0:
+                    break
+            b, k = u // chunks, u % chunks
+            ra, rz = b * rb, min(oh, (b + 1) * rb)
+            for t in range(k * per, min(planes, (k + 1) * per)):
+                c = t % c_
+                ws = (wt[3 * c], wt[3 * c + 1], wt[3 * c + 2])
+                bc = np.int32(init[c] + bias[c])
+                xbase, obase = t * h_ * w_, t * oh * ow
+                for r0 in range(ra, rz, rows):
+                    top = r0 * sh - ph
+                    inside = 0
+                    for i in range(nin):
+                        if 0 <= top + i < h_:
+                            inside |= 1 << i
+                    nr = min(rows, rz - r0)
+                    for j0 in range(0, ow, 16):
+                        col = j0 * sw - pw
+                        lims = (max(0, -col), min(span, w_ - col), zx)
+                        _dw_rows16(out, obase + r0 * ow + j0, ow, nr, min(16, ow - j0), x,
+                                   xbase + top * w_ + col, w_, inside, lims, idx, ws, bc, qt,
+                                   dh, epi, plan)  # fmt: skip
 
     return depthwise_vnni
 
@@ -273,19 +302,45 @@ def depthwise_vnni_paired(plan: int) -> bool:
 
 def depthwise_vnni_loop(epi: int, plan: int):
     """The compiled loop :func:`depthwise_vnni` calls for ``epi`` and the row plan ``plan``,
-    taking the same arguments less ``epi``: a binding calls it directly (the lookup cost
-    each call a few microseconds, as much as a 7x7 layer's share of a thread)."""
+    taking the same arguments less ``epi`` (``me`` an int): a binding calls it directly (the
+    lookup cost each call a few microseconds, as much as a 7x7 layer's share of a
+    thread)."""
     return _compiled(f"depthwise_vnni,{int(epi)},{int(plan)}")
 
 
-def depthwise_vnni(x, wt, init, bias, out, q, idx, geom, epi: int, t0: int, t1: int) -> None:
-    """Planes [t0, t1) of a 3x3 depthwise 8-bit convolution by ``vpdpbusd`` on the source's
-    bytes (:func:`vnni_bytes` CPUs); the arguments as :func:`_make_depthwise_vnni`'s loop
-    reads them, ``geom[8]`` the row plan (:func:`depthwise_vnni_plan`), ``q`` the (7,) of
-    :func:`.vnni.requant_params`."""
-    _compiled(f"depthwise_vnni,{int(epi)},{int(geom[8])}")(x, wt, init, bias, out, q, idx,
-                                                          geom, int(t0), int(t1))  # fmt: skip
+def depthwise_vnni(x, wt, init, bias, out, q, idx, geom, epi: int, units, counter,
+                   me: int) -> None:  # fmt: skip
+    """The units of a 3x3 depthwise 8-bit convolution by ``vpdpbusd`` on the source's bytes
+    (:func:`vnni_bytes` CPUs) thread ``me`` takes (every unit with ``me`` < 0); the
+    arguments as :func:`_make_depthwise_vnni`'s loop reads them, ``geom[8]`` the row plan
+    (:func:`depthwise_vnni_plan`), ``q`` the (7,) of :func:`.vnni.requant_params`,
+    ``units`` (:func:`depthwise_vnni_units`) int64, ``counter`` as
+    :func:`.tiled_jit.take_unit` reads it."""
+    loop = depthwise_vnni_loop(epi, int(geom[8]))
+    loop(x, wt, init, bias, out, q, idx, geom, units, counter, int(me))
 
+
+def depthwise_vnni_units(oh: int, planes: int, plan: int, threads: int,
+                         per_thread: int) -> np.ndarray:  # fmt: skip
+    """The units :func:`depthwise_vnni` takes on ``threads`` threads, about ``per_thread``
+    each (one unit, the whole layer, on one thread): int64 (band rows, chunks, planes a
+    chunk, planes). Chunks of the planes (whole planes: a unit's setup per plane, the
+    filter's words and the bias, is paid once), and, where the planes are fewer than the
+    units wanted, bands of output rows (a multiple of the plan's rows); unit ``u`` is band
+    ``u // chunks`` of chunk ``u % chunks``."""
+    rows = _DW_PLANS.get(plan, (1,))[0]
+    want = max(1, threads * per_thread) if threads > 1 else 1
+    per = -(-planes // min(planes, want))
+    chunks = -(-planes // per)
+    blocks = -(-oh // rows)
+    bands = min(blocks, -(-want // chunks))
+    rb = -(-blocks // bands) * rows
+    return np.array([rb, chunks, per, planes], np.int64)
+
+
+def depthwise_vnni_count(units: np.ndarray, oh: int) -> int:
+    """How many units :func:`depthwise_vnni_units`'s ``units`` makes of ``oh`` output rows."""
+    return -(-oh // int(units[0])) * int(units[1])
 
 
 @functools.cache
