@@ -1,6 +1,6 @@
 """The 3x3 depthwise 8-bit convolution on the source's bytes (AVX-512 VNNI and VBMI): each
 output lane's window gathered by ``vpermb`` into four bytes and summed by ``vpdpbusd``
-exactly in int32, then requantized by :func:`.requant_ir.requantize16`. Used by
+exactly in int32, then requantized by :mod:`.requant_ir`. Used by
 :mod:`..quantized` where :func:`vnni_bytes`; the loops of :mod:`.int8` serve other CPUs.
 
 The loops are GIL-free, take units (a band of output rows of a chunk of planes) from a
@@ -68,8 +68,8 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
     holds two rows of ``cnt`` (<= 8) columns, the second's lanes from ``cnt`` on (``idx``
     then indexes two source rows, ``vpermi2b``), stored as one run (``ostride`` = ``cnt``:
     the rows are adjacent in the output). The literal ``epi`` 0
-    stores the int32 sums, 1 (2: with ReLU) the bytes of :func:`.requant_ir.requantize16`
-    with ``q`` (7 float32)."""
+    stores the int32 sums, 1 (2: with ReLU) the bytes of
+    :func:`.requant_ir.requantize16_group` (the block's vectors) with ``q`` (7 float32)."""
     if not (isinstance(epi, types.IntegerLiteral) and isinstance(plan, types.IntegerLiteral)
             and isinstance(x, types.Array) and x.dtype.bitwidth == 8
             and isinstance(out, types.Array)
@@ -154,27 +154,34 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
         o0, ostride, nr, cnt = arg64(1), arg64(2), arg64(3), arg64(4)
         lanes = _lane_mask(builder, 16, ir.Constant(i64, 0), cnt)
         none16 = ir.Constant(lanes.type, None)
-        for rr in range(0, rows, 2 if paired else 1):
-            acc = start
-            for a in range(3):
-                acc = builder.call(dot, [acc, windows(rr, a), words[a]])
-            if mode == 0:
-                val = acc
-            else:
-                val = builder.trunc(requant_ir.requantize16(builder, acc, qs, mode == 2),
-                                    ir.VectorType(i8, 16))  # fmt: skip
-            vty = val.type
-            store = fn(f"llvm.masked.store.v16i{od_elt.width}.p0", ir.VoidType(),
-                       [vty, vty.as_pointer(), i32, lanes.type])
-            keep = builder.icmp_signed("<", ir.Constant(i64, rr), nr)
-            mask = builder.select(keep, lanes, none16)
-            if paired:  # the second row's lanes too, where it is in the block
-                both = builder.icmp_signed("<", ir.Constant(i64, rr + 1), nr)
-                two = _lane_mask(builder, 16, ir.Constant(i64, 0), builder.add(cnt, cnt))
-                mask = builder.select(both, two, mask)
-            at = builder.add(o0, builder.mul(ir.Constant(i64, rr), ostride))
-            builder.call(store, [val, builder.bitcast(builder.gep(od, [at]), vty.as_pointer()),
-                                 ir.Constant(i32, 1), mask])  # fmt: skip
+        # two rows' vectors requantized together (one check near ties; the paired plans'
+        # vectors one at a time: measured faster so), each group stored before the next
+        starts = list(range(0, rows, 2 if paired else 1))
+        group = 1 if paired or mode == 0 else 2
+        for g0 in range(0, len(starts), group):
+            accs = []
+            for rr in starts[g0:g0 + group]:
+                acc = start
+                for a in range(3):
+                    acc = builder.call(dot, [acc, windows(rr, a), words[a]])
+                accs.append(acc)
+            if mode:
+                accs = [builder.trunc(v, ir.VectorType(i8, 16))
+                        for v in requant_ir.requantize16_group(builder, accs, qs, mode == 2)]
+            for rr, val in zip(starts[g0:g0 + group], accs):
+                vty = val.type
+                store = fn(f"llvm.masked.store.v16i{od_elt.width}.p0", ir.VoidType(),
+                           [vty, vty.as_pointer(), i32, lanes.type])
+                keep = builder.icmp_signed("<", ir.Constant(i64, rr), nr)
+                mask = builder.select(keep, lanes, none16)
+                if paired:  # the second row's lanes too, where it is in the block
+                    both = builder.icmp_signed("<", ir.Constant(i64, rr + 1), nr)
+                    two = _lane_mask(builder, 16, ir.Constant(i64, 0), builder.add(cnt, cnt))
+                    mask = builder.select(both, two, mask)
+                at = builder.add(o0, builder.mul(ir.Constant(i64, rr), ostride))
+                builder.call(store, [val, builder.bitcast(builder.gep(od, [at]),
+                                                          vty.as_pointer()),
+                                     ir.Constant(i32, 1), mask])  # fmt: skip
         return context.get_dummy_value()
 
     sig = types.void(out, o0, ostride, nr, cnt, x, x0, xstride, inside, lims, idx, wt, init, q,
