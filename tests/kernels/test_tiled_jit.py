@@ -182,10 +182,11 @@ def test_cached_kernels_close_over_plain_values_only():
     or an intrinsic's pickle differs in every process: a kernel closing over one compiles
     again in every process. The register-tile kernels call theirs as module globals."""
     from megbrain.kernels import tiled_jit
-    from megbrain.kernels.conv.loops import channelwise88, nchw8c, vnni
+    from megbrain.kernels.conv.loops import channelwise88, depthwise_bytes, nchw8c, vnni
 
     kernels = [tiled_jit.take_unit(), nchw8c._tile_out_py(8, 1), vnni._make_gemm(2, 0),
-               vnni._make_bands(2, 0, True), channelwise88._make_kernel(3, 1)]  # fmt: skip
+               vnni._make_bands(2, 0, True), channelwise88._make_kernel(3, 1),
+               depthwise_bytes._make_depthwise_vnni(2, 1)]  # fmt: skip
     for k in kernels:
         bad = [c for c in _cells(k) if not isinstance(c, (bool, int, float, str, tuple))]
         assert not bad, f"{getattr(k, '__qualname__', k)} closes over {bad}"

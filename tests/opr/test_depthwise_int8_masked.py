@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import megbrain as mgb
+from megbrain.kernels import parallel
 from megbrain.kernels.conv import quantized
 from megbrain.kernels.conv.loops import depthwise_bytes
 from megbrain.kernels.conv.loops import int8 as int8_loops
@@ -82,3 +83,46 @@ def test_requantized_3x3_depthwise_equals_the_reference(loop, c, h, w, stride, p
                                                   mode)  # fmt: skip
     step()
     ref.assert_same(out, want)
+
+
+@pytest.mark.skipif(not depthwise_bytes.vnni_bytes(), reason="the CPU has no AVX-512 VNNI and VBMI")
+@settings(max_examples=25, deadline=None)
+@given(c=st.integers(2, 40), n=st.integers(1, 2), h=st.integers(3, 40), w=st.integers(3, 40),
+       stride=st.sampled_from([1, 2]), threads=st.integers(2, 3),
+       per_thread=st.sampled_from([1, 2, 4, 64]), mode=st.sampled_from([None, "RELU"]),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_the_byte_loop_split_in_units_equals_the_reference(c, n, h, w, stride, threads,
+                                                           per_thread, mode, seed):  # fmt: skip
+    # every layer split as if it were large: bands of output rows (a multiple of the row
+    # plan's, paired rows included), then chunks of planes across samples, taken as they go
+    rng = np.random.default_rng(seed)
+    x, f = ref.random_q(rng, (n, c, h, w), qint8(0.5)), ref.random_q(rng, (c, 1, 1, 3, 3),
+                                                                     qint8(0.25))  # fmt: skip
+    bias = ref.random_q(rng, (1, c, 1, 1), qint32(0.125))
+    conv = {"stride": (stride, stride), "pad": (1, 1), "dilate": (1, 1)}
+    saved = (quantized._MIN_MACS_PER_THREAD, quantized._DW_UNITS_PER_THREAD,
+             parallel.num_threads)  # fmt: skip
+    quantized._MIN_MACS_PER_THREAD, quantized._DW_UNITS_PER_THREAD = 1, per_thread
+    parallel.num_threads = lambda: threads
+    try:
+        with _loop("bytes"):
+            if mode is None:  # the int32 sums
+                want = ref.conv2d_int(x, f, group=True, **conv)
+                out = np.empty(want.shape, np.int32)
+                step = quantized.bind_quantized_convolution(x, f, out, *conv.values())
+            else:
+                want = ref.conv_bias(x, f, bias, None, qint8(3.0), mode, group=True, flip=False,
+                                     **conv)  # fmt: skip
+                out = np.empty(want.shape, want.dtype)
+                step = quantized.bind_quantized_conv_bias(x, f, bias, None, out, *conv.values(),
+                                                          False, mode)  # fmt: skip
+    finally:
+        (quantized._MIN_MACS_PER_THREAD, quantized._DW_UNITS_PER_THREAD,
+         parallel.num_threads) = saved  # fmt: skip
+    step()
+    out.view(out.dtype.str)[...] = 0
+    step()  # (the counter reset)
+    if mode is None:
+        np.testing.assert_array_equal(out, want)
+    else:
+        ref.assert_same(out, want)

@@ -54,6 +54,9 @@ _MIN_BAND_POSITIONS = 512
 #: units (bands, or chunks of output channels) per thread of a layer, at most: a thread
 #: held back leaves the other the units it has not begun
 _UNITS_PER_THREAD = 2
+#: units per thread of a 3x3 depthwise layer on the byte loop (bands of output rows, then
+#: chunks of planes), taken as they go
+_DW_UNITS_PER_THREAD = 4
 #: scales the output-row widths up to which a depthwise convolution takes the loop with its
 #: channels along the vectors (:func:`.loops.int8.depthwise_channels`): 8 at stride 1, 16 at
 #: larger strides; a test sets it to 0 or a large value to run either loop on any shape
@@ -254,10 +257,20 @@ def _bind_depthwise_bytes(x, w, bias, y, stride, pad, dilate, requant, zx, zf, u
         epi, q, yv = 0, np.zeros(7, _F32), y
     else:
         epi, q, yv = requant[0], vnni_loops.requant_params(requant[1]), _plain(y)
-    part = _partial(dw_bytes.depthwise_vnni_loop(epi, plan), x.reshape(-1), wt, init, bias,
+    loop = _partial(dw_bytes.depthwise_vnni_loop(epi, plan), x.reshape(-1), wt, init, bias,
                     yv.reshape(-1), q, idx, geom)  # fmt: skip
-    per_plane = 9 * oh * ow
-    run = parallel.split(part, n_ * c_, max(1, _MIN_MACS_PER_THREAD // per_plane))
+    # the threads the layer's multiply-adds are worth, each taking units (bands of output
+    # rows, then chunks of planes) as it goes: a thread held back delays only its unit
+    planes = n_ * c_
+    threads = len(parallel.ranges(planes, parallel.num_threads(),
+                                  max(1, _MIN_MACS_PER_THREAD // (9 * oh * ow))))  # fmt: skip
+    units = dw_bytes.depthwise_vnni_units(oh, planes, plan, threads, _DW_UNITS_PER_THREAD)
+    if threads == 1:
+        run = _partial(loop, units, np.zeros(2, np.int64), -1)
+    else:
+        count = dw_bytes.depthwise_vnni_count(units, oh)
+        run = units_as_they_go(count, lambda counter, me: _partial(loop, units, counter, me),
+                               threads)  # fmt: skip
     return filter_packed(pack, run, constant)
 
 

@@ -1,10 +1,11 @@
 """The 3x3 depthwise 8-bit convolution on the source's bytes (AVX-512 VNNI and VBMI): each
 output lane's window gathered by ``vpermb`` into four bytes and summed by ``vpdpbusd``
-exactly in int32, then requantized as :mod:`.vnni`'s tiles do. Used by
+exactly in int32, then requantized by :mod:`.requant_ir`. Used by
 :mod:`..quantized` where :func:`vnni_bytes`; the loops of :mod:`.int8` serve other CPUs.
 
-The loops are single-threaded, GIL-free, take a ``[begin, end)`` range of planes, are
-compiled on first use and allocate nothing.
+The loops are GIL-free, take units (a band of output rows of a chunk of planes) from a
+shared counter as they go (or every unit, on one thread), are compiled on first use and
+allocate nothing.
 """
 
 from __future__ import annotations
@@ -17,16 +18,20 @@ from numba import njit
 from numba.core import cgutils, config, types
 from numba.extending import intrinsic
 
-from .int8 import _BELOW_HALF, _data, _lane_mask
+from ... import tiled_jit
+from . import requant_ir
+from .int8 import _data, _lane_mask
 
 __all__ = [
     "depthwise_vnni",
+    "depthwise_vnni_count",
     "depthwise_vnni_index",
     "depthwise_vnni_loop",
     "depthwise_vnni_operands",
     "depthwise_vnni_paired",
     "depthwise_vnni_plan",
     "depthwise_vnni_takes",
+    "depthwise_vnni_units",
     "vnni_bytes",
 ]
 
@@ -39,55 +44,6 @@ def vnni_bytes() -> bool:
     if features is None:
         features = binding.get_host_cpu_features().flatten()
     return {"+avx512f", "+avx512bw", "+avx512vnni", "+avx512vbmi"} <= set(features.split(","))
-
-
-def _requantize16(builder, acc, q, relu):
-    """IR: the 16 int32 sums ``acc`` as MegDNN's float32 chain requantizes them to bytes,
-    ``q`` the (7,) float32 of :func:`.vnni.requant_params` as an LLVM array value: one
-    product by the scales' ratio plus the zero point, clamped and rounded to nearest; a
-    vector with a value within the bound of a half-integer runs the chain itself (its
-    division, rounding half away from zero)."""
-    i16, i32, f32 = ir.IntType(16), ir.IntType(32), ir.FloatType()
-    v32, vf = ir.VectorType(i32, 16), ir.VectorType(f32, 16)
-
-    def splat(k):
-        one = builder.insert_element(ir.Constant(vf, ir.Undefined), builder.extract_value(q, k),
-                                     ir.Constant(i32, 0))  # fmt: skip
-        return builder.shuffle_vector(one, ir.Constant(vf, ir.Undefined), ir.Constant(v32, None))
-
-    def fn(name, ret, args):
-        return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
-
-    def clamp(v, lo, hi):  # NaN to the lower end, as fmax sends it to qmin
-        v = builder.select(builder.fcmp_ordered(">", v, lo), v, lo)
-        return builder.select(builder.fcmp_ordered("<", v, hi), v, hi)
-
-    s_in, s_out, zp, qmin, qmax, ratio, near = (splat(k) for k in range(7))
-    zero, all_lanes = ir.Constant(vf, None), ir.Constant(i16, 0xFFFF)
-    total = builder.sitofp(acc, vf)
-    # a ReLU'd value's lower end is the zero point (qmin - zp <= 0 for every 8-bit kind)
-    lo_fast = builder.select(builder.fcmp_ordered(">", zp, qmin), zp, qmin) if relu else qmin
-    fast = clamp(builder.call(fn("llvm.fma.v16f32", vf, [vf] * 3), [total, ratio, zp]),
-                 lo_fast, qmax)  # fmt: skip
-    frac = builder.call(fn("llvm.x86.avx512.mask.reduce.ps.512", vf, [vf, i32, vf, i16, i32]),
-                        [fast, ir.Constant(i32, 8), zero, all_lanes, ir.Constant(i32, 4)])
-    ok = builder.fcmp_ordered("<", builder.call(fn("llvm.fabs.v16f32", vf, [vf]), [frac]), near)
-    res = cgutils.alloca_once(builder, v32)
-    builder.store(builder.call(fn("llvm.x86.avx512.mask.cvtps2dq.512", v32,
-                                  [vf, v32, i16, i32]),
-                               [fast, ir.Constant(v32, None), all_lanes, ir.Constant(i32, 8)]),
-                  res)  # fmt: skip
-    with builder.if_then(builder.icmp_unsigned("!=", builder.bitcast(ok, i16), all_lanes),
-                         likely=False):  # fmt: skip
-        val = builder.fmul(total, s_in)
-        if relu:  # NaN stays NaN, as the loops' select
-            val = builder.select(builder.fcmp_ordered("<", val, zero), zero, val)
-        val = clamp(builder.fdiv(val, s_out), builder.fsub(qmin, zp), builder.fsub(qmax, zp))
-        half = ir.Constant(vf, [ir.Constant(f32, float(_BELOW_HALF))] * 16)
-        val = builder.fadd(val, builder.call(fn("llvm.copysign.v16f32", vf, [vf, vf]),
-                                             [half, val]))  # fmt: skip
-        builder.store(builder.add(builder.fptosi(val, v32), builder.fptosi(zp, v32)), res)
-    return builder.load(res)
 
 
 #: the row plans of :func:`_dw_rows16`: (output rows, stride, dilation, paired) of the rows
@@ -112,8 +68,8 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
     holds two rows of ``cnt`` (<= 8) columns, the second's lanes from ``cnt`` on (``idx``
     then indexes two source rows, ``vpermi2b``), stored as one run (``ostride`` = ``cnt``:
     the rows are adjacent in the output). The literal ``epi`` 0
-    stores the int32 sums, 1 (2: with ReLU) the bytes of :func:`_requantize16` with ``q``
-    (7 float32)."""
+    stores the int32 sums, 1 (2: with ReLU) the bytes of
+    :func:`.requant_ir.requantize16_group` (the block's vectors) with ``q`` (7 float32)."""
     if not (isinstance(epi, types.IntegerLiteral) and isinstance(plan, types.IntegerLiteral)
             and isinstance(x, types.Array) and x.dtype.bitwidth == 8
             and isinstance(out, types.Array)
@@ -161,6 +117,7 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
         dh = ir.Constant(i64, dhl) if dhl else arg64(14)
         words = [splat(builder.extract_value(wt_v, a), v32, 16) for a in range(3)]
         start = splat(context.cast(builder, init_v, signature.args[12], types.int32), v32, 16)
+        qs = [requant_ir.splat16(builder, builder.extract_value(q_v, k)) for k in range(7)]
         loaded, permuted = {}, {}
 
         def source_row(i):  # the unsigned bytes of the block's source row i (an i64)
@@ -197,27 +154,34 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
         o0, ostride, nr, cnt = arg64(1), arg64(2), arg64(3), arg64(4)
         lanes = _lane_mask(builder, 16, ir.Constant(i64, 0), cnt)
         none16 = ir.Constant(lanes.type, None)
-        for rr in range(0, rows, 2 if paired else 1):
-            acc = start
-            for a in range(3):
-                acc = builder.call(dot, [acc, windows(rr, a), words[a]])
-            if mode == 0:
-                val = acc
-            else:
-                val = builder.trunc(_requantize16(builder, acc, q_v, mode == 2),
-                                    ir.VectorType(i8, 16))  # fmt: skip
-            vty = val.type
-            store = fn(f"llvm.masked.store.v16i{od_elt.width}.p0", ir.VoidType(),
-                       [vty, vty.as_pointer(), i32, lanes.type])
-            keep = builder.icmp_signed("<", ir.Constant(i64, rr), nr)
-            mask = builder.select(keep, lanes, none16)
-            if paired:  # the second row's lanes too, where it is in the block
-                both = builder.icmp_signed("<", ir.Constant(i64, rr + 1), nr)
-                two = _lane_mask(builder, 16, ir.Constant(i64, 0), builder.add(cnt, cnt))
-                mask = builder.select(both, two, mask)
-            at = builder.add(o0, builder.mul(ir.Constant(i64, rr), ostride))
-            builder.call(store, [val, builder.bitcast(builder.gep(od, [at]), vty.as_pointer()),
-                                 ir.Constant(i32, 1), mask])  # fmt: skip
+        # two rows' vectors requantized together (one check near ties; the paired plans'
+        # vectors one at a time: measured faster so), each group stored before the next
+        starts = list(range(0, rows, 2 if paired else 1))
+        group = 1 if paired or mode == 0 else 2
+        for g0 in range(0, len(starts), group):
+            accs = []
+            for rr in starts[g0:g0 + group]:
+                acc = start
+                for a in range(3):
+                    acc = builder.call(dot, [acc, windows(rr, a), words[a]])
+                accs.append(acc)
+            if mode:
+                accs = [builder.trunc(v, ir.VectorType(i8, 16))
+                        for v in requant_ir.requantize16_group(builder, accs, qs, mode == 2)]
+            for rr, val in zip(starts[g0:g0 + group], accs):
+                vty = val.type
+                store = fn(f"llvm.masked.store.v16i{od_elt.width}.p0", ir.VoidType(),
+                           [vty, vty.as_pointer(), i32, lanes.type])
+                keep = builder.icmp_signed("<", ir.Constant(i64, rr), nr)
+                mask = builder.select(keep, lanes, none16)
+                if paired:  # the second row's lanes too, where it is in the block
+                    both = builder.icmp_signed("<", ir.Constant(i64, rr + 1), nr)
+                    two = _lane_mask(builder, 16, ir.Constant(i64, 0), builder.add(cnt, cnt))
+                    mask = builder.select(both, two, mask)
+                at = builder.add(o0, builder.mul(ir.Constant(i64, rr), ostride))
+                builder.call(store, [val, builder.bitcast(builder.gep(od, [at]),
+                                                          vty.as_pointer()),
+                                     ir.Constant(i32, 1), mask])  # fmt: skip
         return context.get_dummy_value()
 
     sig = types.void(out, o0, ostride, nr, cnt, x, x0, xstride, inside, lims, idx, wt, init, q,
@@ -225,43 +189,68 @@ def _dw_rows16(typingctx, out, o0, ostride, nr, cnt, x, x0, xstride, inside, lim
     return sig, codegen
 
 
+#: :func:`.tiled_jit.take_unit`'s compiled function, for the loops: a module global, not a
+#: closure cell (Numba keys a cached closure by its cells' pickles, which differ per process)
+_take_g = None
+
+
 def _make_depthwise_vnni(epi: int, plan: int):
     """The loop of :func:`depthwise_vnni` for the literals ``epi`` and ``plan``."""
+    global _take_g
+    _take_g = tiled_jit.take_unit()
     rows = _DW_PLANS.get(plan, (1,))[0]
 
-    def depthwise_vnni(x, wt, init, bias, out, q, idx, geom, t0, t1):  # pragma: no cover
-        """Planes [t0, t1) (``n * C + c``) of :func:`.int8.depthwise`'s convolution for a 3x3
-        filter, on the source's bytes: each 16 columns of a block of output rows one
-        :func:`_dw_rows16` (a masked load and a ``vpermb`` per source row, a ``vpdpbusd``
-        per filter row, the requantize, a masked store per output row). ``wt`` (3 C)
-        int32: each filter row's three signed bytes (minus the filter's zero point) and a
-        zero byte; ``init`` (C) int32: minus the shifted zero point times the filter's sum,
-        to which the int32 ``bias`` (C) is added (wrapping); ``idx`` the 64 bytes ``vpermb``
-        gathers each lane's window with; ``geom`` as :func:`.int8.depthwise` reads it
-        (``geom[6]`` the raw zero point)."""
+    def depthwise_vnni(x, wt, init, bias, out, q, idx, geom, units, counter,
+                       me):  # pragma: no cover - compiled
+        """The units of :func:`.int8.depthwise`'s convolution for a 3x3 filter, on the
+        source's bytes: ``units`` = (band rows, chunks, planes a chunk, planes), unit ``u``
+        the output rows of band ``u // chunks`` of the planes (``n * C + c``) of chunk ``u %
+        chunks``, taken from ``counter`` (:func:`.tiled_jit.take_unit`) as thread ``me``, or,
+        with ``me`` < 0, every unit in turn. Each 16 columns of a block of output rows is
+        one :func:`_dw_rows16` (a masked load and a ``vpermb`` per source row, a
+        ``vpdpbusd`` per filter row, the requantize, a masked store per output row). ``wt``
+        (3 C) int32: each filter row's three signed bytes (minus the filter's zero point)
+        and a zero byte; ``init`` (C) int32: minus the shifted zero point times the
+        filter's sum, to which the int32 ``bias`` (C) is added (wrapping); ``idx`` the 64
+        bytes ``vpermb`` gathers each lane's window with; ``geom`` as
+        :func:`.int8.depthwise` reads it (``geom[6]`` the raw zero point)."""
         sh, sw, ph, pw, dh, dw = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5]
         zx, h_, w_, oh, ow, c_ = geom[6], geom[9], geom[10], geom[11], geom[12], geom[15]
         qt = (q[0], q[1], q[2], q[3], q[4], q[5], q[6])
         span = 15 * sw + 2 * dw + 1  # the bytes a vector's windows read
         nin = (rows - 1) * sh + 2 * dh + 1  # the source rows of a block
-        for t in range(t0, t1):
-            c = t % c_
-            ws = (wt[3 * c], wt[3 * c + 1], wt[3 * c + 2])
-            bc = np.int32(init[c] + bias[c])
-            xbase, obase = t * h_ * w_, t * oh * ow
-            for r0 in range(0, oh, rows):
-                top = r0 * sh - ph
-                inside = 0
-                for i in range(nin):
-                    if 0 <= top + i < h_:
-                        inside |= 1 << i
-                nr = min(rows, oh - r0)
-                for j0 in range(0, ow, 16):
-                    col = j0 * sw - pw
-                    lims = (max(0, -col), min(span, w_ - col), zx)
-                    _dw_rows16(out, obase + r0 * ow + j0, ow, nr, min(16, ow - j0), x,
-                               xbase + top * w_ + col, w_, inside, lims, idx, ws, bc, qt, dh,
-                               epi, plan)  # fmt: skip
+        rb, chunks, per, planes = units[0], units[1], units[2], units[3]
+        count = (oh + rb - 1) // rb * chunks
+        u = -1
+        while True:
+            if me < 0:
+                u += 1
+                if u >= count:
+                    break
+            else:
+                u = _take_g(counter, me)
+                if u < 0:
+                    break
+            b, k = u // chunks, u % chunks
+            ra, rz = b * rb, min(oh, (b + 1) * rb)
+            for t in range(k * per, min(planes, (k + 1) * per)):
+                c = t % c_
+                ws = (wt[3 * c], wt[3 * c + 1], wt[3 * c + 2])
+                bc = np.int32(init[c] + bias[c])
+                xbase, obase = t * h_ * w_, t * oh * ow
+                for r0 in range(ra, rz, rows):
+                    top = r0 * sh - ph
+                    inside = 0
+                    for i in range(nin):
+                        if 0 <= top + i < h_:
+                            inside |= 1 << i
+                    nr = min(rows, rz - r0)
+                    for j0 in range(0, ow, 16):
+                        col = j0 * sw - pw
+                        lims = (max(0, -col), min(span, w_ - col), zx)
+                        _dw_rows16(out, obase + r0 * ow + j0, ow, nr, min(16, ow - j0), x,
+                                   xbase + top * w_ + col, w_, inside, lims, idx, ws, bc, qt,
+                                   dh, epi, plan)  # fmt: skip
 
     return depthwise_vnni
 
@@ -320,19 +309,45 @@ def depthwise_vnni_paired(plan: int) -> bool:
 
 def depthwise_vnni_loop(epi: int, plan: int):
     """The compiled loop :func:`depthwise_vnni` calls for ``epi`` and the row plan ``plan``,
-    taking the same arguments less ``epi``: a binding calls it directly (the lookup cost
-    each call a few microseconds, as much as a 7x7 layer's share of a thread)."""
+    taking the same arguments less ``epi`` (``me`` an int): a binding calls it directly (the
+    lookup cost each call a few microseconds, as much as a 7x7 layer's share of a
+    thread)."""
     return _compiled(f"depthwise_vnni,{int(epi)},{int(plan)}")
 
 
-def depthwise_vnni(x, wt, init, bias, out, q, idx, geom, epi: int, t0: int, t1: int) -> None:
-    """Planes [t0, t1) of a 3x3 depthwise 8-bit convolution by ``vpdpbusd`` on the source's
-    bytes (:func:`vnni_bytes` CPUs); the arguments as :func:`_make_depthwise_vnni`'s loop
-    reads them, ``geom[8]`` the row plan (:func:`depthwise_vnni_plan`), ``q`` the (7,) of
-    :func:`.vnni.requant_params`."""
-    _compiled(f"depthwise_vnni,{int(epi)},{int(geom[8])}")(x, wt, init, bias, out, q, idx,
-                                                          geom, int(t0), int(t1))  # fmt: skip
+def depthwise_vnni(x, wt, init, bias, out, q, idx, geom, epi: int, units, counter,
+                   me: int) -> None:  # fmt: skip
+    """The units of a 3x3 depthwise 8-bit convolution by ``vpdpbusd`` on the source's bytes
+    (:func:`vnni_bytes` CPUs) thread ``me`` takes (every unit with ``me`` < 0); the
+    arguments as :func:`_make_depthwise_vnni`'s loop reads them, ``geom[8]`` the row plan
+    (:func:`depthwise_vnni_plan`), ``q`` the (7,) of :func:`.vnni.requant_params`,
+    ``units`` (:func:`depthwise_vnni_units`) int64, ``counter`` as
+    :func:`.tiled_jit.take_unit` reads it."""
+    loop = depthwise_vnni_loop(epi, int(geom[8]))
+    loop(x, wt, init, bias, out, q, idx, geom, units, counter, int(me))
 
+
+def depthwise_vnni_units(oh: int, planes: int, plan: int, threads: int,
+                         per_thread: int) -> np.ndarray:  # fmt: skip
+    """The units :func:`depthwise_vnni` takes on ``threads`` threads, about ``per_thread``
+    each (one unit, the whole layer, on one thread): int64 (band rows, chunks, planes a
+    chunk, planes). Chunks of the planes (whole planes: a unit's setup per plane, the
+    filter's words and the bias, is paid once), and, where the planes are fewer than the
+    units wanted, bands of output rows (a multiple of the plan's rows); unit ``u`` is band
+    ``u // chunks`` of chunk ``u % chunks``."""
+    rows = _DW_PLANS.get(plan, (1,))[0]
+    want = max(1, threads * per_thread) if threads > 1 else 1
+    per = -(-planes // min(planes, want))
+    chunks = -(-planes // per)
+    blocks = -(-oh // rows)
+    bands = min(blocks, -(-want // chunks))
+    rb = -(-blocks // bands) * rows
+    return np.array([rb, chunks, per, planes], np.int64)
+
+
+def depthwise_vnni_count(units: np.ndarray, oh: int) -> int:
+    """How many units :func:`depthwise_vnni_units`'s ``units`` makes of ``oh`` output rows."""
+    return -(-oh // int(units[0])) * int(units[1])
 
 
 @functools.cache

@@ -1,0 +1,103 @@
+"""The 8-bit kernels' shared requantize (``loops/requant_ir``), on one vector of 16 int32 sums
+and on groups of vectors sharing one check near ties, against MegDNN's float32 chain (the
+integer reference's dequantize, ReLU and quantize) bit for bit: ratios of powers of two
+that put many quotients on half-integers (the fast product then gives way to the
+division), scales past the normal binades (the division everywhere), both 8-bit kinds' zero
+points and ranges, saturating sums."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import quantized_ref as ref
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+import megbrain as mgb
+from megbrain.kernels.conv.loops import depthwise_bytes, requant_ir, vnni
+
+pytestmark = pytest.mark.skipif(not depthwise_bytes.vnni_bytes(),
+                                reason="the CPU has no AVX-512 VNNI and VBMI")  # fmt: skip
+
+
+@intrinsic
+def _requantize_block(typingctx, out, acc, q, relu, group):
+    """``out[:16 group]`` = :func:`requant_ir.requantize16_group` of the ``group`` (a
+    literal) vectors ``acc[:16 group]`` with the 7 float32 ``q`` (the literal ``relu``)."""
+    if not all(isinstance(v, types.IntegerLiteral) for v in (relu, group)):
+        return None
+    n = group.literal_value
+
+    def codegen(context, builder, signature, args):
+        i32, f32 = ir.IntType(32), ir.FloatType()
+        v32 = ir.VectorType(i32, 16)
+
+        def data(k, elt):
+            ary = context.make_array(signature.args[k])(context, builder, args[k])
+            return builder.bitcast(ary.data, elt.as_pointer())
+
+        qd = data(2, f32)
+        qs = [requant_ir.splat16(builder, builder.load(builder.gep(qd, [ir.Constant(i32, k)])))
+              for k in range(7)]  # fmt: skip
+        ptrs = [builder.bitcast(builder.gep(data(k, i32), [ir.Constant(i32, 16 * v)]),
+                                v32.as_pointer()) for k in (0, 1) for v in range(n)]  # fmt: skip
+        accs = [builder.load(p, align=4) for p in ptrs[n:]]
+        if n == 1:
+            res = [requant_ir.requantize16(builder, accs[0], qs, bool(relu.literal_value))]
+        else:
+            res = requant_ir.requantize16_group(builder, accs, qs, bool(relu.literal_value))
+        for v, p in zip(res, ptrs[:n]):
+            builder.store(v, p, align=4)
+        return context.get_dummy_value()
+
+    return types.void(out, acc, q, relu, group), codegen
+
+
+@njit(cache=False)
+def _run(out, acc, q, relu, group):
+    for k in range(0, acc.size, 16 * group):
+        if relu and group == 1:
+            _requantize_block(out[k:], acc[k:], q, 1, 1)
+        elif relu and group == 3:
+            _requantize_block(out[k:], acc[k:], q, 1, 3)
+        elif relu:
+            _requantize_block(out[k:], acc[k:], q, 1, 4)
+        elif group == 1:
+            _requantize_block(out[k:], acc[k:], q, 0, 1)
+        elif group == 3:
+            _requantize_block(out[k:], acc[k:], q, 0, 3)
+        else:
+            _requantize_block(out[k:], acc[k:], q, 0, 4)
+
+
+
+@settings(max_examples=60, deadline=None)
+@given(relu=st.booleans(), asymm=st.booleans(),
+       s_in=st.sampled_from([0.125, 1e-3, 0.0123, 3.0, 1e-30, 1e30]),
+       ratio=st.one_of(st.sampled_from([64.0, 256.0, 1000 / 3, 0.5]), st.floats(0.01, 3000)),
+       spread=st.sampled_from([1 << 8, 1 << 15, 1 << 31]), group=st.sampled_from([1, 3, 4]),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_requantize16_equals_megdnn_chain(relu, asymm, s_in, ratio, spread, group, seed):
+    # groups of vectors share one check near ties: a tie in one vector sends the whole
+    # group down the division, the others' lanes included
+    rng = np.random.default_rng(seed)
+    out_scale = float(np.float32(s_in) * np.float32(ratio))
+    odt = mgb.dtype.quint8(out_scale, seed % 256) if asymm else mgb.dtype.qint8(out_scale)
+    sums = rng.integers(-spread, spread, 16 * 12, dtype=np.int64).astype(np.int32)
+    sums[:4] = [np.iinfo(np.int32).min, np.iinfo(np.int32).max, 0, -1]
+    if ratio in (64.0, 256.0):  # multiples of half the ratio: quotients on half-integers
+        sums[8:40] = (rng.integers(-300, 300, 32) * int(ratio) // 2).astype(np.int32)
+    src = sums.view(mgb.dtype.qint32(s_in))
+    val = ref.dequantize(src)
+    if relu:
+        val = ref.relu(val)
+    want = ref.ints(ref.quantize(val, odt))
+    _, _, zp = ref.qinfo(odt)
+    lo, hi = (0, 255) if asymm else (-128, 127)
+    q = vnni.requant_params(np.array([s_in, out_scale, zp, lo, hi], np.float32))
+    got = np.empty_like(sums)
+    _run(got, sums, q, relu, group)
+    np.testing.assert_array_equal(got, want)
