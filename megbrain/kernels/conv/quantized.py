@@ -406,6 +406,13 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     return filter_packed(pack, chain(steps), constant)
 
 
+def bind_vnni_blocked(src, filt, bias, z, out, stride, pad, dilate, flip, mode) -> Step | None:
+    """The NCHW4 ConvBias on the VNNI kernels reading the blocked source's words and writing
+    the blocked output (:func:`.nchw4.bind_nchw4_conv_bias`'s operands, ``filt`` its
+    (G, OCg, ICg, FH, FW) copy), or None where they do not take it."""
+    return None
+
+
 def _band_part(args: tuple, counter: np.ndarray, me: int) -> Step:
     """Thread ``me``'s part of :func:`.loops.vnni.bands` on ``args`` (its buffers the
     ``me``-th rows of those given for every thread)."""
