@@ -7,12 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import quantized_ref as ref
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opr_harness import check_grad, check_opr, inputs, make_graph
 
 import megbrain as mgb
 from megbrain.errors import MegBrainError
+from megbrain.kernels import parallel
+from megbrain.kernels.conv import quantized
+from megbrain.kernels.conv.loops import vnni
 from megbrain.opr import relayout_format
 from megbrain.opr.base import build_opr
 from megbrain.opr.dnn_conv_bias import ConvBias, ConvBiasParam
@@ -134,9 +137,26 @@ def _filter_nchw4(f: np.ndarray, g: int) -> np.ndarray:
     return _weight4(f[0] if g == 1 else f)
 
 
-@settings(max_examples=30, deadline=None)
+_PATHS = [
+    pytest.param(False, id="relayout"),
+    pytest.param(True, id="vnni-blocked", marks=pytest.mark.skipif(
+        not vnni.available(), reason="the CPU has no AVX-512 VNNI")),
+]  # fmt: skip
+
+
+@pytest.fixture
+def vnni_on(request, monkeypatch):
+    """The VNNI kernels on (the blocked bands where they take the layer) or off (the
+    portable NCHW kernel between relayouts)."""
+    monkeypatch.setattr(quantized, "VNNI", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("vnni_on", _PATHS, indirect=True)
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # (set per test)
 @given(c=_convs())
-def test_conv_bias_nchw4_equals_the_nchw_reference(c):
+def test_conv_bias_nchw4_equals_the_nchw_reference(vnni_on, c):
     rng = np.random.default_rng(c["seed"])
     sx, sw = 0.5, 0.25
     x = ref.random_q(rng, c["shape"], qint8(sx))
@@ -238,3 +258,40 @@ def test_conv_bias_nchw4_takes_quantized_operands_only():
     bv = mgb.make_immutable("cpu0", gr, np.zeros((1, 2, 1, 1, 4), np.float32))
     with pytest.raises(MegBrainError, match="8-bit quantized operands, src 'x'"):
         mgb.opr.conv_bias_activation(xv, fv, bv, format="NCHW4")
+
+
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+@settings(max_examples=25, deadline=None)
+@given(c=_convs(), threads=st.integers(1, 3), band_min=st.sampled_from([1, 40, 1 << 30]),
+       flip=st.booleans())  # fmt: skip
+def test_the_blocked_vnni_bands_equal_the_reference(c, threads, band_min, flip):
+    # every layer split as if it were large: bands of output rows (each thread relaying a
+    # band's rows of the blocked source, writing its rows of the blocked output), or chunks
+    # of the output channels (a block of 4 channels shared by two chunks written bytewise)
+    rng = np.random.default_rng(c["seed"])
+    x = ref.random_q(rng, c["shape"], qint8(0.5))
+    f = ref.random_q(rng, c["filt"], qint8(0.25))
+    oc = c["filt"][0] * c["filt"][1]
+    b = ref.random_q(rng, (1, oc, 1, 1), qint32(0.125))
+    odt = qint8(c["out_scale"])
+    want = ref.conv_bias(x, f, b, None, odt, c["mode"], stride=c["stride"], pad=c["pad"],
+                         group=True, flip=flip)  # fmt: skip
+    x4 = _to4(x.view(np.int8)).copy().view(x.dtype)
+    icp = x4.shape[1] * 4 // c["filt"][0]  # a dense filter's channels padded as the source's
+    fp = np.zeros((*c["filt"][:2], icp, *c["filt"][3:]), np.int8)
+    fp[:, :, : c["filt"][2]] = f.view(np.int8)
+    b4 = _to4(b.view(np.int32)).copy().view(b.dtype)
+    out = np.empty((want.shape[0], oc // 4, *want.shape[2:], 4), np.int8).view(odt)
+    saved = quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS, parallel.num_threads
+    quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS = 1, band_min
+    parallel.num_threads = lambda: threads
+    try:
+        step = quantized.bind_vnni_blocked(x4, fp.view(f.dtype), b4, None, out, c["stride"],
+                                           c["pad"], (1, 1), flip, c["mode"])  # fmt: skip
+    finally:
+        quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS = saved[:2]
+        parallel.num_threads = saved[2]
+    assert step is not None
+    for _ in range(2):  # (the band buffers reused)
+        step()
+        np.testing.assert_array_equal(_from4(out.view(np.int8)), want.view(np.int8))
