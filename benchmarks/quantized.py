@@ -45,8 +45,9 @@ int8 (target: >= 1.0; higher is better for megbrain).
 onnxruntime's uint8-form nodes per kind of work (onnxruntime's profiler), and lists both
 sides' nodes in order. ``--layers`` times each distinct dense convolution of the networks
 alone (the VNNI kernels, ConvBias RELU into QuantizedS8), at one thread and at ``--threads``,
-split once by bands of output rows (``quantized.VNNI_BANDS``) and split per phase as before,
-interleaved in one process: the wall time of a call (min and median of the rounds) and its
+in each of :data:`LAYER_FORMS`: NCHW split once by bands of output rows
+(``quantized.VNNI_BANDS``), NCHW split per phase as before, and NCHW4 by bands (the layout
+of ``use_nchw4``), interleaved in one process: the wall time of a call (min and median of the rounds) and its
 CPU time summed over the threads that ran it (min; the work the call does, readable on a
 loaded machine where the wall times are not).
 """
@@ -435,7 +436,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--nodes", action="store_true",
                     help="megbrain int8 against onnxruntime u8 per kind of node")
     ap.add_argument("--layers", action="store_true",
-                    help="the dense convolutions alone, split by bands and per phase")
+                    help="the dense convolutions alone, NCHW (bands, phases) and NCHW4")
     args = ap.parse_args(argv)
     if args.layers:
         _limit_threads(args.threads)
@@ -648,13 +649,29 @@ def _runner(case: Case, kind: str, graph):
     return functools.partial(f, case.x)
 
 
-def _bind_layer(cin: int, size: int, cout: int, k: int, stride: int, threads: int, bands: bool,
+#: the forms ``--layers`` times: the NCHW VNNI bands, the same split per phase, and the
+#: NCHW4 bands (the blocked source's words read as they are, NCHW4 words written)
+LAYER_FORMS = ("bands", "phases", "nchw4")
+
+
+def _blocked(a: np.ndarray) -> np.ndarray:
+    """NCHW ``a`` (channels a multiple of 4, or padded with zeros) as NCHW4, its dtype."""
+    n, c, h, w = a.shape
+    cp = -(-c // 4) * 4
+    b = np.zeros((n, cp, h, w), a.dtype.str)
+    b[:, :c] = a.view(a.dtype.str)
+    return np.ascontiguousarray(b.reshape(n, cp // 4, 4, h, w).transpose(0, 1, 3, 4, 2)).view(
+        a.dtype)
+
+
+def _bind_layer(cin: int, size: int, cout: int, k: int, stride: int, threads: int, form: str,
                 log: list):  # fmt: skip
     """A ConvBias RELU into QuantizedS8 (random operands, a constant filter) bound for
-    ``threads`` threads, split by bands or per phase; each split's parts append ``(thread,
-    thread CPU ns)`` to ``log``."""
+    ``threads`` threads in ``form`` (:data:`LAYER_FORMS`); each split's parts append
+    ``(thread, thread CPU ns)`` to ``log``. Returns the step and a function reading its
+    output in NCHW."""
     from megbrain.kernels import parallel
-    from megbrain.kernels.conv import quantized
+    from megbrain.kernels.conv import nchw4, quantized
     from megbrain.kernels.conv.constant_operands import constant_filter
 
     rng = np.random.default_rng(0)
@@ -674,19 +691,30 @@ def _bind_layer(cin: int, size: int, cout: int, k: int, stride: int, threads: in
 
         return split(part, n, min_items)
 
+    def nchw():
+        if form != "nchw4":
+            return y.view(np.int8)
+        return y4.view(np.int8).transpose(0, 1, 4, 2, 3).reshape(y.shape)
+
     saved = quantized.VNNI_BANDS
-    quantized.VNNI_BANDS, parallel.split, parallel.num_threads = bands, timed, lambda: threads
+    quantized.VNNI_BANDS, parallel.split, parallel.num_threads = (form != "phases", timed,
+                                                                  lambda: threads)  # fmt: skip
+    geo = ((stride,) * 2, (k // 2,) * 2, (1, 1), False, "RELU")
     try:
         with constant_filter(True):
-            step = quantized.bind_quantized_conv_bias(x, w, b, None, y, (stride,) * 2,
-                                                      (k // 2,) * 2, (1, 1), False, "RELU")
+            if form == "nchw4":
+                y4 = _blocked(y)
+                step = nchw4.bind_nchw4_conv_bias(_blocked(x), _blocked(w[0]), _blocked(b),
+                                                  None, y4, *geo, group=False)
+            else:
+                step = quantized.bind_quantized_conv_bias(x, w, b, None, y, *geo)
     finally:
         quantized.VNNI_BANDS, parallel.split, parallel.num_threads = saved, split, count
-    return step, y
+    return step, nchw
 
 
 def layer_times(net: Net, threads: int, rounds: int, calls: int = 20) -> list[tuple]:
-    """``(layer, {(threads, bands): (wall min, wall median, CPU min)})`` in s for each
+    """``(layer, {(threads, form): (wall min, wall median, CPU min)})`` in s for each
     distinct dense convolution of ``net`` (see the module's ``--layers``)."""
     shapes = []
     for op, ins, a in net.nodes:
@@ -698,14 +726,14 @@ def layer_times(net: Net, threads: int, rounds: int, calls: int = 20) -> list[tu
     out = []
     for shape in shapes:
         log: list = []
-        steps = {(t, bands): _bind_layer(*shape, t, bands, log)
-                 for t in sorted({1, threads}) for bands in (False, True)}  # fmt: skip
+        steps = {(t, form): _bind_layer(*shape, t, form, log)
+                 for t in sorted({1, threads}) for form in LAYER_FORMS}  # fmt: skip
         first = None
-        for step, y in steps.values():
+        for step, result in steps.values():
             step()
-            got = y.view(np.int8).copy()
+            got = result().copy()
             if first is not None and not np.array_equal(got, first):
-                raise AssertionError(f"layer {shape}: the two splits differ")
+                raise AssertionError(f"layer {shape}: the forms differ")
             first = got
         walls: dict = {key: [] for key in steps}
         cpus: dict = {key: [] for key in steps}
@@ -730,7 +758,7 @@ def print_layers(name: str, rows: list[tuple]) -> None:
     print(f"{name}: dense convolutions alone, ms: wall min / median, CPU over the threads")
     keys = list(rows[0][1])
     print(f"{'layer':28s} " + " ".join(
-        f"{f'{t}t ' + ('bands' if b else 'phases'):>22s}" for t, b in keys))  # fmt: skip
+        f"{f'{t}t {form}':>22s}" for t, form in keys))  # fmt: skip
     sums = {k: [0.0, 0.0, 0.0] for k in keys}
     for (cin, size, cout, k, stride), times in rows:
         label = f"{cin}x{size}x{size} -> {cout} {k}x{k}/s{stride}"

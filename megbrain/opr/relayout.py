@@ -13,6 +13,8 @@ from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, ParamBase, register_opr, table_param
 from ..graph.operator import NoGradient, fmt_shape
 from ..graph.static_infer import infer_shape
+from ..kernels.conv import nchw4 as conv_nchw4
+from ..kernels.steps import chain
 from ..serialization import sereg
 from . import param_defs as _pdefs
 from .base import SymbolVar, _merge_config, canonize_input_vars, insert_opr
@@ -105,6 +107,16 @@ class RelayoutFormat(OperatorNodeBase):
 
     def bind(self, ins, outs):
         src, dst, mode = ins[0], outs[0], self.param.mode
+        if mode == "NCHW4_NCHW":
+            return conv_nchw4.bind_blocked_copy(src, dst)
+        if mode == "NCHW_NCHW4":
+            if src.shape[1] % 4 == 0:
+                return conv_nchw4.bind_blocked_copy(src, dst)
+            # a private padded copy (its padding stays the pad value), then relaid
+            buf = np.full((*src.shape[:1], dst.shape[1] * 4, *src.shape[2:]),
+                          _pad_value(src.dtype), src.dtype)  # fmt: skip
+            return chain([functools.partial(np.copyto, buf[:, : src.shape[1]], src),
+                          conv_nchw4.bind_blocked_copy(buf, dst)])  # fmt: skip
         if mode in _FROM_BLOCKED:
             k = _FROM_BLOCKED[mode]
             n, c, h, w = dst.shape

@@ -295,3 +295,26 @@ def test_the_blocked_vnni_bands_equal_the_reference(c, threads, band_min, flip):
     for _ in range(2):  # (the band buffers reused)
         step()
         np.testing.assert_array_equal(_from4(out.view(np.int8)), want.view(np.int8))
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 2), c4=st.integers(1, 9), h=st.integers(1, 13), w=st.integers(1, 70),
+       threads=st.integers(1, 3), kind=st.sampled_from(["int8", "uint8", "float32"]))  # fmt: skip
+def test_blocked_copies_equal_numpy(n, c4, h, w, threads, kind):
+    # the compiled 8-bit loops (64-word steps, the last one masked) and NumPy's copy for
+    # other dtypes, split over the blocks
+    from megbrain.kernels.conv import nchw4
+
+    a = np.random.default_rng(c4 * h * w).integers(-128, 128, (n, 4 * c4, h, w)).astype(kind)
+    b = np.empty((n, c4, h, w, 4), kind)
+    back = np.empty_like(a)
+    saved = nchw4._MIN_RELAYOUT_BYTES, parallel.num_threads
+    nchw4._MIN_RELAYOUT_BYTES, parallel.num_threads = 1, lambda: threads
+    try:
+        to, fro = nchw4.bind_blocked_copy(a, b), nchw4.bind_blocked_copy(b, back)
+    finally:
+        nchw4._MIN_RELAYOUT_BYTES, parallel.num_threads = saved
+    to()
+    fro()
+    np.testing.assert_array_equal(b, _to4(a))
+    np.testing.assert_array_equal(back, a)

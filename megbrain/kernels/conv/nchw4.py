@@ -18,15 +18,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .. import workspace
+from .. import parallel, workspace
 from ..steps import Step, chain
 from . import quantized
 from .common import conv_out_size
 from .constant_operands import filter_is_constant
+from .loops import vnni as vnni_loops
 from .nchw8c import filter_packed
 
-__all__ = ["bind_nchw4_conv_bias", "bind_nchw4_convolution", "nchw4_geometry", "to_nchw",
-           "from_nchw"]
+__all__ = ["bind_blocked_copy", "bind_nchw4_conv_bias", "bind_nchw4_convolution",
+           "from_nchw", "nchw4_geometry", "to_nchw"]
 
 _partial = functools.partial
 
@@ -77,20 +78,42 @@ def _nchw_shape(a: np.ndarray) -> tuple:
     return (n, c4 * k, h, w)
 
 
+#: bytes of a relayout worth one thread
+_MIN_RELAYOUT_BYTES = 1 << 16
+
+
+def bind_blocked_copy(src: np.ndarray, dst: np.ndarray) -> Step:
+    """The step copying ``src`` into ``dst`` of the other layout: NCHW ``(N, C, H, W)`` into
+    NCHW4 ``(N, C/4, H, W, 4)`` or back, ``C`` a multiple of 4 (RelayoutFormat's
+    NCHW_NCHW4 and NCHW4_NCHW without padding). 8-bit C-contiguous arrays take the
+    compiled loops (:func:`.loops.vnni.relayout_blocked`, split over the blocks), others
+    NumPy's strided copy."""
+    to_blocked = dst.ndim == 5
+    nchw = src if to_blocked else dst
+    n, c, h, w = nchw.shape
+    view = _storage(nchw).reshape(n, c // 4, 4, h, w).transpose(0, 1, 3, 4, 2)
+    if not (src.dtype.itemsize == 1 and src.flags.c_contiguous and dst.flags.c_contiguous):
+        if to_blocked:
+            return _partial(np.copyto, _storage(dst), view)
+        return _partial(np.copyto, view, _storage(src))
+    part = _partial(vnni_loops.relayout_blocked, _bytes(src), _bytes(dst), h * w, to_blocked)
+    return parallel.split(part, n * c // 4, max(1, _MIN_RELAYOUT_BYTES // (4 * h * w)))
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    return _storage(a).view(np.uint8).reshape(-1)
+
+
 def to_nchw(a: np.ndarray, keep=None) -> tuple[np.ndarray, Step]:
-    """``(b, step)``: ``b`` an NCHW array of ``a``'s dtype, ``step`` copying the NCHW4 (or
-    any ``(N, C/k, H, W, k)``) ``a`` into it; ``keep`` allocates (default the workspace)."""
-    n, c4, h, w, k = a.shape
-    b = (keep or workspace.empty)((n, c4 * k, h, w), np.dtype(a.dtype.str)).view(a.dtype)
-    view = _storage(b).reshape(n, c4, k, h, w).transpose(0, 1, 3, 4, 2)
-    return b, _partial(np.copyto, view, _storage(a))
+    """``(b, step)``: ``b`` an NCHW array of ``a``'s dtype, ``step`` copying the NCHW4 ``a``
+    into it; ``keep`` allocates (default the workspace)."""
+    b = (keep or workspace.empty)(_nchw_shape(a), np.dtype(a.dtype.str)).view(a.dtype)
+    return b, bind_blocked_copy(a, b)
 
 
 def from_nchw(b: np.ndarray, a: np.ndarray) -> Step:
     """The step copying the NCHW ``b`` into the NCHW4 ``a``."""
-    n, c4, h, w, k = a.shape
-    return _partial(np.copyto, _storage(a), _storage(b).reshape(n, c4, k, h, w)
-                    .transpose(0, 1, 3, 4, 2))  # fmt: skip
+    return bind_blocked_copy(b, a)
 
 
 def _nchw_filter(filt: np.ndarray, group: bool) -> tuple[np.ndarray, Step]:

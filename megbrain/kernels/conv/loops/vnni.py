@@ -69,6 +69,7 @@ __all__ = [
     "gemm_tiles",
     "pack_filter",
     "relayout",
+    "relayout_blocked",
     "requant_params",
     "tile_rows",
 ]
@@ -580,6 +581,29 @@ def _cut4_py(src, dst, rows, wp, ow, p0, p1, r0, r1):
                         dst[np.uintp((d + q) * 4 + c - 4 * b)] = src[np.uintp(s + q)]
 
 
+def _to_blocked_py(x, y, hw, b0, b1):
+    """Blocks [b0, b1) of 4 channels of the flat 8-bit NCHW4 ``y`` from the flat 8-bit
+    NCHW ``x`` (planes of ``hw`` bytes): each block's 4 planes interleaved into words."""
+    yw = y.view(np.uint32)
+    full = np.uint32(0xFFFFFFFF)
+    for b in range(b0, b1):
+        s = b * 4 * hw
+        _words(yw, b * hw, x, s, s + hw, s + 2 * hw, s + 3 * hw, hw, 0, full, 0)
+
+
+def _from_blocked_py(y, x, hw, b0, b1):
+    """Blocks [b0, b1) of the flat 8-bit NCHW ``x`` from the flat 8-bit NCHW4 ``y``: each
+    word's 4 bytes to its block's 4 planes (a plane a pass, vectorized)."""
+    yw = y.view(np.uint32)
+    for b in range(b0, b1):
+        s = b * hw
+        for k in range(4):
+            d = (b * 4 + k) * hw
+            sh = np.uint32(8 * k)
+            for p in range(hw):
+                x[np.uintp(d + p)] = np.uint8((yw[np.uintp(s + p)] >> sh) & np.uint32(0xFF))
+
+
 #: the VNNI tile, relayout, column drop and unit taker the GEMM and band loops call: module
 #: globals, not closure cells (Numba keys a cached closure by its cells' pickles, and a
 #: compiled function's or an intrinsic's differs in every process)
@@ -756,6 +780,10 @@ def _compiled(name: str):
         return njit(**opts)(_relayout4_py)
     if name == "cut4":
         return njit(**opts)(_cut4_py)
+    if name == "to_blocked":
+        return njit(**opts)(_to_blocked_py)
+    if name == "from_blocked":
+        return njit(**opts)(_from_blocked_py)
     if name == "pack":
         return njit(**opts)(_pack_filter_py)
     if name == "drop":
@@ -798,6 +826,15 @@ def drop_columns(src, dst, rows: int, wp: int, ow: int, p0: int, p1: int) -> Non
     from the flat uint8 ``src`` (rows of ``wp`` bytes, those past ``ow`` dropped): the
     output of :func:`gemm_tiles`, computed over whole rows of the phase planes."""
     _compiled("drop")(src, dst, int(rows), int(wp), int(ow), int(p0), int(p1), 0, int(rows))
+
+
+def relayout_blocked(src, dst, hw: int, to_blocked: bool, b0: int, b1: int) -> None:
+    """Blocks [b0, b1) of 4 channels between the flat uint8 NCHW (planes of ``hw`` bytes)
+    and NCHW4 arrays: ``src`` NCHW into ``dst`` NCHW4 with ``to_blocked``, else ``src``
+    NCHW4 into ``dst`` NCHW (RelayoutFormat's NCHW_NCHW4 and NCHW4_NCHW of 8-bit values;
+    10-80x NumPy's strided copies)."""
+    name = "to_blocked" if to_blocked else "from_blocked"
+    _compiled(name)(src, dst, int(hw), int(b0), int(b1))
 
 
 def bands(vecs, epi, drop, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, w, init, out, q, geom,
