@@ -38,8 +38,9 @@ int8 speedup over float32 (issue 31's target: >= 1.5) and the ratios onnxruntime
 int8 (target: >= 1.0; higher is better for megbrain).
 
     python benchmarks/quantized.py [--models resnet18,mobilenet_v2] [--threads 2] [--rounds R]
-        [--size 224] [--profile [--top N]] [--nodes] [--layers]
+        [--size 224] [--profile [--top N]] [--nodes] [--layers] [--nchw4]
 
+``--nchw4`` compiles both megbrain graphs with ``use_nchw4`` instead of ``use_nchw88``.
 ``--profile`` lists megbrain's top operators of both graphs (``op_profile.py``, as
 ``onnx_zoo.py`` prints them); ``--nodes`` compares megbrain's int8 operators with
 onnxruntime's uint8-form nodes per kind of work (onnxruntime's profiler), and lists both
@@ -47,9 +48,9 @@ sides' nodes in order. ``--layers`` times each distinct dense convolution of the
 alone (the VNNI kernels, ConvBias RELU into QuantizedS8), at one thread and at ``--threads``,
 in each of :data:`LAYER_FORMS`: NCHW split once by bands of output rows
 (``quantized.VNNI_BANDS``), NCHW split per phase as before, and NCHW4 by bands (the layout
-of ``use_nchw4``), interleaved in one process: the wall time of a call (min and median of the rounds) and its
-CPU time summed over the threads that ran it (min; the work the call does, readable on a
-loaded machine where the wall times are not).
+of ``use_nchw4``), interleaved in one process: the wall time of a call (min and median of
+the rounds) and its CPU time summed over the threads that ran it (min; the work the call
+does, readable on a loaded machine where the wall times are not).
 """
 
 from __future__ import annotations
@@ -299,12 +300,19 @@ def quantize_params(net: Net, scales: list[float]) -> tuple[dict, dict]:
     return q, f
 
 
+#: the layout flag :func:`compile_inference` passes: ``load_inference``'s ``use_nchw88`` (the
+#: int8 layers stay NCHW), or ``use_nchw4`` (``--nchw4``: the int8 layers in NCHW4; not the
+#: default, see DECISIONS.md "int8 graphs stay NCHW")
+LAYOUT = "use_nchw88"
+
+
 def compile_inference(graph, x, outs: list):
     """The function ``x -> outs`` compiled as ``megbrain.onnx.load_inference`` compiles a
-    model: its ``optimize_for_inference`` choices, JIT fusion, weight preprocessing, then one
-    warm-up run on zeros. Returns ``(function, optimized output vars)``."""
+    model: its ``optimize_for_inference`` choices (the layout flag :data:`LAYOUT`), JIT
+    fusion, weight preprocessing, then one warm-up run on zeros. Returns ``(function,
+    optimized output vars)``."""
     outs = mgb.optimize_for_inference(
-        outs, fuse_conv_bias_nonlinearity=True, fuse_conv_bias_with_z=True, use_nchw88=True
+        outs, fuse_conv_bias_nonlinearity=True, fuse_conv_bias_with_z=True, **{LAYOUT: True}
     )
     graph.set_option("graph_opt.jit", 1)
     graph.set_option("graph_opt.weight_preprocess", 1)
@@ -435,9 +443,13 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--top", type=int, default=10, help="rows of each --profile table")
     ap.add_argument("--nodes", action="store_true",
                     help="megbrain int8 against onnxruntime u8 per kind of node")
+    ap.add_argument("--nchw4", action="store_true",
+                    help="compile the networks with use_nchw4 (the int8 layers in NCHW4)")
     ap.add_argument("--layers", action="store_true",
                     help="the dense convolutions alone, NCHW (bands, phases) and NCHW4")
     args = ap.parse_args(argv)
+    global LAYOUT
+    LAYOUT = "use_nchw4" if args.nchw4 else "use_nchw88"
     if args.layers:
         _limit_threads(args.threads)
         for name in args.models.split(","):

@@ -3,8 +3,8 @@
 The NCHW format is implemented, for floating-point dtypes and (forward only, MegDNN's
 integer arithmetic) the quantized ones, the forward channel-blocked NCHW88 for float32
 (:mod:`megbrain.kernels.pool.nchw88`, an inference layout without gradient), and the
-forward NCHW4 ``(N, C/4, H, W, 4)`` of any of those dtypes (the layout of ``use_nchw4``:
-the NCHW kernel between relayouts, no gradient); the gradient is
+forward NCHW4 ``(N, C/4, H, W, 4)`` of any of those dtypes (the layout of ``use_nchw4``,
+:mod:`megbrain.kernels.pool.nchw4`, no gradient); the gradient is
 PoolingBackward (MegDNN's ``PoolingBackward``), computed from src, dst and diff.
 """
 
@@ -19,10 +19,9 @@ from ..errors import MegBrainError
 from ..graph import OperatorNodeBase, register_opr
 from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..graph.param_def import members_of
-from ..kernels.conv import nchw4 as conv_nchw4
 from ..kernels.pool import binds as pool_kernels
+from ..kernels.pool import nchw4 as pool_nchw4
 from ..kernels.pool import nchw88 as pool_nchw88
-from ..kernels.steps import chain
 from ..serialization import sereg
 from . import param_defs as pdefs
 from .base import SymbolVar, build_opr
@@ -130,11 +129,9 @@ class Pooling(_PoolBase):
         if p.format == "NCHW88":
             return pool_nchw88.bind_pooling_nchw88(ins[0], outs[0], p.mode, p.window, p.stride,
                                                    p.pad)  # fmt: skip
-        if p.format == "NCHW4":  # the NCHW kernel between relayouts
-            x, to = conv_nchw4.to_nchw(ins[0])
-            y, _ = conv_nchw4.to_nchw(outs[0])
-            pool = pool_kernels.bind_pooling(x, y, p.mode, p.window, p.stride, p.pad)
-            return chain([to, pool, conv_nchw4.from_nchw(y, outs[0])])
+        if p.format == "NCHW4":
+            return pool_nchw4.bind_pooling_nchw4(ins[0], outs[0], p.mode, p.window, p.stride,
+                                                 p.pad)  # fmt: skip
         return pool_kernels.bind_pooling(ins[0], outs[0], p.mode, p.window, p.stride, p.pad)
 
     def grad(self, wrt_idx, out_grads):

@@ -51,6 +51,20 @@ def test_quantized_benchmark_layers_compares_both_splits(monkeypatch, capsys):
     out = capsys.readouterr().out
     # every dense layer at 1 and 2 threads, split per phase and by bands (outputs checked
     # equal inside), and the sums
-    assert "1t phases" in out and "2t bands" in out
+    assert "1t phases" in out and "2t bands" in out and "2t nchw4" in out
     assert "16x16x16 -> 96 1x1/s1" in out
     assert "the layers summed" in out
+
+
+@pytest.mark.slow
+def test_quantized_benchmark_runs_in_nchw4(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(_BENCHMARKS)
+    import quantized
+
+    monkeypatch.setattr(quantized, "LAYOUT", quantized.LAYOUT)  # (restored after the test)
+    rows = quantized.main(["--size", "32", "--rounds", "1", "--threads", "1", "--nchw4",
+                           "--models", "resnet18", "--profile", "--top", "3"])  # fmt: skip
+    out = capsys.readouterr().out
+    for peer in ("onnxruntime", "onnxruntime u8"):
+        assert rows[0][f"{peer} agreement"]["features max units"] <= 1, rows
+    assert "ConvBias NCHW4" in out

@@ -318,3 +318,26 @@ def test_blocked_copies_equal_numpy(n, c4, h, w, threads, kind):
     fro()
     np.testing.assert_array_equal(b, _to4(a))
     np.testing.assert_array_equal(back, a)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 2), c4=st.integers(1, 5), h=st.integers(1, 19), w=st.integers(1, 23),
+       threads=st.integers(1, 3), asymm=st.booleans())  # fmt: skip
+def test_nchw4_stem_max_pooling_equals_the_reference(n, c4, h, w, threads, asymm):
+    # 3x3/s2/p1 of int8 blocked (the padding rows and columns the lowest value), any size;
+    # Quantized8Asymm between relayouts
+    from megbrain.kernels.pool import nchw4 as pool_nchw4
+
+    dt = quint8(0.5, 3) if asymm else qint8(0.5)
+    x = ref.random_q(np.random.default_rng(h * w + c4), (n, 4 * c4, h, w), dt)
+    want = ref.pool2d_int(x, "MAX", (3, 3), (2, 2), (1, 1))
+    x4 = _to4(x.view(x.dtype.str)).copy().view(dt)
+    out = np.empty((n, c4, *want.shape[2:], 4), dt.str).view(dt)
+    saved = pool_nchw4._MIN_BYTES, parallel.num_threads
+    pool_nchw4._MIN_BYTES, parallel.num_threads = 1, lambda: threads
+    try:
+        step = pool_nchw4.bind_pooling_nchw4(x4, out, "MAX", (3, 3), (2, 2), (1, 1))
+    finally:
+        pool_nchw4._MIN_BYTES, parallel.num_threads = saved
+    step()
+    np.testing.assert_array_equal(_from4(out.view(dt.str)), want.view(dt.str))
