@@ -38,9 +38,11 @@ int8 speedup over float32 (issue 31's target: >= 1.5) and the ratios onnxruntime
 int8 (target: >= 1.0; higher is better for megbrain).
 
     python benchmarks/quantized.py [--models resnet18,mobilenet_v2] [--threads 2] [--rounds R]
-        [--size 224] [--profile [--top N]] [--nodes] [--layers] [--nchw4]
+        [--size 224] [--profile [--top N]] [--nodes] [--layers]
+        [--layout auto|use_nchw88|use_nchw4]
 
-``--nchw4`` compiles both megbrain graphs with ``use_nchw4`` instead of ``use_nchw88``.
+``--layout`` forces the layout flag of both megbrain graphs (default: ``load_inference``'s
+choice, :func:`megbrain.gopt.nchw4.layout_flag`).
 ``--profile`` lists megbrain's top operators of both graphs (``op_profile.py``, as
 ``onnx_zoo.py`` prints them); ``--nodes`` compares megbrain's int8 operators with
 onnxruntime's uint8-form nodes per kind of work (onnxruntime's profiler), and lists both
@@ -68,6 +70,7 @@ import op_profile
 from onnx_inference import _limit_threads, _ort_runner, _settings, interleaved
 
 import megbrain as mgb
+from megbrain.gopt.nchw4 import layout_flag
 
 MODELS = ("resnet18", "mobilenet_v2")
 
@@ -300,10 +303,11 @@ def quantize_params(net: Net, scales: list[float]) -> tuple[dict, dict]:
     return q, f
 
 
-#: the layout flag :func:`compile_inference` passes: ``load_inference``'s ``use_nchw88`` (the
-#: int8 layers stay NCHW), or ``use_nchw4`` (``--nchw4``: the int8 layers in NCHW4; not the
-#: default, see DECISIONS.md "int8 graphs stay NCHW")
-LAYOUT = "use_nchw88"
+#: the layout flag :func:`compile_inference` passes: None for ``load_inference``'s choice
+#: (:func:`megbrain.gopt.nchw4.layout_flag`: ``use_nchw4`` for ResNet-18's int8 graph on a
+#: VNNI CPU, ``use_nchw88`` for MobileNetV2's and the float graphs), or the one ``--layout``
+#: forces
+LAYOUT: str | None = None
 
 
 def compile_inference(graph, x, outs: list):
@@ -311,8 +315,9 @@ def compile_inference(graph, x, outs: list):
     model: its ``optimize_for_inference`` choices (the layout flag :data:`LAYOUT`), JIT
     fusion, weight preprocessing, then one warm-up run on zeros. Returns ``(function,
     optimized output vars)``."""
+    flag = LAYOUT or layout_flag(outs)
     outs = mgb.optimize_for_inference(
-        outs, fuse_conv_bias_nonlinearity=True, fuse_conv_bias_with_z=True, **{LAYOUT: True}
+        outs, fuse_conv_bias_nonlinearity=True, fuse_conv_bias_with_z=True, **{flag: True}
     )
     graph.set_option("graph_opt.jit", 1)
     graph.set_option("graph_opt.weight_preprocess", 1)
@@ -443,13 +448,13 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--top", type=int, default=10, help="rows of each --profile table")
     ap.add_argument("--nodes", action="store_true",
                     help="megbrain int8 against onnxruntime u8 per kind of node")
-    ap.add_argument("--nchw4", action="store_true",
-                    help="compile the networks with use_nchw4 (the int8 layers in NCHW4)")
+    ap.add_argument("--layout", choices=("auto", "use_nchw88", "use_nchw4"), default="auto",
+                    help="the layout flag of both megbrain graphs (auto: load_inference's)")
     ap.add_argument("--layers", action="store_true",
                     help="the dense convolutions alone, NCHW (bands, phases) and NCHW4")
     args = ap.parse_args(argv)
     global LAYOUT
-    LAYOUT = "use_nchw4" if args.nchw4 else "use_nchw88"
+    LAYOUT = None if args.layout == "auto" else args.layout
     if args.layers:
         _limit_threads(args.threads)
         for name in args.models.split(","):
@@ -555,6 +560,10 @@ def _our_nodes(case: Case, runs: int) -> list[tuple[str, str, float]]:
         y = tuple(static_shape(opr.outputs[0]) or ())
         p = getattr(opr, "param", None)
         if opr.type_name.startswith("ConvBias") or opr.type_name == "ConvolutionForward":
+            if p.format == "NCHW4":  # as NCHW: channels unblocked (the stem's 4 were 3)
+                shapes[0] = _unblocked(shapes[0], stem=True)
+                shapes[1] = (*shapes[1][:-4], shapes[1][-4] * 4, *shapes[1][-3:-1])
+                y = _unblocked(y)
             w = shapes[1]
             group = w[0] if p.sparse == "GROUP" else 1
             w = (w[0] * w[1], *w[2:]) if p.sparse == "GROUP" else w
@@ -566,6 +575,12 @@ def _our_nodes(case: Case, runs: int) -> list[tuple[str, str, float]]:
         rows.append((kind, f"{'x'.join(map(str, shapes[0] if shapes else ()))} -> "
                            f"{'x'.join(map(str, y))}", statistics.median(ts)))  # fmt: skip
     return rows
+
+
+def _unblocked(shape: tuple, stem: bool = False) -> tuple:
+    """The NCHW shape of an NCHW4 one (``stem``: 4 channels were the input's 3, padded)."""
+    n, c4, h, w, _ = shape
+    return (n, 3 if stem and c4 == 1 else 4 * c4, h, w)
 
 
 def _ort_nodes(model: bytes, feed: dict, threads: int, runs: int) -> list:

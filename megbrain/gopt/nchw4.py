@@ -26,7 +26,9 @@ import dataclasses
 
 from ..dtype import dtype_name
 from ..graph import VarNode, static_shape
-from ..opr.base import SymbolVar
+from ..graph.replace import dep_oprs
+from ..kernels.conv import quantized as conv_quantized
+from ..opr.base import SymbolVar, as_var
 from ..opr.dnn import Convolution
 from ..opr.dnn_conv_bias import ConvBias
 from ..opr.dnn_pool import Pooling
@@ -34,7 +36,7 @@ from ..opr.relayout import relayout_format
 from ..opr.tensor_manip import reshape
 from .passes import Rewriter, VarMap, inherit_props
 
-__all__ = ["use_nchw4"]
+__all__ = ["layout_flag", "use_nchw4"]
 
 _CONVS = (Convolution.type_name, ConvBias.type_name)
 #: the operators computing the same values in any layout of their (same-shaped) inputs
@@ -137,3 +139,20 @@ def use_nchw4(graph, dest, options) -> VarMap:
         if v in blocked:
             varmap.reasons[v] = "computed in NCHW4"
     return varmap
+
+
+def layout_flag(output_vars) -> str:
+    """The layout flag of :func:`megbrain.optimize_for_inference` for the graph of
+    ``output_vars`` on this host: ``"use_nchw4"`` where the VNNI kernels are on
+    (``quantized.VNNI``), the graph has QuantizedS8 convolutions and every one of them
+    converts (ResNet-18: its operators 0.5-0.8% faster in NCHW4); else ``"use_nchw88"``
+    (float graphs; and int8 ones with depthwise layers, which stay NCHW behind two
+    relayouts each: MobileNetV2 17% slower in NCHW4). See DECISIONS.md, "use_nchw4 for
+    int8 graphs whose convolutions all convert"."""
+    if not conv_quantized.VNNI:
+        return "use_nchw88"
+    vars_ = [as_var(v) for v in (output_vars if isinstance(output_vars, (list, tuple))
+                                 else [output_vars])]  # fmt: skip
+    convs = [o for o in dep_oprs(vars_) if o.type_name in _CONVS
+             and dtype_name(o.inputs[0].dtype) == "QuantizedS8"]  # fmt: skip
+    return "use_nchw4" if convs and all(converts(o) for o in convs) else "use_nchw88"

@@ -116,3 +116,19 @@ def test_use_nchw4_leaves_a_float_graph():
     (new,) = mgb.optimize_for_inference([y], use_nchw4=True)
     _, seq = _oprs([new])
     assert not any(o.type_name == "RelayoutFormat" for o in seq)
+
+
+@pytest.mark.parametrize("vnni", [False, True])
+def test_layout_flag_chooses_nchw4_where_every_int8_convolution_converts(vnni, monkeypatch):
+    from megbrain.gopt.nchw4 import layout_flag
+    from megbrain.kernels.conv import quantized
+
+    monkeypatch.setattr(quantized, "VNNI", vnni)
+    dense, _ = _resnet_like()
+    depthwise, _ = _resnet_like(depthwise=True)
+    assert layout_flag(dense) == ("use_nchw4" if vnni else "use_nchw88")
+    assert layout_flag(depthwise) == "use_nchw88"  # its depthwise layer would stay NCHW
+    g = mgb.comp_graph(check_env_var=False)
+    x = mgb.make_arg(CN, g, name="x", shape=(1, 8, 6, 6))
+    w = mgb.make_immutable(CN, g, np.ones((8, 8, 3, 3), np.float32))
+    assert layout_flag(mgb.opr.convolution(x, w)) == "use_nchw88"  # a float graph
