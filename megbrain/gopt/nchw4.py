@@ -34,6 +34,7 @@ from ..opr.dnn_conv_bias import ConvBias
 from ..opr.dnn_pool import Pooling
 from ..opr.relayout import relayout_format
 from ..opr.tensor_manip import reshape
+from .nchw88 import finish_blocked, keep_nchw
 from .passes import Rewriter, VarMap, inherit_props
 
 __all__ = ["layout_flag", "use_nchw4"]
@@ -128,17 +129,8 @@ def use_nchw4(graph, dest, options) -> VarMap:
             if new is not None:
                 blocked[opr.outputs[0]] = new
                 continue
-            for v in (*opr.inputs, *opr.extra_deps):
-                nchw(v)
-            for old, rebuilt in zip(opr.outputs, rw.rebuild(opr)):
-                rw.replace(old, rebuilt)
-    for v in dest:
-        nchw(v)
-    varmap = rw.varmap
-    for v in dest:
-        if v in blocked:
-            varmap.reasons[v] = "computed in NCHW4"
-    return varmap
+            keep_nchw(rw, opr, nchw)
+    return finish_blocked(rw, dest, blocked, nchw, "NCHW4")
 
 
 def layout_flag(output_vars) -> str:

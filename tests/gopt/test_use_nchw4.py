@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_nchw88 import _oprs
 
 import megbrain as mgb
 
 CN = "cpu0"
 qint8, qint32 = mgb.dtype.qint8, mgb.dtype.qint32
-
-
-def _oprs(outs):
-    g = outs[0].owner_graph
-    f = g.compile(None, [mgb.copy_output(v) for v in outs])
-    return f, list(f._func.iter_opr_seq())
 
 
 def _results(outs, x):
