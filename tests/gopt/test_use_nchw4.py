@@ -127,3 +127,18 @@ def test_layout_flag_chooses_nchw4_where_every_int8_convolution_converts(vnni, m
     x = mgb.make_arg(CN, g, name="x", shape=(1, 8, 6, 6))
     w = mgb.make_immutable(CN, g, np.ones((8, 8, 3, 3), np.float32))
     assert layout_flag(mgb.opr.convolution(x, w)) == "use_nchw88"  # a float graph
+
+
+def test_an_nchw4_graph_round_trips_through_serialization(tmp_path):
+    # the NCHW4 ConvBias and Pooling params, RelayoutFormat's NCHW4 modes
+    outs, x = _resnet_like()
+    new = mgb.optimize_for_inference(outs, use_nchw4=True, fuse_conv_bias_nonlinearity=True)
+    want = _results(new, x)
+    path = str(tmp_path / "nchw4.mge")
+    mgb.serialize_comp_graph_to_file(path, new)
+    _, _, loaded = mgb.load_comp_graph_from_file(path)
+    (inp,) = mgb.cgtools.get_dep_vars(loaded, "Host2DeviceCopy")
+    f = loaded[0].owner_graph.compile([inp], [mgb.copy_output(v) for v in loaded])
+    got = [np.asarray(a).view(np.dtype(a.dtype.str)) for a in f(x)]
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(b, a)
