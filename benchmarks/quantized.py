@@ -543,6 +543,7 @@ _NODE_NAMES = {
     "MatrixMul": "classifier", "MatMulInteger": "classifier",
     "TypeCvt": "quantize, dequantize", "QuantizeLinear": "quantize, dequantize",
     "NhwcMaxPool": "max pool", "Max": "ReLU (Max)", "Transpose": "relayout",
+    "RelayoutFormat": "relayout",
     "DequantizeLinear": "quantize, dequantize",
 }  # fmt: skip
 

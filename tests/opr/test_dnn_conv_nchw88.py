@@ -287,9 +287,11 @@ def test_relayout_format_modes(mode, shape):
     check_opr(lambda v: relayout_format(v, mode=mode), lambda v: _ref_relayout(v, mode), [a])
 
 
-@pytest.mark.parametrize("mode", ["NCHW_NCHW88", "NCHW88_NCHW"])
-def test_relayout_format_grad_is_the_inverse(mode):
-    shape = (1, 16, 2, 3) if mode == "NCHW_NCHW88" else (1, 2, 2, 3, 8)
+@pytest.mark.parametrize("mode, shape", [("NCHW_NCHW88", (1, 16, 2, 3)),
+                                         ("NCHW88_NCHW", (1, 2, 2, 3, 8)),
+                                         ("NCHW_NCHW4", (1, 8, 2, 3)),
+                                         ("NCHW4_NCHW", (1, 2, 2, 3, 4))])  # fmt: skip
+def test_relayout_format_grad_is_the_inverse(mode, shape):
     check_grad(lambda v: relayout_format(v, mode=mode),
                [np.random.default_rng(11).standard_normal(shape)])  # fmt: skip
 

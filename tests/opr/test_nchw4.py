@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import quantized_ref as ref
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from opr_harness import check_grad, check_opr, inputs, make_graph
+from opr_harness import check_opr, inputs, make_graph
+from test_conv_int8_vnni import _PATHS, _path
 
 import megbrain as mgb
 from megbrain.errors import MegBrainError
@@ -84,13 +85,6 @@ def test_relayout_format_nchw4_keeps_quantized_dtypes(dt):
     np.testing.assert_array_equal(np.asarray(again).view(a.dtype.str)[:, :5], plain)
 
 
-@pytest.mark.parametrize("mode", ["NCHW_NCHW4", "NCHW4_NCHW"])
-def test_relayout_format_nchw4_grad_is_the_inverse(mode):
-    shape = (1, 8, 2, 3) if mode == "NCHW_NCHW4" else (1, 2, 2, 3, 4)
-    check_grad(lambda v: relayout_format(v, mode=mode),
-               [np.random.default_rng(3).standard_normal(shape)])  # fmt: skip
-
-
 @pytest.mark.parametrize(
     "mode, shape, match",
     [
@@ -137,26 +131,10 @@ def _filter_nchw4(f: np.ndarray, g: int) -> np.ndarray:
     return _weight4(f[0] if g == 1 else f)
 
 
-_PATHS = [
-    pytest.param(False, id="relayout"),
-    pytest.param(True, id="vnni-blocked", marks=pytest.mark.skipif(
-        not vnni.available(), reason="the CPU has no AVX-512 VNNI")),
-]  # fmt: skip
-
-
-@pytest.fixture
-def vnni_on(request, monkeypatch):
-    """The VNNI kernels on (the blocked bands where they take the layer) or off (the
-    portable NCHW kernel between relayouts)."""
-    monkeypatch.setattr(quantized, "VNNI", request.param)
-    return request.param
-
-
-@pytest.mark.parametrize("vnni_on", _PATHS, indirect=True)
-@settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # (set per test)
+@pytest.mark.parametrize("on", _PATHS)  # the blocked VNNI bands, or the relayout fallback
+@settings(max_examples=30, deadline=None)
 @given(c=_convs())
-def test_conv_bias_nchw4_equals_the_nchw_reference(vnni_on, c):
+def test_conv_bias_nchw4_equals_the_nchw_reference(on, c):
     rng = np.random.default_rng(c["seed"])
     sx, sw = 0.5, 0.25
     x = ref.random_q(rng, c["shape"], qint8(sx))
@@ -187,11 +165,12 @@ def test_conv_bias_nchw4_equals_the_nchw_reference(vnni_on, c):
         param = ConvBiasParam(nonlineMode=c["mode"], format="NCHW4", **kw)
         y = build_opr(ConvBias, ins, param, odt, None, None, None, None)
     assert y.imm_shape == (want.shape[0], oc // 4, *want.shape[2:], 4)
-    run = gr.compile([xv], [mgb.copy_output(y)])
-    for _ in range(2):  # a constant filter is relaid once
-        (got,) = run(x4)
-        np.testing.assert_array_equal(_from4(np.asarray(got).view(np.int8)),
-                                      want.view(np.int8))  # fmt: skip
+    with _path(on):  # (bound at the first call)
+        run = gr.compile([xv], [mgb.copy_output(y)])
+        for _ in range(2):  # a constant filter is relaid once
+            (got,) = run(x4)
+            np.testing.assert_array_equal(_from4(np.asarray(got).view(np.int8)),
+                                          want.view(np.int8))  # fmt: skip
 
 
 @settings(max_examples=15, deadline=None)
