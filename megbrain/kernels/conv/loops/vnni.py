@@ -40,7 +40,11 @@ as one product by the scales' ratio, the division run only near ties).
 A layer runs as :func:`bands`: each thread takes units (a band of output rows, or a chunk
 of the output channels) as it goes, relays the band's source rows into a buffer of its own,
 runs the band's tiles and drops its rows' columns, so that no thread waits for another's
-phase. The per-phase loops (:func:`relayout`, :func:`gemm_tiles`, :func:`drop_columns`)
+phase. An NCHW4 source (``use_nchw4``) is relaid by a word copy (:func:`_relayout4_py`:
+its positions are 4-channel words already) and an NCHW4 output written by interleaving each
+band's rows of 4 output channels into words (:func:`_cut4_py`), the tiles unchanged;
+:func:`relayout_blocked` converts 8-bit tensors between NCHW and NCHW4. The per-phase
+loops (:func:`relayout`, :func:`gemm_tiles`, :func:`drop_columns`)
 take ``[begin, end)`` ranges for :func:`megbrain.kernels.parallel.split`. All are GIL-free
 and allocate nothing.
 """
