@@ -320,3 +320,25 @@ def test_nchw4_stem_max_pooling_equals_the_reference(n, c4, h, w, threads, asymm
         pool_nchw4._MIN_BYTES, parallel.num_threads = saved
     step()
     np.testing.assert_array_equal(_from4(out.view(dt.str)), want.view(dt.str))
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 2), c4=st.integers(1, 5), h=st.integers(1, 9), w=st.integers(1, 9),
+       threads=st.integers(1, 3), asymm=st.booleans(),
+       mode=st.sampled_from(["AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING"]))  # fmt: skip
+def test_nchw4_global_average_pooling_equals_the_reference(n, c4, h, w, threads, asymm, mode):
+    from megbrain.kernels.pool import nchw4 as pool_nchw4
+
+    dt = quint8(0.5, 3) if asymm else qint8(0.5)
+    x = ref.random_q(np.random.default_rng(h * w + c4), (n, 4 * c4, h, w), dt)
+    want = ref.pool2d_int(x, mode, (h, w), (1, 1), (0, 0))
+    x4 = _to4(x.view(x.dtype.str)).copy().view(dt)
+    out = np.empty((n, c4, 1, 1, 4), dt.str).view(dt)
+    saved = pool_nchw4._MIN_BYTES, parallel.num_threads
+    pool_nchw4._MIN_BYTES, parallel.num_threads = 1, lambda: threads
+    try:
+        step = pool_nchw4.bind_pooling_nchw4(x4, out, mode, (h, w), (1, 1), (0, 0))
+    finally:
+        pool_nchw4._MIN_BYTES, parallel.num_threads = saved
+    step()
+    np.testing.assert_array_equal(_from4(out.view(dt.str)), want.view(dt.str))

@@ -7,8 +7,10 @@ row's bytes (4 channels a position, contiguous), then of each byte and its neigh
 bytes away (the positions before and after, the padding the lowest value), then every
 other position's word copied out; every pass runs over contiguous bytes (LLVM vectorizes
 them; a loop over the taps of each output's channels stayed scalar, 3x slower than the
-NCHW loop). A maximum rounds nothing, so the values equal the NCHW pooling's. Other
-geometries, modes and dtypes run the NCHW pooling between relayouts.
+NCHW loop). A maximum rounds nothing, so the values equal the NCHW pooling's. The global
+average of 8-bit quantized values (a classifier's head) sums each block's 4 channels over
+its positions and quantizes each sum as the NCHW loop does. Other geometries, modes and
+dtypes run the NCHW pooling between relayouts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from numba import njit
 
 from .. import parallel
 from ..conv import nchw4 as conv_nchw4
+from ..conv.loops.int8 import _quantize
+from ..elemwise import quant_params
 from ..steps import Step, chain
 from . import binds
 
@@ -56,9 +60,28 @@ def _max_3s2p1_py(x, y, h_, w_, oh_, ow_, lo, hi):  # pragma: no cover - compile
                 yw[d + q] = hw[np.uintp(2) * q]
 
 
+def _avg_global_py(x, y, q, lo, hi):  # pragma: no cover - compiled
+    """Blocks [lo, hi) of the 8-bit global average (``x`` (B, H W 4) a block's positions,
+    ``y`` (B, 4)): each channel's int32 sum (wrapping) quantized as
+    :func:`.loops._fwd_avg_global_q8` quantizes a plane's (``q``: the area, qmin, qmax)."""
+    area = x.shape[1] // 4
+    for b in range(lo, hi):
+        xb = x[b]
+        t0 = t1 = t2 = t3 = np.int64(0)
+        for p in range(np.uintp(area)):
+            o = np.uintp(4) * p
+            t0 += np.int64(xb[o])
+            t1 += np.int64(xb[o + np.uintp(1)])
+            t2 += np.int64(xb[o + np.uintp(2)])
+            t3 += np.int64(xb[o + np.uintp(3)])
+        for k, t in enumerate((t0, t1, t2, t3)):
+            y[b, k] = _quantize(np.float32(np.int32(t)), q[0], np.float32(0), q[1], q[2])
+
+
 @functools.cache
-def _compiled():
-    return njit(nogil=True, cache=True, error_model="numpy")(_max_3s2p1_py)
+def _compiled(name: str = "max"):
+    fn = _max_3s2p1_py if name == "max" else _avg_global_py
+    return njit(nogil=True, cache=True, error_model="numpy")(fn)
 
 
 def bind_pooling_nchw4(src: np.ndarray, out: np.ndarray, mode: str, window, stride,
@@ -88,6 +111,16 @@ def bind_pooling_nchw4(src: np.ndarray, out: np.ndarray, mode: str, window, stri
         x = src.view(np.int8).reshape(n * c4, h * w * 4)
         y = out.view(np.int8).reshape(n * c4, oh * ow * 4)
         part = functools.partial(_compiled(), x, y, h, w, oh, ow)
+        return parallel.split(part, n * c4, max(1, _MIN_BYTES // (h * w * 4)))
+    if (mode in ("AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING") and (oh, ow) == (1, 1)
+            and tuple(window) == (h, w) and not any(pad) and src.dtype.itemsize == 1
+            and quant_params(src.dtype) is not None and src.flags.c_contiguous
+            and out.flags.c_contiguous):  # fmt: skip
+        qp = quant_params(src.dtype)
+        q = np.array([h * w, qp.qmin, qp.qmax], np.float32)
+        x = src.view(np.dtype(src.dtype.str)).reshape(n * c4, h * w * 4)
+        y = out.view(np.dtype(out.dtype.str)).reshape(n * c4, 4)
+        part = functools.partial(_compiled("avg"), x, y, q)
         return parallel.split(part, n * c4, max(1, _MIN_BYTES // (h * w * 4)))
     x, to = conv_nchw4.to_nchw(src)
     y, _ = conv_nchw4.to_nchw(out)
