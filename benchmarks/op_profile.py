@@ -30,12 +30,15 @@ def describe(opr) -> tuple[str, str]:
             fh, fw = fshape[1:3]  # the hybrid first layer's (OC/8, FH, FW, IC, 8)
         elif p.format == "NCHW88":  # the channel blocks of 8 trail the filter's dims
             fh, fw = fshape[-4:-2] if fshape[-2:] == (8, 8) else fshape[-3:-1]
+        elif p.format == "NCHW4":  # (..., FH, FW, 4)
+            fh, fw = fshape[-3:-1]
         else:
             fh, fw = fshape[-2:]
         if p.sparse == "GROUP":
             # a group filter is (G, OCpG, ICpG, ...) (NCHW88: those counted in blocks of 8):
             # depthwise when both are one channel
-            icg = fshape[2] * (8 if p.format == "NCHW88" and fshape[-2:] == (8, 8) else 1)
+            icg = fshape[2] * (8 if p.format == "NCHW88" and fshape[-2:] == (8, 8) else
+                               4 if p.format == "NCHW4" else 1)  # fmt: skip
             ocg = fshape[1] * (8 if p.format == "NCHW88" and fshape[-2:] == (8, 8) else 1)
             grouping = "depthwise" if (icg, ocg) == (1, 1) else f"grouped {icg}/group"
         else:

@@ -39,16 +39,20 @@ int8 (target: >= 1.0; higher is better for megbrain).
 
     python benchmarks/quantized.py [--models resnet18,mobilenet_v2] [--threads 2] [--rounds R]
         [--size 224] [--profile [--top N]] [--nodes] [--layers]
+        [--layout auto|use_nchw88|use_nchw4]
 
+``--layout`` forces the layout flag of both megbrain graphs (default: ``load_inference``'s
+choice, :func:`megbrain.gopt.nchw4.layout_flag`).
 ``--profile`` lists megbrain's top operators of both graphs (``op_profile.py``, as
 ``onnx_zoo.py`` prints them); ``--nodes`` compares megbrain's int8 operators with
 onnxruntime's uint8-form nodes per kind of work (onnxruntime's profiler), and lists both
 sides' nodes in order. ``--layers`` times each distinct dense convolution of the networks
 alone (the VNNI kernels, ConvBias RELU into QuantizedS8), at one thread and at ``--threads``,
-split once by bands of output rows (``quantized.VNNI_BANDS``) and split per phase as before,
-interleaved in one process: the wall time of a call (min and median of the rounds) and its
-CPU time summed over the threads that ran it (min; the work the call does, readable on a
-loaded machine where the wall times are not).
+in each of :data:`LAYER_FORMS`: NCHW split once by bands of output rows
+(``quantized.VNNI_BANDS``), NCHW split per phase as before, and NCHW4 by bands (the layout
+of ``use_nchw4``), interleaved in one process: the wall time of a call (min and median of
+the rounds) and its CPU time summed over the threads that ran it (min; the work the call
+does, readable on a loaded machine where the wall times are not).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ import op_profile
 from onnx_inference import _limit_threads, _ort_runner, _settings, interleaved
 
 import megbrain as mgb
+from megbrain.gopt.nchw4 import layout_flag
 
 MODELS = ("resnet18", "mobilenet_v2")
 
@@ -298,12 +303,21 @@ def quantize_params(net: Net, scales: list[float]) -> tuple[dict, dict]:
     return q, f
 
 
+#: the layout flag :func:`compile_inference` passes: None for ``load_inference``'s choice
+#: (:func:`megbrain.gopt.nchw4.layout_flag`: ``use_nchw4`` for ResNet-18's int8 graph on a
+#: VNNI CPU, ``use_nchw88`` for MobileNetV2's and the float graphs), or the one ``--layout``
+#: forces
+LAYOUT: str | None = None
+
+
 def compile_inference(graph, x, outs: list):
     """The function ``x -> outs`` compiled as ``megbrain.onnx.load_inference`` compiles a
-    model: its ``optimize_for_inference`` choices, JIT fusion, weight preprocessing, then one
-    warm-up run on zeros. Returns ``(function, optimized output vars)``."""
+    model: its ``optimize_for_inference`` choices (the layout flag :data:`LAYOUT`), JIT
+    fusion, weight preprocessing, then one warm-up run on zeros. Returns ``(function,
+    optimized output vars)``."""
+    flag = LAYOUT or layout_flag(outs)
     outs = mgb.optimize_for_inference(
-        outs, fuse_conv_bias_nonlinearity=True, fuse_conv_bias_with_z=True, use_nchw88=True
+        outs, fuse_conv_bias_nonlinearity=True, fuse_conv_bias_with_z=True, **{flag: True}
     )
     graph.set_option("graph_opt.jit", 1)
     graph.set_option("graph_opt.weight_preprocess", 1)
@@ -434,9 +448,13 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--top", type=int, default=10, help="rows of each --profile table")
     ap.add_argument("--nodes", action="store_true",
                     help="megbrain int8 against onnxruntime u8 per kind of node")
+    ap.add_argument("--layout", choices=("auto", "use_nchw88", "use_nchw4"), default="auto",
+                    help="the layout flag of both megbrain graphs (auto: load_inference's)")
     ap.add_argument("--layers", action="store_true",
-                    help="the dense convolutions alone, split by bands and per phase")
+                    help="the dense convolutions alone, NCHW (bands, phases) and NCHW4")
     args = ap.parse_args(argv)
+    global LAYOUT
+    LAYOUT = None if args.layout == "auto" else args.layout
     if args.layers:
         _limit_threads(args.threads)
         for name in args.models.split(","):
@@ -525,6 +543,7 @@ _NODE_NAMES = {
     "MatrixMul": "classifier", "MatMulInteger": "classifier",
     "TypeCvt": "quantize, dequantize", "QuantizeLinear": "quantize, dequantize",
     "NhwcMaxPool": "max pool", "Max": "ReLU (Max)", "Transpose": "relayout",
+    "RelayoutFormat": "relayout",
     "DequantizeLinear": "quantize, dequantize",
 }  # fmt: skip
 
@@ -542,6 +561,10 @@ def _our_nodes(case: Case, runs: int) -> list[tuple[str, str, float]]:
         y = tuple(static_shape(opr.outputs[0]) or ())
         p = getattr(opr, "param", None)
         if opr.type_name.startswith("ConvBias") or opr.type_name == "ConvolutionForward":
+            if p.format == "NCHW4":  # as NCHW: channels unblocked (the stem's 4 were 3)
+                shapes[0] = _unblocked(shapes[0], stem=True)
+                shapes[1] = (*shapes[1][:-4], shapes[1][-4] * 4, *shapes[1][-3:-1])
+                y = _unblocked(y)
             w = shapes[1]
             group = w[0] if p.sparse == "GROUP" else 1
             w = (w[0] * w[1], *w[2:]) if p.sparse == "GROUP" else w
@@ -553,6 +576,12 @@ def _our_nodes(case: Case, runs: int) -> list[tuple[str, str, float]]:
         rows.append((kind, f"{'x'.join(map(str, shapes[0] if shapes else ()))} -> "
                            f"{'x'.join(map(str, y))}", statistics.median(ts)))  # fmt: skip
     return rows
+
+
+def _unblocked(shape: tuple, stem: bool = False) -> tuple:
+    """The NCHW shape of an NCHW4 one (``stem``: 4 channels were the input's 3, padded)."""
+    n, c4, h, w, _ = shape
+    return (n, 3 if stem and c4 == 1 else 4 * c4, h, w)
 
 
 def _ort_nodes(model: bytes, feed: dict, threads: int, runs: int) -> list:
@@ -648,13 +677,29 @@ def _runner(case: Case, kind: str, graph):
     return functools.partial(f, case.x)
 
 
-def _bind_layer(cin: int, size: int, cout: int, k: int, stride: int, threads: int, bands: bool,
+#: the forms ``--layers`` times: the NCHW VNNI bands, the same split per phase, and the
+#: NCHW4 bands (the blocked source's words read as they are, NCHW4 words written)
+LAYER_FORMS = ("bands", "phases", "nchw4")
+
+
+def _blocked(a: np.ndarray) -> np.ndarray:
+    """NCHW ``a`` (channels a multiple of 4, or padded with zeros) as NCHW4, its dtype."""
+    n, c, h, w = a.shape
+    cp = -(-c // 4) * 4
+    b = np.zeros((n, cp, h, w), a.dtype.str)
+    b[:, :c] = a.view(a.dtype.str)
+    return np.ascontiguousarray(b.reshape(n, cp // 4, 4, h, w).transpose(0, 1, 3, 4, 2)).view(
+        a.dtype)
+
+
+def _bind_layer(cin: int, size: int, cout: int, k: int, stride: int, threads: int, form: str,
                 log: list):  # fmt: skip
     """A ConvBias RELU into QuantizedS8 (random operands, a constant filter) bound for
-    ``threads`` threads, split by bands or per phase; each split's parts append ``(thread,
-    thread CPU ns)`` to ``log``."""
+    ``threads`` threads in ``form`` (:data:`LAYER_FORMS`); each split's parts append
+    ``(thread, thread CPU ns)`` to ``log``. Returns the step and a function reading its
+    output in NCHW."""
     from megbrain.kernels import parallel
-    from megbrain.kernels.conv import quantized
+    from megbrain.kernels.conv import nchw4, quantized
     from megbrain.kernels.conv.constant_operands import constant_filter
 
     rng = np.random.default_rng(0)
@@ -674,19 +719,30 @@ def _bind_layer(cin: int, size: int, cout: int, k: int, stride: int, threads: in
 
         return split(part, n, min_items)
 
+    def nchw():
+        if form != "nchw4":
+            return y.view(np.int8)
+        return y4.view(np.int8).transpose(0, 1, 4, 2, 3).reshape(y.shape)
+
     saved = quantized.VNNI_BANDS
-    quantized.VNNI_BANDS, parallel.split, parallel.num_threads = bands, timed, lambda: threads
+    quantized.VNNI_BANDS, parallel.split, parallel.num_threads = (form != "phases", timed,
+                                                                  lambda: threads)  # fmt: skip
+    geo = ((stride,) * 2, (k // 2,) * 2, (1, 1), False, "RELU")
     try:
         with constant_filter(True):
-            step = quantized.bind_quantized_conv_bias(x, w, b, None, y, (stride,) * 2,
-                                                      (k // 2,) * 2, (1, 1), False, "RELU")
+            if form == "nchw4":
+                y4 = _blocked(y)
+                step = nchw4.bind_nchw4_conv_bias(_blocked(x), _blocked(w[0]), _blocked(b),
+                                                  None, y4, *geo, group=False)
+            else:
+                step = quantized.bind_quantized_conv_bias(x, w, b, None, y, *geo)
     finally:
         quantized.VNNI_BANDS, parallel.split, parallel.num_threads = saved, split, count
-    return step, y
+    return step, nchw
 
 
 def layer_times(net: Net, threads: int, rounds: int, calls: int = 20) -> list[tuple]:
-    """``(layer, {(threads, bands): (wall min, wall median, CPU min)})`` in s for each
+    """``(layer, {(threads, form): (wall min, wall median, CPU min)})`` in s for each
     distinct dense convolution of ``net`` (see the module's ``--layers``)."""
     shapes = []
     for op, ins, a in net.nodes:
@@ -698,14 +754,14 @@ def layer_times(net: Net, threads: int, rounds: int, calls: int = 20) -> list[tu
     out = []
     for shape in shapes:
         log: list = []
-        steps = {(t, bands): _bind_layer(*shape, t, bands, log)
-                 for t in sorted({1, threads}) for bands in (False, True)}  # fmt: skip
+        steps = {(t, form): _bind_layer(*shape, t, form, log)
+                 for t in sorted({1, threads}) for form in LAYER_FORMS}  # fmt: skip
         first = None
-        for step, y in steps.values():
+        for step, result in steps.values():
             step()
-            got = y.view(np.int8).copy()
+            got = result().copy()
             if first is not None and not np.array_equal(got, first):
-                raise AssertionError(f"layer {shape}: the two splits differ")
+                raise AssertionError(f"layer {shape}: the forms differ")
             first = got
         walls: dict = {key: [] for key in steps}
         cpus: dict = {key: [] for key in steps}
@@ -730,7 +786,7 @@ def print_layers(name: str, rows: list[tuple]) -> None:
     print(f"{name}: dense convolutions alone, ms: wall min / median, CPU over the threads")
     keys = list(rows[0][1])
     print(f"{'layer':28s} " + " ".join(
-        f"{f'{t}t ' + ('bands' if b else 'phases'):>22s}" for t, b in keys))  # fmt: skip
+        f"{f'{t}t {form}':>22s}" for t, form in keys))  # fmt: skip
     sums = {k: [0.0, 0.0, 0.0] for k in keys}
     for (cin, size, cout, k, stride), times in rows:
         label = f"{cin}x{size}x{size} -> {cout} {k}x{k}/s{stride}"

@@ -1,7 +1,7 @@
 """Graph optimizer: rewrites registered by name and applied in a readable preset order
 (:mod:`megbrain.gopt.framework`)."""
 
-from . import jit, linear, nchw88, sublinear, training
+from . import jit, linear, nchw4, nchw88, sublinear, training
 from .framework import (
     INFERENCE_PRESET,
     PASSES,
@@ -24,6 +24,7 @@ __all__ = [
     "install",
     "jit",
     "linear",
+    "nchw4",
     "nchw88",
     "optimize_for_compile",
     "optimize_for_inference",

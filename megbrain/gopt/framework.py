@@ -67,6 +67,7 @@ INFERENCE_PRESET: list[str] = [
     "fuse_conv_bias_nonlinearity",
     "fuse_conv_bias_with_z",
     "use_nchw88",
+    "use_nchw4",
     "convert_f16_io",
     "param_fuse",
     "param_merge",
@@ -77,6 +78,7 @@ INFERENCE_FLAGS: dict[str, tuple[str, ...]] = {
     "fuse_conv_bias_nonlinearity": ("fuse_conv_bias_nonlinearity",),
     "fuse_conv_bias_with_z": ("fuse_conv_bias_with_z",),
     "use_nchw88": ("use_nchw88",),
+    "use_nchw4": ("use_nchw4",),
     "convert_f16_io": ("f16_io_comp", "f16_io_f32_comp"),
 }
 

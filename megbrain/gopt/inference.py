@@ -23,7 +23,9 @@
     (an IDENTITY ConvBias read once; ``act(conv_bias(x, w, z) + b)`` with a per-channel ``b``
     alike) the four-input ``conv_bias(x, w, b, z)`` with ``act``;
 12. ``use_nchw88`` (flag): the convolutions and the elementwise operators between them
-    compute in the channel-blocked NCHW88 layout (:mod:`megbrain.gopt.nchw88`);
+    compute in the channel-blocked NCHW88 layout (:mod:`megbrain.gopt.nchw88`); or
+    ``use_nchw4`` (flag): the int8 convolutions and the operators between them in NCHW4
+    (:mod:`megbrain.gopt.nchw4`);
 13. ``convert_f16_io`` (``f16_io_comp`` / ``f16_io_f32_comp``): float32 vars become float16,
     the outputs are converted back to float32;
 14. ``param_fuse`` again: the parameters converted to float16 or NCHW88 and the ConvBias
@@ -64,6 +66,7 @@ from .framework import (
     register_pass,
     run_passes,
 )
+from .nchw4 import use_nchw4
 from .nchw88 import use_nchw88
 from .passes import (
     FUSE_ADD_ACTS,
@@ -84,7 +87,7 @@ __all__ = [
     "LAYOUT_FLAGS",
 ]
 
-#: the layout flags of the reference; of them, ``use_nchw88`` is implemented
+#: the layout flags of the reference; of them, ``use_nchw88`` and ``use_nchw4`` are implemented
 LAYOUT_FLAGS = (
     "use_nhwcd4", "use_nchw32", "use_nchw4", "use_nchw88", "use_nchw44", "use_nchw44_dot",
     "use_chwn4",
@@ -108,6 +111,7 @@ class InferenceOptions:
     fuse_conv_bias_nonlinearity: bool = False
     fuse_conv_bias_with_z: bool = False
     use_nchw88: bool = False
+    use_nchw4: bool = False
 
 
 #: the one pass registry (:data:`megbrain.gopt.framework.PASSES`), under its former name
@@ -477,6 +481,7 @@ def fuse_conv_bias_with_z(graph, dest, options):
 
 
 register_pass("use_nchw88")(use_nchw88)
+register_pass("use_nchw4")(use_nchw4)
 
 
 # ---- 7. float16 --------------------------------------------------------------------------
@@ -731,7 +736,12 @@ def optimize_for_inference(
         elementwise, pooling and concatenation operators between them in the channel-blocked
         NCHW88 layout
         (:mod:`megbrain.gopt.nchw88`); the outputs keep their layout.
-    use_nhwcd4, use_nchw32, use_nchw4, use_nchw44, use_nchw44_dot, use_chwn4 : bool
+    use_nchw4 : bool
+        Compute the QuantizedS8 convolutions (output channels per group multiples of 4;
+        not depthwise) and the elementwise and pooling operators between them in the
+        channel-blocked NCHW4 layout (:mod:`megbrain.gopt.nchw4`); the outputs keep their
+        layout.
+    use_nhwcd4, use_nchw32, use_nchw44, use_nchw44_dot, use_chwn4 : bool
         Layout transforms of the reference that are not implemented here: setting one
         raises MegBrainError. At most one layout flag may be set.
 
@@ -752,10 +762,10 @@ def optimize_for_inference(
         raise MegBrainError(
             f"optimize_for_inference: at most one layout flag may be set, got {', '.join(layouts)}"
         )
-    if layouts and layouts[0] != "use_nchw88":
+    if layouts and layouts[0] not in ("use_nchw88", "use_nchw4"):
         raise MegBrainError(
-            f"optimize_for_inference: {layouts[0]} is not implemented "
-            "(convolution supports the NCHW and NCHW88 formats here: use_nchw88)"
+            f"optimize_for_inference: {layouts[0]} is not implemented (convolution supports "
+            "the NCHW, NCHW88 and NCHW4 formats here: use_nchw88, use_nchw4)"
         )
     if f16_io_f32_comp and f16_io_comp:
         raise MegBrainError(
@@ -767,6 +777,7 @@ def optimize_for_inference(
         fuse_conv_bias_nonlinearity=bool(fuse_conv_bias_nonlinearity),
         fuse_conv_bias_with_z=bool(fuse_conv_bias_with_z),
         use_nchw88=bool(use_nchw88),
+        use_nchw4=bool(use_nchw4),
     )
     single = as_var(output_vars) is not None
     dest = [_var(v) for v in ([output_vars] if single else list(output_vars))]

@@ -47,7 +47,7 @@ from ..opr.tensor_manip import Concat, ConcatParam, dimshuffle, reshape
 from .jit import _readers, _sweep
 from .passes import Rewriter, VarMap, inherit_props, register_pass
 
-__all__ = ["fuse_pool_end_padding", "use_nchw88"]
+__all__ = ["finish_blocked", "fuse_pool_end_padding", "keep_nchw", "use_nchw88"]
 
 _F32 = np.dtype(np.float32)
 _CONVS = (Convolution.type_name, ConvBias.type_name)
@@ -260,16 +260,28 @@ def use_nchw88(graph, dest, options) -> VarMap:
             if new is not None:
                 blocked[opr.outputs[0]] = new
                 continue
-            for v in (*opr.inputs, *opr.extra_deps):
-                nchw(v)
-            for old, rebuilt in zip(opr.outputs, rw.rebuild(opr)):
-                rw.replace(old, rebuilt)
+            keep_nchw(rw, opr, nchw)
+    return finish_blocked(rw, dest, blocked, nchw, "NCHW88")
+
+
+def keep_nchw(rw: Rewriter, opr, nchw) -> None:
+    """A layout pass's operator left as it is: rebuilt over its inputs read in NCHW
+    (``nchw(var)``: a blocked one read back once)."""
+    for v in (*opr.inputs, *opr.extra_deps):
+        nchw(v)
+    for old, rebuilt in zip(opr.outputs, rw.rebuild(opr)):
+        rw.replace(old, rebuilt)
+
+
+def finish_blocked(rw: Rewriter, dest, blocked: dict, nchw, layout: str) -> VarMap:
+    """A layout pass's var map: the outputs read back in NCHW (``nchw``), those computed
+    blocked (in ``blocked``) so marked."""
     for v in dest:
         nchw(v)
     varmap = rw.varmap
     for v in dest:
         if v in blocked:
-            varmap.reasons[v] = "computed in NCHW88"
+            varmap.reasons[v] = f"computed in {layout}"
     return varmap
 
 

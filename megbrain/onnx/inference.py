@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 
 import megbrain as mgb
+from megbrain.gopt.nchw4 import layout_flag
 from megbrain.graph.static_infer import static_shape
 
 from .loader import _model_of, load
@@ -97,9 +98,11 @@ def load_inference(
     :func:`megbrain.optimize_for_inference` (BatchNorm and constants folded; convolution,
     bias, residual add and activation fused into ConvBias; the convolutions whose channels
     per group are multiples of 8 and the operators between them in the channel-blocked NCHW88
-    layout), compiled with JIT fusion of the elementwise chains (``graph_opt.jit``) and with
-    the folded filters packed once for the host's kernels (``graph_opt.weight_preprocess``).
-    The parameters are constants of the function: to fine-tune a model, use ``load``.
+    layout, or, for an int8 graph whose QuantizedS8 convolutions all take it on a CPU with
+    AVX-512 VNNI, those in NCHW4: :func:`megbrain.gopt.nchw4.layout_flag`), compiled with
+    JIT fusion of the elementwise chains (``graph_opt.jit``) and with the folded filters
+    packed once for the host's kernels (``graph_opt.weight_preprocess``). The parameters
+    are constants of the function: to fine-tune a model, use ``load``.
 
     With ``warm_up``, the function is then run once on zeros (the static inputs on their
     values), so that the work of a first call is done at load: the memory plan, the binding
@@ -144,11 +147,12 @@ def load_inference(
     model = _model_of(path_or_model)
     res = load(model, comp_node=comp_node, graph=graph, static_inputs=static_inputs)
     names = list(res.outputs)
+    outs = [res.outputs[n] for n in names]
     outs = mgb.optimize_for_inference(
-        [res.outputs[n] for n in names],
+        outs,
         fuse_conv_bias_nonlinearity=True,
         fuse_conv_bias_with_z=True,
-        use_nchw88=True,
+        **{layout_flag(outs): True},
     )
     res.graph.set_option("graph_opt.jit", 1)
     # the parameters are the function's constants (no one holds the shared tensors

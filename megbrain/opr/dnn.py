@@ -10,7 +10,8 @@ converts a network to; it has no gradient here); the other formats of the refere
 accepted by the params and refused at inference. ConvBias takes an optional fourth input
 ``z`` of the output's shape: ``act(conv + bias + z)``, as the reference's. The forward 2-d
 convolutions also take 8-bit quantized src and filter (NCHW, no gradient:
-:mod:`megbrain.kernels.conv.quantized`, MegDNN's integer arithmetic). Gradients are built
+:mod:`megbrain.kernels.conv.quantized`, MegDNN's integer arithmetic), in NCHW4 too
+(:mod:`megbrain.kernels.conv.nchw4`, the layout of ``use_nchw4``). Gradients are built
 from the backward operators, whose own gradients are convolutions, so second-order
 gradients work.
 """
@@ -18,6 +19,7 @@ gradients work.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +32,7 @@ from ..graph.param_def import members_of
 from ..kernels import elemwise as ew_kernels
 from ..kernels.conv import common as conv_kernels
 from ..kernels.conv import epilogue as conv_epilogue
+from ..kernels.conv import nchw4 as conv_nchw4
 from ..kernels.conv import nchw88 as conv_nchw88
 from ..kernels.conv import quantized as conv_quantized
 from ..kernels.conv import registry as conv_algos
@@ -224,9 +227,10 @@ def _quantized_dtype(opr: OperatorNodeBase, dtypes, names) -> np.dtype:
     if len(dtypes) > 3 and not (is_quantize(dtypes[3]) and dtype_name(dtypes[3]) ==
                                 dtype_name(out)):  # fmt: skip
         raise opr.error(f"z must be of the output's kind {fmt_dtype(out)}; got {descs[3]}")
-    if opr.param.format != "NCHW":
+    if opr.param.format not in ("NCHW", "NCHW4"):
         raise opr.error(
-            f"format {opr.param.format} is not implemented for quantized dtypes (NCHW only)"
+            f"format {opr.param.format} is not implemented for quantized dtypes (NCHW and "
+            "NCHW4 only)"
         )
     return out
 
@@ -334,13 +338,14 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
     uses_workspace = True  # the im2col column buffer
     nsp = 2
     layout = "NCHW"
-    #: whether the operator computes the NCHW88 format too (the forward 2-d convolutions)
+    #: whether the operator computes the NCHW88 (float32) and NCHW4 (8-bit quantized)
+    #: formats too (the forward 2-d convolutions)
     blocked_format = False
 
     def _check_format(self):
-        if self.param.format == self.layout or self._nchw88():
+        if self.param.format == self.layout or self._nchw88() or self._nchw4():
             return
-        also = " and NCHW88" if self.blocked_format else ""
+        also = ", NCHW88 and NCHW4" if self.blocked_format else ""
         raise self.error(
             f"format {self.param.format} is not supported (only {self.layout}{also} is "
             "implemented)"
@@ -349,13 +354,29 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
     def _nchw88(self) -> bool:
         return self.blocked_format and self.param.format == "NCHW88"
 
+    def _nchw4(self) -> bool:
+        return self.blocked_format and self.param.format == "NCHW4"
+
     def _no_nchw88_grad(self):
-        if self.param.format == "NCHW88":
+        if self.param.format in ("NCHW88", "NCHW4"):
+            flag = "use_nchw88" if self.param.format == "NCHW88" else "use_nchw4"
             raise self.error(
-                "the NCHW88 format has no gradient here (it is an inference layout, from "
-                "optimize_for_inference(use_nchw88=True)); differentiate the NCHW graph",
+                f"the {self.param.format} format has no gradient here (it is an inference "
+                f"layout, from optimize_for_inference({flag}=True)); differentiate the NCHW "
+                "graph",
                 NoGradient,
             )
+
+    def _check_nchw4_dtypes(self, in_dtypes) -> None:
+        """NCHW4 takes 8-bit quantized sources and filters only (the reference's int8
+        layout)."""
+        if not self._nchw4():
+            return
+        names = ("src", "filter")
+        for v, d, what in zip(self.inputs, in_dtypes, names):
+            if not (is_quantize(d) and np.dtype(d).itemsize == 1):
+                raise self.error(f"the NCHW4 format takes 8-bit quantized operands, {what} "
+                                 f"{v.name!r} is {fmt_dtype(d)}")  # fmt: skip
 
     def _filter_geometry(self, fshape: tuple) -> tuple[int, int, int, tuple]:
         """(G, OCg, ICg, spatial) of a dense or grouped filter shape."""
@@ -392,6 +413,13 @@ class _ConvBase(_NamedByKind, OperatorNodeBase):
         self._check_format()
         if self._nchw88():
             return self._nchw88_geometry(src, filt).out_shape
+        if self._nchw4():
+            p = self.param
+            try:
+                return conv_nchw4.nchw4_geometry(src, filt, bool(p.group), p.stride, p.pad,
+                                                 p.dilate)  # fmt: skip
+            except ValueError as exc:
+                raise self.error(f"{exc} ({src_name} {self.inputs[0].name!r})") from None
         self._check_ndim(src_name, src)
         g, ocg, icg, fsp = self._filter_geometry(filt)
         if src[1] != g * icg:
@@ -570,6 +598,7 @@ class Convolution(_ConvForward):
     blocked_format = True
 
     def infer_dtypes(self, in_dtypes):
+        self._check_nchw4_dtypes(in_dtypes)
         if len(in_dtypes) == 2 and any(is_quantize(d) for d in in_dtypes):
             return [_quantized_dtype(self, in_dtypes, ("src", "filter"))]
         return super().infer_dtypes(in_dtypes)
@@ -579,23 +608,25 @@ class Convolution(_ConvForward):
             return super().bind(ins, outs)
         # the int32 sums, requantized when the output is of the source's 8-bit kind (as
         # MegDNN's CPU kernels do: ConvBias without bias, then TypeCvt)
-        src, filt, out = ins[0], self._grouped(ins[1]), outs[0]
+        src, out = ins[0], outs[0]
+        filt = ins[1] if self._nchw4() else self._grouped(ins[1])
         self.chosen_algorithm = QUANTIZED_ALGORITHM
         with constant_filter(self._filter_is_constant()):
             return self._bind_quantized(src, filt, out)
 
     def _bind_quantized(self, src, filt, out):
         p = self.param
+        if self._nchw4():
+            sums = functools.partial(conv_nchw4.bind_nchw4_convolution, group=bool(p.group))
+        else:
+            sums = conv_quantized.bind_quantized_convolution
         try:
             if dtype_name(out.dtype) == "QuantizedS32":
-                return conv_quantized.bind_quantized_convolution(
-                    src, filt, out, p.stride, p.pad, p.dilate, p.flip
-                )
+                return sums(src, filt, out, p.stride, p.pad, p.dilate, p.flip)
             scale = float(np.float32(get_scale(src.dtype)) * np.float32(get_scale(filt.dtype)))
             acc = np.empty(out.shape, qint32(scale))
             return chain([
-                conv_quantized.bind_quantized_convolution(src, filt, acc, p.stride, p.pad,
-                                                          p.dilate, p.flip),
+                sums(src, filt, acc, p.stride, p.pad, p.dilate, p.flip),
                 ew_kernels.typecvt_bind(acc, out),
             ])  # fmt: skip
         except ValueError as exc:

@@ -3,7 +3,8 @@
 
 Its kernels are the convolution's (:mod:`megbrain.opr.dnn`), the bias and activation applied
 by the algorithm as it writes (an epilogue) or by one in-place Elemwise step after it; the
-NCHW88 format is computed too. The optional fourth input ``z`` has the output's shape.
+NCHW88 format is computed too, and NCHW4 for quantized operands
+(:mod:`megbrain.kernels.conv.nchw4`). The optional fourth input ``z`` has the output's shape.
 Quantized inputs (QuantizedS8 or Quantized8Asymm src and filter, a QuantizedS32 bias) go to
 :mod:`megbrain.kernels.conv.quantized`: exact int32 sums, then MegDNN's naive epilogue.
 """
@@ -23,6 +24,7 @@ from ..graph.static_infer import static_shape
 from ..kernels import elemwise as ew_kernels
 from ..kernels import workspace
 from ..kernels.conv import epilogue as conv_epilogue
+from ..kernels.conv import nchw4 as conv_nchw4
 from ..kernels.conv import nchw88 as conv_nchw88
 from ..kernels.conv import quantized as conv_quantized
 from ..kernels.conv.constant_operands import constant_filter
@@ -87,9 +89,9 @@ class ConvBiasParam(ConvolutionParam):
 @register_opr
 class ConvBias(_ConvBase):
     """``act(convolution(src, filter) + bias [+ z])`` with bias (1, OC, 1, 1) (NCHW88:
-    (1, OC/8, 1, 1, 8)) or of the output's shape and the optional ``z`` of the output's
-    shape (summed in that order); act is IDENTITY, RELU, SIGMOID or H_SWISH
-    (``nonlineMode``)."""
+    (1, OC/8, 1, 1, 8); NCHW4: (1, OC/4, 1, 1, 4)) or of the output's shape and the
+    optional ``z`` of the output's shape (summed in that order); act is IDENTITY, RELU,
+    SIGMOID or H_SWISH (``nonlineMode``)."""
 
     #: the reference's C++ type (ConvBias is an alias of ConvBiasForward)
     type_name = "ConvBiasForward"
@@ -104,6 +106,7 @@ class ConvBias(_ConvBase):
             raise self.error(
                 f"expected 3 or 4 inputs (src, filter, bias[, z]), got {len(in_dtypes)}"
             )
+        self._check_nchw4_dtypes(in_dtypes)
         names = ("src", "filter", "bias", "z")
         if not any(is_quantize(d) for d in in_dtypes):
             return [_float_dtype(self, in_dtypes, names)]
@@ -116,7 +119,7 @@ class ConvBias(_ConvBase):
         return [out]
 
     def _channel_bias_shape(self, out: tuple) -> tuple:
-        if self._nchw88():
+        if self._nchw88() or self._nchw4():
             return (1, out[1], 1, 1, out[4])
         return (1, out[1], 1, 1)
 
@@ -143,6 +146,11 @@ class ConvBias(_ConvBase):
             self.chosen_algorithm = QUANTIZED_ALGORITHM
             try:
                 with constant_filter(self._filter_is_constant()):
+                    if self._nchw4():
+                        return conv_nchw4.bind_nchw4_conv_bias(
+                            ins[0], ins[1], ins[2], z, outs[0], p.stride, p.pad, p.dilate,
+                            p.flip, mode, bool(p.group),
+                        )  # fmt: skip
                     return conv_quantized.bind_quantized_conv_bias(
                         ins[0], self._grouped(ins[1]), ins[2], z, outs[0], p.stride, p.pad,
                         p.dilate, p.flip, mode,

@@ -1,8 +1,10 @@
 """Pooling operators: Pooling and PoolingBackward, with the ``mgb.opr`` function ``pooling``.
 
 The NCHW format is implemented, for floating-point dtypes and (forward only, MegDNN's
-integer arithmetic) the quantized ones, and the forward channel-blocked NCHW88 for float32
-(:mod:`megbrain.kernels.pool.nchw88`, an inference layout without gradient); the gradient is
+integer arithmetic) the quantized ones, the forward channel-blocked NCHW88 for float32
+(:mod:`megbrain.kernels.pool.nchw88`, an inference layout without gradient), and the
+forward NCHW4 ``(N, C/4, H, W, 4)`` of any of those dtypes (the layout of ``use_nchw4``,
+:mod:`megbrain.kernels.pool.nchw4`, no gradient); the gradient is
 PoolingBackward (MegDNN's ``PoolingBackward``), computed from src, dst and diff.
 """
 
@@ -18,6 +20,7 @@ from ..graph import OperatorNodeBase, register_opr
 from ..graph.operator import NoGradient, fmt_shape, table_param
 from ..graph.param_def import members_of
 from ..kernels.pool import binds as pool_kernels
+from ..kernels.pool import nchw4 as pool_nchw4
 from ..kernels.pool import nchw88 as pool_nchw88
 from ..serialization import sereg
 from . import param_defs as pdefs
@@ -59,11 +62,21 @@ class _PoolBase(_NamedByKind, OperatorNodeBase):
                 return pool_nchw88.pool_nchw88_shape(src, p.window, p.stride, p.pad)
             except ValueError as exc:
                 raise self.error(str(exc)) from None
+        if self.blocked_format and p.format == "NCHW4":
+            if len(src) != 5 or src[4] != 4:
+                raise self.error(f"NCHW4 pooling needs a (N, C/4, H, W, 4) src, got "
+                                 f"{fmt_shape(src)}")  # fmt: skip
+            out = self._pooled_shape_nchw((src[0], src[1] * 4, *src[2:4]))
+            return (src[0], src[1], *out[2:], 4)
         if p.format != "NCHW":
-            also = " and NCHW88" if self.blocked_format else ""
+            also = ", NCHW88 and NCHW4" if self.blocked_format else ""
             raise self.error(
                 f"format {p.format} is not supported (only NCHW{also} is implemented)"
             )
+        return self._pooled_shape_nchw(src)
+
+    def _pooled_shape_nchw(self, src: tuple) -> tuple:
+        p = self.param
         if len(src) != 4:
             raise self.error(f"src must be 4-d (NCHW), got {fmt_shape(src)}")
         if any(pd >= w for pd, w in zip(p.pad, p.window)):
@@ -82,7 +95,7 @@ class _PoolBase(_NamedByKind, OperatorNodeBase):
 @register_opr
 class Pooling(_PoolBase):
     """MAX / AVERAGE / AVERAGE_COUNT_EXCLUDE_PADDING pooling of NCHW ``src`` (or of an
-    NCHW88 ``(N, C/8, H, W, 8)`` float32 one)."""
+    NCHW88 ``(N, C/8, H, W, 8)`` float32 one, or an NCHW4 ``(N, C/4, H, W, 4)`` one)."""
 
     #: the reference's C++ type (Pooling is an alias of PoolingForward)
     type_name = "PoolingForward"
@@ -116,15 +129,20 @@ class Pooling(_PoolBase):
         if p.format == "NCHW88":
             return pool_nchw88.bind_pooling_nchw88(ins[0], outs[0], p.mode, p.window, p.stride,
                                                    p.pad)  # fmt: skip
+        if p.format == "NCHW4":
+            return pool_nchw4.bind_pooling_nchw4(ins[0], outs[0], p.mode, p.window, p.stride,
+                                                 p.pad)  # fmt: skip
         return pool_kernels.bind_pooling(ins[0], outs[0], p.mode, p.window, p.stride, p.pad)
 
     def grad(self, wrt_idx, out_grads):
         if out_grads[0] is None:
             return None
-        if self.param.format == "NCHW88":
+        if self.param.format in ("NCHW88", "NCHW4"):
+            flag = "use_nchw88" if self.param.format == "NCHW88" else "use_nchw4"
             raise self.error(
-                "the NCHW88 format has no gradient here (it is an inference layout, from "
-                "optimize_for_inference(use_nchw88=True)); differentiate the NCHW graph",
+                f"the {self.param.format} format has no gradient here (it is an inference "
+                f"layout, from optimize_for_inference({flag}=True)); differentiate the NCHW "
+                "graph",
                 NoGradient,
             )
         if is_quantize(self.outputs[0].dtype):
@@ -178,9 +196,9 @@ def pooling(
         AVERAGE_COUNT_EXCLUDE_PADDING divides by the number of non-padding elements.
     pad_h, pad_w, stride_h, stride_w, window_h, window_w : int
         The geometry; padding must be smaller than the window.
-    format : {"NCHW", "NCHW88"}
-        NCHW88 takes a float32 (N, C/8, IH, IW, 8) ``src`` (an inference layout: no
-        gradient).
+    format : {"NCHW", "NCHW88", "NCHW4"}
+        NCHW88 takes a float32 (N, C/8, IH, IW, 8) ``src``, NCHW4 a (N, C/4, IH, IW, 4) one
+        (inference layouts: no gradient).
     param : PoolingParam, optional
         The whole param, instead of the fields.
     name, comp_node, config, comp_graph

@@ -106,6 +106,7 @@ def test_preset_order_and_flags():
         "fuse_conv_bias_nonlinearity",
         "fuse_conv_bias_with_z",
         "use_nchw88",
+        "use_nchw4",
         "convert_f16_io",
         "param_fuse",
         "param_merge",
@@ -373,7 +374,7 @@ def test_float16_keeps_integer_vars_and_converts_typecvt():
 # ---- flags -------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "flag",
-    ["use_nhwcd4", "use_nchw32", "use_nchw4", "use_nchw44", "use_nchw44_dot", "use_chwn4"],
+    ["use_nhwcd4", "use_nchw32", "use_nchw44", "use_nchw44_dot", "use_chwn4"],
 )  # fmt: skip
 def test_layout_flags_not_implemented(flag):
     _, _, y, _ = _conv_net(None)

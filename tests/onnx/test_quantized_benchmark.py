@@ -51,6 +51,24 @@ def test_quantized_benchmark_layers_compares_both_splits(monkeypatch, capsys):
     out = capsys.readouterr().out
     # every dense layer at 1 and 2 threads, split per phase and by bands (outputs checked
     # equal inside), and the sums
-    assert "1t phases" in out and "2t bands" in out
+    assert "1t phases" in out and "2t bands" in out and "2t nchw4" in out
     assert "16x16x16 -> 96 1x1/s1" in out
     assert "the layers summed" in out
+
+
+@pytest.mark.slow
+def test_quantized_benchmark_runs_in_nchw4_and_nchw(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(_BENCHMARKS)
+    import quantized
+
+    monkeypatch.setattr(quantized, "LAYOUT", quantized.LAYOUT)  # (restored after the test)
+    rows = quantized.main(["--size", "32", "--rounds", "1", "--threads", "1", "--layout",
+                           "use_nchw4", "--models", "resnet18", "--profile", "--top", "3",
+                           "--nodes"])  # fmt: skip
+    out = capsys.readouterr().out
+    for peer in ("onnxruntime", "onnxruntime u8"):
+        assert rows[0][f"{peer} agreement"]["features max units"] <= 1, rows
+    assert "ConvBias NCHW4" in out
+    # the per-node comparison names the NCHW4 convolutions as onnxruntime's
+    assert out.count("conv dense 3x3/s2") >= 6, out
+    assert "conv stem 7x7/s2" in out

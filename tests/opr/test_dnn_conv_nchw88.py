@@ -214,7 +214,7 @@ def test_nchw88_records_its_algorithm_and_refuses_gradients():
     "build, match",
     [
         (lambda x, w: convolution(x, w, format="NCHW88"), "dense filter is"),
-        (lambda x, w: convolution(x, w, format="NCHW44"), "only NCHW and NCHW88"),
+        (lambda x, w: convolution(x, w, format="NCHW44"), "only NCHW, NCHW88 and NCHW4"),
     ],
 )
 def test_nchw88_bad_inputs_name_the_operator_and_shapes(build, match):
@@ -287,9 +287,11 @@ def test_relayout_format_modes(mode, shape):
     check_opr(lambda v: relayout_format(v, mode=mode), lambda v: _ref_relayout(v, mode), [a])
 
 
-@pytest.mark.parametrize("mode", ["NCHW_NCHW88", "NCHW88_NCHW"])
-def test_relayout_format_grad_is_the_inverse(mode):
-    shape = (1, 16, 2, 3) if mode == "NCHW_NCHW88" else (1, 2, 2, 3, 8)
+@pytest.mark.parametrize("mode, shape", [("NCHW_NCHW88", (1, 16, 2, 3)),
+                                         ("NCHW88_NCHW", (1, 2, 2, 3, 8)),
+                                         ("NCHW_NCHW4", (1, 8, 2, 3)),
+                                         ("NCHW4_NCHW", (1, 2, 2, 3, 4))])  # fmt: skip
+def test_relayout_format_grad_is_the_inverse(mode, shape):
     check_grad(lambda v: relayout_format(v, mode=mode),
                [np.random.default_rng(11).standard_normal(shape)])  # fmt: skip
 

@@ -291,16 +291,18 @@ def _vnni_usable(src: np.ndarray, filt: np.ndarray) -> bool:
     return _signed_filter(filt) and src.dtype.itemsize == 1 and (g_ == 1 or o_ >= 4)
 
 
-def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
+def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant,
+               blocked: bool = False) -> Step:  # fmt: skip
     """Bind the VNNI kernels (:mod:`.loops.vnni`) writing ``y`` (N, G*O, OH, OW),
     C-contiguous: the int32 sums (plus ``bias``, (G*O,) int32, when given), or, with
     ``requant`` = (epi, float32 [input scale, output scale, zero point, qmin, qmax]), those
-    requantized into the 8-bit ``y``."""
+    requantized into the 8-bit ``y``. With ``blocked`` (bands only, requantized), ``src``
+    and ``y`` are NCHW4, ``filt``'s input channels the source's padded ones."""
     zx, zf = _zero_point(src), _zero_point(filt)
     n_ = src.shape[0]
-    h_, w_ = src.shape[2:]
+    h_, w_ = src.shape[2:4]
     g_, o_, i_, fh, fw = filt.shape
-    oh, ow = (conv_out_size(*a) for a in zip(src.shape[2:], (fh, fw), stride, pad, dilate))
+    oh, ow = (conv_out_size(*a) for a in zip(src.shape[2:4], (fh, fw), stride, pad, dilate))
     signed = src.dtype.kind == "i"
     u0 = zx + 128 if signed else zx
     cg_ = -(-i_ // 4)
@@ -375,11 +377,11 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     hw = np.array([h_, w_], np.int64)
     geo = np.array([*pad, sh, sw, hph_b, wph, len(kept_r), len(kept_c), plane, *kept_r,
                     *kept_c], np.int64)  # fmt: skip
-    drop = wph != ow
+    drop = wph != ow or blocked
     yt = workspace.empty((n_ * g_ * o_ * pg,), yf.dtype) if drop else yf
     flipx = 128 if signed else 0
     x4_bytes = -(-(cg_ * plane * 4 + tail) // 64) * 64  # (each band buffer 64-byte aligned)
-    tmp_words = cg_ * h_ * w_ if sw == 2 else 1
+    tmp_words = cg_ * h_ * w_ if sw == 2 and not blocked else 1
     if VNNI_BANDS:
         units = nb * nchunk
         nt = min(parts, units)
@@ -391,8 +393,8 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
                 geom = np.array([rb, oh, wph, nchunk, o_, kg_, cg_, (n * g_ + g) * o_ * pg, pg,
                                  g * op * kg_ * 4, g * op, yf.itemsize, ow, *offs],
                                 np.int64)  # fmt: skip
-                args = (vecs, epi, drop, x, x4ws, tmps, (n * g_ + g) * i_ * h_ * w_, hw, i_,
-                        geo, flipx, u0, x4s, wk, init, yt, q, geom, yt.view(np.uint8),
+                args = (vecs, epi, drop, blocked, x, x4ws, tmps, (n * g_ + g) * i_ * h_ * w_,
+                        hw, i_, geo, flipx, u0, x4s, wk, init, yt, q, geom, yt.view(np.uint8),
                         yf.view(np.uint8))  # fmt: skip
                 steps.append(units_as_they_go(units, _partial(_band_part, args), nt))
         return filter_packed(pack, chain(steps), constant)
@@ -419,13 +421,31 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant) -> Step:
     return filter_packed(pack, chain(steps), constant)
 
 
+def bind_vnni_blocked(src, filt, bias, z, out, stride, pad, dilate, flip, mode) -> Step | None:
+    """The NCHW4 ConvBias on the VNNI bands reading the blocked source's words and writing
+    the blocked output (:func:`.nchw4.bind_nchw4_conv_bias`'s operands, ``filt`` its
+    (G, OCg, ICg, FH, FW) copy): a QuantizedS8 source, a per-channel bias, no ``z``, an
+    IDENTITY or RELU requantize to a QuantizedS8 output; None where they do not take it."""
+    out_q, bias_q = ew.quant_params(out.dtype), ew.quant_params(bias.dtype)
+    if not (VNNI and VNNI_BANDS and z is None and mode in ("IDENTITY", "RELU")
+            and out_q is not None and out_q.name == "QuantizedS8"
+            and ew.quant_params(src.dtype).name == "QuantizedS8" and _vnni_usable(src, filt)
+            and bias.ndim == 5 and bias.shape[2:4] == (1, 1) and not bias_q.zero_point
+            and bias.flags.c_contiguous and out.flags.c_contiguous):  # fmt: skip
+        return None
+    b = _plain(bias).reshape(-1)
+    q = np.array([bias_q.scale, out_q.scale, out_q.zero_point, out_q.qmin, out_q.qmax], _F32)
+    epi = vnni_loops.EPI_QUANT_RELU if mode == "RELU" else vnni_loops.EPI_QUANT
+    return _bind_vnni(src, filt, b, out, stride, pad, dilate, flip, (epi, q), blocked=True)
+
+
 def _band_part(args: tuple, counter: np.ndarray, me: int) -> Step:
     """Thread ``me``'s part of :func:`.loops.vnni.bands` on ``args`` (its buffers the
     ``me``-th rows of those given for every thread)."""
-    vecs, epi, drop, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, *rest = args
-    return _partial(vnni_loops.bands_kernel(vecs, epi, drop), x, x4w[me], tmp[me], int(xoff),
-                    hw, int(ci), geo, np.uint8(flip), int(u0), x4[me], *rest, counter,
-                    int(me))  # fmt: skip
+    vecs, epi, drop, blocked, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, *rest = args
+    return _partial(vnni_loops.bands_kernel(vecs, epi, drop, blocked), x, x4w[me], tmp[me],
+                    int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0), x4[me], *rest,
+                    counter, int(me))  # fmt: skip
 
 
 def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:

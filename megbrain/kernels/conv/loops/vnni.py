@@ -40,7 +40,11 @@ as one product by the scales' ratio, the division run only near ties).
 A layer runs as :func:`bands`: each thread takes units (a band of output rows, or a chunk
 of the output channels) as it goes, relays the band's source rows into a buffer of its own,
 runs the band's tiles and drops its rows' columns, so that no thread waits for another's
-phase. The per-phase loops (:func:`relayout`, :func:`gemm_tiles`, :func:`drop_columns`)
+phase. An NCHW4 source (``use_nchw4``) is relaid by a word copy (:func:`_relayout4_py`:
+its positions are 4-channel words already) and an NCHW4 output written by interleaving each
+band's rows of 4 output channels into words (:func:`_cut4_py`), the tiles unchanged;
+:func:`relayout_blocked` converts 8-bit tensors between NCHW and NCHW4. The per-phase
+loops (:func:`relayout`, :func:`gemm_tiles`, :func:`drop_columns`)
 take ``[begin, end)`` ranges for :func:`megbrain.kernels.parallel.split`. All are GIL-free
 and allocate nothing.
 """
@@ -69,6 +73,7 @@ __all__ = [
     "gemm_tiles",
     "pack_filter",
     "relayout",
+    "relayout_blocked",
     "requant_params",
     "tile_rows",
 ]
@@ -516,10 +521,97 @@ def _relayout_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1, k0):
             x4[base + j] = fill
 
 
+def _relayout4_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1, k0):
+    """:func:`_relayout_py` of a channel-blocked source: ``x`` (flat uint8) holds NCHW4
+    ``(N, C/4, H, W, 4)``, a position's 4 channels already one word, so each word is copied
+    (xor ``flip`` in every byte) into the padded phase planes with no transpose; ``xoff`` is
+    the byte offset of the group's first block, ``ci``/``tmp`` are unused (the padded
+    channels of a block are zero, and the filter's rows are zero there)."""
+    xw = x.view(np.uint32)
+    h_, w_ = hw[0], hw[1]
+    ph, pw, sh, sw, hph, wph, nr, nc, plane = geo[0], geo[1], geo[2], geo[3], geo[4], \
+        geo[5], geo[6], geo[7], geo[8]  # fmt: skip
+    pplane = hph * wph
+    fill = np.uint32(u0 * 0x01010101)
+    fl = np.uint32(np.uint32(flip) * np.uint32(0x01010101))
+    for cg in range(cg0, cg1):
+        base = cg * plane
+        src0 = xoff // 4 + cg * h_ * w_
+        for i in range(nr):
+            pr = geo[9 + i]
+            for j in range(nc):
+                pc = geo[9 + nr + j]
+                lo = min(max(0, (pw - pc + sw - 1) // sw), wph)
+                hi = min(max(lo, (w_ + pw - pc + sw - 1) // sw), wph)
+                dst = base + (i * nc + j) * pplane
+                for k in range(hph):
+                    h = (k + k0) * sh + pr - ph
+                    row = dst + k * wph
+                    q0, q1 = (lo, hi) if 0 <= h < h_ else (wph, wph)
+                    for q in range(q0):
+                        x4[np.uintp(row + q)] = fill
+                    for q in range(q1, wph):
+                        x4[np.uintp(row + q)] = fill
+                    r = src0 + h * w_ + pc - pw
+                    if sw == 1:  # (contiguous: vectorized)
+                        for q in range(q0, q1):
+                            x4[np.uintp(row + q)] = xw[np.uintp(r + q)] ^ fl
+                    else:
+                        for q in range(q0, q1):
+                            x4[np.uintp(row + q)] = xw[np.uintp(r + q * sw)] ^ fl
+        for j in range(nr * nc * pplane, plane):  # (read by dropped lanes)
+            x4[np.uintp(base + j)] = fill
+
+
+def _cut4_py(src, dst, rows, wp, ow, p0, p1, r0, r1):
+    """Rows [r0, r1) of output channels [p0, p1) (counted over the samples) of ``dst``
+    (flat uint8, NCHW4 ``(N, C/4, rows, ow, 4)`` bytes) from ``src``'s planes (flat uint8,
+    ``rows x wp`` each, the columns past ``ow`` dropped): whole blocks of 4 channels a
+    row of words at a time (:func:`_words`), a block's channels outside [p0, p1) left."""
+    dw = dst.view(np.uint32)
+    full = np.uint32(0xFFFFFFFF)
+    for b in range(p0 // 4, (p1 + 3) // 4):
+        c0, c1 = max(p0, 4 * b), min(p1, 4 * b + 4)
+        for r in range(r0, r1):
+            d = (b * rows + r) * ow
+            if c1 - c0 == 4:
+                s = (4 * b * rows + r) * wp
+                step = rows * wp
+                _words(dw, d, src, s, s + step, s + 2 * step, s + 3 * step, ow, 0, full, 0)
+            else:
+                for c in range(c0, c1):
+                    s = (c * rows + r) * wp
+                    for q in range(ow):
+                        dst[np.uintp((d + q) * 4 + c - 4 * b)] = src[np.uintp(s + q)]
+
+
+def _to_blocked_py(x, y, hw, b0, b1):
+    """Blocks [b0, b1) of 4 channels of the flat 8-bit NCHW4 ``y`` from the flat 8-bit
+    NCHW ``x`` (planes of ``hw`` bytes): each block's 4 planes interleaved into words."""
+    yw = y.view(np.uint32)
+    full = np.uint32(0xFFFFFFFF)
+    for b in range(b0, b1):
+        s = b * 4 * hw
+        _words(yw, b * hw, x, s, s + hw, s + 2 * hw, s + 3 * hw, hw, 0, full, 0)
+
+
+def _from_blocked_py(y, x, hw, b0, b1):
+    """Blocks [b0, b1) of the flat 8-bit NCHW ``x`` from the flat 8-bit NCHW4 ``y``: each
+    word's 4 bytes to its block's 4 planes (a plane a pass, vectorized)."""
+    yw = y.view(np.uint32)
+    for b in range(b0, b1):
+        s = b * hw
+        for k in range(4):
+            d = (b * 4 + k) * hw
+            sh = np.uint32(8 * k)
+            for p in range(hw):
+                x[np.uintp(d + p)] = np.uint8((yw[np.uintp(s + p)] >> sh) & np.uint32(0xFF))
+
+
 #: the VNNI tile, relayout, column drop and unit taker the GEMM and band loops call: module
 #: globals, not closure cells (Numba keys a cached closure by its cells' pickles, and a
 #: compiled function's or an intrinsic's differs in every process)
-_vnni_tile_g = _relay_g = _cut_g = _take_g = None
+_vnni_tile_g = _relay_g = _cut_g = _take_g = _relay4_g = _cut4_g = None
 
 
 def _make_gemm(nv: int, epi: int):
@@ -632,11 +724,12 @@ def _drop_columns_py(src, dst, rows, wp, ow, p0, p1, r0, r1):
 _BAND_GEOM = 13
 
 
-def _make_bands(nv: int, epi: int, drop: bool):
+def _make_bands(nv: int, epi: int, drop: bool, blocked: bool = False):
     rows = _ROWS[nv]
-    global _vnni_tile_g, _relay_g, _cut_g, _take_g
+    global _vnni_tile_g, _relay_g, _cut_g, _take_g, _relay4_g, _cut4_g
     _vnni_tile_g = vnni_tile()
     _relay_g, _cut_g, _take_g = _compiled("relayout"), _compiled("drop"), tiled_jit.take_unit()
+    _relay4_g, _cut4_g = _compiled("relayout4"), _compiled("cut4")
 
     def bands(x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, w, init, out, q, geom, src8, dst8,
               counter, me):  # fmt: skip
@@ -656,7 +749,10 @@ def _make_bands(nv: int, epi: int, drop: bool):
             b, c = u // nchunk, u % nchunk
             r0 = b * rb
             if b != relaid:  # the band's phase-plane rows into this thread's buffer
-                _relay_g(x, x4w, tmp, xoff, hw, ci, geo, flip, u0, 0, cg_, r0)
+                if blocked:
+                    _relay4_g(x, x4w, tmp, xoff, hw, ci, geo, flip, u0, 0, cg_, r0)
+                else:
+                    _relay_g(x, x4w, tmp, xoff, hw, ci, geo, flip, u0, 0, cg_, r0)
                 relaid = b
             pb = (min(oh, r0 + rb) - r0) * wph
             ob0, ob1 = c * per, min(obn, (c + 1) * per)
@@ -666,7 +762,10 @@ def _make_bands(nv: int, epi: int, drop: bool):
                     _vnni_tile_g(x4, p0 * 4, LANES * 4, 0, geom, _BAND_GEOM, w, w0 + o * wstride,
                          wstride, kg_, init, i0 + o, out, out0 + o * pg + r0 * wph + p0, pg,
                          pb - p0, min(rows, o_ - o), q, rows, nv, epi, 1)  # fmt: skip
-            if drop and ob0 < ob1:
+            if blocked and ob0 < ob1:  # (8-bit outputs only)
+                _cut4_g(src8, dst8, oh, wph, ow, plane0 + ob0 * rows,
+                        plane0 + min(o_, ob1 * rows), r0, min(oh, r0 + rb))  # fmt: skip
+            elif drop and ob0 < ob1:
                 _cut_g(src8, dst8, oh, wph * isz, ow * isz, plane0 + ob0 * rows,
                     plane0 + min(o_, ob1 * rows), r0, min(oh, r0 + rb))  # fmt: skip
 
@@ -677,10 +776,18 @@ def _make_bands(nv: int, epi: int, drop: bool):
 def _compiled(name: str):
     opts = dict(nogil=True, cache=True, error_model="numpy", fastmath=False)
     if name.startswith("bands"):
-        _, vecs, epi, drop = name.split(",")
-        return njit(**opts)(_make_bands(int(vecs), int(epi), drop == "1"))
+        _, vecs, epi, drop, blocked = name.split(",")
+        return njit(**opts)(_make_bands(int(vecs), int(epi), drop == "1", blocked == "1"))
     if name == "relayout":
         return njit(**opts)(_relayout_py)
+    if name == "relayout4":
+        return njit(**opts)(_relayout4_py)
+    if name == "cut4":
+        return njit(**opts)(_cut4_py)
+    if name == "to_blocked":
+        return njit(**opts)(_to_blocked_py)
+    if name == "from_blocked":
+        return njit(**opts)(_from_blocked_py)
     if name == "pack":
         return njit(**opts)(_pack_filter_py)
     if name == "drop":
@@ -725,6 +832,15 @@ def drop_columns(src, dst, rows: int, wp: int, ow: int, p0: int, p1: int) -> Non
     _compiled("drop")(src, dst, int(rows), int(wp), int(ow), int(p0), int(p1), 0, int(rows))
 
 
+def relayout_blocked(src, dst, hw: int, to_blocked: bool, b0: int, b1: int) -> None:
+    """Blocks [b0, b1) of 4 channels between the flat uint8 NCHW (planes of ``hw`` bytes)
+    and NCHW4 arrays: ``src`` NCHW into ``dst`` NCHW4 with ``to_blocked``, else ``src``
+    NCHW4 into ``dst`` NCHW (RelayoutFormat's NCHW_NCHW4 and NCHW4_NCHW of 8-bit values;
+    10-80x NumPy's strided copies)."""
+    name = "to_blocked" if to_blocked else "from_blocked"
+    _compiled(name)(src, dst, int(hw), int(b0), int(b1))
+
+
 def bands(vecs, epi, drop, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, w, init, out, q, geom,
           src8, dst8, counter, me) -> None:  # fmt: skip
     """Thread ``me``'s share of one group of one sample computed by bands of output rows,
@@ -746,8 +862,11 @@ def bands(vecs, epi, drop, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, w, init
                                   int(me))  # fmt: skip
 
 
-def bands_kernel(vecs: int, epi: int, drop: bool):
+def bands_kernel(vecs: int, epi: int, drop: bool, blocked: bool = False):
     """The compiled :func:`bands` of ``vecs``, ``epi`` and ``drop``, called with those three
     left out and ``xoff``, ``ci``, ``u0``, ``me`` Python ints, ``flip`` a numpy uint8 (a
-    bound call then skips :func:`bands`'s conversions)."""
-    return _compiled(f"bands,{vecs},{epi},{int(bool(drop))}")
+    bound call then skips :func:`bands`'s conversions). With ``blocked``, the source is
+    NCHW4 (relaid by :func:`_relayout4_py`: words copied, no transpose) and the 8-bit
+    output is written NCHW4 (:func:`_cut4_py`: four channels' rows interleaved into words),
+    ``dst8`` the blocked output's bytes."""
+    return _compiled(f"bands,{vecs},{epi},{int(bool(drop))},{int(bool(blocked))}")
