@@ -188,7 +188,7 @@ def test_workspace_is_written_before_read_and_nothing_is_allocated(monkeypatch, 
 
 def test_the_stems_match_float64_at_their_size():
     # every stem shape of benchmarks/stem88.py at 224x224, bias + ReLU: tiles of several
-    # lengths and groups, the stride-2 and stride-4 phase splits
+    # lengths and groups, read in place at strides 2 and 4, padded copies at the edges
     for fs, s, p, oc in [(3, 2, 1, 24), (7, 2, 3, 64), (4, 4, 0, 96), (3, 2, 0, 64)]:
         c = _case(oc=oc, fshape=(fs, fs), stride=(s, s), pad=(p, p), sshape=(224, 224))
         x, w, filt = _operands(c)
@@ -199,6 +199,21 @@ def test_the_stems_match_float64_at_their_size():
         step()
         want = np.maximum(_want(c, x, w) + b[None, :, None, None], 0)
         np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("fshape, stride, pad, dilate, sshape", [
+    ((7, 7), (2, 2), (3, 3), (1, 1), (5, 6)),  # every window leaves the source: all copies
+    ((5, 3), (1, 4), (4, 1), (2, 1), (3, 50)),  # every row's window leaves the source
+    ((3, 3), (3, 3), (0, 2), (2, 2), (40, 90)),  # dilated, stride 3: in place but the ends
+])  # fmt: skip
+def test_tiles_in_place_and_on_padded_copies(fshape, stride, pad, dilate, sshape):
+    c = _case(ic=5, oc=40, fshape=fshape, stride=stride, pad=pad, dilate=dilate, sshape=sshape)
+    x, w, filt = _operands(c)
+    out = _out(c)
+    name, step = _bind(c, x, filt, out)
+    assert name == ALGO
+    step()
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), _want(c, x, w), rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("ow, k, oc", [(112, 27, 16), (112, 27, 24), (56, 48, 96), (3, 9, 40)])

@@ -6,11 +6,11 @@ and ReLU, H_SWISH or ReLU6 applied on the way.
 Every network's stem (3 input channels, 3x3 or 7x7 stride 2) ran as an NCHW convolution
 followed by a relayout of its output into NCHW88: as long again as the convolution for the
 mobile nets' 3x3 stems. Here the compiled loop (:mod:`.loops.hybrid88`) writes the blocked
-output directly: units of a sample and a band of output rows, each packing the source rows
-it reads into phase planes of one channel (its thread's scratch) and running register tiles
-of ``R`` positions of an output row by ``B`` blocks of 16 output channels, whose whole
-reduction (input channels, filter rows, filter columns, in that order) and epilogue stay in
-registers. ``R`` and ``B`` come per layer from a cost model of the tile (as
+output directly: units of a sample and a band of output rows, each running register tiles
+of ``R`` positions of an output row by ``B`` blocks of 16 output channels that read the
+source in place (a zero-padded copy of a tile's window only where it leaves the source),
+their whole reduction (input channels, filter rows, filter columns, in that order) and
+epilogue in registers. ``R`` and ``B`` come per layer from a cost model of the tile (as
 POINTWISE_NCHW88's: fused multiply-adds, loads, an accumulator chain's latency, the
 positions a row's last tile repeats, the output channels' padding, the threads' balance).
 Threads take the units as they go (:func:`.nchw8c.units_as_they_go`); nothing is allocated
@@ -163,20 +163,21 @@ def bind_hybrid88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stride, pa
     bands = max(1, min(oh, -(-_UNITS_PER_THREAD * nt // n))) if nt > 1 else 1
     rows = -(-oh // bands)
     bands = -(-oh // rows)
-    hq, wq = loops.band_planes(rows, w, (fh, fw), stride, pad, dilate)
-    taps = loops.tap_offsets(hq, wq, (fh, fw), stride, dilate)
-    size = loops.scratch_size(ic, hq, wq, stride)
+    pitch = loops.scratch_pitch(ow, fw, stride[1], dilate[1])
+    taps = loops.tap_offsets(w, pitch, (fh, fw), dilate)
+    size = ic * fh * pitch
     nt = min(nt, n * bands)
-    dims = np.array([n, ic, h, w, oc8, oh, ow, rows, bands, hq, wq, tl.ng, oc8 % 2,
-                     stride[0], stride[1], pad[0], pad[1], size,
-                     *loops.phase_columns(w, wq, stride[1], pad[1])], np.int64)  # fmt: skip
+    dims = np.array([n, ic, h, w, oc8, oh, ow, rows, bands, tl.ng, oc8 % 2, stride[0], stride[1],
+                     pad[0], pad[1], dilate[0], dilate[1], fh, fw, pitch, size],
+                    np.int64)  # fmt: skip
     scratch = workspace.empty((nt * size,), _F32)
-    run = loops.compiled_units(tl.r, tl.b)
+    scr = readonly_view(scratch)
+    run = loops.compiled_units(tl.r, tl.b, stride[1])
     yf, wr = y.reshape(-1), readonly_view(wp)
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
-        return functools.partial(run, x, wr, yf, zf, bias, scratch, taps, dims, epi, counter,
-                                 me)  # fmt: skip
+        return functools.partial(run, x, wr, yf, zf, bias, scratch, scr, taps, dims, epi,
+                                 counter, me)  # fmt: skip
 
     # units taken as they go: a thread the OS holds back (the pool's, woken for a network's
     # first operator on a loaded machine) delays the unit it has, not half of them

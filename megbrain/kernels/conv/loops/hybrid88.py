@@ -2,16 +2,17 @@
 first layer, an NCHW source of at most 8 channels, written straight into the NCHW88 output
 with the ConvBias epilogue.
 
-A unit is a sample and a band of output rows. It first copies the source rows its band reads
-into zero-padded phase planes of one channel (its thread's scratch), one plane per input
-channel and stride phase, so that every filter tap of a row of output positions is a
-stride-1 read at a fixed offset; then, per group of ``B`` blocks of 16 output channels and
-output row, tiles of ``R`` consecutive positions keep their ``R B`` accumulator vectors in
+A unit is a sample and a band of output rows. Per output row, tiles of ``R`` consecutive
+positions by ``B`` blocks of 16 output channels keep their ``R B`` accumulator vectors in
 registers over the whole reduction (input channels, then filter rows, then filter columns,
 in that order, whoever computes it), apply bias, ``z`` and the activation to the registers
-and store each vector as two blocks of 8 channels of the output (:func:`stem_tile`). A
-row's last tile starts ``R`` positions before its end and stores only the positions not
-stored yet. Threads take the units as they go (:func:`megbrain.kernels.tiled_jit.take_unit`).
+and store each vector as two blocks of 8 channels of the output (:func:`stem_tile`). Each
+source value is broadcast to a vector on its own, so a tile reads the source where it lies,
+``S`` values apart at stride ``S``; only a tile whose window leaves the source (the padding
+at the edges) reads a zero-padded copy of its window from its thread's scratch (of the
+whole row where the window's rows leave the source). A row's last tile starts ``R``
+positions before its end and stores only the positions not stored yet. Threads take the
+units as they go (:func:`megbrain.kernels.tiled_jit.take_unit`).
 No allocation; compiled on first use, per tile shape.
 """
 
@@ -28,40 +29,40 @@ from numba.extending import intrinsic
 from ... import tiled_jit
 from .pointwise88 import ACTIVATIONS, activate
 
-__all__ = ["BLOCK", "CB", "DIMS", "band_planes", "compiled_units", "deinterleave",
-           "phase_columns", "scratch_size", "stem_tile", "tap_offsets"]  # fmt: skip
+__all__ = ["BLOCK", "CB", "DIMS", "compiled_units", "scratch_pitch", "stem_tile",
+           "tap_offsets"]  # fmt: skip
 
 #: channels of a block of the output (its innermost dim)
 CB = 8
 #: output channels of a filter vector (a tile's column)
 BLOCK = 16
 #: the fields of the int64 geometry the units read, in order
-DIMS = ("N", "IC", "H", "W", "OC8", "OH", "OW", "ROWS", "BANDS", "HQ", "WQ", "NG", "HALF",
-        "SH", "SW", "PH", "PW", "SCRATCH", "COLUMNS")  # fmt: skip
+DIMS = ("N", "IC", "H", "W", "OC8", "OH", "OW", "ROWS", "BANDS", "NG", "HALF", "SH", "SW",
+        "PH", "PW", "DH", "DW", "FH", "FW", "PITCH", "SCRATCH")  # fmt: skip
 
 
 @functools.cache
 def stem_tile():
-    """The ``stem_tile(R, B, half, xp, x0, cstride, icn, taps, wp, w0, out, o0, ohw8, z,
+    """The ``stem_tile(R, B, half, S, xp, x0, cstride, icn, taps, wp, w0, out, o0, ohw8, z,
     bias, b0, skip, epi)`` Numba intrinsic: one tile (the module's docstring). Literals
-    ``R``, ``B`` and ``half`` (the last block's upper 8 channels are padding); position
-    ``p`` adds, for input channel ``ic < icn`` and tap ``k``, ``xp[x0 + ic cstride +
-    taps[k] + p]`` times the filter vectors ``wp[w0 + ((ic len(taps) + k) B + b) 16:]``;
+    ``R``, ``B``, ``half`` (the last block's upper 8 channels are padding) and ``S``;
+    position ``p`` adds, for input channel ``ic < icn`` and tap ``k``, ``xp[x0 + ic cstride
+    + taps[k] + S p]`` times the filter vectors ``wp[w0 + ((ic len(taps) + k) B + b) 16:]``;
     then, by the run-time epilogue bits ``epi`` (1 bias, 2 ``z``, 4 ReLU, 8 H_SWISH, 16
     ReLU6), ``+ bias[b0 + 16 b:]``, ``+ z`` (laid out as ``out``) and the activation; it
     writes ``out[o0 + (2 b + h) ohw8 + 8 p:][:8]`` for positions ``p >= skip``. No index
     is checked."""
 
     @intrinsic
-    def stem_tile(typingctx, npos, nblk, half, xp, x0, cstride, icn, taps, wp, w0, out, o0,
-                  ohw8, z, bias, b0, skip, epi):  # fmt: skip
-        literals = (npos, nblk, half)
+    def stem_tile(typingctx, npos, nblk, half, step, xp, x0, cstride, icn, taps, wp, w0, out,
+                  o0, ohw8, z, bias, b0, skip, epi):  # fmt: skip
+        literals = (npos, nblk, half, step)
         if not all(isinstance(v, t.IntegerLiteral) for v in literals):
             return None
-        R, B, hf = (v.literal_value for v in literals)
+        R, B, hf, S = (v.literal_value for v in literals)
 
         def codegen(context, builder, signature, args):
-            (_, _, _, xp_v, x0_v, cs_v, icn_v, taps_v, wp_v, w0_v, out_v, o0_v, ohw8_v, z_v,
+            (_, _, _, _, xp_v, x0_v, cs_v, icn_v, taps_v, wp_v, w0_v, out_v, o0_v, ohw8_v, z_v,
              bias_v, b0_v, skip_v, epi_v) = args  # fmt: skip
             i64, f32, i32 = ir.IntType(64), ir.FloatType(), ir.IntType(32)
             vec, half_vec = ir.VectorType(f32, BLOCK), ir.VectorType(f32, CB)
@@ -72,8 +73,8 @@ def stem_tile():
             def array(k):
                 return context.make_array(signature.args[k])(context, builder, args[k])
 
-            xdata, wdata, odata = array(3).data, array(8).data, array(10).data
-            zdata, bdata, tarr = array(13).data, array(14).data, array(7)
+            xdata, wdata, odata = array(4).data, array(9).data, array(11).data
+            zdata, bdata, tarr = array(14).data, array(15).data, array(8)
             ntaps = builder.extract_value(tarr.shape, 0)
             fmuladd = tiled_jit.vector_fmas(builder, vec)
             slots = tiled_jit.zeroed_slots(builder, vec, R * B)
@@ -94,7 +95,7 @@ def stem_tile():
                     wt = builder.add(w0_v, builder.mul(builder.add(wrow, k), const(B * BLOCK)))
                     ws = [load(wdata, builder.add(wt, const(b * BLOCK)), vec) for b in range(B)]
                     for p in range(R):
-                        xptr = builder.gep(xdata, [builder.add(xt, const(p))], inbounds=True)
+                        xptr = builder.gep(xdata, [builder.add(xt, const(p * S))], inbounds=True)
                         one = builder.insert_element(undef, builder.load(xptr), const(0))
                         xv = builder.shuffle_vector(one, undef, splat)
                         for b in range(B):
@@ -152,159 +153,83 @@ def stem_tile():
                                           align=4)  # fmt: skip
             return context.get_dummy_value()
 
-        sig = t.void(npos, nblk, half, xp, x0, cstride, icn, taps, wp, w0, out, o0, ohw8, z,
-                     bias, b0, skip, epi)  # fmt: skip
+        sig = t.void(npos, nblk, half, step, xp, x0, cstride, icn, taps, wp, w0, out, o0, ohw8,
+                     z, bias, b0, skip, epi)  # fmt: skip
         return sig, codegen
 
     return stem_tile
 
 
-@functools.cache
-def deinterleave():
-    """The ``deinterleave(S, x, s, xp, d, dstep, n)`` Numba intrinsic: for the literal ``S``
-    (2 or 4) and ``k < n`` (a multiple of 16), ``xp[d + phi dstep + k] = x[s + S k + phi]``
-    for each phase ``phi < S``: ``S`` vector loads and ``S`` shuffles per 16 values of a
-    phase, where the compiler's own loop made a gather of each phase. No index is
-    checked."""
-
-    @intrinsic
-    def deinterleave(typingctx, stride, x, s, xp, d, dstep, n):
-        if not isinstance(stride, t.IntegerLiteral) or stride.literal_value not in (2, 4):
-            return None
-        S = stride.literal_value
-
-        def codegen(context, builder, signature, args):
-            _, x_v, s_v, xp_v, d_v, ds_v, n_v = args
-            i64, i32, f32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
-            vec, wide = ir.VectorType(f32, BLOCK), ir.VectorType(f32, BLOCK * S)
-
-            def const(v):
-                return ir.Constant(i64, v)
-
-            xdata = context.make_array(signature.args[1])(context, builder, x_v).data
-            odata = context.make_array(signature.args[3])(context, builder, xp_v).data
-            count = builder.udiv(n_v, const(BLOCK))
-            with cgutils.for_range(builder, count, intp=i64) as loop:
-                k = builder.mul(loop.index, const(BLOCK))
-                src = builder.gep(xdata, [builder.add(s_v, builder.mul(k, const(S)))],
-                                  inbounds=True)  # fmt: skip
-                values = builder.load(builder.bitcast(src, wide.as_pointer()), align=4)
-                for phi in range(S):
-                    idx = ir.Constant(ir.VectorType(i32, BLOCK),
-                                      [ir.Constant(i32, S * j + phi) for j in range(BLOCK)])
-                    part = builder.shuffle_vector(values, ir.Constant(wide, ir.Undefined), idx)
-                    off = builder.add(builder.add(d_v, builder.mul(ds_v, const(phi))), k)
-                    dst = builder.gep(odata, [off], inbounds=True)
-                    builder.store(part, builder.bitcast(dst, vec.as_pointer()), align=4)
-            return context.get_dummy_value()
-
-        return t.void(stride, x, s, xp, d, dstep, n), codegen
-
-    return deinterleave
-
-
-def _pack_band_py(x, xp, dims, n, r0):
+def _fill_py(x, sc, xb, top, c0, ncols, dims):
     # pragma: no cover - compiled
-    # the phase planes of sample n's band starting at output row r0: plane (ic, rho, phi)
-    # holds source value x[n, ic, SH (r0 + r) + rho - PH, SW k + phi - PW] at (r, k), zero
-    # outside the source; rows of a plane are WQ positions, a plane HQ rows
-    ic_n, h_, w_, hq, wq = dims[1], dims[2], dims[3], dims[9], dims[10]
-    sh, sw, ph, pw = dims[13], dims[14], dims[15], dims[16]
-    phase = hq * wq
+    # rows (ic, ky) of the scratch, PITCH values apart: source row top + ky DH of channel
+    # ic of the sample at xb, columns c0 .. c0 + ncols - 1, zeros outside the source
+    ic_n, h_, w_, fh, dh, pitch = dims[1], dims[2], dims[3], dims[17], dims[15], dims[19]
+    lo = min(ncols, max(0, -c0))
+    hi = max(lo, min(ncols, w_ - c0))
     for ic in range(ic_n):
-        for rho in range(sh):
-            for r in range(hq):
-                sr = sh * (r0 + r) + rho - ph
-                d = (ic * sh + rho) * sw * phase + r * wq  # phase 0's row; phase phi's + phi phase
-                if sr < 0 or sr >= h_:
-                    for phi in range(sw):
-                        for k in range(wq):
-                            xp[np.uintp(d + phi * phase + k)] = np.float32(0.0)
-                    continue
-                row = ((n * ic_n + ic) * h_ + sr) * w_ - pw  # source column -PW
-                # phase phi's columns [K0, K1) are in the source, zeros outside; [C0, C1)
-                # those of every phase
-                c0, c1 = dims[18], dims[19]
-                for phi in range(sw):
-                    k0, k1 = dims[20 + 2 * phi], dims[21 + 2 * phi]
-                    for k in range(k0):
-                        xp[np.uintp(d + phi * phase + k)] = np.float32(0.0)
-                    for k in range(k1, wq):
-                        xp[np.uintp(d + phi * phase + k)] = np.float32(0.0)
-                nv = (c1 - c0) // BLOCK * BLOCK if sw == 2 or sw == 4 else 0
-                if sw == 2:
-                    split(2, x, row + 2 * c0, xp, d + c0, phase, nv)
-                elif sw == 4:
-                    split(4, x, row + 4 * c0, xp, d + c0, phase, nv)
-                for phi in range(sw):
-                    k0, k1 = dims[20 + 2 * phi], dims[21 + 2 * phi]
-                    dp, sp = d + phi * phase, row + phi
-                    for k in range(k0, min(c0, k1)):
-                        xp[np.uintp(dp + k)] = x[np.uintp(sp + sw * k)]
-                    for k in range(max(c0 + nv, k0), k1):
-                        xp[np.uintp(dp + k)] = x[np.uintp(sp + sw * k)]
+        for ky in range(fh):
+            sr = top + ky * dh
+            d = (ic * fh + ky) * pitch
+            if sr < 0 or sr >= h_:
+                for q in range(ncols):
+                    sc[np.uintp(d + q)] = np.float32(0.0)
+                continue
+            row = xb + (ic * h_ + sr) * w_ + c0
+            for q in range(lo):
+                sc[np.uintp(d + q)] = np.float32(0.0)
+            for q in range(lo, hi):
+                sc[np.uintp(d + q)] = x[np.uintp(row + q)]
+            for q in range(hi, ncols):
+                sc[np.uintp(d + q)] = np.float32(0.0)
 
 
-def phase_columns(w: int, wq: int, sw: int, pw: int) -> list[int]:
-    """``[C0, C1, K0(0), K1(0), K0(1), ...]``: the columns ``[K0, K1)`` of each phase of
-    stride ``sw`` that lie in a source ``w`` wide padded by ``pw`` (phase planes ``wq``
-    wide), and ``[C0, C1)`` those of every phase (``C1 >= C0``)."""
-    ranges = []
-    for phi in range(sw):
-        k0 = min(wq, max(0, -(-(pw - phi) // sw)))
-        ranges += [k0, min(wq, max(k0, (w - 1 + pw - phi) // sw + 1))]
-    c0 = max(ranges[0::2])
-    return [c0, max(c0, min(ranges[1::2])), *ranges]
+def scratch_pitch(ow: int, fw: int, sw: int, dw: int) -> int:
+    """Values a scratch row holds: the source columns of a whole output row ``ow``
+    positions long (filter ``fw`` wide, stride ``sw``, dilation ``dw``), which also holds
+    those of any one tile."""
+    return sw * (ow - 1) + (fw - 1) * dw + 1
 
 
-def band_planes(rows: int, w: int, fshape, stride, pad, dilate) -> tuple[int, int]:
-    """``(HQ, WQ)``: the rows and columns of the phase planes of a band of ``rows`` output
-    rows, for a source ``w`` positions wide; ``WQ`` a multiple of 16, so that a plane's
-    rows are 64-byte aligned in an aligned scratch (a stride-2 source split into misaligned
-    rows took twice as long)."""
-    hq = rows + (fshape[0] - 1) * dilate[0] // stride[0]
-    wq = -(-(w + 2 * pad[1]) // stride[1])
-    return hq, -(-wq // BLOCK) * BLOCK
-
-
-def scratch_size(ic: int, hq: int, wq: int, stride) -> int:
-    """The float32 values of a unit's phase planes."""
-    return ic * stride[0] * stride[1] * hq * wq
-
-
-def tap_offsets(hq: int, wq: int, fshape, stride, dilate) -> np.ndarray:
-    """The plane offsets (positions) of the filter taps, row-major: tap ``(a, b)`` reads
-    phase ``(a DH % SH, b DW % SW)`` ``a DH // SH`` rows and ``b DW // SW`` columns on."""
-    (sh, sw), (dh, dw) = stride, dilate
-    phase = hq * wq
-    return np.array([((a * dh % sh) * sw + b * dw % sw) * phase + a * dh // sh * wq
-                     + b * dw // sw for a in range(fshape[0]) for b in range(fshape[1])],
+def tap_offsets(w: int, pitch: int, fshape, dilate) -> np.ndarray:
+    """The filter taps' offsets, row-major: in the source (rows ``w`` values apart), then in
+    the scratch (rows ``pitch`` apart, one per filter row)."""
+    (fh, fw), (dh, dw) = fshape, dilate
+    return np.array([a * dh * w + b * dw for a in range(fh) for b in range(fw)]
+                    + [a * pitch + b * dw for a in range(fh) for b in range(fw)],
                     np.int64)  # fmt: skip
 
 
-#: the tile intrinsic, the band packer and the take-next-unit function, bound before
+#: the tile intrinsic, the scratch filler and the take-next-unit function, bound before
 #: compiling (module globals, not closure cells: Numba's cache keys a closure by its cells'
 #: pickled bytes, which for these objects differ from one process to the next)
-tile = take = pack = split = None
+tile = take = fill = None
 
 
-def _units_py(R, B):
-    """The units of a layer of tiles ``R x B`` (compile-time constants of the returned
-    function, its only closure cells)."""
-    global tile, take, pack, split
-    tile, take, split = stem_tile(), tiled_jit.take_unit(), deinterleave()
-    pack = tiled_jit.compile_tiled(_pack_band_py, [t.void(
-        t.Array(t.float32, 1, "C", readonly=True), t.float32[::1], t.int64[::1], t.int64,
-        t.int64)])  # fmt: skip
+def _units_py(R, B, S):
+    """The units of a layer of tiles ``R x B`` at stride ``S`` along the rows (compile-time
+    constants of the returned function, its only closure cells)."""
+    global tile, take, fill
+    tile, take = stem_tile(), tiled_jit.take_unit()
+    fill = tiled_jit.compile_tiled(_fill_py, [t.void(
+        t.Array(t.float32, 1, "C", readonly=True), t.float32[::1], t.int64, t.int64, t.int64,
+        t.int64, t.int64[::1])])  # fmt: skip
 
-    def run(x, wp, out, z, bias, scratch, taps, dims, epi, counter, me):
+    def run(x, wp, out, z, bias, scratch, scr, taps, dims, epi, counter, me):
         # pragma: no cover - compiled
-        ic_n, oc8, oh, ow, rows, bands = dims[1], dims[4], dims[5], dims[6], dims[7], dims[8]
-        hq, wq, ng, hf, size = dims[9], dims[10], dims[11], dims[12] != 0, dims[17]
-        cs = dims[13] * dims[14] * hq * wq
+        ic_n, h_, w_, oc8, oh, ow = dims[1], dims[2], dims[3], dims[4], dims[5], dims[6]
+        rows, bands, ng, hf = dims[7], dims[8], dims[9], dims[10] != 0
+        sh, ph, pw, dh, dw = dims[11], dims[13], dims[14], dims[15], dims[16]
+        fh, fw, pitch, size = dims[17], dims[18], dims[19], dims[20]
+        nk = fh * fw
+        t_in, t_sc = taps[:nk], taps[nk:]
+        cs_in, cs_sc = h_ * w_, fh * pitch
         ohw8 = oh * ow * CB
-        wgroup = ic_n * taps.size * (B * BLOCK)
-        xp = scratch[me * size : (me + 1) * size]
+        wgroup = ic_n * nk * (B * BLOCK)
+        sc = scratch[me * size : (me + 1) * size]  # written here, read through scr
+        s0 = me * size
+        span = S * (R - 1) + (fw - 1) * dw + 1  # source columns a tile reads
+        whole = S * (ow - 1) + (fw - 1) * dw + 1  # those of a row
         nt = (ow + R - 1) // R
         while True:
             u = take(counter, me)
@@ -313,39 +238,52 @@ def _units_py(R, B):
             n = u // bands
             r0 = (u % bands) * rows
             r1 = min(oh, r0 + rows)
-            pack(x, xp, dims, n, r0)
-            for g in range(ng):
-                w0 = g * wgroup
-                b0 = g * B * BLOCK
-                last = hf and g == ng - 1
-                for i in range(r0, r1):
-                    q = (i - r0) * wq
-                    o = ((n * oc8 + 2 * g * B) * oh + i) * ow * CB
-                    for k in range(nt):
-                        j = min(k * R, ow - R)
-                        skip = k * R - j
-                        if last:
-                            tile(R, B, 1, xp, q + j, cs, ic_n, taps, wp, w0, out, o + j * CB,
-                                 ohw8, z, bias, b0, skip, epi)  # fmt: skip
+            xb = n * ic_n * h_ * w_
+            for i in range(r0, r1):
+                top = sh * i - ph
+                edge_row = top < 0 or top + (fh - 1) * dh >= h_
+                if edge_row:  # the row's source, padded, in the scratch
+                    fill(x, sc, xb, top, -pw, whole, dims)
+                o = (n * oc8 * oh + i) * ow * CB
+                for k in range(nt):
+                    j = min(k * R, ow - R)
+                    skip = k * R - j
+                    c0 = S * j - pw
+                    inside = not edge_row and c0 >= 0 and c0 + span <= w_
+                    if not inside and not edge_row:  # the tile's source, padded
+                        fill(x, sc, xb, top, c0, span, dims)
+                    for g in range(ng):
+                        w0 = g * wgroup
+                        b0 = g * B * BLOCK
+                        og = o + (2 * g * B * oh * ow + j) * CB
+                        last = hf and g == ng - 1
+                        if inside:
+                            src, x0, cs, tp = x, xb + top * w_ + c0, cs_in, t_in
                         else:
-                            tile(R, B, 0, xp, q + j, cs, ic_n, taps, wp, w0, out, o + j * CB,
-                                 ohw8, z, bias, b0, skip, epi)  # fmt: skip
+                            src, x0, cs, tp = scr, s0 + (S * j if edge_row else 0), cs_sc, t_sc
+                        if last:
+                            tile(R, B, 1, S, src, x0, cs, ic_n, tp, wp, w0, out, og, ohw8, z,
+                                 bias, b0, skip, epi)  # fmt: skip
+                        else:
+                            tile(R, B, 0, S, src, x0, cs, ic_n, tp, wp, w0, out, og, ohw8, z,
+                                 bias, b0, skip, epi)  # fmt: skip
 
     return run
 
 
 @functools.cache
-def compiled_units(R: int, B: int):
-    """The compiled units of tiles ``R x B`` (compiled on first use): ``units(x, wp, out,
-    z, bias, scratch, taps, dims, epi, counter, me)``, the flat read-only source, packed
-    filter ``(NG, IC, FH, FW, B, 16)``, ``z`` (laid out as ``out``) and bias, the flat
-    output, the threads' scratch (``SCRATCH`` values each), the taps' plane offsets
-    (:func:`tap_offsets`), the int64 geometry (:data:`DIMS`), the epilogue bits, the units'
-    counter (:func:`megbrain.kernels.tiled_jit.take_unit`) and the thread's index."""
+def compiled_units(R: int, B: int, S: int):
+    """The compiled units of tiles ``R x B`` at stride ``S`` along the rows (compiled on
+    first use): ``units(x, wp, out, z, bias, scratch, scr, taps, dims, epi, counter, me)``,
+    the flat read-only source, packed filter ``(NG, IC, FH, FW, B, 16)``, ``z`` (laid out as
+    ``out``) and bias, the flat output, the threads' scratch (``SCRATCH`` values each) and a
+    read-only view of it, the taps' offsets (:func:`tap_offsets`), the int64 geometry
+    (:data:`DIMS`), the epilogue bits, the units' counter
+    (:func:`megbrain.kernels.tiled_jit.take_unit`) and the thread's index."""
     fr = t.Array(t.float32, 1, "C", readonly=True)
     f1, ints, i8 = t.float32[::1], t.int64[::1], t.int64
-    run = _units_py(R, B)
+    run = _units_py(R, B, S)
     # a name of its own per variant: Numba's cache keeps one index per name
-    run.__qualname__ = run.__name__ = f"hybrid88_units_{R}x{B}"
-    return tiled_jit.compile_tiled(run, [t.void(fr, fr, f1, fr, fr, f1, ints, ints, i8, ints,
-                                                i8)])  # fmt: skip
+    run.__qualname__ = run.__name__ = f"hybrid88_units_{R}x{B}s{S}"
+    return tiled_jit.compile_tiled(run, [t.void(fr, fr, f1, fr, fr, f1, fr, ints, ints, i8,
+                                                ints, i8)])  # fmt: skip

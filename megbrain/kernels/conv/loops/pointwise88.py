@@ -19,7 +19,8 @@ The epilogue (bias, ``z``, activation) is applied to the registers and each vect
 two blocks of 8 channels of the output. A plane's last partial tile starts ``R`` positions
 before the plane's end and stores only the positions not stored yet (it may read ``z`` at
 positions already written when the output shares ``z``'s memory: those sums are dropped).
-A block of 16 that is half padding (``OC % 16 == 8``) loads and stores its first 8 lanes.
+A block of 16 that is half padding (``OC % 16 == 8``) is computed, loaded and stored in
+vectors of 8 lanes: its padding costs no multiply-adds.
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ def silu8():
 def pw_tile():
     """The ``pw_tile(R, B, half, epi, xp, x0, cstride, icb, wp, w0, out, o0, ohw8, z, bias,
     b0, skip, gate, g0, shift)`` Numba intrinsic: one tile (the module's docstring).
-    Literals ``R``, ``B``, ``half`` (the last block's upper 8 channels are padding) and
+    Literals ``R``, ``B``, ``half`` (the last block's upper 8 channels are padding, not
+    computed: that block's vectors are 8 lanes) and
     ``epi`` (bits 1 bias, 2 ``z``, 4 ReLU, 8 H_SWISH, 16 ReLU6, 32 SiLU); position ``p``
     reads ``xp[x0 + cb cstride + 8 p:]`` for ``cb < icb``, the filter ``wp[w0 + (8 cb +
     ic) 16 B + 16 b:]``, and writes (as reads ``z``) ``out[o0 + (2 b + h) ohw8 + 8
@@ -178,10 +180,15 @@ def pw_tile():
 
             xdata, wdata, odata, zdata, bdata = data(4), data(8), data(10), data(13), data(14)
             gdata, sdata = data(17), data(19)
-            fmuladd = tiled_jit.vector_fmas(builder, vec)
-            slots = tiled_jit.zeroed_slots(builder, vec, R * B)
+            # the last block's padding (``half``) is not computed: its vectors are 8 lanes
+            lanes = [CB if hf and b == B - 1 else BLOCK for b in range(B)]
+            vty = [ir.VectorType(f32, n) for n in lanes]
+            fmas = [tiled_jit.vector_fmas(builder, ty) for ty in vty]
+            slots = [tiled_jit.zeroed_slots(builder, vty[b], 1)[0] for _ in range(R)
+                     for b in range(B)]  # fmt: skip
             undef = ir.Constant(vec, ir.Undefined)
             splat = ir.Constant(ir.VectorType(i32, BLOCK), None)
+            splats = [ir.Constant(ir.VectorType(i32, n), None) for n in lanes]
 
             def load(base, off, ty):
                 ptr = builder.gep(base[0], [builder.add(base[1], off)], inbounds=True)
@@ -232,12 +239,13 @@ def pw_tile():
                     prologue(builder.select(builder.icmp_signed("<", nxt, icb_v), nxt, cb))
                     pb = builder.mul(builder.and_(cb, const(1)), const(R * CB))
                 for ic in range(CB):
-                    ws = [load((wdata, wb), const((ic * B + b) * BLOCK), vec) for b in range(B)]
+                    ws = [load((wdata, wb), const((ic * B + b) * BLOCK), vty[b])
+                          for b in range(B)]  # fmt: skip
                     if ep & GATE:  # the filter's input channel scaled: B products, not R
                         gptr = builder.gep(gdata, [builder.add(gb, const(ic))], inbounds=True)
                         one = builder.insert_element(undef, builder.load(gptr), const(0))
-                        gv = builder.shuffle_vector(one, undef, splat)
-                        ws = [builder.fmul(wv, gv) for wv in ws]
+                        ws = [builder.fmul(wv, builder.shuffle_vector(one, undef, splats[b]))
+                              for b, wv in enumerate(ws)]  # fmt: skip
                     for p in range(R):
                         if ep & PREACT:
                             xptr = builder.gep(pbuf, [builder.add(pb, const(p * CB + ic))],
@@ -247,27 +255,22 @@ def pw_tile():
                                                inbounds=True)  # fmt: skip
                         one = builder.insert_element(undef, builder.load(xptr), const(0))
                         xv = builder.shuffle_vector(one, undef, splat)
+                        xh = builder.shuffle_vector(one, undef, splats[-1]) if hf else xv
                         for b in range(B):
                             s = slots[p * B + b]
-                            builder.store(builder.call(fmuladd, [xv, ws[b], builder.load(s)]), s)
+                            xb_ = xh if lanes[b] == CB else xv
+                            builder.store(builder.call(fmas[b], [xb_, ws[b], builder.load(s)]), s)
 
             lo, hi, both = mask(range(CB)), mask(range(CB, BLOCK)), mask(range(BLOCK))
-            hundef = ir.Constant(half_vec, ir.Undefined)
-            halves_of = [2 if b < B - 1 or not hf else 1 for b in range(B)]
 
-            def load16(base, off, halves, stride):
-                parts = [load(base, builder.add(off, builder.mul(stride, const(h))), half_vec)
-                         for h in range(halves)]  # fmt: skip
-                return builder.shuffle_vector(parts[0], parts[1] if halves == 2 else hundef,
-                                              both)  # fmt: skip
+            def load_z(off, b):  # block b's z at position offset off: its two halves
+                parts = [load((zdata, o0_v), builder.add(off, builder.mul(ohw8_v, const(h))),
+                              half_vec) for h in range(lanes[b] // CB)]  # fmt: skip
+                return parts[0] if len(parts) == 1 else builder.shuffle_vector(*parts, both)
 
             biases = []
             if ep & 1:
-                for b in range(B):
-                    if halves_of[b] == 2:
-                        biases.append(load((bdata, b0_v), const(b * BLOCK), vec))
-                    else:
-                        biases.append(load16((bdata, b0_v), const(b * BLOCK), 1, const(0)))
+                biases = [load((bdata, b0_v), const(b * BLOCK), vty[b]) for b in range(B)]
             for p in range(R):
                 vs = []
                 for b in range(B):
@@ -276,13 +279,14 @@ def pw_tile():
                     if ep & 1:
                         v = builder.fadd(v, biases[b])
                     if ep & 2:
-                        v = builder.fadd(v, load16((zdata, o0_v), off, halves_of[b], ohw8_v))
+                        v = builder.fadd(v, load_z(off, b))
                     vs.append((activate(builder, v, ep), off))
                 store = builder.icmp_signed("<=", skip_v, const(p))
                 with builder.if_then(store, likely=True):
                     for b, (v, off) in enumerate(vs):
-                        for h in range(halves_of[b]):
-                            part = builder.shuffle_vector(v, undef, lo if h == 0 else hi)
+                        for h in range(lanes[b] // CB):
+                            part = v if lanes[b] == CB else builder.shuffle_vector(
+                                v, undef, lo if h == 0 else hi)  # fmt: skip
                             ptr = builder.gep(odata, [builder.add(o0_v, builder.add(
                                 off, builder.mul(ohw8_v, const(h))))], inbounds=True)
                             builder.store(part, builder.bitcast(ptr, half_vec.as_pointer()),
