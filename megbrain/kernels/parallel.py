@@ -142,7 +142,10 @@ class _Worker:
     exception goes to ``claims[2]``. The caller acquires ``done`` once for each part the
     worker claimed and for no other; a part the caller took back leaves the worker a
     wake-up that finds it claimed, after which the worker waits again without releasing
-    ``done``.
+    ``done``. A wake-up may also find the very offer the worker claimed at its previous
+    wake-up (the caller took an offer back and made the next one between the worker's
+    wake-up and its read of ``offer``, so that one wake-up read the next offer early): the
+    worker skips the offer it claimed last, as running it again would release ``done`` twice.
 
     ``counters`` (offers made, parts the worker ended) let either side poll a moment before
     it blocks on its lock (:func:`_spinner`); ``clocks`` are the worker's and the caller's
@@ -178,6 +181,7 @@ class _Worker:
         spin = _spinner()
         seen = 0  # offers made when the worker last looked
         signal = -1  # no part ended since it last polled
+        last = None  # the claims of the part it ran last (kept: an id could be reused)
         while True:
             if spin is not None:
                 # counts the part ended, then waits for the next offer
@@ -185,9 +189,10 @@ class _Worker:
             self.go.acquire()
             seen = int(self.counters[0])  # read before the offer: the caller writes it after
             fn, lo, hi, claims = self.offer
-            if claims.setdefault(0, _WORKER) is not _WORKER:
-                signal = -1  # the caller took it back (or it is an old offer)
+            if claims is last or claims.setdefault(0, _WORKER) is not _WORKER:
+                signal = -1  # the caller took it back, or this worker ran it already
                 continue
+            last = claims
             self.claimed += 1
             try:
                 fn(lo, hi)

@@ -247,3 +247,55 @@ def test_an_interrupt_anywhere_in_a_split_leaves_the_pool_consistent(
     _in_thread(lambda: [step() for _ in range(3)])
     assert np.all(out == 3) and len(set(names)) == 2
     assert all(t.is_alive() for t in threading.enumerate() if t.name.startswith("mgb-kernel"))
+
+
+class _CountersHook(np.ndarray):
+    """``_Worker.counters`` that runs ``hook`` at the worker thread's first read of it after
+    being armed: between its wake-up and its read of the offer, where a GIL switch can run
+    the caller."""
+
+    hook = None
+
+    def __getitem__(self, k):
+        value = super().__getitem__(k)
+        hook = type(self).hook
+        if hook is not None and threading.current_thread().name == "mgb-race":
+            type(self).hook = None
+            hook()
+        return value
+
+
+def test_an_offer_read_early_by_a_wake_up_runs_once(monkeypatch):
+    # the caller takes part A back and offers part B between the worker's wake-up for A and
+    # its read of the offer: that wake-up runs B, and the next one (B's own) must skip it
+    monkeypatch.setattr(parallel, "_spinner", lambda: None)  # the worker blocks at once
+    errors: list = []
+    monkeypatch.setattr(threading, "excepthook", lambda a: errors.append(a.exc_value))
+    runs = {"A": 0, "B": 0}
+    claims_a: dict = {}
+    claims_b: dict = {}
+
+    def part(name):
+        return lambda lo, hi: runs.__setitem__(name, runs[name] + 1)
+
+    w = parallel._Worker("mgb-race")
+    w.counters = np.zeros(2, np.int64).view(_CountersHook)
+    time.sleep(0.05)  # the worker waits on ``go``
+
+    def caller_meanwhile():
+        assert claims_a.setdefault(0, parallel._CALLER) is parallel._CALLER
+        w.give(part("B"), 0, 1, claims_b)
+
+    _CountersHook.hook = caller_meanwhile
+    w.give(part("A"), 0, 1, claims_a)
+    w.join(None)  # B's ``done``
+    deadline = time.monotonic() + 2
+    while not w.go.locked() and time.monotonic() < deadline:
+        time.sleep(1e-3)  # the worker's second wake-up (B's own) consumed ``go``
+    time.sleep(0.05)
+    assert runs == {"A": 0, "B": 1}
+    assert not errors
+    assert not w.done.acquire(blocking=False)  # ``done`` released once, and taken
+    w.give(part("A"), 0, 1, claims_c := {})
+    w.join(None)
+    assert runs["A"] == 1 and claims_c[0] is parallel._WORKER
