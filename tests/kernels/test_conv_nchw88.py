@@ -529,7 +529,7 @@ def test_row_tiles_equal_tiles_of_p_positions_bit_for_bit(monkeypatch, ocg, icg,
     zn = rng.uniform(-1, 1, (2, ocg, *c["oshape"])).astype(np.float32)
     real = conv_nchw88.row_tiles
     outs = []
-    for rule in (lambda ow, wide: 0, real):
+    for rule in (lambda ow, wq, wide: 0, real):
         monkeypatch.setattr(conv_nchw88, "row_tiles", rule)
         outs.append(_out88(c))
         name, step = _bind(c, src, filt, outs[-1], epilogue=Epilogue(bias, True), z=_to88(zn))
@@ -538,7 +538,16 @@ def test_row_tiles_equal_tiles_of_p_positions_bit_for_bit(monkeypatch, ocg, icg,
     assert np.array_equal(outs[0], outs[1])
     want = np.maximum(ref_forward(c, x, w) + bias[None, :, None, None] + zn, 0)
     np.testing.assert_allclose(conv_nchw88.to_nchw(outs[1]), want, rtol=RTOL, atol=ATOL)
-    assert real(c["oshape"][1], True) == c["oshape"][1] in loops_nchw8c.ROW_TILES
+    ow = c["oshape"][1]
+    assert real(ow, ow + 1, True) == ow in loops_nchw8c.ROW_TILES
+
+
+def test_row_tiles_only_where_the_plane_rows_have_a_gap():
+    # a strided pointwise convolution's subsampled plane (wq == ow) keeps the tiles of P
+    assert conv_nchw88.row_tiles(14, 14, True) == 0
+    assert conv_nchw88.row_tiles(7, 7, True) == 0
+    assert conv_nchw88.row_tiles(14, 15, True) == 14
+    assert conv_nchw88.row_tiles(7, 8, False) == 0
 
 
 def test_the_dense_benchmark_runs_and_agrees_with_onnxruntime(benchmark_module, capsys):

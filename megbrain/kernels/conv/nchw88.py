@@ -421,15 +421,18 @@ def _makespan(oh: int, rows: int, wq: int, ow: int, planes: int, widths: Sequenc
         nxt[k] += 1
 
 
-def row_tiles(ow: int, wide: bool) -> int:
-    """The positions of DIRECT_NCHW88's row tiles for an output ``ow`` positions wide (0:
-    tiles of :func:`.loops.nchw8c.tile_positions` consecutive plane positions): ``ow``
-    itself where it is one of :data:`.loops.nchw8c.ROW_TILES` (the 7x7 and 14x14 planes),
-    for wide units (AVX-512: a tile of 14 positions by 32 channels is 28 of its 32
-    registers), so that no tile computes the column of the plane rows' gap. Wider rows
-    waste at most 4% of their tiles of P (28 and 56 positions), and ran no faster in tiles
-    of 14."""
-    return ow if wide and ow in loops.ROW_TILES else 0
+def row_tiles(ow: int, wq: int, wide: bool) -> int:
+    """The positions of DIRECT_NCHW88's row tiles for an output ``ow`` positions wide read
+    from plane rows of ``wq`` positions (0: tiles of :func:`.loops.nchw8c.tile_positions`
+    consecutive plane positions): ``ow`` itself where it is one of
+    :data:`.loops.nchw8c.ROW_TILES` (the 7x7 and 14x14 planes) and the plane rows have a gap
+    (``wq > ow``), for wide units (AVX-512: a tile of 14 positions by 32 channels is 28 of
+    its 32 registers), so that no tile computes the column of the plane rows' gap. Wider
+    rows waste at most 4% of their tiles of P (28 and 56 positions), and ran no faster in
+    tiles of 14. Rows without a gap (a strided pointwise convolution's subsampled plane)
+    keep the tiles of P: ResNet's 1x1/s2 128->256 to 14x14 ran 1.4x as fast so, 256->512
+    to 7x7 1.08x (one core; docs/performance.md)."""
+    return ow if wide and ow in loops.ROW_TILES and wq > ow else 0
 
 
 def _chunk(taps: int) -> int:
@@ -525,7 +528,7 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
     rows, bands_first = unit_rows(oh, wq, ow, n * geo.g, widths, threads)
     units = n * geo.g * len(widths) * -(-oh // rows)
     geom = np.array([geo.g, ocb, geo.icg // loops.CB, wq, oh, ow, rows, cstride, sample, shift,
-                     limit, _chunk(taps.size), wide, rem, bands_first, row_tiles(ow, wide)],
+                     limit, _chunk(taps.size), wide, rem, bands_first, row_tiles(ow, wq, wide)],
                     np.int64)  # fmt: skip
     outf = out.reshape(-1)
     bias, epi = epilogue_operands(epilogue, steps)
