@@ -561,3 +561,34 @@ def test_the_dense_benchmark_runs_and_agrees_with_onnxruntime(benchmark_module, 
     assert all(min(r["ours"], r["ort"], r["ort_run"]) > 0 for r in rows)
     bench.main(["--smoke", "--whole-planes"])  # checks the two splits' outputs equal
     assert "sum" in capsys.readouterr().out
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2), cbs=st.integers(1, 3), h=st.integers(1, 9), w=st.integers(1, 9),
+       sh=st.integers(1, 3), sw=st.integers(1, 3), pad=st.integers(0, 2),
+       extra=st.integers(0, 2), cut=st.integers(0, 2), subsampled=st.booleans())  # fmt: skip
+def test_blocked_packing_writes_the_phase_planes(n, cbs, h, w, sh, sw, pad, extra, cut,
+                                                 subsampled):  # fmt: skip
+    # every value of the phase planes (all sh * sw, or phase (0, 0) alone) against their
+    # definition: plane (rho, phi) holds x[sh r + rho - pad, sw c + phi - col_off] at (r, c),
+    # zero outside the source (planes cut short by ``cut`` columns drop the source's last);
+    # then SLACK zero positions after a sample's blocks
+    col_off = pad + extra
+    hq, wq = -(-(h + 2 * pad) // sh), max(1, -(-(w + col_off + pad) // sw) + extra - cut)
+    phases = 1 if subsampled else sh * sw
+    x = np.random.default_rng(h * w).uniform(-1, 1, (n, cbs, h, w, 8)).astype(np.float32)
+    sample = cbs * phases * hq * wq * 8 + loops_nchw8c.SLACK * 8
+    buf = np.full(n * sample, np.nan, np.float32)
+    loops_nchw8c.pack_blocked_input(loops_nchw8c.readonly_view(x), buf, (sh, sw), pad, col_off,
+                                    hq, wq, 0, n * cbs, phases=phases)  # fmt: skip
+    padded = np.zeros((n, cbs, sh * hq + sh, sw * wq + sw, 8), np.float32)
+    padded[:, :, pad:pad + h, col_off:col_off + w] = x[:, :, :sh * hq + sh - pad,
+                                                       :sw * wq + sw - col_off]  # fmt: skip
+    for s in range(n):
+        got = buf[s * sample:(s + 1) * sample]
+        planes = got[:-loops_nchw8c.SLACK * 8].reshape(cbs, phases, hq, wq, 8)
+        for ph in range(phases):
+            rho, phi = divmod(ph, sw)
+            want = padded[s, :, rho::sh, phi::sw][:, :hq, :wq]
+            np.testing.assert_array_equal(planes[:, ph], want)
+        assert not got[-loops_nchw8c.SLACK * 8:].any()
