@@ -592,3 +592,23 @@ def test_blocked_packing_writes_the_phase_planes(n, cbs, h, w, sh, sw, pad, extr
             want = padded[s, :, rho::sh, phi::sw][:, :hq, :wq]
             np.testing.assert_array_equal(planes[:, ph], want)
         assert not got[-loops_nchw8c.SLACK * 8:].any()
+
+
+@pytest.mark.parametrize("fshape, stride", [((3, 3), 1), ((3, 3), 2), ((1, 1), 2)])
+def test_channel_chunks_give_the_same_sums_bit_for_bit(monkeypatch, fshape, stride):
+    # a tile's channel blocks summed a chunk at a time (the partial sums kept in the row
+    # buffer) or all at once: the same order of additions, the same output
+    c = _case(n=1, icg=160, ocg=48, sshape=(9, 9), fshape=fshape, stride=(stride, stride),
+              pad=tuple(f // 2 for f in fshape), seed=7)  # fmt: skip
+    x, w, src, filt = _operands(c)
+    bias = np.random.default_rng(2).uniform(-1, 1, 48).astype(np.float32)
+    outs = []
+    for chunk in (1, 3, 64):
+        monkeypatch.setattr(conv_nchw88, "_chunk", lambda taps, chunk=chunk: chunk)
+        outs.append(_out88(c))
+        name, step = _bind(c, src, filt, outs[-1], epilogue=Epilogue(bias, True))
+        assert name == "DIRECT_NCHW88"
+        step()
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+    want = np.maximum(ref_forward(c, x, w) + bias[None, :, None, None], 0)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(outs[0]), want, rtol=RTOL, atol=ATOL)

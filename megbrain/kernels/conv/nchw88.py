@@ -437,10 +437,14 @@ def row_tiles(ow: int, wq: int, wide: bool) -> int:
 
 def _chunk(taps: int) -> int:
     """Channel blocks a tile sums at a time (:func:`.loops.nchw8c.conv_units_blocked`):
-    the best of 1-32 and all on ResNet50's batch-1 layers (2 threads), 8 for pointwise
-    convolutions (1024->256 at 14x14: 0.79x the time of summing all 128 at once), 4 for
-    3x3 ones (512->512 at 7x7: 0.86x)."""
-    return 8 if taps == 1 else 4
+    8 for pointwise convolutions (1024->256 at 14x14: 0.79x the time of summing all 128 at
+    once, on ResNet50's batch-1 layers at 2 threads), 16 for the others: on one core (AVX-512,
+    32 KiB of L1 data cache, which a chunk of 4 blocks' 36 KiB of filter did not fit
+    either) 1-4% faster than 4 on every 3x3 layer of ResNet-18, SqueezeNet and DenseNet
+    tried (7x7 512->512 2.27 -> 2.22 ms, 14x14 256->256 2.15 -> 2.11), as fast as summing
+    all at once but for 7x7 512->512 (2.17), whose unit's filter (590 KB) then has to stay
+    in a core's L2 cache; 16 blocks of 32 channels are 147 KB."""
+    return 8 if taps == 1 else 16
 
 
 def preactivate(src: np.ndarray, scale: np.ndarray, shift: np.ndarray,
