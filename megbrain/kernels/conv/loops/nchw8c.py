@@ -86,7 +86,7 @@ P = _TILE = _WIDE_TILE = None
 ROW_TILES = (7, 14)
 #: the vector width, the side of the blocks the NCHW write-back transposes
 _LANES = None
-stack_tile = fetch_add = fma_tile = transpose_store = None
+stack_tile = fetch_add = fma_tile = transpose_store = add_rows = None
 
 
 def _unit_py(u, nblk, ocb_n, per, extra, g_, rows, oh_n, wq, ow_n, bands_first):
@@ -270,9 +270,12 @@ def _write_out_py(npos):
         # the bias add's lanes at a time (a multiple of width): an 8-channel tile's by pairs
         # of positions, as LLVM vectorized a body of 8 lanes across positions, with gathers
         # and scatters of the tile; the index unsigned, as a signed one's wraparound test
-        # gathered the bias
+        # gathered the bias. The row tiles' (7 and 14 positions, by 32 channels: their rows
+        # were gathered and scattered too) in explicit vectors, slower for tiles of P
         span = 2 * width if width == CB and npos % 2 == 0 else width
-        if epi & 1:
+        if epi & 1 and npos in ROW_TILES and width == WIDE:
+            add_rows(tile, npos, WIDE, bias, oc0)  # noqa: F821 - the tiled_jit intrinsic
+        elif epi & 1:
             for p in range(0, npos * width, span):
                 for j in range(span):
                     acc[p + j] += bias[np.uintp(oc0 + j % width)]
@@ -657,7 +660,8 @@ _zeros = _pad_row = _hswish = _sigmoid = _silu8 = None
 
 @functools.cache
 def _compiled() -> dict:
-    global stack_tile, fetch_add, fma_tile, transpose_store, P, _TILE, _WIDE_TILE, _LANES
+    global stack_tile, fetch_add, fma_tile, transpose_store, add_rows, P, _TILE, _WIDE_TILE
+    global _LANES
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
     global _write_one, _write_row7, _write_row14
@@ -667,6 +671,7 @@ def _compiled() -> dict:
 
     stack_tile, fetch_add, carray = tiled_jit.stack_tile(), tiled_jit.fetch_add(), _carray
     fma_tile, transpose_store = tiled_jit.fma_tile(), tiled_jit.transpose_store()
+    add_rows = tiled_jit.add_rows()
     _LANES = tiled_jit.vector_width()
     P = tile_positions()
     _TILE = P * OB
