@@ -517,7 +517,7 @@ def test_bands_of_small_planes_match_float64_and_one_thread(side, icg, ocg, g, n
 @pytest.mark.parametrize(
     "ocg, icg, sshape, stride",
     [(32, 48, (7, 7), 1), (48, 16, (14, 14), 1), (40, 24, (5, 14), 1), (112, 8, (3, 7), 1),
-     (64, 40, (14, 14), 2), (32, 16, (9, 14), 1)],
+     (64, 40, (14, 14), 2), (32, 16, (9, 14), 1), (32, 24, (5, 28), 1), (64, 16, (56, 56), 2)],
 )  # fmt: skip
 def test_row_tiles_equal_tiles_of_p_positions_bit_for_bit(monkeypatch, ocg, icg, sshape, stride):
     # rows of 7 or 14 output positions (AVX-512's wide units) in tiles of their own: the
@@ -539,7 +539,7 @@ def test_row_tiles_equal_tiles_of_p_positions_bit_for_bit(monkeypatch, ocg, icg,
     want = np.maximum(ref_forward(c, x, w) + bias[None, :, None, None] + zn, 0)
     np.testing.assert_allclose(conv_nchw88.to_nchw(outs[1]), want, rtol=RTOL, atol=ATOL)
     ow = c["oshape"][1]
-    assert real(ow, ow + 1, True) == ow in loops_nchw8c.ROW_TILES
+    assert real(ow, ow + 1, True) == (ow if ow in loops_nchw8c.ROW_TILES else 14)
 
 
 def test_row_tiles_only_where_the_plane_rows_have_a_gap():
@@ -547,6 +547,9 @@ def test_row_tiles_only_where_the_plane_rows_have_a_gap():
     assert conv_nchw88.row_tiles(14, 14, True) == 0
     assert conv_nchw88.row_tiles(7, 7, True) == 0
     assert conv_nchw88.row_tiles(14, 15, True) == 14
+    assert conv_nchw88.row_tiles(28, 29, True) == 14  # two a row
+    assert conv_nchw88.row_tiles(28, 28, True) == 0
+    assert conv_nchw88.row_tiles(56, 57, True) == 0
     assert conv_nchw88.row_tiles(7, 8, False) == 0
 
 

@@ -424,15 +424,21 @@ def _makespan(oh: int, rows: int, wq: int, ow: int, planes: int, widths: Sequenc
 def row_tiles(ow: int, wq: int, wide: bool) -> int:
     """The positions of DIRECT_NCHW88's row tiles for an output ``ow`` positions wide read
     from plane rows of ``wq`` positions (0: tiles of :func:`.loops.nchw8c.tile_positions`
-    consecutive plane positions): ``ow`` itself where it is one of
-    :data:`.loops.nchw8c.ROW_TILES` (the 7x7 and 14x14 planes) and the plane rows have a gap
-    (``wq > ow``), for wide units (AVX-512: a tile of 14 positions by 32 channels is 28 of
-    its 32 registers), so that no tile computes the column of the plane rows' gap. Wider
-    rows waste at most 4% of their tiles of P (28 and 56 positions), and ran no faster in
-    tiles of 14. Rows without a gap (a strided pointwise convolution's subsampled plane)
-    keep the tiles of P: ResNet's 1x1/s2 128->256 to 14x14 ran 1.4x as fast so, 256->512
-    to 7x7 1.08x (one core; docs/performance.md)."""
-    return ow if wide and ow in loops.ROW_TILES and wq > ow else 0
+    consecutive plane positions), for wide units (AVX-512: a tile of 14 positions by 32
+    channels is 28 of its 32 registers) whose plane rows have a gap (``wq > ow``), so that
+    no tile computes the gap's column: ``ow`` itself where it is one of
+    :data:`.loops.nchw8c.ROW_TILES` (the 7x7 and 14x14 planes), 14 for rows of 28 (two tiles
+    a row: 1.6-2.6% faster than tiles of 12 on the 28x28 3x3 layers of 128 or more input
+    channels on one core, 5% slower on GoogLeNet's 16->32, a 0.08 ms layer). Rows of 56
+    keep the tiles of P (2-4% faster there than four tiles of 14). Rows without a gap (a
+    strided pointwise convolution's subsampled plane) keep them too: ResNet's 1x1/s2
+    128->256 to 14x14 ran 1.4x as fast so, 256->512 to 7x7 1.08x (one core;
+    docs/performance.md)."""
+    if not wide or wq <= ow:
+        return 0
+    if ow in loops.ROW_TILES:
+        return ow
+    return loops.ROW_TILES[1] if ow == 2 * loops.ROW_TILES[1] else 0
 
 
 def _chunk(taps: int) -> int:
