@@ -564,6 +564,8 @@ def test_the_dense_benchmark_runs_and_agrees_with_onnxruntime(benchmark_module, 
     assert all(min(r["ours"], r["ort"], r["ort_run"]) > 0 for r in rows)
     bench.main(["--smoke", "--whole-planes"])  # checks the two splits' outputs equal
     assert "sum" in capsys.readouterr().out
+    bench.main(["--smoke", "--cold"])
+    assert bench.peak(1, 10)[(12, 32)] > 0
 
 
 @settings(max_examples=40, deadline=None)
