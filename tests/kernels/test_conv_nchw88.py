@@ -517,7 +517,7 @@ def test_bands_of_small_planes_match_float64_and_one_thread(side, icg, ocg, g, n
 @pytest.mark.parametrize(
     "ocg, icg, sshape, stride",
     [(32, 48, (7, 7), 1), (48, 16, (14, 14), 1), (40, 24, (5, 14), 1), (112, 8, (3, 7), 1),
-     (64, 40, (14, 14), 2), (32, 16, (9, 14), 1)],
+     (64, 40, (14, 14), 2), (32, 16, (9, 14), 1), (32, 24, (5, 28), 1), (64, 16, (56, 56), 2)],
 )  # fmt: skip
 def test_row_tiles_equal_tiles_of_p_positions_bit_for_bit(monkeypatch, ocg, icg, sshape, stride):
     # rows of 7 or 14 output positions (AVX-512's wide units) in tiles of their own: the
@@ -529,7 +529,7 @@ def test_row_tiles_equal_tiles_of_p_positions_bit_for_bit(monkeypatch, ocg, icg,
     zn = rng.uniform(-1, 1, (2, ocg, *c["oshape"])).astype(np.float32)
     real = conv_nchw88.row_tiles
     outs = []
-    for rule in (lambda ow, wide: 0, real):
+    for rule in (lambda ow, wq, wide: 0, real):
         monkeypatch.setattr(conv_nchw88, "row_tiles", rule)
         outs.append(_out88(c))
         name, step = _bind(c, src, filt, outs[-1], epilogue=Epilogue(bias, True), z=_to88(zn))
@@ -538,7 +538,19 @@ def test_row_tiles_equal_tiles_of_p_positions_bit_for_bit(monkeypatch, ocg, icg,
     assert np.array_equal(outs[0], outs[1])
     want = np.maximum(ref_forward(c, x, w) + bias[None, :, None, None] + zn, 0)
     np.testing.assert_allclose(conv_nchw88.to_nchw(outs[1]), want, rtol=RTOL, atol=ATOL)
-    assert real(c["oshape"][1], True) == c["oshape"][1] in loops_nchw8c.ROW_TILES
+    ow = c["oshape"][1]
+    assert real(ow, ow + 1, True) == (ow if ow in loops_nchw8c.ROW_TILES else 14)
+
+
+def test_row_tiles_only_where_the_plane_rows_have_a_gap():
+    # a strided pointwise convolution's subsampled plane (wq == ow) keeps the tiles of P
+    assert conv_nchw88.row_tiles(14, 14, True) == 0
+    assert conv_nchw88.row_tiles(7, 7, True) == 0
+    assert conv_nchw88.row_tiles(14, 15, True) == 14
+    assert conv_nchw88.row_tiles(28, 29, True) == 14  # two a row
+    assert conv_nchw88.row_tiles(28, 28, True) == 0
+    assert conv_nchw88.row_tiles(56, 57, True) == 0
+    assert conv_nchw88.row_tiles(7, 8, False) == 0
 
 
 def test_the_dense_benchmark_runs_and_agrees_with_onnxruntime(benchmark_module, capsys):
@@ -552,3 +564,56 @@ def test_the_dense_benchmark_runs_and_agrees_with_onnxruntime(benchmark_module, 
     assert all(min(r["ours"], r["ort"], r["ort_run"]) > 0 for r in rows)
     bench.main(["--smoke", "--whole-planes"])  # checks the two splits' outputs equal
     assert "sum" in capsys.readouterr().out
+    bench.main(["--smoke", "--cold"])
+    assert bench.peak(1, 10)[(12, 32)] > 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2), cbs=st.integers(1, 3), h=st.integers(1, 9), w=st.integers(1, 9),
+       sh=st.integers(1, 3), sw=st.integers(1, 3), pad=st.integers(0, 2),
+       extra=st.integers(0, 2), cut=st.integers(0, 2), subsampled=st.booleans())  # fmt: skip
+def test_blocked_packing_writes_the_phase_planes(n, cbs, h, w, sh, sw, pad, extra, cut,
+                                                 subsampled):  # fmt: skip
+    # every value of the phase planes (all sh * sw, or phase (0, 0) alone) against their
+    # definition: plane (rho, phi) holds x[sh r + rho - pad, sw c + phi - col_off] at (r, c),
+    # zero outside the source (planes cut short by ``cut`` columns drop the source's last);
+    # then SLACK zero positions after a sample's blocks
+    col_off = pad + extra
+    hq, wq = -(-(h + 2 * pad) // sh), max(1, -(-(w + col_off + pad) // sw) + extra - cut)
+    phases = 1 if subsampled else sh * sw
+    x = np.random.default_rng(h * w).uniform(-1, 1, (n, cbs, h, w, 8)).astype(np.float32)
+    sample = cbs * phases * hq * wq * 8 + loops_nchw8c.SLACK * 8
+    buf = np.full(n * sample, np.nan, np.float32)
+    loops_nchw8c.pack_blocked_input(loops_nchw8c.readonly_view(x), buf, (sh, sw), pad, col_off,
+                                    hq, wq, 0, n * cbs, phases=phases)  # fmt: skip
+    padded = np.zeros((n, cbs, sh * hq + sh, sw * wq + sw, 8), np.float32)
+    padded[:, :, pad:pad + h, col_off:col_off + w] = x[:, :, :sh * hq + sh - pad,
+                                                       :sw * wq + sw - col_off]  # fmt: skip
+    for s in range(n):
+        got = buf[s * sample:(s + 1) * sample]
+        planes = got[:-loops_nchw8c.SLACK * 8].reshape(cbs, phases, hq, wq, 8)
+        for ph in range(phases):
+            rho, phi = divmod(ph, sw)
+            want = padded[s, :, rho::sh, phi::sw][:, :hq, :wq]
+            np.testing.assert_array_equal(planes[:, ph], want)
+        assert not got[-loops_nchw8c.SLACK * 8:].any()
+
+
+@pytest.mark.parametrize("fshape, stride", [((3, 3), 1), ((3, 3), 2), ((1, 1), 2)])
+def test_channel_chunks_give_the_same_sums_bit_for_bit(monkeypatch, fshape, stride):
+    # a tile's channel blocks summed a chunk at a time (the partial sums kept in the row
+    # buffer) or all at once: the same order of additions, the same output
+    c = _case(n=1, icg=160, ocg=48, sshape=(9, 9), fshape=fshape, stride=(stride, stride),
+              pad=tuple(f // 2 for f in fshape), seed=7)  # fmt: skip
+    x, w, src, filt = _operands(c)
+    bias = np.random.default_rng(2).uniform(-1, 1, 48).astype(np.float32)
+    outs = []
+    for chunk in (1, 3, 64):
+        monkeypatch.setattr(conv_nchw88, "_chunk", lambda taps, chunk=chunk: chunk)
+        outs.append(_out88(c))
+        name, step = _bind(c, src, filt, outs[-1], epilogue=Epilogue(bias, True))
+        assert name == "DIRECT_NCHW88"
+        step()
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+    want = np.maximum(ref_forward(c, x, w) + bias[None, :, None, None], 0)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(outs[0]), want, rtol=RTOL, atol=ATOL)

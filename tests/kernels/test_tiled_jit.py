@@ -1,5 +1,5 @@
-"""megbrain.kernels.tiled_jit: the stack tile, the compiler switch restored, and fetch_add
-sharing work items between threads (each taken exactly once)."""
+"""megbrain.kernels.tiled_jit: the stack tile, the compiler switch restored, fetch_add
+sharing work items between threads (each taken exactly once), and the tile intrinsics."""
 
 from __future__ import annotations
 
@@ -170,6 +170,37 @@ def test_transpose_store_writes_the_block_transposed_with_its_epilogue(epi):
     if epi == 0:
         assert np.signbit(got[1, 4])
     assert np.all(got[:, lanes:] == 7) and np.all(dst[:7] == 7)  # nothing else written
+
+
+@pytest.mark.parametrize("rows, width", [(7, 32), (14, 32), (3, 8), (2, 16)])
+def test_add_rows_adds_the_vector_to_every_row_of_the_tile(rows, width):
+    from numba import carray
+    from numba import types as t
+
+    stack_tile, add_rows = tiled_jit.stack_tile(), tiled_jit.add_rows()
+    size = rows * width
+
+    def run(x, vec, v0, out):
+        tile = stack_tile(size, np.float32)
+        acc = carray(tile, size)
+        for i in range(size):
+            acc[i] = x[i]
+        add_rows(tile, rows, width, vec, v0)
+        for i in range(size):
+            out[i] = acc[i]
+
+    f1, i8 = t.float32[::1], t.int64
+    fr = t.Array(t.float32, 1, "C", readonly=True)
+    kernel = tiled_jit.compile_tiled(run, [t.void(f1, fr, i8, f1)], cache=False)
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal(size).astype(np.float32)
+    x[3] = np.nan
+    vec = rng.standard_normal(width + 5).astype(np.float32)
+    vec.flags.writeable = False
+    out = np.empty(size, np.float32)
+    kernel(x, vec, 5, out)
+    want = (x.reshape(rows, width) + vec[5:]).reshape(-1)
+    np.testing.assert_array_equal(out, want)  # float32 adds, NaN kept
 
 
 def _cells(fn) -> list:

@@ -421,23 +421,36 @@ def _makespan(oh: int, rows: int, wq: int, ow: int, planes: int, widths: Sequenc
         nxt[k] += 1
 
 
-def row_tiles(ow: int, wide: bool) -> int:
-    """The positions of DIRECT_NCHW88's row tiles for an output ``ow`` positions wide (0:
-    tiles of :func:`.loops.nchw8c.tile_positions` consecutive plane positions): ``ow``
-    itself where it is one of :data:`.loops.nchw8c.ROW_TILES` (the 7x7 and 14x14 planes),
-    for wide units (AVX-512: a tile of 14 positions by 32 channels is 28 of its 32
-    registers), so that no tile computes the column of the plane rows' gap. Wider rows
-    waste at most 4% of their tiles of P (28 and 56 positions), and ran no faster in tiles
-    of 14."""
-    return ow if wide and ow in loops.ROW_TILES else 0
+def row_tiles(ow: int, wq: int, wide: bool) -> int:
+    """The positions of DIRECT_NCHW88's row tiles for an output ``ow`` positions wide read
+    from plane rows of ``wq`` positions (0: tiles of :func:`.loops.nchw8c.tile_positions`
+    consecutive plane positions), for wide units (AVX-512: a tile of 14 positions by 32
+    channels is 28 of its 32 registers) whose plane rows have a gap (``wq > ow``), so that
+    no tile computes the gap's column: ``ow`` itself where it is one of
+    :data:`.loops.nchw8c.ROW_TILES` (the 7x7 and 14x14 planes), 14 for rows of 28 (two tiles
+    a row: 1.6-2.6% faster than tiles of 12 on the 28x28 3x3 layers of 128 or more input
+    channels on one core, 5% slower on GoogLeNet's 16->32, a 0.08 ms layer). Rows of 56
+    keep the tiles of P (2-4% faster there than four tiles of 14). Rows without a gap (a
+    strided pointwise convolution's subsampled plane) keep them too: ResNet's 1x1/s2
+    128->256 to 14x14 ran 1.4x as fast so, 256->512 to 7x7 1.08x (one core;
+    docs/performance.md)."""
+    if not wide or wq <= ow:
+        return 0
+    if ow in loops.ROW_TILES:
+        return ow
+    return loops.ROW_TILES[1] if ow == 2 * loops.ROW_TILES[1] else 0
 
 
 def _chunk(taps: int) -> int:
     """Channel blocks a tile sums at a time (:func:`.loops.nchw8c.conv_units_blocked`):
-    the best of 1-32 and all on ResNet50's batch-1 layers (2 threads), 8 for pointwise
-    convolutions (1024->256 at 14x14: 0.79x the time of summing all 128 at once), 4 for
-    3x3 ones (512->512 at 7x7: 0.86x)."""
-    return 8 if taps == 1 else 4
+    8 for pointwise convolutions (1024->256 at 14x14: 0.79x the time of summing all 128 at
+    once, on ResNet50's batch-1 layers at 2 threads), 16 for the others: on one core (AVX-512,
+    32 KiB of L1 data cache, which a chunk of 4 blocks' 36 KiB of filter did not fit
+    either) 1-4% faster than 4 on every 3x3 layer of ResNet-18, SqueezeNet and DenseNet
+    tried (7x7 512->512 2.27 -> 2.22 ms, 14x14 256->256 2.15 -> 2.11), as fast as summing
+    all at once but for 7x7 512->512 (2.17), whose unit's filter (590 KB) then has to stay
+    in a core's L2 cache; 16 blocks of 32 channels are 147 KB."""
+    return 8 if taps == 1 else 16
 
 
 def preactivate(src: np.ndarray, scale: np.ndarray, shift: np.ndarray,
@@ -525,7 +538,7 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
     rows, bands_first = unit_rows(oh, wq, ow, n * geo.g, widths, threads)
     units = n * geo.g * len(widths) * -(-oh // rows)
     geom = np.array([geo.g, ocb, geo.icg // loops.CB, wq, oh, ow, rows, cstride, sample, shift,
-                     limit, _chunk(taps.size), wide, rem, bands_first, row_tiles(ow, wide)],
+                     limit, _chunk(taps.size), wide, rem, bands_first, row_tiles(ow, wq, wide)],
                     np.int64)  # fmt: skip
     outf = out.reshape(-1)
     bias, epi = epilogue_operands(epilogue, steps)

@@ -86,7 +86,7 @@ P = _TILE = _WIDE_TILE = None
 ROW_TILES = (7, 14)
 #: the vector width, the side of the blocks the NCHW write-back transposes
 _LANES = None
-stack_tile = fetch_add = fma_tile = transpose_store = None
+stack_tile = fetch_add = fma_tile = transpose_store = add_rows = None
 
 
 def _unit_py(u, nblk, ocb_n, per, extra, g_, rows, oh_n, wq, ow_n, bands_first):
@@ -270,9 +270,12 @@ def _write_out_py(npos):
         # the bias add's lanes at a time (a multiple of width): an 8-channel tile's by pairs
         # of positions, as LLVM vectorized a body of 8 lanes across positions, with gathers
         # and scatters of the tile; the index unsigned, as a signed one's wraparound test
-        # gathered the bias
+        # gathered the bias. The row tiles' (7 and 14 positions, by 32 channels: their rows
+        # were gathered and scattered too) in explicit vectors, slower for tiles of P
         span = 2 * width if width == CB and npos % 2 == 0 else width
-        if epi & 1:
+        if epi & 1 and npos in ROW_TILES and width == WIDE:
+            add_rows(tile, npos, WIDE, bias, oc0)  # noqa: F821 - the tiled_jit intrinsic
+        elif epi & 1:
             for p in range(0, npos * width, span):
                 for j in range(span):
                     acc[p + j] += bias[np.uintp(oc0 + j % width)]
@@ -356,7 +359,8 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
             pass
     # A unit's tiles sum CHUNK channel blocks at a time, into rb (its positions, from q0 - P)
     # but for the last chunk, whose tiles write the output: the chunk's filter and source
-    # rows stay in the core's L1 cache across the unit
+    # rows stay in the core's caches across the unit (L2: 16 blocks of a 3x3 filter for 32
+    # channels are 147 KB)
     g_, ocb_n, icb_n, wq, oh_n, ow_n, rows, cstride, sample, shift, limit, chunk, wide, rem = (
         geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8],
         geom[9], geom[10], geom[11], geom[12] != 0, geom[13],
@@ -516,16 +520,42 @@ def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1, phas
     # blocks [b0, b1) of (sample, channel block) of the flat C-contiguous x (N, C/8, H, W, 8)
     # (dims: C/8, H, W) into the first ``phases`` phase planes (all sh * sw, or 1: the
     # subsampled source of a strided pointwise convolution) of _pack_input_py's layout; a
-    # row's columns inside the source are one contiguous copy at stride 1
+    # row's columns inside the source are one contiguous copy at stride 1. All sh * sw
+    # phases of a strided source are written a source row at a time, its positions read in
+    # order (plane by plane, each phase read every sw-th position of its rows: the 3x3/s2
+    # layers of ResNet packed 2-2.5x slower)
     cbs, h_, w_ = dims[0], dims[1], dims[2]
     phase = hq * wq * CB
     cstride = phases * phase
     sample = cbs * cstride + SLACK * CB
+    every = sw > 1 and phases == sh * sw
+    cols = min(w_, wq * sw - col_off)  # the source columns that land in a plane row
     for blk in range(b0, b1):
         n = blk // cbs
         cb = blk % cbs
         s0 = blk * h_ * w_ * CB
-        for ph in range(phases):
+        for r in range(hq if every else 0):
+            for rho in range(sh):
+                src = sh * r + rho - row_off
+                d0 = n * sample + cb * cstride + rho * sw * phase + r * wq * CB
+                inside = True
+                for phi in range(sw):
+                    k0, k1 = _inside(phi, sw, col_off, w_, wq)
+                    inside = _pad_row(xp, d0 + phi * phase, src, h_, k0, k1, wq, CB)
+                if not inside:
+                    continue
+                o = s0 + src * w_ * CB
+                k, phi = col_off // sw, col_off % sw  # source column c's plane position
+                for _ in range(cols):
+                    d = d0 + phi * phase + k * CB
+                    for ic in range(CB):
+                        xp[np.uintp(d + ic)] = x[np.uintp(o + ic)]
+                    o += CB
+                    phi += 1
+                    if phi == sw:
+                        phi = 0
+                        k += 1
+        for ph in range(0 if every else phases):
             rho, phi = ph // sw, ph % sw
             base = n * sample + cb * cstride + ph * phase
             k0, k1 = _inside(phi, sw, col_off, w_, wq)
@@ -631,7 +661,8 @@ _zeros = _pad_row = _hswish = _sigmoid = _silu8 = None
 
 @functools.cache
 def _compiled() -> dict:
-    global stack_tile, fetch_add, fma_tile, transpose_store, P, _TILE, _WIDE_TILE, _LANES
+    global stack_tile, fetch_add, fma_tile, transpose_store, add_rows, P, _TILE, _WIDE_TILE
+    global _LANES
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
     global _write_one, _write_row7, _write_row14
@@ -641,6 +672,7 @@ def _compiled() -> dict:
 
     stack_tile, fetch_add, carray = tiled_jit.stack_tile(), tiled_jit.fetch_add(), _carray
     fma_tile, transpose_store = tiled_jit.fma_tile(), tiled_jit.transpose_store()
+    add_rows = tiled_jit.add_rows()
     _LANES = tiled_jit.vector_width()
     P = tile_positions()
     _TILE = P * OB
