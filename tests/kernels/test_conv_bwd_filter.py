@@ -211,6 +211,22 @@ def test_bands_workspace_is_written_before_read(monkeypatch):
     _assert_workspace_written_before_read(c)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_blocks_of_1024_columns_in_padded_rows(threads, monkeypatch):
+    """Blocks of one 32x32 sample (1024 columns, 4 KB a float32 row): the columns' rows are
+    written 1040 items apart (sgemm's tiles read them in place), the padding never read."""
+    assert conv_bwd_filter._row_stride(1024, True) == 1040
+    assert conv_bwd_filter._row_stride(1024, False) == 1024
+    assert conv_bwd_filter._row_stride(1000, True) == 1000
+    monkeypatch.setattr(parallel, "num_threads", lambda: threads)
+    monkeypatch.setattr(conv_bwd_filter, "BLOCK_CACHE_BYTES", 1)  # one sample a block
+    c = _case(n=3, icg=3, ocg=5, sshape=(32, 32), seed=12)
+    x, w, dy = _arrays(c)
+    np.testing.assert_allclose(_run(_BLOCKED, c, x, dy), ref(c, x, dy, w.shape), rtol=RTOL,
+                               atol=ATOL)  # fmt: skip
+    _assert_workspace_written_before_read(c)
+
+
 def _assert_workspace_written_before_read(c) -> None:
     """The blocked filter gradient of case ``c`` right with its workspace filled with NaN
     before each of two runs, in float32 and in float16 (its conversion buffers too)."""
