@@ -121,14 +121,17 @@ def test_backward_against_finite_differences():
     d_scale, d_bias, dx = _backward(
         x, dy.astype(np.float32), m.astype(np.float32), inv.astype(np.float32), scale
     )
-    x64, s64, b64 = x.astype(np.float64), scale.astype(np.float64), bias.astype(np.float64)
+    _check_directional_derivatives(
+        rng, (dx, d_scale, d_bias), (x, scale, bias),
+        lambda xv, sv, bv: float((dy * ref_forward(xv, sv, bv, eps)[0]).sum()), 1e-4,
+    )  # fmt: skip
 
-    def loss(xv, sv, bv):
-        return float((dy * ref_forward(xv, sv, bv, eps)[0]).sum())
 
-    h = 1e-4
-    for grad, k in ((dx, 0), (d_scale, 1), (d_bias, 2)):
-        args = [x64, s64, b64]
+def _check_directional_derivatives(rng, grads, args, loss, h):
+    """Each gradient of ``grads`` (w.r.t. x, scale, bias) along a random direction against
+    the float64 central difference of ``loss(x, scale, bias)`` with step ``h``."""
+    args = [a.astype(np.float64) for a in args]
+    for k, grad in enumerate(grads):
         v = rng.standard_normal(args[k].shape)
         plus, minus = list(args), list(args)
         plus[k], minus[k] = args[k] + h * v, args[k] - h * v
@@ -211,19 +214,11 @@ def test_tail_backward_against_finite_differences(tail):
     d_scale, d_bias, dx = np.empty(p, np.float32), np.empty(p, np.float32), np.empty_like(x)
     dnn_norm.bind_bn_backward(x, dz.astype(np.float32), outs[2], outs[3], scale, d_scale,
                               d_bias, dx, tail=tail, z=outs[4])()  # fmt: skip
-    x64, s64, b64 = x.astype(np.float64), scale.astype(np.float64), bias.astype(np.float64)
-
-    def loss(xv, sv, bv):
-        return float((dz * _clamp64(ref_forward(xv, sv, bv, eps)[0], tail)).sum())
-
-    h = 1e-6
-    for grad, k in ((dx, 0), (d_scale, 1), (d_bias, 2)):
-        args = [x64, s64, b64]
-        v = rng.standard_normal(args[k].shape)
-        plus, minus = list(args), list(args)
-        plus[k], minus[k] = args[k] + h * v, args[k] - h * v
-        num = (loss(*plus) - loss(*minus)) / (2 * h)
-        np.testing.assert_allclose(float((grad * v).sum()), num, rtol=1e-4, atol=1e-4)
+    _check_directional_derivatives(
+        rng, (dx, d_scale, d_bias), (x, scale, bias),
+        lambda xv, sv, bv: float((dz * _clamp64(ref_forward(xv, sv, bv, eps)[0], tail)).sum()),
+        1e-6,
+    )  # fmt: skip
 
 
 def test_tail_arguments_checked():

@@ -311,14 +311,20 @@ def test_pointwise_batched_matches_float64(n, g, icg, ocg, h, w, threads, seed):
     np.testing.assert_allclose(gw, ref(c, x, dy, wt.shape), rtol=RTOL, atol=ATOL)
 
 
-def test_pointwise_batched_large_planes_and_strided_grad_match_float64():
-    c = _case(n=8, icg=96, ocg=24, sshape=(32, 32), fshape=(1, 1), pad=(0, 0), seed=4)
+def _assert_into_strided_grad(bind, c) -> None:
+    """``bind`` right into a gradient that is not C-contiguous (the result copied in), the
+    memory beside it untouched."""
     x, wt, dy = _arrays(c)
     big = np.full((*wt.shape[:-1], 2), np.nan, np.float32)
-    gw = big[..., :1]  # not C-contiguous: the result is copied in
-    _POINTWISE(x, dy, gw, *_geometry(c))()
+    gw = big[..., :1]
+    bind(x, dy, gw, *_geometry(c))()
     np.testing.assert_allclose(gw, ref(c, x, dy, wt.shape), rtol=RTOL, atol=ATOL)
     assert np.isnan(big[..., 1]).all()
+
+
+def test_pointwise_batched_large_planes_and_strided_grad_match_float64():
+    c = _case(n=8, icg=96, ocg=24, sshape=(32, 32), fshape=(1, 1), pad=(0, 0), seed=4)
+    _assert_into_strided_grad(_POINTWISE, c)
 
 
 def test_pointwise_batched_is_reproducible_and_refuses_other_convolutions(monkeypatch):
@@ -384,15 +390,11 @@ def test_pointwise_sum_matches_float64(n, icg, ocg, h, w, threads, seed):
 @needs_avx512
 def test_pointwise_sum_strided_grad_reproducible_and_refusals(monkeypatch):
     c = _case(n=8, icg=96, ocg=24, sshape=(8, 8), fshape=(1, 1), pad=(0, 0), seed=4)
+    _assert_into_strided_grad(_SUM, c)
     x, wt, dy = _arrays(c)
-    big = np.full((*wt.shape[:-1], 2), np.nan, np.float32)
-    gw = big[..., :1]  # not C-contiguous: the result is copied in
-    _SUM(x, dy, gw, *_geometry(c))()
-    np.testing.assert_allclose(gw, ref(c, x, dy, wt.shape), rtol=RTOL, atol=ATOL)
-    assert np.isnan(big[..., 1]).all()
     monkeypatch.setattr(parallel, "num_threads", lambda: 2)
     one = np.empty_like(wt)
-    _SUM(x, dy, one, *_geometry(c), )()
+    _SUM(x, dy, one, *_geometry(c))()
     _assert_reproducible(_SUM(x, dy, one, *_geometry(c)), one)
     monkeypatch.setattr(parallel, "num_threads", lambda: 1)
     single = np.empty_like(wt)
