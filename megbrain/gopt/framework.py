@@ -40,6 +40,7 @@ PRESET: list[str] = [
     "remove_redundant_typecvt",
     "arith_fuse",
     "mask_pool_grad",  # training.py: on the expanded gradients, before JIT fusion fuses them
+    "fuse_bn_activation",  # training.py: a BatchNorm and its ReLU/ReLU6, with their gradients
     "fuse_se_gate",  # jit.py: an SE multiply into the 1x1 ConvBias reading it, before JIT
     "fuse_preactivation",  # jit.py: a scale, shift and ReLU into the 1x1 ConvBias reading it
     "jit_fusion",  # jit.py

@@ -94,6 +94,7 @@ def bind_bn_forward(
     training: bool,
     epsilon: float,
     avg_factor: float,
+    tail: str | None = None,
 ) -> Callable[[], None]:
     """Batch normalization over the axes where ``scale`` has size 1.
 
@@ -103,8 +104,11 @@ def bind_bn_forward(
     is the unbiased one (``n/(n-1)``; ``n == 1`` gives inf/nan as in MegDNN). ``out_mean`` and
     ``out_var`` may be ``mean`` and ``var`` themselves (the operator's in-place update).
     INFERENCE: ``mean`` and ``var`` normalize ``x``; ``save_mean``/``save_inv_var`` receive them
-    as used.
+    as used. ``tail`` ("RELU" or "RELU6", TRAINING only) clamps ``y`` as the activation
+    would (:data:`.norm_loops.TAILS`), in the writing pass.
     """
+    if tail is not None and (tail not in norm_loops.TAILS or not training):
+        raise ValueError(f"BatchNorm: tail {tail!r} needs TRAINING and one of RELU, RELU6")
     axes = bn_reduce_axes(x.shape, scale.shape)
     n = math.prod(x.shape[i] for i in axes)
     ct = _ct(x, scale)
@@ -112,7 +116,8 @@ def bind_bn_forward(
     has_stats = mean is not None and out_mean.size > 0
     views = _channel_views(x, (scale, bias, save_mean, save_inv_var), (y,)) if training else None
     if views is not None:
-        return _bn_forward_compiled(views, mean, var, out_mean, out_var, has_stats, n, eps, f)
+        return _bn_forward_compiled(views, mean, var, out_mean, out_var, has_stats, n, eps, f,
+                                    tail)  # fmt: skip
 
     # buffers fixed at bind time: the hot path only runs ufuncs with out=
     pshape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
@@ -142,6 +147,8 @@ def bind_bn_forward(
         np.multiply(inv, sc, out=k, casting="unsafe")
         np.multiply(dev, k, out=ys)
         np.add(ys, bi, out=ys, casting="unsafe")
+        if tail is not None:
+            _clamp(ys, tail)
         if ys is not y:
             _store(y, ys)
 
@@ -158,7 +165,15 @@ def bind_bn_forward(
     return run_training if training else run_inference
 
 
-def _bn_forward_compiled(views, mean, var, out_mean, out_var, has_stats, n, eps, f):
+def _clamp(y: np.ndarray, tail: str) -> None:
+    """``y`` clamped in place as the activation ``tail`` (NaN kept, as RELU and MIN keep
+    it)."""
+    np.maximum(y, 0, out=y)
+    if tail == "RELU6":
+        np.minimum(y, 6, out=y)
+
+
+def _bn_forward_compiled(views, mean, var, out_mean, out_var, has_stats, n, eps, f, tail):
     """The TRAINING forward through :func:`.norm_loops.bn_forward_training` split over the
     channels, then the running statistics' update (C values) as :func:`bind_bn_forward`
     says."""
@@ -167,11 +182,12 @@ def _bn_forward_compiled(views, mean, var, out_mean, out_var, has_stats, n, eps,
     m64, v64 = np.empty(c), np.empty(c)
     loop = parallel.split(
         functools.partial(
-            norm_loops.bn_forward_training, x3, sc, bi, y3, m64, v64, smean, sinv, eps
+            norm_loops.bn_forward_training, x3, sc, bi, y3, m64, v64, smean, sinv, eps,
+            tail=tail,
         ),
         c,
         _MIN_CHANNELS,
-    )
+    )  # fmt: skip
     if not has_stats:
         return loop
     m, v = m64.reshape(out_mean.shape), v64.reshape(out_mean.shape)
@@ -192,25 +208,41 @@ def bind_bn_backward(
     d_scale: np.ndarray,
     d_bias: np.ndarray,
     dx: np.ndarray,
+    *,
+    tail: str | None = None,
+    z: np.ndarray | None = None,
 ) -> Callable[[], None]:
-    """The gradient of TRAINING-mode batch normalization w.r.t. scale, bias and x."""
+    """The gradient of TRAINING-mode batch normalization w.r.t. scale, bias and x; with a
+    ``tail`` ("RELU" or "RELU6"), of the normalization followed by that activation:
+    ``dy`` is then the gradient of the clamped output ``z`` (the tail forward's ``y``), kept
+    where the clamp is not flat (``0 < z``, and ``z < 6`` for RELU6; the gradient of
+    ``min(y, 6)`` at exactly 6 taken as 0, PyTorch's ``hardtanh_backward``), inside the
+    backward's two passes."""
+    if (tail is None) != (z is None) or tail not in norm_loops.TAILS:
+        raise ValueError(f"BatchNormBackward: tail {tail!r} needs z (and z a tail)")
     axes = bn_reduce_axes(x.shape, scale.shape)
     n = math.prod(x.shape[i] for i in axes)
     ct = _ct(x, scale)
-    views = _channel_views(x, (save_mean, save_inv_var, scale, d_scale, d_bias), (dy, dx))
-    if views is not None and dy.shape == x.shape:
-        (x3, dy3, dx3), params = views
+    outs = (dy, dx) if z is None else (dy, dx, z)
+    views = _channel_views(x, (save_mean, save_inv_var, scale, d_scale, d_bias), outs)
+    if views is not None and dy.shape == x.shape and (z is None or z.shape == x.shape):
+        (x3, dy3, dx3, *z3), params = views
         sums = np.empty((2, x3.shape[1]))
         return parallel.split(
-            functools.partial(norm_loops.bn_backward, x3, dy3, *params, dx3, sums),
+            functools.partial(norm_loops.bn_backward, x3, dy3, *params, dx3, sums,
+                              z=z3[0] if z3 else None, tail=tail),
             x3.shape[1],
             _MIN_CHANNELS,
-        )
+        )  # fmt: skip
 
     def run() -> None:
         mu, ivar = _cast(save_mean, ct), _cast(save_inv_var, ct)
         xmu = _cast(x, ct) - mu
         g = _cast(dy, ct)
+        if z is not None:
+            zc = _cast(z, ct)
+            keep = zc > 0 if tail == "RELU" else (zc > 0) & (zc < 6)
+            g = np.where(keep, g, 0)
         _store(d_bias, g.sum(axis=axes, keepdims=True))
         _store(d_scale, (g * xmu).sum(axis=axes, keepdims=True) * ivar)
         dxhat = g * _cast(scale, ct)

@@ -23,16 +23,22 @@ import functools
 import numpy as np
 from numba import njit
 
-__all__ = ["SPAN", "bn_backward", "bn_forward_training"]
+__all__ = ["SPAN", "TAILS", "bn_backward", "bn_forward_training"]
 
 #: the elements of a row a float32 partial sum takes before it goes into the float64 sum
 SPAN = 256
+#: the activations the loops fuse after the normalization, by their code in the loops: the
+#: forward clamps its output (RELU ``max(y, 0)``, RELU6 ``min(max(y, 0), 6)``), the backward
+#: masks the clamped output's gradient where the clamp is flat
+TAILS = {None: 0, "RELU": 1, "RELU6": 2}
 
 
-def _bn_forward_py(x, scale, bias, y, mean, var, save_mean, save_inv, eps, c0, c1):
+def _bn_forward_py(x, scale, bias, y, mean, var, save_mean, save_inv, eps, c0, c1, tail):
     # pragma: no cover - compiled
     """Channels [c0, c1): ``mean``/``var`` (float64, the biased variance), ``save_mean`` and
-    ``save_inv = 1/sqrt(var + eps)``, ``y = (x - mean) * save_inv * scale + bias``."""
+    ``save_inv = 1/sqrt(var + eps)``, ``y = (x - mean) * save_inv * scale + bias``, then
+    clamped by ``tail`` (:data:`TAILS`: ``y < 0`` -> 0, and ``y > 6`` -> 6 for RELU6; NaN
+    stays NaN, as RELU and MIN keep it)."""
     n_, _c, l_ = x.shape
     cnt = n_ * l_
     for c in range(c0, c1):
@@ -71,18 +77,34 @@ def _bn_forward_py(x, scale, bias, y, mean, var, save_mean, save_inv, eps, c0, c
             b = float(bias[c])
             xr = x[n, c]
             yr = y[n, c]
-            # in float64: x - mean loses nothing to the mean's rounding
-            for i in range(l_):
-                yr[i] = (xr[i] - m) * k + b
+            # in float64: x - mean loses nothing to the mean's rounding; the clamp before
+            # the rounding to float32 gives what it gives after (0 and 6 are float32 values)
+            if tail == 0:
+                for i in range(l_):
+                    yr[i] = (xr[i] - m) * k + b
+            else:
+                hi = 6.0 if tail == 2 else np.inf
+                for i in range(l_):
+                    v = (xr[i] - m) * k + b
+                    if v < 0.0:
+                        v = 0.0
+                    if v > hi:
+                        v = hi
+                    yr[i] = v
 
 
-def _bn_backward_py(x, dy, save_mean, save_inv, scale, d_scale, d_bias, dx, sums, c0, c1):
+def _bn_backward_py(x, dy, save_mean, save_inv, scale, d_scale, d_bias, dx, sums, c0, c1, z,
+                    tail):  # fmt: skip
     # pragma: no cover - compiled
     """Channels [c0, c1): ``d_bias = sum dy``, ``d_scale = sum dy (x - mean) * inv`` and
     ``dx = scale inv (dy - d_bias / n - (x - mean) inv d_scale / n)``; ``sums`` (2, C)
-    float64 keeps the two sums unrounded between the passes."""
+    float64 keeps the two sums unrounded between the passes. With a ``tail``
+    (:data:`TAILS`), ``dy`` is the gradient of the clamped output ``z`` (N, C, L), masked
+    first where the clamp is flat: kept where ``0 < z`` (RELU) or ``0 < z < 6`` (RELU6)."""
     n_, _c, l_ = x.shape
     cnt = n_ * l_
+    hi = np.float32(6.0)
+    unbounded = tail == 1  # RELU: every z > 0 keeps its gradient, +inf too
     for c in range(c0, c1):
         mu32 = save_mean[c]
         sg = 0.0
@@ -90,16 +112,25 @@ def _bn_backward_py(x, dy, save_mean, save_inv, scale, d_scale, d_bias, dx, sums
         for n in range(n_):
             xr = x[n, c]
             gr = dy[n, c]
+            zr = z[n, c]
             for i0 in range(0, l_, SPAN):
                 i1 = min(l_, i0 + SPAN)
                 xs = xr[i0:i1]
                 gs = gr[i0:i1]
                 s32 = np.float32(0.0)
                 q32 = np.float32(0.0)
-                for i in range(xs.size):
-                    g = gs[i]
-                    s32 += g
-                    q32 += g * (xs[i] - mu32)
+                if tail == 0:
+                    for i in range(xs.size):
+                        g = gs[i]
+                        s32 += g
+                        q32 += g * (xs[i] - mu32)
+                else:
+                    zs = zr[i0:i1]
+                    for i in range(xs.size):
+                        zi = zs[i]
+                        g = gs[i] if (zi > 0) & ((zi < hi) | unbounded) else np.float32(0.0)
+                        s32 += g
+                        q32 += g * (xs[i] - mu32)
                 sg += float(s32)
                 sgx += float(q32)
         inv = float(save_inv[c])
@@ -119,25 +150,35 @@ def _bn_backward_py(x, dy, save_mean, save_inv, scale, d_scale, d_bias, dx, sums
             xr = x[n, c]
             gr = dy[n, c]
             dr = dx[n, c]
-            for i in range(l_):
-                dr[i] = gr[i] * a32 + (xr[i] - mu32) * b32 + k32
+            if tail == 0:
+                for i in range(l_):
+                    dr[i] = gr[i] * a32 + (xr[i] - mu32) * b32 + k32
+            else:
+                zr = z[n, c]
+                for i in range(l_):
+                    zi = zr[i]
+                    g = gr[i] if (zi > 0) & ((zi < hi) | unbounded) else np.float32(0.0)
+                    dr[i] = g * a32 + (xr[i] - mu32) * b32 + k32
 
 
 def bn_forward_training(x, scale, bias, y, mean, var, save_mean, save_inv, eps: float,
-                        c0: int, c1: int) -> None:  # fmt: skip
+                        c0: int, c1: int, tail: str | None = None) -> None:  # fmt: skip
     """Channels [c0, c1) of the TRAINING forward (:func:`_bn_forward_py`): ``x``, ``y``
     (N, C, L) float32; ``scale``, ``bias``, ``save_mean``, ``save_inv`` (C,) float32;
-    ``mean``, ``var`` (C,) float64."""
+    ``mean``, ``var`` (C,) float64; ``tail`` None or a key of :data:`TAILS`, clamping
+    ``y``."""
     _compiled()[0](x, scale, bias, y, mean, var, save_mean, save_inv, float(eps), int(c0),
-                   int(c1))  # fmt: skip
+                   int(c1), TAILS[tail])  # fmt: skip
 
 
 def bn_backward(x, dy, save_mean, save_inv, scale, d_scale, d_bias, dx, sums, c0: int,
-                c1: int) -> None:  # fmt: skip
+                c1: int, z=None, tail: str | None = None) -> None:  # fmt: skip
     """Channels [c0, c1) of the backward (:func:`_bn_backward_py`): ``x``, ``dy``, ``dx``
-    (N, C, L) float32, ``sums`` (2, C) float64 scratch, the rest (C,) float32."""
+    (N, C, L) float32, ``sums`` (2, C) float64 scratch, the rest (C,) float32; with a
+    ``tail`` (a key of :data:`TAILS`), ``dy`` is the gradient of the forward's clamped
+    output ``z`` (N, C, L) float32."""
     _compiled()[1](x, dy, save_mean, save_inv, scale, d_scale, d_bias, dx, sums, int(c0),
-                   int(c1))  # fmt: skip
+                   int(c1), x if z is None else z, TAILS[tail])  # fmt: skip
 
 
 @functools.cache

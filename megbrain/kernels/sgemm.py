@@ -17,10 +17,10 @@ import numpy as np
 
 from . import gemm, parallel, tiled_jit, workspace
 from . import sgemm_loops as loops
-from .steps import Step
+from .steps import Step, chain
 
-__all__ = ["BLOCKS", "ENABLED", "SPLIT_MIN_FLOPS", "TILE", "bind_sgemm", "group_products",
-           "product_step", "sgemm", "usable_sgemm"]  # fmt: skip
+__all__ = ["BLOCKS", "ENABLED", "SPLIT_MIN_FLOPS", "TILE", "bind_sgemm", "bind_sgemm_sum",
+           "group_products", "product_step", "sgemm", "usable_sgemm"]  # fmt: skip
 
 #: the register tile: rows by vectors of 16 columns (24 accumulators; with six rows the
 #: rows of ``a`` read in place need few address registers, where 12 or 14 spilled)
@@ -145,6 +145,83 @@ def bind_sgemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool =
 
 def _nothing() -> None:
     pass
+
+
+def bind_sgemm_sum(a: np.ndarray, b: np.ndarray, out: np.ndarray,
+                   threads: int | None = None) -> Step:  # fmt: skip
+    """Bind ``out = sum over i of a[i] @ b[i]`` in float32: a batch of products summed into
+    one result (a filter gradient over the samples) with no per-product buffer.
+
+    Each thread takes its columns (or rows, when ``out`` has more rows than columns) of
+    ``out`` and runs the products of every ``i`` in order, the first storing its tile and
+    the next ones adding to it (the tiles' ``ACC`` write-out), with one pair of packing
+    buffers: every element's sum runs over ``i`` and then ``k`` in order, whatever the
+    threads.
+
+    Parameters
+    ----------
+    a, b : numpy.ndarray
+        The (N, m, k) and (N, k, n) float32 operands; each ``a[i]``, ``b[i]`` with
+        :func:`bind_sgemm`'s strides.
+    out : numpy.ndarray
+        The (m, n) float32 result, C-ordered rows (unit column stride), sharing no memory
+        with ``a`` or ``b``.
+    threads : int, optional
+        As :func:`bind_sgemm`'s (one below :data:`SPLIT_MIN_FLOPS` in all).
+
+    Returns
+    -------
+    Step
+        A zero-argument callable computing ``out``; it allocates nothing.
+
+    Raises
+    ------
+    ValueError
+        Operands that are not 3-d of matching shapes, or that :func:`usable_sgemm` rejects
+        (the message names them), or an ``out`` without a unit column stride.
+    """
+    if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0] or a.shape[0] == 0:
+        raise ValueError(f"sgemm: a {a.shape} and b {b.shape} are not two batches of "
+                         "matrices of one length (N, m, k), (N, k, n)")  # fmt: skip
+    if not all(usable_sgemm(a[i], b[i], out) for i in range(a.shape[0])) or (
+            out.shape[1] > 1 and out.strides[1] != out.itemsize):  # fmt: skip
+        raise ValueError(f"sgemm: a {a.shape} strides {a.strides}, b {b.shape} strides "
+                         f"{b.strides}, out {out.shape} strides {out.strides}: needs "
+                         "bind_sgemm's strides and out's rows contiguous")  # fmt: skip
+    nb_, m, k = a.shape
+    n = b.shape[2]
+    if m == 0 or n == 0:
+        return _nothing
+    if k == 0:
+        return functools.partial(out.fill, 0)
+    nt = parallel.num_threads() if threads is None else max(1, threads)
+    if 2 * m * n * k * nb_ < SPLIT_MIN_FLOPS:
+        nt = 1
+    r, nbv = TILE
+    nr = nbv * loops.LANES
+    if m <= n:
+        parts = [(slice(None), slice(lo * nr, min(n, hi * nr)))
+                 for lo, hi in parallel.ranges(-(-n // nr), nt)]  # fmt: skip
+    else:
+        parts = [(slice(lo * r, min(m, hi * r)), slice(None))
+                 for lo, hi in parallel.ranges(-(-m // r), nt)]  # fmt: skip
+    run = loops.compiled_gemm(r, nbv)
+    calls = []
+    for rows, cols in parts:
+        o = out[rows, cols]
+        mp, np_ = o.shape
+        na, nbp = loops.pack_sizes(r, nbv, mp, np_, k, BLOCKS)
+        ap, bp = workspace.empty((na,), _F32), workspace.empty((nbp,), _F32)
+        cf, sc = _flat(o, writeable=True)
+        steps = []
+        for i in range(nb_):
+            sa_, sb_ = _flat(a[i][rows]), _flat(b[i][:, cols])
+            geom = np.array([mp, np_, k, 0, sc[0] if mp > 1 else np_, int(i > 0), *BLOCKS],
+                            np.int64)  # fmt: skip
+            steps.append(functools.partial(run, sa_[0], sa_[1], sb_[0], sb_[1], cf, geom, ap,
+                                           bp))  # fmt: skip
+        calls.append(chain(steps))
+    return calls[0] if len(calls) == 1 else parallel.concurrently(calls)
 
 
 def _part(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool) -> Step:

@@ -503,6 +503,7 @@ _GRAD = (
 )
 for _t in (
     "BatchNormBackward",
+    "BatchNormTailBackward",
     "ConvolutionBackwardFilter",
     "Convolution3DBackwardFilter",
     "PoolingBackward",
@@ -538,5 +539,7 @@ REFUSED.update(
         "LayerNormLast": "a layer normalization's reductions and elementwise operators fused "
         "when a function is compiled; export the graph's vars (its Reduce and Elemwise "
         "operators) instead",
+        "BatchNormTail": "a training BatchNorm and its ReLU or ReLU6 fused when a function is "
+        "compiled; export the graph's vars (its BatchNorm and Elemwise operators) instead",
     }
 )

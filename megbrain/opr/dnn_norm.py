@@ -33,6 +33,9 @@ __all__ = [
     "BNParam",
     "BatchNorm",
     "BatchNormBackward",
+    "BatchNormTail",
+    "BatchNormTailBackward",
+    "BNTailParam",
     "LRNParam",
     "LRN",
     "LRNBackward",
@@ -210,6 +213,73 @@ class BatchNormBackward(OperatorNodeBase):
 
     def default_name(self):
         return f"batch_norm_bwd({self.inputs[0].name})"
+
+
+@dataclass(frozen=True)
+class BNTailParam(BNParam):
+    """Param of BatchNormTail and BatchNormTailBackward: BatchNorm's and the fused
+    activation ``tail`` ("RELU" or "RELU6")."""
+
+    tail: str = "RELU6"
+
+
+@register_opr
+class BatchNormTail(BatchNorm):
+    """A TRAINING-mode BatchNorm and the activation reading its output, ``tail(y)`` with
+    tail RELU (``max(y, 0)``) or RELU6 (``min(max(y, 0), 6)``): output 4 is the activation's
+    output, clamped in the normalization's writing pass; the other outputs are BatchNorm's
+    (the running statistics updated in place).
+
+    Made at compile time by the ``fuse_bn_activation`` pass (:mod:`megbrain.gopt.training`)
+    on the expanded gradients, with :class:`BatchNormTailBackward` for the gradient; never
+    by a user and never written to a graph file (the reference has no such operator)."""
+
+    type_name = "BatchNormTail"
+    short_name = "batch_norm_tail"
+    Param = BNTailParam
+
+    def bind(self, ins, outs):
+        mean, var = (ins[3], ins[4]) if len(ins) == 5 else (None, None)
+        return kern.bind_bn_forward(ins[0], ins[1], ins[2], mean, var, *outs, training=True,
+                                    epsilon=self.param.epsilon,
+                                    avg_factor=self.param.avg_factor,
+                                    tail=self.param.tail)  # fmt: skip
+
+    def default_name(self):
+        return f"{super().default_name()}+{self.param.tail}"
+
+    def grad(self, wrt_idx, out_grads):
+        raise self.error("a fused BatchNorm activation has no gradient (made at compile time)",
+                         NoGradient)  # fmt: skip
+
+
+@register_opr
+class BatchNormTailBackward(BatchNormBackward):
+    """Inputs (x, z_grad, save_mean, save_inv_var, scale, z), outputs (scale_grad,
+    bias_grad, x_grad): the gradient of :class:`BatchNormTail`, whose output ``z`` tells
+    where the activation passes the gradient (``0 < z``, and ``z < 6`` for RELU6)."""
+
+    type_name = "BatchNormTailBackward"
+    short_name = "batch_norm_tail_bwd"
+    Param = BNTailParam
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) != 6:
+            raise self.error(f"expected 6 inputs, got {len(in_dtypes)}")
+        return super().infer_dtypes(in_dtypes[:5])
+
+    def infer_shapes(self, in_shapes, in_values):
+        if tuple(in_shapes[5]) != tuple(in_shapes[0]):
+            raise self.error(f"z {fmt_shape(in_shapes[5])} differs from x "
+                             f"{fmt_shape(in_shapes[0])}")  # fmt: skip
+        return super().infer_shapes(in_shapes[:5], in_values)
+
+    def bind(self, ins, outs):
+        return kern.bind_bn_backward(*ins[:5], *outs, tail=self.param.tail, z=ins[5])
+
+    def grad(self, wrt_idx, out_grads):
+        raise self.error("a fused BatchNorm activation has no gradient (made at compile time)",
+                         NoGradient)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -495,3 +565,6 @@ register_strict(BatchNormBackward)
 register_strict(LRN, name="LRN")
 register_strict(LRNBackward)
 sereg.register_fused(LayerNormLast, lambda opr: "a layer normalization over the last axis")
+sereg.register_fused(BatchNormTail, lambda opr: f"BatchNorm with a fused {opr.param.tail}")
+sereg.register_fused(BatchNormTailBackward,
+                     lambda opr: f"the gradient of BatchNorm with a fused {opr.param.tail}")

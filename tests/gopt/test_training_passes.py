@@ -111,3 +111,114 @@ def test_mask_pool_grad_gradient_against_numpy():
     want = d.transpose(0, 1, 2, 4, 3, 5).reshape(x0.shape)
     np.testing.assert_allclose(gx, want, rtol=1e-6)
     np.testing.assert_allclose(gb, want.sum(axis=(0, 2, 3), keepdims=True), rtol=1e-5)
+
+
+# ---- fuse_bn_activation -------------------------------------------------------------------
+def _bn_step(x0, c0, tail, *, fuse=True, extra=None, steps=2):
+    """Two SGD steps of ``sum(tail(bn(conv(x))) * c)`` (plus ``extra(y)`` of the BatchNorm
+    output when given): the losses, the parameters and running statistics after them, and
+    the operators of the compiled step."""
+    from megbrain import nn, optim
+
+    nn.init.default_rng(0)
+    conv, bn = nn.Conv2d(x0.shape[1], 6, 3, padding=1, bias=False), nn.BatchNorm2d(6)
+    act = {"RELU6": nn.ReLU6, "RELU": nn.ReLU}[tail]()
+    g = mgb.comp_graph(check_env_var=False)
+    x = mgb.make_arg(CN, g, shape=x0.shape, name="x")
+    c = mgb.make_arg(CN, g, shape=c0.shape, name="c")
+    y = bn(conv(x))
+    loss = (act(y) * c).sum()
+    if extra is not None:
+        loss = loss + extra(y)
+    opt = optim.SGD(conv.parameters() + bn.parameters(), lr=0.05, momentum=0.9)
+    names = [p for p in gopt.PRESET if fuse or p != "fuse_bn_activation"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gopt.passes, "PRESET", names)
+        f = g.compile([x, c], [mgb.copy_output(loss)] + opt.minimize(loss))
+    losses = [float(f(x0, c0)[0][0]) for _ in range(steps)]
+    state = {**{f"conv.{k}": v for k, v in conv.state_dict().items()},
+             **{f"bn.{k}": v for k, v in bn.state_dict().items()}}  # fmt: skip
+    return losses, {k: np.array(v) for k, v in state.items()}, list(f._func.iter_opr_seq())
+
+
+def _types(seq):
+    return [o.type_name for o in seq]
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**31), tail=st.sampled_from(["RELU", "RELU6"]),
+       shape=st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(2, 6),
+                       st.integers(2, 6)))  # fmt: skip
+def test_fuse_bn_activation_equals_unfused(seed, tail, shape):
+    """The fused forward and backward give the unfused graph's losses, parameters and
+    running statistics bit for bit (random values: no normalized output exactly 6.0)."""
+    if shape[0] * shape[2] * shape[3] < 2:
+        return
+    rng = np.random.default_rng(seed)
+    x0 = (rng.standard_normal(shape) * 4).astype(F32)
+    c0 = rng.standard_normal((shape[0], 6, *shape[2:])).astype(F32)
+    got, gstate, seq = _bn_step(x0, c0, tail)
+    want, wstate, seq0 = _bn_step(x0, c0, tail, fuse=False)
+    assert got == want
+    for k in wstate:
+        np.testing.assert_array_equal(gstate[k], wstate[k], err_msg=k)
+    assert "BatchNormTail" in _types(seq) and "BatchNormTailBackward" in _types(seq)
+    assert "BatchNormForward" not in _types(seq) and "BatchNormBackward" not in _types(seq)
+    gone = {"RELU", "MIN", "SWITCH_GT0", "COND_LEQ_MOV"}
+    assert not [o for o in seq if o.type_name == "Elemwise" and o.param.mode in gone]
+    assert [o for o in seq0 if o.type_name == "Elemwise" and o.param.mode in gone]
+
+
+def test_fuse_bn_activation_clamps_past_six():
+    """Values past 0 and 6 on both sides (a wide input): the gradient of ReLU6 is zero
+    there, in the fused graph as in the unfused one."""
+    rng = np.random.default_rng(3)
+    x0 = (rng.standard_normal((2, 3, 5, 5)) * 50).astype(F32)
+    c0 = rng.standard_normal((2, 6, 5, 5)).astype(F32)
+    got, gstate, _ = _bn_step(x0, c0, "RELU6")
+    want, wstate, _ = _bn_step(x0, c0, "RELU6", fuse=False)
+    assert got == want
+    for k in wstate:
+        np.testing.assert_array_equal(gstate[k], wstate[k], err_msg=k)
+
+
+def test_fuse_bn_activation_leaves_other_readers():
+    """A BatchNorm output read besides its activation keeps the unfused operators (the
+    gradient sums the two readers' parts), and the result is still the plain graph's."""
+    rng = np.random.default_rng(4)
+    x0 = rng.standard_normal((2, 3, 4, 4)).astype(F32)
+    c0 = rng.standard_normal((2, 6, 4, 4)).astype(F32)
+    extra = lambda y: (y * y).sum()  # noqa: E731
+    got, gstate, seq = _bn_step(x0, c0, "RELU6", extra=extra)
+    want, wstate, _ = _bn_step(x0, c0, "RELU6", extra=extra, fuse=False)
+    assert "BatchNormTail" not in _types(seq)
+    assert got == want
+
+
+def test_fuse_bn_activation_forward_only():
+    """Without a gradient the forward alone is fused, and the running statistics update
+    once per run."""
+    from megbrain import nn
+
+    rng = np.random.default_rng(5)
+    x0 = rng.standard_normal((2, 4, 3, 3)).astype(F32) * 5
+    outs = []
+    for fuse in (True, False):
+        nn.init.default_rng(0)
+        bn = nn.BatchNorm2d(4)
+        g = mgb.comp_graph(check_env_var=False)
+        x = mgb.make_arg(CN, g, shape=x0.shape, name="x")
+        z = nn.ReLU6()(bn(x))
+        names = [p for p in gopt.PRESET if fuse or p != "fuse_bn_activation"]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(gopt.passes, "PRESET", names)
+            f = g.compile([x], [mgb.copy_output(z)])
+        got = [np.array(f(x0)[0]) for _ in range(2)]
+        stats = {k: np.array(v) for k, v in bn.state_dict().items()}
+        outs.append((got, stats, _types(f._func.iter_opr_seq())))
+    (got, stats, types), (want, wstats, _) = outs
+    assert "BatchNormTail" in types
+    for a, w in zip(got, want):
+        np.testing.assert_array_equal(a, w)
+    for k in wstats:
+        np.testing.assert_array_equal(stats[k], wstats[k], err_msg=k)

@@ -2,6 +2,7 @@
 float64 reference, and their backward against finite differences."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -120,14 +121,17 @@ def test_backward_against_finite_differences():
     d_scale, d_bias, dx = _backward(
         x, dy.astype(np.float32), m.astype(np.float32), inv.astype(np.float32), scale
     )
-    x64, s64, b64 = x.astype(np.float64), scale.astype(np.float64), bias.astype(np.float64)
+    _check_directional_derivatives(
+        rng, (dx, d_scale, d_bias), (x, scale, bias),
+        lambda xv, sv, bv: float((dy * ref_forward(xv, sv, bv, eps)[0]).sum()), 1e-4,
+    )  # fmt: skip
 
-    def loss(xv, sv, bv):
-        return float((dy * ref_forward(xv, sv, bv, eps)[0]).sum())
 
-    h = 1e-4
-    for grad, k in ((dx, 0), (d_scale, 1), (d_bias, 2)):
-        args = [x64, s64, b64]
+def _check_directional_derivatives(rng, grads, args, loss, h):
+    """Each gradient of ``grads`` (w.r.t. x, scale, bias) along a random direction against
+    the float64 central difference of ``loss(x, scale, bias)`` with step ``h``."""
+    args = [a.astype(np.float64) for a in args]
+    for k, grad in enumerate(grads):
         v = rng.standard_normal(args[k].shape)
         plus, minus = list(args), list(args)
         plus[k], minus[k] = args[k] + h * v, args[k] - h * v
@@ -142,3 +146,87 @@ def test_fallback_for_other_layouts():
     x32 = x.astype(np.float32)
     assert dnn_norm._channel_views(x32, (np.ones((1, 1, 4, 4), np.float32),)) is None
     assert dnn_norm._channel_views(x32[:, :, ::2], (np.ones((1, 3, 1, 1), np.float32),)) is None
+
+
+# ---- a fused activation (tail): RELU or RELU6 of the normalized output --------------------
+def _clamp64(y, tail):
+    return np.clip(y, 0, 6 if tail == "RELU6" else np.inf)
+
+
+def _tail_case(n, c, h, w, seed):
+    """An input whose normalized values reach past 0 and 6 (a scale of 2-4), and some of
+    them exactly 0 and 6 after the clamp."""
+    rng, x, _, _ = _case(n, c, h, w, 0.0, seed)
+    p = (1, c, 1, 1)
+    scale = rng.uniform(2, 4, p).astype(np.float32)
+    bias = rng.uniform(-1, 3, p).astype(np.float32)
+    return rng, x, scale, bias
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(**{k: v for k, v in shapes.items() if k != "offset"},
+       tail=st.sampled_from(["RELU", "RELU6"]), compiled=st.booleans())  # fmt: skip
+def test_tail_forward_and_backward_match_float64(n, c, h, w, tail, compiled):
+    """The clamp in the forward's writing pass and the mask in the backward's passes, the
+    compiled loops and the NumPy path (a non-contiguous ``dy``) alike, against float64."""
+    if n * h * w < 2:
+        return
+    rng, x, scale, bias = _tail_case(n, c, h, w, n * 1000 + c * 100 + h * 10 + w + 3)
+    eps = 1e-3
+    p = scale.shape
+    outs = [np.empty(p, np.float32) for _ in range(4)] + [np.empty_like(x)]
+    dnn_norm.bind_bn_forward(x, scale, bias, None, None, *outs, training=True, epsilon=eps,
+                             avg_factor=0.1, tail=tail)()  # fmt: skip
+    z = outs[4]
+    ry = ref_forward(x, scale, bias, eps)[0]
+    np.testing.assert_allclose(z, _clamp64(ry, tail), rtol=1e-4, atol=1e-5)
+    # the float32 y of the unfused forward, clamped, is the fused output bit for bit
+    plain = [np.empty(p, np.float32) for _ in range(4)] + [np.empty_like(x)]
+    dnn_norm.bind_bn_forward(x, scale, bias, None, None, *plain, training=True, epsilon=eps,
+                             avg_factor=0.1)()  # fmt: skip
+    np.testing.assert_array_equal(z, np.clip(plain[4], 0, 6 if tail == "RELU6" else None))
+    dz = rng.standard_normal(x.shape).astype(np.float32)
+    if not compiled:  # strided: the NumPy path
+        dz = np.repeat(dz, 2, axis=3)[..., ::2]
+    d_scale, d_bias, dx = np.empty(p, np.float32), np.empty(p, np.float32), np.empty_like(x)
+    dnn_norm.bind_bn_backward(x, dz, outs[2], outs[3], scale, d_scale, d_bias, dx, tail=tail,
+                              z=z)()  # fmt: skip
+    keep = (z > 0) & (z < 6) if tail == "RELU6" else z > 0
+    want = ref_backward(x, np.where(keep, dz, 0), scale, eps)
+    for a, r in zip((d_scale, d_bias, dx), want):
+        np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(r).max()))
+
+
+@pytest.mark.parametrize("tail", ["RELU", "RELU6"])
+def test_tail_backward_against_finite_differences(tail):
+    """d/d(x, scale, bias) of ``sum(dz * tail(bn(x)))`` in float64 by central differences
+    (no value within the step of a kink)."""
+    rng, x, scale, bias = _tail_case(2, 9, 5, 3, 17)
+    eps = 1e-3
+    p = scale.shape
+    outs = [np.empty(p, np.float32) for _ in range(4)] + [np.empty_like(x)]
+    dnn_norm.bind_bn_forward(x, scale, bias, None, None, *outs, training=True, epsilon=eps,
+                             avg_factor=0.1, tail=tail)()  # fmt: skip
+    y64 = ref_forward(x, scale, bias, eps)[0]
+    assert np.abs(y64).min() > 1e-3 and np.abs(y64 - 6).min() > 1e-3
+    assert (y64 < 0).any() and (tail == "RELU" or (y64 > 6).any())
+    dz = rng.standard_normal(x.shape)
+    d_scale, d_bias, dx = np.empty(p, np.float32), np.empty(p, np.float32), np.empty_like(x)
+    dnn_norm.bind_bn_backward(x, dz.astype(np.float32), outs[2], outs[3], scale, d_scale,
+                              d_bias, dx, tail=tail, z=outs[4])()  # fmt: skip
+    _check_directional_derivatives(
+        rng, (dx, d_scale, d_bias), (x, scale, bias),
+        lambda xv, sv, bv: float((dz * _clamp64(ref_forward(xv, sv, bv, eps)[0], tail)).sum()),
+        1e-6,
+    )  # fmt: skip
+
+
+def test_tail_arguments_checked():
+    x = np.ones((2, 3, 2, 2), np.float32)
+    p = (1, 3, 1, 1)
+    outs = [np.empty(p, np.float32) for _ in range(4)] + [np.empty_like(x)]
+    with pytest.raises(ValueError, match="tail"):
+        dnn_norm.bind_bn_forward(x, *outs[:2], None, None, *outs, training=True, epsilon=1e-5,
+                                 avg_factor=0.1, tail="SIGMOID")  # fmt: skip
+    with pytest.raises(ValueError, match="tail"):
+        dnn_norm.bind_bn_backward(x, x, *outs[:3], *outs[:2], x.copy(), tail="RELU6")

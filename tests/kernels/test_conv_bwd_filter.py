@@ -211,6 +211,22 @@ def test_bands_workspace_is_written_before_read(monkeypatch):
     _assert_workspace_written_before_read(c)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_blocks_of_1024_columns_in_padded_rows(threads, monkeypatch):
+    """Blocks of one 32x32 sample (1024 columns, 4 KB a float32 row): the columns' rows are
+    written 1040 items apart (sgemm's tiles read them in place), the padding never read."""
+    assert conv_bwd_filter._row_stride(1024, True) == 1040
+    assert conv_bwd_filter._row_stride(1024, False) == 1024
+    assert conv_bwd_filter._row_stride(1000, True) == 1000
+    monkeypatch.setattr(parallel, "num_threads", lambda: threads)
+    monkeypatch.setattr(conv_bwd_filter, "BLOCK_CACHE_BYTES", 1)  # one sample a block
+    c = _case(n=3, icg=3, ocg=5, sshape=(32, 32), seed=12)
+    x, w, dy = _arrays(c)
+    np.testing.assert_allclose(_run(_BLOCKED, c, x, dy), ref(c, x, dy, w.shape), rtol=RTOL,
+                               atol=ATOL)  # fmt: skip
+    _assert_workspace_written_before_read(c)
+
+
 def _assert_workspace_written_before_read(c) -> None:
     """The blocked filter gradient of case ``c`` right with its workspace filled with NaN
     before each of two runs, in float32 and in float16 (its conversion buffers too)."""
@@ -295,14 +311,20 @@ def test_pointwise_batched_matches_float64(n, g, icg, ocg, h, w, threads, seed):
     np.testing.assert_allclose(gw, ref(c, x, dy, wt.shape), rtol=RTOL, atol=ATOL)
 
 
-def test_pointwise_batched_large_planes_and_strided_grad_match_float64():
-    c = _case(n=8, icg=96, ocg=24, sshape=(32, 32), fshape=(1, 1), pad=(0, 0), seed=4)
+def _assert_into_strided_grad(bind, c) -> None:
+    """``bind`` right into a gradient that is not C-contiguous (the result copied in), the
+    memory beside it untouched."""
     x, wt, dy = _arrays(c)
     big = np.full((*wt.shape[:-1], 2), np.nan, np.float32)
-    gw = big[..., :1]  # not C-contiguous: the result is copied in
-    _POINTWISE(x, dy, gw, *_geometry(c))()
+    gw = big[..., :1]
+    bind(x, dy, gw, *_geometry(c))()
     np.testing.assert_allclose(gw, ref(c, x, dy, wt.shape), rtol=RTOL, atol=ATOL)
     assert np.isnan(big[..., 1]).all()
+
+
+def test_pointwise_batched_large_planes_and_strided_grad_match_float64():
+    c = _case(n=8, icg=96, ocg=24, sshape=(32, 32), fshape=(1, 1), pad=(0, 0), seed=4)
+    _assert_into_strided_grad(_POINTWISE, c)
 
 
 def test_pointwise_batched_is_reproducible_and_refuses_other_convolutions(monkeypatch):
@@ -322,8 +344,9 @@ def test_pointwise_batched_is_reproducible_and_refuses_other_convolutions(monkey
 
 
 def test_pointwise_heuristic_takes_large_planes_only():
-    big = _case(n=2, icg=8, ocg=4, sshape=(16, 16), fshape=(1, 1), pad=(0, 0))
-    small = _case(n=2, icg=8, ocg=4, sshape=(8, 8), fshape=(1, 1), pad=(0, 0))
+    """(More output than input channels: POINTWISE_SGEMM_SUM's rule leaves them.)"""
+    big = _case(n=2, icg=4, ocg=8, sshape=(16, 16), fshape=(1, 1), pad=(0, 0))
+    small = _case(n=2, icg=4, ocg=8, sshape=(8, 8), fshape=(1, 1), pad=(0, 0))
     assert _select(big) == "POINTWISE_BATCHED_GEMM"
     assert _select(small) == "IM2COL_GEMM_BLOCKED"
 
@@ -340,3 +363,91 @@ def test_pointwise_filter_gradient_through_the_operator_matches_finite_differenc
                              np.zeros((1, 4, 3, 1, 1)), (1, 1), (0, 0),
                              (1, 1)).name == "POINTWISE_BATCHED_GEMM"  # fmt: skip
     check_grad(lambda a, b: O.convolution(a, b), [x, w], wrt=[1])
+
+
+# ---- POINTWISE_SGEMM_SUM ----------------------------------------------------------------------
+_SUM = conv_bwd_filter.bind_pointwise_sum
+_AVX512 = conv_bwd_filter.tiled_jit.vector_width() == 16
+needs_avx512 = pytest.mark.skipif(not _AVX512, reason="sgemm's tile needs AVX-512")
+
+
+@needs_avx512
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 5), icg=st.sampled_from([1, 5, 16, 63, 64, 65, 130]),
+       ocg=st.sampled_from([1, 6, 7, 13, 64, 70]), h=st.integers(1, 9), w=st.integers(1, 9),
+       threads=st.integers(1, 3), seed=st.integers(0, 99))  # fmt: skip
+def test_pointwise_sum_matches_float64(n, icg, ocg, h, w, threads, seed):
+    c = _case(n=n, icg=icg, ocg=ocg, sshape=(h, w), fshape=(1, 1), pad=(0, 0), seed=seed)
+    x, wt, dy = _arrays(c)
+    gw = np.full(wt.shape, np.nan, np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parallel, "num_threads", lambda: threads)
+        mp.setattr(conv_bwd_filter.sgemm, "SPLIT_MIN_FLOPS", 1)  # split even small ones
+        _SUM(x, dy, gw, *_geometry(c))()
+    np.testing.assert_allclose(gw, ref(c, x, dy, wt.shape), rtol=RTOL, atol=ATOL)
+
+
+@needs_avx512
+def test_pointwise_sum_strided_grad_reproducible_and_refusals(monkeypatch):
+    c = _case(n=8, icg=96, ocg=24, sshape=(8, 8), fshape=(1, 1), pad=(0, 0), seed=4)
+    _assert_into_strided_grad(_SUM, c)
+    x, wt, dy = _arrays(c)
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    one = np.empty_like(wt)
+    _SUM(x, dy, one, *_geometry(c))()
+    _assert_reproducible(_SUM(x, dy, one, *_geometry(c)), one)
+    monkeypatch.setattr(parallel, "num_threads", lambda: 1)
+    single = np.empty_like(wt)
+    _SUM(x, dy, single, *_geometry(c))()
+    np.testing.assert_array_equal(one, single)  # the same bits at 1 and 2 threads
+    for other in (_case(), _case(g=2, fshape=(1, 1), pad=(0, 0))):  # 3x3; grouped
+        xo, wo, dyo = _arrays(other)
+        assert not conv_bwd_filter.usable_pointwise_sum(xo, dyo, wo, *_geometry(other)[:3])
+        with pytest.raises(ValueError, match="POINTWISE_SGEMM_SUM"):
+            _SUM(xo, dyo, np.empty_like(wo), *_geometry(other))
+    x64, dy64, w64 = (a.astype(np.float64) for a in (x, dy, wt))
+    assert not conv_bwd_filter.usable_pointwise_sum(x64, dy64, w64, *_geometry(c)[:3])
+
+
+@needs_avx512
+def test_pointwise_sum_heuristic_takes_small_planes_of_projecting_layers():
+    assert _select(_case(n=2, icg=8, ocg=4, sshape=(16, 16), fshape=(1, 1), pad=(0, 0))) \
+        == "POINTWISE_SGEMM_SUM"  # fmt: skip
+    assert _select(_case(n=2, icg=8, ocg=4, sshape=(4, 4), fshape=(1, 1), pad=(0, 0))) \
+        == "POINTWISE_SGEMM_SUM"  # fmt: skip
+    assert _select(_case(n=2, icg=8, ocg=4, sshape=(32, 32), fshape=(1, 1), pad=(0, 0))) \
+        == "POINTWISE_BATCHED_GEMM"  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_bwd_filter.sgemm, "ENABLED", False)
+        assert _select(_case(n=2, icg=8, ocg=4, sshape=(4, 4), fshape=(1, 1), pad=(0, 0))) \
+            == "IM2COL_GEMM_BLOCKED"  # fmt: skip
+
+
+@needs_avx512
+def test_pointwise_sum_filter_gradient_through_the_operator_matches_finite_differences():
+    """float32 operands through the operator (POINTWISE_SGEMM_SUM takes float32 only):
+    central differences in float64 of the loss the float32 gradient belongs to."""
+    import megbrain as mgb
+    import megbrain.opr as O
+
+    rng = np.random.default_rng(10)
+    x0 = rng.uniform(-1, 1, (3, 8, 4, 4)).astype(np.float32)
+    w0 = rng.uniform(-1, 1, (5, 8, 1, 1)).astype(np.float32)
+    c0 = rng.uniform(-1, 1, (3, 5, 4, 4))
+    g = mgb.comp_graph(check_env_var=False)
+    x = mgb.make_shared("cpu0", value=x0, comp_graph=g)
+    w = mgb.make_shared("cpu0", value=w0, comp_graph=g)
+    loss = (O.convolution(x, w) * c0.astype(np.float32)).sum()
+    f = g.compile(None, [mgb.copy_output(mgb.grad(loss, w))])
+    got = np.asarray(f()[0])
+    assert "POINTWISE_SGEMM_SUM" in [getattr(o, "chosen_algorithm", None)
+                                     for o in f._func.iter_opr_seq()]  # fmt: skip
+
+    def fn(wv):
+        return float((np.einsum("ncl,oc->nol", x0.reshape(3, 8, 16).astype(np.float64),
+                                wv.reshape(5, 8)) * c0.reshape(3, 5, 16)).sum())  # fmt: skip
+
+    h = 1e-6
+    v = rng.standard_normal(w0.shape)
+    num = (fn(w0 + h * v) - fn(w0 - h * v)) / (2 * h)
+    np.testing.assert_allclose(float((got * v).sum()), num, rtol=1e-4, atol=1e-4)

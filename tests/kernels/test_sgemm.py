@@ -122,3 +122,40 @@ def test_product_step(enabled, monkeypatch):
         s()
     for g in range(2):
         _assert_product(a3[g], b3.reshape(2, 30, 50)[g], outs[g])
+
+
+# ---- bind_sgemm_sum: a batch of products summed -------------------------------------------
+@settings(max_examples=15, deadline=None)
+@given(nb=st.integers(1, 5), m=_dims, n=_dims, k=_dims, oa=st.sampled_from(["C", "T"]),
+       ob=st.sampled_from(["C", "T"]), threads=st.integers(1, 3),
+       seed=st.integers(0, 99))  # fmt: skip
+def test_sum_against_float64(nb, m, n, k, oa, ob, threads, seed):
+    rng = np.random.default_rng(seed)
+    a = np.stack([_operand(rng, m, k, oa) for _ in range(nb)])
+    b = np.stack([_operand(rng, k, n, ob) for _ in range(nb)])
+    if oa == "T":
+        a = np.ascontiguousarray(a.transpose(0, 2, 1)).transpose(0, 2, 1)
+    if ob == "T":
+        b = np.ascontiguousarray(b.transpose(0, 2, 1)).transpose(0, 2, 1)
+    out = np.full((m, n), np.nan, np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sgemm, "SPLIT_MIN_FLOPS", 1)
+        sgemm.bind_sgemm_sum(a, b, out, threads=threads)()
+    want = np.einsum("imk,ikn->mn", a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL * max(1, k * nb))
+
+
+def test_sum_same_bits_at_any_threads_allocates_nothing_and_refuses():
+    rng = np.random.default_rng(3)
+    a = rng.uniform(-1, 1, (4, 70, 50)).astype(np.float32)
+    b = rng.uniform(-1, 1, (4, 90, 50)).astype(np.float32).transpose(0, 2, 1)
+    one, two = (np.empty((70, 90), np.float32) for _ in range(2))
+    step = sgemm.bind_sgemm_sum(a, b, one, threads=1)
+    step()
+    sgemm.bind_sgemm_sum(a, b, two, threads=2)()
+    np.testing.assert_array_equal(one, two)
+    assert_allocates_nothing(step)
+    with pytest.raises(ValueError, match="batches"):
+        sgemm.bind_sgemm_sum(a, b[:3], one)
+    with pytest.raises(ValueError, match="rows contiguous"):
+        sgemm.bind_sgemm_sum(a, b, np.empty((90, 70), np.float32).T)

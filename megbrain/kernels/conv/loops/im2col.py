@@ -32,13 +32,17 @@ __all__ = ["col2im", "im2col"]
 
 # Each loop computes, per filter offset, the outputs [lo, hi) whose source index o * step + off
 # lies in [0, size) (inlined by hand: a compiled helper function was not inlined and cost 2x).
-def _im2col_py(x, cols, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, oh_, ow_, i0, i1, r0, r1, rb):
+def _im2col_py(x, cols, n0, n1, sh, sw, ph, pw, dh, dw, fh_, fw_, i0, i1, r0, r1, rb, ncol):
     # pragma: no cover - compiled
+    # ``cols``: 2-d C-contiguous, or flat; row r - rb at ``(r - rb) * ncol`` (its row stride).
+    # (The output size is computed here: a 20th argument's tuple is past CPython's free
+    # lists, so each call would allocate it.)
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
+    oh_ = (h_ + 2 * ph - dh * (fh_ - 1) - 1) // sh + 1
+    ow_ = (w_ + 2 * pw - dw * (fw_ - 1) - 1) // sw + 1
     ll = (i1 - i0) * ow_  # the output rows [i0, i1) of each sample
     xf = x.reshape(-1)
     cf = cols.reshape(-1)
-    ncol = (n1 - n0) * ll
     for r in range(r0, r1):
         c = r // (fh_ * fw_)
         a = (r // fw_) % fh_
@@ -134,7 +138,7 @@ def _compiled(name: str):
 def im2col(
     x: np.ndarray, cols: np.ndarray, n0: int, n1: int, stride: tuple[int, int],
     pad: tuple[int, int], dilate: tuple[int, int], fshape: tuple[int, int], r0: int, r1: int,
-    out_rows: tuple[int, int] | None = None, row_base: int = 0,
+    out_rows: tuple[int, int] | None = None, row_base: int = 0, row_stride: int | None = None,
 ) -> None:  # fmt: skip
     """Rows ``[r0, r1)`` of the column matrix of samples ``[n0, n1)`` of a 2-d convolution
     (of their output rows ``out_rows`` only, when given), written ``row_base`` rows up.
@@ -144,7 +148,8 @@ def im2col(
     x : numpy.ndarray
         The C-contiguous ``(N, C, H, W)`` source (float32 or float64), not padded.
     cols : numpy.ndarray
-        The C-contiguous ``(C * FH * FW, (n1 - n0) * OH * OW)`` result, of ``x``'s dtype; row
+        The C-contiguous ``(C * FH * FW, (n1 - n0) * OH * OW)`` result, of ``x``'s dtype (or,
+        with ``row_stride``, the flat buffer holding its rows that far apart); row
         ``(c * FH + a) * FW + b``, column ``k * OH * OW + i * OW + j`` receives
         ``x[n0 + k, c, i * sh - ph + a * dh, j * sw - pw + b * dw]``, or 0 outside ``x``
         (``OH, OW``: the convolution's output size).
@@ -162,11 +167,20 @@ def im2col(
     row_base : int, optional
         Row ``r`` of the column matrix goes to row ``r - row_base`` of ``cols`` (``r0 >=
         row_base``), so that a buffer of ``r1 - row_base`` rows holds a band of the rows.
+    row_stride : int, optional
+        ``cols`` is a flat C-contiguous buffer whose rows start this many items apart (at
+        least a row's columns): a padded row stride, made at bind time so that a run
+        allocates nothing.
     """
     oh, ow = _out_shape(x, stride, pad, dilate, fshape)
     i0, i1 = (0, oh) if out_rows is None else (int(out_rows[0]), int(out_rows[1]))
-    _compiled("im2col")(x, cols, int(n0), int(n1), *_ints(stride, pad, dilate, fshape),
-                        oh, ow, i0, i1, int(r0), int(r1), int(row_base))  # fmt: skip
+    ld = cols.shape[1] if row_stride is None else int(row_stride)
+    if (cols.ndim != 1) == (row_stride is not None) or ld < (n1 - n0) * (i1 - i0) * ow or (
+            row_stride is not None and cols.size < (r1 - row_base) * ld):  # fmt: skip
+        raise ValueError(f"im2col: cols {cols.shape}, row_stride {row_stride}: a 2-d matrix "
+                         "of the columns, or a flat buffer of rows row_stride apart")  # fmt: skip
+    _compiled("im2col")(x, cols, int(n0), int(n1), *_ints(stride, pad, dilate, fshape), i0,
+                        i1, int(r0), int(r1), int(row_base), ld)  # fmt: skip
 
 
 def col2im(
