@@ -30,7 +30,8 @@ block stay in cache between the im2col and the GEMM and the copy is compiled (se
 
 The products are :func:`.sgemm.product_step`'s: megbrain's own float32 GEMM on AVX-512,
 which reads the columns in place (their rows written a little more than a row apart where a
-row is a multiple of 4 KB, :func:`_row_stride`), NumPy's matmul elsewhere. Against NumPy's
+row is a multiple of 4 KB, :func:`_row_stride`) where a group has at least
+:data:`SGEMM_MIN_CHANNELS` output channels, NumPy's matmul elsewhere. Against NumPy's
 (OpenBLAS, which packs the columns again), ResNet-18's batch-32 3x3 filter gradients took
 11-12 % less time in all, one thread and two (interleaved best of 7, load 8-9: 346 -> 305
 and 310 -> 274 ms over one of each layer), the 32x32 and 16x16 layers up to 20 %.
@@ -122,9 +123,21 @@ BAND_BYTES = 1 << 20
 _F32 = np.dtype(np.float32)
 #: a gradient of fewer multiply-adds (x2) than this runs on one thread
 _MIN_THREAD_FLOPS = 4_000_000
+#: the fewest output channels (of a group) whose products take megbrain's GEMM
+#: (:func:`.sgemm.product_step`); fewer take NumPy's matmul: a 6x64 tile over 16 channels
+#: by 9 taps (a small CNN's first layer) ran 6-9x slower than OpenBLAS, 32 by 144 up to 3.7x
+#: (one thread, blocks of 1024 positions), while 64 channels and more gained 7-21%
+SGEMM_MIN_CHANNELS = 64
 
 
 # ---- shared binding helpers ----------------------------------------------------------------
+def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray, channels: int) -> Step:
+    """``out = a @ b`` for a filter gradient of ``channels`` output channels (per group)."""
+    if channels >= SGEMM_MIN_CHANNELS:
+        return sgemm.product_step(a, b, out)
+    return functools.partial(np.matmul, a, b, out=out)
+
+
 def _float_dtype(a: np.ndarray) -> bool:
     try:
         compute_dtype(a.dtype)
@@ -293,7 +306,7 @@ class _Blocked:
                 cols = colbuf[: (r1 - r0) * pos].reshape(r1 - r0, pos)
                 work.append(functools.partial(im2col_loops.im2col, self.x, cols, 0, n,
                                               *self.geom, r0, r1, None, r0))  # fmt: skip
-                work.append(sgemm.product_step(dm, cols.T, res[:, r0:r1]))
+                work.append(_product(dm, cols.T, res[:, r0:r1], oc))
             calls.append(chain(work))
         return steps + [parallel.concurrently_blas_single_threaded(calls)]
 
@@ -347,9 +360,9 @@ class _Blocked:
                 colg = cols[gi * kg + r0 : gi * kg + r1]
                 sl = (gi, slice(r0, r1)) if trans else (gi, slice(None), slice(r0, r1))
                 if trans:  # the columns read in place by sgemm's tiles (no packing)
-                    steps.append(sgemm.product_step(colg, dmg.T, dst[sl]))
+                    steps.append(_product(colg, dmg.T, dst[sl], ocg))
                 else:
-                    steps.append(sgemm.product_step(dmg, colg.T, dst[sl]))
+                    steps.append(_product(dmg, colg.T, dst[sl], ocg))
                 if u:
                     steps.append(functools.partial(np.add, acc[sl], part[sl], out=acc[sl]))
         return chain(steps)
