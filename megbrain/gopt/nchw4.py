@@ -33,8 +33,7 @@ from ..opr.dnn import Convolution
 from ..opr.dnn_conv_bias import ConvBias
 from ..opr.dnn_pool import Pooling
 from ..opr.relayout import relayout_format
-from ..opr.tensor_manip import reshape
-from .nchw88 import finish_blocked, keep_nchw
+from .nchw88 import finish_blocked, keep_nchw, read_back, to_blocked
 from .passes import Rewriter, VarMap, inherit_props
 
 __all__ = ["layout_flag", "use_nchw4"]
@@ -61,22 +60,13 @@ def converts(opr) -> bool:
     return len(filt) == 4 and filt[0] % 4 == 0
 
 
-def _one_position(shape: tuple | None) -> bool:
-    return shape is not None and len(shape) == 4 and shape[2:] == (1, 1) and shape[1] % 4 == 0
-
-
 def use_nchw4(graph, dest, options) -> VarMap:
     """The NCHW4 rewrite of the graph of ``dest`` (see the module's docstring)."""
     rw = Rewriter(graph, dest)
     blocked: dict[VarNode, VarNode] = {}  # original var -> its NCHW4 var
 
     def nchw(v: VarNode) -> VarNode:
-        if v in blocked and v not in rw.varmap:
-            s = static_shape(v)
-            b = SymbolVar(blocked[v])
-            back = reshape(b, s) if _one_position(s) else relayout_format(b, mode="NCHW4_NCHW")
-            rw.replace(v, back.node, "read back from NCHW4")
-        return rw.get(v)
+        return read_back(rw, blocked, v, 4, "NCHW4")
 
     copies: dict[VarNode, VarNode] = {}  # an NCHW var read in NCHW4 -> its relaid copy
 
@@ -84,11 +74,7 @@ def use_nchw4(graph, dest, options) -> VarMap:
         if v in blocked:
             return blocked[v]
         if v not in copies:
-            s, x = static_shape(v), SymbolVar(rw.get(v))
-            if _one_position(s):
-                copies[v] = reshape(x, (s[0], s[1] // 4, 1, 1, 4)).node
-            else:
-                copies[v] = relayout_format(x, mode="NCHW_NCHW4").node
+            copies[v] = to_blocked(rw, v, 4, "NCHW4")
         return copies[v]
 
     def convert_conv(opr) -> VarNode:

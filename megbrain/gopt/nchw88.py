@@ -84,10 +84,35 @@ def _conv_weight_mode(opr) -> str | None:
     return "NCHW_NCHW88_CONV_DENSE_WEIGHT"
 
 
-def _one_position(shape: tuple | None) -> bool:
-    """Whether an NCHW var of ``shape`` is (N, C, 1, 1) with C a multiple of 8: its values are
-    in the same order in NCHW and NCHW88, so a reshape moves it between the layouts."""
-    return shape is not None and len(shape) == 4 and shape[2:] == (1, 1) and shape[1] % 8 == 0
+def _one_position(shape: tuple | None, block: int) -> bool:
+    """Whether an NCHW var of ``shape`` is (N, C, 1, 1) with C a multiple of ``block``: its
+    values are in the same order in NCHW and the blocked layout, so a reshape moves it
+    between the layouts."""
+    return shape is not None and len(shape) == 4 and shape[2:] == (1, 1) and shape[1] % block == 0
+
+
+def to_blocked(rw: Rewriter, v: VarNode, block: int, layout: str) -> VarNode:
+    """A layout pass's NCHW var ``v`` (as rewritten) relaid into ``layout`` (``"NCHW88"``,
+    ``"NCHW4"``) of ``block`` channels: a reshape where it has one position, else a
+    RelayoutFormat."""
+    s, x = static_shape(v), SymbolVar(rw.get(v))
+    if _one_position(s, block):
+        return reshape(x, (s[0], s[1] // block, 1, 1, block)).node
+    return relayout_format(x, mode=f"NCHW_{layout}").node
+
+
+def read_back(rw: Rewriter, blocked: dict, v: VarNode, block: int, layout: str) -> VarNode:
+    """``v`` as a layout pass's NCHW operators read it: a var computed blocked (in
+    ``blocked``) read back from ``layout`` once (a reshape where it has one position, else a
+    RelayoutFormat), any other as rewritten."""
+    if v in blocked and v not in rw.varmap:
+        s, b = static_shape(v), SymbolVar(blocked[v])
+        if _one_position(s, block):
+            back = reshape(b, s)
+        else:
+            back = relayout_format(b, mode=f"{layout}_NCHW")
+        rw.replace(v, back.node, f"read back from {layout}")
+    return rw.get(v)
 
 
 def use_nchw88(graph, dest, options) -> VarMap:
@@ -96,22 +121,11 @@ def use_nchw88(graph, dest, options) -> VarMap:
     blocked: dict[VarNode, VarNode] = {}  # original var -> its NCHW88 var
 
     def nchw(v: VarNode) -> VarNode:
-        if v in blocked and v not in rw.varmap:
-            s = static_shape(v)
-            if _one_position(s):
-                back = reshape(SymbolVar(blocked[v]), s).node
-            else:
-                back = relayout_format(SymbolVar(blocked[v]), mode="NCHW88_NCHW").node
-            rw.replace(v, back, "read back from NCHW88")
-        return rw.get(v)
+        return read_back(rw, blocked, v, 8, "NCHW88")
 
     def to88(v: VarNode) -> VarNode:
         if v not in blocked:
-            s = static_shape(v)
-            if _one_position(s):
-                blocked[v] = reshape(SymbolVar(rw.get(v)), (s[0], s[1] // 8, 1, 1, 8)).node
-            else:
-                blocked[v] = relayout_format(SymbolVar(rw.get(v)), mode="NCHW_NCHW88").node
+            blocked[v] = to_blocked(rw, v, 8, "NCHW88")
         return blocked[v]
 
     def pooling_chain(opr) -> bool:
