@@ -778,20 +778,13 @@ def _compiled(name: str):
     if name.startswith("bands"):
         _, vecs, epi, drop, blocked = name.split(",")
         return njit(**opts)(_make_bands(int(vecs), int(epi), drop == "1", blocked == "1"))
-    if name == "relayout":
-        return njit(**opts)(_relayout_py)
-    if name == "relayout4":
-        return njit(**opts)(_relayout4_py)
-    if name == "cut4":
-        return njit(**opts)(_cut4_py)
-    if name == "to_blocked":
-        return njit(**opts)(_to_blocked_py)
-    if name == "from_blocked":
-        return njit(**opts)(_from_blocked_py)
-    if name == "pack":
-        return njit(**opts)(_pack_filter_py)
-    if name == "drop":
-        return njit(**opts)(_drop_columns_py)
+    plain = {
+        "relayout": _relayout_py, "relayout4": _relayout4_py, "cut4": _cut4_py,
+        "to_blocked": _to_blocked_py, "from_blocked": _from_blocked_py,
+        "pack": _pack_filter_py, "drop": _drop_columns_py,
+    }  # fmt: skip
+    if name in plain:
+        return njit(**opts)(plain[name])
     vecs, epi = name.split(",")
     return njit(**opts)(_make_gemm(int(vecs), int(epi)))
 
