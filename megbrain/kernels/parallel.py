@@ -14,6 +14,9 @@ for its part: a fork/join took ~16 us against ~36 us through ``concurrent.future
 sides poll a counter for 0.5 ms before they block (:data:`SPIN_NS`), so that back-to-back
 splits find the other thread awake, and hand the GIL over without making the other side
 sleep on it (:func:`_spinner`).
+Each worker runs on one CPU, never the one its caller runs on when it offers a part
+(:meth:`_Worker.keep_off`): left to the scheduler, a worker woken by its caller was often
+put on the caller's core and stayed there, and a whole network then ran on one thread.
 
 megbrain's GEMMs run with BLAS single-threaded (:func:`blas_single_threaded`), a large one
 split here over the kernel threads (:mod:`megbrain.kernels.gemm`, which says why and names
@@ -126,6 +129,27 @@ def _spinner():
     return spin
 
 
+def _cpu_getter() -> Callable[[], int] | None:
+    """libc's ``sched_getcpu`` (the CPU the calling thread is on; a vDSO call), or None where
+    there is none or :envvar:`MGB_KERNEL_THREADS_FLOAT` is set (the workers are not pinned)."""
+    if os.environ.get("MGB_KERNEL_THREADS_FLOAT") or not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        getcpu = ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError, TypeError):
+        return None
+    getcpu.restype, getcpu.argtypes = ctypes.c_int, []
+    return getcpu
+
+
+@functools.cache
+def _cpus() -> tuple[int, ...]:
+    """The CPUs the process may run on, when its pool starts."""
+    return tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
+
+
+_getcpu = _cpu_getter()
+
 #: who ran an offered part: the value of its ``claims[0]`` (:class:`_Worker`)
 _WORKER, _CALLER = "worker", "caller"
 
@@ -150,9 +174,13 @@ class _Worker:
     ``counters`` (offers made, parts the worker ended) let either side poll a moment before
     it blocks on its lock (:func:`_spinner`); ``clocks`` are the worker's and the caller's
     buffers for the poll's clock; ``claimed`` (parts the worker claimed, written by the
-    worker alone) is the count the caller's poll waits for."""
+    worker alone) is the count the caller's poll waits for. ``cpu`` is the one CPU the
+    worker is pinned to (-1: not pinned; :meth:`keep_off`), ``index`` its place in the pool
+    (workers spread over the CPUs their caller leaves them)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, index: int = 0) -> None:
+        self.index = index
+        self.cpu = -1
 
         self.go = threading.Lock()
         self.go.acquire()
@@ -162,7 +190,31 @@ class _Worker:
         self.clocks = np.zeros((2, 2), np.int64)
         self.offer: tuple = (None, 0, 0, {0: _CALLER})  # nothing to claim yet
         self.claimed = 0
-        threading.Thread(target=self._serve, name=name, daemon=True).start()
+        thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        thread.start()
+        self.tid = thread.native_id
+
+    def keep_off(self, cpu: int) -> None:
+        """Pin the worker to one of the process's CPUs other than ``cpu`` (its caller's), where
+        it is pinned to ``cpu`` or not yet pinned; nothing where no other CPU is allowed.
+
+        Why pinned: the worker sleeps on its lock or on the GIL, and the caller wakes it;
+        the scheduler often woke it on the caller's core, and, its wake-ups short, left it
+        there: it then waited for the GIL behind its caller, which took every part back,
+        and MobileNetV2's calls ran at one thread's 7 ms instead of 4.5 ms, for seconds at a
+        time. A pinned worker cannot follow its caller there; a caller that moves onto the
+        worker's CPU moves the worker away at its next split (one system call)."""
+        if cpu != self.cpu and self.cpu >= 0:
+            return
+        others = [c for c in _cpus() if c != cpu]
+        if not others:
+            return
+        target = others[self.index % len(others)]
+        try:
+            os.sched_setaffinity(self.tid, {target})
+        except OSError:  # the thread's CPUs restricted meanwhile (a cpuset): stay as it is
+            return
+        self.cpu = target
 
     def give(self, fn, lo: int, hi: int, claims: dict) -> None:
         """Offer the part ``fn(lo, hi)``, claimed through ``claims`` (see the class)."""
@@ -238,13 +290,15 @@ def _pool() -> list[_Worker]:
     with _pool_lock:
         if not _workers:
             _spinner()  # compiled before any worker runs (see there)
-            _workers.extend(_Worker(f"mgb-kernel_{i}") for i in range(num_threads() - 1))
+            _cpus()
+            _workers.extend(_Worker(f"mgb-kernel_{i}", i) for i in range(num_threads() - 1))
         return _workers
 
 
 def _forget_pool() -> None:  # a forked child has none of the parent's threads
     _workers.clear()
     _claim.clear()
+    _cpus.cache_clear()  # nor, perhaps, its CPUs
 
 
 os.register_at_fork(after_in_child=_forget_pool)
@@ -288,7 +342,10 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
                     fn(lo, hi)
                 return
             try:
+                here = _getcpu() if _getcpu is not None else -1
                 for w, part in zip(used, rest):
+                    if here >= 0:
+                        w.keep_off(here)
                     claims: dict = {}
                     offers.append((w, claims, part))  # before the worker can claim it
                     w.give(fn, *part, claims)

@@ -1,6 +1,7 @@
 """The kernel pool: every part runs once, errors reach the caller, concurrent and nested
 splits neither deadlock nor lose parts."""
 
+import os
 import threading
 import time
 
@@ -299,3 +300,36 @@ def test_an_offer_read_early_by_a_wake_up_runs_once(monkeypatch):
     w.give(part("A"), 0, 1, claims_c := {})
     w.join(None)
     assert runs["A"] == 1 and claims_c[0] is parallel._WORKER
+
+
+needs_two_cpus = pytest.mark.skipif(
+    parallel._getcpu is None or len(parallel._cpus()) < 2,
+    reason="pins threads: needs sched_getcpu and two CPUs the process may use")
+
+
+@needs_two_cpus
+def test_a_worker_is_pinned_off_its_callers_cpu(two_threads):
+    (w,) = parallel._pool()
+    first = parallel._cpus()[0]
+    w.keep_off(first)
+    assert w.cpu != first and os.sched_getaffinity(w.tid) == {w.cpu}
+    pinned = w.cpu
+    w.keep_off(first)  # the caller elsewhere again: the worker stays
+    assert w.cpu == pinned and os.sched_getaffinity(w.tid) == {pinned}
+    w.keep_off(pinned)  # the caller moved onto the worker's CPU: the worker moves
+    assert w.cpu not in (pinned, -1) and os.sched_getaffinity(w.tid) == {w.cpu}
+
+
+@needs_two_cpus
+def test_a_split_pins_its_workers_off_the_callers_cpu(two_threads):
+    out = np.zeros(64, np.int64)
+    step = parallel.split(_marking(out), 64, 1)
+    step()
+    (w,) = parallel._pool()
+    assert np.all(out == 1)
+    assert w.cpu >= 0 and os.sched_getaffinity(w.tid) == {w.cpu}
+
+
+def test_workers_float_when_the_environment_asks(monkeypatch):
+    monkeypatch.setenv("MGB_KERNEL_THREADS_FLOAT", "1")
+    assert parallel._cpu_getter() is None
