@@ -70,9 +70,10 @@ def num_threads() -> int:
 #: ms polling 0.3 ms or longer, 31.7 ms with 30 us
 SPIN_NS = 500_000
 #: nanoseconds a woken worker still waits before it takes the GIL: about the caller's way
-#: from starting it into its own GIL-free kernel (ResNet50: the worker started 15 us after
-#: the caller with 10 us, 47 us with none)
-SETTLE_NS = 10_000
+#: from starting it into its own GIL-free kernel. 10 us before the workers were pinned and
+#: skipped the offers taken back without the GIL; a split of two 12 us parts then took
+#: 26.8 us against 17.9 with 2 us (docs/performance.md)
+SETTLE_NS = 2_000
 
 
 @functools.cache
@@ -80,7 +81,9 @@ def _spinner():
     """``spin(counters, i, seen, signal, settle, clock)``, compiled without the GIL: first
     adds one to ``counters[signal]`` when ``signal >= 0``, then polls (``sched_yield``
     between polls) until ``counters[i]`` differs from ``seen``, for up to :data:`SPIN_NS`,
-    and once it does waits ``settle`` nanoseconds more. ``clock`` is the calling thread's
+    and once it does waits ``settle`` nanoseconds more. A worker's poll (``i == 0``) then
+    goes on polling while ``counters[2]`` equals ``counters[0]``: the caller took that
+    offer back, so the worker has nothing to take the GIL for. ``clock`` is the calling thread's
     int64 pair for ``clock_gettime``. None where libc's ``sched_yield`` or
     ``clock_gettime`` is not found (the threads then block at once).
 
@@ -118,13 +121,18 @@ def _spinner():
         if signal >= 0:
             add(counters, signal, 1)  # atomic: the part's writes are visible before it
         end = now(clock) + SPIN_NS
-        while counters[i] == seen:  # the opaque calls make each test load it again
-            if now(clock) > end:
+        while True:
+            while counters[i] == seen:  # the opaque calls make each test load it again
+                if now(clock) > end:
+                    return
+                sched_yield()
+            until = now(clock) + settle
+            while now(clock) < until:
+                sched_yield()
+            if i != 0 or counters[2] != counters[0]:
                 return
-            sched_yield()
-        until = now(clock) + settle
-        while now(clock) < until:
-            sched_yield()
+            seen = counters[0]  # the caller took that offer back: wait for the next one
+            end = now(clock) + SPIN_NS
 
     return spin
 
@@ -171,7 +179,8 @@ class _Worker:
     wake-up and its read of ``offer``, so that one wake-up read the next offer early): the
     worker skips the offer it claimed last, as running it again would release ``done`` twice.
 
-    ``counters`` (offers made, parts the worker ended) let either side poll a moment before
+    ``counters`` (offers made, parts the worker ended, the offer the caller took back last)
+    let either side poll a moment before
     it blocks on its lock (:func:`_spinner`); ``clocks`` are the worker's and the caller's
     buffers for the poll's clock; ``claimed`` (parts the worker claimed, written by the
     worker alone) is the count the caller's poll waits for. ``cpu`` is the one CPU the
@@ -186,7 +195,7 @@ class _Worker:
         self.go.acquire()
         self.done = threading.Lock()
         self.done.acquire()
-        self.counters = np.zeros(2, np.int64)
+        self.counters = np.zeros(3, np.int64)
         self.clocks = np.zeros((2, 2), np.int64)
         self.offer: tuple = (None, 0, 0, {0: _CALLER})  # nothing to claim yet
         self.claimed = 0
@@ -352,8 +361,9 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
                 fn(*head)
                 for lo, hi in rest[len(used) :]:  # more parts than workers: a larger count
                     fn(lo, hi)  # was set after the pool started
-                for _, claims, part in offers:  # the parts no worker has begun run here
+                for w, claims, part in offers:  # the parts no worker has begun run here
                     if claims.setdefault(0, _CALLER) is _CALLER:
+                        w.counters[2] = w.counters[0]  # its poll need not wake for it
                         fn(*part)
                 spin = _spinner()
                 for w, claims, _ in offers:
