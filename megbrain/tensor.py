@@ -456,6 +456,7 @@ class Storage:
         if nbytes > self.size:
             grown = self._grown(nbytes)
             self._buf, self._offset = grown._buf, 0
+            TensorND.layout_epoch += 1  # the tensors on this storage moved
         return self
 
     def _grown(self, nbytes: int) -> Storage:
@@ -512,8 +513,9 @@ class TensorND:
         The element dtype; None leaves it unset (taken from the source of ``copy_from``).
     """
 
-    #: bumped whenever a tensor's layout is set (resize, reset, copy_from): static inference
-    #: re-reads its sources' shapes only after a bump
+    #: bumped whenever a tensor's layout or memory is set (resize, reset, copy_from, a
+    #: storage's ``ensure_size`` moving it): static inference re-reads its sources' shapes,
+    #: and ``MultipleDeviceTensorHolder`` its tensors' states, only after a bump
     layout_epoch: ClassVar[int] = 0
 
     __slots__ = ("_storage", "_layout")

@@ -86,6 +86,38 @@ def test_shared_device_tensornd_rejects_a_grown_buffer():
         f.wait()
 
 
+@pytest.mark.parametrize("change", ["ensure_size", "resize", "reset"])
+def test_multiple_device_tensor_holder_sees_each_change_of_a_tensors_memory(change):
+    # its per-run state is kept between layout epochs: every way a held tensor's buffer or
+    # shape changes must still be caught (the same tuple is returned only while none did)
+    from megbrain.opr.io import multiple_device_tensor_holder
+    from megbrain.tensor import DeviceTensorND
+
+    g = make_graph()
+    ts = [DeviceTensorND("cpu0", shape=(4,), dtype=np.float32) for _ in range(3)]
+    for k, t in enumerate(ts):
+        t.as_ndarray()[:] = k
+    outs = multiple_device_tensor_holder(g, ts, name="h")
+    f, got = _compile(g, outs[2] * 3)
+    f.execute().wait()
+    np.testing.assert_array_equal(got["v"], [6, 6, 6, 6])
+    holder = outs[2].node.owner
+    assert holder.runtime_state() is holder.runtime_state()  # kept: nothing changed
+    ts[2].as_ndarray()[:] = 5  # a value written in place is read, nothing re-planned
+    f.execute().wait()
+    np.testing.assert_array_equal(got["v"], [15, 15, 15, 15])
+    if change == "ensure_size":
+        ts[2].storage.ensure_size(1 << 16)
+    elif change == "resize":
+        ts[2].resize((5,))
+    else:
+        ts[2].reset(DeviceTensorND("cpu0", shape=(4,), dtype=np.float32).storage,
+                    ts[2].layout)  # fmt: skip
+    with pytest.raises(MegBrainError, match="MultipleDeviceTensorHolder 'h'"):
+        f.execute()
+        f.wait()
+
+
 def test_volatile_shared_device_tensor_follows_new_buffer():
     g = make_graph()
     dv = DevValue(np.arange(4, dtype=np.float32))
