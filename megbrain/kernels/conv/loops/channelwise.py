@@ -35,6 +35,9 @@ ROWS3_BITS = 1 | sum(ACTIVATIONS)
 #: vectors of output positions summed at once: that many independent sums hide the latency
 #: of the multiply-adds
 VECS = 4
+#: output rows :func:`rows3_nchw`'s column computes together (each source row they read
+#: loaded once): one row at a time ran at its chain's latency, about 37 cycles a row
+ROW_GROUP = 4
 
 # bound by _compiled() before compiling (LANES: the host's vector width)
 taps_tile = _phase_split = _hswish = _relu6 = _silu = rows3 = take = None
@@ -136,7 +139,9 @@ def _rows3_column():
     stored at ``y[yo + r ow + q]``. The taps are masked loads (the padding's lanes read
     nothing and are zeros; the column masks made once per column), a stride-2 tap two loads
     whose even lanes are kept (the middle column's taps: the odd lanes of the first
-    column's loads): no copy of the plane, no scratch."""
+    column's loads): no copy of the plane, no scratch. The rows go in groups of
+    :data:`ROW_GROUP` (the rest in groups of the powers of two below it): each source row a
+    group reads is loaded once, and the group's sums are independent chains."""
     lanes = tiled_jit.vector_width()
 
     @intrinsic
@@ -198,30 +203,55 @@ def _rows3_column():
             keep = builder.icmp_signed("<", lane, broadcast(builder.trunc(nv_v, i32), ivec))
             even = ir.Constant(ivec, [2 * i for i in range(lanes)])
             odd = ir.Constant(ivec, [2 * i + 1 for i in range(lanes)])
-            with cgutils.for_range(builder, oh_v, intp=i64) as loop:
-                r = loop.index
-                total = zero
-                for a in range(3):
-                    ir_ = builder.add(builder.mul(r, const(st)), const(a - 1))
-                    rowok = builder.and_(builder.icmp_signed(">=", ir_, const(0)),
-                                         builder.icmp_signed("<", ir_, h_v))  # fmt: skip
-                    row = builder.add(xo_v, builder.mul(ir_, w_v))
-                    part = zero
-                    got = []
-                    for b in range(3):
-                        if st == 2 and b == 1:  # the odd lanes of tap 0's two loads
-                            v = builder.shuffle_vector(got[0], got[1], odd)
-                        else:
-                            got = [builder.call(load_fn, [
-                                builder.gep(xdata, [builder.add(row, c)]), ir.Constant(i32, 4),
-                                builder.select(rowok, m, none), zero]) for c, m in loads[b]]
-                            v = got[0] if st == 1 else builder.shuffle_vector(got[0], got[1],
-                                                                              even)  # fmt: skip
-                        part = builder.call(fmuladd, [taps[3 * a + b], v, part])
-                    total = builder.fadd(total, part)
-                v = epilogue(total)
-                yptr = builder.gep(ydata, [builder.add(yo_v, builder.mul(r, ow_v))])
-                builder.call(store_fn, [v, yptr, ir.Constant(i32, 4), keep])
+
+            def source_row(ir_):
+                """The three tap columns' vectors of source row ``ir_`` (zeros outside)."""
+                rowok = builder.and_(builder.icmp_signed(">=", ir_, const(0)),
+                                     builder.icmp_signed("<", ir_, h_v))  # fmt: skip
+                row = builder.add(xo_v, builder.mul(ir_, w_v))
+                vs, got = [], []
+                for b in range(3):
+                    if st == 2 and b == 1:  # the odd lanes of tap 0's two loads
+                        vs.append(builder.shuffle_vector(got[0], got[1], odd))
+                        continue
+                    got = [builder.call(load_fn, [
+                        builder.gep(xdata, [builder.add(row, c)]), ir.Constant(i32, 4),
+                        builder.select(rowok, m, none), zero]) for c, m in loads[b]]
+                    vs.append(got[0] if st == 1 else builder.shuffle_vector(got[0], got[1],
+                                                                            even))  # fmt: skip
+                return vs
+
+            def rows(r0, count):
+                """Output rows ``r0 .. r0 + count - 1``: every source row they read loaded
+                once, then each row's sum (per filter row, then the rows), epilogue and
+                store; the rows' sums are independent chains the core overlaps."""
+                first = builder.sub(builder.mul(r0, const(st)), const(1))
+                src = [source_row(builder.add(first, const(j)))
+                       for j in range(st * (count - 1) + 3)]  # fmt: skip
+                for u in range(count):
+                    total = zero
+                    for a in range(3):
+                        part = zero
+                        for b in range(3):
+                            part = builder.call(fmuladd, [taps[3 * a + b], src[st * u + a][b],
+                                                          part])  # fmt: skip
+                        total = builder.fadd(total, part)
+                    r = builder.add(r0, const(u))
+                    yptr = builder.gep(ydata, [builder.add(yo_v, builder.mul(r, ow_v))])
+                    builder.call(store_fn, [epilogue(total), yptr, ir.Constant(i32, 4), keep])
+
+            groups = builder.sdiv(oh_v, const(ROW_GROUP))
+            with cgutils.for_range(builder, groups, intp=i64) as loop:
+                rows(builder.mul(loop.index, const(ROW_GROUP)), ROW_GROUP)
+            done = cgutils.alloca_once_value(builder, builder.mul(groups, const(ROW_GROUP)))
+            k = ROW_GROUP // 2
+            while k:  # the rest: a group of each power of two below ROW_GROUP it holds
+                r0 = builder.load(done)
+                with builder.if_then(builder.icmp_signed("<=", builder.add(r0, const(k)),
+                                                         oh_v)):  # fmt: skip
+                    rows(r0, k)
+                    builder.store(builder.add(r0, const(k)), done)
+                k //= 2
             return context.get_dummy_value()
 
         i8 = types.int64
