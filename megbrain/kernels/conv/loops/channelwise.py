@@ -135,16 +135,17 @@ def _rows3_column():
     ``w`` contiguous values): output ``(r, q)`` sums ``f[fo + 3 a + b] x[xo + (S r - 1 + a)
     w + c0 + S q + b]`` over the taps whose row and column fall in the plane (zero padding),
     per filter row, then the rows (the order of :func:`_taps_tile`), then ``+ bias[bo]``
-    (``epi`` bit 1) and the activations of ``epi``'s bits (:data:`.pointwise88.ACTIVATIONS`),
-    stored at ``y[yo + r ow + q]``. The taps are masked loads (the padding's lanes read
-    nothing and are zeros; the column masks made once per column), a stride-2 tap two loads
+    (``epi`` bit 1) and the activations of ``epi``'s bits (:data:`.pointwise88.ACTIVATIONS`;
+    an ``epi`` literal compiles only its own), stored at ``y[yo + r ow + q]``. The taps are
+    masked loads (the padding's lanes read nothing and are zeros; the column masks made once
+    per column), a stride-2 tap two loads
     whose even lanes are kept (the middle column's taps: the odd lanes of the first
     column's loads): no copy of the plane, no scratch. The rows go in groups of
     :data:`ROW_GROUP` (the rest in groups of the powers of two below it): each source row a
     group reads is loaded once, and the group's sums are independent chains."""
     lanes = tiled_jit.vector_width()
 
-    @intrinsic
+    @intrinsic(prefer_literal=True)
     def rows3_column(typingctx, stride, x, xo, c0, h, w, f, fo, y, yo, oh, ow, nvalid, bias,
                      bo, epi):  # fmt: skip
         if not isinstance(stride, types.IntegerLiteral) or stride.literal_value not in (1, 2):
@@ -198,6 +199,8 @@ def _rows3_column():
                                                        inbounds=True)))
                     for k in range(9)]  # fmt: skip
 
+            if isinstance(signature.args[15], types.IntegerLiteral):  # folded by LLVM
+                epi_v = const(signature.args[15].literal_value)
             epilogue = runtime_epilogue(builder, epi_v, builder.load(builder.gep(
                 bdata, [bo_v], inbounds=True)))
             keep = builder.icmp_signed("<", lane, broadcast(builder.trunc(nv_v, i32), ivec))
@@ -255,7 +258,8 @@ def _rows3_column():
             return context.get_dummy_value()
 
         i8 = types.int64
-        sig = types.void(stride, x, i8, i8, i8, i8, f, i8, y, i8, i8, i8, i8, bias, i8, i8)
+        e = epi if isinstance(epi, types.IntegerLiteral) else i8
+        sig = types.void(stride, x, i8, i8, i8, i8, f, i8, y, i8, i8, i8, i8, bias, i8, e)
         return sig, codegen
 
     return rows3_column
@@ -282,12 +286,21 @@ def _rows3_py(x, w, y, bias, dims, epi, counter, me):
             n, c = p // c_, p % c_
             xo, yo = n * xn + c * xc, n * yn + c * yc
             for q in range(0, ow, LANES):  # noqa: F821
-                if s == 1:
-                    rows3(1, x, xo, q - 1, h_, w_, w, c * 9, y, yo + q, oh, ow,  # noqa: F821
-                          ow - q, bias, c, epi)  # fmt: skip
+                # the common epilogues (bias; bias and ReLU) compiled in, any other one
+                # chosen per row by selects
+                c0, yq, nv = s * q - 1, yo + q, ow - q
+                if s == 1 and epi == 1:
+                    rows3(1, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv, bias, c, 1)  # noqa: F821
+                elif s == 1 and epi == 5:
+                    rows3(1, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv, bias, c, 5)  # noqa: F821
+                elif s == 1:
+                    rows3(1, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv, bias, c, epi)  # noqa: F821
+                elif epi == 1:
+                    rows3(2, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv, bias, c, 1)  # noqa: F821
+                elif epi == 5:
+                    rows3(2, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv, bias, c, 5)  # noqa: F821
                 else:
-                    rows3(2, x, xo, 2 * q - 1, h_, w_, w, c * 9, y, yo + q, oh,  # noqa: F821
-                          ow, ow - q, bias, c, epi)  # fmt: skip
+                    rows3(2, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv, bias, c, epi)  # noqa: F821
 
 
 def rows3_nchw(x, w, y, bias, dims, epi: int, counter, me: int) -> None:
