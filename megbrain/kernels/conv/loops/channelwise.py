@@ -265,60 +265,74 @@ def _rows3_column():
     return rows3_column
 
 
-def _rows3_py(x, w, y, bias, dims, epi, counter, me):
-    # pragma: no cover - compiled
-    """Thread ``me``'s share of ``y`` (N, C, OH, OW) = the 3x3 depthwise convolution of
-    ``x`` (N, C, H, W) with ``w`` (C, 9), padding 1, stride SH = SW (1 or 2), then the
-    epilogue (epi bits as :func:`_channelwise_nchw_py`'s, no SiLU), a column of vectors of
-    outputs at a time straight from the source (:func:`_rows3_column`). Unit u (taken as
-    they go from ``counter``, :func:`.tiled_jit.take_unit`) is planes p = n * C + c in
-    [u PER, (u + 1) PER).
+#: the epilogues :func:`rows3_nchw` compiles into a variant of its own (bias: ShuffleNet's
+#: depthwise layers; bias and ReLU); any other one takes the variant choosing per row
+ROWS3_EPILOGUES = (1, 5)
 
-    dims: C, H, W, OH, OW, S, then the sample and channel strides of x and of y, PER, and
-    the planes N C."""
-    c_, h_, w_, oh, ow, s = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
-    xn, xc, yn, yc, per, planes = dims[6], dims[7], dims[8], dims[9], dims[10], dims[11]
-    while True:
-        u = take(counter, me)  # noqa: F821
-        if u < 0:
-            break
-        for p in range(u * per, min(planes, (u + 1) * per)):
-            n, c = p // c_, p % c_
-            xo, yo = n * xn + c * xc, n * yn + c * yc
-            for q in range(0, ow, LANES):  # noqa: F821
-                # the common epilogues (bias; bias and ReLU) compiled in, any other one
-                # chosen per row by selects
-                c0, yq, nv = s * q - 1, yo + q, ow - q
-                if s == 1 and epi == 1:
-                    rows3(1, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv, bias, c, 1)  # noqa: F821
-                elif s == 1 and epi == 5:
-                    rows3(1, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv, bias, c, 5)  # noqa: F821
-                elif s == 1:
-                    rows3(1, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv, bias, c, epi)  # noqa: F821
-                elif epi == 1:
-                    rows3(2, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv, bias, c, 1)  # noqa: F821
-                elif epi == 5:
-                    rows3(2, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv, bias, c, 5)  # noqa: F821
-                else:
-                    rows3(2, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv, bias, c, epi)  # noqa: F821
+
+def _rows3_units(EPI):
+    """The units of :func:`rows3_nchw` with the epilogue bits ``EPI`` compiled in (-1:
+    those of the ``epi`` argument, chosen per row by selects): a compile-time constant of
+    the returned function, its only closure cell."""
+
+    def run(x, w, y, bias, dims, epi, counter, me):
+        # pragma: no cover - compiled
+        # thread me's share of y (N, C, OH, OW) = the 3x3 depthwise convolution of x (N, C,
+        # H, W) with w (C, 9), padding 1, stride SH = SW (1 or 2), then the epilogue (epi
+        # bits as _channelwise_nchw_py's, no SiLU), a column of vectors of outputs at a time
+        # straight from the source (_rows3_column). Unit u (taken as they go from counter,
+        # tiled_jit.take_unit) is planes p = n * C + c in [u PER, (u + 1) PER). dims: C, H,
+        # W, OH, OW, S, then the sample and channel strides of x and of y, PER, and the
+        # planes N C
+        c_, h_, w_, oh, ow, s = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
+        xn, xc, yn, yc, per, planes = dims[6], dims[7], dims[8], dims[9], dims[10], dims[11]
+        while True:
+            u = take(counter, me)  # noqa: F821
+            if u < 0:
+                break
+            for p in range(u * per, min(planes, (u + 1) * per)):
+                n, c = p // c_, p % c_
+                xo, yo = n * xn + c * xc, n * yn + c * yc
+                for q in range(0, ow, LANES):  # noqa: F821
+                    c0, yq, nv = s * q - 1, yo + q, ow - q
+                    if s == 1 and EPI < 0:
+                        rows3(1, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv,  # noqa: F821
+                              bias, c, epi)  # fmt: skip
+                    elif s == 1:
+                        rows3(1, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv,  # noqa: F821
+                              bias, c, EPI)  # fmt: skip
+                    elif EPI < 0:
+                        rows3(2, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv,  # noqa: F821
+                              bias, c, epi)  # fmt: skip
+                    else:
+                        rows3(2, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv,  # noqa: F821
+                              bias, c, EPI)  # fmt: skip
+
+    return run
 
 
 def rows3_nchw(x, w, y, bias, dims, epi: int, counter, me: int) -> None:
     """Thread ``me``'s units of the 3x3, padding-1, stride-1-or-2 depthwise NCHW convolution
-    (:func:`_rows3_py`): ``x`` and ``bias`` read-only float32 vectors, ``w`` a read-only
-    C-contiguous (C, 9) float32 array, ``y`` a writable vector, ``dims`` and the units'
-    ``counter`` int64."""
-    _compiled_rows3()(x, w, y, bias, dims, int(epi), counter, int(me))
+    (:func:`_rows3_units`; the epilogues of :data:`ROWS3_EPILOGUES` compiled in): ``x`` and
+    ``bias`` read-only float32 vectors, ``w`` a read-only C-contiguous (C, 9) float32 array,
+    ``y`` a writable vector, ``dims`` and the units' ``counter`` int64."""
+    epi = int(epi)
+    _compiled_rows3(epi if epi in ROWS3_EPILOGUES else -1)(x, w, y, bias, dims, epi, counter,
+                                                           int(me))  # fmt: skip
 
 
 @functools.cache
-def _compiled_rows3():
+def _compiled_rows3(EPI: int):
     global rows3, take, LANES
     rows3, take, LANES = _rows3_column(), tiled_jit.take_unit(), tiled_jit.vector_width()
     f1, i8, ints = t.float32[::1], t.int64, t.int64[::1]
     fr2 = t.Array(t.float32, 2, "C", readonly=True)
     fr = t.Array(t.float32, 1, "C", readonly=True)
-    return tiled_jit.compile_tiled(_rows3_py, [t.void(fr, fr2, f1, fr, ints, i8, ints, i8)])
+    run = _rows3_units(EPI)
+    # a name of its own per variant: Numba's cache keeps one index per name
+    e = "any" if EPI < 0 else EPI
+    run.__qualname__ = run.__name__ = f"rows3_nchw_units_e{e}_v{LANES}"
+    return tiled_jit.compile_tiled(run, [t.void(fr, fr2, f1, fr, ints, i8, ints, i8)])
 
 
 def _phase_split_py(x, xo, h_, w_, phases, sh, sw, ph_, pw_, hq, wq):
