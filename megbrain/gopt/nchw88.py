@@ -380,7 +380,7 @@ def fuse_pool_end_padding(graph, dest: list[VarNode]) -> dict:
 @register_pass("fuse_channel_shuffle")
 def fuse_channel_shuffle(graph, dest: list[VarNode]) -> dict:
     """The compile-time pass: ShuffleNet's channel shuffle of a concatenation, a Concat of
-    ``G`` 4-d inputs of one shape along the channels, reshaped to ``(N, G, C, H, W)``, the
+    ``G`` float32 4-d inputs of one shape along the channels, reshaped to ``(N, G, C, H, W)``, the
     axes 1 and 2 swapped (Dimshuffle) and reshaped back to ``(N, G C, H, W)`` (the last
     Reshape a copy), becomes one :class:`~megbrain.opr.tensor_manip.ChannelShuffleConcat`
     (nothing else reading the Concat, the first Reshape or the Dimshuffle): its inputs'
@@ -403,7 +403,8 @@ def fuse_channel_shuffle(graph, dest: list[VarNode]) -> dict:
         out = static_shape(o.outputs[0])
         if out is None or len(out) != 4 or o.param.axis % 4 != 1:
             continue
-        if any(sh != shapes[0] for sh in shapes):
+        # float32 only: the float ConvBias kernels are the ones checked on strided outputs
+        if o.outputs[0].dtype != _F32 or any(sh != shapes[0] for sh in shapes):
             continue
         g, (n, c, h, w) = len(shapes), out
         r1 = only_reader(o.outputs[0], Reshape.type_name)
