@@ -49,6 +49,7 @@ PRESET: list[str] = [
     "fuse_matmul_residual",  # linear.py: a block's layer scale and shortcut in its last product
     "fuse_layer_norm",  # linear.py: a LayerNorm's reductions and elementwise tail, one operator
     "fuse_pool_end_padding",  # nchw88.py: ceil mode's -inf Concats and the NCHW88 max pooling
+    "fuse_channel_shuffle",  # nchw88.py: a Concat and ShuffleNet's channel shuffle after it
     "sublinear_memory",  # sublinear.py: last, on the final operators and their seq
 ]
 

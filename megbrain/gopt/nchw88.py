@@ -27,6 +27,10 @@ same values in another layout. A var of one position, (N, C, 1, 1), has the same
 the same order in both layouts: it goes either way by a reshape.
 
 Not converted (they stay NCHW, behind a relayout): all other operators.
+
+Two compile-time passes live here too: ``fuse_pool_end_padding`` (ceil mode's padding into
+the NCHW88 max pooling) and ``fuse_channel_shuffle`` (ShuffleNet's concatenation and channel
+shuffle as one ChannelShuffleConcat whose producers write their parts in place).
 """
 
 from __future__ import annotations
@@ -43,11 +47,25 @@ from ..opr.dnn import Convolution
 from ..opr.dnn_conv_bias import ConvBias
 from ..opr.dnn_pool import Pooling, PoolingEndPad, PoolingEndPadParam
 from ..opr.relayout import relayout_format
-from ..opr.tensor_manip import Concat, ConcatParam, dimshuffle, reshape
+from ..opr.tensor_manip import (
+    ChannelShuffleConcat,
+    Concat,
+    ConcatParam,
+    Dimshuffle,
+    Reshape,
+    dimshuffle,
+    reshape,
+)
 from .jit import _readers, _sweep
 from .passes import Rewriter, VarMap, inherit_props, register_pass
 
-__all__ = ["finish_blocked", "fuse_pool_end_padding", "keep_nchw", "use_nchw88"]
+__all__ = [
+    "finish_blocked",
+    "fuse_channel_shuffle",
+    "fuse_pool_end_padding",
+    "keep_nchw",
+    "use_nchw88",
+]
 
 _F32 = np.dtype(np.float32)
 _CONVS = (Convolution.type_name, ConvBias.type_name)
@@ -357,6 +375,59 @@ def fuse_pool_end_padding(graph, dest: list[VarNode]) -> dict:
 
     skip = {c for _, _, dropped in ends.values() for c in dropped}
     return _sweep(graph, oprs, skip, {o: fused for o in ends})
+
+
+@register_pass("fuse_channel_shuffle")
+def fuse_channel_shuffle(graph, dest: list[VarNode]) -> dict:
+    """The compile-time pass: ShuffleNet's channel shuffle of a concatenation, a Concat of
+    ``G`` float32 4-d inputs of one shape along the channels, reshaped to ``(N, G, C, H, W)``, the
+    axes 1 and 2 swapped (Dimshuffle) and reshaped back to ``(N, G C, H, W)`` (the last
+    Reshape a copy), becomes one :class:`~megbrain.opr.tensor_manip.ChannelShuffleConcat`
+    (nothing else reading the Concat, the first Reshape or the Dimshuffle): its inputs'
+    parts of the output are strided views that a ConvBias producing one writes in place
+    (the memory plan), so only the other inputs are copied, once."""
+    oprs = dep_oprs(dest)
+    readers, external = _readers(graph, oprs, dest)
+
+    def only_reader(v: VarNode, type_name: str):
+        got = readers.get(v, [])
+        if v in external or len(got) != 1 or got[0].type_name != type_name:
+            return None
+        return None if got[0].extra_deps else got[0]
+
+    found: dict = {}  # the last Reshape -> (the Concat, the operators dropped)
+    for o in oprs:
+        if type(o) is not Concat or o.extra_deps or len(o.inputs) < 2:
+            continue
+        shapes = [static_shape(v) for v in o.inputs]
+        out = static_shape(o.outputs[0])
+        if out is None or len(out) != 4 or o.param.axis % 4 != 1:
+            continue
+        # float32 only: the float ConvBias kernels are the ones checked on strided outputs
+        if o.outputs[0].dtype != _F32 or any(sh != shapes[0] for sh in shapes):
+            continue
+        g, (n, c, h, w) = len(shapes), out
+        r1 = only_reader(o.outputs[0], Reshape.type_name)
+        if r1 is None or static_shape(r1.outputs[0]) != (n, g, c // g, h, w):
+            continue
+        d = only_reader(r1.outputs[0], Dimshuffle.type_name)
+        if d is None or d.param.pattern != (0, 2, 1, 3, 4):
+            continue
+        r2 = only_reader(d.outputs[0], Reshape.type_name)
+        if r2 is None or static_shape(r2.outputs[0]) != out:
+            continue
+        found[r2] = (o, (o, r1, d))
+    if not found:
+        return {}
+
+    def fused(r2, memo: dict) -> tuple[VarNode, VarNode]:
+        cat = found[r2][0]
+        new = ChannelShuffleConcat([memo.get(v, v) for v in cat.inputs], cat.param,
+                                   OperatorNodeConfig(comp_node=cat.comp_node))  # fmt: skip
+        return r2.outputs[0], graph.insert_opr(new)[0]
+
+    skip = {x for _, dropped in found.values() for x in dropped}
+    return _sweep(graph, oprs, skip, {r2: fused for r2 in found})
 
 
 def _all_lowest(var: VarNode) -> bool:

@@ -67,7 +67,8 @@ class Plan:
         self.chunks: dict = {}  # root var -> (comp node, offset, nbytes)
         #: var -> ("fwd", out index) | ("inplace", input index) | ("alloc", seq position) |
         #: ("part", var, element offset): a range of that var's memory (a Concat's input
-        #: written in place by its producer)
+        #: written in place by its producer; the offset a pair (offset, element strides)
+        #: for a strided part, ChannelShuffleConcat's)
         self.decisions: dict = {}
         self.last_read: dict = {}
         #: operator -> workspace bytes planned for it (placed in the arena like a var)
@@ -340,9 +341,12 @@ class MemPlanner:
         """The inputs of Concat-like operators (``has_input_parts``) that their producers
         may write straight into the operator's output: ``var -> (output, element offset)``.
 
-        An input qualifies when its part is one contiguous range (``input_parts``), it is
-        on the operator's comp node, computed earlier in the seq by an operator without
-        side effects or an execution mask, and nothing updates it in place afterwards. A
+        An input qualifies when its part is one contiguous range (``input_parts``), or a
+        strided view (ChannelShuffleConcat's) and its producer's type is among the
+        operator's ``strided_part_writers``, it is on the operator's comp node, computed
+        earlier in the seq by an operator without side effects or an execution mask, and
+        nothing updates it in place afterwards (an output that is itself a strided part
+        holds no parts). A
         var read by several such operators goes to the last of them, twice by one to its
         first part: DenseNet's concatenations of all the features so far then lie in the
         block's last one, and the earlier ones are ranges of its prefixes. Whether
@@ -357,11 +361,15 @@ class MemPlanner:
             out = opr.outputs[0]
             if out in dyn or getattr(opr, "exec_mask", None) is not None:
                 continue
+            if isinstance(claims.get(out, (None, 0))[1], tuple):
+                continue  # a strided part of an outer operator's output holds no parts
             offs = opr.input_parts([inf.shape(v) for v in opr.inputs], inf.shape(out))
+            writers = getattr(opr, "strided_part_writers", ())
             for v, off in zip(opr.inputs, offs or ()):
                 owner = v.owner
                 if (
                     off is None
+                    or (isinstance(off, tuple) and owner.type_name not in writers)
                     or v in claims
                     or v.comp_node != opr.comp_node
                     or not 0 <= seq_pos.get(owner, -1) < pos
@@ -417,11 +425,11 @@ class MemPlanner:
             return False
         holder, start = first[1], first[2]
         offs = opr.input_parts([inf.shape(v) for v in opr.inputs], inf.shape(out))
-        if offs is None:
+        if offs is None or isinstance(start, tuple):
             return False
         for v, off in zip(opr.inputs, offs):
             d = decisions.get(v)
-            if off is None or d is None or d[0] != "part" or d[1] is not holder:
+            if not isinstance(off, int) or d is None or d[0] != "part" or d[1] is not holder:
                 return False
             if d[2] != start + off:
                 return False
@@ -453,8 +461,15 @@ class MemPlanner:
         return group_end[r] <= pos
 
 
-def _part_view(arr: np.ndarray, off: int, shape) -> np.ndarray:
-    """The C-contiguous ``shape`` at element ``off`` of the contiguous ``arr``."""
+def _part_view(arr: np.ndarray, off, shape) -> np.ndarray:
+    """The C-contiguous ``shape`` at element ``off`` of the contiguous ``arr``; for ``off``
+    a pair ``(offset, element strides)``, the view of ``shape`` with those strides there."""
+    if isinstance(off, tuple):
+        start, strides = off
+        it = arr.itemsize
+        return np.lib.stride_tricks.as_strided(
+            arr.reshape(-1)[start:], tuple(shape), tuple(s * it for s in strides)
+        )
     n = int(np.prod(shape, dtype=np.int64))
     return arr.reshape(-1)[off : off + n].reshape(shape)
 

@@ -527,6 +527,9 @@ REFUSED.update(
         "the graph's vars (its ConvBias and Elemwise operators) instead",
         "PoolingEndPad": "a Pooling and the end padding of its source fused when a function "
         "is compiled; export the graph's vars (its Concat and Pooling operators) instead",
+        "ChannelShuffleConcat": "a Concat and the channel shuffle after it fused when a "
+        "function is compiled; export the graph's vars (its Concat, Reshape and Dimshuffle "
+        "operators) instead",
         "ConvBiasGated": "a ConvBias and its squeeze-and-excitation multiply fused when a "
         "function is compiled; export the graph's vars (its Elemwise and ConvBias operators) "
         "instead",

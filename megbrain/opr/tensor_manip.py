@@ -1,5 +1,6 @@
-"""Shape manipulation operators: GetVarShape, Reshape, Broadcast, Dimshuffle, AxisAddRemove and
-Concat, with their ``mgb.opr`` functions and ``shape_to_var``.
+"""Shape manipulation operators: GetVarShape, Reshape, Broadcast, Dimshuffle, AxisAddRemove,
+Concat and the compile-time ChannelShuffleConcat, with their ``mgb.opr`` functions and
+``shape_to_var``.
 
 Reshape, Broadcast, Dimshuffle and AxisAddRemove forward read-only views of their input
 (no memory, no work at run time); they copy only when a view is impossible. Their gradients
@@ -41,6 +42,7 @@ __all__ = [
     "Dimshuffle",
     "AxisAddRemove",
     "Concat",
+    "ChannelShuffleConcat",
     "get_var_shape",
     "reshape",
     "broadcast",
@@ -468,14 +470,59 @@ class Concat(OperatorNodeBase):
         return f"concat({','.join(v.name for v in self.inputs)})"
 
 
+@register_opr
+class ChannelShuffleConcat(Concat):
+    """The concatenation of ``G`` inputs of one 4-d shape ``(N, C, H, W)`` along the channels
+    followed by ShuffleNet's channel shuffle: output channel ``j G + i`` is input ``i``'s
+    channel ``j`` (the concatenation reshaped to ``(N, G, C, H, W)``, the two channel axes
+    swapped, reshaped back).
+
+    Made at compile time by the ``fuse_channel_shuffle`` pass (:mod:`megbrain.gopt.nchw88`)
+    from a Concat and the Reshape, Dimshuffle and Reshape after it, never by a user and never
+    written to a graph file. Each input's part of the output is a strided view (every
+    ``G``-th channel, :meth:`input_parts`): the static memory plan has a ConvBias producing
+    an input write there, and the operator copies only the other inputs."""
+
+    type_name = "ChannelShuffleConcat"
+    short_name = "channel_shuffle_concat"
+    #: the producers the memory plan may have write their output into a strided part of
+    #: this operator's output (their kernels take any channel stride)
+    strided_part_writers = ("ConvBiasForward",)
+
+    def infer_shapes(self, in_shapes, in_values):
+        ref = in_shapes[0]
+        if len(ref) != 4 or self.param.axis % 4 != 1 or any(s != ref for s in in_shapes):
+            raise self.error("the channel shuffle takes 4-d inputs of one shape along axis 1, "
+                             "got " + ", ".join(fmt_shape(s) for s in in_shapes))  # fmt: skip
+        return [(ref[0], ref[1] * len(in_shapes), ref[2], ref[3])]
+
+    def input_parts(self, in_shapes, out_shape):
+        """Input ``i``'s part: ``(offset, element strides)`` of the view starting at channel
+        ``i`` with every ``G``-th channel of the output."""
+        n, c, h, w = out_shape
+        g = len(in_shapes)
+        return [(i * h * w, (c * h * w, g * h * w, w, 1)) for i in range(g)]
+
+    def bind(self, ins, outs):
+        out = outs[0]
+        n, c, h, w = out.shape
+        g = len(ins)
+        blocks = out.reshape(n, c // g, g, h, w)
+        copies = tuple((blocks[:, :, i], a) for i, a in enumerate(ins)
+                       if not _is_part(a, blocks[:, :, i]))  # fmt: skip
+        return functools.partial(_copy_parts, copies)
+
+    def grad(self, wrt_idx, out_grads):
+        raise self.error(f"{self.type_name} has no gradient (made at compile time)", NoGradient)
+
+
 def _is_part(a: np.ndarray, part: np.ndarray) -> bool:
     """Whether ``a`` is the memory of ``part`` (a Concat input its producer wrote in place)."""
     if not a.size:
         return True
     return (
         a.shape == part.shape
-        and a.flags.c_contiguous
-        and part.flags.c_contiguous
+        and all(n == 1 or p == q for n, p, q in zip(a.shape, a.strides, part.strides))
         and a.__array_interface__["data"][0] == part.__array_interface__["data"][0]
     )
 
@@ -555,6 +602,8 @@ sereg.register_param_opr(
     from_def=_axis_add_remove_from_def,
 )
 sereg.register_param_opr(Concat, _pdefs.Axis)
+sereg.register_fused(ChannelShuffleConcat,
+                     lambda opr: "a Concat and the channel shuffle after it")  # fmt: skip
 
 
 # ---- functions -----------------------------------------------------------------------------

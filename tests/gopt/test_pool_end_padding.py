@@ -85,15 +85,23 @@ def test_a_padded_var_read_elsewhere_keeps_its_concats():
     assert np.isneginf(yp[:, :, -1]).all() and np.isneginf(yp[:, :, :, -1]).all()
 
 
-def test_the_optimized_graph_dumps_the_concats_and_a_fused_pooling_is_refused(tmp_path):
-    g, outs, xv = _net(False)
+def dumped_refits_and_fused_is_refused(tmp_path, outs, fused: str, unfused: str):
+    """Dump ``outs`` (an optimized graph) and load it back: the file holds ``unfused``
+    operators and no ``fused`` one, compiling fuses them again, and dumping the fused
+    operator's output is refused. Returns the compiled function of the loaded graph."""
     path = str(tmp_path / "g.mgb")
     mgb.serialize_comp_graph_to_file(path, outs)
     _, _, loaded = mgb.load_comp_graph_from_file(path)
     types = {o.type for o in mgb.cgtools.get_oprs_seq(loaded)}
-    assert "PoolingEndPad" not in types and "Concat" in types
+    assert fused not in types and unfused in types
     f, seq = _compiled(loaded[0].owner_graph, loaded)
-    assert "PoolingEndPad" in seq  # fused again when compiled
-    fused = next(o for o in f._func.iter_opr_seq() if o.type_name == "PoolingEndPad")
-    with pytest.raises(SerializationError, match=r"PoolingEndPad.*before compile-time fusion"):
-        mgb.serialize_comp_graph_to_file(str(tmp_path / "f.mgb"), [mgb.SymbolVar(fused.outputs[0])])
+    assert fused in seq  # fused again when compiled
+    opr = next(o for o in f._func.iter_opr_seq() if o.type_name == fused)
+    with pytest.raises(SerializationError, match=fused + r".*before compile-time fusion"):
+        mgb.serialize_comp_graph_to_file(str(tmp_path / "f.mgb"), [mgb.SymbolVar(opr.outputs[0])])
+    return f
+
+
+def test_the_optimized_graph_dumps_the_concats_and_a_fused_pooling_is_refused(tmp_path):
+    g, outs, xv = _net(False)
+    dumped_refits_and_fused_is_refused(tmp_path, outs, "PoolingEndPad", "Concat")

@@ -223,7 +223,7 @@ def bind_pointwise_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
                      src.strides[0] // it, src.strides[1] // it,
                      out.strides[0] // it, out.strides[1] // it], np.int64)  # fmt: skip
     x, y, wr = _flat(src, False), _flat(out, True), readonly_view(wp)
-    run = loops.compiled_units(tl.r, tl.b)
+    run = loops.compiled_units(tl.r, tl.b, epi)
 
     def bind_part(counter: np.ndarray, me: int):
         return functools.partial(run, x, wr, y, bias, geom, epi, counter, me)

@@ -35,6 +35,9 @@ ROWS3_BITS = 1 | sum(ACTIVATIONS)
 #: vectors of output positions summed at once: that many independent sums hide the latency
 #: of the multiply-adds
 VECS = 4
+#: output rows :func:`rows3_nchw`'s column computes together (each source row they read
+#: loaded once): one row at a time ran at its chain's latency, about 37 cycles a row
+ROW_GROUP = 4
 
 # bound by _compiled() before compiling (LANES: the host's vector width)
 taps_tile = _phase_split = _hswish = _relu6 = _silu = rows3 = take = None
@@ -132,14 +135,17 @@ def _rows3_column():
     ``w`` contiguous values): output ``(r, q)`` sums ``f[fo + 3 a + b] x[xo + (S r - 1 + a)
     w + c0 + S q + b]`` over the taps whose row and column fall in the plane (zero padding),
     per filter row, then the rows (the order of :func:`_taps_tile`), then ``+ bias[bo]``
-    (``epi`` bit 1) and the activations of ``epi``'s bits (:data:`.pointwise88.ACTIVATIONS`),
-    stored at ``y[yo + r ow + q]``. The taps are masked loads (the padding's lanes read
-    nothing and are zeros; the column masks made once per column), a stride-2 tap two loads
+    (``epi`` bit 1) and the activations of ``epi``'s bits (:data:`.pointwise88.ACTIVATIONS`;
+    an ``epi`` literal compiles only its own), stored at ``y[yo + r ow + q]``. The taps are
+    masked loads (the padding's lanes read nothing and are zeros; the column masks made once
+    per column), a stride-2 tap two loads
     whose even lanes are kept (the middle column's taps: the odd lanes of the first
-    column's loads): no copy of the plane, no scratch."""
+    column's loads): no copy of the plane, no scratch. The rows go in groups of
+    :data:`ROW_GROUP` (the rest in groups of the powers of two below it): each source row a
+    group reads is loaded once, and the group's sums are independent chains."""
     lanes = tiled_jit.vector_width()
 
-    @intrinsic
+    @intrinsic(prefer_literal=True)
     def rows3_column(typingctx, stride, x, xo, c0, h, w, f, fo, y, yo, oh, ow, nvalid, bias,
                      bo, epi):  # fmt: skip
         if not isinstance(stride, types.IntegerLiteral) or stride.literal_value not in (1, 2):
@@ -193,89 +199,140 @@ def _rows3_column():
                                                        inbounds=True)))
                     for k in range(9)]  # fmt: skip
 
+            if isinstance(signature.args[15], types.IntegerLiteral):  # folded by LLVM
+                epi_v = const(signature.args[15].literal_value)
             epilogue = runtime_epilogue(builder, epi_v, builder.load(builder.gep(
                 bdata, [bo_v], inbounds=True)))
             keep = builder.icmp_signed("<", lane, broadcast(builder.trunc(nv_v, i32), ivec))
             even = ir.Constant(ivec, [2 * i for i in range(lanes)])
             odd = ir.Constant(ivec, [2 * i + 1 for i in range(lanes)])
-            with cgutils.for_range(builder, oh_v, intp=i64) as loop:
-                r = loop.index
-                total = zero
-                for a in range(3):
-                    ir_ = builder.add(builder.mul(r, const(st)), const(a - 1))
-                    rowok = builder.and_(builder.icmp_signed(">=", ir_, const(0)),
-                                         builder.icmp_signed("<", ir_, h_v))  # fmt: skip
-                    row = builder.add(xo_v, builder.mul(ir_, w_v))
-                    part = zero
-                    got = []
-                    for b in range(3):
-                        if st == 2 and b == 1:  # the odd lanes of tap 0's two loads
-                            v = builder.shuffle_vector(got[0], got[1], odd)
-                        else:
-                            got = [builder.call(load_fn, [
-                                builder.gep(xdata, [builder.add(row, c)]), ir.Constant(i32, 4),
-                                builder.select(rowok, m, none), zero]) for c, m in loads[b]]
-                            v = got[0] if st == 1 else builder.shuffle_vector(got[0], got[1],
-                                                                              even)  # fmt: skip
-                        part = builder.call(fmuladd, [taps[3 * a + b], v, part])
-                    total = builder.fadd(total, part)
-                v = epilogue(total)
-                yptr = builder.gep(ydata, [builder.add(yo_v, builder.mul(r, ow_v))])
-                builder.call(store_fn, [v, yptr, ir.Constant(i32, 4), keep])
+
+            def source_row(ir_):
+                """The three tap columns' vectors of source row ``ir_`` (zeros outside)."""
+                rowok = builder.and_(builder.icmp_signed(">=", ir_, const(0)),
+                                     builder.icmp_signed("<", ir_, h_v))  # fmt: skip
+                row = builder.add(xo_v, builder.mul(ir_, w_v))
+                vs, got = [], []
+                for b in range(3):
+                    if st == 2 and b == 1:  # the odd lanes of tap 0's two loads
+                        vs.append(builder.shuffle_vector(got[0], got[1], odd))
+                        continue
+                    got = [builder.call(load_fn, [
+                        builder.gep(xdata, [builder.add(row, c)]), ir.Constant(i32, 4),
+                        builder.select(rowok, m, none), zero]) for c, m in loads[b]]
+                    vs.append(got[0] if st == 1 else builder.shuffle_vector(got[0], got[1],
+                                                                            even))  # fmt: skip
+                return vs
+
+            def rows(r0, count):
+                """Output rows ``r0 .. r0 + count - 1``: every source row they read loaded
+                once, then each row's sum (per filter row, then the rows), epilogue and
+                store; the rows' sums are independent chains the core overlaps."""
+                first = builder.sub(builder.mul(r0, const(st)), const(1))
+                src = [source_row(builder.add(first, const(j)))
+                       for j in range(st * (count - 1) + 3)]  # fmt: skip
+                for u in range(count):
+                    total = zero
+                    for a in range(3):
+                        part = zero
+                        for b in range(3):
+                            part = builder.call(fmuladd, [taps[3 * a + b], src[st * u + a][b],
+                                                          part])  # fmt: skip
+                        total = builder.fadd(total, part)
+                    r = builder.add(r0, const(u))
+                    yptr = builder.gep(ydata, [builder.add(yo_v, builder.mul(r, ow_v))])
+                    builder.call(store_fn, [epilogue(total), yptr, ir.Constant(i32, 4), keep])
+
+            groups = builder.sdiv(oh_v, const(ROW_GROUP))
+            with cgutils.for_range(builder, groups, intp=i64) as loop:
+                rows(builder.mul(loop.index, const(ROW_GROUP)), ROW_GROUP)
+            done = cgutils.alloca_once_value(builder, builder.mul(groups, const(ROW_GROUP)))
+            k = ROW_GROUP // 2
+            while k:  # the rest: a group of each power of two below ROW_GROUP it holds
+                r0 = builder.load(done)
+                with builder.if_then(builder.icmp_signed("<=", builder.add(r0, const(k)),
+                                                         oh_v)):  # fmt: skip
+                    rows(r0, k)
+                    builder.store(builder.add(r0, const(k)), done)
+                k //= 2
             return context.get_dummy_value()
 
         i8 = types.int64
-        sig = types.void(stride, x, i8, i8, i8, i8, f, i8, y, i8, i8, i8, i8, bias, i8, i8)
+        e = epi if isinstance(epi, types.IntegerLiteral) else i8
+        sig = types.void(stride, x, i8, i8, i8, i8, f, i8, y, i8, i8, i8, i8, bias, i8, e)
         return sig, codegen
 
     return rows3_column
 
 
-def _rows3_py(x, w, y, bias, dims, epi, counter, me):
-    # pragma: no cover - compiled
-    """Thread ``me``'s share of ``y`` (N, C, OH, OW) = the 3x3 depthwise convolution of
-    ``x`` (N, C, H, W) with ``w`` (C, 9), padding 1, stride SH = SW (1 or 2), then the
-    epilogue (epi bits as :func:`_channelwise_nchw_py`'s, no SiLU), a column of vectors of
-    outputs at a time straight from the source (:func:`_rows3_column`). Unit u (taken as
-    they go from ``counter``, :func:`.tiled_jit.take_unit`) is planes p = n * C + c in
-    [u PER, (u + 1) PER).
+#: the epilogues :func:`rows3_nchw` compiles into a variant of its own (bias: ShuffleNet's
+#: depthwise layers; bias and ReLU); any other one takes the variant choosing per row
+ROWS3_EPILOGUES = (1, 5)
 
-    dims: C, H, W, OH, OW, S, then the sample and channel strides of x and of y, PER, and
-    the planes N C."""
-    c_, h_, w_, oh, ow, s = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
-    xn, xc, yn, yc, per, planes = dims[6], dims[7], dims[8], dims[9], dims[10], dims[11]
-    while True:
-        u = take(counter, me)  # noqa: F821
-        if u < 0:
-            break
-        for p in range(u * per, min(planes, (u + 1) * per)):
-            n, c = p // c_, p % c_
-            xo, yo = n * xn + c * xc, n * yn + c * yc
-            for q in range(0, ow, LANES):  # noqa: F821
-                if s == 1:
-                    rows3(1, x, xo, q - 1, h_, w_, w, c * 9, y, yo + q, oh, ow,  # noqa: F821
-                          ow - q, bias, c, epi)  # fmt: skip
-                else:
-                    rows3(2, x, xo, 2 * q - 1, h_, w_, w, c * 9, y, yo + q, oh,  # noqa: F821
-                          ow, ow - q, bias, c, epi)  # fmt: skip
+
+def _rows3_units(EPI):
+    """The units of :func:`rows3_nchw` with the epilogue bits ``EPI`` compiled in (-1:
+    those of the ``epi`` argument, chosen per row by selects): a compile-time constant of
+    the returned function, its only closure cell."""
+
+    def run(x, w, y, bias, dims, epi, counter, me):
+        # pragma: no cover - compiled
+        # thread me's share of y (N, C, OH, OW) = the 3x3 depthwise convolution of x (N, C,
+        # H, W) with w (C, 9), padding 1, stride SH = SW (1 or 2), then the epilogue (epi
+        # bits as _channelwise_nchw_py's, no SiLU), a column of vectors of outputs at a time
+        # straight from the source (_rows3_column). Unit u (taken as they go from counter,
+        # tiled_jit.take_unit) is planes p = n * C + c in [u PER, (u + 1) PER). dims: C, H,
+        # W, OH, OW, S, then the sample and channel strides of x and of y, PER, and the
+        # planes N C
+        c_, h_, w_, oh, ow, s = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
+        xn, xc, yn, yc, per, planes = dims[6], dims[7], dims[8], dims[9], dims[10], dims[11]
+        while True:
+            u = take(counter, me)  # noqa: F821
+            if u < 0:
+                break
+            for p in range(u * per, min(planes, (u + 1) * per)):
+                n, c = p // c_, p % c_
+                xo, yo = n * xn + c * xc, n * yn + c * yc
+                for q in range(0, ow, LANES):  # noqa: F821
+                    c0, yq, nv = s * q - 1, yo + q, ow - q
+                    if s == 1 and EPI < 0:
+                        rows3(1, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv,  # noqa: F821
+                              bias, c, epi)  # fmt: skip
+                    elif s == 1:
+                        rows3(1, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv,  # noqa: F821
+                              bias, c, EPI)  # fmt: skip
+                    elif EPI < 0:
+                        rows3(2, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv,  # noqa: F821
+                              bias, c, epi)  # fmt: skip
+                    else:
+                        rows3(2, x, xo, c0, h_, w_, w, c * 9, y, yq, oh, ow, nv,  # noqa: F821
+                              bias, c, EPI)  # fmt: skip
+
+    return run
 
 
 def rows3_nchw(x, w, y, bias, dims, epi: int, counter, me: int) -> None:
     """Thread ``me``'s units of the 3x3, padding-1, stride-1-or-2 depthwise NCHW convolution
-    (:func:`_rows3_py`): ``x`` and ``bias`` read-only float32 vectors, ``w`` a read-only
-    C-contiguous (C, 9) float32 array, ``y`` a writable vector, ``dims`` and the units'
-    ``counter`` int64."""
-    _compiled_rows3()(x, w, y, bias, dims, int(epi), counter, int(me))
+    (:func:`_rows3_units`; the epilogues of :data:`ROWS3_EPILOGUES` compiled in): ``x`` and
+    ``bias`` read-only float32 vectors, ``w`` a read-only C-contiguous (C, 9) float32 array,
+    ``y`` a writable vector, ``dims`` and the units' ``counter`` int64."""
+    epi = int(epi)
+    _compiled_rows3(epi if epi in ROWS3_EPILOGUES else -1)(x, w, y, bias, dims, epi, counter,
+                                                           int(me))  # fmt: skip
 
 
 @functools.cache
-def _compiled_rows3():
+def _compiled_rows3(EPI: int):
     global rows3, take, LANES
     rows3, take, LANES = _rows3_column(), tiled_jit.take_unit(), tiled_jit.vector_width()
     f1, i8, ints = t.float32[::1], t.int64, t.int64[::1]
     fr2 = t.Array(t.float32, 2, "C", readonly=True)
     fr = t.Array(t.float32, 1, "C", readonly=True)
-    return tiled_jit.compile_tiled(_rows3_py, [t.void(fr, fr2, f1, fr, ints, i8, ints, i8)])
+    run = _rows3_units(EPI)
+    # a name of its own per variant: Numba's cache keeps one index per name
+    e = "any" if EPI < 0 else EPI
+    run.__qualname__ = run.__name__ = f"rows3_nchw_units_e{e}_v{LANES}"
+    return tiled_jit.compile_tiled(run, [t.void(fr, fr2, f1, fr, ints, i8, ints, i8)])
 
 
 def _phase_split_py(x, xo, h_, w_, phases, sh, sw, ph_, pw_, hq, wq):

@@ -86,7 +86,7 @@ def rows_tile():
     FMA), no index checked (the caller keeps them in bounds)."""
     lanes = tiled_jit.vector_width()
 
-    @intrinsic
+    @intrinsic(prefer_literal=True)
     def rows_tile(typingctx, rows, vecs, epi, x, x0, xs, w, w0, k, used, out, o, os, bias,
                   bo):  # fmt: skip
         if not all(isinstance(v, types.IntegerLiteral) for v in (rows, vecs)):
@@ -102,6 +102,8 @@ def rows_tile():
             def const(v):
                 return ir.Constant(i64, v)
 
+            if isinstance(signature.args[2], types.IntegerLiteral):  # folded by LLVM
+                epi_v = const(signature.args[2].literal_value)
             xdata, wdata, odata, bdata = arrays_data(context, builder, signature, args, 3, 6,
                                                      10, 13)  # fmt: skip
             fmuladd = tiled_jit.vector_fmas(builder, vec)
@@ -142,7 +144,8 @@ def rows_tile():
             return context.get_dummy_value()
 
         i8 = types.int64
-        sig = types.void(rows, vecs, i8, x, i8, i8, w, i8, i8, i8, out, i8, i8, bias, i8)
+        e = epi if isinstance(epi, types.IntegerLiteral) else i8
+        sig = types.void(rows, vecs, e, x, i8, i8, w, i8, i8, i8, out, i8, i8, bias, i8)
         return sig, codegen
 
     return rows_tile
@@ -154,9 +157,10 @@ def rows_tile():
 tile = take = None
 
 
-def _units_py(R, B, LANES):
-    """The units of a layer of tiles ``R x B`` (``LANES`` positions a vector): compile-time
-    constants of the returned function, its only closure cells."""
+def _units_py(R, B, LANES, EPI):
+    """The units of a layer of tiles ``R x B`` (``LANES`` positions a vector) with the
+    epilogue bits ``EPI`` (-1: those of the ``epi`` argument, chosen per row by selects):
+    compile-time constants of the returned function, its only closure cells."""
     global tile, take
     tile, take = rows_tile(), tiled_jit.take_unit()
 
@@ -184,22 +188,37 @@ def _units_py(R, B, LANES):
             y0 = n * on + c0 * oc
             for q in range(band * tpb, min(nt, (band + 1) * tpb)):
                 p0 = min(q * npos, l_ - npos)
-                tile(R, B, epi, x, x0 + p0, xc, wp, w0, k, used, out, y0 + p0, oc, bias, c0)
+                if EPI < 0:
+                    tile(R, B, epi, x, x0 + p0, xc, wp, w0, k, used, out, y0 + p0, oc, bias, c0)
+                else:
+                    tile(R, B, EPI, x, x0 + p0, xc, wp, w0, k, used, out, y0 + p0, oc, bias, c0)
 
     return run
 
 
+#: the epilogues compiled into a variant of their own (bias; bias and ReLU: the selects of
+#: :func:`runtime_epilogue` for every activation were a sixth of a 58-channel layer's
+#: vector operations); any other one takes the variant choosing per row
+COMPILED_EPILOGUES = (1, 5)
+
+
+def compiled_units(R: int, B: int, epi: int = -1):
+    """The compiled units of tiles ``R x B`` (compiled on first use) for the epilogue bits
+    ``epi`` (those of :data:`COMPILED_EPILOGUES` compiled in, any other the variant reading
+    them at run time): ``units(x, wp, out, bias, geom, epi, counter, me)``, the flat
+    read-only source (from its first element), packed filter and bias, the flat output, the
+    int64 geometry (see the source), the epilogue bits, the units' counter
+    (:func:`megbrain.kernels.tiled_jit.take_unit`) and the thread's index."""
+    return _compiled_units(R, B, epi if epi in COMPILED_EPILOGUES else -1)
+
+
 @functools.cache
-def compiled_units(R: int, B: int):
-    """The compiled units of tiles ``R x B`` (compiled on first use): ``units(x, wp, out,
-    bias, geom, epi, counter, me)``, the flat read-only source (from its first element),
-    packed filter and bias, the flat output, the int64 geometry (see the source), the
-    epilogue bits, the units' counter (:func:`megbrain.kernels.tiled_jit.take_unit`) and
-    the thread's index."""
+def _compiled_units(R: int, B: int, EPI: int):
     lanes = tiled_jit.vector_width()
     fr = t.Array(t.float32, 1, "C", readonly=True)
     f1, ints = t.float32[::1], t.int64[::1]
-    run = _units_py(R, B, lanes)
+    run = _units_py(R, B, lanes, EPI)
     # a name of its own per variant: Numba's cache keeps one index per name
-    run.__qualname__ = run.__name__ = f"pointwise_nchw_units_{R}x{B}_v{lanes}"
+    e = "any" if EPI < 0 else EPI
+    run.__qualname__ = run.__name__ = f"pointwise_nchw_units_{R}x{B}_e{e}_v{lanes}"
     return tiled_jit.compile_tiled(run, [t.void(fr, fr, f1, fr, ints, t.int64, ints, t.int64)])
