@@ -109,17 +109,24 @@ def requantize16_group(builder: ir.IRBuilder, accs: list, qs: list, relu: bool) 
     clear = builder.icmp_unsigned("==", builder.bitcast(ok, _I16), all_lanes)
     rounded = [builder.call(cvt, [f, ir.Constant(_V32, None), all_lanes, ir.Constant(_I32, 8)])
                for f in fasts]  # fmt: skip
+    return _unless(builder, clear, rounded,
+                   lambda: [_exact(builder, t, qs, relu, builder.fptosi(zp, _V32))
+                            for t in totals])  # fmt: skip
+
+
+def _unless(builder, clear, fasts, slow):
+    """IR: the vectors ``fasts`` where ``clear`` (likely), else those ``slow()`` builds in a
+    branch of its own, merged by one phi each."""
     with builder.if_else(clear, likely=True) as (then, otherwise):
         with then:
             bb_fast = builder.basic_block
         with otherwise:
-            zpi = builder.fptosi(zp, _V32)
-            slow = [_exact(builder, t, qs, relu, zpi) for t in totals]
+            exact = slow()
             bb_slow = builder.basic_block
     out = []
-    for r, e in zip(rounded, slow):
-        res = builder.phi(_V32)
-        res.add_incoming(r, bb_fast)
+    for f, e in zip(fasts, exact):
+        res = builder.phi(f.type)
+        res.add_incoming(f, bb_fast)
         res.add_incoming(e, bb_slow)
         out.append(res)
     return out
@@ -176,20 +183,10 @@ def requantize_bytes(builder: ir.IRBuilder, accs: list, qs: list, ops: list,
         near = m if near is None else builder.or_(near, m)
     clear = builder.and_(builder.icmp_unsigned("==", near, ir.Constant(_I16, 0)),
                          builder.not_(none))  # fmt: skip
-    with builder.if_else(clear, likely=True) as (then, otherwise):
-        with then:
-            bb_fast = builder.basic_block
-        with otherwise:
-            zpi = builder.fptosi(qs[2], _V32)
-            at13 = ir.Constant(_V32, [ir.Constant(_I32, 13)] * 16)
-            slow = [builder.shl(_exact(builder, t, qs, relu, zpi), at13) for t in totals]
-            bb_slow = builder.basic_block
-    vals = []
-    for fast, exact in zip(words, slow):
-        res = builder.phi(_V32)
-        res.add_incoming(fast, bb_fast)
-        res.add_incoming(exact, bb_slow)
-        vals.append(res)
+    at13 = ir.Constant(_V32, [ir.Constant(_I32, 13)] * 16)
+    vals = _unless(builder, clear, words,
+                   lambda: [builder.shl(_exact(builder, t, qs, relu, builder.fptosi(qs[2], _V32)),
+                                        at13) for t in totals])  # fmt: skip
     # each word's bits 13..20 into bytes 2v, 2v + 1 of its quadword (vector v), then in order
     shift = _fn(builder, "llvm.x86.avx512.pmultishift.qb.512", _VB, [_VB, _VB])
     ctrl = ir.Constant(_VB, [ir.Constant(_I8, 13 + 32 * (k % 2)) for k in range(64)])
