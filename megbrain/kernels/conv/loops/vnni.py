@@ -35,7 +35,7 @@ A tile (:func:`vnni_tile`) is ``R`` output channels by ``V`` vectors of 16 posit
 the tile is a contiguous run of the NCHW output: stored as int32 sums, or requantized on
 the way (MegDNN's float32 chain, exact: the sum converted to float32, times the scale, ReLU,
 divided by the output scale, rounded half away from zero, shifted, saturated; computed
-as one product by the scales' ratio, the division run only near ties).
+as one product by the scales' ratio, the division run only near ties: :mod:`.requant_ir`).
 
 A layer runs as :func:`bands`: each thread takes units (a band of output rows, or a chunk
 of the output channels) as it goes, relays the band's source rows into a buffer of its own,
