@@ -21,7 +21,7 @@ from megbrain.kernels import blas, parallel
 from megbrain.kernels import elemwise_multi_type as emt
 from megbrain.kernels.conv import quantized
 from megbrain.kernels.conv.constant_operands import constant_filter
-from megbrain.kernels.conv.loops import depthwise_bytes, vnni
+from megbrain.kernels.conv.loops import depthwise_bytes, requant_ir, vnni
 
 qint8, qint32, quint8 = mgb.dtype.qint8, mgb.dtype.qint32, mgb.dtype.quint8
 
@@ -378,11 +378,11 @@ def test_a_requantized_3x3_depthwise_in_one_pass_equals_the_reference(
 
 
 def test_rounding_by_the_float_below_one_half_is_c_roundf():
-    # the requantize's rounding (loops.int8._quantize, the VNNI epilogue): for |v| <= 256,
+    # the requantize's rounding (loops.int8._quantize, requant_ir's exact chain): for |v| <= 256,
     # trunc(v + copysign(0.49999997, v)) is C roundf (half away from zero); here every
     # float32 within 2^12 ulps of each half-integer and integer, and random ones
     below = np.nextafter(np.float32(0.5), np.float32(0))
-    assert below == np.float32(vnni._BELOW_HALF)
+    assert below == np.float32(requant_ir._BELOW_HALF)
     ks = np.arange(-512, 513, dtype=np.float32) / 2
     near = ks.view(np.int32)[:, None] + np.arange(-(1 << 12), 1 << 12, dtype=np.int32)
     v = near.view(np.float32).reshape(-1)

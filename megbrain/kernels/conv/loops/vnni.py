@@ -35,7 +35,7 @@ A tile (:func:`vnni_tile`) is ``R`` output channels by ``V`` vectors of 16 posit
 the tile is a contiguous run of the NCHW output: stored as int32 sums, or requantized on
 the way (MegDNN's float32 chain, exact: the sum converted to float32, times the scale, ReLU,
 divided by the output scale, rounded half away from zero, shifted, saturated; computed
-as one product by the scales' ratio, the division run only near ties).
+as one product by the scales' ratio, the division run only near ties: :mod:`.requant_ir`).
 
 A layer runs as :func:`bands`: each thread takes units (a band of output rows, or a chunk
 of the output channels) as it goes, relays the band's source rows into a buffer of its own,
@@ -60,7 +60,7 @@ from numba.core import cgutils, config, types
 from numba.extending import intrinsic
 
 from ... import tiled_jit
-from .int8 import _BELOW_HALF as _INT8_BELOW_HALF
+from . import requant_ir
 
 __all__ = [
     "EPI_INT32",
@@ -87,7 +87,6 @@ _GEOM = 7
 #: the tile's output-channel rows for V vectors of positions: ``R V`` accumulators of the
 #: 32 zmm registers, enough to hide ``vpdpbusd``'s latency, with room for the V loads
 _ROWS = {2: 8, 4: 6}
-_BELOW_HALF = float(_INT8_BELOW_HALF)
 #: the fast requantize's values nearer than ``1/2 - _NEAR`` to a half-integer take the
 #: exact chain: 2^-12, three times the two chains' largest difference
 _NEAR = 0.5 - 2.0**-12
@@ -142,9 +141,8 @@ def vnni_tile():
         def codegen(context, builder, signature, args):
             (a_v, a0_v, ps_v, ks_v, offs_v, offs0_v, w_v, w0_v, ws_v, kg_v, init_v, i0_v, out_v,
              o0_v, os_v, count_v, nrows_v, q_v) = args[:18]  # fmt: skip
-            i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+            i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
             v32 = ir.VectorType(i32, LANES)
-            vf = ir.VectorType(f32, LANES)
             v1 = ir.VectorType(ir.IntType(1), LANES)
 
             def const(v, ty=i64):
@@ -195,98 +193,46 @@ def vnni_tile():
                         slot = slots[r * nv + v]
                         builder.store(builder.call(dot, [builder.load(slot), avs[v], wv]), slot)
 
-            lane = ir.Constant(v32, [ir.Constant(i32, j) for j in range(LANES)])
-            cnt = splat(builder.trunc(count_v, i32), v32)
-            masks = [builder.icmp_signed("<", builder.add(lane, ir.Constant(v32, [
-                ir.Constant(i32, v * LANES)] * LANES)), cnt) for v in range(nv)]  # fmt: skip
             if mode == EPI_INT32:
-                vty, elt = v32, i32
-            else:
-                vty, elt = ir.VectorType(i8, LANES), i8
-                qs = [splat(builder.load(builder.gep(qdata, [const(i)])), vf) for i in range(7)]
-                s_in, s_out, zp, qmin, qmax, ratio, near = qs
-                fv2 = ir.FunctionType(vf, [vf, vf])
-                csign = cgutils.get_or_insert_function(builder.module, fv2,
-                                                       "llvm.copysign.v16f32")
-                fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf]),
-                                                      "llvm.fabs.v16f32")
-                i16 = ir.IntType(16)
-                reduce = cgutils.get_or_insert_function(
-                    builder.module, ir.FunctionType(vf, [vf, i32, vf, i16, i32]),
-                    "llvm.x86.avx512.mask.reduce.ps.512")
-                cvt = cgutils.get_or_insert_function(
-                    builder.module, ir.FunctionType(v32, [vf, v32, i16, i32]),
-                    "llvm.x86.avx512.mask.cvtps2dq.512")
-                lo, hi = builder.fsub(qmin, zp), builder.fsub(qmax, zp)
-                zpi = builder.fptosi(zp, v32)
-                zero = ir.Constant(vf, None)
-                # the fast path's ends, the zero point added: a ReLU'd value's lower one the
-                # zero point (lo <= 0 for every 8-bit kind)
-                lo_fast, hi_fast = qmin, qmax
-                if mode == EPI_QUANT_RELU:
-                    lo_fast = builder.select(builder.fcmp_ordered(">", zp, qmin), zp, qmin)
-                fma = cgutils.get_or_insert_function(
-                    builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
-                # the float32 below one half: v + copysign(it, v), truncated, is C roundf(v)
-                # for every |v| <= 256 (checked over all of them), one add and a conversion
-                below_half = ir.Constant(vf, [ir.Constant(f32, _BELOW_HALF)] * LANES)
-                all_lanes = ir.Constant(i16, 0xFFFF)
-
-                def exact(acc):
-                    val = builder.fmul(builder.sitofp(acc, vf), s_in)
-                    if mode == EPI_QUANT_RELU:  # NaN stays NaN, as np.maximum's
-                        val = builder.select(builder.fcmp_ordered("<", val, zero), zero, val)
-                    val = builder.fdiv(val, s_out)
-                    # fmin(fmax(qmin, round(v) + zp), qmax) as the quotient clamped to the
-                    # integers [qmin - zp, qmax - zp] (rounding is monotone: the same values
-                    # saturate); compare and select, one vmaxps / vminps each, NaN to the
-                    # lower end as fmax sends it to qmin
-                    val = builder.select(builder.fcmp_ordered(">", val, lo), val, lo)
-                    val = builder.select(builder.fcmp_ordered("<", val, hi), val, hi)
-                    # C roundf, half away from zero, on a value of at most 255 in magnitude
-                    val = builder.fadd(val, builder.call(csign, [below_half, val]))
-                    return builder.trunc(builder.add(builder.fptosi(val, v32), zpi), vty)
-
-                def requantize(acc):
-                    # the sum times ``ratio`` (input over output scale) plus the zero point,
-                    # clamped: within 2^-13 of the exact chain's (see requant_params), so
-                    # where it lies farther than ``1/2 - near`` from every half-integer both
-                    # round to the same integer, to nearest; a vector with a value nearer a
-                    # tie takes the exact chain (its division)
-                    val = builder.call(fma, [builder.sitofp(acc, vf), ratio, zp])
-                    val = builder.select(builder.fcmp_ordered(">", val, lo_fast), val, lo_fast)
-                    val = builder.select(builder.fcmp_ordered("<", val, hi_fast), val, hi_fast)
-                    frac = builder.call(reduce, [val, ir.Constant(i32, 8), zero,
-                                                 all_lanes, ir.Constant(i32, 4)])  # fmt: skip
-                    ok = builder.fcmp_ordered("<", builder.call(fabs, [frac]), near)
-                    fast = builder.trunc(builder.call(cvt, [
-                        val, ir.Constant(v32, None), all_lanes, ir.Constant(i32, 8)]), vty)
-                    clear = builder.icmp_unsigned("==", builder.bitcast(ok, i16), all_lanes)
-                    with builder.if_else(clear, likely=True) as (then, otherwise):
-                        with then:
-                            bb_fast = builder.basic_block
-                        with otherwise:
-                            slow = exact(acc)
-                            bb_slow = builder.basic_block
-                    res = builder.phi(vty)
-                    res.add_incoming(fast, bb_fast)
-                    res.add_incoming(slow, bb_slow)
-                    return res
-
-            store = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [vty, vty.as_pointer(), i32, v1]),
-                f"llvm.masked.store.v16i{elt.width}.p0")
-            optr = builder.bitcast(odata, elt.as_pointer())
+                lane = ir.Constant(v32, [ir.Constant(i32, j) for j in range(LANES)])
+                cnt = splat(builder.trunc(count_v, i32), v32)
+                masks = [builder.icmp_signed("<", builder.add(lane, ir.Constant(v32, [
+                    ir.Constant(i32, v * LANES)] * LANES)), cnt) for v in range(nv)]  # fmt: skip
+                store = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                    ir.VoidType(), [v32, v32.as_pointer(), i32, v1]),
+                    "llvm.masked.store.v16i32.p0")  # fmt: skip
+                optr = builder.bitcast(odata, i32.as_pointer())
+                for r in range(nr):
+                    with builder.if_then(builder.icmp_signed("<", const(r), nrows_v)):
+                        row = builder.add(o0_v, builder.mul(os_v, const(r)))
+                        for v in range(nv):
+                            ptr = builder.gep(optr, [builder.add(row, const(v * LANES))])
+                            builder.call(store, [builder.load(slots[r * nv + v]),
+                                                 builder.bitcast(ptr, v32.as_pointer()),
+                                                 ir.Constant(i32, 1), masks[v]])  # fmt: skip
+                return context.get_dummy_value()
+            # a row's vectors requantized together into its 16 nv result bytes, one store
+            relu = mode == EPI_QUANT_RELU
+            qs = [requant_ir.splat16(builder, builder.load(builder.gep(qdata, [const(i)])))
+                  for i in range(7)]  # fmt: skip
+            ops = requant_ir.bytes_operands(builder, qs, relu)
+            nb = LANES * nv
+            vb, vm = ir.VectorType(i8, nb), ir.VectorType(ir.IntType(1), nb)
+            store = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                ir.VoidType(), [vb, vb.as_pointer(), i32, vm]), f"llvm.masked.store.v{nb}i8.p0")
+            # the first min(count, nb) bytes
+            n = builder.select(builder.icmp_signed("<", count_v, const(nb)), count_v, const(nb))
+            bty = ir.IntType(nb)
+            bits = builder.lshr(ir.Constant(bty, -1), builder.trunc(builder.sub(const(nb), n), bty))
+            bmask = builder.bitcast(bits, vm)
+            optr = builder.bitcast(odata, i8.as_pointer())
             for r in range(nr):
-                keep = builder.icmp_signed("<", const(r), nrows_v)
-                with builder.if_then(keep):
+                with builder.if_then(builder.icmp_signed("<", const(r), nrows_v)):
                     row = builder.add(o0_v, builder.mul(os_v, const(r)))
-                    for v in range(nv):
-                        acc = builder.load(slots[r * nv + v])
-                        val = acc if mode == EPI_INT32 else requantize(acc)
-                        ptr = builder.gep(optr, [builder.add(row, const(v * LANES))])
-                        builder.call(store, [val, builder.bitcast(ptr, vty.as_pointer()),
-                                             ir.Constant(i32, 1), masks[v]])  # fmt: skip
+                    accs = [builder.load(slots[r * nv + v]) for v in range(nv)]
+                    val = requant_ir.requantize_bytes(builder, accs, qs, ops, relu)
+                    ptr = builder.bitcast(builder.gep(optr, [row]), vb.as_pointer())
+                    builder.call(store, [val, ptr, ir.Constant(i32, 1), bmask])
             return context.get_dummy_value()
 
         sig = types.void(a, a0, pstride, kstride, offs, offs0, w, w0, wstride, kg, init, i0,
@@ -301,14 +247,17 @@ def requant_params(q: np.ndarray) -> np.ndarray:
     qmin, qmax): those, the ratio of the scales and the fast path's bound (float32, 7).
 
     MegDNN's chain divides: ``roundf(float32(float32(s) * s_in) / s_out)`` (ReLU'd between),
-    for an int32 sum ``s``. The tiles compute ``float32(s) * float32(s_in / s_out)``
+    for an int32 sum ``s``. The requantize computes ``float32(s) * float32(s_in / s_out)``
     instead, one multiply (fused with the zero point's add): its relative difference from
     the chain's quotient is at most four float32 roundings (2^-22), under 2^-13.7 where
     either can still round into [-255, 255] (and equal after the clamp elsewhere), the
     add's rounding under 2^-15 more, so the two round to the same integer unless the fast
     value lies within that of a half-integer; a vector with a value within 2^-12 of one
-    runs the chain. Scales outside normal binades (where a product could round
-    to a subnormal or overflow in one chain only) set the bound to -1: every vector exact.
+    runs the chain (:func:`.requant_ir.requantize16_group`; the tiles'
+    :func:`.requant_ir.requantize_bytes` checks the fraction of an offset value against
+    its own margin and reads only the bound's sign). Scales outside normal binades (where
+    a product could round to a subnormal or overflow in one chain only) set the bound to
+    -1: every vector exact.
     """
     q = np.asarray(q, np.float32)
     s_in, s_out = q[0], q[1]
