@@ -12,9 +12,11 @@ the source (padding written as zeros by the loop), in chunks of at most
 :meth:`.common._Conv.pipeline_chunk_bytes`), so that the GEMM reads the columns from the
 cache the loop just wrote them to; with at least as many samples as kernel threads, each
 thread runs its own im2col + GEMM pipeline over its part of the batch, BLAS single-threaded
-(:func:`parallel.blas_single_threaded`), one fork/join per call. Other convolutions (1-d, 3-d)
-read the source through a strided window view (``as_strided``) of a zero-padded copy, one
-NumPy copy per chunk.
+(:func:`parallel.blas_single_threaded`), one fork/join per call; the pipelines' products run
+in megbrain's GEMM (:mod:`..sgemm`, :data:`SGEMM`) where it is built, and a single piece of
+work (one chunk) runs its im2col and its product each split over the threads. Other
+convolutions (1-d, 3-d) read the source through a strided window view (``as_strided``) of a
+zero-padded copy, one NumPy copy per chunk.
 
 Measured on the 2-core machines (OpenBLAS, 2 threads): one GEMM per chunk beat per-sample
 GEMMs threaded by OpenBLAS (the 8x64x56x56 3x3 forward went from 0.3x to about 0.9x
