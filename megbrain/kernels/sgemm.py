@@ -19,8 +19,9 @@ from . import gemm, parallel, tiled_jit, workspace
 from . import sgemm_loops as loops
 from .steps import Step, chain
 
-__all__ = ["BLOCKS", "ENABLED", "SPLIT_MIN_FLOPS", "TILE", "bind_sgemm", "bind_sgemm_sum",
-           "group_products", "product_step", "sgemm", "usable_sgemm"]  # fmt: skip
+__all__ = ["BLOCKS", "ENABLED", "SPLIT_MIN_FLOPS", "TILE", "bind_pack", "bind_packed_product",
+           "bind_sgemm", "bind_sgemm_sum", "group_products", "packed_size", "product_buffer_size",
+           "product_step", "sgemm", "usable_sgemm"]  # fmt: skip
 
 #: the register tile: rows by vectors of 16 columns (24 accumulators; with six rows the
 #: rows of ``a`` read in place need few address registers, where 12 or 14 spilled)
@@ -216,7 +217,7 @@ def bind_sgemm_sum(a: np.ndarray, b: np.ndarray, out: np.ndarray,
         steps = []
         for i in range(nb_):
             sa_, sb_ = _flat(a[i][rows]), _flat(b[i][:, cols])
-            geom = np.array([mp, np_, k, 0, sc[0] if mp > 1 else np_, int(i > 0), *BLOCKS],
+            geom = np.array([mp, np_, k, 0, sc[0] if mp > 1 else np_, int(i > 0), *BLOCKS, 0],
                             np.int64)  # fmt: skip
             steps.append(functools.partial(run, sa_[0], sa_[1], sb_[0], sb_[1], cf, geom, ap,
                                            bp))  # fmt: skip
@@ -233,9 +234,93 @@ def _part(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool) -> St
     cf, sc = _flat(out, writeable=True)
     na, nbp = loops.pack_sizes(r, nb, m, n, k, BLOCKS)
     ap, bp = workspace.empty((na,), _F32), workspace.empty((nbp,), _F32)
-    geom = np.array([m, n, k, 0, sc[0] if m > 1 else n, int(accumulate), *BLOCKS], np.int64)
+    geom = np.array([m, n, k, 0, sc[0] if m > 1 else n, int(accumulate), *BLOCKS, 0], np.int64)
     run = loops.compiled_gemm(r, nb)
     return functools.partial(run, sa_[0], sa_[1], sb_[0], sb_[1], cf, geom, ap, bp)
+
+
+def packed_size(k: int, n: int) -> int:
+    """The floats of a ``(k, n)`` matrix packed by :func:`bind_pack` (its columns rounded up
+    to whole panels of ``16 TILE[1]``)."""
+    nr = TILE[1] * loops.LANES
+    return int(k) * (-(-int(n) // nr) * nr)
+
+
+def bind_pack(b: np.ndarray, panels: np.ndarray) -> Step:
+    """Bind the packing of the (k, n) float32 ``b`` (any non-negative strides) into
+    ``panels``, a flat float32 buffer of :func:`packed_size` items: the right-hand operand of
+    :func:`bind_packed_product`, packed once for any number of products.
+
+    Raises
+    ------
+    ValueError
+        A ``b`` that is not 2-d float32 of non-negative strides, or a ``panels`` buffer that
+        is not a writable flat float32 array of :func:`packed_size` items or more.
+    """
+    flat = _flat(b) if b.ndim == 2 and b.dtype == _F32 else None
+    k, n = b.shape if b.ndim == 2 else (0, 0)
+    if flat is None or panels.ndim != 1 or panels.dtype != _F32 or not panels.flags.writeable \
+            or panels.size < packed_size(k, n) or not panels.flags.c_contiguous:  # fmt: skip
+        raise ValueError(f"sgemm: cannot pack b {b.shape} {b.dtype} strides {b.strides} into "
+                         f"panels {panels.shape} {panels.dtype}: needs a 2-d float32 b of "
+                         f"non-negative strides and a flat float32 buffer of "
+                         f"{packed_size(k, n)} items")  # fmt: skip
+    if b.size == 0:
+        return _nothing
+    return functools.partial(loops.compiled_pack(TILE[1]), flat[0], flat[1], k, n, panels)
+
+
+def bind_packed_product(a: np.ndarray, panels: np.ndarray, n: int, out: np.ndarray,
+                        accumulate: bool, ap: np.ndarray) -> Step:  # fmt: skip
+    """Bind ``out = a @ B`` (``out += a @ B`` with ``accumulate``) on the calling thread,
+    ``B`` the (k, n) matrix :func:`bind_pack` packed into ``panels`` (read as they are).
+
+    Parameters
+    ----------
+    a : numpy.ndarray
+        The (m, k) float32 operand (:func:`bind_sgemm`'s strides; rows contiguous along k
+        are read in place).
+    panels : numpy.ndarray
+        The packed (k, n) operand.
+    n : int
+        Its columns.
+    out : numpy.ndarray
+        The (m, n) float32 result: writable, a unit column stride, not overlapping ``a``.
+    accumulate : bool
+        Add the product to ``out``.
+    ap : numpy.ndarray
+        A flat float32 packing buffer of :func:`product_buffer_size` items, shared by the
+        products one thread runs (written before it is read).
+
+    Returns
+    -------
+    Step
+        A zero-argument callable computing ``out``; it allocates nothing.
+    """
+    m, k = a.shape
+    if out.shape != (m, n) or panels.size < packed_size(k, n) or ap.size < \
+            product_buffer_size(m, k) or not usable_sgemm(a, np.empty((k, n), _F32), out) \
+            or (m > 1 and n > 1 and out.strides[1] != out.itemsize):  # fmt: skip
+        raise ValueError(f"sgemm: a {a.shape} strides {a.strides}, packed ({k}, {n}), out "
+                         f"{out.shape} strides {out.strides}: shapes that do not multiply, "
+                         "strides bind_sgemm rejects, a non-unit column stride of out, or "
+                         "buffers too small")  # fmt: skip
+    if m == 0 or n == 0:
+        return _nothing
+    if k == 0:
+        return _nothing if accumulate else functools.partial(out.fill, 0)
+    r, nb = TILE
+    sa_ = _flat(a)
+    cf, sc = _flat(out, writeable=True)
+    geom = np.array([m, n, k, 0, sc[0] if m > 1 else n, int(accumulate), *BLOCKS, 1], np.int64)
+    run = loops.compiled_gemm(r, nb)
+    return functools.partial(run, sa_[0], sa_[1], sa_[0], sa_[1], cf, geom, ap, panels)
+
+
+def product_buffer_size(m: int, k: int) -> int:
+    """The floats of :func:`bind_packed_product`'s ``ap`` for an (m, k) left operand."""
+    r, nb = TILE
+    return loops.pack_sizes(r, nb, m, 1, k, BLOCKS)[0]
 
 
 def sgemm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,

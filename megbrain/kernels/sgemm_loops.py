@@ -31,7 +31,7 @@ from numba.extending import intrinsic
 
 from . import tiled_jit
 
-__all__ = ["LANES", "compiled_gemm", "pack_sizes"]
+__all__ = ["LANES", "compiled_gemm", "compiled_pack", "pack_sizes"]
 
 #: float32 lanes of a vector (a ``B`` panel is ``NB`` of them wide)
 LANES = 16
@@ -306,9 +306,10 @@ def _gemm_py(R: int, NB: int):
     NR = NB * LANES
 
     def gemm(a, sa, b, sb, c, geom, ap, bp):  # pragma: no cover - compiled
-        # geom: M, N, K, C0, LDC, ACC (add to C), MC, KC, NC (the cache blocks)
+        # geom: M, N, K, C0, LDC, ACC (add to C), MC, KC, NC (the cache blocks), PACKED (``bp``
+        # holds all of B's panels, each (K, NR): B is not read)
         m, n, k, c0, ldc, acc = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5]
-        bm, bk, bn = geom[6], geom[7], geom[8]
+        bm, bk, bn, packed = geom[6], geom[7], geom[8], geom[9]
         # rows of ``a`` contiguous along k are read in place (no packing), unless their
         # stride is a multiple of 4 KB, where the rows of a block share the caches' sets
         direct = sa[1] == 1 and sa[0] % 1024 != 0
@@ -316,9 +317,14 @@ def _gemm_py(R: int, NB: int):
             nc = min(bn, n - jc)
             for pc in range(0, k, bk):
                 kc = min(bk, k - pc)
-                for q in range(0, nc, NR):
-                    panel(NR, b, (jc + q) * sb[1] + pc * sb[0], sb[1], sb[0], kc, bp, q * kc,
-                          min(NR, nc - q))
+                # panel q of this block at bp[b0 + q kc0 + b1 q / NR], its rows NR apart
+                b0, kc0, b1 = 0, kc, 0
+                if packed != 0:
+                    b0, kc0, b1 = jc * k + pc * NR, 0, k * NR
+                else:
+                    for q in range(0, nc, NR):
+                        panel(NR, b, (jc + q) * sb[1] + pc * sb[0], sb[1], sb[0], kc, bp,
+                              q * kc, min(NR, nc - q))
                 add = 1 if pc > 0 or acc != 0 else 0
                 for ic in range(0, m, bm):
                     mc = min(bm, m - ic)
@@ -329,11 +335,12 @@ def _gemm_py(R: int, NB: int):
                                   mc - whole)
                         for jr in range(0, nc, NR):
                             for ir in range(0, whole, R):
-                                tile(R, NB, 1, a, (ic + ir) * sa[0] + pc, sa[0], bp, jr * kc,
-                                     kc, c, c0 + (ic + ir) * ldc + jc + jr, ldc, R,
-                                     min(NR, nc - jr), add)  # fmt: skip
+                                tile(R, NB, 1, a, (ic + ir) * sa[0] + pc, sa[0], bp,
+                                     b0 + jr * kc0 + jr // NR * b1, kc, c,
+                                     c0 + (ic + ir) * ldc + jc + jr, ldc, R, min(NR, nc - jr),
+                                     add)  # fmt: skip
                             if whole < mc:
-                                tile(R, NB, 0, ap, 0, 1, bp, jr * kc, kc, c,
+                                tile(R, NB, 0, ap, 0, 1, bp, b0 + jr * kc0 + jr // NR * b1, kc, c,
                                      c0 + (ic + whole) * ldc + jc + jr, ldc, mc - whole,
                                      min(NR, nc - jr), add)  # fmt: skip
                         continue
@@ -342,11 +349,37 @@ def _gemm_py(R: int, NB: int):
                               q * kc, min(R, mc - q))
                     for jr in range(0, nc, NR):
                         for ir in range(0, mc, R):
-                            tile(R, NB, 0, ap, ir * kc, 1, bp, jr * kc, kc, c,
+                            tile(R, NB, 0, ap, ir * kc, 1, bp, b0 + jr * kc0 + jr // NR * b1,
+                                 kc, c,
                                  c0 + (ic + ir) * ldc + jc + jr, ldc, min(R, mc - ir),
                                  min(NR, nc - jr), add)  # fmt: skip
 
     return gemm
+
+
+def _pack_py(NR: int):
+    """All of a ``(K, N)`` matrix's panels of ``NR`` columns (a compile-time constant)."""
+    global panel
+    panel = pack_panel()
+
+    def pack(b, sb, k, n, dst):  # pragma: no cover - compiled
+        for q in range(0, n, NR):
+            panel(NR, b, q * sb[1], sb[1], sb[0], k, dst, q * k, min(NR, n - q))
+
+    return pack
+
+
+@functools.cache
+def compiled_pack(NB: int):
+    """The compiled ``pack(b, sb, k, n, dst)``: the flat read-only ``(k, n)`` matrix ``b``
+    (int64 element strides ``sb``) as the panels of ``16 NB`` columns :func:`compiled_gemm`
+    reads with ``PACKED``: panel ``q`` (columns ``[q NR, q NR + NR)``, zero past ``n``) at
+    ``dst[q NR k:]``, its rows ``NR`` apart. Allocates nothing; releases the GIL."""
+    fr = t.Array(t.float32, 1, "C", readonly=True)
+    run = _pack_py(NB * LANES)
+    run.__qualname__ = run.__name__ = f"sgemm_pack_{NB}"
+    return tiled_jit.compile_tiled(run, [t.void(fr, t.int64[::1], t.int64, t.int64,
+                                                t.float32[::1])])  # fmt: skip
 
 
 @functools.cache
@@ -365,9 +398,11 @@ def compiled_gemm(R: int, NB: int):
     registers, room left for the ``NB`` loads and a broadcast), compiled on first
     use: ``gemm(a, sa, b, sb, c, geom, ap, bp)``, the flat read-only ``a`` and ``b`` with
     their int64 element strides ``sa``, ``sb`` (the module's docstring), the flat output
-    ``c``, the int64 geometry ``(M, N, K, C0, LDC, ACC, MC, KC, NC)`` (``ACC`` nonzero: add
-    the product to ``C``; ``MC`` a multiple of ``R``, ``NC`` of ``16 NB``) and the packing
-    buffers (:func:`pack_sizes`). Allocates nothing; releases the GIL."""
+    ``c``, the int64 geometry ``(M, N, K, C0, LDC, ACC, MC, KC, NC, PACKED)`` (``ACC``
+    nonzero: add the product to ``C``; ``MC`` a multiple of ``R``, ``NC`` of ``16 NB``;
+    ``PACKED`` nonzero: ``bp`` holds all of ``B``'s panels as :func:`compiled_pack` writes
+    them, ``b`` is not read) and the packing buffers (:func:`pack_sizes`). Allocates
+    nothing; releases the GIL."""
     return _compiled(int(R), int(NB))
 
 

@@ -220,15 +220,18 @@ def _tol(dtype):
     threads=st.integers(1, 3),
     chunk=st.sampled_from([1, 2000, 1 << 20]),
     dtype=st.sampled_from([np.float32, np.float32, np.float64, np.float16]),
+    sgemm_on=st.booleans(),
 )
-def test_algorithms_match_float64(c, algo, n, threads, chunk, dtype):
+def test_algorithms_match_float64(c, algo, n, threads, chunk, dtype, sgemm_on):
     # thread pipelines (n >= threads) or one shared chunk loop, one or several chunks per
-    # thread (a short last one), float16 staged through float32
+    # thread (a short last one), float16 staged through float32; the forward pipelines'
+    # products in sgemm or NumPy's matmul
     kind, name = algo
     c = dict(c, n=n)
     x, w, dy = _arrays(c, dtype)
     out = np.full((x if kind == "backward_data" else dy).shape, np.nan, dtype)
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_im2col, "SGEMM", sgemm_on)
         mp.setattr(parallel, "num_threads", lambda: threads)
         mp.setattr(conv_common, "CACHE_CHUNK_BYTES", chunk)
         mp.setattr(conv_bwd_data, "BAND_MAX_POSITIONS", 0)

@@ -159,3 +159,32 @@ def test_sum_same_bits_at_any_threads_allocates_nothing_and_refuses():
         sgemm.bind_sgemm_sum(a, b[:3], one)
     with pytest.raises(ValueError, match="rows contiguous"):
         sgemm.bind_sgemm_sum(a, b, np.empty((90, 70), np.float32).T)
+
+
+@settings(max_examples=15, deadline=None)
+@given(m=_dims, n=_dims, k=_dims, oa=st.sampled_from(["C", "T", "strided"]),
+       ob=st.sampled_from(["C", "T", "strided"]), acc=st.booleans(),
+       seed=st.integers(0, 99))  # fmt: skip
+def test_packed_operand_against_float64(m, n, k, oa, ob, acc, seed):
+    # ``b`` packed once into whole panels, then multiplied as it is (several K blocks past
+    # 128, a partial last panel), ``a`` read in place or packed
+    rng = np.random.default_rng(seed)
+    a, b = _operand(rng, m, k, oa), _operand(rng, k, n, ob)
+    panels = np.full(sgemm.packed_size(k, n) + 3, np.nan, np.float32)
+    sgemm.bind_pack(b, panels)()
+    out = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+    start = out.astype(np.float64) if acc else None
+    ap = np.full(sgemm.product_buffer_size(m, k), np.nan, np.float32)
+    sgemm.bind_packed_product(a, panels, n, out, acc, ap)()
+    _assert_product(a, b, out, start)
+
+
+def test_packed_operand_refuses_bad_buffers():
+    a, b = np.ones((5, 4), np.float32), np.ones((4, 3), np.float32)
+    small = np.empty(sgemm.packed_size(4, 3) - 1, np.float32)
+    with pytest.raises(ValueError, match="cannot pack"):
+        sgemm.bind_pack(b, small)
+    panels = np.empty(sgemm.packed_size(4, 3), np.float32)
+    ap = np.empty(sgemm.product_buffer_size(5, 4), np.float32)
+    with pytest.raises(ValueError, match="do not multiply"):
+        sgemm.bind_packed_product(a, panels, 3, np.empty((5, 4), np.float32), False, ap)

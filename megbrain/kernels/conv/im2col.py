@@ -12,9 +12,11 @@ the source (padding written as zeros by the loop), in chunks of at most
 :meth:`.common._Conv.pipeline_chunk_bytes`), so that the GEMM reads the columns from the
 cache the loop just wrote them to; with at least as many samples as kernel threads, each
 thread runs its own im2col + GEMM pipeline over its part of the batch, BLAS single-threaded
-(:func:`parallel.blas_single_threaded`), one fork/join per call. Other convolutions (1-d, 3-d)
-read the source through a strided window view (``as_strided``) of a zero-padded copy, one
-NumPy copy per chunk.
+(:func:`parallel.blas_single_threaded`), one fork/join per call; the pipelines' products run
+in megbrain's GEMM (:mod:`..sgemm`, :data:`SGEMM`) where it is built, and a single piece of
+work (one chunk) runs its im2col and its product each split over the threads. Other
+convolutions (1-d, 3-d) read the source through a strided window view (``as_strided``) of a
+zero-padded copy, one NumPy copy per chunk.
 
 Measured on the 2-core machines (OpenBLAS, 2 threads): one GEMM per chunk beat per-sample
 GEMMs threaded by OpenBLAS (the 8x64x56x56 3x3 forward went from 0.3x to about 0.9x
@@ -32,7 +34,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import gemm, workspace
+from .. import gemm, sgemm, workspace
+from ..parallel import split
 from ..steps import Step, chain
 from . import common
 from . import epilogue as conv_epilogue
@@ -51,13 +54,21 @@ from .common import (
 from .loops import im2col as im2col_loops
 from .registry import ConvAlgorithm, always, register
 
-__all__ = ["PER_SAMPLE_MAX_K"]
+__all__ = ["PER_SAMPLE_MAX_K", "SGEMM"]
 
 _partial = functools.partial
 #: a forward convolution whose reduction (ICg * prod(F)) is at most this long runs one GEMM per
 #: sample: measured on 2 cores, (16, 9) @ (9, 784) x 128 took 2 ms, the single
 #: (16, 9) @ (9, 100352) GEMM 46 ms (OpenBLAS threads it); from K = 144 on, the single GEMM wins
 PER_SAMPLE_MAX_K = 32
+#: whether IM2COL_GEMM's per-thread pipelines run their products in :mod:`..sgemm`
+SGEMM = True
+
+
+def _pipeline_gemms(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[Step]:
+    """A pipeline's products ``out[g] = a[g] @ b[g]`` on the calling thread:
+    :func:`sgemm.group_products` while :data:`SGEMM` is set, else :func:`_gemms`."""
+    return sgemm.group_products(a, b, out) if SGEMM else _gemms(a, b, out)
 
 
 def _per_sample_out(geo: _Conv, out: np.ndarray, dt) -> np.ndarray | None:
@@ -101,7 +112,7 @@ def fwd_im2col_gemm(src, filt, out, stride, pad, dilate, flip=False) -> Callable
 
     rows = geo.c * math.prod(geo.fshape)
     units, width = _forward_units(geo, dt)
-    if geo.compiled_loops(dt) and len(units) > 1:
+    if geo.compiled_loops(dt) and units and (len(units) > 1 or SGEMM):
         x = _contiguous(src, dt, steps)
         geom = (geo.stride, geo.pad, geo.dilate, geo.fshape)
         oh, ow = geo.oshape
@@ -110,19 +121,30 @@ def fwd_im2col_gemm(src, filt, out, stride, pad, dilate, flip=False) -> Callable
             res = workspace.empty((oc * width,), dt) if width > geo.l or outm is None else None
             return workspace.empty((rows * width,), dt), res
 
-        def pipeline(buffers, a: int, b: int, i0: int, i1: int) -> list[Step]:
+        def pipeline(buffers, a: int, b: int, i0: int, i1: int, whole: bool = True
+                     ) -> list[Step]:  # fmt: skip
             cols = buffers[0][: rows * (b - a) * (i1 - i0) * ow].reshape(rows, -1)
             colm = cols.reshape(geo.g, geo.k, -1)
-            fill = _partial(im2col_loops.im2col, x, cols, a, b, *geom, 0, rows, (i0, i1))
+            if whole:
+                fill = _partial(im2col_loops.im2col, x, cols, a, b, *geom, 0, rows, (i0, i1))
+                gemms = _pipeline_gemms
+            else:  # the only piece: its im2col and its GEMMs each split over the threads
+                part = _partial(_im2col_rows, x, cols, a, b, geom, (i0, i1))
+                per_row = max(1, (b - a) * (i1 - i0) * ow)
+                fill = split(part, rows, -(-common.SPLIT_MIN_ELEMS // per_row))
+                gemms = _partial(sgemm.group_products, split=True)
             if (i0, i1) == (0, oh):
-                return [fill] + chunk_steps(a, b, colm, buffers[1])
+                return [fill] + chunk_steps(a, b, colm, buffers[1], gemms)
             if outm is not None:  # a block of output rows of one sample, a view of ``out``
-                return [fill] + _gemms(wm, colm, outm[a][:, :, i0 * ow : i1 * ow])
+                return [fill] + gemms(wm, colm, outm[a][:, :, i0 * ow : i1 * ow])
             res = buffers[1][: oc * (i1 - i0) * ow]
             back = _partial(np.copyto, out[a, :, i0:i1], res.reshape(oc, i1 - i0, ow), "unsafe")
-            return [fill] + _gemms(wm, colm, res.reshape(geo.g, geo.ocg, -1)) + [back]
+            return [fill] + gemms(wm, colm, res.reshape(geo.g, geo.ocg, -1)) + [back]
 
-        steps.append(_chunk_pipelines(units, slot, pipeline))
+        if len(units) > 1:
+            steps.append(_chunk_pipelines(units, slot, pipeline))
+        else:
+            steps += pipeline(slot(), *units[0], whole=False)
         return chain(steps)
     limit = common.CACHE_CHUNK_BYTES if geo.compiled_loops(dt) else None
     chunks = geo.im2col(src, dt, steps, limit)
@@ -131,6 +153,12 @@ def fwd_im2col_gemm(src, filt, out, stride, pad, dilate, flip=False) -> Callable
         steps.append(fill)
         steps += chunk_steps(a, b, colm, res, _split_gemms)
     return chain(steps)
+
+
+def _im2col_rows(x, cols, a: int, b: int, geom: tuple, out_rows: tuple, r0: int, r1: int
+                 ) -> None:  # fmt: skip
+    """The compiled im2col of column rows ``[r0, r1)`` (a part of a split fill)."""
+    im2col_loops.im2col(x, cols, a, b, *geom, r0, r1, out_rows)
 
 
 def _forward_units(geo: _Conv, dt) -> tuple[list[tuple[int, int, int, int]], int]:

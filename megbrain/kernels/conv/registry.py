@@ -47,7 +47,8 @@ registration order breaks priority ties), by kind:
   (``WINOGRAD_F23``, 20), :mod:`.direct` (``DIRECT``, 20), :mod:`.grouped`
   (``DIRECT_GROUPED``, 22: depthwise convolutions at any stride), :mod:`.pointwise`
   (``DIRECT_POINTWISE``, 31: NCHW 1x1 convolutions of short reductions),
-  :mod:`.channelwise` (``CHANNELWISE_NCHW``, 23: depthwise, one output per channel);
+  :mod:`.channelwise` (``CHANNELWISE_NCHW``, 23: depthwise, one output per channel),
+  :mod:`.tapwise` (``TAPWISE_SGEMM``, 21: stride 1, small planes of many channels);
 - backward_data: :mod:`.bwd_data` (``AS_FORWARD_CONV``, 10; ``GEMM_COL2IM``, the fallback),
   :mod:`.winograd`, :mod:`.direct`, :mod:`.depthwise_bwd` (``DIRECT_DEPTHWISE``, 25:
   depthwise at strides other than 1);

@@ -1,0 +1,163 @@
+"""Forward convolution TAPWISE_SGEMM: a stride-1 2-d float32 convolution as one product per
+filter tap and output row, in megbrain's GEMM (:mod:`..sgemm`), with no column matrix and no
+product over the padding.
+
+The source is copied once into a zero-framed ``(H + 2 ph, W + 2 pw, N, C)`` layout: the
+positions ``(j, n)`` of one output row ``i`` are then, for the tap ``(a, b)``, consecutive rows
+of ``C`` channels starting at ``((i + a) (W + 2 pw) + j + b) N C``, a matrix the GEMM's tiles
+read in place. Each tap's ``(C, OC)`` filter matrix is packed once per run into the GEMM's
+panels (:func:`sgemm.bind_pack`). Output row ``i`` is the sum over its taps of ``rows (j, n) @
+W_tap``, each product over the positions whose source lies inside the image only (a tap
+reading padding at the top row or the left column is skipped there), the first storing and
+the next ones adding into an ``(OH, OW, N, OC)`` result, which one copy puts into the ``(N,
+OC, OH, OW)`` output. On a 4x4 plane with padding 1 that is 100 of im2col's 144 tap-positions
+(69 %), on 8x8 84 %, on 16x16 92 %. The rows are shared out to the kernel threads
+(:func:`parallel.take_in_turn`, the rows with most taps first); every output sums its taps
+in a fixed order, whatever the threads.
+
+A stride-1 backward data with a "same" padding is this forward convolution of ``diff`` with
+the transposed, flipped filter (:mod:`.bwd_data`'s AS_FORWARD_CONV).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+
+from .. import parallel, sgemm, tiled_jit, workspace
+from ..steps import Step, chain
+from .common import _geometry
+from .loops import tapwise as loops
+from .registry import ConvAlgorithm, register
+
+__all__ = ["ENABLED", "MAX_POSITIONS", "MIN_CHANNELS", "MIN_ROW_POSITIONS", "bind_tapwise",
+           "tapwise_preferred", "usable_tapwise"]  # fmt: skip
+
+_F32 = np.dtype(np.float32)
+#: whether the algorithm is usable at all (off: every convolution binds as before it, to
+#: compare the two)
+ENABLED = True
+_partial = functools.partial
+#: HEURISTIC takes TAPWISE_SGEMM for output planes of at most this many positions...
+MAX_POSITIONS = 256
+#: ... and at least this many input and output channels (the products' reduction and
+#: their panels' columns)...
+MIN_CHANNELS = 64
+#: ... and at least this many positions in an output row's product (``N OW``, its rows:
+#: a batch-1 7x7 plane gives 7, not two whole 6-row tiles)
+MIN_ROW_POSITIONS = 48
+
+
+def usable_tapwise(src, filt, out, stride, pad, dilate, flip=False) -> bool:
+    """Whether TAPWISE_SGEMM computes this convolution: 2-d, one group, stride and dilation
+    1, float32 operands of non-negative strides, and a compiler targeting AVX-512 (the
+    GEMM's 16-lane tiles)."""
+    geo = _geometry("forward", src, filt, out, stride, pad, dilate)
+    if not ENABLED or geo.nsp != 2 or geo.g != 1 or any(s != 1 for s in geo.stride) or any(
+            d != 1 for d in geo.dilate) or geo.n == 0 or geo.l == 0:  # fmt: skip
+        return False
+    if not src.dtype == filt.dtype == out.dtype == _F32 or not out.flags.writeable:
+        return False
+    if any(s < 0 for a in (src, filt, out) for s in a.strides):
+        return False
+    return tiled_jit.vector_width() == 16
+
+
+def tapwise_preferred(src, filt, out, stride, pad, dilate, flip=False) -> bool:
+    """The heuristic: small planes (:data:`MAX_POSITIONS`) of many channels
+    (:data:`MIN_CHANNELS`) in a batch (:data:`MIN_ROW_POSITIONS`), where im2col's products
+    spend the most on the padding."""
+    geo = _geometry("forward", src, filt, out, stride, pad, dilate)
+    return geo.l <= MAX_POSITIONS and min(geo.icg, geo.ocg) >= MIN_CHANNELS and \
+        geo.n * geo.oshape[-1] >= MIN_ROW_POSITIONS
+
+
+def _taps(geo) -> list[list[tuple[int, int, int, int]]]:
+    """Per output row, its taps ``(a, b, j0, j1)``: the filter offset and the output columns
+    ``[j0, j1)`` whose source lies inside the image; a tap over every column first."""
+    (fh, fw), (ph, pw), (h, w), (oh, ow) = geo.fshape, geo.pad, geo.sshape, geo.oshape
+    rows = []
+    for i in range(oh):
+        taps = []
+        for a in range(fh):
+            if not 0 <= i + a - ph < h:
+                continue
+            for b in range(fw):
+                j0, j1 = max(0, pw - b), min(ow, pw + w - b)
+                if j0 < j1:
+                    taps.append((a, b, j0, j1))
+        taps.sort(key=lambda tp: (tp[2], -tp[3]) != (0, ow))  # stable: one full tap first
+        rows.append(taps)
+    return rows
+
+
+def bind_tapwise(src, filt, out, stride, pad, dilate, flip=False) -> Callable[[], None]:
+    """Forward TAPWISE_SGEMM (the module's docstring); operands as
+    :func:`megbrain.kernels.conv.binds.bind_convolution`'s."""
+    if not usable_tapwise(src, filt, out, stride, pad, dilate, flip):
+        raise ValueError(f"Convolution: TAPWISE_SGEMM needs a 2-d, one-group, stride-1, "
+                         f"undilated float32 convolution on AVX-512; got src {src.shape} "
+                         f"{src.dtype}, filter {filt.shape}, out {out.shape}, stride "
+                         f"{stride}, dilate {dilate}")  # fmt: skip
+    geo = _geometry("forward", src, filt, out, stride, pad, dilate)
+    n, c, oc = geo.n, geo.icg, geo.ocg
+    (fh, fw), (ph, pw), (h, w), (oh, ow) = geo.fshape, geo.pad, geo.sshape, geo.oshape
+    hp, wp = h + 2 * ph, w + 2 * pw
+    f4 = filt.reshape(filt.shape[-4:]) if filt.ndim == 5 else filt  # (OC, C, FH, FW)
+    nt = max(1, min(parallel.num_threads(), oh))
+    steps: list[Step] = []
+
+    # the source, zero-framed, as (Hp, Wp, N, C)
+    xr = workspace.empty((hp, wp, n, c), _F32)
+    frame = [xr[:ph], xr[ph + h :], xr[ph : ph + h, :pw], xr[ph : ph + h, pw + w :]]
+    steps += [_partial(np.copyto, f, 0) for f in frame if f.size]
+    steps.append(parallel.split(_partial(loops.source_rows, src, xr, ph, pw), h, 1))
+
+    # each tap's (C, OC) filter matrix in the GEMM's panels
+    size = sgemm.packed_size(c, oc)
+    panels = workspace.empty((fh * fw * size,), _F32)
+    packs = []
+    for a in range(fh):
+        for b in range(fw):
+            fa, fb = (fh - 1 - a, fw - 1 - b) if flip else (a, b)
+            t = a * fw + b
+            packs.append(sgemm.bind_pack(f4[:, :, fa, fb].T, panels[t * size : (t + 1) * size]))
+    groups = parallel.ranges(len(packs), nt)
+    steps.append(parallel.concurrently([chain(packs[lo:hi]) for lo, hi in groups]))
+
+    # per output row, its taps' products into (OH, OW N, OC)
+    res = workspace.empty((oh, ow, n, oc), _F32)
+    rm = res.reshape(oh, ow * n, oc)
+    xm = xr.reshape(hp, wp * n, c)
+    taps = _taps(geo)
+    order = sorted(range(oh), key=lambda i: -len(taps[i]))
+
+    def row(i: int, ap: np.ndarray) -> Step:
+        work: list[Step] = []
+        if not taps[i] or taps[i][0][2:] != (0, ow):
+            work.append(_partial(np.copyto, rm[i], 0))
+        for k, (a, b, j0, j1) in enumerate(taps[i]):
+            t = a * fw + b
+            rows = xm[i + a, (j0 + b) * n : (j1 + b) * n]
+            work.append(sgemm.bind_packed_product(
+                rows, panels[t * size : (t + 1) * size], oc, rm[i, j0 * n : j1 * n],
+                bool(k) or bool(work), ap))  # fmt: skip
+        return chain(work) if work else _nothing
+
+    buffers = [workspace.empty((sgemm.product_buffer_size(ow * n, c),), _F32)
+               for _ in range(nt)]  # fmt: skip
+    steps.append(parallel.take_in_turn([[row(i, ap) for i in order] for ap in buffers]))
+    steps.append(parallel.split(_partial(loops.result_rows, res, out), n, 1))
+    return chain(steps)
+
+
+def _nothing() -> None:
+    pass
+
+
+register(ConvAlgorithm(
+    "TAPWISE_SGEMM", "forward", bind_tapwise, usable_tapwise, priority=21,
+    heuristic=tapwise_preferred,
+))  # fmt: skip
