@@ -316,6 +316,8 @@ def test_units_over_threads_give_the_bits_of_one_thread(monkeypatch, c, side, f,
                  sshape=(side, side), flip=False, seed=3)  # fmt: skip
     x, w, src, filt = _operands(case)
 
+    monkeypatch.setattr(channelwise88, "MIN_SPLIT_WORK", 0)  # every layer split
+
     def run(threads):  # units of several slots: the unit sizes depend on the thread count
         monkeypatch.setattr(parallel, "num_threads", lambda: threads)
         out = _out(case)
@@ -326,3 +328,26 @@ def test_units_over_threads_give_the_bits_of_one_thread(monkeypatch, c, side, f,
     assert np.array_equal(one, two) and np.array_equal(one, three)
     want = _ref(x, w, case["stride"], case["pad"], case["dilate"], case["flip"])
     np.testing.assert_allclose(conv_nchw88.to_nchw(two), want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("c, side, f, s, split", [
+    (240, 14, 5, 1, False), (576, 14, 3, 1, False), (16, 56, 3, 2, False),
+    (1152, 7, 5, 1, True), (144, 56, 3, 2, True), (240, 28, 5, 1, True)])  # fmt: skip
+def test_a_layer_of_little_work_runs_on_one_thread(monkeypatch, c, side, f, s, split):
+    case = _case(n=1, c=c, fshape=(f, f), stride=(s, s), pad=(f // 2, f // 2), dilate=(1, 1),
+                 sshape=(side, side), flip=False, seed=5)  # fmt: skip
+    x, w, src, filt = _operands(case)
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    seen = []
+    real = channelwise88.units_as_they_go
+
+    def spy(units, bind_part, max_threads=None):
+        seen.append(max_threads)
+        return real(units, bind_part, max_threads)
+
+    monkeypatch.setattr(channelwise88, "units_as_they_go", spy)
+    out = _out(case)
+    _bind(case, src, filt, out)[1]()
+    assert seen == [2 if split else 1]
+    want = _ref(x, w, case["stride"], case["pad"], case["dilate"], case["flip"])
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
