@@ -338,17 +338,11 @@ def test_a_layer_of_little_work_runs_on_one_thread(monkeypatch, c, side, f, s, s
                  sshape=(side, side), flip=False, seed=5)  # fmt: skip
     x, w, src, filt = _operands(case)
     monkeypatch.setattr(parallel, "num_threads", lambda: 2)
-    seen = []
-    real = channelwise88.units_as_they_go
-
-    def spy(units, bind_part, max_threads=None):
-        seen.append(max_threads)
-        return real(units, bind_part, max_threads)
-
+    spy = mock.Mock(wraps=channelwise88.units_as_they_go)
     monkeypatch.setattr(channelwise88, "units_as_they_go", spy)
     out = _out(case)
     _bind(case, src, filt, out)[1]()
-    assert seen == [2 if split else 1]
+    assert spy.call_count == 1 and spy.call_args.args[2] == (2 if split else 1)
     want = _ref(x, w, case["stride"], case["pad"], case["dilate"], case["flip"])
     np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
 
