@@ -316,6 +316,8 @@ def test_units_over_threads_give_the_bits_of_one_thread(monkeypatch, c, side, f,
                  sshape=(side, side), flip=False, seed=3)  # fmt: skip
     x, w, src, filt = _operands(case)
 
+    monkeypatch.setattr(channelwise88, "MIN_SPLIT_WORK", 0)  # every layer split
+
     def run(threads):  # units of several slots: the unit sizes depend on the thread count
         monkeypatch.setattr(parallel, "num_threads", lambda: threads)
         out = _out(case)
@@ -326,3 +328,39 @@ def test_units_over_threads_give_the_bits_of_one_thread(monkeypatch, c, side, f,
     assert np.array_equal(one, two) and np.array_equal(one, three)
     want = _ref(x, w, case["stride"], case["pad"], case["dilate"], case["flip"])
     np.testing.assert_allclose(conv_nchw88.to_nchw(two), want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("c, side, f, s, split", [
+    (240, 14, 5, 1, False), (576, 14, 3, 1, False), (16, 56, 3, 2, False),
+    (1152, 7, 5, 1, True), (144, 56, 3, 2, True), (240, 28, 5, 1, True)])  # fmt: skip
+def test_a_layer_of_little_work_runs_on_one_thread(monkeypatch, c, side, f, s, split):
+    case = _case(n=1, c=c, fshape=(f, f), stride=(s, s), pad=(f // 2, f // 2), dilate=(1, 1),
+                 sshape=(side, side), flip=False, seed=5)  # fmt: skip
+    x, w, src, filt = _operands(case)
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    spy = mock.Mock(wraps=channelwise88.units_as_they_go)
+    monkeypatch.setattr(channelwise88, "units_as_they_go", spy)
+    out = _out(case)
+    _bind(case, src, filt, out)[1]()
+    assert spy.call_count == 1 and spy.call_args.args[2] == (2 if split else 1)
+    want = _ref(x, w, case["stride"], case["pad"], case["dilate"], case["flip"])
+    np.testing.assert_allclose(conv_nchw88.to_nchw(out), want, rtol=RTOL, atol=ATOL)
+
+
+@settings(max_examples=25, deadline=None)
+@given(c=st.sampled_from([8, 16, 24, 72, 240]), side=st.integers(1, 30),
+       f=st.sampled_from([3, 5]), s=st.sampled_from([1, 2]), pad=st.integers(0, 2))  # fmt: skip
+def test_split_or_not_the_bits_are_one_threads(c, side, f, s, pad):
+    case = _case(n=1, c=c, fshape=(f, f), stride=(s, s), pad=(pad, pad), dilate=(1, 1),
+                 sshape=(side + f, side + f), flip=False, seed=side)  # fmt: skip
+    x, w, src, filt = _operands(case)
+    outs = []
+    with mock.patch.object(parallel, "num_threads", lambda: 2):
+        for floor in (0, 1 << 60):  # every layer split; none
+            with mock.patch.object(channelwise88, "MIN_SPLIT_WORK", floor):
+                out = _out(case)
+                _bind(case, src, filt, out)[1]()
+                outs.append(out)
+    assert np.array_equal(outs[0], outs[1])
+    want = _ref(x, w, case["stride"], case["pad"], case["dilate"], case["flip"])
+    np.testing.assert_allclose(conv_nchw88.to_nchw(outs[0]), want, rtol=RTOL, atol=ATOL)

@@ -383,3 +383,47 @@ def test_the_benchmark_runs_and_agrees_with_onnxruntime(benchmark_module):
     rows = bench.main(["--smoke"])
     assert [r["name"] for r in rows] == [pointwise88.ALGORITHM] * 2
     assert all(min(r["ours"], r["ort"], r["ort_run"]) > 0 for r in rows)
+
+
+_silu8_loop = None
+
+
+def _silu_in_place(a: np.ndarray) -> None:
+    global _silu8_loop
+    if _silu8_loop is None:
+        s8 = loops.silu8()
+
+        @njit(nogil=True)
+        def run(v):  # pragma: no cover - compiled
+            for e in range(0, v.size, 8):
+                s8(v, e)
+
+        _silu8_loop = run
+    _silu8_loop(a)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-1e4, 1e4, width=32) | st.floats(-30, 30, width=32), min_size=8,
+                max_size=64).map(lambda v: v[: len(v) // 8 * 8]))  # fmt: skip
+def test_the_vector_silu_is_within_float64s_to_a_few_1e_7(values):
+    x = np.array(values, np.float32)
+    got = x.copy()
+    _silu_in_place(got)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float64) / (1 + np.exp(-x.astype(np.float64)))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30)
+
+
+def test_the_vector_silu_over_the_whole_clipped_range_and_at_nan_and_infinities():
+    x = np.concatenate([np.linspace(-100, 100, 400_008), np.geomspace(1e-8, 100, 4000),
+                        -np.geomspace(1e-8, 100, 4000), [np.nan, np.inf, -1e30, 1e30] * 2])
+    x = x.astype(np.float32)  # fmt: skip
+    got = x.copy()
+    _silu_in_place(got)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float64) / (1 + np.exp(-x.astype(np.float64)))
+    fin = np.isfinite(x)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-6, atol=1e-30)
+    assert np.isnan(got[np.isnan(x)]).all()
+    assert (got[x == np.inf] == np.inf).all()
+    assert abs(got[x == -1e30]).max() < 1e-30  # -1e30 sigmoid(-1e30): -0 in float64

@@ -16,8 +16,10 @@ units (a band of output rows of one sample's channel block, so that a few blocks
 fill the threads, or several whole blocks where there are many; sized so that no thread is
 left a unit more than the others) as they go
 (:func:`.nchw8c.units_as_they_go`): a thread the OS holds back delays the unit it has, not
-a fixed half of them. Nothing is allocated when the bound callable runs, and every output
-is summed in the same order whoever computes it.
+a fixed half of them; a layer of less work than :data:`MIN_SPLIT_WORK` runs on the calling
+thread alone (the hand-off cost more than the second thread saved). Nothing is allocated
+when the bound callable runs, and every output is summed in the same order whoever
+computes it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from .epilogue import Epilogue, epilogue_operands
 from .loops import channelwise88 as loops
 from .nchw8c import filter_packed, units_as_they_go
 
-__all__ = ["ALGORITHM", "bind_channelwise88", "usable_channelwise88"]
+__all__ = ["ALGORITHM", "MIN_SPLIT_WORK", "bind_channelwise88", "split_work",
+           "usable_channelwise88"]
 
 #: the algorithm's name, as ``chosen_algorithm`` reports it
 ALGORITHM = "CHANNELWISE_NCHW88"
@@ -43,6 +46,13 @@ ALGORITHM = "CHANNELWISE_NCHW88"
 #: many blocks are grouped into units down to that many (each unit taken costs an atomic
 #: on the cache line the threads share: 72 units of a 576x14x14 layer cost 10 us at 2 threads)
 _UNITS_PER_THREAD = 4
+#: below this work (multiply-adds plus twice the source's elements, :func:`split_work`) one
+#: thread runs the layer, with no hand-off: on the 2-core machines, near idle, every
+#: depthwise layer of MobileNetV3-small ran 0.54-0.90x as fast at two threads as at one
+#: (5-25 us; the 5x5 at 14x14, 240 channels, 1.27M: 25.4 -> 29.8 us), the 3x3 at 14x14 of
+#: 480 channels (1.03M) at par, while those of 1.5M and more gained 1.14-1.6x (7x7 of 1152
+#: channels, 5x5: 30.3 -> 26.2 us; 28x28 of 240 channels, 5x5: 101 -> 63 us)
+MIN_SPLIT_WORK = 1_400_000
 _F32 = np.dtype(np.float32)
 _EMPTY = np.zeros(1, _F32)
 _EMPTY.flags.writeable = False
@@ -84,6 +94,14 @@ def _units(blocks: int, oh: int, t: int) -> tuple[int, int, int]:
             if best is None or key < best[0]:
                 best = (key, (rows, bands, per))
     return best[1]
+
+
+def split_work(n: int, c: int, h: int, w: int, oh: int, ow: int, fh: int, fw: int) -> int:
+    """The work :data:`MIN_SPLIT_WORK` compares: the multiply-adds of ``n`` samples of ``c``
+    channels, ``oh x ow`` outputs of an ``fh x fw`` filter each, plus twice the source's
+    ``n c h w`` elements (a layer at stride 2 reads four times the source of its outputs,
+    and took 44 us at 1.0M multiply-adds where one at stride 1 took 31)."""
+    return n * c * (oh * ow * fh * fw + 2 * h * w)
 
 
 def usable_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, pad) -> bool:
@@ -171,7 +189,7 @@ def bind_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, strid
     bias, epi = epilogue_operands(epilogue, steps)
     if z is not None:
         epi |= 2
-    t = threads()
+    t = threads() if split_work(n, cbn * loops.CB, h, w, oh, ow, fh, fw) >= MIN_SPLIT_WORK else 1
     blocks = n * (-(-cbn // 2) if pairs else cbn)  # the units' channel slots
     rows, bands, per = _units(blocks, oh, t)
     units = -(-blocks // per) * bands

@@ -25,6 +25,8 @@ from numba.extending import intrinsic
 from ... import tiled_jit
 from .pointwise88 import silu8
 
+# Numba's cache keys this file's kernels on its time stamp alone: a change to the
+# activations of .pointwise88 they inline goes with an edit here (this line)
 __all__ = ["CB", "ZEROS", "channelwise88", "kernel_key", "signature", "zeros"]
 
 #: channels of a block: the innermost dim of the source, filter and output

@@ -29,6 +29,8 @@ from numba.extending import intrinsic
 from ... import tiled_jit
 from .pointwise88 import ACTIVATIONS, activate
 
+# Numba's cache keys this file's kernels on its time stamp alone: a change to the
+# activations of .pointwise88 they inline goes with an edit here (this line)
 __all__ = ["BLOCK", "CB", "DIMS", "compiled_units", "scratch_pitch", "stem_tile",
            "tap_offsets"]  # fmt: skip
 
