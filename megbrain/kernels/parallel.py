@@ -14,9 +14,6 @@ for its part: a fork/join took ~16 us against ~36 us through ``concurrent.future
 sides poll a counter for 0.5 ms before they block (:data:`SPIN_NS`), so that back-to-back
 splits find the other thread awake, and hand the GIL over without making the other side
 sleep on it (:func:`_spinner`).
-A split step measures itself against one thread in its first calls and keeps the faster
-way (:func:`_by_measure`): the hand-off's cost decides which kernels gain, and it depends on
-the machine and its load.
 Each worker runs on one CPU, never the one its caller runs on when it offers a part
 (:meth:`_Worker.keep_off`): left to the scheduler, a worker woken by its caller was often
 put on the caller's core and stayed there, and a whole network then ran on one thread.
@@ -337,71 +334,11 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
     after it was given its part at best, much later on a busy machine) then costs nothing
     but the offer, and a small split runs at one thread's speed instead of waiting. Parts
     taking their work from a shared counter (:func:`.conv.nchw8c.units_as_they_go`) find it
-    done. The step times itself against one thread and keeps the faster way
-    (:func:`_by_measure`; :data:`ADAPTIVE`).
+    done.
     """
     bounds = ranges(n, num_threads(), min_items)
     if len(bounds) == 1:
         return functools.partial(fn, 0, n)
-    run = _split_run(fn, bounds)
-    return _by_measure(run, functools.partial(fn, 0, n)) if ADAPTIVE else run
-
-
-#: whether a split step measures itself against one thread and keeps the faster
-#: (:func:`_by_measure`); tests that need a worker to run a part turn it off
-ADAPTIVE = True
-#: a split step's first calls, which always split, timed (warm-up: the tests of a kernel's
-#: split call it once or twice)
-MEASURE_FROM = 2
-#: nanoseconds: a step whose split calls took longer keeps splitting without trying one
-#: thread (the hand-off is then a few percent at worst, and one thread's trial would cost
-#: a training step's large kernels twice their time)
-MEASURE_BELOW_NS = 250_000
-#: timed calls of each way (split, one thread) before a step chooses, the minimum of each
-MEASURE_SAMPLES = 4
-#: calls after which a step measures again, as the host's load may have changed
-MEASURE_EVERY = 256
-
-
-def _by_measure(split_run: Step, serial: Step) -> Step:
-    """A step running ``split_run`` or ``serial`` (the same items on the caller's thread),
-    whichever took less time: its first :data:`MEASURE_FROM` calls split, timed; unless
-    they all took :data:`MEASURE_BELOW_NS` or more (it then keeps splitting), the next
-    ``2 * MEASURE_SAMPLES`` alternate the two ways, timed, and the way with the smaller
-    minimum runs from then on. :data:`MEASURE_EVERY` calls later it measures again.
-
-    Why: handing half of a kernel to the pool costs about 6 us on the 2-core machines (the
-    offer, the worker's way to the GIL and into its part, the join), so a split pays only
-    above some tens of microseconds, a bound that depends on the kernel, the shape, the
-    machine and its load; MobileNetV3-Small's layers of 10-30 us ran 1.7x slower split. A
-    part's results do not depend on who runs it, so the choice changes the time only."""
-    never = 2**62
-    state = {"k": 0, "split": never, "serial": never, "use": split_run}
-    clock = time.perf_counter_ns
-    chosen = MEASURE_FROM + 2 * MEASURE_SAMPLES  # the first call of the chosen way
-
-    def run() -> None:
-        k = state["k"]
-        state["k"] = k + 1
-        if k >= chosen:
-            if k >= chosen + MEASURE_EVERY:
-                state.update(k=0, split=never, serial=never)
-            return state["use"]()
-        way = "split" if k < MEASURE_FROM or k % 2 else "serial"
-        t0 = clock()
-        (split_run if way == "split" else serial)()
-        state[way] = min(state[way], clock() - t0)
-        if k == MEASURE_FROM - 1 and state["split"] >= MEASURE_BELOW_NS:
-            state.update(k=chosen, use=split_run)
-        elif k == chosen - 1:
-            state["use"] = split_run if state["split"] < state["serial"] else serial
-        return None
-
-    return run
-
-
-def _split_run(fn: Callable[[int, int], object], bounds: list[tuple[int, int]]) -> Step:
-    """:func:`split`'s step handing ``bounds`` (two or more ranges) to the pool."""
     head, rest = bounds[0], bounds[1:]
 
     def run() -> None:

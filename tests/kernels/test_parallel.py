@@ -14,7 +14,6 @@ from megbrain.kernels import parallel
 @pytest.fixture
 def two_threads(monkeypatch):
     monkeypatch.setattr(parallel, "num_threads", lambda: 2)
-    monkeypatch.setattr(parallel, "ADAPTIVE", False)  # every run splits
     parallel._forget_pool()  # workers for this count
     yield
     parallel._forget_pool()
@@ -238,7 +237,6 @@ def test_an_interrupt_anywhere_in_a_split_leaves_the_pool_consistent(
         w.go = asleep
     monkeypatch.undo()
     monkeypatch.setattr(parallel, "num_threads", lambda: 2)
-    monkeypatch.setattr(parallel, "ADAPTIVE", False)
     assert np.all(out[:50] == (0 if where == "caller's part" else 1))
     if where == "caller's part":  # the worker's part ran whole or, taken back, not at all
         assert out[50:].min() == out[50:].max()
@@ -335,56 +333,3 @@ def test_a_split_pins_its_workers_off_the_callers_cpu(two_threads):
 def test_workers_float_when_the_environment_asks(monkeypatch):
     monkeypatch.setenv("MGB_KERNEL_THREADS_FLOAT", "1")
     assert parallel._cpu_getter() is None
-
-
-def _slow_where(slow_whole: bool, calls: list):
-    """``fn(lo, hi)`` recording its calls, 3 ms slower on the whole range (``slow_whole``)
-    or on the parts."""
-    def fn(lo: int, hi: int) -> None:
-        calls.append((lo, hi))
-        if (lo, hi) == (0, 64) if slow_whole else (lo, hi) != (0, 64):
-            time.sleep(3e-3)
-
-    return fn
-
-
-@pytest.mark.parametrize("split_faster", [True, False])
-def test_a_split_step_keeps_the_faster_way(monkeypatch, split_faster):
-    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
-    parallel._forget_pool()
-    monkeypatch.setattr(parallel, "MEASURE_EVERY", 8)
-    monkeypatch.setattr(parallel, "MEASURE_BELOW_NS", 10**10)  # its 3 ms still measured
-    calls: list = []
-    step = parallel.split(_slow_where(split_faster, calls), 64, 1)
-    measured = parallel.MEASURE_FROM + 2 * parallel.MEASURE_SAMPLES
-    for _ in range(measured):
-        step()
-    assert calls.count((0, 64)) == parallel.MEASURE_SAMPLES  # one-thread runs while measuring
-    calls.clear()
-    for _ in range(8):
-        step()
-    whole = calls.count((0, 64))
-    assert whole == (0 if split_faster else 8)
-    assert len(calls) == (16 if split_faster else 8)  # each run: both halves, or the whole
-    calls.clear()
-    for _ in range(1 + measured):  # MEASURE_EVERY calls after choosing
-        step()  # the choice once more, then both ways again while it measures again
-    assert calls.count((0, 64)) == parallel.MEASURE_SAMPLES + (0 if split_faster else 1)
-
-
-def test_a_long_split_step_keeps_splitting_without_trying_one_thread(monkeypatch):
-    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
-    parallel._forget_pool()
-    monkeypatch.setattr(parallel, "MEASURE_BELOW_NS", 1_000_000)
-    calls: list = []
-
-    def fn(lo: int, hi: int) -> None:
-        calls.append((lo, hi))
-        time.sleep(2e-3)  # 2 ms a part, split or not
-
-    step = parallel.split(fn, 64, 1)
-    for _ in range(20):
-        step()
-    assert (0, 64) not in calls and len(calls) == 40
-    parallel._forget_pool()
-    parallel._forget_pool()
