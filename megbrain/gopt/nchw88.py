@@ -39,14 +39,15 @@ import dataclasses
 
 import numpy as np
 
-from ..graph import OperatorNodeConfig, VarNode, static_shape
+from ..graph import OperatorNodeConfig, VarNode, infer_value, static_shape
 from ..graph.replace import dep_oprs
 from ..kernels.pool.nchw88 import pool_nchw88_shape
 from ..opr.base import SymbolVar
 from ..opr.dnn import Convolution
 from ..opr.dnn_conv_bias import ConvBias
 from ..opr.dnn_pool import Pooling, PoolingEndPad, PoolingEndPadParam
-from ..opr.relayout import relayout_format
+from ..opr.indexing import Subtensor, subtensor_getitem
+from ..opr.relayout import RelayoutFormat, relayout_format
 from ..opr.tensor_manip import (
     ChannelShuffleConcat,
     Concat,
@@ -385,7 +386,13 @@ def fuse_channel_shuffle(graph, dest: list[VarNode]) -> dict:
     Reshape a copy), becomes one :class:`~megbrain.opr.tensor_manip.ChannelShuffleConcat`
     (nothing else reading the Concat, the first Reshape or the Dimshuffle): its inputs'
     parts of the output are strided views that a ConvBias producing one writes in place
-    (the memory plan), so only the other inputs are copied, once."""
+    (the memory plan), so only the other inputs are copied, once.
+
+    The same shuffle of two NCHW88 vars (``use_nchw88`` left it between RelayoutFormats:
+    the Concat read back in NCHW, shuffled, and its channel ranges converted to NCHW88
+    again) becomes one ChannelShuffleConcat in NCHW88 when every reader of the shuffled
+    var converts it, whole or a range of whole blocks (a Subtensor), back to NCHW88: those
+    conversions become the operator's output and views of its blocks."""
     oprs = dep_oprs(dest)
     readers, external = _readers(graph, oprs, dest)
 
@@ -395,39 +402,124 @@ def fuse_channel_shuffle(graph, dest: list[VarNode]) -> dict:
             return None
         return None if got[0].extra_deps else got[0]
 
-    found: dict = {}  # the last Reshape -> (the Concat, the operators dropped)
+    def shuffled(v: VarNode, g: int):
+        """The Reshape, Dimshuffle and Reshape shuffling ``v`` (N, C, H, W) in ``g`` groups,
+        or None."""
+        n, c, h, w = static_shape(v)
+        r1 = only_reader(v, Reshape.type_name)
+        if r1 is None or static_shape(r1.outputs[0]) != (n, g, c // g, h, w):
+            return None
+        d = only_reader(r1.outputs[0], Dimshuffle.type_name)
+        if d is None or d.param.pattern != (0, 2, 1, 3, 4):
+            return None
+        r2 = only_reader(d.outputs[0], Reshape.type_name)
+        if r2 is None or static_shape(r2.outputs[0]) != (n, c, h, w):
+            return None
+        return r1, d, r2
+
+    found: dict = {}  # the last Reshape -> the Concat
+    to_blocked: dict = {}  # a RelayoutFormat to NCHW88 -> (the NCHW88 Concat, its blocks)
+    read_back: dict = {}  # the last Reshape of an NCHW88 shuffle also read in NCHW -> Concat
+    dropped: set = set()
     for o in oprs:
         if type(o) is not Concat or o.extra_deps or len(o.inputs) < 2:
             continue
         shapes = [static_shape(v) for v in o.inputs]
         out = static_shape(o.outputs[0])
-        if out is None or len(out) != 4 or o.param.axis % 4 != 1:
-            continue
         # float32 only: the float ConvBias kernels are the ones checked on strided outputs
-        if o.outputs[0].dtype != _F32 or any(sh != shapes[0] for sh in shapes):
+        if out is None or o.outputs[0].dtype != _F32 or any(sh != shapes[0] for sh in shapes):
             continue
-        g, (n, c, h, w) = len(shapes), out
-        r1 = only_reader(o.outputs[0], Reshape.type_name)
-        if r1 is None or static_shape(r1.outputs[0]) != (n, g, c // g, h, w):
+        if len(out) == 4 and o.param.axis % 4 == 1:
+            chain = shuffled(o.outputs[0], len(shapes))
+            if chain is not None:
+                found[chain[2]] = o
+                dropped.update((o, *chain[:2]))
             continue
-        d = only_reader(r1.outputs[0], Dimshuffle.type_name)
-        if d is None or d.param.pattern != (0, 2, 1, 3, 4):
+        if len(out) != 5 or out[4] != 8 or o.param.axis % 5 != 1 or len(shapes) != 2:
             continue
-        r2 = only_reader(d.outputs[0], Reshape.type_name)
-        if r2 is None or static_shape(r2.outputs[0]) != out:
+        back = only_reader(o.outputs[0], RelayoutFormat.type_name)
+        if back is None or back.param.mode != "NCHW88_NCHW":
             continue
-        found[r2] = (o, (o, r1, d))
-    if not found:
+        chain = shuffled(back.outputs[0], 2)
+        if chain is None:
+            continue
+        r2 = chain[2]
+        ranges = _block_reads(r2.outputs[0], readers)
+        for conversion, blocks in ranges.items():
+            to_blocked[conversion] = (o, blocks)
+        # the Subtensors the conversions read (or the last Reshape, for a whole one)
+        dropped.update((o, back, *chain[:2], *(conv.inputs[0].owner for conv in ranges)))
+        read = {conv.inputs[0].owner for conv in ranges} | set(ranges)
+        others = [x for x in readers.get(r2.outputs[0], []) if x not in read]
+        if others or r2.outputs[0] in external:
+            read_back[r2] = o  # also read in NCHW: the fused output converted back once
+            dropped.discard(r2)
+    if not found and not to_blocked and not read_back:
         return {}
 
     def fused(r2, memo: dict) -> tuple[VarNode, VarNode]:
-        cat = found[r2][0]
+        cat = found[r2]
         new = ChannelShuffleConcat([memo.get(v, v) for v in cat.inputs], cat.param,
                                    OperatorNodeConfig(comp_node=cat.comp_node))  # fmt: skip
         return r2.outputs[0], graph.insert_opr(new)[0]
 
-    skip = {x for _, dropped in found.values() for x in dropped}
-    return _sweep(graph, oprs, skip, {r2: fused for r2 in found})
+    made: dict = {}  # an NCHW88 Concat -> its ChannelShuffleConcat's output
+
+    def shuffle88(cat, memo: dict) -> VarNode:
+        if cat not in made:
+            new = ChannelShuffleConcat([memo.get(v, v) for v in cat.inputs], cat.param,
+                                       OperatorNodeConfig(comp_node=cat.comp_node))  # fmt: skip
+            made[cat] = graph.insert_opr(new)[0]
+        return made[cat]
+
+    def fused_blocked(conversion, memo: dict) -> tuple[VarNode, VarNode]:
+        cat, blocks = to_blocked[conversion]
+        out = shuffle88(cat, memo)
+        if blocks is not None:
+            out = subtensor_getitem(SymbolVar(out), (slice(None), slice(*blocks))).node
+        return conversion.outputs[0], out
+
+    def fused_read_back(r2, memo: dict) -> tuple[VarNode, VarNode]:
+        out = shuffle88(read_back[r2], memo)
+        return r2.outputs[0], relayout_format(SymbolVar(out), mode="NCHW88_NCHW").node
+
+    makers = {r2: fused for r2 in found} | {c: fused_blocked for c in to_blocked}
+    makers |= {r2: fused_read_back for r2 in read_back}
+    return _sweep(graph, oprs, dropped, makers)
+
+
+def _block_reads(v: VarNode, readers: dict) -> dict:
+    """The readers of ``v`` (N, C, H, W) that convert it back to NCHW88, whole
+    (RelayoutFormat NCHW_NCHW88) or a range of whole 8-channel blocks (a Subtensor of
+    constant bounds on the channels, read by nothing but that conversion): each conversion
+    -> its blocks ``(begin, end)``, or None for the whole var."""
+    shape = static_shape(v)
+    got: dict = {}
+    for r in readers.get(v, []):
+        if r.extra_deps or r.inputs[0] is not v:
+            continue
+        if r.type_name == RelayoutFormat.type_name and r.param.mode == "NCHW_NCHW88":
+            got[r] = None
+            continue
+        if r.type_name != Subtensor.type_name:
+            continue
+        conv = readers.get(r.outputs[0], [])
+        if len(conv) != 1 or conv[0].type_name != RelayoutFormat.type_name:
+            continue
+        if conv[0].param.mode != "NCHW_NCHW88" or conv[0].extra_deps:
+            continue
+        values = [infer_value(i) for i in r.inputs[1:]]
+        if any(x is None for x in values):
+            continue
+        idx = r._index(shape, values)
+        spans = [range(n)[i] if isinstance(i, slice) else None for n, i in zip(shape, idx)]
+        if any(s != range(n) for k, (n, s) in enumerate(zip(shape, spans)) if k != 1):
+            continue
+        c = spans[1]
+        if c is None or c.step != 1 or not len(c) or c.start % 8 or c.stop % 8:
+            continue
+        got[conv[0]] = (c.start // 8, c.stop // 8)
+    return got
 
 
 def _all_lowest(var: VarNode) -> bool:

@@ -29,6 +29,7 @@ from ..graph import OperatorNodeBase, ParamBase, register_opr, table_param
 from ..graph.operator import NoGradient, fmt_shape
 from ..graph.static_infer import DynamicShapeError, infer_shape
 from ..graph.var import InferType
+from ..kernels.channel_shuffle import bind_shuffle_nchw88
 from ..serialization import sereg
 from . import param_defs as _pdefs
 from ._internal import dtype_promotion, provide, reduce_to_input, subtensor_getitem, typecvt
@@ -481,7 +482,12 @@ class ChannelShuffleConcat(Concat):
     from a Concat and the Reshape, Dimshuffle and Reshape after it, never by a user and never
     written to a graph file. Each input's part of the output is a strided view (every
     ``G``-th channel, :meth:`input_parts`): the static memory plan has a ConvBias producing
-    an input write there, and the operator copies only the other inputs."""
+    an input write there, and the operator copies only the other inputs.
+
+    Two NCHW88 inputs ``(N, C/8, H, W, 8)`` (``G == 2``) give the shuffle in NCHW88,
+    ``(N, 2 C/8, H, W, 8)``: their channels interleave within the 8 lanes, so no input is a
+    view of the output and both are copied, in one pass
+    (:func:`~megbrain.kernels.channel_shuffle.bind_shuffle_nchw88`)."""
 
     type_name = "ChannelShuffleConcat"
     short_name = "channel_shuffle_concat"
@@ -491,20 +497,30 @@ class ChannelShuffleConcat(Concat):
 
     def infer_shapes(self, in_shapes, in_values):
         ref = in_shapes[0]
-        if len(ref) != 4 or self.param.axis % 4 != 1 or any(s != ref for s in in_shapes):
-            raise self.error("the channel shuffle takes 4-d inputs of one shape along axis 1, "
-                             "got " + ", ".join(fmt_shape(s) for s in in_shapes))  # fmt: skip
-        return [(ref[0], ref[1] * len(in_shapes), ref[2], ref[3])]
+        blocked = len(ref) == 5 and ref[4] == 8 and len(in_shapes) == 2
+        if (
+            not (len(ref) == 4 or blocked)
+            or self.param.axis % len(ref) != 1
+            or any(s != ref for s in in_shapes)
+        ):
+            raise self.error("the channel shuffle takes 4-d inputs of one shape, or two NCHW88 "
+                             "inputs of one shape, along axis 1, got "
+                             + ", ".join(fmt_shape(s) for s in in_shapes))  # fmt: skip
+        return [(ref[0], ref[1] * len(in_shapes), *ref[2:])]
 
     def input_parts(self, in_shapes, out_shape):
         """Input ``i``'s part: ``(offset, element strides)`` of the view starting at channel
-        ``i`` with every ``G``-th channel of the output."""
-        n, c, h, w = out_shape
+        ``i`` with every ``G``-th channel of the output; none in NCHW88 (lanes interleave)."""
         g = len(in_shapes)
+        if len(out_shape) == 5:
+            return [None] * g
+        n, c, h, w = out_shape
         return [(i * h * w, (c * h * w, g * h * w, w, 1)) for i in range(g)]
 
     def bind(self, ins, outs):
         out = outs[0]
+        if out.ndim == 5:
+            return bind_shuffle_nchw88(ins[0], ins[1], out)
         n, c, h, w = out.shape
         g = len(ins)
         blocks = out.reshape(n, c // g, g, h, w)

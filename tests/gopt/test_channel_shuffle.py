@@ -161,3 +161,86 @@ def test_an_onnx_shuffle_unit_equals_onnxruntime():
     np.testing.assert_allclose(got, sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
     types = [o.type_name for o in f.function._func.iter_opr_seq()]
     assert "ChannelShuffleConcat" in types and "Dimshuffle" not in types
+
+
+def _reference_nchw88_shuffle(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The shuffled concatenation of two NCHW88 arrays, through NCHW."""
+
+    def nchw(x):
+        n, cb, h, w, _ = x.shape
+        return x.transpose(0, 1, 4, 2, 3).reshape(n, cb * 8, h, w)
+
+    y = _shuffle_ref([nchw(a), nchw(b)])
+    n, c, h, w = y.shape
+    return y.reshape(n, c // 8, 8, h, w).transpose(0, 1, 3, 4, 2)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 2), cb=st.integers(1, 5), h=st.integers(1, 6), w=st.integers(1, 6),
+       sliced=st.booleans())  # fmt: skip
+def test_the_nchw88_shuffle_kernel_equals_the_nchw_reference(n, cb, h, w, sliced):
+    from megbrain.kernels.channel_shuffle import bind_shuffle_nchw88
+
+    rng = np.random.default_rng(n * 1000 + cb * 100 + h * 10 + w)
+    a, b = (rng.standard_normal((n, cb + sliced, h, w, 8)).astype(F32) for _ in range(2))
+    if sliced:  # inputs that are block ranges of a larger var (views, as in the network)
+        a, b = a[:, 1:], b[:, :-1]
+    out = np.full((n, 2 * cb, h, w, 8), np.nan, F32)
+    bind_shuffle_nchw88(a, b, out)()
+    np.testing.assert_array_equal(out, _reference_nchw88_shuffle(a, b))
+
+
+def _onnx_two_units(c: int, h: int, expose_middle: bool):
+    """Two ShuffleNet v2 units (split, 1x1 Conv + Relu on the second half, concatenation,
+    shuffle) on x (1, 2c, h, h); the second unit reads the first's shuffled output, which
+    ``expose_middle`` also makes a model output."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(np.array([c, c], np.int64), "split"),
+             numpy_helper.from_array(np.array([1, 2, c, h, h], np.int64), "s5"),
+             numpy_helper.from_array(np.array([1, 2 * c, h, h], np.int64), "s4")]  # fmt: skip
+    nodes, src = [], "x"
+    for u in range(2):
+        w = numpy_helper.from_array(rng.uniform(-1, 1, (c, c, 1, 1)).astype(F32), f"w{u}")
+        inits.append(w)
+        nodes += [
+            helper.make_node("Split", [src, "split"], [f"a{u}", f"b{u}"], axis=1),
+            helper.make_node("Conv", [f"b{u}", f"w{u}"], [f"c{u}"], kernel_shape=[1, 1]),
+            helper.make_node("Relu", [f"c{u}"], [f"r{u}"]),
+            helper.make_node("Concat", [f"a{u}", f"r{u}"], [f"cat{u}"], axis=1),
+            helper.make_node("Reshape", [f"cat{u}", "s5"], [f"f{u}"]),
+            helper.make_node("Transpose", [f"f{u}"], [f"t{u}"], perm=[0, 2, 1, 3, 4]),
+            helper.make_node("Reshape", [f"t{u}", "s4"], [f"y{u}"]),
+        ]
+        src = f"y{u}"
+    outs = ["y1", "y0"] if expose_middle else ["y1"]
+    g = helper.make_graph(
+        nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2 * c, h, h])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("expose_middle", [False, True])
+def test_nchw88_shuffle_units_stay_blocked_and_equal_onnxruntime(expose_middle):
+    """Channels in whole blocks: the shuffles run in NCHW88, with no conversion to NCHW and
+    back between the units (a shuffled var also read in NCHW is converted back once), and
+    the outputs are onnxruntime's."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    import megbrain.onnx as mo
+
+    c, h = 16, 5
+    model = _onnx_two_units(c, h, expose_middle)
+    f = mo.load_inference(model)
+    x = np.random.default_rng(6).uniform(-1, 1, (1, 2 * c, h, h)).astype(F32)
+    got = f(x=x)
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for a, r in zip(got, sess.run(None, {"x": x})):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
+    types = [o.type_name for o in f.function._func.iter_opr_seq()]
+    assert types.count("ChannelShuffleConcat") == 2
+    assert not {"Dimshuffle", "Reshape", "Concat"} & set(types)
+    # the input's halves converted in, the output back, and, where the first unit's
+    # shuffle is an output too, that one back once: no conversion between the units
+    assert types.count("RelayoutFormat") == 3 + expose_middle
