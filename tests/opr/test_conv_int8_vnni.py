@@ -215,24 +215,21 @@ def test_wide_rows_dropped_and_relaid_at_stride_2_equal_the_reference(stride):
 @pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
 @settings(max_examples=15, deadline=None)
 @given(c=_convs(), bands=st.booleans(), threads=st.integers(2, 3),
-       band_min=st.sampled_from([1, 40, 1 << 30]), mode=st.sampled_from([None, "RELU"]),
-       shared=st.booleans())  # fmt: skip
+       band_min=st.sampled_from([1, 40, 1 << 30]), mode=st.sampled_from([None, "RELU"]))
 def test_a_layer_split_in_bands_or_channel_chunks_equals_the_reference(c, bands, threads,
-                                                                       band_min, mode, shared):
+                                                                       band_min, mode):
     # every layer split as if it were large: into bands of output rows (each thread relaying
     # a band's source rows into its own buffer, the taps' reach past the band, the columns
-    # dropped per band), or chunks of output channels where the plane has too few positions
-    # (the source relaid by each thread, or once, shared); and the split per phase they
-    # replaced
+    # dropped per band), or chunks of output channels where the plane has too few positions;
+    # and the split per phase they replaced
     if c["filt"][1] < 4 and c["filt"][0] > 1:
         c["filt"] = (c["filt"][0], 4, *c["filt"][2:])  # (a depthwise shape: no GEMM)
         c["shape"] = (c["shape"][0], c["filt"][0] * c["filt"][2], *c["shape"][2:])
     x, f = _operands(c)
     saved = (quantized.VNNI_BANDS, quantized._MIN_MACS_PER_THREAD,
-             quantized._MIN_BAND_POSITIONS, quantized.SHARED_RELAYOUT, parallel.num_threads)
+             quantized._MIN_BAND_POSITIONS, parallel.num_threads)
     quantized.VNNI_BANDS, quantized._MIN_MACS_PER_THREAD = bands, 1
-    quantized._MIN_BAND_POSITIONS, quantized.SHARED_RELAYOUT = band_min, shared
-    parallel.num_threads = lambda: threads
+    quantized._MIN_BAND_POSITIONS, parallel.num_threads = band_min, lambda: threads
     try:
         with _path(True):
             if mode is None:
@@ -250,7 +247,7 @@ def test_a_layer_split_in_bands_or_channel_chunks_equals_the_reference(c, bands,
                                                           mode)  # fmt: skip
     finally:
         (quantized.VNNI_BANDS, quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS,
-         quantized.SHARED_RELAYOUT, parallel.num_threads) = saved  # fmt: skip
+         parallel.num_threads) = saved  # fmt: skip
     step()
     step()  # (the band buffers reused)
     if mode is None:

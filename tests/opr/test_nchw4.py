@@ -242,12 +242,11 @@ def test_conv_bias_nchw4_takes_quantized_operands_only():
 @pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
 @settings(max_examples=25, deadline=None)
 @given(c=_convs(), threads=st.integers(1, 3), band_min=st.sampled_from([1, 40, 1 << 30]),
-       flip=st.booleans(), shared=st.booleans())  # fmt: skip
-def test_the_blocked_vnni_bands_equal_the_reference(c, threads, band_min, flip, shared):
+       flip=st.booleans())  # fmt: skip
+def test_the_blocked_vnni_bands_equal_the_reference(c, threads, band_min, flip):
     # every layer split as if it were large: bands of output rows (each thread relaying a
     # band's rows of the blocked source, writing its rows of the blocked output), or chunks
-    # of the output channels (a block of 4 channels shared by two chunks written bytewise;
-    # the source relaid by each thread, or once, shared)
+    # of the output channels (a block of 4 channels shared by two chunks written bytewise)
     rng = np.random.default_rng(c["seed"])
     x = ref.random_q(rng, c["shape"], qint8(0.5))
     f = ref.random_q(rng, c["filt"], qint8(0.25))
@@ -262,16 +261,15 @@ def test_the_blocked_vnni_bands_equal_the_reference(c, threads, band_min, flip, 
     fp[:, :, : c["filt"][2]] = f.view(np.int8)
     b4 = _to4(b.view(np.int32)).copy().view(b.dtype)
     out = np.empty((want.shape[0], oc // 4, *want.shape[2:], 4), np.int8).view(odt)
-    saved = (quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS,
-             quantized.SHARED_RELAYOUT, parallel.num_threads)  # fmt: skip
+    saved = quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS, parallel.num_threads
     quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS = 1, band_min
-    quantized.SHARED_RELAYOUT, parallel.num_threads = shared, lambda: threads
+    parallel.num_threads = lambda: threads
     try:
         step = quantized.bind_vnni_blocked(x4, fp.view(f.dtype), b4, None, out, c["stride"],
                                            c["pad"], (1, 1), flip, c["mode"])  # fmt: skip
     finally:
-        (quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS,
-         quantized.SHARED_RELAYOUT, parallel.num_threads) = saved  # fmt: skip
+        quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS = saved[:2]
+        parallel.num_threads = saved[2]
     assert step is not None
     for _ in range(2):  # (the band buffers reused)
         step()

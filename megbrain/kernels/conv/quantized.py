@@ -49,14 +49,6 @@ _MIN_GEMV_BYTES = 1 << 21
 #: the most rows of the source a quantized matrix product takes the matrix-vector loop
 #: for (:func:`.loops.vnni_gemv.gemv`: a row per pass over the weights), more the tiles
 GEMV_ROWS = 4
-#: whether a VNNI layer split in chunks of its output channels (small planes), every thread
-#: reading the whole relaid source, relays it once into one buffer, the threads taking its
-#: blocks of channels as they go and doing again any block not done yet when none is left
-#: to take (no thread waits for another), rather than each thread relaying all of it into
-#: its own buffer; a test sets it either way
-SHARED_RELAYOUT = True
-#: blocks of a shared relayout per thread (at most: one block is 4 channels)
-_RELAY_UNITS_PER_THREAD = 4
 #: positions (of the phase planes' rows) worth a band of its own
 _MIN_BAND_POSITIONS = 512
 #: units (bands, or chunks of output channels) per thread of a layer, at most: a thread
@@ -393,27 +385,17 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant,
     if VNNI_BANDS:
         units = nb * nchunk
         nt = min(parts, units)
-        # chunks of the output channels, every thread reading the whole source: its
-        # relayout shared (blocks of channels taken as they go) where SHARED_RELAYOUT says
-        shared = SHARED_RELAYOUT and nchunk > 1 and nt > 1
-        nrel = min(cg_, _RELAY_UNITS_PER_THREAD * nt) if shared else 0
-        x4s = workspace.empty((1 if nrel else nt, x4_bytes), np.uint8)
+        x4s = workspace.empty((nt, x4_bytes), np.uint8)
         x4ws = x4s[:, : cg_ * plane * 4].view(np.uint32)
         tmps = workspace.empty((nt, tmp_words), np.uint32)
-        relay0 = np.zeros(2 + 2 * nt + nrel, np.int64)
-        relay0[:2] = nrel, nt
-        relay0[2 : 2 + 2 * nt] = [nrel * (k + j) // nt for k in range(nt) for j in (0, 1)]
         for n in range(n_):
             for g in range(g_):
-                relay = relay0.copy()
-                if nrel:
-                    steps.append(_partial(np.copyto, relay, relay0))
                 geom = np.array([rb, oh, wph, nchunk, o_, kg_, cg_, (n * g_ + g) * o_ * pg, pg,
                                  g * op * kg_ * 4, g * op, yf.itemsize, ow, *offs],
                                 np.int64)  # fmt: skip
                 args = (vecs, epi, drop, blocked, x, x4ws, tmps, (n * g_ + g) * i_ * h_ * w_,
                         hw, i_, geo, flipx, u0, x4s, wk, init, yt, q, geom, yt.view(np.uint8),
-                        yf.view(np.uint8), relay)  # fmt: skip
+                        yf.view(np.uint8))  # fmt: skip
                 steps.append(units_as_they_go(units, _partial(_band_part, args), nt))
         return filter_packed(pack, chain(steps), constant)
     x4 = workspace.empty((x4_bytes,), np.uint8)
@@ -459,12 +441,10 @@ def bind_vnni_blocked(src, filt, bias, z, out, stride, pad, dilate, flip, mode) 
 
 def _band_part(args: tuple, counter: np.ndarray, me: int) -> Step:
     """Thread ``me``'s part of :func:`.loops.vnni.bands` on ``args`` (its buffers the
-    ``me``-th rows of those given for every thread; the relaid source's the one row where
-    it is shared)."""
+    ``me``-th rows of those given for every thread)."""
     vecs, epi, drop, blocked, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, *rest = args
-    mine = me if len(x4) > 1 else 0
-    return _partial(vnni_loops.bands_kernel(vecs, epi, drop, blocked), x, x4w[mine], tmp[me],
-                    int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0), x4[mine], *rest,
+    return _partial(vnni_loops.bands_kernel(vecs, epi, drop, blocked), x, x4w[me], tmp[me],
+                    int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0), x4[me], *rest,
                     counter, int(me))  # fmt: skip
 
 

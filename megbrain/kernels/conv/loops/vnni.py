@@ -560,7 +560,7 @@ def _from_blocked_py(y, x, hw, b0, b1):
 #: the VNNI tile, relayout, column drop and unit taker the GEMM and band loops call: module
 #: globals, not closure cells (Numba keys a cached closure by its cells' pickles, and a
 #: compiled function's or an intrinsic's differs in every process)
-_vnni_tile_g = _relay_g = _cut_g = _take_g = _relay4_g = _cut4_g = _add_g = None
+_vnni_tile_g = _relay_g = _cut_g = _take_g = _relay4_g = _cut4_g = None
 
 
 def _make_gemm(nv: int, epi: int):
@@ -675,14 +675,13 @@ _BAND_GEOM = 13
 
 def _make_bands(nv: int, epi: int, drop: bool, blocked: bool = False):
     rows = _ROWS[nv]
-    global _vnni_tile_g, _relay_g, _cut_g, _take_g, _relay4_g, _cut4_g, _add_g
+    global _vnni_tile_g, _relay_g, _cut_g, _take_g, _relay4_g, _cut4_g
     _vnni_tile_g = vnni_tile()
     _relay_g, _cut_g, _take_g = _compiled("relayout"), _compiled("drop"), tiled_jit.take_unit()
-    _relay4_g, _cut4_g, _add_g = _compiled("relayout4"), _compiled("cut4"), tiled_jit.fetch_add()
-
+    _relay4_g, _cut4_g = _compiled("relayout4"), _compiled("cut4")
 
     def bands(x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, w, init, out, q, geom, src8, dst8,
-              relay, counter, me):  # fmt: skip
+              counter, me):  # fmt: skip
         """The units thread ``me`` takes; see :func:`bands`."""
         rb, oh, wph, nchunk, o_, kg_, cg_, out0, pg, w0, i0, isz, ow = geom[0], geom[1], \
             geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8], geom[9], \
@@ -692,26 +691,6 @@ def _make_bands(nv: int, epi: int, drop: bool, blocked: bool = False):
         wstride = kg_ * 4
         plane0 = out0 // pg
         relaid = -1  # the band in this thread's buffer
-        nrel, done = relay[0], 2 + 2 * relay[1]
-        if nrel > 0:  # one band, relaid into one shared buffer: blocks of channels taken as
-            step = (cg_ + nrel - 1) // nrel  # they go, then those not done yet done here too
-            j = 0  # (the same words written twice: no thread waits for another)
-            while j < nrel:
-                k = _take_g(relay[2:done], me)
-                if k < 0:  # every block taken: the next one not done yet, if any
-                    while j < nrel and _add_g(relay, done + j, 0) > 0:
-                        j += 1
-                    k = j
-                    j += 1
-                if k < nrel:
-                    if blocked:
-                        _relay4_g(x, x4w, tmp, xoff, hw, ci, geo, flip, u0, k * step,
-                                  min(cg_, (k + 1) * step), 0)  # fmt: skip
-                    else:
-                        _relay_g(x, x4w, tmp, xoff, hw, ci, geo, flip, u0, k * step,
-                                 min(cg_, (k + 1) * step), 0)  # fmt: skip
-                    _add_g(relay, done + k, 1)
-            relaid = 0
         while True:
             u = _take_g(counter, me)
             if u < 0:
@@ -805,7 +784,7 @@ def relayout_blocked(src, dst, hw: int, to_blocked: bool, b0: int, b1: int) -> N
 
 
 def bands(vecs, epi, drop, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, w, init, out, q, geom,
-          src8, dst8, relay, counter, me) -> None:  # fmt: skip
+          src8, dst8, counter, me) -> None:  # fmt: skip
     """Thread ``me``'s share of one group of one sample computed by bands of output rows,
     with tiles of ``vecs`` vectors of positions: the units it takes from ``counter``
     (:func:`megbrain.kernels.tiled_jit.take_unit`), unit ``u`` being band ``u // chunks``
@@ -819,16 +798,10 @@ def bands(vecs, epi, drop, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, w, init
     ``out`` (``OH WPh``), the packed filter's first byte, ``init``'s first index, ``out``'s
     item size, OW, then each k group's byte offset into the band's buffer. No unit waits for
     another's: a layer is one hand-off to the pool, and a thread the OS holds back delays
-    only the unit it has. ``relay`` (int64): ``NB``, the threads ``T``, a ``(next, end)``
-    pair of blocks per thread as ``counter`` has units, then a done count per block; with
-    ``NB`` > 0 (one band, chunks of channels), ``x4w`` / ``x4`` are one buffer for every
-    thread, relaid first in ``NB`` blocks of channels the threads take as they go (each its
-    own range first: the channels it wrote in a layer split the same way), each thread then
-    doing again any block not yet marked done (the same words) before its tiles: the
-    relayout is split, and no thread waits for another."""
+    only the unit it has."""
     bands_kernel(vecs, epi, drop)(x, x4w, tmp, int(xoff), hw, int(ci), geo, np.uint8(flip),
-                                  int(u0), x4, w, init, out, q, geom, src8, dst8, relay,
-                                  counter, int(me))  # fmt: skip
+                                  int(u0), x4, w, init, out, q, geom, src8, dst8, counter,
+                                  int(me))  # fmt: skip
 
 
 def bands_kernel(vecs: int, epi: int, drop: bool, blocked: bool = False):
