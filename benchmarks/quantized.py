@@ -39,7 +39,7 @@ int8 (target: >= 1.0; higher is better for megbrain).
 
     python benchmarks/quantized.py [--models resnet18,mobilenet_v2] [--threads 2] [--rounds R]
         [--size 224] [--profile [--top N]] [--nodes] [--layers]
-        [--layout auto|use_nchw88|use_nchw4]
+        [--layout auto|use_nchw88|use_nchw4] [--scaling [--wait S]]
 
 ``--layout`` forces the layout flag of both megbrain graphs (default: ``load_inference``'s
 choice, :func:`megbrain.gopt.nchw4.layout_flag`).
@@ -52,7 +52,12 @@ in each of :data:`LAYER_FORMS`: NCHW split once by bands of output rows
 (``quantized.VNNI_BANDS``), NCHW split per phase as before, and NCHW4 by bands (the layout
 of ``use_nchw4``), interleaved in one process: the wall time of a call (min and median of
 the rounds) and its CPU time summed over the threads that ran it (min; the work the call
-does, readable on a loaded machine where the wall times are not).
+does, readable on a loaded machine where the wall times are not). ``--scaling`` times each
+distinct convolution (dense and depthwise) alone at one thread and at ``--threads``, in
+bursts taken only while no other task is runnable on the host (``--rounds`` bursts a layer,
+waiting at most ``--wait`` seconds; ``--wait 0``: ungated, for a process that outranks the
+host's others): on a shared machine the pool's thread otherwise rarely has a core, and a
+two-thread time says nothing.
 """
 
 from __future__ import annotations
@@ -452,9 +457,21 @@ def main(argv=None) -> list[dict]:
                     help="the layout flag of both megbrain graphs (auto: load_inference's)")
     ap.add_argument("--layers", action="store_true",
                     help="the dense convolutions alone, NCHW (bands, phases) and NCHW4")
+    ap.add_argument("--scaling", action="store_true",
+                    help="each convolution alone at 1 and --threads threads, in idle windows")
+    ap.add_argument("--wait", type=float, default=600.0,
+                    help="--scaling: the longest wait for idle windows, s (0: no gate)")
     args = ap.parse_args(argv)
     global LAYOUT
     LAYOUT = None if args.layout == "auto" else args.layout
+    if args.scaling:
+        _limit_threads(args.threads)
+        for name in args.models.split(","):
+            net = BUILDERS[name](np.random.default_rng(0), args.size)
+            print_scaling(name, scaling_times(net, args.threads, args.rounds, wait_s=args.wait),
+                          args.threads)  # fmt: skip
+            print(f"load average {os.getloadavg()[0]:.2f}")
+        return []
     if args.layers:
         _limit_threads(args.threads)
         for name in args.models.split(","):
@@ -693,11 +710,11 @@ def _blocked(a: np.ndarray) -> np.ndarray:
 
 
 def _bind_layer(cin: int, size: int, cout: int, k: int, stride: int, threads: int, form: str,
-                log: list):  # fmt: skip
+                log: list, depthwise: bool = False):  # fmt: skip
     """A ConvBias RELU into QuantizedS8 (random operands, a constant filter) bound for
-    ``threads`` threads in ``form`` (:data:`LAYER_FORMS`); each split's parts append
-    ``(thread, thread CPU ns)`` to ``log``. Returns the step and a function reading its
-    output in NCHW."""
+    ``threads`` threads in ``form`` (:data:`LAYER_FORMS`; a ``depthwise`` one, ``cout`` =
+    ``cin`` groups, "bands": the NCHW kernels); each split's parts append ``(thread, thread
+    CPU ns)`` to ``log``. Returns the step and a function reading its output in NCHW."""
     from megbrain.kernels import parallel
     from megbrain.kernels.conv import nchw4, quantized
     from megbrain.kernels.conv.constant_operands import constant_filter
@@ -705,7 +722,8 @@ def _bind_layer(cin: int, size: int, cout: int, k: int, stride: int, threads: in
     rng = np.random.default_rng(0)
     q8, q32 = mgb.dtype.qint8, mgb.dtype.qint32
     x = rng.integers(-128, 128, (1, cin, size, size), np.int8).view(q8(0.05))
-    w = rng.integers(-128, 128, (1, cout, cin, k, k), np.int8).view(q8(0.01))
+    w = rng.integers(-128, 128, (cin, 1, 1, k, k) if depthwise else (1, cout, cin, k, k),
+                     np.int8).view(q8(0.01))  # fmt: skip
     b = rng.integers(-1000, 1000, (1, cout, 1, 1), np.int32).view(q32(0.0005))
     side = (size + 2 * (k // 2) - k) // stride + 1
     y = np.empty((1, cout, side, side), np.int8).view(q8(0.3))
@@ -779,6 +797,77 @@ def layer_times(net: Net, threads: int, rounds: int, calls: int = 20) -> list[tu
         out.append((shape, {key: (min(walls[key]), statistics.median(walls[key]),
                                   min(cpus[key])) for key in steps}))  # fmt: skip
     return out
+
+
+def _runnable_others() -> int:
+    """Tasks runnable on the host now besides the one reading (``/proc/loadavg``)."""
+    with open("/proc/loadavg") as f:
+        return int(f.read().split()[3].split("/")[0]) - 1
+
+
+def scaling_times(net: Net, threads: int, bursts: int, calls: int = 10,
+                  wait_s: float = 600.0) -> list[tuple]:  # fmt: skip
+    """``(layer, one-thread min s, threads min s, bursts taken)`` for each distinct
+    convolution of ``net`` (dense and depthwise, ConvBias RELU into QuantizedS8, NCHW), each
+    bound for one thread and for ``threads``: a burst is ``calls`` calls of each, taken only
+    while no other task is runnable on the host (an idle window; its pool thread then has a
+    core), ``bursts`` per layer, the layers in turn; a layer that finds fewer idle windows
+    within ``wait_s`` overall keeps the bursts it got (0: no time). ``wait_s`` = 0 takes
+    every burst at once, ungated (a process of higher priority than the host's others)."""
+    seen, layers = set(), []
+    for op, ins, a in net.nodes:
+        if op == "conv":
+            i = ins[0]
+            dw = a["group"] > 1
+            shape = (net.width[i], net.sizes[i], a["w"].shape[0], a["w"].shape[2], a["stride"],
+                     dw)  # fmt: skip
+            if shape not in seen:
+                seen.add(shape)
+                layers.append(shape)
+    steps = [tuple(_bind_layer(*shape[:5], t, "bands", [], depthwise=shape[5])[0]
+                   for t in (1, threads)) for shape in layers]  # fmt: skip
+    best = [[np.inf, np.inf] for _ in layers]
+    taken = [0] * len(layers)
+    for pair in steps:
+        for step in pair:
+            step()
+    end = time.monotonic() + wait_s if wait_s > 0 else np.inf
+    k = 0
+    while min(taken) < bursts and time.monotonic() < end:
+        time.sleep(0.002)  # (the pool's thread stops polling)
+        if wait_s > 0 and _runnable_others() > 0:
+            continue
+        while taken[k % len(layers)] >= bursts:
+            k += 1
+        j = k % len(layers)
+        for side, step in enumerate(steps[j]):
+            for _ in range(calls):
+                t = time.perf_counter()
+                step()
+                best[j][side] = min(best[j][side], time.perf_counter() - t)
+        taken[j] += 1
+        k += 1
+    return [(shape, *best[j], taken[j]) for j, shape in enumerate(layers)]
+
+
+def print_scaling(name: str, rows: list[tuple], threads: int) -> None:
+    """The table of :func:`scaling_times`, us, ratio = one thread / ``threads`` (> 1: the
+    split pays), and the sums over the layers timed."""
+    print(f"{name}: each distinct convolution alone in idle windows, us (min over the bursts); "
+          f"ratio = 1 thread / {threads} threads")  # fmt: skip
+    print(f"{'layer':34s} {'1 thread':>9s} {f'{threads} threads':>10s} {'ratio':>6s} "
+          f"{'bursts':>6s}")  # fmt: skip
+    s1 = s2 = 0.0
+    for (cin, size, cout, k, stride, dw), t1, t2, n in rows:
+        label = f"{cin}x{size}x{size} -> {cout} {k}x{k}/s{stride}{' depthwise' if dw else ''}"
+        if not n:
+            print(f"{label:34s} {'-':>9s} {'-':>10s} {'-':>6s} {0:6d}")
+            continue
+        s1, s2 = s1 + t1, s2 + t2
+        print(f"{label:34s} {t1 * 1e6:9.1f} {t2 * 1e6:10.1f} {t1 / t2:6.2f} {n:6d}")
+    if s2:
+        print(f"{'the layers timed, summed':34s} {s1 * 1e6:9.1f} {s2 * 1e6:10.1f} "
+              f"{s1 / s2:6.2f}")  # fmt: skip
 
 
 def print_layers(name: str, rows: list[tuple]) -> None:

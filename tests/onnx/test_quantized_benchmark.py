@@ -57,6 +57,21 @@ def test_quantized_benchmark_layers_compares_both_splits(monkeypatch, capsys):
 
 
 @pytest.mark.slow
+def test_quantized_benchmark_scaling_times_every_convolution(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(_BENCHMARKS)
+    import quantized
+
+    # ungated (--wait 0): the bursts are taken whatever the host's load
+    assert quantized.main(["--size", "32", "--rounds", "1", "--threads", "2", "--scaling",
+                           "--wait", "0", "--models", "mobilenet_v2"]) == []  # fmt: skip
+    out = capsys.readouterr().out
+    # the dense and the depthwise layers, each at 1 and 2 threads, and the sums
+    assert "16x16x16 -> 96 1x1/s1" in out
+    assert "96x16x16 -> 96 3x3/s2 depthwise" in out
+    assert "the layers timed, summed" in out
+
+
+@pytest.mark.slow
 def test_quantized_benchmark_runs_in_nchw4_and_nchw(monkeypatch, capsys):
     monkeypatch.syspath_prepend(_BENCHMARKS)
     import quantized
