@@ -227,8 +227,9 @@ def test_the_separable_max_keeps_nan_and_infinities_at_any_tap(sh, sw, pad, end,
        st.integers(0, 1), st.integers(1, 3), st.integers(1, 19), st.integers(0, 2**16))  # fmt: skip
 def test_max_3_wide_at_column_stride_2_equals_the_nchw_pooling(wh, sh, pw, ph, end, blocks,
                                                                  width, seed):  # fmt: skip
-    # the 3x3/s2 poolings' loop (_max3s2_py): any window height and row stride, left and
-    # right edges (padding, ceil mode's end padding), planes of 1-19 columns, NaN at taps
+    # the 3x3/s2 poolings (the separable loop's branch for strides above 1): any window
+    # height and row stride, left and right edges (padding, ceil mode's end padding),
+    # planes of 1-19 columns, NaN at taps
     ph = min(ph, wh - 1)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((2, 8 * blocks, wh + 3, max(width, 3 - 2 * pw))).astype(np.float32)

@@ -12,11 +12,8 @@ area`` in float32, or divided by the in-image tap count in float64), so the valu
 the NCHW pooling's. MAX with windows that overlap along the width (GoogLeNet's 3x3/s1 branch
 poolings, the 3x3/s2 ceil-mode ones of GoogLeNet and SqueezeNet) is separable
 (:func:`_max88_py`: the maximum over the window's rows per source column in one pass 16
-lanes wide, then over its columns; 2-2.6 times the tap loop's speed at stride 1); windows 3
-columns wide at column stride 2 (the 3x3/s2 poolings) take each output's columns straight
-from the source, the first the last output's (:func:`_max3s2_py`, 2.4-2.5 times the
-separable loop's speed); each maximum one ``max`` instruction and a NaN test
-(:func:`_nanmax`); the
+lanes wide, then over its columns; 2-2.6 times the tap loop's speed at stride 1, 2.5-3
+at 3x3/s2), each maximum one ``max`` instruction and a NaN test (:func:`_nanmax`); the
 order of the taps does not change a maximum (NaN propagates either way), so its values
 equal the NCHW pooling's too. The
 ``N * C/8 * OH`` output rows are split over threads (planes alone left a 3-plane tensor
@@ -212,7 +209,9 @@ def _max88_py(x, y, geo, lo, hi):  # pragma: no cover - compiled
                     m = _nanmax(buf[np.uintp(e)], buf[np.uintp(e + _CB)])
                     y[np.uintp(dst + e)] = _nanmax(m, buf[np.uintp(e + 2 * _CB)])
                 continue
-            if sw > 1:  # each output's columns alone (the windows share few)
+            if sw > 1:  # each output's columns alone, into a vector of the stack: 2.3-2.8
+                # times as fast on the 3x3/s2 poolings as each output's maximum stored
+                # straight from three loads of the buffer
                 for j in range(j1 - j0):
                     s0 = j * sw * _CB
                     for c in range(_CB):
@@ -234,70 +233,6 @@ def _max88_py(x, y, geo, lo, hi):  # pragma: no cover - compiled
                     hb[np.uintp(e)] = _nanmax(hb[np.uintp(e)], v)
             for e in range(nh):
                 y[np.uintp(dst + e)] = hb[np.uintp(e)]
-
-
-def _column_max(x, s, rows, row, acc):  # pragma: no cover - compiled
-    """``acc`` = the maximum over ``rows`` source rows (``row`` values apart) of the
-    position at flat offset ``s`` (8 lanes); a window of 3 or 2 rows in one expression."""
-    if rows == 3:
-        for c in range(_CB):
-            acc[c] = _nanmax(_nanmax(x[np.uintp(s + c)], x[np.uintp(s + row + c)]),
-                             x[np.uintp(s + 2 * row + c)])  # fmt: skip
-    elif rows == 2:
-        for c in range(_CB):
-            acc[c] = _nanmax(x[np.uintp(s + c)], x[np.uintp(s + row + c)])
-    else:
-        for c in range(_CB):
-            acc[c] = x[np.uintp(s + c)]
-        for a in range(1, rows):
-            for c in range(_CB):
-                acc[c] = _nanmax(acc[c], x[np.uintp(s + a * row + c)])
-
-
-def _max3s2_py(x, y, geo, lo, hi):  # pragma: no cover - compiled
-    """MAX pooling of output rows ``[lo, hi)`` (as :func:`_max88_py`, the same operands) for
-    windows 3 columns wide at column stride 2 (any height and row stride: the 3x3/s2 poolings
-    of ResNet, GoogLeNet and SqueezeNet), each output straight from the source, 8 lanes in
-    registers: the maximum over the window's rows of its 3 columns, the first of them the
-    last of the output before (no buffer written and read again: 2.4-2.5 times
-    :func:`_max88_py`'s speed on one core). The outputs whose window crosses the image's
-    left or right edge take their in-image columns one by one."""
-    wh, ww, sh, sw, ph, pw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
-    h_, w_, oh_, ow_ = geo[6], geo[7], geo[8], geo[9]
-    prev = carray(stack_tile(_CB, np.float32), _CB)  # noqa: F821 - bound by _compiled
-    mid = carray(stack_tile(_CB, np.float32), _CB)  # noqa: F821
-    last = carray(stack_tile(_CB, np.float32), _CB)  # noqa: F821
-    row = w_ * _CB
-    jlo = min(ow_, (pw + 1) // 2)  # the outputs whose 3 columns lie inside: [jlo, jhi)
-    jhi = max(jlo, min(ow_, (w_ - 3 + pw) // 2 + 1))
-    for k in range(lo, hi):
-        p = k // oh_
-        i = k - p * oh_
-        h0, a0, a1 = _window(i, sh, ph, h_, wh)
-        rows = a1 - a0
-        top = (p * h_ + h0 + a0) * row
-        out = k * ow_ * _CB
-        for j in range(ow_):
-            if j == jlo and jlo < jhi:  # the inside outputs, each reusing its first column
-                _column_max(x, top + (2 * j - pw) * _CB, rows, row, prev)
-                for jj in range(jlo, jhi):
-                    s = top + (2 * jj - pw) * _CB
-                    _column_max(x, s + _CB, rows, row, mid)
-                    _column_max(x, s + 2 * _CB, rows, row, last)
-                    for c in range(_CB):
-                        y[np.uintp(out + jj * _CB + c)] = _nanmax(_nanmax(prev[c], mid[c]),
-                                                                  last[c])  # fmt: skip
-                        prev[c] = last[c]
-            if jlo <= j < jhi:
-                continue
-            w0, b0, b1 = _window(j, sw, pw, w_, ww)  # an edge output: its in-image columns
-            _column_max(x, top + (w0 + b0) * _CB, rows, row, prev)
-            for b in range(b0 + 1, b1):
-                _column_max(x, top + (w0 + b) * _CB, rows, row, mid)
-                for c in range(_CB):
-                    prev[c] = _nanmax(prev[c], mid[c])
-            for c in range(_CB):
-                y[np.uintp(out + j * _CB + c)] = prev[c]
 
 
 @functools.cache
@@ -331,21 +266,6 @@ def _compiled_max():
     return tiled_jit.compile_tiled(
         _max88_py, [t.void(flat.copy(readonly=True), flat, geo, t.int64, t.int64)]
     )
-
-
-@functools.cache
-def _compiled_max3s2():
-    """:func:`_max3s2_py` compiled for float32 (a read-only flat source)."""
-    global _column_max
-    _compiled_max()  # binds the intrinsics, ``_window`` and ``_nanmax``
-    flat, i8 = t.Array(t.float32, 1, "C"), t.int64
-    acc = t.Array(t.float32, 1, "C")
-    _column_max = tiled_jit.compile_tiled(_column_max, [t.void(flat.copy(readonly=True), i8,
-                                                               i8, i8, acc)],
-                                          inline="always")  # fmt: skip
-    geo = t.Array(t.int64, 1, "C", readonly=True)
-    return tiled_jit.compile_tiled(_max3s2_py, [t.void(flat.copy(readonly=True), flat, geo, i8,
-                                                       i8)])  # fmt: skip
 
 
 def pool_nchw88_shape(src: Sequence[int], window, stride, pad,
@@ -427,8 +347,7 @@ def bind_pooling_nchw88(src: np.ndarray, out: np.ndarray, mode: str, window, str
     if mode == "MAX" and stride[1] < window[1] <= _MAX_COLS:
         geo = np.array([*window, *stride, *pad, *src.shape[2:4], *out.shape[2:4]], np.int64)
         geo.flags.writeable = False
-        loop = _compiled_max3s2() if (window[1], stride[1]) == (3, 2) else _compiled_max()
-        fn = functools.partial(loop, x4.reshape(-1), y4.reshape(-1), geo)
+        fn = functools.partial(_compiled_max(), x4.reshape(-1), y4.reshape(-1), geo)
     else:
         geo = np.array([*window, *stride, *pad], np.int64)
         geo.flags.writeable = False
