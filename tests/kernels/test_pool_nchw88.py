@@ -246,13 +246,3 @@ def test_max_3_wide_at_column_stride_2_equals_the_nchw_pooling(wh, sh, pw, ph, e
     np.testing.assert_array_equal(conv_nchw88.to_nchw(out),
                                   _pool_nchw(padded, "MAX", *geometry))  # fmt: skip
 
-
-def test_the_3x3_s2_max_allocates_nothing_per_run(monkeypatch):
-    x = np.random.default_rng(6).standard_normal((1, 16, 27, 27)).astype(np.float32)
-    src = _to88(x)
-    geometry = ((3, 3), (2, 2), (0, 0), (1, 1))
-    out = np.empty(pool88.pool_nchw88_shape(src.shape, *geometry), np.float32)
-    monkeypatch.setattr(parallel, "num_threads", lambda: 1)
-    fn = pool88.bind_pooling_nchw88(src, out, "MAX", *geometry)
-    fn()
-    assert_allocates_nothing(fn)
