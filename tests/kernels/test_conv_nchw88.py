@@ -517,11 +517,13 @@ def test_bands_of_small_planes_match_float64_and_one_thread(side, icg, ocg, g, n
 @pytest.mark.parametrize(
     "ocg, icg, sshape, stride",
     [(32, 48, (7, 7), 1), (48, 16, (14, 14), 1), (40, 24, (5, 14), 1), (112, 8, (3, 7), 1),
-     (64, 40, (14, 14), 2), (32, 16, (9, 14), 1), (32, 24, (5, 28), 1), (64, 16, (56, 56), 2)],
+     (64, 40, (14, 14), 2), (32, 16, (9, 14), 1), (32, 24, (5, 28), 1), (64, 16, (56, 56), 2),
+     (64, 16, (13, 13), 1), (48, 24, (4, 27), 1)],
 )  # fmt: skip
 def test_row_tiles_equal_tiles_of_p_positions_bit_for_bit(monkeypatch, ocg, icg, sshape, stride):
-    # rows of 7 or 14 output positions (AVX-512's wide units) in tiles of their own: the
-    # same sums as the tiles of P plane positions, the bias, z and ReLU on the way
+    # rows of 7, 13, 14, 27 (14 + 13) or 28 output positions (AVX-512's wide units) in tiles
+    # of their own: the same sums as the tiles of P plane positions, the bias, z and ReLU on
+    # the way
     c = _case(n=2, icg=icg, ocg=ocg, sshape=sshape, stride=(stride, stride), seed=ocg)
     x, w, src, filt = _operands(c)
     rng = np.random.default_rng(1)
@@ -551,6 +553,42 @@ def test_row_tiles_only_where_the_plane_rows_have_a_gap():
     assert conv_nchw88.row_tiles(28, 28, True) == 0
     assert conv_nchw88.row_tiles(56, 57, True) == 0
     assert conv_nchw88.row_tiles(7, 8, False) == 0
+    assert conv_nchw88.row_tiles(13, 14, True) == 13  # SqueezeNet's 13x13 planes
+    assert conv_nchw88.row_tiles(27, 28, True) == 14  # 14 + 13
+    assert conv_nchw88.row_tiles(55, 56, True) == 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from([7, 13, 14, 27, 28]), st.integers(1, 5), st.integers(1, 3),
+       st.integers(1, 4), st.integers(1, 2), st.integers(0, 1), st.sampled_from([1, 3]),
+       st.integers(0, 2**16))  # fmt: skip
+def test_row_tiles_of_any_geometry_equal_the_tiles_of_p(ow, oh, icb, ocu, g, pad, fsize, seed):
+    # the row tiles (7, 13, 14 and 14 + 13 positions) under drawn heights, channel counts
+    # (odd counts of blocks of 16 included), groups, paddings and filter sizes, with the
+    # bias, z and ReLU: bit for bit the tiles of P's sums, within the float64 reference
+    pad = min(pad, fsize // 2)
+    sshape = (oh + fsize - 1 - 2 * pad, ow + fsize - 1 - 2 * pad)
+    c = _case(kind="group" if g > 1 else "dense", g=g, icg=8 * icb, ocg=16 * ocu + 16,
+              sshape=sshape, fshape=(fsize, fsize), pad=(pad, pad), seed=seed)  # fmt: skip
+    assert c["oshape"] == (oh, ow)
+    x, w, src, filt = _operands(c)
+    rng = np.random.default_rng(seed + 1)
+    oc = g * c["ocg"]
+    bias = rng.uniform(-1, 1, oc).astype(np.float32)
+    zn = rng.uniform(-1, 1, (1, oc, oh, ow)).astype(np.float32)
+    real = conv_nchw88.row_tiles
+    outs = []
+    for rule in (lambda ow, wq, wide: 0, real):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(conv_nchw88, "row_tiles", rule)
+            outs.append(_out88(c))
+            name, step = _bind(c, src, filt, outs[-1], epilogue=Epilogue(bias, True),
+                               z=_to88(zn))  # fmt: skip
+            assert name == _direct(c)
+            step()
+    assert np.array_equal(outs[0], outs[1])
+    want = np.maximum(ref_forward(c, x, w) + bias[None, :, None, None] + zn, 0)
+    np.testing.assert_allclose(conv_nchw88.to_nchw(outs[1]), want, rtol=RTOL, atol=ATOL)
 
 
 def test_the_dense_benchmark_runs_and_agrees_with_onnxruntime(benchmark_module, capsys):

@@ -220,3 +220,29 @@ def test_the_separable_max_keeps_nan_and_infinities_at_any_tap(sh, sw, pad, end,
     pool88.bind_pooling_nchw88(src, out, "MAX", *geometry, (end, end))()
     np.testing.assert_array_equal(conv_nchw88.to_nchw(out),
                                   _pool_nchw(padded, "MAX", *geometry))  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(0, 1), st.integers(0, 2),
+       st.integers(0, 1), st.integers(1, 3), st.integers(1, 19), st.integers(0, 2**16))  # fmt: skip
+def test_max_3_wide_at_column_stride_2_equals_the_nchw_pooling(wh, sh, pw, ph, end, blocks,
+                                                                 width, seed):  # fmt: skip
+    # the 3x3/s2 poolings (the separable loop's branch for strides above 1): any window
+    # height and row stride, left and right edges (padding, ceil mode's end padding),
+    # planes of 1-19 columns, NaN at taps
+    ph = min(ph, wh - 1)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, 8 * blocks, wh + 3, max(width, 3 - 2 * pw))).astype(np.float32)
+    x[rng.random(x.shape) < 0.02] = np.nan
+    geometry = ((wh, 3), (sh, 2), (ph, pw))
+    src = _to88(x)
+    try:
+        shape = pool88.pool_nchw88_shape(src.shape, *geometry, (end, end))
+    except ValueError:  # a last window entirely in the padding
+        return
+    padded = np.pad(x, [(0, 0), (0, 0), (0, end), (0, end)], constant_values=-np.inf)
+    out = np.full(shape, 7, np.float32)
+    pool88.bind_pooling_nchw88(src, out, "MAX", *geometry, (end, end))()
+    np.testing.assert_array_equal(conv_nchw88.to_nchw(out),
+                                  _pool_nchw(padded, "MAX", *geometry))  # fmt: skip
+

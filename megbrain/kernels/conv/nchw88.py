@@ -427,10 +427,13 @@ def row_tiles(ow: int, wq: int, wide: bool) -> int:
     consecutive plane positions), for wide units (AVX-512: a tile of 14 positions by 32
     channels is 28 of its 32 registers) whose plane rows have a gap (``wq > ow``), so that
     no tile computes the gap's column: ``ow`` itself where it is one of
-    :data:`.loops.nchw8c.ROW_TILES` (the 7x7 and 14x14 planes), 14 for rows of 28 (two tiles
-    a row: 1.6-2.6% faster than tiles of 12 on the 28x28 3x3 layers of 128 or more input
-    channels on one core, 5% slower on GoogLeNet's 16->32, a 0.08 ms layer). Rows of 56
-    keep the tiles of P (2-4% faster there than four tiles of 14). Rows without a gap (a
+    :data:`.loops.nchw8c.ROW_TILES` (the 7x7, 13x13 and 14x14 planes: SqueezeNet's 13x13
+    3x3 layers 1.08-1.10x as fast as in tiles of 12 on one core, which computed 192
+    positions for 169), 14 for rows of 28 (two tiles a row: 1.6-2.6% faster than tiles of
+    12 on the 28x28 3x3 layers of 128 or more input channels on one core, 5% slower on
+    GoogLeNet's 16->32, a 0.08 ms layer) and of 27 (a tile of 14, then one of 13:
+    SqueezeNet's 32->128 1-2% faster). Rows of 55 and 56 keep the tiles of P (3-6% and 2-4%
+    faster there than tiles of 14 and a last of 13). Rows without a gap (a
     strided pointwise convolution's subsampled plane) keep them too: ResNet's 1x1/s2
     128->256 to 14x14 ran 1.4x as fast so, 256->512 to 7x7 1.08x (one core;
     docs/performance.md)."""
@@ -438,7 +441,7 @@ def row_tiles(ow: int, wq: int, wide: bool) -> int:
         return 0
     if ow in loops.ROW_TILES:
         return ow
-    return loops.ROW_TILES[1] if ow == 2 * loops.ROW_TILES[1] else 0
+    return 14 if ow in (27, 28) else 0
 
 
 def _chunk(taps: int) -> int:

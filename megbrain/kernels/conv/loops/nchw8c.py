@@ -83,9 +83,9 @@ SLACK = 64
 #: the tile's size, bound by _compiled() first, as the tiled_jit intrinsics
 P = _TILE = _WIDE_TILE = None
 #: the positions of the row tiles of wide units (:func:`conv_units_blocked`): a row of a
-#: 7x7 or 14x14 output in one tile, no column of the plane rows' gap computed (tiles of P =
-#: 12 computed 60 positions for a 7x7 plane's 49, 216 for 196)
-ROW_TILES = (7, 14)
+#: 7x7, 13x13 or 14x14 output in one tile, no column of the plane rows' gap computed (tiles
+#: of P = 12 computed 60 positions for a 7x7 plane's 49, 192 for 13x13's 169, 216 for 196)
+ROW_TILES = (7, 13, 14)
 #: the vector width, the side of the blocks the NCHW write-back transposes
 _LANES = None
 stack_tile = fetch_add = fma_tile = transpose_store = add_rows = None
@@ -250,6 +250,9 @@ def _tile_out_py(width, npos):
                 _write_row7(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq,
                             ow)  # fmt: skip
             elif npos == ROW_TILES[1]:
+                _write_row13(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq,
+                             ow)  # fmt: skip
+            elif npos == ROW_TILES[2]:
                 _write_row14(tile, width, out, z, bias, oc0, epi, obase, ohw8, q, qlo, qhi, wq,
                              ow)  # fmt: skip
             else:
@@ -272,7 +275,7 @@ def _write_out_py(npos):
         # the bias add's lanes at a time (a multiple of width): an 8-channel tile's by pairs
         # of positions, as LLVM vectorized a body of 8 lanes across positions, with gathers
         # and scatters of the tile; the index unsigned, as a signed one's wraparound test
-        # gathered the bias. The row tiles' (7 and 14 positions, by 32 channels: their rows
+        # gathered the bias. The row tiles' (7, 13 and 14 positions, by 32 channels: their rows
         # were gathered and scattered too) in explicit vectors, slower for tiles of P
         span = 2 * width if width == CB and npos % 2 == 0 else width
         if epi & 1 and npos in ROW_TILES and width == WIDE:
@@ -407,23 +410,31 @@ def _conv_units_blocked_py(xp, wp, out, z, rb, taps, geom, bias, epi, counter, m
             continue
         r0 = (P - q0) * width  # a tile's sums at rb[(q - q0 + P) width:]
         if rowt and width == WIDE:  # row tiles: each row's OW positions, no gap
+            # rowt 7 or 13: tiles of rowt; 14: tiles of 14, then one of 13 for a rest of 13
+            # (rows of 27: 14 + 13)
+            t14 = ow_n // rowt * rowt if rowt == 14 else 0
             for c0 in range(0, icb_n, chunk):
                 x1, w1, cn = x0 + c0 * cstride, w0 + c0 * wcb, min(chunk, icb_n - c0)
+                mid, more = c0 + chunk < icb_n, c0 > 0
                 for i in range(h0, h1):
                     qa = i * wq
-                    if c0 + chunk < icb_n and rowt == 7:
-                        _row7(xp, x1, wp, w1, cn, cstride, taps, rb, r0, c0 > 0, wsz, qa,
-                              qa + ow_n)  # fmt: skip
-                    elif c0 + chunk < icb_n:
-                        _row14(xp, x1, wp, w1, cn, cstride, taps, rb, r0, c0 > 0, wsz, qa,
-                               qa + ow_n)  # fmt: skip
+                    qb = qa + ow_n
+                    qc = qa + t14  # [qa, qc) in tiles of 14, [qc, qb) of rowt or 13
+                    if mid and rowt == 7:
+                        _row7(xp, x1, wp, w1, cn, cstride, taps, rb, r0, more, wsz, qa, qb)
+                    elif mid:
+                        _row14(xp, x1, wp, w1, cn, cstride, taps, rb, r0, more, wsz, qa, qc)
+                        _row13(xp, x1, wp, w1, cn, cstride, taps, rb, r0, more, wsz, qc, qb)
                     elif rowt == 7:
-                        _row_out7(xp, x1, wp, w1, cn, cstride, taps, rb, r0, c0 > 0, wsz, out,
-                                  z, bias, oc0, epi, obase, ohw8, qa, qa + ow_n, q0, q1, wq,
+                        _row_out7(xp, x1, wp, w1, cn, cstride, taps, rb, r0, more, wsz, out,
+                                  z, bias, oc0, epi, obase, ohw8, qa, qb, q0, q1, wq,
                                   ow_n)  # fmt: skip
                     else:
-                        _row_out14(xp, x1, wp, w1, cn, cstride, taps, rb, r0, c0 > 0, wsz, out,
-                                   z, bias, oc0, epi, obase, ohw8, qa, qa + ow_n, q0, q1, wq,
+                        _row_out14(xp, x1, wp, w1, cn, cstride, taps, rb, r0, more, wsz, out,
+                                   z, bias, oc0, epi, obase, ohw8, qa, qc, q0, q1, wq,
+                                   ow_n)  # fmt: skip
+                        _row_out13(xp, x1, wp, w1, cn, cstride, taps, rb, r0, more, wsz, out,
+                                   z, bias, oc0, epi, obase, ohw8, qc, qb, q0, q1, wq,
                                    ow_n)  # fmt: skip
             continue
         # tiles [q0, qt) read within the planes; one more, from limit - P, ends the unit
@@ -655,9 +666,10 @@ _NOT_FLAT.flags.writeable = False
 _tile = None  # the compiled tiles, bound by _compiled() before compiling the units
 _tile1 = None
 _tile32 = _tile1_32 = _write_out = _tile_out16 = _tile_out32 = _pack_blocked = _inside = None
-_write_one = _write_row7 = _write_row14 = None  # the write-outs of 1 and ROW_TILES positions
+_write_one = _write_row7 = _write_row13 = _write_row14 = None  # of 1 and ROW_TILES positions
 _tile8 = _tile_out8 = _one8 = _one16 = _one32 = None
-_row7 = _row14 = _row_out7 = _row_out14 = None  # the row tiles (ROW_TILES) of wide units
+_row7 = _row13 = _row14 = None  # the row tiles (ROW_TILES) of wide units, and theirs that
+_row_out7 = _row_out13 = _row_out14 = None  # write the output
 _zeros = _pad_row = _hswish = _sigmoid = _silu8 = None
 
 
@@ -667,8 +679,9 @@ def _compiled() -> dict:
     global _LANES
     global _unit, _take, _tile, _tile1
     global _tile32, _tile1_32, _write_out, _tile_out16, _tile_out32, _pack_blocked, _inside
-    global _write_one, _write_row7, _write_row14
-    global _tile8, _tile_out8, _one8, _one16, _one32, _row7, _row14, _row_out7, _row_out14
+    global _write_one, _write_row7, _write_row13, _write_row14
+    global _tile8, _tile_out8, _one8, _one16, _one32, _row7, _row13, _row14
+    global _row_out7, _row_out13, _row_out14
     global _zeros, _pad_row, carray, _hswish, _silu8
 
 
@@ -697,7 +710,7 @@ def _compiled() -> dict:
     _tile = compile_tiled(_tiles_py(OB, P), tiles_sig)
     _tile32 = compile_tiled(_tiles_py(WIDE, P), tiles_sig)
     _tile8 = compile_tiled(_tiles_py(CB, P), tiles_sig[1:])
-    _row7, _row14 = (compile_tiled(_tiles_py(WIDE, k), tiles_sig[1:]) for k in ROW_TILES)
+    _row7, _row13, _row14 = (compile_tiled(_tiles_py(WIDE, k), tiles_sig[1:]) for k in ROW_TILES)
     _tile1_32 = compile_tiled(_tile1_32_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8, i8)])
     _tile1 = compile_tiled(_tile1_py, [t.void(f1, i8, f1, i8, i8, i8, ints, f1, i8)])
     # the bias C-contiguous (the binders copy a strided one at every run): a strided type
@@ -706,8 +719,9 @@ def _compiled() -> dict:
     wo_sig = [t.void(t.CPointer(t.float32), i8, f1, fr, b1, i8, i8, i8, i8, i8, i8, i8, i8, i8)]
     _write_out = compile_tiled(_write_out_py(P), wo_sig, inline="always")
     _write_one = compile_tiled(_write_out_py(1), wo_sig, inline="always")
-    _write_row7, _write_row14 = (compile_tiled(_write_out_py(k), wo_sig, inline="always")
-                                 for k in ROW_TILES)  # fmt: skip
+    _write_row7, _write_row13, _write_row14 = (
+        compile_tiled(_write_out_py(k), wo_sig, inline="always") for k in ROW_TILES
+    )
     out_sig = [t.void(fr, i8, f1, i8, i8, i8, ints, f1, i8, bo, i8, f1, fr, b1, i8, i8, i8, i8,
                       i8, i8, i8, i8, i8, i8)]  # fmt: skip
     _tile_out16 = compile_tiled(_tile_out_py(OB, P), out_sig)
@@ -716,7 +730,8 @@ def _compiled() -> dict:
     _one16 = compile_tiled(_tile_out_py(OB, 1), out_sig)
     _one32 = compile_tiled(_tile_out_py(WIDE, 1), out_sig)
     _one8 = compile_tiled(_tile_out_py(CB, 1), out_sig)
-    _row_out7, _row_out14 = (compile_tiled(_tile_out_py(WIDE, k), out_sig) for k in ROW_TILES)
+    _row_out7, _row_out13, _row_out14 = (compile_tiled(_tile_out_py(WIDE, k), out_sig)
+                                         for k in ROW_TILES)  # fmt: skip
     units = compile_tiled(_conv_units_py, [t.void(f1, f1, f1, f1, ints, ints, b1, i8, ints, i8)])
     # the sources are typed read-only (readonly_view): one signature fits every operand
     x4 = t.Array(t.float32, 4, "A", readonly=True)
