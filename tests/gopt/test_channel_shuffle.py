@@ -215,10 +215,11 @@ def _onnx_two_units(c: int, h: int, expose_middle: bool):
         ]
         src = f"y{u}"
     outs = ["y1", "y0"] if expose_middle else ["y1"]
-    g = helper.make_graph(
-        nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2 * c, h, h])],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)  # fmt: skip
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2 * c, h, h])]
+    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs]
+    g = helper.make_graph(nodes, "m", inputs, outputs, inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return model.SerializeToString()
 
 
 @pytest.mark.parametrize("expose_middle", [False, True])
