@@ -101,7 +101,8 @@ def _run(c, dw_act, act, with_z, constant, threads, monkeypatch):
     monkeypatch.setattr(pointwise88_dw, "MIN_SPLIT_MACS", 0)
     with constant_filter(constant):
         step = pointwise88_dw.bind_depthwise_pointwise88(
-            src, fd, s, p, d, _epilogue(dw_act, bd), fp, out, _epilogue(act, bp), z, c["flip"])
+            src, fd, s, p, d, _epilogue(dw_act, bd), fp, out, _epilogue(act, bp), z, c["flip"]
+        )
         _, a = conv_nchw88.bind_nchw88_forward(src, fd, mid, s, p, d, c["flip"], group=True,
                                                epilogue=_epilogue(dw_act, bd))  # fmt: skip
         _, b = conv_nchw88.bind_nchw88_forward(mid, fp, ref, (1, 1), (0, 0), (1, 1),
@@ -132,8 +133,9 @@ def test_the_output_may_share_zs_memory(monkeypatch):
     z = np.random.default_rng(9).uniform(-1, 1, (1, 3, 7, 7, 8)).astype(np.float32)
     want = _want(c, x, wd, bd, wp, bp, conv_nchw88.to_nchw(z).astype(np.float64), "RELU", "none")
     monkeypatch.setattr(pointwise88_dw, "MIN_SPLIT_MACS", 0)
-    step = pointwise88_dw.bind_depthwise_pointwise88(src, fd, (1, 1), (1, 1), (1, 1),
-                                                     _epilogue("RELU", bd), fp, z, None, z)
+    step = pointwise88_dw.bind_depthwise_pointwise88(
+        src, fd, (1, 1), (1, 1), (1, 1), _epilogue("RELU", bd), fp, z, None, z
+    )
     step()
     np.testing.assert_allclose(conv_nchw88.to_nchw(z), want, rtol=RTOL, atol=ATOL)
 

@@ -68,10 +68,11 @@ def _rows(oh: int, ow: int, nthreads: int) -> int:
     return max(1, min(oh, 64 // max(1, ow)))
 
 
-def bind_depthwise_pointwise88(src: np.ndarray, dw_filt: np.ndarray, stride, pad, dilate,
-                               dw_epilogue: Epilogue | None, pw_filt: np.ndarray,
-                               out: np.ndarray, epilogue: Epilogue | None = None,
-                               z: np.ndarray | None = None, flip: bool = False) -> Step:  # fmt: skip
+def bind_depthwise_pointwise88(
+    src: np.ndarray, dw_filt: np.ndarray, stride, pad, dilate, dw_epilogue: Epilogue | None,
+    pw_filt: np.ndarray, out: np.ndarray, epilogue: Epilogue | None = None,
+    z: np.ndarray | None = None, flip: bool = False,
+) -> Step:  # fmt: skip
     """Bind ``out = act(conv1x1(dwact(dwconv(src) + dwbias)) + bias + z)``
     (:func:`usable` must hold).
 
