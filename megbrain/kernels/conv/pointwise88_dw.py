@@ -102,10 +102,8 @@ def bind_depthwise_pointwise88(
     Step
         The callable computing ``out``.
     """
-    n, cbn, h, w, _ = src.shape
-    oh, ow = out.shape[2:4]
+    (n, cbn, h, w, _), (_, ocb8, oh, ow, _) = src.shape, out.shape
     fh, fw = dw_filt.shape[3:5]
-    ocb8 = out.shape[1]
     k, oc = cbn * pw_loops.CB, ocb8 * pw_loops.CB
     steps: list[Step] = []
     x = dw88._readonly(dw88._contiguous(src, steps))
