@@ -61,10 +61,12 @@ def usable(src: np.ndarray, dw_filt: np.ndarray, pw_filt: np.ndarray, out: np.nd
 
 
 def _rows(oh: int, ow: int, nthreads: int) -> int:
-    """Output rows a unit takes: one row of a small plane (units enough for the threads),
-    else about 64 positions (the 1x1 tiles' rows of a band, the scratch in L1/L2)."""
-    if nthreads > 1 and oh <= 16:
-        return 1
+    """Output rows a unit takes: a small plane's (at most 16 rows) in one band a thread
+    (each unit reads the whole 1x1 filter: a 7x7 plane in units of one row read it 7
+    times, units of 4 rows twice, for the same busiest thread's 4 rows), a larger one's in
+    bands of about 64 positions (the scratch in L1/L2)."""
+    if oh <= 16:
+        return -(-oh // nthreads)
     return max(1, min(oh, 64 // max(1, ow)))
 
 
