@@ -45,6 +45,7 @@ PRESET: list[str] = [
     "fuse_preactivation",  # jit.py: a scale, shift and ReLU into the 1x1 ConvBias reading it
     "jit_fusion",  # jit.py
     "fuse_conv_bias_tail",  # jit.py: a ConvBias and its ReLU6/SiLU JITExecutor, one operator
+    "fuse_depthwise_pointwise",  # nchw88.py: a depthwise ConvBias and the 1x1 one reading it
     "fuse_matmul_tail",  # linear.py: a BatchedMatrixMul and its bias and GELU, one operator
     "fuse_matmul_residual",  # linear.py: a block's layer scale and shortcut in its last product
     "fuse_layer_norm",  # linear.py: a LayerNorm's reductions and elementwise tail, one operator

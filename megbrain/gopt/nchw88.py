@@ -28,9 +28,11 @@ the same order in both layouts: it goes either way by a reshape.
 
 Not converted (they stay NCHW, behind a relayout): all other operators.
 
-Two compile-time passes live here too: ``fuse_pool_end_padding`` (ceil mode's padding into
-the NCHW88 max pooling) and ``fuse_channel_shuffle`` (ShuffleNet's concatenation and channel
-shuffle as one ChannelShuffleConcat whose producers write their parts in place).
+Three compile-time passes live here too: ``fuse_pool_end_padding`` (ceil mode's padding into
+the NCHW88 max pooling), ``fuse_channel_shuffle`` (ShuffleNet's concatenation and channel
+shuffle as one ChannelShuffleConcat whose producers write their parts in place) and
+``fuse_depthwise_pointwise`` (a depthwise ConvBias and the 1x1 one reading it as one
+SeparableConvBias).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from ..graph.replace import dep_oprs
 from ..kernels.pool.nchw88 import pool_nchw88_shape
 from ..opr.base import SymbolVar
 from ..opr.dnn import Convolution
-from ..opr.dnn_conv_bias import ConvBias
+from ..opr.dnn_conv_bias import ConvBias, ConvBiasTail, SeparableConvBias, SeparableConvBiasParam
 from ..opr.dnn_pool import Pooling, PoolingEndPad, PoolingEndPadParam
 from ..opr.indexing import Subtensor, subtensor_getitem
 from ..opr.relayout import RelayoutFormat, relayout_format
@@ -63,6 +65,7 @@ from .passes import Rewriter, VarMap, inherit_props, register_pass
 __all__ = [
     "finish_blocked",
     "fuse_channel_shuffle",
+    "fuse_depthwise_pointwise",
     "fuse_pool_end_padding",
     "keep_nchw",
     "use_nchw88",
@@ -532,3 +535,71 @@ def _all_lowest(var: VarNode) -> bool:
         and value.dtype == np.float32
         and bool(np.all(value == -np.inf))
     )
+
+
+def _separable_parts(pw, readers: dict, external: set):
+    """``(the depthwise ConvBias, its tail)`` when ``pw`` is an NCHW88 float32 dense 1x1
+    stride-1 unpadded ConvBias (its activation one the kernels apply, a per-channel bias)
+    whose source is the output of a channel-wise NCHW88 float32 ConvBias or ConvBiasTail
+    (no ``z``, a per-channel bias) that nothing else reads; else None."""
+    if type(pw) is not ConvBias or pw.extra_deps:
+        return None
+    p, fshape, bshape = pw.param, static_shape(pw.inputs[1]), static_shape(pw.inputs[2])
+    if p.format != "NCHW88" or p.sparse != "DENSE":
+        return None
+    if (p.pad_h, p.pad_w, p.stride_h, p.stride_w) != (0, 0, 1, 1) or fshape is None:
+        return None
+    if tuple(fshape[2:4]) != (1, 1) or p.nonlineMode not in ("IDENTITY", "RELU", "H_SWISH"):
+        return None
+    y = pw.inputs[0]
+    dw = y.owner
+    if type(dw) not in (ConvBias, ConvBiasTail) or dw.extra_deps or len(dw.inputs) != 3:
+        return None
+    if y in external or readers.get(y) != [pw] or any(v is y for v in pw.inputs[1:]):
+        return None
+    q, dshape = dw.param, static_shape(dw.inputs[1])
+    if q.format != "NCHW88" or q.sparse != "GROUP" or dshape is None or len(dshape) != 6:
+        return None
+    if q.nonlineMode not in ("IDENTITY", "RELU", "H_SWISH") or dw.comp_node != pw.comp_node:
+        return None
+    shapes = [static_shape(v) for v in (y, dw.inputs[2])]
+    per_channel = [None if sh is None else (1, sh[1], 1, 1, sh[4]) for sh in shapes[:1]]
+    if shapes[1] is None or tuple(shapes[1]) != per_channel[0] or bshape is None:
+        return None
+    if len(bshape) != 5 or bshape[2:4] != (1, 1):
+        return None
+    if any(v.dtype != _F32 for v in (*pw.inputs, *dw.inputs)):
+        return None
+    return dw, dw.param.tail if type(dw) is ConvBiasTail else ""
+
+
+@register_pass("fuse_depthwise_pointwise")
+def fuse_depthwise_pointwise(graph, dest: list[VarNode]) -> dict:
+    """The compile-time pass (after ``fuse_conv_bias_tail``): a channel-wise NCHW88 float32
+    ConvBias (or ConvBiasTail) whose output only a dense 1x1 stride-1 NCHW88 ConvBias reads,
+    as its source (a mobile net's depthwise layer and projection), becomes one
+    :class:`~megbrain.opr.dnn_conv_bias.SeparableConvBias`, computed by one kernel with the
+    intermediate in each thread's cache (DEPTHWISE_POINTWISE_NCHW88)."""
+    oprs = dep_oprs(dest)
+    readers, external = _readers(graph, oprs, dest)
+    found = {}
+    for o in oprs:
+        parts = _separable_parts(o, readers, external)
+        if parts is not None:
+            found[o] = parts
+
+    if not found:
+        return {}
+
+    def fused(pw, memo: dict) -> tuple[VarNode, VarNode]:
+        dw, tail = found[pw]
+        fields = {f.name: getattr(pw.param, f.name) for f in dataclasses.fields(ConvBias.Param)}
+        dwp = ConvBias.Param(**{f.name: getattr(dw.param, f.name)
+                                for f in dataclasses.fields(ConvBias.Param)})  # fmt: skip
+        param = SeparableConvBiasParam(**fields, dw=dwp, dw_tail=tail or "")
+        ins = [memo.get(v, v) for v in (dw.inputs[0], *pw.inputs[1:], *dw.inputs[1:])]
+        new = SeparableConvBias(ins, param, OperatorNodeConfig(comp_node=pw.comp_node))
+        return pw.outputs[0], graph.insert_opr(new)[0]
+
+    skip = {dw for dw, _ in found.values()}
+    return _sweep(graph, oprs, skip, {pw: fused for pw in found})

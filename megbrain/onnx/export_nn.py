@@ -544,5 +544,7 @@ REFUSED.update(
         "operators) instead",
         "BatchNormTail": "a training BatchNorm and its ReLU or ReLU6 fused when a function is "
         "compiled; export the graph's vars (its BatchNorm and Elemwise operators) instead",
+        "SeparableConvBias": "a depthwise ConvBias and the 1x1 ConvBias reading it fused when "
+        "a function is compiled; export the graph's vars (its two ConvBias operators) instead",
     }
 )

@@ -26,12 +26,13 @@ from ..kernels import workspace
 from ..kernels.conv import epilogue as conv_epilogue
 from ..kernels.conv import nchw4 as conv_nchw4
 from ..kernels.conv import nchw88 as conv_nchw88
+from ..kernels.conv import pointwise88_dw
 from ..kernels.conv import quantized as conv_quantized
 from ..kernels.conv.constant_operands import constant_filter
 from ..kernels.steps import chain
 from ..serialization import sereg
 from . import param_defs as pdefs
-from ._internal import reduce_to_input, sv
+from ._internal import input_is_constant, reduce_to_input, sv
 from .base import SymbolVar, build_opr
 from .basic_arith import elemwise
 from .dnn import (
@@ -57,6 +58,8 @@ __all__ = [
     "ConvBiasPreact",
     "ConvBiasTail",
     "ConvBiasTailParam",
+    "SeparableConvBias",
+    "SeparableConvBiasParam",
     "conv_bias_activation",
     "conv_bias_activation_v1",
 ]
@@ -424,6 +427,93 @@ class ConvBiasPreact(_ConvBiasThroughSource):
         return super().infer_shapes(in_shapes[:-2], in_values)
 
 
+@dataclass(frozen=True)
+class SeparableConvBiasParam(ConvBiasParam):
+    """Param of SeparableConvBias: the 1x1 ConvBias's fields, the depthwise ConvBias's param
+    ``dw`` and its fused ``dw_tail`` ("RELU6", "SILU" or "" for none)."""
+
+    dw: ConvBiasParam | None = None
+    dw_tail: str = ""
+
+
+@register_opr
+class SeparableConvBias(ConvBias):
+    """An NCHW88 channel-wise ConvBias and the dense 1x1 stride-1 ConvBias that alone reads
+    it, ``act(conv1x1(dwtail(dwact(dwconv(src) + dwbias))) + bias [+ z])``: inputs ``src,
+    filter, bias[, z]`` of the 1x1 layer (``src`` the depthwise layer's source), then the
+    depthwise ``filter`` (C/8, 1, 1, FH, FW, 8) and per-channel ``bias``.
+
+    Made at compile time by the ``fuse_depthwise_pointwise`` pass (:mod:`megbrain.gopt.nchw88`),
+    never by a user and never written to a graph file (the reference has no such operator):
+    DEPTHWISE_POINTWISE_NCHW88 computes both layers in one kernel, the intermediate in each
+    thread's scratch (:mod:`megbrain.kernels.conv.pointwise88_dw`); where it does not apply
+    the two layers run one after the other through a workspace."""
+
+    type_name = "SeparableConvBias"
+    short_name = "separable_conv_bias"
+    Param = SeparableConvBiasParam
+
+    def default_name(self):
+        return f"{super().default_name()}+dw"
+
+    def _dw_shape(self, src: tuple, filt: tuple) -> tuple:
+        p = self.param.dw
+        try:
+            return conv_nchw88.nchw88_geometry(src, filt, True, p.stride, p.pad,
+                                               p.dilate).out_shape  # fmt: skip
+        except ValueError as exc:
+            raise self.error(str(exc)) from None
+
+    def infer_dtypes(self, in_dtypes):
+        if len(in_dtypes) not in (5, 6) or any(d != np.float32 for d in in_dtypes):
+            raise self.error("expected float32 src, filter, bias[, z], dw filter and dw bias")
+        return super().infer_dtypes(in_dtypes[:-2])
+
+    def infer_shapes(self, in_shapes, in_values):
+        if not self._nchw88() or self.param.dw is None:
+            raise self.error("a separable ConvBias is NCHW88, with its depthwise param")
+        mid = self._dw_shape(tuple(in_shapes[0]), tuple(in_shapes[-2]))
+        bias = (1, mid[1], 1, 1, mid[4])
+        if tuple(in_shapes[-1]) != bias:
+            raise self.error(f"dw bias {fmt_shape(tuple(in_shapes[-1]))} must be {fmt_shape(bias)}")
+        return super().infer_shapes([mid, *in_shapes[1:-2]], in_values)
+
+    def bind(self, ins, outs):
+        (fd, bd), ins = ins[-2:], ins[:-2]
+        src, out, z = ins[0], outs[0], ins[3] if len(ins) == 4 else None
+        p, dwp = self.param, self.param.dw
+        steps = []
+        if not bd.flags.c_contiguous:  # read at every run: copied at every run
+            kept = workspace.empty(bd.shape, bd.dtype)
+            steps.append(functools.partial(np.copyto, kept, bd))
+            bd = kept
+        tail = dwp.nonlineMode, self.param.dw_tail
+        dw_epi = conv_epilogue.Epilogue(bd.reshape(-1), tail[0] == "RELU", tail[0] == "H_SWISH",
+                                        tail[1] == "RELU6", tail[1] == "SILU")  # fmt: skip
+        epi = self._nchw88_epilogue(p.nonlineMode, ins[2], out)
+        constant = self._filter_is_constant() and input_is_constant(self, len(self.inputs) - 2)
+        if epi is not None and pointwise88_dw.usable(src, fd, ins[1], out):
+            with constant_filter(constant):
+                step = pointwise88_dw.bind_depthwise_pointwise88(
+                    src, fd, dwp.stride, dwp.pad, dwp.dilate, dw_epi, ins[1], out, epi, z,
+                    dwp.flip)  # fmt: skip
+            self.chosen_algorithm = pointwise88_dw.ALGORITHM
+            return chain([*steps, step])
+        mid = workspace.empty(self._dw_shape(src.shape, fd.shape), src.dtype)
+        with constant_filter(constant):
+            _, dw_step = conv_nchw88.bind_nchw88_forward(src, fd, mid, dwp.stride, dwp.pad,
+                                                         dwp.dilate, dwp.flip, group=True,
+                                                         epilogue=dw_epi)  # fmt: skip
+        return chain([*steps, dw_step, super().bind([mid, *ins[1:]], outs)])
+
+    def inplace_input(self):
+        return None
+
+    def grad(self, wrt_idx, out_grads):
+        raise self.error("a separable ConvBias has no gradient (made at compile time)",
+                         NoGradient)  # fmt: skip
+
+
 @_conv_params(("param", "ConvBias"), *_POLICY)
 def conv_bias_activation(
     src, filter, bias, *, nonlineMode="IDENTITY", param=None, dtype=None, name=None,
@@ -480,3 +570,5 @@ sereg.register_fused(ConvBiasGated,
                      lambda opr: "ConvBias with a fused squeeze-and-excitation gate")  # fmt: skip
 sereg.register_fused(ConvBiasPreact,
                      lambda opr: "ConvBias with a fused pre-activation scale, shift and ReLU")
+sereg.register_fused(SeparableConvBias,
+                     lambda opr: "a depthwise ConvBias and the 1x1 one reading it")  # fmt: skip
