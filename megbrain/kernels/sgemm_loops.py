@@ -307,7 +307,7 @@ def _gemm_py(R: int, NB: int):
 
     def gemm(a, sa, b, sb, c, geom, ap, bp):  # pragma: no cover - compiled
         # geom: M, N, K, C0, LDC, ACC (add to C), MC, KC, NC (the cache blocks), PACKED (``bp``
-        # holds all of B's panels, each (K, NR): B is not read)
+        # holds all of B's panels, each of PACKED >= K rows, NR apart: B is not read)
         m, n, k, c0, ldc, acc = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5]
         bm, bk, bn, packed = geom[6], geom[7], geom[8], geom[9]
         # rows of ``a`` contiguous along k are read in place (no packing), unless their
@@ -320,7 +320,7 @@ def _gemm_py(R: int, NB: int):
                 # panel q of this block at bp[b0 + q kc0 + b1 q / NR], its rows NR apart
                 b0, kc0, b1 = 0, kc, 0
                 if packed != 0:
-                    b0, kc0, b1 = jc * k + pc * NR, 0, k * NR
+                    b0, kc0, b1 = jc * packed + pc * NR, 0, packed * NR
                 else:
                     for q in range(0, nc, NR):
                         panel(NR, b, (jc + q) * sb[1] + pc * sb[0], sb[1], sb[0], kc, bp,
@@ -401,7 +401,9 @@ def compiled_gemm(R: int, NB: int):
     ``c``, the int64 geometry ``(M, N, K, C0, LDC, ACC, MC, KC, NC, PACKED)`` (``ACC``
     nonzero: add the product to ``C``; ``MC`` a multiple of ``R``, ``NC`` of ``16 NB``;
     ``PACKED`` nonzero: ``bp`` holds all of ``B``'s panels as :func:`compiled_pack` writes
-    them, ``b`` is not read) and the packing buffers (:func:`pack_sizes`). Allocates
+    them for a matrix of ``PACKED >= K`` rows, ``B`` its first ``K`` (``bp`` a view from a
+    later row gives a later range), ``b`` is not read) and the packing buffers
+    (:func:`pack_sizes`). Allocates
     nothing; releases the GIL."""
     return _compiled(int(R), int(NB))
 

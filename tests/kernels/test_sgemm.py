@@ -179,6 +179,26 @@ def test_packed_operand_against_float64(m, n, k, oa, ob, acc, seed):
     _assert_product(a, b, out, start)
 
 
+@settings(max_examples=15, deadline=None)
+@given(m=_dims, n=_dims, k=_dims, extra=st.integers(0, 300), seed=st.integers(0, 99))
+def test_packed_operand_row_ranges_against_float64(m, n, k, extra, seed):
+    # a range of rows [first, first + k) of a taller packed matrix (the filter gradient's
+    # taps): the panels' rows apart by the packed matrix's rows, not the product's k
+    rng = np.random.default_rng(seed)
+    first = int(rng.integers(0, extra + 1))
+    tall = _operand(rng, k + extra, n, "C")
+    panels = np.full(sgemm.packed_size(k + extra, n), np.nan, np.float32)
+    sgemm.bind_pack(tall, panels)()
+    a = _operand(rng, m, k, "C")
+    out = np.full((m, n), np.nan, np.float32)
+    ap = np.full(sgemm.product_buffer_size(m, k), np.nan, np.float32)
+    sgemm.bind_packed_product(a, panels, n, out, False, ap, rows=k + extra, first=first)()
+    _assert_product(a, tall[first : first + k], out, None)
+    with pytest.raises(ValueError, match="rows"):
+        sgemm.bind_packed_product(a, panels, n, out, False, ap, rows=k + extra,
+                                  first=extra + 1)  # fmt: skip
+
+
 def test_packed_operand_refuses_bad_buffers():
     a, b = np.ones((5, 4), np.float32), np.ones((4, 3), np.float32)
     small = np.empty(sgemm.packed_size(4, 3) - 1, np.float32)

@@ -17,6 +17,20 @@ in a fixed order, whatever the threads.
 
 A stride-1 backward data with a "same" padding is this forward convolution of ``diff`` with
 the transposed, flipped filter (:mod:`.bwd_data`'s AS_FORWARD_CONV).
+
+The filter gradient (TAPWISE_SGEMM of the backward_filter kind, :func:`bind_tapwise_filter`)
+is the same sum per tap: ``grad_tap (C, OC) = sum over the positions p inside the image of
+x[p + tap] dy[p]^T``. ``diff`` is copied to ``(OH, OW, N, OC)`` and packed once into the
+GEMM's panels (a ``(OH OW N, OC)`` matrix); the source is copied to ``(C, H W N)`` rows.
+Per tap and output row, the positions ``(j, n)`` whose source lies inside the image are one
+run of the source's row (the left operand, read in place) and one run of the packed rows
+(:func:`sgemm.bind_packed_product`'s ``first``); a tap over whole rows (the middle column of
+a "same" padding) takes all its rows in one product. Each tap's products add into its ``(C,
+OC)`` matrix in a fixed order (the first stores), the threads on disjoint panels of output
+channels (or rows of input channels, where there are fewer panels than threads), and one
+pass puts the ``(T, C, OC)`` matrices into the ``(OC, C, FH, FW)`` gradient. Against
+IM2COL_GEMM_BLOCKED: no column matrix (nine copies of the source) and no products over the
+padding.
 """
 
 from __future__ import annotations
@@ -32,8 +46,9 @@ from .common import _geometry
 from .loops import tapwise as loops
 from .registry import ConvAlgorithm, register
 
-__all__ = ["ENABLED", "MAX_POSITIONS", "MIN_CHANNELS", "MIN_ROW_POSITIONS", "bind_tapwise",
-           "tapwise_preferred", "usable_tapwise"]  # fmt: skip
+__all__ = ["ENABLED", "FILTER_MAX_POSITIONS", "MAX_POSITIONS", "MIN_CHANNELS",
+           "MIN_ROW_POSITIONS", "bind_tapwise", "bind_tapwise_filter", "tapwise_filter_preferred",
+           "tapwise_preferred", "usable_tapwise", "usable_tapwise_filter"]  # fmt: skip
 
 _F32 = np.dtype(np.float32)
 #: whether the algorithm is usable at all (off: every convolution binds as before it, to
@@ -50,11 +65,23 @@ MIN_CHANNELS = 64
 MIN_ROW_POSITIONS = 48
 
 
+#: HEURISTIC takes the filter gradient's TAPWISE_SGEMM for output planes of at most this
+#: many positions (with :data:`MIN_CHANNELS` and :data:`MIN_ROW_POSITIONS`): ResNet-18's
+#: batch-32 layers, one thread, CPU ms against IM2COL_GEMM_BLOCKED: 512 at 4x4 19.9 / 30.1,
+#: 256 at 8x8 22.8 / 29.2, 128 at 16x16 26.3 / 27.1, 64 at 32x32 32.8 / 28.8 (the
+#: relayouts 5.7 ms, the products' 64-row tiles 26.4)
+FILTER_MAX_POSITIONS = 256
+
+
 def usable_tapwise(src, filt, out, stride, pad, dilate, flip=False) -> bool:
     """Whether TAPWISE_SGEMM computes this convolution: 2-d, one group, stride and dilation
     1, float32 operands of non-negative strides, and a compiler targeting AVX-512 (the
     GEMM's 16-lane tiles)."""
-    geo = _geometry("forward", src, filt, out, stride, pad, dilate)
+    return _usable("forward", src, filt, out, stride, pad, dilate)
+
+
+def _usable(kind, src, filt, out, stride, pad, dilate) -> bool:
+    geo = _geometry(kind, src, filt, out, stride, pad, dilate)
     if not ENABLED or geo.nsp != 2 or geo.g != 1 or any(s != 1 for s in geo.stride) or any(
             d != 1 for d in geo.dilate) or geo.n == 0 or geo.l == 0:  # fmt: skip
         return False
@@ -153,6 +180,122 @@ def bind_tapwise(src, filt, out, stride, pad, dilate, flip=False) -> Callable[[]
     return chain(steps)
 
 
+def usable_tapwise_filter(src, diff, grad, stride, pad, dilate, flip=False) -> bool:
+    """Whether :func:`bind_tapwise_filter` computes this filter gradient: as
+    :func:`usable_tapwise` (``grad`` the written operand)."""
+    return _usable("backward_filter", src, diff, grad, stride, pad, dilate)
+
+
+def tapwise_filter_preferred(src, diff, grad, stride, pad, dilate, flip=False) -> bool:
+    """The heuristic: output planes of at most :data:`FILTER_MAX_POSITIONS` positions, else
+    as :func:`tapwise_preferred`."""
+    geo = _geometry("backward_filter", src, diff, grad, stride, pad, dilate)
+    return geo.l <= FILTER_MAX_POSITIONS and min(geo.icg, geo.ocg) >= MIN_CHANNELS and \
+        geo.n * geo.oshape[-1] >= MIN_ROW_POSITIONS
+
+
+def bind_tapwise_filter(src, diff, grad, stride, pad, dilate, flip=False) -> Callable[[], None]:
+    """Backward filter TAPWISE_SGEMM (the module's docstring); operands as
+    :func:`megbrain.kernels.conv.binds.bind_conv_backward_filter`'s."""
+    if not usable_tapwise_filter(src, diff, grad, stride, pad, dilate, flip):
+        raise ValueError(f"ConvolutionBackwardFilter: TAPWISE_SGEMM needs a 2-d, one-group, "
+                         f"stride-1, undilated float32 convolution on AVX-512; got src "
+                         f"{src.shape} {src.dtype}, diff {diff.shape}, grad {grad.shape}, "
+                         f"stride {stride}, dilate {dilate}")  # fmt: skip
+    geo = _geometry("backward_filter", src, diff, grad, stride, pad, dilate)
+    n, c, oc = geo.n, geo.icg, geo.ocg
+    (fh, fw), (h, w), (oh, ow) = geo.fshape, geo.sshape, geo.oshape
+    nt = parallel.num_threads()
+    steps: list[Step] = []
+
+    # the source as (C, H W N) rows, their stride off multiples of 4 KB (sgemm packs those):
+    # per channel, the (N, H W) plane transposed
+    hwn = h * w * n
+    xt = workspace.empty((c, hwn + (16 if hwn % 1024 == 0 else 0)), _F32)
+    xs = src.reshape(n, c, h * w).swapaxes(0, 1)
+    xd = xt[:, :hwn].reshape(c, h * w, n)
+    steps.append(parallel.split(_partial(loops.transpose_blocks, xs, xd, m0=0, m1=n), c, 1))
+
+    # diff as a (OH OW N, OC) matrix in the GEMM's panels, split over the threads by rows:
+    # per sample, the (OC, OH OW) plane transposed
+    pos = oh * ow * n
+    dm = workspace.empty((pos, oc), _F32)
+    ds = diff.reshape(n, oc, oh * ow)
+    dd = dm.reshape(oh * ow, n, oc).swapaxes(0, 1)
+    steps.append(parallel.split(_partial(loops.transpose_blocks, ds, dd, m0=0, m1=oc), n, 1))
+    nr = sgemm.packed_size(1, 1)
+    panels = workspace.empty((sgemm.packed_size(pos, oc),), _F32)
+    packs = []
+    for k0, k1 in parallel.ranges(pos, nt, 64):
+        packs.append(chain([sgemm.bind_pack(dm[k0:k1, q : q + nr],
+                                            panels[q * pos + k0 * nr : q * pos + k1 * nr])
+                            for q in range(0, oc, nr)]))  # fmt: skip
+    steps.append(parallel.concurrently(packs))
+
+    # per tap, its products into res[:, t] (C, OC) (the flipped tap with ``flip``): whole
+    # panels of output channels to each thread
+    taps = fh * fw
+    res = workspace.empty((c, taps, oc), _F32)
+    npan = -(-oc // nr)
+    if npan >= nt:
+        parts = [(slice(None), slice(lo * nr, min(oc, hi * nr)))
+                 for lo, hi in parallel.ranges(npan, nt)]  # fmt: skip
+    else:
+        r = sgemm.TILE[0]
+        parts = [(slice(lo * r, min(c, hi * r)), slice(None))
+                 for lo, hi in parallel.ranges(-(-c // r), nt)]  # fmt: skip
+    plan = _filter_products(geo)
+    longest = max((k for prods in plan for *_, k in prods), default=1)
+    calls = []
+    for rows, cols in parts:
+        ap = workspace.empty((sgemm.product_buffer_size(len(range(c)[rows]), longest),), _F32)
+        work: list[Step] = []
+        for t, prods in enumerate(plan):
+            out = res[rows, taps - 1 - t if flip else t, cols]
+            if not prods:
+                work.append(_partial(np.copyto, out, 0))
+            for u, (s0, k0, k) in enumerate(prods):
+                work.append(sgemm.bind_packed_product(
+                    xt[rows, s0 : s0 + k], panels[(cols.start or 0) * pos :], out.shape[1],
+                    out, u > 0, ap, rows=pos, first=k0))  # fmt: skip
+        calls.append(chain(work))
+    steps.append(parallel.concurrently(calls))
+
+    # (C T, OC) transposed into the (OC, C FH FW) gradient
+    direct = grad.flags.c_contiguous and grad.flags.writeable
+    g2 = grad.reshape(oc, c * taps) if direct else workspace.empty((oc, c * taps), _F32)
+    rt, gt = res.reshape(1, c * taps, oc), g2.reshape(1, oc, c * taps)
+    steps.append(parallel.split(lambda lo, hi: loops.transpose_blocks(rt, gt, 0, 1, lo, hi),
+                                c * taps, 16))  # fmt: skip
+    if not direct:
+        steps.append(_partial(np.copyto, grad, g2.reshape(grad.shape)))
+    return chain(steps)
+
+
+def _filter_products(geo) -> list[list[tuple[int, int, int]]]:
+    """Per tap, its products ``(s0, k0, k)``: ``k`` positions from item ``s0`` of a source
+    row of :func:`bind_tapwise_filter`'s ``(C, H W N)`` copy and from row ``k0`` of the packed
+    ``diff``."""
+    n = geo.n
+    (fh, fw), (ph, pw), (h, w), (oh, ow) = geo.fshape, geo.pad, geo.sshape, geo.oshape
+    plan: list[list[tuple[int, int, int]]] = []
+    for a in range(fh):
+        inside = [i for i in range(oh) if 0 <= i + a - ph < h]
+        for b in range(fw):
+            j0, j1 = max(0, pw - b), min(ow, pw + w - b)
+            prods = []
+            if j0 < j1 and inside:
+                if (j0, j1) == (0, ow) and ow == w:  # whole rows: one run over them all
+                    i0 = inside[0]
+                    prods.append(((i0 + a - ph) * w * n, i0 * ow * n, len(inside) * ow * n))
+                else:
+                    for i in inside:
+                        s0 = ((i + a - ph) * w + j0 + b - pw) * n
+                        prods.append((s0, (i * ow + j0) * n, (j1 - j0) * n))
+            plan.append(prods)
+    return plan
+
+
 def _nothing() -> None:
     pass
 
@@ -160,4 +303,8 @@ def _nothing() -> None:
 register(ConvAlgorithm(
     "TAPWISE_SGEMM", "forward", bind_tapwise, usable_tapwise, priority=21,
     heuristic=tapwise_preferred,
+))  # fmt: skip
+register(ConvAlgorithm(
+    "TAPWISE_SGEMM", "backward_filter", bind_tapwise_filter, usable_tapwise_filter, priority=25,
+    heuristic=tapwise_filter_preferred,
 ))  # fmt: skip

@@ -5,7 +5,9 @@ products, each a range of its outer items so that a caller splits it over the ke
 - :func:`source_rows`: ``x (N, C, H, W)`` into the interior of the zero-framed ``(Hp, Wp, N,
   C)`` buffer, source rows ``[h0, h1)``;
 - :func:`result_rows`: the ``(OH, OW, N, OC)`` result into the ``(N, OC, OH, OW)`` output,
-  samples ``[n0, n1)``, in blocks of 16 channels (a line of the result each).
+  samples ``[n0, n1)``, in blocks of 16 channels (a line of the result each);
+- :func:`transpose_blocks`: a batch of planes transposed (the filter gradient's relayouts),
+  a range of planes and of their rows.
 
 Indices are unsigned (``np.uintp``): a signed, computed index makes Numba test it for
 wrap-around. No loop allocates; all release the GIL.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["result_rows", "source_rows"]
+__all__ = ["result_rows", "source_rows", "transpose_blocks"]
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -43,3 +45,21 @@ def result_rows(res, out, n0, n1):  # pragma: no cover - compiled
                     for oc in range(o0, o1):
                         out[np.uintp(n), np.uintp(oc), np.uintp(i), np.uintp(j)] = res[
                             np.uintp(i), np.uintp(j), np.uintp(n), np.uintp(oc)]
+
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def transpose_blocks(src, dst, b0, b1, m0, m1):  # pragma: no cover - compiled
+    """``dst[b, k, m] = src[b, m, k]`` for ``b`` in ``[b0, b1)`` and ``m`` in ``[m0, m1)``, in
+    blocks of 16 by 16 (a block's lines of both stay in the L1 cache: the filter gradient's
+    relayouts are transposes of planes)."""
+    _, _, k_ = src.shape
+    for b in range(b0, b1):
+        for i0 in range(m0, m1, 16):
+            i1 = min(m1, i0 + 16)
+            for j0 in range(0, k_, 16):
+                j1 = min(k_, j0 + 16)
+                for j in range(j0, j1):
+                    for i in range(i0, i1):
+                        dst[np.uintp(b), np.uintp(j), np.uintp(i)] = src[
+                            np.uintp(b), np.uintp(i), np.uintp(j)]
