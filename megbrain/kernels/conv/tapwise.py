@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import parallel, sgemm, tiled_jit, workspace
+from .. import parallel, sgemm, sgemm_loops, tiled_jit, workspace
 from ..steps import Step, chain
 from .common import _geometry
 from .loops import tapwise as loops
@@ -210,27 +210,22 @@ def bind_tapwise_filter(src, diff, grad, stride, pad, dilate, flip=False) -> Cal
 
     # the source as (C, H W N) rows, their stride off multiples of 4 KB (sgemm packs those):
     # per channel, the (N, H W) plane transposed
-    hwn = h * w * n
-    xt = workspace.empty((c, hwn + (16 if hwn % 1024 == 0 else 0)), _F32)
-    xs = src.reshape(n, c, h * w).swapaxes(0, 1)
-    xd = xt[:, :hwn].reshape(c, h * w, n)
-    steps.append(parallel.split(_partial(loops.transpose_blocks, xs, xd, m0=0, m1=n), c, 1))
+    hw, hwn = h * w, h * w * n
+    ld = hwn + (16 if hwn % 1024 == 0 else 0)
+    xt = workspace.empty((c, ld), _F32)
+    xf = _flat_source(src, steps)
+    tr = sgemm_loops.compiled_transpose()
+    steps.append(parallel.split(lambda lo, hi: tr(xf, 0, c * hw, n, hw, xt.reshape(-1), 0, n, lo,
+                                                  hi, hw, ld), c, 1))  # fmt: skip
 
-    # diff as a (OH OW N, OC) matrix in the GEMM's panels, split over the threads by rows:
-    # per sample, the (OC, OH OW) plane transposed
+    # diff as a (OH OW N, OC) matrix in the GEMM's panels, straight from its (N, OC, OH OW)
+    # planes, the samples split over the threads
     pos = oh * ow * n
-    dm = workspace.empty((pos, oc), _F32)
-    ds = diff.reshape(n, oc, oh * ow)
-    dd = dm.reshape(oh * ow, n, oc).swapaxes(0, 1)
-    steps.append(parallel.split(_partial(loops.transpose_blocks, ds, dd, m0=0, m1=oc), n, 1))
     nr = sgemm.packed_size(1, 1)
     panels = workspace.empty((sgemm.packed_size(pos, oc),), _F32)
-    packs = []
-    for k0, k1 in parallel.ranges(pos, nt, 64):
-        packs.append(chain([sgemm.bind_pack(dm[k0:k1, q : q + nr],
-                                            panels[q * pos + k0 * nr : q * pos + k1 * nr])
-                            for q in range(0, oc, nr)]))  # fmt: skip
-    steps.append(parallel.concurrently(packs))
+    df = _flat_source(diff, steps)
+    pk = sgemm_loops.compiled_pack_planes(sgemm.TILE[1])
+    steps.append(parallel.split(_partial(pk, df, n, oc, oh * ow, panels), n, 1))
 
     # per tap, its products into res[:, t] (C, OC) (the flipped tap with ``flip``): whole
     # panels of output channels to each thread
@@ -263,13 +258,30 @@ def bind_tapwise_filter(src, diff, grad, stride, pad, dilate, flip=False) -> Cal
 
     # (C T, OC) transposed into the (OC, C FH FW) gradient
     direct = grad.flags.c_contiguous and grad.flags.writeable
-    g2 = grad.reshape(oc, c * taps) if direct else workspace.empty((oc, c * taps), _F32)
-    rt, gt = res.reshape(1, c * taps, oc), g2.reshape(1, oc, c * taps)
-    steps.append(parallel.split(lambda lo, hi: loops.transpose_blocks(rt, gt, 0, 1, lo, hi),
-                                c * taps, 16))  # fmt: skip
+    g2 = grad.reshape(-1) if direct else workspace.empty((oc * c * taps,), _F32)
+    rf = _readonly(res.reshape(-1))
+    ct = c * taps
+    steps.append(parallel.split(lambda lo, hi: tr(rf, lo * oc, oc, hi - lo, oc, g2, lo, ct, 0, 1,
+                                                  0, 0), ct, 16))  # fmt: skip
     if not direct:
         steps.append(_partial(np.copyto, grad, g2.reshape(grad.shape)))
     return chain(steps)
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _flat_source(a: np.ndarray, steps: list[Step]) -> np.ndarray:
+    """``a`` as a flat read-only C-ordered view, through a workspace copy (a step appended
+    to ``steps``) where it is not C-contiguous."""
+    if not a.flags.c_contiguous:
+        buf = workspace.empty(a.shape, _F32)
+        steps.append(_partial(np.copyto, buf, a))
+        a = buf
+    return _readonly(a.reshape(-1))
 
 
 def _filter_products(geo) -> list[list[tuple[int, int, int]]]:
