@@ -45,15 +45,17 @@ def _geometry(c):
 
 
 @settings(max_examples=40, deadline=None)
-@given(c=cases(), threads=st.integers(1, 3))
-def test_forward_matches_float64(c, threads):
+@given(c=cases(), threads=st.integers(1, 3), swapped=st.booleans())
+def test_forward_matches_float64(c, threads, swapped):
     # taps over the padding skipped at the borders (a pad past the filter: rows with no tap),
-    # partial panels of output channels, rows shared out to the threads
+    # partial panels of output channels, rows shared out to the threads; the filter C-ordered
+    # or with its channel axes swapped in memory (the data gradient's transposed filter)
     x, w, _ = _arrays(c)
+    wv = np.ascontiguousarray(w.swapaxes(1, 2)).swapaxes(1, 2) if swapped else w
     out = np.full((c["n"], c["ocg"], *c["oshape"]), np.nan, np.float32)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(parallel, "num_threads", lambda: threads)
-        fn = tapwise.bind_tapwise(x, w, out, *_geometry(c))
+        fn = tapwise.bind_tapwise(x, wv, out, *_geometry(c))
     fn()
     np.testing.assert_allclose(out, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
 

@@ -131,33 +131,50 @@ def bind_tapwise(src, filt, out, stride, pad, dilate, flip=False) -> Callable[[]
     geo = _geometry("forward", src, filt, out, stride, pad, dilate)
     n, c, oc = geo.n, geo.icg, geo.ocg
     (fh, fw), (ph, pw), (h, w), (oh, ow) = geo.fshape, geo.pad, geo.sshape, geo.oshape
-    hp, wp = h + 2 * ph, w + 2 * pw
     f4 = filt.reshape(filt.shape[-4:]) if filt.ndim == 5 else filt  # (OC, C, FH, FW)
     nt = max(1, min(parallel.num_threads(), oh))
     steps: list[Step] = []
+    tr = sgemm_loops.compiled_transpose()
 
-    # the source, zero-framed, as (Hp, Wp, N, C)
-    xr = workspace.empty((hp, wp, n, c), _F32)
-    frame = [xr[:ph], xr[ph + h :], xr[ph : ph + h, :pw], xr[ph : ph + h, pw + w :]]
-    steps += [_partial(np.copyto, f, 0) for f in frame if f.size]
-    steps.append(parallel.split(_partial(loops.source_rows, src, xr, ph, pw), h, 1))
+    # the source as (H, W, N, C) (the taps read no padding): per sample, its (C, H W) planes
+    # transposed
+    hw = h * w
+    xr = workspace.empty((h, w, n, c), _F32)
+    xf = _flat_source(src, steps)
+    steps.append(parallel.split(lambda lo, hi: tr(xf, 0, hw, c, hw, xr.reshape(-1), 0, n * c,
+                                                  lo, hi, c * hw, c), n, 1))  # fmt: skip
 
-    # each tap's (C, OC) filter matrix in the GEMM's panels
-    size = sgemm.packed_size(c, oc)
-    panels = workspace.empty((fh * fw * size,), _F32)
+    # each tap's (C, OC) filter matrix in the GEMM's panels: a C-ordered (P, Q, FH, FW)
+    # filter (the forward's, or the data gradient's before its transpose) first transposed
+    # to (Q FH FW, P), whose taps then pack by vector loads or transposes in registers, where
+    # the filter's own strides take gathers
+    size, taps_n = sgemm.packed_size(c, oc), fh * fw
+    panels = workspace.empty((taps_n * size,), _F32)
+    swapped = f4.swapaxes(0, 1)
+    base = f4 if f4.flags.c_contiguous else swapped if swapped.flags.c_contiguous else None
+    if base is not None:
+        p_, q_ = base.shape[:2]
+        ft = workspace.empty((q_ * taps_n, p_), _F32)
+        ff, fo, qt = _readonly(base.reshape(-1)), ft.reshape(-1), q_ * taps_n
+        steps.append(parallel.split(lambda lo, hi: tr(ff, lo * qt, qt, hi - lo, qt, fo, lo, p_,
+                                                      0, 1, 0, 0), p_, 16))  # fmt: skip
+        fq = ft.reshape(q_, fh, fw, p_)  # fq[q, a, b, p] = base[p, q, a, b]
+        fmat = fq if base is f4 else fq.transpose(3, 1, 2, 0)  # (C, FH, FW, OC)
+    else:
+        fmat = f4.transpose(1, 2, 3, 0)
     packs = []
     for a in range(fh):
         for b in range(fw):
             fa, fb = (fh - 1 - a, fw - 1 - b) if flip else (a, b)
             t = a * fw + b
-            packs.append(sgemm.bind_pack(f4[:, :, fa, fb].T, panels[t * size : (t + 1) * size]))
+            packs.append(sgemm.bind_pack(fmat[:, fa, fb], panels[t * size : (t + 1) * size]))
     groups = parallel.ranges(len(packs), nt)
     steps.append(parallel.concurrently([chain(packs[lo:hi]) for lo, hi in groups]))
 
     # per output row, its taps' products into (OH, OW N, OC)
     res = workspace.empty((oh, ow, n, oc), _F32)
     rm = res.reshape(oh, ow * n, oc)
-    xm = xr.reshape(hp, wp * n, c)
+    xm = xr.reshape(h, w * n, c)
     taps = _taps(geo)
     order = sorted(range(oh), key=lambda i: -len(taps[i]))
 
@@ -167,7 +184,7 @@ def bind_tapwise(src, filt, out, stride, pad, dilate, flip=False) -> Callable[[]
             work.append(_partial(np.copyto, rm[i], 0))
         for k, (a, b, j0, j1) in enumerate(taps[i]):
             t = a * fw + b
-            rows = xm[i + a, (j0 + b) * n : (j1 + b) * n]
+            rows = xm[i + a - ph, (j0 + b - pw) * n : (j1 + b - pw) * n]
             work.append(sgemm.bind_packed_product(
                 rows, panels[t * size : (t + 1) * size], oc, rm[i, j0 * n : j1 * n],
                 bool(k) or bool(work), ap))  # fmt: skip
@@ -176,7 +193,15 @@ def bind_tapwise(src, filt, out, stride, pad, dilate, flip=False) -> Callable[[]
     buffers = [workspace.empty((sgemm.product_buffer_size(ow * n, c),), _F32)
                for _ in range(nt)]  # fmt: skip
     steps.append(parallel.take_in_turn([[row(i, ap) for i in order] for ap in buffers]))
-    steps.append(parallel.split(_partial(loops.result_rows, res, out), n, 1))
+    # (OH OW, OC) of each sample transposed into its (OC, OH OW) planes
+    ohw = oh * ow
+    rf = _readonly(res.reshape(-1))
+    if out.flags.c_contiguous:
+        of = out.reshape(-1)
+        steps.append(parallel.split(lambda lo, hi: tr(rf, 0, n * oc, ohw, oc, of, 0, ohw, lo,
+                                                      hi, oc, oc * ohw), n, 1))  # fmt: skip
+    else:
+        steps.append(parallel.split(_partial(loops.result_rows, res, out), n, 1))
     return chain(steps)
 
 
