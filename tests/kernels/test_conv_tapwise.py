@@ -132,14 +132,16 @@ def test_small_batches_and_large_planes_keep_the_other_algorithms():
 
 # ---- the filter gradient ---------------------------------------------------------------------
 @settings(max_examples=40, deadline=None)
-@given(c=cases(), threads=st.integers(1, 3))
-def test_filter_gradient_matches_float64(c, threads):
+@given(c=cases(), threads=st.integers(1, 3), by_rows=st.booleans())
+def test_filter_gradient_matches_float64(c, threads, by_rows):
     # taps with no row or no column inside the image (a pad past the filter), whole-row taps
-    # in one product, partial panels and row tiles, panels or rows shared out to the threads
+    # in one product, partial panels and row tiles, panels or rows shared out to the threads,
+    # the products tap by tap or row by row
     x, w, dy = _arrays(c)
     gw = np.full(w.shape, np.nan, np.float32)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(parallel, "num_threads", lambda: threads)
+        mp.setattr(tapwise, "FILTER_ROW_ORDER_POSITIONS", 0 if by_rows else 1 << 30)
         fn = tapwise.bind_tapwise_filter(x, dy, gw, *_geometry(c))
     fn()
     np.testing.assert_allclose(gw, ref_backward_filter(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)
@@ -177,10 +179,14 @@ def test_filter_gradient_workspace_is_written_before_read_and_nothing_is_allocat
         assert_allocates_nothing(fn)
 
 
-def test_filter_gradient_is_the_same_bits_at_any_thread_count():
+@pytest.mark.parametrize("by_rows", [False, True])
+def test_filter_gradient_is_the_same_bits_at_any_thread_count(by_rows, monkeypatch):
+    # tap by tap (whole-row taps in one product) or output row by output row
+    monkeypatch.setattr(tapwise, "FILTER_ROW_ORDER_POSITIONS", 0 if by_rows else 1 << 30)
     c = dict(n=8, g=1, icg=64, ocg=130, fshape=(3, 3), stride=(1, 1), pad=(1, 1),
              dilate=(1, 1), sshape=(6, 6), oshape=(6, 6), flip=False, seed=2)  # fmt: skip
     x, w, dy = _arrays(c)
+    want = ref_backward_filter(c, x, dy, w.shape)
     got = []
     for threads in (1, 2, 3):
         gw = np.empty(w.shape, np.float32)
@@ -189,6 +195,7 @@ def test_filter_gradient_is_the_same_bits_at_any_thread_count():
             tapwise.bind_tapwise_filter(x, dy, gw, *_geometry(c))()
         got.append(gw)
     assert all(np.array_equal(got[0], g) for g in got[1:])
+    np.testing.assert_allclose(got[0], want, rtol=RTOL, atol=ATOL)
 
 
 def test_filter_gradient_heuristic_and_refusals():
@@ -196,7 +203,7 @@ def test_filter_gradient_heuristic_and_refusals():
     small = np.zeros((32, 64, 8, 8), np.float32)
     assert registry.select("backward_filter", small, small, w, (1, 1), (1, 1), (1, 1)).name \
         == "TAPWISE_SGEMM"  # fmt: skip
-    big = np.zeros((32, 64, 32, 32), np.float32)  # the 32x32 planes keep IM2COL_GEMM_BLOCKED
+    big = np.zeros((8, 64, 64, 64), np.float32)  # planes past 32x32 keep IM2COL_GEMM_BLOCKED
     assert not tapwise.tapwise_filter_preferred(big, big, w, (1, 1), (1, 1), (1, 1))
     one = np.zeros((1, 64, 7, 7), np.float32)
     assert not tapwise.tapwise_filter_preferred(one, one, w, (1, 1), (1, 1), (1, 1))

@@ -67,10 +67,15 @@ MIN_ROW_POSITIONS = 48
 
 #: HEURISTIC takes the filter gradient's TAPWISE_SGEMM for output planes of at most this
 #: many positions (with :data:`MIN_CHANNELS` and :data:`MIN_ROW_POSITIONS`): ResNet-18's
-#: batch-32 layers, one thread, CPU ms against IM2COL_GEMM_BLOCKED: 512 at 4x4 19.9 / 30.1,
-#: 256 at 8x8 22.8 / 29.2, 128 at 16x16 26.3 / 27.1, 64 at 32x32 32.8 / 28.8 (the
-#: relayouts 5.7 ms, the products' 64-row tiles 26.4)
-FILTER_MAX_POSITIONS = 256
+#: batch-32 layers, one thread, CPU ms against IM2COL_GEMM_BLOCKED (and PyTorch's
+#: convolution_backward, load 10): 64 at 32x32 24.6 / 27.4 (27.1), 128 at 16x16 22.4 /
+#: 25.6 (23.7), 256 at 8x8 19.9 / 26.4 (22.4), 512 at 4x4 17.1 / 26.3 (29.4)
+FILTER_MAX_POSITIONS = 1024
+#: the filter gradient runs its products output row by output row (each row's taps while
+#: its source and ``diff`` rows are in the caches) over more than this many positions
+#: in the batch, tap by tap over fewer (CPU ms bound for two threads, tap / row order: 64 at 32x32
+#: 26.5 / 26.0, 128 at 16x16 23.1 / 22.8, 512 at 4x4 17.6 / 18.9)
+FILTER_ROW_ORDER_POSITIONS = 4096
 
 
 def usable_tapwise(src, filt, out, stride, pad, dilate, flip=False) -> bool:
@@ -264,20 +269,20 @@ def bind_tapwise_filter(src, diff, grad, stride, pad, dilate, flip=False) -> Cal
         r = sgemm.TILE[0]
         parts = [(slice(lo * r, min(c, hi * r)), slice(None))
                  for lo, hi in parallel.ranges(-(-c // r), nt)]  # fmt: skip
-    plan = _filter_products(geo)
-    longest = max((k for prods in plan for *_, k in prods), default=1)
+    plan = _filter_products(geo, oh * ow * n > FILTER_ROW_ORDER_POSITIONS)
+    longest = max((k for *_, k in plan), default=1)
     calls = []
     for rows, cols in parts:
         ap = workspace.empty((sgemm.product_buffer_size(len(range(c)[rows]), longest),), _F32)
+        outs = [res[rows, taps - 1 - t if flip else t, cols] for t in range(taps)]
         work: list[Step] = []
-        for t, prods in enumerate(plan):
-            out = res[rows, taps - 1 - t if flip else t, cols]
-            if not prods:
-                work.append(_partial(np.copyto, out, 0))
-            for u, (s0, k0, k) in enumerate(prods):
-                work.append(sgemm.bind_packed_product(
-                    xt[rows, s0 : s0 + k], panels[(cols.start or 0) * pos :], out.shape[1],
-                    out, u > 0, ap, rows=pos, first=k0))  # fmt: skip
+        started = set()
+        for t, s0, k0, k in plan:
+            work.append(sgemm.bind_packed_product(
+                xt[rows, s0 : s0 + k], panels[(cols.start or 0) * pos :], outs[t].shape[1],
+                outs[t], t in started, ap, rows=pos, first=k0))  # fmt: skip
+            started.add(t)
+        work += [_partial(np.copyto, outs[t], 0) for t in range(taps) if t not in started]
         calls.append(chain(work))
     steps.append(parallel.concurrently(calls))
 
@@ -309,28 +314,32 @@ def _flat_source(a: np.ndarray, steps: list[Step]) -> np.ndarray:
     return _readonly(a.reshape(-1))
 
 
-def _filter_products(geo) -> list[list[tuple[int, int, int]]]:
-    """Per tap, its products ``(s0, k0, k)``: ``k`` positions from item ``s0`` of a source
-    row of :func:`bind_tapwise_filter`'s ``(C, H W N)`` copy and from row ``k0`` of the packed
-    ``diff``."""
+def _filter_products(geo, by_rows: bool) -> list[tuple[int, int, int, int]]:
+    """The filter gradient's products ``(t, s0, k0, k)`` in their order: for tap ``t``, ``k``
+    positions from item ``s0`` of a source row of :func:`bind_tapwise_filter`'s ``(C, H W
+    N)`` copy and from row ``k0`` of the packed ``diff``. Tap by tap (a tap over whole rows
+    in one product), or ``by_rows``: output row by output row, each row's taps (its source
+    and ``diff`` rows stay in the caches across them)."""
     n = geo.n
     (fh, fw), (ph, pw), (h, w), (oh, ow) = geo.fshape, geo.pad, geo.sshape, geo.oshape
-    plan: list[list[tuple[int, int, int]]] = []
+    plan: list[tuple[int, int, int, int, int]] = []  # (row, t, s0, k0, k)
     for a in range(fh):
         inside = [i for i in range(oh) if 0 <= i + a - ph < h]
         for b in range(fw):
+            t = a * fw + b
             j0, j1 = max(0, pw - b), min(ow, pw + w - b)
-            prods = []
-            if j0 < j1 and inside:
-                if (j0, j1) == (0, ow) and ow == w:  # whole rows: one run over them all
-                    i0 = inside[0]
-                    prods.append(((i0 + a - ph) * w * n, i0 * ow * n, len(inside) * ow * n))
-                else:
-                    for i in inside:
-                        s0 = ((i + a - ph) * w + j0 + b - pw) * n
-                        prods.append((s0, (i * ow + j0) * n, (j1 - j0) * n))
-            plan.append(prods)
-    return plan
+            if j0 >= j1 or not inside:
+                continue
+            if (j0, j1) == (0, ow) and ow == w and not by_rows:  # whole rows: one run
+                i0 = inside[0]
+                plan.append((i0, t, (i0 + a - ph) * w * n, i0 * ow * n, len(inside) * ow * n))
+                continue
+            for i in inside:
+                s0 = ((i + a - ph) * w + j0 + b - pw) * n
+                plan.append((i, t, s0, (i * ow + j0) * n, (j1 - j0) * n))
+    if by_rows:
+        plan.sort(key=lambda p: p[:2])
+    return [p[1:] for p in plan]
 
 
 def _nothing() -> None:
