@@ -18,6 +18,11 @@ A tile keeps ``R NB`` accumulator vectors in zmm registers across its ``kc`` ste
 (the next ones, or every one with ``ACC``), rows below ``nrows`` and columns below
 ``ncols`` only (masked). Each sum runs over ``k`` in order, in float32, whatever the blocks
 and the threads.
+
+The packing's transposes in registers also serve the convolutions' relayouts around the
+GEMM: :func:`compiled_transpose` (a batch of matrices transposed, 16 rows at a time) and
+:func:`compiled_pack_planes` (``NCHW`` planes packed as the batch-inner ``(H W N, C)``
+operand).
 """
 
 from __future__ import annotations

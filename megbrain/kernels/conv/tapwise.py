@@ -1,36 +1,41 @@
 """Forward convolution TAPWISE_SGEMM: a stride-1 2-d float32 convolution as one product per
 filter tap and output row, in megbrain's GEMM (:mod:`..sgemm`), with no column matrix and no
-product over the padding.
+product over the padding; and its filter gradient by the same taps.
 
-The source is copied once into a zero-framed ``(H + 2 ph, W + 2 pw, N, C)`` layout: the
-positions ``(j, n)`` of one output row ``i`` are then, for the tap ``(a, b)``, consecutive rows
-of ``C`` channels starting at ``((i + a) (W + 2 pw) + j + b) N C``, a matrix the GEMM's tiles
-read in place. Each tap's ``(C, OC)`` filter matrix is packed once per run into the GEMM's
-panels (:func:`sgemm.bind_pack`). Output row ``i`` is the sum over its taps of ``rows (j, n) @
+The source is copied once into an ``(H, W, N, C)`` layout: the positions ``(j, n)`` of one
+output row ``i`` are then, for the tap ``(a, b)``, consecutive rows of ``C`` channels starting
+at ``((i + a - ph) W + j + b - pw) N C``, a matrix the GEMM's tiles read in place (a tap
+reads only the positions inside the image, so the layout needs no zero frame). Each tap's
+``(C, OC)`` filter matrix is packed once per run into the GEMM's panels
+(:func:`sgemm.bind_pack`; a C-ordered filter first transposed to ``(C FH FW, OC)``, whose tap
+rows pack by vector loads). Output row ``i`` is the sum over its taps of ``rows (j, n) @
 W_tap``, each product over the positions whose source lies inside the image only (a tap
 reading padding at the top row or the left column is skipped there), the first storing and
-the next ones adding into an ``(OH, OW, N, OC)`` result, which one copy puts into the ``(N,
-OC, OH, OW)`` output. On a 4x4 plane with padding 1 that is 100 of im2col's 144 tap-positions
-(69 %), on 8x8 84 %, on 16x16 92 %. The rows are shared out to the kernel threads
-(:func:`parallel.take_in_turn`, the rows with most taps first); every output sums its taps
-in a fixed order, whatever the threads.
+the next ones adding into an ``(OH, OW, N, OC)`` result, whose samples' ``(OH OW, OC)``
+matrices are transposed into the ``(N, OC, OH, OW)`` output. On a 4x4 plane with padding 1
+that is 100 of im2col's 144 tap-positions (69 %), on 8x8 84 %, on 16x16 92 %. The rows are
+shared out to the kernel threads (:func:`parallel.take_in_turn`, the rows with most taps
+first); every output sums its taps in a fixed order, whatever the threads. The relayouts
+are :func:`.sgemm_loops.compiled_transpose`'s, 16 rows at a time by transposes in registers.
 
 A stride-1 backward data with a "same" padding is this forward convolution of ``diff`` with
 the transposed, flipped filter (:mod:`.bwd_data`'s AS_FORWARD_CONV).
 
 The filter gradient (TAPWISE_SGEMM of the backward_filter kind, :func:`bind_tapwise_filter`)
 is the same sum per tap: ``grad_tap (C, OC) = sum over the positions p inside the image of
-x[p + tap] dy[p]^T``. ``diff`` is copied to ``(OH, OW, N, OC)`` and packed once into the
-GEMM's panels (a ``(OH OW N, OC)`` matrix); the source is copied to ``(C, H W N)`` rows.
-Per tap and output row, the positions ``(j, n)`` whose source lies inside the image are one
-run of the source's row (the left operand, read in place) and one run of the packed rows
-(:func:`sgemm.bind_packed_product`'s ``first``); a tap over whole rows (the middle column of
-a "same" padding) takes all its rows in one product. Each tap's products add into its ``(C,
-OC)`` matrix in a fixed order (the first stores), the threads on disjoint panels of output
-channels (or rows of input channels, where there are fewer panels than threads), and one
-pass puts the ``(T, C, OC)`` matrices into the ``(OC, C, FH, FW)`` gradient. Against
-IM2COL_GEMM_BLOCKED: no column matrix (nine copies of the source) and no products over the
-padding.
+x[p + tap] dy[p]^T``. ``diff`` is packed once, straight from its ``(N, OC, OH OW)`` planes,
+into the GEMM's panels as the batch-inner ``(OH OW N, OC)`` matrix
+(:func:`.sgemm_loops.compiled_pack_planes`); the source is transposed to ``(C, H W N)``
+rows. Per tap and output row, the positions ``(j, n)`` whose source lies inside the image
+are one run of the source's row (the left operand, read in place) and one run of the
+packed rows (:func:`sgemm.bind_packed_product`'s ``first``); a tap over whole rows (the
+middle column of a "same" padding) takes all its rows in one product, or, over many
+positions, the products run output row by output row (:data:`FILTER_ROW_ORDER_POSITIONS`).
+Each tap's products add into its ``(C, OC)`` matrix in a fixed order (the first stores),
+the threads on disjoint panels of output channels (or rows of input channels, where there
+are fewer panels than threads), and one transpose puts the ``(C FH FW, OC)`` result into the
+``(OC, C, FH, FW)`` gradient. Against IM2COL_GEMM_BLOCKED: no column matrix (nine copies of
+the source) and no products over the padding.
 """
 
 from __future__ import annotations
