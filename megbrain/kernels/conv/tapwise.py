@@ -47,7 +47,7 @@ import numpy as np
 
 from .. import parallel, sgemm, sgemm_loops, tiled_jit, workspace
 from ..steps import Step, chain
-from .common import _geometry
+from .common import _KIND_NAMES, _geometry
 from .loops import tapwise as loops
 from .registry import ConvAlgorithm, register
 
@@ -90,6 +90,16 @@ def usable_tapwise(src, filt, out, stride, pad, dilate, flip=False) -> bool:
     return _usable("forward", src, filt, out, stride, pad, dilate)
 
 
+def _checked(kind, a, b, out, stride, pad, dilate):
+    """The geometry of a ``kind`` convolution TAPWISE_SGEMM computes, else ValueError."""
+    if not _usable(kind, a, b, out, stride, pad, dilate):
+        raise ValueError(f"{_KIND_NAMES[kind]}: TAPWISE_SGEMM needs a 2-d, one-group, "
+                         f"stride-1, undilated float32 convolution on AVX-512; got operands "
+                         f"{a.shape} {a.dtype}, {b.shape} {b.dtype}, {out.shape} {out.dtype}, "
+                         f"stride {stride}, dilate {dilate}")  # fmt: skip
+    return _geometry(kind, a, b, out, stride, pad, dilate)
+
+
 def _usable(kind, src, filt, out, stride, pad, dilate) -> bool:
     geo = _geometry(kind, src, filt, out, stride, pad, dilate)
     if not ENABLED or geo.nsp != 2 or geo.g != 1 or any(s != 1 for s in geo.stride) or any(
@@ -106,8 +116,11 @@ def tapwise_preferred(src, filt, out, stride, pad, dilate, flip=False) -> bool:
     """The heuristic: small planes (:data:`MAX_POSITIONS`) of many channels
     (:data:`MIN_CHANNELS`) in a batch (:data:`MIN_ROW_POSITIONS`), where im2col's products
     spend the most on the padding."""
-    geo = _geometry("forward", src, filt, out, stride, pad, dilate)
-    return geo.l <= MAX_POSITIONS and min(geo.icg, geo.ocg) >= MIN_CHANNELS and \
+    return _preferred(_geometry("forward", src, filt, out, stride, pad, dilate), MAX_POSITIONS)
+
+
+def _preferred(geo, max_positions: int) -> bool:
+    return geo.l <= max_positions and min(geo.icg, geo.ocg) >= MIN_CHANNELS and \
         geo.n * geo.oshape[-1] >= MIN_ROW_POSITIONS
 
 
@@ -133,12 +146,7 @@ def _taps(geo) -> list[list[tuple[int, int, int, int]]]:
 def bind_tapwise(src, filt, out, stride, pad, dilate, flip=False) -> Callable[[], None]:
     """Forward TAPWISE_SGEMM (the module's docstring); operands as
     :func:`megbrain.kernels.conv.binds.bind_convolution`'s."""
-    if not usable_tapwise(src, filt, out, stride, pad, dilate, flip):
-        raise ValueError(f"Convolution: TAPWISE_SGEMM needs a 2-d, one-group, stride-1, "
-                         f"undilated float32 convolution on AVX-512; got src {src.shape} "
-                         f"{src.dtype}, filter {filt.shape}, out {out.shape}, stride "
-                         f"{stride}, dilate {dilate}")  # fmt: skip
-    geo = _geometry("forward", src, filt, out, stride, pad, dilate)
+    geo = _checked("forward", src, filt, out, stride, pad, dilate)
     n, c, oc = geo.n, geo.icg, geo.ocg
     (fh, fw), (ph, pw), (h, w), (oh, ow) = geo.fshape, geo.pad, geo.sshape, geo.oshape
     f4 = filt.reshape(filt.shape[-4:]) if filt.ndim == 5 else filt  # (OC, C, FH, FW)
@@ -224,20 +232,14 @@ def usable_tapwise_filter(src, diff, grad, stride, pad, dilate, flip=False) -> b
 def tapwise_filter_preferred(src, diff, grad, stride, pad, dilate, flip=False) -> bool:
     """The heuristic: output planes of at most :data:`FILTER_MAX_POSITIONS` positions, else
     as :func:`tapwise_preferred`."""
-    geo = _geometry("backward_filter", src, diff, grad, stride, pad, dilate)
-    return geo.l <= FILTER_MAX_POSITIONS and min(geo.icg, geo.ocg) >= MIN_CHANNELS and \
-        geo.n * geo.oshape[-1] >= MIN_ROW_POSITIONS
+    return _preferred(_geometry("backward_filter", src, diff, grad, stride, pad, dilate),
+                      FILTER_MAX_POSITIONS)
 
 
 def bind_tapwise_filter(src, diff, grad, stride, pad, dilate, flip=False) -> Callable[[], None]:
     """Backward filter TAPWISE_SGEMM (the module's docstring); operands as
     :func:`megbrain.kernels.conv.binds.bind_conv_backward_filter`'s."""
-    if not usable_tapwise_filter(src, diff, grad, stride, pad, dilate, flip):
-        raise ValueError(f"ConvolutionBackwardFilter: TAPWISE_SGEMM needs a 2-d, one-group, "
-                         f"stride-1, undilated float32 convolution on AVX-512; got src "
-                         f"{src.shape} {src.dtype}, diff {diff.shape}, grad {grad.shape}, "
-                         f"stride {stride}, dilate {dilate}")  # fmt: skip
-    geo = _geometry("backward_filter", src, diff, grad, stride, pad, dilate)
+    geo = _checked("backward_filter", src, diff, grad, stride, pad, dilate)
     n, c, oc = geo.n, geo.icg, geo.ocg
     (fh, fw), (h, w), (oh, ow) = geo.fshape, geo.sshape, geo.oshape
     nt = parallel.num_threads()
