@@ -271,9 +271,11 @@ def bind_pack(b: np.ndarray, panels: np.ndarray) -> Step:
 
 
 def bind_packed_product(a: np.ndarray, panels: np.ndarray, n: int, out: np.ndarray,
-                        accumulate: bool, ap: np.ndarray) -> Step:  # fmt: skip
+                        accumulate: bool, ap: np.ndarray, rows: int | None = None,
+                        first: int = 0) -> Step:  # fmt: skip
     """Bind ``out = a @ B`` (``out += a @ B`` with ``accumulate``) on the calling thread,
-    ``B`` the (k, n) matrix :func:`bind_pack` packed into ``panels`` (read as they are).
+    ``B`` the (k, n) matrix :func:`bind_pack` packed into ``panels`` (read as they are), or
+    the rows ``[first, first + k)`` of a (``rows``, n) matrix packed there.
 
     Parameters
     ----------
@@ -291,6 +293,9 @@ def bind_packed_product(a: np.ndarray, panels: np.ndarray, n: int, out: np.ndarr
     ap : numpy.ndarray
         A flat float32 packing buffer of :func:`product_buffer_size` items, shared by the
         products one thread runs (written before it is read).
+    rows, first : int, optional
+        The packed matrix's rows (default ``k``) and the first of them that ``B`` takes
+        (default 0): one packing serves products over ranges of its rows.
 
     Returns
     -------
@@ -298,7 +303,10 @@ def bind_packed_product(a: np.ndarray, panels: np.ndarray, n: int, out: np.ndarr
         A zero-argument callable computing ``out``; it allocates nothing.
     """
     m, k = a.shape
-    if out.shape != (m, n) or panels.size < packed_size(k, n) or ap.size < \
+    rows = k if rows is None else int(rows)
+    if not 0 <= first <= rows - k:
+        raise ValueError(f"sgemm: rows [{first}, {first + k}) of a packed matrix of {rows}")
+    if out.shape != (m, n) or panels.size < packed_size(rows, n) or ap.size < \
             product_buffer_size(m, k) or not usable_sgemm(a, np.empty((k, n), _F32), out) \
             or (m > 1 and n > 1 and out.strides[1] != out.itemsize):  # fmt: skip
         raise ValueError(f"sgemm: a {a.shape} strides {a.strides}, packed ({k}, {n}), out "
@@ -312,9 +320,11 @@ def bind_packed_product(a: np.ndarray, panels: np.ndarray, n: int, out: np.ndarr
     r, nb = TILE
     sa_ = _flat(a)
     cf, sc = _flat(out, writeable=True)
-    geom = np.array([m, n, k, 0, sc[0] if m > 1 else n, int(accumulate), *BLOCKS, 1], np.int64)
+    geom = np.array([m, n, k, 0, sc[0] if m > 1 else n, int(accumulate), *BLOCKS, rows],
+                    np.int64)  # fmt: skip
     run = loops.compiled_gemm(r, nb)
-    return functools.partial(run, sa_[0], sa_[1], sa_[0], sa_[1], cf, geom, ap, panels)
+    bp = panels[first * TILE[1] * loops.LANES :]
+    return functools.partial(run, sa_[0], sa_[1], sa_[0], sa_[1], cf, geom, ap, bp)
 
 
 def product_buffer_size(m: int, k: int) -> int:

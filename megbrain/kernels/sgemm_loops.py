@@ -18,6 +18,11 @@ A tile keeps ``R NB`` accumulator vectors in zmm registers across its ``kc`` ste
 (the next ones, or every one with ``ACC``), rows below ``nrows`` and columns below
 ``ncols`` only (masked). Each sum runs over ``k`` in order, in float32, whatever the blocks
 and the threads.
+
+The packing's transposes in registers also serve the convolutions' relayouts around the
+GEMM: :func:`compiled_transpose` (a batch of matrices transposed, 16 rows at a time) and
+:func:`compiled_pack_planes` (``NCHW`` planes packed as the batch-inner ``(H W N, C)``
+operand).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from numba.extending import intrinsic
 
 from . import tiled_jit
 
-__all__ = ["LANES", "compiled_gemm", "compiled_pack", "pack_sizes"]
+__all__ = ["LANES", "compiled_gemm", "compiled_pack", "compiled_pack_planes", "compiled_transpose",
+           "pack_sizes"]
 
 #: float32 lanes of a vector (a ``B`` panel is ``NB`` of them wide)
 LANES = 16
@@ -156,20 +162,22 @@ def sgemm_tile():
 
 @functools.cache
 def pack_panel():
-    """The ``pack_panel(W, x, first, sx, sk, kc, dst, d0, width)`` Numba intrinsic: one
-    panel ``dst[d0 + kk W + w] = x[first + kk sk + w sx]`` for ``kk < kc``, ``w < W``
-    (literal), zero for ``w >= width``: by masked vector loads where ``sx`` is 1, by 16 x 16
-    transposes in registers where ``sk`` is 1, else by gathers. No index is checked."""
+    """The ``pack_panel(W, x, first, sx, sk, kc, dst, d0, width, ld)`` Numba intrinsic: one
+    panel ``dst[d0 + kk ld + w] = x[first + kk sk + w sx]`` for ``kk < kc``, ``w < W``
+    (literal), zero for ``w >= width`` (``ld`` is ``W`` for a packed panel; a longer one
+    interleaves panels, or writes ``W`` columns of a transposed matrix): by masked vector
+    loads where ``sx`` is 1, by 16 x 16 transposes in registers where ``sk`` is 1, else by
+    gathers. No index is checked."""
 
     @intrinsic
-    def pack_panel(typingctx, wlit, x, first, sx, sk, kc, dst, d0, width):
+    def pack_panel(typingctx, wlit, x, first, sx, sk, kc, dst, d0, width, ld):
         if not isinstance(wlit, t.IntegerLiteral):
             return None
         W = wlit.literal_value
         chunks = -(-W // LANES)
 
         def codegen(context, builder, signature, args):
-            _, _, first_v, sx_v, sk_v, kc_v, _, d0_v, width_v = args
+            _, _, first_v, sx_v, sk_v, kc_v, _, d0_v, width_v, ld_v = args
             i1, i32, i64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
             f32 = ir.FloatType()
             vec = ir.VectorType(f32, LANES)
@@ -213,7 +221,7 @@ def pack_panel():
             unit = builder.icmp_signed("==", sx_v, const(1))
 
             def store(v, kk, c):
-                row = builder.add(d0_v, builder.mul(kk, const(W)))
+                row = builder.add(d0_v, builder.mul(kk, ld_v))
                 ptr = builder.bitcast(builder.gep(ddata, [builder.add(row, const(c * LANES))]),
                                       vptr)  # fmt: skip
                 if (c + 1) * LANES <= W:
@@ -288,7 +296,7 @@ def pack_panel():
                             panel(False, nought)
             return context.get_dummy_value()
 
-        sig = t.void(wlit, x, first, sx, sk, kc, dst, d0, width)
+        sig = t.void(wlit, x, first, sx, sk, kc, dst, d0, width, ld)
         return sig, codegen
 
     return pack_panel
@@ -307,7 +315,7 @@ def _gemm_py(R: int, NB: int):
 
     def gemm(a, sa, b, sb, c, geom, ap, bp):  # pragma: no cover - compiled
         # geom: M, N, K, C0, LDC, ACC (add to C), MC, KC, NC (the cache blocks), PACKED (``bp``
-        # holds all of B's panels, each (K, NR): B is not read)
+        # holds all of B's panels, each of PACKED >= K rows, NR apart: B is not read)
         m, n, k, c0, ldc, acc = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5]
         bm, bk, bn, packed = geom[6], geom[7], geom[8], geom[9]
         # rows of ``a`` contiguous along k are read in place (no packing), unless their
@@ -320,11 +328,11 @@ def _gemm_py(R: int, NB: int):
                 # panel q of this block at bp[b0 + q kc0 + b1 q / NR], its rows NR apart
                 b0, kc0, b1 = 0, kc, 0
                 if packed != 0:
-                    b0, kc0, b1 = jc * k + pc * NR, 0, k * NR
+                    b0, kc0, b1 = jc * packed + pc * NR, 0, packed * NR
                 else:
                     for q in range(0, nc, NR):
                         panel(NR, b, (jc + q) * sb[1] + pc * sb[0], sb[1], sb[0], kc, bp,
-                              q * kc, min(NR, nc - q))
+                              q * kc, min(NR, nc - q), NR)
                 add = 1 if pc > 0 or acc != 0 else 0
                 for ic in range(0, m, bm):
                     mc = min(bm, m - ic)
@@ -332,7 +340,7 @@ def _gemm_py(R: int, NB: int):
                         whole = mc // R * R
                         if whole < mc:
                             panel(R, a, (ic + whole) * sa[0] + pc, sa[0], 1, kc, ap, 0,
-                                  mc - whole)
+                                  mc - whole, R)
                         for jr in range(0, nc, NR):
                             for ir in range(0, whole, R):
                                 tile(R, NB, 1, a, (ic + ir) * sa[0] + pc, sa[0], bp,
@@ -346,7 +354,7 @@ def _gemm_py(R: int, NB: int):
                         continue
                     for q in range(0, mc, R):
                         panel(R, a, (ic + q) * sa[0] + pc * sa[1], sa[0], sa[1], kc, ap,
-                              q * kc, min(R, mc - q))
+                              q * kc, min(R, mc - q), R)
                     for jr in range(0, nc, NR):
                         for ir in range(0, mc, R):
                             tile(R, NB, 0, ap, ir * kc, 1, bp, b0 + jr * kc0 + jr // NR * b1,
@@ -364,7 +372,7 @@ def _pack_py(NR: int):
 
     def pack(b, sb, k, n, dst):  # pragma: no cover - compiled
         for q in range(0, n, NR):
-            panel(NR, b, q * sb[1], sb[1], sb[0], k, dst, q * k, min(NR, n - q))
+            panel(NR, b, q * sb[1], sb[1], sb[0], k, dst, q * k, min(NR, n - q), NR)
 
     return pack
 
@@ -380,6 +388,68 @@ def compiled_pack(NB: int):
     run.__qualname__ = run.__name__ = f"sgemm_pack_{NB}"
     return tiled_jit.compile_tiled(run, [t.void(fr, t.int64[::1], t.int64, t.int64,
                                                 t.float32[::1])])  # fmt: skip
+
+
+def _transpose_py():
+    """The transposer of :func:`compiled_transpose` (16-row blocks through the panels)."""
+    global panel
+    panel = pack_panel()
+
+    def transpose(x, first, sx, m, k, dst, d0, ld, b0, b1, xb, db):  # pragma: no cover
+        whole = m // LANES * LANES
+        for b in range(b0, b1):
+            f, d = first + b * xb, d0 + b * db
+            for q in range(0, whole, LANES):
+                panel(LANES, x, f + q * sx, sx, 1, k, dst, d + q, LANES, ld)
+            for i in range(whole, m):
+                for kk in range(k):
+                    dst[d + kk * ld + i] = x[f + i * sx + kk]
+
+    return transpose
+
+
+def _pack_planes_py(NR: int):
+    """The plane packing of :func:`compiled_pack_planes` (panels of ``NR`` columns)."""
+    global panel
+    panel = pack_panel()
+
+    def pack(x, n, m, k, dst, n0, n1):  # pragma: no cover - compiled
+        rows = k * n
+        for i in range(n0, n1):
+            for q in range(0, m, NR):
+                panel(NR, x, (i * m + q) * k, k, 1, k, dst, q * rows + i * NR, min(NR, m - q),
+                      n * NR)  # fmt: skip
+
+    return pack
+
+
+@functools.cache
+def compiled_transpose():
+    """The compiled ``transpose(x, first, sx, m, k, dst, d0, ld, b0, b1, xb, db)``:
+    ``dst[d0 + b db + kk ld + i] = x[first + b xb + i sx + kk]`` for ``i < m``, ``kk < k``
+    and ``b`` in ``[b0, b1)`` (a batch of ``(m, k)`` matrices of rows ``sx`` apart,
+    contiguous along ``k``, written as ``(k, m)`` matrices of rows ``ld`` apart), 16 rows at
+    a time by transposes in registers. Allocates nothing; releases the GIL."""
+    fr, fw = t.Array(t.float32, 1, "C", readonly=True), t.float32[::1]
+    run = _transpose_py()
+    run.__qualname__ = run.__name__ = "sgemm_transpose"
+    i64 = t.int64
+    return tiled_jit.compile_tiled(run, [t.void(fr, i64, i64, i64, i64, fw, i64, i64, i64, i64,
+                                                i64, i64)])  # fmt: skip
+
+
+@functools.cache
+def compiled_pack_planes(NB: int):
+    """The compiled ``pack(x, n, m, k, dst, n0, n1)``: the C-ordered ``(n, m, k)`` planes
+    ``x`` (flat) as the ``(k n, m)`` matrix of rows ``(kk, i)`` (``i`` inner) in
+    :func:`compiled_pack`'s panels of ``16 NB`` columns, planes ``[n0, n1)`` (disjoint rows
+    of every panel): an ``NCHW`` gradient as the batch-inner ``(H W N, C)`` operand, 16
+    channels at a time by transposes in registers. Allocates nothing; releases the GIL."""
+    fr, fw = t.Array(t.float32, 1, "C", readonly=True), t.float32[::1]
+    run = _pack_planes_py(NB * LANES)
+    run.__qualname__ = run.__name__ = f"sgemm_pack_planes_{NB}"
+    i64 = t.int64
+    return tiled_jit.compile_tiled(run, [t.void(fr, i64, i64, i64, fw, i64, i64)])
 
 
 @functools.cache
@@ -401,7 +471,9 @@ def compiled_gemm(R: int, NB: int):
     ``c``, the int64 geometry ``(M, N, K, C0, LDC, ACC, MC, KC, NC, PACKED)`` (``ACC``
     nonzero: add the product to ``C``; ``MC`` a multiple of ``R``, ``NC`` of ``16 NB``;
     ``PACKED`` nonzero: ``bp`` holds all of ``B``'s panels as :func:`compiled_pack` writes
-    them, ``b`` is not read) and the packing buffers (:func:`pack_sizes`). Allocates
+    them for a matrix of ``PACKED >= K`` rows, ``B`` its first ``K`` (``bp`` a view from a
+    later row gives a later range), ``b`` is not read) and the packing buffers
+    (:func:`pack_sizes`). Allocates
     nothing; releases the GIL."""
     return _compiled(int(R), int(NB))
 

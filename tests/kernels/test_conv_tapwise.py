@@ -1,5 +1,6 @@
-"""TAPWISE_SGEMM (megbrain.kernels.conv.tapwise) and the backward data that runs it, against
-float64 references."""
+"""TAPWISE_SGEMM (megbrain.kernels.conv.tapwise), the backward data that runs it and its
+filter gradient, against float64 references (the filter gradient also against finite
+differences through the operator)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from test_conv_algos import (
     _carved,
     assert_allocates_nothing,
     ref_backward_data,
+    ref_backward_filter,
     ref_forward,
 )
 
@@ -43,15 +45,17 @@ def _geometry(c):
 
 
 @settings(max_examples=40, deadline=None)
-@given(c=cases(), threads=st.integers(1, 3))
-def test_forward_matches_float64(c, threads):
+@given(c=cases(), threads=st.integers(1, 3), swapped=st.booleans())
+def test_forward_matches_float64(c, threads, swapped):
     # taps over the padding skipped at the borders (a pad past the filter: rows with no tap),
-    # partial panels of output channels, rows shared out to the threads
+    # partial panels of output channels, rows shared out to the threads; the filter C-ordered
+    # or with its channel axes swapped in memory (the data gradient's transposed filter)
     x, w, _ = _arrays(c)
+    wv = np.ascontiguousarray(w.swapaxes(1, 2)).swapaxes(1, 2) if swapped else w
     out = np.full((c["n"], c["ocg"], *c["oshape"]), np.nan, np.float32)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(parallel, "num_threads", lambda: threads)
-        fn = tapwise.bind_tapwise(x, w, out, *_geometry(c))
+        fn = tapwise.bind_tapwise(x, wv, out, *_geometry(c))
     fn()
     np.testing.assert_allclose(out, ref_forward(c, x, w), rtol=RTOL, atol=ATOL)
 
@@ -124,3 +128,121 @@ def test_small_batches_and_large_planes_keep_the_other_algorithms():
     assert not tapwise.tapwise_preferred(one, w, one, (1, 1), (1, 1), (1, 1))
     big = np.zeros((8, 256, 32, 32), np.float32)
     assert not tapwise.tapwise_preferred(big, w, big, (1, 1), (1, 1), (1, 1))
+
+
+# ---- the filter gradient ---------------------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(c=cases(), threads=st.integers(1, 3), by_rows=st.booleans())
+def test_filter_gradient_matches_float64(c, threads, by_rows):
+    # taps with no row or no column inside the image (a pad past the filter), whole-row taps
+    # in one product, partial panels and row tiles, panels or rows shared out to the threads,
+    # the products tap by tap or row by row
+    x, w, dy = _arrays(c)
+    gw = np.full(w.shape, np.nan, np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parallel, "num_threads", lambda: threads)
+        mp.setattr(tapwise, "FILTER_ROW_ORDER_POSITIONS", 0 if by_rows else 1 << 30)
+        fn = tapwise.bind_tapwise_filter(x, dy, gw, *_geometry(c))
+    fn()
+    np.testing.assert_allclose(gw, ref_backward_filter(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)
+
+
+def test_filter_gradient_of_strided_operands_and_rows_of_4_kb():
+    # 32 samples of 32 columns: source rows of 1024 items, stored 16 items longer
+    c = dict(n=32, g=1, icg=6, ocg=70, fshape=(3, 3), stride=(1, 1), pad=(1, 1),
+             dilate=(1, 1), sshape=(1, 32), oshape=(1, 32), flip=True, seed=5)  # fmt: skip
+    x, w, dy = _arrays(c)
+    xs = np.full(x.shape[:-1] + (2 * x.shape[-1],), np.nan, np.float32)
+    xs[..., ::2] = x
+    base = np.full((1, 70, 6, 3, 5), 7.0, np.float32)
+    gw = base[..., 1:4]
+    tapwise.bind_tapwise_filter(xs[..., ::2], np.asfortranarray(dy), gw, *_geometry(c))()
+    np.testing.assert_allclose(gw, ref_backward_filter(c, x, dy, w.shape), rtol=RTOL, atol=ATOL)
+    assert (base[..., 0] == 7).all() and (base[..., 4] == 7).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_filter_gradient_workspace_is_written_before_read_and_nothing_is_allocated(threads):
+    c = dict(n=4, g=1, icg=9, ocg=70, fshape=(3, 3), stride=(1, 1), pad=(1, 1), dilate=(1, 1),
+             sshape=(4, 5), oshape=(4, 5), flip=False, seed=8)  # fmt: skip
+    x, w, dy = _arrays(c)
+    gw = np.empty(w.shape, np.float32)
+    want = ref_backward_filter(c, x, dy, w.shape)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parallel, "num_threads", lambda: threads)
+        fn, buf = _carved(lambda: tapwise.bind_tapwise_filter(x, dy, gw, *_geometry(c)))
+    for _ in range(2):
+        buf[:] = 0xFF  # NaN as float32
+        fn()
+        np.testing.assert_allclose(gw, want, rtol=RTOL, atol=ATOL)
+    if threads == 1:
+        assert_allocates_nothing(fn)
+
+
+@pytest.mark.parametrize("by_rows", [False, True])
+def test_filter_gradient_is_the_same_bits_at_any_thread_count(by_rows, monkeypatch):
+    # tap by tap (whole-row taps in one product) or output row by output row
+    monkeypatch.setattr(tapwise, "FILTER_ROW_ORDER_POSITIONS", 0 if by_rows else 1 << 30)
+    c = dict(n=8, g=1, icg=64, ocg=130, fshape=(3, 3), stride=(1, 1), pad=(1, 1),
+             dilate=(1, 1), sshape=(6, 6), oshape=(6, 6), flip=False, seed=2)  # fmt: skip
+    x, w, dy = _arrays(c)
+    want = ref_backward_filter(c, x, dy, w.shape)
+    got = []
+    for threads in (1, 2, 3):
+        gw = np.empty(w.shape, np.float32)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(parallel, "num_threads", lambda t=threads: t)
+            tapwise.bind_tapwise_filter(x, dy, gw, *_geometry(c))()
+        got.append(gw)
+    assert all(np.array_equal(got[0], g) for g in got[1:])
+    np.testing.assert_allclose(got[0], want, rtol=RTOL, atol=ATOL)
+
+
+def test_filter_gradient_heuristic_and_refusals():
+    w = np.zeros((1, 64, 64, 3, 3), np.float32)
+    small = np.zeros((32, 64, 8, 8), np.float32)
+    assert registry.select("backward_filter", small, small, w, (1, 1), (1, 1), (1, 1)).name \
+        == "TAPWISE_SGEMM"  # fmt: skip
+    big = np.zeros((8, 64, 64, 64), np.float32)  # planes past 32x32 keep IM2COL_GEMM_BLOCKED
+    assert not tapwise.tapwise_filter_preferred(big, big, w, (1, 1), (1, 1), (1, 1))
+    one = np.zeros((1, 64, 7, 7), np.float32)
+    assert not tapwise.tapwise_filter_preferred(one, one, w, (1, 1), (1, 1), (1, 1))
+    x = np.zeros((2, 64, 8, 8), np.float32)
+    y = np.zeros((2, 64, 4, 4), np.float32)
+    assert not tapwise.usable_tapwise_filter(x, y, w, (2, 2), (1, 1), (1, 1))
+    with pytest.raises(ValueError, match="TAPWISE_SGEMM"):
+        tapwise.bind_tapwise_filter(x, y, w, (2, 2), (1, 1), (1, 1))
+
+
+def test_filter_gradient_through_the_operator_matches_finite_differences(monkeypatch):
+    """float32 through the operator, TAPWISE_SGEMM chosen (its thresholds lowered): central
+    differences in float64 of the loss the float32 gradient belongs to."""
+    import megbrain as mgb
+    import megbrain.opr as O
+
+    monkeypatch.setattr(tapwise, "MIN_CHANNELS", 1)
+    monkeypatch.setattr(tapwise, "MIN_ROW_POSITIONS", 1)
+    rng = np.random.default_rng(12)
+    x0 = rng.uniform(-1, 1, (3, 4, 5, 4)).astype(np.float32)
+    w0 = rng.uniform(-1, 1, (6, 4, 3, 3)).astype(np.float32)
+    c0 = rng.uniform(-1, 1, (3, 6, 5, 4))
+    g = mgb.comp_graph(check_env_var=False)
+    x = mgb.make_shared("cpu0", value=x0, comp_graph=g)
+    w = mgb.make_shared("cpu0", value=w0, comp_graph=g)
+    loss = (O.convolution(x, w, pad_h=1, pad_w=1) * c0.astype(np.float32)).sum()
+    f = g.compile(None, [mgb.copy_output(mgb.grad(loss, w))])
+    got = np.asarray(f()[0])
+    assert "TAPWISE_SGEMM" in [getattr(o, "chosen_algorithm", None)
+                               for o in f._func.iter_opr_seq()
+                               if o.type_name == "ConvolutionBackwardFilter"]  # fmt: skip
+    c = dict(n=3, g=1, icg=4, ocg=6, fshape=(3, 3), stride=(1, 1), pad=(1, 1), dilate=(1, 1),
+             sshape=(5, 4), oshape=(5, 4), flip=False, seed=0)  # fmt: skip
+
+    def fn(wv):
+        y = ref_forward(c, x0, wv.reshape(1, 6, 4, 3, 3))
+        return float((y * c0).sum())
+
+    h = 1e-6
+    v = rng.standard_normal(w0.shape)
+    num = (fn(w0.astype(np.float64) + h * v) - fn(w0.astype(np.float64) - h * v)) / (2 * h)
+    np.testing.assert_allclose(float((got * v).sum()), num, rtol=1e-4, atol=1e-4)

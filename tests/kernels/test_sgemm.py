@@ -1,7 +1,8 @@
 """megbrain's float32 GEMM (megbrain.kernels.sgemm): against the float64 reference over drawn
 shapes (1, non-multiples of the tile, past the cache blocks), transposes, strides, F-ordered
 outputs and accumulation; the same bits at 1 and 2 threads; nothing allocated at run time;
-the exception path; the fallback of product_step."""
+the exception path; the fallback of product_step; the transposing loops (a batch of planes
+transposed, planes packed as a batch-inner operand)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_conv_algos import assert_allocates_nothing
 
-from megbrain.kernels import sgemm
+from megbrain.kernels import sgemm, sgemm_loops
 
 RTOL, ATOL = 1e-4, 1e-5
 _dims = st.one_of(st.sampled_from([1, 5, 6, 7, 16, 17, 63, 64, 65]), st.integers(1, 90))
@@ -179,6 +180,26 @@ def test_packed_operand_against_float64(m, n, k, oa, ob, acc, seed):
     _assert_product(a, b, out, start)
 
 
+@settings(max_examples=15, deadline=None)
+@given(m=_dims, n=_dims, k=_dims, extra=st.integers(0, 300), seed=st.integers(0, 99))
+def test_packed_operand_row_ranges_against_float64(m, n, k, extra, seed):
+    # a range of rows [first, first + k) of a taller packed matrix (the filter gradient's
+    # taps): the panels' rows apart by the packed matrix's rows, not the product's k
+    rng = np.random.default_rng(seed)
+    first = int(rng.integers(0, extra + 1))
+    tall = _operand(rng, k + extra, n, "C")
+    panels = np.full(sgemm.packed_size(k + extra, n), np.nan, np.float32)
+    sgemm.bind_pack(tall, panels)()
+    a = _operand(rng, m, k, "C")
+    out = np.full((m, n), np.nan, np.float32)
+    ap = np.full(sgemm.product_buffer_size(m, k), np.nan, np.float32)
+    sgemm.bind_packed_product(a, panels, n, out, False, ap, rows=k + extra, first=first)()
+    _assert_product(a, tall[first : first + k], out, None)
+    with pytest.raises(ValueError, match="rows"):
+        sgemm.bind_packed_product(a, panels, n, out, False, ap, rows=k + extra,
+                                  first=extra + 1)  # fmt: skip
+
+
 def test_packed_operand_refuses_bad_buffers():
     a, b = np.ones((5, 4), np.float32), np.ones((4, 3), np.float32)
     small = np.empty(sgemm.packed_size(4, 3) - 1, np.float32)
@@ -188,3 +209,40 @@ def test_packed_operand_refuses_bad_buffers():
     ap = np.empty(sgemm.product_buffer_size(5, 4), np.float32)
     with pytest.raises(ValueError, match="do not multiply"):
         sgemm.bind_packed_product(a, panels, 3, np.empty((5, 4), np.float32), False, ap)
+
+
+def _readonly(a):
+    v = a.reshape(-1)
+    v.flags.writeable = False
+    return v
+
+
+@settings(max_examples=20, deadline=None)
+@given(b=st.integers(1, 4), m=_dims, k=_dims, pad=st.integers(0, 3), seed=st.integers(0, 99))
+def test_transpose_batches_of_matrices(b, m, k, pad, seed):
+    # 16-row blocks through the registers, the rows past them one by one; rows of the
+    # source and the result longer than the matrices (their tails untouched)
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (b, m, k + pad)).astype(np.float32)
+    dst = np.full((b, k, m + pad), 7.0, np.float32)
+    sgemm_loops.compiled_transpose()(_readonly(x), 0, k + pad, m, k, dst.reshape(-1), 0,
+                                     m + pad, 0, b, m * (k + pad), k * (m + pad))  # fmt: skip
+    np.testing.assert_array_equal(dst[:, :, :m], x[:, :, :k].swapaxes(1, 2))
+    assert (dst[:, :, m:] == 7).all()
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 5), m=_dims, k=_dims, seed=st.integers(0, 99))
+def test_pack_planes_as_the_batch_inner_operand(n, m, k, seed):
+    # (n, m, k) planes as the (k n, m) matrix of rows (kk, i), packed: the same panels
+    # bind_pack writes from that matrix, whatever share of the planes each call takes
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (n, m, k)).astype(np.float32)
+    want = np.full(sgemm.packed_size(k * n, m), np.nan, np.float32)
+    sgemm.bind_pack(np.ascontiguousarray(x.transpose(2, 0, 1).reshape(k * n, m)), want)()
+    got = np.full_like(want, np.nan)
+    run = sgemm_loops.compiled_pack_planes(sgemm.TILE[1])
+    half = n // 2
+    run(_readonly(x), n, m, k, got, 0, half)
+    run(_readonly(x), n, m, k, got, half, n)
+    np.testing.assert_array_equal(got, want)

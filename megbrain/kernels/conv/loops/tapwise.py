@@ -2,10 +2,9 @@
 products, each a range of its outer items so that a caller splits it over the kernel threads
 (:func:`megbrain.kernels.parallel.split`; disjoint ranges write disjoint memory).
 
-- :func:`source_rows`: ``x (N, C, H, W)`` into the interior of the zero-framed ``(Hp, Wp, N,
-  C)`` buffer, source rows ``[h0, h1)``;
 - :func:`result_rows`: the ``(OH, OW, N, OC)`` result into the ``(N, OC, OH, OW)`` output,
-  samples ``[n0, n1)``, in blocks of 16 channels (a line of the result each).
+  samples ``[n0, n1)``, in blocks of 16 channels (a line of the result each), for an
+  output that is not C-ordered (a C-ordered one takes :mod:`..sgemm_loops`' transposes).
 
 Indices are unsigned (``np.uintp``): a signed, computed index makes Numba test it for
 wrap-around. No loop allocates; all release the GIL.
@@ -16,19 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["result_rows", "source_rows"]
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def source_rows(x, xr, ph, pw, h0, h1):  # pragma: no cover - compiled
-    """``xr[ph + h, pw + w, n, c] = x[n, c, h, w]`` for source rows ``h`` in ``[h0, h1)``."""
-    n_, c_, _, w_ = x.shape
-    for h in range(h0, h1):
-        for n in range(n_):
-            for w in range(w_):
-                for c in range(c_):
-                    xr[np.uintp(ph + h), np.uintp(pw + w), np.uintp(n), np.uintp(c)] = x[
-                        np.uintp(n), np.uintp(c), np.uintp(h), np.uintp(w)]
+__all__ = ["result_rows"]
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -43,3 +30,5 @@ def result_rows(res, out, n0, n1):  # pragma: no cover - compiled
                     for oc in range(o0, o1):
                         out[np.uintp(n), np.uintp(oc), np.uintp(i), np.uintp(j)] = res[
                             np.uintp(i), np.uintp(j), np.uintp(n), np.uintp(oc)]
+
+
