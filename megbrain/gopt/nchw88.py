@@ -460,30 +460,27 @@ def fuse_channel_shuffle(graph, dest: list[VarNode]) -> dict:
     if not found and not to_blocked and not read_back:
         return {}
 
-    def fused(r2, memo: dict) -> tuple[VarNode, VarNode]:
-        cat = found[r2]
-        new = ChannelShuffleConcat([memo.get(v, v) for v in cat.inputs], cat.param,
-                                   OperatorNodeConfig(comp_node=cat.comp_node))  # fmt: skip
-        return r2.outputs[0], graph.insert_opr(new)[0]
+    made: dict = {}  # a Concat -> its ChannelShuffleConcat's output (made once)
 
-    made: dict = {}  # an NCHW88 Concat -> its ChannelShuffleConcat's output
-
-    def shuffle88(cat, memo: dict) -> VarNode:
+    def shuffle(cat, memo: dict) -> VarNode:
         if cat not in made:
             new = ChannelShuffleConcat([memo.get(v, v) for v in cat.inputs], cat.param,
                                        OperatorNodeConfig(comp_node=cat.comp_node))  # fmt: skip
             made[cat] = graph.insert_opr(new)[0]
         return made[cat]
 
+    def fused(r2, memo: dict) -> tuple[VarNode, VarNode]:
+        return r2.outputs[0], shuffle(found[r2], memo)
+
     def fused_blocked(conversion, memo: dict) -> tuple[VarNode, VarNode]:
         cat, blocks = to_blocked[conversion]
-        out = shuffle88(cat, memo)
+        out = shuffle(cat, memo)
         if blocks is not None:
             out = subtensor_getitem(SymbolVar(out), (slice(None), slice(*blocks))).node
         return conversion.outputs[0], out
 
     def fused_read_back(r2, memo: dict) -> tuple[VarNode, VarNode]:
-        out = shuffle88(read_back[r2], memo)
+        out = shuffle(read_back[r2], memo)
         return r2.outputs[0], relayout_format(SymbolVar(out), mode="NCHW88_NCHW").node
 
     makers = {r2: fused for r2 in found} | {c: fused_blocked for c in to_blocked}
