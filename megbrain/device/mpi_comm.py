@@ -108,9 +108,12 @@ def world_size() -> int:
 def get_comm(key: str, nr_devices: int, rank: int, what: str = "collective_comm"):
     """The communicator of ``key``, split from ``COMM_WORLD`` on its first use.
 
-    Every process of the job takes part in the split (the first collective of each key runs
-    in the same order on all ranks, as every collective does); ``rank`` orders the new
-    communicator, whose size must be ``nr_devices``.
+    Every process of the job takes part in the split; ``rank`` orders the new communicator,
+    whose size must be ``nr_devices``. The first uses of different keys need not come in the
+    same order on every rank: a function's collectives run on several comp nodes' threads,
+    whose order differs between ranks. The keys wanted by this process's threads are agreed
+    on in rounds (:func:`_creation_round`), so every rank splits the same keys in the same
+    order whichever thread asked first.
 
     Raises
     ------
@@ -121,28 +124,66 @@ def get_comm(key: str, nr_devices: int, rank: int, what: str = "collective_comm"
     with _lock:
         comm = _comms.get(key)
         if comm is None:
-            world = mpi().COMM_WORLD
-            # all ranks agree on (nr_devices, rank) before splitting: a mismatch fails everywhere
-            with watch(f"{what} key={key!r}: creating its communicator"):
-                infos = world.allgather((int(nr_devices), int(rank)))
-            sizes = {n for n, _ in infos}
-            ranks = sorted(r for _, r in infos)
-            if len(sizes) != 1 or sizes != {len(infos)} or ranks != list(range(len(infos))):
-                raise MegBrainError(
-                    f"{what} key={key!r}: (nr_devices, rank) of the world ranks are {infos}; "
-                    f"every one of the {len(infos)} MPI processes must take part with "
-                    f"nr_devices={len(infos)} and a distinct rank in 0..{len(infos) - 1}"
-                )
-            color = zlib.crc32(key.encode()) & 0x7FFFFFFF
-            with watch(f"{what} key={key!r}: splitting COMM_WORLD"):
-                comm = world.Split(color, int(rank))
-            _comms[key] = comm
+            _pending.setdefault(key, (int(nr_devices), int(rank), what))
+    while comm is None:
+        with _round_lock:  # one thread per process runs the rounds
+            with _lock:
+                comm = _comms.get(key)
+                err = _failed.pop(key, None)
+                wanted = dict(_pending)
+            if err is not None:
+                raise err
+            if comm is None and not _creation_round(wanted):
+                time.sleep(_ROUND_BACKOFF_S)  # let this process's other threads add keys
     if comm.Get_size() != nr_devices or comm.Get_rank() != rank:
         raise MegBrainError(
             f"{what} key={key!r}: nr_devices={nr_devices}, rank={rank} disagree with the "
             f"key's communicator (size {comm.Get_size()}, rank {comm.Get_rank()})"
         )
     return comm
+
+
+#: seconds a creation round that made nothing waits before the next one
+_ROUND_BACKOFF_S = 1e-4
+#: key -> (nr_devices, rank, what) of the communicators this process's threads wait for
+_pending: dict[str, tuple[int, int, str]] = {}
+#: key -> the error its creation raised on every rank (its threads re-raise it)
+_failed: dict[str, MegBrainError] = {}
+_round_lock = threading.Lock()
+
+
+def _creation_round(wanted: dict[str, tuple[int, int, str]]) -> bool:
+    """One round of communicator creation, a collective of every rank: gather the keys each
+    rank waits for, then split ``COMM_WORLD`` for the keys every rank waits for, in sorted
+    order. Keys some rank does not want yet wait for a later round. Returns whether a key
+    was settled (made, or failed on every rank alike)."""
+    world = mpi().COMM_WORLD
+    names = ", ".join(sorted(wanted)) or "none"
+    with watch(f"{next(iter(wanted.values()))[2]}: creating the communicators of {names}"):
+        everyone = world.allgather(sorted(wanted.items()))
+    common = set.intersection(*(set(k for k, _ in lst) for lst in everyone))
+    for key in sorted(common):
+        infos = [dict(lst)[key][:2] for lst in everyone]
+        what = wanted[key][2]
+        sizes = {n for n, _ in infos}
+        ranks = sorted(r for _, r in infos)
+        if len(sizes) != 1 or sizes != {len(infos)} or ranks != list(range(len(infos))):
+            err = MegBrainError(
+                f"{what} key={key!r}: (nr_devices, rank) of the world ranks are {infos}; "
+                f"every one of the {len(infos)} MPI processes must take part with "
+                f"nr_devices={len(infos)} and a distinct rank in 0..{len(infos) - 1}"
+            )
+            with _lock:
+                _failed[key] = err
+                del _pending[key]
+            continue
+        color = zlib.crc32(key.encode()) & 0x7FFFFFFF
+        with watch(f"{what} key={key!r}: splitting COMM_WORLD"):
+            comm = world.Split(color, wanted[key][1])
+        with _lock:
+            _comms[key] = comm
+            del _pending[key]
+    return bool(common)
 
 
 def comm_comp_node(cn):

@@ -8,8 +8,9 @@ runs (:func:`mpi`). Run a program on several processes with ``mpiexec -n N pytho
 How MegBrain's arguments map onto MPI:
 
 * one communicator per ``key``: the first collective of a key splits it from
-  ``MPI.COMM_WORLD`` (every process of the job takes part, in the same order, as in any
-  SPMD program), ordered by the ``rank`` argument;
+  ``MPI.COMM_WORLD`` (every process of the job takes part), ordered by the ``rank``
+  argument; keys first used in a different order on different ranks (collectives run on
+  several comp nodes' threads) still get the same communicators (:func:`get_comm`);
 * ``rank`` and ``nr_devices`` are that communicator's rank and size and must agree with it
   (an error names the key otherwise); ``server_addr`` and ``port`` are accepted and unused;
 * ``config.create_mm_server`` returns the port it was given and starts nothing;

@@ -344,3 +344,37 @@ def test_waiting_for_a_late_rank_does_not_spin(monkeypatch):
         if r == 0:
             assert wall > 0.4
             assert cpu < 0.1 * wall, (cpu, wall)
+
+
+def test_keys_first_used_in_different_orders_on_the_ranks():
+    """A function's collectives run on several comp nodes' threads, so their first uses
+    (which create the keys' communicators) come in a different order on each rank: every
+    rank must still get the same communicators."""
+    import threading
+    import time
+
+    from megbrain.device import mpi_comm
+
+    r, n = _ctx()
+    keys = [f"order-{next(_key)}-{i}" for i in range(3)]
+    mine = keys if r % 2 == 0 else keys[::-1]
+    got, errors = {}, []
+
+    def use(key):
+        try:
+            got[key] = mpi_comm.get_comm(key, n, r)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = []
+    for key in mine:
+        threads.append(threading.Thread(target=use, args=(key,)))
+        threads[-1].start()
+        time.sleep(0.05)  # each rank's first key is asked for well before its others
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    for key in keys:
+        comm = got[key]
+        assert (comm.Get_size(), comm.Get_rank()) == (n, r)
+        assert comm.allreduce(r) == n * (n - 1) // 2
