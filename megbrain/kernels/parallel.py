@@ -39,6 +39,7 @@ from numba import njit
 from numba import types as t
 from threadpoolctl import ThreadpoolController, threadpool_info
 
+from .native_call import NativeCall, call_native, compare_swap, native_call
 from .steps import Step, chain
 from .tiled_jit import fetch_add
 
@@ -74,6 +75,24 @@ SPIN_NS = 500_000
 #: skipped the offers taken back without the GIL; a split of two 12 us parts then took
 #: 26.8 us against 17.9 with 2 us (docs/performance.md)
 SETTLE_NS = 2_000
+#: whether :func:`concurrently` hands the pool threads compiled kernels' parts as C calls
+#: (:func:`_native_split`); read when a step is bound
+NATIVE_PARTS = True
+
+
+@functools.cache
+def _libc_calls():
+    """libc's ``sched_yield`` and ``clock_gettime`` as typed ctypes functions (which compiled
+    code calls without the GIL), or None where they are not found."""
+    try:
+        libc = ctypes.CDLL(None)
+        sched_yield, clock_gettime = libc.sched_yield, libc.clock_gettime
+    except (OSError, AttributeError, TypeError):
+        return None
+    sched_yield.restype, sched_yield.argtypes = ctypes.c_int, []
+    clock_gettime.restype = ctypes.c_int
+    clock_gettime.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    return sched_yield, clock_gettime
 
 
 @functools.cache
@@ -94,15 +113,10 @@ def _spinner():
     starts its next part :data:`SETTLE_NS` after it was given, the caller then on its way
     into its own kernel (ResNet50 at batch 1: 31.7 ms with both sides taking the GIL at
     once, 29.0 with neither)."""
-    try:
-        libc = ctypes.CDLL(None)
-        sched_yield, clock_gettime = libc.sched_yield, libc.clock_gettime
-    except (OSError, AttributeError, TypeError):
+    calls = _libc_calls()
+    if calls is None:
         return None
-    sched_yield.restype, sched_yield.argtypes = ctypes.c_int, []
-    clock_gettime.restype = ctypes.c_int
-    clock_gettime.argtypes = [ctypes.c_int, ctypes.c_void_p]
-
+    sched_yield, clock_gettime = calls
 
     add = fetch_add()
     monotonic = time.CLOCK_MONOTONIC
@@ -116,7 +130,7 @@ def _spinner():
         clock_gettime(monotonic, clock.ctypes.data)
         return clock[0] * 1_000_000_000 + clock[1]
 
-    @njit([t.void(ints, t.int64, t.int64, t.int64, t.int64, ints)], nogil=True)
+    @njit([t.int64(ints, t.int64, t.int64, t.int64, t.int64, ints)], nogil=True)
     def spin(counters, i, seen, signal, settle, clock):  # pragma: no cover - compiled
         if signal >= 0:
             add(counters, signal, 1)  # atomic: the part's writes are visible before it
@@ -124,17 +138,54 @@ def _spinner():
         while True:
             while counters[i] == seen:  # the opaque calls make each test load it again
                 if now(clock) > end:
-                    return
+                    return seen
                 sched_yield()
+            if i == 0 and add(counters, _KIND, 0) == _NATIVE:  # an atomic read: the
+                seen = counters[0]  # offer's fields were written before its count
+                if compare_swap(counters, _CLAIM, 0, 1) == 0:
+                    call_native(counters[_TRAMPOLINE], counters[_BLOCK])
+                    add(counters, _NATIVE_DONE, 1)
+                end = now(clock) + SPIN_NS
+                continue
             until = now(clock) + settle
             while now(clock) < until:
                 sched_yield()
             if i != 0 or counters[2] != counters[0]:
-                return
+                return seen
             seen = counters[0]  # the caller took that offer back: wait for the next one
             end = now(clock) + SPIN_NS
 
     return spin
+
+
+@functools.cache
+def _native_runner():
+    """``run_parts(ctl, table, used, run)``, compiled without the GIL: runs the
+    :class:`NativeCall` of row 0 of ``table`` (``(trampoline, block)`` rows), then, for each
+    of the first ``used`` workers (rows of ``ctl``, each offered row ``k + 1``), claims its
+    part back and runs it if the worker has not claimed it, else waits for the worker to end
+    it. With ``run`` 0 it runs nothing and only settles the offers (after an interrupt).
+    None where :func:`_spinner` is (no libc calls to poll with)."""
+    if _spinner() is None:
+        return None
+    sched_yield = _libc_calls()[0]
+    add = fetch_add()
+
+    @njit([t.void(t.int64[:, ::1], t.int64[:, ::1], t.int64, t.int64)], nogil=True)
+    def run_parts(ctl, table, used, run):  # pragma: no cover - compiled
+        if run:
+            call_native(table[0, 0], table[0, 1])
+        for k in range(used):
+            c = ctl[k]
+            before = compare_swap(c, _CLAIM, 0, 2)
+            if before == 0:  # taken back before the worker claimed it
+                if run:
+                    call_native(table[k + 1, 0], table[k + 1, 1])
+            elif before == 1:
+                while add(c, _NATIVE_DONE, 0) == 0:
+                    sched_yield()
+
+    return run_parts
 
 
 def _cpu_getter() -> Callable[[], int] | None:
@@ -160,6 +211,13 @@ _getcpu = _cpu_getter()
 
 #: who ran an offered part: the value of its ``claims[0]`` (:class:`_Worker`)
 _WORKER, _CALLER = "worker", "caller"
+
+#: a worker's counters (:class:`_Worker`): offers made (0), Python parts it ended (1), the
+#: offer the caller took back last (2), then the last offer's kind, and a native offer's
+#: trampoline, block, claim (0 open, 1 the worker's, 2 the caller's) and end (1 once ended)
+_KIND, _TRAMPOLINE, _BLOCK, _CLAIM, _NATIVE_DONE = 3, 4, 5, 6, 7
+_COUNTERS = 8
+_PYTHON, _NATIVE = 0, 1
 
 
 class _Worker:
@@ -187,7 +245,7 @@ class _Worker:
     worker is pinned to (-1: not pinned; :meth:`keep_off`), ``index`` its place in the pool
     (workers spread over the CPUs their caller leaves them)."""
 
-    def __init__(self, name: str, index: int = 0) -> None:
+    def __init__(self, name: str, index: int = 0, counters: np.ndarray | None = None) -> None:
         self.index = index
         self.cpu = -1
 
@@ -195,7 +253,7 @@ class _Worker:
         self.go.acquire()
         self.done = threading.Lock()
         self.done.acquire()
-        self.counters = np.zeros(3, np.int64)
+        self.counters = np.zeros(_COUNTERS, np.int64) if counters is None else counters
         self.clocks = np.zeros((2, 2), np.int64)
         self.offer: tuple = (None, 0, 0, {0: _CALLER})  # nothing to claim yet
         self.claimed = 0
@@ -228,8 +286,20 @@ class _Worker:
     def give(self, fn, lo: int, hi: int, claims: dict) -> None:
         """Offer the part ``fn(lo, hi)``, claimed through ``claims`` (see the class)."""
         self.offer = (fn, lo, hi, claims)
+        self.counters[_KIND] = _PYTHON
         self.counters[0] += 1
         if self.go.locked():  # only this side releases it, so it stays locked until then
+            self.go.release()
+
+    def give_native(self, part: NativeCall) -> None:
+        """Offer a part the worker runs from its compiled poll, never taking the GIL; the
+        caller claims it back, or waits for its end, in ``run_parts`` (:func:`_native_runner`).
+        A worker blocked on ``go`` wakes into Python once, and polls for it again."""
+        c = self.counters
+        c[_KIND], c[_TRAMPOLINE], c[_BLOCK] = _NATIVE, part.trampoline, part.block_addr
+        c[_CLAIM] = c[_NATIVE_DONE] = 0
+        c[0] += 1  # last: the worker reads the fields once it sees the count change
+        if self.go.locked():
             self.go.release()
 
     def join(self, spin) -> None:
@@ -245,9 +315,12 @@ class _Worker:
         last = None  # the claims of the part it ran last (kept: an id could be reused)
         while True:
             if spin is not None:
-                # counts the part ended, then waits for the next offer
-                spin(self.counters, 0, seen, signal, SETTLE_NS, self.clocks[0])
+                # counts the part ended, then waits for the next offer, running native ones
+                seen = spin(self.counters, 0, seen, signal, SETTLE_NS, self.clocks[0])
             self.go.acquire()
+            if spin is not None and self.counters[_KIND] == _NATIVE:
+                signal = -1  # woken for a native offer (or by one the poll ran): poll for it
+                continue
             seen = int(self.counters[0])  # read before the offer: the caller writes it after
             fn, lo, hi, claims = self.offer
             if claims is last or claims.setdefault(0, _WORKER) is not _WORKER:
@@ -273,6 +346,7 @@ _pool_lock = threading.Lock()  # creates the workers
 #: every later split would run unsplit
 _claim: dict[int, object] = {}
 _workers: list[_Worker] = []
+_ctl: list[np.ndarray] = []  # the workers' counters as the rows of one array
 
 
 def _settle(offers: list[tuple[_Worker, dict, tuple]]) -> None:
@@ -300,12 +374,16 @@ def _pool() -> list[_Worker]:
         if not _workers:
             _spinner()  # compiled before any worker runs (see there)
             _cpus()
-            _workers.extend(_Worker(f"mgb-kernel_{i}", i) for i in range(num_threads() - 1))
+            n = num_threads() - 1
+            ctl = np.zeros((max(n, 1), _COUNTERS), np.int64)  # the native runs' rows
+            _workers.extend(_Worker(f"mgb-kernel_{i}", i, ctl[i]) for i in range(n))
+            _ctl[:] = [ctl]
         return _workers
 
 
 def _forget_pool() -> None:  # a forked child has none of the parent's threads
     _workers.clear()
+    _ctl.clear()
     _claim.clear()
     _cpus.cache_clear()  # nor, perhaps, its CPUs
 
@@ -391,7 +469,12 @@ def ranges(n: int, parts: int, min_items: int = 1) -> list[tuple[int, int]]:
 
 def concurrently(calls: Sequence[Callable[[], None]]) -> Step:
     """A step running ``calls`` (GIL-free kernels writing disjoint memory, each with its own
-    scratch) at once through :func:`split`'s pool; the call itself when there is one."""
+    scratch) at once through :func:`split`'s pool; the call itself when there is one.
+
+    After its first run (which compiles the kernels), where every call is a compiled kernel
+    bound to its arguments (:func:`.native_call.native_call`), the step hands the pool
+    threads their parts as C calls (:func:`_native_split`): they run and end them without
+    the GIL."""
     if len(calls) == 1:
         return calls[0]
 
@@ -399,7 +482,62 @@ def concurrently(calls: Sequence[Callable[[], None]]) -> Step:
         for k in range(lo, hi):
             calls[k]()
 
-    return split(run, len(calls), 1)
+    python = split(run, len(calls), 1)
+    if not NATIVE_PARTS or len(calls) > num_threads():
+        return python
+    chosen: list[Step] = []
+
+    def first() -> None:
+        python()
+        parts = [native_call(c) for c in calls]
+        runner = _native_runner() if all(p is not None for p in parts) else None
+        chosen.append(python if runner is None else _native_split(parts, calls, runner))
+
+    def step() -> None:
+        if chosen:
+            chosen[0]()
+        else:
+            first()
+
+    return step
+
+
+def _native_split(parts: list[NativeCall], calls: Sequence[Callable[[], None]],
+                  run_parts) -> Step:  # fmt: skip
+    """The step running ``parts`` (``calls`` as :class:`NativeCall`) on the caller and the
+    pool's first ``len(parts) - 1`` workers: :meth:`_Worker.give_native` offers, then one
+    compiled call runs the caller's part and claims back or waits for the others. A split
+    started while another holds the pool runs every call here, as :func:`split`'s does."""
+    table = np.array([[p.trampoline, p.block_addr] for p in parts], np.int64)
+    rest = parts[1:]
+
+    def run() -> None:
+        token = object()
+        try:
+            if _claim.setdefault(0, token) is not token:
+                for c in calls:
+                    c()
+                return
+            used = _pool()[: len(rest)]
+            ctl = _ctl[0]
+            given = 0
+            try:
+                here = _getcpu() if _getcpu is not None else -1
+                for w, part in zip(used, rest):
+                    if here >= 0:
+                        w.keep_off(here)
+                    given += 1  # first: an interrupt in the offer still settles it
+                    w.give_native(part)
+                run_parts(ctl, table, given, 1)
+            except BaseException:
+                run_parts(ctl, table, given, 0)  # no part left running once we raise
+                raise
+        finally:
+            if 0 in _claim and _claim[0] is token:
+                del _claim[0]
+
+    run.parts = parts  # keeps the blocks (and the bound arrays) with the step
+    return run
 
 
 _blas_lock = threading.Lock()

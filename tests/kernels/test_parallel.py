@@ -280,7 +280,7 @@ def test_an_offer_read_early_by_a_wake_up_runs_once(monkeypatch):
         return lambda lo, hi: runs.__setitem__(name, runs[name] + 1)
 
     w = parallel._Worker("mgb-race")
-    w.counters = np.zeros(3, np.int64).view(_CountersHook)
+    w.counters = np.zeros(parallel._COUNTERS, np.int64).view(_CountersHook)
     time.sleep(0.05)  # the worker waits on ``go``
 
     def caller_meanwhile():

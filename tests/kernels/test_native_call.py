@@ -1,0 +1,136 @@
+"""Bound kernels as C calls (megbrain/kernels/native_call.py), and the pool threads running
+them without the GIL (parallel.concurrently)."""
+
+import ctypes
+import functools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numba import njit
+
+from megbrain.kernels import parallel
+from megbrain.kernels.native_call import native_call
+from megbrain.kernels.tiled_jit import fetch_add
+
+_add = fetch_add()
+
+
+@njit(nogil=True)
+def _affine(x, y, k, f, g, pair, small, flag):
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            v = x[i, j] * f + g + k + pair[0] * 10 + pair[1] + small
+            y[i, j] = -v if flag else v
+
+
+def _run_c(call) -> None:
+    nc = native_call(call)
+    assert nc is not None
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(nc.trampoline)(nc.block_addr)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 5), cols=st.integers(1, 6), step=st.integers(1, 3),
+       k=st.integers(-2**40, 2**40), f=st.floats(-4, 4, width=32), g=st.floats(-1e3, 1e3),
+       pair=st.tuples(st.integers(-9, 9), st.integers(-9, 9)), small=st.integers(0, 255),
+       flag=st.booleans())  # fmt: skip
+def test_the_c_call_computes_what_the_python_call_does(rows, cols, step, k, f, g, pair,
+                                                       small, flag):  # fmt: skip
+    """Arrays (contiguous and strided), integers of 64 and 8 bits, float32 and float64
+    scalars, a tuple and a bool reach the kernel as the dispatcher passes them."""
+    base = np.arange(rows * cols * step, dtype=np.float32).reshape(rows, cols * step)
+    x = base[:, ::step]
+    want, got = (np.zeros((rows, cols), np.float32) for _ in range(2))
+    args = (k, np.float32(f), g, pair, np.uint8(small), flag)
+    functools.partial(_affine, x, want, *args)()
+    call = functools.partial(_affine, x, got, *args)
+    _run_c(call)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_calls_without_a_c_form_are_refused():
+    x = np.zeros((2, 2), np.float32)
+    good = functools.partial(_affine, x, x, 1, np.float32(1), 1.0, (1, 1), np.uint8(0), False)
+    good()
+    assert native_call(good) is not None
+    assert native_call(lambda: None) is None
+    assert native_call(functools.partial(np.copyto, x, x)) is None  # not a compiled kernel
+    assert native_call(functools.partial(_affine, x, y=x)) is None  # keywords
+    # a list argument has no C form (Numba's reflected list), nor a string
+    assert native_call(functools.partial(_affine, x, x, 1, np.float32(1), 1.0, [1, 1],
+                                         np.uint8(0), False)) is None  # fmt: skip
+    never_run = functools.partial(_affine, x.astype(np.float64), x, 1, np.float32(1), 1.0,
+                                  (1, 1), np.uint8(0), False)  # fmt: skip
+    assert native_call(never_run) is None  # no overload compiled for those types yet
+
+
+@njit(nogil=True)
+def _part(out, flag, me):
+    """Part ``me`` of a two-part step: part 0 (the caller's) waits for part 1 to have run
+    (up to ~seconds), so that part 1 is run by the pool thread, not taken back."""
+    if me == 0:
+        n = 0
+        while _add(flag, 0, 0) == 0 and n < 3_000_000_000:
+            n += 1
+    out[me] += 1
+    if me == 1:
+        _add(flag, 0, 1)
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    parallel._forget_pool()
+    yield
+    parallel._forget_pool()
+
+
+def test_a_pool_thread_runs_its_part_as_a_c_call(two_threads, monkeypatch):
+    out = np.zeros(2, np.int64)
+    flag = np.zeros(1, np.int64)
+    natives = []
+    make = parallel._native_split
+    monkeypatch.setattr(parallel, "_native_split",
+                        lambda *a: natives.append(make(*a)) or natives[-1])  # fmt: skip
+    step = parallel.concurrently([functools.partial(_part, out, flag, me) for me in (0, 1)])
+    for r in range(4):
+        flag[0] = 0
+        step()
+        assert list(out) == [r + 1, r + 1]
+        if r > 0:  # from the second run on, the worker claimed part 1 as a C call
+            assert len(natives) == 1
+            assert parallel._ctl[0][0, parallel._CLAIM] == 1
+            assert parallel._ctl[0][0, parallel._NATIVE_DONE] == 1
+
+
+def test_a_step_bound_with_native_parts_off_stays_in_python(two_threads, monkeypatch):
+    monkeypatch.setattr(parallel, "NATIVE_PARTS", False)
+    out = np.zeros(2, np.int64)
+    flag = np.ones(1, np.int64)
+    made = []
+    monkeypatch.setattr(parallel, "_native_split", lambda *a: made.append(a))
+    step = parallel.concurrently([functools.partial(_part, out, flag, me) for me in (0, 1)])
+    for _ in range(3):
+        step()
+    assert list(out) == [3, 3] and not made
+
+
+def test_a_native_step_and_a_python_split_share_the_pool(two_threads):
+    """Offers of both kinds alternate on the same worker: every part runs once."""
+    out = np.zeros(2, np.int64)
+    flag = np.zeros(1, np.int64)
+    marks = np.zeros(64, np.int64)
+    native = parallel.concurrently([functools.partial(_part, out, flag, me) for me in (0, 1)])
+
+    def mark(lo, hi):
+        marks[lo:hi] += 1
+
+    python = parallel.split(mark, 64, 1)
+    for _ in range(50):
+        flag[0] = 0
+        native()
+        python()
+    assert list(out) == [50, 50]
+    assert np.all(marks == 50)
