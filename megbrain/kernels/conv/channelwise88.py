@@ -200,7 +200,7 @@ def bind_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, strid
     zero = loops.zeros(h * w * loops.CB + loops.CB if pairs else loops.CB)
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
-        return functools.partial(loops.channelwise88, key, x, wr, yf, zf, bias, dims, conv, epi,
+        return loops.bound_channelwise88(key, x, wr, yf, zf, bias, dims, conv, epi,
                                  counter, me, zero)  # fmt: skip
 
     steps.append(units_as_they_go(units, bind_part, t))

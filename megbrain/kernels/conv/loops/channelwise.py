@@ -28,7 +28,7 @@ from .nchw8c import _hswish_py, tail_scalars
 from .pointwise import arrays_data, runtime_epilogue
 from .pointwise88 import ACTIVATIONS
 
-__all__ = ["ROWS3_BITS", "VECS", "channelwise_nchw", "rows3_nchw", "scratch_size"]
+__all__ = ["ROWS3_BITS", "VECS", "bound_rows3_nchw", "channelwise_nchw", "rows3_nchw", "scratch_size"]
 
 #: the epilogue bits :func:`rows3_nchw` applies: bias, ReLU, H_SWISH, ReLU6 (no SiLU)
 ROWS3_BITS = 1 | sum(ACTIVATIONS)
@@ -316,9 +316,15 @@ def rows3_nchw(x, w, y, bias, dims, epi: int, counter, me: int) -> None:
     (:func:`_rows3_units`; the epilogues of :data:`ROWS3_EPILOGUES` compiled in): ``x`` and
     ``bias`` read-only float32 vectors, ``w`` a read-only C-contiguous (C, 9) float32 array,
     ``y`` a writable vector, ``dims`` and the units' ``counter`` int64."""
+    bound_rows3_nchw(x, w, y, bias, dims, epi, counter, me)()
+
+
+def bound_rows3_nchw(x, w, y, bias, dims, epi: int, counter, me: int):
+    """:func:`rows3_nchw` bound to its arguments, as a call of the compiled kernel itself
+    (which the kernel pool can run as a C call, without the GIL)."""
     epi = int(epi)
-    _compiled_rows3(epi if epi in ROWS3_EPILOGUES else -1)(x, w, y, bias, dims, epi, counter,
-                                                           int(me))  # fmt: skip
+    return functools.partial(_compiled_rows3(epi if epi in ROWS3_EPILOGUES else -1), x, w, y,
+                             bias, dims, epi, counter, int(me))  # fmt: skip
 
 
 @functools.cache

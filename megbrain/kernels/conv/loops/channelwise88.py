@@ -27,7 +27,7 @@ from .pointwise88 import silu8
 
 # Numba's cache keys this file's kernels on its time stamp alone: a change to the
 # activations of .pointwise88 they inline goes with an edit here (this line)
-__all__ = ["CB", "ZEROS", "channelwise88", "kernel_key", "signature", "zeros"]
+__all__ = ["CB", "ZEROS", "bound_channelwise88", "channelwise88", "kernel_key", "signature", "zeros"]
 
 #: channels of a block: the innermost dim of the source, filter and output
 CB = 8
@@ -356,7 +356,15 @@ def channelwise88(key, x, w, out, z, bias, dims, conv, epi: int, counter, me: in
     first: ``x``, ``w``, ``z`` and ``bias`` read-only float32 vectors, ``out`` a writable
     one; ``zero`` read-only zeros, at least ``H W 8 + 8`` of them when ``dims`` pairs the
     blocks (:func:`zeros`)."""
-    _compiled(key)(x, w, out, z, bias, zero, dims, conv, int(epi), counter, int(me))
+    bound_channelwise88(key, x, w, out, z, bias, dims, conv, epi, counter, me, zero)()
+
+
+def bound_channelwise88(key, x, w, out, z, bias, dims, conv, epi: int, counter, me: int,
+                        zero: np.ndarray = ZEROS):  # fmt: skip
+    """:func:`channelwise88` bound to its arguments, as a call of the compiled kernel itself
+    (which the kernel pool can run as a C call, without the GIL)."""
+    return functools.partial(_compiled(key), x, w, out, z, bias, zero, dims, conv, int(epi),
+                             counter, int(me))  # fmt: skip
 
 
 def zeros(size: int) -> np.ndarray:

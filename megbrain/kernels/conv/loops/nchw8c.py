@@ -61,6 +61,8 @@ __all__ = [
     "SLACK",
     "blocked_packing",
     "conv_units",
+    "bound_units",
+    "bound_units_blocked",
     "conv_units_blocked",
     "pack_blocked_input",
     "pack_filter",
@@ -764,7 +766,14 @@ def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, me: int) ->
     units' geometry (see the source); ``epi`` 0, or 1 to add ``bias`` (a
     :func:`readonly_view` per output channel), 2 to add it and apply ReLU, 3 to add it and
     apply H_SWISH."""
-    _compiled()["units"](xp, wp, out, rb, taps, geom, bias, epi, counter, me)
+    bound_units(xp, wp, out, rb, taps, geom, bias, epi, counter, me)()
+
+
+def bound_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, me: int):
+    """:func:`conv_units` bound to its arguments, as a call of the compiled kernel itself
+    (which the kernel pool can run as a C call, without the GIL)."""
+    return functools.partial(_compiled()["units"], xp, wp, out, rb, taps, geom, bias, epi,
+                             counter, me)  # fmt: skip
 
 
 def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter, me: int,
@@ -782,9 +791,16 @@ def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter, 
     ``packing`` (a :func:`blocked_packing`) makes the threads first pack the source into
     the planes ``xp`` views, a (sample, channel block) at a time, in the same call: the
     packing costs no hand-over of its own between the threads."""
+    bound_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi, counter, me, packing)()
+
+
+def bound_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter, me: int,
+                        packing=None):  # fmt: skip
+    """:func:`conv_units_blocked` bound to its arguments, as a call of the compiled kernel
+    itself (which the kernel pool can run as a C call, without the GIL)."""
     src, xbuf, pack, dims, packed = packing or _NO_PACKING
-    _compiled()["units_blocked"](xp, wp, out, z, rb, taps, geom, bias, epi, counter, me, src,
-                                 xbuf, pack, dims, packed)  # fmt: skip
+    return functools.partial(_compiled()["units_blocked"], xp, wp, out, z, rb, taps, geom,
+                             bias, epi, counter, me, src, xbuf, pack, dims, packed)  # fmt: skip
 
 
 def blocked_packing(x, xbuf, stride, row_off: int, col_off: int, hq: int, wq: int,
