@@ -28,7 +28,14 @@ from .nchw8c import _hswish_py, tail_scalars
 from .pointwise import arrays_data, runtime_epilogue
 from .pointwise88 import ACTIVATIONS
 
-__all__ = ["ROWS3_BITS", "VECS", "bound_rows3_nchw", "channelwise_nchw", "rows3_nchw", "scratch_size"]
+__all__ = [
+    "ROWS3_BITS",
+    "VECS",
+    "bound_rows3_nchw",
+    "channelwise_nchw",
+    "rows3_nchw",
+    "scratch_size",
+]
 
 #: the epilogue bits :func:`rows3_nchw` applies: bias, ReLU, H_SWISH, ReLU6 (no SiLU)
 ROWS3_BITS = 1 | sum(ACTIVATIONS)

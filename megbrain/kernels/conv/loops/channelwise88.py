@@ -27,7 +27,15 @@ from .pointwise88 import silu8
 
 # Numba's cache keys this file's kernels on its time stamp alone: a change to the
 # activations of .pointwise88 they inline goes with an edit here (this line)
-__all__ = ["CB", "ZEROS", "bound_channelwise88", "channelwise88", "kernel_key", "signature", "zeros"]
+__all__ = [
+    "CB",
+    "ZEROS",
+    "bound_channelwise88",
+    "channelwise88",
+    "kernel_key",
+    "signature",
+    "zeros",
+]
 
 #: channels of a block: the innermost dim of the source, filter and output
 CB = 8
