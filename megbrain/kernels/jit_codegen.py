@@ -37,6 +37,7 @@ import numpy as np
 
 from .arrays import F16, F32, same_elements
 from .elemwise_modes import JIT_FORMS, JIT_HELPERS, REDUCE_MODES, arity, bind_numpy, compute
+from .native_call import register_entry_point
 from .parallel import concurrently, num_threads, ranges, take_in_turn
 from .reduce import bind_reduce
 from .steps import chain
@@ -463,7 +464,7 @@ def _kernel(src: str, args: Sequence[np.ndarray]) -> Callable:
         disp = _load_module(src).kernel
         sig = tuple(numba.typeof(a) for a in args)
         hits = sum(disp.stats.cache_hits.values())
-        fn = disp.compile(sig)  # loads from Numba's disk cache when it can
+        fn = register_entry_point(disp, sig)  # loads from Numba's disk cache when it can
         if sum(disp.stats.cache_hits.values()) > hits:
             STATS["disk_loads"] += 1
         else:

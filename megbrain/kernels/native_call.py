@@ -35,7 +35,7 @@ from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic
 
-__all__ = ["NativeCall", "call_native", "compare_swap", "native_call"]
+__all__ = ["NativeCall", "call_native", "compare_swap", "native_call", "register_entry_point"]
 
 _I64 = ir.IntType(64)
 
@@ -176,17 +176,38 @@ def _trampoline(ctx, sig) -> int:
         return addr
 
 
+#: compiled overloads by their entry points (``Dispatcher.compile``'s result), whose calls
+#: skip the dispatcher's type dispatch: :func:`register_entry_point`
+_entry_points: dict = {}
+
+
+def register_entry_point(disp: CPUDispatcher, sig: tuple) -> Callable:
+    """``disp.compile(sig)``: the overload's entry point, recorded so that a call bound to
+    it (``functools.partial(entry, *args)``) has a :class:`NativeCall` form too."""
+    entry = disp.compile(sig)
+    _entry_points[entry] = disp.overloads[tuple(sig)]
+    return entry
+
+
 def native_call(call) -> NativeCall | None:
-    """``call`` (``functools.partial`` of a compiled Numba kernel, positional arguments
-    only, already run once so that its overload exists) as a :class:`NativeCall`; None
-    where it has no such form (another callable, keywords, an argument type other than
-    arrays of numbers, numbers and tuples of them)."""
+    """``call`` (``functools.partial`` of a compiled Numba kernel or of an entry point from
+    :func:`register_entry_point`, positional arguments only, already run once so that its
+    overload exists) as a :class:`NativeCall`; None where it has no such form (another
+    callable, keywords, an argument type other than arrays of numbers, numbers and tuples
+    of them)."""
     if not isinstance(call, functools.partial) or call.keywords:
         return None
     disp, args = call.func, call.args
-    if not isinstance(disp, CPUDispatcher):
+    try:
+        cres = _entry_points.get(disp)
+    except TypeError:  # not hashable: not an entry point
+        cres = None
+    if cres is not None:
+        ctx = cres.target_context
+    elif isinstance(disp, CPUDispatcher):
+        cres, ctx = _param_types(disp, args), disp.targetctx
+    else:
         return None
-    cres = _param_types(disp, args)
     if cres is None or not all(_supported(t) for t in cres.signature.args):
         return None
     slots: list[int] = []
@@ -196,7 +217,7 @@ def native_call(call) -> NativeCall | None:
     if not entry:
         return None
     block = np.array([entry, *slots], np.int64)
-    return NativeCall(_trampoline(disp.targetctx, cres.signature), block.ctypes.data, block)
+    return NativeCall(_trampoline(ctx, cres.signature), block.ctypes.data, block)
 
 
 @intrinsic

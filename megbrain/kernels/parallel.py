@@ -427,24 +427,21 @@ def split(fn: Callable[[int, int], object], n: int, min_items: int) -> Step:
     python = _split_in_python(fn, bounds)
     if not isinstance(fn, functools.partial):
         return python
-    return _native_after_first_run(python, [functools.partial(fn, lo, hi) for lo, hi in bounds])
+    calls = [functools.partial(fn, lo, hi) for lo, hi in bounds]
+    return _native_after_first_run(python, functools.partial(_natively, calls))
 
 
-def _native_after_first_run(python: Step, calls: Sequence[Callable[[], None]]) -> Step:
-    """``python`` (running ``calls`` on the pool), until its first run has compiled the
-    kernels; from then on, where every call is a compiled kernel bound to its arguments
-    (:func:`.native_call.native_call`), the step that hands the pool threads their parts as
-    C calls (:func:`_native_split`), which they run and end without the GIL. ``python``
-    alone where :data:`NATIVE_PARTS` is off when the step is bound."""
-    if not NATIVE_PARTS or len(calls) > num_threads():
+def _native_after_first_run(python: Step, native: Callable[[], Step | None]) -> Step:
+    """``python`` until its first run has compiled the kernels, then ``native()``'s step
+    (None: ``python`` for good). ``python`` alone where :data:`NATIVE_PARTS` is off when the
+    step is bound."""
+    if not NATIVE_PARTS:
         return python
     chosen: list[Step] = []
 
     def first() -> None:
         python()
-        parts = [native_call(c) for c in calls]
-        runner = _native_runner() if all(p is not None for p in parts) else None
-        chosen.append(python if runner is None else _native_split(parts, calls, runner))
+        chosen.append(native() or python)
 
     def step() -> None:
         if chosen:
@@ -520,7 +517,18 @@ def concurrently(calls: Sequence[Callable[[], None]]) -> Step:
         for k in range(lo, hi):
             calls[k]()
 
-    return _native_after_first_run(split(run, len(calls), 1), calls)
+    return _native_after_first_run(split(run, len(calls), 1), functools.partial(_natively, calls))
+
+
+def _natively(calls: Sequence[Callable[[], None]]) -> Step | None:
+    """The step handing the pool threads ``calls`` (one each, the first the caller's) as C
+    calls (:func:`_native_split`), which they run and end without the GIL; None unless every
+    call is a compiled kernel bound to its arguments (:func:`.native_call.native_call`)."""
+    if len(calls) > num_threads():
+        return None
+    parts = [native_call(c) for c in calls]
+    runner = _native_runner() if all(p is not None for p in parts) else None
+    return None if runner is None else _native_split(parts, calls, runner)
 
 
 def _native_split(parts: list[NativeCall], calls: Sequence[Callable[[], None]],
@@ -692,4 +700,44 @@ def take_in_turn(table: Sequence[Sequence[Callable[[], None]]]) -> Step:
         counter[0] = itertools.count()
         workers()
 
+    return _native_after_first_run(run, functools.partial(_taking_natively, table))
+
+
+def _taking_natively(table: Sequence[Sequence[Callable[[], None]]]) -> Step | None:
+    """:func:`take_in_turn`'s step with every item a C call (:func:`_native_taker`), each
+    thread's loop taking them itself a C call of :func:`_natively`'s; None unless every item
+    is a compiled kernel bound to its arguments."""
+    items = [[native_call(c) for c in row] for row in table]
+    if not all(p is not None for row in items for p in row):
+        return None
+    counter = np.zeros(1, np.int64)
+    take = _native_taker()
+    rows = [np.array([[p.trampoline, p.block_addr] for p in row], np.int64) for row in items]
+    loops = _natively([functools.partial(take, r, counter) for r in rows])
+    if loops is None:
+        return None
+
+    def run() -> None:
+        counter[0] = 0
+        loops()
+
+    run.items = items  # keeps the blocks (and the bound arrays) with the step
     return run
+
+
+@functools.cache
+def _native_taker():
+    """``take(items, counter)``, compiled without the GIL: runs the :class:`NativeCall`
+    rows ``(trampoline, block)`` of ``items`` whose indices it takes from ``counter[0]`` by
+    atomic increments, until none is left."""
+    add = fetch_add()
+
+    @njit([t.void(t.int64[:, ::1], t.int64[::1])], nogil=True)
+    def take(items, counter):  # pragma: no cover - compiled
+        while True:
+            i = add(counter, 0, 1)
+            if i >= items.shape[0]:
+                return
+            call_native(items[i, 0], items[i, 1])
+
+    return take

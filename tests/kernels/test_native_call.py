@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
+from numba import typeof as numba_typeof
 
 from megbrain.kernels import parallel
 from megbrain.kernels.native_call import native_call
@@ -134,3 +135,33 @@ def test_a_native_step_and_a_python_split_share_the_pool(two_threads):
         python()
     assert list(out) == [50, 50]
     assert np.all(marks == 50)
+
+
+@njit(nogil=True)
+def _bump(out, i):
+    out[i] += 1
+
+
+def test_items_taken_in_turn_run_once_each_as_c_calls(two_threads, monkeypatch):
+    out = np.zeros(40, np.int64)
+    built = []
+    make = parallel._taking_natively
+    monkeypatch.setattr(parallel, "_taking_natively",
+                        lambda table: built.append(make(table)) or built[-1])  # fmt: skip
+    table = [[functools.partial(_bump, out, i) for i in range(40)] for _ in range(2)]
+    step = parallel.take_in_turn(table)
+    for _ in range(5):
+        step()
+    assert built and built[0] is not None
+    assert np.all(out == 5)
+
+
+def test_a_registered_entry_point_has_a_c_form():
+    from megbrain.kernels.native_call import register_entry_point
+
+    x = np.zeros(3, np.int64)
+    entry = register_entry_point(_bump, (numba_typeof(x), numba_typeof(1)))
+    call = functools.partial(entry, x, 2)
+    call()
+    _run_c(call)
+    assert list(x) == [0, 0, 2]
