@@ -169,7 +169,8 @@ def _native_runner():
     :class:`NativeCall` of row 0 of ``table`` (``(trampoline, block)`` rows), then, for each
     of the first ``used`` workers (rows of ``ctl``, each offered row ``k + 1``), claims its
     part back and runs it if the worker has not claimed it, else waits for the worker to end
-    it. With ``run`` 0 it runs nothing and only settles the offers (after an interrupt).
+    it; rows no worker was offered run here too. With ``run`` 0 it runs nothing and only
+    settles the offers (after an interrupt).
     None where :func:`_spinner` is (no libc calls to poll with)."""
     if _spinner() is None:
         return None
@@ -180,6 +181,8 @@ def _native_runner():
     def run_parts(ctl, table, used, run):  # pragma: no cover - compiled
         if run:
             call_native(table[0, 0], table[0, 1])
+            for k in range(used + 1, table.shape[0]):  # more parts than workers: a larger
+                call_native(table[k, 0], table[k, 1])  # count was set after the pool started
         for k in range(used):
             c = ctl[k]
             before = compare_swap(c, _CLAIM, 0, 2)

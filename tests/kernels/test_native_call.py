@@ -165,3 +165,20 @@ def test_a_registered_entry_point_has_a_c_form():
     call()
     _run_c(call)
     assert list(x) == [0, 0, 2]
+
+
+def test_parts_beyond_the_pool_run_on_the_caller(monkeypatch):
+    """A step bound for more threads than the pool has (its count raised after the pool
+    started) still runs every part."""
+    monkeypatch.setattr(parallel, "num_threads", lambda: 2)
+    parallel._forget_pool()
+    try:
+        parallel._pool()
+        monkeypatch.setattr(parallel, "num_threads", lambda: 3)
+        out = np.zeros(3, np.int64)
+        step = parallel.concurrently([functools.partial(_bump, out, i) for i in range(3)])
+        for _ in range(3):
+            step()
+        assert list(out) == [3, 3, 3]
+    finally:
+        parallel._forget_pool()
