@@ -80,8 +80,9 @@ SPIN_NS = 500_000
 #: skipped the offers taken back without the GIL; a split of two 12 us parts then took
 #: 26.8 us against 17.9 with 2 us (docs/performance.md)
 SETTLE_NS = 2_000
-#: whether :func:`concurrently` hands the pool threads compiled kernels' parts as C calls
-#: (:func:`_native_split`); read when a step is bound
+#: whether :func:`split`, :func:`concurrently` and :func:`take_in_turn` hand the pool
+#: threads compiled kernels' parts as C calls (:func:`_native_after_first_run`); read when a
+#: step is bound
 NATIVE_PARTS = True
 
 
