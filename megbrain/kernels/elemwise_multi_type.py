@@ -232,7 +232,7 @@ def _bind_8bit_add(mode: str, inputs: Sequence[np.ndarray], out: np.ndarray):
     q = np.array([qa.scale, qa.zero_point, qb.scale, qb.zero_point, qo.scale, qo.zero_point,
                   qo.qmin, qo.qmax], _F32)  # fmt: skip
     flat = [a.view(np.dtype(a.dtype.str)).reshape(-1) for a in arrays]
-    part = _partial(int8_loops.quantized_add, *flat, q, mode == "FUSE_ADD_RELU")
+    part = int8_loops.quantized_add(*flat, q, mode == "FUSE_ADD_RELU")
     return parallel.split(part, out.size, ew.EIGHT_BIT_MIN_PER_THREAD)
 
 

@@ -230,7 +230,7 @@ def _bind_depthwise(src, filt, bias, y, stride, pad, dilate, flip, requant) -> S
     loop, items, per = int8_loops.depthwise, n_ * c_, 1
     if by_channels:
         loop, items, per = int8_loops.depthwise_channels, n_ * -(-c_ // lanes), lanes
-    part = _partial(loop, x.reshape(-1), w.reshape(-1), b, yv.reshape(-1), q, geom, epi)
+    part = loop(x.reshape(-1), w.reshape(-1), b, yv.reshape(-1), q, geom, epi)
     macs = fh * fw * y.shape[2] * y.shape[3] * per
     steps.append(parallel.split(part, items, max(1, _MIN_MACS_PER_THREAD // max(1, macs))))
     return chain(steps)

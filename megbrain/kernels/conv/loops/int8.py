@@ -403,10 +403,11 @@ def _add_py(a, b, out, q, relu, lo, hi):  # pragma: no cover - compiled
         out[j] = _quantize(v, so, zo, qmin, qmax)
 
 
-def quantized_add(a, b, out, q, relu: bool, lo: int, hi: int) -> None:
-    """Values [lo, hi) of the quantized ADD / FUSE_ADD_RELU of flat 8-bit arrays; see
-    :func:`_add_py`."""
-    _compiled("add")(a, b, out, q, bool(relu), int(lo), int(hi))
+def quantized_add(a, b, out, q, relu: bool):
+    """The quantized ADD / FUSE_ADD_RELU of flat 8-bit arrays (see :func:`_add_py`) as the
+    compiled loop bound to its arguments: called with ``(lo, hi)``, it computes values
+    [lo, hi) (a call the kernel pool hands its threads as a C call)."""
+    return functools.partial(_compiled("add"), a, b, out, q, bool(relu))
 
 
 def _quantize_8bit_py(src, out, q, lo, hi):  # pragma: no cover - compiled
@@ -418,10 +419,11 @@ def _quantize_8bit_py(src, out, q, lo, hi):  # pragma: no cover - compiled
         out[j] = _quantize(src[j], scale, zp, qmin, qmax)
 
 
-def quantize_8bit(src, out, q, lo: int, hi: int) -> None:
-    """Values [lo, hi) of the quantize of flat float32 values into 8 bits; see
-    :func:`_quantize_8bit_py`."""
-    _compiled("quantize")(src, out, q, int(lo), int(hi))
+def quantize_8bit(src, out, q):
+    """The quantize of flat float32 values into 8 bits (see :func:`_quantize_8bit_py`) as the
+    compiled loop bound to its arguments: called with ``(lo, hi)``, it computes values
+    [lo, hi) (a call the kernel pool hands its threads as a C call)."""
+    return functools.partial(_compiled("quantize"), src, out, q)
 
 
 #: float32 values of a depthwise band's padded source rows and of its sums (stack tiles)
@@ -799,11 +801,13 @@ def depthwise_channel_rows(w: int, ow: int, fh: int, fw: int, sh: int, sw: int, 
     return max(0, min(rows, oh))
 
 
-def depthwise_channels(x, w, bias, out, q, geom, epi: int, t0: int, t1: int) -> None:
-    """Items [t0, t1) (``n * ceil(C / 16) + block of 16 channels``) of the depthwise 8-bit
-    convolution of :func:`depthwise` (the same arguments), the channels along the vectors;
-    see :func:`_depthwise_channels_py`."""
-    _compiled("depthwise_channels")(x, w, bias, out, q, geom, int(epi), int(t0), int(t1))
+def depthwise_channels(x, w, bias, out, q, geom, epi: int):
+    """The depthwise 8-bit convolution of :func:`depthwise` (the same arguments) with the
+    channels along the vectors (see :func:`_depthwise_channels_py`), bound as
+    :func:`depthwise` is: called with ``(t0, t1)``, it computes items [t0, t1) (``n *
+    ceil(C / 16) + block of 16 channels``)."""
+    return functools.partial(_compiled("depthwise_channels"), x, w, bias, out, q, geom,
+                             int(epi))  # fmt: skip
 
 
 def depthwise_band_rows(w: int, ow: int, fh: int, sh: int, dh: int, pw: int) -> int:
@@ -814,14 +818,15 @@ def depthwise_band_rows(w: int, ow: int, fh: int, sh: int, dh: int, pw: int) -> 
     return max(0, rows)
 
 
-def depthwise(x, w, bias, out, q, geom, epi: int, c0: int, c1: int) -> None:
-    """Planes [c0, c1) of a depthwise 8-bit convolution: ``x`` (N, C, H, W), ``w`` (C, FH,
-    FW) and ``out`` (N, C, OH, OW) all flat and C-ordered, ``bias`` (C,) int32, ``q`` the
-    requantization's float32 (input scale, output scale, zero point, qmin, qmax), ``geom``
-    (int64) as :func:`_depthwise_py` reads it, ``geom[16]`` 1 for the masked-vector form
-    (:func:`_depthwise_masked_py`)."""
+def depthwise(x, w, bias, out, q, geom, epi: int):
+    """A depthwise 8-bit convolution as the compiled loop bound to its arguments: called
+    with ``(c0, c1)``, it computes planes [c0, c1) (a call the kernel pool hands its threads
+    as a C call). ``x`` (N, C, H, W), ``w`` (C, FH, FW) and ``out`` (N, C, OH, OW) all flat
+    and C-ordered, ``bias`` (C,) int32, ``q`` the requantization's float32 (input scale,
+    output scale, zero point, qmin, qmax), ``geom`` (int64) as :func:`_depthwise_py` reads
+    it, ``geom[16]`` 1 for the masked-vector form (:func:`_depthwise_masked_py`)."""
     name = "depthwise_masked" if geom[16] else "depthwise"
-    _compiled(name)(x, w, bias, out, q, geom, int(epi), int(c0), int(c1))
+    return functools.partial(_compiled(name), x, w, bias, out, q, geom, int(epi))
 
 
 def int8_im2col(x, col, n, fsize, stride, pad, dilate, ow: int, zx: int, g0: int, g1: int):
