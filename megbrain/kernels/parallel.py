@@ -306,7 +306,10 @@ class _Worker:
         A worker blocked on ``go`` wakes into Python once, and polls for it again."""
         c = self.counters
         c[_KIND], c[_TRAMPOLINE], c[_BLOCK] = _NATIVE, part.trampoline, part.block_addr
-        c[_CLAIM] = c[_NATIVE_DONE] = 0
+        # the end flag before the claim: a worker still polling after an offer taken back
+        # may claim this one as soon as the claim is open, and end it before the count
+        c[_NATIVE_DONE] = 0
+        c[_CLAIM] = 0
         c[0] += 1  # last: the worker reads the fields once it sees the count change
         if self.go.locked():
             self.go.release()

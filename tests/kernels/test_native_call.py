@@ -182,3 +182,29 @@ def test_parts_beyond_the_pool_run_on_the_caller(monkeypatch):
         assert list(out) == [3, 3, 3]
     finally:
         parallel._forget_pool()
+
+
+def test_two_callers_share_the_pool_without_losing_a_part(two_threads):
+    """Steps of C-call parts run from two threads at once: one holds the pool, the other
+    runs its parts itself; every part runs once per run, and nothing waits for good."""
+    import threading
+
+    outs = [np.zeros(2, np.int64) for _ in range(2)]
+    steps = [parallel.concurrently([functools.partial(_bump, out, i) for i in range(2)])
+             for out in outs]  # fmt: skip
+    errors = []
+
+    def loop(step):
+        try:
+            for _ in range(300):
+                step()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(s,)) for s in steps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert all(list(out) == [300, 300] for out in outs)
