@@ -35,6 +35,7 @@ import ctypes
 import functools
 import itertools
 import os
+import platform
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -172,8 +173,10 @@ def _native_runner():
     part back and runs it if the worker has not claimed it, else waits for the worker to end
     it; rows no worker was offered run here too. With ``run`` 0 it runs nothing and only
     settles the offers (after an interrupt).
-    None where :func:`_spinner` is (no libc calls to poll with)."""
-    if _spinner() is None:
+    None where :func:`_spinner` is (no libc calls to poll with), and off x86: the caller
+    publishes an offer by plain stores from Python (:meth:`_Worker.give_native`), whose
+    order only x86's memory model (TSO) keeps for the worker reading them."""
+    if _spinner() is None or platform.machine().lower() not in _TSO_MACHINES:
         return None
     sched_yield = _libc_calls()[0]
     add = fetch_add()
@@ -220,6 +223,10 @@ _getcpu = _cpu_getter()
 
 #: who ran an offered part: the value of its ``claims[0]`` (:class:`_Worker`)
 _WORKER, _CALLER = "worker", "caller"
+
+#: machines whose stores become visible in program order (x86's TSO), where native offers
+#: run
+_TSO_MACHINES = ("x86_64", "amd64", "i386", "i686")
 
 #: a worker's counters (:class:`_Worker`): offers made (0), Python parts it ended (1), the
 #: offer the caller took back last (2), then the last offer's kind, and a native offer's
