@@ -215,3 +215,59 @@ def test_two_callers_share_the_pool_without_losing_a_part(two_threads):
         t.join(60)
     assert not errors and not any(t.is_alive() for t in threads)
     assert all(list(out) == [300, 300] for out in outs)
+
+
+@x86_only
+def test_a_blocked_network_computes_the_same_bits_with_c_call_parts(monkeypatch):
+    """An inverted-residual block and a dense 3x3 layer in NCHW88 (units taken as they go,
+    depthwise, pointwise, max pooling, JIT elemwise), large enough to split: compiled with
+    C-call parts and without, the outputs are the same bits on every run."""
+    if parallel.num_threads() < 2:
+        pytest.skip("one kernel thread: nothing splits")
+    import megbrain as mgb
+    from megbrain.opr.dnn import convolution
+
+    rng = np.random.default_rng(0)
+    shape = (1, 32, 40, 40)
+    xv = rng.standard_normal(shape).astype(np.float32)
+
+    def build():
+        g = mgb.comp_graph(check_env_var=False)
+        g.set_option("log_level", 0)
+        x = mgb.make_arg("cpu0", g, name="x", shape=shape)
+        r = np.random.default_rng(1)
+
+        def shared(s):
+            return mgb.make_shared("cpu0", value=(r.standard_normal(s) * 0.2).astype(np.float32),
+                                   comp_graph=g)  # fmt: skip
+
+        def conv(v, w, **kw):
+            return convolution(v, shared(w), **kw) + shared((1, w[0], 1, 1))
+
+        relu = mgb.opr.elem.relu
+        h = relu(conv(x, (192, 32, 1, 1)))
+        h = relu(convolution(h, shared((192, 1, 1, 3, 3)), pad_h=1, pad_w=1, sparse="GROUP")
+                 + shared((1, 192, 1, 1)))  # fmt: skip
+        y = conv(h, (32, 192, 1, 1)) + x
+        y = relu(conv(y, (64, 32, 3, 3), pad_h=1, pad_w=1))
+        y = mgb.opr.pooling(y, window_h=3, window_w=3, stride_h=2, stride_w=2, mode="MAX")
+        y = mgb.opr.elem.sigmoid(y) * y
+        outs = mgb.optimize_for_inference([y], use_nchw88=True, fuse_conv_bias_nonlinearity=True,
+                                          fuse_conv_bias_with_z=True)  # fmt: skip
+        g.set_option("graph_opt.jit", 1)
+        f = g.compile([x], [mgb.copy_output(outs[0])])
+        return f
+
+    natives = []
+    make = parallel._native_split
+    monkeypatch.setattr(parallel, "_native_split",
+                        lambda *a: natives.append(make(*a)) or natives[-1])  # fmt: skip
+    monkeypatch.setattr(parallel, "NATIVE_PARTS", False)
+    python = build()
+    want = [np.array(python(xv)[0]) for _ in range(3)]
+    monkeypatch.setattr(parallel, "NATIVE_PARTS", True)
+    native = build()
+    got = [np.array(native(xv)[0]) for _ in range(3)]
+    assert natives, "no step ran its parts as C calls"
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
