@@ -208,8 +208,8 @@ def _bind_8bit_quantize(src: np.ndarray, out: np.ndarray) -> Callable[[], None] 
             and src.shape == out.shape and src.flags.c_contiguous and out.flags.c_contiguous):
         return None  # fmt: skip
     q = np.array([qo.scale, qo.zero_point, qo.qmin, qo.qmax], F32)
-    part = int8_loops.quantize_8bit(src.reshape(-1), out.view(np.dtype(out.dtype.str)).reshape(-1),
-                                    q)  # fmt: skip
+    flat_out = out.view(np.dtype(out.dtype.str)).reshape(-1)
+    part = int8_loops.quantize_8bit(src.reshape(-1), flat_out, q)
     return parallel.split(part, out.size, EIGHT_BIT_MIN_PER_THREAD)
 
 

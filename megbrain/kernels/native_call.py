@@ -49,9 +49,9 @@ class NativeCall(NamedTuple):
     block: np.ndarray
 
 
-def _param_types(disp: CPUDispatcher, args: tuple):
-    """The signature of the overload the dispatcher runs for ``args`` (an exact match of their
-    Numba types, else the only overload they convert to), or None."""
+def _overload(disp: CPUDispatcher, args: tuple):
+    """The compiled overload the dispatcher runs for ``args`` (an exact match of their Numba
+    types, else the only overload they convert to), or None."""
     try:
         tys = tuple(disp.typeof_pyval(a) for a in args)
     except Exception:  # noqa: BLE001 - an argument Numba cannot type: no native form
@@ -69,13 +69,17 @@ def _param_types(disp: CPUDispatcher, args: tuple):
     return cres
 
 
+#: the element and scalar types a block holds
+_NUMBERS = (types.Integer, types.Float, types.Boolean)
+
+
 def _pack(ty, value, out: list) -> bool:
     """Append ``value`` as parameter type ``ty``'s int64 slots; False where not supported."""
     if isinstance(ty, types.Array):
         a = value
-        if not isinstance(a, np.ndarray) or a.ndim != ty.ndim or a.dtype != np.dtype(
-                str(ty.dtype)):
-            return False
+        if not (isinstance(ty.dtype, _NUMBERS) and isinstance(a, np.ndarray)
+                and a.ndim == ty.ndim and a.dtype == np.dtype(str(ty.dtype))):
+            return False  # fmt: skip
         if ty.layout == "C" and not a.flags.c_contiguous:
             return False
         out.append(a.ctypes.data)
@@ -98,14 +102,6 @@ def _pack(ty, value, out: list) -> bool:
             return False
         return all(_pack(t, v, out) for t, v in zip(ty, value))
     return False
-
-
-def _supported(ty) -> bool:
-    if isinstance(ty, types.Array):
-        return isinstance(ty.dtype, (types.Integer, types.Float, types.Boolean))
-    if isinstance(ty, types.BaseTuple):
-        return all(_supported(t) for t in ty)
-    return isinstance(ty, (types.Integer, types.Float, types.Boolean))
 
 
 _lock = threading.Lock()
@@ -205,10 +201,10 @@ def native_call(call) -> NativeCall | None:
     if cres is not None:
         ctx = cres.target_context
     elif isinstance(disp, CPUDispatcher):
-        cres, ctx = _param_types(disp, args), disp.targetctx
+        cres, ctx = _overload(disp, args), disp.targetctx
     else:
         return None
-    if cres is None or not all(_supported(t) for t in cres.signature.args):
+    if cres is None:
         return None
     slots: list[int] = []
     if not all(_pack(t, a, slots) for t, a in zip(cres.signature.args, args)):

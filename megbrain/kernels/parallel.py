@@ -451,17 +451,15 @@ def _native_after_first_run(python: Step, native: Callable[[], Step | None]) -> 
     step is bound."""
     if not NATIVE_PARTS:
         return python
-    chosen: list[Step] = []
 
     def first() -> None:
         python()
-        chosen.append(native() or python)
+        current[0] = native() or python
+
+    current: list[Step] = [first]  # the step's body, replaced after its first run
 
     def step() -> None:
-        if chosen:
-            chosen[0]()
-        else:
-            first()
+        current[0]()
 
     return step
 

@@ -29,20 +29,20 @@ def test_a_constant_packed_filter_is_aligned():
     # the direct convolution's 64-byte filter vectors must not span two cache lines
     from megbrain.kernels.conv import nchw88 as conv_nchw88
     from megbrain.kernels.conv.constant_operands import constant_filter
-    from megbrain.kernels.conv.loops.nchw8c import bound_units_blocked
+    from megbrain.kernels.conv.loops.nchw8c import conv_units_blocked
 
     seen = []
 
     def spy(xp, wp, *args, **kw):
         seen.append(wp.ctypes.data % workspace.ALIGN)
-        return bound_units_blocked(xp, wp, *args, **kw)
+        return conv_units_blocked(xp, wp, *args, **kw)
 
     rng = np.random.default_rng(0)
     src = rng.random((1, 2, 6, 6, 8), dtype=np.float32)
     filt = rng.random((2, 2, 3, 3, 8, 8), dtype=np.float32)
     out = np.empty((1, 2, 6, 6, 8), np.float32)
     mp = pytest.MonkeyPatch()
-    mp.setattr(conv_nchw88.loops, "bound_units_blocked", spy)
+    mp.setattr(conv_nchw88.loops, "conv_units_blocked", spy)
     try:
         with constant_filter(True):
             for _ in range(4):

@@ -117,7 +117,7 @@ def bind_channelwise_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray,
                          per, planes], np.int64)  # fmt: skip
 
         def bind_part(counter: np.ndarray, me: int):
-            return loops.bound_rows3_nchw(x, w, y, bias, dims, epi, counter, me)
+            return loops.rows3_nchw(x, w, y, bias, dims, epi, counter, me)
 
         steps.append(units_as_they_go(-(-planes // per), bind_part, nthreads))
         return chain(steps)

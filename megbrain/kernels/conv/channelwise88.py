@@ -200,8 +200,8 @@ def bind_channelwise88(src: np.ndarray, filt: np.ndarray, out: np.ndarray, strid
     zero = loops.zeros(h * w * loops.CB + loops.CB if pairs else loops.CB)
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
-        return loops.bound_channelwise88(key, x, wr, yf, zf, bias, dims, conv, epi,
-                                 counter, me, zero)  # fmt: skip
+        return loops.channelwise88(key, x, wr, yf, zf, bias, dims, conv, epi, counter, me,
+                                   zero)  # fmt: skip
 
     steps.append(units_as_they_go(units, bind_part, t))
     if y is not out:

@@ -556,8 +556,8 @@ def _bind_direct(src, filt, out, geo, stride, pad, dilate, flip, epilogue, z):
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
         rb = workspace.empty(((rows * wq + 2 * loops.tile_positions()) * loops.OB * per,), _F32)
-        return loops.bound_units_blocked(xp, wp, outf, zf, rb, taps, geom,
-                                 bias, epi, counter, me, packing)  # fmt: skip
+        return loops.conv_units_blocked(xp, wp, outf, zf, rb, taps, geom, bias, epi, counter,
+                                        me, packing)  # fmt: skip
 
     steps.append(units_as_they_go(units, bind_part, 1 if macs < MIN_SPLIT_MACS else None))
     return filter_packed(pack_w, chain(steps), constant)

@@ -238,8 +238,7 @@ def bind_nchw8c_forward(src: np.ndarray, filt: np.ndarray, out: np.ndarray, stri
 
     def bind_part(counter: np.ndarray, me: int) -> Step:
         rb = workspace.empty(((rows * wq + loops.tile_positions()) * width,), _F32)
-        return loops.bound_units(xp, wp, outf, rb, taps, geom, bias, epi,
-                                 counter, me)  # fmt: skip
+        return loops.conv_units(xp, wp, outf, rb, taps, geom, bias, epi, counter, me)
 
     pack_w = functools.partial(loops.pack_filter, loops.readonly_view(filt), wp, flip, bs)
     return filter_packed(pack_w, chain([*steps, units_as_they_go(units, bind_part)]), constant)

@@ -31,7 +31,6 @@ from .pointwise88 import ACTIVATIONS
 __all__ = [
     "ROWS3_BITS",
     "VECS",
-    "bound_rows3_nchw",
     "channelwise_nchw",
     "rows3_nchw",
     "scratch_size",
@@ -318,17 +317,13 @@ def _rows3_units(EPI):
     return run
 
 
-def rows3_nchw(x, w, y, bias, dims, epi: int, counter, me: int) -> None:
-    """Thread ``me``'s units of the 3x3, padding-1, stride-1-or-2 depthwise NCHW convolution
-    (:func:`_rows3_units`; the epilogues of :data:`ROWS3_EPILOGUES` compiled in): ``x`` and
-    ``bias`` read-only float32 vectors, ``w`` a read-only C-contiguous (C, 9) float32 array,
-    ``y`` a writable vector, ``dims`` and the units' ``counter`` int64."""
-    bound_rows3_nchw(x, w, y, bias, dims, epi, counter, me)()
-
-
-def bound_rows3_nchw(x, w, y, bias, dims, epi: int, counter, me: int):
-    """:func:`rows3_nchw` bound to its arguments, as a call of the compiled kernel itself
-    (which the kernel pool can run as a C call, without the GIL)."""
+def rows3_nchw(x, w, y, bias, dims, epi: int, counter, me: int):
+    """The call of the compiled kernel bound to its arguments (which the kernel pool can run as a C
+    call, without the GIL) computing thread ``me``'s units of the 3x3, padding-1,
+    stride-1-or-2 depthwise NCHW convolution (:func:`_rows3_units`; the epilogues of
+    :data:`ROWS3_EPILOGUES` compiled in): ``x`` and ``bias`` read-only float32 vectors,
+    ``w`` a read-only C-contiguous (C, 9) float32 array, ``y`` a writable vector, ``dims``
+    and the units' ``counter`` int64."""
     epi = int(epi)
     return functools.partial(_compiled_rows3(epi if epi in ROWS3_EPILOGUES else -1), x, w, y,
                              bias, dims, epi, counter, int(me))  # fmt: skip

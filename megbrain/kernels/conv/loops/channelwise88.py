@@ -30,7 +30,6 @@ from .pointwise88 import silu8
 __all__ = [
     "CB",
     "ZEROS",
-    "bound_channelwise88",
     "channelwise88",
     "kernel_key",
     "signature",
@@ -356,21 +355,15 @@ def kernel_key(fw: int, sw: int, dw: int) -> tuple[int, int]:
 
 
 def channelwise88(key, x, w, out, z, bias, dims, conv, epi: int, counter, me: int,
-                  zero: np.ndarray = ZEROS) -> None:  # fmt: skip
-    """Thread ``me``'s units of the channel-wise NCHW88 convolution (the kernel of
-    :func:`_make_kernel`) by the kernel of ``key`` (:func:`kernel_key`), taken from
-    ``counter`` (int64, a ``(next, end)`` pair per thread's range of units,
-    :func:`megbrain.kernels.conv.nchw8c.units_as_they_go`) one at a time, its own range
-    first: ``x``, ``w``, ``z`` and ``bias`` read-only float32 vectors, ``out`` a writable
-    one; ``zero`` read-only zeros, at least ``H W 8 + 8`` of them when ``dims`` pairs the
-    blocks (:func:`zeros`)."""
-    bound_channelwise88(key, x, w, out, z, bias, dims, conv, epi, counter, me, zero)()
-
-
-def bound_channelwise88(key, x, w, out, z, bias, dims, conv, epi: int, counter, me: int,
-                        zero: np.ndarray = ZEROS):  # fmt: skip
-    """:func:`channelwise88` bound to its arguments, as a call of the compiled kernel itself
-    (which the kernel pool can run as a C call, without the GIL)."""
+                  zero: np.ndarray = ZEROS):  # fmt: skip
+    """The call of the compiled kernel bound to its arguments (which the kernel pool can run as a C
+    call, without the GIL) computing thread ``me``'s units of the channel-wise NCHW88
+    convolution (the kernel of :func:`_make_kernel`) by the kernel of ``key``
+    (:func:`kernel_key`), taken from ``counter`` (int64, a ``(next, end)`` pair per thread's
+    range of units, :func:`megbrain.kernels.conv.nchw8c.units_as_they_go`) one at a time,
+    its own range first: ``x``, ``w``, ``z`` and ``bias`` read-only float32 vectors, ``out``
+    a writable one; ``zero`` read-only zeros, at least ``H W 8 + 8`` of them when ``dims``
+    pairs the blocks (:func:`zeros`)."""
     return functools.partial(_compiled(key), x, w, out, z, bias, zero, dims, conv, int(epi),
                              counter, int(me))  # fmt: skip
 

@@ -61,8 +61,6 @@ __all__ = [
     "SLACK",
     "blocked_packing",
     "conv_units",
-    "bound_units",
-    "bound_units_blocked",
     "conv_units_blocked",
     "pack_blocked_input",
     "pack_filter",
@@ -756,48 +754,36 @@ def _compiled() -> dict:
     }
 
 
-def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, me: int) -> None:
-    """Thread ``me``'s share of the convolution's units into the flat NCHW ``out``: units
-    taken one at a time from ``counter`` (int64, a ``(next, end)`` pair per thread's range of
-    units, :func:`megbrain.kernels.conv.nchw8c.units_as_they_go`) by atomic increments, its
-    own range first, then what the other threads have not taken of theirs; ``rb`` this
-    thread's row buffer of at least ``(ROWS WQ + P) 16`` values; ``taps`` the int64 plane
-    offsets (positions) of the filter taps, row-major; ``geom`` the int64 array of the
-    units' geometry (see the source); ``epi`` 0, or 1 to add ``bias`` (a
-    :func:`readonly_view` per output channel), 2 to add it and apply ReLU, 3 to add it and
-    apply H_SWISH."""
-    bound_units(xp, wp, out, rb, taps, geom, bias, epi, counter, me)()
-
-
-def bound_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, me: int):
-    """:func:`conv_units` bound to its arguments, as a call of the compiled kernel itself
-    (which the kernel pool can run as a C call, without the GIL)."""
+def conv_units(xp, wp, out, rb, taps, geom, bias, epi: int, counter, me: int):
+    """The call of the compiled kernel bound to its arguments (which the kernel pool can run as a C
+    call, without the GIL) computing thread ``me``'s share of the convolution's units into
+    the flat NCHW ``out``: units taken one at a time from ``counter`` (int64, a ``(next,
+    end)`` pair per thread's range of units,
+    :func:`megbrain.kernels.conv.nchw8c.units_as_they_go`) by atomic increments, its own
+    range first, then what the other threads have not taken of theirs; ``rb`` this thread's
+    row buffer of at least ``(ROWS WQ + P) 16`` values; ``taps`` the int64 plane offsets
+    (positions) of the filter taps, row-major; ``geom`` the int64 array of the units'
+    geometry (see the source); ``epi`` 0, or 1 to add ``bias`` (a :func:`readonly_view` per
+    output channel), 2 to add it and apply ReLU, 3 to add it and apply H_SWISH."""
     return functools.partial(_compiled()["units"], xp, wp, out, rb, taps, geom, bias, epi,
                              counter, me)  # fmt: skip
 
 
 def conv_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter, me: int,
-                       packing=None) -> None:  # fmt: skip
-    """Thread ``me``'s share of the units into the flat NCHW88 ``out``, taken as by
-    :func:`conv_units`. As :func:`conv_units` otherwise: the source ``xp`` (a
-    :func:`readonly_view`, flat) either packed planes or, for a pointwise convolution read
-    in place, the source itself; ``rb`` this thread's buffer of a unit's positions plus
-    ``2 P``, by 16 values; ``geom`` also holding the positions a tile may read in a plane,
-    the channel blocks summed at a time and the order of the units (bands of rows or
-    channel blocks varying fastest); ``epi`` the sum of 1 (add ``bias``), 2 (add
-    ``z``, flat, laid out as ``out``) and 4 (ReLU) or 8 (H_SWISH, as the elementwise kernels
-    compute it), 16 (ReLU6, with or without 4).
+                       packing=None):  # fmt: skip
+    """The bound call (as :func:`conv_units`'s) computing thread ``me``'s share of the units into
+    the flat NCHW88 ``out``, taken as by :func:`conv_units`. As :func:`conv_units`
+    otherwise: the source ``xp`` (a :func:`readonly_view`, flat) either packed planes or,
+    for a pointwise convolution read in place, the source itself; ``rb`` this thread's
+    buffer of a unit's positions plus ``2 P``, by 16 values; ``geom`` also holding the
+    positions a tile may read in a plane, the channel blocks summed at a time and the order
+    of the units (bands of rows or channel blocks varying fastest); ``epi`` the sum of 1
+    (add ``bias``), 2 (add ``z``, flat, laid out as ``out``) and 4 (ReLU) or 8 (H_SWISH, as
+    the elementwise kernels compute it), 16 (ReLU6, with or without 4).
 
-    ``packing`` (a :func:`blocked_packing`) makes the threads first pack the source into
-    the planes ``xp`` views, a (sample, channel block) at a time, in the same call: the
-    packing costs no hand-over of its own between the threads."""
-    bound_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi, counter, me, packing)()
-
-
-def bound_units_blocked(xp, wp, out, z, rb, taps, geom, bias, epi: int, counter, me: int,
-                        packing=None):  # fmt: skip
-    """:func:`conv_units_blocked` bound to its arguments, as a call of the compiled kernel
-    itself (which the kernel pool can run as a C call, without the GIL)."""
+    ``packing`` (a :func:`blocked_packing`) makes the threads first pack the source into the
+    planes ``xp`` views, a (sample, channel block) at a time, in the same call: the packing
+    costs no hand-over of its own between the threads."""
     src, xbuf, pack, dims, packed = packing or _NO_PACKING
     return functools.partial(_compiled()["units_blocked"], xp, wp, out, z, rb, taps, geom,
                              bias, epi, counter, me, src, xbuf, pack, dims, packed)  # fmt: skip
