@@ -215,8 +215,8 @@ def test_cached_kernels_close_over_plain_values_only():
     from megbrain.kernels import tiled_jit
     from megbrain.kernels.conv.loops import channelwise88, depthwise_bytes, nchw8c, vnni
 
-    kernels = [tiled_jit.take_unit(), nchw8c._tile_out_py(8, 1), vnni._make_gemm(2, 0),
-               vnni._make_bands(2, 0, True), channelwise88._make_kernel(3, 1),
+    kernels = [tiled_jit.take_unit(), nchw8c._tile_out_py(8, 1), vnni._make_gemm(8, 3, 0),
+               vnni._make_bands(8, 3, 0, True), channelwise88._make_kernel(3, 1),
                depthwise_bytes._make_depthwise_vnni(2, 1)]  # fmt: skip
     for k in kernels:
         bad = [c for c in _cells(k) if not isinstance(c, (bool, int, float, str, tuple))]

@@ -257,6 +257,52 @@ def test_a_layer_split_in_bands_or_channel_chunks_equals_the_reference(c, bands,
 
 
 @pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+@contextlib.contextmanager
+def _tile(shape):
+    """Every VNNI layer bound inside takes the tile ``shape`` (rows, vectors)."""
+    saved = vnni.tile_shape
+    vnni.tile_shape = lambda channels, positions: shape
+    try:
+        yield
+    finally:
+        vnni.tile_shape = saved
+
+
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("shape", sorted(vnni.TILES.items()))
+@settings(max_examples=12, deadline=None)
+@given(h=st.integers(1, 7), w=st.integers(1, 21), k=st.sampled_from([1, 3]),
+       ocg=st.integers(1, 19), mode=st.sampled_from([None, "RELU"]), seed=st.integers(0, 2**16))
+def test_each_tile_shape_with_every_tail_of_vectors_equals_the_reference(shape, h, w, k, ocg,
+                                                                         mode, seed):  # fmt: skip
+    # a row of positions (or a band's) ends in a tile of 1 to ``vectors`` vectors, which
+    # computes only those; channels no multiple of the rows leave the last tile short
+    c = _case((1, 9, h, w), (1, ocg, 9, k, k), (k // 2, k // 2), seed)
+    x, f = _operands(c)
+    with _path(True), _tile(shape):
+        if mode is None:
+            step, out, want = _sums(c, x, f)
+            step()
+            np.testing.assert_array_equal(out.view(np.int32), want)
+            return
+        bias = ref.random_q(np.random.default_rng(seed), (1, ocg, 1, 1), qint32(0.125))
+        want = ref.conv_bias(x, f, bias, None, qint8(3.0), mode, pad=c["pad"], group=True)
+        out = np.empty(want.shape, want.dtype)
+        quantized.bind_quantized_conv_bias(x, f, bias, None, out, (1, 1), c["pad"], (1, 1),
+                                           False, mode)()  # fmt: skip
+        ref.assert_same(out, want)
+
+
+def test_the_tile_shape_pads_the_fewest_products():
+    # 64 channels: 6 rows pad them to 66, 8 rows not; 30 channels: 8 rows pad them to 32
+    assert vnni.tile_shape(64, 812) == (8, 3)
+    assert vnni.tile_shape(30, 64) == (6, 4)
+    # 96 channels over 196 positions pad alike (208 positions either way): 8 rows
+    assert vnni.tile_shape(96, 196) == (8, 3)
+    # 36 channels over 64 positions: 36 x 64 against 40 x 64
+    assert vnni.tile_shape(36, 64) == (6, 4)
+
+
 def test_a_constant_filter_is_packed_once():
     c = _case((1, 20, 9, 9), (1, 13, 20, 3, 3), (1, 1), 3)
     x, f = _operands(c)
@@ -277,7 +323,7 @@ def test_vnni_tile_keeps_its_accumulators_in_registers():
     step()
     np.testing.assert_array_equal(out.view(np.int32), want)
     # compiled afresh: the assembly of a kernel loaded from Numba's cache is not kept
-    fn = njit(nogil=True, error_model="numpy")(vnni._make_gemm(4, vnni.EPI_INT32))
+    fn = njit(nogil=True, error_model="numpy")(vnni._make_gemm(6, 4, vnni.EPI_INT32))
     lanes = vnni.LANES
     # 64 positions, 16 output channels, 4 k groups (one plane of 64 words each), one chunk
     geom = np.array([64, 16, 4, 1, 0, 0, 0, 0, 256, 512, 768], np.int64)
@@ -286,7 +332,7 @@ def test_vnni_tile_keeps_its_accumulators_in_registers():
        64 // (4 * lanes))  # fmt: skip
     asm = "\n".join(fn.inspect_asm().values())
     loop = [line for line in asm.splitlines() if "vpdpbusd" in line]
-    assert len(loop) >= vnni.tile_rows(4) * 4
+    assert len(loop) >= 6 * 4
     # the accumulators are registers: no vpdpbusd reads or writes one from the stack
     assert not any("(%rsp)" in line for line in loop)
 

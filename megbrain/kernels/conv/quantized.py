@@ -332,10 +332,7 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant,
     pb = rb * wph  # a band's positions
     # blocks of whole vectors: a 1x1 stride-1 layer's loads stay 64-byte aligned
     plane = -(-len(kept_r) * len(kept_c) * pplane // lanes) * lanes
-    # 4 vectors of positions per tile unless that pads the positions by 5% more than 2 do
-    padded = {v: -(-pb // (lanes * v)) * lanes * v for v in (2, 4)}
-    vecs = 4 if padded[4] <= 1.05 * padded[2] else 2
-    rows = vnni_loops.tile_rows(vecs)
+    rows, vecs = vnni_loops.tile_shape(o_, pb)
     op = -(-o_ // rows) * rows
     tiles = -(-pb // (lanes * vecs))
     nchunk = min(nchunk, op // rows)
@@ -393,9 +390,9 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant,
                 geom = np.array([rb, oh, wph, nchunk, o_, kg_, cg_, (n * g_ + g) * o_ * pg, pg,
                                  g * op * kg_ * 4, g * op, yf.itemsize, ow, *offs],
                                 np.int64)  # fmt: skip
-                args = (vecs, epi, drop, blocked, x, x4ws, tmps, (n * g_ + g) * i_ * h_ * w_,
-                        hw, i_, geo, flipx, u0, x4s, wk, init, yt, q, geom, yt.view(np.uint8),
-                        yf.view(np.uint8))  # fmt: skip
+                args = (rows, vecs, epi, drop, blocked, x, x4ws, tmps,
+                        (n * g_ + g) * i_ * h_ * w_, hw, i_, geo, flipx, u0, x4s, wk, init, yt,
+                        q, geom, yt.view(np.uint8), yf.view(np.uint8))  # fmt: skip
                 steps.append(units_as_they_go(units, _partial(_band_part, args), nt))
         return filter_packed(pack, chain(steps), constant)
     x4 = workspace.empty((x4_bytes,), np.uint8)
@@ -410,8 +407,8 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant,
                          hw, i_, geo, flipx, u0), cg_, relayout_min))  # fmt: skip
             geom = np.array([pg, o_, kg_, chunks, (n * g_ + g) * o_ * pg, g * op * kg_ * 4,
                              g * op, *offs], np.int64)  # fmt: skip
-            steps.append(parallel.split(_partial(vnni_loops.gemm_tiles, vecs, x4, wk, init, yt,
-                                                 q, geom, epi), items, gemm_min))  # fmt: skip
+            steps.append(parallel.split(_partial(vnni_loops.gemm_tiles, rows, vecs, x4, wk, init,
+                                                 yt, q, geom, epi), items, gemm_min))  # fmt: skip
     if drop:
         isz = yf.itemsize  # rows of bytes
         cut = _partial(vnni_loops.drop_columns, yt.view(np.uint8), yf.view(np.uint8), oh,
@@ -442,9 +439,9 @@ def bind_vnni_blocked(src, filt, bias, z, out, stride, pad, dilate, flip, mode) 
 def _band_part(args: tuple, counter: np.ndarray, me: int) -> Step:
     """Thread ``me``'s part of :func:`.loops.vnni.bands` on ``args`` (its buffers the
     ``me``-th rows of those given for every thread)."""
-    vecs, epi, drop, blocked, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, *rest = args
-    return _partial(vnni_loops.bands_kernel(vecs, epi, drop, blocked), x, x4w[me], tmp[me],
-                    int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0), x4[me], *rest,
+    rows, vecs, epi, drop, blocked, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, *rest = args
+    return _partial(vnni_loops.bands_kernel(rows, vecs, epi, drop, blocked), x, x4w[me],
+                    tmp[me], int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0), x4[me], *rest,
                     counter, int(me))  # fmt: skip
 
 
