@@ -11,8 +11,7 @@ A float32 product by a constant matrix (bound inside
 runs the packed GEMM (:mod:`.packed_gemm`), with a bias and elementwise tail in its write-out
 for :func:`bind_batched_matmul_tail`. The others run on megbrain's kernel threads with
 BLAS single-threaded (:mod:`.gemm`): a large matrix product is split into row or column
-blocks, a batch into its matrices; only a MatrixMul of at least
-``gemm.BLAS_THREADED_MIN_FLOPS`` runs on BLAS's own threads.
+blocks, a batch into its matrices.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from .arrays import F32, is_low_float
 from .conv.constant_operands import filter_is_constant
 from .conv.quantized import bind_quantized_matmul
 from .elemwise import quant_params
-from .gemm import BLAS_THREADED_MIN_FLOPS, matmul_step, products_step
+from .gemm import matmul_step, products_step
 from .steps import Step, chain
 
 __all__ = ["bind_batched_matmul", "bind_batched_matmul_tail", "bind_dot", "bind_matmul"]
@@ -106,11 +105,7 @@ def bind_matmul(
     Callable[[], None]
         A zero-argument callable computing the product into ``out``.
     """
-    return _bind_products("MatrixMul", 2, _matrix_mul_step, a, b, out, transpose_a, transpose_b)
-
-
-def _matrix_mul_step(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step:
-    return matmul_step(a, b, out, blas_threaded_min_flops=BLAS_THREADED_MIN_FLOPS)
+    return _bind_products("MatrixMul", 2, matmul_step, a, b, out, transpose_a, transpose_b)
 
 
 def bind_batched_matmul(

@@ -16,14 +16,10 @@ single-threaded BLAS call. BLAS's own threads stay asleep: OpenBLAS's spin ~0.1 
 threaded call (on a core the next kernel needs), and waking them after an idle moment cost
 ~10 ms on the 2-core machines when their spin was shortened (``OPENBLAS_THREAD_TIMEOUT``
 of 26 or less; NumPy's default 28 does not stall). The split is fixed for a thread count,
-so results are reproducible from run to run.
-
-The one exception: a MatrixMul product of at least :data:`BLAS_THREADED_MIN_FLOPS` (the
-512-wide layers of an MLP) runs on BLAS's threads. In a training step these back-to-back
-products ran 10-25% faster there (OpenBLAS's workers, still spinning from the previous
-product, start at once); below that size, where a conv net's
-products are, the workers' 0.1 s spin after each call cost more than it saved (it shares a
-core with the kernel threads' next parts).
+so results are reproducible from run to run. No product runs on BLAS's own threads: they
+are not pinned, and the scheduler put OpenBLAS's spinning worker on its caller's core for
+seconds at a time (an MLP's training steps at 26K samples/s in those stretches, 40-47K
+outside them), where the kernel threads are pinned off their caller's CPU (:mod:`.parallel`).
 
 Measured on ResNet50's batch-1 layers (2 threads, idle): the 1x1 256->1024 convolution at
 14x14 (a 1024x256 @ 256x196 product) 0.78 ms split against 1.0 ms threaded by OpenBLAS; the
@@ -40,13 +36,10 @@ import numpy as np
 from . import gemv_loops, parallel
 from .steps import Step, chain
 
-__all__ = ["BLAS_THREADED_MIN_FLOPS", "SPLIT_MIN_FLOPS", "matmul_step", "products_step"]
+__all__ = ["SPLIT_MIN_FLOPS", "matmul_step", "products_step"]
 
 #: the fewest floating-point operations (2 m n k) worth splitting: ~30 us on one core
 SPLIT_MIN_FLOPS = 1 << 21
-#: the fewest floating-point operations of a MatrixMul product that runs on BLAS's own
-#: threads (``blas_threaded_min_flops`` of :func:`matmul_step`; ~0.5 ms on 2 cores)
-BLAS_THREADED_MIN_FLOPS = 1 << 26
 #: the fewest rows (or columns) of ``out`` one part takes
 MIN_PART = 16
 #: the fewest multiply-adds (matrix elements) one part of a split matrix-vector product
@@ -64,7 +57,6 @@ def matmul_step(
     a: np.ndarray,
     b: np.ndarray,
     out: np.ndarray,
-    blas_threaded_min_flops: float | None = None,
     then: Then | None = None,
 ) -> Step:
     """A step computing ``out = a @ b`` (2-d operands; ``out`` a writable (m, n) array, any
@@ -76,9 +68,6 @@ def matmul_step(
         The (m, k) and (k, n) operands.
     out : numpy.ndarray
         The (m, n) result.
-    blas_threaded_min_flops : float, optional
-        From this many floating-point operations on, the product is one call on BLAS's own
-        threads instead (see :data:`BLAS_THREADED_MIN_FLOPS`).
     then : Callable[[numpy.ndarray, slice], Step], optional
         Called at bind time with each part's block of ``out`` and the rows of ``out`` it
         spans (a ``slice(lo, hi)``); the step it returns runs right after the part's
@@ -92,8 +81,6 @@ def matmul_step(
     """
     m, k = a.shape
     n = b.shape[1]
-    if blas_threaded_min_flops is not None and 2 * m * n * k >= blas_threaded_min_flops:
-        return _then(functools.partial(np.matmul, a, b, out=out), then, out, slice(0, m))
     rows = _matrix_vector_step(a, b, out)
     if rows is not None:
         return _then(rows, then, out, slice(0, m))
