@@ -19,7 +19,7 @@ of 26 or less; NumPy's default 28 does not stall). The split is fixed for a thre
 so results are reproducible from run to run. No product runs on BLAS's own threads: they
 are not pinned, and the scheduler put OpenBLAS's spinning worker on its caller's core for
 seconds at a time (an MLP's training steps at 26K samples/s in those stretches, 40-47K
-outside them), where the kernel threads are pinned off their caller's CPU (:mod:`.parallel`).
+outside them); the kernel threads are pinned off their caller's CPU (:mod:`.parallel`).
 
 Measured on ResNet50's batch-1 layers (2 threads, idle): the 1x1 256->1024 convolution at
 14x14 (a 1024x256 @ 256x196 product) 0.78 ms split against 1.0 ms threaded by OpenBLAS; the

@@ -256,7 +256,6 @@ def test_a_layer_split_in_bands_or_channel_chunks_equals_the_reference(c, bands,
         ref.assert_same(out, want)
 
 
-@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
 @contextlib.contextmanager
 def _tile(shape):
     """Every VNNI layer bound inside takes the tile ``shape`` (rows, vectors)."""
@@ -303,6 +302,7 @@ def test_the_tile_shape_pads_the_fewest_products():
     assert vnni.tile_shape(36, 64) == (6, 4)
 
 
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
 def test_a_constant_filter_is_packed_once():
     c = _case((1, 20, 9, 9), (1, 13, 20, 3, 3), (1, 1), 3)
     x, f = _operands(c)
