@@ -267,13 +267,28 @@ def test_heuristic_takes_winograd_from_16_or_32_channels_and_1024_positions(kind
     assert _select(kind, strided) != "WINOGRAD_F23"
 
 
+def test_heuristic_takes_winograd_forward_from_min_plane_positions():
+    # ahead of TAPWISE_SGEMM on its small planes of many channels, from a 12x12 plane on
+    from megbrain.kernels.conv import winograd as conv_winograd
+
+    assert conv_winograd.MIN_PLANE_POSITIONS == 12 * 12
+    batch = dict(n=32, icg=128, ocg=128)
+    assert _select("forward", _case(sshape=(12, 12), **batch)) == "WINOGRAD_F23"
+    assert _select("forward", _case(sshape=(16, 16), **batch)) == "WINOGRAD_F23"
+    assert _select("forward", _case(sshape=(11, 11), **batch)) != "WINOGRAD_F23"
+    assert _select("forward", _case(sshape=(8, 8), **batch)) != "WINOGRAD_F23"
+
+
 @pytest.mark.parametrize("kind", ["forward", "backward_data"])
 def test_heuristic_leaves_winograd_above_max_channels(kind):
     # the channels a value sums over: ICg forward, OCg backward data
-    wide = dict(n=4, sshape=(28, 28), icg=128, ocg=128)
+    from megbrain.kernels.conv import winograd as conv_winograd
+
+    top = conv_winograd.MAX_CHANNELS
+    wide = dict(n=4, sshape=(28, 28), icg=2 * top, ocg=2 * top)
     assert _select(kind, _case(**wide)) != "WINOGRAD_F23"
     summed = "icg" if kind == "forward" else "ocg"
-    assert _select(kind, _case(**dict(wide, **{summed: 64}))) == "WINOGRAD_F23"
+    assert _select(kind, _case(**dict(wide, **{summed: top}))) == "WINOGRAD_F23"
 
 
 # ---- through the operators -----------------------------------------------------------------
@@ -283,6 +298,7 @@ def test_gradient_through_the_operators_matches_float64(monkeypatch):
     from megbrain.kernels.conv import winograd as conv_winograd
 
     monkeypatch.setattr(conv_winograd, "MIN_POSITIONS", 1)  # HEURISTIC takes small shapes
+    monkeypatch.setattr(conv_winograd, "MIN_PLANE_POSITIONS", 1)
     monkeypatch.setattr(conv_winograd, "MIN_CHANNELS_BACKWARD_DATA", 16)
 
     import megbrain.opr as O

@@ -94,6 +94,39 @@ def test_filter_transform_reads_a_transposed_filter_through_its_original(dtype, 
     np.testing.assert_array_equal(got, want)
 
 
+def _error_over_tolerance(got, want):
+    return float(np.max(np.abs(got - want) / (ATOL + RTOL * np.abs(want))))
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_data"])
+def test_the_widest_reduction_sums_its_channels_in_chunks(direction):
+    # one product over all MAX_CHANNELS channels leaves 1.1-1.7x the tolerance over this
+    # many outputs; the chunks of SUM_CHANNELS keep the worst inside it
+    top = conv_winograd.MAX_CHANNELS
+    assert top > conv_winograd.ONE_PRODUCT_CHANNELS
+    c = _case(n=8, icg=top, ocg=top, sshape=(16, 16), pad=(1, 1), seed=7)
+    x, w, dy = _arrays(c)
+    geo = (c["stride"], c["pad"], c["dilate"], c["flip"])
+
+    def run(sum_channels):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(conv_winograd, "SUM_CHANNELS", sum_channels)
+            mp.setattr(conv_winograd, "ONE_PRODUCT_CHANNELS", min(top, sum_channels))
+            if direction == "forward":
+                got = np.full(dy.shape, np.nan, np.float32)
+                conv_winograd.bind_winograd_forward(x, w, got, *geo)()
+                return got, ref_forward(c, x, w)
+            got = np.full(x.shape, np.nan, np.float32)
+            conv_winograd.bind_winograd_backward_data(w, dy, got, *geo)()
+            return got, ref_backward_data(c, w, dy)
+
+    chunked, want = run(conv_winograd.SUM_CHANNELS)
+    whole, _ = run(top)
+    assert _error_over_tolerance(chunked, want) < 0.9
+    # the chunking is what keeps it there: one product is markedly less accurate
+    assert _error_over_tolerance(whole, want) > 1.2 * _error_over_tolerance(chunked, want)
+
+
 def test_wider_reductions_are_refused():
     wide = conv_winograd.MAX_CHANNELS + 1
     c = _case(n=1, icg=wide, ocg=wide, sshape=(6, 6), pad=(1, 1))

@@ -22,9 +22,10 @@ the transform threads for the cores under load.
 In float32, F(2x2, 3x3)'s error is 2-3x im2col + GEMM's (its GEMMs multiply transformed
 values up to 4x the inputs, and each output sums 9 products), so it is usable only up to
 :data:`MAX_CHANNELS` summed channels, where it stays within the float64 reference's
-tolerance; the filter transform is computed in float64. The larger F(4x4, 3x3) tiles are not
-used: with coefficients up to 8 and 1/24, even float64 transforms left it outside the
-tolerance from 16 channels.
+tolerance: a reduction wider than :data:`ONE_PRODUCT_CHANNELS` adds the products of
+successive chunks of :data:`SUM_CHANNELS` channels, and the filter transform is computed in
+float64. The larger F(4x4, 3x3) tiles are not used: with coefficients up to 8 and 1/24,
+even float64 transforms left it outside the tolerance from 16 channels.
 
 Every buffer rewritten on each run (transformed filter, each thread's transformed band and
 products and scratch, the float32 copies of a float16/bfloat16 operand) comes from
@@ -51,7 +52,10 @@ __all__ = [
     "MAX_CHANNELS",
     "MIN_CHANNELS",
     "MIN_CHANNELS_BACKWARD_DATA",
+    "MIN_PLANE_POSITIONS",
     "MIN_POSITIONS",
+    "ONE_PRODUCT_CHANNELS",
+    "SUM_CHANNELS",
     "bind_winograd_forward",
     "preferred_winograd_backward_data",
     "preferred_winograd_forward",
@@ -69,11 +73,22 @@ BAND_BYTES = 1 << 20
 MIN_BAND_TILES = 128
 #: the most channels one output sums over (ICg forward, OCg backward data) for Winograd to be
 #: usable: its float32 error grows with them faster than im2col + GEMM's (its GEMMs multiply
-#: transformed values up to 4x the inputs and the outputs sum 9 products), measured against
-#: float64 with inputs in [-1, 1], as error over (atol 1e-5 + rtol 1e-4 |ref|): 64 channels
-#: 0.89 at worst over 1.6M outputs (8x64x56x56), 128 channels 1.16 (4 of 131K outputs
-#: outside), 256 channels 2.0 (im2col: 0.5 at 256)
-MAX_CHANNELS = 64
+#: transformed values up to 4x the inputs and the outputs sum 9 products). Measured against
+#: float64 with inputs and filters in [-1, 1], as the largest error over (atol 1e-5 + rtol
+#: 1e-4 |ref|) of 0.5-2M outputs, two draws, Winograd / TAPWISE_SGEMM / IM2COL_GEMM: 64
+#: channels (one product) 0.66-0.89 / 0.40-0.43 / 0.47-0.60; 128 channels in chunks (below)
+#: on a par with the GEMMs; 256 channels in chunks of 32 1.12-1.20 / 0.86-1.00 / 0.68-0.98
+MAX_CHANNELS = 128
+#: the most channels one GEMM of a band sums in one product, as Winograd did up to 64
+#: channels...
+ONE_PRODUCT_CHANNELS = 64
+#: ... and a wider reduction is cut into chunks of this many channels, each chunk's
+#: products added once to the running sum. On 8x128x16x16 (262K outputs), six draws,
+#: forward and backward data, the largest error over the tolerance: chunks of 16 0.53-0.70,
+#: 32 0.62-0.87, 64 0.74-1.20, one product 1.14-1.66, against TAPWISE_SGEMM's 0.60-0.88
+#: and IM2COL_GEMM's 0.56-0.77; 2 threads, ms, 32x128x16x16 forward: chunks of 16 9.9, 32
+#: 8.8, 64 9.2 (TAPWISE_SGEMM 11.2)
+SUM_CHANNELS = 32
 #: HEURISTIC takes Winograd when both channel counts of a group are at least this (the GEMMs'
 #: dims; below, their (OC, IC) @ (IC, tiles) products are too thin to pay for the transforms)
 MIN_CHANNELS = 16
@@ -89,6 +104,12 @@ MIN_CHANNELS_BACKWARD_DATA = 32
 #: 1x64x56x56 3.1 vs 4.3 / 3.0 vs 4.2; 64x64x14x14 13.0 vs 21.2 / 12.8 vs 19.6; 128x16x14x14
 #: to 32 5.9 vs 6.6; 2x64x28x28 2.9 vs 2.9 / 2.4 vs 3.0; 32x16x14x14 1.6 vs 1.7 / 1.7 vs 1.9
 MIN_POSITIONS = 1024
+#: ... and, forward, at least this many positions in an output plane: on smaller planes the
+#: half-empty edge tiles and the filter transform cost more than the products save (2
+#: threads, ms, Winograd / TAPWISE_SGEMM / IM2COL_GEMM: 32x128x12x12 6.1 / 6.9 / 9.0,
+#: 16x64x12x12 1.13 / 1.11 / 1.41, 32x128x8x8 3.0 / 2.6 / -, 32x32x8x8 0.56 / 0.63 / 0.47,
+#: 64x48x6x6 1.26 / 0.78 / 1.04; 32x128x16x16 9.4 / 11.2 / -, 32x96x14x14 4.4 / 6.3 / -)
+MIN_PLANE_POSITIONS = 144
 
 
 def _geometry_ok(nd: int, fshape, stride, dilate, dtype) -> bool:
@@ -132,10 +153,13 @@ def _large_enough(filt, out, min_channels: int) -> bool:
 
 
 def preferred_winograd_forward(src, filt, out, stride, pad, dilate, flip=False) -> bool:
-    """HEURISTIC's rule: usable, both ICg and OCg at least :data:`MIN_CHANNELS` and at least
-    :data:`MIN_POSITIONS` output positions in all."""
-    return usable_winograd_forward(src, filt, out, stride, pad, dilate, flip) and _large_enough(
-        filt, out, MIN_CHANNELS
+    """HEURISTIC's rule: usable, both ICg and OCg at least :data:`MIN_CHANNELS`, at least
+    :data:`MIN_POSITIONS` output positions in all and :data:`MIN_PLANE_POSITIONS` in a
+    plane."""
+    return (
+        usable_winograd_forward(src, filt, out, stride, pad, dilate, flip)
+        and _large_enough(filt, out, MIN_CHANNELS)
+        and out.shape[2] * out.shape[3] >= MIN_PLANE_POSITIONS
     )
 
 
@@ -226,8 +250,13 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     c, oc = geo.c, g * ocg
     (ph, pw), (oh, ow) = geo.pad, geo.oshape
     th, tw = (oh + 1) // 2, (ow + 1) // 2
+    # a reduction wider than ONE_PRODUCT_CHANNELS: the products of its chunks, the later
+    # ones into a second buffer of products added to the first
+    step = icg if icg <= ONE_PRODUCT_CHANNELS else SUM_CHANNELS
+    chunks = [(lo, min(icg, lo + step)) for lo in range(0, icg, step)]
+    products = oc * (2 if len(chunks) > 1 else 1)
     nt = threads() if parallel.can_single_thread_blas() else 1
-    bands = _bands(geo.n, th, tw, 16 * (c + oc) * dt.itemsize, nt)
+    bands = _bands(geo.n, th, tw, 16 * (c + products) * dt.itemsize, nt)
     nt = min(nt, len(bands))
     most = max(sum(r1 - r0 for _, r0, r1, _ in band) for band in bands)  # tile rows
     ffilter, finput, foutput = winograd_loops.compiled()
@@ -249,6 +278,7 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     for _ in range(nt):
         v = workspace.empty((16 * c * most * tw,), dt)
         m = workspace.empty((16 * oc * most * tw,), dt)
+        part = workspace.empty((16 * oc * most * tw,), dt) if len(chunks) > 1 else None
         s = workspace.empty((2 * (tw + 1) + 8 * (rows + 1) * tw,), dt)
         z = workspace.empty((4 * rows * tw,), dt)
         work = []
@@ -256,7 +286,10 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
             ld = sum(r1 - r0 for _, r0, r1, _ in band) * tw
             v4 = v[: 16 * c * ld].reshape(16, g, icg, ld)
             m4 = m[: 16 * oc * ld].reshape(16, g, ocg, ld)
-            work.append((tuple(band), ld, v4, m4))
+            p4 = None if part is None else part[: 16 * oc * ld].reshape(16, g, ocg, ld)
+            products = [(u[..., lo:hi], v4[:, :, lo:hi], m4 if k == 0 else p4)
+                        for k, (lo, hi) in enumerate(chunks)]  # fmt: skip
+            work.append((tuple(band), products, m4))
         table.append(
             [_band_step(x, y, u, v, m, s, z, ph, pw, tw, item, finput, foutput) for item in work]
         )
@@ -266,21 +299,28 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
 
 def _band_step(x, y, u, v, m, s, z, ph, pw, tw, item, finput, foutput) -> Step:
     """One band on one thread's buffers: transform it in, multiply, transform it back."""
-    band, ld, v4, m4 = item
+    band, products, m4 = item
+    ld = m4.shape[-1]
+    (u0, v0, _), rest = products[0], products[1:]
 
     def step() -> None:
         for k, r0, r1, off in band:
             finput(x, v, s, k, ph, pw, tw, r0, r1, ld, off)
-        np.matmul(u, v4, out=m4)
+        np.matmul(u0, v0, out=m4)
+        for uk, vk, pk in rest:
+            np.matmul(uk, vk, out=pk)
+            np.add(m4, pk, out=m4)
         for k, r0, r1, off in band:
             foutput(m, y, z, k, tw, r0, r1, ld, off)
 
     return step
 
 
+# forward, ahead of TAPWISE_SGEMM (21), whose small planes of many channels it shares from
+# MIN_PLANE_POSITIONS on
 register(ConvAlgorithm(
     "WINOGRAD_F23", "forward", bind_winograd_forward, usable_winograd_forward,
-    priority=20, heuristic=preferred_winograd_forward,
+    priority=22, heuristic=preferred_winograd_forward,
 ))  # fmt: skip
 register(ConvAlgorithm(
     "WINOGRAD_F23", "backward_data", bind_winograd_backward_data,
