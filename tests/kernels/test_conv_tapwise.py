@@ -179,11 +179,13 @@ def test_filter_gradient_workspace_is_written_before_read_and_nothing_is_allocat
         assert_allocates_nothing(fn)
 
 
+@pytest.mark.parametrize("ocg", [130, 40])
 @pytest.mark.parametrize("by_rows", [False, True])
-def test_filter_gradient_is_the_same_bits_at_any_thread_count(by_rows, monkeypatch):
-    # tap by tap (whole-row taps in one product) or output row by output row
+def test_filter_gradient_is_the_same_bits_at_any_thread_count(by_rows, ocg, monkeypatch):
+    # tap by tap (whole-row taps in one product) or output row by output row; panels of
+    # output channels to the threads, or (40: one panel) runs of positions
     monkeypatch.setattr(tapwise, "FILTER_ROW_ORDER_POSITIONS", 0 if by_rows else 1 << 30)
-    c = dict(n=8, g=1, icg=64, ocg=130, fshape=(3, 3), stride=(1, 1), pad=(1, 1),
+    c = dict(n=8, g=1, icg=64, ocg=ocg, fshape=(3, 3), stride=(1, 1), pad=(1, 1),
              dilate=(1, 1), sshape=(6, 6), oshape=(6, 6), flip=False, seed=2)  # fmt: skip
     x, w, dy = _arrays(c)
     want = ref_backward_filter(c, x, dy, w.shape)
@@ -196,6 +198,18 @@ def test_filter_gradient_is_the_same_bits_at_any_thread_count(by_rows, monkeypat
         got.append(gw)
     assert all(np.array_equal(got[0], g) for g in got[1:])
     np.testing.assert_allclose(got[0], want, rtol=RTOL, atol=ATOL)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 50), min_size=1, max_size=30), parts=st.integers(1, 4))
+def test_position_runs_keep_the_products_in_order_in_even_runs(sizes, parts):
+    plan = [(k % 9, 0, 0, size) for k, size in enumerate(sizes)]
+    runs = tapwise._position_runs(plan, parts)
+    assert [item for run in runs for item in run] == plan and all(runs)
+    assert len(runs) == min(parts, len(plan))
+    total, most = sum(sizes), max(sizes)
+    for run in runs:  # each within one product of an even share
+        assert abs(sum(k for *_, k in run) - total / len(runs)) <= most
 
 
 def test_filter_gradient_heuristic_and_refusals():
