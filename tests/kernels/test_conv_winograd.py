@@ -100,8 +100,8 @@ def _error_over_tolerance(got, want):
 
 @pytest.mark.parametrize("direction", ["forward", "backward_data"])
 def test_the_widest_reduction_sums_its_channels_in_chunks(direction):
-    # one product over all MAX_CHANNELS channels leaves 1.1-1.7x the tolerance over this
-    # many outputs; the chunks of SUM_CHANNELS keep the worst inside it
+    # one product over all MAX_CHANNELS channels leaves 1.1-1.7x the tolerance at the worst
+    # of this many outputs; the chunks of SUM_CHANNELS keep it inside (0.6-0.9)
     top = conv_winograd.MAX_CHANNELS
     assert top > conv_winograd.ONE_PRODUCT_CHANNELS
     c = _case(n=8, icg=top, ocg=top, sshape=(16, 16), pad=(1, 1), seed=7)
@@ -122,9 +122,11 @@ def test_the_widest_reduction_sums_its_channels_in_chunks(direction):
 
     chunked, want = run(conv_winograd.SUM_CHANNELS)
     whole, _ = run(top)
-    assert _error_over_tolerance(chunked, want) < 0.9
-    # the chunking is what keeps it there: one product is markedly less accurate
-    assert _error_over_tolerance(whole, want) > 1.2 * _error_over_tolerance(chunked, want)
+    assert _error_over_tolerance(chunked, want) < 1
+    # the chunking is what keeps it there: the RMS error of one product is 1.7x the chunks'
+    # (stable across draws, where the worst output is not)
+    rms = [float(np.sqrt(np.mean((got - want) ** 2))) for got in (chunked, whole)]
+    assert rms[0] < 0.75 * rms[1]
 
 
 def test_wider_reductions_are_refused():
