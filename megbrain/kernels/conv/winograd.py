@@ -252,11 +252,11 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     th, tw = (oh + 1) // 2, (ow + 1) // 2
     # a reduction wider than ONE_PRODUCT_CHANNELS: the products of its chunks, the later
     # ones into a second buffer of products added to the first
-    step = icg if icg <= ONE_PRODUCT_CHANNELS else SUM_CHANNELS
-    chunks = [(lo, min(icg, lo + step)) for lo in range(0, icg, step)]
-    products = oc * (2 if len(chunks) > 1 else 1)
+    width = icg if icg <= ONE_PRODUCT_CHANNELS else SUM_CHANNELS
+    chunks = [(lo, min(icg, lo + width)) for lo in range(0, icg, width)]
+    held = oc * (2 if len(chunks) > 1 else 1)  # products held per tile
     nt = threads() if parallel.can_single_thread_blas() else 1
-    bands = _bands(geo.n, th, tw, 16 * (c + products) * dt.itemsize, nt)
+    bands = _bands(geo.n, th, tw, 16 * (c + held) * dt.itemsize, nt)
     nt = min(nt, len(bands))
     most = max(sum(r1 - r0 for _, r0, r1, _ in band) for band in bands)  # tile rows
     ffilter, finput, foutput = winograd_loops.compiled()
@@ -287,9 +287,8 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
             v4 = v[: 16 * c * ld].reshape(16, g, icg, ld)
             m4 = m[: 16 * oc * ld].reshape(16, g, ocg, ld)
             p4 = None if part is None else part[: 16 * oc * ld].reshape(16, g, ocg, ld)
-            products = [(u[..., lo:hi], v4[:, :, lo:hi], m4 if k == 0 else p4)
-                        for k, (lo, hi) in enumerate(chunks)]  # fmt: skip
-            work.append((tuple(band), products, m4))
+            factors = [(u[..., lo:hi], v4[:, :, lo:hi]) for lo, hi in chunks]
+            work.append((tuple(band), factors, m4, p4))
         table.append(
             [_band_step(x, y, u, v, m, s, z, ph, pw, tw, item, finput, foutput) for item in work]
         )
@@ -299,17 +298,17 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
 
 def _band_step(x, y, u, v, m, s, z, ph, pw, tw, item, finput, foutput) -> Step:
     """One band on one thread's buffers: transform it in, multiply, transform it back."""
-    band, products, m4 = item
+    band, factors, m4, p4 = item
     ld = m4.shape[-1]
-    (u0, v0, _), rest = products[0], products[1:]
+    (u0, v0), rest = factors[0], factors[1:]
 
     def step() -> None:
         for k, r0, r1, off in band:
             finput(x, v, s, k, ph, pw, tw, r0, r1, ld, off)
         np.matmul(u0, v0, out=m4)
-        for uk, vk, pk in rest:
-            np.matmul(uk, vk, out=pk)
-            np.add(m4, pk, out=m4)
+        for uk, vk in rest:  # the later chunks' products, added once each
+            np.matmul(uk, vk, out=p4)
+            np.add(m4, p4, out=m4)
         for k, r0, r1, off in band:
             foutput(m, y, z, k, tw, r0, r1, ld, off)
 
