@@ -10,7 +10,9 @@ channel, within a *band* (such rows, or several whole samples) laid out ``(16, C
 band)``, so that the 16 GEMMs of :mod:`..winograd` have the band's tiles as their long,
 contiguous dimension. The
 long loops run along whole bands of contiguous 1-d views indexed by the loop variable (LLVM
-vectorizes those; a computed index, or loops as short as one row of tiles, did not).
+vectorizes those; a computed index, or loops as short as one row of tiles, did not). An
+offset is folded into the view, never added to the index: Numba wraps a signed index it cannot
+prove non-negative around, and LLVM makes such loads (``ce[t + tw]``) gathers.
 
 Every loop is single-threaded and GIL-free (``nogil``), so that a caller may run several on
 a few Python threads; Numba's parallel threading layers are not safe to enter from the
@@ -99,9 +101,10 @@ def _input_py(x, v, s, n, ph, pw, tw, r0, r1, ld, off):  # pragma: no cover - co
                     xe = 2 * q - pw
                     ev[q] = xr[xe] if 0 <= xe < w_ else 0.0
                     od[q] = xr[xe + 1] if 0 <= xe + 1 < w_ else 0.0
-                for q in range(qlo, qhi):
-                    ev[q] = xr[2 * q - pw]
-                    od[q] = xr[2 * q - pw + 1]
+                xm, em, om = xr[2 * qlo - pw :], ev[qlo:], od[qlo:]
+                for q in range(qhi - qlo):
+                    em[q] = xm[2 * q]
+                    om[q] = xm[2 * q + 1]
                 for q in range(qhi, wq):
                     xe = 2 * q - pw
                     ev[q] = xr[xe] if 0 <= xe < w_ else 0.0
@@ -129,8 +132,10 @@ def _input_py(x, v, s, n, ph, pw, tw, r0, r1, ld, off):  # pragma: no cover - co
             vb1 = v[vb + (4 + q) * st : vb + (4 + q) * st + tb]
             vc = v[vb + (8 + q) * st : vb + (8 + q) * st + tb]
             vd = v[vb + (12 + q) * st : vb + (12 + q) * st + tb]
+            ce1 = s[cs + q * ps + tw : cs + q * ps + ps]
+            co1 = s[cs + (4 + q) * ps + tw : cs + (4 + q) * ps + ps]
             for t in range(tb):
-                d0, d1, d2, d3 = ce[t], co[t], ce[t + tw], co[t + tw]
+                d0, d1, d2, d3 = ce[t], co[t], ce1[t], co1[t]
                 va[t] = d0 - d2
                 vb1[t] = d1 + d2
                 vc[t] = d2 - d1
@@ -181,16 +186,18 @@ def _output_py(m, y, z, n, tw, r0, r1, ld, off):  # pragma: no cover - compiled
             ya = yf[ybase + 2 * i * ow_ : ybase + 2 * i * ow_ + ow_]
             if 2 * i + 1 < oh_:
                 yb = yf[ybase + (2 * i + 1) * ow_ : ybase + (2 * i + 2) * ow_]
+                w2, w3 = z2[zr : zr + tw], z3[zr : zr + tw]
                 for j in range(jf):
-                    yb[2 * j] = z2[zr + j]
-                    yb[2 * j + 1] = z3[zr + j]
+                    yb[2 * j] = w2[j]
+                    yb[2 * j + 1] = w3[j]
                 if jf < tw:
-                    yb[2 * jf] = z2[zr + jf]
+                    yb[2 * jf] = w2[jf]
+            w0, w1 = z0[zr : zr + tw], z1[zr : zr + tw]
             for j in range(jf):
-                ya[2 * j] = z0[zr + j]
-                ya[2 * j + 1] = z1[zr + j]
+                ya[2 * j] = w0[j]
+                ya[2 * j + 1] = w1[j]
             if jf < tw:
-                ya[2 * jf] = z0[zr + jf]
+                ya[2 * jf] = w0[jf]
 
 
 def filter_transform(w, u, flip: bool, p0: int, p1: int) -> None:
