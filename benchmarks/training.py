@@ -373,6 +373,21 @@ def max_rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-6)))
 
 
+def torch_other_threads_curve(kind: str, state: dict, data) -> np.ndarray:
+    """PyTorch float32's first losses at one thread (two if it runs on one): its curve at the
+    benchmark's thread count differs from this only by the order of its float32 sums, the
+    floor under any two float32 implementations' free-running curves."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2 if threads == 1 else 1)
+    try:
+        s = torch_trainer(kind, state, data)
+        return np.array([s(i) for i in range(LOSS_STEPS)])
+    finally:
+        torch.set_num_threads(threads)
+
+
 def same_state_check(kind: str, state: dict, data) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Each step from the same state: before step ``i`` megbrain and PyTorch float32 load the
     weights and momentum buffers of PyTorch float64's run at step ``i``, then take one step.
@@ -527,7 +542,8 @@ def main() -> None:
             floor = same = None
             if kind in CONV_NETS:
                 s = torch_trainer(kind, state, data, double=True)
-                floor = max_rel(b, np.array([s(i) for i in range(LOSS_STEPS)]))
+                floor = (max_rel(b, np.array([s(i) for i in range(LOSS_STEPS)])),
+                         max_rel(b, torch_other_threads_curve(kind, state, data)))  # fmt: skip
                 same = same_state_check(kind, state, data)
             agree.append((kind, a, b, max_rel(a, b), floor, same))
         steps = {name: make(kind, state, data) for name, make in makers.items()}
@@ -563,8 +579,9 @@ def main() -> None:
         )
         if floor is not None:
             print(
-                f"  float32 rounding alone: pytorch float32 vs pytorch float64, max relative "
-                f"difference {floor:.2e} (a deep BatchNorm network amplifies rounding step by step)"
+                f"  float32 rounding alone (a deep BatchNorm network amplifies it step by step):"
+                f" pytorch float32 vs pytorch float64, max relative difference {floor[0]:.2e}; "
+                f"pytorch float32 vs itself at another thread count {floor[1]:.2e}"
             )
         print("  step  megbrain    pytorch")
         for i in (0, 1, 2, 5, 10, LOSS_STEPS - 1):
