@@ -506,6 +506,20 @@ def _zeros_py(xp, lo, hi):
         xp[np.uintp(e)] = 0.0
 
 
+def _copy_block_py(xp, d, x, o):
+    # pragma: no cover - compiled
+    # xp[d:d + 8] = x[o:o + 8] (CB values), all loaded before any is stored: loads and
+    # stores interleaved, the compiler could not rule out that a store changes a later load,
+    # and copied value by value
+    # (unsigned indices throughout: a signed one is tested for wraparound)
+    u = np.uintp
+    d, o = u(d), u(o)
+    v0, v1, v2, v3 = x[o], x[o + u(1)], x[o + u(2)], x[o + u(3)]
+    v4, v5, v6, v7 = x[o + u(4)], x[o + u(5)], x[o + u(6)], x[o + u(7)]
+    xp[d], xp[d + u(1)], xp[d + u(2)], xp[d + u(3)] = v0, v1, v2, v3
+    xp[d + u(4)], xp[d + u(5)], xp[d + u(6)], xp[d + u(7)] = v4, v5, v6, v7
+
+
 def _pad_row_py(xp, d, src, h_, k0, k1, wq, bs):
     # pragma: no cover - compiled
     # the zeros of the plane row at d (wq positions of bs values): all of it when its source
@@ -560,9 +574,7 @@ def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1, phas
                 o = s0 + src * w_ * CB
                 k, phi = col_off // sw, col_off % sw  # source column c's plane position
                 for _ in range(cols):
-                    d = d0 + phi * phase + k * CB
-                    for ic in range(CB):
-                        xp[np.uintp(d + ic)] = x[np.uintp(o + ic)]
+                    _copy_block(xp, d0 + phi * phase + k * CB, x, o)
                     o += CB
                     phi += 1
                     if phi == sw:
@@ -584,9 +596,7 @@ def _pack_blocked_py(x, xp, dims, sh, sw, row_off, col_off, hq, wq, b0, b1, phas
                         xp[np.uintp(d + e)] = x[np.uintp(o + e)]
                 else:
                     for k in range(k0, k1):
-                        o = srow + (sw * k + phi - col_off) * CB
-                        for ic in range(CB):
-                            xp[np.uintp(d + k * CB + ic)] = x[np.uintp(o + ic)]
+                        _copy_block(xp, d + k * CB, x, srow + (sw * k + phi - col_off) * CB)
         if cb == cbs - 1:
             tail = n * sample + cbs * cstride
             _zeros(xp, tail, tail + SLACK * CB)
@@ -670,7 +680,7 @@ _write_one = _write_row7 = _write_row13 = _write_row14 = None  # of 1 and ROW_TI
 _tile8 = _tile_out8 = _one8 = _one16 = _one32 = None
 _row7 = _row13 = _row14 = None  # the row tiles (ROW_TILES) of wide units, and theirs that
 _row_out7 = _row_out13 = _row_out14 = None  # write the output
-_zeros = _pad_row = _hswish = _sigmoid = _silu8 = None
+_zeros = _copy_block = _pad_row = _hswish = _sigmoid = _silu8 = None
 
 
 @functools.cache
@@ -682,7 +692,7 @@ def _compiled() -> dict:
     global _write_one, _write_row7, _write_row13, _write_row14
     global _tile8, _tile_out8, _one8, _one16, _one32, _row7, _row13, _row14
     global _row_out7, _row_out13, _row_out14
-    global _zeros, _pad_row, carray, _hswish, _silu8
+    global _zeros, _copy_block, _pad_row, carray, _hswish, _silu8
 
 
     stack_tile, fetch_add, carray = tiled_jit.stack_tile(), tiled_jit.fetch_add(), _carray
@@ -702,6 +712,7 @@ def _compiled() -> dict:
                                                         bo)])  # fmt: skip
     _inside = compile_tiled(_inside_py, [t.UniTuple(i8, 2)(i8, i8, i8, i8, i8)])
     _zeros = compile_tiled(_zeros_py, [t.void(f1, i8, i8)])
+    _copy_block = compile_tiled(_copy_block_py, [t.void(f1, i8, fr, i8)], inline="always")
     _hswish = compile_tiled(_hswish_py, [t.float32(t.float32)], inline="always")
     _silu8 = silu8()
     _pad_row = compile_tiled(_pad_row_py, [t.boolean(f1, i8, i8, i8, i8, i8, i8, i8)])
