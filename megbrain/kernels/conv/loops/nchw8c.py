@@ -508,10 +508,10 @@ def _zeros_py(xp, lo, hi):
 
 def _copy_block_py(xp, d, x, o):
     # pragma: no cover - compiled
-    # xp[d:d + 8] = x[o:o + 8] (CB values), all loaded before any is stored: loads and
-    # stores interleaved, the compiler could not rule out that a store changes a later load,
-    # and copied value by value
-    # (unsigned indices throughout: a signed one is tested for wraparound)
+    # xp[d:d + 8] = x[o:o + 8] (CB values), all eight loaded before any is stored, with
+    # unsigned indices: with loads and stores in turn the compiler could not rule out that a
+    # store changes a later load and copied value by value, and a signed index is tested
+    # for wraparound
     u = np.uintp
     d, o = u(d), u(o)
     v0, v1, v2, v3 = x[o], x[o + u(1)], x[o + u(2)], x[o + u(3)]
