@@ -373,6 +373,11 @@ def max_rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-6)))
 
 
+def first_losses(step: Callable[[int], float]) -> np.ndarray:
+    """The losses of a fresh trainer's first :data:`LOSS_STEPS` steps."""
+    return np.array([step(i) for i in range(LOSS_STEPS)])
+
+
 def torch_other_threads_curve(kind: str, state: dict, data) -> np.ndarray:
     """PyTorch float32's first losses at one thread (two if it runs on one): its curve at the
     benchmark's thread count differs from this only by the order of its float32 sums, the
@@ -382,8 +387,7 @@ def torch_other_threads_curve(kind: str, state: dict, data) -> np.ndarray:
     threads = torch.get_num_threads()
     torch.set_num_threads(2 if threads == 1 else 1)
     try:
-        s = torch_trainer(kind, state, data)
-        return np.array([s(i) for i in range(LOSS_STEPS)])
+        return first_losses(torch_trainer(kind, state, data))
     finally:
         torch.set_num_threads(threads)
 
@@ -535,14 +539,12 @@ def main() -> None:
         curves = {}
         for name in ("megbrain", "pytorch"):
             if name in makers:
-                s = makers[name](kind, state, data)
-                curves[name] = np.array([s(i) for i in range(LOSS_STEPS)])
+                curves[name] = first_losses(makers[name](kind, state, data))
         if "pytorch" in curves:
             a, b = curves["megbrain"], curves["pytorch"]
             floor = same = None
             if kind in CONV_NETS:
-                s = torch_trainer(kind, state, data, double=True)
-                floor = (max_rel(b, np.array([s(i) for i in range(LOSS_STEPS)])),
+                floor = (max_rel(b, first_losses(torch_trainer(kind, state, data, double=True))),
                          max_rel(b, torch_other_threads_curve(kind, state, data)))  # fmt: skip
                 same = same_state_check(kind, state, data)
             agree.append((kind, a, b, max_rel(a, b), floor, same))
