@@ -21,7 +21,7 @@ from megbrain.kernels import blas, parallel
 from megbrain.kernels import elemwise_multi_type as emt
 from megbrain.kernels.conv import quantized
 from megbrain.kernels.conv.constant_operands import constant_filter
-from megbrain.kernels.conv.loops import depthwise_bytes, requant_ir, vnni
+from megbrain.kernels.conv.loops import depthwise_bytes, requant_ir, vnni, vnni_channels
 
 qint8, qint32, quint8 = mgb.dtype.qint8, mgb.dtype.qint32, mgb.dtype.quint8
 
@@ -226,34 +226,40 @@ def test_a_layer_split_in_bands_or_channel_chunks_equals_the_reference(c, bands,
         c["filt"] = (c["filt"][0], 4, *c["filt"][2:])  # (a depthwise shape: no GEMM)
         c["shape"] = (c["shape"][0], c["filt"][0] * c["filt"][2], *c["shape"][2:])
     x, f = _operands(c)
-    saved = (quantized.VNNI_BANDS, quantized._MIN_MACS_PER_THREAD,
-             quantized._MIN_BAND_POSITIONS, parallel.num_threads)
-    quantized.VNNI_BANDS, quantized._MIN_MACS_PER_THREAD = bands, 1
-    quantized._MIN_BAND_POSITIONS, parallel.num_threads = band_min, lambda: threads
+    saved = quantized.VNNI_BANDS, quantized._MIN_BAND_POSITIONS
+    quantized.VNNI_BANDS, quantized._MIN_BAND_POSITIONS = bands, band_min
     try:
-        with _path(True):
-            if mode is None:
-                step, out, want = _sums(c, x, f)
-            else:
-                rng = np.random.default_rng(c["seed"] + 1)
-                bias = ref.random_q(rng, (1, c["filt"][0] * c["filt"][1], 1, 1), qint32(0.125))
-                odt = quint8(3.0, 7) if c["asymm"] else qint8(3.0)
-                want = ref.conv_bias(x, f, bias, None, odt, mode, stride=c["stride"],
-                                     pad=c["pad"], dilate=c["dilate"], group=True,
-                                     flip=c["flip"])  # fmt: skip
-                out = np.empty(want.shape, want.dtype)
-                step = quantized.bind_quantized_conv_bias(x, f, bias, None, out, c["stride"],
-                                                          c["pad"], c["dilate"], c["flip"],
-                                                          mode)  # fmt: skip
+        with _path(True), _threads(threads):
+            step, out, want = _bound(c, x, f, mode)
     finally:
-        (quantized.VNNI_BANDS, quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS,
-         parallel.num_threads) = saved  # fmt: skip
-    step()
-    step()  # (the band buffers reused)
+        quantized.VNNI_BANDS, quantized._MIN_BAND_POSITIONS = saved
+    _run_twice(step, out, want, mode)
+
+
+def _bound(c, x, f, mode):
+    """``(step, out, want)``: the case's int32 sums (``mode`` None), else its ConvBias with
+    ``mode`` requantized to an 8-bit output, and the reference's."""
     if mode is None:
-        np.testing.assert_array_equal(out.view(np.int32), want)
-    else:
-        ref.assert_same(out, want)
+        return _sums(c, x, f)
+    rng = np.random.default_rng(c["seed"] + 1)
+    bias = ref.random_q(rng, (1, c["filt"][0] * c["filt"][1], 1, 1), qint32(0.125))
+    odt = quint8(3.0, 7) if c["asymm"] else qint8(3.0)
+    want = ref.conv_bias(x, f, bias, None, odt, mode, stride=c["stride"], pad=c["pad"],
+                         dilate=c["dilate"], group=True, flip=c["flip"])  # fmt: skip
+    out = np.empty(want.shape, want.dtype)
+    step = quantized.bind_quantized_conv_bias(x, f, bias, None, out, c["stride"], c["pad"],
+                                              c["dilate"], c["flip"], mode)  # fmt: skip
+    return step, out, want
+
+
+def _run_twice(step, out, want, mode):
+    """Run ``step`` twice (its band buffers reused), checking ``out`` each time."""
+    for _ in range(2):
+        step()
+        if mode is None:
+            np.testing.assert_array_equal(out.view(np.int32), want)
+        else:
+            ref.assert_same(out, want)
 
 
 @contextlib.contextmanager
@@ -300,6 +306,115 @@ def test_the_tile_shape_pads_the_fewest_products():
     assert vnni.tile_shape(96, 196) == (8, 3)
     # 36 channels over 64 positions: 36 x 64 against 40 x 64
     assert vnni.tile_shape(36, 64) == (6, 4)
+
+
+@contextlib.contextmanager
+def _channel_tiles(shape):
+    """Every VNNI band layer bound inside takes the channel tile ``shape`` (positions,
+    vectors of 16 channels) wherever its output allows, or with None the tiles of
+    positions everywhere."""
+    saved = (quantized.CHANNEL_TILES, quantized.CHANNEL_TILE_GAIN, quantized.CHANNEL_STORE_SUMS,
+             vnni_channels.tile_shape)  # fmt: skip
+    if shape is None:
+        quantized.CHANNEL_TILES = False
+    else:
+        quantized.CHANNEL_TILE_GAIN, quantized.CHANNEL_STORE_SUMS = float("inf"), 0
+        vnni_channels.tile_shape = lambda channels, runs: shape
+    try:
+        yield
+    finally:
+        (quantized.CHANNEL_TILES, quantized.CHANNEL_TILE_GAIN, quantized.CHANNEL_STORE_SUMS,
+         vnni_channels.tile_shape) = saved  # fmt: skip
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    """Layers bound inside split for ``n`` threads however small they are."""
+    saved = quantized._MIN_MACS_PER_THREAD, parallel.num_threads
+    quantized._MIN_MACS_PER_THREAD, parallel.num_threads = 1, lambda: n
+    try:
+        yield
+    finally:
+        quantized._MIN_MACS_PER_THREAD, parallel.num_threads = saved
+
+
+@st.composite
+def _channel_tile_convs(draw):
+    # channels past one tile's 16 V and short of the next; half the layers 1x1 at stride 1
+    # without padding (their planes one run of positions)
+    c = draw(_convs())
+    g, _, icg, fh, fw = c["filt"]
+    if draw(st.booleans()):
+        fh = fw = 1
+        c.update(stride=(1, 1), pad=(0, 0), dilate=(1, 1))
+    c["filt"] = (g, draw(st.integers(1, 70)), icg, fh, fw)
+    return c
+
+
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("shape", sorted(vnni_channels.TILES.items()))
+@settings(max_examples=15, deadline=None)
+@given(c=_channel_tile_convs(), threads=st.integers(1, 3), mode=st.sampled_from([None, "RELU"]))
+def test_each_channel_tile_shape_equals_the_reference(shape, c, threads, mode):
+    # a row's (or a plane's) positions in runs of P, the last one short; the channels in
+    # vectors of 16, the last tile's short; split for the threads into chunks of channel
+    # tiles, and into bands of rows where there are fewer tiles than units
+    x, f = _operands(c)
+    with _path(True), _channel_tiles(shape), _threads(threads):
+        step, out, want = _bound(c, x, f, mode)
+    _run_twice(step, out, want, mode)
+
+
+def test_channel_tiles_are_taken_where_they_compute_fewer_products():
+    # (o, oh, ow, the phase planes' row, band rows, the position tile's rows, k groups)
+    # 7x7 planes: rows of 9 phase-plane positions, 64 lanes computed for 49 outputs
+    assert quantized._channel_tile(512, 7, 7, 9, 7, 8, 1152, True) == (7, 4)
+    # 56x56 in two bands: 3264 lanes for 3136 outputs, under the gain asked
+    assert quantized._channel_tile(64, 56, 56, 58, 28, 8, 144, True) is None
+    # a 14x14 plane as one run: 196 outputs for 208 lanes; the NCHW output's byte stores
+    # outweigh the sums saved at 16 k groups, not at 240
+    assert quantized._channel_tile(384, 14, 14, 14, 14, 8, 16, True) == (7, 4)
+    assert quantized._channel_tile(384, 14, 14, 14, 14, 8, 16, False) is None
+    assert quantized._channel_tile(320, 7, 7, 7, 7, 8, 240, False) == (7, 4)
+    # a 28x28 plane the position tiles would split in chunks of channels, as many products
+    # either way: NCHW4 takes the channel tiles where the reduction is long enough
+    assert quantized._channel_tile(32, 28, 28, 28, 28, 8, 48, True, chunked=True) == (14, 2)
+    assert quantized._channel_tile(32, 28, 28, 28, 28, 8, 8, True, chunked=True) is None
+    assert quantized._channel_tile(32, 28, 28, 28, 28, 8, 48, True, chunked=False) is None
+    assert quantized._channel_tile(32, 28, 28, 28, 28, 8, 48, False, chunked=True) is None
+    # 160 channels: two vectors pad none of them (three or four pad to 192)
+    assert vnni_channels.tile_shape(160, [49]) == (14, 2)
+
+
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("shape", sorted(vnni_channels.TILES.items()))
+def test_the_channel_tile_keeps_its_sums_in_registers(shape):
+    npos, nv = shape
+    tile, epi = vnni_channels.vnni_ctile(), vnni.EPI_INT32
+
+    def run(a, offs, w, init, out, q, kg, count, nch):
+        tile(a, 0, offs, 0, w, 0, kg * 64, kg, init, 0, out, 0, 1, npos, count, nch, q, npos,
+             nv, epi, 0)  # fmt: skip
+
+    # compiled afresh: the assembly of a kernel loaded from Numba's cache is not kept
+    fn = njit(nogil=True, error_model="numpy")(run)
+    kg, width = 3, 16 * nv
+    a = np.random.default_rng(0).integers(0, 256, 4 * npos * kg + 64, np.uint8)
+    offs = np.arange(kg, dtype=np.int64) * 4 * npos
+    w = np.random.default_rng(1).integers(-128, 128, kg * 64 * nv, np.int8)
+    init = np.arange(width, dtype=np.int32)
+    out = np.zeros(width * npos, np.int32)
+    fn(a, offs, w, init, out, np.zeros(7, np.float32), kg, npos, width)
+    # position p, channel c of vector v: init plus each k group's 4 bytes by the filter's
+    words = a[: 4 * npos * kg].reshape(kg, npos, 4).astype(np.int64)
+    filt = w.reshape(nv, kg, 16, 4).transpose(1, 0, 2, 3).reshape(kg, width, 4)
+    want = init[:, None] + np.einsum("kpj,kcj->cp", words, filt.astype(np.int64))
+    np.testing.assert_array_equal(out.reshape(width, npos), want)
+    asm = "\n".join(fn.inspect_asm().values()).splitlines()
+    dots = [i for i, line in enumerate(asm) if "vpdpbusd" in line]
+    assert len(dots) >= npos * nv
+    # between the first and the last vpdpbusd (the reduction loop), no stack access
+    assert not any("(%rsp)" in line for line in asm[dots[0] : dots[-1]])
 
 
 @pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")

@@ -10,13 +10,13 @@ import quantized_ref as ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opr_harness import check_opr, inputs, make_graph
-from test_conv_int8_vnni import _PATHS, _path
+from test_conv_int8_vnni import _PATHS, _channel_tiles, _path
 
 import megbrain as mgb
 from megbrain.errors import MegBrainError
 from megbrain.kernels import parallel
 from megbrain.kernels.conv import quantized
-from megbrain.kernels.conv.loops import vnni
+from megbrain.kernels.conv.loops import vnni, vnni_channels
 from megbrain.opr import relayout_format
 from megbrain.opr.base import build_opr
 from megbrain.opr.dnn_conv_bias import ConvBias, ConvBiasParam
@@ -240,13 +240,15 @@ def test_conv_bias_nchw4_takes_quantized_operands_only():
 
 
 @pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(c=_convs(), threads=st.integers(1, 3), band_min=st.sampled_from([1, 40, 1 << 30]),
-       flip=st.booleans())  # fmt: skip
-def test_the_blocked_vnni_bands_equal_the_reference(c, threads, band_min, flip):
+       flip=st.booleans(), tile=st.sampled_from([None, *sorted(vnni_channels.TILES.items())]))
+def test_the_blocked_vnni_bands_equal_the_reference(c, threads, band_min, flip, tile):
     # every layer split as if it were large: bands of output rows (each thread relaying a
     # band's rows of the blocked source, writing its rows of the blocked output), or chunks
-    # of the output channels (a block of 4 channels shared by two chunks written bytewise)
+    # of the output channels (a block of 4 channels shared by two chunks written bytewise);
+    # on the tiles of positions, or on a shape of the channel tiles (each position's words
+    # of 4 channels written in place)
     rng = np.random.default_rng(c["seed"])
     x = ref.random_q(rng, c["shape"], qint8(0.5))
     f = ref.random_q(rng, c["filt"], qint8(0.25))
@@ -265,8 +267,10 @@ def test_the_blocked_vnni_bands_equal_the_reference(c, threads, band_min, flip):
     quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS = 1, band_min
     parallel.num_threads = lambda: threads
     try:
-        step = quantized.bind_vnni_blocked(x4, fp.view(f.dtype), b4, None, out, c["stride"],
-                                           c["pad"], (1, 1), flip, c["mode"])  # fmt: skip
+        with _channel_tiles(tile):
+            step = quantized.bind_vnni_blocked(x4, fp.view(f.dtype), b4, None, out,
+                                               c["stride"], c["pad"], (1, 1), flip,
+                                               c["mode"])  # fmt: skip
     finally:
         quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS = saved[:2]
         parallel.num_threads = saved[2]

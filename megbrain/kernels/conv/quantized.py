@@ -22,7 +22,7 @@ from .constant_operands import constant_filter, filter_is_constant
 from .loops import depthwise_bytes as dw_bytes
 from .loops import int8 as int8_loops
 from .loops import vnni as vnni_loops
-from .loops import vnni_gemv
+from .loops import vnni_channels, vnni_gemv
 from .nchw8c import filter_packed, units_as_they_go
 
 __all__ = [
@@ -80,6 +80,21 @@ VNNI = vnni_loops.available()
 #: rather than as a split per phase (the relayout, the tiles, the dropped columns); a test
 #: and the benchmarks set it off
 VNNI_BANDS = True
+#: whether the VNNI bands bound from now on take the tiles with output channels along the
+#: vectors (:mod:`.loops.vnni_channels`) where those compute fewer products; a test sets it
+#: off to run the tiles of positions on any shape
+CHANNEL_TILES = True
+#: the fraction of the position tiles' products the channel tiles must compute at most to
+#: be taken
+CHANNEL_TILE_GAIN = 0.95
+#: the cost of a channel tile's output byte stored to an NCHW plane (one at a time), in
+#: ``vpdpbusd`` lanes of one k group: 64 -> 384 1x1 at 14x14 (16 k groups) ran 1.6x slower
+#: on them, 960 -> 320 at 7x7 (240) 1.2x faster
+CHANNEL_STORE_SUMS = 16
+#: the fewest k groups at which an NCHW4 layer the position tiles would split in chunks of
+#: channels takes the channel tiles at as many products (2 threads: 192 -> 32 1x1 at 28x28,
+#: 48 k groups, 1.19x faster on them; 32 -> 192, 8 k groups, 0.85x)
+CHANNEL_TIE_GROUPS = 16
 
 
 def _plain(a: np.ndarray) -> np.ndarray:
@@ -326,13 +341,20 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant,
             rb = -(-oh // nb)  # bands of output rows, each one's source rows relaid with it
         elif parts > 1:  # few positions: chunks of the output channels, each thread
             nchunk = _UNITS_PER_THREAD * parts  # relaying the whole source once
+    rows, vecs = vnni_loops.tile_shape(o_, rb * wph)
+    ctile = None
+    if VNNI_BANDS and (not blocked or o_ % 4 == 0 or n_ * g_ == 1):
+        ctile = _channel_tile(o_, oh, ow, wph, rb, rows, kg_, blocked, nchunk > 1)
+    if ctile is not None:
+        rows = vnni_loops.LANES * ctile[1]  # (the packed filter's rows: whole vectors)
+        if parts > 1:
+            rb, nchunk = _channel_units(oh, -(-o_ // rows), parts)
     nb = -(-oh // rb)
     hph_b = min(hph, rb + shift)  # a band's phase-plane rows
     pplane = hph_b * wph
     pb = rb * wph  # a band's positions
     # blocks of whole vectors: a 1x1 stride-1 layer's loads stay 64-byte aligned
     plane = -(-len(kept_r) * len(kept_c) * pplane // lanes) * lanes
-    rows, vecs = vnni_loops.tile_shape(o_, pb)
     op = -(-o_ // rows) * rows
     tiles = -(-pb // (lanes * vecs))
     nchunk = min(nchunk, op // rows)
@@ -344,7 +366,8 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant,
     keep = workspace.aligned if constant else workspace.empty
     wk = keep((g_ * op * kg_ * 4,), np.int8)
     init_w = keep((g_ * op,), _I32)
-    pack = _partial(vnni_loops.pack_filter, _plain(filt), wk, init_w, flip, zf, u0, kg_, op)
+    pack = _partial(vnni_loops.pack_filter, _plain(filt), wk, init_w, flip, zf, u0, kg_, op,
+                    0 if ctile is None else vnni_loops.LANES)  # fmt: skip
     steps: list[Step] = []
     init = init_w
     if bias is not None:
@@ -359,6 +382,8 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant,
     words = cg * plane + slot * pplane + a * dh // sh * wph + b * dw // sw
     offs = (words * 4).reshape(-1)
     last = int(words[0].max()) + tiles * vecs * lanes
+    if ctile is not None:  # a row's last tile reads all its positions
+        last = int(words[0].max()) + pb + ctile[0]
     tail = max(0, last - plane) * 4
     if requant is None:
         epi, q = vnni_loops.EPI_INT32, np.zeros(7, _F32)
@@ -374,7 +399,7 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant,
     hw = np.array([h_, w_], np.int64)
     geo = np.array([*pad, sh, sw, hph_b, wph, len(kept_r), len(kept_c), plane, *kept_r,
                     *kept_c], np.int64)  # fmt: skip
-    drop = wph != ow or blocked
+    drop = (wph != ow or blocked) and ctile is None
     yt = workspace.empty((n_ * g_ * o_ * pg,), yf.dtype) if drop else yf
     flipx = 128 if signed else 0
     x4_bytes = -(-(cg_ * plane * 4 + tail) // 64) * 64  # (each band buffer 64-byte aligned)
@@ -385,6 +410,19 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant,
         x4s = workspace.empty((nt, x4_bytes), np.uint8)
         x4ws = x4s[:, : cg_ * plane * 4].view(np.uint32)
         tmps = workspace.empty((nt, tmp_words), np.uint32)
+        if ctile is not None:
+            # the output written in place: NCHW planes, or NCHW4 words of 4 planes
+            step_, cdiv = (4, 4) if blocked else (1, 1)
+            for n in range(n_):
+                for g in range(g_):
+                    geom = np.array([rb, oh, wph, nchunk, o_, kg_, cg_,
+                                     (n * g_ + g) * o_ // cdiv * oh * ow * step_,
+                                     oh * ow * step_, g * op * kg_ * 4, g * op, ow, step_, cdiv,
+                                     *offs], np.int64)  # fmt: skip
+                    args = (*ctile, epi, blocked, x, x4ws, tmps, (n * g_ + g) * i_ * h_ * w_,
+                            hw, i_, geo, flipx, u0, x4s, wk, init, yf, q, geom)  # fmt: skip
+                    steps.append(units_as_they_go(units, _partial(_cband_part, args), nt))
+            return filter_packed(pack, chain(steps), constant)
         for n in range(n_):
             for g in range(g_):
                 geom = np.array([rb, oh, wph, nchunk, o_, kg_, cg_, (n * g_ + g) * o_ * pg, pg,
@@ -434,6 +472,53 @@ def bind_vnni_blocked(src, filt, bias, z, out, stride, pad, dilate, flip, mode) 
     q = np.array([bias_q.scale, out_q.scale, out_q.zero_point, out_q.qmin, out_q.qmax], _F32)
     epi = vnni_loops.EPI_QUANT_RELU if mode == "RELU" else vnni_loops.EPI_QUANT
     return _bind_vnni(src, filt, b, out, stride, pad, dilate, flip, (epi, q), blocked=True)
+
+
+def _channel_tile(o_: int, oh: int, ow: int, wph: int, rb: int, rows: int, kg: int,
+                  blocked: bool, chunked: bool = False) -> tuple[int, int] | None:  # fmt: skip
+    """The shape (positions, vectors) of :mod:`.loops.vnni_channels`' tiles where they
+    compute fewer products than :mod:`.loops.vnni`'s tiles of ``rows`` output channels
+    would, by :data:`CHANNEL_TILE_GAIN`, on a layer of ``o_`` output channels, ``oh x
+    ow`` outputs, phase-plane rows of ``wph``, bands of ``rb`` output rows and ``kg`` k
+    groups; else None. An NCHW output (not ``blocked``) takes them only where the sums
+    saved outweigh their stores, a byte a channel (:data:`CHANNEL_STORE_SUMS`). An NCHW4
+    one takes them at no fewer products too where the position tiles would split the
+    layer in chunks of channels (``chunked``: each thread relaying the whole source; the
+    channel tiles split it in bands) and the reduction is long enough for their stores
+    (:data:`CHANNEL_TIE_GROUPS`)."""
+    if not CHANNEL_TILES:
+        return None
+    lanes = vnni_loops.LANES
+    bands = [min(oh, r + rb) - r for r in range(0, oh, rb)]
+    by_positions = -(-o_ // rows) * rows * sum(-(-n * wph // lanes) * lanes for n in bands)
+    runs = [n * ow for n in bands] if wph == ow else [ow] * oh
+    tile = vnni_channels.tile_shape(o_, runs)
+    by_channels = vnni_channels.padded_products(o_, runs, tile)
+    tie = blocked and chunked and kg >= CHANNEL_TIE_GROUPS
+    if by_channels > (1.0 if tie else CHANNEL_TILE_GAIN) * by_positions:
+        return None
+    if not blocked and (by_positions - by_channels) * kg < CHANNEL_STORE_SUMS * o_ * oh * ow:
+        return None
+    return tile
+
+
+def _channel_units(oh: int, ctiles: int, parts: int) -> tuple[int, int]:
+    """The bands' output rows and the chunks of output channels of a layer on ``ctiles``
+    channel tiles split for ``parts`` threads: a chunk a tile up to two chunks a unit
+    (each thread then relays the source once and takes whole tiles), bands of rows where
+    there are fewer tiles than units (a channel tile needs no band of many positions)."""
+    units = _UNITS_PER_THREAD * parts
+    nchunk = min(ctiles, 2 * units)
+    nb = min(oh, -(-units // nchunk))
+    return -(-oh // nb), nchunk
+
+
+def _cband_part(args: tuple, counter: np.ndarray, me: int) -> Step:
+    """Thread ``me``'s part of :func:`.loops.vnni_channels.bands_kernel` on ``args``."""
+    npos, nv, epi, blocked, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, *rest = args
+    return _partial(vnni_channels.bands_kernel(npos, nv, epi, blocked), x, x4w[me], tmp[me],
+                    int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0), x4[me], *rest,
+                    counter, int(me))  # fmt: skip
 
 
 def _band_part(args: tuple, counter: np.ndarray, me: int) -> Step:

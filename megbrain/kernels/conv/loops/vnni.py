@@ -31,7 +31,8 @@ Layouts (flat uint8 / int8 buffers, one group of one sample at a time):
 A tile (:func:`vnni_tile`) is ``R`` output channels by ``V`` vectors of 16 positions, its
 ``R V`` accumulators in zmm registers across the whole reduction; each ``k`` group loads
 ``V`` activation vectors and broadcasts one 4-byte filter word per row, then issues the
-``R V`` ``vpdpbusd``. The positions lie along the vectors, so that each row of
+``R V`` ``vpdpbusd`` (:mod:`.vnni_channels` has the tile with output channels along the
+vectors instead, for small planes). The positions lie along the vectors, so that each row of
 the tile is a contiguous run of the NCHW output: stored as int32 sums, or requantized on
 the way (MegDNN's float32 chain, exact: the sum converted to float32, times the scale, ReLU,
 divided by the output scale, rounded half away from zero, shifted, saturated; computed
@@ -163,9 +164,7 @@ def vnni_tile():
             def const(v, ty=i64):
                 return ir.Constant(ty, v)
 
-            def data(k):
-                return context.make_array(signature.args[k])(context, builder, args[k]).data
-
+            data = array_data(context, builder, signature, args)
             adata = builder.bitcast(data(0), i8.as_pointer())
             wdata = builder.bitcast(data(6), i8.as_pointer())
             idata, odata, qdata, tdata = data(10), data(12), data(17), data(4)
@@ -284,6 +283,15 @@ def vnni_tile():
         return sig, codegen
 
     return vnni_tile
+
+
+def array_data(context, builder, signature, args):
+    """``data(k)``: IR, the data pointer of an intrinsic's array argument ``k``."""
+
+    def data(k):
+        return context.make_array(signature.args[k])(context, builder, args[k]).data
+
+    return data
 
 
 def requant_params(q: np.ndarray) -> np.ndarray:
@@ -633,15 +641,20 @@ def _make_gemm(rows: int, nv: int, epi: int):
     return gemm
 
 
-def _pack_filter_py(filt, w, init, flip, zf, u0, kg_, op):
+def _pack_filter_py(filt, w, init, flip, zf, u0, kg_, op, vec):
     """``w`` (G, OP, KG * 4) int8: ``filt`` (G, O, I, FH, FW) minus ``zf`` (flipped when
-    ``flip``), its k groups ``(cg, a, b)`` row-major, zero past I and O; ``init`` (G *
-    OP) int32: ``-u0`` times each row's sum (wrapping, as the sums do)."""
+    ``flip``), its k groups ``(cg, a, b)`` row-major, zero past I and O; with ``vec`` > 0,
+    each block of ``vec`` rows interleaved by k group instead, ``(G, OP / vec, KG, vec,
+    4)`` (:mod:`.vnni_channels`' vectors of output channels); ``init`` (G * OP) int32:
+    ``-u0`` times each row's sum (wrapping, as the sums do)."""
     g_, o_, i_, fh, fw = filt.shape
     for g in range(g_):
         for o in range(op):
             total = 0
-            row = (g * op + o) * kg_ * 4
+            if vec:  # the row's 4 bytes of each k group at its place in the block's vector
+                row, kstep = ((g * op + o - o % vec) * kg_ + o % vec) * 4, 4 * (vec - 1)
+            else:
+                row, kstep = (g * op + o) * kg_ * 4, 0
             k = 0
             for cg in range(kg_ // (fh * fw)):
                 for a in range(fh):
@@ -654,7 +667,7 @@ def _pack_filter_py(filt, w, init, flip, zf, u0, kg_, op):
                                     v = np.int32(filt[g, o, c, fh - 1 - a, fw - 1 - b]) - zf
                                 else:
                                     v = np.int32(filt[g, o, c, a, b]) - zf
-                            w[row + k] = np.int8(v)
+                            w[row + k + k // 4 * kstep] = np.int8(v)
                             total += v
                             k += 1
             init[g * op + o] = np.int32(np.int64(-u0 * total) & 0xFFFFFFFF)
@@ -791,10 +804,12 @@ def relayout(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1) -> None:
                           int(cg0), int(cg1), 0)  # fmt: skip
 
 
-def pack_filter(filt, w, init, flip: bool, zf: int, u0: int, kg: int, op: int) -> None:
-    """Pack ``filt`` (G, O, I, FH, FW) 8-bit into ``w`` (G * OP * KG * 4 int8) and its row
-    sums times ``-u0`` into ``init`` (G * OP int32); see :func:`_pack_filter_py`."""
-    _compiled("pack")(filt, w, init, bool(flip), int(zf), int(u0), int(kg), int(op))
+def pack_filter(filt, w, init, flip: bool, zf: int, u0: int, kg: int, op: int,
+                vec: int = 0) -> None:  # fmt: skip
+    """Pack ``filt`` (G, O, I, FH, FW) 8-bit into ``w`` (G * OP * KG * 4 int8; with ``vec``,
+    blocks of ``vec`` rows interleaved by k group) and its row sums times ``-u0`` into
+    ``init`` (G * OP int32); see :func:`_pack_filter_py`."""
+    _compiled("pack")(filt, w, init, bool(flip), int(zf), int(u0), int(kg), int(op), int(vec))
 
 
 def gemm_tiles(rows, vecs, x4, w, init, out, q, geom, epi, t0, t1) -> None:
