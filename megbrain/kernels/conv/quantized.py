@@ -308,7 +308,8 @@ def _vnni_usable(src: np.ndarray, filt: np.ndarray) -> bool:
 
 def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant,
                blocked: bool = False) -> Step:  # fmt: skip
-    """Bind the VNNI kernels (:mod:`.loops.vnni`) writing ``y`` (N, G*O, OH, OW),
+    """Bind the VNNI kernels (:mod:`.loops.vnni`, or on small planes the channel tiles of
+    :mod:`.loops.vnni_channels`: :func:`_channel_tile`) writing ``y`` (N, G*O, OH, OW),
     C-contiguous: the int32 sums (plus ``bias``, (G*O,) int32, when given), or, with
     ``requant`` = (epi, float32 [input scale, output scale, zero point, qmin, qmax]), those
     requantized into the 8-bit ``y``. With ``blocked`` (bands only, requantized), ``src``
