@@ -249,6 +249,25 @@ def test_the_blocked_vnni_bands_equal_the_reference(c, threads, band_min, flip, 
     # of the output channels (a block of 4 channels shared by two chunks written bytewise);
     # on the tiles of positions, or on a shape of the channel tiles (each position's words
     # of 4 channels written in place)
+    _check_blocked_vnni(c, threads, band_min, flip, tile)
+
+
+@pytest.mark.skipif(not vnni.available(), reason="the CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("n, h, w, threads, band_min, tile", [
+    (1, 8, 16, 2, 1, None), (2, 5, 7, 3, 40, None), (1, 9, 9, 2, 1 << 30, None),
+    (1, 7, 7, 2, 1, (7, 4)), (2, 6, 14, 3, 1, (14, 2))])  # fmt: skip
+def test_a_1x1_blocked_layer_relays_its_bands_as_runs(n, h, w, threads, band_min, tile):
+    # at stride 1 without padding a band's rows of each 4-channel block are one run of
+    # words, relaid by one loop; the last band shorter than the others
+    c = {"shape": (n, 12, h, w), "filt": (1, 20, 12, 1, 1), "stride": (1, 1), "pad": (0, 0),
+         "seed": h * w + n, "mode": "RELU", "out_scale": 2.0}  # fmt: skip
+    _check_blocked_vnni(c, threads, band_min, False, tile)
+
+
+def _check_blocked_vnni(c, threads, band_min, flip, tile):
+    """The blocked VNNI bands on case ``c`` against the NCHW reference, split for
+    ``threads`` with bands of at least ``band_min`` positions, on the channel tile ``tile``
+    (None: the position tiles)."""
     rng = np.random.default_rng(c["seed"])
     x = ref.random_q(rng, c["shape"], qint8(0.5))
     f = ref.random_q(rng, c["filt"], qint8(0.25))

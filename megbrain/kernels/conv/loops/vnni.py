@@ -535,10 +535,15 @@ def _relayout4_py(x, x4, tmp, xoff, hw, ci, geo, flip, u0, cg0, cg1, k0):
     pplane = hph * wph
     fill = np.uint32(u0 * 0x01010101)
     fl = np.uint32(np.uint32(flip) * np.uint32(0x01010101))
+    whole = ph == 0 and pw == 0 and sh == 1 and sw == 1
     for cg in range(cg0, cg1):
         base = cg * plane
         src0 = xoff // 4 + cg * h_ * w_
-        for i in range(nr):
+        if whole:  # unpadded, stride 1: the band's rows are one run (one vectorized loop)
+            r = src0 + k0 * w_
+            for q in range((min(h_, k0 + hph) - k0) * w_):
+                x4[np.uintp(base + q)] = xw[np.uintp(r + q)] ^ fl
+        for i in range(0 if whole else nr):
             pr = geo[9 + i]
             for j in range(nc):
                 pc = geo[9 + nr + j]
