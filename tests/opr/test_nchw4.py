@@ -10,7 +10,7 @@ import quantized_ref as ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opr_harness import check_opr, inputs, make_graph
-from test_conv_int8_vnni import _PATHS, _channel_tiles, _path
+from test_conv_int8_vnni import _PATHS, _channel_tiles, _path, _threads
 
 import megbrain as mgb
 from megbrain.errors import MegBrainError
@@ -282,17 +282,14 @@ def _check_blocked_vnni(c, threads, band_min, flip, tile):
     fp[:, :, : c["filt"][2]] = f.view(np.int8)
     b4 = _to4(b.view(np.int32)).copy().view(b.dtype)
     out = np.empty((want.shape[0], oc // 4, *want.shape[2:], 4), np.int8).view(odt)
-    saved = quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS, parallel.num_threads
-    quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS = 1, band_min
-    parallel.num_threads = lambda: threads
+    saved, quantized._MIN_BAND_POSITIONS = quantized._MIN_BAND_POSITIONS, band_min
     try:
-        with _channel_tiles(tile):
+        with _threads(threads), _channel_tiles(tile):
             step = quantized.bind_vnni_blocked(x4, fp.view(f.dtype), b4, None, out,
                                                c["stride"], c["pad"], (1, 1), flip,
                                                c["mode"])  # fmt: skip
     finally:
-        quantized._MIN_MACS_PER_THREAD, quantized._MIN_BAND_POSITIONS = saved[:2]
-        parallel.num_threads = saved[2]
+        quantized._MIN_BAND_POSITIONS = saved
     assert step is not None
     for _ in range(2):  # (the band buffers reused)
         step()

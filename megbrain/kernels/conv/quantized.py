@@ -420,19 +420,21 @@ def _bind_vnni(src, filt, bias, y, stride, pad, dilate, flip, requant,
                                      (n * g_ + g) * o_ // cdiv * oh * ow * step_,
                                      oh * ow * step_, g * op * kg_ * 4, g * op, ow, step_, cdiv,
                                      *offs], np.int64)  # fmt: skip
-                    args = (*ctile, epi, blocked, x, x4ws, tmps, (n * g_ + g) * i_ * h_ * w_,
-                            hw, i_, geo, flipx, u0, x4s, wk, init, yf, q, geom)  # fmt: skip
-                    steps.append(units_as_they_go(units, _partial(_cband_part, args), nt))
+                    kernel = vnni_channels.bands_kernel(*ctile, epi, blocked)
+                    args = (x, x4ws, tmps, (n * g_ + g) * i_ * h_ * w_, hw, i_, geo, flipx, u0,
+                            x4s, wk, init, yf, q, geom)  # fmt: skip
+                    steps.append(units_as_they_go(units, _partial(_band_part, kernel, args),
+                                                  nt))  # fmt: skip
             return filter_packed(pack, chain(steps), constant)
         for n in range(n_):
             for g in range(g_):
                 geom = np.array([rb, oh, wph, nchunk, o_, kg_, cg_, (n * g_ + g) * o_ * pg, pg,
                                  g * op * kg_ * 4, g * op, yf.itemsize, ow, *offs],
                                 np.int64)  # fmt: skip
-                args = (rows, vecs, epi, drop, blocked, x, x4ws, tmps,
-                        (n * g_ + g) * i_ * h_ * w_, hw, i_, geo, flipx, u0, x4s, wk, init, yt,
-                        q, geom, yt.view(np.uint8), yf.view(np.uint8))  # fmt: skip
-                steps.append(units_as_they_go(units, _partial(_band_part, args), nt))
+                kernel = vnni_loops.bands_kernel(rows, vecs, epi, drop, blocked)
+                args = (x, x4ws, tmps, (n * g_ + g) * i_ * h_ * w_, hw, i_, geo, flipx, u0, x4s,
+                        wk, init, yt, q, geom, yt.view(np.uint8), yf.view(np.uint8))  # fmt: skip
+                steps.append(units_as_they_go(units, _partial(_band_part, kernel, args), nt))
         return filter_packed(pack, chain(steps), constant)
     x4 = workspace.empty((x4_bytes,), np.uint8)
     x4w = x4[: cg_ * plane * 4].view(np.uint32)
@@ -505,30 +507,23 @@ def _channel_tile(o_: int, oh: int, ow: int, wph: int, rb: int, rows: int, kg: i
 
 def _channel_units(oh: int, ctiles: int, parts: int) -> tuple[int, int]:
     """The bands' output rows and the chunks of output channels of a layer on ``ctiles``
-    channel tiles split for ``parts`` threads: a chunk a tile up to two chunks a unit
-    (each thread then relays the source once and takes whole tiles), bands of rows where
-    there are fewer tiles than units (a channel tile needs no band of many positions)."""
+    channel tiles split for ``parts`` threads: a chunk a tile, up to twice as many chunks
+    as units (each thread then relays the source once and takes whole tiles), and bands
+    of rows where there are fewer tiles than units (a channel tile needs no band of many
+    positions)."""
     units = _UNITS_PER_THREAD * parts
     nchunk = min(ctiles, 2 * units)
     nb = min(oh, -(-units // nchunk))
     return -(-oh // nb), nchunk
 
 
-def _cband_part(args: tuple, counter: np.ndarray, me: int) -> Step:
-    """Thread ``me``'s part of :func:`.loops.vnni_channels.bands_kernel` on ``args``."""
-    npos, nv, epi, blocked, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, *rest = args
-    return _partial(vnni_channels.bands_kernel(npos, nv, epi, blocked), x, x4w[me], tmp[me],
-                    int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0), x4[me], *rest,
-                    counter, int(me))  # fmt: skip
-
-
-def _band_part(args: tuple, counter: np.ndarray, me: int) -> Step:
-    """Thread ``me``'s part of :func:`.loops.vnni.bands` on ``args`` (its buffers the
-    ``me``-th rows of those given for every thread)."""
-    rows, vecs, epi, drop, blocked, x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, *rest = args
-    return _partial(vnni_loops.bands_kernel(rows, vecs, epi, drop, blocked), x, x4w[me],
-                    tmp[me], int(xoff), hw, int(ci), geo, np.uint8(flip), int(u0), x4[me], *rest,
-                    counter, int(me))  # fmt: skip
+def _band_part(kernel, args: tuple, counter: np.ndarray, me: int) -> Step:
+    """Thread ``me``'s part of a bands ``kernel`` (:func:`.loops.vnni.bands_kernel`,
+    :func:`.loops.vnni_channels.bands_kernel`) on ``args`` (its buffers the ``me``-th rows
+    of those given for every thread)."""
+    x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, *rest = args
+    return _partial(kernel, x, x4w[me], tmp[me], int(xoff), hw, int(ci), geo, np.uint8(flip),
+                    int(u0), x4[me], *rest, counter, int(me))  # fmt: skip
 
 
 def bind_quantized_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Step | None:

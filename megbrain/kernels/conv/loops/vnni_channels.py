@@ -203,9 +203,9 @@ def vnni_ctile():
     return vnni_ctile
 
 
-#: the entries of :func:`bands`'s ``geom`` before the taps' offsets
+#: the entries of :func:`bands_kernel`'s ``geom`` before the taps' offsets
 _GEOM = 14
-#: the tile, relayout and unit taker :func:`bands` calls: module globals, not closure cells
+#: the tile, relayout and unit taker the bands call: module globals, not closure cells
 #: (as in :mod:`.vnni`)
 _ctile_g = _relay_g = _relay4_g = _take_g = None
 
@@ -218,7 +218,7 @@ def _make_bands(npos: int, nv: int, epi: int, blocked: bool):
     by_word = 1 if blocked else 0
 
     def bands(x, x4w, tmp, xoff, hw, ci, geo, flip, u0, x4, w, init, out, q, geom, counter, me):
-        """The units thread ``me`` takes; see :func:`bands`."""
+        """The units thread ``me`` takes; see :func:`bands_kernel`."""
         rb, oh, wph, nchunk, o_, kg_, cg_, out0, cstride, w0, i0, ow, ostep, cdiv = geom[0], \
             geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8], geom[9], \
             geom[10], geom[11], geom[12], geom[13]  # fmt: skip
