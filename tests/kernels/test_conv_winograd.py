@@ -94,6 +94,16 @@ def test_filter_transform_reads_a_transposed_filter_through_its_original(dtype, 
     np.testing.assert_array_equal(got, want)
 
 
+@given(size=st.integers(1, 1 << 20), itemsize=st.sampled_from([4, 8]))
+@settings(max_examples=200, deadline=None)
+def test_the_transformed_filters_planes_start_in_16_cache_sets(size, itemsize):
+    # 64-byte lines, 64 sets of an L1 way (4 KiB): planes a multiple of 4 KiB apart share one
+    stride = conv_winograd.plane_stride(size, itemsize)
+    assert size <= stride < size + 2 * 64 // itemsize
+    assert stride * itemsize % 64 == 0
+    assert len({e * stride * itemsize % 4096 // 64 for e in range(16)}) == 16
+
+
 def _error_over_tolerance(got, want):
     return float(np.max(np.abs(got - want) / (ATOL + RTOL * np.abs(want))))
 

@@ -56,6 +56,7 @@ __all__ = [
     "MIN_POSITIONS",
     "ONE_PRODUCT_CHANNELS",
     "SUM_CHANNELS",
+    "plane_stride",
     "bind_winograd_forward",
     "preferred_winograd_backward_data",
     "preferred_winograd_forward",
@@ -203,6 +204,24 @@ def bind_winograd_backward_data(
     return _bind(geo, diff, tfilt, grad, not flip, "ConvolutionBackwardData")
 
 
+def plane_stride(size: int, itemsize: int) -> int:
+    """How far apart, in values, to put the 16 planes of ``size`` values (of ``itemsize``
+    bytes) each of a transformed filter: ``size`` rounded up to whole 64-byte lines, then
+    moved on by lines until the 16 planes begin in 16 different sets of the L1 cache.
+
+    The filter transform writes one value to each of the 16 planes in turn; planes a multiple
+    of 4 KiB apart share one set of the 8-way L1, and the 16 stores evicted each other: 64 x 64
+    and 128 x 128 filters took 0.186 and 0.675 ms, and 0.028 and 0.107 ms with the planes
+    one line further apart (one thread)."""
+    line, page = 64, 4096
+    step = line // itemsize
+    st = -(-size // step) * step
+    # k lines apart modulo a page's 64 sets: 16 planes take 16 sets where 8 does not divide k
+    while (st * itemsize % page // line) % 8 == 0:
+        st += step
+    return st
+
+
 def _bands(n: int, th: int, tw: int, per_tile: int, nt: int) -> list[list[tuple]]:
     """The bands, each a list of ``(sample, r0, r1, offset)`` parts (tile rows ``[r0, r1)`` of
     the sample, at tile ``offset`` of the band): a run of tile rows of one sample, or whole
@@ -260,7 +279,11 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     nt = min(nt, len(bands))
     most = max(sum(r1 - r0 for _, r0, r1, _ in band) for band in bands)  # tile rows
     ffilter, finput, foutput = winograd_loops.compiled()
-    u = workspace.empty((16, g, ocg, icg), dt)
+    su = plane_stride(g * ocg * icg, dt.itemsize)
+    u = np.lib.stride_tricks.as_strided(
+        workspace.empty((16 * su,), dt), (16, g, ocg, icg),
+        tuple(k * dt.itemsize for k in (su, ocg * icg, icg, 1)),
+    )  # fmt: skip
 
     # the backward data's transposed filter is read through its contiguous original
     swap = not filt.flags.c_contiguous and filt.swapaxes(1, 2).flags.c_contiguous
