@@ -279,11 +279,8 @@ def _bind(geo: _Conv, src, filt, out, flip: bool, name: str) -> Callable[[], Non
     nt = min(nt, len(bands))
     most = max(sum(r1 - r0 for _, r0, r1, _ in band) for band in bands)  # tile rows
     ffilter, finput, foutput = winograd_loops.compiled()
-    su = plane_stride(g * ocg * icg, dt.itemsize)
-    u = np.lib.stride_tricks.as_strided(
-        workspace.empty((16 * su,), dt), (16, g, ocg, icg),
-        tuple(k * dt.itemsize for k in (su, ocg * icg, icg, 1)),
-    )  # fmt: skip
+    planes = workspace.empty((16, plane_stride(g * ocg * icg, dt.itemsize)), dt)
+    u = planes[:, : g * ocg * icg].reshape(16, g, ocg, icg)  # a view: splits each plane's row
 
     # the backward data's transposed filter is read through its contiguous original
     swap = not filt.flags.c_contiguous and filt.swapaxes(1, 2).flags.c_contiguous
